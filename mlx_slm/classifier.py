@@ -1,0 +1,337 @@
+"""`Classifier`: texts in, one prediction per text out, in input order.
+
+Data flows one way through the modules:
+
+    texts -> prompts (render, tokenize) -> prefix split (prefix_cache)
+          -> batch plan (batching) -> forward (model) -> label scores (labels) -> predictions
+
+Each optimization can be switched off alone (`sort`, `use_prefix_cache`, the token
+budget), so its worth can be measured, and none of them may change a prediction.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from . import batching
+from .labels import LabelSet, build_labelset, softmax
+from .model import KV, Model, load_model
+from .prefix_cache import PrefixCache
+from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, render, shared_prefix, tokenize
+
+# Defaults measured on a 2-core x86 CPU (benchmarks/results): see README "Batch planner defaults".
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_MAX_BATCH_TOKENS = 1024
+TRUNCATE_MODES = ("head", "tail", "middle")
+
+
+@dataclass
+class Prediction:
+    """One item's result, or its error (then `label` is None and `error` says why)."""
+
+    index: int
+    label: str | None = None
+    probs: dict[str, float] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
+    n_tokens: int = 0
+    truncated: bool = False
+    error: str | None = None
+    logits: np.ndarray | None = field(default=None, repr=False)  # full-vocab last logits, on request
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class Stats:
+    items: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    prompt_tokens: int = 0  # what an unbatched, uncached run would process
+    processed_tokens: int = 0  # what the forward actually ran: padded batches + prefix once + label tokens
+    padding_tokens: int = 0
+    prefix_saved_tokens: int = 0
+    label_tokens: int = 0
+    batches: int = 0
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.seconds if self.seconds else 0.0
+
+    @property
+    def padding_pct(self) -> float:
+        return 100.0 * self.padding_tokens / self.processed_tokens if self.processed_tokens else 0.0
+
+    @property
+    def prefix_saved_pct(self) -> float:
+        return 100.0 * self.prefix_saved_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "items": self.items,
+            "errors": self.errors,
+            "seconds": round(self.seconds, 3),
+            "items_per_s": round(self.items_per_s, 3),
+            "prompt_tokens": self.prompt_tokens,
+            "processed_tokens": self.processed_tokens,
+            "padding_tokens": self.padding_tokens,
+            "padding_pct": round(self.padding_pct, 2),
+            "prefix_saved_tokens": self.prefix_saved_tokens,
+            "prefix_saved_pct": round(self.prefix_saved_pct, 2),
+            "label_tokens": self.label_tokens,
+            "batches": self.batches,
+        }
+
+
+@dataclass
+class _Item:
+    index: int
+    ids: list[int]
+    truncated: bool = False
+    error: str | None = None
+
+
+class Classifier:
+    """Constrained-label classification with a shared prefix cache and bucketed batches."""
+
+    def __init__(
+        self,
+        model: Model,
+        tokenizer: Any,
+        labels: Sequence[str] = DEFAULT_LABELS,
+        system: str | None = DEFAULT_SYSTEM,
+        template: str = DEFAULT_TEMPLATE,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS,
+        sort: bool = True,
+        use_prefix_cache: bool = True,
+        scoring: str = "auto",
+        truncate: str | None = None,
+        max_length: int | None = None,
+        keep_logits: bool = False,
+    ):
+        if truncate is not None and truncate not in TRUNCATE_MODES:
+            raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")
+        self.model, self.tokenizer = model, tokenizer
+        self.format = PromptFormat(system, template)
+        self.batch_size, self.max_batch_tokens = batch_size, max_batch_tokens
+        self.sort, self.truncate, self.keep_logits = sort, truncate, keep_logits
+        self.max_length = max_length or model.args.max_position_embeddings
+        probe = render(tokenizer, self.format, "example")
+        self.labelset: LabelSet = build_labelset(tokenizer, labels, probe, scoring)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self._rows = mx.array(self.labelset.first_ids, dtype=mx.int32)
+        self.prefix: PrefixCache | None = None
+        if use_prefix_cache:
+            head = shared_prefix(tokenizer, self.format)
+            if head:
+                self.prefix = PrefixCache(model, head)
+        self.stats = Stats()
+        if self.prefix is not None:
+            self.stats.processed_tokens += len(self.prefix)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def load(
+        cls,
+        model: str | Path = "qwen2.5-coder-0.5b",
+        labels: Sequence[str] = DEFAULT_LABELS,
+        system: str | None = DEFAULT_SYSTEM,
+        template: str = DEFAULT_TEMPLATE,
+        dtype: str | None = None,
+        **kwargs: Any,
+    ) -> "Classifier":
+        """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached)."""
+        from transformers import AutoTokenizer
+
+        from .registry import resolve_model
+
+        path = resolve_model(str(model))
+        m = load_model(path, dtype=getattr(mx, dtype) if dtype else None)
+        tok = AutoTokenizer.from_pretrained(str(path))
+        return cls(m, tok, labels, system, template, **kwargs)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.labelset.labels
+
+    @property
+    def mode(self) -> str:
+        return self.labelset.mode
+
+    # ------------------------------------------------------------------ public API
+    def classify(self, texts: Iterable[str]) -> list[Prediction]:
+        texts = list(texts)
+        return list(self.classify_iter(texts, window=max(1, len(texts))))
+
+    def classify_iter(self, texts: Iterable[str], window: int = 1024) -> Iterator[Prediction]:
+        """Stream predictions in input order; memory is bounded by `window` items.
+
+        Sorting by length happens inside a window, and each window's predictions are
+        yielded as soon as the items before them are done.
+        """
+        it = iter(texts)
+        start = 0
+        while True:
+            chunk = list(itertools.islice(it, window))
+            if not chunk:
+                return
+            yield from self._run_window(chunk, start)
+            start += len(chunk)
+
+    # ------------------------------------------------------------------ pipeline
+    def prepare(self, texts: Sequence[str], start: int = 0) -> list[_Item]:
+        """Render and tokenize (batched); flag empty and over-long items."""
+        items = [_Item(start + i, []) for i in range(len(texts))]
+        good = []
+        for item, text in zip(items, texts):
+            if not isinstance(text, str):
+                item.error = f"text must be a string, got {type(text).__name__}"
+            elif not text.strip():
+                item.error = "empty text: give the item some text, or drop the row"
+            else:
+                good.append((item, text))
+        ids = tokenize(self.tokenizer, [render(self.tokenizer, self.format, t) for _, t in good])
+        extra = self.labelset.max_len - 1  # label tokens run after the prompt in sequence mode
+        for (item, text), seq in zip(good, ids):
+            item.ids = seq
+            if len(seq) + extra > self.max_length:
+                if self.truncate is None:
+                    item.error = (
+                        f"prompt is {len(seq)} tokens, over the model's context of {self.max_length}: "
+                        "shorten the text, or pass --truncate head|tail|middle"
+                    )
+                else:
+                    item.ids = self._truncate(text, self.max_length - extra)
+                    item.truncated = True
+        return items
+
+    def _truncate(self, text: str, limit: int) -> list[int]:
+        tok = self.tokenizer
+        text_ids = tok(text, add_special_tokens=False)["input_ids"]
+        overhead = len(tokenize(tok, [render(tok, self.format, text)])[0]) - len(text_ids)
+        keep = limit - overhead - 4  # a small margin: re-tokenizing at the cut may merge differently
+        while keep > 0:
+            if self.truncate == "head":
+                kept = tok.decode(text_ids[:keep])
+            elif self.truncate == "tail":
+                kept = tok.decode(text_ids[-keep:])
+            else:
+                a = keep // 2
+                kept = tok.decode(text_ids[:a]) + " ... " + tok.decode(text_ids[len(text_ids) - (keep - a):])
+            ids = tokenize(tok, [render(tok, self.format, kept)])[0]
+            if len(ids) <= limit:
+                return ids
+            keep -= max(4, len(ids) - limit)
+        raise ValueError("the template alone is longer than the model's context")
+
+    def _run_window(self, texts: Sequence[str], start: int) -> Iterator[Prediction]:
+        t0 = time.perf_counter()
+        items = self.prepare(texts, start)
+        results: dict[int, Prediction] = {}
+        for item in items:
+            if item.error:
+                results[item.index] = Prediction(item.index, error=item.error, n_tokens=len(item.ids))
+        live = [it for it in items if not it.error]
+        cached = [it for it in live if self.prefix is not None and self.prefix.matches(it.ids)]
+        uncached = [it for it in live if not (self.prefix is not None and self.prefix.matches(it.ids))]
+        next_out = 0
+        for group, prefix in ((cached, self.prefix), (uncached, None)):
+            if not group:
+                continue
+            p = len(prefix) if prefix is not None else 0
+            suffixes = [it.ids[p:] for it in group]
+            for idx in batching.plan([len(s) for s in suffixes], self.batch_size, self.max_batch_tokens, self.sort):
+                batch = batching.pad(suffixes, idx, self.pad_id, cache_len=p)
+                for pred in self._run_batch(batch, [group[i] for i in idx], prefix):
+                    results[pred.index] = pred
+                # Hand out whatever is now complete in input order.
+                while next_out < len(items) and items[next_out].index in results:
+                    yield results.pop(items[next_out].index)
+                    next_out += 1
+        st = self.stats
+        st.items += len(items)
+        st.errors += sum(1 for it in items if it.error)
+        st.prompt_tokens += sum(len(it.ids) for it in live)
+        if self.prefix is not None:
+            st.prefix_saved_tokens += len(cached) * len(self.prefix)
+        while next_out < len(items):
+            yield results.pop(items[next_out].index)
+            next_out += 1
+        st.seconds += time.perf_counter() - t0
+
+    def _run_batch(self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None) -> list[Prediction]:
+        ids = mx.array(batch.ids)
+        mask = mx.array(batch.mask)
+        offsets = mx.array(batch.offsets)
+        hidden, kv = self.model(ids, mask, offsets, cache=prefix.kv if prefix else None, last_only=True)
+        if self.keep_logits:
+            full = self.model.logits(hidden)
+            first = mx.take(full, self._rows, axis=1)
+        else:
+            full = None
+            first = self.model.logits(hidden, self._rows)  # label rows only, never the whole head
+        scores = first.astype(mx.float32)
+        if self.labelset.mode == "sequence":
+            scores = scores + self._continuation_logprobs(kv, batch, prefix)
+        mx.eval(scores, full) if full is not None else mx.eval(scores)
+        s = np.array(scores, dtype=np.float64)
+        st = self.stats
+        st.batches += 1
+        st.processed_tokens += batch.padded_tokens
+        st.padding_tokens += batch.padded_tokens - batch.real_tokens
+        full_np = np.array(full.astype(mx.float32)) if full is not None else None
+        preds = []
+        labels = self.labelset.labels
+        for r, item in enumerate(items):
+            pr = softmax(s[r])
+            preds.append(
+                Prediction(
+                    item.index,
+                    labels[int(np.argmax(s[r]))],
+                    {lab: float(x) for lab, x in zip(labels, pr)},
+                    {lab: float(x) for lab, x in zip(labels, s[r])},
+                    len(item.ids),
+                    item.truncated,
+                    logits=None if full_np is None else full_np[r],
+                )
+            )
+        return preds
+
+    def _continuation_logprobs(self, kv: list[KV], batch: batching.Batch, prefix: PrefixCache | None) -> mx.array:
+        """Sum of log p(label token k | prompt, earlier label tokens) for k >= 1, per label.
+
+        Extends each row's own KV (prefix + suffix) with the label's tokens in one
+        batched pass per label; the prompt is never run again.
+        """
+        B, L = batch.ids.shape
+        p = len(prefix) if prefix is not None else 0
+        cache_mask = mx.array(np.concatenate([np.ones((B, p), dtype=bool), batch.mask], axis=1))
+        offsets = mx.array(batch.offsets + L)
+        cols = []
+        for toks in self.labelset.token_ids:
+            if len(toks) == 1:
+                cols.append(mx.zeros((B,), dtype=mx.float32))
+                continue
+            inp = mx.broadcast_to(mx.array(toks[:-1], dtype=mx.int32)[None], (B, len(toks) - 1))
+            h, _ = self.model(inp, None, offsets, cache=kv, cache_mask=cache_mask, last_only=False)
+            logits = self.model.logits(h).astype(mx.float32)  # (B, n-1, V): full vocab, context differs per label
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            tgt = mx.broadcast_to(mx.array(toks[1:], dtype=mx.int32)[None, :, None], (B, len(toks) - 1, 1))
+            cols.append(mx.take_along_axis(lp, tgt, axis=-1)[..., 0].sum(axis=1))
+            self.stats.label_tokens += B * (len(toks) - 1)
+            self.stats.processed_tokens += B * (len(toks) - 1)
+        return mx.stack(cols, axis=1)
+
+
+__all__ = ["Classifier", "Prediction", "Stats"]

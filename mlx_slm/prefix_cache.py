@@ -1,0 +1,34 @@
+"""The prompt-prefix KV cache: the shared head of every prompt, computed once.
+
+System instructions and the chat-template head are the same for every item, so their
+keys and values are computed once (batch 1) and handed to every batch. The model
+broadcasts them along the batch axis and concatenates the batch's own keys after
+them into *new* arrays, so the shared copy is never written to, and padding or
+per-item state can never leak into it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+
+from .model import KV, Model
+
+
+class PrefixCache:
+    def __init__(self, model: Model, tokens: Sequence[int]):
+        if not tokens:
+            raise ValueError("an empty prefix has nothing to cache")
+        self.tokens: tuple[int, ...] = tuple(int(t) for t in tokens)
+        _, kv = model(mx.array([self.tokens], dtype=mx.int32), last_only=True)
+        mx.eval(kv)
+        self.kv: list[KV] = kv
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def matches(self, ids: Sequence[int]) -> bool:
+        """True if `ids` starts with this prefix and has at least one token after it."""
+        n = len(self.tokens)
+        return len(ids) > n and tuple(ids[:n]) == self.tokens

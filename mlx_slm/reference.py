@@ -1,0 +1,68 @@
+"""The slow, obvious path that every fast path is checked against.
+
+PyTorch/Transformers, float32, one item at a time, no batching, no padding, no cache.
+It loads a Hugging Face directory (including one we converted, so the weight values
+are exactly ours) or the original `.gguf` (dequantized by Transformers).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .labels import LabelSet, log_softmax
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # the reference path is an extra
+        raise ImportError(
+            "the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'"
+        ) from e
+    return torch
+
+
+class Reference:
+    def __init__(self, src: str | Path, dtype: str = "float32", threads: int | None = None):
+        torch = _torch()
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads or os.cpu_count() or 1)
+        self.torch = torch
+        self.dtype = getattr(torch, dtype)
+        p = Path(src).expanduser()
+        if p.suffix == ".gguf":
+            self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=self.dtype)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(str(p), dtype=self.dtype)
+        self.model.eval()
+
+    def last_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Full-vocabulary logits at the last position of one unpadded prompt (float32)."""
+        return self.logits(ids)[-1]
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        torch = self.torch
+        with torch.inference_mode():
+            out = self.model(torch.tensor([list(ids)]), use_cache=False).logits[0]
+        return out.float().numpy()
+
+    def label_scores(self, ids: Sequence[int], labelset: LabelSet) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, full last logits). First-token mode: label logits. Sequence mode: the
+        exact sum of log-probabilities of each label's tokens (prompt + label, run afresh)."""
+        last = self.last_logits(ids)
+        if labelset.mode == "first-token":
+            return last[labelset.first_ids].astype(np.float64), last
+        first_lp = log_softmax(last)
+        scores = []
+        for toks in labelset.token_ids:
+            s = first_lp[toks[0]]
+            if len(toks) > 1:
+                lg = log_softmax(self.logits(list(ids) + list(toks[:-1]))[len(ids):])
+                s += sum(lg[k, toks[k + 1]] for k in range(len(toks) - 1))
+            scores.append(s)
+        return np.array(scores, dtype=np.float64), last
