@@ -61,6 +61,8 @@ def read_rows(
 ) -> Iterator[Row]:
     """Stream rows from a file or stdin ('-'), checking each one; never raises on bad rows."""
     raw = _open_binary(path)
+    if not hasattr(raw, "peek"):  # e.g. a BytesIO standing in for stdin
+        raw = io.BufferedReader(raw)  # type: ignore[arg-type]
     fmt = fmt or guess_format(path, raw.peek(256)[:256])  # type: ignore[attr-defined]
     if fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -81,7 +83,7 @@ def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
         if row.error is None:
             key = json.dumps(row.id) if not isinstance(row.id, str) else row.id
             if key in seen:
-                row = Row(row.line, row.id, error=f"duplicate id {row.id!r} (first seen on line {seen[key]}): ids must be unique")
+                row = Row(row.line, row.id, error=f"line {row.line}: duplicate id {row.id!r} (first seen on line {seen[key]}): ids must be unique")
             else:
                 seen[key] = row.line
         yield row

@@ -30,7 +30,9 @@ class Reference:
     def __init__(self, src: str | Path, dtype: str = "float32", threads: int | None = None):
         torch = _torch()
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()
         torch.set_num_threads(threads or os.cpu_count() or 1)
         self.torch = torch
         self.dtype = getattr(torch, dtype)

