@@ -303,10 +303,10 @@ def models() -> None:
         click.echo(f"{name:22s} {'cached ' if ready else 'not yet'}  {m.description}")
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
 @click.pass_context
 def bench(ctx: click.Context) -> None:
-    """Run the benchmark (benchmarks/run.py); see `mlx-slm bench --help-bench`."""
+    """Time every mode against Transformers on the workload (`mlx-slm bench --help`)."""
     from .bench import main as bench_main
 
     sys.exit(bench_main(ctx.args))

@@ -1,0 +1,348 @@
+"""The benchmark: every mode on the same model and data, timed in one run.
+
+    python benchmarks/run.py --model qwen2.5-coder-0.5b            # the recorded full run
+    python benchmarks/run.py --model smollm2-135m --n 48           # a quick one
+    mlx-slm bench --modes hf-item,ours-default --n 24
+
+Each mode gets a warm-up on two items, then is timed over all items. Agreement is with
+`hf-item` (Transformers float32, one item at a time, on the converted weight values),
+which therefore always runs. Results: a markdown table on stdout, and JSON plus a PNG
+chart in the results folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .labels import softmax
+
+MODES = (
+    "hf-item", "hf-sorted", "hf-item-bf16", "mlxlm-item",
+    "ours-item", "ours-arbitrary", "ours-sorted", "ours-prefix", "ours-default", "llamacpp-item",
+)
+DEFAULT_MODES = tuple(m for m in MODES if m != "llamacpp-item")
+OURS = {
+    "ours-item": dict(batch_size=1, use_prefix_cache=False, max_batch_tokens=None),
+    "ours-arbitrary": dict(sort=False, use_prefix_cache=False, max_batch_tokens=None),
+    "ours-sorted": dict(use_prefix_cache=False, max_batch_tokens=None),
+    "ours-prefix": dict(max_batch_tokens=None),
+    "ours-default": dict(),
+}
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def matmul_peak() -> dict[str, float]:
+    """Best float32 GEMM rate of MLX and numpy on this machine (GFLOP/s)."""
+    import mlx.core as mx
+
+    best = {"mlx": 0.0, "numpy": 0.0}
+    for n in (1024, 2048):
+        a, b = mx.random.normal((n, n)), mx.random.normal((n, n))
+        mx.eval(a @ b)
+        t = time.perf_counter()
+        for _ in range(4):
+            mx.eval(a @ b)
+        best["mlx"] = max(best["mlx"], 8 * n**3 / (time.perf_counter() - t) / 1e9)
+        an, bn = np.asarray(a), np.asarray(b)
+        an @ bn
+        t = time.perf_counter()
+        for _ in range(4):
+            an @ bn
+        best["numpy"] = max(best["numpy"], 8 * n**3 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def flops_per_token(config: dict[str, Any]) -> float:
+    """2 x the weights of the per-token matmuls (q, k, v, o, gate, up, down) of all layers."""
+    d, f, L = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    hd = config.get("head_dim") or d // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * hd
+    attn = d * config["num_attention_heads"] * hd * 2 + 2 * d * kv
+    return 2.0 * L * (attn + 3 * d * f)
+
+
+class Run:
+    def __init__(self, model: str, n: int, batch_size: int):
+        from transformers import AutoTokenizer
+
+        from .prompts import PromptFormat, render, tokenize
+        from .registry import resolve_model, resolve_source
+        from .workload import LABELS, stratified_sample, tickets
+
+        self.path = resolve_model(model)
+        self.source = resolve_source(model)
+        self.model_name = model
+        self.config = json.loads((self.path / "config.json").read_text())
+        self.tok = AutoTokenizer.from_pretrained(str(self.path))
+        texts = [t for t, _ in tickets()]
+        fmt = PromptFormat()
+        ids = tokenize(self.tok, [render(self.tok, fmt, t) for t in texts])
+        keep = stratified_sample([len(x) for x in ids], n)
+        self.texts = [texts[i] for i in keep]
+        self.ids = [ids[i] for i in keep]
+        self.labels = LABELS
+        self.batch_size = batch_size
+        from .labels import build_labelset
+
+        self.labelset = build_labelset(self.tok, LABELS, render(self.tok, fmt, "example"))
+
+    # Each mode returns (labels, probs (n, k), processed tokens, padding tokens) for `texts`.
+    def hf_item(self, dtype: str = "float32") -> Callable[[list[int]], tuple]:
+        from .reference import Reference
+
+        ref = Reference(self.path, dtype=dtype)
+
+        def go(idx: list[int]) -> tuple:
+            labs, probs = [], []
+            for i in idx:
+                s, _ = ref.label_scores(self.ids[i], self.labelset)
+                labs.append(self.labels[int(np.argmax(s))])
+                probs.append(softmax(s))
+            return labs, np.array(probs), sum(len(self.ids[i]) for i in idx), 0
+
+        return go
+
+    def hf_sorted(self) -> Callable[[list[int]], tuple]:
+        """The published optimized method: sorted batches of 32, left padding, last-position logits."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from . import batching
+
+        if self.labelset.mode != "first-token":
+            raise NotImplementedError("hf-sorted implements first-token scoring only")
+        m = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.float32).eval()
+        torch.set_num_threads(os.cpu_count() or 1)
+        rows = torch.tensor(self.labelset.first_ids)
+        pad_id = self.tok.pad_token_id or 0
+
+        def go(idx: list[int]) -> tuple:
+            seqs = [self.ids[i] for i in idx]
+            labs: list[Any] = [None] * len(idx)
+            probs = np.zeros((len(idx), len(self.labels)))
+            padded = real = 0
+            for bidx in batching.plan([len(s) for s in seqs], self.batch_size, None, sort=True):
+                b = batching.pad(seqs, bidx, pad_id)
+                mask = torch.tensor(b.mask, dtype=torch.long)
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+                with torch.inference_mode():
+                    h = m.model(input_ids=torch.tensor(b.ids, dtype=torch.long), attention_mask=mask,
+                                position_ids=pos, use_cache=False).last_hidden_state[:, -1]
+                    z = (h @ m.lm_head.weight[rows].T).double().numpy()
+                for r, i in enumerate(bidx):
+                    labs[i], probs[i] = self.labels[int(np.argmax(z[r]))], softmax(z[r])
+                padded += b.padded_tokens
+                real += b.real_tokens
+            return labs, probs, padded, padded - real
+
+        return go
+
+    def mlxlm_item(self) -> Callable[[list[int]], tuple]:
+        import mlx.core as mx
+        from mlx_lm import load
+
+        if self.labelset.mode != "first-token":
+            raise NotImplementedError("mlxlm-item implements first-token scoring only")
+        m, _ = load(str(self.path))
+        m.set_dtype(mx.float32)  # float16 matmuls have no fast CPU kernel in MLX
+        rows = mx.array(self.labelset.first_ids)
+
+        def go(idx: list[int]) -> tuple:
+            labs, probs = [], []
+            for i in idx:
+                z = m(mx.array([self.ids[i]]))[0, -1]  # mlx-lm projects every position onto the full vocab
+                s = np.array(mx.take(z, rows).astype(mx.float32), dtype=np.float64)
+                labs.append(self.labels[int(np.argmax(s))])
+                probs.append(softmax(s))
+            return labs, np.array(probs), sum(len(self.ids[i]) for i in idx), 0
+
+        return go
+
+    def ours(self, **kw: Any) -> Callable[[list[int]], tuple]:
+        from .classifier import Classifier
+        from .model import load_model
+
+        opts = {"batch_size": self.batch_size, **kw}
+        m = load_model(self.path)
+
+        def go(idx: list[int]) -> tuple:
+            clf = Classifier(m, self.tok, self.labels, **opts)  # the timer covers building the prefix cache
+            preds = clf.classify([self.texts[i] for i in idx])
+            probs = np.array([[p.probs[lab] for lab in self.labels] for p in preds])
+            return [p.label for p in preds], probs, clf.stats.processed_tokens, clf.stats.padding_tokens
+
+        return go
+
+    def llamacpp_item(self) -> Callable[[list[int]], tuple]:
+        from llama_cpp import Llama  # optional: pip install llama-cpp-python
+
+        if self.labelset.mode != "first-token":
+            raise NotImplementedError("llamacpp-item implements first-token scoring only")
+        llm = Llama(model_path=self.source, n_ctx=1024, n_threads=os.cpu_count(), logits_all=False, verbose=False)
+        rows = self.labelset.first_ids
+
+        def go(idx: list[int]) -> tuple:
+            labs, probs = [], []
+            for i in idx:
+                llm.reset()
+                llm.eval(self.ids[i])
+                z = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)[rows]
+                labs.append(self.labels[int(np.argmax(z))])
+                probs.append(softmax(z))
+            return labs, np.array(probs), sum(len(self.ids[i]) for i in idx), 0
+
+        return go
+
+    def make(self, mode: str) -> Callable[[list[int]], tuple]:
+        if mode in OURS:
+            return self.ours(**OURS[mode])
+        return {
+            "hf-item": lambda: self.hf_item(),
+            "hf-item-bf16": lambda: self.hf_item("bfloat16"),
+            "hf-sorted": self.hf_sorted,
+            "mlxlm-item": self.mlxlm_item,
+            "llamacpp-item": self.llamacpp_item,
+        }[mode]()
+
+
+def run(model: str, n: int, modes: list[str], batch_size: int) -> dict[str, Any]:
+    import mlx.core as mx
+
+    r = Run(model, n, batch_size)
+    peak = matmul_peak()
+    fpt = flops_per_token(r.config)
+    _say(f"bench: {len(r.texts)} items, {sum(map(len, r.ids)):,} prompt tokens, model {r.path}; "
+         f"matmul peak MLX {peak['mlx']:.0f} / numpy {peak['numpy']:.0f} GFLOP/s")
+    order = ["hf-item"] + [m for m in modes if m != "hf-item"]
+    idx = list(range(len(r.texts)))
+    results: dict[str, dict[str, Any]] = {}
+    ref_labels, ref_probs = None, None
+    for mode in order:
+        _say(f"bench: {mode} ...")
+        try:
+            go = r.make(mode)
+        except (ImportError, NotImplementedError) as e:
+            _say(f"bench: {mode} skipped ({e})")
+            continue
+        go(idx[:2])  # warm-up
+        t = time.perf_counter()
+        labs, probs, processed, padding = go(idx)
+        sec = time.perf_counter() - t
+        if mode == "hf-item":
+            ref_labels, ref_probs = labs, probs
+        agree = sum(a == b for a, b in zip(labs, ref_labels))
+        row = {
+            "mode": mode,
+            "seconds": round(sec, 2),
+            "items_per_s": round(len(idx) / sec, 3),
+            "processed_tokens": int(processed),
+            "padding_pct": round(100 * padding / processed, 2) if processed else 0.0,
+            "agree": int(agree),
+            "total": len(idx),
+            "max_abs_dprob": float(np.abs(probs - ref_probs).max()),
+            "gflops": round(fpt * processed / sec / 1e9, 1),
+        }
+        row["peak_fraction"] = round(row["gflops"] / peak["mlx"], 3)
+        results[mode] = row
+        _say(f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s, agree {agree}/{len(idx)}")
+    hf_best = max(results[m]["items_per_s"] for m in ("hf-item", "hf-sorted") if m in results)
+    for row in results.values():
+        row["speedup_vs_hf_best"] = round(row["items_per_s"] / hf_best, 3)
+    return {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "mlx_device": str(mx.default_device()),
+            "matmul_peak_gflops": round(peak["mlx"], 1),
+            "numpy_matmul_gflops": round(peak["numpy"], 1),
+            "flops_per_token": fpt,
+        },
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python benchmarks/run.py", *sys.argv[1:]]),
+        "model": model,
+        "items": len(idx),
+        "prompt_tokens": int(sum(map(len, r.ids))),
+        "scoring": r.labelset.mode,
+        "rows": [results[m] for m in order if m in results],
+    }
+
+
+def table(res: dict[str, Any]) -> str:
+    head = "| mode | seconds | items/s | processed tokens | padding % | speed-up vs best HF f32 | agree | max Δprob | GFLOP/s | of peak |"
+    lines = [head, "|" + "---|" * 10]
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['mode']} | {r['seconds']:.1f} | {r['items_per_s']:.2f} | {r['processed_tokens']:,} | "
+            f"{r['padding_pct']:.1f} | {r['speedup_vs_hf_best']:.2f}x | {r['agree']}/{r['total']} | "
+            f"{r['max_abs_dprob']:.1e} | {r['gflops']:.0f} | {100 * r['peak_fraction']:.0f} % |"
+        )
+    m = res["machine"]
+    lines.append("")
+    lines.append(f"machine: {m['processor']}, {m['cpus']} CPUs, MLX {m['mlx_device']}; float32 matmul peak "
+                 f"{m['matmul_peak_gflops']} GFLOP/s (numpy {m['numpy_matmul_gflops']}); {res['items']} items, "
+                 f"{res['prompt_tokens']:,} prompt tokens, {res['scoring']} scoring; {res['date']}")
+    return "\n".join(lines)
+
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["rows"]
+    names = [r["mode"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = ["#4c72b0" if n.startswith("ours") else "#999999" for n in names]
+    a.barh(names, [r["items_per_s"] for r in rows], color=colors)
+    a.set_xlabel("items/s (higher is better)")
+    a.invert_yaxis()
+    b.barh(names, [r["padding_pct"] for r in rows], color=colors)
+    b.set_xlabel("padding, % of processed tokens")
+    b.invert_yaxis()
+    fig.suptitle(f"{res['model']}, {res['items']} items, {res['machine']['cpus']} CPUs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mlx-slm bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--n", type=int, default=600, help="length-stratified subsample size (default: all 600)")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of: {', '.join(MODES)}")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--json", dest="json_path", help="JSON output path (default: results folder)")
+    ap.add_argument("--results", default="benchmarks/results", help="results folder")
+    a = ap.parse_args(argv)
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+    res = run(a.model, a.n, modes, a.batch_size)
+    out = Path(a.results)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{Path(a.model).name}-n{res['items']}"
+    jpath = Path(a.json_path) if a.json_path else out / f"{stem}.json"
+    jpath.write_text(json.dumps(res, indent=2) + "\n")
+    md = table(res)
+    (out / f"{stem}.md").write_text(f"`{res['command']}`\n\n{md}\n")
+    plot(res, out / f"{stem}.png")
+    print(md)
+    _say(f"bench: wrote {jpath}, {out / (stem + '.md')}, {out / (stem + '.png')}")
+    return 0
