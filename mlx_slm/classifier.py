@@ -137,6 +137,7 @@ class Classifier:
             if head:
                 self.prefix = PrefixCache(model, head)
         self.stats = Stats()
+        self._prefix_paid = False
         if self.prefix is not None:
             self.stats.processed_tokens += len(self.prefix)
 
@@ -263,8 +264,10 @@ class Classifier:
         st.items += len(items)
         st.errors += sum(1 for it in items if it.error)
         st.prompt_tokens += sum(len(it.ids) for it in live)
-        if self.prefix is not None:
-            st.prefix_saved_tokens += len(cached) * len(self.prefix)
+        if self.prefix is not None and cached:
+            # Net of the one pass that computed the prefix itself.
+            st.prefix_saved_tokens += len(cached) * len(self.prefix) - (0 if self._prefix_paid else len(self.prefix))
+            self._prefix_paid = True
         while next_out < len(items):
             yield results.pop(items[next_out].index)
             next_out += 1

@@ -84,3 +84,13 @@ def test_truncation_marks_rows(tiny_qwen_mlx, side):
     long = " ".join(f"w{i}" for i in range(200))
     p = clf.classify([long])[0]
     assert p.ok and p.truncated and p.n_tokens <= 150
+
+
+def test_token_accounting(tiny_qwen_mlx):
+    clf = make(tiny_qwen_mlx, LABELSETS["first-token"], batch_size=4, max_batch_tokens=None)
+    clf.classify(TEXTS[:8])
+    st, p = clf.stats, len(clf.prefix)
+    lengths = [len(it.ids) for it in clf.prepare(TEXTS[:8])]
+    assert st.prompt_tokens == sum(lengths)
+    assert st.prefix_saved_tokens == 8 * p - p  # net of computing the prefix once
+    assert st.processed_tokens == p + sum(lengths) - 8 * p + st.padding_tokens
