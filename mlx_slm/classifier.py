@@ -27,9 +27,17 @@ from .model import KV, Model, load_model
 from .prefix_cache import PrefixCache
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, render, shared_prefix, tokenize
 
-# Defaults measured on a 2-core x86 CPU (benchmarks/results): see README "Batch planner defaults".
+# Batch planner defaults. On a 2-core x86 CPU throughput per processed token was flat from
+# 256 to 4,096 padded tokens per batch (about 140 tokens/s, Qwen 0.5B, float32), so the CPU
+# budget is small, to cut padding (benchmarks/results/budget-curve.md). GPUs want bigger
+# batches; 4,096 there is a starting point that has not been measured yet.
 DEFAULT_BATCH_SIZE = 32
-DEFAULT_MAX_BATCH_TOKENS = 1024
+DEFAULT_MAX_BATCH_TOKENS = 512
+GPU_MAX_BATCH_TOKENS = 4096
+
+
+def default_max_batch_tokens() -> int:
+    return GPU_MAX_BATCH_TOKENS if mx.default_device() == mx.gpu else DEFAULT_MAX_BATCH_TOKENS
 TRUNCATE_MODES = ("head", "tail", "middle")
 
 
@@ -112,7 +120,7 @@ class Classifier:
         template: str = DEFAULT_TEMPLATE,
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
-        max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens: int | None | str = "auto",
         sort: bool = True,
         use_prefix_cache: bool = True,
         scoring: str = "auto",
@@ -124,6 +132,8 @@ class Classifier:
             raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")
         self.model, self.tokenizer = model, tokenizer
         self.format = PromptFormat(system, template)
+        if max_batch_tokens == "auto":
+            max_batch_tokens = default_max_batch_tokens()
         self.batch_size, self.max_batch_tokens = batch_size, max_batch_tokens
         self.sort, self.truncate, self.keep_logits = sort, truncate, keep_logits
         self.max_length = max_length or model.args.max_position_embeddings

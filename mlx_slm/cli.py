@@ -95,7 +95,7 @@ class _Progress:
 @click.option("--text-column", default="text", show_default=True, help="CSV column holding the text.")
 @click.option("--id-column", default="id", show_default=True, help="CSV column holding the id (default: line number).")
 @click.option("--batch-size", default=None, type=click.IntRange(1), help="Max rows per batch.")
-@click.option("--max-batch-tokens", default=None, type=click.IntRange(1), help="Max padded tokens per batch (rows x longest).")
+@click.option("--max-batch-tokens", default=None, type=click.IntRange(1), help="Max padded tokens per batch (rows x longest); default 512 on the CPU, 4096 on a GPU.")
 @click.option("--no-sort", is_flag=True, help="Batch in input order (no length bucketing).")
 @click.option("--no-prefix-cache", is_flag=True, help="Run every prompt in full (no shared-prefix KV cache).")
 @click.option("--scoring", type=click.Choice(["auto", "first-token", "sequence"]), default="auto", show_default=True)
@@ -117,7 +117,7 @@ def classify(input: str, model: str, labels_csv: str, labels_file: str | None, s
       {"id": 1, "label": "billing", "probs": {"billing": 0.93, ...}}
       {"id": 7, "line": 7, "error": "line 7: malformed JSON ..."}
     """
-    from .classifier import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, Classifier
+    from .classifier import DEFAULT_BATCH_SIZE, Classifier
     from .io import Writer, done_ids, read_rows, result_record
     from .labels import parse_labels
 
@@ -133,7 +133,7 @@ def classify(input: str, model: str, labels_csv: str, labels_file: str | None, s
     clf = Classifier.load(
         model, labels, system or None, template, dtype=dtype,
         batch_size=batch_size or DEFAULT_BATCH_SIZE,
-        max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens=max_batch_tokens or "auto",
         sort=not no_sort, use_prefix_cache=not no_prefix_cache, scoring=scoring, truncate=truncate,
     )
     skip = done_ids(output) if resume and output else set()
