@@ -193,9 +193,9 @@ class Model(nn.Module):
         super().__init__()
         self.args = args
         self.model_type = args.model_type
-        # fastmath's polynomial-exp SiLU and softmax: 3x faster than MLX's CPU exp in isolation, but
-        # slower inside the whole forward in our end-to-end measurement (README), so off unless set.
-        self.cpu_math: bool = False
+        # None: numpy's vectorized SiLU and softmax on the CPU in float32 (fastmath), native ops
+        # elsewhere; True/False force it (parity tests run both).
+        self.cpu_math: bool | None = None
         self.model = LanguageModel(args)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
@@ -248,7 +248,8 @@ class Model(nn.Module):
         return (h[:, -1] if last_only else h), new_cache
 
     def use_cpu_math(self) -> bool:
-        return self.cpu_math and mx.default_device() == mx.cpu and self.head_weight().dtype == mx.float32
+        on_cpu_f32 = mx.default_device() == mx.cpu and self.head_weight().dtype == mx.float32
+        return on_cpu_f32 if self.cpu_math is None else (self.cpu_math and on_cpu_f32)
 
     def head_weight(self) -> mx.array:
         return self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight

@@ -129,3 +129,17 @@ def test_float16_weights_upcast_on_cpu(tiny_hf, tmp_path):
     m = load_model(out)
     assert m.head_weight().dtype == mx.float32
     assert isinstance(m, Model)
+
+
+def test_cpu_math_path_equals_native_ops(tiny_mlx):
+    """numpy SiLU/softmax (the CPU default) against MLX's native ops, padded batch with a prefix."""
+    m = load_model(tiny_mlx)
+    _, kv = m(mx.array([IDS[:5]]))
+    ids, mask, offs = _padded([IDS[5:], [44, 45]], 0, cache_len=5)
+    outs = []
+    for flag in (True, False):
+        m.cpu_math = flag
+        assert m.use_cpu_math() is flag
+        h, _ = m(ids, mask, offs, cache=kv)
+        outs.append(np.array(m.logits(h)))
+    np.testing.assert_allclose(outs[0], outs[1], atol=2e-5)
