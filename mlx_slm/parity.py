@@ -71,7 +71,7 @@ def run_parity(
     progress: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     from .classifier import Classifier
-    from .reference import Reference
+    from .reference import score_in_child
     from .registry import resolve_model, resolve_source
 
     path = resolve_model(model)
@@ -89,15 +89,9 @@ def run_parity(
 
     def run_ref(where: str) -> tuple[list[str], list[np.ndarray], list[np.ndarray], float]:
         progress(f"reference: Transformers float32, one at a time, on {where}")
-        ref = Reference(where)
-        t = time.perf_counter()
-        labs, logits, probs = [], [], []
-        for seq in ids:
-            s, last = ref.label_scores(seq, clf.labelset)
-            labs.append(clf.labels[int(np.argmax(s))])
-            logits.append(last)
-            probs.append(softmax(s))
-        return labs, logits, probs, time.perf_counter() - t
+        scores, logits, seconds = score_in_child(where, ids, clf.labelset)
+        labs = [clf.labels[int(np.argmax(s))] for s in scores]
+        return labs, list(logits), [softmax(s) for s in scores], seconds
 
     conv_l, conv_g, conv_p, t_conv = run_ref(str(path))
     orig_l, orig_g, orig_p, _ = run_ref(src)
