@@ -94,3 +94,9 @@ def test_token_accounting(tiny_qwen_mlx):
     assert st.prompt_tokens == sum(lengths)
     assert st.prefix_saved_tokens == 8 * p - p  # net of computing the prefix once
     assert st.processed_tokens == p + sum(lengths) - 8 * p + st.padding_tokens
+
+
+def test_public_api_import():
+    from mlx_slm import Classifier as C, Prediction
+
+    assert C is Classifier and Prediction.__name__ == "Prediction"
