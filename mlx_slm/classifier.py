@@ -254,8 +254,9 @@ class Classifier:
             if item.error:
                 results[item.index] = Prediction(item.index, error=item.error, n_tokens=len(item.ids))
         live = [it for it in items if not it.error]
-        cached = [it for it in live if self.prefix is not None and self.prefix.matches(it.ids)]
-        uncached = [it for it in live if not (self.prefix is not None and self.prefix.matches(it.ids))]
+        hit = [self.prefix is not None and self.prefix.matches(it.ids) for it in live]
+        cached = [it for it, h in zip(live, hit) if h]
+        uncached = [it for it, h in zip(live, hit) if not h]
         next_out = 0
         for group, prefix in ((cached, self.prefix), (uncached, None)):
             if not group:
@@ -297,7 +298,7 @@ class Classifier:
         scores = first.astype(mx.float32)
         if self.labelset.mode == "sequence":
             scores = scores + self._continuation_logprobs(kv, batch, prefix)
-        mx.eval(scores, full) if full is not None else mx.eval(scores)
+        mx.eval(scores, *([] if full is None else [full]))
         s = np.array(scores, dtype=np.float64)
         st = self.stats
         st.batches += 1

@@ -220,11 +220,10 @@ def parity(model: str, reference: str | None, n: int, input_path: str | None, la
     from .io import read_rows
     from .labels import parse_labels
     from .parity import format_report, run_parity
-    from .registry import BUILTINS as names
 
     _warn_blas()
     if reference is None:
-        if model not in names:
+        if model not in BUILTINS:
             raise click.UsageError("--reference is needed unless --model is a built-in name")
         reference = model
     if input_path:
