@@ -258,7 +258,8 @@ def _worker(mode: str, model: str, n: int, batch_size: int, path: str) -> int:
     return 0
 
 
-def run(model: str, n: int, modes: list[str], batch_size: int) -> dict[str, Any]:
+def run(model: str, n: int, modes: list[str], batch_size: int, partial: Path | None = None) -> dict[str, Any]:
+    """Time every mode in one process tree; after each mode the rows so far go to `partial`."""
     import mlx.core as mx
 
     r = Run(model, n, batch_size)
@@ -301,6 +302,8 @@ def run(model: str, n: int, modes: list[str], batch_size: int) -> dict[str, Any]
         row["peak_fraction"] = round(row["gflops"] / peak["mlx"], 3)
         results[mode] = row
         _say(f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s, agree {agree}/{len(idx)}")
+        if partial is not None:  # a long run that dies late keeps what it measured
+            partial.write_text(json.dumps({"peak": peak, "rows": list(results.values())}, indent=2) + "\n")
     hf_best = max(results[m]["items_per_s"] for m in ("hf-item", "hf-sorted") if m in results)
     for row in results.values():
         row["speedup_vs_hf_best"] = round(row["items_per_s"] / hf_best, 3)
@@ -379,9 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad:
         ap.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
-    res = run(a.model, a.n, modes, a.batch_size)
     out = Path(a.results)
     out.mkdir(parents=True, exist_ok=True)
+    partial = out / f"bench-{Path(a.model).name}.partial.json"
+    res = run(a.model, a.n, modes, a.batch_size, partial)
+    partial.unlink(missing_ok=True)
     stem = f"bench-{Path(a.model).name}-n{res['items']}"
     jpath = Path(a.json_path) if a.json_path else out / f"{stem}.json"
     jpath.write_text(json.dumps(res, indent=2) + "\n")
