@@ -323,7 +323,7 @@ def run(model: str, n: int, modes: list[str], batch_size: int, partial: Path | N
         "items": len(idx),
         "prompt_tokens": int(sum(map(len, r.ids))),
         "scoring": r.labelset.mode,
-        "rows": [results[m] for m in order if m in results],
+        "rows": [results[m] for m in MODES if m in results],  # table order, whatever the run order
     }
 
 
