@@ -1,4 +1,4 @@
-"""SiLU and softmax for MLX's CPU backend, through numpy's vectorized float32 exp.
+"""SiLU and attention for MLX's CPU backend, through numpy's vectorized float32 exp.
 
 On the CPU, MLX's `exp`/`sigmoid` is a scalar loop: `silu(gate) * up` of one Qwen 0.5B
 layer at 512 tokens took 40 ms there against 4 to 9 ms in numpy (which vectorizes exp),
@@ -9,7 +9,8 @@ array is a writable view). So both functions work *in place* in a buffer that th
 forward just made and nobody else holds (`up`, the attention scores), and hand that
 same MLX array on: no new allocation, no copy back. Row blocks are small enough to
 stay in the L2 cache across the several passes, and are split over the cores (up to four threads;
-numpy releases the GIL in its loops).
+numpy releases the GIL in its loops). Attention runs whole in numpy, its small products
+included, with one BLAS thread per worker (see `attention`).
 
 A polynomial exp written in MLX ops and `mx.compile`d was also tried: 12 to 20 ms alone,
 but as slow as the native op inside the whole forward (measured), so it is not used.
@@ -20,6 +21,7 @@ Metal and CUDA the native fused ops are the fast ones.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,15 +34,61 @@ BLOCK_FLOATS = 32768  # ~128 KB per block: a few blocks fit in L2 during the pas
 MIN_PARALLEL_FLOATS = 1 << 18  # below ~1 MB a second thread costs more than it saves
 
 _pool: ThreadPoolExecutor | None = None
+_setters: list[Callable[[int], int]] | None = None
 
 
 def _threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def _blas_local_setters() -> list[Callable[[int], int]]:
+    """`openblas_set_num_threads_local` of every OpenBLAS loaded in this process.
+
+    It sets the BLAS thread count of the calling thread only (OpenBLAS >= 0.3.27), so our
+    workers run numpy's matmuls on one thread each without touching anyone else's setting.
+    Empty when numpy's BLAS is not such an OpenBLAS (then attention keeps its matmuls in MLX).
+    """
+    global _setters
+    if _setters is None:
+        _setters = []
+        try:
+            with open("/proc/self/maps") as f:
+                paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line})
+        except OSError:
+            paths = []
+        for path in paths:
+            try:
+                fn = ctypes.CDLL(path).openblas_set_num_threads_local
+            except (OSError, AttributeError):
+                continue
+            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+            _setters.append(fn)
+    return _setters
+
+
+def _worker_init() -> None:
+    for fn in _blas_local_setters():
+        fn(1)
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="mlx-slm-fastmath", initializer=_worker_init)
+    return _pool
+
+
+def _in_pool(spans: list[tuple[int, int]], work: Callable[[int, int], None]) -> None:
+    """Run work(lo, hi) over the spans on the worker threads, in up to `_threads()` even chunks."""
+    per = -(-len(spans) // _threads())
+    chunks = [spans[i : i + per] for i in range(0, len(spans), per)]
+    futures = [_get_pool().submit(lambda c=c: [work(lo, hi) for lo, hi in c]) for c in chunks]
+    for f in futures:
+        f.result()
+
+
 def _for_rows(n_rows: int, row_floats: int, work: Callable[[int, int], None]) -> None:
     """Call work(lo, hi) over row blocks, split across threads when the array is big enough."""
-    global _pool
     block = max(1, BLOCK_FLOATS // max(1, row_floats))
     spans = [(lo, min(n_rows, lo + block)) for lo in range(0, n_rows, block)]
     t = _threads()
@@ -48,13 +96,7 @@ def _for_rows(n_rows: int, row_floats: int, work: Callable[[int, int], None]) ->
         for lo, hi in spans:
             work(lo, hi)
         return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(t, thread_name_prefix="mlx-slm-fastmath")
-    per = -(-len(spans) // t)
-    chunks = [spans[i : i + per] for i in range(0, len(spans), per)]
-    futures = [_pool.submit(lambda c=c: [work(lo, hi) for lo, hi in c]) for c in chunks]
-    for f in futures:
-        f.result()
+    _in_pool(spans, work)
 
 
 def additive_mask(mask: mx.array) -> mx.array:
@@ -84,13 +126,65 @@ def silu_mul(gate: mx.array, up: mx.array) -> mx.array:
     return up
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, bias: mx.array) -> mx.array:
-    """Grouped-query attention with an additive mask; matmuls in MLX, softmax in numpy in place.
+def attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, bias: mx.array, block: int = BLOCK_FLOATS
+) -> mx.array:
+    """Grouped-query attention with an additive mask, written into `q`'s buffer.
 
-    q: (B, Hq, Lq, D); k, v: (B, Hkv, S, D); bias: (B, 1, Lq, S). The query heads that
-    share a KV head are stacked along the rows (a free reshape), so K and V are never
-    repeated. Every query sees at least itself, so no row is all-masked.
+    q: (B, Hq, Lq, D), fresh (nothing else reads it: the forward's RoPE output);
+    k, v: (B, Hkv, S, D); bias: (B, 1, Lq, S). The query heads that share a KV head are
+    stacked along the rows (a free reshape), so K and V are never repeated. Every query
+    sees at least itself, so no row is all-masked.
+
+    With numpy's OpenBLAS this runs whole in numpy: blocks of (batch row, KV head) pairs
+    (about `block` score floats each, so the softmax passes stay in L2) go to the worker
+    threads, each doing scores = q k^T, the softmax and p v with a one-thread BLAS call.
+    MLX's batched matmul loops over these small products at well under the machine's
+    rate, and numpy's BLAS called from the main thread leaves its own worker threads
+    spinning against MLX's (measured 1.86x slower end to end), hence one BLAS thread per
+    worker. The softmax's 1/sum is applied to the (Lq, D) output, not the (Lq, S) scores.
+    Without a per-thread BLAS setting the products stay in MLX (`_attention_mlx`).
     """
+    if not _blas_local_setters():
+        return _attention_mlx(q, k, v, scale, bias)
+    B, Hq, Lq, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    rep = Hq // Hkv
+    q, k, v = mx.contiguous(q), mx.contiguous(k), mx.contiguous(v)
+    mx.eval(q, k, v, bias)
+    qn = np.asarray(q)
+    if not qn.flags.c_contiguous:  # the output is written through this view: it must be q's buffer
+        raise ValueError("attention: q must be a contiguous MLX array")
+    qn = qn.reshape(B * Hkv, rep * Lq, D)
+    kn = np.asarray(k).reshape(B * Hkv, S, D)
+    vn = np.asarray(v).reshape(B * Hkv, S, D)
+    bn = np.asarray(bias).reshape(B, 1, Lq, S)
+    # A block holds whole batch rows (all their KV heads, one bias slice broadcast over
+    # them) or, when one row is too big, KV heads of a single row.
+    per = max(1, block // (rep * Lq * S))
+    per = (per // Hkv) * Hkv if per >= Hkv else max(d for d in range(1, per + 1) if Hkv % d == 0)
+    spans = [(lo, min(B * Hkv, lo + per)) for lo in range(0, B * Hkv, per)]
+
+    def work(lo: int, hi: int) -> None:
+        qc = qn[lo:hi]  # (n, rep*Lq, D), a view into q
+        qc *= scale
+        s = np.matmul(qc, kn[lo:hi].transpose(0, 2, 1))  # (n, rep*Lq, S)
+        if hi - lo >= Hkv:
+            s.reshape(-1, Hkv * rep, Lq, S)[...] += bn[lo // Hkv : hi // Hkv]
+        else:
+            s.reshape(-1, Lq, S)[...] += bn[lo // Hkv]
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        total = s.sum(axis=-1, keepdims=True)
+        np.matmul(s, vn[lo:hi], out=qc)  # q of these rows is consumed: overwrite it
+        qc /= total
+
+    _in_pool(spans, work)
+    return q
+
+
+def _attention_mlx(q: mx.array, k: mx.array, v: mx.array, scale: float, bias: mx.array) -> mx.array:
+    """The same, with the two products in MLX and only the softmax in numpy (in place)."""
     B, Hq, Lq, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rep = Hq // Hkv

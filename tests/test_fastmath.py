@@ -21,8 +21,10 @@ def test_silu_mul_matches_native_and_writes_only_up(rows):
     np.testing.assert_array_equal(np.array(g), g_before)  # the gate is read, never written
 
 
-@pytest.mark.parametrize("B,L,C", [(1, 5, 0), (3, 120, 27)])  # the second runs the threaded path
-def test_attention_matches_sdpa_with_padding_and_prefix(B, L, C):
+@pytest.mark.parametrize("B,L,C", [(1, 5, 0), (3, 120, 27), (5, 16, 27)])
+@pytest.mark.parametrize("block", [fastmath.BLOCK_FLOATS, 1])  # 1: every block is one (row, KV head)
+@pytest.mark.parametrize("impl", ["numpy", "mlx"])
+def test_attention_matches_sdpa_with_padding_and_prefix(B, L, C, block, impl):
     Hq, Hkv, D = 14, 2, 64
     q = mx.random.normal((B, Hq, L, D), key=mx.random.key(3))
     k = mx.random.normal((B, Hkv, C + L, D), key=mx.random.key(4))
@@ -31,5 +33,29 @@ def test_attention_matches_sdpa_with_padding_and_prefix(B, L, C):
     real[0, : L // 3] = False  # left padding on the first row
     mask = build_mask(mx.array(real), None, C, last_only=False)
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
-    got = fastmath.attention(q, k, v, D**-0.5, fastmath.additive_mask(mask))
+    mx.eval(want)
+    k_before, v_before = np.array(k), np.array(v)
+    bias = fastmath.additive_mask(mask)
+    if impl == "numpy":
+        assert fastmath._blas_local_setters(), "numpy's OpenBLAS has no per-thread setting: the numpy path is untested"
+        got = fastmath.attention(q * 1.0, k, v, D**-0.5, bias, block=block)  # a fresh q, as RoPE hands it over
+    else:
+        got = fastmath._attention_mlx(q, k, v, D**-0.5, bias)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.array(k), k_before)  # keys and values are read, never written
+    np.testing.assert_array_equal(np.array(v), v_before)
+
+
+def test_attention_last_position_only():
+    """The last layer's shape: one query per row against the whole cache."""
+    B, Hq, Hkv, S, D = 4, 14, 2, 40, 64
+    q = mx.random.normal((B, Hq, 1, D), key=mx.random.key(6))
+    k = mx.random.normal((B, Hkv, S, D), key=mx.random.key(7))
+    v = mx.random.normal((B, Hkv, S, D), key=mx.random.key(8))
+    real = np.ones((B, S), dtype=bool)
+    real[1, :9] = False
+    mask = build_mask(mx.array(real), None, 0, last_only=True)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
+    mx.eval(want)
+    got = fastmath.attention(q * 1.0, k, v, D**-0.5, fastmath.additive_mask(mask))
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
