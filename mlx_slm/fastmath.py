@@ -31,6 +31,7 @@ import numpy as np
 
 MASKED = -1e30  # additive bias of a masked key: finite (no inf - inf), and exp() of it is exactly 0
 BLOCK_FLOATS = 32768  # ~128 KB per block: a few blocks fit in L2 during the passes
+ATTENTION_BLOCK_FLOATS = 1 << 17  # scores per attention block (512 KB): measured best of 16K-128K
 MIN_PARALLEL_FLOATS = 1 << 18  # below ~1 MB a second thread costs more than it saves
 
 _pool: ThreadPoolExecutor | None = None
@@ -78,11 +79,11 @@ def _get_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _in_pool(spans: list[tuple[int, int]], work: Callable[[int, int], None]) -> None:
-    """Run work(lo, hi) over the spans on the worker threads, in up to `_threads()` even chunks."""
+def _in_pool(spans: list[tuple[int, ...]], work: Callable[..., None]) -> None:
+    """Run work(*span) over the spans on the worker threads, in up to `_threads()` even chunks."""
     per = -(-len(spans) // _threads())
     chunks = [spans[i : i + per] for i in range(0, len(spans), per)]
-    futures = [_get_pool().submit(lambda c=c: [work(lo, hi) for lo, hi in c]) for c in chunks]
+    futures = [_get_pool().submit(lambda c=c: [work(*sp) for sp in c]) for c in chunks]
     for f in futures:
         f.result()
 
@@ -127,7 +128,7 @@ def silu_mul(gate: mx.array, up: mx.array) -> mx.array:
 
 
 def attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, bias: mx.array, block: int = BLOCK_FLOATS
+    q: mx.array, k: mx.array, v: mx.array, scale: float, bias: mx.array, block: int = ATTENTION_BLOCK_FLOATS
 ) -> mx.array:
     """Grouped-query attention with an additive mask, written into `q`'s buffer.
 
@@ -137,7 +138,7 @@ def attention(
     sees at least itself, so no row is all-masked.
 
     With numpy's OpenBLAS this runs whole in numpy: blocks of (batch row, KV head) pairs
-    (about `block` score floats each, so the softmax passes stay in L2) go to the worker
+    (about `block` score floats each, so the softmax passes stay near the core) go to the worker
     threads, each doing scores = q k^T, the softmax and p v with a one-thread BLAS call.
     MLX's batched matmul loops over these small products at well under the machine's
     rate, and numpy's BLAS called from the main thread leaves its own worker threads
@@ -160,15 +161,22 @@ def attention(
     vn = np.asarray(v).reshape(B * Hkv, S, D)
     bn = np.asarray(bias).reshape(B, 1, Lq, S)
     # A block holds whole batch rows (all their KV heads, one bias slice broadcast over
-    # them) or, when one row is too big, KV heads of a single row.
-    per = max(1, block // (rep * Lq * S))
-    per = (per // Hkv) * Hkv if per >= Hkv else max(d for d in range(1, per + 1) if Hkv % d == 0)
-    spans = [(lo, min(B * Hkv, lo + per)) for lo in range(0, B * Hkv, per)]
+    # them) or, when one (row, KV head) unit is already too big (long prompts: the
+    # scores grow with Lq x S), a range of that unit's query heads.
+    unit = rep * Lq * S
+    spans: list[tuple[int, int, int, int]] = []  # (first unit, end unit, first head, end head)
+    if unit <= block:
+        per = block // unit
+        per = (per // Hkv) * Hkv if per >= Hkv else max(d for d in range(1, per + 1) if Hkv % d == 0)
+        spans = [(lo, min(B * Hkv, lo + per), 0, rep) for lo in range(0, B * Hkv, per)]
+    else:
+        heads = -(-rep // -(-unit // block))  # even split of the rep heads into ceil(unit / block) parts
+        spans = [(u, u + 1, h, min(rep, h + heads)) for u in range(B * Hkv) for h in range(0, rep, heads)]
 
-    def work(lo: int, hi: int) -> None:
-        qc = qn[lo:hi]  # (n, rep*Lq, D), a view into q
+    def work(lo: int, hi: int, h0: int, h1: int) -> None:
+        qc = qn[lo:hi, h0 * Lq : h1 * Lq]  # (n, heads*Lq, D), a view into q
         qc *= scale
-        s = np.matmul(qc, kn[lo:hi].transpose(0, 2, 1))  # (n, rep*Lq, S)
+        s = np.matmul(qc, kn[lo:hi].transpose(0, 2, 1))  # (n, heads*Lq, S)
         if hi - lo >= Hkv:
             s.reshape(-1, Hkv * rep, Lq, S)[...] += bn[lo // Hkv : hi // Hkv]
         else:

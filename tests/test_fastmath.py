@@ -22,7 +22,7 @@ def test_silu_mul_matches_native_and_writes_only_up(rows):
 
 
 @pytest.mark.parametrize("B,L,C", [(1, 5, 0), (3, 120, 27), (5, 16, 27)])
-@pytest.mark.parametrize("block", [fastmath.BLOCK_FLOATS, 1])  # 1: every block is one (row, KV head)
+@pytest.mark.parametrize("block", [fastmath.ATTENTION_BLOCK_FLOATS, 6000, 1])  # 6000: one (row, KV head); 1: one query head
 @pytest.mark.parametrize("impl", ["numpy", "mlx"])
 def test_attention_matches_sdpa_with_padding_and_prefix(B, L, C, block, impl):
     Hq, Hkv, D = 14, 2, 64
