@@ -60,14 +60,26 @@ def _load() -> None:
     if "mlx.core" in sys.modules:
         PROBLEM = "mlx.core was imported before mlx_slm, so its reference BLAS is already bound"
         return
-    for path in _candidates():
-        try:
-            lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
-            lib.cblas_sgemm  # noqa: B018 - it must be a CBLAS, not only a Fortran BLAS
-        except (OSError, AttributeError):
-            continue
-        LOADED = path
-        return
+    # OpenBLAS reads this once, when it loads: how long its idle workers spin before they
+    # sleep (default 2^28 cycles, ~0.1 s). MLX calls a matmul every few ms, so they would
+    # never sleep, and between matmuls they take the cores from the numpy SiLU and
+    # attention (fastmath): measured 6.8 -> 4.1 ms for one attention call after a matmul.
+    # Set only while our library loads (a user's value wins), so nothing else inherits it.
+    own_timeout = "OPENBLAS_THREAD_TIMEOUT" not in os.environ
+    if own_timeout:
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"  # 2^4 cycles: the minimum
+    try:
+        for path in _candidates():
+            try:
+                lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
+                lib.cblas_sgemm  # noqa: B018 - it must be a CBLAS, not only a Fortran BLAS
+            except (OSError, AttributeError):
+                continue
+            LOADED = path
+            return
+    finally:
+        if own_timeout:
+            del os.environ["OPENBLAS_THREAD_TIMEOUT"]
     PROBLEM = "no optimized CBLAS found; MLX uses its bundled reference BLAS"
 
 
