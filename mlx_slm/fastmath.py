@@ -79,10 +79,25 @@ def _get_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _in_pool(spans: list[tuple[int, ...]], work: Callable[..., None]) -> None:
-    """Run work(*span) over the spans on the worker threads, in up to `_threads()` even chunks."""
-    per = -(-len(spans) // _threads())
-    chunks = [spans[i : i + per] for i in range(0, len(spans), per)]
+def _in_pool(
+    spans: list[tuple[int, ...]], work: Callable[..., None], cost: Callable[[tuple[int, ...]], float] | None = None
+) -> None:
+    """Run work(*span) over the spans on the worker threads, in shares of equal total cost.
+
+    Without `cost`, spans are taken as equal: contiguous, even runs. With it, the costliest
+    span goes first to the least-loaded worker (longest-processing-time first).
+    """
+    t = min(_threads(), len(spans))
+    if cost is None:
+        per = -(-len(spans) // t)
+        chunks = [spans[i : i + per] for i in range(0, len(spans), per)]
+    else:
+        chunks = [[] for _ in range(t)]
+        load = [0.0] * t
+        for sp in sorted(spans, key=cost, reverse=True):
+            i = load.index(min(load))
+            chunks[i].append(sp)
+            load[i] += cost(sp)
     futures = [_get_pool().submit(lambda c=c: [work(*sp) for sp in c]) for c in chunks]
     for f in futures:
         f.result()
@@ -128,12 +143,14 @@ def silu_mul(gate: mx.array, up: mx.array) -> mx.array:
 
 
 def attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, bias: mx.array, block: int = ATTENTION_BLOCK_FLOATS
+    q: mx.array, k: mx.array, v: mx.array, scale: float, bias: mx.array, causal: bool = False,
+    block: int = ATTENTION_BLOCK_FLOATS,
 ) -> mx.array:
     """Grouped-query attention with an additive mask, written into `q`'s buffer.
 
     q: (B, Hq, Lq, D), fresh (nothing else reads it: the forward's RoPE output);
-    k, v: (B, Hkv, S, D); bias: (B, 1, Lq, S). The query heads that share a KV head are
+    k, v: (B, Hkv, S, D); bias: (B, 1, Lq, S). `causal`: the caller promises that query i
+    never sees a key after S - Lq + i (the bias masks them), so they may be skipped. The query heads that share a KV head are
     stacked along the rows (a free reshape), so K and V are never repeated. Every query
     sees at least itself, so no row is all-masked.
 
@@ -161,33 +178,44 @@ def attention(
     vn = np.asarray(v).reshape(B * Hkv, S, D)
     bn = np.asarray(bias).reshape(B, 1, Lq, S)
     # A block holds whole batch rows (all their KV heads, one bias slice broadcast over
-    # them) or, when one (row, KV head) unit is already too big (long prompts: the
-    # scores grow with Lq x S), a range of that unit's query heads.
+    # them) or, when one (row, KV head) unit is already too big (long prompts: the scores
+    # grow with Lq x S), a range of its query positions. With a causal mask a range of
+    # queries ending at i1 needs only the keys up to the cache plus i1: about half the
+    # products and exps of a long prompt are skipped.
     unit = rep * Lq * S
-    spans: list[tuple[int, int, int, int]] = []  # (first unit, end unit, first head, end head)
+    spans: list[tuple[int, int, int, int]] = []  # (first unit, end unit, first query, end query)
     if unit <= block:
         per = block // unit
         per = (per // Hkv) * Hkv if per >= Hkv else max(d for d in range(1, per + 1) if Hkv % d == 0)
-        spans = [(lo, min(B * Hkv, lo + per), 0, rep) for lo in range(0, B * Hkv, per)]
+        spans = [(lo, min(B * Hkv, lo + per), 0, Lq) for lo in range(0, B * Hkv, per)]
     else:
-        heads = -(-rep // -(-unit // block))  # even split of the rep heads into ceil(unit / block) parts
-        spans = [(u, u + 1, h, min(rep, h + heads)) for u in range(B * Hkv) for h in range(0, rep, heads)]
+        rows = max(16, -(-Lq // -(-unit // block)))  # Lq split evenly into ceil(unit / block) parts
+        spans = [(u, u + 1, i, min(Lq, i + rows)) for u in range(B * Hkv) for i in range(0, Lq, rows)]
 
-    def work(lo: int, hi: int, h0: int, h1: int) -> None:
-        qc = qn[lo:hi, h0 * Lq : h1 * Lq]  # (n, heads*Lq, D), a view into q
+    def work(lo: int, hi: int, i0: int, i1: int) -> None:
+        if i1 - i0 == Lq:
+            qc = qn[lo:hi]  # (n, rep*Lq, D), a view into q
+            kc, vc = kn[lo:hi], vn[lo:hi]
+        else:  # one unit, queries i0:i1 of each of its rep heads
+            qc = qn[lo].reshape(rep, Lq, D)[:, i0:i1]  # (rep, i1-i0, D), a strided view into q
+            se = S - Lq + i1 if causal else S
+            kc, vc = kn[lo, :se], vn[lo, :se]
         qc *= scale
-        s = np.matmul(qc, kn[lo:hi].transpose(0, 2, 1))  # (n, heads*Lq, S)
-        if hi - lo >= Hkv:
+        s = np.matmul(qc, kc.swapaxes(-1, -2))  # scores, (..., queries, keys)
+        if i1 - i0 < Lq:
+            s += bn[lo // Hkv, 0, i0:i1, : s.shape[-1]]
+        elif hi - lo >= Hkv:
             s.reshape(-1, Hkv * rep, Lq, S)[...] += bn[lo // Hkv : hi // Hkv]
         else:
             s.reshape(-1, Lq, S)[...] += bn[lo // Hkv]
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         total = s.sum(axis=-1, keepdims=True)
-        np.matmul(s, vn[lo:hi], out=qc)  # q of these rows is consumed: overwrite it
+        np.matmul(s, vc, out=qc)  # q of these rows is consumed: overwrite it
         qc /= total
 
-    _in_pool(spans, work)
+    # Cost of a span ~ queries x keys it computes; the workers get equal shares.
+    _in_pool(spans, work, cost=lambda sp: (sp[1] - sp[0]) * (sp[3] - sp[2]) * (S - Lq + sp[3] if causal else S))
     return q
 
 

@@ -118,7 +118,7 @@ class Attention(nn.Module):
             k = mx.concatenate([ck, k], axis=2)
             v = mx.concatenate([cv, v], axis=2)
         if cpu_math:  # mask is the additive float32 bias here
-            out = fastmath.attention(q, k, v, self.scale, mask)
+            out = fastmath.attention(q, k, v, self.scale, mask, causal=True)  # build_mask is causal
         else:
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(B, Lq, -1)

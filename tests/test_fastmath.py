@@ -22,8 +22,9 @@ def test_silu_mul_matches_native_and_writes_only_up(rows):
 
 
 @pytest.mark.parametrize("B,L,C", [(1, 5, 0), (3, 120, 27), (5, 16, 27)])
-@pytest.mark.parametrize("block", [fastmath.ATTENTION_BLOCK_FLOATS, 6000, 1])  # 6000: one (row, KV head); 1: one query head
-@pytest.mark.parametrize("impl", ["numpy", "mlx"])
+# 6000: one (row, KV head) per block, or 16 queries of it; 1: 16 queries per block
+@pytest.mark.parametrize("block", [fastmath.ATTENTION_BLOCK_FLOATS, 6000, 1])
+@pytest.mark.parametrize("impl", ["numpy", "numpy-causal", "mlx"])
 def test_attention_matches_sdpa_with_padding_and_prefix(B, L, C, block, impl):
     Hq, Hkv, D = 14, 2, 64
     q = mx.random.normal((B, Hq, L, D), key=mx.random.key(3))
@@ -36,9 +37,10 @@ def test_attention_matches_sdpa_with_padding_and_prefix(B, L, C, block, impl):
     mx.eval(want)
     k_before, v_before = np.array(k), np.array(v)
     bias = fastmath.additive_mask(mask)
-    if impl == "numpy":
+    if impl.startswith("numpy"):
         assert fastmath._blas_local_setters(), "numpy's OpenBLAS has no per-thread setting: the numpy path is untested"
-        got = fastmath.attention(q * 1.0, k, v, D**-0.5, bias, block=block)  # a fresh q, as RoPE hands it over
+        # a fresh q, as RoPE hands it over; "causal" skips the keys after each query block
+        got = fastmath.attention(q * 1.0, k, v, D**-0.5, bias, causal=impl.endswith("causal"), block=block)
     else:
         got = fastmath._attention_mlx(q, k, v, D**-0.5, bias)
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
