@@ -150,12 +150,12 @@ def attention(
 
     q: (B, Hq, Lq, D), fresh (nothing else reads it: the forward's RoPE output);
     k, v: (B, Hkv, S, D); bias: (B, 1, Lq, S). `causal`: the caller promises that query i
-    never sees a key after S - Lq + i (the bias masks them), so they may be skipped. The query heads that share a KV head are
-    stacked along the rows (a free reshape), so K and V are never repeated. Every query
-    sees at least itself, so no row is all-masked.
+    never sees a key after S - Lq + i (the bias masks them), so they may be skipped. The
+    query heads that share a KV head are stacked along the rows (a free reshape), so K and
+    V are never repeated. Every query sees at least itself, so no row is all-masked.
 
     With numpy's OpenBLAS this runs whole in numpy: blocks of (batch row, KV head) pairs
-    (about `block` score floats each, so the softmax passes stay near the core) go to the worker
+    (about `block` score floats each, so the softmax passes stay in cache) go to the worker
     threads, each doing scores = q k^T, the softmax and p v with a one-thread BLAS call.
     MLX's batched matmul loops over these small products at well under the machine's
     rate, and numpy's BLAS called from the main thread leaves its own worker threads
