@@ -26,6 +26,8 @@ def test_silu_mul_matches_native_and_writes_only_up(rows):
 @pytest.mark.parametrize("block", [fastmath.ATTENTION_BLOCK_FLOATS, 6000, 1])
 @pytest.mark.parametrize("impl", ["numpy", "numpy-causal", "mlx"])
 def test_attention_matches_sdpa_with_padding_and_prefix(B, L, C, block, impl):
+    if impl == "mlx" and block != fastmath.ATTENTION_BLOCK_FLOATS:
+        pytest.skip("the MLX-products path has no blocks")
     Hq, Hkv, D = 14, 2, 64
     q = mx.random.normal((B, Hq, L, D), key=mx.random.key(3))
     k = mx.random.normal((B, Hkv, C + L, D), key=mx.random.key(4))
@@ -61,3 +63,19 @@ def test_attention_last_position_only():
     mx.eval(want)
     got = fastmath.attention(q * 1.0, k, v, D**-0.5, fastmath.additive_mask(mask))
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+
+
+def test_openblas_thread_timeout_is_not_left_in_the_environment():
+    """The preload sets OPENBLAS_THREAD_TIMEOUT only while MLX's OpenBLAS loads; children must not inherit it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    code = "import os, mlx_slm; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+
+    def seen(env: dict[str, str]) -> str:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+    assert seen(env) == "None"
+    assert seen({**env, "OPENBLAS_THREAD_TIMEOUT": "20"}) == "20"  # a user's own value is kept
