@@ -39,18 +39,18 @@ def check_statistics(tokenizer: Any) -> dict[str, float]:
 
 
 def write_jsonl(path: str) -> None:
-    """The workload as classify input: id, text and the gold label."""
+    """The workload as classify input: id, text and the gold label (`label`, what eval reads)."""
     import json
 
     with open(path, "w", encoding="utf-8") as f:
         for i, (text, label) in enumerate(tickets()):
-            f.write(json.dumps({"id": i, "text": text, "gold": label}) + "\n")
+            f.write(json.dumps({"id": i, "text": text, "label": label}) + "\n")
 
 
 def score(tickets_path: str, predictions_path: str) -> str:
     import json
 
-    gold = {json.loads(x)["id"]: json.loads(x)["gold"] for x in open(tickets_path, encoding="utf-8")}
+    gold = {json.loads(x)["id"]: json.loads(x)["label"] for x in open(tickets_path, encoding="utf-8")}
     preds = [json.loads(x) for x in open(predictions_path, encoding="utf-8")]
     right = sum(1 for p in preds if p.get("label") == gold.get(p["id"]))
     errors = sum(1 for p in preds if "error" in p)
@@ -61,7 +61,7 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jsonl", metavar="PATH", help="write the workload as JSONL (id, text, gold) and exit")
+    ap.add_argument("--jsonl", metavar="PATH", help="write the workload as JSONL (id, text, label) and exit")
     ap.add_argument("--score", nargs=2, metavar=("TICKETS", "PREDICTIONS"), help="compare predictions with gold")
     args = ap.parse_args()
     if args.jsonl:

@@ -13,19 +13,32 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
 from . import batching
+from .calibration import DEFAULT_WARMUP, Calibrator
 from .labels import LabelSet, build_labelset, softmax
 from .model import KV, Model, load_model
 from .prefix_cache import PrefixCache
-from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, render, shared_prefix, tokenize
+from .prompts import (
+    DEFAULT_LABELS,
+    DEFAULT_SYSTEM,
+    DEFAULT_TEMPLATE,
+    PromptError,
+    PromptFormat,
+    render,
+    shared_prefix,
+    tokenize,
+)
+
+if TYPE_CHECKING:
+    from .task import Task
 
 # Batch planner defaults. On a 2-core x86 CPU throughput per processed token was flat from
 # 256 to 4,096 padded tokens per batch (about 140 tokens/s, Qwen 0.5B, float32), so the CPU
@@ -53,6 +66,8 @@ class Prediction:
     truncated: bool = False
     error: str | None = None
     logits: np.ndarray | None = field(default=None, repr=False)  # full-vocab last logits, on request
+    raw_probs: dict[str, float] | None = None  # the model's own probs, when `probs` are calibrated
+    abstained: bool = False  # under the confidence threshold: `label` is None, route to a person
 
     @property
     def ok(self) -> bool:
@@ -127,11 +142,19 @@ class Classifier:
         truncate: str | None = None,
         max_length: int | None = None,
         keep_logits: bool = False,
+        examples: Sequence[tuple[str, str]] = (),
+        calibration: "str | Calibrator" = "none",
+        min_confidence: float | None = None,
+        warmup: int = DEFAULT_WARMUP,
     ):
         if truncate is not None and truncate not in TRUNCATE_MODES:
             raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")
         self.model, self.tokenizer = model, tokenizer
-        self.format = PromptFormat(system, template)
+        self.path: Path | None = None  # the converted directory, when loaded from one
+        # How `classify` calibrates by default (settings, not run state: a batch prior
+        # fitted on one input lives on that run's `Calibration`, never here).
+        self.calibration, self.min_confidence, self.warmup = calibration, min_confidence, warmup
+        self.format = PromptFormat(system, template, tuple((str(t), str(lab)) for t, lab in examples))
         if max_batch_tokens == "auto":
             max_batch_tokens = default_max_batch_tokens()
         self.batch_size, self.max_batch_tokens = batch_size, max_batch_tokens
@@ -142,10 +165,21 @@ class Classifier:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self._rows = mx.array(self.labelset.first_ids, dtype=mx.int32)
         self.prefix: PrefixCache | None = None
-        if use_prefix_cache:
-            head = shared_prefix(tokenizer, self.format)
-            if head:
-                self.prefix = PrefixCache(model, head)
+        head = shared_prefix(tokenizer, self.format)
+        # The fixed part of every prompt (system, template, chat head) must leave room for
+        # at least one text token and the label: checked before any forward pass is paid for.
+        # With truncation asked for, the run goes on and every row says why it failed.
+        self.format_error: str | None = None
+        fixed = len(tokenize(tokenizer, [render(tokenizer, self.format, "x")])[0])
+        if fixed + self.labelset.max_len > self.max_length:
+            self.format_error = (
+                f"the system prompt and template alone are {fixed} tokens, over the model's context of "
+                f"{self.max_length}: shorten --system or --template"
+            )
+            if truncate is None:
+                raise PromptError(self.format_error)
+        if use_prefix_cache and head and self.format_error is None:
+            self.prefix = PrefixCache(model, head)
         self.stats = Stats()
         self._prefix_paid = False
         if self.prefix is not None:
@@ -170,7 +204,24 @@ class Classifier:
         path = resolve_model(str(model))
         m = load_model(path, dtype=getattr(mx, dtype) if dtype else None)
         tok = AutoTokenizer.from_pretrained(str(path))
-        return cls(m, tok, labels, system, template, **kwargs)
+        clf = cls(m, tok, labels, system, template, **kwargs)
+        clf.path = path
+        return clf
+
+    @classmethod
+    def from_task(cls, task: "str | Path | Task", dtype: str | None = None, **kwargs: Any) -> "Classifier":
+        """A classifier as a saved task file defines it (model, prompt, examples, calibration)."""
+        from .convert import weights_sha256
+        from .task import Task
+
+        t = task if isinstance(task, Task) else Task.load(task)
+        clf = cls.load(
+            t.model, t.labels, t.system, t.template, dtype=dtype, scoring=t.scoring, examples=t.examples,
+            calibration=t.calibration, min_confidence=t.min_confidence, warmup=t.warmup, **kwargs,
+        )
+        if clf.path is not None:
+            t.check_weights(weights_sha256(clf.path))
+        return clf
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -181,15 +232,29 @@ class Classifier:
         return self.labelset.mode
 
     # ------------------------------------------------------------------ public API
-    def classify(self, texts: Iterable[str]) -> list[Prediction]:
+    def classify(
+        self, texts: Iterable[str], calibration: "str | Calibrator | None" = None, min_confidence: float | None = None
+    ) -> list[Prediction]:
+        """Predictions in input order, calibrated as the classifier (or this call) says.
+
+        `calibration="batch"` takes the prior from all of these texts.
+        """
         texts = list(texts)
-        return list(self.classify_iter(texts, window=max(1, len(texts))))
+        cal = self.calibration if calibration is None else calibration
+        conf = self.min_confidence if min_confidence is None else min_confidence
+        run = self.classify_iter(texts, window=max(1, len(texts)))
+        return list(Calibration(cal, self.labels, warmup=max(2, len(texts)), min_confidence=conf)(run))
+
+    def calibrated(self) -> "Calibration":
+        """A per-run `Calibration` with this classifier's settings (call it on a prediction stream)."""
+        return Calibration(self.calibration, self.labels, self.warmup, self.min_confidence)
 
     def classify_iter(self, texts: Iterable[str], window: int = 1024) -> Iterator[Prediction]:
-        """Stream predictions in input order; memory is bounded by `window` items.
+        """Stream the model's raw predictions in input order; memory is bounded by `window` items.
 
         Sorting by length happens inside a window, and each window's predictions are
-        yielded as soon as the items before them are done.
+        yielded as soon as the items before them are done. Wrap the stream in a
+        `Calibration` to calibrate it or to abstain.
         """
         it = iter(texts)
         start = 0
@@ -206,7 +271,9 @@ class Classifier:
         items = [_Item(start + i, []) for i in range(len(texts))]
         good = []
         for item, text in zip(items, texts):
-            if not isinstance(text, str):
+            if self.format_error is not None:
+                item.error = self.format_error
+            elif not isinstance(text, str):
                 item.error = f"text must be a string, got {type(text).__name__}"
             elif not text.strip():
                 item.error = "empty text: give the item some text, or drop the row"
@@ -223,8 +290,11 @@ class Classifier:
                         "shorten the text, or pass --truncate head|tail|middle"
                     )
                 else:
-                    item.ids = self._truncate(text, self.max_length - extra)
-                    item.truncated = True
+                    try:
+                        item.ids = self._truncate(text, self.max_length - extra)
+                        item.truncated = True
+                    except ValueError as e:
+                        item.error = str(e)
         return items
 
     def _truncate(self, text: str, limit: int) -> list[int]:
@@ -348,4 +418,77 @@ class Classifier:
         return mx.stack(cols, axis=1)
 
 
-__all__ = ["Classifier", "Prediction", "Stats"]
+class Calibration:
+    """Calibrates (and optionally abstains on) a stream of raw predictions, for one run.
+
+    `method` is a fitted `Calibrator` (a saved prior: applied as is), "none" (raw), or
+    "batch" (the prior is the mean label distribution of the first `warmup` answered
+    items, Zhou et al. 2023; those items are held back until it is known, then every
+    item, them included, is calibrated with that one prior). The fitted calibrator is
+    kept on this per-run object (`.calibrator`), never on the shared classifier. Raw
+    probabilities stay on each prediction (`raw_probs`) so nothing is hidden.
+    """
+
+    def __init__(
+        self, method: "str | Calibrator", labels: Sequence[str], warmup: int = DEFAULT_WARMUP,
+        min_confidence: float | None = None, base: Calibrator | None = None,
+        on_fit: "Callable[[Calibrator], None] | None" = None,
+    ):
+        from .calibration import CalibrationError
+
+        self.base, self.on_fit, self.fitted_here = base, on_fit, False
+        if isinstance(method, Calibrator):
+            method.check_labels(labels)
+            self.calibrator: Calibrator | None = None if method.method == "none" else method
+            self.method = method.method
+        elif method in ("none", "batch") or (method == "em" and base is not None):
+            self.calibrator, self.method = None, method
+        else:
+            raise CalibrationError(
+                f"calibration {method!r} needs fitting first: use 'none', 'batch', 'em' with a base, or a "
+                "Calibrator (calibration.fit_labelled for 'fit')"
+            )
+        if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
+            raise CalibrationError(f"min_confidence must be between 0 and 1, got {min_confidence}")
+        self.labels, self.warmup, self.min_confidence = tuple(labels), max(2, warmup), min_confidence
+
+    def __call__(self, preds: Iterable[Prediction]) -> Iterator[Prediction]:
+        from .calibration import fit_batch, fit_em
+
+        it = iter(preds)
+        if self.method in ("batch", "em") and self.calibrator is None:
+            held: list[Prediction] = []
+            answered = 0
+            for p in it:
+                held.append(p)
+                answered += p.ok
+                if answered >= self.warmup:
+                    break
+            ok = [p for p in held if p.ok]
+            if len(ok) >= 2:
+                lp = self._log_probs(ok)
+                self.calibrator = fit_batch(lp, self.labels) if self.method == "batch" else fit_em(lp, self.labels, base=self.base)
+                self.fitted_here = True
+                if self.on_fit is not None:
+                    self.on_fit(self.calibrator)
+            yield from (self._finish(p) for p in held)
+        yield from (self._finish(p) for p in it)
+
+    def _log_probs(self, preds: Sequence[Prediction]) -> np.ndarray:
+        from .labels import log_softmax
+
+        return log_softmax(np.array([[p.scores[lab] for lab in self.labels] for p in preds]))
+
+    def _finish(self, p: Prediction) -> Prediction:
+        if not p.ok:
+            return p
+        if self.calibrator is not None:
+            probs = self.calibrator.probs(self._log_probs([p]))[0]
+            p.raw_probs, p.probs = p.probs, {lab: float(x) for lab, x in zip(self.labels, probs)}
+            p.label = self.labels[int(np.argmax(probs))]
+        if self.min_confidence is not None and max(p.probs.values()) < self.min_confidence:
+            p.label, p.abstained = None, True
+        return p
+
+
+__all__ = ["Calibration", "Classifier", "Prediction", "Stats"]

@@ -1,8 +1,9 @@
 """The `mlx-slm` command: classify, convert, parity, bench, doctor, models.
 
 Results go to stdout (JSONL by default) or to `-o FILE`; progress, warnings and the
-summary go to stderr, so the output can be piped. User errors print one clear line
-and exit with status 2, never a traceback.
+summary go to stderr, so the output can be piped. User errors (`errors.UserError`) print
+one clear line and exit with status 2; Ctrl-C exits 130; any other exception is a bug and
+shows its traceback.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any
 import click
 
 from . import _blas
+from .errors import UserError
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from .output import OUTPUT_FORMATS, output_format as output_format_of
 from .registry import BUILTINS, DEFAULT_MODEL
 
-USER_ERRORS = (ValueError, FileNotFoundError, KeyError, ImportError, RuntimeError, OSError)
+BUG_REPORT = "mlx-slm: this is a bug in mlx-slm, not in your input: please report it with the traceback above"
 
 
 def _err(msg: str) -> None:
@@ -33,18 +36,36 @@ def _warn_blas() -> None:
         _err(f"mlx-slm: warning: slow BLAS ({_blas.PROBLEM}); MLX matmuls run ~30x slower. Fix: {_blas.FIX}")
 
 
-class _UserErrors(click.Group):
-    """Turns expected failures into one readable line instead of a traceback."""
+class _UserError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        _err(f"mlx-slm: error: {self.format_message()}")
+
+
+class _Commands(click.Group):
+    """User errors (`UserError`) become one readable line and exit 2; Ctrl-C exits 130;
+    anything else is a bug, and its traceback shows, with a line that says so."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except USER_ERRORS as e:
-            _err(f"mlx-slm: error: {e}")
-            ctx.exit(2)
+        except UserError as e:
+            raise _UserError(str(e)) from e
+        except KeyboardInterrupt:
+            _err("mlx-slm: interrupted")
+            sys.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception:
+            import traceback
+
+            traceback.print_exc()
+            _err(BUG_REPORT)
+            sys.exit(70)  # EX_SOFTWARE
 
 
-@click.group(cls=_UserErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mlx-slm")
 def main() -> None:
     """Fast, verified text classification with small language models on MLX.
@@ -79,73 +100,329 @@ class _Progress:
             sys.stderr.flush()
 
 
+_TASK_OPTIONS = [
+    click.option("--task", "task_file", type=click.Path(exists=True, dir_okay=False),
+                 help="A saved task (model, labels, prompt, examples, calibration); options given here override it."),
+    click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
+                 help="Built-in name, converted dir, Hugging Face dir, .gguf file or hub id."),
+    click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True,
+                 help="Comma-separated labels."),
+    click.option("--labels-file", type=click.Path(exists=True, dir_okay=False), help="One label per line (overrides --labels)."),
+    click.option("--system", default=DEFAULT_SYSTEM, show_default=True, help="System message ('' for none)."),
+    click.option("--template", default=DEFAULT_TEMPLATE, show_default=True, help="User message; {text} is replaced by the item."),
+    click.option("--examples", "examples_file", type=click.Path(exists=True, dir_okay=False),
+                 help="Few-shot examples (JSONL: text, label), put before every item inside the cached prefix."),
+    click.option("--calibrate", type=click.Choice(["none", "batch", "fit", "em"]), default="none", show_default=True,
+                 help="none: the model's raw scores. batch: divide by the input's mean label probability "
+                      "(assumes roughly balanced labels). fit: per-label offsets fitted on --calibration-data. "
+                      "em: fit, then re-estimate the input's own label mix (Saerens EM)."),
+    click.option("--calibration-data", type=click.Path(exists=True, dir_okay=False),
+                 help="Labelled JSONL/CSV (text and --gold-field) for --calibrate fit|em."),
+    click.option("--warmup", default=512, show_default=True, type=click.IntRange(2),
+                 help="batch/em: the prior comes from the first N items (held back until it is known)."),
+    click.option("--min-confidence", type=click.FloatRange(0, 1),
+                 help="Abstain (label null, abstained true) under this probability: route those to a person."),
+    click.option("--save-task", type=click.Path(dir_okay=False), help="Write the task (with the fitted prior) to this file."),
+    click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "text"]), help="Input format (default: from the extension; stdin is sniffed)."),
+    click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text."),
+    click.option("--id-field", default="id", show_default=True, help="JSONL field holding the id (default: line number)."),
+    click.option("--text-column", default="text", show_default=True, help="CSV column holding the text."),
+    click.option("--id-column", default="id", show_default=True, help="CSV column holding the id (default: line number)."),
+    click.option("--gold-field", default="label", show_default=True, help="Field (JSONL) or column (CSV) of the gold label (eval, --calibration-data)."),
+    click.option("--batch-size", default=None, type=click.IntRange(1), help="Max rows per batch."),
+    click.option("--max-batch-tokens", default=None, type=click.IntRange(1), help="Max padded tokens per batch (rows x longest); default 512 on the CPU, 4096 on a GPU."),
+    click.option("--window", default=1024, show_default=True, type=click.IntRange(1),
+                 help="Items sorted and batched together (memory is bounded by it)."),
+    click.option("--no-sort", is_flag=True, help="Batch in input order (no length bucketing)."),
+    click.option("--no-prefix-cache", is_flag=True, help="Run every prompt in full (no shared-prefix KV cache)."),
+    click.option("--scoring", type=click.Choice(["auto", "first-token", "sequence"]), default="auto", show_default=True),
+    click.option("--truncate", type=click.Choice(["head", "tail", "middle"]),
+                 help="Over-long prompts: keep the text's head, tail, or both ends (default: error row)."),
+    click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype (default: float32 on CPU, float16 on GPU)."),
+    click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr."),
+]
+
+
+def _task_options(f: Any) -> Any:
+    for opt in reversed(_TASK_OPTIONS):
+        f = opt(f)
+    return f
+
+
+class _Setup:
+    """What classify and eval share: the options (with a task file's values filled in), the
+    loaded classifier, and the calibration to run with."""
+
+    def __init__(self, ctx: click.Context, o: dict[str, Any]):
+        from click.core import ParameterSource
+
+        from .labels import parse_labels
+        from .prompts import read_examples
+
+        self.o = o
+        self.task = None
+        given = {k for k in o if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
+        if o["task_file"]:
+            from .task import Task
+
+            t = self.task = Task.load(o["task_file"])
+            take = {"model": t.model, "labels_csv": None, "system": t.system or "", "template": t.template,
+                    "scoring": t.scoring, "min_confidence": t.min_confidence, "warmup": t.warmup}
+            for k, v in take.items():
+                if k not in given:
+                    o[k] = v
+            self.labels = list(t.labels) if not ({"labels_csv", "labels_file"} & given) else None
+            self.examples = t.examples if "examples_file" not in given else ()
+            self.calibration: Any = t.calibration if "calibrate" not in given else o["calibrate"]
+        else:
+            self.labels, self.examples, self.calibration = None, (), o["calibrate"]
+        if self.labels is None:
+            if o["labels_file"]:
+                self.labels = [ln.strip() for ln in Path(o["labels_file"]).read_text(encoding="utf-8").splitlines() if ln.strip()]
+            else:
+                self.labels = parse_labels(o["labels_csv"])
+        if o["examples_file"]:
+            self.examples = read_examples(o["examples_file"], self.labels)
+        if self.calibration in ("fit", "em") and not o["calibration_data"]:
+            raise click.UsageError(f"--calibrate {self.calibration} needs --calibration-data FILE (labelled texts)")
+
+    def load(self) -> Any:
+        from .classifier import DEFAULT_BATCH_SIZE, Classifier
+        from .convert import weights_sha256
+
+        o = self.o
+        self.clf = Classifier.load(
+            o["model"], self.labels, o["system"] or None, o["template"], dtype=o["dtype"],
+            batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE, max_batch_tokens=o["max_batch_tokens"] or "auto",
+            sort=not o["no_sort"], use_prefix_cache=not o["no_prefix_cache"], scoring=o["scoring"],
+            truncate=o["truncate"], examples=self.examples,
+        )
+        self.weights = weights_sha256(self.clf.path) if self.clf.path else None
+        if self.task is not None:
+            self.task.check_weights(self.weights)
+        if self.calibration in ("fit", "em"):
+            self.calibration = self._fit(self.calibration)
+        return self.clf
+
+    def _fit(self, method: str) -> Any:
+        """Fit per-label offsets on the labelled sample (`em` then uses them as its base)."""
+        from .calibration import CalibrationError, fit_labelled, gold_indices
+        from .io import read_rows
+        from .labels import log_softmax
+
+        o = self.o
+        path = o["calibration_data"]
+        rows = list(read_rows(path, None, o["text_field"], o["id_field"], o["text_column"], o["id_column"], gold=o["gold_field"]))
+        bad = [r for r in rows if r.error is not None or r.gold is None]
+        if bad:
+            r = bad[0]
+            why = r.error or f"line {r.line}: no {o['gold_field']!r} (the gold label): add it, or use --gold-field"
+            raise CalibrationError(f"--calibration-data {path}: {why}")
+        if not rows:
+            raise CalibrationError(f"--calibration-data {path} is empty: give it labelled texts (text and {o['gold_field']})")
+        gold = gold_indices([str(r.gold) for r in rows], self.clf.labels)
+        preds = self.clf.classify_iter([r.text for r in rows], window=o["window"])
+        lp = []
+        for r, p in zip(rows, preds):
+            if not p.ok:
+                raise CalibrationError(f"--calibration-data {path}: line {r.line}: {p.error}")
+            lp.append([p.scores[lab] for lab in self.clf.labels])
+        cal = fit_labelled(log_softmax(lp), gold, self.clf.labels)
+        i = cal.info
+        if not o["quiet"]:
+            if i.get("cv_accuracy_raw") is not None:
+                _err(f"mlx-slm: fitted on {len(rows)} labelled items; {i['folds']}-fold cross-validated accuracy "
+                     f"{100 * i['cv_accuracy_raw']:.1f} % raw -> {100 * i['cv_accuracy_calibrated']:.1f} % calibrated")
+            else:
+                _err(f"mlx-slm: fitted on {len(rows)} labelled items ({i.get('cv_note', 'no cross-validation')})")
+        return ("em", cal) if method == "em" else cal
+
+    def calibration_run(self, on_fit: Any = None) -> Any:
+        from .classifier import Calibration
+
+        cal = self.calibration
+        base = None
+        if isinstance(cal, tuple):  # ("em", base)
+            cal, base = cal
+        return Calibration(cal, self.clf.labels, warmup=self.o["warmup"], min_confidence=self.o["min_confidence"],
+                           base=base, on_fit=on_fit)
+
+    def describe(self, run: Any) -> str:
+        c = run.calibrator
+        if run.method == "none":
+            return "no calibration (raw scores)"
+        if run.method in ("batch", "em") and run.fitted_here:
+            return f"{run.method} calibration (prior from the first {c.n if c else 0} items)" if c else f"{run.method} calibration (too few items to fit: raw scores)"
+        return f"{run.method} calibration (saved prior, fitted on {c.n} items)"
+
+    def settings(self) -> dict[str, Any]:
+        c = self.calibration
+        if isinstance(c, tuple):
+            cal: Any = {"method": "em", "base": c[1].to_dict(), "warmup": self.o["warmup"]}
+        elif isinstance(c, str):
+            cal = c if c == "none" else {"method": c, "warmup": self.o["warmup"]}
+        else:
+            cal = c.to_dict()
+        return {"calibration": cal, "min_confidence": self.o["min_confidence"],
+                "examples": [list(e) for e in self.clf.format.examples]}
+
+    def save_task(self, run: Any) -> None:
+        from .task import Task, versions
+
+        path = self.o["save_task"]
+        if not path:
+            return
+        cal = run.calibrator if run.calibrator is not None else "none"
+        t = Task(model=self.o["model"], labels=tuple(self.clf.labels), system=self.o["system"] or None,
+                 template=self.o["template"], scoring=self.clf.mode, examples=self.clf.format.examples,
+                 calibration=cal, warmup=self.o["warmup"], min_confidence=self.o["min_confidence"],
+                 weights_sha256=self.weights, versions=versions())
+        t.save(path)
+        if not self.o["quiet"]:
+            _err(f"mlx-slm: task saved to {path} ({'no calibration' if cal == 'none' else cal.method + ' prior'})")
+
+
 @main.command()
 @click.argument("input", required=False, default="-")
-@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
-              help="Built-in name, converted dir, Hugging Face dir, .gguf file or hub id.")
-@click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True,
-              help="Comma-separated labels.")
-@click.option("--labels-file", type=click.Path(exists=True, dir_okay=False), help="One label per line (overrides --labels).")
-@click.option("--system", default=DEFAULT_SYSTEM, show_default=True, help="System message ('' for none).")
-@click.option("--template", default=DEFAULT_TEMPLATE, show_default=True, help="User message; {text} is replaced by the item.")
-@click.option("-o", "--output", help="Output file (.jsonl or .csv); default JSONL on stdout.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "text"]), help="Input format (default: from the extension; stdin is sniffed).")
-@click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
-@click.option("--id-field", default="id", show_default=True, help="JSONL field holding the id (default: line number).")
-@click.option("--text-column", default="text", show_default=True, help="CSV column holding the text.")
-@click.option("--id-column", default="id", show_default=True, help="CSV column holding the id (default: line number).")
-@click.option("--batch-size", default=None, type=click.IntRange(1), help="Max rows per batch.")
-@click.option("--max-batch-tokens", default=None, type=click.IntRange(1), help="Max padded tokens per batch (rows x longest); default 512 on the CPU, 4096 on a GPU.")
-@click.option("--no-sort", is_flag=True, help="Batch in input order (no length bucketing).")
-@click.option("--no-prefix-cache", is_flag=True, help="Run every prompt in full (no shared-prefix KV cache).")
-@click.option("--scoring", type=click.Choice(["auto", "first-token", "sequence"]), default="auto", show_default=True)
-@click.option("--truncate", type=click.Choice(["head", "tail", "middle"]),
-              help="Over-long prompts: keep the text's head, tail, or both ends (default: error row).")
-@click.option("--resume", is_flag=True, help="Skip ids already in the -o file and append the rest.")
+@click.option("-o", "--output", help="Output file (.jsonl, .csv or .tsv); default JSONL on stdout.")
+@click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), help="Output format (default: from the -o extension).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run into the same -o file (same input and settings).")
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="fail: exit 1 if any row failed (all rows are still written); skip: exit 0.")
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype (default: float32 on CPU, float16 on GPU).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr.")
-def classify(input: str, model: str, labels_csv: str, labels_file: str | None, system: str, template: str,
-             output: str | None, fmt: str | None, text_field: str, id_field: str, text_column: str, id_column: str,
-             batch_size: int | None, max_batch_tokens: int | None, no_sort: bool, no_prefix_cache: bool,
-             scoring: str, truncate: str | None, resume: bool, on_error: str, dtype: str | None, quiet: bool) -> None:
+@_task_options
+@click.pass_context
+def classify(ctx: click.Context, input: str, output: str | None, output_format: str | None, resume: bool,
+             on_error: str, **o: Any) -> None:
     """Classify each item of INPUT (JSONL, CSV, text, or '-' for stdin) into one label.
 
     \b
     Every input row gives exactly one output row, in input order:
       {"id": 1, "label": "billing", "probs": {"billing": 0.93, ...}}
-      {"id": 7, "line": 7, "error": "line 7: malformed JSON ..."}
+      {"id": null, "line": 7, "error": "line 7: malformed JSON ..."}
+    With --calibrate, "probs" are calibrated and "raw_probs" keep the model's own.
+
+    \b
+    With -o FILE the run holds FILE.lock (a second run on the same output stops)
+    and records its settings in FILE.mlx-slm.json; --resume continues only an
+    output of the same input and settings, and the result equals an
+    uninterrupted run's, byte for byte. Exit status: 0 all rows classified,
+    1 some rows are error rows (all still written), 2 a usage error, 130 Ctrl-C.
     """
-    from .classifier import DEFAULT_BATCH_SIZE, Classifier
-    from .io import Writer, done_ids, read_rows, result_record
-    from .labels import parse_labels
+    from contextlib import ExitStack
+
+    from .output import OutputLock, refuse_input_as_output
 
     _warn_blas()
-    if resume and not output:
-        raise click.UsageError("--resume needs -o FILE (the output to continue)")
+    out_fmt = output_format_of(output, output_format)
     if input != "-" and not Path(input).exists():
         raise click.UsageError(f"input file {input!r} does not exist")
-    if labels_file:
-        labels = [ln.strip() for ln in Path(labels_file).read_text(encoding="utf-8").splitlines() if ln.strip()]
-    else:
-        labels = parse_labels(labels_csv)
-    clf = Classifier.load(
-        model, labels, system or None, template, dtype=dtype,
-        batch_size=batch_size or DEFAULT_BATCH_SIZE,
-        max_batch_tokens=max_batch_tokens or "auto",
-        sort=not no_sort, use_prefix_cache=not no_prefix_cache, scoring=scoring, truncate=truncate,
+    if resume and not output:
+        raise click.UsageError("--resume needs -o FILE (the output to continue)")
+    if resume and input == "-":
+        raise click.UsageError("--resume needs an input file: standard input cannot be read again to check it")
+    setup = _Setup(ctx, o)
+    if output and output != "-":
+        # Before anything is opened for writing: the output must be none of the inputs.
+        refuse_input_as_output(output, [input, o["labels_file"], o["examples_file"], o["calibration_data"], o["task_file"]])
+    with ExitStack() as stack:
+        if output and output != "-":
+            stack.enter_context(OutputLock(output))
+        failed = _classify_run(setup, input, output, out_fmt, resume)
+    if failed and on_error == "fail":
+        _err(f"mlx-slm: {failed} row(s) failed; see their error rows (use --on-error skip to exit 0)")
+        sys.exit(1)
+
+
+def _classify_run(setup: _Setup, input: str, output: str | None, out_fmt: str, resume: bool) -> int:
+    """Run classify with the output locked; returns the number of error rows in the whole output."""
+    import itertools
+
+    from .calibration import Calibrator
+    from .io import read_rows
+    from .output import (
+        OutputError,
+        Writer,
+        changed_settings,
+        csv_columns,
+        plan_resume,
+        read_manifest,
+        result_record,
+        truncate_to,
+        write_manifest,
     )
-    skip = done_ids(output) if resume and output else set()
-    writer = Writer(output, clf.labels, append=resume)
-    pending: deque = deque()
+
+    o = setup.o
+    file_out = output not in (None, "-")
+    previous = read_manifest(output) if (resume and file_out and Path(output).exists()) else None
+    if resume and file_out and previous is None and Path(output).exists() and Path(output).stat().st_size > 0:
+        raise OutputError(
+            f"{output} has no {Path(output).name}.mlx-slm.json record, so it was not written by mlx-slm classify "
+            "(or by a version before 0.2): not resuming into it, and it is left untouched"
+        )
+    clf = setup.load()
+    rows = read_rows(input, o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"])
+    settings: dict[str, Any] = {}
+    extra = setup.settings()
+    calibrated = extra["calibration"] != "none"
+    columns = csv_columns(clf.labels, raw=calibrated, abstain=o["min_confidence"] is not None)
+    if file_out:
+        inp = Path(input).resolve() if input != "-" else None
+        settings = {
+            "weights_sha256": setup.weights,
+            "labels": list(clf.labels),
+            "system": o["system"] or None,
+            "template": o["template"],
+            "scoring": clf.mode,
+            **extra,
+            "truncate": o["truncate"],
+            "dtype": str(clf.model.head_weight().dtype).replace("mlx.core.", ""),
+            "input": str(inp) if inp else "-",
+            "input_size": inp.stat().st_size if inp else None,
+            "input_format": o["fmt"],
+            "fields": [o["text_field"], o["id_field"], o["text_column"], o["id_column"]],
+            "output_format": out_fmt,
+            "batch_size": clf.batch_size,
+            "max_batch_tokens": clf.max_batch_tokens,
+            "window": o["window"],
+            "sort": not o["no_sort"],
+            "prefix_cache": not o["no_prefix_cache"],
+            "model": o["model"],
+        }
     failed = 0
-    progress = _Progress(quiet)
+    append = False
+    fitted: dict[str, Any] = {}
+    if previous is not None:
+        diff = [k for k in changed_settings(previous["settings"], settings) if k != "model"]
+        if diff:
+            old, new = previous["settings"], settings
+            detail = "; ".join(f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in diff[:3])
+            raise OutputError(
+                f"cannot --resume {output}: it was made with other settings ({detail}); "
+                "run with the same options, or start again without --resume"
+            )
+        keep, failed, redo = plan_resume(output, out_fmt, columns, rows, o["window"], bool(previous.get("complete")))
+        truncate_to(output, keep)
+        rows = itertools.chain(redo, rows)
+        append = True
+        if previous.get("fitted_calibrator") and keep > 0:
+            # The rows kept were calibrated with this prior: the rest must be too.
+            fitted = previous["fitted_calibrator"]
+            setup.calibration = Calibrator.from_dict(fitted)
+
+    def on_fit(cal: Calibrator) -> None:
+        fitted.update(cal.to_dict())
+        if file_out:
+            write_manifest(output, settings, complete=False, fitted=fitted)
+
+    if file_out:
+        write_manifest(output, settings, complete=False, fitted=fitted or None)
+    calib = setup.calibration_run(on_fit)
+    writer = Writer(output, columns, out_fmt, append=append)
+    pending: deque = deque()
+    progress = _Progress(o["quiet"])
 
     def texts() -> Iterator[str]:
-        for row in read_rows(input, fmt, text_field, id_field, text_column, id_column):
-            if str(row.id) in skip:
-                continue
+        for row in rows:
             pending.append(row)
             if row.error is None:
                 yield row.text  # type: ignore[misc]
@@ -157,28 +434,138 @@ def classify(input: str, model: str, labels_csv: str, labels_file: str | None, s
             failed += 1
             progress.tick()
 
+    abstained = 0
+    run = calib(clf.classify_iter(texts(), window=o["window"]))
     try:
-        for pred in clf.classify_iter(texts()):
+        for pred in run:
             flush_errors()
             rec = result_record(pending.popleft(), pred)
             failed += "error" in rec
+            abstained += bool(rec.get("abstained"))
             writer.write(rec)
             progress.tick()
         flush_errors()
     finally:
         writer.close()
         progress.done()
-    if not quiet:
+    if file_out:
+        write_manifest(output, settings, complete=True, rows=progress.n, fitted=fitted or None)
+    setup.save_task(calib)
+    if not o["quiet"]:
         s = clf.stats
         _err(
-            f"mlx-slm: {progress.n} rows ({failed} errors) in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; "
+            f"mlx-slm: {progress.n} rows ({failed} errors"
+            + (f", {abstained} abstained" if o["min_confidence"] is not None else "")
+            + f") in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; "
             f"{s.processed_tokens:,} tokens processed, padding {s.padding_pct:.1f} %, "
             f"prefix cache saved {s.prefix_saved_tokens:,} tokens ({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); "
-            f"{clf.mode} scoring"
+            f"{clf.mode} scoring; {setup.describe(calib)}"
         )
-    if failed and on_error == "fail":
-        _err(f"mlx-slm: {failed} row(s) failed; see their error rows (use --on-error skip to exit 0)")
-        sys.exit(1)
+    return failed
+
+
+# --------------------------------------------------------------------------- eval
+
+@main.command(name="eval")
+@click.argument("input")
+@click.option("--predictions", type=click.Path(exists=True, dir_okay=False),
+              help="Score this classify output (row i = input row i) instead of running the model.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON here.")
+@click.option("--plots", type=click.Path(file_okay=False), help="Write confusion.png and reliability.png into this folder.")
+@_task_options
+@click.pass_context
+def evaluate(ctx: click.Context, input: str, predictions: str | None, json_path: str | None, plots: str | None,
+             **o: Any) -> None:
+    """Classify a labelled INPUT and report how right the labels are.
+
+    \b
+    INPUT holds a text and a gold label per row (--gold-field, default "label"):
+      {"text": "I was charged twice", "label": "billing"}
+    Reports accuracy, macro-F1, per-label precision/recall/F1, the confusion matrix
+    (rows gold, columns predicted), expected calibration error, and accuracy at
+    coverage (answer only the most confident x %: how to choose --min-confidence).
+    Rows whose gold label is missing or not a label are error rows, left out of the
+    figures and counted.
+
+    \b
+      mlx-slm eval tickets.jsonl --calibrate batch --plots eval/ --json eval.json
+      mlx-slm eval tickets.jsonl --predictions preds.jsonl   # no model run
+    """
+    from .evaluate import format_report, plot, report
+    from .io import read_rows
+
+    setup = _Setup(ctx, o)
+    rows = list(read_rows(input, o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"], gold=o["gold_field"]))
+    labels = setup.labels
+    if predictions:
+        preds = _read_predictions(predictions, len(rows))
+    else:
+        _warn_blas()
+        clf = setup.load()
+        labels = list(clf.labels)
+        calib = setup.calibration_run()
+        ok = [r for r in rows if r.error is None]
+        got = iter(calib(clf.classify_iter([r.text for r in ok], window=o["window"])))
+        preds = []
+        for r in rows:
+            p = next(got) if r.error is None else None
+            preds.append(None if p is None else {"label": p.label, "probs": p.probs, "error": p.error})
+        setup.save_task(calib)
+        if not o["quiet"]:
+            s = clf.stats
+            _err(f"mlx-slm: {len(ok)} items in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; {setup.describe(calib)}")
+    gold, pred_labels, conf, errors = [], [], [], []
+    for r, p in zip(rows, preds):
+        if r.error is not None:
+            errors.append(r.error)
+        elif r.gold is None or str(r.gold) not in labels:
+            what = "no gold label" if r.gold is None else f"gold label {r.gold!r} is not one of {labels}"
+            errors.append(f"line {r.line}: {what} (field {o['gold_field']!r}): fix the row, or use --gold-field")
+        elif p is None or p.get("error"):
+            errors.append(f"line {r.line}: {p.get('error') if p else 'no prediction'}")
+        else:
+            gold.append(str(r.gold))
+            pred_labels.append(p.get("label"))
+            conf.append(max(p["probs"].values()) if p.get("probs") else None)
+    if not gold:
+        raise UserError(f"{input}: no row has both a text and a gold label among {labels}; first problem: "
+                        f"{errors[0] if errors else 'the input is empty'}")
+    rep = report(gold, pred_labels, conf, labels)
+    rep["errors"] = len(errors)
+    click.echo(format_report(rep))
+    if errors:
+        click.echo(f"\n{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
+    if plots:
+        for p in plot(rep, plots):
+            _err(f"mlx-slm: wrote {p}")
+
+
+def _read_predictions(path: str, n: int) -> list[dict[str, Any] | None]:
+    """A classify output read back row by row (JSONL or CSV), for eval without the model."""
+    import csv as _csv
+
+    p = Path(path)
+    out: list[dict[str, Any] | None] = []
+    if p.suffix.lower() in (".csv", ".tsv"):
+        with open(p, encoding="utf-8", newline="") as f:
+            for rec in _csv.DictReader(f, delimiter="\t" if p.suffix.lower() == ".tsv" else ","):
+                probs = {k[2:]: float(v) for k, v in rec.items() if k.startswith("p_") and v not in ("", None)}
+                out.append({"label": rec.get("label") or None, "probs": probs, "error": rec.get("error") or None})
+    else:
+        data = p.read_bytes()
+        for i, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise UserError(f"--predictions {path}: line {i} is not JSON: give the output of mlx-slm classify") from None
+            out.append({"label": rec.get("label"), "probs": rec.get("probs") or {}, "error": rec.get("error")})
+    if len(out) != n:
+        raise UserError(f"--predictions {path} has {len(out)} rows but the input has {n}: they must be row for row")
+    return out
 
 
 # --------------------------------------------------------------------------- convert
@@ -229,6 +616,8 @@ def parity(model: str, reference: str | None, n: int, input_path: str | None, la
     if input_path:
         rows = [r for r in read_rows(input_path) if r.error is None][:n]
         texts = [r.text for r in rows]
+        if not texts:
+            raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
     else:
         texts = _workload_sample(model, n)
     r = run_parity(model, reference, texts, parse_labels(labels_csv), system or None, template, dtype=dtype,

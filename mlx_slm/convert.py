@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import UserError
 from .model import SUPPORTED_ARCHITECTURES
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -33,7 +34,7 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """A source that cannot be converted; the message says why and what to do."""
 
 
@@ -194,6 +195,8 @@ def source_kind(src: str | Path) -> str:
         if not p.is_file():
             raise ConversionError(f"{src}: no such GGUF file")
         return "gguf"
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise ConversionError(f"no config.json in {src}: not a Hugging Face or MLX model directory")
     return "hf"
 
 
@@ -201,9 +204,6 @@ def convert(
     src: str | Path, out: str | Path, dtype: str = "float16", progress: Progress | None = _stderr
 ) -> Path:
     """Convert `src` (HF directory, hub id, `.gguf`) into an MLX directory `out` in `dtype`."""
-    import mlx.core as mx
-    from transformers import AutoTokenizer
-
     if dtype not in DTYPES:
         raise ConversionError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     say = progress or (lambda _m: None)
@@ -213,6 +213,20 @@ def convert(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    try:
+        _convert_into(tmp, src, kind, dtype, say)
+    except BaseException:  # a failed or interrupted conversion leaves nothing behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)  # all or nothing: an interrupted conversion never looks finished
+    return out
+
+
+def _convert_into(tmp: Path, src: str | Path, kind: str, dtype: str, say: Progress) -> None:
+    import mlx.core as mx
+    from transformers import AutoTokenizer
 
     if kind == "gguf":
         from gguf import GGUFReader
@@ -261,11 +275,8 @@ def convert(
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": _versions(),
     }
+    record["weights_sha256"] = sha256_file(tmp / WEIGHTS)
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)  # all or nothing: an interrupted conversion never looks finished
-    return out
 
 
 def _versions() -> dict[str, str]:
@@ -278,6 +289,20 @@ def _versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return got
+
+
+def weights_sha256(path: str | Path) -> str:
+    """sha256 of a converted directory's weights: from its record, or hashed once and recorded."""
+    p = Path(path)
+    rec_path = p / RECORD
+    record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
+    if "weights_sha256" not in record:
+        record["weights_sha256"] = sha256_file(p / WEIGHTS)
+        try:
+            rec_path.write_text(json.dumps(record, indent=2) + "\n")
+        except OSError:  # a read-only model directory: hash again next time
+            pass
+    return record["weights_sha256"]
 
 
 def is_converted(path: str | Path) -> bool:

@@ -3,6 +3,52 @@
 Every input row becomes exactly one `Row`: either with text, or with an `error` that
 names the line and the fix. Nothing is dropped or reordered here; the CLI writes one
 output row per input row, in input order.
+
+How input is decoded
+--------------------
+* Bytes are UTF-8. A UTF-8 byte order mark at the start of the input (file or stdin,
+  every format) is dropped. A line that is not valid UTF-8 becomes an error row.
+* Lines end only at ``\\n`` or ``\\r\\n``. A lone ``\\r``, U+2028, U+2029, U+0085, ``\\x0b`` or
+  ``\\x0c`` is part of the line's text, never a line break. A newline at the very end of
+  the input ends the last line; it does not start another one: ``b"a\\nb\\n"`` and
+  ``b"a\\nb"`` are two lines, ``b"a\\nb\\n\\n"`` is three (the third blank: an error row), and
+  an empty input (or one that holds only a BOM) has no rows. A ``\\r`` at the very end of an
+  input without a final newline is part of the last line.
+* JSONL and text: one row per physical line, so rows out == lines in.
+* CSV: the first line is the header (it must name the text column, else `InputError`);
+  then one row per record. A record spans several lines only while a quoted field is
+  open. A record that cannot be parsed (a stray quote, or a quote still open at the end of
+  the input or after `CSV_MAX_RECORD_LINES` lines / `CSV_MAX_RECORD_CHARS` characters)
+  becomes an error row for the line it starts on, and reading goes on at the next
+  physical line, so one bad quote never swallows the rest of the file. ``Row.line`` is
+  the line a record starts on and ``Row.last_line`` the one it ends on; consecutive rows
+  cover every line after the header, none lost, none twice. The delimiter is a tab for
+  ``.tsv``, a comma for ``.csv``, else whichever of the two makes the header name the
+  text column.
+* Format: given (``fmt``, the CLI's ``--format``), or from the file's extension
+  (``.jsonl``/``.ndjson``/``.json``: JSONL; ``.csv``/``.tsv``, any case: CSV, tab-separated
+  for ``.tsv``; ``.txt``/``.text``: text). Stdin and other files are sniffed from their first
+  lines (at most `SNIFF_BYTES`): JSONL if the first non-blank line starts with ``{`` or
+  most of the sniffed non-blank lines are JSON objects; CSV if the first line is a header
+  of two or more columns (comma- or tab-separated) that names the text column; else text.
+
+Ids
+---
+* An explicit id is taken as given: in JSONL the id field, a non-empty string or an
+  integer (not a bool, float, null, list or object: those make the row an error row); in
+  CSV the id column, always a string. ``Row.explicit_id`` is True for these.
+* A row with no explicit id (no id field in its JSON object, no id column in the CSV,
+  every text-format line) gets its 1-based line number, an ``int``, as id.
+* Ids compare by type and value: ``1`` and ``"1"`` are different ids.
+* Two rows with equal ids (both explicit, or an explicit id equal to another row's
+  line-number id) make the later row an error row naming both lines; its id becomes
+  None. So the non-None ids of the rows read are all distinct.
+* Error rows for lines where no id could be read (malformed JSON, not an object, an
+  invalid or empty id, bad UTF-8 in a JSONL or text line or in a CSV id, a blank line, a
+  CSV record that does not parse or has the wrong number of fields) have ``id=None``,
+  never the line number, so an error row can never collide with a real id. Error rows
+  whose id was read (e.g. the text is missing, empty, or not valid UTF-8) keep it, and
+  that id counts for the duplicate check like any other.
 """
 
 from __future__ import annotations
@@ -10,41 +56,132 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import sys
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Sequence
 
+from .errors import UserError
+
 FORMATS = ("jsonl", "csv", "text")
+BOM = b"\xef\xbb\xbf"
+SNIFF_BYTES = 64 * 1024  # how much of stdin (or a file of unknown type) the format sniffer may buffer
+SNIFF_LINES = 32
+CSV_MAX_RECORD_LINES = 10_000  # a quoted field still open after this many lines is reported as unterminated
+CSV_MAX_RECORD_CHARS = 1 << 20  # ... or this many characters; also the longest CSV field read
+UNIQUE_FIX = "give every row a unique id, or none"
+
+
+class InputError(UserError, ValueError):
+    """A problem with the input as a whole (not one row) that the user must fix (exit 2)."""
 
 
 @dataclass
 class Row:
-    line: int  # 1-based line in the input (CSV: the line where the record starts)
-    id: Any
+    line: int  # 1-based physical line where the record starts
+    id: Any  # str | int, or None on an error row whose id could not be read (see the module docstring)
     text: str | None = None
     error: str | None = None
+    explicit_id: bool = False  # the id was given in the input (not the line number)
+    last_line: int = 0  # physical line where the record ends (CSV records may span lines); 0: same as `line`
+    gold: Any = None  # the gold label's field/column, when one was asked for (eval, calibration data)
+
+    def __post_init__(self) -> None:
+        if not self.last_line:
+            self.last_line = self.line
 
 
-def guess_format(path: str | None, first: bytes = b"") -> str:
+# --------------------------------------------------------------------------- physical lines
+
+_Line = tuple[int, bytes, bytes]  # (1-based number, content without terminator, terminator b"\n" | b"\r\n" | b"")
+
+
+def _physical_lines(raw: Iterable[bytes]) -> Iterator[_Line]:
+    """Split a binary stream on b"\\n" only (iterating a binary file does exactly that), streaming."""
+    for n, b in enumerate(raw, 1):
+        if n == 1 and b.startswith(BOM):
+            b = b[len(BOM):]
+            if not b:  # nothing but a BOM: an empty input
+                return
+        if b.endswith(b"\r\n"):
+            yield n, b[:-2], b"\r\n"
+        elif b.endswith(b"\n"):
+            yield n, b[:-1], b"\n"
+        else:
+            yield n, b, b""
+
+
+def _lines(raw: Iterable[bytes]) -> Iterator[tuple[int, str | None, str]]:
+    """(line number, decoded text or None if not UTF-8, error detail) per physical line."""
+    for n, b, _ in _physical_lines(raw):
+        try:
+            yield n, b.decode("utf-8"), ""
+        except UnicodeDecodeError as e:
+            yield n, None, f"byte 0x{b[e.start]:02x} at byte {e.start + 1}"
+
+
+def _bad_utf8(s: str) -> bool:
+    """True if `s` holds a lone surrogate (a bad byte kept by surrogateescape, or a JSON \\ud800 escape)."""
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _utf8_error(n: int, detail: str = "") -> str:
+    return f"line {n}: invalid UTF-8{f' ({detail})' if detail else ''}: save the file as UTF-8"
+
+
+# --------------------------------------------------------------------------- format
+
+def _is_json_object(s: str) -> bool:
+    try:
+        return isinstance(json.loads(s), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _csv_header(s: str, text_column: str) -> str | None:
+    """The delimiter if `s` reads as a CSV header of 2+ columns that names `text_column`."""
+    for delim in (",", "\t"):
+        try:
+            cols = next(csv.reader([s], delimiter=delim, strict=True), [])
+        except csv.Error:
+            continue
+        if len(cols) >= 2 and text_column in cols:
+            return delim
+    return None
+
+
+def _sniff(lines: Sequence[tuple[int, str]], text_column: str = "text") -> str:
+    """jsonl, csv or text from the first lines of an input (numbered, decoded, BOM already dropped)."""
+    nonblank = [(n, s) for n, s in lines if s.strip()]
+    if not nonblank:
+        return "text"
+    n0, first = nonblank[0]
+    if first.lstrip().startswith("{"):
+        return "jsonl"
+    if n0 == 1 and _csv_header(first, text_column):
+        return "csv"
+    objects = sum(_is_json_object(s) for _, s in nonblank)
+    return "jsonl" if 2 * objects > len(nonblank) else "text"
+
+
+def guess_format(path: str | None, first: bytes = b"", text_column: str = "text") -> str:
+    """The input format from a path's extension, else from the input's first bytes."""
     if path and path != "-":
         ext = Path(path).suffix.lower()
         if ext in (".jsonl", ".ndjson", ".json"):
             return "jsonl"
         if ext in (".csv", ".tsv"):
             return "csv"
-        return "text"
-    return "jsonl" if first.lstrip()[:1] == b"{" else "text"
-
-
-def _bad_utf8(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
+        if ext in (".txt", ".text"):
+            return "text"
+    lines = [(n, b.decode("utf-8", "replace")) for n, b, _ in _physical_lines(io.BytesIO(first))]
+    return _sniff(lines, text_column)
 
 
 def _open_binary(path: str | None) -> IO[bytes]:
@@ -58,194 +195,303 @@ def read_rows(
     id_field: str = "id",
     text_column: str = "text",
     id_column: str | None = "id",
+    gold: str | None = None,
 ) -> Iterator[Row]:
-    """Stream rows from a file or stdin ('-'), checking each one; never raises on bad rows."""
-    raw = _open_binary(path)
-    if not hasattr(raw, "peek"):  # e.g. a BytesIO standing in for stdin
-        raw = io.BufferedReader(raw)  # type: ignore[arg-type]
-    fmt = fmt or guess_format(path, raw.peek(256)[:256])  # type: ignore[attr-defined]
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
-    # surrogateescape keeps bad bytes visible, so each bad row is reported, not the whole file.
-    text = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
-    if fmt == "jsonl":
-        it = _jsonl(text, text_field, id_field)
-    elif fmt == "csv":
-        it = _csv(text, text_column, id_column, delimiter="\t" if str(path).endswith(".tsv") else ",")
-    else:
-        it = _text(text)
-    yield from _dedupe(it)
+    """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
 
+    Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
+    format, or a CSV header that does not name the text column.
+    """
+    if fmt is not None and fmt not in FORMATS:
+        raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    stdin = path in (None, "-")
+    ext = "" if stdin else Path(str(path)).suffix.lower()
+    raw = _open_binary(path)
+    try:
+        stream: Iterator[bytes] = iter(raw)
+        if fmt is None:
+            if ext in _KNOWN_EXT:
+                fmt = guess_format(path, b"", text_column)
+            else:
+                head, stream = _peek_lines(stream, text_column)
+                fmt = _sniff(head, text_column)
+        if fmt == "jsonl":
+            it = _jsonl(stream, text_field, id_field, gold)
+        elif fmt == "csv":
+            it = _csv(stream, text_column, id_column, delimiter={".csv": ",", ".tsv": "\t"}.get(ext), gold=gold)
+        else:
+            it = _text(stream)
+        yield from _dedupe(it)
+    finally:
+        if not stdin:
+            raw.close()
+
+
+_KNOWN_EXT = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text")
+
+
+def _peek_lines(stream: Iterator[bytes], text_column: str) -> tuple[list[tuple[int, str]], Iterator[bytes]]:
+    """Read just enough of `stream` to sniff its format; give back those lines and the whole stream.
+
+    Stops at the first non-blank line when that one decides (it starts with '{', or is line 1
+    and a CSV header), else after `SNIFF_LINES` non-blank lines or `SNIFF_BYTES` bytes, or at
+    the end of the input. (So a slow pipe of plain text waits for that many lines before the
+    first row; `--format text` skips the sniffing.)
+    """
+    buf: list[bytes] = []
+    size = 0
+    nonblank = 0
+    for b in stream:
+        buf.append(b)
+        size += len(b)
+        if b.strip(b" \t\r\n" + BOM):
+            nonblank += 1
+            if nonblank == 1:
+                s = b.removeprefix(BOM).decode("utf-8", "replace").rstrip("\r\n")
+                if s.lstrip().startswith("{") or (len(buf) == 1 and _csv_header(s, text_column)):
+                    break
+            if nonblank >= SNIFF_LINES:
+                break
+        if size >= SNIFF_BYTES:
+            break
+    decoded = [(n, b.decode("utf-8", "replace")) for n, b, _ in _physical_lines(buf)]
+    return decoded, _chain(buf, stream)
+
+
+def _chain(head: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield from head
+    yield from rest
+
+
+# --------------------------------------------------------------------------- ids
 
 def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
-    seen: dict[str, int] = {}
+    """Flag a row whose id equals an earlier row's id (by type and value); see the module docstring."""
+    seen: dict[tuple[str, Any], tuple[int, bool]] = {}
     for row in rows:
-        if row.error is None:
-            key = json.dumps(row.id) if not isinstance(row.id, str) else row.id
-            if key in seen:
-                row = Row(row.line, row.id, error=f"line {row.line}: duplicate id {row.id!r} (first seen on line {seen[key]}): ids must be unique")
+        if row.id is not None:
+            key = (type(row.id).__name__, row.id)
+            prev = seen.get(key)
+            if prev is None:
+                seen[key] = (row.line, row.explicit_id)
             else:
-                seen[key] = row.line
+                first_line, first_explicit = prev
+                if row.explicit_id and first_explicit:
+                    why = f"also the id of line {first_line}"
+                elif row.explicit_id:
+                    why = f"also the id of line {first_line}, which has no id of its own and so is numbered by its line"
+                elif first_explicit:
+                    why = f"this row has no id, so its id is its line number, but line {first_line} gives that id"
+                else:  # two line numbers cannot be equal; kept for completeness
+                    why = f"also the id of line {first_line}"
+                err = f"line {row.line}: duplicate id {row.id!r} ({why}): {UNIQUE_FIX}"
+                if row.error is not None:
+                    err += "; also: " + row.error.removeprefix(f"line {row.line}: ")
+                row = Row(row.line, None, error=err, explicit_id=row.explicit_id, last_line=row.last_line)
         yield row
 
 
-def _lines(f: IO[str]) -> Iterator[tuple[int, str]]:
-    for n, line in enumerate(f, 1):
-        yield n, line.rstrip("\r\n")
+# --------------------------------------------------------------------------- JSONL and text
 
-
-def _jsonl(f: IO[str], text_field: str, id_field: str) -> Iterator[Row]:
-    for n, line in _lines(f):
-        if _bad_utf8(line):
-            yield Row(n, n, error=f"line {n}: invalid UTF-8: save the file as UTF-8")
+def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | None = None) -> Iterator[Row]:
+    for n, line, detail in _lines(raw):
+        if line is None:
+            yield Row(n, None, error=_utf8_error(n, detail))
             continue
         if not line.strip():
-            yield Row(n, n, error=f"line {n}: blank line: remove it, or put a JSON object with a {text_field!r} field there")
+            yield Row(n, None, error=f"line {n}: blank line: remove it, or put a JSON object with a {text_field!r} field there")
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            yield Row(n, n, error=f"line {n}: malformed JSON ({e.msg} at column {e.colno}): fix the line")
+            yield Row(n, None, error=f"line {n}: malformed JSON ({e.msg} at column {e.colno}): fix the line")
+            continue
+        except ValueError as e:  # e.g. an integer of more digits than Python converts
+            yield Row(n, None, error=f"line {n}: malformed JSON ({e}): fix the line")
+            continue
+        except RecursionError:
+            yield Row(n, None, error=f"line {n}: malformed JSON (nested too deeply): fix the line")
             continue
         if not isinstance(obj, dict):
-            yield Row(n, n, error=f"line {n}: expected a JSON object like {{\"{text_field}\": \"...\"}}, got {type(obj).__name__}")
+            yield Row(n, None, error=f"line {n}: expected a JSON object like {{\"{text_field}\": \"...\"}}, got {type(obj).__name__}")
             continue
-        rid = obj.get(id_field, n)
-        if not isinstance(rid, (str, int)) or isinstance(rid, bool):
-            yield Row(n, n, error=f"line {n}: field {id_field!r} must be a string or an integer")
-            continue
+        explicit = id_field in obj
+        rid: Any = obj[id_field] if explicit else n
+        if explicit:
+            if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+                kind = "null" if rid is None else type(rid).__name__
+                yield Row(n, None, error=f"line {n}: field {id_field!r} must be a string or an integer, got {kind}: fix it, or leave the field out to number rows by line", explicit_id=True)
+                continue
+            if rid == "":
+                yield Row(n, None, error=f"line {n}: field {id_field!r} is empty: give the row an id, or leave the field out to number rows by line", explicit_id=True)
+                continue
+            if isinstance(rid, str) and _bad_utf8(rid):
+                yield Row(n, None, error=f"line {n}: field {id_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the id", explicit_id=True)
+                continue
         if text_field not in obj:
             fields = ", ".join(map(repr, obj)) or "none"
-            yield Row(n, rid, error=f"line {n}: missing field {text_field!r} (fields present: {fields}); use --text-field to name it")
+            yield Row(n, rid, error=f"line {n}: missing field {text_field!r} (fields present: {fields}); use --text-field to name it", explicit_id=explicit)
             continue
         t = obj[text_field]
         if not isinstance(t, str):
-            yield Row(n, rid, error=f"line {n}: field {text_field!r} must be a string, got {type(t).__name__}")
+            yield Row(n, rid, error=f"line {n}: field {text_field!r} must be a string, got {type(t).__name__}", explicit_id=explicit)
         elif not t.strip():
-            yield Row(n, rid, error=f"line {n}: field {text_field!r} is empty: give the item some text, or drop the row")
+            yield Row(n, rid, error=f"line {n}: field {text_field!r} is empty: give the item some text, or drop the row", explicit_id=explicit)
+        elif _bad_utf8(t):
+            yield Row(n, rid, error=f"line {n}: field {text_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the text", explicit_id=explicit)
         else:
-            yield Row(n, rid, t)
+            yield Row(n, rid, t, explicit_id=explicit, gold=obj.get(gold) if gold else None)
 
 
-def _text(f: IO[str]) -> Iterator[Row]:
-    for n, line in _lines(f):
-        if _bad_utf8(line):
-            yield Row(n, n, error=f"line {n}: invalid UTF-8: save the file as UTF-8")
+def _text(raw: Iterable[bytes]) -> Iterator[Row]:
+    for n, line, detail in _lines(raw):
+        if line is None:
+            yield Row(n, None, error=_utf8_error(n, detail))
         elif not line.strip():
-            yield Row(n, n, error=f"line {n}: blank line: each line is one item, so remove blank lines")
+            yield Row(n, None, error=f"line {n}: blank line: each line is one item, so remove blank lines")
         else:
             yield Row(n, n, line)
 
 
-def _csv(f: IO[str], text_column: str, id_column: str | None, delimiter: str = ",") -> Iterator[Row]:
-    reader = csv.reader(f, delimiter=delimiter, strict=True)
+# --------------------------------------------------------------------------- CSV
+
+# The csv module ends a record at any "\r" outside quotes; our lines end only at "\n"/"\r\n",
+# so a lone "\r" inside a line is swapped for a stand-in while parsing and put back after.
+# U+D800 cannot come out of decoding (surrogateescape only makes U+DC80..U+DCFF).
+_CR = "\ud800"
+
+
+class _Source:
+    """Decoded physical lines with push-back, for re-reading after a record fails to parse."""
+
+    def __init__(self, raw: Iterable[bytes]):
+        self.it = _physical_lines(raw)
+        self.back: deque[tuple[int, str, str]] = deque()
+
+    def next(self) -> tuple[int, str, str] | None:
+        if self.back:
+            return self.back.popleft()
+        nxt = next(self.it, None)
+        if nxt is None:
+            return None
+        n, b, term = nxt
+        return n, b.decode("utf-8", "surrogateescape"), term.decode("ascii")
+
+    def push_back(self, lines: list[tuple[int, str, str]]) -> None:
+        self.back.extendleft(reversed(lines))
+
+
+@dataclass
+class _Record:
+    line: int
+    last_line: int
+    fields: list[str] | None  # None: did not parse
+    error: str = ""
+
+
+def _next_record(src: _Source, delimiter: str) -> _Record | None:
+    """Parse one CSV record from the next physical line on, joining lines only while a quote is open."""
+    first = src.next()
+    if first is None:
+        return None
+    taken = [first]
+    size = len(first[1])
+    why_stopped = ""
+
+    def feed() -> Iterator[str]:
+        nonlocal size, why_stopped
+        yield first[1].replace("\r", _CR) + first[2]
+        while True:
+            if len(taken) >= CSV_MAX_RECORD_LINES or size >= CSV_MAX_RECORD_CHARS:
+                why_stopped = f"still open after {len(taken):,} lines ({size:,} characters)"
+                return
+            nxt = src.next()
+            if nxt is None:
+                why_stopped = "still open at the end of the input"
+                return
+            taken.append(nxt)
+            size += len(nxt[1])
+            yield nxt[1].replace("\r", _CR) + nxt[2]
+
+    n = first[0]
     try:
-        header = next(reader)
-    except StopIteration:
-        return
+        rec = next(csv.reader(feed(), delimiter=delimiter, strict=True), [])
     except csv.Error as e:
-        yield Row(1, 1, error=f"line 1: malformed CSV header ({e})")
+        src.push_back(taken[1:])
+        if "field larger than field limit" in str(e):
+            msg = (f"line {n}: a field longer than {csv.field_size_limit():,} characters "
+                   f"(or a quote opened on this line and never closed): shorten it, or close the quote")
+        elif why_stopped:
+            msg = (f"line {n}: a quoted field opened on this line is never closed ({why_stopped}): "
+                   f"close the quote, or write a quote inside a quoted field as \"\"; reading went on at line {n + 1}")
+        elif len(taken) > 1:
+            msg = (f"line {n}: malformed CSV ({e} on line {taken[-1][0]}, inside a quoted field opened on line {n}): "
+                   f"check its quotes (a quote inside a quoted field is written \"\"); reading went on at line {n + 1}")
+        else:
+            msg = f"line {n}: malformed CSV ({e}): check its quotes (a quote inside a quoted field is written \"\")"
+        return _Record(n, n, None, msg)
+    return _Record(n, taken[-1][0], [f.replace(_CR, "\r") for f in rec])
+
+
+def _csv(
+    raw: Iterable[bytes], text_column: str, id_column: str | None, delimiter: str | None = ",", gold: str | None = None
+) -> Iterator[Row]:
+    """CSV rows; `delimiter` None: comma or tab, whichever makes the header name `text_column`."""
+    if csv.field_size_limit() < CSV_MAX_RECORD_CHARS:  # the csv module's default is 128 KiB
+        csv.field_size_limit(CSV_MAX_RECORD_CHARS)
+    src = _Source(raw)
+    first = src.next()
+    if first is None:
         return
+    if delimiter is None:
+        delimiter = _csv_header(first[1], text_column) or ","
+    src.push_back([first])
+    head = _next_record(src, delimiter)
+    assert head is not None
+    if head.fields is None:
+        raise InputError(f"malformed CSV header: {head.error}")
+    header = head.fields
+    if any(_bad_utf8(c) for c in header):
+        raise InputError(_utf8_error(1) + " (in the CSV header)")
     if text_column not in header:
-        raise ValueError(
-            f"CSV header has no column {text_column!r} (columns: {', '.join(header)}); use --text-column"
+        raise InputError(
+            f"CSV header has no column {text_column!r} (columns: {', '.join(map(repr, header)) or 'none'}, "
+            f"read as {'tab' if delimiter == chr(9) else 'comma'}-separated); use --text-column"
         )
+    for col in (text_column, id_column):
+        if col and header.count(col) > 1:
+            raise InputError(f"CSV header names column {col!r} {header.count(col)} times: rename all but one")
     ti = header.index(text_column)
     ii = header.index(id_column) if id_column and id_column in header else None
-    line = reader.line_num + 1
+    gi = header.index(gold) if gold and gold in header else None
     while True:
-        start = line
-        try:
-            rec = next(reader)
-        except StopIteration:
+        nxt = src.next()
+        if nxt is None:
             return
-        except csv.Error as e:
-            line = reader.line_num + 1
-            yield Row(start, start, error=f"line {start}: malformed CSV ({e}): check its quotes")
+        n = nxt[0]
+        if not nxt[1].strip():
+            yield Row(n, None, error=f"line {n}: blank line: remove it")
             continue
-        line = reader.line_num + 1
-        rid: Any = rec[ii] if ii is not None and ii < len(rec) else start
-        if any(_bad_utf8(c) for c in rec):
-            yield Row(start, start, error=f"line {start}: invalid UTF-8: save the file as UTF-8")
-        elif not rec:
-            yield Row(start, start, error=f"line {start}: blank line: remove it")
-        elif len(rec) != len(header):
-            yield Row(start, rid, error=f"line {start}: {len(rec)} fields where the header has {len(header)}: check commas and quotes")
+        src.push_back([nxt])
+        r = _next_record(src, delimiter)
+        assert r is not None
+        span = f"line {n}" if r.last_line == n else f"lines {n}-{r.last_line}"
+        if r.fields is None:
+            yield Row(n, None, error=r.error, last_line=r.last_line)
+            continue
+        rec = r.fields
+        if len(rec) != len(header):
+            yield Row(n, None, error=f"{span}: {len(rec)} fields where the header has {len(header)}: check commas and quotes", last_line=r.last_line)
+            continue
+        explicit = ii is not None
+        rid: Any = rec[ii] if ii is not None else n
+        if ii is not None and _bad_utf8(rec[ii]):
+            yield Row(n, None, error=_utf8_error(n) + f" (in column {id_column!r})", explicit_id=True, last_line=r.last_line)
         elif ii is not None and not rid:
-            yield Row(start, start, error=f"line {start}: empty {id_column!r}: give every row an id")
+            yield Row(n, None, error=f"line {n}: empty {id_column!r}: give every row an id", explicit_id=True, last_line=r.last_line)
+        elif any(_bad_utf8(c) for c in rec):
+            yield Row(n, rid, error=_utf8_error(n), explicit_id=explicit, last_line=r.last_line)
         elif not rec[ti].strip():
-            yield Row(start, rid, error=f"line {start}: column {text_column!r} is empty: give the item some text, or drop the row")
+            yield Row(n, rid, error=f"line {n}: column {text_column!r} is empty: give the item some text, or drop the row", explicit_id=explicit, last_line=r.last_line)
         else:
-            yield Row(start, rid, rec[ti])
-
-
-# --------------------------------------------------------------------------- output
-
-def result_record(row: Row, pred: Any | None) -> dict[str, Any]:
-    """The output object for one input row (a prediction, or an error row)."""
-    if row.error is not None or pred is None or pred.error is not None:
-        err = row.error if row.error is not None else (pred.error if pred is not None else "not processed")
-        if not err.startswith("line "):
-            err = f"line {row.line}: {err}"
-        return {"id": row.id, "line": row.line, "error": err}
-    rec: dict[str, Any] = {"id": row.id, "label": pred.label, "probs": {k: round(v, 6) for k, v in pred.probs.items()}}
-    if pred.truncated:
-        rec["truncated"] = True
-    return rec
-
-
-class Writer:
-    """JSONL or CSV, to a file or stdout; every record is flushed as it is written."""
-
-    def __init__(self, path: str | None, labels: Sequence[str], append: bool = False):
-        self.path = path
-        self.labels = list(labels)
-        self.fmt = "csv" if path and Path(path).suffix.lower() in (".csv", ".tsv") else "jsonl"
-        if path in (None, "-"):
-            self.f: IO[str] = sys.stdout
-        else:
-            new = not (append and os.path.exists(path) and os.path.getsize(path) > 0)
-            self.f = open(path, "a" if append else "w", encoding="utf-8", newline="")
-            self._csv_header_needed = new
-        self.columns = ["id", "label", *(f"p_{lab}" for lab in self.labels), "truncated", "line", "error"]
-        if self.fmt == "csv":
-            self.csv = csv.DictWriter(self.f, fieldnames=self.columns, delimiter="\t" if str(path).endswith(".tsv") else ",")
-            if path in (None, "-") or self._csv_header_needed:
-                self.csv.writeheader()
-
-    def write(self, rec: dict[str, Any]) -> None:
-        if self.fmt == "jsonl":
-            self.f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        else:
-            flat = {k: v for k, v in rec.items() if k != "probs"}
-            for lab, p in rec.get("probs", {}).items():
-                flat[f"p_{lab}"] = p
-            self.csv.writerow(flat)
-        self.f.flush()
-
-    def close(self) -> None:
-        if self.f is not sys.stdout:
-            self.f.close()
-
-
-def done_ids(path: str) -> set[str]:
-    """Ids already present in an output file (for --resume); mends a torn last line."""
-    p = Path(path)
-    if not p.exists() or p.stat().st_size == 0:
-        return set()
-    data = p.read_bytes()
-    if not data.endswith(b"\n"):  # interrupted mid-write: drop the partial last record
-        cut = data.rfind(b"\n") + 1
-        with open(p, "r+b") as f:
-            f.truncate(cut)
-        data = data[:cut]
-    ids: set[str] = set()
-    if p.suffix.lower() in (".csv", ".tsv"):
-        reader = csv.DictReader(io.StringIO(data.decode("utf-8")), delimiter="\t" if p.suffix == ".tsv" else ",")
-        for rec in reader:
-            ids.add(str(rec["id"]))
-    else:
-        for line in data.decode("utf-8").splitlines():
-            if line.strip():
-                ids.add(str(json.loads(line)["id"]))
-    return ids
+            yield Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=None if gi is None else rec[gi])

@@ -22,10 +22,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .errors import UserError
+
 MODES = ("auto", "first-token", "sequence")
 
 
-class LabelError(ValueError):
+class LabelError(UserError, ValueError):
     pass
 
 

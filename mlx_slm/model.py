@@ -26,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import fastmath
+from .errors import ModelError
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 
@@ -52,7 +53,7 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
+            raise ModelError(
                 f"unsupported architecture {self.model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         if self.head_dim is None:
@@ -66,13 +67,13 @@ class ModelArgs:
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
-            raise ValueError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+            raise ModelError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
         if "rope_theta" not in cfg and "rope_theta" in rope:
             cfg["rope_theta"] = rope["rope_theta"]
         if cfg.get("model_type") == "qwen2":
             cfg.setdefault("attention_bias", True)  # Qwen2 always has q/k/v biases
         if cfg.get("mlp_bias"):
-            raise ValueError("MLP biases are not supported")
+            raise ModelError("MLP biases are not supported")
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in cfg.items() if k in names and v is not None}
         return cls(**known, extra={k: v for k, v in cfg.items() if k not in names})
@@ -281,7 +282,7 @@ def load_model(path: str | Path, dtype: mx.Dtype | None = None) -> Model:
     args = ModelArgs.from_dir(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}: convert the checkpoint first (mlx-slm convert)")
+        raise ModelError(f"no *.safetensors in {path}: convert the checkpoint first (mlx-slm convert)")
     weights: dict[str, mx.array] = {}
     for f in files:
         weights.update(mx.load(str(f)))

@@ -21,6 +21,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from .errors import UserError
 from .labels import softmax
 
 # Max |delta logit| allowed in (a), by compute dtype. float16's is from measurement (README).
@@ -84,7 +85,7 @@ def run_parity(
     t_ours = time.perf_counter() - t0
     bad = [p for p in ours if not p.ok]
     if bad:
-        raise ValueError(f"item {bad[0].index}: {bad[0].error}")
+        raise UserError(f"item {bad[0].index}: {bad[0].error}")
     ids = [it.ids for it in clf.prepare(texts)]
 
     def run_ref(where: str) -> tuple[list[str], list[np.ndarray], list[np.ndarray], float]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .errors import UserError
+
 DEFAULT_SYSTEM = "You classify support tickets. Answer with exactly one of: billing, technical, account."
 DEFAULT_TEMPLATE = "Ticket: {text}\nCategory:"
 DEFAULT_LABELS = ("billing", "technical", "account")
@@ -22,7 +24,7 @@ DEFAULT_LABELS = ("billing", "technical", "account")
 _PROBES = ("a", "Z9", "1 x", "\u00e9t\u00e9", "? ok", " lead", "\nnl")
 
 
-class PromptError(ValueError):
+class PromptError(UserError, ValueError):
     pass
 
 
@@ -32,6 +34,9 @@ class PromptFormat:
 
     system: str | None = DEFAULT_SYSTEM
     template: str = DEFAULT_TEMPLATE
+    # Few-shot examples, (text, label) pairs rendered as earlier chat turns. They sit
+    # before the item in every prompt, so the prefix cache computes them once.
+    examples: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if "{text}" not in self.template:
@@ -42,9 +47,13 @@ class PromptFormat:
 
     def messages(self, text: str) -> list[dict[str, str]]:
         # str.replace, not str.format: templates and texts may hold other braces.
-        user = self.template.replace("{text}", text)
         msgs = [{"role": "system", "content": self.system}] if self.system else []
-        return msgs + [{"role": "user", "content": user}]
+        for ex_text, ex_label in self.examples:
+            msgs += [
+                {"role": "user", "content": self.template.replace("{text}", ex_text)},
+                {"role": "assistant", "content": ex_label},
+            ]
+        return msgs + [{"role": "user", "content": self.template.replace("{text}", text)}]
 
 
 def render(tokenizer: Any, fmt: PromptFormat, text: str) -> str:
@@ -52,8 +61,15 @@ def render(tokenizer: Any, fmt: PromptFormat, text: str) -> str:
     msgs = fmt.messages(text)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    # A base model without a chat template: plain text, system first.
-    return "\n\n".join(m["content"] for m in msgs)
+    # A base model without a chat template: plain text, system first; an example's
+    # label follows its prompt on the same line, as the scored label will.
+    parts: list[str] = []
+    for m in msgs:
+        if m["role"] == "assistant":
+            parts[-1] += " " + m["content"]
+        else:
+            parts.append(m["content"])
+    return "\n\n".join(parts)
 
 
 def tokenize(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
@@ -82,3 +98,26 @@ def shared_prefix(tokenizer: Any, fmt: PromptFormat) -> list[int]:
 def starts_with(ids: Sequence[int], prefix: Sequence[int]) -> bool:
     # Strictly longer: the last prompt position must be a suffix token we run.
     return len(ids) > len(prefix) and list(ids[: len(prefix)]) == list(prefix)
+
+
+def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Few-shot examples from JSONL (`text` and `label` on each line); every label must be known."""
+    import json
+
+    out = []
+    with open(path, encoding="utf-8-sig") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PromptError(f"{path} line {n}: malformed JSON ({e.msg}): fix the line") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not isinstance(obj.get("label"), str):
+                raise PromptError(f'{path} line {n}: an example needs string fields "text" and "label"')
+            if obj["label"] not in labels:
+                raise PromptError(f"{path} line {n}: label {obj['label']!r} is not one of the labels {list(labels)}")
+            out.append((obj["text"], obj["label"]))
+    if not out:
+        raise PromptError(f"{path} holds no examples: give JSONL lines with text and label, or drop --examples")
+    return tuple(out)

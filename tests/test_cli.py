@@ -31,7 +31,7 @@ def test_classify_file_jsonl_with_error_row(tiny_qwen_mlx, tmp_path):
     assert r.exit_code == 1  # --on-error fail, after writing everything
     out = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(out) == len(TEXTS) + 1
-    assert out[3] == {"id": 4, "line": 4, "error": out[3]["error"]} and "malformed JSON" in out[3]["error"]
+    assert out[3] == {"id": None, "line": 4, "error": out[3]["error"]} and "malformed JSON" in out[3]["error"]
     ids = [o["id"] for o in out if "label" in o]
     assert ids == [f"t{i}" for i in range(len(TEXTS))]
     assert all(abs(sum(o["probs"].values()) - 1) < 1e-5 for o in out if "label" in o)
@@ -46,25 +46,6 @@ def test_classify_stdin_text_and_csv_output(tiny_qwen_mlx, tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0].startswith("id,label,p_a,p_b,p_c") and len(lines) == 4
     assert "items/s" in r.stderr and "padding" in r.stderr and "prefix cache saved" in r.stderr
-
-
-def test_resume_gives_the_same_file(tiny_qwen_mlx, tmp_path):
-    inp = tmp_path / "in.jsonl"
-    write_jsonl(inp, TEXTS)
-    full = tmp_path / "full.jsonl"
-    args = ["--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q"]
-    assert run(["classify", str(inp), "-o", str(full), *args]).exit_code == 0
-    part = tmp_path / "part.jsonl"
-    lines = full.read_text().splitlines(keepends=True)
-    part.write_text("".join(lines[:5]) + lines[5][:17])  # interrupted mid-record
-    assert run(["classify", str(inp), "-o", str(part), "--resume", *args]).exit_code == 0
-    # Same rows, ids, order and labels; probabilities may differ in the last float32 bits,
-    # since the resumed items are batched with different neighbours.
-    a = [json.loads(x) for x in part.read_text().splitlines()]
-    b = [json.loads(x) for x in full.read_text().splitlines()]
-    assert [(x["id"], x["label"]) for x in a] == [(x["id"], x["label"]) for x in b]
-    for x, y in zip(a, b):
-        assert all(abs(x["probs"][k] - y["probs"][k]) < 1e-5 for k in x["probs"])
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,353 @@
+"""Writing predictions safely: one writer per output, never over an input, and exact resume.
+
+An output file (`-o FILE`) has two companions next to it:
+
+* `FILE.lock`, held with an exclusive `flock` for the whole run, so a second run on the
+  same output stops at once and names the holder. The kernel drops the lock when the
+  process dies, however it dies; the file itself is removed on a clean exit.
+* `FILE.mlx-slm.json`, the *manifest*: everything that decides the rows (model and weight
+  hash, labels, prompt, scoring, calibration, batching, the input's path and size), and
+  whether the run completed. `--resume` refuses a file without one (not ours: it is left
+  untouched) or whose settings differ (naming the field).
+
+Resume is keyed by input position, not by id: output row *i* is input row *i*. The rows
+already written are checked against the input's ids, then the file is cut back to the
+start of the last unfinished window of items, so every item is sorted and batched with
+exactly the neighbours it has in an uninterrupted run: a resumed file is byte-identical
+to an uninterrupted one, error rows included.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import OutputError
+
+OUTPUT_FORMATS = ("jsonl", "csv", "tsv")
+_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+MANIFEST_SUFFIX = ".mlx-slm.json"
+LOCK_SUFFIX = ".lock"
+MANIFEST_VERSION = 1
+
+
+def output_format(path: str | None, explicit: str | None = None) -> str:
+    """The output's format: `explicit`, else from the extension; an unknown extension is an error."""
+    if explicit:
+        if explicit not in OUTPUT_FORMATS:
+            raise OutputError(f"output format {explicit!r} is not one of {', '.join(OUTPUT_FORMATS)}")
+        return explicit
+    if path in (None, "-"):
+        return "jsonl"
+    ext = Path(path).suffix.lower()
+    if ext not in _EXTENSIONS:
+        raise OutputError(
+            f"-o {path}: unknown output extension {ext or '(none)'!r}; use .jsonl, .csv or .tsv, "
+            "or say which with --output-format jsonl|csv|tsv"
+        )
+    return _EXTENSIONS[ext]
+
+
+# --------------------------------------------------------------------------- never over an input
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def refuse_input_as_output(output: str, inputs: Sequence[str | None]) -> None:
+    """Raise if `output` is (a path, symlink or hard link to) any input; checked before opening it.
+
+    `None` or '-' stands for stdin: when stdin is a regular file (`< FILE`), that file counts.
+    """
+    try:
+        out_st = os.stat(output)
+    except FileNotFoundError:
+        return  # a new file cannot be an input (an input must exist)
+    for inp in inputs:
+        if inp in (None, "-"):
+            try:
+                in_st = os.fstat(sys.stdin.fileno())
+            except (OSError, ValueError, AttributeError):  # stdin closed or replaced (tests)
+                continue
+            where = "standard input"
+        else:
+            try:
+                in_st = os.stat(inp)
+            except OSError:
+                continue
+            where = f"the input {inp}"
+        if _same_file(out_st, in_st):
+            raise OutputError(
+                f"-o {output} is {where} (the same file{', through a link' if inp not in (None, '-') and os.path.realpath(inp) != os.path.realpath(output) else ''}): "
+                "writing it would destroy the input; choose another output file"
+            )
+
+
+# --------------------------------------------------------------------------- one writer per output
+
+class OutputLock:
+    """An exclusive lock on `path` for the run (`path.lock`, flock'ed); released on any exit."""
+
+    def __init__(self, path: str):
+        self.path = path + LOCK_SUFFIX
+        self.fd: int | None = None
+
+    def __enter__(self) -> "OutputLock":
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+                os.close(fd)
+                raise OutputError(
+                    f"{self.path[: -len(LOCK_SUFFIX)]} is being written by another mlx-slm run ({holder}); "
+                    "wait for it to finish, or choose another -o"
+                ) from None
+            # The holder before us may have removed the file between our open and flock:
+            # then we hold a lock on an orphan; try again on the file now at the path.
+            try:
+                if _same_file(os.fstat(fd), os.stat(self.path)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {_now()}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            try:
+                os.unlink(self.path)  # while still locked, so nobody locks the old inode after us
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)
+            self.fd = None
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- the manifest
+
+def manifest_path(output: str) -> Path:
+    return Path(output + MANIFEST_SUFFIX)
+
+
+def write_manifest(
+    output: str, settings: dict[str, Any], complete: bool, rows: int | None = None, fitted: dict | None = None
+) -> None:
+    """Write the manifest atomically (a torn manifest would make the output unresumable)."""
+    from . import __version__
+
+    doc = {
+        "manifest_version": MANIFEST_VERSION,
+        "tool": f"mlx-slm {__version__}",
+        "output": os.path.basename(output),
+        "settings": settings,
+        "complete": complete,
+        "rows": rows,
+        # A prior fitted on this input's warm-up (batch/em calibration): a resumed run reuses it.
+        "fitted_calibrator": fitted,
+        "updated": _now(),
+    }
+    p = manifest_path(output)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+
+
+def read_manifest(output: str) -> dict[str, Any] | None:
+    p = manifest_path(output)
+    if not p.exists():
+        return None
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict):
+            raise ValueError("no settings")
+    except ValueError as e:
+        raise OutputError(f"{p} is not a readable mlx-slm manifest ({e}): delete it and the output to start again") from None
+    return doc
+
+
+def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Names of the settings that differ, in the new settings' order."""
+    return [k for k in new if old.get(k, "<missing>") != new[k]] + [k for k in old if k not in new]
+
+
+# --------------------------------------------------------------------------- records and the writer
+
+def result_record(row: Any, pred: Any | None) -> dict[str, Any]:
+    """The output object for one input row (a prediction, or an error row)."""
+    if row.error is not None or pred is None or pred.error is not None:
+        err = row.error if row.error is not None else (pred.error if pred is not None else "not processed")
+        if not err.startswith("line "):
+            err = f"line {row.line}: {err}"
+        return {"id": row.id, "line": row.line, "error": err}
+    rec: dict[str, Any] = {"id": row.id, "label": pred.label, "probs": {k: round(v, 6) for k, v in pred.probs.items()}}
+    if pred.raw_probs is not None:
+        rec["raw_probs"] = {k: round(v, 6) for k, v in pred.raw_probs.items()}
+    if pred.abstained:
+        rec["abstained"] = True
+    if pred.truncated:
+        rec["truncated"] = True
+    return rec
+
+
+def csv_columns(labels: Sequence[str], raw: bool = False, abstain: bool = False) -> list[str]:
+    """CSV/TSV header: calibrated runs add the raw probabilities, abstaining runs a flag."""
+    return [
+        "id", "label", *(f"p_{lab}" for lab in labels), *(f"raw_p_{lab}" for lab in labels if raw),
+        *(["abstained"] if abstain else []), "truncated", "line", "error",
+    ]
+
+
+class Writer:
+    """JSONL, CSV or TSV, to a file or stdout; every record is flushed as it is written."""
+
+    def __init__(self, path: str | None, columns: Sequence[str], fmt: str = "jsonl", append: bool = False):
+        self.fmt = fmt
+        self.columns = list(columns)
+        if path in (None, "-"):
+            self.f: IO[str] = sys.stdout
+            header = True
+        else:
+            header = not (append and os.path.getsize(path) > 0)
+            self.f = open(path, "a" if append else "w", encoding="utf-8", newline="")
+        if fmt != "jsonl":
+            self.csv = csv.DictWriter(self.f, fieldnames=self.columns, delimiter="\t" if fmt == "tsv" else ",")
+            if header:
+                self.csv.writeheader()
+                self.f.flush()
+
+    def write(self, rec: dict[str, Any]) -> None:
+        if self.fmt == "jsonl":
+            self.f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        else:
+            flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs")}
+            for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
+                for lab, p in rec.get(key, {}).items():
+                    flat[prefix + lab] = p
+            self.csv.writerow(flat)
+        self.f.flush()
+
+    def close(self) -> None:
+        if self.f is not sys.stdout:
+            self.f.close()
+
+
+# --------------------------------------------------------------------------- reading an output back
+
+@dataclass(frozen=True)
+class Written:
+    """One complete output row as found in the file."""
+
+    id: Any  # JSONL: as written (typed); CSV: the string ('' for none)
+    error: bool
+    end: int  # byte offset just past this row
+
+
+def scan_output(path: str, fmt: str, columns: Sequence[str]) -> tuple[list[Written], int]:
+    """The complete rows of an output file and the byte offset where its header ends.
+
+    A torn last row (the run died mid-write) is not returned. Only `\\n` ends a line,
+    so ids holding U+2028 or U+0085 read back as written.
+    """
+    data = Path(path).read_bytes()
+    rows: list[Written] = []
+    if fmt == "jsonl":
+        pos = 0
+        while (nl := data.find(b"\n", pos)) >= 0:
+            try:
+                rec = json.loads(data[pos:nl].decode("utf-8"))
+                if not isinstance(rec, dict) or "id" not in rec:
+                    raise ValueError("not an output record")
+            except ValueError as e:
+                raise OutputError(
+                    f"{path}: row {len(rows) + 1} is not an mlx-slm output record ({e}); "
+                    "the file was changed by something else: start again without --resume"
+                ) from None
+            rows.append(Written(rec["id"], "error" in rec, nl + 1))
+            pos = nl + 1
+        return rows, 0
+    # CSV/TSV as Python's csv module writes it: a record may span lines inside quotes,
+    # and is complete once its quotes balance and its line has ended.
+    header_end = 0
+    pos = start = 0
+    quotes = 0
+    delim = "\t" if fmt == "tsv" else ","
+    expected = list(columns)
+    while (nl := data.find(b"\n", pos)) >= 0:
+        quotes += data.count(b'"', pos, nl + 1)
+        pos = nl + 1
+        if quotes % 2:
+            continue
+        rec = next(csv.reader(io.StringIO(data[start:pos].decode("utf-8")), delimiter=delim))
+        if start == 0:
+            if rec != expected:
+                raise OutputError(f"{path}: its header {rec} is not {expected}: not an output of these settings")
+            header_end = pos
+        else:
+            rows.append(Written(rec[0], bool(rec[-1]), pos))
+        start, quotes = pos, 0
+    return rows, header_end
+
+
+def same_id(written: Any, input_id: Any, fmt: str) -> bool:
+    if fmt == "jsonl":
+        return type(written) is type(input_id) and written == input_id
+    return written == ("" if input_id is None else str(input_id))
+
+
+def plan_resume(
+    output: str, fmt: str, columns: Sequence[str], rows: Iterator[Any], window: int, complete: bool
+) -> tuple[int, int, list[Any]]:
+    """Check the written rows against the input's first rows and choose where to restart.
+
+    Returns (bytes to keep, error rows kept, input rows to run again). Rows after the
+    start of the last unfinished window are run again, so that each item is batched
+    with the same neighbours as in an uninterrupted run.
+    """
+    written, header_end = scan_output(output, fmt, columns)
+    keep, keep_end, valid = 0, header_end, 0
+    redo: list[Any] = []
+    for i, w in enumerate(written):
+        row = next(rows, None)
+        if row is None:
+            raise OutputError(
+                f"{output} holds {len(written)} rows but the input has only {i}: it is not the output of this input "
+                "(start again without --resume)"
+            )
+        if not same_id(w.id, row.id, fmt):
+            raise OutputError(
+                f"{output}: row {i + 1} has id {w.id!r} where input line {row.line} has id {row.id!r}: "
+                "it is not the output of this input (start again without --resume)"
+            )
+        if row.error is None:
+            if valid % window == 0 and not complete:  # this row opens a window: a restart point
+                keep, keep_end, redo = i, (written[i - 1].end if i else header_end), []
+            valid += 1
+        redo.append(row)
+    if complete or valid % window == 0:  # the last window finished: keep everything
+        keep, keep_end, redo = len(written), (written[-1].end if written else header_end), []
+    kept_errors = sum(w.error for w in written[:keep])
+    return keep_end, kept_errors, redo
+
+
+def truncate_to(path: str, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)

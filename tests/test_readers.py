@@ -1,0 +1,379 @@
+"""The readers: property-based tests (Hypothesis) and one regression test per case of issue 10 (items 4, 5)."""
+
+import csv
+import io
+import json
+import os
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mlx_slm.io import BOM, InputError, guess_format, read_rows
+
+# READER_EXAMPLES=5000 for a longer search.
+SETTINGS = settings(max_examples=int(os.environ.get("READER_EXAMPLES", 150)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def read_bytes(data: bytes, fmt: str | None = None, name: str | None = None, tmp_path=None, **kw):
+    """Rows of `data`, read from a file called `name`, or from stdin when `name` is None."""
+    if name is not None:
+        p = tmp_path / name
+        p.write_bytes(data)
+        return list(read_rows(str(p), fmt, **kw))
+    old = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+    try:
+        return list(read_rows("-", fmt, **kw))
+    finally:
+        sys.stdin = old
+
+
+def physical_lines(data: bytes) -> list[bytes]:
+    """The documented rule: drop a leading BOM; split on b"\\n"; a final newline ends the last line
+    (it does not start an empty one); a b"\\r" right before a b"\\n" belongs to the line break."""
+    body = data.removeprefix(BOM)
+    if not body:
+        return []
+    parts = body.split(b"\n")
+    if body.endswith(b"\n"):
+        parts.pop()
+        return [p.removesuffix(b"\r") for p in parts]
+    return [p.removesuffix(b"\r") for p in parts[:-1]] + [parts[-1]]
+
+
+def check_common(rows, first_line: int = 1):
+    assert all((r.text is None) != (r.error is None) for r in rows), "every row has text or an error, not both"
+    assert all(r.error.startswith(f"line {r.line}:") or r.error.startswith(f"lines {r.line}-") for r in rows if r.error)
+    lines = [r.line for r in rows]
+    assert lines == sorted(set(lines)), "rows in order, strictly increasing lines"
+    ids = [(type(r.id), r.id) for r in rows if r.id is not None]
+    assert len(ids) == len(set(ids)), "the ids rows carry are unique"
+    assert all(r.id is None or (isinstance(r.id, (str, int)) and not isinstance(r.id, bool)) for r in rows)
+
+
+# --------------------------------------------------------------------------- inputs as arbitrary byte lines
+
+no_nl = st.binary(max_size=40).map(lambda b: b.replace(b"\n", b""))
+json_line = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.one_of(st.integers(-3, 30), st.text(max_size=4), st.none(), st.booleans(), st.floats(allow_nan=False)),
+        "text": st.one_of(st.text(max_size=10), st.integers()),
+    },
+).map(lambda d: json.dumps(d, ensure_ascii=False).encode())
+csv_fragment = st.lists(
+    st.sampled_from([b'"', b",", b"\r", b"a", b" ", b'""', b"x,y", b"\xff", b"\xe2\x80\xa8", b"\xc2\x85", b"1"]), max_size=8
+).map(b"".join)
+line_bytes = st.one_of(no_nl, json_line, csv_fragment, st.just(b""))
+
+
+@st.composite
+def byte_inputs(draw, header: bytes | None = None):
+    lines = draw(st.lists(line_bytes, max_size=12))
+    if header is not None:
+        lines = [header, *lines]
+    sep = draw(st.sampled_from([b"\n", b"\r\n"]))
+    data = sep.join(lines) + (sep if lines and draw(st.booleans()) else b"")
+    return (BOM if draw(st.booleans()) else b"") + data
+
+
+@SETTINGS
+@given(byte_inputs())
+def test_text_one_row_per_physical_line(tmp_path, data):
+    rows = read_bytes(data, "text", "in.txt", tmp_path)
+    expected = physical_lines(data)
+    assert len(rows) == len(expected)
+    assert [r.line for r in rows] == list(range(1, len(expected) + 1))
+    check_common(rows)
+    for r, b in zip(rows, expected):
+        try:
+            s = b.decode("utf-8")
+        except UnicodeDecodeError:
+            s = None
+        if s is not None and s.strip():
+            assert (r.id, r.text, r.explicit_id) == (r.line, s, False)
+        else:
+            assert r.error and r.id is None
+
+
+@SETTINGS
+@given(byte_inputs())
+def test_jsonl_one_row_per_physical_line(tmp_path, data):
+    rows = read_bytes(data, "jsonl", "in.jsonl", tmp_path)
+    expected = physical_lines(data)
+    assert len(rows) == len(expected)
+    assert [r.line for r in rows] == list(range(1, len(expected) + 1))
+    check_common(rows)
+    for r, b in zip(rows, expected):
+        try:
+            obj = json.loads(b.decode("utf-8"))
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            assert r.error and r.id is None  # no id could be read
+        elif r.text is not None:
+            assert r.text == obj["text"]
+            assert r.id == obj.get("id", r.line) and r.explicit_id == ("id" in obj)
+
+
+@SETTINGS
+@given(byte_inputs(header=b"id,text"), st.sampled_from(["in.csv", "in.CSV", None]))
+def test_csv_rows_cover_every_line(tmp_path, data, name):
+    rows = read_bytes(data, "csv" if name is None else None, name, tmp_path)
+    n = len(physical_lines(data))  # line 1 is the header
+    check_common(rows)
+    assert len(rows) <= n - 1
+    if n > 1:  # consecutive rows cover lines 2..n, none lost, none twice
+        assert rows[0].line == 2 and rows[-1].last_line == n
+        assert all(b.line == a.last_line + 1 for a, b in zip(rows, rows[1:]))
+        assert all(r.last_line >= r.line for r in rows)
+    else:
+        assert rows == []
+    for r in rows:
+        if r.error is None:
+            assert isinstance(r.id, str) and r.explicit_id and r.text.strip()
+        if r.last_line > r.line:  # a record spans lines only inside a quoted field
+            assert r.error is not None or "\n" in r.id + r.text
+
+
+@SETTINGS
+@given(byte_inputs(header=b"id,text"))
+def test_csv_lines_without_quotes_are_one_row_each(tmp_path, data):
+    data = data.replace(b'"', b"'")
+    rows = read_bytes(data, None, "in.csv", tmp_path)
+    assert [r.line for r in rows] == list(range(2, len(physical_lines(data)) + 1))
+
+
+@SETTINGS
+@given(byte_inputs())
+def test_sniffed_stdin_never_raises(data):
+    rows = read_bytes(data)
+    check_common(rows)
+    assert len(rows) <= len(physical_lines(data))
+
+
+# --------------------------------------------------------------------------- round trips
+
+nonblank_text = st.text(min_size=1, max_size=30).filter(lambda t: t.strip())
+ident = st.one_of(st.integers(), st.text(min_size=1, max_size=12))
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(ident, nonblank_text), max_size=15, unique_by=lambda p: (type(p[0]), p[0])),
+    st.booleans(), st.booleans(), st.sampled_from(["\n", "\r\n"]),
+)
+def test_jsonl_round_trip(tmp_path, items, bom, trailing, nl):
+    data = nl.join(json.dumps({"id": i, "text": t}, ensure_ascii=False) for i, t in items)
+    data = ("\ufeff" if bom else "") + data + (nl if trailing and items else "")
+    for name in ("in.jsonl", None):  # a file, and stdin (sniffed)
+        rows = read_bytes(data.encode(), None, name, tmp_path)
+        assert [(r.id, type(r.id), r.text) for r in rows] == [(i, type(i), t) for i, t in items]
+        assert all(r.explicit_id and r.error is None for r in rows)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.one_of(st.none(), ident), nonblank_text), max_size=15))
+def test_jsonl_ids_optional_and_collisions_flagged(tmp_path, items):
+    data = "\n".join(json.dumps({"text": t} if i is None else {"id": i, "text": t}, ensure_ascii=False) for i, t in items)
+    rows = read_bytes(data.encode(), "jsonl", "in.jsonl", tmp_path)
+    seen: dict = {}
+    assert len(rows) == len(items)
+    for n, (r, (i, t)) in enumerate(zip(rows, items), 1):
+        rid = n if i is None else i
+        key = (type(rid), rid)
+        assert r.explicit_id == (i is not None)
+        if key in seen:
+            assert r.id is None and f"duplicate id {rid!r}" in r.error and f"line {seen[key]}" in r.error
+            assert "give every row a unique id, or none" in r.error
+        else:
+            seen[key] = n
+            assert (r.id, type(r.id), r.text) == (rid, type(rid), t)
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(st.text(min_size=1, max_size=12), nonblank_text), max_size=15, unique_by=lambda p: p[0]),
+    st.booleans(), st.sampled_from(["\n", "\r\n"]), st.sampled_from([",", "\t"]),
+)
+def test_csv_round_trip(tmp_path, items, bom, nl, delim):
+    buf = io.StringIO(newline="")
+    # With "\n" line ends, Python 3.11's writer leaves a field with "\r" unquoted, and a text ending in
+    # "\r" in the last column then reads as a "\r\n" line end: the file itself is ambiguous. Quote all.
+    w = csv.writer(buf, delimiter=delim, lineterminator=nl, quoting=csv.QUOTE_ALL if nl == "\n" else csv.QUOTE_MINIMAL)
+    w.writerow(["id", "text"])
+    w.writerows(items)
+    data = (BOM if bom else b"") + buf.getvalue().encode()
+    rows = read_bytes(data, None, "in.csv" if delim == "," else "in.tsv", tmp_path)
+    assert [(r.id, r.text) for r in rows] == items
+    assert all(r.explicit_id and r.error is None for r in rows)
+    assert read_bytes(data, None, None) == rows  # stdin: sniffed as CSV, delimiter found from the header
+
+
+# --------------------------------------------------------------------------- regressions (issue 10, items 4 and 5)
+
+def test_bom_on_jsonl_first_record(tmp_path):
+    data = BOM + b'{"id": "a", "text": "first"}\n{"id": "b", "text": "second"}\n'
+    for name in ("in.jsonl", None):
+        rows = read_bytes(data, None, name, tmp_path)
+        assert [(r.id, r.text, r.error) for r in rows] == [("a", "first", None), ("b", "second", None)]
+
+
+def test_bom_on_csv_header_keeps_the_id_column(tmp_path):
+    data = BOM + b"id,text\nx7,hello\ny9,world\n"
+    for name in ("in.csv", None):
+        rows = read_bytes(data, None, name, tmp_path)
+        assert [(r.id, r.text, r.explicit_id) for r in rows] == [("x7", "hello", True), ("y9", "world", True)]
+
+
+def test_bom_only_input_has_no_rows(tmp_path):
+    for fmt in ("jsonl", "csv", "text"):
+        assert read_bytes(BOM, fmt, None) == []
+        assert read_bytes(BOM, fmt, "in.txt", tmp_path) == []
+
+
+@pytest.mark.parametrize("head", [b"\n", b"   \n\n", b"\r\n", BOM + b"\n", b"oops, not json\n"])
+def test_stdin_jsonl_detected_past_a_blank_or_bad_first_line(head):
+    data = head + b"".join(b'{"id": %d, "text": "item %d"}\n' % (i, i) for i in range(10))
+    rows = read_bytes(data)
+    assert [r.text for r in rows if r.error is None] == [f"item {i}" for i in range(10)]
+    assert all(r.error and r.id is None for r in rows[: len(rows) - 10])
+
+
+def test_stdin_sniffing():
+    assert read_bytes(b"just some words\nmore words\n")[1].text == "more words"
+    assert [r.text for r in read_bytes(b"a,text\n1,x\n")] == ["x"]  # a CSV header naming the text column
+    assert [r.text for r in read_bytes(b"text\nsolo\n")] == ["text", "solo"]  # one column is not sniffed as CSV
+    assert [r.text for r in read_bytes(b"a,text\n1,x\n", "text")] == ["a,text", "1,x"]  # --format wins
+    assert guess_format("-", b'\n{"text": "x"}\n') == "jsonl"
+    assert guess_format("x.TSV") == "csv" and guess_format("x.Jsonl") == "jsonl" and guess_format("x.txt") == "text"
+
+
+def test_file_of_unknown_type_is_sniffed(tmp_path):
+    rows = read_bytes(b'{"id": 1, "text": "a"}\n', None, "data", tmp_path)
+    assert (rows[0].id, rows[0].text) == (1, "a")
+
+
+def test_tsv_extension_any_case(tmp_path):
+    rows = read_bytes(b"id\ttext\n1\thello, world\n", None, "in.TSV", tmp_path)
+    assert [(r.id, r.text) for r in rows] == [("1", "hello, world")]
+
+
+@pytest.mark.parametrize("fmt,name", [("text", "in.txt"), ("jsonl", "in.jsonl"), ("csv", "in.csv")])
+def test_lone_cr_and_unicode_breaks_stay_inside_one_item(tmp_path, fmt, name):
+    text = "one\rtwo\u2028three\u2029four\x85five\x0bsix\x0cseven"
+    if fmt == "text":
+        data = text.encode() + b"\nnext\r\n"
+    elif fmt == "jsonl":
+        data = (json.dumps({"text": text}, ensure_ascii=False) + "\n" + json.dumps({"text": "next"}) + "\r\n").encode()
+    else:
+        data = b"id,text\n" + b"1," + text.encode() + b"\n2,next\r\n"
+    rows = read_bytes(data, None, name, tmp_path)
+    assert [r.text for r in rows] == [text, "next"]
+
+
+def test_unicode_line_separators_in_jsonl_ids_round_trip(tmp_path):
+    ids = ["a\u2028b", "c\x85d", "e\rf", "g\u2029h"]
+    data = "".join(json.dumps({"id": i, "text": "t"}, ensure_ascii=False) + "\n" for i in ids).encode()
+    assert [r.id for r in read_bytes(data, None, "in.jsonl", tmp_path)] == ids
+
+
+def test_unterminated_csv_quote_is_one_error_row_and_later_rows_survive(tmp_path):
+    data = b'id,text\n1,fine\n2,"never closed\n3,still here\n4,and here\n'
+    rows = read_bytes(data, None, "in.csv", tmp_path)
+    assert [r.line for r in rows] == [2, 3, 4, 5]
+    assert (rows[0].id, rows[0].text) == ("1", "fine")
+    assert rows[1].id is None and rows[1].error.startswith("line 3: a quoted field opened on this line is never closed")
+    assert "reading went on at line 4" in rows[1].error
+    assert [(r.id, r.text) for r in rows[2:]] == [("3", "still here"), ("4", "and here")]
+
+
+def test_csv_quote_open_past_the_cap_is_reported(tmp_path, monkeypatch):
+    import mlx_slm.io as mio
+
+    monkeypatch.setattr(mio, "CSV_MAX_RECORD_LINES", 5)
+    data = b'id,text\n1,"open\n' + b"".join(b"%d,x\n" % i for i in range(2, 12)) + b'99,"closed\nhere"\n'
+    rows = read_bytes(data, None, "in.csv", tmp_path)
+    assert "still open after 5 lines" in rows[0].error
+    assert [r.id for r in rows[1:]] == [str(i) for i in range(2, 12)] + ["99"]
+    assert rows[-1].text == "closed\nhere" and (rows[-1].line, rows[-1].last_line) == (13, 14)
+
+
+def test_csv_stray_quote_is_an_error_row_with_its_line(tmp_path):
+    rows = read_bytes(b'id,text\n1,"a"b\n2,ok\n', None, "in.csv", tmp_path)
+    assert rows[0].error.startswith("line 2: malformed CSV") and rows[0].id is None
+    assert (rows[1].id, rows[1].text) == ("2", "ok")
+
+
+def test_csv_long_field_is_read(tmp_path):
+    long = "x" * 500_000  # over the csv module's default field limit (128 KiB)
+    rows = read_bytes(f"id,text\n1,{long}\n".encode(), None, "in.csv", tmp_path)
+    assert rows[0].text == long
+
+
+def test_int_and_string_ids_are_distinct(tmp_path):
+    data = b'{"id": 1, "text": "a"}\n{"id": "1", "text": "b"}\n{"id": 1, "text": "c"}\n'
+    rows = read_bytes(data, None, "in.jsonl", tmp_path)
+    assert [(r.id, type(r.id)) for r in rows[:2]] == [(1, int), ("1", str)]
+    assert rows[2].id is None and "duplicate id 1 (also the id of line 1)" in rows[2].error
+    assert "give every row a unique id, or none" in rows[2].error
+
+
+def test_explicit_id_equal_to_a_line_number_default_is_flagged(tmp_path):
+    # line 1 has no id (so id 1); line 2 says id 1
+    rows = read_bytes(b'{"text": "a"}\n{"id": 1, "text": "b"}\n', None, "in.jsonl", tmp_path)
+    assert (rows[0].id, rows[0].explicit_id) == (1, False)
+    assert rows[1].id is None and rows[1].explicit_id
+    assert "duplicate id 1" in rows[1].error and "line 1" in rows[1].error and "no id of its own" in rows[1].error
+    # line 1 says id 2; line 2 has no id (so id 2)
+    rows = read_bytes(b'{"id": 2, "text": "a"}\n{"text": "b"}\n', None, "in.jsonl", tmp_path)
+    assert rows[0].id == 2 and rows[1].id is None
+    assert "duplicate id 2" in rows[1].error and "this row has no id" in rows[1].error and "line 1" in rows[1].error
+
+
+def test_error_rows_of_unreadable_lines_have_no_id(tmp_path):
+    data = b'{broken\n[1]\n\n{"id": "x", "text": "bad \xff"}\n{"id": 2.5, "text": "a"}\n{"id": null, "text": "a"}\n{"id": "", "text": "a"}\n{"id": "k"}\n{"id": "k2", "text": " "}\n'
+    rows = read_bytes(data, None, "in.jsonl", tmp_path)
+    assert [r.id for r in rows] == [None] * 7 + ["k", "k2"]  # the last two: the id was read, the text is missing/empty
+    assert "invalid UTF-8 (byte 0xff" in rows[3].error
+    assert "got float" in rows[4].error and "got null" in rows[5].error and "is empty" in rows[6].error
+    # an error row with line number 3 and a real row whose id is 3 no longer collide
+    rows = read_bytes(b'{"id": 3, "text": "a"}\n\n{broken\n', None, "in.jsonl", tmp_path)
+    assert [r.id for r in rows] == [3, None, None] and rows[0].error is None
+    rows = read_bytes(b"id,text\n1,x\n\n2,a,b\n", None, "in.csv", tmp_path)
+    assert [r.id for r in rows] == ["1", None, None]
+
+
+def test_error_row_ids_are_checked_for_duplicates(tmp_path):
+    rows = read_bytes(b'{"id": "a"}\n{"id": "a", "text": "x"}\n', None, "in.jsonl", tmp_path)
+    assert rows[0].id == "a" and "missing field" in rows[0].error
+    assert rows[1].id is None and "duplicate id 'a'" in rows[1].error
+
+
+def test_jsonl_unpaired_surrogate_escape_is_an_error_row(tmp_path):
+    rows = read_bytes(b'{"id": 1, "text": "a\\ud800"}\n{"id": "\\udc80", "text": "b"}\n', None, "in.jsonl", tmp_path)
+    assert rows[0].id == 1 and "surrogate" in rows[0].error
+    assert rows[1].id is None and "surrogate" in rows[1].error
+
+
+def test_csv_header_problems_are_input_errors(tmp_path):
+    with pytest.raises(InputError, match="--text-column"):
+        read_bytes(b"id,body\n1,x\n", None, "in.csv", tmp_path)
+    with pytest.raises(InputError, match="--text-column"):
+        read_bytes(b"id,text\n1,x\n", None, "in.tsv", tmp_path)  # commas in a .tsv
+    with pytest.raises(InputError, match="2 times"):
+        read_bytes(b"text,text\n1,x\n", None, "in.csv", tmp_path)
+    with pytest.raises(InputError, match="unknown input format"):
+        read_bytes(b"x\n", "yaml", None)
+    assert issubclass(InputError, ValueError)
+
+
+def test_trailing_newline_rule(tmp_path):
+    for fmt in ("text", "jsonl"):
+        assert len(read_bytes(b"a\nb\n", fmt, None)) == 2
+        assert len(read_bytes(b"a\nb", fmt, None)) == 2
+        rows = read_bytes(b"a\nb\n\n", fmt, None)
+        assert len(rows) == 3 and "blank line" in rows[2].error
+        assert read_bytes(b"", fmt, None) == []
