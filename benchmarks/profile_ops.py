@@ -21,7 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_slm import fastmath
-from mlx_slm.model import build_mask, load_model
+from mlx_slm.models import FASTMATH, NATIVE, build_mask, load_model
+from mlx_slm.models.base import Context
 from mlx_slm.registry import resolve_model
 
 
@@ -57,6 +58,10 @@ def main() -> None:
     g, u = layer.mlp.gate_proj(h), layer.mlp.up_proj(h)
     act = nn.silu(g) * u
     mx.eval(h, q, k, v, g, u, act)
+    ctx = {}
+    for ops in (NATIVE, FASTMATH):  # one forward's context (masks in each ops' form) per ops
+        m.ops = ops
+        ctx[ops.name] = Context(m, mx.ones((B, L), dtype=mx.bool_), None, 0, offs, False)
     rows = {
         "q,k,v,o matmuls": timeit(lambda: [at.q_proj(h), at.k_proj(h), at.v_proj(h), at.o_proj(h)]),
         "gate,up,down matmuls": timeit(lambda: [layer.mlp.gate_proj(h), layer.mlp.up_proj(h), layer.mlp.down_proj(act)]),
@@ -67,8 +72,8 @@ def main() -> None:
         "2x rms_norm": timeit(lambda: [layer.input_layernorm(x), layer.post_attention_layernorm(x)]),
         "rope q,k": timeit(lambda: [at._rope(q, offs), at._rope(k, offs)]),
         "mask build": timeit(lambda: build_mask(mx.ones((B, L), dtype=mx.bool_), None, 0, last_only=False)),
-        "whole layer, native ops": timeit(lambda: layer(x, offs, mask, None, False, False)[0]),
-        "whole layer, fastmath (default on CPU)": timeit(lambda: layer(x, offs, fastmath.additive_mask(mask), None, False, True)[0]),
+        "whole layer, native ops": timeit(lambda: layer(x, ctx[NATIVE.name], None, False)[0]),
+        "whole layer, fastmath (default on CPU)": timeit(lambda: layer(x, ctx[FASTMATH.name], None, False)[0]),
     }
     flops = 2 * B * L * (sum(p.size for n, p in nn.utils.tree_flatten(layer.parameters()) if n.endswith("weight") and p.ndim == 2))
     rows_md = ["| op | ms |", "|---|---|"] + [f"| {k} | {v:.1f} |" for k, v in rows.items()]

@@ -71,12 +71,10 @@ def matmul_peak() -> dict[str, float]:
 
 
 def flops_per_token(config: dict[str, Any]) -> float:
-    """2 x the weights of the per-token matmuls (q, k, v, o, gate, up, down) of all layers."""
-    d, f, L = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    hd = config.get("head_dim") or d // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * hd
-    attn = d * config["num_attention_heads"] * hd * 2 + 2 * d * kv
-    return 2.0 * L * (attn + 3 * d * f)
+    """Matmul FLOPs per token of a config.json dict, as its architecture counts them (mlx_slm.models)."""
+    from .models import flops_per_token as arch_flops
+
+    return arch_flops(config)
 
 
 class Run:
@@ -178,16 +176,17 @@ class Run:
 
     def ours(self, **kw: Any) -> Callable[[list[int]], tuple]:
         from .classifier import Classifier
-        from .model import load_model
+        from .models import load_model
 
         opts = {"batch_size": self.batch_size, **kw}
         m = load_model(self.path)
 
         def go(idx: list[int]) -> tuple:
             clf = Classifier(m, self.tok, self.labels, **opts)  # the timer covers building the prefix cache
-            preds = clf.classify([self.texts[i] for i in idx])
+            run = clf.run([self.texts[i] for i in idx], window=max(1, len(idx)))
+            preds = list(run)
             probs = np.array([[p.probs[lab] for lab in self.labels] for p in preds])
-            return [p.label for p in preds], probs, clf.stats.processed_tokens, clf.stats.padding_tokens
+            return [p.label for p in preds], probs, run.stats.processed_tokens, run.stats.padding_tokens
 
         return go
 

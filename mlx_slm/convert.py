@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
-from .model import SUPPORTED_ARCHITECTURES
+from ._fs import write_json_atomic
+from .errors import ModelError, UserError
+from .models import SUPPORTED_ARCHITECTURES, get_model_module, gguf_module
+from .models.base import gguf_hf_name
 
 DTYPES = ("float16", "bfloat16", "float32")
 RECORD = "conversion.json"
@@ -38,11 +40,23 @@ class ConversionError(UserError, ValueError):
     """A source that cannot be converted; the message says why and what to do."""
 
 
-def _check_arch(model_type: str | None, where: str) -> None:
-    if model_type not in SUPPORTED_ARCHITECTURES:
+def _check_arch(model_type: str | None, where: str) -> Any:
+    """The architecture module (mlx_slm.models) for `model_type`, or a ConversionError."""
+    try:
+        return get_model_module(model_type)
+    except ModelError:
         raise ConversionError(
             f"{where}: architecture {model_type!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+        ) from None
+
+
+def _check_config(config: dict[str, Any], where: str) -> None:
+    """Refuse, before any tensor is read, a config the forward would not compute exactly."""
+    module = _check_arch(config.get("model_type"), where)
+    try:
+        module.ModelArgs.from_dict(config)
+    except ModelError as e:
+        raise ConversionError(f"{where}: {e}") from None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -55,101 +69,61 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 # --------------------------------------------------------------------------- GGUF
 
-_GGUF_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_GGUF_TOP = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_ARCH_CLASS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
-
-
-def _gguf_hf_name(name: str) -> str | None:
-    if name in _GGUF_TOP:
-        return _GGUF_TOP[name]
-    parts = name.split(".")  # blk.N.attn_q.weight
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_NAMES:
-        return f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
-    return None
-
-
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (interleaved RoPE) back to Hugging Face's halves."""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def _gguf_field(reader: Any, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     return default if f is None else f.contents()
 
 
+def _gguf_arch(reader: Any) -> Any:
+    """The architecture module for a GGUF's `general.architecture`, or a ConversionError."""
+    arch = _gguf_field(reader, "general.architecture")
+    try:
+        return gguf_module(arch)
+    except ModelError as e:
+        raise ConversionError(f"GGUF: {e}") from None
+
+
 def gguf_config(reader: Any) -> dict[str, Any]:
-    """A Hugging Face config dict from GGUF metadata (qwen2 / llama)."""
+    """A Hugging Face config dict from GGUF metadata, as the architecture's module reads it."""
     from transformers import AutoConfig
 
-    arch = _gguf_field(reader, "general.architecture")
-    _check_arch(arch, "GGUF")
-    g = lambda k, d=None: _gguf_field(reader, f"{arch}.{k}", d)  # noqa: E731
-    names = {t.name for t in reader.tensors}
-    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    heads = int(g("attention.head_count"))
-    hidden = int(g("embedding_length"))
-    kwargs: dict[str, Any] = dict(
-        architectures=[_ARCH_CLASS[arch]],
-        hidden_size=hidden,
-        num_hidden_layers=int(g("block_count")),
-        intermediate_size=int(g("feed_forward_length")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(g("attention.head_count_kv", heads)),
-        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon")),
-        max_position_embeddings=int(g("context_length", 32768)),
-        vocab_size=int(embd.shape[1]),  # GGUF shapes are reversed: (hidden, vocab)
-        tie_word_embeddings="output.weight" not in names,
-        rope_theta=float(g("rope.freq_base", 10000.0)),
+    module = _gguf_arch(reader)
+    arch = module.GGUF_ARCH
+    meta = lambda k, d=None: _gguf_field(reader, f"{arch}.{k}", d)  # noqa: E731
+    shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in reader.tensors}  # GGUF lists dims reversed
+    kwargs: dict[str, Any] = module.gguf_config(meta, shapes)
+    kwargs.update(
+        architectures=[module.HF_ARCHITECTURE],
         bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id"),
         pad_token_id=_gguf_field(reader, "tokenizer.ggml.padding_token_id"),
     )
-    key_len = g("attention.key_length")
-    if key_len is not None and int(key_len) != hidden // heads:
-        kwargs["head_dim"] = int(key_len)
-    if arch == "llama":
-        kwargs["attention_bias"] = False
-    cfg = AutoConfig.for_model(arch, **kwargs).to_dict()
+    model_type = getattr(module, "HF_MODEL_TYPE", arch)
+    cfg = AutoConfig.for_model(model_type, **kwargs).to_dict()
     cfg.setdefault("rope_theta", kwargs["rope_theta"])  # readable by every transformers version
+    try:
+        module.ModelArgs.from_dict(cfg)  # refuse here what the forward would not compute
+    except ModelError as e:
+        raise ConversionError(f"GGUF: {e}") from None
     return cfg
 
 
 def iter_gguf_tensors(path: Path, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
-    """(Hugging Face name, float32 array) for every tensor, dequantized."""
+    """(Hugging Face name, float32 array) for every tensor, dequantized and un-permuted."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     reader = GGUFReader(str(path))
-    llama = config["model_type"] == "llama"
+    module = get_model_module(config["model_type"])
     for t in reader.tensors:
-        name = _gguf_hf_name(t.name)
+        name = gguf_hf_name(t.name, module.GGUF_LAYER_NAMES)
         if name is None:
             if t.name.startswith("rope_freqs"):
                 raise ConversionError(f"{path}: RoPE frequency scaling ({t.name}) is not supported")
             continue
         shape = tuple(int(x) for x in reversed(t.shape))
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-        if llama and name.endswith(("q_proj.weight", "k_proj.weight")):
-            n = config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"]
-            w = _unpermute(w, n)
-        yield name, w
+        yield name, module.gguf_tensor(name, w, config)
 
 
 # --------------------------------------------------------------------------- Hugging Face
@@ -239,7 +213,7 @@ def _convert_into(tmp: Path, src: str | Path, kind: str, dtype: str, say: Progre
     else:
         path = resolve_hf_dir(str(src)).resolve()
         config = json.loads((path / "config.json").read_text())
-        _check_arch(config.get("model_type"), str(src))
+        _check_config(config, str(src))
         tensors = iter_hf_tensors(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         hashed = sorted(path.glob("*.safetensors"))
@@ -259,6 +233,7 @@ def _convert_into(tmp: Path, src: str | Path, kind: str, dtype: str, say: Progre
     mx.save_safetensors(str(tmp / WEIGHTS), weights, metadata={"format": "mlx"})
 
     config.pop("quantization_config", None)
+    source_dtype = config.get("torch_dtype") or config.get("dtype")  # what it was trained/published in
     config["torch_dtype"] = dtype
     config["dtype"] = dtype
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -271,15 +246,17 @@ def _convert_into(tmp: Path, src: str | Path, kind: str, dtype: str, say: Progre
         "source_path": str(path),
         "source_sha256": {p.name: sha256_file(p) for p in hashed},
         "dtype": dtype,
+        "source_dtype": source_dtype,
         "architecture": config["model_type"],
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": _versions(),
+        "versions": versions(),
     }
     record["weights_sha256"] = sha256_file(tmp / WEIGHTS)
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """Versions of the libraries that decide what a file we write means."""
     from importlib.metadata import PackageNotFoundError, version
 
     got = {}
@@ -299,7 +276,7 @@ def weights_sha256(path: str | Path) -> str:
     if "weights_sha256" not in record:
         record["weights_sha256"] = sha256_file(p / WEIGHTS)
         try:
-            rec_path.write_text(json.dumps(record, indent=2) + "\n")
+            write_json_atomic(rec_path, record)
         except OSError:  # a read-only model directory: hash again next time
             pass
     return record["weights_sha256"]

@@ -15,13 +15,14 @@ included, with one BLAS thread per worker (see `attention`).
 A polynomial exp written in MLX ops and `mx.compile`d was also tried: 12 to 20 ms alone,
 but as slow as the native op inside the whole forward (measured), so it is not used.
 
-The model chooses these paths only on the CPU in float32 (`Model.use_cpu_math`); on
-Metal and CUDA the native fused ops are the fast ones.
+The model chooses these paths once, when it is loaded, only on the CPU in float32
+(`mlx_slm.models.base.choose_ops`); on Metal and CUDA the native fused ops are the fast ones.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -135,6 +136,39 @@ def silu_mul(gate: mx.array, up: mx.array) -> mx.array:
         t = np.negative(gg)
         np.exp(t, out=t)
         t += 1.0
+        uu *= gg
+        uu /= t
+
+    _for_rows(g.shape[0], g.shape[1], work)
+    return up
+
+
+GELU_TANH_C = -2.0 * math.sqrt(2.0 / math.pi)  # gelu_tanh(x) = x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))
+
+
+def gelu_tanh_mul(gate: mx.array, up: mx.array) -> mx.array:
+    """gelu_tanh(gate) * up (PyTorch's `gelu(approximate="tanh")`), written into `up`'s buffer.
+
+    0.5 (1 + tanh(z)) = 1 / (1 + exp(-2z)), so the tanh form is computed through the same
+    vectorized exp as `silu_mul`: gate * up / (1 + exp(-2 sqrt(2/pi) (gate + 0.044715 gate^3))).
+    `up` must be a fresh array that nothing else reads.
+    """
+    up = mx.contiguous(up)
+    mx.eval(gate, up)
+    g = np.asarray(gate).reshape(-1, gate.shape[-1])
+    u = np.asarray(up).reshape(-1, up.shape[-1])
+    c = np.float32(GELU_TANH_C)
+
+    def work(lo: int, hi: int) -> None:
+        gg, uu = g[lo:hi], u[lo:hi]
+        t = np.square(gg)
+        t *= np.float32(0.044715)
+        t += np.float32(1.0)
+        t *= gg
+        t *= c
+        with np.errstate(over="ignore"):  # exp overflows to inf for very negative gates: the result is 0
+            np.exp(t, out=t)
+        t += np.float32(1.0)
         uu *= gg
         uu /= t
 

@@ -44,9 +44,15 @@ def make_tokenizer(out: Path):
 
 
 def make_tiny(out: Path, arch: str) -> Path:
-    """A random tiny checkpoint saved as a Hugging Face directory (float32 safetensors)."""
+    """A random tiny checkpoint saved as a Hugging Face directory (float32 safetensors).
+
+    arch: qwen2, llama, qwen3 (head_dim 24, not hidden / heads; sliding-window layers from
+    layer 1 on) or gemma3 (Gemma3TextConfig: 5 layers, window 16, a global layer every
+    third, linear RoPE scaling on global layers, query_pre_attn_scalar 24, final logit
+    softcapping, tied head, as the released models).
+    """
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     tok = make_tokenizer(out)
     common = dict(
@@ -56,14 +62,30 @@ def make_tiny(out: Path, arch: str) -> Path:
     )
     if arch == "qwen2":
         cfg = Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
-    else:
+    elif arch == "llama":
         cfg = LlamaConfig(**common, rope_theta=1e4, tie_word_embeddings=True, rms_norm_eps=1e-5)
-    torch.manual_seed(0 if arch == "qwen2" else 1)
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=24, rope_theta=1e6, tie_word_embeddings=True,
+                          use_sliding_window=True, sliding_window=16, max_window_layers=1)
+    elif arch == "gemma3":
+        cfg = Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 5}, head_dim=32, query_pre_attn_scalar=24,
+            sliding_window=16, sliding_window_pattern=3, rope_theta=1e6, rope_local_base_freq=1e4,
+            rope_scaling={"rope_type": "linear", "factor": 4.0}, final_logit_softcapping=5.0,
+            attn_logit_softcapping=50.0,  # transformers' Gemma 3 does not apply it; neither do we
+            tie_word_embeddings=True, bos_token_id=None,
+        )
+    else:
+        raise ValueError(arch)
+    torch.manual_seed({"qwen2": 0, "llama": 1, "qwen3": 2, "gemma3": 3}[arch])
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():  # RMSNorm weights start at 1; vary them so a wrong norm shows
+    with torch.no_grad():  # RMSNorm weights start at 1 (Gemma: 0, read as 1 + w); vary them so a wrong norm shows
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.mul_(1 + 0.2 * torch.randn_like(p))
+                if arch == "gemma3":
+                    p.add_(0.2 * torch.randn_like(p))
+                else:
+                    p.mul_(1 + 0.2 * torch.randn_like(p))
             if name.endswith("bias"):
                 p.normal_(0, 0.2)
     model.save_pretrained(str(out), safe_serialization=True)

@@ -4,7 +4,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from mlx_slm.model import Model, ModelArgs, build_mask, load_model
+from mlx_slm.models import Model, ModelArgs, build_mask, load_model
+from mlx_slm.models import FASTMATH, NATIVE, choose_ops
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _on_cpu():
+    """Exactness is checked on the CPU in float32 (where the fastmath ops run)."""
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(prev)
 
 
 def hf_logits(path, ids):
@@ -116,7 +126,7 @@ def test_matches_mlx_lm_forward(tiny_mlx):
 
 
 def test_unsupported_architecture_refused():
-    with pytest.raises(ValueError, match="supported: qwen2, llama"):
+    with pytest.raises(ValueError, match="supported: qwen2, llama, qwen3, gemma3"):
         ModelArgs.from_dict({"model_type": "gpt2", "hidden_size": 8, "num_hidden_layers": 1,
                              "intermediate_size": 8, "num_attention_heads": 2, "num_key_value_heads": 2,
                              "vocab_size": 10})
@@ -131,15 +141,17 @@ def test_float16_weights_upcast_on_cpu(tiny_hf, tmp_path):
     assert isinstance(m, Model)
 
 
-def test_cpu_math_path_equals_native_ops(tiny_mlx):
-    """numpy SiLU/softmax (the CPU default) against MLX's native ops, padded batch with a prefix."""
+def test_fastmath_ops_equal_native_ops(tiny_mlx):
+    """numpy SiLU/softmax (the CPU float32 default, chosen at load) against MLX's native ops,
+    padded batch with a prefix."""
     m = load_model(tiny_mlx)
+    assert m.ops is choose_ops(mx.float32, mx.cpu) is FASTMATH
     _, kv = m(mx.array([IDS[:5]]))
     ids, mask, offs = _padded([IDS[5:], [44, 45]], 0, cache_len=5)
     outs = []
-    for flag in (True, False):
-        m.cpu_math = flag
-        assert m.use_cpu_math() is flag
+    for ops in (FASTMATH, NATIVE):
+        m.ops = ops
         h, _ = m(ids, mask, offs, cache=kv)
         outs.append(np.array(m.logits(h)))
     np.testing.assert_allclose(outs[0], outs[1], atol=2e-5)
+    assert load_model(tiny_mlx, ops="native").ops is NATIVE

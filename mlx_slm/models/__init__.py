@@ -1,0 +1,141 @@
+"""The architectures: one file each, found by the config's `model_type`.
+
+Every architecture module provides
+
+* `ModelArgs` (a `base.ModelArgs` dataclass; `from_dict` reads a transformers 4 or 5 config),
+* `Model` (a `base.Model`: `__call__(ids, attention_mask, offsets, cache, cache_mask,
+  last_only) -> (hidden, kv)`, `logits(hidden, rows)`, `head_weight()`, `args`),
+* `sanitize(weights, args)` (checkpoint tensors -> the names `Model` loads),
+* `flops_per_token(args)` (matmul FLOPs per token),
+* `HF_ARCHITECTURE` and, for GGUF conversion, `GGUF_ARCH`, `GGUF_LAYER_NAMES`,
+  `gguf_config(meta, shapes)` and `gguf_tensor(name, array, config)`.
+
+Adding an architecture is one file here and one line in `ARCHITECTURES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import mlx.core as mx
+
+from ..errors import ModelError
+from .base import FASTMATH, KV, NATIVE, Model, ModelArgs, Ops, build_mask, choose_ops
+
+# model_type (config.json) -> module of this package.
+ARCHITECTURES: dict[str, str] = {
+    "qwen2": "qwen2",
+    "llama": "llama",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+
+
+def get_model_module(model_type: str | None) -> ModuleType:
+    """The architecture module for a config's `model_type`; ModelError if there is none."""
+    if model_type not in ARCHITECTURES:
+        raise ModelError(
+            f"unsupported architecture {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return importlib.import_module(f"{__name__}.{ARCHITECTURES[model_type]}")
+
+
+def get_model_class(model_type: str | None) -> tuple[type[Model], type[ModelArgs]]:
+    """(Model class, ModelArgs class) for a `model_type`, as mlx-lm's `get_model_classes`."""
+    m = get_model_module(model_type)
+    return m.Model, m.ModelArgs
+
+
+def gguf_module(gguf_arch: str | None) -> ModuleType:
+    """The architecture module for a GGUF's `general.architecture`; ModelError if there is none."""
+    for model_type in dict.fromkeys(ARCHITECTURES.values()):
+        m = importlib.import_module(f"{__name__}.{model_type}")
+        if getattr(m, "GGUF_ARCH", None) == gguf_arch:
+            return m
+    known = sorted({getattr(get_model_module(t), "GGUF_ARCH", None) for t in ARCHITECTURES} - {None})
+    raise ModelError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {', '.join(known)}")
+
+
+def flops_per_token(config: dict[str, Any]) -> float:
+    """Matmul FLOPs per token of a config.json dict (Llama-shaped when it names no model_type)."""
+    cfg = {"model_type": "llama", "vocab_size": 0, **config}
+    m = get_model_module(cfg["model_type"])
+    return m.flops_per_token(m.ModelArgs.from_dict(cfg))
+
+
+def _checkpoint_dtype(path: Path, config: dict[str, Any], module: ModuleType) -> str | None:
+    """The dtype the weights were trained/published in: the conversion record's source, else the config."""
+    rec = path / "conversion.json"
+    if rec.is_file():  # ours: config.json holds the dtype we converted to, the record the source's
+        try:
+            got = json.loads(rec.read_text()).get("source_dtype")
+        except (OSError, ValueError):
+            got = None
+    else:
+        got = config.get("torch_dtype") or config.get("dtype")
+    if got in (None, "float32"):  # a GGUF or a float32 file says nothing about the half type it wants
+        return getattr(module, "TRAINED_DTYPE", None) or got
+    return str(got)
+
+
+def default_compute_dtype(checkpoint_dtype: str | None = None) -> mx.Dtype:
+    """float32 on the CPU (MLX has no fast half-precision matmul there); on Metal and CUDA
+    bfloat16 for a bfloat16 checkpoint, float16 otherwise."""
+    if mx.default_device() != mx.gpu:
+        return mx.float32
+    return mx.bfloat16 if checkpoint_dtype == "bfloat16" else mx.float16
+
+
+def load_model(path: str | Path, dtype: mx.Dtype | None = None, ops: str | Ops | None = None) -> Model:
+    """Load a converted MLX directory (config.json + *.safetensors), cast to the compute dtype.
+
+    ops: "auto" (default: `choose_ops` by device and dtype), "native", "fastmath", or an `Ops`.
+    """
+    path = Path(path)
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ModelError(f"no config.json in {path}: convert the checkpoint first (mlx-slm convert)")
+    config = json.loads(cfg_path.read_text())
+    module = get_model_module(config.get("model_type"))
+    args = module.ModelArgs.from_dict(config)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"no *.safetensors in {path}: convert the checkpoint first (mlx-slm convert)")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    weights = module.sanitize(weights, args)
+    dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, module))
+    weights = {k: v.astype(dtype) for k, v in weights.items()}
+    model = module.Model(args)
+    model.load_weights(list(weights.items()), strict=True)
+    model.eval()
+    mx.eval(model.parameters())
+    model.ops = choose_ops(dtype, name=ops)
+    return model
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "FASTMATH",
+    "KV",
+    "NATIVE",
+    "SUPPORTED_ARCHITECTURES",
+    "Model",
+    "ModelArgs",
+    "Ops",
+    "build_mask",
+    "choose_ops",
+    "default_compute_dtype",
+    "flops_per_token",
+    "get_model_class",
+    "get_model_module",
+    "gguf_module",
+    "load_model",
+]

@@ -1,0 +1,555 @@
+"""What every architecture shares: arguments, masks, positions, the prefix KV, the head.
+
+Each architecture file (`qwen2.py`, `llama.py`, ...) holds only what makes it different
+(its blocks, its config quirks, its weight and GGUF names); the forward contract and the
+scoring-specific parts live here, once:
+
+* **Explicit masks and per-row positions.** Batches are left padded. Each row carries
+  its own RoPE offset, so a real token gets exactly the position it has when its
+  prompt runs alone, and a boolean mask keeps padding from ever being attended.
+  Sliding-window layers get their own mask, built from those same RoPE positions.
+* **A prefix KV cache that is shared, never copied into.** Keys and values of the
+  shared prompt head (batch 1) are broadcast along the batch axis for each batch.
+* **Only what is read is computed.** In the last layer only the last position needs
+  queries, attention output and the MLP (every position still needs K and V), and the
+  LM head is applied to the last position and, when asked, only to the label rows.
+* **The CPU math is chosen once.** An `Ops` object (native MLX ops, or numpy's vectorized
+  exp for the softmax and the gated activations: `fastmath`) is picked when the model is
+  loaded, by device and dtype, and every layer reads it from the forward's `Context`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import mlx.core as mx
+from mlx import nn
+
+from .. import fastmath
+from ..errors import ModelError
+
+# One layer's keys and values, each (B, n_kv_heads, S, head_dim).
+KV = tuple[mx.array, mx.array]
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+LAYER_TYPES = (FULL, SLIDING)
+
+
+# --------------------------------------------------------------------------- arguments
+
+def rope_settings(params: dict[str, Any] | None, theta: float | None, default_theta: float) -> tuple[float, float]:
+    """(base, position scale) of one RoPE, from a transformers 4 `rope_scaling` or 5 `rope_parameters` dict.
+
+    Plain RoPE and linear scaling (positions divided by `factor`, as transformers'
+    "linear" type divides the inverse frequencies) are computed; anything else is refused.
+    """
+    params = dict(params or {})
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    base = params.get("rope_theta", theta if theta is not None else default_theta)
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ModelError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
+    if rope_type == "default":
+        return float(base), 1.0
+    if rope_type == "linear":
+        return float(base), 1.0 / float(params["factor"])
+    raise ModelError(f"RoPE scaling {rope_type!r} is not supported (plain or linear RoPE only)")
+
+
+def qwen_layer_types(cfg: dict[str, Any]) -> tuple[list[str] | None, int | None]:
+    """(layer_types, sliding_window) of a Qwen2/Qwen3 config, as transformers reads it.
+
+    The window is used only with `use_sliding_window`; then the layers from
+    `max_window_layers` on slide (unless the config lists `layer_types` itself).
+    """
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    types = cfg.get("layer_types")
+    if types is None and window is not None:
+        first = int(cfg.get("max_window_layers", 28))
+        types = [SLIDING if i >= first else FULL for i in range(int(cfg["num_hidden_layers"]))]
+    if types is not None and SLIDING in types and window is None:
+        types = [FULL] * len(types)  # transformers drops the window when use_sliding_window is off
+    return types, window
+
+
+@dataclass
+class ModelArgs:
+    """The fields every architecture reads; architectures subclass it with their own."""
+
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scale: float = 1.0  # RoPE positions are multiplied by this (linear scaling: 1 / factor)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    max_position_embeddings: int = 32768
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None  # per layer: "full_attention" or "sliding_attention"
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.layer_types is None:
+            self.layer_types = [FULL] * self.num_hidden_layers
+        self.layer_types = list(self.layer_types)
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(LAYER_TYPES):
+            raise ModelError(f"layer_types must name {self.num_hidden_layers} layers, each one of {', '.join(LAYER_TYPES)}")
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise ModelError("sliding-window layers need a sliding_window size in the config")
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> ModelArgs:
+        """Build from a Hugging Face `config.json` dict (transformers 4 or 5 layout).
+
+        On this base class the architecture's own `ModelArgs` is looked up by `model_type`.
+        """
+        if cls is ModelArgs:
+            from . import get_model_module
+
+            return get_model_module(config.get("model_type")).ModelArgs.from_dict(config)
+        cfg = cls.normalize(dict(config))
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in cfg.items() if k in names and v is not None})
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelArgs:
+        return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
+
+    @classmethod
+    def normalize(cls, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Map the config onto our fields; refuse what the forward would not compute exactly."""
+        # transformers 5 keeps RoPE settings in `rope_parameters`; 4 in `rope_theta`/`rope_scaling`.
+        cfg["rope_theta"], cfg["rope_scale"] = rope_settings(
+            cfg.get("rope_parameters") or cfg.get("rope_scaling"), cfg.get("rope_theta"), 10000.0
+        )
+        if cfg.get("mlp_bias"):
+            raise ModelError("MLP biases are not supported")
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ModelError(f"activation {act!r} is not supported for {cfg.get('model_type')} (silu only)")
+        return cfg
+
+    def rope(self, layer_type: str) -> tuple[float, float]:
+        """(base, position scale) of the RoPE of a layer of this type."""
+        return self.rope_theta, self.rope_scale
+
+
+# --------------------------------------------------------------------------- ops
+
+class Ops:
+    """The attention and gated-activation kernels of one forward: MLX's native fused ops.
+
+    Chosen once when the model is loaded (`choose_ops`); assign `model.ops` to override.
+    """
+
+    name = "native"
+
+    def mask(self, mask: mx.array) -> mx.array:
+        """The boolean mask in the form `attention` takes (built once per forward)."""
+        return mask
+
+    def attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    def silu_mul(self, gate: mx.array, up: mx.array) -> mx.array:
+        return nn.silu(gate) * up
+
+    def gelu_tanh_mul(self, gate: mx.array, up: mx.array) -> mx.array:
+        return nn.gelu_approx(gate) * up
+
+    def __repr__(self) -> str:
+        return f"<ops {self.name}>"
+
+
+class FastmathOps(Ops):
+    """numpy's vectorized exp for the softmax and the gated activations (CPU, float32 only).
+
+    `q` and `up` must be fresh arrays (the forward's own RoPE output and projection): the
+    kernels write into their buffers.
+    """
+
+    name = "fastmath"
+
+    def mask(self, mask: mx.array) -> mx.array:
+        return fastmath.additive_mask(mask)
+
+    def attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
+        return fastmath.attention(q, k, v, scale, mask, causal=True)  # build_mask is causal
+
+    def silu_mul(self, gate: mx.array, up: mx.array) -> mx.array:
+        return fastmath.silu_mul(gate, up)
+
+    def gelu_tanh_mul(self, gate: mx.array, up: mx.array) -> mx.array:
+        return fastmath.gelu_tanh_mul(gate, up)
+
+
+NATIVE = Ops()
+FASTMATH = FastmathOps()
+OPS = {"native": NATIVE, "fastmath": FASTMATH}
+
+
+def choose_ops(dtype: mx.Dtype, device: Any = None, name: str | Ops | None = None) -> Ops:
+    """The kernels for weights of `dtype` on `device` (default: MLX's default device).
+
+    "auto"/None: numpy's vectorized exp on the CPU in float32 (MLX's CPU exp is a scalar
+    loop), native fused ops everywhere else. "fastmath" where it cannot run is refused.
+    """
+    if isinstance(name, Ops):
+        return name
+    device = mx.default_device() if device is None else device
+    fits = device == mx.cpu and dtype == mx.float32
+    if name in (None, "auto"):
+        return FASTMATH if fits else NATIVE
+    if name not in OPS:
+        raise ModelError(f"ops {name!r} is not one of auto, {', '.join(OPS)}")
+    if name == "fastmath" and not fits:
+        raise ModelError("the fastmath ops run on the CPU in float32 only")
+    return OPS[name]
+
+
+# --------------------------------------------------------------------------- masks
+
+def key_positions(cache_mask: mx.array | None, cache_len: int) -> mx.array:
+    """RoPE positions of cached keys, (1 or B, C): the real cached keys are the tokens
+    before the new ones, in order, so a key's position is its rank among them."""
+    if cache_mask is None:
+        return mx.arange(cache_len, dtype=mx.int32)[None]
+    return mx.cumsum(cache_mask.astype(mx.int32), axis=1) - 1
+
+
+def build_mask(
+    attention_mask: mx.array,
+    cache_mask: mx.array | None,
+    cache_len: int,
+    last_only: bool,
+    offsets: mx.array | None = None,
+    window: int | None = None,
+) -> mx.array:
+    """Boolean (B, 1, Lq, C+L) mask: a query sees real cached keys and real earlier new keys.
+
+    Every query also sees itself, so a padding row never has all keys masked: a fully
+    masked softmax gives NaN, and NaN times a zero weight is still NaN in the next layer.
+    With a sliding `window`, a query at RoPE position p sees only keys at positions
+    > p - window; new tokens are at `offsets + column`, cached keys at their rank among
+    the real cached keys (`key_positions`).
+    """
+    B, L = attention_mask.shape
+    real = attention_mask.astype(mx.bool_)
+    idx = mx.arange(L)
+    causal = idx[:, None] >= idx[None, :]  # (L, L)
+    new = (causal[None] & real[:, None, :]) | (idx[:, None] == idx[None, :])[None]  # (B, L, L)
+    if cache_len:
+        if cache_mask is None:
+            old = mx.ones((B, L, cache_len), dtype=mx.bool_)
+        else:
+            old = mx.broadcast_to(cache_mask.astype(mx.bool_)[:, None, :], (B, L, cache_len))
+        new = mx.concatenate([old, new], axis=2)
+    if window is not None:
+        if offsets is None:
+            offsets = mx.full((B,), cache_len, dtype=mx.int32)
+        qpos = offsets.astype(mx.int32)[:, None] + idx.astype(mx.int32)[None]  # (B, L)
+        kpos = qpos
+        if cache_len:
+            cpos = mx.broadcast_to(key_positions(cache_mask, cache_len), (B, cache_len))
+            kpos = mx.concatenate([cpos, qpos], axis=1)
+        new = new & ((qpos[:, :, None] - kpos[:, None, :]) < window)  # keeps the diagonal (0 < window)
+    if last_only:
+        new = new[:, -1:]
+    return new[:, None]
+
+
+class Context:
+    """What every layer of one forward reads: the ops, the RoPE offsets and the masks.
+
+    Masks are built once per forward (not per layer), one per (window, last-only) pair the
+    layers need, and already in the form the ops take.
+    """
+
+    def __init__(
+        self, model: Model, attention_mask: mx.array, cache_mask: mx.array | None, cache_len: int,
+        offsets: mx.array, last_only: bool,
+    ):
+        self.ops: Ops = model.ops
+        self.offsets = offsets
+        args = model.args
+        L = attention_mask.shape[1]
+        types = [layer.layer_type for layer in model.layers]
+        n = len(types)
+        built: dict[tuple[int | None, bool], mx.array] = {}
+        self._masks: dict[tuple[str, bool], mx.array] = {}
+        for i, t in enumerate(types):
+            last = last_only and i == n - 1
+            if (t, last) in self._masks:
+                continue
+            window = args.sliding_window if t == SLIDING else None
+            if window is not None and cache_len + L <= window:
+                window = None  # nothing is far enough away to fall outside it
+            if (window, last) not in built:
+                built[(window, last)] = self.ops.mask(
+                    build_mask(attention_mask, cache_mask, cache_len, last, offsets, window)
+                )
+            self._masks[(t, last)] = built[(window, last)]
+
+    def mask(self, layer_type: str, last_only: bool) -> mx.array:
+        return self._masks[(layer_type, last_only)]
+
+
+# --------------------------------------------------------------------------- blocks
+
+def rope(x: mx.array, dims: int, base: float, scale: float, offsets: mx.array) -> mx.array:
+    """Half-split (not interleaved) RoPE; vector offsets: row r starts at its own position."""
+    return mx.fast.rope(x, dims, traditional=False, base=base, scale=scale, offset=offsets)
+
+
+def extend_cache(cache: KV | None, k: mx.array, v: mx.array) -> KV:
+    """Cached keys/values followed by the new ones, in new arrays (the cache is never written).
+
+    A batch-1 cache (the shared prefix) is broadcast along the batch axis.
+    """
+    if cache is None:
+        return k, v
+    ck, cv = cache
+    B = k.shape[0]
+    if ck.shape[0] != B:
+        ck = mx.broadcast_to(ck, (B, *ck.shape[1:]))
+        cv = mx.broadcast_to(cv, (B, *cv.shape[1:]))
+    return mx.concatenate([ck, k], axis=2), mx.concatenate([cv, v], axis=2)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with RoPE (Llama's); subclasses add q/k norms or change the scale."""
+
+    def __init__(self, args: ModelArgs, layer_type: str = FULL, o_bias: bool | None = None):
+        super().__init__()
+        d, hd = args.hidden_size, args.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = args.num_attention_heads, args.num_key_value_heads, hd
+        self.scale = self.attention_scale(args)
+        self.layer_type = layer_type
+        self.rope_base, self.rope_scale = args.rope(layer_type)
+        bias = args.attention_bias
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias if o_bias is None else o_bias)
+
+    def attention_scale(self, args: ModelArgs) -> float:
+        return args.head_dim**-0.5
+
+    def qk_norm(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
+        """q (B, Lq, H, D) and k (B, L, Hkv, D) before RoPE; identity here."""
+        return q, k
+
+    def _rope(self, x: mx.array, offsets: mx.array) -> mx.array:
+        return rope(x, self.head_dim, self.rope_base, self.rope_scale, offsets)
+
+    def __call__(self, x: mx.array, ctx: Context, cache: KV | None, last_only: bool) -> tuple[mx.array, KV]:
+        B, L, _ = x.shape
+        xq = x[:, -1:] if last_only else x
+        Lq = xq.shape[1]
+        q = self.q_proj(xq).reshape(B, Lq, self.n_heads, -1)
+        k = self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)
+        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k = self.qk_norm(q, k)
+        q = self._rope(q.transpose(0, 2, 1, 3), ctx.offsets + (L - Lq))
+        k = self._rope(k.transpose(0, 2, 1, 3), ctx.offsets)
+        k, v = extend_cache(cache, k, v)
+        out = ctx.ops.attention(q, k, v, self.scale, ctx.mask(self.layer_type, last_only))
+        out = out.transpose(0, 2, 1, 3).reshape(B, Lq, -1)
+        return self.o_proj(out), (k, v)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def __call__(self, x: mx.array, ops: Ops) -> mx.array:
+        return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    attention_class: ClassVar[type[Attention]] = Attention
+
+    def __init__(self, args: ModelArgs, layer_idx: int):
+        super().__init__()
+        self.layer_type = args.layer_types[layer_idx]
+        self.self_attn = self.attention_class(args, self.layer_type)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, ctx: Context, cache: KV | None, last_only: bool) -> tuple[mx.array, KV]:
+        r, kv = self.self_attn(self.input_layernorm(x), ctx, cache, last_only)
+        h = (x[:, -1:] if last_only else x) + r
+        return h + self.mlp(self.post_attention_layernorm(h), ctx.ops), kv
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, args: ModelArgs, block: Callable[[ModelArgs, int], nn.Module], norm: Callable[..., nn.Module] = nn.RMSNorm):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [block(args, i) for i in range(args.num_hidden_layers)]
+        self.norm = norm(args.hidden_size, eps=args.rms_norm_eps)
+
+
+# --------------------------------------------------------------------------- model
+
+class Model(nn.Module):
+    """A causal LM that returns final hidden states, and logits only for the rows asked.
+
+    Architectures subclass it, setting `block_class` (and overriding `embed` or
+    `logits` where they differ).
+    """
+
+    block_class: ClassVar[type[nn.Module]] = TransformerBlock
+    norm_class: ClassVar[Callable[..., nn.Module]] = nn.RMSNorm
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.ops: Ops = NATIVE  # load_model chooses (choose_ops); assign to override
+        self.model = LanguageModel(args, self.block_class, self.norm_class)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.model.layers
+
+    def embed(self, ids: mx.array) -> mx.array:
+        return self.model.embed_tokens(ids)
+
+    def __call__(
+        self,
+        ids: mx.array,
+        attention_mask: mx.array | None = None,
+        offsets: mx.array | None = None,
+        cache: list[KV] | None = None,
+        cache_mask: mx.array | None = None,
+        last_only: bool = True,
+    ) -> tuple[mx.array, list[KV]]:
+        """Run token ids (B, L) after an optional cache; return normed hidden states and KV.
+
+        attention_mask: (B, L), 1 for real tokens, 0 for left padding (default: all real).
+        offsets: (B,) RoPE position of column 0 of each row: cache length minus the row's
+            padding, so real tokens keep their unbatched positions (default: cache length).
+        cache: per-layer (K, V) with batch B or 1 (a shared prefix, broadcast).
+        cache_mask: (B or 1, C) real cached keys (default: all real); the real cached keys
+            are taken to be the tokens before the new ones, in order (sliding windows count on it).
+        Returns hidden (B, D) at the last position if `last_only`, else (B, L, D), and
+        the per-layer KV of cache + these tokens (to extend with label tokens).
+        """
+        B, L = ids.shape
+        cache_len = 0 if cache is None else cache[0][0].shape[2]
+        if attention_mask is None:
+            attention_mask = mx.ones((B, L), dtype=mx.bool_)
+        if offsets is None:
+            offsets = mx.full((B,), cache_len, dtype=mx.int32)
+        ctx = Context(self, attention_mask, cache_mask, cache_len, offsets, last_only)
+        h = self.embed(ids)
+        n = len(self.layers)
+        new_cache: list[KV] = []
+        for i, layer in enumerate(self.layers):
+            h, kv = layer(h, ctx, None if cache is None else cache[i], last_only and i == n - 1)
+            new_cache.append(kv)
+        h = self.model.norm(h)
+        return (h[:, -1] if last_only else h), new_cache
+
+    def head_weight(self) -> mx.array:
+        return self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
+
+    def logits(self, hidden: mx.array, rows: mx.array | None = None) -> mx.array:
+        """Project hidden states onto the vocabulary, or only onto `rows` (e.g. label tokens)."""
+        w = self.head_weight()
+        if rows is not None:
+            w = mx.take(w, rows, axis=0)
+        return hidden @ w.T
+
+
+def sanitize(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
+    """Drop tensors the forward does not use (rotary caches, a tied LM head copy)."""
+    out = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
+    if args.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
+
+
+def flops_per_token(args: ModelArgs) -> float:
+    """2 x the weights of the per-token matmuls (q, k, v, o, gate, up, down) of all layers."""
+    d, f, L, hd = args.hidden_size, args.intermediate_size, args.num_hidden_layers, args.head_dim
+    attn = 2 * d * args.num_attention_heads * hd + 2 * d * args.num_key_value_heads * hd
+    return 2.0 * L * (attn + 3 * d * f)
+
+
+# --------------------------------------------------------------------------- GGUF
+
+# llama.cpp's per-layer tensor names -> Hugging Face's (under model.layers.N.), shared by
+# the Llama-shaped architectures; an architecture extends or replaces this table.
+GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+GGUF_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def gguf_hf_name(name: str, layer_names: dict[str, str] = GGUF_LAYER_NAMES) -> str | None:
+    """Hugging Face name of a GGUF tensor (`blk.N.attn_q.weight` -> `model.layers.N.self_attn.q_proj.weight`)."""
+    if name in GGUF_TOP_NAMES:
+        return GGUF_TOP_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
+    return None
+
+
+def gguf_llama_config(meta: Callable[..., Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The Hugging Face config fields every Llama-shaped GGUF states the same way.
+
+    meta(key, default): the `{arch}.{key}` metadata value; shapes: tensor shapes, Hugging
+    Face order (rows first).
+    """
+    heads = int(meta("attention.head_count"))
+    hidden = int(meta("embedding_length"))
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=int(meta("block_count")),
+        intermediate_size=int(meta("feed_forward_length")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(meta("attention.head_count_kv", heads)),
+        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(meta("context_length", 32768)),
+        vocab_size=int(shapes["token_embd.weight"][0]),
+        tie_word_embeddings="output.weight" not in shapes,
+        rope_theta=float(meta("rope.freq_base", 10000.0)),
+        head_dim=int(meta("attention.key_length", hidden // heads)),
+    )

@@ -1,0 +1,337 @@
+"""Every architecture of mlx_slm.models against Transformers, float32, on tiny random checkpoints.
+
+For qwen2, llama, qwen3 and gemma3 (built in conftest.make_tiny; gemma3 and qwen3 with
+sliding-window layers whose window, 16, is shorter than the prompts): the last-position
+logits over the whole vocabulary, max |diff| <= 1e-3, for (a) one prompt, (b) a
+left-padded batch of prompts of different lengths, (c) the classifier's path (prefix KV
+cache, buckets, label scoring), each with the native and the fastmath ops; and GGUF files
+written here with `gguf.GGUFWriter` (llama.cpp's names, permutations and norm shifts)
+convert back to the same model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import torch
+from conftest import make_tiny
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
+from mlx_slm.convert import convert
+from mlx_slm.models import (
+    FASTMATH,
+    NATIVE,
+    SUPPORTED_ARCHITECTURES,
+    ModelArgs,
+    build_mask,
+    choose_ops,
+    flops_per_token,
+    get_model_class,
+    load_model,
+)
+from mlx_slm.models import gemma3 as gemma3_mod
+
+ARCHS = ["qwen2", "llama", "qwen3", "gemma3"]
+OPS = ["native", "fastmath"]
+TOL = 1e-3
+LENGTHS = [45, 7, 23, 60]  # two longer than the window (16) by far, one shorter
+MAX_DIFF: dict[str, float] = {}  # arch/case/ops -> max |diff| seen (printed with -s)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _on_cpu():
+    """Exactness is checked on the CPU (fastmath runs only there)."""
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(prev)
+
+
+class Tiny:
+    def __init__(self, arch, tmp):
+        self.arch = arch
+        self.hf_dir = make_tiny(tmp / "hf", arch)
+        self.mlx_dir = convert(self.hf_dir, tmp / "mlx", dtype="float32", progress=None)
+        self.hf = AutoModelForCausalLM.from_pretrained(str(self.hf_dir), dtype=torch.float32).eval()
+        self.tok = AutoTokenizer.from_pretrained(str(self.mlx_dir))
+        self.config = json.loads((self.mlx_dir / "config.json").read_text())
+        rng = np.random.default_rng(7)
+        self.prompts = [rng.integers(3, self.config["vocab_size"], size=n).tolist() for n in LENGTHS]
+        self._ref: dict[tuple, np.ndarray] = {}
+
+    def ref(self, ids, last=True) -> np.ndarray:
+        key = (tuple(ids), last)
+        if key not in self._ref:
+            with torch.no_grad():
+                out = self.hf(torch.tensor([list(ids)]), use_cache=False).logits[0].numpy()
+            self._ref[key] = out[-1] if last else out
+        return self._ref[key]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny(request, tmp_path_factory) -> Tiny:
+    return Tiny(request.param, tmp_path_factory.mktemp(f"arch-{request.param}"))
+
+
+def _check(name: str, ours: np.ndarray, ref: np.ndarray, tol: float = TOL) -> None:
+    d = float(np.abs(np.asarray(ours, np.float64) - ref).max())
+    MAX_DIFF[name] = max(d, MAX_DIFF.get(name, 0.0))
+    assert d <= tol, f"{name}: max |diff| {d:.2e} > {tol}"
+
+
+def _padded(seqs, pad_id, cache_len=0):
+    L = max(map(len, seqs))
+    ids = np.full((len(seqs), L), pad_id, np.int32)
+    mask = np.zeros((len(seqs), L), bool)
+    for r, s in enumerate(seqs):
+        ids[r, L - len(s):] = s
+        mask[r, L - len(s):] = True
+    offs = np.array([cache_len - (L - len(s)) for s in seqs], np.int32)
+    return mx.array(ids), mx.array(mask), mx.array(offs)
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_unbatched_matches_transformers(tiny, ops):
+    m = load_model(tiny.mlx_dir, ops=ops)
+    assert m.ops is (FASTMATH if ops == "fastmath" else NATIVE)
+    for ids in tiny.prompts:
+        h, _ = m(mx.array([ids]))
+        _check(f"{tiny.arch}/a/{ops}", np.array(m.logits(h))[0], tiny.ref(ids))
+    ids = tiny.prompts[-1]  # every position too (the non-last-layer path)
+    h, _ = m(mx.array([ids]), last_only=False)
+    _check(f"{tiny.arch}/a-all/{ops}", np.array(m.logits(h))[0], tiny.ref(ids, last=False))
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_left_padded_batch_matches_transformers(tiny, ops):
+    m = load_model(tiny.mlx_dir, ops=ops)
+    ids, mask, offs = _padded(tiny.prompts, pad_id=5)
+    h, _ = m(ids, mask, offs)
+    got = np.array(m.logits(h))
+    for r, p in enumerate(tiny.prompts):
+        _check(f"{tiny.arch}/b/{ops}", got[r], tiny.ref(p))
+    # label rows only: the same numbers as the full head (softcapping included)
+    rows = mx.array([3, 17, 200])
+    np.testing.assert_allclose(np.array(m.logits(h, rows)), got[:, [3, 17, 200]], atol=1e-5)
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_prefix_cache_and_padding_match_transformers(tiny, ops):
+    """A prefix longer than the window, then a padded batch after it, then label tokens after that."""
+    m = load_model(tiny.mlx_dir, ops=ops)
+    prefix = tiny.prompts[0][:20]
+    suffixes = [tiny.prompts[3][:30], tiny.prompts[1], [44]]
+    _, kv = m(mx.array([prefix]))
+    ids, mask, offs = _padded(suffixes, 0, cache_len=len(prefix))
+    h, kv2 = m(ids, mask, offs, cache=kv)
+    got = np.array(m.logits(h))
+    for r, s in enumerate(suffixes):
+        _check(f"{tiny.arch}/c-model/{ops}", got[r], tiny.ref(prefix + s))
+    # continuation after the padded batch (sequence scoring's path): cache_mask marks the padding
+    B, L = ids.shape
+    cache_mask = mx.concatenate([mx.ones((B, len(prefix)), dtype=mx.bool_), mask], axis=1)
+    cont = [9, 33, 71]
+    h, _ = m(mx.array([cont] * B), None, offs + L, cache=kv2, cache_mask=cache_mask, last_only=False)
+    got = np.array(m.logits(h))
+    for r, s in enumerate(suffixes):
+        _check(f"{tiny.arch}/c-cont/{ops}", got[r], tiny.ref(prefix + s + cont, last=False)[-len(cont):])
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_classifier_path_matches_transformers(tiny, ops):
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.reference import Reference
+    from mlx_slm.workload import tickets
+
+    texts = [t for t, _ in tickets(9)][3:9]
+    clf = Classifier(load_model(tiny.mlx_dir, ops=ops), tiny.tok, ["ab", "ac", "b", "a"], keep_logits=True,
+                     batch_size=4, max_batch_tokens=None)
+    assert clf.prefix is not None and clf.mode == "sequence"
+    preds = clf.classify(texts)
+    items = clf.prepare(texts)
+    assert max(len(it.ids) for it in items) > 40
+    ref = Reference(tiny.mlx_dir)
+    for p, item in zip(preds, items):
+        assert p.ok, p.error
+        _check(f"{tiny.arch}/c-clf/{ops}", p.logits, tiny.ref(item.ids))
+        s, _ = ref.label_scores(item.ids, clf.labelset)
+        assert clf.labels[int(np.argmax(s))] == p.label
+        ours = np.array([p.scores[lab] for lab in clf.labels])  # raw first logit + continuation: up to a shift
+        _check(f"{tiny.arch}/c-scores/{ops}", ours - ours.mean(), s - s.mean())
+
+
+def test_sliding_window_matters(tiny):
+    """Guard against a vacuous test: on the sliding archs, a full mask gives other logits."""
+    if tiny.arch not in ("gemma3", "qwen3"):
+        pytest.skip("no sliding layers")
+    m = load_model(tiny.mlx_dir, ops="native")
+    assert "sliding_attention" in m.args.layer_types and m.args.sliding_window == 16
+    ids = tiny.prompts[3]
+    m.args.sliding_window = 10_000  # as if every layer saw everything
+    try:
+        h, _ = m(mx.array([ids]))
+    finally:
+        m.args.sliding_window = 16
+    assert np.abs(np.array(m.logits(h))[0] - tiny.ref(ids)).max() > 1e-2
+
+
+# --------------------------------------------------------------------------- GGUF
+
+def _write_gguf(tiny: Tiny, path) -> None:
+    """The tiny HF model as llama.cpp's convert_hf_to_gguf writes it (float32 tensors)."""
+    import gguf
+
+    from mlx_slm.models.llama import permute
+
+    cfg = tiny.config
+    n_layers = cfg["num_hidden_layers"]
+    w = gguf.GGUFWriter(str(path), tiny.arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    args = ModelArgs.from_dict(cfg)
+    w.add_rope_freq_base(args.rope_theta)
+    if tiny.arch == "gemma3":
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(1.0 / args.rope_scale)
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    # tokenizer: the tiny byte-level BPE
+    tj = json.loads((tiny.mlx_dir / "tokenizer.json").read_text())
+    vocab = sorted(tj["model"]["vocab"].items(), key=lambda kv: kv[1])
+    special = {t["content"] for t in tj["added_tokens"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([3 if t in special else 1 for t, _ in vocab])
+    w.add_token_merges(merges)
+    w.add_eos_token_id(tiny.tok.eos_token_id)
+    w.add_pad_token_id(tiny.tok.pad_token_id)
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == tiny.arch), n_layers)
+    for name, t in tiny.hf.state_dict().items():
+        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        a = t.float().numpy().copy()
+        g = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert g is not None, name
+        if tiny.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            a = permute(a, cfg["num_attention_heads" if "q_proj" in name else "num_key_value_heads"])
+        if tiny.arch == "gemma3" and name.endswith("norm.weight"):
+            a = a + np.float32(1.0)  # llama.cpp's Gemma RMSNorm multiplies by w, not 1 + w
+        w.add_tensor(g, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_round_trip(tiny, tmp_path):
+    gguf_path = tmp_path / f"{tiny.arch}.gguf"
+    _write_gguf(tiny, gguf_path)
+    out = convert(gguf_path, tmp_path / "from-gguf", dtype="float32", progress=None)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == ("gemma3_text" if tiny.arch == "gemma3" else tiny.arch)
+    m = load_model(out, ops="native")
+    if tiny.arch == "gemma3":  # llama.cpp scales Gemma 3 attention by head_dim (query_pre_attn_scalar is not stored)
+        assert m.args.query_pre_attn_scalar == m.args.head_dim
+        for layer in tiny.hf.model.layers:
+            layer.self_attn.scaling = m.args.head_dim**-0.5
+        tiny._ref.clear()
+    prompts = tiny.prompts[:2]
+    if tiny.arch == "qwen3":  # llama.cpp's qwen3 has no sliding window: compare within it
+        assert "sliding_attention" not in m.args.layer_types
+        prompts = [p[:16] for p in prompts]
+    try:
+        for ids in prompts:
+            h, _ = m(mx.array([ids]))
+            _check(f"{tiny.arch}/gguf", np.array(m.logits(h))[0], tiny.ref(ids), tol=1e-4)
+    finally:
+        if tiny.arch == "gemma3":
+            for layer in tiny.hf.model.layers:
+                layer.self_attn.scaling = tiny.hf.config.query_pre_attn_scalar**-0.5
+            tiny._ref.clear()
+
+
+# --------------------------------------------------------------------------- registry and config
+
+def test_registry():
+    assert set(SUPPORTED_ARCHITECTURES) >= {"qwen2", "llama", "qwen3", "gemma3", "gemma3_text"}
+    model_cls, args_cls = get_model_class("gemma3_text")
+    assert model_cls is gemma3_mod.Model and args_cls is gemma3_mod.ModelArgs
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'; supported: qwen2, llama"):
+        get_model_class("gpt2")
+
+
+def test_ops_chosen_once_by_device_and_dtype():
+    assert choose_ops(mx.float32, mx.cpu) is FASTMATH
+    assert choose_ops(mx.float16, mx.cpu) is NATIVE
+    assert choose_ops(mx.float32, mx.gpu) is NATIVE
+    assert choose_ops(mx.float32, mx.cpu, "native") is NATIVE
+    with pytest.raises(ValueError, match="float32 only"):
+        choose_ops(mx.float16, mx.cpu, "fastmath")
+
+
+def test_gemma3_config_layouts_agree():
+    """transformers 4 (rope_theta, rope_local_base_freq, rope_scaling, sliding_window_pattern)
+    and 5 (rope_parameters per layer type, layer_types) read the same."""
+    common = dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=6, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=1, vocab_size=10, head_dim=32, sliding_window=8)
+    v4 = ModelArgs.from_dict({**common, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "sliding_window_pattern": 3,
+                              "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    v5 = ModelArgs.from_dict({**common, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                              "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+    assert v4 == v5
+    assert v4.rope("full_attention") == (1e6, 0.125) and v4.rope("sliding_attention") == (1e4, 1.0)
+    mm = ModelArgs.from_dict({"model_type": "gemma3", "text_config": {**common, "model_type": "gemma3_text"}})
+    assert mm.hidden_size == 64 and mm.tie_word_embeddings
+    with pytest.raises(ValueError, match="yarn"):
+        ModelArgs.from_dict({**common, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="bidirectional"):
+        ModelArgs.from_dict({**common, "use_bidirectional_attention": True})
+
+
+def test_gemma3_multimodal_names_sanitized():
+    args = ModelArgs.from_dict({"model_type": "gemma3_text", "hidden_size": 8, "num_hidden_layers": 1,
+                                "intermediate_size": 8, "num_attention_heads": 1, "vocab_size": 4, "head_dim": 8})
+    w = {"language_model.model.norm.weight": 1, "model.language_model.layers.0.mlp.up_proj.weight": 2,
+         "vision_tower.x": 3, "multi_modal_projector.y": 4, "language_model.lm_head.weight": 5}
+    assert gemma3_mod.sanitize(w, args) == {"model.norm.weight": 1, "model.layers.0.mlp.up_proj.weight": 2}
+
+
+def test_sliding_mask_uses_rope_positions():
+    """Left padding and a cache with holes: the window counts positions, not columns."""
+    am = mx.array([[0, 0, 1, 1], [1, 1, 1, 1]])
+    cache_mask = mx.array([[1, 1, 0], [1, 1, 1]])  # row 0: 2 real cached keys, then padding
+    offs = mx.array([2 - 2, 3])  # row 0: 2 real cached, 2 pads; row 1: 3 cached
+    m = np.array(build_mask(am, cache_mask, 3, last_only=True, offsets=offs, window=3))[:, 0, 0]
+    # row 0, last query at position 3: keys at positions 1 (cached), 2, 3 (new); not 0, not padding
+    assert m[0].tolist() == [False, True, False, False, False, True, True]
+    # row 1, last query at position 6: keys at 4, 5, 6
+    assert m[1].tolist() == [False, False, False, False, True, True, True]
+
+
+def test_flops_per_token_per_architecture():
+    base = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=10)
+    assert flops_per_token({**base, "model_type": "qwen2"}) == 2 * 3 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160)
+    # qwen3 and gemma3: head_dim from the config (q/o: 64 x 4*24, k/v: 64 x 2*24)
+    assert flops_per_token({**base, "model_type": "qwen3", "head_dim": 24}) == 2 * 3 * (
+        2 * 64 * 96 + 2 * 64 * 48 + 3 * 64 * 160)
+
+
+def test_report_max_diffs():
+    """Not a check: prints the largest |diff| per arch/case/ops seen above (pytest -s)."""
+    for k in sorted(MAX_DIFF):
+        print(f"{k}: {MAX_DIFF[k]:.2e}")
