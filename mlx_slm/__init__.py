@@ -3,7 +3,7 @@
 from . import _blas  # noqa: F401  (must load an optimized CBLAS before mlx.core)
 
 __version__ = "0.1.0"
-__all__ = ["Classifier", "Prediction", "Stats"]
+__all__ = ["Calibration", "Classifier", "Engine", "Prediction", "Run", "Stats"]
 
 
 def __getattr__(name: str):  # lazy: `import mlx_slm` stays light for the CLI's --help

@@ -2,8 +2,9 @@
 
 Data flows one way through the modules:
 
-    texts -> prompts (render, tokenize) -> prefix split (prefix_cache)
-          -> batch plan (batching) -> forward (model) -> label scores (labels) -> predictions
+    texts -> prompts (render, tokenize) -> prefix split (engine's prefix LRU)
+          -> batch plan (batching) -> forward (engine) -> label scores (scoring)
+          -> predictions -> calibration (Calibration, here) -> the caller
 
 Each optimization can be switched off alone (`sort`, `use_prefix_cache`, the token
 budget), so its worth can be measured, and none of them may change a prediction.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,9 @@ import numpy as np
 
 from . import batching
 from .calibration import DEFAULT_WARMUP, Calibrator
+from .engine import Engine
 from .labels import LabelSet, build_labelset, softmax
-from .model import KV, Model, load_model
+from .models import Model
 from .prefix_cache import PrefixCache
 from .prompts import (
     DEFAULT_LABELS,
@@ -34,8 +36,10 @@ from .prompts import (
     PromptFormat,
     render,
     shared_prefix,
+    starts_with,
     tokenize,
 )
+from .scoring import score_batch
 
 if TYPE_CHECKING:
     from .task import Task
@@ -124,12 +128,18 @@ class _Item:
 
 
 class Classifier:
-    """Constrained-label classification with a shared prefix cache and bucketed batches."""
+    """One classification task on a shared `Engine`: labels, prompt, scoring and batching.
+
+    The policy layer: it renders and tokenizes, plans length-bucketed batches, asks the
+    engine for label scores and hands predictions back in input order. It holds settings
+    only; what a run counts comes back with that run (`run()`), so one classifier (and
+    one engine under many classifiers) can serve concurrent callers.
+    """
 
     def __init__(
         self,
-        model: Model,
-        tokenizer: Any,
+        engine: "Engine | Model",
+        tokenizer: Any = None,
         labels: Sequence[str] = DEFAULT_LABELS,
         system: str | None = DEFAULT_SYSTEM,
         template: str = DEFAULT_TEMPLATE,
@@ -149,8 +159,10 @@ class Classifier:
     ):
         if truncate is not None and truncate not in TRUNCATE_MODES:
             raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")
-        self.model, self.tokenizer = model, tokenizer
-        self.path: Path | None = None  # the converted directory, when loaded from one
+        if not isinstance(engine, Engine):  # a bare model and its tokenizer (tests, tools)
+            engine = Engine(engine, tokenizer)
+        self.engine = engine
+        tokenizer = engine.tokenizer
         # How `classify` calibrates by default (settings, not run state: a batch prior
         # fitted on one input lives on that run's `Calibration`, never here).
         self.calibration, self.min_confidence, self.warmup = calibration, min_confidence, warmup
@@ -159,31 +171,25 @@ class Classifier:
             max_batch_tokens = default_max_batch_tokens()
         self.batch_size, self.max_batch_tokens = batch_size, max_batch_tokens
         self.sort, self.truncate, self.keep_logits = sort, truncate, keep_logits
-        self.max_length = max_length or model.args.max_position_embeddings
+        self.max_length = max_length or engine.max_length
         probe = render(tokenizer, self.format, "example")
         self.labelset: LabelSet = build_labelset(tokenizer, labels, probe, scoring)
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-        self._rows = mx.array(self.labelset.first_ids, dtype=mx.int32)
-        self.prefix: PrefixCache | None = None
         head = shared_prefix(tokenizer, self.format)
-        # The fixed part of every prompt (system, template, chat head) must leave room for
-        # at least one text token and the label: checked before any forward pass is paid for.
+        # The fixed part of every prompt (system, examples, template, chat head) must leave room
+        # for at least one text token and the label: checked before any forward pass is paid for.
         # With truncation asked for, the run goes on and every row says why it failed.
         self.format_error: str | None = None
-        fixed = len(tokenize(tokenizer, [render(tokenizer, self.format, "x")])[0])
-        if fixed + self.labelset.max_len > self.max_length:
+        fixed = len(tokenize(tokenizer, [render(tokenizer, self.format, "x")])[0])  # one text token included
+        if fixed + self.labelset.max_len - 1 > self.max_length:
+            parts = "the system prompt, template and examples" if self.format.examples else "the system prompt and template"
             self.format_error = (
-                f"the system prompt and template alone are {fixed} tokens, over the model's context of "
-                f"{self.max_length}: shorten --system or --template"
+                f"{parts} alone are {fixed - 1} tokens, over the model's context of "
+                f"{self.max_length}: shorten --system or --template" + (" or use fewer --examples" if self.format.examples else "")
             )
             if truncate is None:
                 raise PromptError(self.format_error)
-        if use_prefix_cache and head and self.format_error is None:
-            self.prefix = PrefixCache(model, head)
-        self.stats = Stats()
-        self._prefix_paid = False
-        if self.prefix is not None:
-            self.stats.processed_tokens += len(self.prefix)
+        # The shared head's ids; its KV is computed by the engine on first use (and kept there).
+        self.prefix_tokens: tuple[int, ...] = tuple(head) if (use_prefix_cache and head and self.format_error is None) else ()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -197,31 +203,35 @@ class Classifier:
         **kwargs: Any,
     ) -> "Classifier":
         """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached)."""
-        from transformers import AutoTokenizer
-
-        from .registry import resolve_model
-
-        path = resolve_model(str(model))
-        m = load_model(path, dtype=getattr(mx, dtype) if dtype else None)
-        tok = AutoTokenizer.from_pretrained(str(path))
-        clf = cls(m, tok, labels, system, template, **kwargs)
-        clf.path = path
-        return clf
+        return cls(Engine.load(model, dtype), None, labels, system, template, **kwargs)
 
     @classmethod
-    def from_task(cls, task: "str | Path | Task", dtype: str | None = None, **kwargs: Any) -> "Classifier":
-        """A classifier as a saved task file defines it (model, prompt, examples, calibration)."""
+    def from_task(cls, task: "str | Path | Task", dtype: str | None = None, engine: "Engine | None" = None,
+                  **kwargs: Any) -> "Classifier":
+        """A classifier as a saved task file defines it (model, prompt, examples, calibration).
+
+        Pass `engine` to share loaded weights between tasks of the same model."""
         from .convert import weights_sha256
         from .task import Task
 
         t = task if isinstance(task, Task) else Task.load(task)
-        clf = cls.load(
-            t.model, t.labels, t.system, t.template, dtype=dtype, scoring=t.scoring, examples=t.examples,
-            calibration=t.calibration, min_confidence=t.min_confidence, warmup=t.warmup, **kwargs,
-        )
-        if clf.path is not None:
-            t.check_weights(weights_sha256(clf.path))
-        return clf
+        engine = engine or Engine.load(t.model, dtype)
+        if engine.path is not None and not isinstance(t.calibration, str):  # a saved prior: same weights only
+            t.check_weights(weights_sha256(engine.path))
+        return cls(engine, None, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples,
+                   calibration=t.calibration, min_confidence=t.min_confidence, warmup=t.warmup, **kwargs)
+
+    @property
+    def model(self) -> Model:
+        return self.engine.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def path(self) -> Path | None:
+        return self.engine.path
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -230,6 +240,11 @@ class Classifier:
     @property
     def mode(self) -> str:
         return self.labelset.mode
+
+    @property
+    def prefix(self) -> PrefixCache | None:
+        """The shared head's KV (computed on first use, then kept by the engine)."""
+        return self.engine.prefix(self.prefix_tokens)[0] if self.prefix_tokens else None
 
     # ------------------------------------------------------------------ public API
     def classify(
@@ -245,29 +260,37 @@ class Classifier:
         run = self.classify_iter(texts, window=max(1, len(texts)))
         return list(Calibration(cal, self.labels, warmup=max(2, len(texts)), min_confidence=conf)(run))
 
-    def calibrated(self) -> "Calibration":
-        """A per-run `Calibration` with this classifier's settings (call it on a prediction stream)."""
-        return Calibration(self.calibration, self.labels, self.warmup, self.min_confidence)
-
     def classify_iter(self, texts: Iterable[str], window: int = 1024) -> Iterator[Prediction]:
-        """Stream the model's raw predictions in input order; memory is bounded by `window` items.
+        """Stream the model's raw predictions in input order (see `run` for the run's figures)."""
+        return iter(self.run(texts, window))
 
-        Sorting by length happens inside a window, and each window's predictions are
-        yielded as soon as the items before them are done. Wrap the stream in a
-        `Calibration` to calibrate it or to abstain.
+    def run(self, texts: Iterable[str], window: int = 1024) -> "Run":
+        """A run over `texts`: iterate it for raw predictions in input order; `.stats` counts it.
+
+        Memory is bounded by `window` items: sorting by length happens inside a window,
+        and each window's predictions are yielded as soon as the items before them are
+        done. Wrap the stream in a `Calibration` to calibrate it or to abstain.
         """
+        stats = Stats()
+        return Run(self._windows(texts, window, stats), stats)
+
+    # ------------------------------------------------------------------ pipeline
+    def _windows(self, texts: Iterable[str], window: int, stats: Stats) -> Iterator[Prediction]:
         it = iter(texts)
         start = 0
         while True:
             chunk = list(itertools.islice(it, window))
             if not chunk:
                 return
-            yield from self._run_window(chunk, start)
+            yield from self._run_window(chunk, start, stats)
             start += len(chunk)
 
-    # ------------------------------------------------------------------ pipeline
     def prepare(self, texts: Sequence[str], start: int = 0) -> list[_Item]:
         """Render and tokenize (batched); flag empty and over-long items."""
+        with self.engine.lock:
+            return self._prepare(texts, start)
+
+    def _prepare(self, texts: Sequence[str], start: int) -> list[_Item]:
         items = [_Item(start + i, []) for i in range(len(texts))]
         good = []
         for item, text in zip(items, texts):
@@ -316,117 +339,102 @@ class Classifier:
             keep -= max(4, len(ids) - limit)
         raise ValueError("the template alone is longer than the model's context")
 
-    def _run_window(self, texts: Sequence[str], start: int) -> Iterator[Prediction]:
-        t0 = time.perf_counter()
+    def _run_window(self, texts: Sequence[str], start: int, st: Stats) -> Iterator[Prediction]:
         items = self.prepare(texts, start)
         results: dict[int, Prediction] = {}
         for item in items:
             if item.error:
                 results[item.index] = Prediction(item.index, error=item.error, n_tokens=len(item.ids))
         live = [it for it in items if not it.error]
-        hit = [self.prefix is not None and self.prefix.matches(it.ids) for it in live]
+        p_len = len(self.prefix_tokens)
+        hit = [bool(p_len) and starts_with(it.ids, self.prefix_tokens) for it in live]
         cached = [it for it, h in zip(live, hit) if h]
         uncached = [it for it, h in zip(live, hit) if not h]
+        prefix = None
+        if cached:
+            prefix, computed = self.engine.prefix(self.prefix_tokens)
+            # Net of the pass that computed the prefix, when this run paid for it (a prefix
+            # already in the engine's cache, from an earlier run or task, costs nothing).
+            st.processed_tokens += p_len if computed else 0
+            st.prefix_saved_tokens += len(cached) * p_len - (p_len if computed else 0)
         next_out = 0
-        for group, prefix in ((cached, self.prefix), (uncached, None)):
+        for group, pre in ((cached, prefix), (uncached, None)):
             if not group:
                 continue
-            p = len(prefix) if prefix is not None else 0
+            p = len(pre) if pre is not None else 0
             suffixes = [it.ids[p:] for it in group]
             for idx in batching.plan([len(s) for s in suffixes], self.batch_size, self.max_batch_tokens, self.sort):
-                batch = batching.pad(suffixes, idx, self.pad_id, cache_len=p)
-                for pred in self._run_batch(batch, [group[i] for i in idx], prefix):
+                batch = batching.pad(suffixes, idx, self.engine.pad_id, cache_len=p)
+                for pred in self._run_batch(batch, [group[i] for i in idx], pre, st):
                     results[pred.index] = pred
                 # Hand out whatever is now complete in input order.
                 while next_out < len(items) and items[next_out].index in results:
                     yield results.pop(items[next_out].index)
                     next_out += 1
-        st = self.stats
         st.items += len(items)
         st.errors += sum(1 for it in items if it.error)
         st.prompt_tokens += sum(len(it.ids) for it in live)
-        if self.prefix is not None and cached:
-            # Net of the one pass that computed the prefix itself.
-            st.prefix_saved_tokens += len(cached) * len(self.prefix) - (0 if self._prefix_paid else len(self.prefix))
-            self._prefix_paid = True
         while next_out < len(items):
             yield results.pop(items[next_out].index)
             next_out += 1
-        st.seconds += time.perf_counter() - t0
 
-    def _run_batch(self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None) -> list[Prediction]:
-        ids = mx.array(batch.ids)
-        mask = mx.array(batch.mask)
-        offsets = mx.array(batch.offsets)
-        hidden, kv = self.model(ids, mask, offsets, cache=prefix.kv if prefix else None, last_only=True)
-        if self.keep_logits:
-            full = self.model.logits(hidden)
-            first = mx.take(full, self._rows, axis=1)
-        else:
-            full = None
-            first = self.model.logits(hidden, self._rows)  # label rows only, never the whole head
-        scores = first.astype(mx.float32)
-        if self.labelset.mode == "sequence":
-            scores = scores + self._continuation_logprobs(kv, batch, prefix)
-        mx.eval(scores, *([] if full is None else [full]))
-        s = np.array(scores, dtype=np.float64)
-        st = self.stats
+    def _run_batch(self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats) -> list[Prediction]:
+        got = score_batch(self.engine, batch, prefix, self.labelset, self.keep_logits)
         st.batches += 1
-        st.processed_tokens += batch.padded_tokens
+        st.processed_tokens += batch.padded_tokens + got.label_tokens
         st.padding_tokens += batch.padded_tokens - batch.real_tokens
-        full_np = np.array(full.astype(mx.float32)) if full is not None else None
+        st.label_tokens += got.label_tokens
         preds = []
         labels = self.labelset.labels
         for r, item in enumerate(items):
-            pr = softmax(s[r])
+            s = got.scores[r]
+            pr = softmax(s)
             preds.append(
                 Prediction(
                     item.index,
-                    labels[int(np.argmax(s[r]))],
+                    labels[int(np.argmax(s))],
                     {lab: float(x) for lab, x in zip(labels, pr)},
-                    {lab: float(x) for lab, x in zip(labels, s[r])},
+                    {lab: float(x) for lab, x in zip(labels, s)},
                     len(item.ids),
                     item.truncated,
-                    logits=None if full_np is None else full_np[r],
+                    logits=None if got.logits is None else got.logits[r],
                 )
             )
         return preds
 
-    def _continuation_logprobs(self, kv: list[KV], batch: batching.Batch, prefix: PrefixCache | None) -> mx.array:
-        """Sum of log p(label token k | prompt, earlier label tokens) for k >= 1, per label.
 
-        Extends each row's own KV (prefix + suffix) with the label's tokens in one
-        batched pass per label; the prompt is never run again.
-        """
-        B, L = batch.ids.shape
-        p = len(prefix) if prefix is not None else 0
-        cache_mask = mx.array(np.concatenate([np.ones((B, p), dtype=bool), batch.mask], axis=1))
-        offsets = mx.array(batch.offsets + L)
-        cols = []
-        for toks in self.labelset.token_ids:
-            if len(toks) == 1:
-                cols.append(mx.zeros((B,), dtype=mx.float32))
-                continue
-            inp = mx.broadcast_to(mx.array(toks[:-1], dtype=mx.int32)[None], (B, len(toks) - 1))
-            h, _ = self.model(inp, None, offsets, cache=kv, cache_mask=cache_mask, last_only=False)
-            logits = self.model.logits(h).astype(mx.float32)  # (B, n-1, V): full vocab, context differs per label
-            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            tgt = mx.broadcast_to(mx.array(toks[1:], dtype=mx.int32)[None, :, None], (B, len(toks) - 1, 1))
-            cols.append(mx.take_along_axis(lp, tgt, axis=-1)[..., 0].sum(axis=1))
-            self.stats.label_tokens += B * (len(toks) - 1)
-            self.stats.processed_tokens += B * (len(toks) - 1)
-        return mx.stack(cols, axis=1)
+class Run:
+    """One classification run: iterate it for predictions; `stats` fills in as it goes.
+
+    `stats.seconds` counts only the time spent producing predictions, not the time the
+    consumer takes between them (writing rows, calibrating)."""
+
+    def __init__(self, gen: Iterator[Prediction], stats: Stats):
+        self._gen, self.stats = gen, stats
+
+    def __iter__(self) -> Iterator[Prediction]:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                p = next(self._gen)
+            except StopIteration:
+                self.stats.seconds += time.perf_counter() - t0
+                return
+            self.stats.seconds += time.perf_counter() - t0
+            yield p
 
 
 class Calibration:
     """Calibrates (and optionally abstains on) a stream of raw predictions, for one run.
 
-    `method` is a fitted `Calibrator` (a saved prior: applied as is), "none" (raw), or
+    `method` is a fitted `Calibrator` (a saved prior: applied as is), "none" (raw),
     "batch" (the prior is the mean label distribution of the first `warmup` answered
     items, Zhou et al. 2023; those items are held back until it is known, then every
-    item, them included, is calibrated with that one prior). The fitted calibrator is
-    kept on this per-run object (`.calibrator`), never on the shared classifier. Raw
-    probabilities stay on each prediction (`raw_probs`) so nothing is hidden.
+    item, them included, is calibrated with that one prior), or "em" with a `base`
+    calibrator (Saerens et al. 2002: the base's measured bias, and the warm-up's own
+    label mix re-estimated). The fitted calibrator is kept on this per-run object
+    (`.calibrator`), never on the shared classifier, and an object serves one run.
+    Predictions come back as new objects; raw probabilities stay on each (`raw_probs`).
     """
 
     def __init__(
@@ -436,7 +444,7 @@ class Calibration:
     ):
         from .calibration import CalibrationError
 
-        self.base, self.on_fit, self.fitted_here = base, on_fit, False
+        self.base, self.on_fit, self.fitted_here, self._used = base, on_fit, False, False
         if isinstance(method, Calibrator):
             method.check_labels(labels)
             self.calibrator: Calibrator | None = None if method.method == "none" else method
@@ -455,6 +463,9 @@ class Calibration:
     def __call__(self, preds: Iterable[Prediction]) -> Iterator[Prediction]:
         from .calibration import fit_batch, fit_em
 
+        if self._used:
+            raise RuntimeError("a Calibration serves one run: make a new one for the next stream")
+        self._used = True
         it = iter(preds)
         if self.method in ("batch", "em") and self.calibrator is None:
             held: list[Prediction] = []
@@ -484,11 +495,11 @@ class Calibration:
             return p
         if self.calibrator is not None:
             probs = self.calibrator.probs(self._log_probs([p]))[0]
-            p.raw_probs, p.probs = p.probs, {lab: float(x) for lab, x in zip(self.labels, probs)}
-            p.label = self.labels[int(np.argmax(probs))]
+            p = replace(p, raw_probs=p.probs, probs={lab: float(x) for lab, x in zip(self.labels, probs)},
+                        label=self.labels[int(np.argmax(probs))])
         if self.min_confidence is not None and max(p.probs.values()) < self.min_confidence:
-            p.label, p.abstained = None, True
+            p = replace(p, label=None, abstained=True)
         return p
 
 
-__all__ = ["Calibration", "Classifier", "Prediction", "Stats"]
+__all__ = ["Calibration", "Classifier", "Engine", "Prediction", "Run", "Stats"]

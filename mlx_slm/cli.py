@@ -1,9 +1,10 @@
-"""The `mlx-slm` command: classify, convert, parity, bench, doctor, models.
+"""The `mlx-slm` command: classify, eval, convert, parity, bench, doctor, models.
 
 Results go to stdout (JSONL by default) or to `-o FILE`; progress, warnings and the
 summary go to stderr, so the output can be piped. User errors (`errors.UserError`) print
-one clear line and exit with status 2; Ctrl-C exits 130; any other exception is a bug and
-shows its traceback.
+one clear line and exit with status 2; Ctrl-C exits 130; a reader that goes away
+(`| head`) ends the run quietly (141); any other exception is a bug, shows its traceback
+and exits 70.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import click
 
 from . import _blas
 from .errors import UserError
+from .calibration import DEFAULT_WARMUP
+from .output import OUTPUT_FORMATS
+from .output import output_format as output_format_of
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from .output import OUTPUT_FORMATS, output_format as output_format_of
 from .registry import BUILTINS, DEFAULT_MODEL
 
 BUG_REPORT = "mlx-slm: this is a bug in mlx-slm, not in your input: please report it with the traceback above"
@@ -55,6 +58,12 @@ class _Commands(click.Group):
         except KeyboardInterrupt:
             _err("mlx-slm: interrupted")
             sys.exit(130)
+        except BrokenPipeError:
+            import os
+
+            # stdout's reader left: nothing more can be delivered; silence the final flush.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception:
@@ -102,7 +111,9 @@ class _Progress:
 
 _TASK_OPTIONS = [
     click.option("--task", "task_file", type=click.Path(exists=True, dir_okay=False),
-                 help="A saved task (model, labels, prompt, examples, calibration); options given here override it."),
+                 help="A saved task (model, labels, prompt, examples, calibration). Options given here override "
+                      "it; changing what its prior was fitted for (model, labels, prompt, examples, scoring) "
+                      "needs a new --calibrate."),
     click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
                  help="Built-in name, converted dir, Hugging Face dir, .gguf file or hub id."),
     click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True,
@@ -118,7 +129,7 @@ _TASK_OPTIONS = [
                       "em: fit, then re-estimate the input's own label mix (Saerens EM)."),
     click.option("--calibration-data", type=click.Path(exists=True, dir_okay=False),
                  help="Labelled JSONL/CSV (text and --gold-field) for --calibrate fit|em."),
-    click.option("--warmup", default=512, show_default=True, type=click.IntRange(2),
+    click.option("--warmup", default=DEFAULT_WARMUP, show_default=True, type=click.IntRange(2),
                  help="batch/em: the prior comes from the first N items (held back until it is known)."),
     click.option("--min-confidence", type=click.FloatRange(0, 1),
                  help="Abstain (label null, abstained true) under this probability: route those to a person."),
@@ -128,11 +139,12 @@ _TASK_OPTIONS = [
     click.option("--id-field", default="id", show_default=True, help="JSONL field holding the id (default: line number)."),
     click.option("--text-column", default="text", show_default=True, help="CSV column holding the text."),
     click.option("--id-column", default="id", show_default=True, help="CSV column holding the id (default: line number)."),
-    click.option("--gold-field", default="label", show_default=True, help="Field (JSONL) or column (CSV) of the gold label (eval, --calibration-data)."),
+    click.option("--gold-field", "--gold-column", "gold_field", default="label", show_default=True,
+                 help="Field (JSONL) or column (CSV) of the gold label (eval, --calibration-data)."),
     click.option("--batch-size", default=None, type=click.IntRange(1), help="Max rows per batch."),
     click.option("--max-batch-tokens", default=None, type=click.IntRange(1), help="Max padded tokens per batch (rows x longest); default 512 on the CPU, 4096 on a GPU."),
     click.option("--window", default=1024, show_default=True, type=click.IntRange(1),
-                 help="Items sorted and batched together (memory is bounded by it)."),
+                 help="Items sorted and batched together (with --warmup, this bounds the items held in memory)."),
     click.option("--no-sort", is_flag=True, help="Batch in input order (no length bucketing)."),
     click.option("--no-prefix-cache", is_flag=True, help="Run every prompt in full (no shared-prefix KV cache)."),
     click.option("--scoring", type=click.Choice(["auto", "first-token", "sequence"]), default="auto", show_default=True),
@@ -161,11 +173,25 @@ class _Setup:
 
         self.o = o
         self.task = None
+        self.origin = "here"  # where the calibrator comes from: "here" (fitted in this run) or "task"
         given = {k for k in o if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
+        self.given = given
+        # An id column named on the command line must exist (no silent fall-back to line numbers).
+        self.id_required = "id_column" in given
         if o["task_file"]:
+            from .calibration import Calibrator
             from .task import Task
 
             t = self.task = Task.load(o["task_file"])
+            defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
+            if not isinstance(t.calibration, str) and defining and "calibrate" not in given:
+                names = ", ".join("--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(defining))
+                raise click.UsageError(
+                    f"the task's calibration prior was fitted for its own model and prompt; with {names} changed "
+                    "it no longer applies: add --calibrate none|batch|fit to recalibrate"
+                )
+            if isinstance(t.calibration, Calibrator) and "calibrate" not in given:
+                self.origin = "task"
             take = {"model": t.model, "labels_csv": None, "system": t.system or "", "template": t.template,
                     "scoring": t.scoring, "min_confidence": t.min_confidence, "warmup": t.warmup}
             for k, v in take.items():
@@ -174,11 +200,14 @@ class _Setup:
             self.labels = list(t.labels) if not ({"labels_csv", "labels_file"} & given) else None
             self.examples = t.examples if "examples_file" not in given else ()
             self.calibration: Any = t.calibration if "calibrate" not in given else o["calibrate"]
+            if isinstance(self.calibration, tuple):  # em with its saved base
+                self.origin = "task"
         else:
             self.labels, self.examples, self.calibration = None, (), o["calibrate"]
         if self.labels is None:
             if o["labels_file"]:
-                self.labels = [ln.strip() for ln in Path(o["labels_file"]).read_text(encoding="utf-8").splitlines() if ln.strip()]
+                text = Path(o["labels_file"]).read_text(encoding="utf-8-sig")  # editors may add a BOM
+                self.labels = [ln.strip() for ln in text.splitlines() if ln.strip()]
             else:
                 self.labels = parse_labels(o["labels_csv"])
         if o["examples_file"]:
@@ -198,8 +227,8 @@ class _Setup:
             truncate=o["truncate"], examples=self.examples,
         )
         self.weights = weights_sha256(self.clf.path) if self.clf.path else None
-        if self.task is not None:
-            self.task.check_weights(self.weights)
+        if self.task is not None and self.origin == "task":  # the task's prior is used: same weights only
+            self.task.check_weights(self.weights, o["model"])
         if self.calibration in ("fit", "em"):
             self.calibration = self._fit(self.calibration)
         return self.clf
@@ -207,17 +236,16 @@ class _Setup:
     def _fit(self, method: str) -> Any:
         """Fit per-label offsets on the labelled sample (`em` then uses them as its base)."""
         from .calibration import CalibrationError, fit_labelled, gold_indices
-        from .io import read_rows
+        from .io import gold_problem, read_rows
         from .labels import log_softmax
 
         o = self.o
         path = o["calibration_data"]
         rows = list(read_rows(path, None, o["text_field"], o["id_field"], o["text_column"], o["id_column"], gold=o["gold_field"]))
-        bad = [r for r in rows if r.error is not None or r.gold is None]
-        if bad:
-            r = bad[0]
-            why = r.error or f"line {r.line}: no {o['gold_field']!r} (the gold label): add it, or use --gold-field"
-            raise CalibrationError(f"--calibration-data {path}: {why}")
+        for r in rows:
+            why = r.error or gold_problem(r, self.clf.labels, o["gold_field"])
+            if why:
+                raise CalibrationError(f"--calibration-data {path}: {why}")
         if not rows:
             raise CalibrationError(f"--calibration-data {path} is empty: give it labelled texts (text and {o['gold_field']})")
         gold = gold_indices([str(r.gold) for r in rows], self.clf.labels)
@@ -251,9 +279,13 @@ class _Setup:
         c = run.calibrator
         if run.method == "none":
             return "no calibration (raw scores)"
-        if run.method in ("batch", "em") and run.fitted_here:
-            return f"{run.method} calibration (prior from the first {c.n if c else 0} items)" if c else f"{run.method} calibration (too few items to fit: raw scores)"
-        return f"{run.method} calibration (saved prior, fitted on {c.n} items)"
+        if run.method in ("batch", "em") and c is None:
+            return f"{run.method} calibration (too few items to fit a prior: raw scores)"
+        if run.fitted_here:
+            return f"{run.method} calibration (prior from the first {c.n} items of this input)"
+        where = {"task": "the task's saved prior", "resume": "the prior the interrupted run fitted"}.get(
+            self.origin, "fitted on --calibration-data")
+        return f"{run.method} calibration ({where}, {c.n} labelled items)"
 
     def settings(self) -> dict[str, Any]:
         c = self.calibration
@@ -267,19 +299,22 @@ class _Setup:
                 "examples": [list(e) for e in self.clf.format.examples]}
 
     def save_task(self, run: Any) -> None:
-        from .task import Task, versions
+        from .convert import versions
+        from .task import Task
 
         path = self.o["save_task"]
         if not path:
             return
-        cal = run.calibrator if run.calibrator is not None else "none"
+        cal: Any = run.calibrator if run.calibrator is not None else "none"
+        if run.method == "em" and run.base is not None:  # keep the base: later inputs re-estimate their own mix
+            cal = ("em", run.base)
         t = Task(model=self.o["model"], labels=tuple(self.clf.labels), system=self.o["system"] or None,
                  template=self.o["template"], scoring=self.clf.mode, examples=self.clf.format.examples,
                  calibration=cal, warmup=self.o["warmup"], min_confidence=self.o["min_confidence"],
                  weights_sha256=self.weights, versions=versions())
         t.save(path)
         if not self.o["quiet"]:
-            _err(f"mlx-slm: task saved to {path} ({'no calibration' if cal == 'none' else cal.method + ' prior'})")
+            _err(f"mlx-slm: task saved to {path} ({'no calibration' if cal == 'none' else run.method + ' prior'})")
 
 
 @main.command()
@@ -306,35 +341,57 @@ def classify(ctx: click.Context, input: str, output: str | None, output_format: 
     and records its settings in FILE.mlx-slm.json; --resume continues only an
     output of the same input and settings, and the result equals an
     uninterrupted run's, byte for byte. Exit status: 0 all rows classified,
-    1 some rows are error rows (all still written), 2 a usage error, 130 Ctrl-C.
+    1 some rows are error rows (all still written), 2 a usage error, 130 Ctrl-C,
+    70 a bug in mlx-slm.
     """
     from contextlib import ExitStack
 
-    from .output import OutputLock, refuse_input_as_output
+    from .output import OutputLock, is_plain_file_target
 
     _warn_blas()
     out_fmt = output_format_of(output, output_format)
     if input != "-" and not Path(input).exists():
         raise click.UsageError(f"input file {input!r} does not exist")
-    if resume and not output:
-        raise click.UsageError("--resume needs -o FILE (the output to continue)")
+    file_out = is_plain_file_target(output)
+    if resume and not file_out:
+        raise click.UsageError("--resume needs -o FILE, a regular file (the output to continue)")
     if resume and input == "-":
         raise click.UsageError("--resume needs an input file: standard input cannot be read again to check it")
     setup = _Setup(ctx, o)
-    if output and output != "-":
-        # Before anything is opened for writing: the output must be none of the inputs.
-        refuse_input_as_output(output, [input, o["labels_file"], o["examples_file"], o["calibration_data"], o["task_file"]])
+    inputs = [input, o["labels_file"], o["examples_file"], o["calibration_data"], o["task_file"]]
+    _check_outputs(inputs, [("-o", output if file_out else None), ("--save-task", o["save_task"])])
     with ExitStack() as stack:
-        if output and output != "-":
+        if file_out:
             stack.enter_context(OutputLock(output))
-        failed = _classify_run(setup, input, output, out_fmt, resume)
+        failed = _classify_run(setup, input, output if file_out else None, output, out_fmt, resume)
     if failed and on_error == "fail":
         _err(f"mlx-slm: {failed} row(s) failed; see their error rows (use --on-error skip to exit 0)")
         sys.exit(1)
 
 
-def _classify_run(setup: _Setup, input: str, output: str | None, out_fmt: str, resume: bool) -> int:
-    """Run classify with the output locked; returns the number of error rows in the whole output."""
+def _check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None]]) -> None:
+    """Before any work: every file we will write is writable, none is an input, none is another."""
+    from .output import check_writable, refuse_input_as_output
+
+    seen: dict[str, str] = {}
+    for flag, path in outputs:
+        if not path or path == "-":
+            continue
+        check_writable(path, flag)
+        refuse_input_as_output(path, inputs, flag)
+        real = str(Path(path).resolve())
+        if real in seen:
+            raise click.UsageError(f"{flag} {path} is also {seen[real]}: give each output its own file")
+        seen[real] = f"{flag} {path}"
+
+
+def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | None, out_fmt: str,
+                  resume: bool) -> int:
+    """Run classify with the output locked; returns the number of error rows in the whole output.
+
+    `output` is the regular file written (with lock and manifest), or None; `stream` is
+    where rows go when it is None (stdout, /dev/null, a FIFO).
+    """
     import itertools
 
     from .calibration import Calibrator
@@ -352,15 +409,20 @@ def _classify_run(setup: _Setup, input: str, output: str | None, out_fmt: str, r
     )
 
     o = setup.o
-    file_out = output not in (None, "-")
+    file_out = output is not None
     previous = read_manifest(output) if (resume and file_out and Path(output).exists()) else None
     if resume and file_out and previous is None and Path(output).exists() and Path(output).stat().st_size > 0:
         raise OutputError(
             f"{output} has no {Path(output).name}.mlx-slm.json record, so it was not written by mlx-slm classify "
             "(or by a version before 0.2): not resuming into it, and it is left untouched"
         )
+    rows = iter(read_rows(input, o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"],
+                          id_required=setup.id_required))
+    # The first row settles the input's format and header (a CSV without the text column
+    # raises here), before the model loads and before the output is touched.
+    first = next(rows, None)
+    rows = itertools.chain([first] if first is not None else [], rows)
     clf = setup.load()
-    rows = read_rows(input, o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"])
     settings: dict[str, Any] = {}
     extra = setup.settings()
     calibrated = extra["calibration"] != "none"
@@ -388,7 +450,7 @@ def _classify_run(setup: _Setup, input: str, output: str | None, out_fmt: str, r
             "prefix_cache": not o["no_prefix_cache"],
             "model": o["model"],
         }
-    failed = 0
+    failed = kept = 0
     append = False
     fitted: dict[str, Any] = {}
     if previous is not None:
@@ -400,14 +462,15 @@ def _classify_run(setup: _Setup, input: str, output: str | None, out_fmt: str, r
                 f"cannot --resume {output}: it was made with other settings ({detail}); "
                 "run with the same options, or start again without --resume"
             )
-        keep, failed, redo = plan_resume(output, out_fmt, columns, rows, o["window"], bool(previous.get("complete")))
-        truncate_to(output, keep)
+        complete_rows = previous.get("rows") if previous.get("complete") else None
+        keep_bytes, kept, failed, redo = plan_resume(output, out_fmt, columns, rows, o["window"], complete_rows)
+        truncate_to(output, keep_bytes)
         rows = itertools.chain(redo, rows)
         append = True
-        if previous.get("fitted_calibrator") and keep > 0:
+        if previous.get("fitted_calibrator") and kept > 0:
             # The rows kept were calibrated with this prior: the rest must be too.
             fitted = previous["fitted_calibrator"]
-            setup.calibration = Calibrator.from_dict(fitted)
+            setup.calibration, setup.origin = Calibrator.from_dict(fitted), "resume"
 
     def on_fit(cal: Calibrator) -> None:
         fitted.update(cal.to_dict())
@@ -417,7 +480,7 @@ def _classify_run(setup: _Setup, input: str, output: str | None, out_fmt: str, r
     if file_out:
         write_manifest(output, settings, complete=False, fitted=fitted or None)
     calib = setup.calibration_run(on_fit)
-    writer = Writer(output, columns, out_fmt, append=append)
+    writer = Writer(output or stream, columns, out_fmt, append=append)
     pending: deque = deque()
     progress = _Progress(o["quiet"])
 
@@ -435,11 +498,11 @@ def _classify_run(setup: _Setup, input: str, output: str | None, out_fmt: str, r
             progress.tick()
 
     abstained = 0
-    run = calib(clf.classify_iter(texts(), window=o["window"]))
+    run = clf.run(texts(), window=o["window"])
     try:
-        for pred in run:
+        for pred in calib(run):
             flush_errors()
-            rec = result_record(pending.popleft(), pred)
+            rec = result_record(pending.popleft(), pred, calib.method)
             failed += "error" in rec
             abstained += bool(rec.get("abstained"))
             writer.write(rec)
@@ -449,17 +512,18 @@ def _classify_run(setup: _Setup, input: str, output: str | None, out_fmt: str, r
         writer.close()
         progress.done()
     if file_out:
-        write_manifest(output, settings, complete=True, rows=progress.n, fitted=fitted or None)
+        write_manifest(output, settings, complete=True, rows=kept + progress.n, fitted=fitted or None)
     setup.save_task(calib)
     if not o["quiet"]:
-        s = clf.stats
+        s = run.stats
         _err(
             f"mlx-slm: {progress.n} rows ({failed} errors"
             + (f", {abstained} abstained" if o["min_confidence"] is not None else "")
             + f") in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; "
             f"{s.processed_tokens:,} tokens processed, padding {s.padding_pct:.1f} %, "
-            f"prefix cache saved {s.prefix_saved_tokens:,} tokens ({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); "
-            f"{clf.mode} scoring; {setup.describe(calib)}"
+            f"prefix {len(clf.prefix) if clf.prefix else 0} tokens, cache saved {s.prefix_saved_tokens:,} tokens "
+            f"({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); {clf.mode} scoring; {setup.describe(calib)}"
+            + (f"; {kept} rows kept from the interrupted run" if kept else "")
         )
     return failed
 
@@ -492,35 +556,39 @@ def evaluate(ctx: click.Context, input: str, predictions: str | None, json_path:
       mlx-slm eval tickets.jsonl --predictions preds.jsonl   # no model run
     """
     from .evaluate import format_report, plot, report
-    from .io import read_rows
+    from .io import gold_problem, read_rows
 
     setup = _Setup(ctx, o)
-    rows = list(read_rows(input, o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"], gold=o["gold_field"]))
+    inputs = [input, predictions, o["labels_file"], o["examples_file"], o["calibration_data"], o["task_file"]]
+    _check_outputs(inputs, [("--json", json_path), ("--save-task", o["save_task"])])
+    if plots:
+        _check_outputs(inputs, [("--plots", plots)])
+    rows = list(read_rows(input, o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"],
+                          gold=o["gold_field"], id_required=setup.id_required))
     labels = setup.labels
     if predictions:
-        preds = _read_predictions(predictions, len(rows))
+        preds = _read_predictions(predictions, rows)
     else:
         _warn_blas()
         clf = setup.load()
         labels = list(clf.labels)
         calib = setup.calibration_run()
         ok = [r for r in rows if r.error is None]
-        got = iter(calib(clf.classify_iter([r.text for r in ok], window=o["window"])))
+        run = clf.run([r.text for r in ok], window=o["window"])
+        got = iter(calib(run))
         preds = []
         for r in rows:
             p = next(got) if r.error is None else None
             preds.append(None if p is None else {"label": p.label, "probs": p.probs, "error": p.error})
         setup.save_task(calib)
         if not o["quiet"]:
-            s = clf.stats
+            s = run.stats
             _err(f"mlx-slm: {len(ok)} items in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; {setup.describe(calib)}")
     gold, pred_labels, conf, errors = [], [], [], []
     for r, p in zip(rows, preds):
-        if r.error is not None:
-            errors.append(r.error)
-        elif r.gold is None or str(r.gold) not in labels:
-            what = "no gold label" if r.gold is None else f"gold label {r.gold!r} is not one of {labels}"
-            errors.append(f"line {r.line}: {what} (field {o['gold_field']!r}): fix the row, or use --gold-field")
+        problem = r.error or gold_problem(r, labels, o["gold_field"])
+        if problem:
+            errors.append(problem)
         elif p is None or p.get("error"):
             errors.append(f"line {r.line}: {p.get('error') if p else 'no prediction'}")
         else:
@@ -542,30 +610,37 @@ def evaluate(ctx: click.Context, input: str, predictions: str | None, json_path:
             _err(f"mlx-slm: wrote {p}")
 
 
-def _read_predictions(path: str, n: int) -> list[dict[str, Any] | None]:
-    """A classify output read back row by row (JSONL or CSV), for eval without the model."""
+def _read_predictions(path: str, rows: list[Any]) -> list[dict[str, Any] | None]:
+    """A classify output read back row by row (JSONL, CSV or TSV), checked against the input's ids."""
     import csv as _csv
 
-    p = Path(path)
-    out: list[dict[str, Any] | None] = []
-    if p.suffix.lower() in (".csv", ".tsv"):
-        with open(p, encoding="utf-8", newline="") as f:
-            for rec in _csv.DictReader(f, delimiter="\t" if p.suffix.lower() == ".tsv" else ","):
+    from .output import output_format, same_id
+
+    fmt = output_format(path)
+    out: list[dict[str, Any]] = []
+    if fmt != "jsonl":
+        with open(path, encoding="utf-8", newline="") as f:
+            for rec in _csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ","):
                 probs = {k[2:]: float(v) for k, v in rec.items() if k.startswith("p_") and v not in ("", None)}
-                out.append({"label": rec.get("label") or None, "probs": probs, "error": rec.get("error") or None})
+                out.append({"id": rec.get("id"), "label": rec.get("label") or None, "probs": probs,
+                            "error": rec.get("error") or None})
     else:
-        data = p.read_bytes()
-        for i, line in enumerate(data.split(b"\n"), 1):
+        for i, line in enumerate(Path(path).read_bytes().split(b"\n"), 1):  # only \n ends a row
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except ValueError:
                 raise UserError(f"--predictions {path}: line {i} is not JSON: give the output of mlx-slm classify") from None
-            out.append({"label": rec.get("label"), "probs": rec.get("probs") or {}, "error": rec.get("error")})
-    if len(out) != n:
-        raise UserError(f"--predictions {path} has {len(out)} rows but the input has {n}: they must be row for row")
-    return out
+            out.append({"id": rec.get("id"), "label": rec.get("label"), "probs": rec.get("probs") or {},
+                        "error": rec.get("error")})
+    if len(out) != len(rows):
+        raise UserError(f"--predictions {path} has {len(out)} rows but the input has {len(rows)}: they must be row for row")
+    for i, (p, r) in enumerate(zip(out, rows)):
+        if not same_id(p["id"], r.id, fmt):
+            raise UserError(f"--predictions {path}: row {i + 1} has id {p['id']!r} where input line {r.line} has "
+                            f"{r.id!r}: it is not the output for this input")
+    return out  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- convert
@@ -651,7 +726,7 @@ def doctor() -> None:
     import mlx.core as mx
     import numpy as np
 
-    from .model import default_compute_dtype
+    from .models import default_compute_dtype
 
     def rate(f: Any, n: int = 1024, reps: int = 8) -> float:
         f()

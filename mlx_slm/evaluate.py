@@ -331,8 +331,13 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
 
     Uses matplotlib's object API with the Agg canvas, so no display and no pyplot state.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        from .errors import MissingExtra
+
+        raise MissingExtra("plots need matplotlib: pip install 'mlx-slm[bench]'") from None
 
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

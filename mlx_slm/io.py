@@ -1,4 +1,4 @@
-"""Reading items and writing predictions: JSONL, CSV, plain text, stdin/stdout.
+"""Reading items: JSONL, CSV, plain text, from files or stdin (writing is in `output.py`).
 
 Every input row becomes exactly one `Row`: either with text, or with an `error` that
 names the line and the fix. Nothing is dropped or reordered here; the CLI writes one
@@ -162,7 +162,7 @@ def _sniff(lines: Sequence[tuple[int, str]], text_column: str = "text") -> str:
     if not nonblank:
         return "text"
     n0, first = nonblank[0]
-    if first.lstrip().startswith("{"):
+    if _is_json_object(first):  # not just a leading '{': "{URGENT} charged twice" is text
         return "jsonl"
     if n0 == 1 and _csv_header(first, text_column):
         return "csv"
@@ -196,6 +196,7 @@ def read_rows(
     text_column: str = "text",
     id_column: str | None = "id",
     gold: str | None = None,
+    id_required: bool = False,
 ) -> Iterator[Row]:
     """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
 
@@ -218,7 +219,8 @@ def read_rows(
         if fmt == "jsonl":
             it = _jsonl(stream, text_field, id_field, gold)
         elif fmt == "csv":
-            it = _csv(stream, text_column, id_column, delimiter={".csv": ",", ".tsv": "\t"}.get(ext), gold=gold)
+            it = _csv(stream, text_column, id_column, delimiter={".csv": ",", ".tsv": "\t"}.get(ext), gold=gold,
+                      id_required=id_required)
         else:
             it = _text(stream)
         yield from _dedupe(it)
@@ -233,7 +235,7 @@ _KNOWN_EXT = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text")
 def _peek_lines(stream: Iterator[bytes], text_column: str) -> tuple[list[tuple[int, str]], Iterator[bytes]]:
     """Read just enough of `stream` to sniff its format; give back those lines and the whole stream.
 
-    Stops at the first non-blank line when that one decides (it starts with '{', or is line 1
+    Stops at the first non-blank line when that one decides (it is a JSON object, or is line 1
     and a CSV header), else after `SNIFF_LINES` non-blank lines or `SNIFF_BYTES` bytes, or at
     the end of the input. (So a slow pipe of plain text waits for that many lines before the
     first row; `--format text` skips the sniffing.)
@@ -248,7 +250,7 @@ def _peek_lines(stream: Iterator[bytes], text_column: str) -> tuple[list[tuple[i
             nonblank += 1
             if nonblank == 1:
                 s = b.removeprefix(BOM).decode("utf-8", "replace").rstrip("\r\n")
-                if s.lstrip().startswith("{") or (len(buf) == 1 and _csv_header(s, text_column)):
+                if _is_json_object(s) or (len(buf) == 1 and _csv_header(s, text_column)):
                     break
             if nonblank >= SNIFF_LINES:
                 break
@@ -434,7 +436,8 @@ def _next_record(src: _Source, delimiter: str) -> _Record | None:
 
 
 def _csv(
-    raw: Iterable[bytes], text_column: str, id_column: str | None, delimiter: str | None = ",", gold: str | None = None
+    raw: Iterable[bytes], text_column: str, id_column: str | None, delimiter: str | None = ",", gold: str | None = None,
+    id_required: bool = False,
 ) -> Iterator[Row]:
     """CSV rows; `delimiter` None: comma or tab, whichever makes the header name `text_column`."""
     if csv.field_size_limit() < CSV_MAX_RECORD_CHARS:  # the csv module's default is 128 KiB
@@ -461,6 +464,11 @@ def _csv(
     for col in (text_column, id_column):
         if col and header.count(col) > 1:
             raise InputError(f"CSV header names column {col!r} {header.count(col)} times: rename all but one")
+    if id_required and id_column and id_column not in header:
+        raise InputError(
+            f"CSV header has no column {id_column!r} (columns: {', '.join(map(repr, header))}); "
+            "name the id column with --id-column, or leave the option out to number rows by line"
+        )
     ti = header.index(text_column)
     ii = header.index(id_column) if id_column and id_column in header else None
     gi = header.index(gold) if gold and gold in header else None
@@ -495,3 +503,12 @@ def _csv(
             yield Row(n, rid, error=f"line {n}: column {text_column!r} is empty: give the item some text, or drop the row", explicit_id=explicit, last_line=r.last_line)
         else:
             yield Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=None if gi is None else rec[gi])
+
+
+def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:
+    """Why a labelled row cannot be used (eval, calibration data), or None if it can."""
+    if row.gold is None:
+        return f"line {row.line}: no gold label in {field!r}: add it, or name its field with --gold-field"
+    if str(row.gold) not in labels:
+        return f"line {row.line}: gold label {row.gold!r} is not one of the labels {list(labels)}: fix it, or add the label"
+    return None

@@ -66,16 +66,20 @@ def validate(labels: Sequence[str]) -> list[str]:
     return labels
 
 
-def tokenize_labels(tokenizer: Any, labels: Sequence[str], probe_prompt: str) -> list[tuple[int, ...]]:
-    """Ids of each label as emitted right after `probe_prompt` (a rendered prompt)."""
+def tokenize_labels(tokenizer: Any, labels: Sequence[str], probe_prompt: str, sep: str = "") -> list[tuple[int, ...]]:
+    """Ids of each label as emitted right after `probe_prompt` (a rendered prompt).
+
+    `sep` goes between prompt and label: "" after a chat template's generation prompt, " "
+    after a plain-text prompt such as "Category:" (a base model writes "Category: billing").
+    """
     head = tokenizer(probe_prompt, add_special_tokens=False)["input_ids"]
     out = []
     for lab in labels:
-        both = tokenizer(probe_prompt + lab, add_special_tokens=False)["input_ids"]
+        both = tokenizer(probe_prompt + sep + lab, add_special_tokens=False)["input_ids"]
         if both[: len(head)] == head and len(both) > len(head):
             ids = both[len(head):]
         else:  # the label merged into the prompt's last token: fall back to the label alone
-            ids = tokenizer(lab, add_special_tokens=False)["input_ids"]
+            ids = tokenizer(sep + lab, add_special_tokens=False)["input_ids"]
         out.append(tuple(int(i) for i in ids))
     return out
 
@@ -84,7 +88,8 @@ def build_labelset(tokenizer: Any, labels: Sequence[str], probe_prompt: str, mod
     labels = validate(labels)
     if mode not in MODES:
         raise LabelError(f"scoring mode {mode!r} is not one of {', '.join(MODES)}")
-    ids = tokenize_labels(tokenizer, labels, probe_prompt)
+    plain = not getattr(tokenizer, "chat_template", None) and not probe_prompt.endswith((" ", "\n"))
+    ids = tokenize_labels(tokenizer, labels, probe_prompt, sep=" " if plain else "")
     for lab, t in zip(labels, ids):
         if not t:
             raise LabelError(f"label {lab!r} tokenizes to nothing")

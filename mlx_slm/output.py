@@ -20,17 +20,18 @@ to an uninterrupted one, error rows included.
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import io
 import json
 import os
 import socket
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ._fs import utc_now, write_json_atomic
 from .errors import OutputError
 
 OUTPUT_FORMATS = ("jsonl", "csv", "tsv")
@@ -63,7 +64,29 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def refuse_input_as_output(output: str, inputs: Sequence[str | None]) -> None:
+def is_plain_file_target(output: str | None) -> bool:
+    """True for an output that is (or will be) a regular file: it gets a lock and a manifest.
+
+    stdout ('-'), /dev/null, a FIFO or a terminal are written as streams, like stdout.
+    """
+    if output in (None, "-"):
+        return False
+    try:
+        return stat.S_ISREG(os.stat(output).st_mode)
+    except FileNotFoundError:
+        return True
+
+
+def check_writable(path: str, what: str = "-o") -> None:
+    """Fail before any work if the file cannot be created where it is asked for."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise OutputError(f"{what} {path}: the folder {parent} does not exist: create it first")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"{what} {path}: the folder {parent} is not writable")
+
+
+def refuse_input_as_output(output: str, inputs: Sequence[str | None], flag: str = "-o") -> None:
     """Raise if `output` is (a path, symlink or hard link to) any input; checked before opening it.
 
     `None` or '-' stands for stdin: when stdin is a regular file (`< FILE`), that file counts.
@@ -87,7 +110,7 @@ def refuse_input_as_output(output: str, inputs: Sequence[str | None]) -> None:
             where = f"the input {inp}"
         if _same_file(out_st, in_st):
             raise OutputError(
-                f"-o {output} is {where} (the same file{', through a link' if inp not in (None, '-') and os.path.realpath(inp) != os.path.realpath(output) else ''}): "
+                f"{flag} {output} is {where} (the same file{', through a link' if inp not in (None, '-') and os.path.realpath(inp) != os.path.realpath(output) else ''}): "
                 "writing it would destroy the input; choose another output file"
             )
 
@@ -95,26 +118,58 @@ def refuse_input_as_output(output: str, inputs: Sequence[str | None]) -> None:
 # --------------------------------------------------------------------------- one writer per output
 
 class OutputLock:
-    """An exclusive lock on `path` for the run (`path.lock`, flock'ed); released on any exit."""
+    """An exclusive lock on the output for the run, released on any exit.
+
+    The lock is taken on the output file itself (created empty if need be), so every path
+    to it (a symlink, a hard link) meets the same lock; `OUT.lock` beside its real path
+    names the holder for the message a second run prints.
+    """
 
     def __init__(self, path: str):
-        self.path = path + LOCK_SUFFIX
+        self.target = path
+        self.path = os.path.realpath(path) + LOCK_SUFFIX
         self.fd: int | None = None
+        self.out_fd: int | None = None
+        self.created = False
 
     def __enter__(self) -> "OutputLock":
+        import fcntl
+
+        try:
+            self.created = not os.path.exists(self.target)
+            self.out_fd = os.open(self.target, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise OutputError(f"-o {self.target}: cannot open it for writing ({e.strerror})") from None
+        try:
+            fcntl.flock(self.out_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.out_fd)
+            self.out_fd = None
+            try:
+                holder = Path(self.path).read_text(encoding="utf-8", errors="replace").strip()
+            except OSError:
+                holder = ""
+            raise OutputError(
+                f"{self.target} is being written by another mlx-slm run ({holder or 'another process'}); "
+                "wait for it to finish, or choose another -o"
+            ) from None
+        try:
+            self._note_holder()
+        except OSError as e:
+            self.__exit__(None, None, None)
+            raise OutputError(f"-o {self.target}: cannot write its lock file {self.path} ({e.strerror})") from None
+        return self
+
+    def _note_holder(self) -> None:
         import fcntl
 
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            except BlockingIOError:  # a holder through another path that reached the same file first
                 os.close(fd)
-                raise OutputError(
-                    f"{self.path[: -len(LOCK_SUFFIX)]} is being written by another mlx-slm run ({holder}); "
-                    "wait for it to finish, or choose another -o"
-                ) from None
+                raise OSError(16, "the lock file is held by another run") from None
             # The holder before us may have removed the file between our open and flock:
             # then we hold a lock on an orphan; try again on the file now at the path.
             try:
@@ -124,11 +179,10 @@ class OutputLock:
                 pass
             os.close(fd)
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {_now()}\n".encode())
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {utc_now()}\n".encode())
         self.fd = fd
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         if self.fd is not None:
             try:
                 os.unlink(self.path)  # while still locked, so nobody locks the old inode after us
@@ -136,10 +190,15 @@ class OutputLock:
                 pass
             os.close(self.fd)
             self.fd = None
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        if self.out_fd is not None:
+            # A run that failed before writing anything leaves no empty file it created.
+            if exc_type is not None and self.created and os.fstat(self.out_fd).st_size == 0:
+                try:
+                    os.unlink(self.target)
+                except FileNotFoundError:
+                    pass
+            os.close(self.out_fd)
+            self.out_fd = None
 
 
 # --------------------------------------------------------------------------- the manifest
@@ -163,12 +222,12 @@ def write_manifest(
         "rows": rows,
         # A prior fitted on this input's warm-up (batch/em calibration): a resumed run reuses it.
         "fitted_calibrator": fitted,
-        "updated": _now(),
+        "updated": utc_now(),
     }
-    p = manifest_path(output)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
+    try:
+        write_json_atomic(manifest_path(output), doc)
+    except OSError as e:
+        raise OutputError(f"cannot write {manifest_path(output)} ({e.strerror})") from None
 
 
 def read_manifest(output: str) -> dict[str, Any] | None:
@@ -179,6 +238,8 @@ def read_manifest(output: str) -> dict[str, Any] | None:
         doc = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict):
             raise ValueError("no settings")
+        if doc.get("manifest_version", 1) > MANIFEST_VERSION:
+            raise ValueError(f"manifest version {doc['manifest_version']}, newer than this mlx-slm reads")
     except ValueError as e:
         raise OutputError(f"{p} is not a readable mlx-slm manifest ({e}): delete it and the output to start again") from None
     return doc
@@ -191,8 +252,11 @@ def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 # --------------------------------------------------------------------------- records and the writer
 
-def result_record(row: Any, pred: Any | None) -> dict[str, Any]:
-    """The output object for one input row (a prediction, or an error row)."""
+def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict[str, Any]:
+    """The output object for one input row (a prediction, or an error row).
+
+    A calibrated row says which calibration made `probs`, and keeps the model's own as
+    `raw_probs`, so nothing is hidden."""
     if row.error is not None or pred is None or pred.error is not None:
         err = row.error if row.error is not None else (pred.error if pred is not None else "not processed")
         if not err.startswith("line "):
@@ -201,6 +265,7 @@ def result_record(row: Any, pred: Any | None) -> dict[str, Any]:
     rec: dict[str, Any] = {"id": row.id, "label": pred.label, "probs": {k: round(v, 6) for k, v in pred.probs.items()}}
     if pred.raw_probs is not None:
         rec["raw_probs"] = {k: round(v, 6) for k, v in pred.raw_probs.items()}
+        rec["calibration"] = calibration
     if pred.abstained:
         rec["abstained"] = True
     if pred.truncated:
@@ -212,6 +277,7 @@ def csv_columns(labels: Sequence[str], raw: bool = False, abstain: bool = False)
     """CSV/TSV header: calibrated runs add the raw probabilities, abstaining runs a flag."""
     return [
         "id", "label", *(f"p_{lab}" for lab in labels), *(f"raw_p_{lab}" for lab in labels if raw),
+        *(["calibration"] if raw else []),
         *(["abstained"] if abstain else []), "truncated", "line", "error",
     ]
 
@@ -227,7 +293,11 @@ class Writer:
             header = True
         else:
             header = not (append and os.path.getsize(path) > 0)
-            self.f = open(path, "a" if append else "w", encoding="utf-8", newline="")
+            try:
+                self.f = open(path, "a" if append else "w", encoding="utf-8", newline="")
+            except OSError as e:
+                raise OutputError(f"-o {path}: cannot open it for writing ({e.strerror})") from None
+        self.path = path
         if fmt != "jsonl":
             self.csv = csv.DictWriter(self.f, fieldnames=self.columns, delimiter="\t" if fmt == "tsv" else ",")
             if header:
@@ -235,15 +305,21 @@ class Writer:
                 self.f.flush()
 
     def write(self, rec: dict[str, Any]) -> None:
-        if self.fmt == "jsonl":
-            self.f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        else:
-            flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs")}
-            for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
-                for lab, p in rec.get(key, {}).items():
-                    flat[prefix + lab] = p
-            self.csv.writerow(flat)
-        self.f.flush()
+        try:
+            if self.fmt == "jsonl":
+                self.f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            else:
+                flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs")}
+                for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
+                    for lab, p in rec.get(key, {}).items():
+                        flat[prefix + lab] = p
+                self.csv.writerow(flat)
+            self.f.flush()
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): the CLI ends quietly
+        except OSError as e:  # a full disk, a vanished mount
+            raise OutputError(f"cannot write to {self.path or 'stdout'} ({e.strerror}); what was written so far "
+                              "is complete row by row: free space and run again with --resume") from None
 
     def close(self) -> None:
         if self.f is not sys.stdout:
@@ -314,15 +390,22 @@ def same_id(written: Any, input_id: Any, fmt: str) -> bool:
 
 
 def plan_resume(
-    output: str, fmt: str, columns: Sequence[str], rows: Iterator[Any], window: int, complete: bool
-) -> tuple[int, int, list[Any]]:
+    output: str, fmt: str, columns: Sequence[str], rows: Iterator[Any], window: int, complete_rows: int | None
+) -> tuple[int, int, int, list[Any]]:
     """Check the written rows against the input's first rows and choose where to restart.
 
-    Returns (bytes to keep, error rows kept, input rows to run again). Rows after the
-    start of the last unfinished window are run again, so that each item is batched
-    with the same neighbours as in an uninterrupted run.
+    `complete_rows` is the row count a completed run recorded (None if it did not
+    complete). Returns (bytes to keep, rows kept, error rows kept, input rows to run
+    again). Rows after the start of the last unfinished window are run again, so that
+    each item is batched with the same neighbours as in an uninterrupted run.
     """
     written, header_end = scan_output(output, fmt, columns)
+    complete = complete_rows is not None
+    if complete and len(written) != complete_rows:
+        raise OutputError(
+            f"{output} holds {len(written)} complete rows, but the run that wrote it finished with {complete_rows}: "
+            "it was changed since; start again without --resume"
+        )
     keep, keep_end, valid = 0, header_end, 0
     redo: list[Any] = []
     for i, w in enumerate(written):
@@ -345,7 +428,7 @@ def plan_resume(
     if complete or valid % window == 0:  # the last window finished: keep everything
         keep, keep_end, redo = len(written), (written[-1].end if written else header_end), []
     kept_errors = sum(w.error for w in written[:keep])
-    return keep_end, kept_errors, redo
+    return keep_end, keep, kept_errors, redo
 
 
 def truncate_to(path: str, size: int) -> None:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import mlx.core as mx
 
-from .model import KV, Model
+from .models import KV, Model
 
 
 class PrefixCache:
@@ -27,8 +27,3 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-    def matches(self, ids: Sequence[int]) -> bool:
-        """True if `ids` starts with this prefix and has at least one token after it."""
-        n = len(self.tokens)
-        return len(ids) > n and tuple(ids[:n]) == self.tokens

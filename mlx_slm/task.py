@@ -10,14 +10,14 @@ scale-out runner take the same file.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .calibration import Calibrator
+from ._fs import utc_now, write_json_atomic
+from .calibration import DEFAULT_WARMUP, Calibrator
 from .errors import UserError
 
 FORMAT = "mlx-slm.task"
@@ -36,9 +36,10 @@ class Task:
     template: str
     scoring: str = "auto"
     examples: tuple[tuple[str, str], ...] = ()
-    # "none", "batch" (fit on each input's warm-up), or a fitted Calibrator applied as is.
-    calibration: str | Calibrator = "none"
-    warmup: int = 512
+    # "none", "batch" (fit on each input's warm-up), a fitted Calibrator applied as is, or
+    # ("em", base): the base's offsets with each input's own label mix re-estimated.
+    calibration: str | Calibrator | tuple[str, Calibrator] = "none"
+    warmup: int = DEFAULT_WARMUP
     min_confidence: float | None = None
     weights_sha256: str | None = None
     versions: dict[str, str] = field(default_factory=dict, compare=False)
@@ -47,8 +48,14 @@ class Task:
         d = asdict(self)
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
-        d["calibration"] = self.calibration.to_dict() if isinstance(self.calibration, Calibrator) else self.calibration
-        return {"format": FORMAT, "version": VERSION, "created": _now(), **d}
+        c = self.calibration
+        if isinstance(c, Calibrator):
+            d["calibration"] = c.to_dict()
+        elif isinstance(c, tuple):
+            d["calibration"] = {"method": "em", "base": c[1].to_dict()}
+        else:
+            d["calibration"] = c
+        return {"format": FORMAT, "version": VERSION, "created": utc_now(), **d}
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "task") -> "Task":
@@ -60,7 +67,9 @@ class Task:
             if not isinstance(d.get(key), kind):
                 raise TaskError(f"{where}: field {key!r} is missing or not a {kind.__name__}")
         cal = d.get("calibration", "none")
-        if isinstance(cal, dict):
+        if isinstance(cal, dict) and cal.get("method") == "em" and isinstance(cal.get("base"), dict):
+            cal = ("em", Calibrator.from_dict(cal["base"]))
+        elif isinstance(cal, dict):
             cal = Calibrator.from_dict(cal)
         elif cal not in ("none", "batch"):
             raise TaskError(f"{where}: field 'calibration' must be 'none', 'batch' or a fitted calibrator, not {cal!r}")
@@ -70,16 +79,16 @@ class Task:
             raise TaskError(f"{where}: field 'examples' must be a list of {{\"text\", \"label\"}} objects") from None
         return cls(
             model=d["model"], labels=tuple(d["labels"]), system=d.get("system"), template=d["template"],
-            scoring=d.get("scoring", "auto"), examples=examples, calibration=cal, warmup=int(d.get("warmup", 512)),
+            scoring=d.get("scoring", "auto"), examples=examples, calibration=cal, warmup=int(d.get("warmup", DEFAULT_WARMUP)),
             min_confidence=d.get("min_confidence"), weights_sha256=d.get("weights_sha256"),
             versions=d.get("versions", {}),
         )
 
     def save(self, path: str | os.PathLike) -> None:
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, p)
+        try:
+            write_json_atomic(path, self.to_dict())
+        except OSError as e:
+            raise TaskError(f"cannot write the task file {path} ({e.strerror})") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Task":
@@ -91,25 +100,10 @@ class Task:
             raise TaskError(f"task file {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
         return cls.from_dict(d, str(path))
 
-    def check_weights(self, weights_sha256: str | None) -> None:
+    def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:
+        """The task's prior was fitted on its weights: refuse to apply it to others."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
             raise TaskError(
-                f"the task was made with weights sha256 {self.weights_sha256[:12]}..., but {self.model} now has "
-                f"{weights_sha256[:12]}...: its calibration does not carry over; refit it (--calibrate ... --save-task)"
+                f"the task's prior was fitted on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
+                f"has {weights_sha256[:12]}...: it does not carry over; recalibrate (--calibrate ... --save-task)"
             )
-
-
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    got = {}
-    for pkg in ("mlx-slm", "mlx", "transformers", "numpy"):
-        try:
-            got[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return got
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -3,7 +3,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from mlx_slm.classifier import Classifier
-from mlx_slm.model import load_model
+from mlx_slm.models import load_model
 from mlx_slm.reference import Reference
 from mlx_slm.workload import tickets
 
@@ -22,13 +22,14 @@ def test_fast_path_equals_one_at_a_time(tiny_mlx, mode):
     slow = make(tiny_mlx, LABELSETS[mode], batch_size=1, use_prefix_cache=False)
     fast = make(tiny_mlx, LABELSETS[mode], batch_size=8, max_batch_tokens=400)
     assert slow.mode == fast.mode == mode
-    a, b = slow.classify(TEXTS), fast.classify(TEXTS)
+    ra, rb = slow.run(TEXTS, window=len(TEXTS)), fast.run(TEXTS, window=len(TEXTS))
+    a, b = list(ra), list(rb)
     assert [p.index for p in b] == list(range(len(TEXTS)))  # input order
     assert [p.label for p in a] == [p.label for p in b]
     for x, y in zip(a, b):
         for lab in x.probs:
             assert abs(x.probs[lab] - y.probs[lab]) < 1e-5
-    assert fast.stats.prefix_saved_tokens > 0 and fast.stats.batches < slow.stats.batches
+    assert rb.stats.prefix_saved_tokens > 0 and rb.stats.batches < ra.stats.batches
     assert len({p.label for p in a}) > 1  # the random model must not be constant
     if mode == "sequence":  # a shared first token and a multi-token label
         assert fast.labelset.token_ids[0][0] == fast.labelset.token_ids[3][0] and len(fast.labelset.token_ids[0]) > 1
@@ -88,8 +89,9 @@ def test_truncation_marks_rows(tiny_qwen_mlx, side):
 
 def test_token_accounting(tiny_qwen_mlx):
     clf = make(tiny_qwen_mlx, LABELSETS["first-token"], batch_size=4, max_batch_tokens=None)
-    clf.classify(TEXTS[:8])
-    st, p = clf.stats, len(clf.prefix)
+    run = clf.run(TEXTS[:8])
+    list(run)
+    st, p = run.stats, len(clf.prefix)
     lengths = [len(it.ids) for it in clf.prepare(TEXTS[:8])]
     assert st.prompt_tokens == sum(lengths)
     assert st.prefix_saved_tokens == 8 * p - p  # net of computing the prefix once
@@ -100,3 +102,36 @@ def test_public_api_import():
     from mlx_slm import Classifier as C, Prediction
 
     assert C is Classifier and Prediction.__name__ == "Prediction"
+
+
+def test_runs_count_themselves_and_share_one_engine(tiny_qwen_mlx):
+    """Run figures come back per run; two tasks on one engine keep their own prefixes."""
+    a = make(tiny_qwen_mlx, LABELSETS["first-token"], batch_size=4, max_batch_tokens=None)
+    b = Classifier(a.engine, None, ["x", "y"], "Another task.", "Q: {text}\nA:")
+    r1, r2 = a.run(TEXTS[:6]), b.run(TEXTS[:6])
+    p1, p2 = list(r1), list(r2)
+    assert r1.stats.items == r2.stats.items == 6 and a.prefix_tokens != b.prefix_tokens
+    # A second run on the same engine reuses the cached prefix: no prefix cost counted again.
+    r3 = a.run(TEXTS[:6])
+    assert [p.label for p in r3] == [p.label for p in p1]
+    assert r3.stats.prefix_saved_tokens == 6 * len(a.prefix_tokens)
+    assert r1.stats.prefix_saved_tokens == 5 * len(a.prefix_tokens)
+    assert {p.label for p in p2} <= {"x", "y"}
+    # Time spent by the consumer between predictions is not the run's.
+    import time
+
+    r4 = a.run(TEXTS[:3])
+    t0 = time.perf_counter()
+    for _ in r4:
+        time.sleep(0.2)
+    assert r4.stats.seconds < time.perf_counter() - t0 - 0.5
+
+
+def test_threads_share_one_classifier(tiny_qwen_mlx):
+    from concurrent.futures import ThreadPoolExecutor
+
+    clf = make(tiny_qwen_mlx, LABELSETS["first-token"], batch_size=3, max_batch_tokens=None)
+    want = [p.label for p in clf.classify(TEXTS)]
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda _: [p.label for p in clf.classify(TEXTS)], range(4)))
+    assert all(g == want for g in got)

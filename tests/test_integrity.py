@@ -3,6 +3,7 @@ and a CLI that fails clearly. Each test here failed before the fix it guards."""
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -76,7 +77,13 @@ def test_second_writer_exits_2_naming_the_holder(tiny_qwen_mlx, tmp_path):
         r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), *cli(tiny_qwen_mlx)])
         assert r.exit_code == 2
         assert f"pid {os.getpid()}" in r.output and "another mlx-slm run" in r.output
-        assert not out.exists()
+        assert out.read_bytes() == b""  # the holder's (empty) file, untouched
+        # Another path to the same file meets the same lock: a symlink, a hard link.
+        for alias in (tmp_path / "sym.jsonl", tmp_path / "hard.jsonl"):
+            alias.symlink_to(out) if alias.name.startswith("sym") else os.link(out, alias)
+            r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(alias), *cli(tiny_qwen_mlx)])
+            assert r.exit_code == 2 and "another mlx-slm run" in r.output, r.output
+            alias.unlink()
     # Released: the lock file is gone and the next run proceeds.
     assert not Path(str(out) + ".lock").exists()
     assert run(["classify", str(inp), "-o", str(out), *cli(tiny_qwen_mlx)]).exit_code == 0
@@ -176,16 +183,20 @@ def test_plan_resume_keeps_whole_windows_only(tmp_path):
     recs = [{"id": i, "label": "a", "probs": {}} for i in range(1, 8)]
     out.write_text("".join(json.dumps(r) + "\n" for r in recs))
     rows = [Row(i, i, f"text {i}") for i in range(1, 11)]
-    keep, errors, redo = plan_resume(str(out), "jsonl", csv_columns(["a"]), iter(rows), window=3, complete=False)
+    keep_bytes, kept, errors, redo = plan_resume(str(out), "jsonl", csv_columns(["a"]), iter(rows), 3, None)
     # Windows of 3 valid items: rows 1-3, 4-6 complete; row 7 opens the third window.
-    assert keep == sum(len(json.dumps(r)) + 1 for r in recs[:6]) and errors == 0
+    assert keep_bytes == sum(len(json.dumps(r)) + 1 for r in recs[:6]) and kept == 6 and errors == 0
     assert [r.id for r in redo] == [7]
+    # A completed run keeps everything, but only if its row count still holds.
+    assert plan_resume(str(out), "jsonl", csv_columns(["a"]), iter(rows), 3, 7)[1] == 7
+    with pytest.raises(Exception, match="changed since"):
+        plan_resume(str(out), "jsonl", csv_columns(["a"]), iter(rows), 3, 9)
 
 
 # ----------------------------------------------------------------- interruption for real
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, sig):
+@pytest.mark.parametrize("sig, seed", [(signal.SIGINT, 1), (signal.SIGKILL, 2), (signal.SIGKILL, 3)])
+def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, sig, seed):
     texts = [t for t, _ in tickets(300)]
     inp = jsonl_input(tmp_path / "in.jsonl", texts, [(50, "{bad")])
     args = [sys.executable, "-m", "mlx_slm.cli", "classify", str(inp), *cli(tiny_qwen_mlx, "--window", "8", "--batch-size", "4")]
@@ -195,8 +206,9 @@ def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, s
     part = tmp_path / "part.jsonl"
     p = subprocess.Popen([*args, "-o", str(part)], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while time.time() < deadline and (not part.exists() or part.stat().st_size < 4000):
-        time.sleep(0.01)
+    at = random.Random(seed).randint(500, 12000)  # bytes written when the signal comes: a random point
+    while time.time() < deadline and (not part.exists() or part.stat().st_size < at):
+        time.sleep(0.005)
     p.send_signal(sig)
     err = p.communicate(timeout=120)[1]
     assert p.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
@@ -211,7 +223,7 @@ def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, s
 
 # ----------------------------------------------------------------- 6-9. the CLI fails clearly
 
-@pytest.mark.parametrize("cmd", [[], ["classify"], ["convert"], ["parity"], ["doctor"], ["models"]])
+@pytest.mark.parametrize("cmd", [[], ["classify"], ["eval"], ["convert"], ["parity"], ["doctor"], ["models"]])
 def test_help_exits_0_without_an_error_line(cmd):
     r = CliRunner().invoke(main, [*cmd, "--help"])
     assert r.exit_code == 0, r.output
@@ -273,3 +285,85 @@ def test_a_system_prompt_over_the_context_fails_at_once_or_gives_error_rows(tiny
     r = run(["classify", *cli(tiny_qwen_mlx), "--system", long_system, "--truncate", "tail"], input="a\nb\n")
     out = [json.loads(x) for x in r.stdout.splitlines()]
     assert r.exit_code == 1 and len(out) == 2 and all("shorten --system" in o["error"] for o in out)
+
+
+@pytest.mark.parametrize("ext", ["tsv", "jsonl"])
+def test_resume_with_batch_calibration_and_abstain_is_byte_identical(tiny_qwen_mlx, tmp_path, ext):
+    inp = jsonl_input(tmp_path / "in.jsonl", TEXTS[:24], [(5, "{bad")])
+    args = cli(tiny_qwen_mlx, "--window", "4", "--calibrate", "batch", "--warmup", "6", "--min-confidence", "0.6")
+    full = tmp_path / f"full.{ext}"
+    r_full = run(["classify", str(inp), "-o", str(full), *args])
+    assert r_full.exit_code == 1
+    data = full.read_bytes()
+    assert b"raw_p" in data or b"raw_probs" in data
+    written, _ = scan_output(str(full), ext, csv_columns(["a", "b", "c"], raw=True, abstain=True))
+    for cut in (written[2].end, written[9].end + 3, written[17].end):
+        part = tmp_path / f"part-{cut}.{ext}"
+        _interrupted_copy(full, part, cut)
+        doc = json.loads(manifest_path(str(part)).read_text())
+        assert doc["fitted_calibrator"]["method"] == "batch"
+        r = run(["classify", str(inp), "-o", str(part), "--resume", *args])
+        assert r.exit_code == 1 and part.read_bytes() == data, cut
+
+
+def test_every_output_is_checked_before_any_work(tiny_qwen_mlx, tmp_path):
+    inp = jsonl_input(tmp_path / "in.jsonl", TEXTS[:3])
+    before = inp.read_bytes()
+    r = CliRunner().invoke(main, ["classify", str(inp), "--save-task", str(inp), *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "--save-task" in r.output and inp.read_bytes() == before
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--save-task",
+                                  str(tmp_path / "o.jsonl"), *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "its own file" in r.output
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(tmp_path / "nope" / "o.jsonl"), *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "does not exist" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["eval", str(inp), "--json", str(inp), *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and inp.read_bytes() == before
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", "-", "--resume", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "--resume needs -o FILE" in r.output
+
+
+def test_a_bad_input_header_leaves_the_old_output_alone(tiny_qwen_mlx, tmp_path):
+    good = tmp_path / "in.csv"
+    good.write_text("id,text\n1,hello\n")
+    out = tmp_path / "o.csv"
+    assert run(["classify", str(good), "-o", str(out), *cli(tiny_qwen_mlx)]).exit_code == 0
+    before = out.read_bytes()
+    r = CliRunner().invoke(main, ["classify", str(good), "--text-column", "body", "-o", str(out), *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "--text-column" in r.output
+    assert out.read_bytes() == before
+    r = CliRunner().invoke(main, ["classify", str(good), "--id-column", "msg_id", "-o", str(out), *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "'msg_id'" in r.output and out.read_bytes() == before
+
+
+def test_streams_get_no_lock_or_manifest_and_a_closed_pipe_is_quiet(tiny_qwen_mlx, tmp_path):
+    r = run(["classify", "-o", os.devnull, "--output-format", "jsonl", *cli(tiny_qwen_mlx)], input="hello\n")
+    assert r.exit_code == 0 and not os.path.exists(os.devnull + ".lock")
+    texts = [t for t, _ in tickets(200)]
+    p = subprocess.Popen([sys.executable, "-m", "mlx_slm.cli", "classify", "--format", "text", *cli(tiny_qwen_mlx)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(("\n".join(texts) + "\n").encode())
+    p.stdin.close()
+    assert json.loads(p.stdout.readline())["id"] == 1
+    p.stdout.close()  # like `| head -1`
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 141 and "Traceback" not in err
+
+
+def test_stdin_sniffing_and_editor_files(tiny_qwen_mlx, tmp_path):
+    r = run(["classify", *cli(tiny_qwen_mlx)], input="{URGENT} charged twice\nthe app crashes\n")
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.exit_code == 0 and [o["id"] for o in out] == [1, 2]  # text, not malformed JSON
+    labels = tmp_path / "labels.txt"
+    labels.write_bytes("\ufeffa\nb\nc\n".encode())
+    r = run(["classify", "--model", str(tiny_qwen_mlx), "--labels-file", str(labels), "-q"], input="hello\n")
+    assert set(json.loads(r.stdout)["probs"]) == {"a", "b", "c"}
+
+
+def test_eval_predictions_from_another_input_are_refused(tiny_qwen_mlx, tmp_path):
+    gold = tmp_path / "g.jsonl"
+    gold.write_text("".join(json.dumps({"id": f"g{i}", "text": t, "label": "a"}) + "\n" for i, t in enumerate(TEXTS[:4])))
+    other = jsonl_input(tmp_path / "other.jsonl", TEXTS[:4])
+    preds = tmp_path / "p.jsonl"
+    assert run(["classify", str(other), "-o", str(preds), *cli(tiny_qwen_mlx)]).exit_code == 0
+    r = CliRunner().invoke(main, ["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
+    assert r.exit_code == 2 and "not the output for this input" in r.output

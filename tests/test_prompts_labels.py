@@ -70,3 +70,18 @@ def test_parse_labels_and_softmax():
     assert parse_labels(" billing, technical ,account") == ["billing", "technical", "account"]
     p = softmax([1.0, 1.0])
     assert p.tolist() == [0.5, 0.5]
+
+
+def test_base_model_labels_follow_the_prompt_after_a_space(tmp_path):
+    """Without a chat template the prompt ends "Category:", and a model writes " billing"."""
+    from conftest import make_tokenizer
+
+    from mlx_slm.labels import build_labelset
+
+    tok = make_tokenizer(tmp_path)
+    tok.chat_template = None
+    probe = render(tok, PromptFormat("Sort.", "Ticket: {text}\nCategory:"), "example")
+    assert probe.endswith("Category:")
+    ls = build_labelset(tok, ["billing", "technical"], probe)
+    for lab, ids in zip(ls.labels, ls.token_ids):
+        assert tok.decode(list(ids)) == " " + lab

@@ -107,9 +107,16 @@ def test_task_from_other_weights_is_refused(tiny_qwen_mlx, tmp_path):
     from mlx_slm.task import Task
 
     task = tmp_path / "t.json"
-    Task(str(tiny_qwen_mlx), tuple(LABELS), None, "T: {text}", weights_sha256="0" * 64).save(task)
+    prior = Calibrator("batch", tuple(LABELS), (0.1, -0.2, 0.1), n=30)
+    Task(str(tiny_qwen_mlx), tuple(LABELS), None, "T: {text}", calibration=prior, weights_sha256="0" * 64).save(task)
     r = CliRunner().invoke(main, ["classify", "--task", str(task)], input="hello\n")
     assert r.exit_code == 2 and "weights sha256" in r.output
+    # Without the task's prior the weights do not matter.
+    r = CliRunner().invoke(main, ["classify", "--task", str(task), "--calibrate", "none", "-q"], input="hello\n")
+    assert r.exit_code == 0, r.output
+    # Changing what the prior was fitted for, without recalibrating, is refused.
+    r = CliRunner().invoke(main, ["classify", "--task", str(task), "--system", "Other."], input="hello\n")
+    assert r.exit_code == 2 and "--system" in r.output and "--calibrate" in r.output
 
 
 def test_fit_reports_cross_validated_accuracy_and_applies(tiny_qwen_mlx, labelled):

@@ -1,0 +1,119 @@
+"""The engine: loaded weights, the prompt-prefix KV caches, and the batched forward.
+
+Immutable after load and shareable: a service's worker, several `Classifier`s with
+different tasks, or several threads can hold one engine. Everything a run counts lives
+on that run (`classifier.Run`), never here. MLX evaluation is serialized by one lock,
+so two threads never drive the same weights at once.
+
+Prefix KV caches are built lazily, once per distinct shared prompt head (system message,
+few-shot examples, template head: the head's token ids are the key), and kept in a small
+LRU, so one loaded model can serve several tasks without recomputing their heads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from . import batching
+from .models import KV, Model, load_model
+from .prefix_cache import PrefixCache
+
+PREFIX_SLOTS = 8  # prompt heads kept (a head is ~26-500 tokens of KV: small next to the weights)
+
+
+class Engine:
+    def __init__(self, model: Model, tokenizer: Any, path: Path | None = None, prefix_slots: int = PREFIX_SLOTS):
+        self.model, self.tokenizer, self.path = model, tokenizer, path
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.max_length = int(model.args.max_position_embeddings)
+        self._prefixes: OrderedDict[tuple[int, ...], PrefixCache] = OrderedDict()
+        self._slots = prefix_slots
+        # One lock for the weights and the tokenizer (a Rust tokenizer object is not safe to share
+        # across threads mid-call); held per batch, so concurrent runs interleave batch by batch.
+        self.lock = threading.RLock()
+
+    @classmethod
+    def load(cls, model: str | Path, dtype: str | None = None) -> "Engine":
+        """A built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached)."""
+        from transformers import AutoTokenizer
+
+        from .registry import resolve_model
+
+        # Converted once in the asked dtype (float16 by default), so float32 compute asked for
+        # explicitly gets the source's float32 values, not float16 ones cast back up.
+        path = resolve_model(str(model), dtype=dtype or "float16")
+        m = load_model(path, dtype=getattr(mx, dtype) if dtype else None)
+        return cls(m, AutoTokenizer.from_pretrained(str(path)), path)
+
+    @property
+    def compute_dtype(self) -> str:
+        return str(self.model.head_weight().dtype).replace("mlx.core.", "")
+
+    def prefix(self, tokens: Sequence[int]) -> tuple[PrefixCache, bool]:
+        """The KV of a shared prompt head, and whether this call computed it (LRU per head)."""
+        key = tuple(int(t) for t in tokens)
+        with self.lock:
+            hit = self._prefixes.get(key)
+            if hit is not None:
+                self._prefixes.move_to_end(key)
+                return hit, False
+            cache = PrefixCache(self.model, key)
+            self._prefixes[key] = cache
+            while len(self._prefixes) > self._slots:
+                self._prefixes.popitem(last=False)
+            return cache, True
+
+    def forward(
+        self, batch: batching.Batch, prefix: PrefixCache | None, rows: mx.array, keep_logits: bool = False
+    ) -> tuple[mx.array, np.ndarray | None, list[KV]]:
+        """Label-row logits at each row's last position (B, k), the full last logits if asked,
+        and the per-layer KV (prefix + batch) for scoring label continuations."""
+        with self.lock:
+            hidden, kv = self.model(
+                mx.array(batch.ids), mx.array(batch.mask), mx.array(batch.offsets),
+                cache=prefix.kv if prefix else None, last_only=True,
+            )
+            if keep_logits:
+                full = self.model.logits(hidden)
+                first = mx.take(full, rows, axis=1)
+            else:
+                full = None
+                first = self.model.logits(hidden, rows)  # label rows only, never the whole head
+            first = first.astype(mx.float32)
+            mx.eval(first, *([] if full is None else [full]))
+            return first, (np.array(full.astype(mx.float32)) if full is not None else None), kv
+
+    def continuation_logprobs(
+        self, kv: list[KV], batch: batching.Batch, prefix_len: int, token_ids: Sequence[Sequence[int]]
+    ) -> tuple[mx.array, int]:
+        """Per label, the sum of log p(label token k | prompt, earlier label tokens) for k >= 1.
+
+        Extends each row's own KV (prefix + suffix) with the label's tokens in one batched
+        pass per label; the prompt is never run again. Returns (B, k) and the tokens run.
+        """
+        B, L = batch.ids.shape
+        cache_mask = mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
+        offsets = mx.array(batch.offsets + L)
+        cols, ran = [], 0
+        with self.lock:
+            for toks in token_ids:
+                if len(toks) == 1:
+                    cols.append(mx.zeros((B,), dtype=mx.float32))
+                    continue
+                inp = mx.broadcast_to(mx.array(toks[:-1], dtype=mx.int32)[None], (B, len(toks) - 1))
+                h, _ = self.model(inp, None, offsets, cache=kv, cache_mask=cache_mask, last_only=False)
+                logits = self.model.logits(h).astype(mx.float32)  # (B, n-1, V): context differs per label
+                lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+                tgt = mx.broadcast_to(mx.array(toks[1:], dtype=mx.int32)[None, :, None], (B, len(toks) - 1, 1))
+                cols.append(mx.take_along_axis(lp, tgt, axis=-1)[..., 0].sum(axis=1))
+                ran += B * (len(toks) - 1)
+            out = mx.stack(cols, axis=1)
+            mx.eval(out)
+        return out, ran
