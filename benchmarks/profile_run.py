@@ -25,7 +25,8 @@ import mlx.nn as nn
 from transformers import AutoTokenizer
 
 from mlx_slm import fastmath, model as model_mod
-from mlx_slm.bench import flops_per_token, matmul_peak
+from mlx_slm._blas import matmul_peak
+from mlx_slm.models import flops_per_token
 from mlx_slm.classifier import Classifier
 from mlx_slm.models import load_model
 from mlx_slm.registry import resolve_model

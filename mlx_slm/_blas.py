@@ -84,3 +84,30 @@ def _load() -> None:
 
 
 _load()
+
+
+def matmul_peak(sizes: tuple[int, ...] = (1024, 2048), reps: int = 4) -> dict[str, float]:
+    """Best float32 GEMM rate (GFLOP/s) of MLX and of numpy on this machine.
+
+    What `mlx-slm doctor` prints and what the benchmark divides by: one routine, so the two
+    never disagree about the peak."""
+    import time
+
+    import mlx.core as mx
+    import numpy as np
+
+    best = {"mlx": 0.0, "numpy": 0.0}
+    for n in sizes:
+        a, b = mx.random.normal((n, n)), mx.random.normal((n, n))
+        mx.eval(a @ b)
+        t = time.perf_counter()
+        for _ in range(reps):
+            mx.eval(a @ b)
+        best["mlx"] = max(best["mlx"], 2 * reps * n**3 / (time.perf_counter() - t) / 1e9)
+        an, bn = np.asarray(a), np.asarray(b)
+        an @ bn
+        t = time.perf_counter()
+        for _ in range(reps):
+            an @ bn
+        best["numpy"] = max(best["numpy"], 2 * reps * n**3 / (time.perf_counter() - t) / 1e9)
+    return best

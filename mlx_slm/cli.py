@@ -694,7 +694,7 @@ def parity(model: str, reference: str | None, n: int, input_path: str | None, la
         if not texts:
             raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
     else:
-        texts = _workload_sample(model, n)
+        texts = _workload_sample(model, n, system, template)
     r = run_parity(model, reference, texts, parse_labels(labels_csv), system or None, template, dtype=dtype,
                    progress=lambda m: _err(f"mlx-slm: {m}"))
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
@@ -702,18 +702,15 @@ def parity(model: str, reference: str | None, n: int, input_path: str | None, la
         sys.exit(1)
 
 
-def _workload_sample(model: str, n: int) -> list[str]:
+def _workload_sample(model: str, n: int, system: str, template: str) -> list[str]:
     from transformers import AutoTokenizer
 
-    from .prompts import PromptFormat, render, tokenize
+    from .prompts import PromptFormat
     from .registry import resolve_model
-    from .workload import stratified_sample, tickets
+    from .workload import sample
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model(model)))
-    texts = [t for t, _ in tickets()]
-    fmt = PromptFormat()
-    lengths = [len(x) for x in tokenize(tok, [render(tok, fmt, t) for t in texts])]
-    return [texts[i] for i in stratified_sample(lengths, n)]
+    return sample(tok, n, PromptFormat(system or None, template))[1]
 
 
 # --------------------------------------------------------------------------- doctor / models
@@ -724,24 +721,11 @@ def doctor() -> None:
     import platform
 
     import mlx.core as mx
-    import numpy as np
 
     from .models import default_compute_dtype
 
-    def rate(f: Any, n: int = 1024, reps: int = 8) -> float:
-        f()
-        t = time.perf_counter()
-        for _ in range(reps):
-            f()
-        return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
-
-    n = 1024
-    a = mx.random.normal((n, n))
-    b = mx.random.normal((n, n))
-    mx.eval(a, b)
-    g_mlx = rate(lambda: mx.eval(a @ b))
-    an, bn = np.asarray(a), np.asarray(b)
-    g_np = rate(lambda: an @ bn)
+    peak = _blas.matmul_peak()
+    g_mlx, g_np = peak["mlx"], peak["numpy"]
     click.echo(f"platform       {platform.platform()} ({platform.machine()})")
     click.echo(f"mlx            {mx.__version__}, device {mx.default_device()}")
     click.echo(f"compute dtype  {str(default_compute_dtype()).replace('mlx.core.', '')}")
@@ -769,10 +753,15 @@ def models() -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
 @click.pass_context
 def bench(ctx: click.Context) -> None:
-    """Time every mode against Transformers on the workload (`mlx-slm bench --help`)."""
-    from .bench import main as bench_main
+    """Time every mode against Transformers on the workload (a checkout's benchmarks/; `mlx-slm bench --help`)."""
+    runner = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+    if not runner.is_file():
+        raise UserError("the benchmark harness lives in the repository's benchmarks/ folder, not in the installed "
+                        "package: run `python benchmarks/run.py` from a checkout")
+    import runpy
 
-    sys.exit(bench_main(ctx.args))
+    sys.argv = [str(runner), *ctx.args]
+    runpy.run_path(str(runner), run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -79,12 +79,20 @@ class Reference:
         return np.array(scores, dtype=np.float64), last
 
 
+def run_in_child(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """`python ARGS` in a child process without our OpenBLAS preload (MLX_SLM_BLAS=none).
+
+    In the global symbol scope that library also takes over PyTorch's BLAS calls, which made
+    Transformers about 3.6x slower on a 2-core machine (measured): every Transformers run
+    that shares a machine with MLX goes through here (the parity reference, the benchmark)."""
+    env = {**os.environ, "MLX_SLM_BLAS": "none", **kwargs.pop("env", {})}
+    return subprocess.run([sys.executable, *args], env=env, **kwargs)
+
+
 def score_in_child(src: str | Path, prompts: Sequence[Sequence[int]], labelset: LabelSet) -> tuple[np.ndarray, np.ndarray, float]:
     """`label_scores` for every prompt, run in a child process: (scores (n, k), last logits (n, V), seconds).
 
-    The child skips our OpenBLAS preload (MLX_SLM_BLAS=none): in the global symbol scope
-    that library also takes over PyTorch's BLAS calls, which made Transformers about 3.6x
-    slower on a 2-core machine (measured).
+    The child skips our OpenBLAS preload (see `run_in_child`).
     """
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
@@ -93,8 +101,7 @@ def score_in_child(src: str | Path, prompts: Sequence[Sequence[int]], labelset: 
             "src": str(src), "prompts": [list(map(int, p)) for p in prompts],
             "labels": list(labelset.labels), "token_ids": [list(t) for t in labelset.token_ids], "mode": labelset.mode,
         }))
-        env = {**os.environ, "MLX_SLM_BLAS": "none"}
-        done = subprocess.run([sys.executable, "-m", "mlx_slm.reference", str(job), str(out)], env=env)
+        done = run_in_child(["-m", "mlx_slm.reference", str(job), str(out)])
         if done.returncode != 0:
             raise RuntimeError(f"the Transformers reference failed on {src} (exit status {done.returncode})")
         data = np.load(out)

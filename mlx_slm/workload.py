@@ -6,6 +6,8 @@ It reproduces the published statistics: under the Qwen2.5 tokenizer the prompts 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 LABELS = ("billing", "technical", "account")
@@ -42,3 +44,17 @@ def stratified_sample(lengths: list[int] | np.ndarray, n: int) -> list[int]:
     order = np.argsort(lengths, kind="stable")
     picks = order[np.linspace(0, len(lengths) - 1, n).round().astype(int)]
     return sorted(int(i) for i in picks)
+
+
+def sample(tokenizer: Any, n: int, fmt: Any = None) -> tuple[list[int], list[str], list[list[int]]]:
+    """A length-stratified sample of `n` workload tickets: (indices, texts, prompt ids).
+
+    The prompts are rendered with `fmt` (default: the default prompt) and tokenized, and
+    the sample keeps the workload's length distribution (parity checks and benchmarks)."""
+    from .prompts import PromptFormat, render, tokenize
+
+    fmt = fmt or PromptFormat()
+    texts = [t for t, _ in tickets()]
+    ids = tokenize(tokenizer, [render(tokenizer, fmt, t) for t in texts])
+    keep = stratified_sample([len(x) for x in ids], n)
+    return keep, [texts[i] for i in keep], [ids[i] for i in keep]

@@ -1,6 +1,6 @@
 import json
 
-from mlx_slm.bench import flops_per_token, main
+from benchmarks.harness import flops_per_token, main
 
 
 def test_bench_runs_modes_and_writes_results(tiny_qwen_mlx, tmp_path):
@@ -29,3 +29,19 @@ def test_flops_per_token_qwen05b():
                num_key_value_heads=2)
     # 24 layers x (q,o: 896x896 each; k,v: 896x128 each; gate, up, down: 896x4864 each), x2 FLOPs
     assert flops_per_token(cfg) == 2 * 24 * (2 * 896 * 896 + 2 * 896 * 128 + 3 * 896 * 4864)
+
+
+def test_bench_runs_without_pytorch(tiny_qwen_mlx, tmp_path, monkeypatch):
+    """No torch: the reference row is skipped, our rows are timed, nothing crashes."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # The children (Transformers modes) start as if PyTorch were not installed.
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    out = tmp_path / "res"
+    rc = main(["--model", str(tiny_qwen_mlx), "--n", "4", "--modes", "ours-default", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(next(out.glob("*.json")).read_text())
+    assert [r["mode"] for r in res["rows"]] == ["ours-default"]
+    assert res["rows"][0]["agree"] is None and res["rows"][0]["items_per_s"] > 0
+    assert "| ours-default |" in next(out.glob("*.md")).read_text()

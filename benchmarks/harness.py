@@ -25,7 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from .labels import softmax
+from mlx_slm._blas import matmul_peak
+from mlx_slm.labels import softmax
+from mlx_slm.reference import run_in_child
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository: children run `-m benchmarks.harness` from it
 
 MODES = (
     "hf-item", "hf-sorted", "hf-item-bf16", "mlxlm-item",
@@ -49,30 +53,9 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def matmul_peak() -> dict[str, float]:
-    """Best float32 GEMM rate of MLX and numpy on this machine (GFLOP/s)."""
-    import mlx.core as mx
-
-    best = {"mlx": 0.0, "numpy": 0.0}
-    for n in (1024, 2048):
-        a, b = mx.random.normal((n, n)), mx.random.normal((n, n))
-        mx.eval(a @ b)
-        t = time.perf_counter()
-        for _ in range(4):
-            mx.eval(a @ b)
-        best["mlx"] = max(best["mlx"], 8 * n**3 / (time.perf_counter() - t) / 1e9)
-        an, bn = np.asarray(a), np.asarray(b)
-        an @ bn
-        t = time.perf_counter()
-        for _ in range(4):
-            an @ bn
-        best["numpy"] = max(best["numpy"], 8 * n**3 / (time.perf_counter() - t) / 1e9)
-    return best
-
-
 def flops_per_token(config: dict[str, Any]) -> float:
     """Matmul FLOPs per token of a config.json dict, as its architecture counts them (mlx_slm.models)."""
-    from .models import flops_per_token as arch_flops
+    from mlx_slm.models import flops_per_token as arch_flops
 
     return arch_flops(config)
 
@@ -81,30 +64,26 @@ class Run:
     def __init__(self, model: str, n: int, batch_size: int):
         from transformers import AutoTokenizer
 
-        from .prompts import PromptFormat, render, tokenize
-        from .registry import resolve_model, resolve_source
-        from .workload import LABELS, stratified_sample, tickets
+        from mlx_slm.prompts import PromptFormat, render
+        from mlx_slm.registry import resolve_model, resolve_source
+        from mlx_slm.workload import LABELS, sample
 
         self.path = resolve_model(model)
         self.source = resolve_source(model)
         self.model_name = model
         self.config = json.loads((self.path / "config.json").read_text())
         self.tok = AutoTokenizer.from_pretrained(str(self.path))
-        texts = [t for t, _ in tickets()]
         fmt = PromptFormat()
-        ids = tokenize(self.tok, [render(self.tok, fmt, t) for t in texts])
-        keep = stratified_sample([len(x) for x in ids], n)
-        self.texts = [texts[i] for i in keep]
-        self.ids = [ids[i] for i in keep]
+        _, self.texts, self.ids = sample(self.tok, n, fmt)
         self.labels = LABELS
         self.batch_size = batch_size
-        from .labels import build_labelset
+        from mlx_slm.labels import build_labelset
 
         self.labelset = build_labelset(self.tok, LABELS, render(self.tok, fmt, "example"))
 
     # Each mode returns (labels, probs (n, k), processed tokens, padding tokens) for `texts`.
     def hf_item(self, dtype: str = "float32") -> Callable[[list[int]], tuple]:
-        from .reference import Reference
+        from mlx_slm.reference import Reference
 
         ref = Reference(self.path, dtype=dtype)
 
@@ -123,7 +102,7 @@ class Run:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from . import batching
+        from mlx_slm import batching
 
         if self.labelset.mode != "first-token":
             raise NotImplementedError("hf-sorted implements first-token scoring only")
@@ -175,8 +154,8 @@ class Run:
         return go
 
     def ours(self, **kw: Any) -> Callable[[list[int]], tuple]:
-        from .classifier import Classifier
-        from .models import load_model
+        from mlx_slm.classifier import Classifier
+        from mlx_slm.models import load_model
 
         opts = {"batch_size": self.batch_size, **kw}
         m = load_model(self.path)
@@ -224,14 +203,12 @@ class Run:
 
 def _in_child(mode: str, model: str, n: int, batch_size: int) -> tuple:
     """Run one non-MLX mode (warm-up + timed pass) in a clean child process."""
-    import subprocess
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [sys.executable, "-m", "mlx_slm.bench", "--worker", mode, "--model", model, "--n", str(n),
+        cmd = ["-m", "benchmarks.harness", "--worker", mode, "--model", model, "--n", str(n),
                "--batch-size", str(batch_size), "--json", f.name]
-        env = {**os.environ, "MLX_SLM_BLAS": "none"}
-        done = subprocess.run(cmd, env=env, stdout=sys.stderr)
+        done = run_in_child(cmd, stdout=sys.stderr, cwd=ROOT)
         if done.returncode == 3:
             raise NotImplementedError(Path(f.name).read_text() or "not available")
         if done.returncode != 0:
@@ -286,21 +263,23 @@ def run(model: str, n: int, modes: list[str], batch_size: int, partial: Path | N
             continue
         if mode == "hf-item":
             ref_labels, ref_probs = labs, probs
-        agree = sum(a == b for a, b in zip(labs, ref_labels))
+        # Without the reference (no PyTorch here) a row has timings but no agreement figures.
+        agree = None if ref_labels is None else sum(a == b for a, b in zip(labs, ref_labels))
         row = {
             "mode": mode,
             "seconds": round(sec, 2),
             "items_per_s": round(len(idx) / sec, 3),
             "processed_tokens": int(processed),
             "padding_pct": round(100 * padding / processed, 2) if processed else 0.0,
-            "agree": int(agree),
+            "agree": agree,
             "total": len(idx),
-            "max_abs_dprob": float(np.abs(probs - ref_probs).max()),
+            "max_abs_dprob": None if ref_probs is None else float(np.abs(probs - ref_probs).max()),
             "gflops": round(fpt * processed / sec / 1e9, 1),
         }
         row["peak_fraction"] = round(row["gflops"] / peak["mlx"], 3)
         results[mode] = row
-        _say(f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s, agree {agree}/{len(idx)}")
+        _say(f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s, agree {agree}/{len(idx)}"
+             if agree is not None else f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s (no reference)")
         if partial is not None:  # a long run that dies late keeps what it measured
             partial.write_text(json.dumps({"peak": peak, "rows": list(results.values())}, indent=2) + "\n")
     # The peak again at the end: a shared machine's speed drifts during a long run, and a low
@@ -310,9 +289,9 @@ def run(model: str, n: int, modes: list[str], batch_size: int, partial: Path | N
     top = max(peak["mlx"], end["mlx"])
     for row in results.values():
         row["peak_fraction"] = round(row["gflops"] / top, 3)
-    hf_best = max(results[m]["items_per_s"] for m in ("hf-item", "hf-sorted") if m in results)
+    hf_best = max((results[m]["items_per_s"] for m in ("hf-item", "hf-sorted") if m in results), default=None)
     for row in results.values():
-        row["speedup_vs_hf_best"] = round(row["items_per_s"] / hf_best, 3)
+        row["speedup_vs_hf_best"] = round(row["items_per_s"] / hf_best, 3) if hf_best else None
     return {
         "machine": {
             "platform": platform.platform(),
@@ -339,10 +318,12 @@ def table(res: dict[str, Any]) -> str:
     head = "| mode | seconds | items/s | processed tokens | padding % | speed-up vs best HF f32 | agree | max Δprob | GFLOP/s | of peak |"
     lines = [head, "|" + "---|" * 10]
     for r in res["rows"]:
+        speed = "-" if r["speedup_vs_hf_best"] is None else f"{r['speedup_vs_hf_best']:.2f}x"
+        agree = "-" if r["agree"] is None else f"{r['agree']}/{r['total']}"
+        dprob = "-" if r["max_abs_dprob"] is None else f"{r['max_abs_dprob']:.1e}"
         lines.append(
             f"| {r['mode']} | {r['seconds']:.1f} | {r['items_per_s']:.2f} | {r['processed_tokens']:,} | "
-            f"{r['padding_pct']:.1f} | {r['speedup_vs_hf_best']:.2f}x | {r['agree']}/{r['total']} | "
-            f"{r['max_abs_dprob']:.1e} | {r['gflops']:.0f} | {100 * r['peak_fraction']:.0f} % |"
+            f"{r['padding_pct']:.1f} | {speed} | {agree} | {dprob} | {r['gflops']:.0f} | {100 * r['peak_fraction']:.0f} % |"
         )
     m = res["machine"]
     lines.append("")
@@ -383,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of: {', '.join(MODES)}")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--json", dest="json_path", help="JSON output path (default: results folder)")
-    ap.add_argument("--results", default="benchmarks/results", help="results folder")
+    ap.add_argument("--out", "--results", dest="results", default="benchmarks/results", help="results folder")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
