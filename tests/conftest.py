@@ -134,3 +134,18 @@ def pytest_report_header(config):
     from mlx_slm import _blas
 
     return f"mlx-slm BLAS: {_blas.LOADED or _blas.PROBLEM}; cache: {os.environ.get('MLX_SLM_HOME', '~/.cache/mlx-slm')}"
+
+
+@pytest.fixture(autouse=True)
+def _exactness_on_the_cpu(request):
+    """Exactness tests compare float32 against Transformers at 1e-3: pin them to the CPU,
+    so a Mac or CUDA machine runs them as CI does (tests marked `gpu` choose their device)."""
+    if request.node.get_closest_marker("gpu"):
+        yield
+        return
+    import mlx.core as mx
+
+    before = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(before)
