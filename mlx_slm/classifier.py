@@ -200,14 +200,18 @@ class Classifier:
         system: str | None = DEFAULT_SYSTEM,
         template: str = DEFAULT_TEMPLATE,
         dtype: str | None = None,
+        dequantize: bool | None = None,
         **kwargs: Any,
     ) -> "Classifier":
-        """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached)."""
-        return cls(Engine.load(model, dtype), None, labels, system, template, **kwargs)
+        """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
+
+        dequantize: an MLX-quantized model's weights are dequantized at load on the CPU
+        (None, the default), kept packed on a GPU; True or False decides."""
+        return cls(Engine.load(model, dtype, dequantize), None, labels, system, template, **kwargs)
 
     @classmethod
     def from_task(cls, task: "str | Path | Task", dtype: str | None = None, engine: "Engine | None" = None,
-                  **kwargs: Any) -> "Classifier":
+                  dequantize: bool | None = None, **kwargs: Any) -> "Classifier":
         """A classifier as a saved task file defines it (model, prompt, examples, calibration).
 
         Pass `engine` to share loaded weights between tasks of the same model."""
@@ -215,7 +219,7 @@ class Classifier:
         from .task import Task
 
         t = task if isinstance(task, Task) else Task.load(task)
-        engine = engine or Engine.load(t.model, dtype)
+        engine = engine or Engine.load(t.model, dtype, dequantize)
         if engine.path is not None and not isinstance(t.calibration, str):  # a saved prior: same weights only
             t.check_weights(weights_sha256(engine.path))
         return cls(engine, None, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples,

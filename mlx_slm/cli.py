@@ -151,6 +151,9 @@ _TASK_OPTIONS = [
     click.option("--truncate", type=click.Choice(["head", "tail", "middle"]),
                  help="Over-long prompts: keep the text's head, tail, or both ends (default: error row)."),
     click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype (default: float32 on CPU, float16 on GPU)."),
+    click.option("--keep-quantized/--dequantize", "keep_quantized", default=None,
+                 help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
+                      "(default: dequantize on the CPU, where MLX's quantized matmuls are slow; keep on a GPU)."),
     click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr."),
 ]
 
@@ -222,6 +225,7 @@ class _Setup:
         o = self.o
         self.clf = Classifier.load(
             o["model"], self.labels, o["system"] or None, o["template"], dtype=o["dtype"],
+            dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"],
             batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE, max_batch_tokens=o["max_batch_tokens"] or "auto",
             sort=not o["no_sort"], use_prefix_cache=not o["no_prefix_cache"], scoring=o["scoring"],
             truncate=o["truncate"], examples=self.examples,
@@ -437,7 +441,8 @@ def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | N
             "scoring": clf.mode,
             **extra,
             "truncate": o["truncate"],
-            "dtype": str(clf.model.head_weight().dtype).replace("mlx.core.", ""),
+            "dtype": clf.engine.compute_dtype,
+            **({"quantized": clf.model.quantized} if getattr(clf.model, "quantized", None) else {}),
             "input": str(inp) if inp else "-",
             "input_size": inp.stat().st_size if inp else None,
             "input_format": o["fmt"],
@@ -649,13 +654,26 @@ def _read_predictions(path: str, rows: list[Any]) -> list[dict[str, Any] | None]
 @click.argument("src")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True)
-def convert(src: str, out: str, dtype: str) -> None:
-    """Convert SRC (Hugging Face dir, hub id, .gguf, or a built-in name) to MLX safetensors."""
+@click.option("--quantize", type=int, metavar="4|8",
+              help="Write an MLX-quantized directory (mlx-lm's format) with this many bits per weight.")
+@click.option("--group-size", type=int, metavar="32|64|128",
+              help="Weights sharing one scale and bias, with --quantize (default 64).")
+def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: int | None) -> None:
+    """Convert SRC (Hugging Face dir, hub id, .gguf, or a built-in name) to MLX safetensors.
+
+    \b
+    With --quantize 4|8 the Linear and Embedding weights are packed as mlx-lm packs them
+    (norms and biases stay in --dtype), so mlx_lm.load reads the directory too:
+      mlx-slm convert Qwen/Qwen2.5-0.5B-Instruct --out qwen-4bit --quantize 4 --group-size 64
+    """
+    from .convert import check_quantize
     from .convert import convert as do_convert
     from .registry import resolve_source
 
-    path = do_convert(resolve_source(src), out, dtype=dtype)
-    _err(f"mlx-slm: converted {src} -> {path} ({dtype})")
+    check_quantize(quantize, group_size)  # before any download
+    path = do_convert(resolve_source(src), out, dtype=dtype, quantize=quantize, group_size=group_size)
+    what = dtype if quantize is None else f"{quantize}-bit, group size {group_size or 64}, {dtype}"
+    _err(f"mlx-slm: converted {src} -> {path} ({what})")
     click.echo(str(path))
 
 
@@ -663,7 +681,9 @@ def convert(src: str, out: str, dtype: str) -> None:
 
 @main.command()
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model for the MLX path (name or dir).")
-@click.option("--reference", "-r", default=None, help="Original checkpoint for Transformers (default: the model's source).")
+@click.option("--reference", "-r", default=None,
+              help="Original checkpoint for Transformers (default: the model's source). A quantized directory "
+                   "needs none: (a) runs on its dequantized values, (b) on the source its record names, if any.")
 @click.option("--n", default=40, show_default=True, type=click.IntRange(1), help="Items (a length-stratified workload sample).")
 @click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), help="Texts to use instead (any classify input).")
 @click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True)
@@ -672,12 +692,17 @@ def convert(src: str, out: str, dtype: str) -> None:
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype of the MLX path.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 @click.option("--strict", is_flag=True, help="Also fail on conversion drift (label disagreement in (b)).")
+@click.option("--keep-quantized/--dequantize", "keep_quantized", default=None,
+              help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
+                   "(default: dequantize on the CPU, keep on a GPU).")
 def parity(model: str, reference: str | None, n: int, input_path: str | None, labels_csv: str, system: str,
-           template: str, dtype: str | None, as_json: bool, strict: bool) -> None:
+           template: str, dtype: str | None, as_json: bool, strict: bool, keep_quantized: bool | None) -> None:
     """Check that the MLX path gives Transformers' labels and logits.
 
     Exit status 1 on any label disagreement or a logit difference past tolerance in
-    (a) forward exactness; (b) conversion drift fails only with --strict.
+    (a) forward exactness; (b) conversion drift fails only with --strict. For an
+    MLX-quantized directory, (a) runs Transformers on its dequantized values and (c)
+    checks our labels against mlx-lm's own forward on the directory (a failure too).
     """
     from .io import read_rows
     from .labels import parse_labels
@@ -685,9 +710,14 @@ def parity(model: str, reference: str | None, n: int, input_path: str | None, la
 
     _warn_blas()
     if reference is None:
-        if model not in BUILTINS:
-            raise click.UsageError("--reference is needed unless --model is a built-in name")
-        reference = model
+        from .parity import default_reference, is_quantized_dir
+
+        if model in BUILTINS:
+            reference = model
+        elif is_quantized_dir(model):
+            reference = default_reference(model)
+        else:
+            raise click.UsageError("--reference is needed unless --model is a built-in name or a quantized directory")
     if input_path:
         rows = [r for r in read_rows(input_path) if r.error is None][:n]
         texts = [r.text for r in rows]
@@ -696,9 +726,10 @@ def parity(model: str, reference: str | None, n: int, input_path: str | None, la
     else:
         texts = _workload_sample(model, n, system, template)
     r = run_parity(model, reference, texts, parse_labels(labels_csv), system or None, template, dtype=dtype,
-                   progress=lambda m: _err(f"mlx-slm: {m}"))
+                   progress=lambda m: _err(f"mlx-slm: {m}"),
+                   dequantize=None if keep_quantized is None else not keep_quantized)
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
-    if not r["forward_ok"] or (strict and not r["drift_ok"]):
+    if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
         sys.exit(1)
 
 
@@ -762,6 +793,91 @@ def bench(ctx: click.Context) -> None:
 
     sys.argv = [str(runner), *ctx.args]
     runpy.run_path(str(runner), run_name="__main__")
+
+
+
+# --------------------------------------------------------------------------- serve
+
+def _serve_options(f: Any) -> Any:
+    """classify's task options, less those about input and output files."""
+    def probe() -> None:
+        pass
+
+    _task_options(probe)
+    skip = {"save_task", "fmt", "id_field", "id_column"}
+    params = getattr(f, "__click_params__", [])
+    params.extend(p for p in probe.__click_params__ if p.name not in skip)  # type: ignore[attr-defined]
+    f.__click_params__ = params
+    return f
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1/* (default: $MLX_SLM_API_KEY; "
+              "/health and /metrics stay open).")
+@click.option("--max-batch-items", default=32, show_default=True, type=click.IntRange(1),
+              help="Items gathered into one micro-batch (1: batching off).")
+@click.option("--max-wait-ms", default=5.0, show_default=True, type=click.FloatRange(0),
+              help="How long the worker waits for more items once it has one.")
+@click.option("--max-queue-items", default=1024, show_default=True, type=click.IntRange(1),
+              help="Items waiting, all requests together; beyond that: 429 with Retry-After.")
+@click.option("--max-items-per-request", default=256, show_default=True, type=click.IntRange(1), help="Beyond: 413.")
+@click.option("--max-body-bytes", default=1 << 20, show_default=True, type=click.IntRange(1), help="Beyond: 413.")
+@click.option("--request-timeout", default=60.0, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="Seconds per request, queue included; beyond: 504.")
+@click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
+              help="SIGTERM: seconds to finish accepted requests before exiting.")
+@click.option("--task-cache", default=8, show_default=True, type=click.IntRange(1),
+              help="Per-request tasks (labels/system/template) kept loaded on the one model.")
+@click.option("--log-level", default="warning", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@_serve_options
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int, api_key: str | None, max_batch_items: int, max_wait_ms: float,
+          max_queue_items: int, max_items_per_request: int, max_body_bytes: int, request_timeout: float,
+          drain_timeout: float, task_cache: int, log_level: str, **o: Any) -> None:
+    """Serve the classifier over HTTP: POST /v1/classify, GET /v1/model, /health, /metrics.
+
+    \b
+    One model worker gathers queued items into micro-batches (at most
+    --max-batch-items, --max-batch-tokens padded tokens, --max-wait-ms) and runs
+    them through the same path as `classify`. SIGTERM: new requests get 503,
+    accepted ones finish within --drain-timeout, then the exit status is 0.
+    """
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        from .errors import MissingExtra
+
+        raise MissingExtra("mlx-slm serve needs Starlette and uvicorn: pip install 'mlx-slm[serve]'") from None
+    from .server import Loaded, ServeOptions, Service, api_key_from_env, run_server
+
+    _warn_blas()
+    o.update(save_task=None, fmt=None, id_field="id", id_column="id")
+    setup = _Setup(ctx, o)
+    _check_outputs([o["labels_file"], o["examples_file"], o["calibration_data"], o["task_file"]], [])
+
+    def load() -> Loaded:
+        clf = setup.load()
+        return Loaded(clf, setup.calibration, o["min_confidence"], o["warmup"], model=o["model"],
+                      weights_sha256=setup.weights, clf_kwargs={"use_prefix_cache": not o["no_prefix_cache"]})
+
+    opts = ServeOptions(max_batch_items=max_batch_items, max_batch_tokens=o["max_batch_tokens"], max_wait_ms=max_wait_ms,
+                        max_queue_items=max_queue_items, max_items_per_request=min(max_items_per_request, max_queue_items),
+                        max_body_bytes=max_body_bytes, request_timeout_s=request_timeout, drain_timeout_s=drain_timeout,
+                        api_key=api_key_from_env(api_key), task_cache=task_cache)
+    if not o["quiet"]:
+        _err(f"mlx-slm: serving on http://{host}:{port} (loading {o['model']}; /health says 200 when ready)"
+             + ("; Bearer key required on /v1/*" if opts.api_key else ""))
+    try:
+        code = run_server(Service(load, opts), host, port, log_level)
+    except RuntimeError as e:
+        raise UserError(f"the model could not be loaded: {e}") from None
+    if not o["quiet"]:
+        _err("mlx-slm: server stopped")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

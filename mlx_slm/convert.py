@@ -5,6 +5,11 @@ with Hugging Face tensor names, tokenizer files), so mlx-lm and Transformers loa
 too: that is how the parity check runs Transformers on the very same weight values.
 GGUF tensors are dequantized to float32 with the `gguf` package (no torch needed) and
 then cast once to the requested dtype. A `conversion.json` records where it came from.
+
+`quantize=4|8` then packs every Linear and Embedding weight whose input size is a
+multiple of the group size as mlx-lm does (`mx.quantize`, affine; norms and biases stay
+in `dtype`), and writes mlx-lm's `quantization` entry to config.json, so `mlx_lm.load`
+reads the directory too. An mlx-lm quantized source is copied as it is stored.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 
 from ._fs import write_json_atomic
 from .errors import ModelError, UserError
-from .models import SUPPORTED_ARCHITECTURES, get_model_module, gguf_module
+from .models import SUPPORTED_ARCHITECTURES, get_model_module, gguf_module, mlxlm, quant
 from .models.base import gguf_hf_name
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -41,12 +46,17 @@ class ConversionError(UserError, ValueError):
 
 
 def _check_arch(model_type: str | None, where: str) -> Any:
-    """The architecture module (mlx_slm.models) for `model_type`, or a ConversionError."""
+    """The architecture module (mlx_slm.models) for `model_type`; None for one only mlx-lm
+    knows (it runs through mlx-lm's model class: models/mlxlm.py); else a ConversionError."""
     try:
         return get_model_module(model_type)
     except ModelError:
+        if mlxlm.knows(model_type):
+            return None
+        why = mlxlm.UNSUPPORTED.get(str(model_type))
         raise ConversionError(
-            f"{where}: architecture {model_type!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"{where}: architecture {model_type!r} is not supported"
+            + (f": {why}" if why else f"; supported: {', '.join(SUPPORTED_ARCHITECTURES)}, or one mlx-lm knows")
         ) from None
 
 
@@ -54,7 +64,7 @@ def _check_config(config: dict[str, Any], where: str) -> None:
     """Refuse, before any tensor is read, a config the forward would not compute exactly."""
     module = _check_arch(config.get("model_type"), where)
     try:
-        module.ModelArgs.from_dict(config)
+        module.ModelArgs.from_dict(config) if module is not None else mlxlm.check_config(config)
     except ModelError as e:
         raise ConversionError(f"{where}: {e}") from None
 
@@ -175,11 +185,17 @@ def source_kind(src: str | Path) -> str:
 
 
 def convert(
-    src: str | Path, out: str | Path, dtype: str = "float16", progress: Progress | None = _stderr
+    src: str | Path, out: str | Path, dtype: str = "float16", progress: Progress | None = _stderr,
+    quantize: int | None = None, group_size: int | None = None,
 ) -> Path:
-    """Convert `src` (HF directory, hub id, `.gguf`) into an MLX directory `out` in `dtype`."""
+    """Convert `src` (HF directory, hub id, `.gguf`) into an MLX directory `out` in `dtype`.
+
+    quantize: 4 or 8 to write an mlx-lm quantized directory (`group_size` 32, 64 or 128,
+    default 64) instead of a floating-point one.
+    """
     if dtype not in DTYPES:
         raise ConversionError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    check_quantize(quantize, group_size)
     say = progress or (lambda _m: None)
     out = Path(out)
     kind = source_kind(src)
@@ -188,7 +204,7 @@ def convert(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        _convert_into(tmp, src, kind, dtype, say)
+        _convert_into(tmp, src, kind, dtype, say, quantize, group_size or quant.DEFAULT_GROUP_SIZE)
     except BaseException:  # a failed or interrupted conversion leaves nothing behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -198,7 +214,68 @@ def convert(
     return out
 
 
-def _convert_into(tmp: Path, src: str | Path, kind: str, dtype: str, say: Progress) -> None:
+def check_quantize(bits: int | None, group_size: int | None) -> None:
+    """Refuse quantization settings `convert` does not write, saying which it does."""
+    if bits is None:
+        if group_size is not None:
+            raise ConversionError("a group size only applies to a quantized conversion: add --quantize 4|8")
+        return
+    if bits not in quant.BITS:
+        raise ConversionError(f"--quantize {bits}: quantize to {' or '.join(map(str, quant.BITS))} bits per weight")
+    if group_size is not None and group_size not in quant.GROUP_SIZES:
+        raise ConversionError(
+            f"--group-size {group_size}: use {', '.join(map(str, quant.GROUP_SIZES))} "
+            "(weights sharing one scale and bias; smaller is more accurate and larger)"
+        )
+
+
+def _quantizable(config: dict[str, Any], weights: dict[str, Any], group_size: int) -> tuple[list[str], list[str]]:
+    """(names to pack, names left in floating point): the weight of every Linear and Embedding
+    of the model, packed when its input size is a multiple of the group size (mlx-lm's rule)."""
+    import mlx.core as mx
+
+    try:
+        module = get_model_module(config["model_type"])
+    except ModelError:  # an architecture only mlx-lm covers: its model's layers and sanitize
+        layers, sanitize = mlxlm.quantizable(config)
+    else:
+        args = module.ModelArgs.from_dict(config)
+        layers = {p for p, m in module.Model(args).named_modules() if hasattr(m, "to_quantized")}
+        sanitize = lambda w: module.sanitize(w, args)  # noqa: E731
+    names = list(weights)
+    # The file keeps the source's names; map them to the model's through its sanitize (which
+    # renames and drops tensors, never changes values) by passing each tensor's index. A
+    # tensor sanitize combines with others (mlx-lm stacking experts) is left unquantized.
+    marks = sanitize({n: mx.array(i) for i, n in enumerate(names)})
+    found = [names[int(v.item())] for k, v in marks.items()
+             if v.size == 1 and k.endswith(".weight") and k[: -len(".weight")] in layers]
+    fits = [n for n in found if weights[n].shape[-1] % group_size == 0]
+    return fits, [n for n in found if n not in fits]
+
+
+def _quantize_weights(weights: dict[str, Any], config: dict[str, Any], bits: int, group_size: int, say: Progress) -> dict[str, Any]:
+    import mlx.core as mx
+
+    packed, left = _quantizable(config, weights, group_size)
+    if not packed:
+        raise ConversionError(
+            f"group size {group_size} divides the input size of none of the model's layers "
+            f"(hidden size {config.get('hidden_size')}): choose a smaller --group-size"
+        )
+    for name in packed:
+        base = name[: -len(".weight")]
+        q, s, b = mx.quantize(weights[name], group_size=group_size, bits=bits)
+        mx.eval(q, s, b)
+        weights[name], weights[f"{base}.scales"], weights[f"{base}.biases"] = q, s, b
+    say(f"  {len(packed)} weight matrices -> {bits}-bit, group size {group_size}"
+        + (f"; {len(left)} left unquantized (input size not a multiple of {group_size})" if left else ""))
+    return weights
+
+
+def _convert_into(
+    tmp: Path, src: str | Path, kind: str, dtype: str, say: Progress, bits: int | None = None,
+    group_size: int = quant.DEFAULT_GROUP_SIZE,
+) -> None:
     import mlx.core as mx
     from transformers import AutoTokenizer
 
@@ -210,32 +287,54 @@ def _convert_into(tmp: Path, src: str | Path, kind: str, dtype: str, say: Progre
         tensors = iter_gguf_tensors(path, config)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         hashed = [path]
+        stored = None
     else:
         path = resolve_hf_dir(str(src)).resolve()
         config = json.loads((path / "config.json").read_text())
         _check_config(config, str(src))
+        try:
+            stored = quant.quantization_of(config)
+        except ModelError as e:
+            raise ConversionError(f"{src}: {e}") from None
+        if stored is not None and bits is not None:
+            raise ConversionError(
+                f"{src} is already {quant.describe(stored)} quantized: convert the unquantized checkpoint "
+                "with --quantize, or drop --quantize to use it as it is"
+            )
         tensors = iter_hf_tensors(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         hashed = sorted(path.glob("*.safetensors"))
 
+    copied = stored is not None  # an mlx-lm quantized source
     target = getattr(mx, dtype)
     weights: dict[str, mx.array] = {}
     tied = bool(config.get("tie_word_embeddings"))
     for i, (name, w) in enumerate(tensors):
-        if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+        if "rotary_emb.inv_freq" in name or (tied and name.startswith("lm_head.")):
             continue
         a = w if isinstance(w, mx.array) else mx.array(w)
-        weights[name] = a.astype(target)
+        weights[name] = a if copied else a.astype(target)  # packed tensors: as they are stored
         mx.eval(weights[name])
         if i % 50 == 0:
             say(f"  converting tensors: {i + 1}")
-    say(f"  {len(weights)} tensors -> {dtype}")
+    if copied:
+        say(f"  {len(weights)} tensors, {quant.describe(stored)} quantized: copied as stored (--dtype does not apply)")
+    else:
+        say(f"  {len(weights)} tensors -> {dtype}")
+    if bits is not None:
+        weights = _quantize_weights(weights, config, bits, group_size, say)
     mx.save_safetensors(str(tmp / WEIGHTS), weights, metadata={"format": "mlx"})
 
-    config.pop("quantization_config", None)
     source_dtype = config.get("torch_dtype") or config.get("dtype")  # what it was trained/published in
-    config["torch_dtype"] = dtype
-    config["dtype"] = dtype
+    if not copied:
+        config.pop("quantization_config", None)
+        config.pop("quantization", None)
+        config["torch_dtype"] = dtype
+        config["dtype"] = dtype
+    if bits is not None:  # mlx-lm writes both keys (`quantization_config` for Hugging Face tooling)
+        stored = {"group_size": group_size, "bits": bits, "mode": "affine"}
+        config["quantization"] = dict(stored)
+        config["quantization_config"] = dict(stored)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(tmp))
 
@@ -245,8 +344,9 @@ def _convert_into(tmp: Path, src: str | Path, kind: str, dtype: str, say: Progre
         "source_kind": kind,
         "source_path": str(path),
         "source_sha256": {p.name: sha256_file(p) for p in hashed},
-        "dtype": dtype,
+        "dtype": source_dtype if copied else dtype,
         "source_dtype": source_dtype,
+        "quantization": stored,
         "architecture": config["model_type"],
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
@@ -285,3 +385,36 @@ def weights_sha256(path: str | Path) -> str:
 def is_converted(path: str | Path) -> bool:
     p = Path(path)
     return p.is_dir() and (p / RECORD).is_file() and (p / WEIGHTS).is_file()
+
+
+def dequantized_copy(path: str | Path, out: str | Path) -> Path:
+    """A float32 Hugging Face directory holding the values of an MLX-quantized directory's
+    weights, for Transformers (which cannot read mlx-lm's packing): the reference of a parity
+    check on a quantized model. The values are those `load_model` dequantizes to."""
+    import mlx.core as mx
+
+    src, out = Path(path), Path(out)
+    config = json.loads((src / "config.json").read_text())
+    q = quant.quantization_of(config)
+    if q is None:
+        raise ConversionError(f"{src} is not an MLX-quantized directory (no quantization entry in config.json)")
+    try:  # our model's layer shapes tell unrecorded mixed widths apart
+        module = get_model_module(config.get("model_type"))
+        model = module.Model(module.ModelArgs.from_dict(config))
+    except ModelError:  # an architecture only mlx-lm covers: the config's entries (mlx-lm records per-layer widths)
+        model = None
+    weights: dict[str, mx.array] = {}
+    for f in sorted(src.glob("*.safetensors")):
+        weights.update(mx.load(str(f)))
+    weights = quant.dequantize_weights(quant.drop_orphans(weights), q, model)
+    weights = {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / WEIGHTS), weights, metadata={"format": "mlx"})
+    for k in ("quantization", "quantization_config"):
+        config.pop(k, None)
+    config["torch_dtype"] = config["dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    for f in src.iterdir():  # the tokenizer and generation files
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", RECORD, "model.safetensors.index.json"):
+            shutil.copy2(f, out / f.name)
+    return out

@@ -40,8 +40,10 @@ class Engine:
         self.lock = threading.RLock()
 
     @classmethod
-    def load(cls, model: str | Path, dtype: str | None = None) -> "Engine":
-        """A built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached)."""
+    def load(cls, model: str | Path, dtype: str | None = None, dequantize: bool | None = None) -> "Engine":
+        """A built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
+
+        dequantize: for an MLX-quantized model, see `models.load_model` (None: on the CPU only)."""
         from transformers import AutoTokenizer
 
         from .registry import resolve_model
@@ -49,12 +51,12 @@ class Engine:
         # Converted once in the asked dtype (float16 by default), so float32 compute asked for
         # explicitly gets the source's float32 values, not float16 ones cast back up.
         path = resolve_model(str(model), dtype=dtype or "float16")
-        m = load_model(path, dtype=getattr(mx, dtype) if dtype else None)
+        m = load_model(path, dtype=getattr(mx, dtype) if dtype else None, dequantize=dequantize)
         return cls(m, AutoTokenizer.from_pretrained(str(path)), path)
 
     @property
     def compute_dtype(self) -> str:
-        return str(self.model.head_weight().dtype).replace("mlx.core.", "")
+        return str(self.model.compute_dtype).replace("mlx.core.", "")
 
     def prefix(self, tokens: Sequence[int]) -> tuple[PrefixCache, bool]:
         """The KV of a shared prompt head, and whether this call computed it (LRU per head)."""

@@ -9,20 +9,32 @@ Two separate questions, reported separately:
 (b) Conversion drift: Transformers on the original source against Transformers on
     the converted weights. float16 cannot hold every dequantized GGUF value, so a
     small drift is expected; it is reported, and fails only when asked (`strict`).
+
+An MLX-quantized model (mlx-lm's format) is checked the same way, with (a) against
+Transformers holding the dequantized values (written to a temporary float32 directory:
+Transformers cannot read mlx-lm's packing), and one more question:
+
+(c) mlx-lm: our labels against those of mlx-lm's own forward on the same quantized
+    directory (`mlx_lm.load`, one prompt at a time, full-vocabulary logits at the last
+    position). Any label disagreement is a failure; the logit difference is reported.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from .errors import UserError
-from .labels import softmax
+from .labels import LabelSet, softmax
+from .reference import Reference
 
 # Max |delta logit| allowed in (a), by compute dtype. float16's is from measurement (README).
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.1}
@@ -60,9 +72,60 @@ def compare(
     return Comparison(len(labels_a) - len(dis), len(labels_a), dl, dv, dp, dis)
 
 
+class MlxLmForward(Reference):
+    """mlx-lm's own model on a directory (`mlx_lm.load`), scored as the Transformers reference is:
+    one prompt at a time, full-vocabulary logits, label scores by `Reference.label_scores`.
+
+    dtype: cast its floating-point tensors (scales and biases of the packed layers included)
+    to this dtype first, as ours are: float16 to float32 is exact, and MLX's CPU runs
+    float16 quantized matmuls far too slowly for a check (SmolLM2-135M: 37 s for 8 tokens)."""
+
+    def __init__(self, path: str | Path, dtype: mx.Dtype | None = None):  # not super().__init__: Transformers
+        from mlx_lm import load
+
+        self.model, _ = load(str(path))
+        if dtype is not None:
+            self.model.set_dtype(dtype)
+
+    def logits(self, ids: Sequence[int], last_only: bool = False) -> np.ndarray:
+        out = self.model(mx.array([[int(t) for t in ids]]))[0]
+        return np.array((out[-1:] if last_only else out).astype(mx.float32))
+
+
+def mlxlm_scores(
+    path: str | Path, prompts: Sequence[Sequence[int]], labelset: LabelSet, dtype: mx.Dtype | None = None
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """(label scores (n, k), last logits (n, V), seconds) of mlx-lm's forward on `path`."""
+    ref = MlxLmForward(path, dtype)
+    t = time.perf_counter()
+    scores, logits = zip(*(ref.label_scores(p, labelset) for p in prompts))
+    return np.array(scores), np.array(logits), time.perf_counter() - t
+
+
+def is_quantized_dir(model: str) -> bool:
+    """Whether `model` is a directory whose config.json carries an MLX quantization entry."""
+    from .models.quant import quantization_of
+
+    cfg = Path(model).expanduser() / "config.json"
+    try:
+        return quantization_of(json.loads(cfg.read_text())) is not None
+    except (OSError, ValueError):
+        return False
+
+
+def default_reference(model: str) -> str | None:
+    """The source a converted quantized directory was made from, if it is still there."""
+    rec = Path(model).expanduser() / "conversion.json"
+    try:
+        src = json.loads(rec.read_text()).get("source_path")
+    except (OSError, ValueError):
+        return None
+    return src if src and Path(src).exists() else None
+
+
 def run_parity(
     model: str,
-    reference: str,
+    reference: str | None,
     texts: Sequence[str],
     labels: Sequence[str],
     system: str | None,
@@ -70,16 +133,25 @@ def run_parity(
     dtype: str | None = None,
     batch_size: int = 8,
     progress: Callable[[str], None] = lambda _m: None,
+    dequantize: bool | None = None,
 ) -> dict[str, Any]:
+    """reference: the original checkpoint for (b); None skips (b) (allowed for a quantized model).
+    dequantize: for a quantized model, as `Classifier.load` (None: at load on the CPU only)."""
     from .classifier import Classifier
+    from .convert import dequantized_copy
+    from .models.quant import describe, quantization_of
     from .reference import score_in_child
     from .registry import resolve_model, resolve_source
 
     path = resolve_model(model)
-    src = resolve_source(reference)
+    q = quantization_of(json.loads((path / "config.json").read_text()))
+    if reference is None and q is None:
+        raise UserError("a reference checkpoint is needed for a model that is not quantized")
+    src = resolve_source(reference) if reference is not None else None
     progress(f"ours: MLX on {path}")
-    clf = Classifier.load(str(path), labels, system, template, dtype=dtype, keep_logits=True, batch_size=batch_size)
-    compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.head_weight().dtype]
+    clf = Classifier.load(str(path), labels, system, template, dtype=dtype, keep_logits=True, batch_size=batch_size,
+                          dequantize=dequantize)
+    compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     t0 = time.perf_counter()
     ours = clf.classify(texts)
     t_ours = time.perf_counter() - t0
@@ -94,12 +166,27 @@ def run_parity(
         labs = [clf.labels[int(np.argmax(s))] for s in scores]
         return labs, list(logits), [softmax(s) for s in scores], seconds
 
-    conv_l, conv_g, conv_p, t_conv = run_ref(str(path))
-    orig_l, orig_g, orig_p, _ = run_ref(src)
+    with tempfile.TemporaryDirectory() as tmp:
+        same = str(path)
+        if q is not None:  # Transformers cannot read mlx-lm's packing: the same values, unpacked
+            progress("reference weights: the quantized values, dequantized to float32")
+            same = str(dequantized_copy(path, Path(tmp) / "dequantized"))
+        conv_l, conv_g, conv_p, t_conv = run_ref(same)
     rows = clf.labelset.first_ids
+    ours_l = [p.label for p in ours]
+    ours_g = [p.logits for p in ours]
     ours_p = [np.array([p.probs[lab] for lab in clf.labels]) for p in ours]
-    a = compare([p.label for p in ours], conv_l, [p.logits for p in ours], conv_g, ours_p, conv_p, rows)
-    b = compare(orig_l, conv_l, orig_g, conv_g, orig_p, conv_p, rows)
+    a = compare(ours_l, conv_l, ours_g, conv_g, ours_p, conv_p, rows)
+    b = None
+    if src is not None:
+        orig_l, orig_g, orig_p, _ = run_ref(src)
+        b = compare(orig_l, conv_l, orig_g, conv_g, orig_p, conv_p, rows)
+    c, t_mlxlm = None, None
+    if q is not None:
+        progress(f"mlx-lm: its own forward on {path}, {compute}, one at a time")
+        scores, logits, t_mlxlm = mlxlm_scores(path, ids, clf.labelset, clf.model.compute_dtype)
+        c = compare(ours_l, [clf.labels[int(np.argmax(s))] for s in scores], ours_g, list(logits), ours_p,
+                    [softmax(s) for s in scores], rows)
     tol = TOLERANCE[compute]
     return {
         "model": str(path),
@@ -108,35 +195,58 @@ def run_parity(
         "labels": list(clf.labels),
         "scoring": clf.mode,
         "compute_dtype": compute,
+        "quantization": None if q is None else describe(q),
+        "kept_quantized": clf.model.quantized is not None,
         "tolerance": tol,
         "forward_exactness": a.as_dict(),
-        "conversion_drift": b.as_dict(),
+        "conversion_drift": None if b is None else b.as_dict(),
+        "mlxlm": None if c is None else c.as_dict(),
         "forward_ok": a.agree == a.total and a.max_dlogit_vocab <= tol,
-        "drift_ok": b.agree == b.total,
-        "seconds": {"ours": round(t_ours, 2), "reference": round(t_conv, 2)},
+        "drift_ok": b is None or b.agree == b.total,
+        "mlxlm_ok": c is None or c.agree == c.total,
+        "seconds": {"ours": round(t_ours, 2), "reference": round(t_conv, 2),
+                    **({} if t_mlxlm is None else {"mlxlm": round(t_mlxlm, 2)})},
     }
 
 
 def format_report(r: dict[str, Any]) -> str:
-    a, b = r["forward_exactness"], r["conversion_drift"]
+    a, b, c = r["forward_exactness"], r["conversion_drift"], r.get("mlxlm")
+    q = r.get("quantization")
+    weights = "" if not q else f"; weights {q}, {'kept quantized' if r['kept_quantized'] else 'dequantized at load'}"
     lines = [
         f"model      {r['model']}",
         f"reference  {r['reference']}",
-        f"items {r['n']}, labels {', '.join(r['labels'])} ({r['scoring']} scoring), compute {r['compute_dtype']}",
+        f"items {r['n']}, labels {', '.join(r['labels'])} ({r['scoring']} scoring), compute {r['compute_dtype']}{weights}",
         "",
-        "(a) forward exactness: ours vs Transformers on the same weight values",
+        "(a) forward exactness: ours vs Transformers on the same weight values"
+        + (" (dequantized, float32)" if q else ""),
         f"    labels agree        {a['agree']}/{a['total']}",
         f"    max |d logit| labels {a['max_abs_dlogit_labels']:.3g}",
         f"    max |d logit| vocab  {a['max_abs_dlogit_vocab']:.3g}   (tolerance {r['tolerance']:g})",
         f"    max |d prob|         {a['max_abs_dprob']:.3g}",
         f"    -> {'PASS' if r['forward_ok'] else 'FAIL'}",
         "",
-        "(b) conversion drift: Transformers on the source vs on the converted weights",
-        f"    labels agree        {b['agree']}/{b['total']}",
-        f"    max |d logit| labels {b['max_abs_dlogit_labels']:.3g}",
-        f"    max |d logit| vocab  {b['max_abs_dlogit_vocab']:.3g}",
-        f"    max |d prob|         {b['max_abs_dprob']:.3g}",
-        "",
-        f"time: ours {r['seconds']['ours']} s, reference {r['seconds']['reference']} s",
     ]
+    if b is None:
+        lines += ["(b) conversion drift: skipped (no --reference)"]
+    else:
+        lines += [
+            "(b) conversion drift: Transformers on the source vs on the converted weights",
+            f"    labels agree        {b['agree']}/{b['total']}",
+            f"    max |d logit| labels {b['max_abs_dlogit_labels']:.3g}",
+            f"    max |d logit| vocab  {b['max_abs_dlogit_vocab']:.3g}",
+            f"    max |d prob|         {b['max_abs_dprob']:.3g}",
+        ]
+    if c is not None:
+        lines += [
+            "",
+            "(c) mlx-lm: ours vs mlx-lm's own forward on the same quantized directory",
+            f"    labels agree        {c['agree']}/{c['total']}",
+            f"    max |d logit| labels {c['max_abs_dlogit_labels']:.3g}",
+            f"    max |d logit| vocab  {c['max_abs_dlogit_vocab']:.3g}",
+            f"    -> {'PASS' if r['mlxlm_ok'] else 'FAIL'}",
+        ]
+    sec = r["seconds"]
+    lines += ["", f"time: ours {sec['ours']} s, reference {sec['reference']} s"
+              + (f", mlx-lm {sec['mlxlm']} s" if "mlxlm" in sec else "")]
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import ModelError
+from . import quant
 from .base import FASTMATH, KV, NATIVE, Model, ModelArgs, Ops, build_mask, choose_ops
 
 # model_type (config.json) -> module of this package.
@@ -47,7 +49,14 @@ def get_model_module(model_type: str | None) -> ModuleType:
 
 
 def get_model_class(model_type: str | None) -> tuple[type[Model], type[ModelArgs]]:
-    """(Model class, ModelArgs class) for a `model_type`, as mlx-lm's `get_model_classes`."""
+    """(Model class, ModelArgs class) for a `model_type`, as mlx-lm's `get_model_classes`.
+
+    A `model_type` none of our files covers falls back to mlx-lm's model class, behind our
+    contract (`mlxlm.MlxLmModel`), if mlx-lm has one and it is not in `mlxlm.UNSUPPORTED`."""
+    if model_type not in ARCHITECTURES:
+        from . import mlxlm
+
+        return mlxlm.get_model_class(model_type)  # type: ignore[return-value]
     m = get_model_module(model_type)
     return m.Model, m.ModelArgs
 
@@ -92,16 +101,25 @@ def default_compute_dtype(checkpoint_dtype: str | None = None) -> mx.Dtype:
     return mx.bfloat16 if checkpoint_dtype == "bfloat16" else mx.float16
 
 
-def load_model(path: str | Path, dtype: mx.Dtype | None = None, ops: str | Ops | None = None) -> Model:
+def load_model(
+    path: str | Path, dtype: mx.Dtype | None = None, ops: str | Ops | None = None, dequantize: bool | None = None
+) -> Model:
     """Load a converted MLX directory (config.json + *.safetensors), cast to the compute dtype.
 
     ops: "auto" (default: `choose_ops` by device and dtype), "native", "fastmath", or an `Ops`.
+    dequantize: for an MLX-quantized directory (mlx-lm's format), replace the packed weights
+        by their values at load. None (default): yes on the CPU, where MLX's quantized
+        matmuls are slow (a one-line note says so on stderr), no on a GPU.
     """
     path = Path(path)
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ModelError(f"no config.json in {path}: convert the checkpoint first (mlx-slm convert)")
     config = json.loads(cfg_path.read_text())
+    if config.get("model_type") not in ARCHITECTURES:  # only mlx-lm's model class covers it (or refused)
+        from . import mlxlm
+
+        return mlxlm.load(path, config, dtype, ops, dequantize)  # type: ignore[return-value]
     module = get_model_module(config.get("model_type"))
     args = module.ModelArgs.from_dict(config)
     files = sorted(path.glob("*.safetensors"))
@@ -111,14 +129,42 @@ def load_model(path: str | Path, dtype: mx.Dtype | None = None, ops: str | Ops |
     for f in files:
         weights.update(mx.load(str(f)))
     weights = module.sanitize(weights, args)
-    dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, module))
-    weights = {k: v.astype(dtype) for k, v in weights.items()}
     model = module.Model(args)
+    weights, dtype = _load_quantized(model, weights, config, path, dtype, dequantize)
+    dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, module))
+    weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
     model.load_weights(list(weights.items()), strict=True)
     model.eval()
     mx.eval(model.parameters())
     model.ops = choose_ops(dtype, name=ops)
     return model
+
+
+def _load_quantized(
+    model: Model, weights: dict[str, mx.array], config: dict[str, Any], path: Path, dtype: mx.Dtype | None,
+    dequantize: bool | None,
+) -> tuple[dict[str, mx.array], mx.Dtype | None]:
+    """An MLX-quantized checkpoint's weights, dequantized (float32) or with `model` made quantized
+    to take them packed; and the compute dtype (None: the default). Others pass through."""
+    q = quant.quantization_of(config)
+    if q is None:
+        return weights, dtype
+    weights = quant.drop_orphans(weights)
+    on_cpu = mx.default_device() != mx.gpu
+    if dequantize is None and on_cpu:
+        dtype = dtype or mx.float32
+        print(f"mlx-slm: note: {path.name} is {quant.describe(q)} quantized; on the CPU MLX's quantized matmuls run "
+              f"~50x slower than float32 ones, so it is dequantized to {str(dtype).replace('mlx.core.', '')} at load "
+              "(--keep-quantized keeps it packed)", file=sys.stderr, flush=True)
+        dequantize = True
+    if dequantize:
+        return quant.dequantize_weights(weights, q, model), dtype
+    model.quantized = quant.describe(q)
+    quant.quantize_model(model, weights, q)
+    if dtype is None and not on_cpu:  # a GPU computes in the scales' half type, as mlx-lm does
+        scales = next((v.dtype for k, v in weights.items() if k.endswith(".scales")), None)
+        dtype = scales if scales in (mx.float16, mx.bfloat16) else None
+    return weights, dtype
 
 
 __all__ = [

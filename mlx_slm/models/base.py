@@ -31,6 +31,7 @@ from mlx import nn
 
 from .. import fastmath
 from ..errors import ModelError
+from . import quant
 
 # One layer's keys and values, each (B, n_kv_heads, S, head_dim).
 KV = tuple[mx.array, mx.array]
@@ -427,6 +428,7 @@ class Model(nn.Module):
         super().__init__()
         self.args = args
         self.ops: Ops = NATIVE  # load_model chooses (choose_ops); assign to override
+        self.quantized: str | None = None  # load_model: e.g. "4-bit (group 64)" when the weights are kept packed
         self.model = LanguageModel(args, self.block_class, self.norm_class)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
@@ -474,12 +476,26 @@ class Model(nn.Module):
         h = self.model.norm(h)
         return (h[:, -1] if last_only else h), new_cache
 
+    @property
+    def compute_dtype(self) -> mx.Dtype:
+        """The dtype the forward computes in (that of the float weights, quantized or not)."""
+        return self.model.norm.weight.dtype
+
+    def head(self) -> nn.Module:
+        """The LM head module: the embedding when tied, else `lm_head` (either may be quantized)."""
+        return self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
+
     def head_weight(self) -> mx.array:
-        return self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
+        """The (V, D) head weight; a quantized head is dequantized whole (costly: for reading only)."""
+        head = self.head()
+        return quant.dense_weight(head) if quant.is_quantized(head) else head.weight
 
     def logits(self, hidden: mx.array, rows: mx.array | None = None) -> mx.array:
         """Project hidden states onto the vocabulary, or only onto `rows` (e.g. label tokens)."""
-        w = self.head_weight()
+        head = self.head()
+        if quant.is_quantized(head):  # the label rows dequantized, or the packed matmul
+            return quant.project(head, hidden, rows)
+        w = head.weight
         if rows is not None:
             w = mx.take(w, rows, axis=0)
         return hidden @ w.T
