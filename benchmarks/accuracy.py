@@ -133,23 +133,51 @@ def main(argv: list[str] | None = None) -> int:
     sup = _jsonl(DATA / "support_tickets.jsonl")[: args.limit]
     shots = [(e["text"], e["label"]) for e in _jsonl(DATA / "support_examples.jsonl")]
     sets = {
-        "workload": (DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, [t for t, _ in work], [lab for _, lab in work],
-                     [s for s in shots if s[1] in DEFAULT_LABELS]),
-        "tickets": (TICKET_LABELS, TICKET_SYSTEM, DEFAULT_TEMPLATE, [r["text"] for r in sup], [r["label"] for r in sup], shots),
+        "workload": (
+            DEFAULT_LABELS,
+            DEFAULT_SYSTEM,
+            DEFAULT_TEMPLATE,
+            [t for t, _ in work],
+            [lab for _, lab in work],
+            [s for s in shots if s[1] in DEFAULT_LABELS],
+        ),
+        "tickets": (
+            TICKET_LABELS,
+            TICKET_SYSTEM,
+            DEFAULT_TEMPLATE,
+            [r["text"] for r in sup],
+            [r["label"] for r in sup],
+            shots,
+        ),
     }
-    results: dict = {"model": args.model, "machine": f"{platform.machine()}, {platform.system()}", "n_fit": args.n_fit,
-                     "runs": {}, "all_items": {}, "warmup": {}, "timing": {}}
+    results: dict = {
+        "model": args.model,
+        "machine": f"{platform.machine()}, {platform.system()}",
+        "n_fit": args.n_fit,
+        "runs": {},
+        "all_items": {},
+        "warmup": {},
+        "timing": {},
+    }
     rng = np.random.default_rng(0)
     for name, (labels, system, template, texts, gold_names, examples) in sets.items():
         gold = gold_indices(gold_names, labels)
-        fit_idx = np.sort(np.concatenate([rng.choice(np.flatnonzero(gold == k), args.n_fit // len(labels), replace=False)
-                                          for k in range(len(labels))]))
+        fit_idx = np.sort(
+            np.concatenate(
+                [
+                    rng.choice(np.flatnonzero(gold == k), args.n_fit // len(labels), replace=False)
+                    for k in range(len(labels))
+                ]
+            )
+        )
         eval_idx = np.setdiff1d(np.arange(len(gold)), fit_idx)
         for shot, ex in (("zero-shot", ()), ("few-shot", tuple(examples))):
             clf = Classifier.load(args.model, labels, system, template, examples=ex)
             lp, secs = raw_scores(clf, texts)
             results["timing"][f"{name}/{shot}"] = {
-                "items": len(texts), "seconds": round(secs, 1), "items_per_s": round(len(texts) / secs, 3),
+                "items": len(texts),
+                "seconds": round(secs, 1),
+                "items_per_s": round(len(texts) / secs, 3),
                 "prefix_tokens": len(clf.prefix) if clf.prefix else 0,
             }
             print(f"{name} {shot}: {len(texts)} items in {secs:.1f} s ({len(texts) / secs:.2f} items/s)", flush=True)
@@ -186,19 +214,33 @@ def _markdown(r: dict, cmd: str) -> str:
     for key, m in r["runs"].items():
         name, shot = key.split("/", 1) if key.count("/") == 1 else (key.rsplit("/", 1)[0], key.rsplit("/", 1)[1])
         cells = " | ".join(f"{100 * m[k]['accuracy']:.1f} % / {m[k]['macro_f1']:.2f}" for k in METHODS)
-        lines.append(f"| {name} | {shot} | {m['none']['n']} | {cells} | "
-                     f"{m['none']['ece']:.2f} / {m['batch']['ece']:.2f} / {m['fit']['ece']:.2f} |")
-    lines += ["", "Every item (the methods that need no labels; `batch, warm-up 512` is what "
-              "`classify --calibrate batch` gives: the prior from the first 512 items in input order):", "",
-              "| data set | prompt | n | none acc / F1 | batch (whole input) acc / F1 | batch, warm-up 512 acc / F1 |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {shot} | {m['none']['n']} | {cells} | "
+            f"{m['none']['ece']:.2f} / {m['batch']['ece']:.2f} / {m['fit']['ece']:.2f} |"
+        )
+    lines += [
+        "",
+        "Every item (the methods that need no labels; `batch, warm-up 512` is what "
+        "`classify --calibrate batch` gives: the prior from the first 512 items in input order):",
+        "",
+        "| data set | prompt | n | none acc / F1 | batch (whole input) acc / F1 | batch, warm-up 512 acc / F1 |",
+        "|---|---|---|---|---|---|",
+    ]
     for key, m in r["all_items"].items():
         name, shot = key.rsplit("/", 1)
-        cells = " | ".join(f"{100 * m[k]['accuracy']:.1f} % / {m[k]['macro_f1']:.2f}" for k in ("none", "batch", "batch_warmup_512"))
+        cells = " | ".join(
+            f"{100 * m[k]['accuracy']:.1f} % / {m[k]['macro_f1']:.2f}" for k in ("none", "batch", "batch_warmup_512")
+        )
         lines.append(f"| {name} | {shot} | {m['none']['n']} | {cells} |")
     for shot, w in r["warmup"].items():
-        lines += ["", f"Warm-up size for batch calibration on a stream (workload, {shot}; 20 random orders; "
-                  "accuracy over all items):", "", "| warm-up items | mean | worst |", "|---|---|---|"]
+        lines += [
+            "",
+            f"Warm-up size for batch calibration on a stream (workload, {shot}; 20 random orders; "
+            "accuracy over all items):",
+            "",
+            "| warm-up items | mean | worst |",
+            "|---|---|---|",
+        ]
         for n, v in w.items():
             worst = f"{100 * v['worst']:.1f} %" if "worst" in v else ""
             lines.append(f"| {n} | {100 * v['mean']:.1f} % | {worst} |")

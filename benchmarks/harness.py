@@ -32,8 +32,16 @@ from mlx_slm.reference import run_in_child
 ROOT = Path(__file__).resolve().parent.parent  # the repository: children run `-m benchmarks.harness` from it
 
 MODES = (
-    "hf-item", "hf-sorted", "hf-item-bf16", "mlxlm-item",
-    "ours-item", "ours-arbitrary", "ours-sorted", "ours-prefix", "ours-default", "llamacpp-item",
+    "hf-item",
+    "hf-sorted",
+    "hf-item-bf16",
+    "mlxlm-item",
+    "ours-item",
+    "ours-arbitrary",
+    "ours-sorted",
+    "ours-prefix",
+    "ours-default",
+    "llamacpp-item",
 )
 DEFAULT_MODES = tuple(m for m in MODES if m != "llamacpp-item")
 # Modes that run outside MLX. They run in a child process without our OpenBLAS preload:
@@ -121,8 +129,12 @@ class Run:
                 mask = torch.tensor(b.mask, dtype=torch.long)
                 pos = (mask.cumsum(-1) - 1).clamp(min=0)
                 with torch.inference_mode():
-                    h = m.model(input_ids=torch.tensor(b.ids, dtype=torch.long), attention_mask=mask,
-                                position_ids=pos, use_cache=False).last_hidden_state[:, -1]
+                    h = m.model(
+                        input_ids=torch.tensor(b.ids, dtype=torch.long),
+                        attention_mask=mask,
+                        position_ids=pos,
+                        use_cache=False,
+                    ).last_hidden_state[:, -1]
                     z = (h @ m.lm_head.weight[rows].T).double().numpy()
                 for r, i in enumerate(bidx):
                     labs[i], probs[i] = self.labels[int(np.argmax(z[r]))], softmax(z[r])
@@ -206,8 +218,20 @@ def _in_child(mode: str, model: str, n: int, batch_size: int) -> tuple:
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = ["-m", "benchmarks.harness", "--worker", mode, "--model", model, "--n", str(n),
-               "--batch-size", str(batch_size), "--json", f.name]
+        cmd = [
+            "-m",
+            "benchmarks.harness",
+            "--worker",
+            mode,
+            "--model",
+            model,
+            "--n",
+            str(n),
+            "--batch-size",
+            str(batch_size),
+            "--json",
+            f.name,
+        ]
         done = run_in_child(cmd, stdout=sys.stderr, cwd=ROOT)
         if done.returncode == 3:
             raise NotImplementedError(Path(f.name).read_text() or "not available")
@@ -229,8 +253,17 @@ def _worker(mode: str, model: str, n: int, batch_size: int, path: str) -> int:
     t = time.perf_counter()
     labs, probs, processed, padding = go(idx)
     sec = time.perf_counter() - t
-    Path(path).write_text(json.dumps({"labels": labs, "probs": np.asarray(probs).tolist(), "processed": int(processed),
-                                      "padding": int(padding), "seconds": sec}))
+    Path(path).write_text(
+        json.dumps(
+            {
+                "labels": labs,
+                "probs": np.asarray(probs).tolist(),
+                "processed": int(processed),
+                "padding": int(padding),
+                "seconds": sec,
+            }
+        )
+    )
     return 0
 
 
@@ -241,8 +274,10 @@ def run(model: str, n: int, modes: list[str], batch_size: int, partial: Path | N
     r = Run(model, n, batch_size)
     peak = matmul_peak()
     fpt = flops_per_token(r.config)
-    _say(f"bench: {len(r.texts)} items, {sum(map(len, r.ids)):,} prompt tokens, model {r.path}; "
-         f"matmul peak MLX {peak['mlx']:.0f} / numpy {peak['numpy']:.0f} GFLOP/s")
+    _say(
+        f"bench: {len(r.texts)} items, {sum(map(len, r.ids)):,} prompt tokens, model {r.path}; "
+        f"matmul peak MLX {peak['mlx']:.0f} / numpy {peak['numpy']:.0f} GFLOP/s"
+    )
     order = ["hf-item"] + [m for m in modes if m != "hf-item"]
     idx = list(range(len(r.texts)))
     results: dict[str, dict[str, Any]] = {}
@@ -278,8 +313,11 @@ def run(model: str, n: int, modes: list[str], batch_size: int, partial: Path | N
         }
         row["peak_fraction"] = round(row["gflops"] / peak["mlx"], 3)
         results[mode] = row
-        _say(f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s, agree {agree}/{len(idx)}"
-             if agree is not None else f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s (no reference)")
+        _say(
+            f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s, agree {agree}/{len(idx)}"
+            if agree is not None
+            else f"bench: {mode}: {row['seconds']} s, {row['items_per_s']} items/s (no reference)"
+        )
         if partial is not None:  # a long run that dies late keeps what it measured
             partial.write_text(json.dumps({"peak": peak, "rows": list(results.values())}, indent=2) + "\n")
     # The peak again at the end: a shared machine's speed drifts during a long run, and a low
@@ -327,11 +365,16 @@ def table(res: dict[str, Any]) -> str:
         )
     m = res["machine"]
     lines.append("")
-    ends = (f", the higher of {m['matmul_peak_start_gflops']} at the start and {m['matmul_peak_end_gflops']} at the end"
-            if "matmul_peak_end_gflops" in m else "")
-    lines.append(f"machine: {m['processor']}, {m['cpus']} CPUs, MLX {m['mlx_device']}; float32 matmul peak "
-                 f"{m['matmul_peak_gflops']} GFLOP/s{ends} (numpy {m['numpy_matmul_gflops']}); {res['items']} items, "
-                 f"{res['prompt_tokens']:,} prompt tokens, {res['scoring']} scoring; {res['date']}")
+    ends = (
+        f", the higher of {m['matmul_peak_start_gflops']} at the start and {m['matmul_peak_end_gflops']} at the end"
+        if "matmul_peak_end_gflops" in m
+        else ""
+    )
+    lines.append(
+        f"machine: {m['processor']}, {m['cpus']} CPUs, MLX {m['mlx_device']}; float32 matmul peak "
+        f"{m['matmul_peak_gflops']} GFLOP/s{ends} (numpy {m['numpy_matmul_gflops']}); {res['items']} items, "
+        f"{res['prompt_tokens']:,} prompt tokens, {res['scoring']} scoring; {res['date']}"
+    )
     return "\n".join(lines)
 
 
@@ -357,8 +400,9 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mlx-slm bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="mlx-slm bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--n", type=int, default=600, help="length-stratified subsample size (default: all 600)")
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of: {', '.join(MODES)}")

@@ -16,10 +16,10 @@ import statistics
 import time
 from pathlib import Path
 
-import mlx_slm  # noqa: F401
 import mlx.core as mx
 import mlx.nn as nn
 
+import mlx_slm  # noqa: F401
 from mlx_slm import fastmath
 from mlx_slm.models import FASTMATH, NATIVE, build_mask, load_model
 from mlx_slm.models.base import Context
@@ -64,18 +64,29 @@ def main() -> None:
         ctx[ops.name] = Context(m, mx.ones((B, L), dtype=mx.bool_), None, 0, offs, False)
     rows = {
         "q,k,v,o matmuls": timeit(lambda: [at.q_proj(h), at.k_proj(h), at.v_proj(h), at.o_proj(h)]),
-        "gate,up,down matmuls": timeit(lambda: [layer.mlp.gate_proj(h), layer.mlp.up_proj(h), layer.mlp.down_proj(act)]),
+        "gate,up,down matmuls": timeit(
+            lambda: [layer.mlp.gate_proj(h), layer.mlp.up_proj(h), layer.mlp.down_proj(act)]
+        ),
         "silu(g)*u native": timeit(lambda: nn.silu(g) * u),
         "silu(g)*u numpy (fastmath)": timeit(lambda: fastmath.silu_mul(g, u)),
-        "attention mx.fast.sdpa": timeit(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=at.scale, mask=mask)),
-        "attention numpy softmax (fastmath)": timeit(lambda: fastmath.attention(q, k, v, at.scale, fastmath.additive_mask(mask))),
+        "attention mx.fast.sdpa": timeit(
+            lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=at.scale, mask=mask)
+        ),
+        "attention numpy softmax (fastmath)": timeit(
+            lambda: fastmath.attention(q, k, v, at.scale, fastmath.additive_mask(mask))
+        ),
         "2x rms_norm": timeit(lambda: [layer.input_layernorm(x), layer.post_attention_layernorm(x)]),
         "rope q,k": timeit(lambda: [at._rope(q, offs), at._rope(k, offs)]),
         "mask build": timeit(lambda: build_mask(mx.ones((B, L), dtype=mx.bool_), None, 0, last_only=False)),
         "whole layer, native ops": timeit(lambda: layer(x, ctx[NATIVE.name], None, False)[0]),
         "whole layer, fastmath (default on CPU)": timeit(lambda: layer(x, ctx[FASTMATH.name], None, False)[0]),
     }
-    flops = 2 * B * L * (sum(p.size for n, p in nn.utils.tree_flatten(layer.parameters()) if n.endswith("weight") and p.ndim == 2))
+    flops = (
+        2
+        * B
+        * L
+        * (sum(p.size for n, p in nn.utils.tree_flatten(layer.parameters()) if n.endswith("weight") and p.ndim == 2))
+    )
     rows_md = ["| op | ms |", "|---|---|"] + [f"| {k} | {v:.1f} |" for k, v in rows.items()]
     mm = rows["q,k,v,o matmuls"] + rows["gate,up,down matmuls"]
     print(f"one layer, {B} x {L} tokens, {m.head_weight().dtype}, {mx.default_device()}")
@@ -83,7 +94,9 @@ def main() -> None:
     print(f"\nmatmuls: {flops / mm / 1e6:.0f} GFLOP/s")
     out = Path(a.results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "profile-ops.json").write_text(json.dumps({"batch": B, "length": L, "ms": rows, "matmul_gflops": flops / mm / 1e6}, indent=2) + "\n")
+    (out / "profile-ops.json").write_text(
+        json.dumps({"batch": B, "length": L, "ms": rows, "matmul_gflops": flops / mm / 1e6}, indent=2) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -19,16 +19,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import mlx_slm  # noqa: F401  (optimized BLAS before mlx.core)
 import mlx.core as mx
 import mlx.nn as nn
 from transformers import AutoTokenizer
 
-from mlx_slm import fastmath, model as model_mod
+import mlx_slm  # noqa: F401  (optimized BLAS before mlx.core)
+from mlx_slm import fastmath
+from mlx_slm import model as model_mod
 from mlx_slm._blas import matmul_peak
-from mlx_slm.models import flops_per_token
 from mlx_slm.classifier import Classifier
-from mlx_slm.models import load_model
+from mlx_slm.models import flops_per_token, load_model
 from mlx_slm.registry import resolve_model
 from mlx_slm.workload import stratified_sample, tickets
 
@@ -55,6 +55,7 @@ def timed(name, fn):
         T[name] += time.perf_counter() - t
         N[name] += 1
         return out
+
     return wrapper
 
 
@@ -102,26 +103,46 @@ def main() -> None:
     fpt = flops_per_token(json.loads((path / "config.json").read_text()))
     tokens = plain_run.stats.processed_tokens
     named = sum(T.values())
-    rows = sorted(T.items(), key=lambda kv: -kv[1]) + [("other (Python, concat/reshape/residual adds, batching)", wall_i - named)]
-    lines = [f"`python benchmarks/profile_run.py --n {a.n} --model {a.model}`", "",
-             f"plain run: {wall:.2f} s, {len(sub) / wall:.2f} items/s, {tokens:,} processed tokens, "
-             f"{fpt * tokens / wall / 1e9:.0f} GFLOP/s = {100 * fpt * tokens / wall / 1e9 / peak:.0f} % of the "
-             f"{peak:.0f} GFLOP/s matmul peak; instrumented run: {wall_i:.2f} s", "",
-             "| op group | calls | seconds | % of instrumented run |", "|---|---|---|---|"]
+    rows = sorted(T.items(), key=lambda kv: -kv[1]) + [
+        ("other (Python, concat/reshape/residual adds, batching)", wall_i - named)
+    ]
+    lines = [
+        f"`python benchmarks/profile_run.py --n {a.n} --model {a.model}`",
+        "",
+        f"plain run: {wall:.2f} s, {len(sub) / wall:.2f} items/s, {tokens:,} processed tokens, "
+        f"{fpt * tokens / wall / 1e9:.0f} GFLOP/s = {100 * fpt * tokens / wall / 1e9 / peak:.0f} % of the "
+        f"{peak:.0f} GFLOP/s matmul peak; instrumented run: {wall_i:.2f} s",
+        "",
+        "| op group | calls | seconds | % of instrumented run |",
+        "|---|---|---|---|",
+    ]
     for name, sec in rows:
         lines.append(f"| {name} | {N.get(name, '')} | {sec:.2f} | {100 * sec / wall_i:.1f} |")
     mm = T["matmuls (q,k,v,o,gate,up,down)"]
     lines.append("")
-    lines.append(f"matmuls alone: {fpt * tokens / mm / 1e9:.0f} GFLOP/s over processed tokens "
-                 f"(the last layer runs q, o and the MLP on one position only, so this overstates it slightly)")
+    lines.append(
+        f"matmuls alone: {fpt * tokens / mm / 1e9:.0f} GFLOP/s over processed tokens "
+        f"(the last layer runs q, o and the MLP on one position only, so this overstates it slightly)"
+    )
     print("\n".join(lines))
     out = Path(a.results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "profile-run.json").write_text(json.dumps({
-        "n": len(sub), "model": a.model, "plain_seconds": wall, "instrumented_seconds": wall_i,
-        "processed_tokens": tokens, "matmul_peak_gflops": peak, "flops_per_token": fpt,
-        "groups": {k: {"seconds": v, "calls": N[k]} for k, v in T.items()},
-    }, indent=2) + "\n")
+    (out / "profile-run.json").write_text(
+        json.dumps(
+            {
+                "n": len(sub),
+                "model": a.model,
+                "plain_seconds": wall,
+                "instrumented_seconds": wall_i,
+                "processed_tokens": tokens,
+                "matmul_peak_gflops": peak,
+                "flops_per_token": fpt,
+                "groups": {k: {"seconds": v, "calls": N[k]} for k, v in T.items()},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

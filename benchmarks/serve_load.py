@@ -59,8 +59,24 @@ class Server:
         self.url = f"http://{HOST}:{self.port}"
         env = {**os.environ}
         env.pop("MLX_SLM_API_KEY", None)
-        cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", model, "--host", HOST,
-               "--port", str(self.port), "-q", "--max-queue-items", "4096", "--request-timeout", "3600", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlx_slm.cli",
+            "serve",
+            "--model",
+            model,
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "-q",
+            "--max-queue-items",
+            "4096",
+            "--request-timeout",
+            "3600",
+            *extra,
+        ]
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         import httpx
@@ -120,9 +136,15 @@ async def _drive(url: str, texts: list[str], concurrency: int, time_cap: float) 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t_start
     return {
-        "concurrency": concurrency, "sent": next_i, "completed": len(lat), "errors": errors,
-        "wall_s": round(wall, 3), "items_per_s": round(len(lat) / wall, 3) if wall else 0.0,
-        "p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95), "p99_ms": _pct(lat, 99),
+        "concurrency": concurrency,
+        "sent": next_i,
+        "completed": len(lat),
+        "errors": errors,
+        "wall_s": round(wall, 3),
+        "items_per_s": round(len(lat) / wall, 3) if wall else 0.0,
+        "p50_ms": _pct(lat, 50),
+        "p95_ms": _pct(lat, 95),
+        "p99_ms": _pct(lat, 99),
         "mean_queue_ms": round(float(np.mean(queue_ms)), 1) if queue_ms else None,
         "capped": next_i < len(texts),
     }
@@ -139,8 +161,9 @@ def _batch_stats(url: str) -> dict[str, float]:
     return out
 
 
-def run_server_levels(model: str, extra: list[str], texts: list[str], levels: list[int], time_cap: float,
-                      startup_timeout: float) -> dict[str, Any]:
+def run_server_levels(
+    model: str, extra: list[str], texts: list[str], levels: list[int], time_cap: float, startup_timeout: float
+) -> dict[str, Any]:
     srv = Server(model, extra, startup_timeout)
     rows = []
     try:
@@ -150,11 +173,17 @@ def run_server_levels(model: str, extra: list[str], texts: list[str], levels: li
             row = asyncio.run(_drive(srv.url, texts, c, time_cap))
             after = _batch_stats(srv.url)
             n_b = after["mlx_slm_batch_items_count"] - before["mlx_slm_batch_items_count"]
-            row["mean_batch_items"] = round((after["mlx_slm_batch_items_sum"] - before["mlx_slm_batch_items_sum"]) / n_b, 2) if n_b else None
+            row["mean_batch_items"] = (
+                round((after["mlx_slm_batch_items_sum"] - before["mlx_slm_batch_items_sum"]) / n_b, 2) if n_b else None
+            )
             rows.append(row)
-            print(f"  {' '.join(extra) or 'batching on'}: c={c} {row['completed']}/{len(texts)} done, "
-                  f"{row['items_per_s']} items/s, p50 {row['p50_ms']} ms, p95 {row['p95_ms']} ms, "
-                  f"p99 {row['p99_ms']} ms, mean batch {row['mean_batch_items']}", file=sys.stderr, flush=True)
+            print(
+                f"  {' '.join(extra) or 'batching on'}: c={c} {row['completed']}/{len(texts)} done, "
+                f"{row['items_per_s']} items/s, p50 {row['p50_ms']} ms, p95 {row['p95_ms']} ms, "
+                f"p99 {row['p99_ms']} ms, mean batch {row['mean_batch_items']}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         code = srv.stop()
     return {"args": extra, "startup_s": round(srv.startup_s, 1), "exit_status": code, "levels": rows}
@@ -165,12 +194,29 @@ def offline_classify(model: str, texts: list[str]) -> dict[str, Any]:
         inp = Path(d) / "in.jsonl"
         inp.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "mlx_slm.cli", "classify", str(inp), "-o", str(Path(d) / "out.jsonl"),
-                            "--model", model], capture_output=True, text=True)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mlx_slm.cli",
+                "classify",
+                str(inp),
+                "-o",
+                str(Path(d) / "out.jsonl"),
+                "--model",
+                model,
+            ],
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - t0
     m = re.search(r"([\d.]+) items/s", p.stderr)
-    return {"items": len(texts), "items_per_s": float(m.group(1)) if m else None, "wall_s_with_load": round(wall, 1),
-            "exit_status": p.returncode}
+    return {
+        "items": len(texts),
+        "items_per_s": float(m.group(1)) if m else None,
+        "wall_s_with_load": round(wall, 1),
+        "exit_status": p.returncode,
+    }
 
 
 def api_single_latency(model: str, texts: list[str]) -> dict[str, Any]:
@@ -187,19 +233,27 @@ def api_single_latency(model: str, texts: list[str]) -> dict[str, Any]:
 
 
 def table(res: dict[str, Any]) -> str:
-    lines = [f"# serve load: {res['model']}, {res['n']} single-text requests per level ({res['date']})", "",
-             "| server | concurrency | completed | items/s | p50 ms | p95 ms | p99 ms | mean batch | errors |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# serve load: {res['model']}, {res['n']} single-text requests per level ({res['date']})",
+        "",
+        "| server | concurrency | completed | items/s | p50 ms | p95 ms | p99 ms | mean batch | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for cfg in res["servers"]:
         name = " ".join(cfg["args"]) or "dynamic batching"
         for r in cfg["levels"]:
-            lines.append(f"| {name} | {r['concurrency']} | {r['completed']}/{r['sent']}{' (capped)' if r['capped'] else ''} | "
-                         f"{r['items_per_s']} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['mean_batch_items']} | "
-                         f"{r['errors'] or ''} |")
+            lines.append(
+                f"| {name} | {r['concurrency']} | {r['completed']}/{r['sent']}{' (capped)' if r['capped'] else ''} | "
+                f"{r['items_per_s']} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['mean_batch_items']} | "
+                f"{r['errors'] or ''} |"
+            )
     off = res.get("offline")
     if off:
-        lines += ["", f"Offline `mlx-slm classify` on the same {off['items']} texts: {off['items_per_s']} items/s "
-                      f"(its own summary, model load excluded)."]
+        lines += [
+            "",
+            f"Offline `mlx-slm classify` on the same {off['items']} texts: {off['items_per_s']} items/s "
+            f"(its own summary, model load excluded).",
+        ]
     api = res.get("api_single")
     if api:
         lines += [f"Loaded Python API, one text per call: p50 {api['p50_ms']} ms, p95 {api['p95_ms']} ms."]
@@ -217,18 +271,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-cap", type=float, default=240.0, help="seconds per level; no new requests after it")
     ap.add_argument("--startup-timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-baselines", action="store_true", help="skip --max-batch-items 1, offline classify and the API")
+    ap.add_argument(
+        "--no-baselines", action="store_true", help="skip --max-batch-items 1, offline classify and the API"
+    )
     ap.add_argument("--server-args", default="", help="extra `mlx-slm serve` options for the batching run")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args(argv)
     levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
     texts = sample_texts(a.n, a.seed)
-    res: dict[str, Any] = {"model": a.model, "n": a.n, "levels": levels, "time_cap_s": a.time_cap, "seed": a.seed,
-                           "date": time.strftime("%Y-%m-%d"), "host": HOST, "cpu_count": os.cpu_count(), "servers": []}
-    res["servers"].append(run_server_levels(a.model, a.server_args.split(), texts, levels, a.time_cap, a.startup_timeout))
+    res: dict[str, Any] = {
+        "model": a.model,
+        "n": a.n,
+        "levels": levels,
+        "time_cap_s": a.time_cap,
+        "seed": a.seed,
+        "date": time.strftime("%Y-%m-%d"),
+        "host": HOST,
+        "cpu_count": os.cpu_count(),
+        "servers": [],
+    }
+    res["servers"].append(
+        run_server_levels(a.model, a.server_args.split(), texts, levels, a.time_cap, a.startup_timeout)
+    )
     if not a.no_baselines:
-        res["servers"].append(run_server_levels(a.model, ["--max-batch-items", "1"], texts, levels, a.time_cap,
-                                                a.startup_timeout))
+        res["servers"].append(
+            run_server_levels(a.model, ["--max-batch-items", "1"], texts, levels, a.time_cap, a.startup_timeout)
+        )
         res["offline"] = offline_classify(a.model, texts)
         res["api_single"] = api_single_latency(a.model, texts[: min(len(texts), 32)])
         top = res["servers"][0]["levels"][-1]["items_per_s"]

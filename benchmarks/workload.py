@@ -1,7 +1,7 @@
 """The 600-ticket benchmark workload (SPEC.md) and the check of its published statistics.
 
-    python -m benchmarks.workload                  # statistics under the Qwen2.5 tokenizer
-    python -m benchmarks.workload --jsonl t.jsonl  # the workload as classify input
+python -m benchmarks.workload                  # statistics under the Qwen2.5 tokenizer
+python -m benchmarks.workload --jsonl t.jsonl  # the workload as classify input
 """
 
 from __future__ import annotations

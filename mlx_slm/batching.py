@@ -10,8 +10,8 @@ keeps its real tokens at their unbatched positions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -74,8 +74,8 @@ def pad(seqs: Sequence[Sequence[int]], indices: np.ndarray, pad_id: int, cache_l
     mask = np.zeros((len(rows), L), dtype=bool)
     for r, s in enumerate(rows):
         if len(s):
-            ids[r, L - len(s):] = s
-            mask[r, L - len(s):] = True
+            ids[r, L - len(s) :] = s
+            mask[r, L - len(s) :] = True
     pads = L - np.array([len(r) for r in rows], dtype=np.int32)
     return Batch(np.asarray(indices, dtype=np.int64), ids, mask, (cache_len - pads).astype(np.int32))
 

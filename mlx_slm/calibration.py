@@ -87,9 +87,7 @@ def _as_log_probs(log_probs: Any, k: int, *, allow_empty: bool = False) -> np.nd
     except (TypeError, ValueError) as e:
         raise CalibrationError(f"log_probs must be a numeric (items x labels) array: {e}") from None
     if arr.ndim != 2:
-        raise CalibrationError(
-            f"log_probs must be a 2-D array of shape (items, labels), got shape {arr.shape}"
-        )
+        raise CalibrationError(f"log_probs must be a 2-D array of shape (items, labels), got shape {arr.shape}")
     n, cols = arr.shape
     if cols != k:
         raise CalibrationError(
@@ -117,9 +115,7 @@ def _as_gold(gold_idx: Any, n: int, labels: tuple[str, ...]) -> np.ndarray:
     except (TypeError, ValueError) as e:
         raise CalibrationError(f"gold_idx must be an array of label indices: {e}") from None
     if g.ndim != 1 or g.shape[0] != n:
-        raise CalibrationError(
-            f"gold_idx must be one label index per item, shape ({n},); got shape {g.shape}"
-        )
+        raise CalibrationError(f"gold_idx must be one label index per item, shape ({n},); got shape {g.shape}")
     if g.dtype.kind not in "iu":
         if g.dtype.kind == "f" and np.all(np.isfinite(g)) and np.all(g == np.round(g)):
             g = g.astype(np.int64)
@@ -212,7 +208,7 @@ class Calibrator:
         object.__setattr__(self, "n", int(self.n))
 
     @classmethod
-    def identity(cls, labels: Sequence[str]) -> "Calibrator":
+    def identity(cls, labels: Sequence[str]) -> Calibrator:
         """The raw model: zero offsets, T = 1."""
         labels = _check_labels(labels)
         return cls("none", labels, (0.0,) * len(labels))
@@ -262,12 +258,14 @@ class Calibrator:
         }
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Calibrator":
+    def from_dict(cls, d: Any) -> Calibrator:
         """Read `to_dict` output back; a missing or malformed field is named in the error."""
         if not isinstance(d, dict):
             raise CalibrationError(f"a calibration must be a JSON object, got {type(d).__name__}")
         if d.get("format", FORMAT) != FORMAT:
-            raise CalibrationError(f"field 'format' is {d.get('format')!r}, expected {FORMAT!r}: not a calibration file")
+            raise CalibrationError(
+                f"field 'format' is {d.get('format')!r}, expected {FORMAT!r}: not a calibration file"
+            )
         if d.get("version", VERSION) != VERSION:
             raise CalibrationError(f"field 'version' is {d.get('version')!r}; this version reads version {VERSION}")
         for key in ("method", "labels", "log_prior"):
@@ -278,9 +276,7 @@ class Calibrator:
         if not isinstance(d["labels"], list) or not all(isinstance(x, str) for x in d["labels"]):
             raise CalibrationError(f"calibration field 'labels' must be a list of strings, got {d['labels']!r}")
         lp = d["log_prior"]
-        if not isinstance(lp, list) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in lp
-        ):
+        if not isinstance(lp, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in lp):
             raise CalibrationError(f"calibration field 'log_prior' must be a list of numbers, got {lp!r}")
         t = d.get("temperature", 1.0)
         if isinstance(t, bool) or not isinstance(t, (int, float)):
@@ -390,7 +386,9 @@ def fit_em(
         try:
             b = np.asarray(base, dtype=np.float64)
         except (TypeError, ValueError):
-            raise CalibrationError(f"EM base must be 'uniform', a Calibrator or k probabilities, got {base!r}") from None
+            raise CalibrationError(
+                f"EM base must be 'uniform', a Calibrator or k probabilities, got {base!r}"
+            ) from None
         if b.shape != (k,) or not np.all(np.isfinite(b)) or np.any(b <= 0):
             raise CalibrationError(f"EM base prior must be {k} positive probabilities, got {base!r}")
         base_lp = np.log(b / b.sum())
@@ -398,7 +396,7 @@ def fit_em(
     post = log_softmax(lp / temperature - base_lp)  # posteriors under a uniform prior
     log_pi = np.full(k, -math.log(k))
     converged, it = False, 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007  (read after the loop)
         q = log_softmax(post + log_pi)
         pi = np.maximum(np.exp(_logsumexp(q, axis=0) - math.log(n)), _MIN_PRIOR)
         pi /= pi.sum()
@@ -440,7 +438,7 @@ def _newton(
     b, a = np.zeros(k), 1.0
     f = _objective(lp, gold, b, a, lam)
     converged, it = False, 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007  (read after the loop)
         p = np.exp(log_softmax(a * lp + b))
         r = p - y
         g_b = r.mean(axis=0) + lam * b
@@ -544,9 +542,7 @@ def fit_labelled(
     missing = [labels[c] for c in range(k) if support[c] == 0]
     if missing:
         names = ", ".join(repr(m) for m in missing)
-        raise CalibrationError(
-            f"the calibration sample has no example of label {names}: add some, or drop the label"
-        )
+        raise CalibrationError(f"the calibration sample has no example of label {names}: add some, or drop the label")
     lpf = np.maximum(lp, _FIT_FLOOR)
 
     info: dict[str, Any] = {

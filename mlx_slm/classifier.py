@@ -55,6 +55,8 @@ GPU_MAX_BATCH_TOKENS = 4096
 
 def default_max_batch_tokens() -> int:
     return GPU_MAX_BATCH_TOKENS if mx.default_device() == mx.gpu else DEFAULT_MAX_BATCH_TOKENS
+
+
 TRUNCATE_MODES = ("head", "tail", "middle")
 
 
@@ -138,7 +140,7 @@ class Classifier:
 
     def __init__(
         self,
-        engine: "Engine | Model",
+        engine: Engine | Model,
         tokenizer: Any = None,
         labels: Sequence[str] = DEFAULT_LABELS,
         system: str | None = DEFAULT_SYSTEM,
@@ -153,7 +155,7 @@ class Classifier:
         max_length: int | None = None,
         keep_logits: bool = False,
         examples: Sequence[tuple[str, str]] = (),
-        calibration: "str | Calibrator" = "none",
+        calibration: str | Calibrator = "none",
         min_confidence: float | None = None,
         warmup: int = DEFAULT_WARMUP,
     ):
@@ -181,15 +183,20 @@ class Classifier:
         self.format_error: str | None = None
         fixed = len(tokenize(tokenizer, [render(tokenizer, self.format, "x")])[0])  # one text token included
         if fixed + self.labelset.max_len - 1 > self.max_length:
-            parts = "the system prompt, template and examples" if self.format.examples else "the system prompt and template"
+            parts = (
+                "the system prompt, template and examples" if self.format.examples else "the system prompt and template"
+            )
             self.format_error = (
                 f"{parts} alone are {fixed - 1} tokens, over the model's context of "
-                f"{self.max_length}: shorten --system or --template" + (" or use fewer --examples" if self.format.examples else "")
+                f"{self.max_length}: shorten --system or --template"
+                + (" or use fewer --examples" if self.format.examples else "")
             )
             if truncate is None:
                 raise PromptError(self.format_error)
         # The shared head's ids; its KV is computed by the engine on first use (and kept there).
-        self.prefix_tokens: tuple[int, ...] = tuple(head) if (use_prefix_cache and head and self.format_error is None) else ()
+        self.prefix_tokens: tuple[int, ...] = (
+            tuple(head) if (use_prefix_cache and head and self.format_error is None) else ()
+        )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -202,7 +209,7 @@ class Classifier:
         dtype: str | None = None,
         dequantize: bool | None = None,
         **kwargs: Any,
-    ) -> "Classifier":
+    ) -> Classifier:
         """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
 
         dequantize: an MLX-quantized model's weights are dequantized at load on the CPU
@@ -210,8 +217,14 @@ class Classifier:
         return cls(Engine.load(model, dtype, dequantize), None, labels, system, template, **kwargs)
 
     @classmethod
-    def from_task(cls, task: "str | Path | Task", dtype: str | None = None, engine: "Engine | None" = None,
-                  dequantize: bool | None = None, **kwargs: Any) -> "Classifier":
+    def from_task(
+        cls,
+        task: str | Path | Task,
+        dtype: str | None = None,
+        engine: Engine | None = None,
+        dequantize: bool | None = None,
+        **kwargs: Any,
+    ) -> Classifier:
         """A classifier as a saved task file defines it (model, prompt, examples, calibration).
 
         Pass `engine` to share loaded weights between tasks of the same model."""
@@ -222,8 +235,19 @@ class Classifier:
         engine = engine or Engine.load(t.model, dtype, dequantize)
         if engine.path is not None and not isinstance(t.calibration, str):  # a saved prior: same weights only
             t.check_weights(weights_sha256(engine.path))
-        return cls(engine, None, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples,
-                   calibration=t.calibration, min_confidence=t.min_confidence, warmup=t.warmup, **kwargs)
+        return cls(
+            engine,
+            None,
+            t.labels,
+            t.system,
+            t.template,
+            scoring=t.scoring,
+            examples=t.examples,
+            calibration=t.calibration,
+            min_confidence=t.min_confidence,
+            warmup=t.warmup,
+            **kwargs,
+        )
 
     @property
     def model(self) -> Model:
@@ -252,7 +276,7 @@ class Classifier:
 
     # ------------------------------------------------------------------ public API
     def classify(
-        self, texts: Iterable[str], calibration: "str | Calibrator | None" = None, min_confidence: float | None = None
+        self, texts: Iterable[str], calibration: str | Calibrator | None = None, min_confidence: float | None = None
     ) -> list[Prediction]:
         """Predictions in input order, calibrated as the classifier (or this call) says.
 
@@ -268,7 +292,7 @@ class Classifier:
         """Stream the model's raw predictions in input order (see `run` for the run's figures)."""
         return iter(self.run(texts, window))
 
-    def run(self, texts: Iterable[str], window: int = 1024) -> "Run":
+    def run(self, texts: Iterable[str], window: int = 1024) -> Run:
         """A run over `texts`: iterate it for raw predictions in input order; `.stats` counts it.
 
         Memory is bounded by `window` items: sorting by length happens inside a window,
@@ -336,7 +360,7 @@ class Classifier:
                 kept = tok.decode(text_ids[-keep:])
             else:
                 a = keep // 2
-                kept = tok.decode(text_ids[:a]) + " ... " + tok.decode(text_ids[len(text_ids) - (keep - a):])
+                kept = tok.decode(text_ids[:a]) + " ... " + tok.decode(text_ids[len(text_ids) - (keep - a) :])
             ids = tokenize(tok, [render(tok, self.format, kept)])[0]
             if len(ids) <= limit:
                 return ids
@@ -382,7 +406,9 @@ class Classifier:
             yield results.pop(items[next_out].index)
             next_out += 1
 
-    def _run_batch(self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats) -> list[Prediction]:
+    def _run_batch(
+        self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
+    ) -> list[Prediction]:
         got = score_batch(self.engine, batch, prefix, self.labelset, self.keep_logits)
         st.batches += 1
         st.processed_tokens += batch.padded_tokens + got.label_tokens
@@ -442,9 +468,13 @@ class Calibration:
     """
 
     def __init__(
-        self, method: "str | Calibrator", labels: Sequence[str], warmup: int = DEFAULT_WARMUP,
-        min_confidence: float | None = None, base: Calibrator | None = None,
-        on_fit: "Callable[[Calibrator], None] | None" = None,
+        self,
+        method: str | Calibrator,
+        labels: Sequence[str],
+        warmup: int = DEFAULT_WARMUP,
+        min_confidence: float | None = None,
+        base: Calibrator | None = None,
+        on_fit: Callable[[Calibrator], None] | None = None,
     ):
         from .calibration import CalibrationError
 
@@ -482,7 +512,9 @@ class Calibration:
             ok = [p for p in held if p.ok]
             if len(ok) >= 2:
                 lp = self._log_probs(ok)
-                self.calibrator = fit_batch(lp, self.labels) if self.method == "batch" else fit_em(lp, self.labels, base=self.base)
+                self.calibrator = (
+                    fit_batch(lp, self.labels) if self.method == "batch" else fit_em(lp, self.labels, base=self.base)
+                )
                 self.fitted_here = True
                 if self.on_fit is not None:
                     self.on_fit(self.calibrator)
@@ -499,8 +531,12 @@ class Calibration:
             return p
         if self.calibrator is not None:
             probs = self.calibrator.probs(self._log_probs([p]))[0]
-            p = replace(p, raw_probs=p.probs, probs={lab: float(x) for lab, x in zip(self.labels, probs)},
-                        label=self.labels[int(np.argmax(probs))])
+            p = replace(
+                p,
+                raw_probs=p.probs,
+                probs={lab: float(x) for lab, x in zip(self.labels, probs)},
+                label=self.labels[int(np.argmax(probs))],
+            )
         if self.min_confidence is not None and max(p.probs.values()) < self.min_confidence:
             p = replace(p, label=None, abstained=True)
         return p

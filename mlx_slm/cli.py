@@ -20,8 +20,8 @@ from typing import Any
 import click
 
 from . import _blas
-from .errors import UserError
 from .calibration import DEFAULT_WARMUP
+from .errors import UserError
 from .output import OUTPUT_FORMATS
 from .output import output_format as output_format_of
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
@@ -90,6 +90,7 @@ def main() -> None:
 
 # --------------------------------------------------------------------------- classify
 
+
 class _Progress:
     def __init__(self, quiet: bool):
         self.on = not quiet and sys.stderr.isatty()
@@ -110,50 +111,129 @@ class _Progress:
 
 
 _TASK_OPTIONS = [
-    click.option("--task", "task_file", type=click.Path(exists=True, dir_okay=False),
-                 help="A saved task (model, labels, prompt, examples, calibration). Options given here override "
-                      "it; changing what its prior was fitted for (model, labels, prompt, examples, scoring) "
-                      "needs a new --calibrate."),
-    click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
-                 help="Built-in name, converted dir, Hugging Face dir, .gguf file or hub id."),
-    click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True,
-                 help="Comma-separated labels."),
-    click.option("--labels-file", type=click.Path(exists=True, dir_okay=False), help="One label per line (overrides --labels)."),
+    click.option(
+        "--task",
+        "task_file",
+        type=click.Path(exists=True, dir_okay=False),
+        help="A saved task (model, labels, prompt, examples, calibration). Options given here override "
+        "it; changing what its prior was fitted for (model, labels, prompt, examples, scoring) "
+        "needs a new --calibrate.",
+    ),
+    click.option(
+        "--model",
+        "-m",
+        default=DEFAULT_MODEL,
+        show_default=True,
+        help="Built-in name, converted dir, Hugging Face dir, .gguf file or hub id.",
+    ),
+    click.option(
+        "--labels",
+        "-l",
+        "labels_csv",
+        default=",".join(DEFAULT_LABELS),
+        show_default=True,
+        help="Comma-separated labels.",
+    ),
+    click.option(
+        "--labels-file", type=click.Path(exists=True, dir_okay=False), help="One label per line (overrides --labels)."
+    ),
     click.option("--system", default=DEFAULT_SYSTEM, show_default=True, help="System message ('' for none)."),
-    click.option("--template", default=DEFAULT_TEMPLATE, show_default=True, help="User message; {text} is replaced by the item."),
-    click.option("--examples", "examples_file", type=click.Path(exists=True, dir_okay=False),
-                 help="Few-shot examples (JSONL: text, label), put before every item inside the cached prefix."),
-    click.option("--calibrate", type=click.Choice(["none", "batch", "fit", "em"]), default="none", show_default=True,
-                 help="none: the model's raw scores. batch: divide by the input's mean label probability "
-                      "(assumes roughly balanced labels). fit: per-label offsets fitted on --calibration-data. "
-                      "em: fit, then re-estimate the input's own label mix (Saerens EM)."),
-    click.option("--calibration-data", type=click.Path(exists=True, dir_okay=False),
-                 help="Labelled JSONL/CSV (text and --gold-field) for --calibrate fit|em."),
-    click.option("--warmup", default=DEFAULT_WARMUP, show_default=True, type=click.IntRange(2),
-                 help="batch/em: the prior comes from the first N items (held back until it is known)."),
-    click.option("--min-confidence", type=click.FloatRange(0, 1),
-                 help="Abstain (label null, abstained true) under this probability: route those to a person."),
-    click.option("--save-task", type=click.Path(dir_okay=False), help="Write the task (with the fitted prior) to this file."),
-    click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "text"]), help="Input format (default: from the extension; stdin is sniffed)."),
+    click.option(
+        "--template", default=DEFAULT_TEMPLATE, show_default=True, help="User message; {text} is replaced by the item."
+    ),
+    click.option(
+        "--examples",
+        "examples_file",
+        type=click.Path(exists=True, dir_okay=False),
+        help="Few-shot examples (JSONL: text, label), put before every item inside the cached prefix.",
+    ),
+    click.option(
+        "--calibrate",
+        type=click.Choice(["none", "batch", "fit", "em"]),
+        default="none",
+        show_default=True,
+        help="none: the model's raw scores. batch: divide by the input's mean label probability "
+        "(assumes roughly balanced labels). fit: per-label offsets fitted on --calibration-data. "
+        "em: fit, then re-estimate the input's own label mix (Saerens EM).",
+    ),
+    click.option(
+        "--calibration-data",
+        type=click.Path(exists=True, dir_okay=False),
+        help="Labelled JSONL/CSV (text and --gold-field) for --calibrate fit|em.",
+    ),
+    click.option(
+        "--warmup",
+        default=DEFAULT_WARMUP,
+        show_default=True,
+        type=click.IntRange(2),
+        help="batch/em: the prior comes from the first N items (held back until it is known).",
+    ),
+    click.option(
+        "--min-confidence",
+        type=click.FloatRange(0, 1),
+        help="Abstain (label null, abstained true) under this probability: route those to a person.",
+    ),
+    click.option(
+        "--save-task", type=click.Path(dir_okay=False), help="Write the task (with the fitted prior) to this file."
+    ),
+    click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["jsonl", "csv", "text"]),
+        help="Input format (default: from the extension; stdin is sniffed).",
+    ),
     click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text."),
-    click.option("--id-field", default="id", show_default=True, help="JSONL field holding the id (default: line number)."),
+    click.option(
+        "--id-field", default="id", show_default=True, help="JSONL field holding the id (default: line number)."
+    ),
     click.option("--text-column", default="text", show_default=True, help="CSV column holding the text."),
-    click.option("--id-column", default="id", show_default=True, help="CSV column holding the id (default: line number)."),
-    click.option("--gold-field", "--gold-column", "gold_field", default="label", show_default=True,
-                 help="Field (JSONL) or column (CSV) of the gold label (eval, --calibration-data)."),
+    click.option(
+        "--id-column", default="id", show_default=True, help="CSV column holding the id (default: line number)."
+    ),
+    click.option(
+        "--gold-field",
+        "--gold-column",
+        "gold_field",
+        default="label",
+        show_default=True,
+        help="Field (JSONL) or column (CSV) of the gold label (eval, --calibration-data).",
+    ),
     click.option("--batch-size", default=None, type=click.IntRange(1), help="Max rows per batch."),
-    click.option("--max-batch-tokens", default=None, type=click.IntRange(1), help="Max padded tokens per batch (rows x longest); default 512 on the CPU, 4096 on a GPU."),
-    click.option("--window", default=1024, show_default=True, type=click.IntRange(1),
-                 help="Items sorted and batched together (with --warmup, this bounds the items held in memory)."),
+    click.option(
+        "--max-batch-tokens",
+        default=None,
+        type=click.IntRange(1),
+        help="Max padded tokens per batch (rows x longest); default 512 on the CPU, 4096 on a GPU.",
+    ),
+    click.option(
+        "--window",
+        default=1024,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Items sorted and batched together (with --warmup, this bounds the items held in memory).",
+    ),
     click.option("--no-sort", is_flag=True, help="Batch in input order (no length bucketing)."),
     click.option("--no-prefix-cache", is_flag=True, help="Run every prompt in full (no shared-prefix KV cache)."),
-    click.option("--scoring", type=click.Choice(["auto", "first-token", "sequence"]), default="auto", show_default=True),
-    click.option("--truncate", type=click.Choice(["head", "tail", "middle"]),
-                 help="Over-long prompts: keep the text's head, tail, or both ends (default: error row)."),
-    click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype (default: float32 on CPU, float16 on GPU)."),
-    click.option("--keep-quantized/--dequantize", "keep_quantized", default=None,
-                 help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
-                      "(default: dequantize on the CPU, where MLX's quantized matmuls are slow; keep on a GPU)."),
+    click.option(
+        "--scoring", type=click.Choice(["auto", "first-token", "sequence"]), default="auto", show_default=True
+    ),
+    click.option(
+        "--truncate",
+        type=click.Choice(["head", "tail", "middle"]),
+        help="Over-long prompts: keep the text's head, tail, or both ends (default: error row).",
+    ),
+    click.option(
+        "--dtype",
+        type=click.Choice(["float32", "float16", "bfloat16"]),
+        help="Compute dtype (default: float32 on CPU, float16 on GPU).",
+    ),
+    click.option(
+        "--keep-quantized/--dequantize",
+        "keep_quantized",
+        default=None,
+        help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
+        "(default: dequantize on the CPU, where MLX's quantized matmuls are slow; keep on a GPU).",
+    ),
     click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr."),
 ]
 
@@ -188,15 +268,24 @@ class _Setup:
             t = self.task = Task.load(o["task_file"])
             defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
             if not isinstance(t.calibration, str) and defining and "calibrate" not in given:
-                names = ", ".join("--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(defining))
+                names = ", ".join(
+                    "--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(defining)
+                )
                 raise click.UsageError(
                     f"the task's calibration prior was fitted for its own model and prompt; with {names} changed "
                     "it no longer applies: add --calibrate none|batch|fit to recalibrate"
                 )
             if isinstance(t.calibration, Calibrator) and "calibrate" not in given:
                 self.origin = "task"
-            take = {"model": t.model, "labels_csv": None, "system": t.system or "", "template": t.template,
-                    "scoring": t.scoring, "min_confidence": t.min_confidence, "warmup": t.warmup}
+            take = {
+                "model": t.model,
+                "labels_csv": None,
+                "system": t.system or "",
+                "template": t.template,
+                "scoring": t.scoring,
+                "min_confidence": t.min_confidence,
+                "warmup": t.warmup,
+            }
             for k, v in take.items():
                 if k not in given:
                     o[k] = v
@@ -224,11 +313,19 @@ class _Setup:
 
         o = self.o
         self.clf = Classifier.load(
-            o["model"], self.labels, o["system"] or None, o["template"], dtype=o["dtype"],
+            o["model"],
+            self.labels,
+            o["system"] or None,
+            o["template"],
+            dtype=o["dtype"],
             dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"],
-            batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE, max_batch_tokens=o["max_batch_tokens"] or "auto",
-            sort=not o["no_sort"], use_prefix_cache=not o["no_prefix_cache"], scoring=o["scoring"],
-            truncate=o["truncate"], examples=self.examples,
+            batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE,
+            max_batch_tokens=o["max_batch_tokens"] or "auto",
+            sort=not o["no_sort"],
+            use_prefix_cache=not o["no_prefix_cache"],
+            scoring=o["scoring"],
+            truncate=o["truncate"],
+            examples=self.examples,
         )
         self.weights = weights_sha256(self.clf.path) if self.clf.path else None
         if self.task is not None and self.origin == "task":  # the task's prior is used: same weights only
@@ -245,13 +342,19 @@ class _Setup:
 
         o = self.o
         path = o["calibration_data"]
-        rows = list(read_rows(path, None, o["text_field"], o["id_field"], o["text_column"], o["id_column"], gold=o["gold_field"]))
+        rows = list(
+            read_rows(
+                path, None, o["text_field"], o["id_field"], o["text_column"], o["id_column"], gold=o["gold_field"]
+            )
+        )
         for r in rows:
             why = r.error or gold_problem(r, self.clf.labels, o["gold_field"])
             if why:
                 raise CalibrationError(f"--calibration-data {path}: {why}")
         if not rows:
-            raise CalibrationError(f"--calibration-data {path} is empty: give it labelled texts (text and {o['gold_field']})")
+            raise CalibrationError(
+                f"--calibration-data {path} is empty: give it labelled texts (text and {o['gold_field']})"
+            )
         gold = gold_indices([str(r.gold) for r in rows], self.clf.labels)
         preds = self.clf.classify_iter([r.text for r in rows], window=o["window"])
         lp = []
@@ -263,8 +366,10 @@ class _Setup:
         i = cal.info
         if not o["quiet"]:
             if i.get("cv_accuracy_raw") is not None:
-                _err(f"mlx-slm: fitted on {len(rows)} labelled items; {i['folds']}-fold cross-validated accuracy "
-                     f"{100 * i['cv_accuracy_raw']:.1f} % raw -> {100 * i['cv_accuracy_calibrated']:.1f} % calibrated")
+                _err(
+                    f"mlx-slm: fitted on {len(rows)} labelled items; {i['folds']}-fold cross-validated accuracy "
+                    f"{100 * i['cv_accuracy_raw']:.1f} % raw -> {100 * i['cv_accuracy_calibrated']:.1f} % calibrated"
+                )
             else:
                 _err(f"mlx-slm: fitted on {len(rows)} labelled items ({i.get('cv_note', 'no cross-validation')})")
         return ("em", cal) if method == "em" else cal
@@ -276,8 +381,14 @@ class _Setup:
         base = None
         if isinstance(cal, tuple):  # ("em", base)
             cal, base = cal
-        return Calibration(cal, self.clf.labels, warmup=self.o["warmup"], min_confidence=self.o["min_confidence"],
-                           base=base, on_fit=on_fit)
+        return Calibration(
+            cal,
+            self.clf.labels,
+            warmup=self.o["warmup"],
+            min_confidence=self.o["min_confidence"],
+            base=base,
+            on_fit=on_fit,
+        )
 
     def describe(self, run: Any) -> str:
         c = run.calibrator
@@ -288,7 +399,8 @@ class _Setup:
         if run.fitted_here:
             return f"{run.method} calibration (prior from the first {c.n} items of this input)"
         where = {"task": "the task's saved prior", "resume": "the prior the interrupted run fitted"}.get(
-            self.origin, "fitted on --calibration-data")
+            self.origin, "fitted on --calibration-data"
+        )
         return f"{run.method} calibration ({where}, {c.n} labelled items)"
 
     def settings(self) -> dict[str, Any]:
@@ -299,8 +411,11 @@ class _Setup:
             cal = c if c == "none" else {"method": c, "warmup": self.o["warmup"]}
         else:
             cal = c.to_dict()
-        return {"calibration": cal, "min_confidence": self.o["min_confidence"],
-                "examples": [list(e) for e in self.clf.format.examples]}
+        return {
+            "calibration": cal,
+            "min_confidence": self.o["min_confidence"],
+            "examples": [list(e) for e in self.clf.format.examples],
+        }
 
     def save_task(self, run: Any) -> None:
         from .convert import versions
@@ -312,10 +427,19 @@ class _Setup:
         cal: Any = run.calibrator if run.calibrator is not None else "none"
         if run.method == "em" and run.base is not None:  # keep the base: later inputs re-estimate their own mix
             cal = ("em", run.base)
-        t = Task(model=self.o["model"], labels=tuple(self.clf.labels), system=self.o["system"] or None,
-                 template=self.o["template"], scoring=self.clf.mode, examples=self.clf.format.examples,
-                 calibration=cal, warmup=self.o["warmup"], min_confidence=self.o["min_confidence"],
-                 weights_sha256=self.weights, versions=versions())
+        t = Task(
+            model=self.o["model"],
+            labels=tuple(self.clf.labels),
+            system=self.o["system"] or None,
+            template=self.o["template"],
+            scoring=self.clf.mode,
+            examples=self.clf.format.examples,
+            calibration=cal,
+            warmup=self.o["warmup"],
+            min_confidence=self.o["min_confidence"],
+            weights_sha256=self.weights,
+            versions=versions(),
+        )
         t.save(path)
         if not self.o["quiet"]:
             _err(f"mlx-slm: task saved to {path} ({'no calibration' if cal == 'none' else run.method + ' prior'})")
@@ -324,14 +448,24 @@ class _Setup:
 @main.command()
 @click.argument("input", required=False, default="-")
 @click.option("-o", "--output", help="Output file (.jsonl, .csv or .tsv); default JSONL on stdout.")
-@click.option("--output-format", type=click.Choice(OUTPUT_FORMATS), help="Output format (default: from the -o extension).")
-@click.option("--resume", is_flag=True, help="Continue an interrupted run into the same -o file (same input and settings).")
-@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
-              help="fail: exit 1 if any row failed (all rows are still written); skip: exit 0.")
+@click.option(
+    "--output-format", type=click.Choice(OUTPUT_FORMATS), help="Output format (default: from the -o extension)."
+)
+@click.option(
+    "--resume", is_flag=True, help="Continue an interrupted run into the same -o file (same input and settings)."
+)
+@click.option(
+    "--on-error",
+    type=click.Choice(["fail", "skip"]),
+    default="fail",
+    show_default=True,
+    help="fail: exit 1 if any row failed (all rows are still written); skip: exit 0.",
+)
 @_task_options
 @click.pass_context
-def classify(ctx: click.Context, input: str, output: str | None, output_format: str | None, resume: bool,
-             on_error: str, **o: Any) -> None:
+def classify(
+    ctx: click.Context, input: str, output: str | None, output_format: str | None, resume: bool, on_error: str, **o: Any
+) -> None:
     """Classify each item of INPUT (JSONL, CSV, text, or '-' for stdin) into one label.
 
     \b
@@ -389,8 +523,7 @@ def _check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None
         seen[real] = f"{flag} {path}"
 
 
-def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | None, out_fmt: str,
-                  resume: bool) -> int:
+def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | None, out_fmt: str, resume: bool) -> int:
     """Run classify with the output locked; returns the number of error rows in the whole output.
 
     `output` is the regular file written (with lock and manifest), or None; `stream` is
@@ -420,8 +553,17 @@ def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | N
             f"{output} has no {Path(output).name}.mlx-slm.json record, so it was not written by mlx-slm classify "
             "(or by a version before 0.2): not resuming into it, and it is left untouched"
         )
-    rows = iter(read_rows(input, o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"],
-                          id_required=setup.id_required))
+    rows = iter(
+        read_rows(
+            input,
+            o["fmt"],
+            o["text_field"],
+            o["id_field"],
+            o["text_column"],
+            o["id_column"],
+            id_required=setup.id_required,
+        )
+    )
     # The first row settles the input's format and header (a CSV without the text column
     # raises here), before the model loads and before the output is touched.
     first = next(rows, None)
@@ -535,16 +677,23 @@ def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | N
 
 # --------------------------------------------------------------------------- eval
 
+
 @main.command(name="eval")
 @click.argument("input")
-@click.option("--predictions", type=click.Path(exists=True, dir_okay=False),
-              help="Score this classify output (row i = input row i) instead of running the model.")
+@click.option(
+    "--predictions",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Score this classify output (row i = input row i) instead of running the model.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON here.")
-@click.option("--plots", type=click.Path(file_okay=False), help="Write confusion.png and reliability.png into this folder.")
+@click.option(
+    "--plots", type=click.Path(file_okay=False), help="Write confusion.png and reliability.png into this folder."
+)
 @_task_options
 @click.pass_context
-def evaluate(ctx: click.Context, input: str, predictions: str | None, json_path: str | None, plots: str | None,
-             **o: Any) -> None:
+def evaluate(
+    ctx: click.Context, input: str, predictions: str | None, json_path: str | None, plots: str | None, **o: Any
+) -> None:
     """Classify a labelled INPUT and report how right the labels are.
 
     \b
@@ -568,8 +717,18 @@ def evaluate(ctx: click.Context, input: str, predictions: str | None, json_path:
     _check_outputs(inputs, [("--json", json_path), ("--save-task", o["save_task"])])
     if plots:
         _check_outputs(inputs, [("--plots", plots)])
-    rows = list(read_rows(input, o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"],
-                          gold=o["gold_field"], id_required=setup.id_required))
+    rows = list(
+        read_rows(
+            input,
+            o["fmt"],
+            o["text_field"],
+            o["id_field"],
+            o["text_column"],
+            o["id_column"],
+            gold=o["gold_field"],
+            id_required=setup.id_required,
+        )
+    )
     labels = setup.labels
     if predictions:
         preds = _read_predictions(predictions, rows)
@@ -601,8 +760,10 @@ def evaluate(ctx: click.Context, input: str, predictions: str | None, json_path:
             pred_labels.append(p.get("label"))
             conf.append(max(p["probs"].values()) if p.get("probs") else None)
     if not gold:
-        raise UserError(f"{input}: no row has both a text and a gold label among {labels}; first problem: "
-                        f"{errors[0] if errors else 'the input is empty'}")
+        raise UserError(
+            f"{input}: no row has both a text and a gold label among {labels}; first problem: "
+            f"{errors[0] if errors else 'the input is empty'}"
+        )
     rep = report(gold, pred_labels, conf, labels)
     rep["errors"] = len(errors)
     click.echo(format_report(rep))
@@ -627,8 +788,14 @@ def _read_predictions(path: str, rows: list[Any]) -> list[dict[str, Any] | None]
         with open(path, encoding="utf-8", newline="") as f:
             for rec in _csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ","):
                 probs = {k[2:]: float(v) for k, v in rec.items() if k.startswith("p_") and v not in ("", None)}
-                out.append({"id": rec.get("id"), "label": rec.get("label") or None, "probs": probs,
-                            "error": rec.get("error") or None})
+                out.append(
+                    {
+                        "id": rec.get("id"),
+                        "label": rec.get("label") or None,
+                        "probs": probs,
+                        "error": rec.get("error") or None,
+                    }
+                )
     else:
         for i, line in enumerate(Path(path).read_bytes().split(b"\n"), 1):  # only \n ends a row
             if not line.strip():
@@ -636,28 +803,49 @@ def _read_predictions(path: str, rows: list[Any]) -> list[dict[str, Any] | None]
             try:
                 rec = json.loads(line)
             except ValueError:
-                raise UserError(f"--predictions {path}: line {i} is not JSON: give the output of mlx-slm classify") from None
-            out.append({"id": rec.get("id"), "label": rec.get("label"), "probs": rec.get("probs") or {},
-                        "error": rec.get("error")})
+                raise UserError(
+                    f"--predictions {path}: line {i} is not JSON: give the output of mlx-slm classify"
+                ) from None
+            out.append(
+                {
+                    "id": rec.get("id"),
+                    "label": rec.get("label"),
+                    "probs": rec.get("probs") or {},
+                    "error": rec.get("error"),
+                }
+            )
     if len(out) != len(rows):
-        raise UserError(f"--predictions {path} has {len(out)} rows but the input has {len(rows)}: they must be row for row")
+        raise UserError(
+            f"--predictions {path} has {len(out)} rows but the input has {len(rows)}: they must be row for row"
+        )
     for i, (p, r) in enumerate(zip(out, rows)):
         if not same_id(p["id"], r.id, fmt):
-            raise UserError(f"--predictions {path}: row {i + 1} has id {p['id']!r} where input line {r.line} has "
-                            f"{r.id!r}: it is not the output for this input")
+            raise UserError(
+                f"--predictions {path}: row {i + 1} has id {p['id']!r} where input line {r.line} has "
+                f"{r.id!r}: it is not the output for this input"
+            )
     return out  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- convert
 
+
 @main.command()
 @click.argument("src")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True)
-@click.option("--quantize", type=int, metavar="4|8",
-              help="Write an MLX-quantized directory (mlx-lm's format) with this many bits per weight.")
-@click.option("--group-size", type=int, metavar="32|64|128",
-              help="Weights sharing one scale and bias, with --quantize (default 64).")
+@click.option(
+    "--quantize",
+    type=int,
+    metavar="4|8",
+    help="Write an MLX-quantized directory (mlx-lm's format) with this many bits per weight.",
+)
+@click.option(
+    "--group-size",
+    type=int,
+    metavar="32|64|128",
+    help="Weights sharing one scale and bias, with --quantize (default 64).",
+)
 def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: int | None) -> None:
     """Convert SRC (Hugging Face dir, hub id, .gguf, or a built-in name) to MLX safetensors.
 
@@ -679,24 +867,51 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
 
 # --------------------------------------------------------------------------- parity
 
+
 @main.command()
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model for the MLX path (name or dir).")
-@click.option("--reference", "-r", default=None,
-              help="Original checkpoint for Transformers (default: the model's source). A quantized directory "
-                   "needs none: (a) runs on its dequantized values, (b) on the source its record names, if any.")
-@click.option("--n", default=40, show_default=True, type=click.IntRange(1), help="Items (a length-stratified workload sample).")
-@click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), help="Texts to use instead (any classify input).")
+@click.option(
+    "--reference",
+    "-r",
+    default=None,
+    help="Original checkpoint for Transformers (default: the model's source). A quantized directory "
+    "needs none: (a) runs on its dequantized values, (b) on the source its record names, if any.",
+)
+@click.option(
+    "--n", default=40, show_default=True, type=click.IntRange(1), help="Items (a length-stratified workload sample)."
+)
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Texts to use instead (any classify input).",
+)
 @click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True)
 @click.option("--system", default=DEFAULT_SYSTEM)
 @click.option("--template", default=DEFAULT_TEMPLATE)
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype of the MLX path.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 @click.option("--strict", is_flag=True, help="Also fail on conversion drift (label disagreement in (b)).")
-@click.option("--keep-quantized/--dequantize", "keep_quantized", default=None,
-              help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
-                   "(default: dequantize on the CPU, keep on a GPU).")
-def parity(model: str, reference: str | None, n: int, input_path: str | None, labels_csv: str, system: str,
-           template: str, dtype: str | None, as_json: bool, strict: bool, keep_quantized: bool | None) -> None:
+@click.option(
+    "--keep-quantized/--dequantize",
+    "keep_quantized",
+    default=None,
+    help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
+    "(default: dequantize on the CPU, keep on a GPU).",
+)
+def parity(
+    model: str,
+    reference: str | None,
+    n: int,
+    input_path: str | None,
+    labels_csv: str,
+    system: str,
+    template: str,
+    dtype: str | None,
+    as_json: bool,
+    strict: bool,
+    keep_quantized: bool | None,
+) -> None:
     """Check that the MLX path gives Transformers' labels and logits.
 
     Exit status 1 on any label disagreement or a logit difference past tolerance in
@@ -725,9 +940,17 @@ def parity(model: str, reference: str | None, n: int, input_path: str | None, la
             raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
     else:
         texts = _workload_sample(model, n, system, template)
-    r = run_parity(model, reference, texts, parse_labels(labels_csv), system or None, template, dtype=dtype,
-                   progress=lambda m: _err(f"mlx-slm: {m}"),
-                   dequantize=None if keep_quantized is None else not keep_quantized)
+    r = run_parity(
+        model,
+        reference,
+        texts,
+        parse_labels(labels_csv),
+        system or None,
+        template,
+        dtype=dtype,
+        progress=lambda m: _err(f"mlx-slm: {m}"),
+        dequantize=None if keep_quantized is None else not keep_quantized,
+    )
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
     if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
         sys.exit(1)
@@ -746,6 +969,7 @@ def _workload_sample(model: str, n: int, system: str, template: str) -> list[str
 
 # --------------------------------------------------------------------------- doctor / models
 
+
 @main.command()
 def doctor() -> None:
     """Show the MLX device, compute dtype, BLAS in use and its measured matmul rate."""
@@ -762,7 +986,9 @@ def doctor() -> None:
     click.echo(f"compute dtype  {str(default_compute_dtype()).replace('mlx.core.', '')}")
     if sys.platform == "linux":
         click.echo(f"BLAS           {_blas.LOADED or 'MLX bundled reference BLAS (slow)'}")
-    click.echo(f"matmul f32     MLX {g_mlx:.1f} GFLOP/s, numpy {g_np:.1f} GFLOP/s ({100 * g_mlx / g_np:.0f} % of numpy)")
+    click.echo(
+        f"matmul f32     MLX {g_mlx:.1f} GFLOP/s, numpy {g_np:.1f} GFLOP/s ({100 * g_mlx / g_np:.0f} % of numpy)"
+    )
     from .registry import cache_dir
 
     click.echo(f"model cache    {cache_dir()}")
@@ -787,19 +1013,22 @@ def bench(ctx: click.Context) -> None:
     """Time every mode against Transformers on the workload (a checkout's benchmarks/; `mlx-slm bench --help`)."""
     runner = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
     if not runner.is_file():
-        raise UserError("the benchmark harness lives in the repository's benchmarks/ folder, not in the installed "
-                        "package: run `python benchmarks/run.py` from a checkout")
+        raise UserError(
+            "the benchmark harness lives in the repository's benchmarks/ folder, not in the installed "
+            "package: run `python benchmarks/run.py` from a checkout"
+        )
     import runpy
 
     sys.argv = [str(runner), *ctx.args]
     runpy.run_path(str(runner), run_name="__main__")
 
 
-
 # --------------------------------------------------------------------------- serve
+
 
 def _serve_options(f: Any) -> Any:
     """classify's task options, less those about input and output files."""
+
     def probe() -> None:
         pass
 
@@ -814,29 +1043,79 @@ def _serve_options(f: Any) -> Any:
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on /v1/* (default: $MLX_SLM_API_KEY; "
-              "/health and /metrics stay open).")
-@click.option("--max-batch-items", default=32, show_default=True, type=click.IntRange(1),
-              help="Items gathered into one micro-batch (1: batching off).")
-@click.option("--max-wait-ms", default=5.0, show_default=True, type=click.FloatRange(0),
-              help="How long the worker waits for more items once it has one.")
-@click.option("--max-queue-items", default=1024, show_default=True, type=click.IntRange(1),
-              help="Items waiting, all requests together; beyond that: 429 with Retry-After.")
+@click.option(
+    "--api-key",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on /v1/* (default: $MLX_SLM_API_KEY; /health and /metrics stay open).",
+)
+@click.option(
+    "--max-batch-items",
+    default=32,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Items gathered into one micro-batch (1: batching off).",
+)
+@click.option(
+    "--max-wait-ms",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="How long the worker waits for more items once it has one.",
+)
+@click.option(
+    "--max-queue-items",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Items waiting, all requests together; beyond that: 429 with Retry-After.",
+)
 @click.option("--max-items-per-request", default=256, show_default=True, type=click.IntRange(1), help="Beyond: 413.")
 @click.option("--max-body-bytes", default=1 << 20, show_default=True, type=click.IntRange(1), help="Beyond: 413.")
-@click.option("--request-timeout", default=60.0, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="Seconds per request, queue included; beyond: 504.")
-@click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
-              help="SIGTERM: seconds to finish accepted requests before exiting.")
-@click.option("--task-cache", default=8, show_default=True, type=click.IntRange(1),
-              help="Per-request tasks (labels/system/template) kept loaded on the one model.")
-@click.option("--log-level", default="warning", show_default=True,
-              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.option(
+    "--request-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds per request, queue included; beyond: 504.",
+)
+@click.option(
+    "--drain-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="SIGTERM: seconds to finish accepted requests before exiting.",
+)
+@click.option(
+    "--task-cache",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Per-request tasks (labels/system/template) kept loaded on the one model.",
+)
+@click.option(
+    "--log-level",
+    default="warning",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+)
 @_serve_options
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int, api_key: str | None, max_batch_items: int, max_wait_ms: float,
-          max_queue_items: int, max_items_per_request: int, max_body_bytes: int, request_timeout: float,
-          drain_timeout: float, task_cache: int, log_level: str, **o: Any) -> None:
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_batch_items: int,
+    max_wait_ms: float,
+    max_queue_items: int,
+    max_items_per_request: int,
+    max_body_bytes: int,
+    request_timeout: float,
+    drain_timeout: float,
+    task_cache: int,
+    log_level: str,
+    **o: Any,
+) -> None:
     """Serve the classifier over HTTP: POST /v1/classify, GET /v1/model, /health, /metrics.
 
     \b
@@ -861,16 +1140,33 @@ def serve(ctx: click.Context, host: str, port: int, api_key: str | None, max_bat
 
     def load() -> Loaded:
         clf = setup.load()
-        return Loaded(clf, setup.calibration, o["min_confidence"], o["warmup"], model=o["model"],
-                      weights_sha256=setup.weights, clf_kwargs={"use_prefix_cache": not o["no_prefix_cache"]})
+        return Loaded(
+            clf,
+            setup.calibration,
+            o["min_confidence"],
+            o["warmup"],
+            model=o["model"],
+            weights_sha256=setup.weights,
+            clf_kwargs={"use_prefix_cache": not o["no_prefix_cache"]},
+        )
 
-    opts = ServeOptions(max_batch_items=max_batch_items, max_batch_tokens=o["max_batch_tokens"], max_wait_ms=max_wait_ms,
-                        max_queue_items=max_queue_items, max_items_per_request=min(max_items_per_request, max_queue_items),
-                        max_body_bytes=max_body_bytes, request_timeout_s=request_timeout, drain_timeout_s=drain_timeout,
-                        api_key=api_key_from_env(api_key), task_cache=task_cache)
+    opts = ServeOptions(
+        max_batch_items=max_batch_items,
+        max_batch_tokens=o["max_batch_tokens"],
+        max_wait_ms=max_wait_ms,
+        max_queue_items=max_queue_items,
+        max_items_per_request=min(max_items_per_request, max_queue_items),
+        max_body_bytes=max_body_bytes,
+        request_timeout_s=request_timeout,
+        drain_timeout_s=drain_timeout,
+        api_key=api_key_from_env(api_key),
+        task_cache=task_cache,
+    )
     if not o["quiet"]:
-        _err(f"mlx-slm: serving on http://{host}:{port} (loading {o['model']}; /health says 200 when ready)"
-             + ("; Bearer key required on /v1/*" if opts.api_key else ""))
+        _err(
+            f"mlx-slm: serving on http://{host}:{port} (loading {o['model']}; /health says 200 when ready)"
+            + ("; Bearer key required on /v1/*" if opts.api_key else "")
+        )
     try:
         code = run_server(Service(load, opts), host, port, log_level)
     except RuntimeError as e:

@@ -79,6 +79,7 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 # --------------------------------------------------------------------------- GGUF
 
+
 def _gguf_field(reader: Any, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     return default if f is None else f.contents()
@@ -138,6 +139,7 @@ def iter_gguf_tensors(path: Path, config: dict[str, Any]) -> Iterator[tuple[str,
 
 # --------------------------------------------------------------------------- Hugging Face
 
+
 def resolve_hf_dir(src: str) -> Path:
     """A local directory as is; anything else is taken as a hub id and downloaded."""
     p = Path(src).expanduser()
@@ -167,11 +169,11 @@ def iter_hf_tensors(path: Path) -> Iterator[tuple[str, np.ndarray | Any]]:
     if not files:
         raise ConversionError(f"{path}: no *.safetensors files (PyTorch .bin checkpoints are not read)")
     for f in files:
-        for name, arr in mx.load(str(f)).items():  # mx.load reads bfloat16, numpy cannot
-            yield name, arr
+        yield from mx.load(str(f)).items()  # mx.load reads bfloat16, numpy cannot
 
 
 # --------------------------------------------------------------------------- driver
+
 
 def source_kind(src: str | Path) -> str:
     p = Path(src).expanduser()
@@ -185,8 +187,12 @@ def source_kind(src: str | Path) -> str:
 
 
 def convert(
-    src: str | Path, out: str | Path, dtype: str = "float16", progress: Progress | None = _stderr,
-    quantize: int | None = None, group_size: int | None = None,
+    src: str | Path,
+    out: str | Path,
+    dtype: str = "float16",
+    progress: Progress | None = _stderr,
+    quantize: int | None = None,
+    group_size: int | None = None,
 ) -> Path:
     """Convert `src` (HF directory, hub id, `.gguf`) into an MLX directory `out` in `dtype`.
 
@@ -247,13 +253,18 @@ def _quantizable(config: dict[str, Any], weights: dict[str, Any], group_size: in
     # renames and drops tensors, never changes values) by passing each tensor's index. A
     # tensor sanitize combines with others (mlx-lm stacking experts) is left unquantized.
     marks = sanitize({n: mx.array(i) for i, n in enumerate(names)})
-    found = [names[int(v.item())] for k, v in marks.items()
-             if v.size == 1 and k.endswith(".weight") and k[: -len(".weight")] in layers]
+    found = [
+        names[int(v.item())]
+        for k, v in marks.items()
+        if v.size == 1 and k.endswith(".weight") and k[: -len(".weight")] in layers
+    ]
     fits = [n for n in found if weights[n].shape[-1] % group_size == 0]
     return fits, [n for n in found if n not in fits]
 
 
-def _quantize_weights(weights: dict[str, Any], config: dict[str, Any], bits: int, group_size: int, say: Progress) -> dict[str, Any]:
+def _quantize_weights(
+    weights: dict[str, Any], config: dict[str, Any], bits: int, group_size: int, say: Progress
+) -> dict[str, Any]:
     import mlx.core as mx
 
     packed, left = _quantizable(config, weights, group_size)
@@ -267,13 +278,20 @@ def _quantize_weights(weights: dict[str, Any], config: dict[str, Any], bits: int
         q, s, b = mx.quantize(weights[name], group_size=group_size, bits=bits)
         mx.eval(q, s, b)
         weights[name], weights[f"{base}.scales"], weights[f"{base}.biases"] = q, s, b
-    say(f"  {len(packed)} weight matrices -> {bits}-bit, group size {group_size}"
-        + (f"; {len(left)} left unquantized (input size not a multiple of {group_size})" if left else ""))
+    say(
+        f"  {len(packed)} weight matrices -> {bits}-bit, group size {group_size}"
+        + (f"; {len(left)} left unquantized (input size not a multiple of {group_size})" if left else "")
+    )
     return weights
 
 
 def _convert_into(
-    tmp: Path, src: str | Path, kind: str, dtype: str, say: Progress, bits: int | None = None,
+    tmp: Path,
+    src: str | Path,
+    kind: str,
+    dtype: str,
+    say: Progress,
+    bits: int | None = None,
     group_size: int = quant.DEFAULT_GROUP_SIZE,
 ) -> None:
     import mlx.core as mx
@@ -415,6 +433,10 @@ def dequantized_copy(path: str | Path, out: str | Path) -> Path:
     config["torch_dtype"] = config["dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for f in src.iterdir():  # the tokenizer and generation files
-        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", RECORD, "model.safetensors.index.json"):
+        if (
+            f.is_file()
+            and f.suffix != ".safetensors"
+            and f.name not in ("config.json", RECORD, "model.safetensors.index.json")
+        ):
             shutil.copy2(f, out / f.name)
     return out

@@ -40,7 +40,7 @@ class Engine:
         self.lock = threading.RLock()
 
     @classmethod
-    def load(cls, model: str | Path, dtype: str | None = None, dequantize: bool | None = None) -> "Engine":
+    def load(cls, model: str | Path, dtype: str | None = None, dequantize: bool | None = None) -> Engine:
         """A built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
 
         dequantize: for an MLX-quantized model, see `models.load_model` (None: on the CPU only)."""
@@ -79,8 +79,11 @@ class Engine:
         and the per-layer KV (prefix + batch) for scoring label continuations."""
         with self.lock:
             hidden, kv = self.model(
-                mx.array(batch.ids), mx.array(batch.mask), mx.array(batch.offsets),
-                cache=prefix.kv if prefix else None, last_only=True,
+                mx.array(batch.ids),
+                mx.array(batch.mask),
+                mx.array(batch.offsets),
+                cache=prefix.kv if prefix else None,
+                last_only=True,
             )
             if keep_logits:
                 full = self.model.logits(hidden)

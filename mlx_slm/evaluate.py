@@ -170,9 +170,7 @@ def ece(confidence: Any, correct: Any, bins: int = DEFAULT_BINS) -> float:
     return float(total)
 
 
-def coverage_curve(
-    confidence: Any, correct: Any, points: Sequence[float] = DEFAULT_POINTS
-) -> list[dict[str, Any]]:
+def coverage_curve(confidence: Any, correct: Any, points: Sequence[float] = DEFAULT_POINTS) -> list[dict[str, Any]]:
     """Accuracy when answering only the most confident fraction of items.
 
     For each target coverage c the threshold is the confidence of the ceil(c * n)-th most
@@ -362,8 +360,15 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
     if k <= 30:
         for i in range(k):
             for j in range(k):
-                ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8,
-                        color="white" if cm[i, j] > half else "black")
+                ax.text(
+                    j,
+                    i,
+                    str(cm[i, j]),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if cm[i, j] > half else "black",
+                )
     fig.tight_layout()
     p1 = out / "confusion.png"
     fig.savefig(p1, dpi=120)
@@ -375,10 +380,22 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
     ax1.plot([0, 1], [0, 1], ls="--", color="gray", label="perfectly calibrated")
     if rel:
         width = rep["reliability"][0]["hi"] - rep["reliability"][0]["lo"]
-        ax1.bar([r["lo"] for r in rel], [r["accuracy"] for r in rel], width=width, align="edge",
-                edgecolor="black", alpha=0.6, label="accuracy per bin")
-        ax1.plot([r["confidence"] for r in rel], [r["accuracy"] for r in rel], "o-", color="C3",
-                 label="mean confidence vs accuracy")
+        ax1.bar(
+            [r["lo"] for r in rel],
+            [r["accuracy"] for r in rel],
+            width=width,
+            align="edge",
+            edgecolor="black",
+            alpha=0.6,
+            label="accuracy per bin",
+        )
+        ax1.plot(
+            [r["confidence"] for r in rel],
+            [r["accuracy"] for r in rel],
+            "o-",
+            color="C3",
+            label="mean confidence vs accuracy",
+        )
     ax1.set_xlim(0, 1)
     ax1.set_ylim(0, 1)
     ax1.set_xlabel("confidence")
@@ -391,8 +408,14 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
         ax2.plot(cov, [r["accuracy"] for r in curve], "o-", label="accuracy")
         ax2.plot(cov, [1 - r["accuracy"] for r in curve], "s--", label="risk (1 - accuracy)")
         for r in curve:
-            ax2.annotate(f"{r['threshold']:.2f}", (r["coverage"], r["accuracy"]), textcoords="offset points",
-                         xytext=(0, 6), ha="center", fontsize=7)
+            ax2.annotate(
+                f"{r['threshold']:.2f}",
+                (r["coverage"], r["accuracy"]),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=7,
+            )
     ax2.set_xlim(0, 1.02)
     ax2.set_ylim(0, 1.08)
     ax2.set_xlabel("coverage (fraction answered, most confident first)")

@@ -177,7 +177,12 @@ def gelu_tanh_mul(gate: mx.array, up: mx.array) -> mx.array:
 
 
 def attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, bias: mx.array, causal: bool = False,
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    bias: mx.array,
+    causal: bool = False,
     block: int = ATTENTION_BLOCK_FLOATS,
 ) -> mx.array:
     """Grouped-query attention with an additive mask, written into `q`'s buffer.

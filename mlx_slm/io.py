@@ -58,10 +58,10 @@ import io
 import json
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
 from .errors import UserError
 
@@ -102,7 +102,7 @@ def _physical_lines(raw: Iterable[bytes]) -> Iterator[_Line]:
     """Split a binary stream on b"\\n" only (iterating a binary file does exactly that), streaming."""
     for n, b in enumerate(raw, 1):
         if n == 1 and b.startswith(BOM):
-            b = b[len(BOM):]
+            b = b[len(BOM) :]
             if not b:  # nothing but a BOM: an empty input
                 return
         if b.endswith(b"\r\n"):
@@ -136,6 +136,7 @@ def _utf8_error(n: int, detail: str = "") -> str:
 
 
 # --------------------------------------------------------------------------- format
+
 
 def _is_json_object(s: str) -> bool:
     try:
@@ -219,8 +220,14 @@ def read_rows(
         if fmt == "jsonl":
             it = _jsonl(stream, text_field, id_field, gold)
         elif fmt == "csv":
-            it = _csv(stream, text_column, id_column, delimiter={".csv": ",", ".tsv": "\t"}.get(ext), gold=gold,
-                      id_required=id_required)
+            it = _csv(
+                stream,
+                text_column,
+                id_column,
+                delimiter={".csv": ",", ".tsv": "\t"}.get(ext),
+                gold=gold,
+                id_required=id_required,
+            )
         else:
             it = _text(stream)
         yield from _dedupe(it)
@@ -267,6 +274,7 @@ def _chain(head: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
 
 # --------------------------------------------------------------------------- ids
 
+
 def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
     """Flag a row whose id equals an earlier row's id (by type and value); see the module docstring."""
     seen: dict[tuple[str, Any], tuple[int, bool]] = {}
@@ -295,13 +303,18 @@ def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
 
 # --------------------------------------------------------------------------- JSONL and text
 
+
 def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | None = None) -> Iterator[Row]:
     for n, line, detail in _lines(raw):
         if line is None:
             yield Row(n, None, error=_utf8_error(n, detail))
             continue
         if not line.strip():
-            yield Row(n, None, error=f"line {n}: blank line: remove it, or put a JSON object with a {text_field!r} field there")
+            yield Row(
+                n,
+                None,
+                error=f"line {n}: blank line: remove it, or put a JSON object with a {text_field!r} field there",
+            )
             continue
         try:
             obj = json.loads(line)
@@ -315,32 +328,71 @@ def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | Non
             yield Row(n, None, error=f"line {n}: malformed JSON (nested too deeply): fix the line")
             continue
         if not isinstance(obj, dict):
-            yield Row(n, None, error=f"line {n}: expected a JSON object like {{\"{text_field}\": \"...\"}}, got {type(obj).__name__}")
+            yield Row(
+                n,
+                None,
+                error=f'line {n}: expected a JSON object like {{"{text_field}": "..."}}, got {type(obj).__name__}',
+            )
             continue
         explicit = id_field in obj
         rid: Any = obj[id_field] if explicit else n
         if explicit:
             if not isinstance(rid, (str, int)) or isinstance(rid, bool):
                 kind = "null" if rid is None else type(rid).__name__
-                yield Row(n, None, error=f"line {n}: field {id_field!r} must be a string or an integer, got {kind}: fix it, or leave the field out to number rows by line", explicit_id=True)
+                yield Row(
+                    n,
+                    None,
+                    error=f"line {n}: field {id_field!r} must be a string or an integer, got {kind}: fix it, or leave the field out to number rows by line",
+                    explicit_id=True,
+                )
                 continue
             if rid == "":
-                yield Row(n, None, error=f"line {n}: field {id_field!r} is empty: give the row an id, or leave the field out to number rows by line", explicit_id=True)
+                yield Row(
+                    n,
+                    None,
+                    error=f"line {n}: field {id_field!r} is empty: give the row an id, or leave the field out to number rows by line",
+                    explicit_id=True,
+                )
                 continue
             if isinstance(rid, str) and _bad_utf8(rid):
-                yield Row(n, None, error=f"line {n}: field {id_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the id", explicit_id=True)
+                yield Row(
+                    n,
+                    None,
+                    error=f"line {n}: field {id_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the id",
+                    explicit_id=True,
+                )
                 continue
         if text_field not in obj:
             fields = ", ".join(map(repr, obj)) or "none"
-            yield Row(n, rid, error=f"line {n}: missing field {text_field!r} (fields present: {fields}); use --text-field to name it", explicit_id=explicit)
+            yield Row(
+                n,
+                rid,
+                error=f"line {n}: missing field {text_field!r} (fields present: {fields}); use --text-field to name it",
+                explicit_id=explicit,
+            )
             continue
         t = obj[text_field]
         if not isinstance(t, str):
-            yield Row(n, rid, error=f"line {n}: field {text_field!r} must be a string, got {type(t).__name__}", explicit_id=explicit)
+            yield Row(
+                n,
+                rid,
+                error=f"line {n}: field {text_field!r} must be a string, got {type(t).__name__}",
+                explicit_id=explicit,
+            )
         elif not t.strip():
-            yield Row(n, rid, error=f"line {n}: field {text_field!r} is empty: give the item some text, or drop the row", explicit_id=explicit)
+            yield Row(
+                n,
+                rid,
+                error=f"line {n}: field {text_field!r} is empty: give the item some text, or drop the row",
+                explicit_id=explicit,
+            )
         elif _bad_utf8(t):
-            yield Row(n, rid, error=f"line {n}: field {text_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the text", explicit_id=explicit)
+            yield Row(
+                n,
+                rid,
+                error=f"line {n}: field {text_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the text",
+                explicit_id=explicit,
+            )
         else:
             yield Row(n, rid, t, explicit_id=explicit, gold=obj.get(gold) if gold else None)
 
@@ -421,22 +473,32 @@ def _next_record(src: _Source, delimiter: str) -> _Record | None:
     except csv.Error as e:
         src.push_back(taken[1:])
         if "field larger than field limit" in str(e):
-            msg = (f"line {n}: a field longer than {csv.field_size_limit():,} characters "
-                   f"(or a quote opened on this line and never closed): shorten it, or close the quote")
+            msg = (
+                f"line {n}: a field longer than {csv.field_size_limit():,} characters "
+                f"(or a quote opened on this line and never closed): shorten it, or close the quote"
+            )
         elif why_stopped:
-            msg = (f"line {n}: a quoted field opened on this line is never closed ({why_stopped}): "
-                   f"close the quote, or write a quote inside a quoted field as \"\"; reading went on at line {n + 1}")
+            msg = (
+                f"line {n}: a quoted field opened on this line is never closed ({why_stopped}): "
+                f'close the quote, or write a quote inside a quoted field as ""; reading went on at line {n + 1}'
+            )
         elif len(taken) > 1:
-            msg = (f"line {n}: malformed CSV ({e} on line {taken[-1][0]}, inside a quoted field opened on line {n}): "
-                   f"check its quotes (a quote inside a quoted field is written \"\"); reading went on at line {n + 1}")
+            msg = (
+                f"line {n}: malformed CSV ({e} on line {taken[-1][0]}, inside a quoted field opened on line {n}): "
+                f'check its quotes (a quote inside a quoted field is written ""); reading went on at line {n + 1}'
+            )
         else:
-            msg = f"line {n}: malformed CSV ({e}): check its quotes (a quote inside a quoted field is written \"\")"
+            msg = f'line {n}: malformed CSV ({e}): check its quotes (a quote inside a quoted field is written "")'
         return _Record(n, n, None, msg)
     return _Record(n, taken[-1][0], [f.replace(_CR, "\r") for f in rec])
 
 
 def _csv(
-    raw: Iterable[bytes], text_column: str, id_column: str | None, delimiter: str | None = ",", gold: str | None = None,
+    raw: Iterable[bytes],
+    text_column: str,
+    id_column: str | None,
+    delimiter: str | None = ",",
+    gold: str | None = None,
     id_required: bool = False,
 ) -> Iterator[Row]:
     """CSV rows; `delimiter` None: comma or tab, whichever makes the header name `text_column`."""
@@ -489,20 +551,41 @@ def _csv(
             continue
         rec = r.fields
         if len(rec) != len(header):
-            yield Row(n, None, error=f"{span}: {len(rec)} fields where the header has {len(header)}: check commas and quotes", last_line=r.last_line)
+            yield Row(
+                n,
+                None,
+                error=f"{span}: {len(rec)} fields where the header has {len(header)}: check commas and quotes",
+                last_line=r.last_line,
+            )
             continue
         explicit = ii is not None
         rid: Any = rec[ii] if ii is not None else n
         if ii is not None and _bad_utf8(rec[ii]):
-            yield Row(n, None, error=_utf8_error(n) + f" (in column {id_column!r})", explicit_id=True, last_line=r.last_line)
+            yield Row(
+                n, None, error=_utf8_error(n) + f" (in column {id_column!r})", explicit_id=True, last_line=r.last_line
+            )
         elif ii is not None and not rid:
-            yield Row(n, None, error=f"line {n}: empty {id_column!r}: give every row an id", explicit_id=True, last_line=r.last_line)
+            yield Row(
+                n,
+                None,
+                error=f"line {n}: empty {id_column!r}: give every row an id",
+                explicit_id=True,
+                last_line=r.last_line,
+            )
         elif any(_bad_utf8(c) for c in rec):
             yield Row(n, rid, error=_utf8_error(n), explicit_id=explicit, last_line=r.last_line)
         elif not rec[ti].strip():
-            yield Row(n, rid, error=f"line {n}: column {text_column!r} is empty: give the item some text, or drop the row", explicit_id=explicit, last_line=r.last_line)
+            yield Row(
+                n,
+                rid,
+                error=f"line {n}: column {text_column!r} is empty: give the item some text, or drop the row",
+                explicit_id=explicit,
+                last_line=r.last_line,
+            )
         else:
-            yield Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=None if gi is None else rec[gi])
+            yield Row(
+                n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=None if gi is None else rec[gi]
+            )
 
 
 def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:

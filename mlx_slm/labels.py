@@ -17,8 +17,9 @@ log-probabilities up to one per-item constant; `probs` are exact.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,7 @@ def tokenize_labels(tokenizer: Any, labels: Sequence[str], probe_prompt: str, se
     for lab in labels:
         both = tokenizer(probe_prompt + sep + lab, add_special_tokens=False)["input_ids"]
         if both[: len(head)] == head and len(both) > len(head):
-            ids = both[len(head):]
+            ids = both[len(head) :]
         else:  # the label merged into the prompt's last token: fall back to the label alone
             ids = tokenizer(sep + lab, add_special_tokens=False)["input_ids"]
         out.append(tuple(int(i) for i in ids))

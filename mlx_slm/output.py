@@ -60,6 +60,7 @@ def output_format(path: str | None, explicit: str | None = None) -> str:
 
 # --------------------------------------------------------------------------- never over an input
 
+
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
@@ -117,6 +118,7 @@ def refuse_input_as_output(output: str, inputs: Sequence[str | None], flag: str 
 
 # --------------------------------------------------------------------------- one writer per output
 
+
 class OutputLock:
     """An exclusive lock on the output for the run, released on any exit.
 
@@ -132,7 +134,7 @@ class OutputLock:
         self.out_fd: int | None = None
         self.created = False
 
-    def __enter__(self) -> "OutputLock":
+    def __enter__(self) -> OutputLock:
         import fcntl
 
         try:
@@ -203,6 +205,7 @@ class OutputLock:
 
 # --------------------------------------------------------------------------- the manifest
 
+
 def manifest_path(output: str) -> Path:
     return Path(output + MANIFEST_SUFFIX)
 
@@ -241,7 +244,9 @@ def read_manifest(output: str) -> dict[str, Any] | None:
         if doc.get("manifest_version", 1) > MANIFEST_VERSION:
             raise ValueError(f"manifest version {doc['manifest_version']}, newer than this mlx-slm reads")
     except ValueError as e:
-        raise OutputError(f"{p} is not a readable mlx-slm manifest ({e}): delete it and the output to start again") from None
+        raise OutputError(
+            f"{p} is not a readable mlx-slm manifest ({e}): delete it and the output to start again"
+        ) from None
     return doc
 
 
@@ -251,6 +256,7 @@ def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- records and the writer
+
 
 def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict[str, Any]:
     """The output object for one input row (a prediction, or an error row).
@@ -276,9 +282,15 @@ def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict
 def csv_columns(labels: Sequence[str], raw: bool = False, abstain: bool = False) -> list[str]:
     """CSV/TSV header: calibrated runs add the raw probabilities, abstaining runs a flag."""
     return [
-        "id", "label", *(f"p_{lab}" for lab in labels), *(f"raw_p_{lab}" for lab in labels if raw),
+        "id",
+        "label",
+        *(f"p_{lab}" for lab in labels),
+        *(f"raw_p_{lab}" for lab in labels if raw),
         *(["calibration"] if raw else []),
-        *(["abstained"] if abstain else []), "truncated", "line", "error",
+        *(["abstained"] if abstain else []),
+        "truncated",
+        "line",
+        "error",
     ]
 
 
@@ -318,8 +330,10 @@ class Writer:
         except BrokenPipeError:
             raise  # the reader went away (`| head`): the CLI ends quietly
         except OSError as e:  # a full disk, a vanished mount
-            raise OutputError(f"cannot write to {self.path or 'stdout'} ({e.strerror}); what was written so far "
-                              "is complete row by row: free space and run again with --resume") from None
+            raise OutputError(
+                f"cannot write to {self.path or 'stdout'} ({e.strerror}); what was written so far "
+                "is complete row by row: free space and run again with --resume"
+            ) from None
 
     def close(self) -> None:
         if self.f is not sys.stdout:
@@ -327,6 +341,7 @@ class Writer:
 
 
 # --------------------------------------------------------------------------- reading an output back
+
 
 @dataclass(frozen=True)
 class Written:

@@ -61,8 +61,13 @@ class Comparison:
 
 
 def compare(
-    labels_a: Sequence[str], labels_b: Sequence[str], logits_a: Sequence[np.ndarray], logits_b: Sequence[np.ndarray],
-    probs_a: Sequence[np.ndarray], probs_b: Sequence[np.ndarray], label_rows: Sequence[int],
+    labels_a: Sequence[str],
+    labels_b: Sequence[str],
+    logits_a: Sequence[np.ndarray],
+    logits_b: Sequence[np.ndarray],
+    probs_a: Sequence[np.ndarray],
+    probs_b: Sequence[np.ndarray],
+    label_rows: Sequence[int],
 ) -> Comparison:
     dis = [i for i, (x, y) in enumerate(zip(labels_a, labels_b)) if x != y]
     rows = list(label_rows)
@@ -149,8 +154,9 @@ def run_parity(
         raise UserError("a reference checkpoint is needed for a model that is not quantized")
     src = resolve_source(reference) if reference is not None else None
     progress(f"ours: MLX on {path}")
-    clf = Classifier.load(str(path), labels, system, template, dtype=dtype, keep_logits=True, batch_size=batch_size,
-                          dequantize=dequantize)
+    clf = Classifier.load(
+        str(path), labels, system, template, dtype=dtype, keep_logits=True, batch_size=batch_size, dequantize=dequantize
+    )
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     t0 = time.perf_counter()
     ours = clf.classify(texts)
@@ -185,8 +191,15 @@ def run_parity(
     if q is not None:
         progress(f"mlx-lm: its own forward on {path}, {compute}, one at a time")
         scores, logits, t_mlxlm = mlxlm_scores(path, ids, clf.labelset, clf.model.compute_dtype)
-        c = compare(ours_l, [clf.labels[int(np.argmax(s))] for s in scores], ours_g, list(logits), ours_p,
-                    [softmax(s) for s in scores], rows)
+        c = compare(
+            ours_l,
+            [clf.labels[int(np.argmax(s))] for s in scores],
+            ours_g,
+            list(logits),
+            ours_p,
+            [softmax(s) for s in scores],
+            rows,
+        )
     tol = TOLERANCE[compute]
     return {
         "model": str(path),
@@ -204,8 +217,11 @@ def run_parity(
         "forward_ok": a.agree == a.total and a.max_dlogit_vocab <= tol,
         "drift_ok": b is None or b.agree == b.total,
         "mlxlm_ok": c is None or c.agree == c.total,
-        "seconds": {"ours": round(t_ours, 2), "reference": round(t_conv, 2),
-                    **({} if t_mlxlm is None else {"mlxlm": round(t_mlxlm, 2)})},
+        "seconds": {
+            "ours": round(t_ours, 2),
+            "reference": round(t_conv, 2),
+            **({} if t_mlxlm is None else {"mlxlm": round(t_mlxlm, 2)}),
+        },
     }
 
 
@@ -247,6 +263,9 @@ def format_report(r: dict[str, Any]) -> str:
             f"    -> {'PASS' if r['mlxlm_ok'] else 'FAIL'}",
         ]
     sec = r["seconds"]
-    lines += ["", f"time: ours {sec['ours']} s, reference {sec['reference']} s"
-              + (f", mlx-lm {sec['mlxlm']} s" if "mlxlm" in sec else "")]
+    lines += [
+        "",
+        f"time: ours {sec['ours']} s, reference {sec['reference']} s"
+        + (f", mlx-lm {sec['mlxlm']} s" if "mlxlm" in sec else ""),
+    ]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ per-item state can never leak into it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 

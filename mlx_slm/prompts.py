@@ -10,8 +10,9 @@ it simply runs without the cache.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import UserError
 
@@ -113,7 +114,11 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise PromptError(f"{path} line {n}: malformed JSON ({e.msg}): fix the line") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not isinstance(obj.get("label"), str):
+            if (
+                not isinstance(obj, dict)
+                or not isinstance(obj.get("text"), str)
+                or not isinstance(obj.get("label"), str)
+            ):
                 raise PromptError(f'{path} line {n}: an example needs string fields "text" and "label"')
             if obj["label"] not in labels:
                 raise PromptError(f"{path} line {n}: label {obj['label']!r} is not one of the labels {list(labels)}")

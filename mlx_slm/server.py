@@ -75,19 +75,36 @@ class Loaded:
     clf_kwargs: dict[str, Any] = field(default_factory=dict)  # settings shared by per-request tasks
 
 
-def classifier_loader(model: str, labels: Sequence[str] | None = None, system: str | None = None,
-                      template: str | None = None, calibration: Any = "none", min_confidence: float | None = None,
-                      **kwargs: Any) -> Callable[[], Loaded]:
+def classifier_loader(
+    model: str,
+    labels: Sequence[str] | None = None,
+    system: str | None = None,
+    template: str | None = None,
+    calibration: Any = "none",
+    min_confidence: float | None = None,
+    **kwargs: Any,
+) -> Callable[[], Loaded]:
     """A loader for `Service` from `Classifier.load` arguments (the Python API and tests)."""
 
     def load() -> Loaded:
         from .classifier import Classifier
         from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 
-        clf = Classifier.load(model, labels or DEFAULT_LABELS, DEFAULT_SYSTEM if system is None else (system or None),
-                              template or DEFAULT_TEMPLATE, **kwargs)
-        return Loaded(clf, calibration, min_confidence, model=str(model), weights_sha256=_sha(clf),
-                      clf_kwargs={k: v for k, v in kwargs.items() if k not in ("dtype", "dequantize")})
+        clf = Classifier.load(
+            model,
+            labels or DEFAULT_LABELS,
+            DEFAULT_SYSTEM if system is None else (system or None),
+            template or DEFAULT_TEMPLATE,
+            **kwargs,
+        )
+        return Loaded(
+            clf,
+            calibration,
+            min_confidence,
+            model=str(model),
+            weights_sha256=_sha(clf),
+            clf_kwargs={k: v for k, v in kwargs.items() if k not in ("dtype", "dequantize")},
+        )
 
     return load
 
@@ -105,12 +122,24 @@ def _sha(clf: Any) -> str | None:
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None,
-                 outcome: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+        outcome: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.field, self.headers = status, message, field, headers or {}
-        self.outcome = outcome or {401: "unauthorized", 413: "too_large", 422: "invalid", 429: "overloaded",
-                                   503: "unavailable", 504: "timeout"}.get(status, "error")
+        self.outcome = outcome or {
+            401: "unauthorized",
+            413: "too_large",
+            422: "invalid",
+            429: "overloaded",
+            503: "unavailable",
+            504: "timeout",
+        }.get(status, "error")
 
     def body(self) -> dict[str, Any]:
         err: dict[str, Any] = {"status": self.status, "message": self.message}
@@ -166,28 +195,43 @@ class Metrics:
     def render(self, gauges: dict[str, tuple[str, float]]) -> str:
         out: list[str] = []
         with self.lock:
-            out += ["# HELP mlx_slm_requests_total Requests to /v1/classify by outcome.",
-                    "# TYPE mlx_slm_requests_total counter"]
+            out += [
+                "# HELP mlx_slm_requests_total Requests to /v1/classify by outcome.",
+                "# TYPE mlx_slm_requests_total counter",
+            ]
             out += [f'mlx_slm_requests_total{{outcome="{k}"}} {v}' for k, v in sorted(self.requests.items())]
-            out += ["# HELP mlx_slm_items_total Items by outcome (ok: classified; dropped: client gone or timed "
-                    "out before compute).", "# TYPE mlx_slm_items_total counter"]
+            out += [
+                "# HELP mlx_slm_items_total Items by outcome (ok: classified; dropped: client gone or timed "
+                "out before compute).",
+                "# TYPE mlx_slm_items_total counter",
+            ]
             out += [f'mlx_slm_items_total{{outcome="{k}"}} {v}' for k, v in sorted(self.items.items())]
             for name, v, help_ in (
                 ("mlx_slm_batches_total", self.batches, "Micro-batches run by the model worker."),
-                ("mlx_slm_prefix_cache_hits_total", self.prefix_hits, "Items whose prompt starts with the cached prefix."),
+                (
+                    "mlx_slm_prefix_cache_hits_total",
+                    self.prefix_hits,
+                    "Items whose prompt starts with the cached prefix.",
+                ),
                 ("mlx_slm_prefix_cache_misses_total", self.prefix_misses, "Items run without the prefix cache."),
-                ("mlx_slm_prefix_cache_saved_tokens_total", self.prefix_saved_tokens, "Prompt tokens the prefix cache saved."),
+                (
+                    "mlx_slm_prefix_cache_saved_tokens_total",
+                    self.prefix_saved_tokens,
+                    "Prompt tokens the prefix cache saved.",
+                ),
                 ("mlx_slm_processed_tokens_total", self.processed_tokens, "Tokens the forward ran (padding included)."),
                 ("mlx_slm_padding_tokens_total", self.padding_tokens, "Padding tokens among them."),
             ):
                 out += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name} {v}"]
             for name, (help_, v) in gauges.items():
                 out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge", f"{name} {v:g}"]
-            helps = {"mlx_slm_batch_items": "Items per micro-batch.",
-                     "mlx_slm_batch_tokens": "Padded suffix tokens per micro-batch.",
-                     "mlx_slm_queue_seconds": "Time an item waited in the queue.",
-                     "mlx_slm_inference_seconds": "Compute time of the micro-batch an item ran in.",
-                     "mlx_slm_request_seconds": "End-to-end time of answered requests."}
+            helps = {
+                "mlx_slm_batch_items": "Items per micro-batch.",
+                "mlx_slm_batch_tokens": "Padded suffix tokens per micro-batch.",
+                "mlx_slm_queue_seconds": "Time an item waited in the queue.",
+                "mlx_slm_inference_seconds": "Compute time of the micro-batch an item ran in.",
+                "mlx_slm_request_seconds": "End-to-end time of answered requests.",
+            }
             for name, h in self.hist.items():
                 out += [f"# HELP {name} {helps[name]}", f"# TYPE {name} histogram"]
                 for b, c in zip(h.buckets, h.counts):
@@ -305,9 +349,12 @@ class Service:
     def task_key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> tuple:
         c = self.loaded.clf  # type: ignore[union-attr]
         t = c.truncate if truncate is None else (truncate or None)
-        return (tuple(labels) if labels is not None else c.labels,
-                c.format.system if system is None else (system or None),
-                c.format.template if template is None else template, t)
+        return (
+            tuple(labels) if labels is not None else c.labels,
+            c.format.system if system is None else (system or None),
+            c.format.template if template is None else template,
+            t,
+        )
 
     def _build(self, engine: Any, key: tuple) -> Any:
         from .classifier import Classifier
@@ -316,10 +363,15 @@ class Service:
         labels, system, template, truncate = key
         same_labels = labels == base.labels
         kw = dict(self.loaded.clf_kwargs)  # type: ignore[union-attr]
-        kw.update(batch_size=base.batch_size, max_batch_tokens=base.max_batch_tokens, sort=base.sort,
-                  use_prefix_cache=kw.get("use_prefix_cache", True),
-                  truncate=truncate, scoring=base.mode if same_labels else "auto",
-                  examples=base.format.examples if same_labels else ())
+        kw.update(
+            batch_size=base.batch_size,
+            max_batch_tokens=base.max_batch_tokens,
+            sort=base.sort,
+            use_prefix_cache=kw.get("use_prefix_cache", True),
+            truncate=truncate,
+            scoring=base.mode if same_labels else "auto",
+            examples=base.format.examples if same_labels else (),
+        )
         for k in ("calibration", "min_confidence", "warmup"):
             kw.pop(k, None)
         return Classifier(engine, None, labels, system, template, **kw)
@@ -377,13 +429,16 @@ class Service:
         now = time.perf_counter()
         with self.cond:
             if self.draining:
-                raise HTTPError(503, "the server is shutting down: not accepting new requests",
-                                headers={"Retry-After": "5"})
+                raise HTTPError(
+                    503, "the server is shutting down: not accepting new requests", headers={"Retry-After": "5"}
+                )
             if len(self.queue) + len(texts) > self.opts.max_queue_items:
                 wait = len(self.queue) / self._rate if self._rate > 0 else 1.0
                 raise HTTPError(
-                    429, f"the queue holds {len(self.queue)} items (limit {self.opts.max_queue_items}); "
-                    f"retry later", headers={"Retry-After": str(max(1, math.ceil(wait)))})
+                    429,
+                    f"the queue holds {len(self.queue)} items (limit {self.opts.max_queue_items}); retry later",
+                    headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                )
             for i, (t, c, h) in enumerate(zip(texts, costs, hits)):
                 self.queue.append(_WorkItem(job, i, t, key, c, h, now))
             self.inflight += 1
@@ -538,8 +593,11 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
     if unknown:
         raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(REQUEST_FIELDS)}", unknown[0])
     if ("text" in data) == ("texts" in data):
-        raise HTTPError(422, "give exactly one of 'text' (a string) or 'texts' (a list of strings)",
-                        "text" if "text" not in data else "texts")
+        raise HTTPError(
+            422,
+            "give exactly one of 'text' (a string) or 'texts' (a list of strings)",
+            "text" if "text" not in data else "texts",
+        )
     if "text" in data:
         if not isinstance(data["text"], str):
             raise HTTPError(422, f"'text' must be a string, got {type(data['text']).__name__}", "text")
@@ -553,8 +611,11 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
         if not texts:
             raise HTTPError(422, "'texts' is empty: give at least one text", "texts")
         if len(texts) > opts.max_items_per_request:
-            raise HTTPError(413, f"'texts' has {len(texts)} items, over the limit of {opts.max_items_per_request} "
-                            "per request: split it", "texts")
+            raise HTTPError(
+                413,
+                f"'texts' has {len(texts)} items, over the limit of {opts.max_items_per_request} per request: split it",
+                "texts",
+            )
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise HTTPError(422, f"texts[{i}] must be a string, got {type(t).__name__}", f"texts[{i}]")
@@ -627,33 +688,54 @@ OPENAPI: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {"title": "mlx-slm", "version": "1"},
     "paths": {
-        "/v1/classify": {"post": {
-            "summary": "Classify one text or a list of texts into one of the task's labels.",
-            "security": [{"bearer": []}],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object",
-                "properties": {
-                    "text": {"type": "string"},
-                    "texts": {"type": "array", "items": {"type": "string"}},
-                    "ids": {"type": "array", "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]}},
-                    "labels": {"type": "array", "items": {"type": "string"}, "minItems": 2},
-                    "system": {"type": "string", "nullable": True},
-                    "template": {"type": "string", "description": "must contain {text}"},
-                    "truncate": {"type": "string", "enum": list(TRUNCATE_MODES), "nullable": True},
-                    "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "nullable": True,
-                                       "description": "abstain (label null, abstained true) below this probability"},
-                }}}}},
-            "responses": {
-                "200": {"description": "results[i]: id, label, probs, raw_probs and calibration (when calibrated), "
-                                       "abstained, truncated, queue_ms, inference_ms; headers x-total-time, "
-                                       "x-queue-time, x-inference-time (ms)"},
-                "401": {"description": "missing or wrong Bearer key"},
-                "413": {"description": "body or item count over the limit (error.field names it)"},
-                "422": {"description": "invalid field, empty text, prompt over the context (error.field)"},
-                "429": {"description": "queue full; see Retry-After"},
-                "503": {"description": "loading or shutting down"},
-                "504": {"description": "request timeout"},
-            }}},
+        "/v1/classify": {
+            "post": {
+                "summary": "Classify one text or a list of texts into one of the task's labels.",
+                "security": [{"bearer": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "text": {"type": "string"},
+                                    "texts": {"type": "array", "items": {"type": "string"}},
+                                    "ids": {
+                                        "type": "array",
+                                        "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                                    },
+                                    "labels": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+                                    "system": {"type": "string", "nullable": True},
+                                    "template": {"type": "string", "description": "must contain {text}"},
+                                    "truncate": {"type": "string", "enum": list(TRUNCATE_MODES), "nullable": True},
+                                    "min_confidence": {
+                                        "type": "number",
+                                        "minimum": 0,
+                                        "maximum": 1,
+                                        "nullable": True,
+                                        "description": "abstain (label null, abstained true) below this probability",
+                                    },
+                                },
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {
+                        "description": "results[i]: id, label, probs, raw_probs and calibration (when calibrated), "
+                        "abstained, truncated, queue_ms, inference_ms; headers x-total-time, "
+                        "x-queue-time, x-inference-time (ms)"
+                    },
+                    "401": {"description": "missing or wrong Bearer key"},
+                    "413": {"description": "body or item count over the limit (error.field names it)"},
+                    "422": {"description": "invalid field, empty text, prompt over the context (error.field)"},
+                    "429": {"description": "queue full; see Retry-After"},
+                    "503": {"description": "loading or shutting down"},
+                    "504": {"description": "request timeout"},
+                },
+            }
+        },
         "/v1/model": {"get": {"summary": "Model, weights sha256, dtype, device, default task, limits."}},
         "/health": {"get": {"summary": "200 when loaded and warmed; 503 before, and while draining."}},
         "/metrics": {"get": {"summary": "Prometheus text format."}},
@@ -684,8 +766,12 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
         got = request.headers.get("authorization", "")
         scheme, _, token = got.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), opts.api_key.encode()):
-            raise HTTPError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", "authorization",
-                            headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                "authorization",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     async def classify(request: Request) -> Any:
         t0 = time.perf_counter()
@@ -701,7 +787,9 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
     async def _classify(request: Request, t0: float) -> Any:
         check_auth(request)
         if service.draining:
-            raise HTTPError(503, "the server is shutting down: not accepting new requests", headers={"Retry-After": "5"})
+            raise HTTPError(
+                503, "the server is shutting down: not accepting new requests", headers={"Retry-After": "5"}
+            )
         if not service.ready:
             raise HTTPError(503, service.load_error or "the model is loading", headers={"Retry-After": "5"})
         raw = await _read_body(request, opts.max_body_bytes)
@@ -715,14 +803,21 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
             front = await run_in_threadpool(service.front_classifier, key)
         except ValueError as e:  # PromptError, LabelError: a task that cannot be built
             msg = str(e)
-            fld = ("labels" if task["labels"] is not None and "label" in msg.lower() else
-                   "template" if task["template"] is not None else "system" if task["system"] is not None else "labels")
+            fld = (
+                "labels"
+                if task["labels"] is not None and "label" in msg.lower()
+                else "template"
+                if task["template"] is not None
+                else "system"
+                if task["system"] is not None
+                else "labels"
+            )
             raise HTTPError(422, msg, fld) from None
         prepared = await run_in_threadpool(front.prepare, texts)
         names = ["text"] if "text" in data else [f"texts[{i}]" for i in range(len(texts))]
         for it, name in zip(prepared, names):
             if it.error:
-                msg = it.error.replace("--truncate head|tail|middle", "\"truncate\": \"head\"|\"tail\"|\"middle\"")
+                msg = it.error.replace("--truncate head|tail|middle", '"truncate": "head"|"tail"|"middle"')
                 raise HTTPError(422, f"{name}: {msg}", name)
         p = len(front.prefix_tokens)
         hits = [bool(p) and tuple(it.ids[:p]) == front.prefix_tokens for it in prepared]
@@ -740,8 +835,12 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
                 service.cancel(job)
                 if gone.done() and not gone.cancelled():
                     raise HTTPError(499, "the client closed the connection", outcome="client_gone")
-                raise HTTPError(504, f"not answered within the request timeout of {opts.request_timeout_s:g} s: "
-                                "retry, or send fewer texts", "texts" if len(texts) > 1 else "text")
+                raise HTTPError(
+                    504,
+                    f"not answered within the request timeout of {opts.request_timeout_s:g} s: "
+                    "retry, or send fewer texts",
+                    "texts" if len(texts) > 1 else "text",
+                )
             if job.error is not None:
                 raise job.error
         finally:
@@ -765,8 +864,11 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
         i_ms = max(r["inference_ms"] for r in results)
         return JSONResponse(
             {"results": results, "total_ms": round(total, 3), "queue_ms": q_ms, "inference_ms": i_ms},
-            headers={"x-total-time": str(int(round(total))), "x-queue-time": str(int(round(q_ms))),
-                     "x-inference-time": str(int(round(i_ms)))},
+            headers={
+                "x-total-time": str(int(round(total))),
+                "x-queue-time": str(int(round(q_ms))),
+                "x-inference-time": str(int(round(i_ms))),
+            },
         )
 
     async def model_info(request: Request) -> Any:
@@ -775,27 +877,44 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
         except HTTPError as e:
             return error_response(e)
         if not service.ready:
-            return error_response(HTTPError(503, service.load_error or "the model is loading", headers={"Retry-After": "5"}))
+            return error_response(
+                HTTPError(503, service.load_error or "the model is loading", headers={"Retry-After": "5"})
+            )
         import mlx.core as mx
 
         ld = service.loaded
         clf = ld.clf  # type: ignore[union-attr]
         cal, _, conf, warmup = service.calibration_for(service.default_key)
-        return JSONResponse({
-            "model": ld.model, "path": str(clf.path) if clf.path else None,  # type: ignore[union-attr]
-            "weights_sha256": ld.weights_sha256,  # type: ignore[union-attr]
-            "dtype": clf.engine.compute_dtype, "device": str(mx.default_device()),
-            "max_length": clf.max_length,
-            "task": {"labels": list(clf.labels), "system": clf.format.system, "template": clf.format.template,
-                     "examples": len(clf.format.examples), "scoring": clf.mode, "truncate": clf.truncate,
-                     "calibration": cal if isinstance(cal, str) else cal.method, "min_confidence": conf,
-                     "warmup": warmup},
-            "limits": {"max_batch_items": opts.max_batch_items,
-                       "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
-                       "max_wait_ms": opts.max_wait_ms, "max_queue_items": opts.max_queue_items,
-                       "max_items_per_request": opts.max_items_per_request, "max_body_bytes": opts.max_body_bytes,
-                       "request_timeout_s": opts.request_timeout_s},
-        })
+        return JSONResponse(
+            {
+                "model": ld.model,
+                "path": str(clf.path) if clf.path else None,  # type: ignore[union-attr]
+                "weights_sha256": ld.weights_sha256,  # type: ignore[union-attr]
+                "dtype": clf.engine.compute_dtype,
+                "device": str(mx.default_device()),
+                "max_length": clf.max_length,
+                "task": {
+                    "labels": list(clf.labels),
+                    "system": clf.format.system,
+                    "template": clf.format.template,
+                    "examples": len(clf.format.examples),
+                    "scoring": clf.mode,
+                    "truncate": clf.truncate,
+                    "calibration": cal if isinstance(cal, str) else cal.method,
+                    "min_confidence": conf,
+                    "warmup": warmup,
+                },
+                "limits": {
+                    "max_batch_items": opts.max_batch_items,
+                    "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
+                    "max_wait_ms": opts.max_wait_ms,
+                    "max_queue_items": opts.max_queue_items,
+                    "max_items_per_request": opts.max_items_per_request,
+                    "max_body_bytes": opts.max_body_bytes,
+                    "request_timeout_s": opts.request_timeout_s,
+                },
+            }
+        )
 
     async def health(request: Request) -> Any:
         if service.load_error:
@@ -827,13 +946,16 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
         finally:
             await run_in_threadpool(service.stop)
 
-    return Starlette(routes=[
-        Route("/v1/classify", classify, methods=["POST"]),
-        Route("/v1/model", model_info, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-    ], lifespan=lifespan)
+    return Starlette(
+        routes=[
+            Route("/v1/classify", classify, methods=["POST"]),
+            Route("/v1/model", model_info, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
 
 
 # --------------------------------------------------------------------------- running it
@@ -844,8 +966,9 @@ def run_server(service: Service, host: str = "127.0.0.1", port: int = 8080, log_
     import uvicorn
 
     app = create_app(service)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                            lifespan="on", access_log=False)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, lifespan="on", access_log=False
+    )
     server = _draining_server(config, service)
     failed: list[str] = []
 

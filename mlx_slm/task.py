@@ -58,11 +58,13 @@ class Task:
         return {"format": FORMAT, "version": VERSION, "created": utc_now(), **d}
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "task") -> "Task":
+    def from_dict(cls, d: Any, where: str = "task") -> Task:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise TaskError(f"{where} is not an mlx-slm task file (no \"format\": \"{FORMAT}\")")
+            raise TaskError(f'{where} is not an mlx-slm task file (no "format": "{FORMAT}")')
         if d.get("version", VERSION) > VERSION:
-            raise TaskError(f"{where} is task format version {d['version']}; this mlx-slm reads up to {VERSION}: upgrade it")
+            raise TaskError(
+                f"{where} is task format version {d['version']}; this mlx-slm reads up to {VERSION}: upgrade it"
+            )
         for key, kind in (("model", str), ("labels", list), ("template", str)):
             if not isinstance(d.get(key), kind):
                 raise TaskError(f"{where}: field {key!r} is missing or not a {kind.__name__}")
@@ -76,11 +78,18 @@ class Task:
         try:
             examples = tuple((str(e["text"]), str(e["label"])) for e in d.get("examples", []))
         except (TypeError, KeyError):
-            raise TaskError(f"{where}: field 'examples' must be a list of {{\"text\", \"label\"}} objects") from None
+            raise TaskError(f'{where}: field \'examples\' must be a list of {{"text", "label"}} objects') from None
         return cls(
-            model=d["model"], labels=tuple(d["labels"]), system=d.get("system"), template=d["template"],
-            scoring=d.get("scoring", "auto"), examples=examples, calibration=cal, warmup=int(d.get("warmup", DEFAULT_WARMUP)),
-            min_confidence=d.get("min_confidence"), weights_sha256=d.get("weights_sha256"),
+            model=d["model"],
+            labels=tuple(d["labels"]),
+            system=d.get("system"),
+            template=d["template"],
+            scoring=d.get("scoring", "auto"),
+            examples=examples,
+            calibration=cal,
+            warmup=int(d.get("warmup", DEFAULT_WARMUP)),
+            min_confidence=d.get("min_confidence"),
+            weights_sha256=d.get("weights_sha256"),
             versions=d.get("versions", {}),
         )
 
@@ -91,7 +100,7 @@ class Task:
             raise TaskError(f"cannot write the task file {path} ({e.strerror})") from None
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Task":
+    def load(cls, path: str | os.PathLike) -> Task:
         try:
             d = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:

@@ -56,24 +56,45 @@ def make_tiny(out: Path, arch: str) -> Path:
 
     tok = make_tokenizer(out)
     common = dict(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        initializer_range=0.15, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.15,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
     )
     if arch == "qwen2":
         cfg = Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
     elif arch == "llama":
         cfg = LlamaConfig(**common, rope_theta=1e4, tie_word_embeddings=True, rms_norm_eps=1e-5)
     elif arch == "qwen3":
-        cfg = Qwen3Config(**common, head_dim=24, rope_theta=1e6, tie_word_embeddings=True,
-                          use_sliding_window=True, sliding_window=16, max_window_layers=1)
+        cfg = Qwen3Config(
+            **common,
+            head_dim=24,
+            rope_theta=1e6,
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=16,
+            max_window_layers=1,
+        )
     elif arch == "gemma3":
         cfg = Gemma3TextConfig(
-            **{**common, "num_hidden_layers": 5}, head_dim=32, query_pre_attn_scalar=24,
-            sliding_window=16, sliding_window_pattern=3, rope_theta=1e6, rope_local_base_freq=1e4,
-            rope_scaling={"rope_type": "linear", "factor": 4.0}, final_logit_softcapping=5.0,
+            **{**common, "num_hidden_layers": 5},
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=16,
+            sliding_window_pattern=3,
+            rope_theta=1e6,
+            rope_local_base_freq=1e4,
+            rope_scaling={"rope_type": "linear", "factor": 4.0},
+            final_logit_softcapping=5.0,
             attn_logit_softcapping=50.0,  # transformers' Gemma 3 does not apply it; neither do we
-            tie_word_embeddings=True, bos_token_id=None,
+            tie_word_embeddings=True,
+            bos_token_id=None,
         )
     else:
         raise ValueError(arch)

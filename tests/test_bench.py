@@ -5,8 +5,18 @@ from benchmarks.harness import flops_per_token, main
 
 def test_bench_runs_modes_and_writes_results(tiny_qwen_mlx, tmp_path):
     out = tmp_path / "res"
-    rc = main(["--model", str(tiny_qwen_mlx), "--n", "6", "--modes", "ours-default,ours-item,ours-arbitrary",
-               "--results", str(out)])
+    rc = main(
+        [
+            "--model",
+            str(tiny_qwen_mlx),
+            "--n",
+            "6",
+            "--modes",
+            "ours-default,ours-item,ours-arbitrary",
+            "--results",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads(next(out.glob("*.json")).read_text())
     rows = {r["mode"]: r for r in res["rows"]}
@@ -25,8 +35,9 @@ def test_bench_runs_modes_and_writes_results(tiny_qwen_mlx, tmp_path):
 
 
 def test_flops_per_token_qwen05b():
-    cfg = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-               num_key_value_heads=2)
+    cfg = dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2
+    )
     # 24 layers x (q,o: 896x896 each; k,v: 896x128 each; gate, up, down: 896x4864 each), x2 FLOPs
     assert flops_per_token(cfg) == 2 * 24 * (2 * 896 * 896 + 2 * 896 * 128 + 3 * 896 * 4864)
 

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -108,8 +108,7 @@ def test_apply_rows_are_normalized_log_probs_and_accept_raw_scores():
 
 def test_to_dict_from_dict_round_trip_via_json():
     lp, gold = synth(300, seed=3)
-    for c in (fit_labelled(lp, gold, L3, temperature=True), fit_batch(lp, L3), fit_em(lp, L3),
-              Calibrator.identity(L3)):
+    for c in (fit_labelled(lp, gold, L3, temperature=True), fit_batch(lp, L3), fit_em(lp, L3), Calibrator.identity(L3)):
         d = json.loads(json.dumps(c.to_dict(), allow_nan=False))
         back = Calibrator.from_dict(d)
         assert back == c

@@ -50,8 +50,12 @@ def test_matches_transformers_reference(tiny_mlx, mode):
 def test_every_switch_gives_the_same_labels(tiny_qwen_mlx):
     labels = LABELSETS["first-token"]
     base = [p.label for p in make(tiny_qwen_mlx, labels).classify(TEXTS)]
-    for kw in (dict(sort=False), dict(use_prefix_cache=False), dict(max_batch_tokens=None, batch_size=32),
-               dict(max_batch_tokens=64)):
+    for kw in (
+        dict(sort=False),
+        dict(use_prefix_cache=False),
+        dict(max_batch_tokens=None, batch_size=32),
+        dict(max_batch_tokens=64),
+    ):
         assert [p.label for p in make(tiny_qwen_mlx, labels, **kw).classify(TEXTS)] == base, kw
 
 
@@ -99,7 +103,8 @@ def test_token_accounting(tiny_qwen_mlx):
 
 
 def test_public_api_import():
-    from mlx_slm import Classifier as C, Prediction
+    from mlx_slm import Classifier as C
+    from mlx_slm import Prediction
 
     assert C is Classifier and Prediction.__name__ == "Prediction"
 

@@ -41,7 +41,10 @@ def test_classify_file_jsonl_with_error_row(tiny_qwen_mlx, tmp_path):
 
 def test_classify_stdin_text_and_csv_output(tiny_qwen_mlx, tmp_path):
     out = tmp_path / "o.csv"
-    r = run(["classify", "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-o", str(out)], input="\n".join(TEXTS[:3]) + "\n")
+    r = run(
+        ["classify", "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-o", str(out)],
+        input="\n".join(TEXTS[:3]) + "\n",
+    )
     assert r.exit_code == 0, r.output
     lines = out.read_text().splitlines()
     assert lines[0].startswith("id,label,p_a,p_b,p_c") and len(lines) == 4
@@ -78,7 +81,11 @@ def test_real_subprocess(tiny_qwen_mlx):
     env = dict(os.environ)
     p = subprocess.run(
         [sys.executable, "-m", "mlx_slm.cli", "classify", "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q"],
-        input="My card was charged twice\n", capture_output=True, text=True, env=env, timeout=300,
+        input="My card was charged twice\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert p.returncode == 0, p.stderr
     rec = json.loads(p.stdout)

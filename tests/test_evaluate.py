@@ -149,8 +149,18 @@ def _rep():
 def test_report():
     rep = _rep()
     assert set(rep) == {
-        "n", "labels", "accuracy", "accuracy_all", "coverage", "abstained", "macro_f1",
-        "per_label", "confusion", "ece", "reliability", "coverage_curve",
+        "n",
+        "labels",
+        "accuracy",
+        "accuracy_all",
+        "coverage",
+        "abstained",
+        "macro_f1",
+        "per_label",
+        "confusion",
+        "ece",
+        "reliability",
+        "coverage_curve",
     }
     assert rep["n"] == 8 and rep["abstained"] == 1 and rep["labels"] == LABELS
     assert rep["accuracy"] == pytest.approx(5 / 7)

@@ -1,11 +1,11 @@
 """The CPU fast paths (numpy, in place, threaded) against MLX's native ops."""
 
-import mlx_slm  # noqa: F401
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
 
+import mlx_slm  # noqa: F401
 from mlx_slm import fastmath
 from mlx_slm.models import build_mask
 
@@ -89,7 +89,9 @@ def test_openblas_thread_timeout_is_not_left_in_the_environment():
     code = "import os, mlx_slm; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
 
     def seen(env: dict[str, str]) -> str:
-        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     assert seen(env) == "None"
     assert seen({**env, "OPENBLAS_THREAD_TIMEOUT": "20"}) == "20"  # a user's own value is kept

@@ -38,6 +38,7 @@ def jsonl_input(path: Path, texts=TEXTS, extra_lines=()) -> Path:
 
 # ----------------------------------------------------------------- 1. never destroy input
 
+
 @pytest.mark.parametrize("how", ["same", "symlink", "hardlink", "relative"])
 def test_output_that_is_the_input_is_refused_before_opening(tiny_qwen_mlx, tmp_path, how, monkeypatch):
     inp = jsonl_input(tmp_path / "t.jsonl")
@@ -61,7 +62,10 @@ def test_output_that_is_redirected_stdin_is_refused(tiny_qwen_mlx, tmp_path):
     with open(inp, "rb") as f:
         p = subprocess.run(
             [sys.executable, "-m", "mlx_slm.cli", "classify", "-o", str(inp), *cli(tiny_qwen_mlx)],
-            stdin=f, capture_output=True, text=True, timeout=300,
+            stdin=f,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
     assert p.returncode == 2, p.stderr
     assert "standard input" in p.stderr and "Traceback" not in p.stderr
@@ -69,6 +73,7 @@ def test_output_that_is_redirected_stdin_is_refused(tiny_qwen_mlx, tmp_path):
 
 
 # ----------------------------------------------------------------- 2. one writer per output
+
 
 def test_second_writer_exits_2_naming_the_holder(tiny_qwen_mlx, tmp_path):
     inp = jsonl_input(tmp_path / "in.jsonl")
@@ -106,6 +111,7 @@ def test_lock_is_released_when_the_holder_is_killed(tmp_path):
 
 # ----------------------------------------------------------------- 3. resume: ours, exactly
 
+
 def _interrupted_copy(full: Path, part: Path, cut: int) -> None:
     """What a run killed after writing `cut` bytes leaves: the prefix and an incomplete manifest."""
     part.write_bytes(full.read_bytes()[:cut])
@@ -118,8 +124,13 @@ def _interrupted_copy(full: Path, part: Path, cut: int) -> None:
 def test_resume_from_any_cut_is_byte_identical_with_the_same_exit_status(tiny_qwen_mlx, tmp_path, ext):
     # Error rows in the middle, an explicit id equal to an error row's line, a duplicate id,
     # and ids with U+2028 / U+0085 (which str.splitlines would split).
-    bad = [(3, "{broken"), (7, json.dumps({"id": "t1", "text": "duplicate id"})), (9, json.dumps({"id": 4, "text": "int id"})),
-           (12, json.dumps({"id": "x\u2028y\u0085z", "text": "odd id"})), (13, "")]
+    bad = [
+        (3, "{broken"),
+        (7, json.dumps({"id": "t1", "text": "duplicate id"})),
+        (9, json.dumps({"id": 4, "text": "int id"})),
+        (12, json.dumps({"id": "x\u2028y\u0085z", "text": "odd id"})),
+        (13, ""),
+    ]
     inp = jsonl_input(tmp_path / "in.jsonl", TEXTS[:20], bad)
     full = tmp_path / f"full.{ext}"
     args = cli(tiny_qwen_mlx, "--window", "4", "--batch-size", "3")
@@ -147,12 +158,27 @@ def test_resume_refuses_other_settings_naming_the_field(tiny_qwen_mlx, tmp_path)
         out = tmp_path / f"o.{ext}"
         assert run(["classify", str(inp), "-o", str(out), *cli(tiny_qwen_mlx)]).exit_code == 0
         before = out.read_bytes()
-        r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), "--resume",
-                                      "--model", str(tiny_qwen_mlx), "--labels", "a,b,x", "-q"])
+        r = CliRunner().invoke(
+            main,
+            [
+                "classify",
+                str(inp),
+                "-o",
+                str(out),
+                "--resume",
+                "--model",
+                str(tiny_qwen_mlx),
+                "--labels",
+                "a,b,x",
+                "-q",
+            ],
+        )
         assert r.exit_code == 2 and "labels" in r.output and "['a', 'b', 'c']" in r.output
         assert out.read_bytes() == before
     inp.write_text(inp.read_text() + json.dumps({"text": "one more"}) + "\n")
-    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--resume", *cli(tiny_qwen_mlx)])
+    r = CliRunner().invoke(
+        main, ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--resume", *cli(tiny_qwen_mlx)]
+    )
     assert r.exit_code == 2 and "input_size" in r.output
 
 
@@ -195,11 +221,19 @@ def test_plan_resume_keeps_whole_windows_only(tmp_path):
 
 # ----------------------------------------------------------------- interruption for real
 
+
 @pytest.mark.parametrize("sig, seed", [(signal.SIGINT, 1), (signal.SIGKILL, 2), (signal.SIGKILL, 3)])
 def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, sig, seed):
     texts = [t for t, _ in tickets(300)]
     inp = jsonl_input(tmp_path / "in.jsonl", texts, [(50, "{bad")])
-    args = [sys.executable, "-m", "mlx_slm.cli", "classify", str(inp), *cli(tiny_qwen_mlx, "--window", "8", "--batch-size", "4")]
+    args = [
+        sys.executable,
+        "-m",
+        "mlx_slm.cli",
+        "classify",
+        str(inp),
+        *cli(tiny_qwen_mlx, "--window", "8", "--batch-size", "4"),
+    ]
     full = tmp_path / "full.jsonl"
     ref = subprocess.run([*args, "-o", str(full)], capture_output=True, text=True, timeout=600)
     assert ref.returncode == 1, ref.stderr
@@ -222,6 +256,7 @@ def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, s
 
 
 # ----------------------------------------------------------------- 6-9. the CLI fails clearly
+
 
 @pytest.mark.parametrize("cmd", [[], ["classify"], ["eval"], ["convert"], ["parity"], ["doctor"], ["models"]])
 def test_help_exits_0_without_an_error_line(cmd):
@@ -253,8 +288,20 @@ def test_unknown_output_extension_is_an_error_unless_a_format_is_given(tiny_qwen
 def test_parity_on_an_empty_input_is_a_user_error(tiny_qwen_mlx, tmp_path):
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
-    r = CliRunner().invoke(main, ["parity", "--model", str(tiny_qwen_mlx), "--reference", str(tiny_qwen_mlx),
-                                  "--input", str(empty), "--labels", "a,b,c"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "parity",
+            "--model",
+            str(tiny_qwen_mlx),
+            "--reference",
+            str(tiny_qwen_mlx),
+            "--input",
+            str(empty),
+            "--labels",
+            "a,b,c",
+        ],
+    )
     assert r.exit_code == 2 and "no text" in r.output and "Traceback" not in r.output
 
 
@@ -311,8 +358,18 @@ def test_every_output_is_checked_before_any_work(tiny_qwen_mlx, tmp_path):
     before = inp.read_bytes()
     r = CliRunner().invoke(main, ["classify", str(inp), "--save-task", str(inp), *cli(tiny_qwen_mlx)])
     assert r.exit_code == 2 and "--save-task" in r.output and inp.read_bytes() == before
-    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--save-task",
-                                  str(tmp_path / "o.jsonl"), *cli(tiny_qwen_mlx)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "classify",
+            str(inp),
+            "-o",
+            str(tmp_path / "o.jsonl"),
+            "--save-task",
+            str(tmp_path / "o.jsonl"),
+            *cli(tiny_qwen_mlx),
+        ],
+    )
     assert r.exit_code == 2 and "its own file" in r.output
     r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(tmp_path / "nope" / "o.jsonl"), *cli(tiny_qwen_mlx)])
     assert r.exit_code == 2 and "does not exist" in r.output and "Traceback" not in r.output
@@ -339,8 +396,12 @@ def test_streams_get_no_lock_or_manifest_and_a_closed_pipe_is_quiet(tiny_qwen_ml
     r = run(["classify", "-o", os.devnull, "--output-format", "jsonl", *cli(tiny_qwen_mlx)], input="hello\n")
     assert r.exit_code == 0 and not os.path.exists(os.devnull + ".lock")
     texts = [t for t, _ in tickets(200)]
-    p = subprocess.Popen([sys.executable, "-m", "mlx_slm.cli", "classify", "--format", "text", *cli(tiny_qwen_mlx)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "mlx_slm.cli", "classify", "--format", "text", *cli(tiny_qwen_mlx)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     p.stdin.write(("\n".join(texts) + "\n").encode())
     p.stdin.close()
     assert json.loads(p.stdout.readline())["id"] == 1
@@ -361,7 +422,9 @@ def test_stdin_sniffing_and_editor_files(tiny_qwen_mlx, tmp_path):
 
 def test_eval_predictions_from_another_input_are_refused(tiny_qwen_mlx, tmp_path):
     gold = tmp_path / "g.jsonl"
-    gold.write_text("".join(json.dumps({"id": f"g{i}", "text": t, "label": "a"}) + "\n" for i, t in enumerate(TEXTS[:4])))
+    gold.write_text(
+        "".join(json.dumps({"id": f"g{i}", "text": t, "label": "a"}) + "\n" for i, t in enumerate(TEXTS[:4]))
+    )
     other = jsonl_input(tmp_path / "other.jsonl", TEXTS[:4])
     preds = tmp_path / "p.jsonl"
     assert run(["classify", str(other), "-o", str(preds), *cli(tiny_qwen_mlx)]).exit_code == 0

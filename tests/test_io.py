@@ -1,5 +1,3 @@
-import json
-
 import pytest
 
 from mlx_slm.io import InputError, read_rows
@@ -16,12 +14,12 @@ def test_jsonl_good_and_bad_rows_keep_order(tmp_path):
     data = (
         b'{"id": "a", "text": "hello"}\n'
         b'{"id": "b", "text": "  "}\n'
-        b'{not json}\n'
+        b"{not json}\n"
         b'{"id": "c"}\n'
         b'{"id": "a", "text": "again"}\n'
-        b'\n'
+        b"\n"
         b'{"id": "e", "text": "bad \xff byte"}\n'
-        b'[1, 2]\n'
+        b"[1, 2]\n"
         b'{"text": "no id"}\n'
     )
     rows = rows_of(tmp_path, "in.jsonl", data)

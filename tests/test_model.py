@@ -4,8 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from mlx_slm.models import Model, ModelArgs, build_mask, load_model
-from mlx_slm.models import FASTMATH, NATIVE, choose_ops
+from mlx_slm.models import FASTMATH, NATIVE, Model, ModelArgs, build_mask, choose_ops, load_model
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -51,8 +50,8 @@ def _padded(seqs, pad_id, cache_len=0):
     ids = np.full((len(seqs), L), pad_id, np.int32)
     mask = np.zeros((len(seqs), L), bool)
     for r, s in enumerate(seqs):
-        ids[r, L - len(s):] = s
-        mask[r, L - len(s):] = True
+        ids[r, L - len(s) :] = s
+        mask[r, L - len(s) :] = True
     offs = np.array([cache_len - (L - len(s)) for s in seqs], np.int32)
     return mx.array(ids), mx.array(mask), mx.array(offs)
 
@@ -127,9 +126,17 @@ def test_matches_mlx_lm_forward(tiny_mlx):
 
 def test_unsupported_architecture_refused():
     with pytest.raises(ValueError, match="supported: qwen2, llama, qwen3, gemma3"):
-        ModelArgs.from_dict({"model_type": "gpt2", "hidden_size": 8, "num_hidden_layers": 1,
-                             "intermediate_size": 8, "num_attention_heads": 2, "num_key_value_heads": 2,
-                             "vocab_size": 10})
+        ModelArgs.from_dict(
+            {
+                "model_type": "gpt2",
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "intermediate_size": 8,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "vocab_size": 10,
+            }
+        )
 
 
 def test_float16_weights_upcast_on_cpu(tiny_hf, tmp_path):

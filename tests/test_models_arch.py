@@ -88,8 +88,8 @@ def _padded(seqs, pad_id, cache_len=0):
     ids = np.full((len(seqs), L), pad_id, np.int32)
     mask = np.zeros((len(seqs), L), bool)
     for r, s in enumerate(seqs):
-        ids[r, L - len(s):] = s
-        mask[r, L - len(s):] = True
+        ids[r, L - len(s) :] = s
+        mask[r, L - len(s) :] = True
     offs = np.array([cache_len - (L - len(s)) for s in seqs], np.int32)
     return mx.array(ids), mx.array(mask), mx.array(offs)
 
@@ -138,7 +138,7 @@ def test_prefix_cache_and_padding_match_transformers(tiny, ops):
     h, _ = m(mx.array([cont] * B), None, offs + L, cache=kv2, cache_mask=cache_mask, last_only=False)
     got = np.array(m.logits(h))
     for r, s in enumerate(suffixes):
-        _check(f"{tiny.arch}/c-cont/{ops}", got[r], tiny.ref(prefix + s + cont, last=False)[-len(cont):])
+        _check(f"{tiny.arch}/c-cont/{ops}", got[r], tiny.ref(prefix + s + cont, last=False)[-len(cont) :])
 
 
 @pytest.mark.parametrize("ops", OPS)
@@ -148,8 +148,14 @@ def test_classifier_path_matches_transformers(tiny, ops):
     from mlx_slm.workload import tickets
 
     texts = [t for t, _ in tickets(9)][3:9]
-    clf = Classifier(load_model(tiny.mlx_dir, ops=ops), tiny.tok, ["ab", "ac", "b", "a"], keep_logits=True,
-                     batch_size=4, max_batch_tokens=None)
+    clf = Classifier(
+        load_model(tiny.mlx_dir, ops=ops),
+        tiny.tok,
+        ["ab", "ac", "b", "a"],
+        keep_logits=True,
+        batch_size=4,
+        max_batch_tokens=None,
+    )
     assert clf.prefix is not None and clf.mode == "sequence"
     preds = clf.classify(texts)
     items = clf.prepare(texts)
@@ -180,6 +186,7 @@ def test_sliding_window_matters(tiny):
 
 
 # --------------------------------------------------------------------------- GGUF
+
 
 def _write_gguf(tiny: Tiny, path) -> None:
     """The tiny HF model as llama.cpp's convert_hf_to_gguf writes it (float32 tensors)."""
@@ -265,6 +272,7 @@ def test_gguf_round_trip(tiny, tmp_path):
 
 # --------------------------------------------------------------------------- registry and config
 
+
 def test_registry():
     assert set(SUPPORTED_ARCHITECTURES) >= {"qwen2", "llama", "qwen3", "gemma3", "gemma3_text"}
     model_cls, args_cls = get_model_class("gemma3_text")
@@ -285,13 +293,36 @@ def test_ops_chosen_once_by_device_and_dtype():
 def test_gemma3_config_layouts_agree():
     """transformers 4 (rope_theta, rope_local_base_freq, rope_scaling, sliding_window_pattern)
     and 5 (rope_parameters per layer type, layer_types) read the same."""
-    common = dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=6, intermediate_size=128,
-                  num_attention_heads=4, num_key_value_heads=1, vocab_size=10, head_dim=32, sliding_window=8)
-    v4 = ModelArgs.from_dict({**common, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "sliding_window_pattern": 3,
-                              "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
-    v5 = ModelArgs.from_dict({**common, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
-                              "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+    common = dict(
+        model_type="gemma3_text",
+        hidden_size=64,
+        num_hidden_layers=6,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=10,
+        head_dim=32,
+        sliding_window=8,
+    )
+    v4 = ModelArgs.from_dict(
+        {
+            **common,
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 1e4,
+            "sliding_window_pattern": 3,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        }
+    )
+    v5 = ModelArgs.from_dict(
+        {
+            **common,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        }
+    )
     assert v4 == v5
     assert v4.rope("full_attention") == (1e6, 0.125) and v4.rope("sliding_attention") == (1e4, 1.0)
     mm = ModelArgs.from_dict({"model_type": "gemma3", "text_config": {**common, "model_type": "gemma3_text"}})
@@ -303,10 +334,24 @@ def test_gemma3_config_layouts_agree():
 
 
 def test_gemma3_multimodal_names_sanitized():
-    args = ModelArgs.from_dict({"model_type": "gemma3_text", "hidden_size": 8, "num_hidden_layers": 1,
-                                "intermediate_size": 8, "num_attention_heads": 1, "vocab_size": 4, "head_dim": 8})
-    w = {"language_model.model.norm.weight": 1, "model.language_model.layers.0.mlp.up_proj.weight": 2,
-         "vision_tower.x": 3, "multi_modal_projector.y": 4, "language_model.lm_head.weight": 5}
+    args = ModelArgs.from_dict(
+        {
+            "model_type": "gemma3_text",
+            "hidden_size": 8,
+            "num_hidden_layers": 1,
+            "intermediate_size": 8,
+            "num_attention_heads": 1,
+            "vocab_size": 4,
+            "head_dim": 8,
+        }
+    )
+    w = {
+        "language_model.model.norm.weight": 1,
+        "model.language_model.layers.0.mlp.up_proj.weight": 2,
+        "vision_tower.x": 3,
+        "multi_modal_projector.y": 4,
+        "language_model.lm_head.weight": 5,
+    }
     assert gemma3_mod.sanitize(w, args) == {"model.norm.weight": 1, "model.layers.0.mlp.up_proj.weight": 2}
 
 
@@ -323,12 +368,19 @@ def test_sliding_mask_uses_rope_positions():
 
 
 def test_flops_per_token_per_architecture():
-    base = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=10)
+    base = dict(
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=10,
+    )
     assert flops_per_token({**base, "model_type": "qwen2"}) == 2 * 3 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160)
     # qwen3 and gemma3: head_dim from the config (q/o: 64 x 4*24, k/v: 64 x 2*24)
     assert flops_per_token({**base, "model_type": "qwen3", "head_dim": 24}) == 2 * 3 * (
-        2 * 64 * 96 + 2 * 64 * 48 + 3 * 64 * 160)
+        2 * 64 * 96 + 2 * 64 * 48 + 3 * 64 * 160
+    )
 
 
 def test_report_max_diffs():

@@ -13,7 +13,11 @@ from hypothesis import strategies as st
 from mlx_slm.io import BOM, InputError, guess_format, read_rows
 
 # READER_EXAMPLES=5000 for a longer search.
-SETTINGS = settings(max_examples=int(os.environ.get("READER_EXAMPLES", 150)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("READER_EXAMPLES", 150)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def read_bytes(data: bytes, fmt: str | None = None, name: str | None = None, tmp_path=None, **kw):
@@ -64,7 +68,8 @@ json_line = st.fixed_dictionaries(
     },
 ).map(lambda d: json.dumps(d, ensure_ascii=False).encode())
 csv_fragment = st.lists(
-    st.sampled_from([b'"', b",", b"\r", b"a", b" ", b'""', b"x,y", b"\xff", b"\xe2\x80\xa8", b"\xc2\x85", b"1"]), max_size=8
+    st.sampled_from([b'"', b",", b"\r", b"a", b" ", b'""', b"x,y", b"\xff", b"\xe2\x80\xa8", b"\xc2\x85", b"1"]),
+    max_size=8,
 ).map(b"".join)
 line_bytes = st.one_of(no_nl, json_line, csv_fragment, st.just(b""))
 
@@ -163,7 +168,9 @@ ident = st.one_of(st.integers(), st.text(min_size=1, max_size=12))
 @SETTINGS
 @given(
     st.lists(st.tuples(ident, nonblank_text), max_size=15, unique_by=lambda p: (type(p[0]), p[0])),
-    st.booleans(), st.booleans(), st.sampled_from(["\n", "\r\n"]),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(["\n", "\r\n"]),
 )
 def test_jsonl_round_trip(tmp_path, items, bom, trailing, nl):
     data = nl.join(json.dumps({"id": i, "text": t}, ensure_ascii=False) for i, t in items)
@@ -177,7 +184,9 @@ def test_jsonl_round_trip(tmp_path, items, bom, trailing, nl):
 @SETTINGS
 @given(st.lists(st.tuples(st.one_of(st.none(), ident), nonblank_text), max_size=15))
 def test_jsonl_ids_optional_and_collisions_flagged(tmp_path, items):
-    data = "\n".join(json.dumps({"text": t} if i is None else {"id": i, "text": t}, ensure_ascii=False) for i, t in items)
+    data = "\n".join(
+        json.dumps({"text": t} if i is None else {"id": i, "text": t}, ensure_ascii=False) for i, t in items
+    )
     rows = read_bytes(data.encode(), "jsonl", "in.jsonl", tmp_path)
     seen: dict = {}
     assert len(rows) == len(items)
@@ -196,7 +205,9 @@ def test_jsonl_ids_optional_and_collisions_flagged(tmp_path, items):
 @SETTINGS
 @given(
     st.lists(st.tuples(st.text(min_size=1, max_size=12), nonblank_text), max_size=15, unique_by=lambda p: p[0]),
-    st.booleans(), st.sampled_from(["\n", "\r\n"]), st.sampled_from([",", "\t"]),
+    st.booleans(),
+    st.sampled_from(["\n", "\r\n"]),
+    st.sampled_from([",", "\t"]),
 )
 def test_csv_round_trip(tmp_path, items, bom, nl, delim):
     buf = io.StringIO(newline="")
@@ -213,6 +224,7 @@ def test_csv_round_trip(tmp_path, items, bom, nl, delim):
 
 
 # --------------------------------------------------------------------------- regressions (issue 10, items 4 and 5)
+
 
 def test_bom_on_jsonl_first_record(tmp_path):
     data = BOM + b'{"id": "a", "text": "first"}\n{"id": "b", "text": "second"}\n'

@@ -16,7 +16,9 @@ TEXTS = [t for t, _ in tickets(30)][::3]  # 10 tickets, lengths spread
 
 
 def test_gguf_conversion_equals_transformers_dequantization(smollm2_gguf, smollm2_mlx):
-    hf = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
+    )
     ref = hf.state_dict()
     ours = mx.load(str(smollm2_mlx / "model.safetensors"))
     assert set(ours) == {k for k in ref if k != "lm_head.weight"}  # tied head not stored

@@ -70,8 +70,19 @@ def test_min_confidence_abstains_and_counts(tiny_qwen_mlx, labelled, tmp_path):
     raw = rows(run(["classify", str(labelled), *cli(tiny_qwen_mlx)]).stdout)
     conf = sorted(max(o["probs"].values()) for o in raw)
     p = (conf[10] + conf[11]) / 2  # 11 items fall under it
-    r = CliRunner().invoke(main, ["classify", str(labelled), "--model", str(tiny_qwen_mlx), "--labels", ",".join(LABELS),
-                                  "--min-confidence", str(p)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "classify",
+            str(labelled),
+            "--model",
+            str(tiny_qwen_mlx),
+            "--labels",
+            ",".join(LABELS),
+            "--min-confidence",
+            str(p),
+        ],
+    )
     out = rows(r.stdout)
     assert r.exit_code == 0
     for o, x in zip(out, raw):
@@ -80,15 +91,26 @@ def test_min_confidence_abstains_and_counts(tiny_qwen_mlx, labelled, tmp_path):
         assert o["probs"] == x["probs"]
     assert "11 abstained" in r.stderr
     csv_out = tmp_path / "o.csv"
-    run(["classify", str(labelled), *cli(tiny_qwen_mlx, "--min-confidence", "0.5", "--calibrate", "batch", "-o", str(csv_out))])
+    run(
+        [
+            "classify",
+            str(labelled),
+            *cli(tiny_qwen_mlx, "--min-confidence", "0.5", "--calibrate", "batch", "-o", str(csv_out)),
+        ]
+    )
     header = csv_out.read_text().splitlines()[0].split(",")
     assert "abstained" in header and "raw_p_billing" in header
 
 
 def test_saved_task_reproduces_the_run(tiny_qwen_mlx, labelled, tmp_path):
     task = tmp_path / "task.json"
-    a = run(["classify", str(labelled), *cli(tiny_qwen_mlx, "--calibrate", "batch", "--system", "Sort tickets.",
-                                              "--save-task", str(task))])
+    a = run(
+        [
+            "classify",
+            str(labelled),
+            *cli(tiny_qwen_mlx, "--calibrate", "batch", "--system", "Sort tickets.", "--save-task", str(task)),
+        ]
+    )
     t = json.loads(task.read_text())
     assert t["format"] == "mlx-slm.task" and t["labels"] == LABELS and t["system"] == "Sort tickets."
     assert t["calibration"]["method"] == "batch" and len(t["calibration"]["log_prior"]) == 3
@@ -120,8 +142,20 @@ def test_task_from_other_weights_is_refused(tiny_qwen_mlx, tmp_path):
 
 
 def test_fit_reports_cross_validated_accuracy_and_applies(tiny_qwen_mlx, labelled):
-    r = run(["classify", str(labelled), "--model", str(tiny_qwen_mlx), "--labels", ",".join(LABELS),
-             "--calibrate", "fit", "--calibration-data", str(labelled)])
+    r = run(
+        [
+            "classify",
+            str(labelled),
+            "--model",
+            str(tiny_qwen_mlx),
+            "--labels",
+            ",".join(LABELS),
+            "--calibrate",
+            "fit",
+            "--calibration-data",
+            str(labelled),
+        ]
+    )
     assert r.exit_code == 0
     assert "cross-validated accuracy" in r.stderr and "fit calibration" in r.stderr
     assert all("raw_probs" in o for o in rows(r.stdout))
@@ -134,16 +168,19 @@ def test_fit_reports_cross_validated_accuracy_and_applies(tiny_qwen_mlx, labelle
     [
         ("", "empty"),
         (json.dumps({"text": "x", "label": "refund"}) + "\n", "refund"),
-        ("".join(json.dumps({"text": f"t {i}", "label": ["billing", "technical"][i % 2]}) + "\n" for i in range(6)),
-         "no example of label 'account'"),
+        (
+            "".join(json.dumps({"text": f"t {i}", "label": ["billing", "technical"][i % 2]}) + "\n" for i in range(6)),
+            "no example of label 'account'",
+        ),
         (json.dumps({"text": "x"}) + "\n", "gold label"),
     ],
 )
 def test_bad_calibration_data_is_a_clear_error(tiny_qwen_mlx, tmp_path, content, msg):
     data = tmp_path / "cal.jsonl"
     data.write_text(content)
-    r = CliRunner().invoke(main, ["classify", *cli(tiny_qwen_mlx, "--calibrate", "fit", "--calibration-data", str(data))],
-                           input="hello\n")
+    r = CliRunner().invoke(
+        main, ["classify", *cli(tiny_qwen_mlx, "--calibrate", "fit", "--calibration-data", str(data))], input="hello\n"
+    )
     assert r.exit_code == 2, r.output
     assert msg in r.output and "Traceback" not in r.output
 
@@ -157,7 +194,9 @@ def test_eval_reports_and_scores_an_existing_file_the_same(tiny_qwen_mlx, labell
     with labelled.open("a") as f:
         f.write(json.dumps({"id": "x", "text": "a refund please", "label": "refund"}) + "\n")
     js, plots = tmp_path / "e.json", tmp_path / "plots"
-    r = run(["eval", str(labelled), *cli(tiny_qwen_mlx, "--calibrate", "batch"), "--json", str(js), "--plots", str(plots)])
+    r = run(
+        ["eval", str(labelled), *cli(tiny_qwen_mlx, "--calibrate", "batch"), "--json", str(js), "--plots", str(plots)]
+    )
     assert r.exit_code == 0, r.output
     rep = json.loads(js.read_text())
     assert {"n", "labels", "accuracy", "macro_f1", "per_label", "confusion", "ece"} <= set(rep)
@@ -165,9 +204,13 @@ def test_eval_reports_and_scores_an_existing_file_the_same(tiny_qwen_mlx, labell
     assert sum(map(sum, rep["confusion"])) == len(WORK)
     assert (plots / "confusion.png").stat().st_size > 1000 and (plots / "reliability.png").stat().st_size > 1000
     preds = tmp_path / "p.jsonl"
-    run(["classify", str(labelled), *cli(tiny_qwen_mlx, "--calibrate", "batch", "-o", str(preds), "--on-error", "skip")])
+    run(
+        ["classify", str(labelled), *cli(tiny_qwen_mlx, "--calibrate", "batch", "-o", str(preds), "--on-error", "skip")]
+    )
     js2 = tmp_path / "e2.json"
-    r2 = run(["eval", str(labelled), "--labels", ",".join(LABELS), "--predictions", str(preds), "--json", str(js2), "-q"])
+    r2 = run(
+        ["eval", str(labelled), "--labels", ",".join(LABELS), "--predictions", str(preds), "--json", str(js2), "-q"]
+    )
     assert r2.exit_code == 0
     rep2 = json.loads(js2.read_text())
     assert rep2["accuracy"] == rep["accuracy"] and rep2["confusion"] == rep["confusion"]
@@ -187,8 +230,10 @@ def test_few_shot_examples_are_in_the_cached_prefix_and_change_nothing_else(tiny
     assert max(abs(p.scores[k] - q.scores[k]) for p, q in zip(a, b) for k in LABELS) < 1e-3
     exf = tmp_path / "ex.jsonl"
     exf.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in ex))
-    r = run(["classify", *cli(tiny_qwen_mlx, "--system", "Sort.", "--template", "T: {text}\nC:", "--examples", str(exf))],
-            input="\n".join(texts) + "\n")
+    r = run(
+        ["classify", *cli(tiny_qwen_mlx, "--system", "Sort.", "--template", "T: {text}\nC:", "--examples", str(exf))],
+        input="\n".join(texts) + "\n",
+    )
     assert [o["label"] for o in rows(r.stdout)] == [p.label for p in a]
     exf.write_text(json.dumps({"text": "x", "label": "nope"}) + "\n")
     r = CliRunner().invoke(main, ["classify", *cli(tiny_qwen_mlx, "--examples", str(exf))], input="hi\n")

@@ -47,8 +47,14 @@ class ThreadServer:
     def __init__(self, service: Service):
         self.service = service
         self.port = _free_port()
-        cfg = uvicorn.Config(create_app(service), host="127.0.0.1", port=self.port, log_level="error",
-                             lifespan="on", timeout_graceful_shutdown=2)
+        cfg = uvicorn.Config(
+            create_app(service),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="error",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -115,9 +121,16 @@ def test_health_model_metrics_openapi(srv):
     assert "/v1/classify" in spec["paths"]
     _post(srv, {"text": TEXTS[0]})
     text = httpx.get(srv.url + "/metrics").text
-    for name in ("mlx_slm_requests_total{outcome=\"ok\"}", "mlx_slm_items_total", "mlx_slm_queue_items",
-                 "mlx_slm_batch_items_bucket", "mlx_slm_batch_tokens_bucket", "mlx_slm_queue_seconds_bucket",
-                 "mlx_slm_inference_seconds_bucket", "mlx_slm_prefix_cache_hits_total"):
+    for name in (
+        'mlx_slm_requests_total{outcome="ok"}',
+        "mlx_slm_items_total",
+        "mlx_slm_queue_items",
+        "mlx_slm_batch_items_bucket",
+        "mlx_slm_batch_tokens_bucket",
+        "mlx_slm_queue_seconds_bucket",
+        "mlx_slm_inference_seconds_bucket",
+        "mlx_slm_prefix_cache_hits_total",
+    ):
         assert name in text, name
     assert _metric(srv, "mlx_slm_prefix_cache_hits_total") >= 1
 
@@ -166,8 +179,15 @@ def test_64_concurrent_single_text_requests(srv, offline):
 
 
 def test_per_request_task_and_truncation(srv):
-    r = _post(srv, {"text": "free money, click here", "labels": ["spam", "ham"], "system": "Flag spam.",
-                    "template": "Mail: {text}\nVerdict:"})
+    r = _post(
+        srv,
+        {
+            "text": "free money, click here",
+            "labels": ["spam", "ham"],
+            "system": "Flag spam.",
+            "template": "Mail: {text}\nVerdict:",
+        },
+    )
     assert r.status_code == 200, r.text
     assert set(r.json()["results"][0]["probs"]) == {"spam", "ham"}
     long = "refund status please " * 400
@@ -181,24 +201,27 @@ def test_per_request_task_and_truncation(srv):
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("body,status,field", [
-    ({}, 422, "text"),
-    ({"text": "a", "texts": ["b"]}, 422, "texts"),
-    ({"text": 3}, 422, "text"),
-    ({"text": "   "}, 422, "text"),
-    ({"texts": []}, 422, "texts"),
-    ({"texts": ["ok", ""]}, 422, "texts[1]"),
-    ({"texts": ["ok", 5]}, 422, "texts[1]"),
-    ({"texts": ["a", "b"], "ids": [1]}, 422, "ids"),
-    ({"texts": ["a", "b"], "ids": [1, 1]}, 422, "ids[1]"),
-    ({"text": "a", "labels": ["only"]}, 422, "labels"),
-    ({"text": "a", "labels": ["x", "x"]}, 422, "labels"),
-    ({"text": "a", "template": "no placeholder"}, 422, "template"),
-    ({"text": "a", "truncate": "both"}, 422, "truncate"),
-    ({"text": "a", "colour": "red"}, 422, "colour"),
-    ({"text": "a", "min_confidence": 2}, 422, "min_confidence"),
-    ({"texts": ["a"] * 300}, 413, "texts"),
-])
+@pytest.mark.parametrize(
+    "body,status,field",
+    [
+        ({}, 422, "text"),
+        ({"text": "a", "texts": ["b"]}, 422, "texts"),
+        ({"text": 3}, 422, "text"),
+        ({"text": "   "}, 422, "text"),
+        ({"texts": []}, 422, "texts"),
+        ({"texts": ["ok", ""]}, 422, "texts[1]"),
+        ({"texts": ["ok", 5]}, 422, "texts[1]"),
+        ({"texts": ["a", "b"], "ids": [1]}, 422, "ids"),
+        ({"texts": ["a", "b"], "ids": [1, 1]}, 422, "ids[1]"),
+        ({"text": "a", "labels": ["only"]}, 422, "labels"),
+        ({"text": "a", "labels": ["x", "x"]}, 422, "labels"),
+        ({"text": "a", "template": "no placeholder"}, 422, "template"),
+        ({"text": "a", "truncate": "both"}, 422, "truncate"),
+        ({"text": "a", "colour": "red"}, 422, "colour"),
+        ({"text": "a", "min_confidence": 2}, 422, "min_confidence"),
+        ({"texts": ["a"] * 300}, 413, "texts"),
+    ],
+)
 def test_invalid_requests(srv, body, status, field):
     r = _post(srv, body)
     assert r.status_code == status, r.text
@@ -250,13 +273,19 @@ def test_auth_on_and_off(srv):
 
 def test_client_gone_items_are_dropped_before_compute(srv):
     svc = srv.service
-    ok0, dropped0 = _metric(srv, 'mlx_slm_items_total{outcome="ok"}'), _metric(srv, 'mlx_slm_items_total{outcome="dropped"}')
+    ok0, dropped0 = (
+        _metric(srv, 'mlx_slm_items_total{outcome="ok"}'),
+        _metric(srv, 'mlx_slm_items_total{outcome="dropped"}'),
+    )
 
     def raw_request(body: dict) -> socket.socket:
         data = json.dumps(body).encode()
         s = socket.create_connection(("127.0.0.1", srv.port))
-        s.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        s.sendall(
+            b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
         return s
 
     def wait(cond):
@@ -319,9 +348,26 @@ def test_sigterm_drains_in_flight_requests(tiny_qwen_mlx, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLX_SLM_API_KEY", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", str(tiny_qwen_mlx), "--port", str(port),
-         "--max-batch-items", "1", "--drain-timeout", "60", "-q"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(Path(__file__).resolve().parent.parent), env=env)
+        [
+            sys.executable,
+            "-m",
+            "mlx_slm.cli",
+            "serve",
+            "--model",
+            str(tiny_qwen_mlx),
+            "--port",
+            str(port),
+            "--max-batch-items",
+            "1",
+            "--drain-timeout",
+            "60",
+            "-q",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=str(Path(__file__).resolve().parent.parent),
+        env=env,
+    )
     try:
         end = time.time() + 60
         while True:
@@ -336,8 +382,9 @@ def test_sigterm_drains_in_flight_requests(tiny_qwen_mlx, tmp_path):
         texts = TEXTS * 2
 
         def one(k):
-            r = httpx.post(url + "/v1/classify", json={"texts": texts, "ids": [f"{k}-{i}" for i in range(len(texts))]},
-                           timeout=120)
+            r = httpx.post(
+                url + "/v1/classify", json={"texts": texts, "ids": [f"{k}-{i}" for i in range(len(texts))]}, timeout=120
+            )
             return r.status_code, r.json()
 
         with ThreadPoolExecutor(6) as ex:
@@ -374,8 +421,22 @@ def test_calibration_and_abstain_match_classify(srv, tiny_qwen_mlx, tmp_path):
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
     out = tmp_path / "out.jsonl"
-    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), "--model", str(tiny_qwen_mlx), "-q",
-                                  "--calibrate", "batch", "--min-confidence", "0.4"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "classify",
+            str(inp),
+            "-o",
+            str(out),
+            "--model",
+            str(tiny_qwen_mlx),
+            "-q",
+            "--calibrate",
+            "batch",
+            "--min-confidence",
+            "0.4",
+        ],
+    )
     assert r.exit_code == 0, r.output
     want = {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines())}
     ld = srv.service.loaded
@@ -398,7 +459,9 @@ def test_serve_command_load_failure_exits_2(tmp_path):
 
     from mlx_slm.cli import main
 
-    r = CliRunner().invoke(main, ["serve", "--model", str(tmp_path / "no-such-model"), "--port", str(_free_port()), "-q"])
+    r = CliRunner().invoke(
+        main, ["serve", "--model", str(tmp_path / "no-such-model"), "--port", str(_free_port()), "-q"]
+    )
     assert r.exit_code == 2, r.output
     assert "could not be loaded" in r.output
 
@@ -453,8 +516,20 @@ def test_saved_task_prior_matches_classify_task(srv, tiny_qwen_mlx, tmp_path):
     inp.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
     task = tmp_path / "task.json"
     args = ["classify", str(inp), "--model", str(tiny_qwen_mlx), "-q"]
-    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "a.jsonl"), "--calibrate", "fit",
-                                  "--calibration-data", str(lab), "--save-task", str(task)])
+    r = CliRunner().invoke(
+        main,
+        [
+            *args,
+            "-o",
+            str(tmp_path / "a.jsonl"),
+            "--calibrate",
+            "fit",
+            "--calibration-data",
+            str(lab),
+            "--save-task",
+            str(task),
+        ],
+    )
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["classify", str(inp), "--task", str(task), "-q", "-o", str(tmp_path / "b.jsonl")])
     assert r.exit_code == 0, r.output

@@ -21,9 +21,10 @@ def test_stratified_sample_keeps_range():
 
 @pytest.mark.real
 def test_published_statistics_under_qwen_tokenizer():
+    from transformers import AutoTokenizer
+
     from benchmarks.workload import check_statistics
     from mlx_slm.registry import fetch_gguf
-    from transformers import AutoTokenizer
 
     g = fetch_gguf("qwen2.5-coder-0.5b")
     tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)

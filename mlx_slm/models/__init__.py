@@ -42,9 +42,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 def get_model_module(model_type: str | None) -> ModuleType:
     """The architecture module for a config's `model_type`; ModelError if there is none."""
     if model_type not in ARCHITECTURES:
-        raise ModelError(
-            f"unsupported architecture {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+        raise ModelError(f"unsupported architecture {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     return importlib.import_module(f"{__name__}.{ARCHITECTURES[model_type]}")
 
 
@@ -141,7 +139,11 @@ def load_model(
 
 
 def _load_quantized(
-    model: Model, weights: dict[str, mx.array], config: dict[str, Any], path: Path, dtype: mx.Dtype | None,
+    model: Model,
+    weights: dict[str, mx.array],
+    config: dict[str, Any],
+    path: Path,
+    dtype: mx.Dtype | None,
     dequantize: bool | None,
 ) -> tuple[dict[str, mx.array], mx.Dtype | None]:
     """An MLX-quantized checkpoint's weights, dequantized (float32) or with `model` made quantized
@@ -153,9 +155,13 @@ def _load_quantized(
     on_cpu = mx.default_device() != mx.gpu
     if dequantize is None and on_cpu:
         dtype = dtype or mx.float32
-        print(f"mlx-slm: note: {path.name} is {quant.describe(q)} quantized; on the CPU MLX's quantized matmuls run "
-              f"~50x slower than float32 ones, so it is dequantized to {str(dtype).replace('mlx.core.', '')} at load "
-              "(--keep-quantized keeps it packed)", file=sys.stderr, flush=True)
+        print(
+            f"mlx-slm: note: {path.name} is {quant.describe(q)} quantized; on the CPU MLX's quantized matmuls run "
+            f"~50x slower than float32 ones, so it is dequantized to {str(dtype).replace('mlx.core.', '')} at load "
+            "(--keep-quantized keeps it packed)",
+            file=sys.stderr,
+            flush=True,
+        )
         dequantize = True
     if dequantize:
         return quant.dequantize_weights(weights, q, model), dtype

@@ -43,6 +43,7 @@ LAYER_TYPES = (FULL, SLIDING)
 
 # --------------------------------------------------------------------------- arguments
 
+
 def rope_settings(params: dict[str, Any] | None, theta: float | None, default_theta: float) -> tuple[float, float]:
     """(base, position scale) of one RoPE, from a transformers 4 `rope_scaling` or 5 `rope_parameters` dict.
 
@@ -107,7 +108,9 @@ class ModelArgs:
             self.layer_types = [FULL] * self.num_hidden_layers
         self.layer_types = list(self.layer_types)
         if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(LAYER_TYPES):
-            raise ModelError(f"layer_types must name {self.num_hidden_layers} layers, each one of {', '.join(LAYER_TYPES)}")
+            raise ModelError(
+                f"layer_types must name {self.num_hidden_layers} layers, each one of {', '.join(LAYER_TYPES)}"
+            )
         if SLIDING in self.layer_types and not self.sliding_window:
             raise ModelError("sliding-window layers need a sliding_window size in the config")
 
@@ -149,6 +152,7 @@ class ModelArgs:
 
 
 # --------------------------------------------------------------------------- ops
+
 
 class Ops:
     """The attention and gated-activation kernels of one forward: MLX's native fused ops.
@@ -223,6 +227,7 @@ def choose_ops(dtype: mx.Dtype, device: Any = None, name: str | Ops | None = Non
 
 # --------------------------------------------------------------------------- masks
 
+
 def key_positions(cache_mask: mx.array | None, cache_len: int) -> mx.array:
     """RoPE positions of cached keys, (1 or B, C): the real cached keys are the tokens
     before the new ones, in order, so a key's position is its rank among them."""
@@ -280,8 +285,13 @@ class Context:
     """
 
     def __init__(
-        self, model: Model, attention_mask: mx.array, cache_mask: mx.array | None, cache_len: int,
-        offsets: mx.array, last_only: bool,
+        self,
+        model: Model,
+        attention_mask: mx.array,
+        cache_mask: mx.array | None,
+        cache_len: int,
+        offsets: mx.array,
+        last_only: bool,
     ):
         self.ops: Ops = model.ops
         self.offsets = offsets
@@ -309,6 +319,7 @@ class Context:
 
 
 # --------------------------------------------------------------------------- blocks
+
 
 def rope(x: mx.array, dims: int, base: float, scale: float, offsets: mx.array) -> mx.array:
     """Half-split (not interleaved) RoPE; vector offsets: row r starts at its own position."""
@@ -405,7 +416,9 @@ class TransformerBlock(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    def __init__(self, args: ModelArgs, block: Callable[[ModelArgs, int], nn.Module], norm: Callable[..., nn.Module] = nn.RMSNorm):
+    def __init__(
+        self, args: ModelArgs, block: Callable[[ModelArgs, int], nn.Module], norm: Callable[..., nn.Module] = nn.RMSNorm
+    ):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [block(args, i) for i in range(args.num_hidden_layers)]
@@ -413,6 +426,7 @@ class LanguageModel(nn.Module):
 
 
 # --------------------------------------------------------------------------- model
+
 
 class Model(nn.Module):
     """A causal LM that returns final hidden states, and logits only for the rows asked.

@@ -60,7 +60,9 @@ class ModelArgs(base.ModelArgs):
             if "tie_word_embeddings" not in cfg and "tie_word_embeddings" in top:
                 cfg["tie_word_embeddings"] = top["tie_word_embeddings"]
         if cfg.get("use_bidirectional_attention"):
-            raise ModelError("Gemma 3 with bidirectional attention (an embedding model) is not a causal LM: not supported")
+            raise ModelError(
+                "Gemma 3 with bidirectional attention (an embedding model) is not a causal LM: not supported"
+            )
         act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
         if act not in GELU_TANH:
             raise ModelError(f"Gemma 3 activation {act!r} is not supported (gelu_pytorch_tanh only)")
@@ -168,12 +170,17 @@ def sanitize(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, mx.arra
     """The text model's tensors under Llama-style names (multimodal checkpoints: drop the vision parts)."""
     out: dict[str, mx.array] = {}
     for k, v in weights.items():
-        if k.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")):
+        if k.startswith(
+            ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+        ):
             continue
-        for old, new in (("language_model.model.", "model."), ("model.language_model.", "model."),
-                         ("language_model.lm_head.", "lm_head.")):
+        for old, new in (
+            ("language_model.model.", "model."),
+            ("model.language_model.", "model."),
+            ("language_model.lm_head.", "lm_head."),
+        ):
             if k.startswith(old):
-                k = new + k[len(old):]
+                k = new + k[len(old) :]
                 break
         out[k] = v
     return base.sanitize(out, args)
