@@ -27,7 +27,7 @@ import numpy as np
 
 from ._fs import write_json_atomic
 from .errors import ModelError, UserError
-from .models import SUPPORTED_ARCHITECTURES, get_model_module, gguf_module, mlxlm, quant
+from .models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_module, mlxlm, quant
 from .models.base import gguf_hf_name
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -247,7 +247,7 @@ def _quantizable(config: dict[str, Any], weights: dict[str, Any], group_size: in
     else:
         args = module.ModelArgs.from_dict(config)
         layers = {p for p, m in module.Model(args).named_modules() if hasattr(m, "to_quantized")}
-        sanitize = lambda w: module.sanitize(w, args)  # noqa: E731
+        sanitize = lambda w: _sanitize(module)(w, args)  # noqa: E731
     names = list(weights)
     # The file keeps the source's names; map them to the model's through its sanitize (which
     # renames and drops tensors, never changes values) by passing each tensor's index. A

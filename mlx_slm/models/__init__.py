@@ -5,8 +5,8 @@ Every architecture module provides
 * `ModelArgs` (a `base.ModelArgs` dataclass; `from_dict` reads a transformers 4 or 5 config),
 * `Model` (a `base.Model`: `__call__(ids, attention_mask, offsets, cache, cache_mask,
   last_only) -> (hidden, kv)`, `logits(hidden, rows)`, `head_weight()`, `args`),
-* `sanitize(weights, args)` (checkpoint tensors -> the names `Model` loads),
-* `flops_per_token(args)` (matmul FLOPs per token),
+* `sanitize(weights, args)` (checkpoint tensors -> the names `Model` loads) and
+  `flops_per_token(args)` (matmul FLOPs per token), only where they differ from `base`'s,
 * `HF_ARCHITECTURE` and, for GGUF conversion, `GGUF_ARCH`, `GGUF_LAYER_NAMES`,
   `gguf_config(meta, shapes)` and `gguf_tensor(name, array, config)`.
 
@@ -69,11 +69,24 @@ def gguf_module(gguf_arch: str | None) -> ModuleType:
     raise ModelError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {', '.join(known)}")
 
 
+def _sanitize(module: ModuleType) -> Any:
+    """The module's own `sanitize`, else the shared one (rotary caches, a tied head copy)."""
+    from . import base
+
+    return getattr(module, "sanitize", base.sanitize)
+
+
+def _flops(module: ModuleType) -> Any:
+    from . import base
+
+    return getattr(module, "flops_per_token", base.flops_per_token)
+
+
 def flops_per_token(config: dict[str, Any]) -> float:
     """Matmul FLOPs per token of a config.json dict (Llama-shaped when it names no model_type)."""
     cfg = {"model_type": "llama", "vocab_size": 0, **config}
     m = get_model_module(cfg["model_type"])
-    return m.flops_per_token(m.ModelArgs.from_dict(cfg))
+    return _flops(m)(m.ModelArgs.from_dict(cfg))
 
 
 def _checkpoint_dtype(path: Path, config: dict[str, Any], module: ModuleType) -> str | None:
@@ -126,7 +139,7 @@ def load_model(
     weights: dict[str, mx.array] = {}
     for f in files:
         weights.update(mx.load(str(f)))
-    weights = module.sanitize(weights, args)
+    weights = _sanitize(module)(weights, args)
     model = module.Model(args)
     weights, dtype = _load_quantized(model, weights, config, path, dtype, dequantize)
     dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, module))

@@ -25,14 +25,6 @@ class Model(base.Model):
     block_class = base.TransformerBlock
 
 
-def sanitize(weights: dict, args: ModelArgs) -> dict:
-    return base.sanitize(weights, args)
-
-
-def flops_per_token(args: ModelArgs) -> float:
-    return base.flops_per_token(args)
-
-
 # --------------------------------------------------------------------------- GGUF
 
 GGUF_LAYER_NAMES = base.GGUF_LAYER_NAMES
