@@ -14,6 +14,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -312,11 +313,12 @@ class _Setup:
         from .convert import weights_sha256
 
         o = self.o
-        self.clf = Classifier.load(
-            o["model"],
-            self.labels,
-            o["system"] or None,
-            o["template"],
+        # Kept: --ray workers load the same classifier from these (on their own nodes).
+        self.load_kwargs = dict(
+            model=o["model"],
+            labels=list(self.labels),
+            system=o["system"] or None,
+            template=o["template"],
             dtype=o["dtype"],
             dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"],
             batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE,
@@ -325,8 +327,9 @@ class _Setup:
             use_prefix_cache=not o["no_prefix_cache"],
             scoring=o["scoring"],
             truncate=o["truncate"],
-            examples=self.examples,
+            examples=tuple(self.examples),
         )
+        self.clf = Classifier.load(**self.load_kwargs)
         self.weights = weights_sha256(self.clf.path) if self.clf.path else None
         if self.task is not None and self.origin == "task":  # the task's prior is used: same weights only
             self.task.check_weights(self.weights, o["model"])
@@ -461,10 +464,45 @@ class _Setup:
     show_default=True,
     help="fail: exit 1 if any row failed (all rows are still written); skip: exit 0.",
 )
+@click.option(
+    "--shard",
+    metavar="I/N",
+    help="Classify only shard I of N (0-based): a contiguous slice with about 1/N of the tokens, "
+    "cut where a window starts. Write each to its own -o part and join them with `mlx-slm merge`.",
+)
+@click.option("--ray", "use_ray", is_flag=True, help="Classify on Ray workers (a local Ray started for this run).")
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="Join this Ray cluster instead (e.g. auto, or ray://head:10001); implies --ray.",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="--ray: workers, each loading the model once.",
+)
+@click.option(
+    "--worker-threads",
+    type=click.IntRange(1),
+    help="--ray: CPU threads per worker (default: the cluster's CPUs split evenly between the workers).",
+)
 @_task_options
 @click.pass_context
 def classify(
-    ctx: click.Context, input: str, output: str | None, output_format: str | None, resume: bool, on_error: str, **o: Any
+    ctx: click.Context,
+    input: str,
+    output: str | None,
+    output_format: str | None,
+    resume: bool,
+    on_error: str,
+    shard: str | None,
+    use_ray: bool,
+    ray_address: str | None,
+    workers: int,
+    worker_threads: int | None,
+    **o: Any,
 ) -> None:
     """Classify each item of INPUT (JSONL, CSV, text, or '-' for stdin) into one label.
 
@@ -495,13 +533,23 @@ def classify(
         raise click.UsageError("--resume needs -o FILE, a regular file (the output to continue)")
     if resume and input == "-":
         raise click.UsageError("--resume needs an input file: standard input cannot be read again to check it")
+    dist = _Distribution(shard, use_ray or ray_address is not None, ray_address, workers, worker_threads)
+    if dist.shard is not None and not file_out:
+        raise click.UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
+    if dist.shard is not None and input == "-":
+        raise click.UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = _Setup(ctx, o)
+    if dist.shard is not None and (setup.calibration == "batch" or isinstance(setup.calibration, tuple)):
+        raise click.UsageError(
+            "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
+            "(mlx-slm classify SAMPLE --calibrate batch --save-task task.json) and give every shard --task task.json"
+        )
     inputs = [input, o["labels_file"], o["examples_file"], o["calibration_data"], o["task_file"]]
     _check_outputs(inputs, [("-o", output if file_out else None), ("--save-task", o["save_task"])])
     with ExitStack() as stack:
         if file_out:
             stack.enter_context(OutputLock(output))
-        failed = _classify_run(setup, input, output if file_out else None, output, out_fmt, resume)
+        failed = _classify_run(setup, input, output if file_out else None, output, out_fmt, resume, dist)
     if failed and on_error == "fail":
         _err(f"mlx-slm: {failed} row(s) failed; see their error rows (use --on-error skip to exit 0)")
         sys.exit(1)
@@ -523,7 +571,74 @@ def _check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None
         seen[real] = f"{flag} {path}"
 
 
-def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | None, out_fmt: str, resume: bool) -> int:
+@dataclass
+class _Distribution:
+    """Where a classify run's work goes: a shard of the input, and/or Ray workers."""
+
+    shard_spec: str | None
+    ray: bool
+    address: str | None
+    workers: int
+    worker_threads: int | None
+
+    def __post_init__(self) -> None:
+        from .sharding import parse_shard
+
+        self.shard = parse_shard(self.shard_spec) if self.shard_spec else None
+        if not self.ray and (self.workers != 1 or self.worker_threads is not None):
+            raise click.UsageError("--workers and --worker-threads are for --ray (or --ray-address)")
+
+
+def _shard_rows(setup: _Setup, rows: Any, shard: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
+    """The rows of one shard, and what the part's manifest records about it."""
+    from .sharding import plan_shards, shard_settings
+
+    all_rows = list(rows)
+    tok = setup.clf.tokenizer
+    counts: list[int | None] = [None] * len(all_rows)
+    valid = [i for i, r in enumerate(all_rows) if r.error is None]
+    for k in range(0, len(valid), 4096):  # batched: the fast tokenizer's own threads
+        chunk = valid[k : k + 4096]
+        ids = tok([all_rows[i].text for i in chunk], add_special_tokens=False)["input_ids"]
+        for i, x in zip(chunk, ids):
+            counts[i] = len(x)
+    i, n = shard
+    start, end = plan_shards(counts, setup.o["window"], n)[i]
+    if not setup.o["quiet"]:
+        what = f"input rows {start + 1}..{end}" if end > start else "no rows (fewer windows than shards)"
+        _err(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
+    return iter(all_rows[start:end]), shard_settings(i, n, (start, end), len(all_rows))
+
+
+def _ray_run(setup: _Setup, texts: list[str], dist: _Distribution) -> Any:
+    """Raw predictions computed by Ray workers, in input order, as a `Run` (stats included)."""
+    from . import ray as mray
+    from .classifier import Run, Stats
+
+    mray.init(dist.address)
+    stats = Stats()
+
+    def gen() -> Iterator[Any]:
+        for p in mray.predictions(
+            texts, setup.load_kwargs, concurrency=dist.workers, threads_per_worker=dist.worker_threads
+        ):
+            stats.items += 1
+            stats.errors += not p.ok
+            stats.prompt_tokens += p.n_tokens
+            yield p
+
+    return Run(gen(), stats)
+
+
+def _classify_run(
+    setup: _Setup,
+    input: str,
+    output: str | None,
+    stream: str | None,
+    out_fmt: str,
+    resume: bool,
+    dist: _Distribution | None = None,
+) -> int:
     """Run classify with the output locked; returns the number of error rows in the whole output.
 
     `output` is the regular file written (with lock and manifest), or None; `stream` is
@@ -569,6 +684,10 @@ def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | N
     first = next(rows, None)
     rows = itertools.chain([first] if first is not None else [], rows)
     clf = setup.load()
+    dist = dist or _Distribution(None, False, None, 1, None)
+    shard_info = None
+    if dist.shard is not None:
+        rows, shard_info = _shard_rows(setup, rows, dist.shard)
     settings: dict[str, Any] = {}
     extra = setup.settings()
     calibrated = extra["calibration"] != "none"
@@ -596,6 +715,7 @@ def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | N
             "sort": not o["no_sort"],
             "prefix_cache": not o["no_prefix_cache"],
             "model": o["model"],
+            **({"shard": shard_info} if shard_info else {}),
         }
     failed = kept = 0
     append = False
@@ -645,7 +765,7 @@ def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | N
             progress.tick()
 
     abstained = 0
-    run = clf.run(texts(), window=o["window"])
+    run = _ray_run(setup, list(texts()), dist) if dist.ray else clf.run(texts(), window=o["window"])
     try:
         for pred in calib(run):
             flush_errors()
@@ -663,16 +783,65 @@ def _classify_run(setup: _Setup, input: str, output: str | None, stream: str | N
     setup.save_task(calib)
     if not o["quiet"]:
         s = run.stats
-        _err(
+        head = (
             f"mlx-slm: {progress.n} rows ({failed} errors"
             + (f", {abstained} abstained" if o["min_confidence"] is not None else "")
             + f") in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; "
-            f"{s.processed_tokens:,} tokens processed, padding {s.padding_pct:.1f} %, "
+        )
+        if dist.ray:
+            where = dist.address or "a local Ray"
+            _err(
+                head + f"{dist.workers} Ray worker(s) on {where}, {s.prompt_tokens:,} prompt tokens; "
+                f"{clf.mode} scoring; {setup.describe(calib)}"
+                + (f"; {kept} rows kept from the interrupted run" if kept else "")
+            )
+            return failed
+        _err(
+            head + f"{s.processed_tokens:,} tokens processed, padding {s.padding_pct:.1f} %, "
             f"prefix {len(clf.prefix) if clf.prefix else 0} tokens, cache saved {s.prefix_saved_tokens:,} tokens "
             f"({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); {clf.mode} scoring; {setup.describe(calib)}"
             + (f"; {kept} rows kept from the interrupted run" if kept else "")
         )
     return failed
+
+
+@main.command()
+@click.argument("parts", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, help="The joined output (the parts' format).")
+@click.option(
+    "--no-input-check",
+    is_flag=True,
+    help="Do not re-read the input to check the ids (when it is not on this machine); counts are still checked.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No summary on stderr.")
+def merge(parts: tuple[str, ...], output: str, no_input_check: bool, quiet: bool) -> None:
+    """Join the parts of a `classify --shard I/N` run into one output, in input order.
+
+    \b
+      for i in 0 1 2 3; do mlx-slm classify in.jsonl -o part-$i.jsonl --shard $i/4; done
+      mlx-slm merge part-*.jsonl -o all.jsonl
+
+    Every part must be complete (finish one with --resume) and of the same input and
+    settings; every shard 0..N-1 present once; their row ranges must tile the input and
+    each hold its rows. The ids are then checked, in order, against the input (when
+    its path, recorded in the parts, can be read here). Nothing is written unless all of
+    that holds; the result equals a single run's output.
+    """
+    from .output import read_manifest
+    from .sharding import merge_parts
+
+    inputs: list[str | None] = list(parts)
+    for p in parts:
+        m = read_manifest(p) if Path(p).is_file() else None
+        if m and m["settings"].get("input") not in (None, "-"):
+            inputs.append(m["settings"]["input"])
+    _check_outputs(inputs, [("-o", output)])
+    res = merge_parts(list(parts), output, check_input=not no_input_check)
+    if not quiet:
+        _err(
+            f"mlx-slm: merged {res['parts']} parts into {output}: {res['rows']} rows ({res['error_rows']} error rows); "
+            + ("ids checked against the input" if res["ids_checked"] else "ids not checked (input not read here)")
+        )
 
 
 # --------------------------------------------------------------------------- eval

@@ -40,6 +40,11 @@ _setters: list[Callable[[int], int]] | None = None
 
 
 def _threads() -> int:
+    # A process given a share of the cores (a Ray worker) is told so in its environment.
+    for var in ("MLX_SLM_THREADS", "OPENBLAS_NUM_THREADS"):
+        v = os.environ.get(var, "")
+        if v.isdigit() and int(v) > 0:
+            return min(4, int(v))
     return max(1, min(4, os.cpu_count() or 1))
 
 

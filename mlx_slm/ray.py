@@ -1,0 +1,304 @@
+"""Classify a Ray Dataset on many workers: one engine per actor, loaded once.
+
+Ray Data is the engine for batch inference across machines: stateful actors that load
+the model once, task retries and actor restarts (an actor that dies is restarted and its
+batch re-run, so no row is lost or written twice), streaming reads and writes. This
+module is the adapter, nothing more:
+
+    import ray, mlx_slm.ray as mr
+    ds = ray.data.read_parquet("s3://archive/tickets/")          # any Ray Data source
+    out = mr.classify_dataset(ds, task="task.json", concurrency=8)
+    out.write_parquet("s3://archive/labels/")                    # id, label, probs, error, ...
+
+`ClassifyBatch` is the callable class behind it, for pipelines that call
+`Dataset.map_batches` themselves. Each output row keeps the input's columns and adds
+`label`, `probs` (a struct, one field per label), `n_tokens`, `truncated` and `error`
+(null, or why this row has no label); with calibration also `raw_probs`, and
+`abstained` with a confidence threshold. Rows whose text is missing or empty are error
+rows, never dropped.
+
+Calibration that needs the whole input (`batch`, `em`) cannot be done batch by batch
+on independent actors: `classify_dataset` fits its prior on a first pass over the
+first `warmup` rows (paid twice), or takes it from a saved task (`mlx-slm classify
+--calibrate batch --save-task task.json` on a sample). `mlx-slm classify --ray`
+instead streams raw scores back to the driver and calibrates there, as a local run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import MissingExtra
+
+try:
+    import pyarrow as pa
+    import ray
+    import ray.data
+except ImportError as e:  # pragma: no cover - the extra is installed in the test env
+    raise MissingExtra(f"mlx_slm.ray needs Ray Data ({e.name} is missing): pip install 'mlx-slm[ray]'") from None
+
+OUTPUT_COLUMNS = ("label", "probs", "raw_probs", "abstained", "n_tokens", "truncated", "error")
+
+
+def _load_classifier(task: dict[str, Any] | None, load: dict[str, Any] | None) -> Any:
+    from .classifier import Classifier
+    from .task import Task
+
+    if task is not None:
+        return Classifier.from_task(Task.from_dict(task), **(load or {}))
+    return Classifier.load(**(load or {}))
+
+
+class ClassifyBatch:
+    """`Dataset.map_batches` callable class (use `batch_format="pyarrow"`).
+
+    task: a task as `Task.to_dict()` gives it (a dict, so that remote nodes need no
+    file), or None with `load` holding `Classifier.load` keyword arguments (model,
+    labels, system, template, examples, scoring, truncate, dtype, batch_size, ...).
+    calibrator: a fitted `Calibrator` as a dict (`to_dict()`), applied to every row;
+    "none" for raw scores; None applies the task's own fitted prior, if it has one. scores: also return the
+    raw label log-scores (`scores`, a list in label order) for a caller that calibrates.
+    """
+
+    def __init__(
+        self,
+        task: dict[str, Any] | None = None,
+        load: dict[str, Any] | None = None,
+        *,
+        text_column: str = "text",
+        calibrator: dict[str, Any] | str | None = None,
+        min_confidence: float | None = None,
+        scores: bool = False,
+    ):
+        from .calibration import Calibrator
+
+        self.clf = _load_classifier(task, load)
+        self.text_column, self.with_scores = text_column, scores
+        self.labels = tuple(self.clf.labels)
+        if calibrator is None:
+            cal = self.clf.calibration
+        else:
+            cal = calibrator if isinstance(calibrator, str) else Calibrator.from_dict(calibrator)
+        # A prior needing this input's own warm-up ("batch", "em") cannot be fitted per
+        # batch: classify_dataset resolves it before the actors start.
+        self.calibrator = cal if isinstance(cal, Calibrator) and cal.method != "none" else None
+        self.min_confidence = self.clf.min_confidence if min_confidence is None else min_confidence
+        prob = pa.struct([(lab, pa.float64()) for lab in self.labels])
+        fields = [("label", pa.string()), ("probs", prob)]
+        if self.calibrator is not None:
+            fields.append(("raw_probs", prob))
+        if self.min_confidence is not None:
+            fields.append(("abstained", pa.bool_()))
+        fields += [("n_tokens", pa.int64()), ("truncated", pa.bool_()), ("error", pa.string())]
+        if scores:
+            fields.append(("scores", pa.list_(pa.float64())))
+        self.fields = fields
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from .classifier import Calibration, Prediction
+
+        if not isinstance(batch, pa.Table):  # another batch_format: accept what Ray hands over
+            batch = pa.Table.from_pandas(batch) if hasattr(batch, "to_numpy") else pa.table(batch)
+        if self.text_column not in batch.column_names:
+            raise ValueError(
+                f"the dataset has no column {self.text_column!r} (it has {', '.join(batch.column_names)}): "
+                "pass text_column="
+            )
+        clash = [f for f, _ in self.fields if f in batch.column_names]
+        if clash:
+            raise ValueError(
+                f"the dataset already has column(s) {', '.join(clash)}, which classification writes: "
+                "rename or drop them first (Dataset.rename_columns / drop_columns)"
+            )
+        texts = batch.column(self.text_column).to_pylist()
+        todo = [i for i, t in enumerate(texts) if isinstance(t, str)]
+        preds: list[Prediction | None] = [None] * len(texts)
+        raw = list(self.clf.run([texts[i] for i in todo], window=max(1, len(todo))))
+        done = list(Calibration(self.calibrator or "none", self.labels, min_confidence=self.min_confidence)(raw))
+        for i, p in zip(todo, done):
+            preds[i] = p
+        cols: dict[str, list[Any]] = {f: [] for f, _ in self.fields}
+        for i, p in enumerate(preds):
+            if p is None:
+                p = Prediction(i, error=f"no text: column {self.text_column!r} is {texts[i]!r}, not a string")
+            cols["label"].append(p.label)
+            cols["probs"].append(p.probs if p.ok else None)
+            if "raw_probs" in cols:
+                cols["raw_probs"].append(p.raw_probs if p.ok else None)
+            if "abstained" in cols:
+                cols["abstained"].append(p.abstained if p.ok else None)
+            cols["n_tokens"].append(p.n_tokens)
+            cols["truncated"].append(p.truncated)
+            cols["error"].append(p.error)
+            if "scores" in cols:
+                cols["scores"].append([p.scores[lab] for lab in self.labels] if p.ok else None)
+        out = batch
+        for name, typ in self.fields:
+            out = out.append_column(pa.field(name, typ), pa.array(cols[name], type=typ))
+        return out
+
+
+def init(address: str | None = None, **kwargs: Any) -> None:
+    """Join the Ray cluster at `address` (or start a local one), quietly; once per process."""
+    if not ray.is_initialized():
+        kwargs.setdefault("include_dashboard", False)
+        kwargs.setdefault("logging_level", "WARNING")
+        kwargs.setdefault("configure_logging", True)
+        ray.init(address=address, **kwargs)
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # output rows in input order
+    ctx.enable_progress_bars = False  # mlx-slm reports progress itself
+
+
+def worker_options(concurrency: int, threads_per_worker: int | None) -> dict[str, Any]:
+    """Actor options: CPUs reserved per worker, and BLAS told to use exactly those.
+
+    The default splits the cluster's CPUs evenly: two workers on a 2-core machine get a
+    core each, rather than four BLAS threads fighting over two cores."""
+    if threads_per_worker is None:
+        cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+        threads_per_worker = max(1, cpus // max(1, concurrency))
+    env = {
+        k: str(threads_per_worker)
+        for k in ("MLX_SLM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    }
+    return {"num_cpus": threads_per_worker, "runtime_env": {"env_vars": env}}
+
+
+def classify_dataset(
+    ds: ray.data.Dataset,
+    task: str | os.PathLike | dict[str, Any] | Any | None = None,
+    *,
+    text_column: str = "text",
+    concurrency: int = 1,
+    threads_per_worker: int | None = None,
+    batch_size: int = 256,
+    calibrate: str | Any | None = None,
+    warmup: int | None = None,
+    min_confidence: float | None = None,
+    scores: bool = False,
+    **load: Any,
+) -> ray.data.Dataset:
+    """`ds` with each row classified (lazy: write or iterate the result to run it).
+
+    task: a task file, `Task`, or its dict; or None with `Classifier.load` keywords in
+    `load` (model=..., labels=..., system=..., template=...). concurrency: the number
+    of workers (actors), each loading the model once and using `threads_per_worker`
+    CPU threads (default: the cluster's CPUs split evenly). batch_size: rows per call;
+    each batch is sorted and bucketed by length inside the worker, so larger batches pad
+    less, smaller ones spread better over workers. calibrate: None (the task's own),
+    "none", "batch"/"em" (a prior fitted here on the first `warmup` rows, a first pass
+    over them), or a fitted `Calibrator`.
+    """
+    from .calibration import Calibrator, fit_batch, fit_em
+    from .classifier import DEFAULT_WARMUP
+    from .labels import log_softmax
+    from .task import Task
+
+    if task is not None and not isinstance(task, dict):
+        task = (task if isinstance(task, Task) else Task.load(task)).to_dict()
+    t = Task.from_dict(task) if task is not None else None
+    method: Any = calibrate if calibrate is not None else (t.calibration if t is not None else "none")
+    base = None
+    if isinstance(method, tuple):  # ("em", base) from a task
+        method, base = method
+    if method == "em" and base is None:
+        raise ValueError("calibrate='em' needs a base: a task saved with --calibrate em, or a fitted Calibrator")
+    warmup = warmup or (t.warmup if t is not None else DEFAULT_WARMUP)
+    opts = worker_options(concurrency, threads_per_worker)
+
+    def run(src: ray.data.Dataset, calibrator: Any, want_scores: bool, conf: Any) -> Any:
+        return src.map_batches(
+            ClassifyBatch,
+            fn_constructor_args=(task, load or None),
+            fn_constructor_kwargs={
+                "text_column": text_column,
+                "calibrator": calibrator,
+                "min_confidence": conf,
+                "scores": want_scores,
+            },
+            batch_format="pyarrow",
+            batch_size=batch_size,
+            concurrency=concurrency,
+            **opts,
+        )
+
+    if isinstance(method, Calibrator):
+        final: Any = method.to_dict()
+    elif method == "none":
+        final = "none"  # raw scores, even where the task holds a prior
+    elif method in ("batch", "em"):
+        # A first pass over the warm-up rows for their raw scores; the prior fitted on them
+        # is then applied to every row, them included, as a local run does.
+        first = run(ds.limit(warmup), "none", True, None)
+        got = [s for s in first.select_columns(["scores"]).to_pandas()["scores"] if s is not None]
+        final = "none"
+        if len(got) >= 2:
+            labels = task["labels"] if task is not None else load["labels"]
+            lp = log_softmax(np.array([list(x) for x in got]))
+            final = (fit_batch(lp, labels) if method == "batch" else fit_em(lp, labels, base=base)).to_dict()
+    else:
+        raise ValueError(f"calibrate must be None, 'none', 'batch', 'em' or a Calibrator, not {method!r}")
+    return run(ds, final, scores, min_confidence)
+
+
+def predictions(
+    texts: Sequence[str],
+    load: dict[str, Any],
+    *,
+    concurrency: int = 1,
+    threads_per_worker: int | None = None,
+    batch_size: int | None = None,
+) -> Iterator[Any]:
+    """Raw predictions for `texts`, in order, computed on Ray workers (the CLI's `--ray`).
+
+    Yields `Prediction`s as a local `Classifier.run` would (index = position in
+    `texts`, raw scores kept), so the caller calibrates and writes as for a local run.
+    """
+    from .classifier import Prediction
+
+    n = len(texts)
+    if n == 0:
+        return
+    if batch_size is None:  # a few batches per worker, so that workers finish together
+        batch_size = max(1, min(1024, math.ceil(n / (4 * concurrency))))
+    items = [{"row": i, "text": t} for i, t in enumerate(texts)]
+    ds = ray.data.from_items(items, override_num_blocks=math.ceil(n / batch_size))
+    out = ds.map_batches(
+        ClassifyBatch,
+        fn_constructor_args=(None, load),
+        fn_constructor_kwargs={"scores": True},
+        batch_format="pyarrow",
+        batch_size=batch_size,
+        concurrency=concurrency,
+        **worker_options(concurrency, threads_per_worker),
+    )
+    labels: tuple[str, ...] | None = None
+    expect = 0
+    for b in out.iter_batches(batch_format="pyarrow", batch_size=None):
+        for r in b.to_pylist():
+            if r["row"] != expect:  # preserve_order is on: anything else is a bug, not data to write
+                raise RuntimeError(f"Ray returned row {r['row']} where row {expect} was due")
+            expect += 1
+            if r["error"] is not None:
+                yield Prediction(r["row"], error=r["error"], n_tokens=r["n_tokens"], truncated=r["truncated"])
+                continue
+            labels = labels or tuple(r["probs"])
+            yield Prediction(
+                r["row"],
+                label=r["label"],
+                probs=dict(r["probs"]),
+                scores=dict(zip(labels, r["scores"])),
+                n_tokens=r["n_tokens"],
+                truncated=r["truncated"],
+            )
+    if expect != n:
+        raise RuntimeError(f"Ray returned {expect} rows for {n} inputs")
+
+
+__all__ = ["ClassifyBatch", "classify_dataset", "init", "predictions", "worker_options"]

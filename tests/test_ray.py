@@ -1,0 +1,157 @@
+"""Ray Data (issue 14): `mlx_slm.ray` and `classify --ray` on a real local Ray with two CPUs,
+two workers, and a worker killed mid-run; every id comes back exactly once, in order, with
+the labels of a single-process run."""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ray = pytest.importorskip("ray")
+
+import mlx_slm.ray as mray  # noqa: E402
+from mlx_slm import Classifier  # noqa: E402
+from mlx_slm.cli import main  # noqa: E402
+from mlx_slm.workload import tickets  # noqa: E402
+
+# 1,000 short rows: ticket openings of varied length.
+_T = [t for t, _ in tickets(200)]
+ROWS = [{"id": i, "text": _T[i % len(_T)][: 12 + (i * 7) % 40]} for i in range(1000)]
+LABELS = ["a", "b", "c"]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    mray.init(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_qwen_mlx):
+    clf = Classifier.load(str(tiny_qwen_mlx), LABELS)
+    return [p.label for p in clf.classify([r["text"] for r in ROWS], calibration="none")]
+
+
+def test_two_workers_return_every_id_once_in_order_with_the_local_labels(local_ray, tiny_qwen_mlx, reference):
+    ds = ray.data.from_items(ROWS, override_num_blocks=8)
+    out = mray.classify_dataset(
+        ds, model=str(tiny_qwen_mlx), labels=LABELS, concurrency=2, threads_per_worker=1, batch_size=100
+    ).take_all()
+    assert [r["id"] for r in out] == list(range(1000))
+    assert [r["label"] for r in out] == reference
+    assert all(r["error"] is None and abs(sum(r["probs"].values()) - 1) < 1e-5 for r in out)
+    assert set(out[0]) == {"id", "text", "label", "probs", "n_tokens", "truncated", "error"}
+
+
+class _DiesOnce(mray.ClassifyBatch):
+    """A worker that kills its own process (SIGKILL: no cleanup, as an OOM kill or a lost
+    node) the first time it is handed row 500; a marker file makes it happen once."""
+
+    marker = ""
+
+    def __call__(self, batch):
+        ids = batch.column("id").to_pylist()
+        if 500 in ids:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().__call__(batch)
+
+
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(local_ray, tiny_qwen_mlx, reference, tmp_path):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the test module
+    marker = tmp_path / "killed"
+
+    class Dies(_DiesOnce):
+        pass
+
+    Dies.marker = str(marker)
+    ds = ray.data.from_items(ROWS, override_num_blocks=10)
+    out = ds.map_batches(
+        Dies,
+        fn_constructor_kwargs={"load": {"model": str(tiny_qwen_mlx), "labels": LABELS}},
+        batch_format="pyarrow",
+        batch_size=100,
+        concurrency=2,
+        **mray.worker_options(2, 1),
+    ).take_all()
+    assert marker.exists()  # a worker really died
+    ids = [r["id"] for r in out]
+    assert len(ids) == 1000 and len(set(ids)) == 1000
+    assert ids == list(range(1000))
+    assert [r["label"] for r in out] == reference
+
+
+def test_batch_calibration_fits_one_prior_on_a_first_pass(local_ray, tiny_qwen_mlx):
+    from mlx_slm.classifier import Calibration
+
+    rows = ROWS[:200]
+    out = mray.classify_dataset(
+        ray.data.from_items(rows, override_num_blocks=4),
+        model=str(tiny_qwen_mlx),
+        labels=LABELS,
+        concurrency=2,
+        threads_per_worker=1,
+        batch_size=50,
+        calibrate="batch",
+        warmup=64,
+    ).take_all()
+    clf = Classifier.load(str(tiny_qwen_mlx), LABELS)
+    want = list(Calibration("batch", LABELS, warmup=64)(clf.run([r["text"] for r in rows])))
+    assert [r["label"] for r in out] == [p.label for p in want]
+    for r, p in zip(out, want):
+        assert r["probs"] == pytest.approx(p.probs, abs=1e-5)
+        assert r["raw_probs"] == pytest.approx(p.raw_probs, abs=1e-5)
+
+
+def test_rows_without_text_are_error_rows_and_column_clashes_are_refused(local_ray, tiny_qwen_mlx):
+    rows = [{"id": 0, "text": "hello there"}, {"id": 1, "text": None}, {"id": 2, "text": ""}]
+    out = mray.classify_dataset(ray.data.from_items(rows), model=str(tiny_qwen_mlx), labels=LABELS).take_all()
+    assert [r["id"] for r in out] == [0, 1, 2]
+    assert out[0]["error"] is None and out[0]["label"] in LABELS
+    assert "no text" in out[1]["error"] and out[1]["label"] is None and out[1]["probs"] is None
+    assert out[2]["error"] and out[2]["label"] is None
+    clash = ray.data.from_items([{"id": 0, "text": "x", "label": "gold"}])
+    with pytest.raises(Exception, match="already has column"):
+        mray.classify_dataset(clash, model=str(tiny_qwen_mlx), labels=LABELS).take_all()
+
+
+def test_cli_ray_writes_the_local_output(local_ray, tiny_qwen_mlx, tmp_path):
+    lines = [json.dumps(r) for r in ROWS[:300]]
+    lines.insert(50, '{"id": 9999, "text": ')  # malformed: an error row in its place
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    base = ["--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q"]
+    local, dist = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    r1 = CliRunner().invoke(main, ["classify", str(inp), "-o", str(local), *base], catch_exceptions=False)
+    r2 = CliRunner().invoke(
+        main, ["classify", str(inp), "-o", str(dist), "--ray", "--workers", "2", *base], catch_exceptions=False
+    )
+    assert r1.exit_code == r2.exit_code == 1  # the malformed row
+    a = [json.loads(x) for x in local.read_text().splitlines()]
+    b = [json.loads(x) for x in dist.read_text().splitlines()]
+    assert len(b) == 301 and [x["id"] for x in a] == [x["id"] for x in b]
+    assert [x.get("label") for x in a] == [x.get("label") for x in b]
+    assert b[50]["id"] is None and "malformed" in b[50]["error"]
+    for x, y in zip(a, b):
+        if "probs" in x:
+            assert y["probs"] == pytest.approx(x["probs"], abs=1e-5)
+
+
+def test_cli_ray_options_need_ray(tmp_path):
+    inp = tmp_path / "in.txt"
+    inp.write_text("hello\n")
+    r = CliRunner().invoke(main, ["classify", str(inp), "--workers", "2"])
+    assert r.exit_code == 2 and "--ray" in r.output
+    assert Path(inp).read_text() == "hello\n"

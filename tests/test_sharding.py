@@ -1,0 +1,219 @@
+"""`classify --shard I/N` and `mlx-slm merge` (issue 14): shards balanced by tokens, cut at
+window starts, merged back into exactly the single-process output; merge refuses any set
+of parts that is not one whole."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlx_slm.cli import main
+from mlx_slm.output import manifest_path
+from mlx_slm.sharding import ShardError, parse_shard, plan_shards
+from mlx_slm.workload import tickets
+
+TEXTS = [t for t, _ in tickets(120)]
+
+
+def run(args, input=None):
+    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
+
+
+def cli(model, *extra):
+    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
+
+
+def write_input(path: Path, n: int = 120, bad_every: int = 0) -> Path:
+    lines = []
+    for i in range(n):
+        if bad_every and i % bad_every == 3:
+            lines.append('{"id": "broken", "text": ')  # malformed: an error row, never dropped
+        elif bad_every and i % bad_every == 5:
+            lines.append(json.dumps({"id": f"t{i}", "text": ""}))
+        else:
+            lines.append(json.dumps({"id": f"t{i}", "text": TEXTS[i % len(TEXTS)][: 20 + 7 * (i % 13)]}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- pure planning
+
+
+def test_parse_shard():
+    assert parse_shard("0/1") == (0, 1)
+    assert parse_shard("3/4") == (3, 4)
+    for bad in ("4/4", "-1/2", "1", "a/b", "1/0", "1/2/3"):
+        with pytest.raises(ShardError, match="I/N|0..N-1"):
+            parse_shard(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    counts=st.lists(st.one_of(st.none(), st.integers(0, 500)), max_size=200),
+    window=st.integers(1, 40),
+    n=st.integers(1, 9),
+)
+def test_plan_shards_tiles_the_input_at_window_starts_and_balances_tokens(counts, window, n):
+    ranges = plan_shards(counts, window, n)
+    assert len(ranges) == n
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(counts)
+    for (a, b), (c, _) in zip(ranges, ranges[1:]):
+        assert a <= b == c  # contiguous, in order, every row once
+    valid = [r for r, c in enumerate(counts) if c is not None]
+    starts = set(valid[::window]) | {len(counts)}
+    for a, b in ranges[1:]:
+        assert a in starts or a == b  # a non-empty shard opens a window (a local run's restart point)
+    # Each shard's weight is within one window of an even split (the midpoint rule).
+    w = {r: max(1, counts[r] or 0) for r in valid}
+    windows = [valid[k : k + window] for k in range(0, len(valid), window)]
+    biggest = max((sum(w[r] for r in win) for win in windows), default=0)
+    total = sum(w.values())
+    for a, b in ranges:
+        got = sum(w[r] for r in range(a, b) if r in w)
+        assert abs(got - total / n) <= biggest + 1e-9
+
+
+def test_plan_shards_balances_by_tokens_not_rows():
+    counts = [100] * 10 + [10] * 100  # ten long rows, then a hundred short ones
+    (a0, b0), (a1, b1) = plan_shards(counts, 1, 2)
+    assert (b0 - a0) < (b1 - a1)  # the long rows make shard 0 short in rows
+    assert abs(sum(counts[a0:b0]) - sum(counts[a1:b1])) <= 100
+
+
+# --------------------------------------------------------------------------- CLI: shards + merge
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_merged_shards_equal_the_single_process_output(tiny_qwen_mlx, tmp_path, fmt):
+    inp = write_input(tmp_path / "in.jsonl", 120, bad_every=17)
+    whole = tmp_path / f"whole.{fmt}"
+    assert run(["classify", str(inp), "-o", str(whole), "--window", "16", *cli(tiny_qwen_mlx)]).exit_code == 1
+    parts = []
+    for i in range(3):
+        part = tmp_path / f"part-{i}.{fmt}"
+        r = run(["classify", str(inp), "-o", str(part), "--window", "16", "--shard", f"{i}/3", *cli(tiny_qwen_mlx)])
+        assert r.exit_code in (0, 1), r.output
+        m = json.loads(manifest_path(str(part)).read_text())
+        assert m["complete"] and m["settings"]["shard"]["index"] == i
+        parts.append(str(part))
+    sizes = [len(Path(p).read_bytes()) for p in parts]
+    assert all(s > 0 for s in sizes)
+    merged = tmp_path / f"merged.{fmt}"
+    r = run(["merge", *reversed(parts), "-o", str(merged)])  # any order on the command line
+    assert r.exit_code == 0, r.output
+    assert merged.read_bytes() == whole.read_bytes()
+
+
+def test_a_resumed_shard_still_merges_to_the_whole(tiny_qwen_mlx, tmp_path):
+    inp = write_input(tmp_path / "in.jsonl", 80)
+    whole = tmp_path / "whole.jsonl"
+    run(["classify", str(inp), "-o", str(whole), "--window", "8", *cli(tiny_qwen_mlx)])
+    parts = [str(tmp_path / f"p{i}.jsonl") for i in range(2)]
+    for i, p in enumerate(parts):
+        run(["classify", str(inp), "-o", p, "--window", "8", "--shard", f"{i}/2", *cli(tiny_qwen_mlx)])
+    # Interrupt shard 1 after it wrote some rows: cut the file mid-row, mark it unfinished.
+    data = Path(parts[1]).read_bytes()
+    Path(parts[1]).write_bytes(data[: len(data) // 2 + 3])
+    m = json.loads(manifest_path(parts[1]).read_text())
+    m["complete"], m["rows"] = False, None
+    manifest_path(parts[1]).write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["merge", *parts, "-o", str(tmp_path / "m.jsonl")])
+    assert r.exit_code == 2 and "unfinished" in r.output and "--resume" in r.output
+    r = run(["classify", str(inp), "-o", parts[1], "--window", "8", "--shard", "1/2", "--resume", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 0, r.output
+    assert run(["merge", *parts, "-o", str(tmp_path / "m.jsonl")]).exit_code == 0
+    assert (tmp_path / "m.jsonl").read_bytes() == whole.read_bytes()
+
+
+@pytest.fixture()
+def two_parts(tiny_qwen_mlx, tmp_path):
+    inp = write_input(tmp_path / "in.jsonl", 40)
+    parts = [str(tmp_path / f"p{i}.jsonl") for i in range(2)]
+    for i, p in enumerate(parts):
+        r = run(["classify", str(inp), "-o", p, "--window", "4", "--shard", f"{i}/2", *cli(tiny_qwen_mlx)])
+        assert r.exit_code == 0
+    return inp, parts
+
+
+def _merge(*args):
+    return CliRunner().invoke(main, ["merge", *args])
+
+
+def test_merge_refuses_a_missing_or_repeated_shard(two_parts, tmp_path):
+    _, (p0, p1) = two_parts
+    out = str(tmp_path / "m.jsonl")
+    r = _merge(p0, "-o", out)
+    assert r.exit_code == 2 and "shard(s) 1/2 missing" in r.output
+    r = _merge(p0, p0, p1, "-o", out)
+    assert r.exit_code == 2 and "given twice" in r.output
+    assert not Path(out).exists()
+
+
+def test_merge_refuses_a_part_with_a_row_removed(two_parts, tmp_path):
+    _, (p0, p1) = two_parts
+    lines = Path(p1).read_text().splitlines(keepends=True)
+    Path(p1).write_text("".join(lines[:3] + lines[4:]))
+    r = _merge(p0, p1, "-o", str(tmp_path / "m.jsonl"))
+    assert r.exit_code == 2 and "holds" in r.output and "rows" in r.output
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_merge_refuses_parts_of_other_settings_or_a_whole_output(two_parts, tiny_qwen_mlx, tmp_path):
+    inp, (p0, p1) = two_parts
+    other = str(tmp_path / "other1.jsonl")
+    r = run(["classify", str(inp), "-o", other, "--window", "4", "--shard", "1/2", "--no-sort", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 0
+    r = _merge(p0, other, "-o", str(tmp_path / "m.jsonl"))
+    assert r.exit_code == 2 and "other settings" in r.output and "sort" in r.output
+    whole = str(tmp_path / "whole.jsonl")
+    run(["classify", str(inp), "-o", whole, *cli(tiny_qwen_mlx)])
+    r = _merge(p0, whole, "-o", str(tmp_path / "m.jsonl"))
+    assert r.exit_code == 2 and "not written with --shard" in r.output
+
+
+def test_merge_checks_ids_against_the_input(two_parts, tmp_path):
+    inp, (p0, p1) = two_parts
+    lines = inp.read_text().splitlines(keepends=True)
+    lines[30] = json.dumps({"id": "changed", "text": "x"}) + "\n"
+    inp.write_text("".join(lines))
+    r = _merge(p0, p1, "-o", str(tmp_path / "m.jsonl"))
+    assert r.exit_code == 2 and "'changed'" in r.output
+    r = _merge(p0, p1, "-o", str(tmp_path / "m.jsonl"), "--no-input-check")
+    assert r.exit_code == 0 and "ids not checked" in r.output
+
+
+def test_merge_never_writes_over_a_part_or_the_input(two_parts):
+    inp, (p0, p1) = two_parts
+    before = Path(p0).read_bytes()
+    r = _merge(p0, p1, "-o", p0)
+    assert r.exit_code == 2 and Path(p0).read_bytes() == before
+    r = _merge(p0, p1, "-o", str(inp))
+    assert r.exit_code == 2
+
+
+def test_shard_usage_errors(tiny_qwen_mlx, tmp_path):
+    inp = write_input(tmp_path / "in.jsonl", 10)
+    r = CliRunner().invoke(main, ["classify", str(inp), "--shard", "0/2", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "needs -o FILE" in r.output
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--shard", "2/2"])
+    assert r.exit_code == 2 and "0..N-1" in r.output
+    r = CliRunner().invoke(
+        main,
+        ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--shard", "0/2", "--calibrate", "batch"],
+    )
+    assert r.exit_code == 2 and "different prior on each shard" in r.output
+
+
+def test_more_shards_than_windows_leaves_some_empty_and_still_merges(tiny_qwen_mlx, tmp_path):
+    inp = write_input(tmp_path / "in.jsonl", 10)
+    whole = tmp_path / "whole.jsonl"
+    run(["classify", str(inp), "-o", str(whole), *cli(tiny_qwen_mlx)])  # one window of 1024
+    parts = [str(tmp_path / f"p{i}.jsonl") for i in range(3)]
+    for i, p in enumerate(parts):
+        assert run(["classify", str(inp), "-o", p, "--shard", f"{i}/3", *cli(tiny_qwen_mlx)]).exit_code == 0
+    assert sorted(len(Path(p).read_bytes()) > 0 for p in parts) == [False, False, True]  # one window, one shard
+    assert run(["merge", *parts, "-o", str(tmp_path / "m.jsonl")]).exit_code == 0
+    assert (tmp_path / "m.jsonl").read_bytes() == whole.read_bytes()
