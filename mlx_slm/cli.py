@@ -180,7 +180,7 @@ _TASK_OPTIONS = [
     click.option(
         "--format",
         "fmt",
-        type=click.Choice(["jsonl", "csv", "text"]),
+        type=click.Choice(["jsonl", "csv", "text", "parquet"]),
         help="Input format (default: from the extension; stdin is sniffed).",
     ),
     click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text."),

@@ -22,6 +22,7 @@ The model chooses these paths once, when it is loaded, only on the CPU in float3
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -39,6 +40,7 @@ _pool: ThreadPoolExecutor | None = None
 _setters: list[Callable[[int], int]] | None = None
 
 
+@functools.cache  # asked on every call of every kernel: os.cpu_count() costs ~25 us in a container
 def _threads() -> int:
     # A process given a share of the cores (a Ray worker) is told so in its environment.
     for var in ("MLX_SLM_THREADS", "OPENBLAS_NUM_THREADS"):

@@ -65,7 +65,7 @@ from typing import IO, Any
 
 from .errors import UserError
 
-FORMATS = ("jsonl", "csv", "text")
+FORMATS = ("jsonl", "csv", "text", "parquet")
 BOM = b"\xef\xbb\xbf"
 SNIFF_BYTES = 64 * 1024  # how much of stdin (or a file of unknown type) the format sniffer may buffer
 SNIFF_LINES = 32
@@ -181,6 +181,8 @@ def guess_format(path: str | None, first: bytes = b"", text_column: str = "text"
             return "csv"
         if ext in (".txt", ".text"):
             return "text"
+        if ext == ".parquet":
+            return "parquet"
     lines = [(n, b.decode("utf-8", "replace")) for n, b, _ in _physical_lines(io.BytesIO(first))]
     return _sniff(lines, text_column)
 
@@ -208,6 +210,11 @@ def read_rows(
         raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
     stdin = path in (None, "-")
     ext = "" if stdin else Path(str(path)).suffix.lower()
+    if fmt == "parquet" or (fmt is None and ext == ".parquet"):
+        if stdin:
+            raise InputError("Parquet cannot be read from standard input: give the file's path")
+        yield from _dedupe(_parquet(str(path), text_field, id_field, gold))
+        return
     raw = _open_binary(path)
     try:
         stream: Iterator[bytes] = iter(raw)
@@ -236,7 +243,7 @@ def read_rows(
             raw.close()
 
 
-_KNOWN_EXT = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text")
+_KNOWN_EXT = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text", ".parquet")
 
 
 def _peek_lines(stream: Iterator[bytes], text_column: str) -> tuple[list[tuple[int, str]], Iterator[bytes]]:
@@ -334,67 +341,89 @@ def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | Non
                 error=f'line {n}: expected a JSON object like {{"{text_field}": "..."}}, got {type(obj).__name__}',
             )
             continue
-        explicit = id_field in obj
-        rid: Any = obj[id_field] if explicit else n
-        if explicit:
-            if not isinstance(rid, (str, int)) or isinstance(rid, bool):
-                kind = "null" if rid is None else type(rid).__name__
-                yield Row(
-                    n,
-                    None,
-                    error=f"line {n}: field {id_field!r} must be a string or an integer, got {kind}: fix it, or leave the field out to number rows by line",
-                    explicit_id=True,
-                )
-                continue
-            if rid == "":
-                yield Row(
-                    n,
-                    None,
-                    error=f"line {n}: field {id_field!r} is empty: give the row an id, or leave the field out to number rows by line",
-                    explicit_id=True,
-                )
-                continue
-            if isinstance(rid, str) and _bad_utf8(rid):
-                yield Row(
-                    n,
-                    None,
-                    error=f"line {n}: field {id_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the id",
-                    explicit_id=True,
-                )
-                continue
-        if text_field not in obj:
-            fields = ", ".join(map(repr, obj)) or "none"
-            yield Row(
+        yield _record_row(n, obj, text_field, id_field, gold)
+
+
+def _parquet(path: str, text_field: str, id_field: str, gold: str | None = None) -> Iterator[Row]:
+    """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError("reading Parquet needs pyarrow: pip install 'mlx-slm[ray]' (or pyarrow)") from None
+    try:
+        f = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise InputError(f"{path} is not a readable Parquet file ({e})") from None
+    names = f.schema_arrow.names
+    if text_field not in names:
+        raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use --text-field")
+    cols = [c for c in (id_field, text_field, gold) if c and c in names]
+    n = 0
+    for batch in f.iter_batches(batch_size=8192, columns=list(dict.fromkeys(cols))):
+        for obj in batch.to_pylist():
+            n += 1
+            yield _record_row(n, obj, text_field, id_field, gold)
+
+
+def _record_row(n: int, obj: dict[str, Any], text_field: str, id_field: str, gold: str | None) -> Row:
+    """One record (a JSON object, a Parquet row) checked: its Row, or its error row."""
+    explicit = id_field in obj
+    rid: Any = obj[id_field] if explicit else n
+    if explicit:
+        if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+            kind = "null" if rid is None else type(rid).__name__
+            return Row(
                 n,
-                rid,
-                error=f"line {n}: missing field {text_field!r} (fields present: {fields}); use --text-field to name it",
-                explicit_id=explicit,
+                None,
+                error=f"line {n}: field {id_field!r} must be a string or an integer, got {kind}: fix it, or leave the field out to number rows by line",
+                explicit_id=True,
             )
-            continue
-        t = obj[text_field]
-        if not isinstance(t, str):
-            yield Row(
+        if rid == "":
+            return Row(
                 n,
-                rid,
-                error=f"line {n}: field {text_field!r} must be a string, got {type(t).__name__}",
-                explicit_id=explicit,
+                None,
+                error=f"line {n}: field {id_field!r} is empty: give the row an id, or leave the field out to number rows by line",
+                explicit_id=True,
             )
-        elif not t.strip():
-            yield Row(
+        if isinstance(rid, str) and _bad_utf8(rid):
+            return Row(
                 n,
-                rid,
-                error=f"line {n}: field {text_field!r} is empty: give the item some text, or drop the row",
-                explicit_id=explicit,
+                None,
+                error=f"line {n}: field {id_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the id",
+                explicit_id=True,
             )
-        elif _bad_utf8(t):
-            yield Row(
-                n,
-                rid,
-                error=f"line {n}: field {text_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the text",
-                explicit_id=explicit,
-            )
-        else:
-            yield Row(n, rid, t, explicit_id=explicit, gold=obj.get(gold) if gold else None)
+    if text_field not in obj:
+        fields = ", ".join(map(repr, obj)) or "none"
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: missing field {text_field!r} (fields present: {fields}); use --text-field to name it",
+            explicit_id=explicit,
+        )
+    t = obj[text_field]
+    if not isinstance(t, str):
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: field {text_field!r} must be a string, got {type(t).__name__}",
+            explicit_id=explicit,
+        )
+    elif not t.strip():
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: field {text_field!r} is empty: give the item some text, or drop the row",
+            explicit_id=explicit,
+        )
+    elif _bad_utf8(t):
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: field {text_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the text",
+            explicit_id=explicit,
+        )
+    else:
+        return Row(n, rid, t, explicit_id=explicit, gold=obj.get(gold) if gold else None)
 
 
 def _text(raw: Iterable[bytes]) -> Iterator[Row]:

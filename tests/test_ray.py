@@ -155,3 +155,48 @@ def test_cli_ray_options_need_ray(tmp_path):
     r = CliRunner().invoke(main, ["classify", str(inp), "--workers", "2"])
     assert r.exit_code == 2 and "--ray" in r.output
     assert Path(inp).read_text() == "hello\n"
+
+
+def test_cli_ray_resumes_an_interrupted_output(local_ray, tiny_qwen_mlx, tmp_path):
+    from mlx_slm.output import manifest_path
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:120]))
+    base = ["--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q", "--window", "16"]
+    whole, part = tmp_path / "whole.jsonl", tmp_path / "part.jsonl"
+    assert CliRunner().invoke(main, ["classify", str(inp), "-o", str(whole), *base]).exit_code == 0
+    assert CliRunner().invoke(main, ["classify", str(inp), "-o", str(part), "--ray", *base]).exit_code == 0
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) * 2 // 3 + 5])  # interrupted mid-row
+    m = json.loads(manifest_path(str(part)).read_text())
+    m["complete"], m["rows"] = False, None
+    manifest_path(str(part)).write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(part), "--ray", "--resume", *base])
+    assert r.exit_code == 0, r.output
+    a = [json.loads(x) for x in whole.read_text().splitlines()]
+    b = [json.loads(x) for x in part.read_text().splitlines()]
+    assert [x["id"] for x in b] == [x["id"] for x in a] and [x["label"] for x in b] == [x["label"] for x in a]
+
+
+def test_parquet_input_reads_as_jsonl_with_error_rows_in_place(tiny_qwen_mlx, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [dict(r) for r in ROWS[:30]]
+    rows[4]["text"] = None  # an error row, in its place
+    rows[7]["id"] = None  # a null id: an error row, as in JSONL
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet", row_group_size=8)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q"]
+    outs = []
+    for name in ("in.parquet", "in.jsonl"):
+        out = tmp_path / f"{name}.out.jsonl"
+        r = CliRunner().invoke(main, ["classify", str(tmp_path / name), "-o", str(out), *base])
+        assert r.exit_code == 1, r.output
+        outs.append([json.loads(x) for x in out.read_text().splitlines()])
+    pq_rows, js_rows = outs
+    assert len(pq_rows) == 30 and "must be a string" in pq_rows[4]["error"]
+    assert pq_rows[7]["id"] is None and "got null" in pq_rows[7]["error"]
+    assert [r.get("label") for r in pq_rows] == [r.get("label") for r in js_rows]
+    r = CliRunner().invoke(main, ["classify", str(tmp_path / "in.parquet"), "--text-field", "body", *base])
+    assert r.exit_code == 2 and "no column 'body'" in r.output
