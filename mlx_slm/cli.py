@@ -539,13 +539,15 @@ def classify(
     if dist.shard is not None and input == "-":
         raise click.UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = _Setup(ctx, o)
-    if dist.shard is not None and (setup.calibration == "batch" or isinstance(setup.calibration, tuple)):
+    if dist.shard is not None and (setup.calibration in ("batch", "em") or isinstance(setup.calibration, tuple)):
         raise click.UsageError(
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
             "(mlx-slm classify SAMPLE --calibrate batch --save-task task.json) and give every shard --task task.json"
         )
     inputs = [input, o["labels_file"], o["examples_file"], o["calibration_data"], o["task_file"]]
     _check_outputs(inputs, [("-o", output if file_out else None), ("--save-task", o["save_task"])])
+    if dist.ray:  # joined before the output is touched: a cluster that is not there fails first
+        _ray_init(dist.address)
     with ExitStack() as stack:
         if file_out:
             stack.enter_context(OutputLock(output))
@@ -604,10 +606,24 @@ def _shard_rows(setup: _Setup, rows: Any, shard: tuple[int, int]) -> tuple[Any, 
             counts[i] = len(x)
     i, n = shard
     start, end = plan_shards(counts, setup.o["window"], n)[i]
+    from .convert import sha256_file
+
+    # Every part records the input's content: `merge` (and --resume) refuse parts of an edited input.
+    setup.input_sha256 = sha256_file(Path(setup.input_path))
     if not setup.o["quiet"]:
         what = f"input rows {start + 1}..{end}" if end > start else "no rows (fewer windows than shards)"
         _err(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
     return iter(all_rows[start:end]), shard_settings(i, n, (start, end), len(all_rows))
+
+
+def _ray_init(address: str | None) -> None:
+    from . import ray as mray  # MissingExtra (exit 2) names the pip command
+
+    try:
+        mray.init(address)
+    except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        raise UserError(f"cannot start or join {where} ({type(e).__name__}: {e})") from None
 
 
 def _ray_run(setup: _Setup, texts: list[str], dist: _Distribution) -> Any:
@@ -615,12 +631,15 @@ def _ray_run(setup: _Setup, texts: list[str], dist: _Distribution) -> Any:
     from . import ray as mray
     from .classifier import Run, Stats
 
-    mray.init(dist.address)
     stats = Stats()
 
     def gen() -> Iterator[Any]:
         for p in mray.predictions(
-            texts, setup.load_kwargs, concurrency=dist.workers, threads_per_worker=dist.worker_threads
+            texts,
+            setup.load_kwargs,
+            concurrency=dist.workers,
+            threads_per_worker=dist.worker_threads,
+            weights_sha256=setup.weights,
         ):
             stats.items += 1
             stats.errors += not p.ok
@@ -686,6 +705,7 @@ def _classify_run(
     clf = setup.load()
     dist = dist or _Distribution(None, False, None, 1, None)
     shard_info = None
+    setup.input_path = input
     if dist.shard is not None:
         rows, shard_info = _shard_rows(setup, rows, dist.shard)
     settings: dict[str, Any] = {}
@@ -715,7 +735,7 @@ def _classify_run(
             "sort": not o["no_sort"],
             "prefix_cache": not o["no_prefix_cache"],
             "model": o["model"],
-            **({"shard": shard_info} if shard_info else {}),
+            **({"shard": shard_info, "input_sha256": setup.input_sha256} if shard_info else {}),
         }
     failed = kept = 0
     append = False
@@ -830,6 +850,8 @@ def merge(parts: tuple[str, ...], output: str, no_input_check: bool, quiet: bool
     from .output import read_manifest
     from .sharding import merge_parts
 
+    if output == "-":
+        raise click.UsageError("merge writes a file: give -o a path (the result is checked before it is written)")
     inputs: list[str | None] = list(parts)
     for p in parts:
         m = read_manifest(p) if Path(p).is_file() else None

@@ -63,6 +63,8 @@ class ClassifyBatch:
     calibrator: a fitted `Calibrator` as a dict (`to_dict()`), applied to every row;
     "none" for raw scores; None applies the task's own fitted prior, if it has one. scores: also return the
     raw label log-scores (`scores`, a list in label order) for a caller that calibrates.
+    weights_sha256: refuse other weights than these (each node loads the model by name; a
+    saved prior and the run's record hold for one set of weights only).
     """
 
     def __init__(
@@ -74,10 +76,20 @@ class ClassifyBatch:
         calibrator: dict[str, Any] | str | None = None,
         min_confidence: float | None = None,
         scores: bool = False,
+        weights_sha256: str | None = None,
     ):
         from .calibration import Calibrator
+        from .convert import weights_sha256 as sha_of
+        from .task import TaskError
 
         self.clf = _load_classifier(task, load)
+        if weights_sha256 and self.clf.path is not None:
+            here = sha_of(self.clf.path)
+            if here != weights_sha256:  # another conversion under the same name on this node
+                raise TaskError(
+                    f"this worker's {self.clf.path} has weights sha256 {here[:12]}..., the run was set up "
+                    f"with {weights_sha256[:12]}...: give every node the same converted model"
+                )
         self.text_column, self.with_scores = text_column, scores
         self.labels = tuple(self.clf.labels)
         if calibrator is None:
@@ -207,6 +219,8 @@ def classify_dataset(
     base = None
     if isinstance(method, tuple):  # ("em", base) from a task
         method, base = method
+    elif method == "em" and t is not None and isinstance(t.calibration, tuple):
+        base = t.calibration[1]  # the task's own base, re-estimated on this input
     if method == "em" and base is None:
         raise ValueError("calibrate='em' needs a base: a task saved with --calibrate em, or a fitted Calibrator")
     warmup = warmup or (t.warmup if t is not None else DEFAULT_WARMUP)
@@ -235,12 +249,14 @@ def classify_dataset(
     elif method in ("batch", "em"):
         # A first pass over the warm-up rows for their raw scores; the prior fitted on them
         # is then applied to every row, them included, as a local run does.
-        first = run(ds.limit(warmup), "none", True, None)
-        got = [s for s in first.select_columns(["scores"]).to_pandas()["scores"] if s is not None]
+        first = run(ds.limit(warmup), "none", True, None).select_columns(["probs", "scores"]).to_arrow_refs()
+        parts = [t for t in ray.get(first) if t.num_rows]
+        table = pa.concat_tables(parts) if parts else None
+        got = [s for s in table.column("scores").to_pylist() if s is not None] if table is not None else []
         final = "none"
-        if len(got) >= 2:
-            labels = task["labels"] if task is not None else load["labels"]
-            lp = log_softmax(np.array([list(x) for x in got]))
+        if table is not None and len(got) >= 2:
+            labels = [f.name for f in table.schema.field("probs").type]  # the classifier's own label order
+            lp = log_softmax(np.array(got))
             final = (fit_batch(lp, labels) if method == "batch" else fit_em(lp, labels, base=base)).to_dict()
     else:
         raise ValueError(f"calibrate must be None, 'none', 'batch', 'em' or a Calibrator, not {method!r}")
@@ -254,6 +270,7 @@ def predictions(
     concurrency: int = 1,
     threads_per_worker: int | None = None,
     batch_size: int | None = None,
+    weights_sha256: str | None = None,
 ) -> Iterator[Any]:
     """Raw predictions for `texts`, in order, computed on Ray workers (the CLI's `--ray`).
 
@@ -272,7 +289,7 @@ def predictions(
     out = ds.map_batches(
         ClassifyBatch,
         fn_constructor_args=(None, load),
-        fn_constructor_kwargs={"scores": True},
+        fn_constructor_kwargs={"scores": True, "weights_sha256": weights_sha256},
         batch_format="pyarrow",
         batch_size=batch_size,
         concurrency=concurrency,

@@ -126,6 +126,7 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
     Returns what was merged (parts, rows, error rows, whether ids were checked against
     the input). Nothing is written unless every check passes.
     """
+    from .output import _EXTENSIONS as _EXT
     from .output import read_manifest
 
     if not parts:
@@ -159,12 +160,21 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
                 )
         if sh["index"] in found:
             raise ShardError(f"merge: shard {sh['index']}/{count} is given twice ({found[sh['index']][0]} and {p})")
-        found[sh["index"]] = (p, {**sh, "rows_written": m.get("rows")})
+        found[sh["index"]] = (p, {**sh, "rows_written": m.get("rows"), "fitted": m.get("fitted_calibrator")})
     assert count is not None and common is not None
     missing = [i for i in range(count) if i not in found]
     if missing:
         raise ShardError(f"merge: shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing")
     fmt = common.get("output_format", "jsonl")
+    ext = Path(output).suffix.lower()
+    if ext in _EXT and _EXT[ext] != fmt:
+        raise ShardError(
+            f"merge: the parts are {fmt.upper()}, but -o {output} says {_EXT[ext].upper()}: name it .{fmt}"
+        )
+    # A prior fitted on each shard's own warm-up would give each part other labels than one run.
+    priors = {json.dumps(found[i][1]["fitted"], sort_keys=True) for i in found}
+    if len(priors) > 1:
+        raise ShardError("merge: the parts were calibrated with different fitted priors: they are not of one run")
     expect_start = 0
     pieces: list[bytes] = []
     header = b""

@@ -97,18 +97,17 @@ def test_batch_calibration_fits_one_prior_on_a_first_pass(local_ray, tiny_qwen_m
     from mlx_slm.classifier import Calibration
 
     rows = ROWS[:200]
-    out = mray.classify_dataset(
+    out = mray.classify_dataset(  # no labels given: the default ones, read back from the first pass
         ray.data.from_items(rows, override_num_blocks=4),
         model=str(tiny_qwen_mlx),
-        labels=LABELS,
         concurrency=2,
         threads_per_worker=1,
         batch_size=50,
         calibrate="batch",
         warmup=64,
     ).take_all()
-    clf = Classifier.load(str(tiny_qwen_mlx), LABELS)
-    want = list(Calibration("batch", LABELS, warmup=64)(clf.run([r["text"] for r in rows])))
+    clf = Classifier.load(str(tiny_qwen_mlx))
+    want = list(Calibration("batch", clf.labels, warmup=64)(clf.run([r["text"] for r in rows])))
     assert [r["label"] for r in out] == [p.label for p in want]
     for r, p in zip(out, want):
         assert r["probs"] == pytest.approx(p.probs, abs=1e-5)
@@ -200,3 +199,13 @@ def test_parquet_input_reads_as_jsonl_with_error_rows_in_place(tiny_qwen_mlx, tm
     assert [r.get("label") for r in pq_rows] == [r.get("label") for r in js_rows]
     r = CliRunner().invoke(main, ["classify", str(tmp_path / "in.parquet"), "--text-field", "body", *base])
     assert r.exit_code == 2 and "no column 'body'" in r.output
+
+
+def test_a_worker_refuses_other_weights_than_the_run_was_set_up_with(tiny_qwen_mlx):
+    from mlx_slm.convert import weights_sha256
+    from mlx_slm.task import TaskError
+
+    load = {"model": str(tiny_qwen_mlx), "labels": LABELS}
+    mray.ClassifyBatch(load=load, weights_sha256=weights_sha256(tiny_qwen_mlx))  # the same: fine
+    with pytest.raises(TaskError, match="same converted model"):
+        mray.ClassifyBatch(load=load, weights_sha256="0" * 64)

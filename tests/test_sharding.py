@@ -200,11 +200,10 @@ def test_shard_usage_errors(tiny_qwen_mlx, tmp_path):
     assert r.exit_code == 2 and "needs -o FILE" in r.output
     r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--shard", "2/2"])
     assert r.exit_code == 2 and "0..N-1" in r.output
-    r = CliRunner().invoke(
-        main,
-        ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--shard", "0/2", "--calibrate", "batch"],
-    )
-    assert r.exit_code == 2 and "different prior on each shard" in r.output
+    for cal in (["--calibrate", "batch"], ["--calibrate", "em", "--calibration-data", str(inp)]):
+        r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(tmp_path / "o.jsonl"), "--shard", "0/2", *cal])
+        assert r.exit_code == 2 and "different prior on each shard" in r.output
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_more_shards_than_windows_leaves_some_empty_and_still_merges(tiny_qwen_mlx, tmp_path):
@@ -217,3 +216,19 @@ def test_more_shards_than_windows_leaves_some_empty_and_still_merges(tiny_qwen_m
     assert sorted(len(Path(p).read_bytes()) > 0 for p in parts) == [False, False, True]  # one window, one shard
     assert run(["merge", *parts, "-o", str(tmp_path / "m.jsonl")]).exit_code == 0
     assert (tmp_path / "m.jsonl").read_bytes() == whole.read_bytes()
+
+
+def test_merge_refuses_parts_of_an_edited_input_and_a_wrong_output_format(two_parts, tiny_qwen_mlx, tmp_path):
+    inp, (p0, p1) = two_parts
+    r = _merge(p0, p1, "-o", str(tmp_path / "m.csv"))
+    assert r.exit_code == 2 and "the parts are JSONL" in r.output
+    r = _merge(p0, p1, "-o", "-")
+    assert r.exit_code == 2 and "give -o a path" in r.output
+    # The same size, the same ids, one text changed; shard 1 run again on it.
+    data = inp.read_text()
+    i = data.index('"text": "') + len('"text": "')
+    inp.write_text(data[:i] + ("X" if data[i] != "X" else "Y") + data[i + 1 :])
+    r = run(["classify", str(inp), "-o", p1, "--window", "4", "--shard", "1/2", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 0
+    r = _merge(p0, p1, "-o", str(tmp_path / "m.jsonl"))
+    assert r.exit_code == 2 and "input_sha256" in r.output
