@@ -162,6 +162,9 @@ def init(address: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("logging_level", "WARNING")
         kwargs.setdefault("configure_logging", True)
         ray.init(address=address, **kwargs)
+    import logging
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # per-dataset INFO lines: mlx-slm reports progress
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # output rows in input order
     ctx.enable_progress_bars = False  # mlx-slm reports progress itself
@@ -238,7 +241,7 @@ def classify_dataset(
             },
             batch_format="pyarrow",
             batch_size=batch_size,
-            concurrency=concurrency,
+            compute=ray.data.ActorPoolStrategy(size=concurrency),
             **opts,
         )
 
@@ -292,7 +295,7 @@ def predictions(
         fn_constructor_kwargs={"scores": True, "weights_sha256": weights_sha256},
         batch_format="pyarrow",
         batch_size=batch_size,
-        concurrency=concurrency,
+        compute=ray.data.ActorPoolStrategy(size=concurrency),
         **worker_options(concurrency, threads_per_worker),
     )
     labels: tuple[str, ...] | None = None

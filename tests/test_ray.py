@@ -83,7 +83,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(local_ray, tiny_qw
         fn_constructor_kwargs={"load": {"model": str(tiny_qwen_mlx), "labels": LABELS}},
         batch_format="pyarrow",
         batch_size=100,
-        concurrency=2,
+        compute=ray.data.ActorPoolStrategy(size=2),
         **mray.worker_options(2, 1),
     ).take_all()
     assert marker.exists()  # a worker really died
