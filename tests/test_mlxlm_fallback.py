@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tokenizer
+from parity import check_diff, padded, prefix_batch_continuation
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
@@ -115,20 +116,7 @@ def model(tiny):
 
 
 def _check(name: str, ours, ref, tol: float = TOL) -> None:
-    d = float(np.abs(np.asarray(ours, np.float64) - ref).max())
-    MAX_DIFF[name] = max(d, MAX_DIFF.get(name, 0.0))
-    assert d <= tol, f"{name}: max |diff| {d:.2e} > {tol}"
-
-
-def _padded(seqs, pad_id, cache_len=0):
-    L = max(map(len, seqs))
-    ids = np.full((len(seqs), L), pad_id, np.int32)
-    mask = np.zeros((len(seqs), L), bool)
-    for r, s in enumerate(seqs):
-        ids[r, L - len(s) :] = s
-        mask[r, L - len(s) :] = True
-    offs = np.array([cache_len - (L - len(s)) for s in seqs], np.int32)
-    return mx.array(ids), mx.array(mask), mx.array(offs)
+    check_diff(MAX_DIFF, name, ours, ref, tol)
 
 
 def test_loads_through_mlx_lm_with_a_note(tiny, capfd):
@@ -152,7 +140,7 @@ def test_unbatched_and_left_padded_match_transformers(tiny, model):
     ids = tiny.prompts[-1]
     h, _ = model(mx.array([ids]), last_only=False)
     _check(f"{tiny.family}/a-all", np.array(model.logits(h))[0], tiny.ref(ids, last=False))
-    ids, mask, offs = _padded(tiny.prompts, pad_id=5)
+    ids, mask, offs = padded(tiny.prompts, pad_id=5)
     h, _ = model(ids, mask, offs)
     got = np.array(model.logits(h))
     for r, p in enumerate(tiny.prompts):
@@ -162,21 +150,7 @@ def test_unbatched_and_left_padded_match_transformers(tiny, model):
 
 
 def test_prefix_cache_and_continuation_match_transformers(tiny, model):
-    prefix = tiny.prompts[0][:20]
-    suffixes = [tiny.prompts[3][:30], tiny.prompts[1], [44]]
-    _, kv = model(mx.array([prefix]))
-    ids, mask, offs = _padded(suffixes, 0, cache_len=len(prefix))
-    h, kv2 = model(ids, mask, offs, cache=kv)
-    got = np.array(model.logits(h))
-    for r, s in enumerate(suffixes):
-        _check(f"{tiny.family}/c-prefix", got[r], tiny.ref(prefix + s))
-    B, L = ids.shape
-    cache_mask = mx.concatenate([mx.ones((B, len(prefix)), dtype=mx.bool_), mask], axis=1)
-    cont = [9, 33, 71]
-    h, _ = model(mx.array([cont] * B), None, offs + L, cache=kv2, cache_mask=cache_mask, last_only=False)
-    got = np.array(model.logits(h))
-    for r, s in enumerate(suffixes):
-        _check(f"{tiny.family}/c-cont", got[r], tiny.ref(prefix + s + cont, last=False)[-len(cont) :])
+    prefix_batch_continuation(model, tiny.prompts, tiny.ref, _check, f"{tiny.family}/c-prefix", f"{tiny.family}/c-cont")
 
 
 def test_classifier_path_matches_transformers(tiny, model):
@@ -223,7 +197,7 @@ def test_quantized_conversion_matches_mlx_lm(tmp_path):
     dense = load_model(out)
     assert dense.quantized is None and dense.compute_dtype == mx.float32 and dense.head_weight().dtype == mx.float32
     for m, tol in ((packed, 1e-6), (dense, 0.1)):
-        ids, mask, offs = _padded(prompts, 0)
+        ids, mask, offs = padded(prompts, 0)
         got = np.array(m.logits(m(ids, mask, offs)[0]).astype(mx.float32))
         for r, w in enumerate(want):
             assert np.abs(got[r] - w).max() <= tol and np.argmax(got[r]) == np.argmax(w)

@@ -2,6 +2,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import torch
+from parity import padded
 from transformers import AutoModelForCausalLM
 
 from mlx_slm.models import FASTMATH, NATIVE, Model, ModelArgs, build_mask, choose_ops, load_model
@@ -45,24 +46,13 @@ def test_label_rows_equal_full_head(tiny_mlx):
     np.testing.assert_allclose(part, full[:, [7, 3, 200]], atol=1e-5)
 
 
-def _padded(seqs, pad_id, cache_len=0):
-    L = max(map(len, seqs))
-    ids = np.full((len(seqs), L), pad_id, np.int32)
-    mask = np.zeros((len(seqs), L), bool)
-    for r, s in enumerate(seqs):
-        ids[r, L - len(s) :] = s
-        mask[r, L - len(s) :] = True
-    offs = np.array([cache_len - (L - len(s)) for s in seqs], np.int32)
-    return mx.array(ids), mx.array(mask), mx.array(offs)
-
-
 SEQS = [IDS, IDS[4:], IDS[:3], [11]]
 
 
 @pytest.mark.parametrize("pad_id", [0, 123])
 def test_left_padded_batch_equals_rows_alone(tiny_mlx, pad_id):
     m = load_model(tiny_mlx)
-    ids, mask, offs = _padded(SEQS, pad_id)
+    ids, mask, offs = padded(SEQS, pad_id)
     h, _ = m(ids, mask, offs)
     batched = np.array(m.logits(h))
     for r, s in enumerate(SEQS):
@@ -74,7 +64,7 @@ def test_pad_token_ids_change_nothing(tiny_mlx):
     m = load_model(tiny_mlx)
     outs = []
     for pad in (0, 1, 399):
-        ids, mask, offs = _padded(SEQS, pad)
+        ids, mask, offs = padded(SEQS, pad)
         h, _ = m(ids, mask, offs)
         outs.append(np.array(m.logits(h)))
     np.testing.assert_allclose(outs[0], outs[1], atol=1e-6)
@@ -87,7 +77,7 @@ def test_prefix_cache_composes_with_padding(tiny_mlx):
     suffixes = [IDS[5:], IDS[5:8], [44]]
     _, kv = m(mx.array([prefix]))
     kv_before = [(np.array(k), np.array(v)) for k, v in kv]
-    ids, mask, offs = _padded(suffixes, 0, cache_len=len(prefix))
+    ids, mask, offs = padded(suffixes, 0, cache_len=len(prefix))
     h, _ = m(ids, mask, offs, cache=kv)
     batched = np.array(m.logits(h))
     for r, s in enumerate(suffixes):
@@ -100,7 +90,7 @@ def test_prefix_cache_composes_with_padding(tiny_mlx):
 
 def test_padding_rows_stay_finite_without_prefix(tiny_mlx):
     m = load_model(tiny_mlx)
-    ids, mask, offs = _padded([IDS, [4]], 0)
+    ids, mask, offs = padded([IDS, [4]], 0)
     h, kv = m(ids, mask, offs, last_only=False)
     assert np.isfinite(np.array(h)).all()
 
@@ -154,7 +144,7 @@ def test_fastmath_ops_equal_native_ops(tiny_mlx):
     m = load_model(tiny_mlx)
     assert m.ops is choose_ops(mx.float32, mx.cpu) is FASTMATH
     _, kv = m(mx.array([IDS[:5]]))
-    ids, mask, offs = _padded([IDS[5:], [44, 45]], 0, cache_len=5)
+    ids, mask, offs = padded([IDS[5:], [44, 45]], 0, cache_len=5)
     outs = []
     for ops in (FASTMATH, NATIVE):
         m.ops = ops

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tiny
+from parity import check_diff, padded, prefix_batch_continuation
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
@@ -78,20 +79,7 @@ def tiny(request, tmp_path_factory) -> Tiny:
 
 
 def _check(name: str, ours: np.ndarray, ref: np.ndarray, tol: float = TOL) -> None:
-    d = float(np.abs(np.asarray(ours, np.float64) - ref).max())
-    MAX_DIFF[name] = max(d, MAX_DIFF.get(name, 0.0))
-    assert d <= tol, f"{name}: max |diff| {d:.2e} > {tol}"
-
-
-def _padded(seqs, pad_id, cache_len=0):
-    L = max(map(len, seqs))
-    ids = np.full((len(seqs), L), pad_id, np.int32)
-    mask = np.zeros((len(seqs), L), bool)
-    for r, s in enumerate(seqs):
-        ids[r, L - len(s) :] = s
-        mask[r, L - len(s) :] = True
-    offs = np.array([cache_len - (L - len(s)) for s in seqs], np.int32)
-    return mx.array(ids), mx.array(mask), mx.array(offs)
+    check_diff(MAX_DIFF, name, ours, ref, tol)
 
 
 @pytest.mark.parametrize("ops", OPS)
@@ -109,7 +97,7 @@ def test_unbatched_matches_transformers(tiny, ops):
 @pytest.mark.parametrize("ops", OPS)
 def test_left_padded_batch_matches_transformers(tiny, ops):
     m = load_model(tiny.mlx_dir, ops=ops)
-    ids, mask, offs = _padded(tiny.prompts, pad_id=5)
+    ids, mask, offs = padded(tiny.prompts, pad_id=5)
     h, _ = m(ids, mask, offs)
     got = np.array(m.logits(h))
     for r, p in enumerate(tiny.prompts):
@@ -123,22 +111,9 @@ def test_left_padded_batch_matches_transformers(tiny, ops):
 def test_prefix_cache_and_padding_match_transformers(tiny, ops):
     """A prefix longer than the window, then a padded batch after it, then label tokens after that."""
     m = load_model(tiny.mlx_dir, ops=ops)
-    prefix = tiny.prompts[0][:20]
-    suffixes = [tiny.prompts[3][:30], tiny.prompts[1], [44]]
-    _, kv = m(mx.array([prefix]))
-    ids, mask, offs = _padded(suffixes, 0, cache_len=len(prefix))
-    h, kv2 = m(ids, mask, offs, cache=kv)
-    got = np.array(m.logits(h))
-    for r, s in enumerate(suffixes):
-        _check(f"{tiny.arch}/c-model/{ops}", got[r], tiny.ref(prefix + s))
-    # continuation after the padded batch (sequence scoring's path): cache_mask marks the padding
-    B, L = ids.shape
-    cache_mask = mx.concatenate([mx.ones((B, len(prefix)), dtype=mx.bool_), mask], axis=1)
-    cont = [9, 33, 71]
-    h, _ = m(mx.array([cont] * B), None, offs + L, cache=kv2, cache_mask=cache_mask, last_only=False)
-    got = np.array(m.logits(h))
-    for r, s in enumerate(suffixes):
-        _check(f"{tiny.arch}/c-cont/{ops}", got[r], tiny.ref(prefix + s + cont, last=False)[-len(cont) :])
+    prefix_batch_continuation(
+        m, tiny.prompts, tiny.ref, _check, f"{tiny.arch}/c-model/{ops}", f"{tiny.arch}/c-cont/{ops}"
+    )
 
 
 @pytest.mark.parametrize("ops", OPS)
