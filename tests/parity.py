@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
+import torch
 
 
 def padded(seqs: Sequence[Sequence[int]], pad_id: int, cache_len: int = 0) -> tuple[mx.array, mx.array, mx.array]:
@@ -48,3 +49,25 @@ def prefix_batch_continuation(
     got = np.array(model.logits(h))
     for r, s in enumerate(suffixes):
         check(name_cont, got[r], ref(prefix + s + cont, last=False)[-len(cont) :])
+
+
+class HFLogits:
+    """Transformers' logits for a token sequence (float32, no cache), memoized: the parity
+    tests ask for the same sequences many times. `ref(ids)` is the last position's row,
+    `ref(ids, last=False)` every position's."""
+
+    def __init__(self, hf) -> None:
+        self.hf = hf
+        self._memo: dict[tuple, np.ndarray] = {}
+
+    def __call__(self, ids: Sequence[int], last: bool = True) -> np.ndarray:
+        key = (tuple(ids), last)
+        if key not in self._memo:
+            with torch.no_grad():
+                out = self.hf(torch.tensor([list(ids)]), use_cache=False).logits[0].numpy()
+            self._memo[key] = out[-1] if last else out
+        return self._memo[key]
+
+    def clear(self) -> None:
+        """Forget the memo (after changing the reference model in place)."""
+        self._memo.clear()

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tokenizer
-from parity import check_diff, padded, prefix_batch_continuation
+from parity import HFLogits, check_diff, padded, prefix_batch_continuation
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
@@ -94,15 +94,7 @@ class Tiny:
         vocab = json.loads((self.mlx_dir / "config.json").read_text())["vocab_size"]
         rng = np.random.default_rng(7)
         self.prompts = [rng.integers(3, vocab, size=n).tolist() for n in LENGTHS]
-        self._ref: dict[tuple, np.ndarray] = {}
-
-    def ref(self, ids, last=True) -> np.ndarray:
-        key = (tuple(ids), last)
-        if key not in self._ref:
-            with torch.no_grad():
-                out = self.hf(torch.tensor([list(ids)]), use_cache=False).logits[0].numpy()
-            self._ref[key] = out[-1] if last else out
-        return self._ref[key]
+        self.ref = HFLogits(self.hf)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

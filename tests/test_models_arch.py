@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tiny
-from parity import check_diff, padded, prefix_batch_continuation
+from parity import HFLogits, check_diff, padded, prefix_batch_continuation
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
@@ -62,15 +62,7 @@ class Tiny:
         self.config = json.loads((self.mlx_dir / "config.json").read_text())
         rng = np.random.default_rng(7)
         self.prompts = [rng.integers(3, self.config["vocab_size"], size=n).tolist() for n in LENGTHS]
-        self._ref: dict[tuple, np.ndarray] = {}
-
-    def ref(self, ids, last=True) -> np.ndarray:
-        key = (tuple(ids), last)
-        if key not in self._ref:
-            with torch.no_grad():
-                out = self.hf(torch.tensor([list(ids)]), use_cache=False).logits[0].numpy()
-            self._ref[key] = out[-1] if last else out
-        return self._ref[key]
+        self.ref = HFLogits(self.hf)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -229,7 +221,7 @@ def test_gguf_round_trip(tiny, tmp_path):
         assert m.args.query_pre_attn_scalar == m.args.head_dim
         for layer in tiny.hf.model.layers:
             layer.self_attn.scaling = m.args.head_dim**-0.5
-        tiny._ref.clear()
+        tiny.ref.clear()
     prompts = tiny.prompts[:2]
     if tiny.arch == "qwen3":  # llama.cpp's qwen3 has no sliding window: compare within it
         assert "sliding_attention" not in m.args.layer_types
@@ -242,7 +234,7 @@ def test_gguf_round_trip(tiny, tmp_path):
         if tiny.arch == "gemma3":
             for layer in tiny.hf.model.layers:
                 layer.self_attn.scaling = tiny.hf.config.query_pre_attn_scalar**-0.5
-            tiny._ref.clear()
+            tiny.ref.clear()
 
 
 # --------------------------------------------------------------------------- registry and config
