@@ -35,17 +35,24 @@ class Batch:
 
 
 def plan(
-    lengths: Sequence[int], batch_size: int = 32, max_tokens: int | None = None, sort: bool = True
+    lengths: Sequence[int],
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+    sort: bool = True,
+    row_extra: int = 0,
 ) -> list[np.ndarray]:
     """Group item indices into batches.
 
     sort: order by length (stable, so equal lengths keep input order) before cutting.
-    max_tokens: cap on rows x longest row per batch; a single longer item gets its own batch.
+    max_tokens: cap on rows x (longest row + row_extra) per batch; a single longer item gets
+        its own batch. row_extra: tokens every row runs besides its prompt (a label trie).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError("max_tokens must be at least 1")
+    if row_extra < 0:
+        raise ValueError("row_extra must be at least 0")
     lengths = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(lengths, kind="stable") if sort else np.arange(len(lengths))
     batches: list[np.ndarray] = []
@@ -55,7 +62,7 @@ def plan(
         n = int(lengths[i])
         new_longest = max(longest, n)
         too_many = len(cur) >= batch_size
-        too_big = max_tokens is not None and cur and (len(cur) + 1) * new_longest > max_tokens
+        too_big = max_tokens is not None and cur and (len(cur) + 1) * (new_longest + row_extra) > max_tokens
         if cur and (too_many or too_big):
             batches.append(np.array(cur, dtype=np.int64))
             cur, new_longest = [], n

@@ -39,7 +39,7 @@ from .prompts import (
     starts_with,
     tokenize,
 )
-from .scoring import score_batch
+from .scoring import LABEL_PASSES, score_batch
 
 if TYPE_CHECKING:
     from .task import Task
@@ -158,7 +158,11 @@ class Classifier:
         calibration: str | Calibrator = "none",
         min_confidence: float | None = None,
         warmup: int = DEFAULT_WARMUP,
+        label_pass: str = "trie",
     ):
+        if label_pass not in LABEL_PASSES:
+            raise ValueError(f"label_pass must be one of {', '.join(LABEL_PASSES)}, not {label_pass!r}")
+        self.label_pass = label_pass
         if truncate is not None and truncate not in TRUNCATE_MODES:
             raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")
         if not isinstance(engine, Engine):  # a bare model and its tokenizer (tests, tools)
@@ -186,11 +190,18 @@ class Classifier:
             parts = (
                 "the system prompt, template and examples" if self.format.examples else "the system prompt and template"
             )
-            self.format_error = (
-                f"{parts} alone are {fixed - 1} tokens, over the model's context of "
-                f"{self.max_length}: shorten --system or --template"
-                + (" or use fewer --examples" if self.format.examples else "")
-            )
+            longest = max(range(len(self.labelset.labels)), key=lambda k: len(self.labelset.token_ids[k]))
+            if fixed <= self.max_length:  # the prompt fits alone: the label is what does not
+                self.format_error = (
+                    f"label {self.labelset.labels[longest][:60]!r} is {self.labelset.max_len} tokens: with the "
+                    f"prompt ({fixed - 1} tokens) it is over the model's context of {self.max_length}: shorten the label"
+                )
+            else:
+                self.format_error = (
+                    f"{parts} alone are {fixed - 1} tokens, over the model's context of "
+                    f"{self.max_length}: shorten --system or --template"
+                    + (" or use fewer --examples" if self.format.examples else "")
+                )
             if truncate is None:
                 raise PromptError(self.format_error)
         # The shared head's ids; its KV is computed by the engine on first use (and kept there).
@@ -391,7 +402,9 @@ class Classifier:
                 continue
             p = len(pre) if pre is not None else 0
             suffixes = [it.ids[p:] for it in group]
-            for idx in batching.plan([len(s) for s in suffixes], self.batch_size, self.max_batch_tokens, self.sort):
+            lengths = [len(s) for s in suffixes]
+            extra = self.labelset.row_tokens  # every row also runs the label trie: count it in the budget
+            for idx in batching.plan(lengths, self.batch_size, self.max_batch_tokens, self.sort, extra):
                 batch = batching.pad(suffixes, idx, self.engine.pad_id, cache_len=p)
                 for pred in self._run_batch(batch, [group[i] for i in idx], pre, st):
                     results[pred.index] = pred
@@ -409,7 +422,7 @@ class Classifier:
     def _run_batch(
         self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
     ) -> list[Prediction]:
-        got = score_batch(self.engine, batch, prefix, self.labelset, self.keep_logits)
+        got = score_batch(self.engine, batch, prefix, self.labelset, self.keep_logits, self.label_pass)
         st.batches += 1
         st.processed_tokens += batch.padded_tokens + got.label_tokens
         st.padding_tokens += batch.padded_tokens - batch.real_tokens

@@ -22,10 +22,12 @@ import mlx.core as mx
 import numpy as np
 
 from . import batching
+from .labels import TrieChunk
 from .models import KV, Model, load_model
 from .prefix_cache import PrefixCache
 
 PREFIX_SLOTS = 8  # prompt heads kept (a head is ~26-500 tokens of KV: small next to the weights)
+LOGIT_ROWS = 256  # trie positions projected onto the vocabulary at once (256 x 151,936 floats: 156 MB)
 
 
 class Engine:
@@ -95,6 +97,54 @@ class Engine:
             mx.eval(first, *([] if full is None else [full]))
             return first, (np.array(full.astype(mx.float32)) if full is not None else None), kv
 
+    def trie_logprobs(
+        self, kv: list[KV], batch: batching.Batch, prefix_len: int, chunks: Sequence[TrieChunk], n_labels: int
+    ) -> tuple[np.ndarray, int]:
+        """Per label, the sum of log p(label token k | prompt, earlier label tokens) for k >= 1,
+        all labels at once: the labels' token trie runs as one extra sequence per row.
+
+        Each trie node sees the shared prefix, its row's own prompt (through the row's KV)
+        and its own ancestors, never a sibling (`tree` mask), at RoPE position prompt end +
+        depth: exactly the context it has when its label alone follows the prompt. One pass
+        per trie chunk (one in all unless the trie has over `labels.MAX_TRIE_NODES` nodes).
+        Returns (B, n_labels) (0 for one-token labels) and the tokens run.
+        """
+        B, L = batch.ids.shape
+        cache_mask = mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
+        end = batch.offsets.astype(np.int32) + L  # each row's position after its last prompt token
+        out = np.zeros((B, n_labels), dtype=np.float64)
+        ran = 0
+        with self.lock:
+            for c in chunks:
+                T = len(c)
+                ids = mx.broadcast_to(mx.array(c.tokens)[None], (B, T))
+                positions = mx.array(end[:, None] + c.depth[None, :])
+                h, _ = self.model(
+                    ids, None, None, cache=kv, cache_mask=cache_mask, last_only=False, positions=positions,
+                    tree=mx.array(c.visible),
+                )  # fmt: skip
+                lp = self._edge_logprobs(h.reshape(B * T, -1), c, T)  # (B, E)
+                out[:, c.labels] += lp @ c.paths
+                ran += B * T
+        return out, ran
+
+    def _edge_logprobs(self, hidden: mx.array, c: TrieChunk, T: int) -> np.ndarray:
+        """log p(edge token | node) for every edge of a chunk, rows (B, E), from the nodes'
+        hidden states (B*T, D). The vocabulary's log-sum-exp is taken LOGIT_ROWS node
+        positions at a time, so the (positions, V) logits never all exist at once."""
+        n = hidden.shape[0]
+        lse_parts, picked = [], []
+        rows = mx.array(np.unique(c.edge_token))
+        for lo in range(0, n, LOGIT_ROWS):
+            logits = self.model.logits(hidden[lo : lo + LOGIT_ROWS]).astype(mx.float32)
+            lse_parts.append(mx.logsumexp(logits, axis=-1))
+            picked.append(mx.take(logits, rows, axis=1))
+            mx.eval(lse_parts[-1], picked[-1])
+        lse = np.array(mx.concatenate(lse_parts), dtype=np.float64).reshape(-1, T)  # (B, T)
+        got = np.array(mx.concatenate(picked), dtype=np.float64).reshape(-1, T, rows.shape[0])  # (B, T, R)
+        col = np.searchsorted(np.unique(c.edge_token), c.edge_token)
+        return got[:, c.edge_node, col] - lse[:, c.edge_node]  # (B, E)
+
     def continuation_logprobs(
         self, kv: list[KV], batch: batching.Batch, prefix_len: int, token_ids: Sequence[Sequence[int]]
     ) -> tuple[mx.array, int]:
@@ -102,6 +152,8 @@ class Engine:
 
         Extends each row's own KV (prefix + suffix) with the label's tokens in one batched
         pass per label; the prompt is never run again. Returns (B, k) and the tokens run.
+        The path for a model without tree masks (the mlx-lm fallback), and the "before" row
+        of benchmarks/many_labels.py; `trie_logprobs` is the packed pass.
         """
         B, L = batch.ids.shape
         cache_mask = mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,97 @@ class LabelError(UserError, ValueError):
     pass
 
 
+# Trie nodes run in one packed pass per batch (a larger trie is split into chunks of at most
+# this many nodes, each closed under ancestors). The pass's transient memory is about
+# rows x nodes x (vocabulary floats for the log-softmax, taken LOGIT_ROWS positions at a time,
+# + attention scores over cache + nodes); the batch planner counts the nodes as tokens of
+# every row, so the token budget bounds it (see `Engine.trie_logprobs`).
+MAX_TRIE_NODES = 256
+
+
+@dataclass(frozen=True)
+class TrieChunk:
+    """Part of the labels' token trie, closed under ancestors, run as one extra sequence per row.
+
+    A node is a proper prefix of some label's token sequence (p_1 .. p_d); it feeds the
+    token p_d at RoPE position prompt_end + d - 1 and its output predicts the next token.
+    Nodes are in depth-first order, so a node's ancestors come before it: the tree mask is
+    a subset of the causal one.
+    """
+
+    tokens: np.ndarray  # (T,) int32: the token each node feeds
+    depth: np.ndarray  # (T,) int32: 0 for a label's first token
+    visible: np.ndarray  # (T, T) bool: visible[i, j] iff node j is node i or one of its ancestors
+    edge_node: np.ndarray  # (E,) int32: the node whose output predicts the edge's token
+    edge_token: np.ndarray  # (E,) int32
+    paths: np.ndarray  # (E, K) float64 0/1: label k's score sums the edges on its path
+    labels: np.ndarray  # (K,) int64: indices of the labels scored in this chunk (each label in one chunk)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def build_trie(token_ids: Sequence[Sequence[int]], max_nodes: int = MAX_TRIE_NODES) -> list[TrieChunk]:
+    """The labels' continuations (every token after the first) as trie chunks.
+
+    Each label's path lies wholly in one chunk; a chunk holds at most `max_nodes` nodes
+    unless one label alone needs more (its length - 1). Labels are taken in token order, so
+    labels that share leading tokens share nodes. One-token labels need no node.
+    """
+    order = sorted((tuple(t), k) for k, t in enumerate(token_ids) if len(t) > 1)
+    groups: list[tuple[dict[tuple[int, ...], int], list[int]]] = []
+    nodes: dict[tuple[int, ...], int] = {}
+    members: list[int] = []
+    for toks, k in order:
+        need = [toks[:d] for d in range(1, len(toks)) if toks[:d] not in nodes]
+        if members and len(nodes) + len(need) > max_nodes:
+            groups.append((nodes, members))
+            nodes, members = {}, []
+            need = [toks[:d] for d in range(1, len(toks))]
+        for p in need:
+            nodes[p] = len(nodes)
+        members.append(k)
+    if members:
+        groups.append((nodes, members))
+    chunks = []
+    for nodes, members in groups:
+        T = len(nodes)
+        prefixes = sorted(nodes, key=nodes.get)
+        visible = np.zeros((T, T), dtype=bool)
+        for p, i in nodes.items():
+            for d in range(1, len(p) + 1):
+                visible[i, nodes[p[:d]]] = True
+        edges: dict[tuple[int, int], int] = {}
+        uses: list[tuple[int, int]] = []  # (edge, column)
+        for col, k in enumerate(members):
+            toks = tuple(token_ids[k])
+            for d in range(1, len(toks)):
+                e = edges.setdefault((nodes[toks[:d]], toks[d]), len(edges))
+                uses.append((e, col))
+        paths = np.zeros((len(edges), len(members)), dtype=np.float64)
+        for e, col in uses:
+            paths[e, col] = 1.0
+        pairs = sorted(edges, key=edges.get)
+        chunks.append(
+            TrieChunk(
+                tokens=np.array([p[-1] for p in prefixes], dtype=np.int32),
+                depth=np.array([len(p) - 1 for p in prefixes], dtype=np.int32),
+                visible=visible,
+                edge_node=np.array([n for n, _ in pairs], dtype=np.int32),
+                edge_token=np.array([t for _, t in pairs], dtype=np.int32),
+                paths=paths,
+                labels=np.array(members, dtype=np.int64),
+            )
+        )
+    return chunks
+
+
 @dataclass(frozen=True)
 class LabelSet:
     labels: tuple[str, ...]
     token_ids: tuple[tuple[int, ...], ...]
     mode: str  # "first-token" or "sequence"
+    max_trie_nodes: int = MAX_TRIE_NODES
 
     @property
     def first_ids(self) -> list[int]:
@@ -45,6 +132,19 @@ class LabelSet:
     @property
     def max_len(self) -> int:
         return max(len(t) for t in self.token_ids)
+
+    @cached_property
+    def trie(self) -> tuple[TrieChunk, ...]:
+        """The label continuations as trie chunks (empty in first-token mode)."""
+        if self.mode != "sequence":
+            return ()
+        return tuple(build_trie(self.token_ids, self.max_trie_nodes))
+
+    @property
+    def row_tokens(self) -> int:
+        """Extra tokens each row runs for its labels in one pass (the largest chunk): the
+        batch planner counts them against the token budget."""
+        return max((len(c) for c in self.trie), default=0)
 
 
 def parse_labels(text: str) -> list[str]:
@@ -57,7 +157,12 @@ def validate(labels: Sequence[str]) -> list[str]:
     if len(labels) < 2:
         raise LabelError(f"need at least two labels to choose from, got {labels!r}")
     for i, lab in enumerate(labels):
-        if not isinstance(lab, str) or not lab.strip():
+        if not isinstance(lab, str):
+            raise LabelError(
+                f'label {i + 1} is {type(lab).__name__} {lab!r}: labels must be strings, e.g. "{lab}" '
+                f"(labels: {labels!r})"
+            )
+        if not lab.strip():
             raise LabelError(f"label {i + 1} is empty: remove it or give it a name (labels: {labels!r})")
     seen: dict[str, int] = {}
     for i, lab in enumerate(labels):

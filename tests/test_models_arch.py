@@ -137,6 +137,83 @@ def test_classifier_path_matches_transformers(tiny, ops):
         _check(f"{tiny.arch}/c-scores/{ops}", ours - ours.mean(), s - s.mean())
 
 
+def _many_label_ids(vocab: int, n_random: int, seed: int = 3) -> list[tuple[int, ...]]:
+    """Label token sequences with shared leading tokens (1, 2 and 3 of them), a label that is
+    another's prefix, lengths 1 to 8, and `n_random` more over a small alphabet (much sharing)."""
+    t = list(range(30, 30 + 26))
+    fixed = [
+        (t[0],), (t[1],), (t[2],),  # one-token labels, one of them a prefix of two others
+        (t[2], t[3]), (t[2], t[4], t[5]),  # share 1 token
+        (t[6], t[7], t[8]), (t[6], t[7], t[9], t[10]),  # share 2
+        (t[11], t[12], t[13], t[14]), (t[11], t[12], t[13], t[15], t[16], t[17]),  # share 3
+        tuple(t[18:26]),  # 8 tokens
+    ]  # fmt: skip
+    rng = np.random.default_rng(seed)
+    alphabet = rng.choice(np.arange(3, vocab), size=9, replace=False)
+    out = list(fixed)
+    while len(out) < len(fixed) + n_random:
+        cand = tuple(int(x) for x in rng.choice(alphabet, size=int(rng.integers(1, 9))))
+        if cand not in out:
+            out.append(cand)
+    return out
+
+
+@pytest.mark.parametrize(
+    "n_random,max_nodes,ops",
+    [
+        (0, 256, "native"),
+        (0, 256, "fastmath"),
+        pytest.param(140, 10_000, "fastmath", marks=pytest.mark.slow),
+        pytest.param(140, 24, "fastmath", marks=pytest.mark.slow),
+    ],
+)
+def test_label_trie_pass_matches_transformers(tiny, n_random, max_nodes, ops):
+    """Many multi-token labels in one packed pass (or chunks of it), through the classifier's
+    path (prefix cache, padded buckets with the trie counted in the budget): equal to
+    Transformers scoring every label afresh after every prompt, and to the per-label passes."""
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.labels import LabelSet, log_softmax
+    from mlx_slm.workload import tickets
+
+    ids = _many_label_ids(tiny.config["vocab_size"], n_random)
+    names = tuple(f"label{k}" for k in range(len(ids)))
+    texts = [t for t, _ in tickets(5)][1:5]
+    out = {}
+    for label_pass in ("trie", "per-label"):
+        clf = Classifier(
+            load_model(tiny.mlx_dir, ops=ops),
+            tiny.tok,
+            ["a", "b"],
+            batch_size=4,
+            max_batch_tokens=300,
+            label_pass=label_pass,
+        )
+        clf.labelset = LabelSet(names, tuple(ids), "sequence", max_trie_nodes=max_nodes)
+        run = clf.run(texts, window=len(texts))
+        out[label_pass] = (list(run), run.stats)
+    preds, stats = out["trie"]
+    chunks = clf.labelset.trie
+    assert (len(chunks) > 1) == (max_nodes < 100) and max(map(len, chunks)) <= max(max_nodes, 7)
+    items = clf.prepare(texts)
+    assert stats.batches > 1  # the trie's tokens, counted in the 300-token budget, split the 4 rows
+    for p, q, item in zip(preds, out["per-label"][0], items):
+        assert p.ok, p.error
+        first = log_softmax(tiny.ref(item.ids))
+        ref = []
+        for toks in ids:
+            s = first[toks[0]]
+            if len(toks) > 1:
+                lg = log_softmax(tiny.ref(list(item.ids) + list(toks[:-1]), last=False)[len(item.ids) :])
+                s += sum(lg[k, toks[k + 1]] for k in range(len(toks) - 1))
+            ref.append(s)
+        ref = np.array(ref)
+        ours = np.array([p.scores[n] for n in names])
+        _check(f"{tiny.arch}/trie-vs-hf", ours - ours.mean(), ref - ref.mean())
+        loop = np.array([q.scores[n] for n in names])
+        _check(f"{tiny.arch}/trie-vs-loop", ours, loop, 1e-4)
+        assert p.label == names[int(np.argmax(ref))] == q.label
+
+
 def test_sliding_window_matters(tiny):
     """Guard against a vacuous test: on the sliding archs, a full mask gives other logits."""
     if tiny.arch not in ("gemma3", "qwen3"):

@@ -243,19 +243,22 @@ def build_mask(
     last_only: bool,
     offsets: mx.array | None = None,
     window: int | None = None,
+    positions: mx.array | None = None,
+    tree: mx.array | None = None,
 ) -> mx.array:
     """Boolean (B, 1, Lq, C+L) mask: a query sees real cached keys and real earlier new keys.
 
     Every query also sees itself, so a padding row never has all keys masked: a fully
     masked softmax gives NaN, and NaN times a zero weight is still NaN in the next layer.
     With a sliding `window`, a query at RoPE position p sees only keys at positions
-    > p - window; new tokens are at `offsets + column`, cached keys at their rank among
-    the real cached keys (`key_positions`).
+    > p - window; new tokens are at `positions` (default `offsets + column`), cached keys
+    at their rank among the real cached keys (`key_positions`). `tree` (L, L) replaces
+    the causal pattern among the new tokens (a label trie: each node sees its ancestors).
     """
     B, L = attention_mask.shape
     real = attention_mask.astype(mx.bool_)
     idx = mx.arange(L)
-    causal = idx[:, None] >= idx[None, :]  # (L, L)
+    causal = tree.astype(mx.bool_) if tree is not None else idx[:, None] >= idx[None, :]  # (L, L)
     new = (causal[None] & real[:, None, :]) | (idx[:, None] == idx[None, :])[None]  # (B, L, L)
     if cache_len:
         if cache_mask is None:
@@ -264,9 +267,12 @@ def build_mask(
             old = mx.broadcast_to(cache_mask.astype(mx.bool_)[:, None, :], (B, L, cache_len))
         new = mx.concatenate([old, new], axis=2)
     if window is not None:
-        if offsets is None:
-            offsets = mx.full((B,), cache_len, dtype=mx.int32)
-        qpos = offsets.astype(mx.int32)[:, None] + idx.astype(mx.int32)[None]  # (B, L)
+        if positions is not None:
+            qpos = positions.astype(mx.int32)
+        else:
+            if offsets is None:
+                offsets = mx.full((B,), cache_len, dtype=mx.int32)
+            qpos = offsets.astype(mx.int32)[:, None] + idx.astype(mx.int32)[None]  # (B, L)
         kpos = qpos
         if cache_len:
             cpos = mx.broadcast_to(key_positions(cache_mask, cache_len), (B, cache_len))
@@ -278,10 +284,12 @@ def build_mask(
 
 
 class Context:
-    """What every layer of one forward reads: the ops, the RoPE offsets and the masks.
+    """What every layer of one forward reads: the ops, the RoPE positions and the masks.
 
     Masks are built once per forward (not per layer), one per (window, last-only) pair the
-    layers need, and already in the form the ops take.
+    layers need, and already in the form the ops take. Positions are a contiguous run per
+    row (`offsets`), or explicit per token (`positions`, (B, L): a label trie's nodes sit at
+    prompt end + depth, so siblings share a position).
     """
 
     def __init__(
@@ -292,9 +300,11 @@ class Context:
         cache_len: int,
         offsets: mx.array,
         last_only: bool,
+        positions: mx.array | None = None,
+        tree: mx.array | None = None,
     ):
         self.ops: Ops = model.ops
-        self.offsets = offsets
+        self.offsets, self.positions = offsets, positions
         args = model.args
         L = attention_mask.shape[1]
         types = [layer.layer_type for layer in model.layers]
@@ -310,7 +320,7 @@ class Context:
                 window = None  # nothing is far enough away to fall outside it
             if (window, last) not in built:
                 built[(window, last)] = self.ops.mask(
-                    build_mask(attention_mask, cache_mask, cache_len, last, offsets, window)
+                    build_mask(attention_mask, cache_mask, cache_len, last, offsets, window, positions, tree)
                 )
             self._masks[(t, last)] = built[(window, last)]
 
@@ -324,6 +334,16 @@ class Context:
 def rope(x: mx.array, dims: int, base: float, scale: float, offsets: mx.array) -> mx.array:
     """Half-split (not interleaved) RoPE; vector offsets: row r starts at its own position."""
     return mx.fast.rope(x, dims, traditional=False, base=base, scale=scale, offset=offsets)
+
+
+def rope_at(x: mx.array, dims: int, base: float, scale: float, positions: mx.array) -> mx.array:
+    """RoPE of x (B, H, L, D) at explicit positions (B, L): every token is its own length-1
+    sequence with its own offset, so it goes through the same kernel (and gives the same
+    values) as a contiguous run would."""
+    B, H, L, D = x.shape
+    y = x.transpose(0, 2, 1, 3).reshape(B * L, H, 1, D)
+    y = mx.fast.rope(y, dims, traditional=False, base=base, scale=scale, offset=positions.reshape(-1))
+    return y.reshape(B, L, H, D).transpose(0, 2, 1, 3)
 
 
 def extend_cache(cache: KV | None, k: mx.array, v: mx.array) -> KV:
@@ -364,8 +384,11 @@ class Attention(nn.Module):
         """q (B, Lq, H, D) and k (B, L, Hkv, D) before RoPE; identity here."""
         return q, k
 
-    def _rope(self, x: mx.array, offsets: mx.array) -> mx.array:
-        return rope(x, self.head_dim, self.rope_base, self.rope_scale, offsets)
+    def _rope(self, x: mx.array, ctx: Context, skip: int = 0) -> mx.array:
+        """RoPE of x (B, H, Lx, D), the forward's tokens from column `skip` on."""
+        if ctx.positions is not None:
+            return rope_at(x, self.head_dim, self.rope_base, self.rope_scale, ctx.positions[:, skip:])
+        return rope(x, self.head_dim, self.rope_base, self.rope_scale, ctx.offsets + skip)
 
     def __call__(self, x: mx.array, ctx: Context, cache: KV | None, last_only: bool) -> tuple[mx.array, KV]:
         B, L, _ = x.shape
@@ -375,8 +398,8 @@ class Attention(nn.Module):
         k = self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)
         v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = self.qk_norm(q, k)
-        q = self._rope(q.transpose(0, 2, 1, 3), ctx.offsets + (L - Lq))
-        k = self._rope(k.transpose(0, 2, 1, 3), ctx.offsets)
+        q = self._rope(q.transpose(0, 2, 1, 3), ctx, L - Lq)
+        k = self._rope(k.transpose(0, 2, 1, 3), ctx)
         k, v = extend_cache(cache, k, v)
         out = ctx.ops.attention(q, k, v, self.scale, ctx.mask(self.layer_type, last_only))
         out = out.transpose(0, 2, 1, 3).reshape(B, Lq, -1)
@@ -437,6 +460,7 @@ class Model(nn.Module):
 
     block_class: ClassVar[type[nn.Module]] = TransformerBlock
     norm_class: ClassVar[Callable[..., nn.Module]] = nn.RMSNorm
+    supports_tree: ClassVar[bool] = True  # explicit positions and a tree mask (label tries in one pass)
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -462,6 +486,8 @@ class Model(nn.Module):
         cache: list[KV] | None = None,
         cache_mask: mx.array | None = None,
         last_only: bool = True,
+        positions: mx.array | None = None,
+        tree: mx.array | None = None,
     ) -> tuple[mx.array, list[KV]]:
         """Run token ids (B, L) after an optional cache; return normed hidden states and KV.
 
@@ -471,6 +497,9 @@ class Model(nn.Module):
         cache: per-layer (K, V) with batch B or 1 (a shared prefix, broadcast).
         cache_mask: (B or 1, C) real cached keys (default: all real); the real cached keys
             are taken to be the tokens before the new ones, in order (sliding windows count on it).
+        positions: (B, L) explicit RoPE positions, replacing `offsets` (a label trie).
+        tree: (L, L) bool, which new tokens each new token sees (default causal); must be a
+            subset of the causal pattern (ancestors first), as the attention kernels assume.
         Returns hidden (B, D) at the last position if `last_only`, else (B, L, D), and
         the per-layer KV of cache + these tokens (to extend with label tokens).
         """
@@ -480,7 +509,7 @@ class Model(nn.Module):
             attention_mask = mx.ones((B, L), dtype=mx.bool_)
         if offsets is None:
             offsets = mx.full((B,), cache_len, dtype=mx.int32)
-        ctx = Context(self, attention_mask, cache_mask, cache_len, offsets, last_only)
+        ctx = Context(self, attention_mask, cache_mask, cache_len, offsets, last_only, positions, tree)
         h = self.embed(ids)
         n = len(self.layers)
         new_cache: list[KV] = []
