@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import batching
+from .errors import ModelError
 from .labels import TrieChunk
 from .models import KV, Model, load_model
 from .prefix_cache import PrefixCache
@@ -96,6 +97,22 @@ class Engine:
             first = first.astype(mx.float32)
             mx.eval(first, *([] if full is None else [full]))
             return first, (np.array(full.astype(mx.float32)) if full is not None else None), kv
+
+    def features(self, batch: batching.Batch, prefix: PrefixCache | None, layers: list[int]) -> np.ndarray:
+        """Last-position hidden states after `layers` (Transformers' `hidden_states[l]`
+        numbering), (B, len(layers), D) float32: a learned head's input. The forward stops
+        at the deepest layer asked for: no later layers, no vocabulary projection."""
+        if not hasattr(self.model, "features"):
+            raise ModelError(f"learned heads need one of our architectures; {self.path} runs through mlx-lm's class")
+        with self.lock:
+            out = self.model.features(
+                mx.array(batch.ids),
+                layers,
+                mx.array(batch.mask),
+                mx.array(batch.offsets),
+                prefix.kv if prefix else None,
+            )
+            return np.array(out.astype(mx.float32))
 
     def trie_logprobs(
         self, kv: list[KV], batch: batching.Batch, prefix_len: int, chunks: Sequence[TrieChunk], n_labels: int

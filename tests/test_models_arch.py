@@ -214,6 +214,42 @@ def test_label_trie_pass_matches_transformers(tiny, n_random, max_nodes, ops):
         assert p.label == names[int(np.argmax(ref))] == q.label
 
 
+@pytest.mark.parametrize("ops", OPS)
+def test_features_match_transformers_hidden_states(tiny, ops):
+    """Last-position hidden states after chosen layers (a learned head's input), left padded,
+    equal Transformers' `hidden_states[l]` of each prompt alone; the forward stops at the deepest."""
+    m = load_model(tiny.mlx_dir, ops=ops)
+    n = len(m.layers)
+    ids, mask, offs = padded(tiny.prompts, pad_id=5)
+    for layers in ([n], [1, n - 1], [2]):
+        got = np.array(m.features(ids, layers, mask, offs))
+        assert got.shape == (len(tiny.prompts), len(layers), tiny.config["hidden_size"])
+        for r, p in enumerate(tiny.prompts):
+            with torch.no_grad():
+                hs = tiny.hf(torch.tensor([p]), output_hidden_states=True, use_cache=False).hidden_states
+            for j, layer in enumerate(layers):
+                _check(f"{tiny.arch}/features/{ops}", got[r, j], hs[layer][0, -1].numpy())
+
+
+def test_engine_features_after_a_prefix_cache(tiny):
+    """The engine's features after the shared prefix KV and a left-padded batch: each row's
+    equal to Transformers' hidden state of its whole prompt run alone."""
+    from mlx_slm import batching
+    from mlx_slm.engine import Engine
+
+    engine = Engine(load_model(tiny.mlx_dir), tiny.tok)
+    head = tiny.prompts[0][:20]
+    prefix, _ = engine.prefix(head)
+    suffixes = [tiny.prompts[3][:30], tiny.prompts[1], [44]]
+    batch = batching.pad(suffixes, np.arange(3), engine.pad_id, cache_len=len(head))
+    n = len(engine.model.layers)
+    got = engine.features(batch, prefix, [2, n])
+    for r, s in enumerate(suffixes):
+        with torch.no_grad():
+            hs = tiny.hf(torch.tensor([head + s]), output_hidden_states=True, use_cache=False).hidden_states
+        _check(f"{tiny.arch}/engine-features", got[r], np.stack([hs[2][0, -1].numpy(), hs[n][0, -1].numpy()]))
+
+
 def test_sliding_window_matters(tiny):
     """Guard against a vacuous test: on the sliding archs, a full mask gives other logits."""
     if tiny.arch not in ("gemma3", "qwen3"):

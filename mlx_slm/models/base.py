@@ -302,12 +302,13 @@ class Context:
         last_only: bool,
         positions: mx.array | None = None,
         tree: mx.array | None = None,
+        n_layers: int | None = None,
     ):
         self.ops: Ops = model.ops
         self.offsets, self.positions = offsets, positions
         args = model.args
         L = attention_mask.shape[1]
-        types = [layer.layer_type for layer in model.layers]
+        types = [layer.layer_type for layer in model.layers][:n_layers]  # the layers this forward runs
         n = len(types)
         built: dict[tuple[int | None, bool], mx.array] = {}
         self._masks: dict[tuple[str, bool], mx.array] = {}
@@ -518,6 +519,40 @@ class Model(nn.Module):
             new_cache.append(kv)
         h = self.model.norm(h)
         return (h[:, -1] if last_only else h), new_cache
+
+    def features(
+        self,
+        ids: mx.array,
+        layers: list[int],
+        attention_mask: mx.array | None = None,
+        offsets: mx.array | None = None,
+        cache: list[KV] | None = None,
+    ) -> mx.array:
+        """Last-position hidden states after the given layers, (B, len(layers), D), as
+        Transformers' `hidden_states[l]` numbers them: l in 1..n is the output of block l,
+        and l = n is taken after the final norm (as Transformers does). The forward stops
+        at the deepest layer asked for (a learned head needs nothing after its layer), and
+        that layer runs its queries and MLP at the last position only."""
+        n = len(self.layers)
+        if not layers or min(layers) < 1 or max(layers) > n:
+            raise ModelError(f"feature layers must be between 1 and {n}, got {layers}")
+        stop = max(layers)
+        B, L = ids.shape
+        cache_len = 0 if cache is None else cache[0][0].shape[2]
+        if attention_mask is None:
+            attention_mask = mx.ones((B, L), dtype=mx.bool_)
+        if offsets is None:
+            offsets = mx.full((B,), cache_len, dtype=mx.int32)
+        ctx = Context(self, attention_mask, None, cache_len, offsets, True, n_layers=stop)
+        h = self.embed(ids)
+        got: dict[int, mx.array] = {}
+        for i, layer in enumerate(self.layers[:stop]):
+            h, _ = layer(h, ctx, None if cache is None else cache[i], i == stop - 1)
+            if i + 1 in layers:
+                got[i + 1] = h[:, -1]
+        if n in got:
+            got[n] = self.model.norm(got[n])
+        return mx.stack([got[k] for k in layers], axis=1)
 
     @property
     def compute_dtype(self) -> mx.Dtype:
