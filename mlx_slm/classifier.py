@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ from . import batching
 from .calibration import DEFAULT_WARMUP, Calibrator
 from .engine import Engine
 from .labels import LabelSet, build_labelset, softmax
+from .labels import validate as validate_labels
 from .models import Model
 from .prefix_cache import PrefixCache
 from .prompts import (
@@ -34,6 +35,7 @@ from .prompts import (
     DEFAULT_TEMPLATE,
     PromptError,
     PromptFormat,
+    fill_labels,
     render,
     shared_prefix,
     starts_with,
@@ -159,6 +161,7 @@ class Classifier:
         min_confidence: float | None = None,
         warmup: int = DEFAULT_WARMUP,
         label_pass: str = "trie",
+        label_descriptions: Mapping[str, str] | None = None,
     ):
         if label_pass not in LABEL_PASSES:
             raise ValueError(f"label_pass must be one of {', '.join(LABEL_PASSES)}, not {label_pass!r}")
@@ -172,6 +175,8 @@ class Classifier:
         # How `classify` calibrates by default (settings, not run state: a batch prior
         # fitted on one input lives on that run's `Calibration`, never here).
         self.calibration, self.min_confidence, self.warmup = calibration, min_confidence, warmup
+        # `{labels}` / `{label_descriptions}` in the system message: filled once, here.
+        system = fill_labels(system, validate_labels(labels), label_descriptions)
         self.format = PromptFormat(system, template, tuple((str(t), str(lab)) for t, lab in examples))
         if max_batch_tokens == "auto":
             max_batch_tokens = default_max_batch_tokens()

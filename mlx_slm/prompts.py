@@ -10,7 +10,7 @@ it simply runs without the cache.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,29 @@ class PromptFormat:
                 {"role": "assistant", "content": ex_label},
             ]
         return msgs + [{"role": "user", "content": self.template.replace("{text}", text)}]
+
+
+LABELS_PLACEHOLDER = "{labels}"
+DESCRIPTIONS_PLACEHOLDER = "{label_descriptions}"
+
+
+def fill_labels(system: str | None, labels: Sequence[str], descriptions: Mapping[str, str] | None = None) -> str | None:
+    """The system message with `{labels}` (the labels, comma-separated) and
+    `{label_descriptions}` (one line a label: `- label: description`) filled in.
+
+    Only those two exact placeholders are replaced (str.replace: other braces stay). With
+    many labels, telling the model what each one means is the cheap way to better answers;
+    scoring stays on the label names."""
+    if not system:
+        return system
+    descriptions = descriptions or {}
+    unknown = [k for k in descriptions if k not in labels]
+    if unknown:
+        raise PromptError(
+            f"descriptions given for {unknown[:5]!r}, which are not among the labels {list(labels)[:10]!r}"
+        )
+    lines = "\n".join(f"- {lab}: {descriptions[lab]}" if descriptions.get(lab) else f"- {lab}" for lab in labels)
+    return system.replace(LABELS_PLACEHOLDER, ", ".join(labels)).replace(DESCRIPTIONS_PLACEHOLDER, lines)
 
 
 def render(tokenizer: Any, fmt: PromptFormat, text: str) -> str:
