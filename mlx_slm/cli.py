@@ -299,8 +299,9 @@ class _Setup:
             self.labels, self.examples, self.calibration = None, (), o["calibrate"]
         if self.labels is None:
             if o["labels_file"]:
-                text = Path(o["labels_file"]).read_text(encoding="utf-8-sig")  # editors may add a BOM
-                self.labels = [ln.strip() for ln in text.splitlines() if ln.strip()]
+                from .io import read_labels_file
+
+                self.labels = read_labels_file(o["labels_file"])  # a BOM dropped; bad UTF-8 names its line
             else:
                 self.labels = parse_labels(o["labels_csv"])
         if o["examples_file"]:
@@ -906,7 +907,8 @@ def evaluate(
     setup = _Setup(ctx, o)
     inputs = [input, predictions, o["labels_file"], o["examples_file"], o["calibration_data"], o["task_file"]]
     _check_outputs(inputs, [("--json", json_path), ("--save-task", o["save_task"])])
-    if plots:
+    if plots:  # made now (parents too), so an unwritable place fails before the model runs
+        _plots_folder(plots)
         _check_outputs(inputs, [("--plots", plots)])
     rows = list(
         read_rows(
@@ -963,59 +965,39 @@ def evaluate(
     if json_path:
         Path(json_path).write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
     if plots:
-        for p in plot(rep, plots):
-            _err(f"mlx-slm: wrote {p}")
+        try:
+            for p in plot(rep, plots):
+                _err(f"mlx-slm: wrote {p}")
+        except OSError as e:
+            raise UserError(
+                f"--plots {plots}: cannot write the plots there ({e.strerror or e}): choose another folder"
+            ) from None
+
+
+def _plots_folder(path: str) -> None:
+    """Create the --plots folder (and missing parents) and check it can be written, or a UserError says why."""
+    import os
+
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"--plots {path} is a file, not a folder: give a folder for the plots") from None
+    except OSError as e:
+        raise UserError(
+            f"--plots {path}: cannot create the folder ({e.strerror or e}): choose another folder"
+        ) from None
+    if not p.is_dir():
+        raise UserError(f"--plots {path} is a file, not a folder: give a folder for the plots")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UserError(f"--plots {path}: the folder is not writable: choose another folder, or fix its permissions")
 
 
 def _read_predictions(path: str, rows: list[Any]) -> list[dict[str, Any] | None]:
     """A classify output read back row by row (JSONL, CSV or TSV), checked against the input's ids."""
-    import csv as _csv
+    from .evaluate import read_predictions
 
-    from .output import output_format, same_id
-
-    fmt = output_format(path)
-    out: list[dict[str, Any]] = []
-    if fmt != "jsonl":
-        with open(path, encoding="utf-8", newline="") as f:
-            for rec in _csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ","):
-                probs = {k[2:]: float(v) for k, v in rec.items() if k.startswith("p_") and v not in ("", None)}
-                out.append(
-                    {
-                        "id": rec.get("id"),
-                        "label": rec.get("label") or None,
-                        "probs": probs,
-                        "error": rec.get("error") or None,
-                    }
-                )
-    else:
-        for i, line in enumerate(Path(path).read_bytes().split(b"\n"), 1):  # only \n ends a row
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                raise UserError(
-                    f"--predictions {path}: line {i} is not JSON: give the output of mlx-slm classify"
-                ) from None
-            out.append(
-                {
-                    "id": rec.get("id"),
-                    "label": rec.get("label"),
-                    "probs": rec.get("probs") or {},
-                    "error": rec.get("error"),
-                }
-            )
-    if len(out) != len(rows):
-        raise UserError(
-            f"--predictions {path} has {len(out)} rows but the input has {len(rows)}: they must be row for row"
-        )
-    for i, (p, r) in enumerate(zip(out, rows)):
-        if not same_id(p["id"], r.id, fmt):
-            raise UserError(
-                f"--predictions {path}: row {i + 1} has id {p['id']!r} where input line {r.line} has "
-                f"{r.id!r}: it is not the output for this input"
-            )
-    return out  # type: ignore[return-value]
+    return read_predictions(path, rows)  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- convert
@@ -1322,7 +1304,7 @@ def serve(
         from .errors import MissingExtra
 
         raise MissingExtra("mlx-slm serve needs Starlette and uvicorn: pip install 'mlx-slm[serve]'") from None
-    from .server import Loaded, ServeOptions, Service, api_key_from_env, run_server
+    from .server import Loaded, ServeOptions, Service, api_key_from_env, bind_socket, run_server
 
     _warn_blas()
     o.update(save_task=None, fmt=None, id_field="id", id_column="id")
@@ -1353,13 +1335,15 @@ def serve(
         api_key=api_key_from_env(api_key),
         task_cache=task_cache,
     )
+    sock = bind_socket(host, port)  # a port in use is one line and exit 2, before anything starts
+    port = sock.getsockname()[1]  # --port 0: the port the system chose
     if not o["quiet"]:
         _err(
             f"mlx-slm: serving on http://{host}:{port} (loading {o['model']}; /health says 200 when ready)"
             + ("; Bearer key required on /v1/*" if opts.api_key else "")
         )
     try:
-        code = run_server(Service(load, opts), host, port, log_level)
+        code = run_server(Service(load, opts), host, port, log_level, sock=sock)
     except RuntimeError as e:
         raise UserError(f"the model could not be loaded: {e}") from None
     if not o["quiet"]:

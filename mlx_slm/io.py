@@ -56,6 +56,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -188,7 +189,48 @@ def guess_format(path: str | None, first: bytes = b"", text_column: str = "text"
 
 
 def _open_binary(path: str | None) -> IO[bytes]:
-    return sys.stdin.buffer if path in (None, "-") else open(path, "rb")
+    if path in (None, "-"):
+        return sys.stdin.buffer
+    try:
+        return open(str(path), "rb")
+    except OSError as e:
+        raise InputError(_open_problem(str(path), e, "the input")) from None
+
+
+def _open_problem(path: str, e: OSError, what: str) -> str:
+    """One line for a file that cannot be opened: what it is and what to do."""
+    if isinstance(e, IsADirectoryError) or os.path.isdir(path):
+        return f"{what} {path} is a folder, not a file: give the path of a file in it"
+    if isinstance(e, FileNotFoundError):
+        return f"{what} {path} does not exist: check the path"
+    return f"{what} {path} cannot be read ({e.strerror or e}): check its permissions"
+
+
+def read_text_file(path: str, what: str) -> str:
+    """A whole UTF-8 text file (a UTF-8 BOM dropped); a `UserError` names the line of a bad byte.
+
+    `what` names the file in messages, e.g. "--labels-file" or "task file"."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InputError(_open_problem(path, e, what)) from None
+    data = data.removeprefix(BOM)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise InputError(
+            f"{what} {path} line {line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column {col}): "
+            "save the file as UTF-8"
+        ) from None
+
+
+def read_labels_file(path: str) -> list[str]:
+    """Labels from a file, one a line (only ``\\n`` or ``\\r\\n`` ends a line; blank lines and the
+    whitespace around each label are dropped); bad UTF-8 is a `UserError` naming the line."""
+    return [s.strip() for s in read_text_file(path, "--labels-file").split("\n") if s.strip()]
 
 
 def read_rows(
@@ -210,6 +252,8 @@ def read_rows(
         raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
     stdin = path in (None, "-")
     ext = "" if stdin else Path(str(path)).suffix.lower()
+    if not stdin and os.path.isdir(str(path)):
+        raise InputError(f"the input {path} is a folder, not a file: give the path of a file in it")
     if fmt == "parquet" or (fmt is None and ext == ".parquet"):
         if stdin:
             raise InputError("Parquet cannot be read from standard input: give the file's path")
@@ -352,15 +396,28 @@ def _parquet(path: str, text_field: str, id_field: str, gold: str | None = None)
         raise InputError("reading Parquet needs pyarrow: pip install 'mlx-slm[ray]' (or pyarrow)") from None
     try:
         f = pq.ParquetFile(path)
+        names = f.schema_arrow.names
     except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
         raise InputError(f"{path} is not a readable Parquet file ({e})") from None
-    names = f.schema_arrow.names
     if text_field not in names:
         raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use --text-field")
     cols = [c for c in (id_field, text_field, gold) if c and c in names]
     n = 0
-    for batch in f.iter_batches(batch_size=8192, columns=list(dict.fromkeys(cols))):
-        for obj in batch.to_pylist():
+    batches = f.iter_batches(batch_size=8192, columns=list(dict.fromkeys(cols)))
+    while True:
+        # A damaged page (bad compression, a wrong length, a bad checksum) surfaces here, as
+        # one of several pyarrow (or OS) errors: the file as a whole is refused.
+        try:
+            batch = next(batches, None)
+            records = None if batch is None else batch.to_pylist()
+        except Exception as e:  # noqa: BLE001 - OSError, ArrowInvalid, ArrowException, ...
+            raise InputError(
+                f"{path}: rows from row {n + 1} on cannot be read ({type(e).__name__}: {e}): "
+                "the Parquet file is damaged; write it again"
+            ) from None
+        if records is None:
+            return
+        for obj in records:
             n += 1
             yield _record_row(n, obj, text_field, id_field, gold)
 

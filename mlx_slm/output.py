@@ -238,16 +238,32 @@ def read_manifest(output: str) -> dict[str, Any] | None:
     if not p.exists():
         return None
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-        if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict):
-            raise ValueError("no settings")
-        if doc.get("manifest_version", 1) > MANIFEST_VERSION:
-            raise ValueError(f"manifest version {doc['manifest_version']}, newer than this mlx-slm reads")
-    except ValueError as e:
+        doc = json.loads(p.read_text(encoding="utf-8"))  # UnicodeDecodeError is a ValueError
+        _check_manifest(doc)
+    except (ValueError, RecursionError, OSError) as e:
+        e = "nested too deeply" if isinstance(e, RecursionError) else e.strerror if isinstance(e, OSError) else e
         raise OutputError(
             f"{p} is not a readable mlx-slm manifest ({e}): delete it and the output to start again"
         ) from None
     return doc
+
+
+def _check_manifest(doc: Any) -> None:
+    """Raise ValueError naming the first field of a manifest with the wrong type (an edited file)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict):
+        raise ValueError("no settings")
+    version = doc.get("manifest_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ValueError(f"field 'manifest_version' is {version!r}, not an integer")
+    if version > MANIFEST_VERSION:
+        raise ValueError(f"manifest version {version}, newer than this mlx-slm reads")
+    for key, ok, want in (
+        ("complete", lambda v: isinstance(v, bool), "true or false"),
+        ("rows", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0), "a count"),
+        ("fitted_calibrator", lambda v: v is None or isinstance(v, dict), "an object or null"),
+    ):
+        if key in doc and not ok(doc[key]):
+            raise ValueError(f"field {key!r} is {doc[key]!r}, not {want}")
 
 
 def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -367,7 +383,7 @@ def scan_output(path: str, fmt: str, columns: Sequence[str]) -> tuple[list[Writt
                 rec = json.loads(data[pos:nl].decode("utf-8"))
                 if not isinstance(rec, dict) or "id" not in rec:
                     raise ValueError("not an output record")
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise OutputError(
                     f"{path}: row {len(rows) + 1} is not an mlx-slm output record ({e}); "
                     "the file was changed by something else: start again without --resume"
@@ -387,7 +403,21 @@ def scan_output(path: str, fmt: str, columns: Sequence[str]) -> tuple[list[Writt
         pos = nl + 1
         if quotes % 2:
             continue
-        rec = next(csv.reader(io.StringIO(data[start:pos].decode("utf-8")), delimiter=delim))
+        try:
+            rec = next(csv.reader(io.StringIO(data[start:pos].decode("utf-8")), delimiter=delim), [])
+        except (UnicodeDecodeError, csv.Error) as e:
+            rec, why = [], f"{type(e).__name__}: {e}"
+        else:
+            why = (
+                ""
+                if len(rec) == len(expected) or start == 0
+                else f"{len(rec)} fields where the header has {len(expected)}"
+            )
+        if why:
+            raise OutputError(
+                f"{path}: row {len(rows) + 1} is not an mlx-slm output record ({why}); "
+                "the file was changed by something else: start again without --resume"
+            )
         if start == 0:
             if rec != expected:
                 raise OutputError(f"{path}: its header {rec} is not {expected}: not an output of these settings")

@@ -125,27 +125,63 @@ def starts_with(ids: Sequence[int], prefix: Sequence[int]) -> bool:
 
 
 def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ...]:
-    """Few-shot examples from JSONL (`text` and `label` on each line); every label must be known."""
+    """Few-shot examples from JSONL (`text` and `label` on each line); every label must be known.
+
+    Every problem (the file cannot be read, a byte that is not UTF-8, a line that is not a
+    JSON object with string fields `text` and `label`, an unknown label) is a `PromptError`
+    naming the file, the line and the fix."""
     import json
 
+    from .io import InputError, read_text_file
+
+    try:
+        text = read_text_file(path, "--examples")
+    except InputError as e:
+        raise PromptError(str(e)) from None
     out = []
-    with open(path, encoding="utf-8-sig") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptError(f"{path} line {n}: malformed JSON ({e.msg}): fix the line") from None
-            if (
-                not isinstance(obj, dict)
-                or not isinstance(obj.get("text"), str)
-                or not isinstance(obj.get("label"), str)
-            ):
-                raise PromptError(f'{path} line {n}: an example needs string fields "text" and "label"')
-            if obj["label"] not in labels:
-                raise PromptError(f"{path} line {n}: label {obj['label']!r} is not one of the labels {list(labels)}")
-            out.append((obj["text"], obj["label"]))
+    for n, line in enumerate(text.split("\n"), 1):  # only \n ends a line, as in every input
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptError(
+                f"--examples {path} line {n}: malformed JSON ({e.msg} at column {e.colno}): fix the line"
+            ) from None
+        except (ValueError, RecursionError) as e:  # an over-long integer, nesting too deep
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise PromptError(f"--examples {path} line {n}: malformed JSON ({why}): fix the line") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not isinstance(obj.get("label"), str):
+            raise PromptError(
+                f'--examples {path} line {n}: an example is a JSON object with string fields "text" and "label", '
+                f'e.g. {{"text": "I was charged twice", "label": "{labels[0] if labels else "billing"}"}}: fix the line'
+            )
+        problem = example_problem(obj["text"], obj["label"], labels)
+        if problem:
+            raise PromptError(f"--examples {path} line {n}: {problem}")
+        out.append((obj["text"], obj["label"]))
     if not out:
-        raise PromptError(f"{path} holds no examples: give JSONL lines with text and label, or drop --examples")
+        raise PromptError(
+            f"--examples {path} holds no examples: give JSONL lines with text and label, or drop --examples"
+        )
     return tuple(out)
+
+
+def example_problem(text: str, label: str, labels: Sequence[str]) -> str | None:
+    """Why a few-shot example cannot be used (its text is empty or not valid Unicode, its label is
+    not one of the task's labels), or None if it can; shared by `--examples` and task files."""
+    if not text.strip():
+        return "the example's text is empty: give it some text, or drop the example"
+    if _unencodable(text) or _unencodable(label):
+        return "the example holds an unpaired surrogate escape (not valid Unicode): fix it"
+    if label not in labels:
+        return f"label {label!r} is not one of the labels {list(labels)}: fix the example, or add the label"
+    return None
+
+
+def _unencodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True

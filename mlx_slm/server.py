@@ -19,12 +19,21 @@ would pass --max-queue-items), 504 (per-request timeout), 401 (Bearer key, when 
 503 (loading, or draining after SIGTERM). A client that goes away has its queued items
 dropped before they are computed. SIGTERM: new requests get 503, every accepted request
 is finished within --drain-timeout, then the process exits 0.
+
+Every client-caused failure is a 4xx with a JSON error (never a 500, never a traceback in
+the log): a body that is not UTF-8 JSON, nested too deeply or holding a lone surrogate
+(`"\\ud800"`: not encodable text) is 422; a client that leaves while sending its body is
+counted as `client_gone` (499, never sent). Every outcome is counted in /metrics
+(`mlx_slm_requests_total{outcome=...}`).
+
+A timed-out request never holds up the next one: see `Service` ("Deadlines").
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import errno
 import hmac
 import itertools
 import json
@@ -43,6 +52,7 @@ API_KEY_ENV = "MLX_SLM_API_KEY"
 TRUNCATE_MODES = ("head", "tail", "middle")
 REQUEST_FIELDS = ("text", "texts", "ids", "labels", "system", "template", "truncate", "min_confidence")
 LOOKAHEAD = 1024  # waiting items the gatherer looks through for ones of similar length
+BATCH_TIME_FRACTION = 0.25  # a micro-batch's estimated compute time stays under this share of the request timeout
 
 
 # --------------------------------------------------------------------------- options
@@ -246,10 +256,12 @@ class Metrics:
 class _Job:
     """One accepted request: its items' results arrive from the worker on the event loop."""
 
-    def __init__(self, n: int, loop: asyncio.AbstractEventLoop):
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop, deadline: float = math.inf):
         self.results: list[Any] = [None] * n
         self.remaining = n
         self.loop = loop
+        self.deadline = deadline  # time.perf_counter() when the request times out (504)
+        self.names: list[str] = []  # the items' field names ("text", "texts[3]"), for messages
         self.done = asyncio.Event()
         self.cancelled = False  # client gone or timed out: its queued items are dropped
         self.error: HTTPError | None = None
@@ -287,7 +299,30 @@ class _WorkItem:
 
 
 class Service:
-    """The model worker, its queue and the task LRU; the HTTP app (`create_app`) drives it."""
+    """The model worker, its queue and the task LRU; the HTTP app (`create_app`) drives it.
+
+    Deadlines: one worker runs every forward pass, and a forward pass cannot be stopped
+    once started, so a request that times out (504) must not leave long work behind that
+    the next request then waits for. Four rules keep the queue moving:
+
+    1. Every job carries its deadline (arrival + --request-timeout). Before each micro-batch
+       the worker drops the waiting items of jobs that are past it or cancelled (client gone,
+       504 sent): they are never computed (counted as `dropped` in /metrics).
+    2. A micro-batch is bounded in time, not only in items and tokens: its padded tokens times
+       the measured seconds per token stay under `BATCH_TIME_FRACTION` (1/4) of the request
+       timeout (at least one item). So after a 504, the work still running for it ends within
+       about a quarter of a timeout, and the next request is computed then.
+    3. An item whose own estimated compute time is more than its request has left is never
+       started: the request gets its 504 at once, naming the item, instead of a forward pass
+       that would outlive the request and block the worker.
+    4. The rate (seconds per processed token) is measured on the warm-up and on every
+       micro-batch (a moving average), so it follows the machine and the model.
+
+    With the default timeout (60 s) rule 2 never binds on the usual budgets (512 tokens on the
+    CPU, 4,096 on a GPU); it matters when --request-timeout is short next to a batch's time.
+    The estimate is linear in tokens; attention's quadratic part makes it optimistic for
+    items near the model's context (a single item is the unit that cannot be split).
+    """
 
     def __init__(self, loader: Callable[[], Loaded], options: ServeOptions | None = None):
         self.loader, self.opts = loader, options or ServeOptions()
@@ -304,6 +339,7 @@ class Service:
         self._front_lock = threading.Lock()
         self._back: OrderedDict[tuple, Any] = OrderedDict()  # classifiers on the engine (worker only)
         self._rate = 0.0  # recent items/s, for Retry-After
+        self._sec_per_token = 0.0  # measured compute seconds per processed token (0: not yet known)
         self.thread: threading.Thread | None = None
         self.on_fatal: Callable[[str], None] | None = None
 
@@ -343,8 +379,26 @@ class Service:
         front_engine = Engine(clf.engine.model, copy.deepcopy(clf.engine.tokenizer), clf.engine.path)
         self.front_engine = front_engine
         self._front[self.default_key] = self._build(front_engine, self.default_key)
-        # Warm up: one item through the whole path (computes the default prompt head's KV).
-        list(clf.run(["warm-up"], window=1))
+        # Warm up: one item through the whole path (computes the default prompt head's KV);
+        # its time gives the first seconds-per-token estimate (high: it includes the head).
+        t0 = time.perf_counter()
+        run = clf.run(["warm-up"], window=1)
+        list(run)
+        self._note_speed(time.perf_counter() - t0, run.stats.processed_tokens)
+
+    def _note_speed(self, seconds: float, tokens: int) -> None:
+        """Fold one measured batch into the seconds-per-token estimate (rules 2-4)."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        r = seconds / tokens
+        self._sec_per_token = r if self._sec_per_token == 0 else 0.7 * self._sec_per_token + 0.3 * r
+
+    def _time_budget(self) -> int | None:
+        """Padded tokens one micro-batch may hold so that it takes about `BATCH_TIME_FRACTION`
+        of the request timeout (None: no estimate yet)."""
+        if self._sec_per_token <= 0:
+            return None
+        return max(1, int(BATCH_TIME_FRACTION * self.opts.request_timeout_s / self._sec_per_token))
 
     def task_key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> tuple:
         c = self.loaded.clf  # type: ignore[union-attr]
@@ -467,6 +521,9 @@ class Service:
         waits up to --max-wait-ms for more while the batch is not full."""
         o = self.opts
         budget = o.max_batch_tokens or self.loaded.clf.max_batch_tokens or (1 << 30)  # type: ignore[union-attr]
+        tb = self._time_budget()  # rule 2: bounded in time too
+        if tb is not None:
+            budget = min(budget, tb)
         with self.cond:
             while not self.queue and not self.stopping:
                 self.cond.wait()
@@ -474,8 +531,11 @@ class Service:
                 return None
             deadline = time.perf_counter() + o.max_wait_ms / 1000.0
             while True:
-                while self.queue and self.queue[0].job.cancelled:
-                    self.queue.popleft()
+                now = time.perf_counter()
+                while self.queue and (self.queue[0].job.cancelled or self.queue[0].job.deadline <= now):
+                    it = self.queue.popleft()  # rule 1: never computed
+                    if not it.job.cancelled:
+                        self.metrics.count(self.metrics.items, "dropped")
                 if not self.queue:  # everything waiting was cancelled
                     if self.stopping:
                         return None
@@ -497,7 +557,8 @@ class Service:
         if self.opts.max_batch_items <= 1:
             return got, longest
         look = itertools.islice(self.queue, 1, 1 + LOOKAHEAD)
-        cands = [it for it in look if it.key == head.key and not it.job.cancelled]
+        now = time.perf_counter()
+        cands = [it for it in look if it.key == head.key and not it.job.cancelled and it.job.deadline > now]
         cands.sort(key=lambda it: abs(it.cost - head.cost))  # stable: older first among equals
         for it in cands:
             if len(got) >= self.opts.max_batch_items:
@@ -517,9 +578,50 @@ class Service:
             for it in got:
                 groups.setdefault(it.key, []).append(it)
             for key, items in groups.items():
-                items = [it for it in items if not it.job.cancelled]  # client gone: never computed
+                items = self._runnable(items)
                 if items:
                     self._run(key, items)
+
+    def _runnable(self, items: list[_WorkItem]) -> list[_WorkItem]:
+        """The items still worth computing now (rules 1 and 3 in the class docstring)."""
+        now = time.perf_counter()
+        out: list[_WorkItem] = []
+        refused: list[_Job] = []
+        dropped = 0
+        for it in items:
+            job = it.job
+            if job.cancelled:  # client gone or 504 sent: never computed (counted where it was cancelled)
+                dropped += job in refused
+                continue
+            if job.deadline <= now:
+                dropped += 1
+                continue
+            est = it.cost * self._sec_per_token
+            if est > job.deadline - now:
+                refused.append(job)
+                self._refuse(it, est, job.deadline - now)
+                dropped += 1
+                continue
+            out.append(it)
+        dropped += sum(it.job in refused for it in out)
+        if dropped:
+            self.metrics.count(self.metrics.items, "dropped", dropped)
+        return [it for it in out if it.job not in refused]
+
+    def _refuse(self, it: _WorkItem, est: float, left: float) -> None:
+        """Rule 3: answer the request 504 now, and drop its waiting items, rather than start
+        a forward pass that would outlive it."""
+        job = it.job
+        name = job.names[it.index] if job.names else f"texts[{it.index}]"
+        err = HTTPError(
+            504,
+            f"{name} would take about {est:.2g} s to compute ({it.cost} tokens at the measured rate), more than "
+            f"the {max(0.0, left):.2g} s left of the request timeout of {self.opts.request_timeout_s:g} s: "
+            'shorten it (or send "truncate"), or raise --request-timeout',
+            name,
+        )
+        self.cancel(job)
+        _post_to(job, job.fail, err)
 
     def _run(self, key: tuple, items: list[_WorkItem]) -> None:
         m = self.metrics
@@ -537,6 +639,7 @@ class Service:
         t1 = time.perf_counter()
         infer = t1 - t0
         s = run.stats
+        self._note_speed(infer, s.processed_tokens)
         with m.lock:
             m.batches += 1
             m.prefix_hits += sum(it.prefix_hit for it in items)
@@ -586,6 +689,32 @@ class Service:
 # --------------------------------------------------------------------------- the HTTP app
 
 
+def parse_body(raw: bytes) -> Any:
+    """The request body as JSON, or a 422 naming what is wrong (never another exception):
+    not UTF-8, not JSON, nested too deeply, or a number too long to convert."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise HTTPError(422, "the body is JSON nested too deeply: send a flat JSON object", "body") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise HTTPError(422, f"the body is not valid JSON ({str(e)[:200]})", "body") from None
+
+
+def validate_request(raw: bytes, opts: ServeOptions) -> tuple[list[str], list[Any], dict[str, Any]]:
+    """Everything checked about a request before the model is involved: the body (`parse_body`)
+    and its fields (`_check_request`). Raises only `HTTPError` (4xx) for a bad request."""
+    return _check_request(parse_body(raw), opts)
+
+
+def _encodable(v: str) -> bool:
+    """False for a string holding a lone surrogate (a JSON "\\ud800" escape): not UTF-8 text."""
+    try:
+        v.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any], dict[str, Any]]:
     if not isinstance(data, dict):
         raise HTTPError(422, "the body must be a JSON object with 'text' or 'texts'", "body")
@@ -623,6 +752,8 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
     for name, t in zip(names, texts):
         if not t.strip():
             raise HTTPError(422, f"{name} is empty: give the item some text", name)
+        if not _encodable(t):
+            raise HTTPError(422, f"{name} holds an unpaired surrogate escape (not valid Unicode text): fix it", name)
     ids: list[Any] = list(range(len(texts)))
     if "ids" in data:
         ids = data["ids"]
@@ -632,6 +763,10 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
         for i, v in enumerate(ids):
             if isinstance(v, bool) or not isinstance(v, (str, int)):
                 raise HTTPError(422, f"ids[{i}] must be a string or an integer", f"ids[{i}]")
+            if isinstance(v, str) and not _encodable(v):
+                raise HTTPError(
+                    422, f"ids[{i}] holds an unpaired surrogate escape (not valid Unicode text)", f"ids[{i}]"
+                )
             k = (type(v).__name__, v)
             if k in seen:
                 raise HTTPError(422, f"ids[{i}] repeats ids[{seen[k]}] ({v!r}): ids must be unique", f"ids[{i}]")
@@ -646,15 +781,21 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
         lab = data["labels"]
         if not isinstance(lab, list) or not all(isinstance(x, str) for x in lab) or len(lab) < 2:
             raise HTTPError(422, "'labels' must be a list of at least two strings", "labels")
+        if not all(_encodable(x) for x in lab):
+            raise HTTPError(422, "'labels' holds an unpaired surrogate escape (not valid Unicode text)", "labels")
         task["labels"] = [x.strip() for x in lab]
     if "system" in data:
         if data["system"] is not None and not isinstance(data["system"], str):
             raise HTTPError(422, "'system' must be a string or null", "system")
+        if data["system"] and not _encodable(data["system"]):
+            raise HTTPError(422, "'system' holds an unpaired surrogate escape (not valid Unicode text)", "system")
         task["system"] = data["system"] or ""
     if "template" in data:
         tpl = data["template"]
         if not isinstance(tpl, str) or "{text}" not in tpl:
             raise HTTPError(422, "'template' must be a string with a {text} placeholder", "template")
+        if not _encodable(tpl):
+            raise HTTPError(422, "'template' holds an unpaired surrogate escape (not valid Unicode text)", "template")
         task["template"] = tpl
     if "truncate" in data:
         tr = data["truncate"]
@@ -668,12 +809,17 @@ async def _read_body(request: Any, limit: int) -> bytes:
     n = request.headers.get("content-length")
     if n is not None and n.isdigit() and int(n) > limit:
         raise HTTPError(413, f"the body is {n} bytes, over the limit of {limit}", "body")
+    from starlette.requests import ClientDisconnect
+
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPError(413, f"the body is over the limit of {limit} bytes", "body")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"the body is over the limit of {limit} bytes", "body")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left mid-upload: counted, nothing logged, nobody to answer
+        raise HTTPError(499, "the client closed the connection while sending the body", outcome="client_gone") from None
     return b"".join(chunks)
 
 
@@ -783,6 +929,12 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
         except HTTPError as e:
             m.count(m.requests, e.outcome)
             return error_response(e)
+        except Exception as e:  # noqa: BLE001 - a bug of ours: one log line, a counted 500, no ASGI traceback
+            import logging
+
+            logging.getLogger("mlx_slm.server").error("POST /v1/classify failed: %s: %s", type(e).__name__, e)
+            m.count(m.requests, "error")
+            return error_response(HTTPError(500, f"internal error ({type(e).__name__}): please report it"))
 
     async def _classify(request: Request, t0: float) -> Any:
         check_auth(request)
@@ -793,10 +945,7 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
         if not service.ready:
             raise HTTPError(503, service.load_error or "the model is loading", headers={"Retry-After": "5"})
         raw = await _read_body(request, opts.max_body_bytes)
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HTTPError(422, f"the body is not valid JSON ({e})", "body") from None
+        data = parse_body(raw)
         texts, ids, task = _check_request(data, opts)
         key = service.task_key(task["labels"], task["system"], task["template"], task["truncate"])
         try:
@@ -822,7 +971,8 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
         p = len(front.prefix_tokens)
         hits = [bool(p) and tuple(it.ids[:p]) == front.prefix_tokens for it in prepared]
         costs = [len(it.ids) - (p if h else 0) for it, h in zip(prepared, hits)]
-        job = _Job(len(texts), asyncio.get_running_loop())
+        job = _Job(len(texts), asyncio.get_running_loop(), deadline=t0 + opts.request_timeout_s)
+        job.names = names
         service.submit(job, texts, key, costs, hits)
         try:
             waiter = asyncio.ensure_future(job.done.wait())
@@ -961,10 +1111,44 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
 # --------------------------------------------------------------------------- running it
 
 
-def run_server(service: Service, host: str = "127.0.0.1", port: int = 8080, log_level: str = "warning") -> int:
-    """Serve until SIGINT, or SIGTERM then drain; returns the exit status (0 after a drain)."""
+def bind_socket(host: str, port: int) -> Any:
+    """The listening socket, bound before anything starts (as uvicorn would bind it), so that a
+    port in use or an address that is not ours is one `UserError` line (exit 2), not uvicorn's
+    log and exit 3 after the model thread has started."""
+    import socket
+
+    from .errors import UserError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: not SO_REUSEPORT
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            why = "the port is in use by another process (find it with `ss -ltnp`): stop it, or choose another --port"
+        elif e.errno == errno.EACCES:
+            why = "permission denied (ports under 1024 need privileges): choose a port of 1024 or more"
+        elif isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+            why = "that address is not one of this machine's: use 127.0.0.1, 0.0.0.0 or an address it has"
+        else:
+            why = f"{e.strerror or e}: check --host and --port"
+        raise UserError(f"cannot listen on {host}:{port}: {why}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(
+    service: Service, host: str = "127.0.0.1", port: int = 8080, log_level: str = "warning", sock: Any = None
+) -> int:
+    """Serve until SIGINT, or SIGTERM then drain; returns the exit status (0 after a drain).
+
+    `sock`: a socket from `bind_socket` (else one is bound here, before the worker starts)."""
     import uvicorn
 
+    if sock is None:
+        sock = bind_socket(host, port)
     app = create_app(service)
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, lifespan="on", access_log=False
@@ -977,7 +1161,7 @@ def run_server(service: Service, host: str = "127.0.0.1", port: int = 8080, log_
         server.should_exit = True
 
     service.on_fatal = fatal
-    server.run()
+    server.run(sockets=[sock])
     if failed:
         raise RuntimeError(failed[0])
     return 0

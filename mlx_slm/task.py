@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ._fs import utc_now, write_json_atomic
-from .calibration import DEFAULT_WARMUP, Calibrator
+from .calibration import DEFAULT_WARMUP, CalibrationError, Calibrator
 from .errors import UserError
 
 FORMAT = "mlx-slm.task"
@@ -59,38 +58,103 @@ class Task:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "task") -> Task:
+        """A task from its JSON object, every field's type and value checked: a `TaskError`
+        names the file (`where`), the field and the fix; nothing else is raised."""
+        from .labels import MODES
+        from .prompts import example_problem
+
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TaskError(f'{where} is not an mlx-slm task file (no "format": "{FORMAT}")')
-        if d.get("version", VERSION) > VERSION:
+        version = d.get("version", VERSION)
+        if isinstance(version, bool) or not isinstance(version, int):
             raise TaskError(
-                f"{where} is task format version {d['version']}; this mlx-slm reads up to {VERSION}: upgrade it"
+                f"{where}: field 'version' must be an integer, got {version!r}: fix it (this mlx-slm writes {VERSION})"
             )
-        for key, kind in (("model", str), ("labels", list), ("template", str)):
-            if not isinstance(d.get(key), kind):
-                raise TaskError(f"{where}: field {key!r} is missing or not a {kind.__name__}")
+        if version > VERSION:
+            raise TaskError(f"{where} is task format version {version}; this mlx-slm reads up to {VERSION}: upgrade it")
+
+        def bad(key: str, want: str) -> TaskError:
+            got = d[key] if key in d else None
+            shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
+            kind = "missing" if key not in d else f"{shown} ({_kind(got)})"
+            return TaskError(f"{where}: field {key!r} must be {want}, got {kind}: fix it, or save the task again")
+
+        for key in ("model", "template"):
+            if not isinstance(d.get(key), str) or not d[key].strip():
+                raise bad(key, "a non-empty string")
+        labels = d.get("labels")
+        if not isinstance(labels, list) or not all(isinstance(x, str) and x.strip() for x in labels):
+            raise bad("labels", 'a list of non-empty strings, e.g. ["billing", "technical"]')
+        if d.get("system") is not None and not isinstance(d["system"], str):
+            raise bad("system", "a string or null")
+        if "{text}" not in d["template"]:
+            raise bad("template", "a string with a {text} placeholder")
+        for key in ("model", "template", "system"):
+            if isinstance(d.get(key), str) and _unencodable(d[key]):
+                raise TaskError(
+                    f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode): fix it"
+                )
+        if any(_unencodable(x) for x in labels):
+            raise TaskError(f"{where}: field 'labels' holds an unpaired surrogate escape (not valid Unicode): fix it")
+        scoring = d.get("scoring", "auto")
+        if scoring not in MODES:
+            raise bad("scoring", f"one of {', '.join(MODES)}")
+        warmup = d.get("warmup", DEFAULT_WARMUP)
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 2:
+            raise bad("warmup", f"an integer of at least 2 (the default is {DEFAULT_WARMUP})")
+        mc = d.get("min_confidence")
+        if mc is not None and (
+            isinstance(mc, bool) or not isinstance(mc, (int, float)) or not 0.0 <= mc <= 1.0  # NaN fails too
+        ):
+            raise bad("min_confidence", "a number from 0 to 1, or null")
+        sha = d.get("weights_sha256")
+        if sha is not None and not isinstance(sha, str):
+            raise bad("weights_sha256", "a string (the weights' sha256) or null")
+        versions = d.get("versions", {})
+        if not isinstance(versions, dict):
+            raise bad("versions", "an object")
+        examples = d.get("examples", [])
+        if not isinstance(examples, list):
+            raise bad("examples", 'a list of {"text": ..., "label": ...} objects')
+        ex: list[tuple[str, str]] = []
+        for i, e in enumerate(examples, 1):
+            if not isinstance(e, dict) or not isinstance(e.get("text"), str) or not isinstance(e.get("label"), str):
+                raise TaskError(
+                    f"{where}: field 'examples', example {i}: must be an object with string fields "
+                    '"text" and "label": fix it'
+                )
+            problem = example_problem(e["text"], e["label"], labels)
+            if problem:
+                raise TaskError(f"{where}: field 'examples', example {i}: {problem}")
+            ex.append((e["text"], e["label"]))
         cal = d.get("calibration", "none")
-        if isinstance(cal, dict) and cal.get("method") == "em" and isinstance(cal.get("base"), dict):
-            cal = ("em", Calibrator.from_dict(cal["base"]))
-        elif isinstance(cal, dict):
-            cal = Calibrator.from_dict(cal)
-        elif cal not in ("none", "batch"):
-            raise TaskError(f"{where}: field 'calibration' must be 'none', 'batch' or a fitted calibrator, not {cal!r}")
         try:
-            examples = tuple((str(e["text"]), str(e["label"])) for e in d.get("examples", []))
-        except (TypeError, KeyError):
-            raise TaskError(f'{where}: field \'examples\' must be a list of {{"text", "label"}} objects') from None
+            if isinstance(cal, dict) and cal.get("method") == "em" and "base" in cal:
+                cal = ("em", Calibrator.from_dict(cal["base"]))
+            elif isinstance(cal, dict):
+                cal = Calibrator.from_dict(cal)
+            elif cal not in ("none", "batch"):
+                raise bad("calibration", "'none', 'batch' or a fitted calibrator")
+        except CalibrationError as e:
+            raise TaskError(f"{where}: field 'calibration': {e}: save the task again") from None
+        fitted = cal[1] if isinstance(cal, tuple) else cal
+        if isinstance(fitted, Calibrator) and list(fitted.labels) != labels:
+            raise TaskError(
+                f"{where}: field 'calibration' was fitted for the labels {list(fitted.labels)}, but the task's "
+                f"labels are {labels}: recalibrate (--calibrate ... --save-task)"
+            )
         return cls(
             model=d["model"],
-            labels=tuple(d["labels"]),
+            labels=tuple(labels),
             system=d.get("system"),
             template=d["template"],
-            scoring=d.get("scoring", "auto"),
-            examples=examples,
+            scoring=scoring,
+            examples=tuple(ex),
             calibration=cal,
-            warmup=int(d.get("warmup", DEFAULT_WARMUP)),
-            min_confidence=d.get("min_confidence"),
-            weights_sha256=d.get("weights_sha256"),
-            versions=d.get("versions", {}),
+            warmup=warmup,
+            min_confidence=None if mc is None else float(mc),
+            weights_sha256=sha,
+            versions=versions,
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -101,13 +165,25 @@ class Task:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Task:
+        """Read a task file; any problem (unreadable, not UTF-8, not JSON, a field of the wrong
+        type or value) is a `TaskError` naming the file, the line or field, and the fix."""
+        from .io import InputError, read_text_file
+
         try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise TaskError(f"task file {path} does not exist") from None
+            text = read_text_file(str(path), "task file")
+        except InputError as e:
+            raise TaskError(str(e)) from None
+        try:
+            d = json.loads(text)
         except json.JSONDecodeError as e:
-            raise TaskError(f"task file {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-        return cls.from_dict(d, str(path))
+            raise TaskError(
+                f"task file {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): fix it, "
+                "or save the task again (--save-task)"
+            ) from None
+        except (ValueError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise TaskError(f"task file {path} is not valid JSON ({why}): fix it, or save the task again") from None
+        return cls.from_dict(d, f"task file {path}")
 
     def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:
         """The task's prior was fitted on its weights: refuse to apply it to others."""
@@ -116,3 +192,17 @@ class Task:
                 f"the task's prior was fitted on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
                 f"has {weights_sha256[:12]}...: it does not carry over; recalibrate (--calibrate ... --save-task)"
             )
+
+
+def _kind(v: Any) -> str:
+    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
+        type(v), "a list" if isinstance(v, list) else "an object" if isinstance(v, dict) else type(v).__name__
+    )
+
+
+def _unencodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
