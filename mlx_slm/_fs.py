@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
-from pathlib import Path
 from typing import Any
 
 
@@ -14,8 +12,10 @@ def utc_now() -> str:
 
 
 def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
-    """Write JSON through a temporary file and a rename: readers see the old or the new, never half."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
+    """Write JSON through a temporary file and a rename: readers see the old or the new, never half.
+
+    The temporary file has a random name made exclusively in the same folder, and a link
+    at `path` is refused (mlx_slm.safefs)."""
+    from .safefs import write_json_atomic as _write
+
+    _write(path, doc)

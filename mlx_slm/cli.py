@@ -566,8 +566,8 @@ def _check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None
     for flag, path in outputs:
         if not path or path == "-":
             continue
+        refuse_input_as_output(path, inputs, flag)  # first: "it is your input" says more than "it is a link"
         check_writable(path, flag)
-        refuse_input_as_output(path, inputs, flag)
         real = str(Path(path).resolve())
         if real in seen:
             raise click.UsageError(f"{flag} {path} is also {seen[real]}: give each output its own file")
@@ -594,7 +594,7 @@ class _Distribution:
 
 def _shard_rows(setup: _Setup, rows: Any, shard: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
     """The rows of one shard, and what the part's manifest records about it."""
-    from .sharding import plan_shards, shard_settings
+    from .sharding import shard_range, shard_settings
 
     all_rows = list(rows)
     tok = setup.clf.tokenizer
@@ -606,7 +606,7 @@ def _shard_rows(setup: _Setup, rows: Any, shard: tuple[int, int]) -> tuple[Any, 
         for i, x in zip(chunk, ids):
             counts[i] = len(x)
     i, n = shard
-    start, end = plan_shards(counts, setup.o["window"], n)[i]
+    start, end = shard_range(counts, setup.o["window"], n, i)  # O(rows) whatever N is
     from .convert import sha256_file
 
     # Every part records the input's content: `merge` (and --resume) refuse parts of an edited input.
@@ -617,14 +617,30 @@ def _shard_rows(setup: _Setup, rows: Any, shard: tuple[int, int]) -> tuple[Any, 
     return iter(all_rows[start:end]), shard_settings(i, n, (start, end), len(all_rows))
 
 
+RAY_INIT_TIMEOUT_S = 60  # joining (or starting) Ray: past this, exit 2 rather than wait on Ray's retries
+
+
 def _ray_init(address: str | None) -> None:
+    import os
+    import threading
+
     from . import ray as mray  # MissingExtra (exit 2) names the pip command
 
+    where = f"the Ray cluster at {address}" if address else "a local Ray"
+
+    def give_up() -> None:  # Ray retries a silent cluster for minutes; nothing is written yet
+        _err(f"mlx-slm: error: cannot start or join {where}: no answer within {RAY_INIT_TIMEOUT_S} s")
+        os._exit(2)
+
+    watchdog = threading.Timer(RAY_INIT_TIMEOUT_S, give_up)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         mray.init(address)
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
-        where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise UserError(f"cannot start or join {where} ({type(e).__name__}: {e})") from None
+    finally:
+        watchdog.cancel()
 
 
 def _ray_run(setup: _Setup, texts: list[str], dist: _Distribution) -> Any:
@@ -703,6 +719,11 @@ def _classify_run(
     # raises here), before the model loads and before the output is touched.
     first = next(rows, None)
     rows = itertools.chain([first] if first is not None else [], rows)
+    if dist is not None and dist.shard is not None:  # before the model loads: too many shards fail at once
+        from .sharding import check_shard_count
+
+        rows = list(rows)
+        check_shard_count(dist.shard[1], len(rows), f"the input {input}")
     clf = setup.load()
     dist = dist or _Distribution(None, False, None, 1, None)
     shard_info = None
@@ -963,7 +984,9 @@ def evaluate(
     if errors:
         click.echo(f"\n{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
     if json_path:
-        Path(json_path).write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
+        from .safefs import atomic_write
+
+        atomic_write(json_path, json.dumps(rep, indent=2) + "\n", "--json")
     if plots:
         try:
             for p in plot(rep, plots):
@@ -1019,20 +1042,29 @@ def _read_predictions(path: str, rows: list[Any]) -> list[dict[str, Any] | None]
     metavar="32|64|128",
     help="Weights sharing one scale and bias, with --quantize (default 64).",
 )
-def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: int | None) -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace --out even if it is a non-empty folder that is not a previous conversion (never the source).",
+)
+def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: int | None, force: bool) -> None:
     """Convert SRC (Hugging Face dir, hub id, .gguf, or a built-in name) to MLX safetensors.
+
+    --out must be new, an empty folder or a previous conversion (replaced); another
+    folder is left untouched unless --force. It may never be, hold or lie in SRC.
 
     \b
     With --quantize 4|8 the Linear and Embedding weights are packed as mlx-lm packs them
     (norms and biases stay in --dtype), so mlx_lm.load reads the directory too:
       mlx-slm convert Qwen/Qwen2.5-0.5B-Instruct --out qwen-4bit --quantize 4 --group-size 64
     """
-    from .convert import check_quantize
+    from .convert import check_out_dir, check_quantize
     from .convert import convert as do_convert
     from .registry import resolve_source
 
     check_quantize(quantize, group_size)  # before any download
-    path = do_convert(resolve_source(src), out, dtype=dtype, quantize=quantize, group_size=group_size)
+    check_out_dir(src, Path(out), force)  # before any download too; checked again against the resolved source
+    path = do_convert(resolve_source(src), out, dtype=dtype, quantize=quantize, group_size=group_size, force=force)
     what = dtype if quantize is None else f"{quantize}-bit, group size {group_size or 64}, {dtype}"
     _err(f"mlx-slm: converted {src} -> {path} ({what})")
     click.echo(str(path))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -26,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from ._fs import write_json_atomic
-from .errors import ModelError, UserError
+from .errors import ModelError, OutputError, UserError
 from .models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_module, mlxlm, quant
 from .models.base import gguf_hf_name
+from .safefs import DIR_MODE, refuse_symlink, temp_dir
 
 DTYPES = ("float16", "bfloat16", "float32")
 RECORD = "conversion.json"
@@ -193,11 +195,18 @@ def convert(
     progress: Progress | None = _stderr,
     quantize: int | None = None,
     group_size: int | None = None,
+    force: bool = False,
 ) -> Path:
     """Convert `src` (HF directory, hub id, `.gguf`) into an MLX directory `out` in `dtype`.
 
     quantize: 4 or 8 to write an mlx-lm quantized directory (`group_size` 32, 64 or 128,
     default 64) instead of a floating-point one.
+
+    `out` may be new, an empty folder, or a previous conversion of ours (replaced);
+    anything else is refused unless `force` (then it is replaced whole). The source is
+    never touched: `out` may not be it, hold it or lie inside it. The conversion is
+    written into a private temporary folder beside `out` and renamed into place at the
+    end, so an interrupted conversion never looks finished.
     """
     if dtype not in DTYPES:
         raise ConversionError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -205,19 +214,105 @@ def convert(
     say = progress or (lambda _m: None)
     out = Path(out)
     kind = source_kind(src)
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    check_out_dir(src, out, force)
+    tmp = temp_dir(out, "--out")
     try:
         _convert_into(tmp, src, kind, dtype, say, quantize, group_size or quant.DEFAULT_GROUP_SIZE)
+        tmp.chmod(DIR_MODE)  # mkdtemp's 0700 -> what a plain mkdir would give
+        check_out_dir(src, out, force)  # again: something may have appeared there meanwhile
+        _move_into_place(tmp, out)
     except BaseException:  # a failed or interrupted conversion leaves nothing behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)  # all or nothing: an interrupted conversion never looks finished
     return out
+
+
+# Files a conversion writes besides the record (tokenizer files vary with the tokenizer).
+_OURS = {WEIGHTS, RECORD, "config.json", "generation_config.json", "special_tokens_map.json", "chat_template.jinja"}
+_OURS_PREFIXES = ("tokenizer", "vocab", "merges", "added_tokens", "spiece")
+
+
+def _is_our_conversion(out: Path) -> list[str] | None:
+    """None if `out` is a previous conversion of ours holding only its own files, else the
+    names of the files that are not (all of them, if it is no conversion)."""
+    names = sorted(p.name for p in out.iterdir())
+    try:
+        record = json.loads((out / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return names
+    if not isinstance(record, dict) or "source_kind" not in record or not (out / WEIGHTS).is_file():
+        return names
+    listed = record.get("files")
+    if isinstance(listed, list):
+        foreign = [n for n in names if n not in listed and n != RECORD]
+    else:  # a conversion from before the record listed its files
+        foreign = [n for n in names if n not in _OURS and not n.startswith(_OURS_PREFIXES)]
+    foreign += [n for n in names if (out / n).is_symlink() or (out / n).is_dir()]
+    return sorted(set(foreign)) or None
+
+
+def _inside(a: Path, b: Path) -> bool:
+    """a is b or lies inside b (both resolved)."""
+    return a == b or b in a.parents
+
+
+def check_out_dir(src: str | Path, out: Path, force: bool = False) -> None:
+    """Refuse an --out that is, holds or lies in the source, a link, a file, or a folder
+    that is not a previous conversion of ours (unless `force`)."""
+    refuse_symlink(out, "--out")
+    real_out = out.resolve()  # its last component is no link (refused above)
+    sp = Path(src).expanduser()
+    if sp.exists():
+        real_src = sp.resolve()
+        src_dir = real_src if real_src.is_dir() else None
+        if _inside(real_src, real_out) or (src_dir is not None and _inside(real_out, src_dir)):
+            raise ConversionError(
+                f"--out {out} {'is' if real_src == real_out else 'holds' if _inside(real_src, real_out) else 'is inside'} "
+                f"the source {src}: a conversion never writes into its source; choose an --out outside it"
+            )
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise ConversionError(f"--out {out} exists and is not a folder: choose another --out (or remove it)")
+    try:
+        foreign = _is_our_conversion(out)
+    except OSError as e:
+        raise ConversionError(f"--out {out} cannot be read ({e.strerror})") from None
+    if not foreign:
+        return
+    here = Path.cwd().resolve()
+    if force:
+        if _inside(here, real_out) or _inside(Path.home().resolve(), real_out):
+            raise ConversionError(
+                f"--out {out} holds the current folder or your home folder: not replacing it even with --force"
+            )
+        return
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    raise ConversionError(
+        f"--out {out} is not empty and not a previous conversion ({shown}): it is left untouched; "
+        f"choose a new or empty folder, or add --force to replace {out} and everything in it"
+    )
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished `tmp` to `out`; an `out` already there (checked: ours, empty or
+    --force) is moved aside first and removed only once the new one is in place."""
+    if not os.path.lexists(out):
+        tmp.rename(out)
+        return
+    aside = temp_dir(out, "--out")  # a private folder: nobody can race us for the name inside it
+    try:
+        out.rename(aside / "old")
+    except OSError as e:
+        aside.rmdir()
+        raise OutputError(f"cannot replace --out {out} ({e.strerror})") from None
+    try:
+        tmp.rename(out)
+    except BaseException:
+        (aside / "old").rename(out)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def check_quantize(bits: int | None, group_size: int | None) -> None:
@@ -370,6 +465,7 @@ def _convert_into(
         "versions": versions(),
     }
     record["weights_sha256"] = sha256_file(tmp / WEIGHTS)
+    record["files"] = sorted([p.name for p in tmp.iterdir()] + [RECORD])  # what a later --out may replace
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -395,7 +491,7 @@ def weights_sha256(path: str | Path) -> str:
         record["weights_sha256"] = sha256_file(p / WEIGHTS)
         try:
             write_json_atomic(rec_path, record)
-        except OSError:  # a read-only model directory: hash again next time
+        except (OSError, OutputError):  # a read-only model directory (or a link): hash again next time
             pass
     return record["weights_sha256"]
 

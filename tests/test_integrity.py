@@ -83,11 +83,13 @@ def test_second_writer_exits_2_naming_the_holder(tiny_qwen_mlx, tmp_path):
         assert r.exit_code == 2
         assert f"pid {os.getpid()}" in r.output and "another mlx-slm run" in r.output
         assert out.read_bytes() == b""  # the holder's (empty) file, untouched
-        # Another path to the same file meets the same lock: a symlink, a hard link.
+        # Another path to the same file meets the same lock (a hard link); a symlink is never
+        # written through at all (issue 18).
         for alias in (tmp_path / "sym.jsonl", tmp_path / "hard.jsonl"):
             alias.symlink_to(out) if alias.name.startswith("sym") else os.link(out, alias)
             r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(alias), *cli(tiny_qwen_mlx)])
-            assert r.exit_code == 2 and "another mlx-slm run" in r.output, r.output
+            want = "is a symbolic link" if alias.name.startswith("sym") else "another mlx-slm run"
+            assert r.exit_code == 2 and want in r.output, r.output
             alias.unlink()
     # Released: the lock file is gone and the next run proceeds.
     assert not Path(str(out) + ".lock").exists()
