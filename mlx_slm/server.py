@@ -152,10 +152,16 @@ class HTTPError(Exception):
         }.get(status, "error")
 
     def body(self) -> dict[str, Any]:
-        err: dict[str, Any] = {"status": self.status, "message": self.message}
+        err: dict[str, Any] = {"status": self.status, "message": _printable(self.message)}
         if self.field is not None:
-            err["field"] = self.field
+            err["field"] = _printable(self.field)
         return {"error": err}
+
+
+def _printable(s: str) -> str:
+    """`s` with any lone surrogate (from a client's JSON, e.g. an unknown field "\\ud800")
+    written as its escape, so that the error response itself can be encoded."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _BUCKETS = {
@@ -428,6 +434,9 @@ class Service:
         )
         for k in ("calibration", "min_confidence", "warmup"):
             kw.pop(k, None)
+        head = getattr(base, "head", None)  # a learned head holds for its own labels and prompt only
+        if head is not None and same_labels and (system, template) == (base.format.system, base.format.template):
+            kw["head"] = head
         return Classifier(engine, None, labels, system, template, **kw)
 
     def front_classifier(self, key: tuple) -> Any:

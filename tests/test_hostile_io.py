@@ -357,6 +357,7 @@ def test_service_hostile_bodies_are_422_and_counted(server):
         "surrogate label": b'{"text": "ok", "labels": ["a\\ud800", "b"]}',
         "surrogate system": b'{"text": "ok", "system": "\\ud800"}',
         "surrogate template": b'{"text": "ok", "template": "{text}\\ud800"}',
+        "surrogate field name": b'{"text": "ok", "\\ud800": 1}',
         "not utf-8": b'{"text": "\xff"}',
         "big int": b'{"text": "ok", "min_confidence": ' + b"9" * 5000 + b"}",
         "nan": b'{"text": "ok", "min_confidence": NaN}',
