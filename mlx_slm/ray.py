@@ -195,9 +195,9 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         with socket.create_connection(hp, timeout=timeout):
             pass
     except OSError as e:
-        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        why = f"no answer within {timeout:g} s" if isinstance(e, TimeoutError) else (e.strerror or str(e))
         raise ConnectionError(
-            f"nothing answers at {hp[0]}:{hp[1]} ({why} within {timeout:g} s): is the Ray head running there? "
+            f"nothing answers at {hp[0]}:{hp[1]} ({why}): is the Ray head running there? "
             "(start one with `ray start --head`, or check the address and port)"
         ) from None
 

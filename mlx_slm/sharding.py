@@ -172,7 +172,8 @@ def _shard_record(p: str, sh: Any) -> dict[str, Any]:
         if not _int(sh.get(key)) or sh[key] < 0:
             raise ShardError(
                 f"merge: {p}: its manifest's shard record has no valid {key!r} "
-                f"(found {sh.get(key, 'nothing')!r}): the manifest was changed; run that shard again"
+                f"({f'found {sh[key]!r}' if key in sh else 'it is missing'}): the manifest was changed; "
+                "run that shard again"
             )
     rows = sh.get("rows")
     if not (isinstance(rows, list) and len(rows) == 2 and all(_int(r) for r in rows) and 0 <= rows[0] <= rows[1]):
