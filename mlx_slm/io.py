@@ -229,8 +229,48 @@ def read_text_file(path: str, what: str) -> str:
 
 def read_labels_file(path: str) -> list[str]:
     """Labels from a file, one a line (only ``\\n`` or ``\\r\\n`` ends a line; blank lines and the
-    whitespace around each label are dropped); bad UTF-8 is a `UserError` naming the line."""
-    return [s.strip() for s in read_text_file(path, "--labels-file").split("\n") if s.strip()]
+    whitespace around each label are dropped); bad UTF-8 is a `UserError` naming the line.
+    Descriptions, if the file has them, are left out (see `read_label_descriptions`)."""
+    return list(read_label_descriptions(path))
+
+
+def read_label_descriptions(path: str) -> dict[str, str]:
+    """Labels and their descriptions, in file order: `label<TAB>description` (or a bare label)
+    a line, or JSONL objects `{"label": ..., "description": ...}` (description optional).
+
+    A label without a description maps to "". Descriptions are for the prompt (the
+    `{label_descriptions}` placeholder): scoring stays on the names."""
+    what = "--labels-file"
+    lines = read_text_file(path, what).split("\n")
+    first = next((x.strip() for x in lines if x.strip()), "")
+    out: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if first.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                raise InputError(f"{what} {path} line {n}: malformed JSON: fix the line") from None
+            if (
+                not isinstance(obj, dict)
+                or not isinstance(obj.get("label"), str)
+                or not isinstance(obj.get("description", ""), str)
+            ):
+                raise InputError(
+                    f'{what} {path} line {n}: a JSONL label is an object with a string "label" and an optional '
+                    'string "description", e.g. {"label": "card arrival", "description": "the card has not come"}'
+                )
+            label, desc = obj["label"].strip(), obj.get("description", "").strip()
+        else:
+            label, _, desc = line.partition("\t")
+            label, desc = label.strip(), desc.strip()
+        if not label:
+            raise InputError(f"{what} {path} line {n}: the label is empty: give it a name, or drop the line")
+        if label in out:
+            raise InputError(f"{what} {path} line {n}: label {label!r} is given twice")
+        out[label] = desc
+    return out
 
 
 def read_rows(
