@@ -151,11 +151,35 @@ class HTTPError(Exception):
             504: "timeout",
         }.get(status, "error")
 
-    def body(self) -> dict[str, Any]:
-        err: dict[str, Any] = {"status": self.status, "message": _printable(self.message)}
+    def body(self, style: str = "ours") -> dict[str, Any]:
+        """The JSON error: ours, `{"error": {"status", "message", "field"}}`; on the TEI routes
+        TEI's `{"error": message, "error_type"}` (what its clients read); on vLLM's routes ours
+        with OpenAI's `type`, `param` and `code` added."""
+        msg = _printable(self.message)
+        if style == "tei":
+            return {"error": msg, "error_type": _TEI_ERROR_TYPES.get(self.status, "Backend")}
+        err: dict[str, Any] = {"status": self.status, "message": msg}
         if self.field is not None:
             err["field"] = _printable(self.field)
+        if style == "openai":
+            err.update(
+                type="invalid_request_error" if 400 <= self.status < 500 else "server_error",
+                param=err.get("field"),
+                code=self.status,
+            )
         return {"error": err}
+
+
+_TEI_ERROR_TYPES = {
+    401: "Unauthorized",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    413: "Validation",
+    422: "Validation",
+    429: "Overloaded",
+    503: "Unhealthy",
+    504: "Backend",
+}
 
 
 def _printable(s: str) -> str:
@@ -212,7 +236,7 @@ class Metrics:
         out: list[str] = []
         with self.lock:
             out += [
-                "# HELP mlx_slm_requests_total Requests to /v1/classify by outcome.",
+                "# HELP mlx_slm_requests_total Classify requests (/v1/classify, /classify, /predict, /) by outcome.",
                 "# TYPE mlx_slm_requests_total counter",
             ]
             out += [f'mlx_slm_requests_total{{outcome="{k}"}} {v}' for k, v in sorted(self.requests.items())]
@@ -814,6 +838,130 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
     return texts, ids, task
 
 
+def _check_texts(value: Any, fld: str, opts: ServeOptions) -> tuple[list[str], bool]:
+    """A TEI `inputs` or vLLM `input`: one string or a list of strings -> (texts, was one string)."""
+    if isinstance(value, str):
+        texts, names, single = [value], [fld], True
+    elif isinstance(value, list):
+        if not value:
+            raise HTTPError(422, f"'{fld}' is empty: give at least one text", fld)
+        if len(value) > opts.max_items_per_request:
+            raise HTTPError(
+                413,
+                f"'{fld}' has {len(value)} items, over the limit of {opts.max_items_per_request} per request: split it",
+                fld,
+            )
+        names, single = [f"{fld}[{i}]" for i in range(len(value))], False
+        for name, t in zip(names, value):
+            if isinstance(t, list):
+                raise HTTPError(
+                    422, f"{name} is a list: text pairs and token ids are not supported; send strings", name
+                )
+            if not isinstance(t, str):
+                raise HTTPError(422, f"{name} must be a string, got {type(t).__name__}", name)
+        texts = value
+    else:
+        raise HTTPError(422, f"'{fld}' must be a string or a list of strings, got {type(value).__name__}", fld)
+    for name, t in zip(names, texts):
+        if not t.strip():
+            raise HTTPError(422, f"{name} is empty: give the item some text", name)
+        if not _encodable(t):
+            raise HTTPError(422, f"{name} holds an unpaired surrogate escape (not valid Unicode text): fix it", name)
+    return texts, single
+
+
+def _default_task() -> dict[str, Any]:
+    return {"labels": None, "system": None, "template": None, "truncate": None, "min_confidence": None}
+
+
+TEI_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction", "parameters")
+
+
+def _check_tei(data: Any, opts: ServeOptions) -> tuple[list[str], bool, dict[str, Any], bool, int | None]:
+    """TEI's /predict body: {"inputs": str | [str], "raw_scores"?, "truncate"?, "truncation_direction"?},
+    and the InferenceClient's {"inputs", "parameters": {"function_to_apply"?, "top_k"?}}.
+    Returns (texts, one string given, task, raw scores, top k)."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, "the body must be a JSON object with 'inputs'", "body")
+    unknown = sorted(set(data) - set(TEI_FIELDS))
+    if unknown:
+        raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(TEI_FIELDS)}", unknown[0])
+    if "inputs" not in data:
+        raise HTTPError(422, "'inputs' is missing: give a string or a list of strings", "inputs")
+    texts, single = _check_texts(data["inputs"], "inputs", opts)
+    task = _default_task()
+    raw_scores = data.get("raw_scores", False)
+    if raw_scores is None:
+        raw_scores = False
+    if not isinstance(raw_scores, bool):
+        raise HTTPError(422, "'raw_scores' must be true or false", "raw_scores")
+    direction = data.get("truncation_direction") or "Right"
+    if not isinstance(direction, str) or direction.lower() not in ("right", "left"):
+        raise HTTPError(422, '\'truncation_direction\' must be "Right" or "Left"', "truncation_direction")
+    if "truncate" in data and data["truncate"] is not None:
+        tr = data["truncate"]
+        if not isinstance(tr, bool):
+            raise HTTPError(422, "'truncate' must be true or false", "truncate")
+        # TEI cuts the end off ("Right", keeping the head) unless told "Left" (keeping the tail).
+        task["truncate"] = ("head" if direction.lower() == "right" else "tail") if tr else False
+    top_k = None
+    params = data.get("parameters")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise HTTPError(422, "'parameters' must be an object", "parameters")
+        extra = sorted(k for k, v in params.items() if k not in ("function_to_apply", "top_k") and v is not None)
+        if extra:
+            raise HTTPError(
+                422, f"unknown parameter {extra[0]!r}: use function_to_apply, top_k", f"parameters.{extra[0]}"
+            )
+        fn = params.get("function_to_apply")
+        if fn is not None:
+            if fn not in ("softmax", "none"):
+                raise HTTPError(
+                    422,
+                    f"function_to_apply {fn!r} is not supported: 'softmax' (probabilities, the default) or 'none' "
+                    "(the raw label scores); one label per text, so no 'sigmoid'",
+                    "parameters.function_to_apply",
+                )
+            raw_scores = raw_scores or fn == "none"
+        k = params.get("top_k")
+        if k is not None:
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise HTTPError(422, "'top_k' must be an integer of 1 or more", "parameters.top_k")
+            top_k = k
+    return texts, single, task, raw_scores, top_k
+
+
+VLLM_FIELDS = ("model", "input", "truncate_prompt_tokens", "user", "priority", "request_id")
+
+
+def _check_vllm(data: Any, opts: ServeOptions) -> tuple[list[str], bool, dict[str, Any]]:
+    """vLLM's classification body: {"model", "input": str | [str], "truncate_prompt_tokens"?}
+    (`user`, `priority`, `request_id` are accepted and ignored)."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, "the body must be a JSON object with 'input'", "body")
+    unknown = sorted(set(data) - set(VLLM_FIELDS))
+    if unknown:
+        raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(VLLM_FIELDS)}", unknown[0])
+    if "input" not in data:
+        raise HTTPError(422, "'input' is missing: give a string or a list of strings", "input")
+    if data.get("model") is not None and not isinstance(data["model"], str):
+        raise HTTPError(422, "'model' must be a string", "model")
+    texts, single = _check_texts(data["input"], "input", opts)
+    task = _default_task()
+    tpt = data.get("truncate_prompt_tokens")
+    if tpt is not None:
+        if isinstance(tpt, bool) or not isinstance(tpt, int) or tpt != -1:
+            raise HTTPError(
+                422,
+                "'truncate_prompt_tokens' must be -1 (truncate to the model's context, keeping the end as vLLM "
+                "does) or null; a token count is not supported",
+                "truncate_prompt_tokens",
+            )
+        task["truncate"] = "tail"
+    return texts, single, task
+
+
 async def _read_body(request: Any, limit: int) -> bytes:
     n = request.headers.get("content-length")
     if n is not None and n.isdigit() and int(n) > limit:
@@ -839,13 +987,80 @@ async def _until_disconnect(request: Any) -> None:
             return
 
 
+_STR_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+_COMMON_ERRORS = {
+    "401": {"description": "missing or wrong Bearer key"},
+    "413": {"description": "body or item count over the limit"},
+    "422": {"description": "invalid field, empty text, prompt over the context"},
+    "429": {"description": "queue full; see Retry-After"},
+    "503": {"description": "loading or shutting down"},
+    "504": {"description": "request timeout"},
+}
+_TEI_PREDICT: dict[str, Any] = {
+    "summary": "text-embeddings-inference's /predict: one list of {label, score} per input, best first "
+    "(a single string is answered as a list holding its one list).",
+    "security": [{"bearer": []}],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "inputs": _STR_OR_LIST,
+                        "raw_scores": {"type": "boolean", "description": "the model's label scores, no softmax"},
+                        "truncate": {"type": "boolean", "nullable": True},
+                        "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
+                        "parameters": {
+                            "type": "object",
+                            "description": "Hugging Face InferenceClient's: function_to_apply (softmax|none), top_k",
+                        },
+                    },
+                }
+            }
+        },
+    },
+    "responses": {
+        "200": {"description": "[[{label, score}, ...], ...]; errors are {error, error_type}"},
+        **_COMMON_ERRORS,
+    },
+}
+_VLLM_CLASSIFY: dict[str, Any] = {
+    "summary": "vLLM's classification API: {model, input} -> {id, object: list, created, model, "
+    "data: [{index, label, probs (the task's label order), num_classes}], usage}. "
+    "POST /v1/classify with an 'input' field answers the same.",
+    "security": [{"bearer": []}],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["input"],
+                    "properties": {
+                        "model": {"type": "string", "description": "any name: the server has one model"},
+                        "input": _STR_OR_LIST,
+                        "truncate_prompt_tokens": {"type": "integer", "enum": [-1], "nullable": True},
+                        "user": {"type": "string"},
+                        "priority": {"type": "integer"},
+                        "request_id": {"type": "string"},
+                    },
+                }
+            }
+        },
+    },
+    "responses": {"200": {"description": "vLLM's ClassificationResponse"}, **_COMMON_ERRORS},
+}
+
 OPENAPI: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {"title": "mlx-slm", "version": "1"},
     "paths": {
         "/v1/classify": {
             "post": {
-                "summary": "Classify one text or a list of texts into one of the task's labels.",
+                "summary": "Classify one text or a list of texts into one of the task's labels "
+                "(a body with vLLM's 'input' field gets vLLM's answer, as POST /classify).",
                 "security": [{"bearer": []}],
                 "requestBody": {
                     "required": True,
@@ -891,6 +1106,22 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
+        "/classify": {"post": _VLLM_CLASSIFY},
+        "/predict": {"post": _TEI_PREDICT},
+        "/": {"post": {**_TEI_PREDICT, "summary": "As POST /predict (Hugging Face's InferenceClient posts here)."}},
+        "/info": {
+            "get": {
+                "summary": "text-embeddings-inference's /info: model_id, model_sha, model_dtype, "
+                "model_type.classifier.id2label, max_input_length, max_batch_tokens, max_client_batch_size, version.",
+                "security": [{"bearer": []}],
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "summary": "OpenAI/vLLM model list: the one served model (id, max_model_len, labels).",
+                "security": [{"bearer": []}],
+            }
+        },
         "/v1/model": {"get": {"summary": "Model, weights sha256, dtype, device, default task, limits."}},
         "/health": {"get": {"summary": "200 when loaded and warmed; 503 before, and while draining."}},
         "/metrics": {"get": {"summary": "Prometheus text format."}},
@@ -912,8 +1143,8 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
     opts = service.opts
     m = service.metrics
 
-    def error_response(e: HTTPError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    def error_response(e: HTTPError, style: str = "ours") -> JSONResponse:
+        return JSONResponse(e.body(style), status_code=e.status, headers=e.headers)
 
     def check_auth(request: Request) -> None:
         if not opts.api_key:
@@ -928,34 +1159,52 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    async def classify(request: Request) -> Any:
-        t0 = time.perf_counter()
-        try:
-            resp = await _classify(request, t0)
-            m.count(m.requests, "ok")
-            m.observe("mlx_slm_request_seconds", time.perf_counter() - t0)
-            return resp
-        except HTTPError as e:
-            m.count(m.requests, e.outcome)
-            return error_response(e)
-        except Exception as e:  # noqa: BLE001 - a bug of ours: one log line, a counted 500, no ASGI traceback
-            import logging
+    def endpoint(handler: Callable[..., Any], style: str = "ours") -> Callable[..., Any]:
+        """A classifying route: every outcome counted in /metrics, every error a JSON body in the
+        route's style (ours, TEI's, or OpenAI/vLLM's), a bug of ours one log line and a 500."""
 
-            logging.getLogger("mlx_slm.server").error("POST /v1/classify failed: %s: %s", type(e).__name__, e)
-            m.count(m.requests, "error")
-            return error_response(HTTPError(500, f"internal error ({type(e).__name__}): please report it"))
+        async def run(request: Request) -> Any:
+            t0 = time.perf_counter()
+            try:
+                resp = await handler(request, t0)
+                m.count(m.requests, "ok")
+                m.observe("mlx_slm_request_seconds", time.perf_counter() - t0)
+                return resp
+            except HTTPError as e:
+                m.count(m.requests, e.outcome)
+                return error_response(e, getattr(e, "style", None) or style)
+            except Exception as e:  # noqa: BLE001 - a bug of ours: one log line, a counted 500, no ASGI traceback
+                import logging
 
-    async def _classify(request: Request, t0: float) -> Any:
-        check_auth(request)
+                logging.getLogger("mlx_slm.server").error(
+                    "%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e
+                )
+                m.count(m.requests, "error")
+                return error_response(HTTPError(500, f"internal error ({type(e).__name__}): please report it"), style)
+
+        return run
+
+    def check_ready() -> None:
         if service.draining:
             raise HTTPError(
                 503, "the server is shutting down: not accepting new requests", headers={"Retry-After": "5"}
             )
         if not service.ready:
             raise HTTPError(503, service.load_error or "the model is loading", headers={"Retry-After": "5"})
-        raw = await _read_body(request, opts.max_body_bytes)
-        data = parse_body(raw)
-        texts, ids, task = _check_request(data, opts)
+
+    async def admit(request: Request) -> Any:
+        """Auth, readiness, then the body as JSON (a 4xx naming what is wrong)."""
+        check_auth(request)
+        check_ready()
+        return parse_body(await _read_body(request, opts.max_body_bytes))
+
+    async def compute(
+        request: Request, t0: float, texts: list[str], task: dict[str, Any], names: list[str], whole: str, hint: str
+    ) -> tuple[list[Any], list[Any], Any, Any]:
+        """Queue the texts of one request on the model worker and wait for them: (calibrated
+        predictions, the worker's (prediction, queue s, inference s) per item, the run's
+        `Calibration`, the task's front classifier). `names`: each text's field, for errors;
+        `whole`: the field a timeout names; `hint`: how this API asks for truncation."""
         key = service.task_key(task["labels"], task["system"], task["template"], task["truncate"])
         try:
             front = await run_in_threadpool(service.front_classifier, key)
@@ -972,10 +1221,9 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
             )
             raise HTTPError(422, msg, fld) from None
         prepared = await run_in_threadpool(front.prepare, texts)
-        names = ["text"] if "text" in data else [f"texts[{i}]" for i in range(len(texts))]
         for it, name in zip(prepared, names):
             if it.error:
-                msg = it.error.replace("--truncate head|tail|middle", '"truncate": "head"|"tail"|"middle"')
+                msg = it.error.replace("--truncate head|tail|middle", hint)
                 raise HTTPError(422, f"{name}: {msg}", name)
         p = len(front.prefix_tokens)
         hits = [bool(p) and tuple(it.ids[:p]) == front.prefix_tokens for it in prepared]
@@ -998,24 +1246,53 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
                     504,
                     f"not answered within the request timeout of {opts.request_timeout_s:g} s: "
                     "retry, or send fewer texts",
-                    "texts" if len(texts) > 1 else "text",
+                    whole,
                 )
             if job.error is not None:
                 raise job.error
         finally:
             service.finished()
         from .classifier import Calibration
-        from .output import result_record
 
         cal, base, conf, warmup = service.calibration_for(key)
         if task["min_confidence"] is not None:
             conf = task["min_confidence"]
         calib = Calibration(cal, front.labels, warmup=warmup, min_confidence=conf, base=base)
         preds = list(calib(r[0] for r in job.results))
+        return preds, job.results, calib, front
+
+    async def _classify(request: Request, t0: float) -> Any:
+        data = await admit(request)
+        if isinstance(data, dict) and "input" in data and not {"text", "texts"} & set(data):
+            try:  # vLLM's body (`input`): vLLM's answer, as vLLM serves /v1/classify too
+                return await _vllm_answer(request, t0, data)
+            except HTTPError as e:
+                e.style = "openai"  # type: ignore[attr-defined]
+                raise
+        if isinstance(data, dict) and "inputs" in data and not {"text", "texts"} & set(data):
+            raise HTTPError(
+                422,
+                "'inputs' is text-embeddings-inference's field: POST that body to /predict (TEI's answer), "
+                "or send 'text'/'texts' here",
+                "inputs",
+            )
+        texts, ids, task = _check_request(data, opts)
+        names = ["text"] if "text" in data else [f"texts[{i}]" for i in range(len(texts))]
+        preds, raw, calib, _ = await compute(
+            request,
+            t0,
+            texts,
+            task,
+            names,
+            "texts" if len(texts) > 1 else "text",
+            '"truncate": "head"|"tail"|"middle"',
+        )
+        from .output import result_record
+
         results = []
         for i, pr in enumerate(preds):
             rec = result_record(SimpleNamespace(id=ids[i], line=None, error=None), pr, calib.method)
-            _, q, inf = job.results[i]
+            _, q, inf = raw[i]
             rec["queue_ms"], rec["inference_ms"] = round(q * 1000, 3), round(inf * 1000, 3)
             results.append(rec)
         total = (time.perf_counter() - t0) * 1000
@@ -1029,6 +1306,66 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
                 "x-inference-time": str(int(round(i_ms))),
             },
         )
+
+    async def _tei_predict(request: Request, t0: float) -> Any:
+        """text-embeddings-inference's /predict (and Hugging Face's InferenceClient, which posts
+        `{"inputs", "parameters"}` to its base URL): one list of {label, score}, best first, per
+        input; a single string is answered as a list holding its one list."""
+        data = await admit(request)
+        texts, single, task, raw_scores, top_k = _check_tei(data, opts)
+        names = ["inputs"] if single else [f"inputs[{i}]" for i in range(len(texts))]
+        preds, _, _, _ = await compute(request, t0, texts, task, names, "inputs", '"truncate": true')
+        out = []
+        for p in preds:
+            vals = p.scores if raw_scores else p.probs
+            ranked = sorted(({"label": lab, "score": float(v)} for lab, v in vals.items()), key=lambda d: -d["score"])
+            out.append(ranked[:top_k] if top_k else ranked)
+        return JSONResponse(out)
+
+    def served_name() -> str:
+        ld = service.loaded
+        return (ld.model if ld is not None and ld.model else None) or "mlx-slm"
+
+    async def _vllm_classify(request: Request, t0: float) -> Any:
+        return await _vllm_answer(request, t0, await admit(request))
+
+    async def _vllm_answer(request: Request, t0: float, data: Any) -> Any:
+        """vLLM's classification API: `{"model", "input": str | [str]}` -> `{"id", "object": "list",
+        "created", "model", "data": [{"index", "label", "probs", "num_classes"}], "usage"}`; `probs`
+        in the task's label order. `model` is accepted as any name (one model per server) and the
+        answer names the served one."""
+        import uuid
+
+        texts, single, task = _check_vllm(data, opts)
+        names = ["input"] if single else [f"input[{i}]" for i in range(len(texts))]
+        preds, _, _, front = await compute(request, t0, texts, task, names, "input", '"truncate_prompt_tokens": -1')
+        labels = list(front.labels)
+        rows = []
+        for i, p in enumerate(preds):
+            row: dict[str, Any] = {
+                "index": i,
+                "label": p.label,
+                "probs": [float(p.probs[lab]) for lab in labels],
+                "num_classes": len(labels),
+            }
+            if p.abstained:
+                row["abstained"] = True
+            rows.append(row)
+        n = sum(p.n_tokens for p in preds)
+        return JSONResponse(
+            {
+                "id": f"classify-{uuid.uuid4().hex}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": served_name(),
+                "data": rows,
+                "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None},
+            }
+        )
+
+    classify = endpoint(_classify)
+    tei_predict = endpoint(_tei_predict, "tei")
+    vllm_classify = endpoint(_vllm_classify, "openai")
 
     async def model_info(request: Request) -> Any:
         try:
@@ -1075,6 +1412,89 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
             }
         )
 
+    def guard(request: Request) -> Any:
+        """Auth and readiness for the read-only model routes; None when they pass."""
+        try:
+            check_auth(request)
+            if not service.ready:
+                raise HTTPError(503, service.load_error or "the model is loading", headers={"Retry-After": "5"})
+        except HTTPError as e:
+            return e
+        return None
+
+    async def tei_info(request: Request) -> Any:
+        """text-embeddings-inference's /info, for a sequence classifier."""
+        from . import __version__
+
+        if (e := guard(request)) is not None:
+            return error_response(e, "tei")
+        ld = service.loaded
+        clf = ld.clf  # type: ignore[union-attr]
+        labels = list(clf.labels)
+        return JSONResponse(
+            {
+                "model_id": served_name(),
+                "model_sha": ld.weights_sha256,  # type: ignore[union-attr]
+                "model_dtype": clf.engine.compute_dtype,
+                "model_type": {
+                    "classifier": {
+                        "id2label": {str(i): lab for i, lab in enumerate(labels)},
+                        "label2id": {lab: i for i, lab in enumerate(labels)},
+                    }
+                },
+                "max_concurrent_requests": opts.max_queue_items,
+                "max_input_length": clf.max_length,
+                "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
+                "max_batch_requests": opts.max_batch_items,
+                "max_client_batch_size": opts.max_items_per_request,
+                "auto_truncate": clf.truncate is not None,
+                "tokenization_workers": 1,
+                "version": __version__,
+                "sha": None,
+                "docker_label": None,
+            }
+        )
+
+    started = int(time.time())
+
+    async def vllm_models(request: Request) -> Any:
+        """The OpenAI/vLLM model list: the one model this server serves."""
+        if (e := guard(request)) is not None:
+            return error_response(e, "openai")
+        clf = service.loaded.clf  # type: ignore[union-attr]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": served_name(),
+                        "object": "model",
+                        "created": started,
+                        "owned_by": "mlx-slm",
+                        "root": str(clf.path) if clf.path else served_name(),
+                        "parent": None,
+                        "max_model_len": clf.max_length,
+                        "labels": list(clf.labels),
+                    }
+                ],
+            }
+        )
+
+    async def http_error(request: Request, exc: Any) -> Any:
+        """Unknown routes (404), wrong methods (405) and any other HTTP error Starlette raises:
+        the same JSON error shape as everywhere else."""
+        status = getattr(exc, "status_code", 500)
+        path = request.url.path
+        if status == 404:
+            msg = f"no route {path}: see /openapi.json for the routes this server has"
+        elif status == 405:
+            allow = (getattr(exc, "headers", None) or {}).get("Allow", "")
+            msg = f"{request.method} is not allowed on {path}" + (f": use {allow}" if allow else "")
+        else:
+            msg = str(getattr(exc, "detail", "")) or "HTTP error"
+        err = HTTPError(status, msg, headers=dict(getattr(exc, "headers", None) or {}))
+        return error_response(err, "tei" if path in ("/", "/predict", "/info") else "ours")
+
     async def health(request: Request) -> Any:
         if service.load_error:
             return JSONResponse({"status": "failed", "error": service.load_error}, status_code=503)
@@ -1105,15 +1525,23 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
         finally:
             await run_in_threadpool(service.stop)
 
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
     return Starlette(
         routes=[
             Route("/v1/classify", classify, methods=["POST"]),
+            Route("/classify", vllm_classify, methods=["POST"]),
+            Route("/predict", tei_predict, methods=["POST"]),
+            Route("/", tei_predict, methods=["POST"]),
+            Route("/info", tei_info, methods=["GET"]),
+            Route("/v1/models", vllm_models, methods=["GET"]),
             Route("/v1/model", model_info, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
         ],
         lifespan=lifespan,
+        exception_handlers={StarletteHTTPException: http_error},
     )
 
 
