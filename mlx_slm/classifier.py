@@ -6,6 +6,10 @@ Data flows one way through the modules:
           -> batch plan (batching) -> forward (engine) -> label scores (scoring)
           -> predictions -> calibration (Calibration, here) -> the caller
 
+With a learned head (`heads.Head`, trained by `mlx-slm train`) the forward stops at the
+head's layer and the head's numpy predict replaces label scoring: features (engine) ->
+head -> predictions. No label tokens run, so the label count does not change the cost.
+
 Each optimization can be switched off alone (`sort`, `use_prefix_cache`, the token
 budget), so its worth can be measured, and none of them may change a prediction.
 """
@@ -25,7 +29,7 @@ import numpy as np
 from . import batching
 from .calibration import DEFAULT_WARMUP, Calibrator
 from .engine import Engine
-from .labels import LabelSet, build_labelset, softmax
+from .labels import LabelError, LabelSet, build_labelset, softmax
 from .labels import validate as validate_labels
 from .models import Model
 from .prefix_cache import PrefixCache
@@ -44,6 +48,7 @@ from .prompts import (
 from .scoring import LABEL_PASSES, score_batch
 
 if TYPE_CHECKING:
+    from .heads import Head
     from .task import Task
 
 # Batch planner defaults. On a 2-core x86 CPU throughput per processed token was flat from
@@ -162,7 +167,20 @@ class Classifier:
         warmup: int = DEFAULT_WARMUP,
         label_pass: str = "trie",
         label_descriptions: Mapping[str, str] | None = None,
+        head: Head | None = None,
     ):
+        if head is not None:
+            if tuple(labels) != tuple(head.labels):
+                raise LabelError(
+                    f"the head was trained for the labels {list(head.labels)[:8]}"
+                    f"{' ...' if len(head.labels) > 8 else ''}; got {list(labels)[:8]}: pass the head's labels"
+                )
+            if not (calibration == "none" or getattr(calibration, "method", None) == "none"):
+                raise LabelError(
+                    "calibration does not apply to a learned head (its probabilities are fitted on labelled "
+                    "data already): use calibration='none'"
+                )
+        self.head = head
         if label_pass not in LABEL_PASSES:
             raise ValueError(f"label_pass must be one of {', '.join(LABEL_PASSES)}, not {label_pass!r}")
         self.label_pass = label_pass
@@ -184,14 +202,19 @@ class Classifier:
         self.sort, self.truncate, self.keep_logits = sort, truncate, keep_logits
         self.max_length = max_length or engine.max_length
         probe = render(tokenizer, self.format, "example")
-        self.labelset: LabelSet = build_labelset(tokenizer, labels, probe, scoring)
+        if head is None:
+            self.labelset: LabelSet = build_labelset(tokenizer, labels, probe, scoring)
+        else:  # the head reads hidden states: no label tokens run, none are scored
+            self.labelset = LabelSet(tuple(validate_labels(labels)), tuple(() for _ in labels), "head")
+        # Tokens that run after the prompt (label continuations in sequence mode; none with a head).
+        self.label_extra = 0 if head is not None else self.labelset.max_len - 1
         head = shared_prefix(tokenizer, self.format)
         # The fixed part of every prompt (system, examples, template, chat head) must leave room
         # for at least one text token and the label: checked before any forward pass is paid for.
         # With truncation asked for, the run goes on and every row says why it failed.
         self.format_error: str | None = None
         fixed = len(tokenize(tokenizer, [render(tokenizer, self.format, "x")])[0])  # one text token included
-        if fixed + self.labelset.max_len - 1 > self.max_length:
+        if fixed + self.label_extra > self.max_length:
             parts = (
                 "the system prompt, template and examples" if self.format.examples else "the system prompt and template"
             )
@@ -251,6 +274,8 @@ class Classifier:
         engine = engine or Engine.load(t.model, dtype, dequantize)
         if engine.path is not None and not isinstance(t.calibration, str):  # a saved prior: same weights only
             t.check_weights(weights_sha256(engine.path))
+        if engine.path is not None and t.head is not None:  # a head: same weights only
+            t.check_weights(weights_sha256(engine.path))
         return cls(
             engine,
             None,
@@ -262,6 +287,7 @@ class Classifier:
             calibration=t.calibration,
             min_confidence=t.min_confidence,
             warmup=t.warmup,
+            head=t.head,
             **kwargs,
         )
 
@@ -300,6 +326,8 @@ class Classifier:
         """
         texts = list(texts)
         cal = self.calibration if calibration is None else calibration
+        if self.head is not None and not (cal == "none" or getattr(cal, "method", None) == "none"):
+            raise LabelError("calibration does not apply to a learned head: use calibration='none'")
         conf = self.min_confidence if min_confidence is None else min_confidence
         run = self.classify_iter(texts, window=max(1, len(texts)))
         return list(Calibration(cal, self.labels, warmup=max(2, len(texts)), min_confidence=conf)(run))
@@ -347,7 +375,7 @@ class Classifier:
             else:
                 good.append((item, text))
         ids = tokenize(self.tokenizer, [render(self.tokenizer, self.format, t) for _, t in good])
-        extra = self.labelset.max_len - 1  # label tokens run after the prompt in sequence mode
+        extra = self.label_extra  # label tokens run after the prompt in sequence mode
         for (item, text), seq in zip(good, ids):
             item.ids = seq
             if len(seq) + extra > self.max_length:
@@ -389,6 +417,27 @@ class Classifier:
         for item in items:
             if item.error:
                 results[item.index] = Prediction(item.index, error=item.error, n_tokens=len(item.ids))
+        # Counted up front: a consumer that stops at the window's last prediction sees them too.
+        st.items += len(items)
+        st.errors += sum(1 for it in items if it.error)
+        st.prompt_tokens += sum(len(it.ids) for it in items if not it.error)
+        next_out = 0
+        for batch, group, pre in self._batches(items, st):
+            for pred in self._run_batch(batch, group, pre, st):
+                results[pred.index] = pred
+            # Hand out whatever is now complete in input order.
+            while next_out < len(items) and items[next_out].index in results:
+                yield results.pop(items[next_out].index)
+                next_out += 1
+        while next_out < len(items):
+            yield results.pop(items[next_out].index)
+            next_out += 1
+
+    def _batches(
+        self, items: Sequence[_Item], st: Stats
+    ) -> Iterator[tuple[batching.Batch, list[_Item], PrefixCache | None]]:
+        """The length-bucketed batches of a window's good items: (padded batch, its items, the
+        prefix KV it continues, or None). Items starting with the shared head run after it."""
         live = [it for it in items if not it.error]
         p_len = len(self.prefix_tokens)
         hit = [bool(p_len) and starts_with(it.ids, self.prefix_tokens) for it in live]
@@ -401,7 +450,6 @@ class Classifier:
             # already in the engine's cache, from an earlier run or task, costs nothing).
             st.processed_tokens += p_len if computed else 0
             st.prefix_saved_tokens += len(cached) * p_len - (p_len if computed else 0)
-        next_out = 0
         for group, pre in ((cached, prefix), (uncached, None)):
             if not group:
                 continue
@@ -410,23 +458,40 @@ class Classifier:
             lengths = [len(s) for s in suffixes]
             extra = self.labelset.row_tokens  # every row also runs the label trie: count it in the budget
             for idx in batching.plan(lengths, self.batch_size, self.max_batch_tokens, self.sort, extra):
-                batch = batching.pad(suffixes, idx, self.engine.pad_id, cache_len=p)
-                for pred in self._run_batch(batch, [group[i] for i in idx], pre, st):
-                    results[pred.index] = pred
-                # Hand out whatever is now complete in input order.
-                while next_out < len(items) and items[next_out].index in results:
-                    yield results.pop(items[next_out].index)
-                    next_out += 1
-        st.items += len(items)
-        st.errors += sum(1 for it in items if it.error)
-        st.prompt_tokens += sum(len(it.ids) for it in live)
-        while next_out < len(items):
-            yield results.pop(items[next_out].index)
-            next_out += 1
+                yield batching.pad(suffixes, idx, self.engine.pad_id, cache_len=p), [group[i] for i in idx], pre
+
+    def features(
+        self, texts: Sequence[str], layers: Sequence[int], window: int = 1024
+    ) -> tuple[np.ndarray, list[str | None], Stats]:
+        """Last-position hidden states after `layers` for every text, through the same prompt,
+        prefix cache and batch plan as classification: ((N, len(layers), D) float32, per-text
+        error or None (its row is NaN), the run's figures). The forward stops at the deepest layer."""
+        st = Stats()
+        t0 = time.perf_counter()
+        n, dim = len(texts), int(self.model.args.hidden_size)
+        out = np.full((n, len(layers), dim), np.nan, dtype=np.float32)
+        errors: list[str | None] = [None] * n
+        for start in range(0, n, window):
+            items = self.prepare(texts[start : start + window], start)
+            for it in items:
+                errors[it.index] = it.error
+            for batch, group, pre in self._batches(items, st):
+                got = self.engine.features(batch, pre, list(layers))
+                out[[it.index for it in group]] = got
+                st.batches += 1
+                st.processed_tokens += batch.padded_tokens
+                st.padding_tokens += batch.padded_tokens - batch.real_tokens
+            st.items += len(items)
+            st.errors += sum(1 for it in items if it.error)
+            st.prompt_tokens += sum(len(it.ids) for it in items if not it.error)
+        st.seconds = time.perf_counter() - t0
+        return out, errors, st
 
     def _run_batch(
         self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
     ) -> list[Prediction]:
+        if self.head is not None:
+            return self._run_head(batch, items, prefix, st)
         got = score_batch(self.engine, batch, prefix, self.labelset, self.keep_logits, self.label_pass)
         st.batches += 1
         st.processed_tokens += batch.padded_tokens + got.label_tokens
@@ -446,6 +511,32 @@ class Classifier:
                     len(item.ids),
                     item.truncated,
                     logits=None if got.logits is None else got.logits[r],
+                )
+            )
+        return preds
+
+    def _run_head(
+        self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
+    ) -> list[Prediction]:
+        """The head's labels: hidden states at its layer(s) (the forward stops there), numpy predict."""
+        head = self.head
+        assert head is not None
+        lp = head.log_probs(self.engine.features(batch, prefix, list(head.layers)))
+        st.batches += 1
+        st.processed_tokens += batch.padded_tokens
+        st.padding_tokens += batch.padded_tokens - batch.real_tokens
+        labels = head.labels
+        preds = []
+        for r, item in enumerate(items):
+            s = lp[r]
+            preds.append(
+                Prediction(
+                    item.index,
+                    labels[int(np.argmax(s))],
+                    {lab: float(x) for lab, x in zip(labels, np.exp(s))},
+                    {lab: float(x) for lab, x in zip(labels, s)},
+                    len(item.ids),
+                    item.truncated,
                 )
             )
         return preds

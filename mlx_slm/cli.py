@@ -1,4 +1,4 @@
-"""The `mlx-slm` command: classify, eval, convert, parity, bench, doctor, models.
+"""The `mlx-slm` command: classify, eval, train, convert, parity, bench, doctor, models.
 
 Results go to stdout (JSONL by default) or to `-o FILE`; progress, warnings and the
 summary go to stderr, so the output can be piped. User errors (`errors.UserError`) print
@@ -84,6 +84,7 @@ def main() -> None:
     Quick start (the built-in default model is fetched and converted on first use):
       echo "My card was charged twice" | mlx-slm classify
       mlx-slm classify tickets.jsonl --labels billing,technical,account -o out.jsonl
+      mlx-slm train labelled.jsonl --save-task task.json && mlx-slm classify tickets.jsonl --task task.json
       mlx-slm parity --model smollm2-135m --reference smollm2-135m --n 10
       mlx-slm doctor
     """
@@ -268,6 +269,8 @@ class _Setup:
 
             t = self.task = Task.load(o["task_file"])
             defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
+            if t.head is not None:
+                _check_head_options(given)
             if not isinstance(t.calibration, str) and defining and "calibrate" not in given:
                 names = ", ".join(
                     "--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(defining)
@@ -322,6 +325,7 @@ class _Setup:
             template=o["template"],
             dtype=o["dtype"],
             dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"],
+            **({"head": self.task.head} if self.task is not None and self.task.head is not None else {}),
             batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE,
             max_batch_tokens=o["max_batch_tokens"] or "auto",
             sort=not o["no_sort"],
@@ -332,7 +336,7 @@ class _Setup:
         )
         self.clf = Classifier.load(**self.load_kwargs)
         self.weights = weights_sha256(self.clf.path) if self.clf.path else None
-        if self.task is not None and self.origin == "task":  # the task's prior is used: same weights only
+        if self.task is not None and (self.origin == "task" or self.task.head is not None):  # same weights only
             self.task.check_weights(self.weights, o["model"])
         if self.calibration in ("fit", "em"):
             self.calibration = self._fit(self.calibration)
@@ -415,10 +419,12 @@ class _Setup:
             cal = c if c == "none" else {"method": c, "warmup": self.o["warmup"]}
         else:
             cal = c.to_dict()
+        head = self.clf.head
         return {
             "calibration": cal,
             "min_confidence": self.o["min_confidence"],
             "examples": [list(e) for e in self.clf.format.examples],
+            **({"head": {"layers": list(head.layers), "sha256": head.sha256}} if head is not None else {}),
         }
 
     def save_task(self, run: Any) -> None:
@@ -447,6 +453,22 @@ class _Setup:
         t.save(path)
         if not self.o["quiet"]:
             _err(f"mlx-slm: task saved to {path} ({'no calibration' if cal == 'none' else run.method + ' prior'})")
+
+
+def _check_head_options(given: set[str]) -> None:
+    """A task with a learned head: its model, labels and prompt are what the head was trained on."""
+    changed = {"model", "labels_csv", "labels_file", "system", "template", "examples_file"} & given
+    if changed:
+        names = ", ".join("--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(changed))
+        raise click.UsageError(
+            f"the task's learned head was trained on its own model, labels and prompt; with {names} changed it "
+            "no longer applies: train a new head (mlx-slm train DATA ... --save-task TASK)"
+        )
+    if {"calibrate", "calibration_data"} & given:
+        raise click.UsageError(
+            "calibration does not apply to a task with a learned head (its probabilities are fitted on labelled "
+            "data already): drop --calibrate/--calibration-data; --min-confidence works on the head's probabilities"
+        )
 
 
 @main.command()
@@ -1070,6 +1092,107 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
     click.echo(str(path))
 
 
+# --------------------------------------------------------------------------- train
+
+_TRAIN_TASK_OPTIONS = {
+    "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
+    "text_column", "id_column", "gold_field", "batch_size", "max_batch_tokens", "window", "no_prefix_cache",
+    "truncate", "dtype", "keep_quantized", "quiet",
+}  # fmt: skip
+
+
+def _some_task_options(names: set[str]) -> Any:
+    """The options of classify named in `names` (their parameter names), as classify has them."""
+
+    def deco(f: Any) -> Any:
+        for opt in reversed(_TASK_OPTIONS):
+            if opt(lambda: None).__click_params__[0].name in names:
+                f = opt(f)
+        return f
+
+    return deco
+
+
+@main.command()
+@click.argument("data", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--save-task", required=True, type=click.Path(dir_okay=False), help="Write the task, with its head, here."
+)
+@click.option(
+    "--layers",
+    "layers_spec",
+    default="auto",
+    show_default=True,
+    help="Candidate layers: auto (every eighth of the depth from a quarter on, plus the last two together), "
+    "all, or numbers like 6,12,24.",
+)
+@click.option("--layer", type=click.IntRange(1), help="Use this layer (an earlier one is faster), not the CV's choice.")
+@click.option(
+    "--folds", default=5, show_default=True, type=click.IntRange(2), help="Cross-validation folds (examples per label)."
+)
+@click.option("--seed", default=0, show_default=True, help="Seed of the folds' shuffle.")
+@_some_task_options(_TRAIN_TASK_OPTIONS)
+@click.pass_context
+def train(
+    ctx: click.Context, data: str, save_task: str, layers_spec: str, layer: int | None, folds: int, seed: int, **o: Any
+) -> None:
+    """Train a learned head on labelled DATA (text and --gold-field) and save it in a task.
+
+    
+    One forward pass per text, to the deepest candidate layer; a logistic regression on
+    the last-position hidden state, its layer and strength chosen by stratified k-fold
+    cross-validation. Prints the per-layer table (CV accuracy and macro-F1 against the
+    seconds per item a forward stopped there costs) and the chosen layer. Labels: --labels
+    or --labels-file, else the data's own. Then classify, eval, serve with --task:
+      mlx-slm train labelled.csv --gold-column category --save-task task.json
+      mlx-slm classify tickets.jsonl --task task.json -o out.jsonl
+    """
+    from click.core import ParameterSource
+
+    from .classifier import DEFAULT_BATCH_SIZE
+    from .labels import parse_labels
+    from .train import run_train
+
+    _warn_blas()
+    given = {k for k in o if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
+    _check_outputs([data, o["labels_file"], o["examples_file"]], [("--save-task", save_task)])
+    labels, descriptions = None, {}
+    if o["labels_file"]:
+        from .io import read_label_descriptions
+
+        descriptions = read_label_descriptions(o["labels_file"])
+        labels = list(descriptions)
+    elif "labels_csv" in given:
+        labels = parse_labels(o["labels_csv"])
+    keys = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field")
+    _, table = run_train(
+        data,
+        save_task,
+        model=o["model"],
+        labels=labels,
+        descriptions=descriptions,
+        system=o["system"] or None,
+        template=o["template"],
+        examples_file=o["examples_file"],
+        read={k: o[k] for k in keys},
+        layers=layers_spec,
+        layer=layer,
+        folds=folds,
+        seed=seed,
+        dtype=o["dtype"],
+        dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"],
+        window=o["window"],
+        batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE,
+        max_batch_tokens=o["max_batch_tokens"] or "auto",
+        use_prefix_cache=not o["no_prefix_cache"],
+        truncate=o["truncate"],
+        progress=(lambda m: None) if o["quiet"] else (lambda m: _err(f"mlx-slm: {m}")),
+    )
+    click.echo(table)
+    if not o["quiet"]:
+        _err(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
+
+
 # --------------------------------------------------------------------------- parity
 
 
@@ -1098,6 +1221,13 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 @click.option("--strict", is_flag=True, help="Also fail on conversion drift (label disagreement in (b)).")
 @click.option(
+    "--task",
+    "task_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A task with a learned head (mlx-slm train): check its features and labels against Transformers' "
+    "hidden_states at the head's layer (model and prompt from the task).",
+)
+@click.option(
     "--keep-quantized/--dequantize",
     "keep_quantized",
     default=None,
@@ -1116,6 +1246,7 @@ def parity(
     as_json: bool,
     strict: bool,
     keep_quantized: bool | None,
+    task_file: str | None = None,
 ) -> None:
     """Check that the MLX path gives Transformers' labels and logits.
 
@@ -1129,6 +1260,9 @@ def parity(
     from .parity import format_report, run_parity
 
     _warn_blas()
+    if task_file:
+        _head_parity(task_file, n, input_path, dtype, as_json, keep_quantized)
+        return
     if reference is None:
         from .parity import default_reference, is_quantized_dir
 
@@ -1158,6 +1292,34 @@ def parity(
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
     if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
+        sys.exit(1)
+
+
+def _head_parity(
+    task_file: str, n: int, input_path: str | None, dtype: str | None, as_json: bool, keep_quantized: bool | None
+) -> None:
+    from .io import read_rows
+    from .parity import format_head_report, run_head_parity
+    from .task import Task
+
+    t = Task.load(task_file)
+    if t.head is None:
+        raise click.UsageError(f"--task {task_file} has no learned head: parity --task checks heads (mlx-slm train)")
+    if input_path:
+        texts = [r.text for r in read_rows(input_path) if r.error is None][:n]
+        if not texts:
+            raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
+    else:
+        texts = _workload_sample(t.model, n, t.system or "", t.template)
+    r = run_head_parity(
+        t,
+        texts,
+        dtype=dtype,
+        progress=lambda m: _err(f"mlx-slm: {m}"),
+        dequantize=None if keep_quantized is None else not keep_quantized,
+    )
+    click.echo(json.dumps(r, indent=2) if as_json else format_head_report(r))
+    if not r["forward_ok"]:
         sys.exit(1)
 
 

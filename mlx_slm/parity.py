@@ -225,6 +225,104 @@ def run_parity(
     }
 
 
+# Max |delta hidden| / max |hidden| allowed for a head's features, by compute dtype.
+FEATURE_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+
+
+def run_head_parity(
+    task: Any,
+    texts: Sequence[str],
+    dtype: str | None = None,
+    batch_size: int = 8,
+    progress: Callable[[str], None] = lambda _m: None,
+    dequantize: bool | None = None,
+) -> dict[str, Any]:
+    """A learned head's parity: our features at the head's layer(s) (batched, padded, after the
+    prefix cache, the forward stopped there) against Transformers' `hidden_states[layer]` of
+    each prompt alone on the same weight values, and the head's labels from both feature sets
+    (and from `classify`). `task`: a task file or `Task` with a head."""
+    from .classifier import Classifier
+    from .convert import dequantized_copy
+    from .models.quant import describe, quantization_of
+    from .reference import hidden_in_child
+    from .task import Task
+
+    t = task if isinstance(task, Task) else Task.load(task)
+    if t.head is None:
+        raise UserError("the task has no learned head (train one: mlx-slm train DATA --save-task TASK)")
+    head = t.head
+    progress(f"ours: MLX, {t.model}, the head's layer(s) {list(head.layers)}")
+    clf = Classifier.from_task(t, dtype=dtype, batch_size=batch_size, dequantize=dequantize)
+    path = clf.path
+    if path is None:
+        raise UserError(f"{t.model} has no converted directory to give Transformers")
+    q = quantization_of(json.loads((Path(path) / "config.json").read_text()))
+    compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
+    t0 = time.perf_counter()
+    preds = clf.classify(texts)
+    t_ours = time.perf_counter() - t0
+    bad = [p for p in preds if not p.ok]
+    if bad:
+        raise UserError(f"item {bad[0].index}: {bad[0].error}")
+    feats, _, _ = clf.features(texts, head.layers)
+    ids = [it.ids for it in clf.prepare(texts)]
+    with tempfile.TemporaryDirectory() as tmp:
+        same = str(path)
+        if q is not None:  # Transformers cannot read mlx-lm's packing: the same values, unpacked
+            progress("reference weights: the quantized values, dequantized to float32")
+            same = str(dequantized_copy(path, Path(tmp) / "dequantized"))
+        progress(f"reference: Transformers float32, one at a time, hidden_states{list(head.layers)} on {same}")
+        ref, t_ref = hidden_in_child(same, ids, head.layers)
+    d = np.abs(feats.astype(np.float64) - ref)
+    rel = float(max(d[i].max() / max(np.abs(ref[i]).max(), 1e-12) for i in range(len(texts))))
+    lp_ours, lp_ref = head.log_probs(feats), head.log_probs(ref)
+    ours_l = [head.labels[i] for i in lp_ours.argmax(1)]
+    ref_l = [head.labels[i] for i in lp_ref.argmax(1)]
+    clf_l = [p.label for p in preds]
+    dis = [i for i, (a, b) in enumerate(zip(ours_l, ref_l)) if a != b]
+    tol = FEATURE_TOLERANCE[compute]
+    return {
+        "model": str(path),
+        "task": {"layers": list(head.layers), "labels": len(head.labels), "head_sha256": head.sha256},
+        "n": len(texts),
+        "scoring": "head",
+        "compute_dtype": compute,
+        "quantization": None if q is None else describe(q),
+        "tolerance_rel": tol,
+        "features": {"max_abs_diff": float(d.max()), "max_rel_diff": rel},
+        "labels": {"agree": len(texts) - len(dis), "total": len(texts), "disagreements": dis},
+        "classify_matches_features": clf_l == ours_l,
+        "max_abs_dprob": float(np.abs(np.exp(lp_ours) - np.exp(lp_ref)).max()),
+        "forward_ok": rel <= tol and not dis and clf_l == ours_l,
+        "seconds": {"ours": round(t_ours, 2), "reference": round(t_ref, 2)},
+    }
+
+
+def format_head_report(r: dict[str, Any]) -> str:
+    f, lab = r["features"], r["labels"]
+    return "\n".join(
+        [
+            f"model      {r['model']}",
+            f"head       layer(s) {', '.join(map(str, r['task']['layers']))}, {r['task']['labels']} labels, "
+            f"sha256 {r['task']['head_sha256'][:12]}...",
+            f"items {r['n']}, compute {r['compute_dtype']}"
+            + (f"; weights {r['quantization']}" if r.get("quantization") else ""),
+            "",
+            "(a) features: ours (batched, prefix-cached, stopped at the head's layer) vs Transformers' "
+            "hidden_states[layer], each prompt alone, same weight values",
+            f"    max |d feature|          {f['max_abs_diff']:.3g}",
+            f"    max |d| / max |feature|  {f['max_rel_diff']:.3g}   (tolerance {r['tolerance_rel']:g})",
+            "(b) the head's labels from our features vs from Transformers' features",
+            f"    labels agree        {lab['agree']}/{lab['total']}",
+            f"    max |d prob|        {r['max_abs_dprob']:.3g}",
+            f"    classify's labels equal the labels from our features: {r['classify_matches_features']}",
+            f"    -> {'PASS' if r['forward_ok'] else 'FAIL'}",
+            "",
+            f"time: ours {r['seconds']['ours']} s, reference {r['seconds']['reference']} s",
+        ]
+    )
+
+
 def format_report(r: dict[str, Any]) -> str:
     a, b, c = r["forward_exactness"], r["conversion_drift"], r.get("mlxlm")
     q = r.get("quantization")

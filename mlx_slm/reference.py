@@ -78,6 +78,14 @@ class Reference:
         return np.array(scores, dtype=np.float64), last
 
 
+def hidden(ref: Reference, ids: Sequence[int], layers: Sequence[int]) -> np.ndarray:
+    """Transformers' `hidden_states[l]` at the last position for each of `layers`, (len(layers), D)."""
+    torch = ref.torch
+    with torch.inference_mode():
+        hs = ref.model(torch.tensor([list(ids)]), use_cache=False, output_hidden_states=True).hidden_states
+    return np.stack([hs[layer][0, -1].float().numpy() for layer in layers])
+
+
 def run_in_child(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
     """`python ARGS` in a child process without our OpenBLAS preload (MLX_SLM_BLAS=none).
 
@@ -116,8 +124,31 @@ def score_in_child(
         return data["scores"], data["logits"], float(data["seconds"])
 
 
+def hidden_in_child(
+    src: str | Path, prompts: Sequence[Sequence[int]], layers: Sequence[int]
+) -> tuple[np.ndarray, float]:
+    """`hidden` for every prompt, in a child process (see `run_in_child`): ((n, len(layers), D), seconds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.json"
+        out = Path(tmp) / "out.npz"
+        job.write_text(
+            json.dumps({"src": str(src), "prompts": [list(map(int, p)) for p in prompts], "layers": list(layers)})
+        )
+        done = run_in_child(["-m", "mlx_slm.reference", str(job), str(out)])
+        if done.returncode != 0:
+            raise RuntimeError(f"the Transformers reference failed on {src} (exit status {done.returncode})")
+        data = np.load(out)
+        return data["hidden"], float(data["seconds"])
+
+
 def _child(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
+    if "layers" in job:  # hidden states (learned heads)
+        ref = Reference(job["src"])
+        t = time.perf_counter()
+        hs = np.array([hidden(ref, p, job["layers"]) for p in job["prompts"]])
+        np.savez(out_path, hidden=hs, seconds=time.perf_counter() - t)
+        return
     ls = LabelSet(tuple(job["labels"]), tuple(tuple(t) for t in job["token_ids"]), job["mode"])
     ref = Reference(job["src"])
     t = time.perf_counter()

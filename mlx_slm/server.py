@@ -458,7 +458,7 @@ class Service:
         )
         for k in ("calibration", "min_confidence", "warmup"):
             kw.pop(k, None)
-        head = getattr(base, "head", None)  # a learned head holds for its own labels and prompt only
+        head = kw.pop("head", None) or getattr(base, "head", None)  # it holds for its own labels and prompt only
         if head is not None and same_labels and (system, template) == (base.format.system, base.format.template):
             kw["head"] = head
         return Classifier(engine, None, labels, system, template, **kw)

@@ -5,19 +5,24 @@ it back. It names the model and pins its weights by hash (a prior fitted for one
 weights means nothing for another), and holds the labels, prompt, scoring, few-shot
 examples, calibration (a fitted prior, or the method to fit on each input) and the
 confidence threshold, with the library versions that made it. The service and the
-scale-out runner take the same file.
+scale-out runner take the same file. A task from `mlx-slm train` also holds a learned
+head (`heads.Head`: weights with their sha256, layers, standardisation, labels, the
+cross-validation table, the training data's sha256).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from ._fs import utc_now, write_json_atomic
 from .calibration import DEFAULT_WARMUP, CalibrationError, Calibrator
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .heads import Head
 
 FORMAT = "mlx-slm.task"
 VERSION = 1
@@ -42,9 +47,14 @@ class Task:
     min_confidence: float | None = None
     weights_sha256: str | None = None
     versions: dict[str, str] = field(default_factory=dict, compare=False)
+    head: Head | None = field(default=None, compare=False)  # a learned head (`mlx-slm train`)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, head=None))
+        if self.head is not None:
+            d["head"] = self.head.to_dict()
+        else:
+            del d["head"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
         c = self.calibration
@@ -143,6 +153,24 @@ class Task:
                 f"{where}: field 'calibration' was fitted for the labels {list(fitted.labels)}, but the task's "
                 f"labels are {labels}: recalibrate (--calibrate ... --save-task)"
             )
+        head = None
+        if d.get("head") is not None:
+            from .heads import Head, HeadError
+
+            try:
+                head = Head.from_dict(d["head"], f"{where}: field 'head'")
+            except HeadError as e:
+                raise TaskError(str(e)) from None
+            if list(head.labels) != labels:
+                raise TaskError(
+                    f"{where}: field 'head' was trained for the labels {list(head.labels)[:8]}, but the task's "
+                    f"labels are {labels[:8]}: train the head again (mlx-slm train ... --save-task)"
+                )
+            if cal != "none":
+                raise TaskError(
+                    f"{where}: a task with a learned head takes no calibration (field 'calibration' is not "
+                    "'none'): set it to \"none\", or train the head again"
+                )
         return cls(
             model=d["model"],
             labels=tuple(labels),
@@ -155,6 +183,7 @@ class Task:
             min_confidence=None if mc is None else float(mc),
             weights_sha256=sha,
             versions=versions,
+            head=head,
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -186,11 +215,14 @@ class Task:
         return cls.from_dict(d, f"task file {path}")
 
     def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:
-        """The task's prior was fitted on its weights: refuse to apply it to others."""
+        """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
+            what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
+            if self.head is not None:
+                what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
-                f"the task's prior was fitted on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
-                f"has {weights_sha256[:12]}...: it does not carry over; recalibrate (--calibrate ... --save-task)"
+                f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
+                f"has {weights_sha256[:12]}...: it does not carry over; {fix}"
             )
 
 
