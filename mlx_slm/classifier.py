@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -318,43 +318,132 @@ class Classifier:
 
     # ------------------------------------------------------------------ public API
     def classify(
-        self, texts: Iterable[str], calibration: str | Calibrator | None = None, min_confidence: float | None = None
+        self,
+        texts: Iterable[str] | str,
+        calibration: str | Calibrator | None = None,
+        min_confidence: float | None = None,
+        *,
+        text_column: str | None = None,
+        progress: bool = False,
     ) -> list[Prediction]:
         """Predictions in input order, calibrated as the classifier (or this call) says.
 
-        `calibration="batch"` takes the prior from all of these texts.
+        `texts`: any iterable of strings; a single `str` is one text (a list of one
+        prediction comes back); a pandas DataFrame needs `text_column=` (or use
+        `classify_frame`). `calibration="batch"` takes the prior from all of these texts.
+        `progress=True` draws a tqdm bar on stderr, advanced as each batch finishes.
         """
-        texts = list(texts)
+        texts = list(_as_texts(texts, text_column))
         cal = self.calibration if calibration is None else calibration
         if self.head is not None and not (cal == "none" or getattr(cal, "method", None) == "none"):
             raise LabelError("calibration does not apply to a learned head: use calibration='none'")
         conf = self.min_confidence if min_confidence is None else min_confidence
-        run = self.classify_iter(texts, window=max(1, len(texts)))
+        if progress:  # as each batch finishes, then back in input order before calibrating
+            done = self.classify_iter(texts, window=max(1, len(texts)), ordered=False, progress=True)
+            run: Iterable[Prediction] = sorted(done, key=lambda p: p.index)
+        else:
+            run = self.classify_iter(texts, window=max(1, len(texts)))
         return list(Calibration(cal, self.labels, warmup=max(2, len(texts)), min_confidence=conf)(run))
 
-    def classify_iter(self, texts: Iterable[str], window: int = 1024) -> Iterator[Prediction]:
-        """Stream the model's raw predictions in input order (see `run` for the run's figures)."""
-        return iter(self.run(texts, window))
+    def classify_iter(
+        self,
+        texts: Iterable[str] | str,
+        window: int = 1024,
+        *,
+        ordered: bool = True,
+        text_column: str | None = None,
+        progress: bool = False,
+    ) -> Iterator[Prediction]:
+        """Stream the model's raw predictions (see `run` for the run's figures).
 
-    def run(self, texts: Iterable[str], window: int = 1024) -> Run:
+        ordered=True: in input order (an item waits for the items before it, so with
+        length-sorted batches predictions arrive in bursts); ordered=False: each batch's
+        predictions as soon as that batch finishes (`Prediction.index` is the item's
+        position), error items first within their window. `progress=True`: a tqdm bar."""
+        texts = _as_texts(texts, text_column)
+        total = len(texts) if isinstance(texts, Sized) else None
+        it: Iterator[Prediction] = iter(self.run(texts, window, ordered=ordered))
+        return _with_progress(it, total) if progress else it
+
+    def classify_frame(
+        self,
+        df: Any,
+        text_column: str = "text",
+        calibration: str | Calibrator | None = None,
+        min_confidence: float | None = None,
+        *,
+        prefix: str = "",
+        progress: bool = False,
+    ) -> Any:
+        """A copy of the pandas DataFrame `df` with the predictions of its `text_column`.
+
+        Added columns (each name after `prefix`), as the CSV output has them: `label`,
+        `p_<label>` per label (float), and when calibrated `raw_p_<label>` and `calibration`;
+        `abstained` (bool) with a confidence threshold; `truncated` (bool) and `error` (a
+        row whose text is missing or empty gets its reason there and NaN elsewhere). A
+        column that is already in `df` is refused (pass `prefix=`); the index is kept."""
+        from .output import csv_columns
+
+        if not _is_frame(df):
+            raise TypeError(f"classify_frame takes a pandas DataFrame, got {type(df).__name__}: use classify()")
+        if text_column not in df.columns:
+            raise KeyError(
+                f"text_column={text_column!r} is not a column of the frame (its columns: "
+                f"{', '.join(map(str, list(df.columns)[:10]))}): name the column holding the texts"
+            )
+        cal = self.calibration if calibration is None else calibration
+        conf = self.min_confidence if min_confidence is None else min_confidence
+        calibrated = not (cal == "none" or getattr(cal, "method", None) == "none")
+        names = [
+            c for c in csv_columns(self.labels, raw=calibrated, abstain=conf is not None) if c not in ("id", "line")
+        ]
+        clash = [prefix + c for c in names if prefix + c in df.columns]
+        if clash:
+            raise ValueError(
+                f"the frame already has a column {clash[0]!r}: pass prefix='pred_' (or another) to "
+                "classify_frame so the predictions do not overwrite it"
+            )
+        preds = self.classify(list(df[text_column]), cal, conf, progress=progress)
+        nan = float("nan")
+        cols: dict[str, list[Any]] = {c: [] for c in names}
+        for p in preds:
+            row: dict[str, Any] = {"label": p.label, "truncated": bool(p.truncated), "error": p.error}
+            for lab in self.labels:
+                row[f"p_{lab}"] = p.probs.get(lab, nan)
+                if calibrated:
+                    row[f"raw_p_{lab}"] = (p.raw_probs or {}).get(lab, nan)
+            if calibrated:
+                row["calibration"] = None if p.error else getattr(cal, "method", cal)
+            if conf is not None:
+                row["abstained"] = bool(p.abstained)
+            for c in names:
+                cols[c].append(row[c])
+        out = df.copy()
+        for c in names:
+            out[prefix + c] = cols[c]
+        return out
+
+    def run(self, texts: Iterable[str], window: int = 1024, *, ordered: bool = True) -> Run:
         """A run over `texts`: iterate it for raw predictions in input order; `.stats` counts it.
 
         Memory is bounded by `window` items: sorting by length happens inside a window,
         and each window's predictions are yielded as soon as the items before them are
-        done. Wrap the stream in a `Calibration` to calibrate it or to abstain.
+        done (ordered=False: as soon as their batch is). Wrap the stream in a
+        `Calibration` to calibrate it or to abstain.
         """
+        texts = _as_texts(texts, None)
         stats = Stats()
-        return Run(self._windows(texts, window, stats), stats)
+        return Run(self._windows(texts, window, stats, ordered), stats)
 
     # ------------------------------------------------------------------ pipeline
-    def _windows(self, texts: Iterable[str], window: int, stats: Stats) -> Iterator[Prediction]:
+    def _windows(self, texts: Iterable[str], window: int, stats: Stats, ordered: bool = True) -> Iterator[Prediction]:
         it = iter(texts)
         start = 0
         while True:
             chunk = list(itertools.islice(it, window))
             if not chunk:
                 return
-            yield from self._run_window(chunk, start, stats)
+            yield from self._run_window(chunk, start, stats, ordered)
             start += len(chunk)
 
     def prepare(self, texts: Sequence[str], start: int = 0) -> list[_Item]:
@@ -411,7 +500,7 @@ class Classifier:
             keep -= max(4, len(ids) - limit)
         raise ValueError("the template alone is longer than the model's context")
 
-    def _run_window(self, texts: Sequence[str], start: int, st: Stats) -> Iterator[Prediction]:
+    def _run_window(self, texts: Sequence[str], start: int, st: Stats, ordered: bool = True) -> Iterator[Prediction]:
         items = self.prepare(texts, start)
         results: dict[int, Prediction] = {}
         for item in items:
@@ -422,6 +511,11 @@ class Classifier:
         st.errors += sum(1 for it in items if it.error)
         st.prompt_tokens += sum(len(it.ids) for it in items if not it.error)
         next_out = 0
+        if not ordered:  # each batch as it finishes; the error items first
+            yield from (results.pop(it.index) for it in items if it.error)
+            for batch, group, pre in self._batches(items, st):
+                yield from self._run_batch(batch, group, pre, st)
+            return
         for batch, group, pre in self._batches(items, st):
             for pred in self._run_batch(batch, group, pre, st):
                 results[pred.index] = pred
@@ -649,6 +743,53 @@ class Calibration:
         if self.min_confidence is not None and max(p.probs.values()) < self.min_confidence:
             p = replace(p, label=None, abstained=True)
         return p
+
+
+def _is_frame(x: Any) -> bool:
+    """A pandas DataFrame (or one like it), told without importing pandas."""
+    return type(x).__name__ == "DataFrame" and hasattr(x, "columns") and hasattr(x, "iloc")
+
+
+def _as_texts(texts: Any, text_column: str | None) -> Any:
+    """`texts` as an iterable of texts, refusing what would silently give wrong answers:
+    a single `str` is one text (iterating it would classify each character), a DataFrame
+    needs `text_column` (iterating it gives its column names), bytes are not text."""
+    if isinstance(texts, str):
+        if text_column is not None:
+            raise TypeError("text_column= goes with a pandas DataFrame; got a single string")
+        return [texts]
+    if isinstance(texts, (bytes, bytearray)):
+        raise TypeError("texts are str, not bytes: decode them first (e.g. data.decode('utf-8'))")
+    if _is_frame(texts):
+        if text_column is None:
+            raise TypeError(
+                "a pandas DataFrame iterates over its column names, not its rows: pass text_column='text' "
+                "(the column holding the texts), or df['text'], or use classify_frame(df, text_column=...)"
+            )
+        if text_column not in texts.columns:
+            raise KeyError(f"text_column={text_column!r} is not a column of the frame: name the column of texts")
+        return list(texts[text_column])
+    if text_column is not None:
+        raise TypeError(f"text_column= goes with a pandas DataFrame; got {type(texts).__name__}")
+    if isinstance(texts, Mapping):
+        raise TypeError("a mapping iterates over its keys: pass the texts themselves (e.g. list(d.values()))")
+    return texts
+
+
+def _with_progress(preds: Iterator[Prediction], total: int | None) -> Iterator[Prediction]:
+    """A tqdm bar on stderr, one step per prediction (they come a batch at a time)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        from .errors import MissingExtra
+
+        raise MissingExtra("progress=True needs tqdm: pip install tqdm") from None
+    import sys
+
+    with tqdm(total=total, unit="item", file=sys.stderr, desc="mlx-slm") as bar:
+        for p in preds:
+            bar.update(1)
+            yield p
 
 
 __all__ = ["Calibration", "Classifier", "Engine", "Prediction", "Run", "Stats"]

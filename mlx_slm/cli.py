@@ -93,6 +93,23 @@ def main() -> None:
 # --------------------------------------------------------------------------- classify
 
 
+_ESCAPES_HELP = "On the command line \\n is a newline and \\t a tab (\\\\n: a backslash and n)."
+_ESCAPE = {"\\": "\\", "n": "\n", "t": "\t"}
+
+
+def _escapes(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """`\\n` and `\\t` in --system/--template typed on a command line are a newline and a tab
+    (a shell passes them as a backslash and a letter); `\\\\` is one backslash. Defaults, task
+    files and the Python API take strings as they are."""
+    import re
+
+    from click.core import ParameterSource
+
+    if not isinstance(value, str) or ctx.get_parameter_source(param.name or "") is not ParameterSource.COMMANDLINE:
+        return value
+    return re.sub(r"\\([\\nt])", lambda m: _ESCAPE[m.group(1)], value)
+
+
 class _Progress:
     def __init__(self, quiet: bool):
         self.on = not quiet and sys.stderr.isatty()
@@ -139,9 +156,19 @@ _TASK_OPTIONS = [
     click.option(
         "--labels-file", type=click.Path(exists=True, dir_okay=False), help="One label per line (overrides --labels)."
     ),
-    click.option("--system", default=DEFAULT_SYSTEM, show_default=True, help="System message ('' for none)."),
     click.option(
-        "--template", default=DEFAULT_TEMPLATE, show_default=True, help="User message; {text} is replaced by the item."
+        "--system",
+        default=DEFAULT_SYSTEM,
+        show_default=True,
+        callback=_escapes,
+        help="System message ('' for none). " + _ESCAPES_HELP,
+    ),
+    click.option(
+        "--template",
+        default=DEFAULT_TEMPLATE,
+        show_default=True,
+        callback=_escapes,
+        help="User message; {text} is replaced by the item. " + _ESCAPES_HELP,
     ),
     click.option(
         "--examples",
@@ -473,12 +500,20 @@ def _check_head_options(given: set[str]) -> None:
 
 @main.command()
 @click.argument("input", required=False, default="-")
-@click.option("-o", "--output", help="Output file (.jsonl, .csv or .tsv); default JSONL on stdout.")
+@click.option(
+    "-o",
+    "--output",
+    help="Output file (.jsonl, .csv, .tsv or .parquet); default JSONL on stdout. CSV/TSV ids are strings; "
+    "JSONL and Parquet keep integer and string ids apart.",
+)
 @click.option(
     "--output-format", type=click.Choice(OUTPUT_FORMATS), help="Output format (default: from the -o extension)."
 )
 @click.option(
-    "--resume", is_flag=True, help="Continue an interrupted run into the same -o file (same input and settings)."
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted run into the same -o file (same input and settings). Not for .parquet: "
+    "Parquet is written whole at the end of a run; write .jsonl to resume, or shards and `merge -o X.parquet`.",
 )
 @click.option(
     "--on-error",
@@ -556,6 +591,16 @@ def classify(
         raise click.UsageError("--resume needs -o FILE, a regular file (the output to continue)")
     if resume and input == "-":
         raise click.UsageError("--resume needs an input file: standard input cannot be read again to check it")
+    if out_fmt == "parquet" and not file_out:
+        raise click.UsageError(
+            "Parquet output needs -o FILE.parquet (a regular file): it is written whole, not streamed"
+        )
+    if out_fmt == "parquet" and resume:
+        raise click.UsageError(
+            "--resume does not work with Parquet output: a Parquet file is written whole when the run ends, so "
+            "an interrupted run leaves no rows to continue from. For a resumable run write .jsonl (then convert), "
+            "or run --shard parts and join them with `mlx-slm merge ... -o all.parquet`"
+        )
     dist = _Distribution(shard, use_ray or ray_address is not None, ray_address, workers, worker_threads)
     if dist.shard is not None and not file_out:
         raise click.UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
@@ -723,8 +768,8 @@ def _classify_run(
     previous = read_manifest(output) if (resume and file_out and Path(output).exists()) else None
     if resume and file_out and previous is None and Path(output).exists() and Path(output).stat().st_size > 0:
         raise OutputError(
-            f"{output} has no {Path(output).name}.mlx-slm.json record, so it was not written by mlx-slm classify "
-            "(or by a version before 0.2): not resuming into it, and it is left untouched"
+            f"{output} has no {Path(output).name}.mlx-slm.json record, so it was not written by mlx-slm classify: "
+            "not resuming into it, and it is left untouched (start again without --resume, or choose another -o)"
         )
     rows = iter(
         read_rows(
@@ -781,7 +826,7 @@ def _classify_run(
             "model": o["model"],
             **({"shard": shard_info, "input_sha256": setup.input_sha256} if shard_info else {}),
         }
-    failed = kept = 0
+    failed = kept = kept_failed = 0
     append = False
     fitted: dict[str, Any] = {}
     if previous is not None:
@@ -795,6 +840,7 @@ def _classify_run(
             )
         complete_rows = previous.get("rows") if previous.get("complete") else None
         keep_bytes, kept, failed, redo = plan_resume(output, out_fmt, columns, rows, o["window"], complete_rows)
+        kept_failed = failed
         truncate_to(output, keep_bytes)
         rows = itertools.chain(redo, rows)
         append = True
@@ -845,10 +891,16 @@ def _classify_run(
     if file_out:
         write_manifest(output, settings, complete=True, rows=kept + progress.n, fitted=fitted or None)
     setup.save_task(calib)
+    if not o["quiet"] and kept and progress.n == 0:
+        _err(
+            f"mlx-slm: {output} was complete already: {kept} rows ({kept_failed} errors) kept, nothing left to classify"
+        )
+        return failed
+    kept_note = f"; {kept} rows kept from the interrupted run ({kept_failed} errors)" if kept else ""
     if not o["quiet"]:
         s = run.stats
         head = (
-            f"mlx-slm: {progress.n} rows ({failed} errors"
+            f"mlx-slm: {progress.n} rows ({failed - kept_failed} errors"
             + (f", {abstained} abstained" if o["min_confidence"] is not None else "")
             + f") in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; "
         )
@@ -856,22 +908,23 @@ def _classify_run(
             where = dist.address or "a local Ray"
             _err(
                 head + f"{dist.workers} Ray worker(s) on {where}, {s.prompt_tokens:,} prompt tokens; "
-                f"{clf.mode} scoring; {setup.describe(calib)}"
-                + (f"; {kept} rows kept from the interrupted run" if kept else "")
+                f"{clf.mode} scoring; {setup.describe(calib)}" + kept_note
             )
             return failed
         _err(
             head + f"{s.processed_tokens:,} tokens processed, padding {s.padding_pct:.1f} %, "
             f"prefix {len(clf.prefix) if clf.prefix else 0} tokens, cache saved {s.prefix_saved_tokens:,} tokens "
             f"({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); {clf.mode} scoring; {setup.describe(calib)}"
-            + (f"; {kept} rows kept from the interrupted run" if kept else "")
+            + kept_note
         )
     return failed
 
 
 @main.command()
 @click.argument("parts", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, help="The joined output (the parts' format).")
+@click.option(
+    "-o", "--output", required=True, help="The joined output: the parts' format, or .parquet (typed columns)."
+)
 @click.option(
     "--no-input-check",
     is_flag=True,
@@ -980,6 +1033,8 @@ def evaluate(
         for r in rows:
             p = next(got) if r.error is None else None
             preds.append(None if p is None else {"label": p.label, "probs": p.probs, "error": p.error})
+        for _ in got:  # finish the run (nothing is left but its figures): the summary counts every item
+            pass
         setup.save_task(calib)
         if not o["quiet"]:
             s = run.stats
@@ -1215,8 +1270,8 @@ def train(
     help="Texts to use instead (any classify input).",
 )
 @click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True)
-@click.option("--system", default=DEFAULT_SYSTEM)
-@click.option("--template", default=DEFAULT_TEMPLATE)
+@click.option("--system", default=DEFAULT_SYSTEM, callback=_escapes, help=_ESCAPES_HELP)
+@click.option("--template", default=DEFAULT_TEMPLATE, callback=_escapes, help=_ESCAPES_HELP)
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype of the MLX path.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 @click.option("--strict", is_flag=True, help="Also fail on conversion drift (label disagreement in (b)).")
@@ -1258,8 +1313,10 @@ def parity(
     from .io import read_rows
     from .labels import parse_labels
     from .parity import format_report, run_parity
+    from .reference import require_torch
 
     _warn_blas()
+    require_torch()  # the reference runs in a child process: a missing extra is exit 2 here, not a bug there
     if task_file:
         _head_parity(task_file, n, input_path, dtype, as_json, keep_quantized)
         return

@@ -35,8 +35,16 @@ from ._fs import utc_now, write_json_atomic
 from .errors import OutputError
 from .safefs import open_nofollow, refuse_symlink
 
-OUTPUT_FORMATS = ("jsonl", "csv", "tsv")
-_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+OUTPUT_FORMATS = ("jsonl", "csv", "tsv", "parquet")
+_EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 MANIFEST_SUFFIX = ".mlx-slm.json"
 LOCK_SUFFIX = ".lock"
 MANIFEST_VERSION = 1
@@ -53,8 +61,8 @@ def output_format(path: str | None, explicit: str | None = None) -> str:
     ext = Path(path).suffix.lower()
     if ext not in _EXTENSIONS:
         raise OutputError(
-            f"-o {path}: unknown output extension {ext or '(none)'!r}; use .jsonl, .csv or .tsv, "
-            "or say which with --output-format jsonl|csv|tsv"
+            f"-o {path}: unknown output extension {ext or '(none)'!r}; use .jsonl, .csv, .tsv or .parquet, "
+            "or say which with --output-format jsonl|csv|tsv|parquet"
         )
     return _EXTENSIONS[ext]
 
@@ -350,11 +358,23 @@ def csv_columns(labels: Sequence[str], raw: bool = False, abstain: bool = False)
 
 
 class Writer:
-    """JSONL, CSV or TSV, to a file or stdout; every record is flushed as it is written."""
+    """JSONL, CSV or TSV, to a file or stdout; every record is flushed as it is written.
+
+    Parquet (a file only) is columnar: its rows are kept and written as one table when the
+    writer closes (`ParquetRows`); a run stopped before that leaves no rows, so Parquet
+    outputs cannot be resumed."""
 
     def __init__(self, path: str | None, columns: Sequence[str], fmt: str = "jsonl", append: bool = False):
         self.fmt = fmt
         self.columns = list(columns)
+        if fmt == "parquet":
+            if path in (None, "-") or append:
+                raise OutputError("Parquet is written to a file (-o FILE.parquet), whole, and cannot be appended to")
+            self.parquet: ParquetRows | None = ParquetRows(self.columns)
+            self.path = path
+            require_pyarrow()
+            return
+        self.parquet = None
         if path in (None, "-"):
             self.f: IO[str] = sys.stdout
             header = True
@@ -378,6 +398,9 @@ class Writer:
                 self.f.flush()
 
     def write(self, rec: dict[str, Any]) -> None:
+        if self.parquet is not None:
+            self.parquet.add(rec)
+            return
         try:
             if self.fmt == "jsonl":
                 self.f.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -397,8 +420,105 @@ class Writer:
             ) from None
 
     def close(self) -> None:
+        if self.parquet is not None:
+            rows, self.parquet = self.parquet, None
+            try:
+                fd = open_nofollow(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "-o")  # type: ignore[arg-type]
+                with open(fd, "wb") as f:
+                    rows.write(f)
+            except OSError as e:
+                raise OutputError(f"cannot write {self.path} ({e.strerror})") from None
+            return
         if self.f is not sys.stdout:
             self.f.close()
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+def require_pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        from .errors import MissingExtra
+
+        raise MissingExtra(
+            "Parquet output needs pyarrow: pip install 'mlx-slm[ray]' (or pyarrow), or write .jsonl/.csv"
+        ) from None
+    return pyarrow
+
+
+class ParquetRows:
+    """Output records gathered into typed columns, written as one Parquet table.
+
+    Types: `id` int64 when every id is an integer (line numbers included), string when
+    every id is a string; when a file holds both, `id` is a string column and `id_is_int`
+    (bool) says which were integers, so `1` and `"1"` stay apart. `p_*`/`raw_p_*` float64,
+    `truncated`/`abstained` bool, `line` int64 (error rows), `label`, `calibration`,
+    `error` string; a missing value is null."""
+
+    def __init__(self, columns: Sequence[str]):
+        self.columns = list(columns)
+        self.data: dict[str, list[Any]] = {c: [] for c in self.columns}
+
+    def add(self, rec: dict[str, Any]) -> None:
+        flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs")}
+        for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
+            for lab, p in (rec.get(key) or {}).items():
+                flat[prefix + lab] = p
+        for c in self.columns:
+            self.data[c].append(flat.get(c))
+
+    def __len__(self) -> int:
+        return len(self.data[self.columns[0]]) if self.columns else 0
+
+    def table(self) -> Any:
+        pa = require_pyarrow()
+        arrays, names = [], []
+        for c in self.columns:
+            vals = self.data[c]
+            if c == "id":
+                ints = [isinstance(v, int) and not isinstance(v, bool) for v in vals]
+                strs = [isinstance(v, str) for v in vals]
+                if not any(strs):
+                    arrays.append(pa.array(vals, pa.int64()))
+                elif not any(ints):
+                    arrays.append(pa.array(vals, pa.string()))
+                else:
+                    arrays.append(pa.array([None if v is None else str(v) for v in vals], pa.string()))
+                    names.append("id")
+                    arrays.append(pa.array([i if v is not None else None for v, i in zip(vals, ints)], pa.bool_()))
+                    names.append("id_is_int")
+                    continue
+                names.append(c)
+                continue
+            if c.startswith(("p_", "raw_p_")):
+                typ = pa.float64()
+            elif c in ("truncated", "abstained"):
+                typ, vals = pa.bool_(), [bool(v) for v in vals]
+            elif c == "line":
+                typ = pa.int64()
+            else:
+                typ = pa.string()
+            arrays.append(pa.array(vals, typ))
+            names.append(c)
+        return pa.Table.from_arrays(arrays, names=names)
+
+    def write(self, f: Any) -> None:
+        import pyarrow.parquet as pq
+
+        pq.write_table(self.table(), f)
+
+
+def parquet_records(table: Any) -> list[dict[str, Any]]:
+    """A Parquet output's rows as output records (typed ids restored), for merge and checks."""
+    cols = table.to_pydict()
+    is_int = cols.pop("id_is_int", None)
+    if is_int is not None:
+        cols["id"] = [int(v) if flag else v for v, flag in zip(cols["id"], is_int)]
+    n = table.num_rows
+    return [{k: cols[k][i] for k in cols} for i in range(n)]
 
 
 # --------------------------------------------------------------------------- reading an output back
@@ -474,7 +594,7 @@ def scan_output(path: str, fmt: str, columns: Sequence[str]) -> tuple[list[Writt
 
 
 def same_id(written: Any, input_id: Any, fmt: str) -> bool:
-    if fmt == "jsonl":
+    if fmt in ("jsonl", "parquet"):
         return type(written) is type(input_id) and written == input_id
     return written == ("" if input_id is None else str(input_id))
 

@@ -222,18 +222,25 @@ def init(address: str | None = None, connect_timeout: float = CONNECT_TIMEOUT_S,
 
 
 def worker_options(concurrency: int, threads_per_worker: int | None) -> dict[str, Any]:
-    """Actor options: CPUs reserved per worker, and BLAS told to use exactly those.
+    """Actor options: CPUs reserved per worker, and BLAS told how many threads to use.
 
-    The default splits the cluster's CPUs evenly: two workers on a 2-core machine get a
-    core each, rather than four BLAS threads fighting over two cores."""
+    Threads: by default the cluster's CPUs split evenly (two workers on a 2-core machine
+    get a thread each, rather than four BLAS threads fighting over two cores). The CPUs
+    each actor *reserves* fit the cluster with one CPU left over for Ray Data's own read
+    and write tasks: all the workers together reserve at most the cluster's CPUs less
+    one, so `read_parquet -> classify_dataset(concurrency=2) -> write_parquet` runs on a
+    2-CPU cluster rather than waiting forever for a CPU the actors hold ("3/2 CPU")."""
+    concurrency = max(1, concurrency)
+    cpus = float(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
     if threads_per_worker is None:
-        cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
-        threads_per_worker = max(1, cpus // max(1, concurrency))
+        threads_per_worker = max(1, int(cpus) // concurrency)
+    reserve = min(float(threads_per_worker), max(0.0, cpus - 1.0) / concurrency)
+    reserve = math.floor(reserve * 100) / 100  # Ray takes CPU requests in hundredths
     env = {
         k: str(threads_per_worker)
         for k in ("MLX_SLM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     }
-    return {"num_cpus": threads_per_worker, "runtime_env": {"env_vars": env}}
+    return {"num_cpus": reserve, "runtime_env": {"env_vars": env}}
 
 
 def classify_dataset(

@@ -31,6 +31,15 @@ def _torch() -> Any:
     return torch
 
 
+def require_torch() -> None:
+    """Raise `MissingExtra` (exit 2, naming the pip command) when PyTorch is not installed,
+    checked here (without importing it) before a child process is started for it."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise MissingExtra("the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'")
+
+
 class Reference:
     def __init__(self, src: str | Path, dtype: str = "float32", threads: int | None = None):
         torch = _torch()
@@ -103,6 +112,7 @@ def score_in_child(
 
     The child skips our OpenBLAS preload (see `run_in_child`).
     """
+    require_torch()
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.npz"

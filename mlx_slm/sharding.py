@@ -248,12 +248,31 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
         )
         raise ShardError(f"merge: shard(s) {shown} missing")
     fmt = common.get("output_format", "jsonl")
-    if fmt not in ("jsonl", "csv", "tsv"):
+    if fmt not in ("jsonl", "csv", "tsv", "parquet"):
         raise ShardError(f"merge: the parts' manifests give output_format {fmt!r}: the manifests were changed")
     ext = Path(output).suffix.lower()
-    if ext in _EXT and _EXT[ext] != fmt:
+    if fmt == "parquet" and ext in _EXT and _EXT[ext] != "parquet":
+        raise ShardError(f"merge: the parts are Parquet, but -o {output} says {_EXT[ext].upper()}: name it .parquet")
+    if ext in _EXT and _EXT[ext] not in (fmt, "parquet"):
         raise ShardError(
-            f"merge: the parts are {fmt.upper()}, but -o {output} says {_EXT[ext].upper()}: name it .{fmt}"
+            f"merge: the parts are {fmt.upper()}, but -o {output} says {_EXT[ext].upper()}: name it .{fmt} "
+            "(or .parquet)"
+        )
+    out_fmt = "parquet" if _EXT.get(ext) == "parquet" or fmt == "parquet" else fmt
+    table_rows = None
+    if out_fmt == "parquet":
+        from .output import ParquetRows, csv_columns, require_pyarrow
+
+        require_pyarrow()
+        labels = common.get("labels")
+        if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise ShardError(f"merge: the parts' manifests give no valid 'labels' ({labels!r}): they were changed")
+        table_rows = ParquetRows(
+            csv_columns(
+                labels,
+                raw=common.get("calibration", "none") != "none",
+                abstain=common.get("min_confidence") is not None,
+            )
         )
     # A prior fitted on each shard's own warm-up would give each part other labels than one run.
     priors = {json.dumps(found[i][1]["fitted"], sort_keys=True) for i in found}
@@ -274,7 +293,7 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
             data = Path(p).read_bytes()
         except OSError as e:
             raise ShardError(f"merge: cannot read {p} ({e.strerror})") from None
-        h, recs = _records(p, fmt, data)
+        h, recs = _parquet_part(p, data) if fmt == "parquet" else _records(p, fmt, data)
         if len(recs) != end - start:
             raise ShardError(
                 f"merge: {p} holds {len(recs)} rows for input rows {start}..{end - 1} ({end - start}): "
@@ -294,9 +313,11 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
                 raise ShardError(f"merge: {p} has another header than the first part")
             header = header or h
         for k, r in enumerate(recs):
-            rec = _fields(r, fmt, header, f"{p} row {k + 1}")
+            rec = r if fmt == "parquet" else _fields(r, fmt, header, f"{p} row {k + 1}")
             ids.append(rec.get("id"))
             errors += bool(rec.get("error"))
+            if table_rows is not None:
+                table_rows.add(rec if fmt != "csv" and fmt != "tsv" else _typed_csv_record(rec))
         pieces.extend(recs)
         expect_start = end
     if expect_start != total:
@@ -316,10 +337,44 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
                 )
         checked = True
     with atomic_writer(output, "wb", "-o") as f:
-        f.write(header)
-        for piece in pieces:
-            f.write(piece)
-    return {"parts": count, "rows": len(pieces), "error_rows": errors, "ids_checked": checked, "format": fmt}
+        if table_rows is not None:
+            table_rows.write(f)
+        else:
+            f.write(header)
+            for piece in pieces:
+                f.write(piece)
+    return {"parts": count, "rows": len(pieces), "error_rows": errors, "ids_checked": checked, "format": out_fmt}
+
+
+def _parquet_part(path: str, data: bytes) -> tuple[bytes, list[dict[str, Any]]]:
+    """A Parquet part's rows as output records (typed ids restored)."""
+    from .output import parquet_records, require_pyarrow
+
+    require_pyarrow()
+    import pyarrow.parquet as pq
+
+    try:
+        return b"", parquet_records(pq.read_table(io.BytesIO(data)))
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise ShardError(f"merge: {path} is not an mlx-slm Parquet output ({e}): run that shard again") from None
+
+
+def _typed_csv_record(rec: dict[str, str]) -> dict[str, Any]:
+    """A CSV/TSV row's fields with their types back, for a Parquet output: probabilities as
+    floats, flags as booleans, `line` as an integer, '' as null. CSV ids are strings."""
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if v == "":
+            out[k] = False if k in ("truncated", "abstained") else None
+        elif k.startswith(("p_", "raw_p_")):
+            out[k] = float(v)
+        elif k in ("truncated", "abstained"):
+            out[k] = v == "True"
+        elif k == "line":
+            out[k] = int(v)
+        else:
+            out[k] = v
+    return out
 
 
 def _check_ids(inp: str, settings: dict[str, Any], ids: list[Any], fmt: str) -> None:

@@ -90,3 +90,66 @@ def test_real_subprocess(tiny_qwen_mlx):
     assert p.returncode == 0, p.stderr
     rec = json.loads(p.stdout)
     assert rec["id"] == 1 and rec["label"] in ("a", "b", "c")
+
+
+# --------------------------------------------------------------------------- issue 22: the smaller mends
+
+
+def test_parity_without_torch_exits_2_with_the_hint(tiny_qwen_mlx, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    r = CliRunner().invoke(main, ["parity", "--model", str(tiny_qwen_mlx), "--reference", str(tiny_qwen_mlx)])
+    assert r.exit_code == 2, r.output
+    assert "pip install 'mlx-slm[reference]'" in r.output and "bug" not in r.output
+
+
+def test_transformers_no_torch_notice_is_silenced_and_other_warnings_pass():
+    code = "import sys; sys.modules['torch'] = None; {}import transformers"
+    env = {**os.environ, "MLX_SLM_BLAS": "none"}
+    plain = subprocess.run([sys.executable, "-c", code.format("")], capture_output=True, text=True, env=env)
+    assert "PyTorch was not found" in plain.stderr  # what a user without PyTorch saw
+    ours = subprocess.run(
+        [sys.executable, "-c", code.format("import mlx_slm; ")], capture_output=True, text=True, env=env
+    )
+    assert ours.returncode == 0 and "PyTorch was not found" not in ours.stderr, ours.stderr
+    other = "import mlx_slm, transformers; transformers.logging.get_logger('transformers').warning('a real warning')"
+    got = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, env=env)
+    assert "a real warning" in got.stderr
+
+
+def test_template_and_system_escapes_on_the_command_line(tiny_qwen_mlx, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write_jsonl(inp, TEXTS[:3])
+    task = tmp_path / "task.json"
+    args = ["classify", str(inp), "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q", "-o", str(tmp_path / "o")]
+    r = run([*args[:-1], str(tmp_path / "o.jsonl"), "--template", r"Email: {text}\nRoute:", "--system",
+             r"Route it.\tBe brief. C:\\new", "--save-task", str(task)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    t = json.loads(task.read_text())
+    assert t["template"] == "Email: {text}\nRoute:" and t["system"] == "Route it.\tBe brief. C:\\new"
+    r = run(["classify", "--help"])
+    assert r"\n is a newline" in " ".join(r.output.split())
+
+
+def test_eval_items_per_second_and_resume_messages(tiny_qwen_mlx, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(
+        "".join(json.dumps({"id": f"t{i}", "text": t, "label": "a"}) + "\n" for i, t in enumerate(TEXTS[:4]))
+    )
+    base = ["--model", str(tiny_qwen_mlx), "--labels", "a,b,c"]
+    r = CliRunner().invoke(main, ["eval", str(inp), *base])
+    assert r.exit_code == 0, r.output
+    assert "4 items in" in r.output and "0.00 items/s" not in r.output
+    out = tmp_path / "o.jsonl"
+    write_jsonl(inp, TEXTS[:3], bad_line_at=1)
+    assert CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), *base]).exit_code == 1
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), "--resume", *base])
+    assert r.exit_code == 1
+    assert "was complete already: 4 rows (1 errors) kept, nothing left to classify" in r.output
+    assert "0 rows" not in r.output
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"id": 1}\n')
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(other), "--resume", *base])
+    assert r.exit_code == 2 and "left untouched" in r.output and "version before" not in r.output

@@ -12,9 +12,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
-
 from test_server import TEXTS, ThreadServer  # noqa: E402
+
+from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
 
 LABELS = ["billing", "technical", "account"]
 

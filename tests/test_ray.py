@@ -209,3 +209,42 @@ def test_a_worker_refuses_other_weights_than_the_run_was_set_up_with(tiny_qwen_m
     mray.ClassifyBatch(load=load, weights_sha256=weights_sha256(tiny_qwen_mlx))  # the same: fine
     with pytest.raises(TaskError, match="same converted model"):
         mray.ClassifyBatch(load=load, weights_sha256="0" * 64)
+
+
+def test_worker_options_fit_the_cluster(local_ray):
+    """On the 2-CPU Ray: the workers' CPU requests leave one CPU for Ray Data's tasks."""
+    for conc, threads in ((1, None), (2, None), (2, 2), (4, None), (16, None)):
+        o = mray.worker_options(conc, threads)
+        assert conc * o["num_cpus"] <= 1.0 + 1e-9, (conc, threads, o)
+    assert mray.worker_options(2, None)["runtime_env"]["env_vars"]["OPENBLAS_NUM_THREADS"] == "1"
+    assert mray.worker_options(1, None)["runtime_env"]["env_vars"]["OPENBLAS_NUM_THREADS"] == "2"
+
+
+@pytest.mark.slow
+def test_readme_ray_data_example_finishes_on_two_cpus(local_ray, tiny_qwen_mlx, tmp_path, monkeypatch):
+    """The README's Ray Data block, as written, with local folders for its S3 paths and
+    concurrency=2, on `ray.init(num_cpus=2)`: it runs to completion (it used to wait forever
+    for a third CPU) and writes every row with its label."""
+    import re
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "import ray" in b)
+    assert "read_parquet" in block and "classify_dataset" in block and "write_parquet" in block
+    monkeypatch.chdir(tmp_path)
+    src, dst = tmp_path / "tickets", tmp_path / "labels"
+    src.mkdir()
+    pq.write_table(pa.Table.from_pylist(ROWS[:40]), src / "part-0.parquet")
+    inp = tmp_path / "sample.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:8]))
+    args = ["classify", str(inp), "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-q", "--save-task", "task.json"]
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "s.jsonl")])
+    assert r.exit_code == 0, r.output
+    code = re.sub(r"concurrency=\d+", "concurrency=2", block)
+    code = code.replace("s3://archive/tickets/", str(src)).replace("s3://archive/labels/", str(dst))
+    exec(compile(code, "README.md Ray Data block", "exec"), {"__name__": "__readme__"})
+    out = pq.read_table(dst).to_pylist()
+    assert sorted(r["id"] for r in out) == list(range(40))
+    assert all(r["label"] in LABELS and r["error"] is None for r in out)

@@ -232,3 +232,97 @@ def test_merge_refuses_parts_of_an_edited_input_and_a_wrong_output_format(two_pa
     assert r.exit_code == 0
     r = _merge(p0, p1, "-o", str(tmp_path / "m.jsonl"))
     assert r.exit_code == 2 and "input_sha256" in r.output
+
+
+# --------------------------------------------------------------------------- Parquet output
+
+
+def _mixed_ids_input(path: Path) -> Path:
+    rows = [
+        {"id": 1, "text": TEXTS[0]},
+        {"id": "1", "text": TEXTS[1]},  # another id than the integer 1
+        {"text": TEXTS[2]},  # no id: its line number, 3
+        {"id": "t4", "text": ""},  # an error row
+        {"id": 7, "text": TEXTS[3]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{broken\n", encoding="utf-8")
+    return path
+
+
+def test_parquet_output_round_trips_through_pandas_with_typed_columns(tiny_qwen_mlx, tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    inp = _mixed_ids_input(tmp_path / "in.jsonl")
+    pq_out, jl_out = tmp_path / "out.parquet", tmp_path / "out.jsonl"
+    assert run(["classify", str(inp), "-o", str(pq_out), *cli(tiny_qwen_mlx)]).exit_code == 1
+    assert run(["classify", str(inp), "-o", str(jl_out), *cli(tiny_qwen_mlx)]).exit_code == 1
+    df = pd.read_parquet(pq_out)
+    want = [json.loads(line) for line in jl_out.read_text().splitlines()]
+    assert list(df.columns) == ["id", "id_is_int", "label", "p_a", "p_b", "p_c", "truncated", "line", "error"]
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(pq_out)
+    types = {n: str(schema.field(n).type) for n in schema.names}
+    assert types == {
+        "id": "string",
+        "id_is_int": "bool",
+        "label": "string",
+        **{f"p_{lab}": "double" for lab in "abc"},
+        "truncated": "bool",
+        "line": "int64",
+        "error": "string",
+    }
+    ids = [int(v) if flag else v for v, flag in zip(df["id"], df["id_is_int"])]
+    assert ids[:3] + ids[4:5] == [1, "1", 3, 7] and pd.isna(ids[5])  # typed: 1 and "1" stay apart
+    for (_, row), rec in zip(df.iterrows(), want):
+        if "error" in rec:
+            assert row["error"] == rec["error"] and pd.isna(row["p_a"]) and row["line"] == rec["line"]
+        else:
+            assert row["label"] == rec["label"] and pd.isna(row["error"])
+            assert abs(row["p_b"] - rec["probs"]["b"]) < 1e-12
+    m = json.loads(manifest_path(str(pq_out)).read_text())
+    assert m["complete"] and m["settings"]["output_format"] == "parquet" and m["rows"] == 6
+    # All-integer ids: an int64 column, no id_is_int.
+    only_ints = tmp_path / "ints.jsonl"
+    only_ints.write_text("".join(json.dumps({"id": i, "text": TEXTS[i]}) + "\n" for i in range(4)))
+    assert run(["classify", str(only_ints), "-o", str(tmp_path / "i.parquet"), *cli(tiny_qwen_mlx)]).exit_code == 0
+    di = pd.read_parquet(tmp_path / "i.parquet")
+    assert str(di["id"].dtype) == "int64" and list(di["id"]) == [0, 1, 2, 3] and "id_is_int" not in di.columns
+
+
+def test_parquet_refuses_resume_and_stdout(tiny_qwen_mlx, tmp_path):
+    pytest.importorskip("pyarrow")
+    inp = write_input(tmp_path / "in.jsonl", 6)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), "--resume", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "--resume does not work with Parquet" in r.output and ".jsonl" in r.output
+    r = CliRunner().invoke(main, ["classify", str(inp), "--output-format", "parquet", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "-o FILE.parquet" in r.output
+    r = CliRunner().invoke(main, ["classify", "--help"])
+    text = " ".join(r.output.split())
+    assert ".parquet" in text and "CSV/TSV ids are strings" in text and "Not for .parquet" in text
+
+
+@pytest.mark.parametrize("part_fmt", ["jsonl", "csv", "parquet"])
+def test_merge_into_parquet(tiny_qwen_mlx, tmp_path, part_fmt):
+    pd = pytest.importorskip("pandas")
+    inp = write_input(tmp_path / "in.jsonl", 30, bad_every=11)
+    whole = tmp_path / "whole.parquet"
+    assert run(["classify", str(inp), "-o", str(whole), "--window", "4", *cli(tiny_qwen_mlx)]).exit_code == 1
+    parts = []
+    for i in range(2):
+        p = str(tmp_path / f"p{i}.{part_fmt}")
+        r = run(["classify", str(inp), "-o", p, "--window", "4", "--shard", f"{i}/2", *cli(tiny_qwen_mlx)])
+        assert r.exit_code == 1 or r.exit_code == 0, r.output
+        parts.append(p)
+    merged = tmp_path / "m.parquet"
+    r = run(["merge", *parts, "-o", str(merged)])
+    assert r.exit_code == 0, r.output
+    a, b = pd.read_parquet(whole), pd.read_parquet(merged)
+    if part_fmt == "csv":  # CSV ids are strings, and so is the id column merged from CSV parts
+        assert [None if pd.isna(v) else v for v in b["id"]] == [None if pd.isna(v) else str(v) for v in a["id"]]
+        a, b = a.drop(columns=["id"]), b.drop(columns=["id"])
+    pd.testing.assert_frame_equal(a, b)
+    if part_fmt == "parquet":
+        r = _merge(*parts, "-o", str(tmp_path / "m.jsonl"))
+        assert r.exit_code == 2 and "Parquet" in r.output
