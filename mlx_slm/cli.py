@@ -25,7 +25,7 @@ from .calibration import DEFAULT_WARMUP
 from .errors import UserError
 from .output import OUTPUT_FORMATS
 from .output import output_format as output_format_of
-from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, fill_labels
 from .registry import BUILTINS, DEFAULT_MODEL
 
 BUG_REPORT = "mlx-slm: this is a bug in mlx-slm, not in your input: please report it with the traceback above"
@@ -154,14 +154,18 @@ _TASK_OPTIONS = [
         help="Comma-separated labels.",
     ),
     click.option(
-        "--labels-file", type=click.Path(exists=True, dir_okay=False), help="One label per line (overrides --labels)."
+        "--labels-file",
+        type=click.Path(exists=True, dir_okay=False),
+        help='One label a line, optionally \'label<TAB>description\', or JSONL {"label", "description"} '
+        "(overrides --labels). Descriptions go where --system says {label_descriptions}.",
     ),
     click.option(
         "--system",
         default=DEFAULT_SYSTEM,
         show_default=True,
         callback=_escapes,
-        help="System message ('' for none). " + _ESCAPES_HELP,
+        help="System message ('' for none). {labels} becomes the labels, comma-separated; {label_descriptions} "
+        "one line a label, '- label: description'. " + _ESCAPES_HELP,
     ),
     click.option(
         "--template",
@@ -328,12 +332,16 @@ class _Setup:
         else:
             self.labels, self.examples, self.calibration = None, (), o["calibrate"]
         if self.labels is None:
+            descriptions: dict[str, str] = {}
             if o["labels_file"]:
-                from .io import read_labels_file
+                from .io import read_label_descriptions
 
-                self.labels = read_labels_file(o["labels_file"])  # a BOM dropped; bad UTF-8 names its line
+                descriptions = read_label_descriptions(o["labels_file"])  # a BOM dropped; bad UTF-8 names its line
+                self.labels = list(descriptions)
             else:
                 self.labels = parse_labels(o["labels_csv"])
+            # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
+            o["system"] = fill_labels(o["system"], self.labels, descriptions)
         if o["examples_file"]:
             self.examples = read_examples(o["examples_file"], self.labels)
         if self.calibration in ("fit", "em") and not o["calibration_data"]:
@@ -1270,7 +1278,17 @@ def train(
     help="Texts to use instead (any classify input).",
 )
 @click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True)
-@click.option("--system", default=DEFAULT_SYSTEM, callback=_escapes, help=_ESCAPES_HELP)
+@click.option(
+    "--labels-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Labels from a file, as classify reads it (overrides --labels): many labels are checked in one trie pass.",
+)
+@click.option(
+    "--system",
+    default=DEFAULT_SYSTEM,
+    callback=_escapes,
+    help="System message; {labels} and {label_descriptions} as classify. " + _ESCAPES_HELP,
+)
 @click.option("--template", default=DEFAULT_TEMPLATE, callback=_escapes, help=_ESCAPES_HELP)
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype of the MLX path.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
@@ -1295,6 +1313,7 @@ def parity(
     n: int,
     input_path: str | None,
     labels_csv: str,
+    labels_file: str | None,
     system: str,
     template: str,
     dtype: str | None,
@@ -1336,12 +1355,18 @@ def parity(
             raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
     else:
         texts = _workload_sample(model, n, system, template)
+    descriptions: dict[str, str] = {}
+    if labels_file:
+        from .io import read_label_descriptions
+
+        descriptions = read_label_descriptions(labels_file)
+    labels = list(descriptions) if labels_file else parse_labels(labels_csv)
     r = run_parity(
         model,
         reference,
         texts,
-        parse_labels(labels_csv),
-        system or None,
+        labels,
+        fill_labels(system, labels, descriptions) or None,
         template,
         dtype=dtype,
         progress=lambda m: _err(f"mlx-slm: {m}"),

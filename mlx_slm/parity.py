@@ -323,6 +323,12 @@ def format_head_report(r: dict[str, Any]) -> str:
     )
 
 
+def _label_list(labels: Sequence[str], show: int = 8) -> str:
+    if len(labels) <= show:
+        return ", ".join(labels)
+    return f"{len(labels)} ({', '.join(labels[:show])}, ...)"
+
+
 def format_report(r: dict[str, Any]) -> str:
     a, b, c = r["forward_exactness"], r["conversion_drift"], r.get("mlxlm")
     q = r.get("quantization")
@@ -330,7 +336,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [
         f"model      {r['model']}",
         f"reference  {r['reference']}",
-        f"items {r['n']}, labels {', '.join(r['labels'])} ({r['scoring']} scoring), compute {r['compute_dtype']}{weights}",
+        f"items {r['n']}, labels {_label_list(r['labels'])} ({r['scoring']} scoring), "
+        f"compute {r['compute_dtype']}{weights}",
         "",
         "(a) forward exactness: ours vs Transformers on the same weight values"
         + (" (dequantized, float32)" if q else ""),
