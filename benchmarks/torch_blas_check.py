@@ -10,9 +10,10 @@ import sys
 import time
 
 if sys.argv[1] == "with":
-    pass
-import torch
-from transformers import AutoModelForCausalLM
+    # The point of the check: mlx_slm's import loads OpenBLAS into the global symbol scope first.
+    import mlx_slm  # noqa: F401
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 m = AutoModelForCausalLM.from_pretrained(
     os.path.expanduser("~/.cache/mlx-slm/models/qwen2.5-coder-0.5b-float16"), dtype=torch.float32

@@ -213,10 +213,6 @@ class Calibrator:
         labels = _check_labels(labels)
         return cls("none", labels, (0.0,) * len(labels))
 
-    @property
-    def is_identity(self) -> bool:
-        return self.temperature == 1.0 and all(v == self.log_prior[0] for v in self.log_prior)
-
     def check_labels(self, labels: Sequence[str]) -> None:
         """Raise unless `labels` are this calibrator's labels in the same order."""
         if tuple(labels) != self.labels:

@@ -177,10 +177,6 @@ def _conf_correct(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray
     return c, ok
 
 
-def _f(x: float | None, nd: int = 6) -> float | None:
-    return None if x is None or not math.isfinite(x) else round(float(x), nd)
-
-
 # ---------------------------------------------------------------------------- counts
 def confusion(gold: Any, pred: Any, k: int) -> np.ndarray:
     """(k, k) counts, rows gold, columns predicted; abstained items (pred -1) are left out."""

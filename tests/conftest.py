@@ -170,3 +170,16 @@ def _exactness_on_the_cpu(request):
     mx.set_default_device(mx.cpu)
     yield
     mx.set_default_device(before)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The largest |ours - Transformers| seen per case by the parity modules (their MAX_DIFF
+    dicts), printed after the run: measured figures, not a test."""
+    import sys
+
+    for name in ("test_models_arch", "test_mlxlm_fallback", "test_quantized"):
+        diffs = getattr(sys.modules.get(name), "MAX_DIFF", None)
+        if diffs:
+            terminalreporter.write_sep("-", f"max |diff| against the reference ({name})")
+            for k in sorted(diffs):
+                terminalreporter.write_line(f"{k:40s} {diffs[k]:.2e}")

@@ -81,7 +81,7 @@ def test_batch_strongly_biased_model():
 def test_identity_keeps_argmax_and_values():
     lp, _ = synth(200, seed=1)
     c = Calibrator.identity(L3)
-    assert c.method == "none" and c.log_prior == (0.0, 0.0, 0.0) and c.is_identity
+    assert c.method == "none" and c.log_prior == (0.0, 0.0, 0.0) and c.temperature == 1.0
     out = c.apply(lp)
     assert np.array_equal(np.argmax(out, axis=1), np.argmax(lp, axis=1))
     assert np.allclose(out, lp)

@@ -20,10 +20,8 @@ scoring-specific parts live here, once:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any, ClassVar
 
 import mlx.core as mx
@@ -127,10 +125,6 @@ class ModelArgs:
         cfg = cls.normalize(dict(config))
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in cfg.items() if k in names and v is not None})
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> ModelArgs:
-        return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
 
     @classmethod
     def normalize(cls, cfg: dict[str, Any]) -> dict[str, Any]:
