@@ -37,6 +37,7 @@ from .prompts import (
     DEFAULT_LABELS,
     DEFAULT_SYSTEM,
     DEFAULT_TEMPLATE,
+    TRUNCATE_MODES,
     PromptError,
     PromptFormat,
     fill_labels,
@@ -45,6 +46,7 @@ from .prompts import (
     starts_with,
     tokenize,
 )
+from .registry import DEFAULT_MODEL
 from .scoring import LABEL_PASSES, score_batch
 
 if TYPE_CHECKING:
@@ -62,9 +64,6 @@ GPU_MAX_BATCH_TOKENS = 4096
 
 def default_max_batch_tokens() -> int:
     return GPU_MAX_BATCH_TOKENS if mx.default_device() == mx.gpu else DEFAULT_MAX_BATCH_TOKENS
-
-
-TRUNCATE_MODES = ("head", "tail", "middle")
 
 
 @dataclass
@@ -241,7 +240,7 @@ class Classifier:
     @classmethod
     def load(
         cls,
-        model: str | Path = "qwen2.5-coder-0.5b",
+        model: str | Path = DEFAULT_MODEL,
         labels: Sequence[str] = DEFAULT_LABELS,
         system: str | None = DEFAULT_SYSTEM,
         template: str = DEFAULT_TEMPLATE,
@@ -267,15 +266,13 @@ class Classifier:
         """A classifier as a saved task file defines it (model, prompt, examples, calibration).
 
         Pass `engine` to share loaded weights between tasks of the same model."""
-        from .convert import weights_sha256
         from .task import Task
 
         t = task if isinstance(task, Task) else Task.load(task)
         engine = engine or Engine.load(t.model, dtype, dequantize)
-        if engine.path is not None and not isinstance(t.calibration, str):  # a saved prior: same weights only
-            t.check_weights(weights_sha256(engine.path))
-        if engine.path is not None and t.head is not None:  # a head: same weights only
-            t.check_weights(weights_sha256(engine.path))
+        # A saved prior or a head was fitted on these weights' scores: the same weights only.
+        if engine.path is not None and (not isinstance(t.calibration, str) or t.head is not None):
+            t.check_weights(engine.weights_sha256)
         return cls(
             engine,
             None,

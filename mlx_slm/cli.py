@@ -349,7 +349,6 @@ class _Setup:
 
     def load(self) -> Any:
         from .classifier import DEFAULT_BATCH_SIZE, Classifier
-        from .convert import weights_sha256
 
         o = self.o
         # Kept: --ray workers load the same classifier from these (on their own nodes).
@@ -370,7 +369,7 @@ class _Setup:
             examples=tuple(self.examples),
         )
         self.clf = Classifier.load(**self.load_kwargs)
-        self.weights = weights_sha256(self.clf.path) if self.clf.path else None
+        self.weights = self.clf.engine.weights_sha256
         if self.task is not None and (self.origin == "task" or self.task.head is not None):  # same weights only
             self.task.check_weights(self.weights, o["model"])
         if self.calibration in ("fit", "em"):

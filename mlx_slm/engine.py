@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,16 @@ class Engine:
         path = resolve_model(str(model), dtype=dtype or "float16")
         m = load_model(path, dtype=getattr(mx, dtype) if dtype else None, dequantize=dequantize)
         return cls(m, AutoTokenizer.from_pretrained(str(path)), path)
+
+    @cached_property
+    def weights_sha256(self) -> str | None:
+        """sha256 of the loaded weights (from the conversion record, hashed once if it has none);
+        None for a model built in memory. What saved tasks, priors, heads and Ray workers check."""
+        if self.path is None:
+            return None
+        from .convert import weights_sha256
+
+        return weights_sha256(self.path)
 
     @property
     def compute_dtype(self) -> str:

@@ -85,6 +85,8 @@ def _read_csv_predictions(data: bytes, fmt: str, where: str) -> list[dict[str, A
     import csv
     import io
 
+    from .output import delimiter
+
     try:
         text = data.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
     except UnicodeDecodeError as e:
@@ -92,7 +94,7 @@ def _read_csv_predictions(data: bytes, fmt: str, where: str) -> list[dict[str, A
         raise EvaluationError(
             f"{where}: line {line}: invalid UTF-8 (byte 0x{data[e.start]:02x}): save it as UTF-8"
         ) from None
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if fmt == "tsv" else ",", restkey="\0extra")
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter(fmt), restkey="\0extra")
     out: list[dict[str, Any]] = []
     try:
         if reader.fieldnames is None or "id" not in reader.fieldnames:

@@ -36,6 +36,13 @@ from .errors import OutputError
 from .safefs import open_nofollow, refuse_symlink
 
 OUTPUT_FORMATS = ("jsonl", "csv", "tsv", "parquet")
+
+
+def delimiter(fmt: str) -> str:
+    """The field separator of a delimited output format ("csv" or "tsv")."""
+    return "\t" if fmt == "tsv" else ","
+
+
 _EXTENSIONS = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
@@ -392,7 +399,7 @@ class Writer:
                 raise OutputError(f"-o {path}: cannot open it for writing ({e.strerror})") from None
         self.path = path
         if fmt != "jsonl":
-            self.csv = csv.DictWriter(self.f, fieldnames=self.columns, delimiter="\t" if fmt == "tsv" else ",")
+            self.csv = csv.DictWriter(self.f, fieldnames=self.columns, delimiter=delimiter(fmt))
             if header:
                 self.csv.writeheader()
                 self.f.flush()
@@ -561,7 +568,7 @@ def scan_output(path: str, fmt: str, columns: Sequence[str]) -> tuple[list[Writt
     header_end = 0
     pos = start = 0
     quotes = 0
-    delim = "\t" if fmt == "tsv" else ","
+    delim = delimiter(fmt)
     expected = list(columns)
     while (nl := data.find(b"\n", pos)) >= 0:
         quotes += data.count(b'"', pos, nl + 1)

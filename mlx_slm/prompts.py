@@ -25,6 +25,10 @@ DEFAULT_LABELS = ("billing", "technical", "account")
 _PROBES = ("a", "Z9", "1 x", "\u00e9t\u00e9", "? ok", " lead", "\nnl")
 
 
+# How an over-long text is cut to fit the context (`--truncate`): keep its head, its tail, or both ends.
+TRUNCATE_MODES = ("head", "tail", "middle")
+
+
 class PromptError(UserError, ValueError):
     pass
 

@@ -79,12 +79,11 @@ class ClassifyBatch:
         weights_sha256: str | None = None,
     ):
         from .calibration import Calibrator
-        from .convert import weights_sha256 as sha_of
         from .task import TaskError
 
         self.clf = _load_classifier(task, load)
         if weights_sha256 and self.clf.path is not None:
-            here = sha_of(self.clf.path)
+            here = self.clf.engine.weights_sha256
             if here != weights_sha256:  # another conversion under the same name on this node
                 raise TaskError(
                     f"this worker's {self.clf.path} has weights sha256 {here[:12]}..., the run was set up "

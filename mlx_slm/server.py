@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from .prompts import TRUNCATE_MODES
+
 API_KEY_ENV = "MLX_SLM_API_KEY"
-TRUNCATE_MODES = ("head", "tail", "middle")
 REQUEST_FIELDS = ("text", "texts", "ids", "labels", "system", "template", "truncate", "min_confidence")
 LOOKAHEAD = 1024  # waiting items the gatherer looks through for ones of similar length
 BATCH_TIME_FRACTION = 0.25  # a micro-batch's estimated compute time stays under this share of the request timeout
@@ -120,10 +121,8 @@ def classifier_loader(
 
 
 def _sha(clf: Any) -> str | None:
-    from .convert import weights_sha256
-
     try:
-        return weights_sha256(clf.path) if clf.path else None
+        return clf.engine.weights_sha256
     except OSError:
         return None
 

@@ -117,6 +117,8 @@ def shard_settings(index: int, count: int, rng: tuple[int, int], input_rows: int
 
 def _records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[bytes]]:
     """A part's header (CSV/TSV) and its rows as raw bytes, each with its line end."""
+    from .output import delimiter
+
     if data and not data.endswith(b"\n"):
         raise ShardError(f"merge: {path}: the last row is cut short (an interrupted part): finish it with --resume")
     if fmt == "jsonl":
@@ -127,7 +129,7 @@ def _records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[bytes]]:
         out: list[bytes] = []
         pos = 0
         f = io.StringIO(text, newline="")
-        reader = csv.reader(f, delimiter="\t" if fmt == "tsv" else ",", strict=True)
+        reader = csv.reader(f, delimiter=delimiter(fmt), strict=True)
         for _ in reader:
             end = f.tell()
             out.append(text[pos:end].encode("utf-8"))
@@ -141,13 +143,15 @@ def _records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[bytes]]:
 
 def _fields(rec: bytes, fmt: str, header: bytes, where: str) -> dict[str, Any]:
     """One row's fields; a row that is not an output record of ours is a ShardError naming it."""
+    from .output import delimiter
+
     try:
         if fmt == "jsonl":
             got = json.loads(rec.decode("utf-8"))
             if not isinstance(got, dict) or "id" not in got:
                 raise ValueError("not an object with an id")
             return got
-        delim = "\t" if fmt == "tsv" else ","
+        delim = delimiter(fmt)
         cols = next(csv.reader(io.StringIO(header.decode("utf-8"), newline=""), delimiter=delim))
         vals = next(csv.reader(io.StringIO(rec.decode("utf-8"), newline=""), delimiter=delim))
         if len(vals) != len(cols):

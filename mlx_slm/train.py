@@ -230,7 +230,7 @@ def run_train(
     """The `train` command: read the data (before the model loads: its problems fail first),
     fit the head, save the task. Returns (the `Task`, the per-layer table as text).
     `read`: read_training_data's field options (fmt, text_field, gold_field, ...)."""
-    from .convert import versions, weights_sha256
+    from .convert import versions
     from .engine import Engine
     from .prompts import fill_labels, read_examples
     from .task import Task
@@ -250,7 +250,7 @@ def run_train(
         system=system,
         template=template,
         examples=clf.format.examples,
-        weights_sha256=weights_sha256(engine.path) if engine.path else None,
+        weights_sha256=engine.weights_sha256,
         versions=versions(),
         head=head,
     )
