@@ -309,6 +309,14 @@ class Classifier:
         return self.labelset.mode
 
     @property
+    def row_extra(self) -> int:
+        """Tokens each row runs besides its prompt in one pass: the label trie's (largest chunk's)
+        nodes, counted in the batch's token budget. The per-label passes run B x (label length
+        - 1) tokens at a time, so they plan as the prompt alone."""
+        trie = self.label_pass == "trie" and getattr(self.engine.model, "supports_tree", False)
+        return self.labelset.row_tokens if trie else 0
+
+    @property
     def prefix(self) -> PrefixCache | None:
         """The shared head's KV (computed on first use, then kept by the engine)."""
         return self.engine.prefix(self.prefix_tokens)[0] if self.prefix_tokens else None
@@ -547,8 +555,7 @@ class Classifier:
             p = len(pre) if pre is not None else 0
             suffixes = [it.ids[p:] for it in group]
             lengths = [len(s) for s in suffixes]
-            extra = self.labelset.row_tokens  # every row also runs the label trie: count it in the budget
-            for idx in batching.plan(lengths, self.batch_size, self.max_batch_tokens, self.sort, extra):
+            for idx in batching.plan(lengths, self.batch_size, self.max_batch_tokens, self.sort, self.row_extra):
                 yield batching.pad(suffixes, idx, self.engine.pad_id, cache_len=p), [group[i] for i in idx], pre
 
     def features(
