@@ -498,12 +498,7 @@ class Model(nn.Module):
         Returns hidden (B, D) at the last position if `last_only`, else (B, L, D), and
         the per-layer KV of cache + these tokens (to extend with label tokens).
         """
-        B, L = ids.shape
-        cache_len = 0 if cache is None else cache[0][0].shape[2]
-        if attention_mask is None:
-            attention_mask = mx.ones((B, L), dtype=mx.bool_)
-        if offsets is None:
-            offsets = mx.full((B,), cache_len, dtype=mx.int32)
+        cache_len, attention_mask, offsets = _defaults(ids, attention_mask, offsets, cache)
         ctx = Context(self, attention_mask, cache_mask, cache_len, offsets, last_only, positions, tree)
         h = self.embed(ids)
         n = len(self.layers)
@@ -531,12 +526,7 @@ class Model(nn.Module):
         if not layers or min(layers) < 1 or max(layers) > n:
             raise ModelError(f"feature layers must be between 1 and {n}, got {layers}")
         stop = max(layers)
-        B, L = ids.shape
-        cache_len = 0 if cache is None else cache[0][0].shape[2]
-        if attention_mask is None:
-            attention_mask = mx.ones((B, L), dtype=mx.bool_)
-        if offsets is None:
-            offsets = mx.full((B,), cache_len, dtype=mx.int32)
+        cache_len, attention_mask, offsets = _defaults(ids, attention_mask, offsets, cache)
         ctx = Context(self, attention_mask, None, cache_len, offsets, True, n_layers=stop)
         h = self.embed(ids)
         got: dict[int, mx.array] = {}
@@ -571,6 +561,20 @@ class Model(nn.Module):
         if rows is not None:
             w = mx.take(w, rows, axis=0)
         return hidden @ w.T
+
+
+def _defaults(
+    ids: mx.array, attention_mask: mx.array | None, offsets: mx.array | None, cache: list[KV] | None
+) -> tuple[int, mx.array, mx.array]:
+    """(cache length, attention mask, RoPE offsets) of a forward, the defaults filled in:
+    every token real, each row starting right after the cache."""
+    B, L = ids.shape
+    cache_len = 0 if cache is None else cache[0][0].shape[2]
+    if attention_mask is None:
+        attention_mask = mx.ones((B, L), dtype=mx.bool_)
+    if offsets is None:
+        offsets = mx.full((B,), cache_len, dtype=mx.int32)
+    return cache_len, attention_mask, offsets
 
 
 def sanitize(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
