@@ -17,6 +17,7 @@ budget), so its worth can be measured, and none of them may change a prediction.
 from __future__ import annotations
 
 import itertools
+import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,7 @@ from .prompts import (
     TRUNCATE_MODES,
     PromptError,
     PromptFormat,
+    example_problem,
     fill_labels,
     render,
     shared_prefix,
@@ -168,6 +170,7 @@ class Classifier:
         label_descriptions: Mapping[str, str] | None = None,
         head: Head | None = None,
     ):
+        labels = validate_labels(labels)  # once: a generator is read here, and one str is refused
         if head is not None:
             if tuple(labels) != tuple(head.labels):
                 raise LabelError(
@@ -193,8 +196,13 @@ class Classifier:
         # fitted on one input lives on that run's `Calibration`, never here).
         self.calibration, self.min_confidence, self.warmup = calibration, min_confidence, warmup
         # `{labels}` / `{label_descriptions}` in the system message: filled once, here.
-        system = fill_labels(system, validate_labels(labels), label_descriptions)
-        self.format = PromptFormat(system, template, tuple((str(t), str(lab)) for t, lab in examples))
+        system = fill_labels(system, labels, label_descriptions)
+        examples = tuple((str(t), str(lab)) for t, lab in examples)
+        for n, (ex_text, ex_label) in enumerate(examples, 1):  # as --examples and task files check them
+            problem = example_problem(ex_text, ex_label, labels)
+            if problem:
+                raise PromptError(f"example {n}: {problem}")
+        self.format = PromptFormat(system, template, examples)
         if max_batch_tokens == "auto":
             max_batch_tokens = default_max_batch_tokens()
         self.batch_size, self.max_batch_tokens = batch_size, max_batch_tokens
@@ -204,7 +212,7 @@ class Classifier:
         if head is None:
             self.labelset: LabelSet = build_labelset(tokenizer, labels, probe, scoring)
         else:  # the head reads hidden states: no label tokens run, none are scored
-            self.labelset = LabelSet(tuple(validate_labels(labels)), tuple(() for _ in labels), "head")
+            self.labelset = LabelSet(tuple(labels), tuple(() for _ in labels), "head")
         # Tokens that run after the prompt (label continuations in sequence mode; none with a head).
         self.label_extra = 0 if head is not None else self.labelset.max_len - 1
         head = shared_prefix(tokenizer, self.format)
@@ -272,20 +280,18 @@ class Classifier:
         engine = engine or Engine.load(t.model, dtype, dequantize)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
         if engine.path is not None and (not isinstance(t.calibration, str) or t.head is not None):
-            t.check_weights(engine.weights_sha256)
+            t.check_weights(engine.weights_sha256, str(engine.path))
+        fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
+        clash = sorted(fixed & kwargs.keys())
+        if clash:
+            raise TypeError(
+                f"from_task takes {', '.join(clash)} from the task: build Classifier(engine, None, labels, "
+                "system, template, ...) for another task, or save one (Task, --save-task)"
+            )
+        # Run settings may be overridden, as classify's own arguments can.
+        run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
         return cls(
-            engine,
-            None,
-            t.labels,
-            t.system,
-            t.template,
-            scoring=t.scoring,
-            examples=t.examples,
-            calibration=t.calibration,
-            min_confidence=t.min_confidence,
-            warmup=t.warmup,
-            head=t.head,
-            **kwargs,
+            engine, None, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples, head=t.head, **run
         )
 
     @property
@@ -366,6 +372,7 @@ class Classifier:
         predictions as soon as that batch finishes (`Prediction.index` is the item's
         position), error items first within their window. `progress=True`: a tqdm bar."""
         texts = _as_texts(texts, text_column)
+        _check_window(window)
         total = len(texts) if isinstance(texts, Sized) else None
         it: Iterator[Prediction] = iter(self.run(texts, window, ordered=ordered))
         return _with_progress(it, total) if progress else it
@@ -395,6 +402,10 @@ class Classifier:
             raise KeyError(
                 f"text_column={text_column!r} is not a column of the frame (its columns: "
                 f"{', '.join(map(str, list(df.columns)[:10]))}): name the column holding the texts"
+            )
+        if list(df.columns).count(text_column) > 1:
+            raise ValueError(
+                f"the frame has {list(df.columns).count(text_column)} columns named {text_column!r}: rename them"
             )
         cal = self.calibration if calibration is None else calibration
         conf = self.min_confidence if min_confidence is None else min_confidence
@@ -437,6 +448,7 @@ class Classifier:
         `Calibration` to calibrate it or to abstain.
         """
         texts = _as_texts(texts, None)
+        _check_window(window)
         stats = Stats()
         return Run(self._windows(texts, window, stats, ordered), stats)
 
@@ -463,7 +475,11 @@ class Classifier:
             if self.format_error is not None:
                 item.error = self.format_error
             elif not isinstance(text, str):
-                item.error = f"text must be a string, got {type(text).__name__}"
+                item.error = (
+                    "the text is missing (None/NaN, not a string): give the item some text, or drop the row"
+                    if _missing(text)
+                    else f"text must be a string, got {type(text).__name__}"
+                )
             elif not text.strip():
                 item.error = "empty text: give the item some text, or drop the row"
             else:
@@ -564,6 +580,7 @@ class Classifier:
         """Last-position hidden states after `layers` for every text, through the same prompt,
         prefix cache and batch plan as classification: ((N, len(layers), D) float32, per-text
         error or None (its row is NaN), the run's figures). The forward stops at the deepest layer."""
+        _check_window(window)
         st = Stats()
         t0 = time.perf_counter()
         n, dim = len(texts), int(self.model.args.hidden_size)
@@ -777,7 +794,25 @@ def _as_texts(texts: Any, text_column: str | None) -> Any:
         raise TypeError(f"text_column= goes with a pandas DataFrame; got {type(texts).__name__}")
     if isinstance(texts, Mapping):
         raise TypeError("a mapping iterates over its keys: pass the texts themselves (e.g. list(d.values()))")
+    if not isinstance(texts, Iterable):
+        raise TypeError(
+            f"texts must be an iterable of str (a list, a pandas Series) or one str, got {type(texts).__name__}: "
+            "e.g. classify(['My card was charged twice'])"
+        )
     return texts
+
+
+def _check_window(window: Any) -> None:
+    """A window of items is read, sorted and batched at a time: 0 would read nothing."""
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(f"window must be an integer of at least 1 (items read at a time), got {window!r}")
+
+
+def _missing(x: Any) -> bool:
+    """None, a float NaN, or pandas' NA/NaT: a missing text, told without importing pandas."""
+    if x is None or (isinstance(x, float) and x != x):
+        return True
+    return type(x).__name__ in ("NAType", "NaTType")
 
 
 def _with_progress(preds: Iterator[Prediction], total: int | None) -> Iterator[Prediction]:

@@ -35,6 +35,18 @@ def _err(msg: str) -> None:
     click.echo(msg, err=True)
 
 
+def _note_descriptions(system: str | None, descriptions: dict[str, str], quiet: bool = False) -> None:
+    """Descriptions from --labels-file reach the model only through {label_descriptions} in
+    --system: say so when they would be dropped without a word."""
+    from .prompts import DESCRIPTIONS_PLACEHOLDER
+
+    if not quiet and any(descriptions.values()) and DESCRIPTIONS_PLACEHOLDER not in (system or ""):
+        _err(
+            "mlx-slm: note: --labels-file gives label descriptions, but --system has no {label_descriptions}: "
+            "the model does not see them (add it, e.g. --system 'What the labels mean:\\n{label_descriptions}')"
+        )
+
+
 def _warn_blas() -> None:
     if _blas.PROBLEM:
         _err(f"mlx-slm: warning: slow BLAS ({_blas.PROBLEM}); MLX matmuls run ~30x slower. Fix: {_blas.FIX}")
@@ -341,6 +353,7 @@ class _Setup:
             else:
                 self.labels = parse_labels(o["labels_csv"])
             # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
+            _note_descriptions(o["system"], descriptions, o.get("quiet", False))
             o["system"] = fill_labels(o["system"], self.labels, descriptions)
         if o["examples_file"]:
             self.examples = read_examples(o["examples_file"], self.labels)
@@ -1224,6 +1237,7 @@ def train(
 
         descriptions = read_label_descriptions(o["labels_file"])
         labels = list(descriptions)
+        _note_descriptions(o["system"], descriptions, o.get("quiet", False))
     elif "labels_csv" in given:
         labels = parse_labels(o["labels_csv"])
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field")

@@ -270,6 +270,8 @@ def read_label_descriptions(path: str) -> dict[str, str]:
         if label in out:
             raise InputError(f"{what} {path} line {n}: label {label!r} is given twice")
         out[label] = desc
+    if not out:
+        raise InputError(f"{what} {path} holds no labels: give one label a line (label<TAB>description optional)")
     return out
 
 

@@ -153,7 +153,20 @@ def parse_labels(text: str) -> list[str]:
 
 
 def validate(labels: Sequence[str]) -> list[str]:
-    labels = list(labels)
+    """The labels as a list, checked: at least two, non-empty strings, none given twice (nor
+    two that differ only in surrounding whitespace, which the command line and the service
+    strip). One string is refused: iterating it would make each character a label."""
+    if isinstance(labels, (str, bytes)):
+        raise LabelError(
+            f"labels must be a list of strings, got one {type(labels).__name__} {labels[:60]!r}: pass "
+            f"a list, e.g. {parse_labels(labels)[:3] if isinstance(labels, str) else ['billing', 'technical']!r}"
+        )
+    try:
+        labels = list(labels)
+    except TypeError:
+        raise LabelError(
+            f"labels must be a list of strings, got {type(labels).__name__}: pass e.g. ['billing', 'technical']"
+        ) from None
     if len(labels) < 2:
         raise LabelError(f"need at least two labels to choose from, got {labels!r}")
     for i, lab in enumerate(labels):
@@ -164,11 +177,16 @@ def validate(labels: Sequence[str]) -> list[str]:
             )
         if not lab.strip():
             raise LabelError(f"label {i + 1} is empty: remove it or give it a name (labels: {labels!r})")
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # by the label without surrounding whitespace
     for i, lab in enumerate(labels):
-        if lab in seen:
-            raise LabelError(f"label {lab!r} is given twice (positions {seen[lab] + 1} and {i + 1})")
-        seen[lab] = i
+        j = seen.setdefault(lab.strip(), i)
+        if j != i and labels[j] == lab:
+            raise LabelError(f"label {lab!r} is given twice (positions {j + 1} and {i + 1})")
+        if j != i:
+            raise LabelError(
+                f"labels {labels[j]!r} (position {j + 1}) and {lab!r} (position {i + 1}) differ only in "
+                "surrounding whitespace: give each label once, without spaces around it"
+            )
     return labels
 
 

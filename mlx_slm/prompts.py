@@ -10,6 +10,7 @@ it simply runs without the cache.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,20 @@ class PromptFormat:
     examples: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.system is not None and not isinstance(self.system, str):
+            raise PromptError(f"the system message must be a string (or None), got {type(self.system).__name__}")
+        if not isinstance(self.template, str):
+            raise PromptError(
+                f"the template must be a string holding {{text}}, got {type(self.template).__name__}: "
+                "e.g. 'Ticket: {text}\\nCategory:'"
+            )
+        for ph in (LABELS_PLACEHOLDER, DESCRIPTIONS_PLACEHOLDER):
+            if ph in self.template:  # it would reach the model as the literal braces
+                raise PromptError(
+                    f"the template holds {ph}, which is filled in the system message only: move it there "
+                    "(--system, or a request's 'system'; e.g. 'Answer with one of: {labels}.') and keep {text} "
+                    "in the template"
+                )
         if "{text}" not in self.template:
             raise PromptError(
                 f"the template {self.template!r} has no {{text}} placeholder: write where the item goes, "
@@ -69,19 +84,33 @@ def fill_labels(system: str | None, labels: Sequence[str], descriptions: Mapping
     """The system message with `{labels}` (the labels, comma-separated) and
     `{label_descriptions}` (one line a label: `- label: description`) filled in.
 
-    Only those two exact placeholders are replaced (str.replace: other braces stay). With
+    Only those two exact placeholders are replaced, in one pass (other braces stay). With
     many labels, telling the model what each one means is the cheap way to better answers;
     scoring stays on the label names."""
-    if not system:
-        return system
+    if system is not None and not isinstance(system, str):
+        raise PromptError(f"the system message must be a string (or None), got {type(system).__name__}")
     descriptions = descriptions or {}
+    if not isinstance(descriptions, Mapping):
+        raise PromptError(
+            f"label descriptions must be a mapping of label to description, got {type(descriptions).__name__}: "
+            "e.g. {'card arrival': 'the new card has not come'}"
+        )
+    bad = [k for k, v in descriptions.items() if not isinstance(v, str)]
+    if bad:
+        raise PromptError(
+            f"the description of {bad[0]!r} is {type(descriptions[bad[0]]).__name__}: descriptions are strings"
+        )
     unknown = [k for k in descriptions if k not in labels]
     if unknown:
         raise PromptError(
             f"descriptions given for {unknown[:5]!r}, which are not among the labels {list(labels)[:10]!r}"
         )
+    if not system:
+        return system
     lines = "\n".join(f"- {lab}: {descriptions[lab]}" if descriptions.get(lab) else f"- {lab}" for lab in labels)
-    return system.replace(LABELS_PLACEHOLDER, ", ".join(labels)).replace(DESCRIPTIONS_PLACEHOLDER, lines)
+    fill = {LABELS_PLACEHOLDER: ", ".join(labels), DESCRIPTIONS_PLACEHOLDER: lines}
+    # One pass: a label or description that holds a placeholder's text is not filled again.
+    return re.sub("|".join(map(re.escape, fill)), lambda m: fill[m.group(0)], system)
 
 
 def render(tokenizer: Any, fmt: PromptFormat, text: str) -> str:

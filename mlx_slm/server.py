@@ -452,7 +452,9 @@ class Service:
             sort=base.sort,
             use_prefix_cache=kw.get("use_prefix_cache", True),
             truncate=truncate,
-            scoring=base.mode if same_labels else "auto",
+            # A learned head's "mode" is no scoring mode: without the head (other labels or prompt),
+            # this task scores its labels as a task file without a head would.
+            scoring=base.mode if same_labels and base.mode != "head" else "auto",
             examples=base.format.examples if same_labels else (),
         )
         for k in ("calibration", "min_confidence", "warmup"):
@@ -1226,7 +1228,9 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
                 raise HTTPError(422, f"{name}: {msg}", name)
         p = len(front.prefix_tokens)
         hits = [bool(p) and tuple(it.ids[:p]) == front.prefix_tokens for it in prepared]
-        costs = [len(it.ids) - (p if h else 0) for it, h in zip(prepared, hits)]
+        # The label trie runs beside every row's prompt: its nodes count in the micro-batch budget
+        # and the time estimate, as in the classifier's own batch plan.
+        costs = [len(it.ids) - (p if h else 0) + front.row_extra for it, h in zip(prepared, hits)]
         job = _Job(len(texts), asyncio.get_running_loop(), deadline=t0 + opts.request_timeout_s)
         job.names = names
         service.submit(job, texts, key, costs, hits)
