@@ -71,6 +71,11 @@ def read_training_data(
             raise TrainError(
                 f"{path}: line {r.line}: no gold label in {gold_field!r}: add it, or name its field with --gold-field"
             )
+        if str(r.gold) != str(r.gold).strip():  # else ' billing' became a label of its own beside 'billing'
+            raise TrainError(
+                f"{path}: line {r.line}: gold label {str(r.gold)!r} has spaces around it: remove them (labels are "
+                "compared exactly)"
+            )
     gold = [str(r.gold) for r in rows]
     if labels is None:
         labels = sorted(set(gold))

@@ -7,6 +7,7 @@ traceback, a silent wrong answer or a dropped row."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -233,3 +234,17 @@ def test_trie_scores_equal_the_per_label_passes_on_random_label_sets(engine):
         for a, b in zip(trie.classify(texts), per.classify(texts)):
             assert a.label == b.label
             assert max(abs(a.scores[k] - b.scores[k]) for k in labels) < 1e-3, labels
+
+
+def test_training_gold_labels_with_spaces_around_them(tmp_path):
+    """A gold ' billing' beside 'billing' became a label of its own (a head with two billings,
+    each with half the examples); it is now named with its line."""
+    from mlx_slm.train import TrainError, read_training_data
+
+    rows = [{"text": f"t{i}", "label": lab} for i, lab in enumerate(["billing", "account"] * 5)]
+    rows.append({"text": "charged twice", "label": " billing"})
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for labels in (None, ["billing", "account"]):
+        with pytest.raises(TrainError, match="line 11: gold label ' billing' has spaces around it"):
+            read_training_data(str(p), labels, folds=2)
