@@ -33,92 +33,76 @@ class EvaluationError(UserError, ValueError):
 
 # ---------------------------------------------------------------------------- reading predictions
 def read_predictions(path: str, rows: Sequence[Any]) -> list[dict[str, Any]]:
-    """A classify output (JSONL, CSV or TSV, by its extension) read back row by row and checked
-    against the input's rows (`io.Row`: row i of the output is input row i, same id).
+    """A classify output (JSONL, CSV, TSV or Parquet, by its extension) read back row by row
+    (`output.read_records`) and checked against the input's rows (`io.Row`: row i of the
+    output is input row i, same id).
 
     Each row becomes {"id", "label", "probs", "error"}. Every problem (the file cannot be
     read, a byte that is not UTF-8, a row that is not a JSON object, a label that is not a
     string, a probability that is not a number from 0 to 1, a row count or an id that does
     not match the input) is an `EvaluationError` naming the file, the row and the fix."""
-    import json
-
-    from .output import output_format, same_id
+    from .output import RecordError, output_format, read_records, same_id
 
     fmt = output_format(path)
     where = f"--predictions {path}"
+    fix = "give the output of mlx-slm classify"
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         what = "is a folder, not a file" if isinstance(e, IsADirectoryError) else f"cannot be read ({e.strerror})"
-        raise EvaluationError(f"{where} {what}: give the output file of mlx-slm classify") from None
-    out = _read_csv_predictions(data, fmt, where) if fmt != "jsonl" else []
-    if fmt == "jsonl":
-        for i, line in enumerate(data.split(b"\n"), 1):  # only \n ends a row
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line.decode("utf-8"))
-            except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-                why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-                raise EvaluationError(
-                    f"{where}: line {i} is not a JSON object ({why}): give the output of mlx-slm classify"
-                ) from None
-            if not isinstance(rec, dict):
-                raise EvaluationError(
-                    f"{where}: line {i} is a JSON {type(rec).__name__}, not an object like "
-                    '{"id": ..., "label": ..., "probs": {...}}: give the output of mlx-slm classify'
-                )
-            out.append(_prediction(rec.get("id"), rec.get("label"), rec.get("probs"), rec.get("error"), where, i))
-    if len(out) != len(rows):
-        raise EvaluationError(f"{where} has {len(out)} rows but the input has {len(rows)}: they must be row for row")
-    for i, (p, r) in enumerate(zip(out, rows)):
-        if not same_id(p["id"], r.id, fmt):
-            raise EvaluationError(
-                f"{where}: row {i + 1} has id {p['id']!r} where input line {r.line} has "
-                f"{r.id!r}: it is not the output for this input"
-            )
-    return out
-
-
-def _read_csv_predictions(data: bytes, fmt: str, where: str) -> list[dict[str, Any]]:
-    import csv
-    import io
-
-    from .output import delimiter
-
-    try:
-        text = data.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise EvaluationError(
-            f"{where}: line {line}: invalid UTF-8 (byte 0x{data[e.start]:02x}): save it as UTF-8"
-        ) from None
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter(fmt), restkey="\0extra")
+        raise EvaluationError(f"{where} {what}: {fix}") from None
     out: list[dict[str, Any]] = []
+    header: list[str] | None = None
     try:
-        if reader.fieldnames is None or "id" not in reader.fieldnames:
-            raise EvaluationError(
-                f"{where}: the header names no 'id' column (it has {reader.fieldnames or 'nothing'}): "
-                "give the output of mlx-slm classify"
-            )
-        for rec in reader:
-            n = reader.line_num
-            if "\0extra" in rec:
+        for rec in read_records(path, fmt, data, lenient=True):
+            n = rec.line
+            if rec.kind == "utf8":
+                raise EvaluationError(f"{where}: line {n}: {rec.problem}: save it as UTF-8")
+            if rec.kind == "fields":
                 raise EvaluationError(f"{where}: line {n} has more fields than the header: check its commas and quotes")
+            if rec.kind == "object":
+                raise EvaluationError(
+                    f'{where}: line {n} is {rec.problem} like {{"id": ..., "label": ..., "probs": {{...}}}}: ' + fix
+                )
+            if rec.problem:
+                raise EvaluationError(f"{where}: line {n} is not a JSON object ({rec.problem}): {fix}")
+            if rec.row == 0:  # the CSV/TSV header
+                header = rec.values
+                if "id" not in header:
+                    raise EvaluationError(
+                        f"{where}: the header names no 'id' column (it has {header or 'nothing'}): {fix}"
+                    )
+                continue
+            r = rec.fields
+            if fmt == "jsonl":
+                out.append(_prediction(r.get("id"), r.get("label"), r.get("probs"), r.get("error"), where, n))
+                continue
             probs: dict[str, Any] = {}
-            for k, v in rec.items():
+            for k, v in r.items():
                 if k and k.startswith("p_") and v not in ("", None):
                     try:
                         probs[k[2:]] = float(v)
                     except ValueError:
                         raise EvaluationError(
-                            f"{where}: line {n}, column {k!r}: {v[:40]!r} is not a number: "
-                            "give the output of mlx-slm classify"
+                            f"{where}: line {n}, column {k!r}: {v[:40]!r} is not a number: {fix}"
                         ) from None
-            out.append(_prediction(rec.get("id"), rec.get("label") or None, probs, rec.get("error") or None, where, n))
-    except csv.Error as e:
-        raise EvaluationError(f"{where}: line {reader.line_num} is not valid CSV ({e}): check its quotes") from None
+            out.append(_prediction(r.get("id"), r.get("label") or None, probs, r.get("error") or None, where, n))
+    except RecordError as e:
+        what = f"line {e.line} is not valid CSV ({e.why}): check its quotes"
+        raise EvaluationError(
+            f"{where}: {what}" if fmt != "parquet" else f"{where} is not Parquet ({e.why}): {fix}"
+        ) from None
+    if fmt in ("csv", "tsv") and header is None:
+        raise EvaluationError(f"{where}: the header names no 'id' column (it has nothing): {fix}")
+    if len(out) != len(rows):
+        raise EvaluationError(f"{where} has {len(out)} rows but the input has {len(rows)}: they must be row for row")
+    for i, (p, row) in enumerate(zip(out, rows)):
+        if not same_id(p["id"], row.id, fmt):
+            raise EvaluationError(
+                f"{where}: row {i + 1} has id {p['id']!r} where input line {row.line} has "
+                f"{row.id!r}: it is not the output for this input"
+            )
     return out
 
 

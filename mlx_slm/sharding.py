@@ -16,9 +16,7 @@ the sha256 of the input where it can be read, then joins them in input order.
 from __future__ import annotations
 
 import bisect
-import csv
 import hashlib
-import io
 import json
 import re
 from collections.abc import Sequence
@@ -113,55 +111,6 @@ def shard_settings(index: int, count: int, rng: tuple[int, int], input_rows: int
 
 
 # --------------------------------------------------------------------------- merge
-
-
-def _records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[bytes]]:
-    """A part's header (CSV/TSV) and its rows as raw bytes, each with its line end."""
-    from .output import delimiter
-
-    if data and not data.endswith(b"\n"):
-        raise ShardError(f"merge: {path}: the last row is cut short (an interrupted part): finish it with --resume")
-    if fmt == "jsonl":
-        return b"", [line + b"\n" for line in data.split(b"\n")[:-1]]  # only \n ends a row
-    # CSV/TSV: a record may span lines (quoted newlines); split at record ends.
-    try:
-        text = data.decode("utf-8")
-        out: list[bytes] = []
-        pos = 0
-        f = io.StringIO(text, newline="")
-        reader = csv.reader(f, delimiter=delimiter(fmt), strict=True)
-        for _ in reader:
-            end = f.tell()
-            out.append(text[pos:end].encode("utf-8"))
-            pos = end
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise ShardError(f"merge: {path} is not an mlx-slm {fmt.upper()} output ({e}): run that shard again") from None
-    if not out:
-        return b"", []
-    return out[0], out[1:]
-
-
-def _fields(rec: bytes, fmt: str, header: bytes, where: str) -> dict[str, Any]:
-    """One row's fields; a row that is not an output record of ours is a ShardError naming it."""
-    from .output import delimiter
-
-    try:
-        if fmt == "jsonl":
-            got = json.loads(rec.decode("utf-8"))
-            if not isinstance(got, dict) or "id" not in got:
-                raise ValueError("not an object with an id")
-            return got
-        delim = delimiter(fmt)
-        cols = next(csv.reader(io.StringIO(header.decode("utf-8"), newline=""), delimiter=delim))
-        vals = next(csv.reader(io.StringIO(rec.decode("utf-8"), newline=""), delimiter=delim))
-        if len(vals) != len(cols):
-            raise ValueError(f"{len(vals)} fields where the header has {len(cols)}")
-        return dict(zip(cols, vals))
-    except (ValueError, StopIteration, csv.Error, RecursionError) as e:
-        raise ShardError(
-            f"merge: {where} is not an mlx-slm output record ({str(e)[:120] or type(e).__name__}): "
-            "the part was changed by something else; run that shard again"
-        ) from None
 
 
 def _int(x: Any) -> bool:
@@ -297,7 +246,7 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
             data = Path(p).read_bytes()
         except OSError as e:
             raise ShardError(f"merge: cannot read {p} ({e.strerror})") from None
-        h, recs = _parquet_part(p, data) if fmt == "parquet" else _records(p, fmt, data)
+        h, recs = _part_records(p, fmt, data)
         if len(recs) != end - start:
             raise ShardError(
                 f"merge: {p} holds {len(recs)} rows for input rows {start}..{end - 1} ({end - start}): "
@@ -305,7 +254,7 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
             )
         recorded = sh["sha256"]
         if recorded is not None:
-            got = hashlib.sha256(data).hexdigest()
+            got = hashlib.sha256(data).hexdigest()  # the part's exact bytes, header included
             if got != recorded:
                 raise ShardError(
                     f"merge: {p} (shard {i}/{count}) was changed after its run completed: its rows' sha256 is "
@@ -316,13 +265,17 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
             if header and h and h != header:
                 raise ShardError(f"merge: {p} has another header than the first part")
             header = header or h
-        for k, r in enumerate(recs):
-            rec = r if fmt == "parquet" else _fields(r, fmt, header, f"{p} row {k + 1}")
-            ids.append(rec.get("id"))
-            errors += bool(rec.get("error"))
+        for r in recs:
+            if r.problem:
+                raise ShardError(
+                    f"merge: {p} row {r.row} is not an mlx-slm output record ({r.problem[:120]}): "
+                    "the part was changed by something else; run that shard again"
+                )
+            ids.append(r.fields.get("id"))
+            errors += bool(r.fields.get("error"))
             if table_rows is not None:
-                table_rows.add(rec if fmt != "csv" and fmt != "tsv" else _typed_csv_record(rec))
-        pieces.extend(recs)
+                table_rows.add(r.fields if fmt not in ("csv", "tsv") else _typed_csv_record(r.fields))
+        pieces.extend(r.raw for r in recs)
         expect_start = end
     if expect_start != total:
         raise ShardError(f"merge: the parts cover {expect_start} of the input's {total} rows")
@@ -350,17 +303,25 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
     return {"parts": count, "rows": len(pieces), "error_rows": errors, "ids_checked": checked, "format": out_fmt}
 
 
-def _parquet_part(path: str, data: bytes) -> tuple[bytes, list[dict[str, Any]]]:
-    """A Parquet part's rows as output records (typed ids restored)."""
-    from .output import parquet_records, require_pyarrow
+def _part_records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[Any]]:
+    """A part's header (CSV/TSV) and its rows (`output.Record`: exact bytes, fields), split
+    but not yet checked: merge checks the row count and the checksum first."""
+    from .output import RecordError, read_records
 
-    require_pyarrow()
-    import pyarrow.parquet as pq
-
+    name = "Parquet" if fmt == "parquet" else fmt.upper()
+    if fmt != "parquet" and data and not data.endswith(b"\n"):
+        raise ShardError(f"merge: {path}: the last row is cut short (an interrupted part): finish it with --resume")
     try:
-        return b"", parquet_records(pq.read_table(io.BytesIO(data)))
-    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
-        raise ShardError(f"merge: {path} is not an mlx-slm Parquet output ({e}): run that shard again") from None
+        recs = list(read_records(path, fmt, data, strict_csv=True))
+    except RecordError as e:
+        raise ShardError(f"merge: {path} is not an mlx-slm {name} output ({e.why}): run that shard again") from None
+    if any(r.torn for r in recs):  # a row ending inside quotes
+        raise ShardError(f"merge: {path}: the last row is cut short (an interrupted part): finish it with --resume")
+    if fmt in ("jsonl", "parquet") or not recs:
+        return b"", recs
+    if recs[0].problem:
+        raise ShardError(f"merge: {path} is not an mlx-slm {name} output ({recs[0].problem}): run that shard again")
+    return recs[0].raw, recs[1:]
 
 
 def _typed_csv_record(rec: dict[str, str]) -> dict[str, Any]:
