@@ -29,6 +29,7 @@ import argparse
 import csv
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {
         "model": args.model,
         "machine": f"{platform.machine()}, {platform.system()}",
-        "command": " ".join(["python -m benchmarks.heads", *(argv or [])]),
+        "command": " ".join(["python -m benchmarks.heads", *(sys.argv[1:] if argv is None else argv)]),
         "layers": [candidate_name(c) for c in cands],
         "sets": {},
     }
