@@ -123,8 +123,9 @@ def _lines(raw: Iterable[bytes]) -> Iterator[tuple[int, str | None, str]]:
             yield n, None, f"byte 0x{b[e.start]:02x} at byte {e.start + 1}"
 
 
-def _bad_utf8(s: str) -> bool:
-    """True if `s` holds a lone surrogate (a bad byte kept by surrogateescape, or a JSON \\ud800 escape)."""
+def has_lone_surrogate(s: str) -> bool:
+    """True if `s` holds a lone surrogate (a bad byte kept by surrogateescape, or a JSON \\ud800 escape):
+    not UTF-8 text. The one check every reader and the service use."""
     try:
         s.encode("utf-8")
         return False
@@ -484,7 +485,7 @@ def _record_row(n: int, obj: dict[str, Any], text_field: str, id_field: str, gol
                 error=f"line {n}: field {id_field!r} is empty: give the row an id, or leave the field out to number rows by line",
                 explicit_id=True,
             )
-        if isinstance(rid, str) and _bad_utf8(rid):
+        if isinstance(rid, str) and has_lone_surrogate(rid):
             return Row(
                 n,
                 None,
@@ -514,7 +515,7 @@ def _record_row(n: int, obj: dict[str, Any], text_field: str, id_field: str, gol
             error=f"line {n}: field {text_field!r} is empty: give the item some text, or drop the row",
             explicit_id=explicit,
         )
-    elif _bad_utf8(t):
+    elif has_lone_surrogate(t):
         return Row(
             n,
             rid,
@@ -644,7 +645,7 @@ def _csv(
     if head.fields is None:
         raise InputError(f"malformed CSV header: {head.error}")
     header = head.fields
-    if any(_bad_utf8(c) for c in header):
+    if any(has_lone_surrogate(c) for c in header):
         raise InputError(_utf8_error(1) + " (in the CSV header)")
     if text_column not in header:
         raise InputError(
@@ -688,7 +689,7 @@ def _csv(
             continue
         explicit = ii is not None
         rid: Any = rec[ii] if ii is not None else n
-        if ii is not None and _bad_utf8(rec[ii]):
+        if ii is not None and has_lone_surrogate(rec[ii]):
             yield Row(
                 n, None, error=_utf8_error(n) + f" (in column {id_column!r})", explicit_id=True, last_line=r.last_line
             )
@@ -700,7 +701,7 @@ def _csv(
                 explicit_id=True,
                 last_line=r.last_line,
             )
-        elif any(_bad_utf8(c) for c in rec):
+        elif any(has_lone_surrogate(c) for c in rec):
             yield Row(n, rid, error=_utf8_error(n), explicit_id=explicit, last_line=r.last_line)
         elif not rec[ti].strip():
             yield Row(

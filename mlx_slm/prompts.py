@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
+from .io import has_lone_surrogate
 
 DEFAULT_SYSTEM = "You classify support tickets. Answer with exactly one of: billing, technical, account."
 DEFAULT_TEMPLATE = "Ticket: {text}\nCategory:"
@@ -205,16 +206,8 @@ def example_problem(text: str, label: str, labels: Sequence[str]) -> str | None:
     not one of the task's labels), or None if it can; shared by `--examples` and task files."""
     if not text.strip():
         return "the example's text is empty: give it some text, or drop the example"
-    if _unencodable(text) or _unencodable(label):
+    if has_lone_surrogate(text) or has_lone_surrogate(label):
         return "the example holds an unpaired surrogate escape (not valid Unicode): fix it"
     if label not in labels:
         return f"label {label!r} is not one of the labels {list(labels)}: fix the example, or add the label"
     return None
-
-
-def _unencodable(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True

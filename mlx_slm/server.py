@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from .io import has_lone_surrogate
 from .prompts import TRUNCATE_MODES
 
 API_KEY_ENV = "MLX_SLM_API_KEY"
@@ -740,15 +741,6 @@ def validate_request(raw: bytes, opts: ServeOptions) -> tuple[list[str], list[An
     return _check_request(parse_body(raw), opts)
 
 
-def _encodable(v: str) -> bool:
-    """False for a string holding a lone surrogate (a JSON "\\ud800" escape): not UTF-8 text."""
-    try:
-        v.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
 def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any], dict[str, Any]]:
     if not isinstance(data, dict):
         raise HTTPError(422, "the body must be a JSON object with 'text' or 'texts'", "body")
@@ -786,7 +778,7 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
     for name, t in zip(names, texts):
         if not t.strip():
             raise HTTPError(422, f"{name} is empty: give the item some text", name)
-        if not _encodable(t):
+        if has_lone_surrogate(t):
             raise HTTPError(422, f"{name} holds an unpaired surrogate escape (not valid Unicode text): fix it", name)
     ids: list[Any] = list(range(len(texts)))
     if "ids" in data:
@@ -797,7 +789,7 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
         for i, v in enumerate(ids):
             if isinstance(v, bool) or not isinstance(v, (str, int)):
                 raise HTTPError(422, f"ids[{i}] must be a string or an integer", f"ids[{i}]")
-            if isinstance(v, str) and not _encodable(v):
+            if isinstance(v, str) and has_lone_surrogate(v):
                 raise HTTPError(
                     422, f"ids[{i}] holds an unpaired surrogate escape (not valid Unicode text)", f"ids[{i}]"
                 )
@@ -815,20 +807,20 @@ def _check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any],
         lab = data["labels"]
         if not isinstance(lab, list) or not all(isinstance(x, str) for x in lab) or len(lab) < 2:
             raise HTTPError(422, "'labels' must be a list of at least two strings", "labels")
-        if not all(_encodable(x) for x in lab):
+        if any(has_lone_surrogate(x) for x in lab):
             raise HTTPError(422, "'labels' holds an unpaired surrogate escape (not valid Unicode text)", "labels")
         task["labels"] = [x.strip() for x in lab]
     if "system" in data:
         if data["system"] is not None and not isinstance(data["system"], str):
             raise HTTPError(422, "'system' must be a string or null", "system")
-        if data["system"] and not _encodable(data["system"]):
+        if data["system"] and has_lone_surrogate(data["system"]):
             raise HTTPError(422, "'system' holds an unpaired surrogate escape (not valid Unicode text)", "system")
         task["system"] = data["system"] or ""
     if "template" in data:
         tpl = data["template"]
         if not isinstance(tpl, str) or "{text}" not in tpl:
             raise HTTPError(422, "'template' must be a string with a {text} placeholder", "template")
-        if not _encodable(tpl):
+        if has_lone_surrogate(tpl):
             raise HTTPError(422, "'template' holds an unpaired surrogate escape (not valid Unicode text)", "template")
         task["template"] = tpl
     if "truncate" in data:
@@ -866,7 +858,7 @@ def _check_texts(value: Any, fld: str, opts: ServeOptions) -> tuple[list[str], b
     for name, t in zip(names, texts):
         if not t.strip():
             raise HTTPError(422, f"{name} is empty: give the item some text", name)
-        if not _encodable(t):
+        if has_lone_surrogate(t):
             raise HTTPError(422, f"{name} holds an unpaired surrogate escape (not valid Unicode text): fix it", name)
     return texts, single
 
@@ -878,17 +870,22 @@ def _default_task() -> dict[str, Any]:
 TEI_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction", "parameters")
 
 
+def _check_fields(data: Any, fields: Sequence[str], texts_field: str) -> None:
+    """A peer's body (TEI's, vLLM's): a JSON object of known fields holding its texts field."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, f"the body must be a JSON object with {texts_field!r}", "body")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(fields)}", unknown[0])
+    if texts_field not in data:
+        raise HTTPError(422, f"{texts_field!r} is missing: give a string or a list of strings", texts_field)
+
+
 def _check_tei(data: Any, opts: ServeOptions) -> tuple[list[str], bool, dict[str, Any], bool, int | None]:
     """TEI's /predict body: {"inputs": str | [str], "raw_scores"?, "truncate"?, "truncation_direction"?},
     and the InferenceClient's {"inputs", "parameters": {"function_to_apply"?, "top_k"?}}.
     Returns (texts, one string given, task, raw scores, top k)."""
-    if not isinstance(data, dict):
-        raise HTTPError(422, "the body must be a JSON object with 'inputs'", "body")
-    unknown = sorted(set(data) - set(TEI_FIELDS))
-    if unknown:
-        raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(TEI_FIELDS)}", unknown[0])
-    if "inputs" not in data:
-        raise HTTPError(422, "'inputs' is missing: give a string or a list of strings", "inputs")
+    _check_fields(data, TEI_FIELDS, "inputs")
     texts, single = _check_texts(data["inputs"], "inputs", opts)
     task = _default_task()
     raw_scores = data.get("raw_scores", False)
@@ -939,13 +936,7 @@ VLLM_FIELDS = ("model", "input", "truncate_prompt_tokens", "user", "priority", "
 def _check_vllm(data: Any, opts: ServeOptions) -> tuple[list[str], bool, dict[str, Any]]:
     """vLLM's classification body: {"model", "input": str | [str], "truncate_prompt_tokens"?}
     (`user`, `priority`, `request_id` are accepted and ignored)."""
-    if not isinstance(data, dict):
-        raise HTTPError(422, "the body must be a JSON object with 'input'", "body")
-    unknown = sorted(set(data) - set(VLLM_FIELDS))
-    if unknown:
-        raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(VLLM_FIELDS)}", unknown[0])
-    if "input" not in data:
-        raise HTTPError(422, "'input' is missing: give a string or a list of strings", "input")
+    _check_fields(data, VLLM_FIELDS, "input")
     if data.get("model") is not None and not isinstance(data["model"], str):
         raise HTTPError(422, "'model' must be a string", "model")
     texts, single = _check_texts(data["input"], "input", opts)

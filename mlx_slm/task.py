@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ._fs import utc_now, write_json_atomic
 from .calibration import DEFAULT_WARMUP, CalibrationError, Calibrator
 from .errors import UserError
+from .io import has_lone_surrogate
 
 if TYPE_CHECKING:
     from .heads import Head
@@ -100,11 +101,11 @@ class Task:
         if "{text}" not in d["template"]:
             raise bad("template", "a string with a {text} placeholder")
         for key in ("model", "template", "system"):
-            if isinstance(d.get(key), str) and _unencodable(d[key]):
+            if isinstance(d.get(key), str) and has_lone_surrogate(d[key]):
                 raise TaskError(
                     f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode): fix it"
                 )
-        if any(_unencodable(x) for x in labels):
+        if any(has_lone_surrogate(x) for x in labels):
             raise TaskError(f"{where}: field 'labels' holds an unpaired surrogate escape (not valid Unicode): fix it")
         scoring = d.get("scoring", "auto")
         if scoring not in MODES:
@@ -230,11 +231,3 @@ def _kind(v: Any) -> str:
     return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
         type(v), "a list" if isinstance(v, list) else "an object" if isinstance(v, dict) else type(v).__name__
     )
-
-
-def _unencodable(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
