@@ -988,31 +988,33 @@ _COMMON_ERRORS = {
     "503": {"description": "loading or shutting down"},
     "504": {"description": "request timeout"},
 }
+
+
+def _json_body(properties: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+    """An OpenAPI request body: a required JSON object with these properties."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 _TEI_PREDICT: dict[str, Any] = {
     "summary": "text-embeddings-inference's /predict: one list of {label, score} per input, best first "
     "(a single string is answered as a list holding its one list).",
     "security": [{"bearer": []}],
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["inputs"],
-                    "properties": {
-                        "inputs": _STR_OR_LIST,
-                        "raw_scores": {"type": "boolean", "description": "the model's label scores, no softmax"},
-                        "truncate": {"type": "boolean", "nullable": True},
-                        "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
-                        "parameters": {
-                            "type": "object",
-                            "description": "Hugging Face InferenceClient's: function_to_apply (softmax|none), top_k",
-                        },
-                    },
-                }
-            }
+    "requestBody": _json_body(
+        {
+            "inputs": _STR_OR_LIST,
+            "raw_scores": {"type": "boolean", "description": "the model's label scores, no softmax"},
+            "truncate": {"type": "boolean", "nullable": True},
+            "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
+            "parameters": {
+                "type": "object",
+                "description": "Hugging Face InferenceClient's: function_to_apply (softmax|none), top_k",
+            },
         },
-    },
+        required=["inputs"],
+    ),
     "responses": {
         "200": {"description": "[[{label, score}, ...], ...]; errors are {error, error_type}"},
         **_COMMON_ERRORS,
@@ -1023,25 +1025,17 @@ _VLLM_CLASSIFY: dict[str, Any] = {
     "data: [{index, label, probs (the task's label order), num_classes}], usage}. "
     "POST /v1/classify with an 'input' field answers the same.",
     "security": [{"bearer": []}],
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["input"],
-                    "properties": {
-                        "model": {"type": "string", "description": "any name: the server has one model"},
-                        "input": _STR_OR_LIST,
-                        "truncate_prompt_tokens": {"type": "integer", "enum": [-1], "nullable": True},
-                        "user": {"type": "string"},
-                        "priority": {"type": "integer"},
-                        "request_id": {"type": "string"},
-                    },
-                }
-            }
+    "requestBody": _json_body(
+        {
+            "model": {"type": "string", "description": "any name: the server has one model"},
+            "input": _STR_OR_LIST,
+            "truncate_prompt_tokens": {"type": "integer", "enum": [-1], "nullable": True},
+            "user": {"type": "string"},
+            "priority": {"type": "integer"},
+            "request_id": {"type": "string"},
         },
-    },
+        required=["input"],
+    ),
     "responses": {"200": {"description": "vLLM's ClassificationResponse"}, **_COMMON_ERRORS},
 }
 
@@ -1054,35 +1048,27 @@ OPENAPI: dict[str, Any] = {
                 "summary": "Classify one text or a list of texts into one of the task's labels "
                 "(a body with vLLM's 'input' field gets vLLM's answer, as POST /classify).",
                 "security": [{"bearer": []}],
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "properties": {
-                                    "text": {"type": "string"},
-                                    "texts": {"type": "array", "items": {"type": "string"}},
-                                    "ids": {
-                                        "type": "array",
-                                        "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
-                                    },
-                                    "labels": {"type": "array", "items": {"type": "string"}, "minItems": 2},
-                                    "system": {"type": "string", "nullable": True},
-                                    "template": {"type": "string", "description": "must contain {text}"},
-                                    "truncate": {"type": "string", "enum": list(TRUNCATE_MODES), "nullable": True},
-                                    "min_confidence": {
-                                        "type": "number",
-                                        "minimum": 0,
-                                        "maximum": 1,
-                                        "nullable": True,
-                                        "description": "abstain (label null, abstained true) below this probability",
-                                    },
-                                },
-                            }
-                        }
-                    },
-                },
+                "requestBody": _json_body(
+                    {
+                        "text": {"type": "string"},
+                        "texts": {"type": "array", "items": {"type": "string"}},
+                        "ids": {
+                            "type": "array",
+                            "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                        },
+                        "labels": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+                        "system": {"type": "string", "nullable": True},
+                        "template": {"type": "string", "description": "must contain {text}"},
+                        "truncate": {"type": "string", "enum": list(TRUNCATE_MODES), "nullable": True},
+                        "min_confidence": {
+                            "type": "number",
+                            "minimum": 0,
+                            "maximum": 1,
+                            "nullable": True,
+                            "description": "abstain (label null, abstained true) below this probability",
+                        },
+                    }
+                ),
                 "responses": {
                     "200": {
                         "description": "results[i]: id, label, probs, raw_probs and calibration (when calibrated), "
