@@ -237,8 +237,8 @@ class Classifier:
                     f"{self.max_length}: shorten --system or --template"
                     + (" or use fewer --examples" if self.format.examples else "")
                 )
-            if truncate is None:
-                raise PromptError(self.format_error)
+            if truncate is None:  # a label too long is the labels' fault (a front end names that field)
+                raise (LabelError if fixed <= self.max_length else PromptError)(self.format_error)
         # The shared head's ids; its KV is computed by the engine on first use (and kept there).
         self.prefix_tokens: tuple[int, ...] = (
             tuple(head) if (use_prefix_cache and head and self.format_error is None) else ()
