@@ -350,6 +350,6 @@ def test_server_uses_the_head_for_its_own_task_only(tiny_head, tiny_qwen_mlx):
     )
     service._load()
     key = service.default_key
-    assert service._back[key].mode == "head" and service.front_classifier(key).mode == "head"
+    assert service._back_classifier(key).mode == "head" and service.front_classifier(key).mode == "head"
     other = service.task_key(["x", "y"], None, None, None)
     assert service.front_classifier(other).head is None  # other labels: label scoring

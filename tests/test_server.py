@@ -216,6 +216,9 @@ def test_per_request_task_and_truncation(srv):
         ({"text": "a", "labels": ["only"]}, 422, "labels"),
         ({"text": "a", "labels": ["x", "x"]}, 422, "labels"),
         ({"text": "a", "template": "no placeholder"}, 422, "template"),
+        # the check that failed names the field (it was guessed from "label" in the message: "labels")
+        ({"text": "a", "labels": ["x", "y"], "template": "{labels} {text}"}, 422, "template"),
+        ({"text": "a", "labels": ["x", "y" * 3000], "template": "T: {text}"}, 422, "labels"),
         ({"text": "a", "truncate": "both"}, 422, "truncate"),
         ({"text": "a", "colour": "red"}, 422, "colour"),
         ({"text": "a", "min_confidence": 2}, 422, "min_confidence"),
@@ -226,6 +229,38 @@ def test_invalid_requests(srv, body, status, field):
     r = _post(srv, body)
     assert r.status_code == status, r.text
     assert r.json()["error"]["field"] == field
+
+
+def test_task_lru_keeps_the_served_task():
+    """One LRU class holds both task caches; the pinned key (the served task) is never evicted."""
+    from mlx_slm.service import LRU
+
+    made: list[str] = []
+
+    def make(k):
+        return lambda: made.append(k) or k.upper()
+
+    lru: LRU[str, str] = LRU(2, pinned="d")
+    assert [lru.get(k, make(k)) for k in ("d", "a", "b")] == ["D", "A", "B"]
+    assert "d" in lru and "a" not in lru  # the oldest went, but not the pinned one
+    assert lru.get("d", make("d")) == "D" and lru.get("c", make("c")) == "C"
+    assert made == ["d", "a", "b", "c"] and "b" not in lru and len(lru) == 2
+
+
+def test_core_errors_map_to_statuses():
+    """The core raises its own errors (no HTTP); the router's one table gives status and headers."""
+    from mlx_slm import service as core
+    from mlx_slm.server import http_error
+
+    e = http_error(core.QueueFull("full", retry_after=3))
+    assert (e.status, e.outcome, e.headers) == (429, "overloaded", {"Retry-After": "3"})
+    e = http_error(core.Invalid("bad label", "labels"))
+    assert (e.status, e.field, e.body()["error"]["field"]) == (422, "labels", "labels")
+    assert http_error(core.TimedOut("late", "texts")).status == 504
+    assert http_error(core.ClientGone("gone")).outcome == "client_gone"
+    assert http_error(core.Failed("boom")).body("tei") == {"error": "boom", "error_type": "Backend"}
+    for kind in (core.NotReady, core.Draining, core.Aborted):
+        assert http_error(kind("x")).status == 503
 
 
 def test_body_errors(srv):
