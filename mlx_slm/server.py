@@ -1005,4 +1005,17 @@ def api_key_from_env(given: str | None) -> str | None:
     return given or os.environ.get(API_KEY_ENV) or None
 
 
-__all__ = ["HTTPError", "Loaded", "Metrics", "ServeOptions", "Service", "classifier_loader", "create_app", "run_server"]
+__all__ = [
+    "HTTPError",
+    "Loaded",
+    "Metrics",
+    "ServeOptions",
+    "Service",
+    "ServiceError",
+    "TaskSpec",
+    "classifier_loader",
+    "create_app",
+    "http_error",
+    "run_server",
+    "validate_request",
+]
