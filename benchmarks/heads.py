@@ -100,18 +100,21 @@ def run_methods(ds, lp, feats, layers, cands, train_idx, test_idx, per_item_s, f
         "fit": figures(fit_labelled(lp[train_idx], g_tr, ds.labels).apply(lp[test_idx]), g_te),
     }
     t0 = time.perf_counter()
-    head = fit_head(feats[train_idx], layers, g_tr, ds.labels, cands, folds=folds)
+    head = fit_head({p: f[train_idx] for p, f in feats.items()}, layers, g_tr, ds.labels, cands, folds=folds)
     fit_s = time.perf_counter() - t0
     cols = [layers.index(x) for x in head.layers]
-    out["head"] = figures(head.log_probs(feats[test_idx][:, cols]), g_te)
+    out["head"] = figures(head.log_probs(feats[head.pooling][test_idx][:, cols]), g_te)
     out["head"].update(
         {
             "layers": list(head.layers),
+            "pooling": head.pooling,
             "C": head.C,
             "cv_accuracy": round(head.info["chosen"]["accuracy"], 4),
             "fit_seconds": round(fit_s, 2),
             "train_seconds": round(fit_s + per_item_s * len(train_idx), 2),
-            "by_layer": {candidate_name(r["layers"]): round(r["accuracy"], 4) for r in head.info["table"]},
+            "by_layer": {
+                candidate_name(r["layers"], r["pooling"]): round(r["accuracy"], 4) for r in head.info["table"]
+            },
         }
     )
     assert k == len(head.labels)
@@ -130,7 +133,7 @@ def mean_of(runs: list[dict]) -> dict:
         if m == "head":
             for key in ("fit_seconds", "train_seconds"):
                 out[m][key] = round(float(np.mean([r[m][key] for r in runs])), 2)
-            out[m]["layers"] = sorted({candidate_name(r[m]["layers"]) for r in runs})
+            out[m]["layers"] = sorted({candidate_name(r[m]["layers"], r[m]["pooling"]) for r in runs})
     return out
 
 
@@ -160,6 +163,7 @@ def speed(engine, ds, head, texts, label_clf) -> dict:
         head.scale,
         head.coef[:3],
         head.intercept[:3],
+        pooling=head.pooling,
     )
     clf = Classifier(engine, None, k3.labels, ds.system, ds.template, head=k3)
     run = clf.run(texts, window=len(texts))
@@ -173,7 +177,9 @@ def _at_layer(head, layer: int):
     from mlx_slm.heads import Head
 
     d = head.dim
-    return Head(head.labels, (layer,), head.mean[:d], head.scale[:d], head.coef[:, :d], head.intercept)
+    return Head(
+        head.labels, (layer,), head.mean[:d], head.scale[:d], head.coef[:, :d], head.intercept, pooling=head.pooling
+    )
 
 
 def load_sets(args) -> list[DataSet]:
@@ -261,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--outer-folds", type=int, default=5, help="tickets: cross-validation folds")
     ap.add_argument("--folds", type=int, default=5, help="the head's own CV folds (layer and C)")
     ap.add_argument("--layers", default="auto", help="candidate layers: auto, all, or 6,12,24")
+    ap.add_argument("--poolings", default="last,mean", help="candidate poolings: last, mean, or both")
     ap.add_argument("--speed-n", type=int, default=64, help="test texts timed side by side per data set")
     args = ap.parse_args(argv)
     args.sizes = [int(x) for x in args.sizes.split(",")]
@@ -272,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     layers = default_layers(n) if args.layers == "auto" else (
         list(range(1, n + 1)) if args.layers == "all" else [int(x) for x in args.layers.split(",")]
     )  # fmt: skip
-    cands = candidates(layers, n)
-    feat_layers = sorted({x for c in cands for x in c})
+    poolings = tuple(args.poolings.split(","))
+    cands = candidates(layers, n, poolings=poolings)
+    feat_layers = sorted({x for c in cands for x in c.layers})
     results: dict = {
         "model": args.model,
         "machine": f"{platform.machine()}, {platform.system()}",
         "command": " ".join(["python -m benchmarks.heads", *(sys.argv[1:] if argv is None else argv)]),
-        "layers": [candidate_name(c) for c in cands],
+        "layers": [c.name for c in cands],
         "sets": {},
     }
     for ds in load_sets(args):
@@ -288,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         label_clf = Classifier(engine, None, ds.labels, ds.system, ds.template)
         lp, score_s = label_scores(label_clf, ds.texts)
         print(f"  label scoring: {len(ds.texts) / score_s:.2f} items/s", flush=True)
-        feats, errors, st = head_classifier(engine, ds.labels, ds.system, ds.template).features(ds.texts, feat_layers)
+        feats, errors, st = head_classifier(engine, ds.labels, ds.system, ds.template).features(
+            ds.texts, feat_layers, poolings=poolings
+        )
         assert not any(errors), [e for e in errors if e][:1]
         per_item = st.seconds / len(ds.texts)
         print(f"  features (to layer {max(feat_layers)}): {1 / per_item:.2f} items/s", flush=True)
@@ -363,7 +373,7 @@ def markdown(r: dict) -> str:
         for size, m in s["by_size"].items():
             h = m["head"]
             layer = h["layers"] if isinstance(h["layers"], list) and isinstance(h["layers"][0], str) else None
-            layer = ", ".join(layer) if layer else candidate_name(h["layers"])
+            layer = ", ".join(layer) if layer else candidate_name(h["layers"], h.get("pooling", "last"))
             lines.append(
                 f"| {size} | {m['raw']['accuracy']:.3f} | {m['batch']['accuracy']:.3f} | {m['fit']['accuracy']:.3f} "
                 f"| {h['accuracy']:.3f} | {h['macro_f1']:.3f} | {h['ece']:.3f} | {layer} | {h['train_seconds']} |"

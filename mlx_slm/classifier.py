@@ -192,6 +192,8 @@ class Classifier:
             engine = Engine(engine, tokenizer)
         self.engine = engine
         tokenizer = engine.tokenizer
+        if head is not None:
+            _check_head(head, engine, scoring, keep_logits, label_pass)
         # How `classify` calibrates by default (settings, not run state: a batch prior
         # fitted on one input lives on that run's `Calibration`, never here).
         self.calibration, self.min_confidence, self.warmup = calibration, min_confidence, warmup
@@ -239,6 +241,9 @@ class Classifier:
                 )
             if truncate is None:  # a label too long is the labels' fault (a front end names that field)
                 raise (LabelError if fixed <= self.max_length else PromptError)(self.format_error)
+        # A mean-pooled head averages the prompt after this many tokens (the shared head), with
+        # or without the prefix cache: the part of the prompt that differs between texts.
+        self.pool_from = len(head)
         # The shared head's ids; its KV is computed by the engine on first use (and kept there).
         self.prefix_tokens: tuple[int, ...] = (
             tuple(head) if (use_prefix_cache and head and self.format_error is None) else ()
@@ -575,24 +580,26 @@ class Classifier:
                 yield batching.pad(suffixes, idx, self.engine.pad_id, cache_len=p), [group[i] for i in idx], pre
 
     def features(
-        self, texts: Sequence[str], layers: Sequence[int], window: int = 1024
-    ) -> tuple[np.ndarray, list[str | None], Stats]:
-        """Last-position hidden states after `layers` for every text, through the same prompt,
-        prefix cache and batch plan as classification: ((N, len(layers), D) float32, per-text
-        error or None (its row is NaN), the run's figures). The forward stops at the deepest layer."""
+        self, texts: Sequence[str], layers: Sequence[int], window: int = 1024, poolings: Sequence[str] = ("last",)
+    ) -> tuple[dict[str, np.ndarray], list[str | None], Stats]:
+        """Hidden states after `layers` for every text, pooled ("last" position and/or "mean"
+        of the prompt after its shared head), through the same prompt, prefix cache and batch
+        plan as classification: ({pooling: (N, len(layers), D) float32}, per-text error or
+        None (its row is NaN), the run's figures). The forward stops at the deepest layer."""
         _check_window(window)
         st = Stats()
         t0 = time.perf_counter()
         n, dim = len(texts), int(self.model.args.hidden_size)
-        out = np.full((n, len(layers), dim), np.nan, dtype=np.float32)
+        out = {p: np.full((n, len(layers), dim), np.nan, dtype=np.float32) for p in poolings}
         errors: list[str | None] = [None] * n
         for start in range(0, n, window):
             items = self.prepare(texts[start : start + window], start)
             for it in items:
                 errors[it.index] = it.error
             for batch, group, pre in self._batches(items, st):
-                got = self.engine.features(batch, pre, list(layers))
-                out[[it.index for it in group]] = got
+                got = self._features(batch, pre, list(layers), poolings)
+                for p in poolings:
+                    out[p][[it.index for it in group]] = got[p]
                 st.batches += 1
                 st.processed_tokens += batch.padded_tokens
                 st.padding_tokens += batch.padded_tokens - batch.real_tokens
@@ -601,6 +608,13 @@ class Classifier:
             st.prompt_tokens += sum(len(it.ids) for it in items if not it.error)
         st.seconds = time.perf_counter() - t0
         return out, errors, st
+
+    def _features(
+        self, batch: batching.Batch, prefix: PrefixCache | None, layers: list[int], poolings: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        # Rows after the prefix KV start past the shared head; the others skip it in the mean.
+        skip = np.full(len(batch.ids), 0 if prefix is not None else self.pool_from)
+        return self.engine.features(batch, prefix, layers, poolings, skip)
 
     def _run_batch(
         self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
@@ -636,7 +650,7 @@ class Classifier:
         """The head's labels: hidden states at its layer(s) (the forward stops there), numpy predict."""
         head = self.head
         assert head is not None
-        lp = head.log_probs(self.engine.features(batch, prefix, list(head.layers)))
+        lp = head.log_probs(self._features(batch, prefix, list(head.layers), (head.pooling,))[head.pooling])
         st.batches += 1
         st.processed_tokens += batch.padded_tokens
         st.padding_tokens += batch.padded_tokens - batch.real_tokens
@@ -655,6 +669,26 @@ class Classifier:
                 )
             )
         return preds
+
+
+def _check_head(head: Head, engine: Engine, scoring: str, keep_logits: bool, label_pass: str) -> None:
+    """A head reads this model's hidden states, and nothing of label scoring applies to it."""
+    n, dim = len(engine.model.layers), int(engine.model.args.hidden_size)
+    if head.dim != dim or max(head.layers) > n:
+        raise LabelError(
+            f"the head reads layer(s) {list(head.layers)} of width {head.dim}; this model has {n} layers of "
+            f"width {dim}: use the model the head was trained on (its task file names it)"
+        )
+    for name, value, default in (
+        ("scoring", scoring, "auto"),
+        ("keep_logits", keep_logits, False),
+        ("label_pass", label_pass, "trie"),
+    ):
+        if value != default:
+            raise LabelError(
+                f"{name}={value!r} is a label-scoring setting; a learned head scores no label tokens and has no "
+                f"vocabulary logits: leave {name} at {default!r}"
+            )
 
 
 class Run:

@@ -109,12 +109,28 @@ class Engine:
             mx.eval(first, *([] if full is None else [full]))
             return first, (np.array(full.astype(mx.float32)) if full is not None else None), kv
 
-    def features(self, batch: batching.Batch, prefix: PrefixCache | None, layers: list[int]) -> np.ndarray:
-        """Last-position hidden states after `layers` (Transformers' `hidden_states[l]`
-        numbering), (B, len(layers), D) float32: a learned head's input. The forward stops
-        at the deepest layer asked for: no later layers, no vocabulary projection."""
+    def features(
+        self,
+        batch: batching.Batch,
+        prefix: PrefixCache | None,
+        layers: list[int],
+        poolings: Sequence[str] = ("last",),
+        skip: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Hidden states after `layers` (Transformers' `hidden_states[l]` numbering), pooled:
+        {pooling: (B, len(layers), D) float32}, a learned head's input. The forward stops at
+        the deepest layer asked for: no later layers, no vocabulary projection.
+
+        "mean" averages each row's real tokens after its first `skip[r]` ones (the rows that
+        did not continue the shared prefix skip its length themselves, so every row's mean
+        covers the same part of its prompt)."""
         if not hasattr(self.model, "features"):
             raise ModelError(f"learned heads need one of our architectures; {self.path} runs through mlx-lm's class")
+        pool = None
+        if "mean" in poolings:
+            real = batch.mask.astype(bool)
+            rank = np.cumsum(real, axis=1) - 1  # each real token's index among its row's real tokens
+            pool = mx.array(real & (rank >= (0 if skip is None else np.asarray(skip)[:, None])))
         with self.lock:
             out = self.model.features(
                 mx.array(batch.ids),
@@ -122,8 +138,10 @@ class Engine:
                 mx.array(batch.mask),
                 mx.array(batch.offsets),
                 prefix.kv if prefix else None,
+                poolings,
+                pool,
             )
-            return np.array(out.astype(mx.float32))
+            return {p: np.array(v.astype(mx.float32)) for p, v in out.items()}
 
     def trie_logprobs(
         self, kv: list[KV], batch: batching.Batch, prefix_len: int, chunks: Sequence[TrieChunk], n_labels: int

@@ -29,7 +29,9 @@ import numpy as np
 from .errors import MissingExtra, UserError
 
 KIND = "logistic"
-POOLING = "last"  # the hidden state at the last prompt position
+# "last": the hidden state at the last prompt position; "mean": the mean over the prompt's
+# tokens after its shared head (the text and what follows it). Cross-validation chooses.
+POOLINGS = ("last", "mean")
 DEFAULT_FOLDS = 5
 # Stage 1 compares the candidate layers at one strength; stage 2 tunes the strength on the
 # chosen one. C is scikit-learn's inverse L2 strength on standardised features.
@@ -53,8 +55,9 @@ def min_per_label(folds: int = DEFAULT_FOLDS) -> int:
 class Head:
     """A fitted head: z = ((x - mean) / scale) @ coef.T + intercept, probs = softmax(z).
 
-    x is the last-position hidden state after each of `layers` (Transformers'
-    `hidden_states[l]` numbering), concatenated in that order: (len(layers) * D,)."""
+    x is the hidden state after each of `layers` (Transformers' `hidden_states[l]`
+    numbering), pooled by `pooling` ("last" position or "mean", see `POOLINGS`),
+    concatenated in that order: (len(layers) * D,)."""
 
     labels: tuple[str, ...]
     layers: tuple[int, ...]
@@ -64,8 +67,11 @@ class Head:
     intercept: np.ndarray  # (k,)
     C: float = LAYER_C
     info: dict[str, Any] = field(default_factory=dict)
+    pooling: str = "last"
 
     def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise HeadError(f"head pooling {self.pooling!r} is not one of {list(POOLINGS)}: train the head again")
         k, f = len(self.labels), self.mean.shape[0]
         if self.coef.shape != (k, f) or self.scale.shape != (f,) or self.intercept.shape != (k,):
             raise HeadError(
@@ -108,7 +114,7 @@ class Head:
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": KIND,
-            "pooling": POOLING,
+            "pooling": self.pooling,
             "labels": list(self.labels),
             "layers": list(self.layers),
             "features": int(self.mean.shape[0]),
@@ -131,10 +137,10 @@ class Head:
 
         if not isinstance(d, dict):
             raise HeadError(f"{where} must be an object (a trained head): train the head again (mlx-slm train)")
-        if d.get("kind") != KIND or d.get("pooling", POOLING) != POOLING:
+        if d.get("kind") != KIND or d.get("pooling", "last") not in POOLINGS:
             raise HeadError(
                 f"{where} is a {d.get('kind')!r} head with {d.get('pooling')!r} pooling; this mlx-slm reads "
-                f"{KIND!r} heads with {POOLING!r} pooling: upgrade mlx-slm, or train the head again"
+                f"{KIND!r} heads with {' or '.join(map(repr, POOLINGS))} pooling: upgrade mlx-slm, or train the head again"
             )
         labels = d.get("labels")
         if not isinstance(labels, list) or len(labels) < 2 or not all(isinstance(x, str) and x for x in labels):
@@ -169,7 +175,7 @@ class Head:
         info = d.get("info", {})
         if not isinstance(info, dict):
             raise bad("info", "an object")
-        return cls(tuple(labels), tuple(layers), C=float(c), info=info, **arrays)
+        return cls(tuple(labels), tuple(layers), C=float(c), info=info, pooling=d.get("pooling", "last"), **arrays)
 
 
 def _b64(a: np.ndarray) -> str:
@@ -268,31 +274,46 @@ def cross_validate(
     }
 
 
-def candidate_name(layers: Sequence[int]) -> str:
-    return "+".join(str(x) for x in layers)
+@dataclass(frozen=True)
+class Candidate:
+    """One feature set cross-validation weighs: these layers side by side, pooled so."""
+
+    layers: tuple[int, ...]
+    pooling: str = "last"
+
+    @property
+    def name(self) -> str:
+        return candidate_name(self.layers, self.pooling)
+
+
+def candidate_name(layers: Sequence[int], pooling: str = "last") -> str:
+    """ "24", "23+24"; a mean-pooled candidate says so: "24 mean"."""
+    return "+".join(str(x) for x in layers) + ("" if pooling == "last" else f" {pooling}")
 
 
 def fit(
-    features: np.ndarray,
+    features: dict[str, np.ndarray],
     feature_layers: Sequence[int],
     y: np.ndarray,
     labels: Sequence[str],
-    candidates: Sequence[tuple[int, ...]],
+    candidates: Sequence[Candidate],
     *,
     forced: tuple[int, ...] | None = None,
     folds: int = DEFAULT_FOLDS,
     Cs: Sequence[float] = C_GRID,
     layer_C: float = LAYER_C,
     seed: int = 0,
-    seconds_per_item: dict[tuple[int, ...], float] | None = None,
+    seconds_per_item: dict[Candidate, float] | None = None,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> Head:
-    """Choose the layer(s) and C by stratified `folds`-fold cross-validation, then fit on all rows.
+    """Choose the candidate (layers and pooling) and C by stratified `folds`-fold
+    cross-validation, then fit on all rows.
 
-    features: (N, len(feature_layers), D) last-position hidden states; y: gold label indices.
+    features: {pooling: (N, len(feature_layers), D)} hidden states; y: gold label indices.
     Stage 1 scores every candidate at `layer_C`; the best accuracy (then macro-F1, then the
-    earlier, cheaper layer) wins, unless `forced` names the layer(s) to use. Stage 2 scores
-    `Cs` on that candidate. `seconds_per_item` (per candidate) goes into the table.
+    earlier, cheaper layer, then last-position pooling) wins; `forced` restricts the choice
+    to the candidates of those layers. Stage 2 scores `Cs` on the winner.
+    `seconds_per_item` (per candidate) goes into the table.
     """
     t0 = time.perf_counter()
     labels = tuple(labels)
@@ -309,39 +330,48 @@ def fit(
     feature_layers = list(feature_layers)
     splits = folds_of(y, folds, seed)
 
-    def x_of(cand: tuple[int, ...]) -> np.ndarray:
-        cols = [feature_layers.index(layer) for layer in cand]
-        return features[:, cols, :].reshape(len(y), -1)
+    def x_of(cand: Candidate) -> np.ndarray:
+        cols = [feature_layers.index(layer) for layer in cand.layers]
+        return features[cand.pooling][:, cols, :].reshape(len(y), -1)
 
     table = []
     for cand in candidates:
-        progress(f"cross-validating layer {candidate_name(cand)} ({folds} folds)")
-        row = {"layers": list(cand), **cross_validate(x_of(cand), y, k, layer_C, splits, seed)}
+        progress(f"cross-validating layer {cand.name} ({folds} folds)")
+        row = {
+            "layers": list(cand.layers),
+            "pooling": cand.pooling,
+            **cross_validate(x_of(cand), y, k, layer_C, splits, seed),
+        }
         if seconds_per_item and cand in seconds_per_item:
             row["seconds_per_item"] = seconds_per_item[cand]
         table.append(row)
+    pool = table
     if forced is not None:
-        chosen = tuple(forced)
-        if chosen not in [tuple(r["layers"]) for r in table]:
-            raise HeadError(f"layer {candidate_name(chosen)} is not among the candidates: add it to --layers")
-    else:
-        best = max(
-            table,
-            key=lambda r: (round(r["accuracy"], 9), round(r["macro_f1"], 9), -max(r["layers"]), -len(r["layers"])),
-        )
-        chosen = tuple(best["layers"])
+        pool = [r for r in table if tuple(r["layers"]) == tuple(forced)]
+        if not pool:
+            raise HeadError(f"layer {candidate_name(forced)} is not among the candidates: add it to --layers")
+    best = max(
+        pool,
+        key=lambda r: (
+            round(r["accuracy"], 9),
+            round(r["macro_f1"], 9),
+            -max(r["layers"]),
+            -len(r["layers"]),
+            r["pooling"] == "last",
+        ),
+    )
+    chosen = Candidate(tuple(best["layers"]), best["pooling"])
     x = x_of(chosen)
     reg = []
     for C in Cs:
         if C == layer_C:
-            row = next(r for r in table if tuple(r["layers"]) == chosen)
-            reg.append({"C": C, **{m: row[m] for m in ("accuracy", "macro_f1", "log_loss")}})
+            reg.append({"C": C, **{m: best[m] for m in ("accuracy", "macro_f1", "log_loss")}})
             continue
-        progress(f"cross-validating C={C:g} on layer {candidate_name(chosen)}")
+        progress(f"cross-validating C={C:g} on layer {chosen.name}")
         reg.append({"C": C, **cross_validate(x, y, k, C, splits, seed)})
     best_c = max(reg, key=lambda r: (round(r["accuracy"], 9), round(r["macro_f1"], 9), -r["log_loss"]))
     C = best_c["C"]
-    progress(f"fitting the head on all {len(y)} examples (layer {candidate_name(chosen)}, C={C:g})")
+    progress(f"fitting the head on all {len(y)} examples (layer {chosen.name}, C={C:g})")
     mean, scale, coef, intercept = fit_logistic(x, y, k, C, seed)
     info = {
         "n": int(len(y)),
@@ -351,28 +381,37 @@ def fit(
         "forced": forced is not None,
         "table": table,
         "regularisation": reg,
-        "chosen": {"layers": list(chosen), "C": C, "accuracy": best_c["accuracy"], "macro_f1": best_c["macro_f1"]},
+        "chosen": {
+            "layers": list(chosen.layers),
+            "pooling": chosen.pooling,
+            "C": C,
+            "accuracy": best_c["accuracy"],
+            "macro_f1": best_c["macro_f1"],
+        },
         "fit_seconds": round(time.perf_counter() - t0, 3),
     }
-    return Head(labels, chosen, mean, scale, coef, intercept, C=C, info=info)
+    return Head(labels, chosen.layers, mean, scale, coef, intercept, C=C, info=info, pooling=chosen.pooling)
 
 
 def format_table(head: Head) -> str:
-    """The per-layer cross-validation table (accuracy against speed), and the choice."""
+    """The per-candidate cross-validation table (accuracy against speed), and the choice."""
     i = head.info
-    chosen = tuple(i["chosen"]["layers"])
-    lines = [f"{'layer':>7}  {'CV accuracy':>11}  {'CV macro-F1':>11}  {'s/item to here':>14}"]
+    chosen = (tuple(i["chosen"]["layers"]), i["chosen"].get("pooling", "last"))
+    lines = [f"{'layer':>9}  {'CV accuracy':>11}  {'CV macro-F1':>11}  {'s/item to here':>14}"]
     for r in i["table"]:
         s = r.get("seconds_per_item")
-        mark = "  <- chosen" if tuple(r["layers"]) == chosen else ""
+        pooling = r.get("pooling", "last")
+        mark = "  <- chosen" if (tuple(r["layers"]), pooling) == chosen else ""
         lines.append(
-            f"{candidate_name(r['layers']):>7}  {r['accuracy']:>11.3f}  {r['macro_f1']:>11.3f}  "
+            f"{candidate_name(r['layers'], pooling):>9}  {r['accuracy']:>11.3f}  {r['macro_f1']:>11.3f}  "
             f"{'' if s is None else f'{s:.4f}':>14}{mark}"
         )
     reg = ", ".join(f"C={r['C']:g}: {r['accuracy']:.3f}" for r in i["regularisation"])
     lines.append(
-        f"chosen: layer {candidate_name(chosen)}{' (--layer)' if i.get('forced') else ''}, C={head.C:g} "
+        f"chosen: layer {candidate_name(*chosen)}{' (--layer)' if i.get('forced') else ''}, C={head.C:g} "
         f"({reg}); {i['folds']}-fold CV accuracy {i['chosen']['accuracy']:.3f}, macro-F1 "
         f"{i['chosen']['macro_f1']:.3f} on {i['n']} examples"
     )
+    if any(r.get("pooling", "last") != "last" for r in i["table"]):
+        lines.append("(a layer alone: the last prompt position; 'mean': the mean over the text's part of the prompt)")
     return "\n".join(lines)

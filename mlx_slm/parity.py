@@ -264,15 +264,18 @@ def run_head_parity(
     bad = [p for p in preds if not p.ok]
     if bad:
         raise UserError(f"item {bad[0].index}: {bad[0].error}")
-    feats, _, _ = clf.features(texts, head.layers)
+    feats = clf.features(texts, head.layers, poolings=(head.pooling,))[0][head.pooling]
     ids = [it.ids for it in clf.prepare(texts)]
     with tempfile.TemporaryDirectory() as tmp:
         same = str(path)
         if q is not None:  # Transformers cannot read mlx-lm's packing: the same values, unpacked
             progress("reference weights: the quantized values, dequantized to float32")
             same = str(dequantized_copy(path, Path(tmp) / "dequantized"))
-        progress(f"reference: Transformers float32, one at a time, hidden_states{list(head.layers)} on {same}")
-        ref, t_ref = hidden_in_child(same, ids, head.layers)
+        progress(
+            f"reference: Transformers float32, one at a time, hidden_states{list(head.layers)} "
+            f"({head.pooling} pooling) on {same}"
+        )
+        ref, t_ref = hidden_in_child(same, ids, head.layers, head.pooling, clf.pool_from)
     d = np.abs(feats.astype(np.float64) - ref)
     rel = float(max(d[i].max() / max(np.abs(ref[i]).max(), 1e-12) for i in range(len(texts))))
     lp_ours, lp_ref = head.log_probs(feats), head.log_probs(ref)
@@ -283,7 +286,12 @@ def run_head_parity(
     tol = FEATURE_TOLERANCE[compute]
     return {
         "model": str(path),
-        "task": {"layers": list(head.layers), "labels": len(head.labels), "head_sha256": head.sha256},
+        "task": {
+            "layers": list(head.layers),
+            "pooling": head.pooling,
+            "labels": len(head.labels),
+            "head_sha256": head.sha256,
+        },
         "n": len(texts),
         "scoring": "head",
         "compute_dtype": compute,

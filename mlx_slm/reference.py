@@ -87,11 +87,16 @@ class Reference:
         return np.array(scores, dtype=np.float64), last
 
 
-def hidden(ref: Reference, ids: Sequence[int], layers: Sequence[int]) -> np.ndarray:
-    """Transformers' `hidden_states[l]` at the last position for each of `layers`, (len(layers), D)."""
+def hidden(
+    ref: Reference, ids: Sequence[int], layers: Sequence[int], pooling: str = "last", start: int = 0
+) -> np.ndarray:
+    """Transformers' `hidden_states[l]` for each of `layers`, (len(layers), D): at the last
+    position, or ("mean") the mean over positions `start`.. (in float64, then float32)."""
     torch = ref.torch
     with torch.inference_mode():
         hs = ref.model(torch.tensor([list(ids)]), use_cache=False, output_hidden_states=True).hidden_states
+    if pooling == "mean":
+        return np.stack([hs[layer][0, start:].double().mean(0).float().numpy() for layer in layers])
     return np.stack([hs[layer][0, -1].float().numpy() for layer in layers])
 
 
@@ -135,14 +140,22 @@ def score_in_child(
 
 
 def hidden_in_child(
-    src: str | Path, prompts: Sequence[Sequence[int]], layers: Sequence[int]
+    src: str | Path, prompts: Sequence[Sequence[int]], layers: Sequence[int], pooling: str = "last", start: int = 0
 ) -> tuple[np.ndarray, float]:
     """`hidden` for every prompt, in a child process (see `run_in_child`): ((n, len(layers), D), seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.npz"
         job.write_text(
-            json.dumps({"src": str(src), "prompts": [list(map(int, p)) for p in prompts], "layers": list(layers)})
+            json.dumps(
+                {
+                    "src": str(src),
+                    "prompts": [list(map(int, p)) for p in prompts],
+                    "layers": list(layers),
+                    "pooling": pooling,
+                    "start": int(start),
+                }
+            )
         )
         done = run_in_child(["-m", "mlx_slm.reference", str(job), str(out)])
         if done.returncode != 0:
@@ -156,7 +169,8 @@ def _child(job_path: str, out_path: str) -> None:
     if "layers" in job:  # hidden states (learned heads)
         ref = Reference(job["src"])
         t = time.perf_counter()
-        hs = np.array([hidden(ref, p, job["layers"]) for p in job["prompts"]])
+        pooling, start = job.get("pooling", "last"), job.get("start", 0)
+        hs = np.array([hidden(ref, p, job["layers"], pooling, start) for p in job["prompts"]])
         np.savez(out_path, hidden=hs, seconds=time.perf_counter() - t)
         return
     ls = LabelSet(tuple(job["labels"]), tuple(tuple(t) for t in job["token_ids"]), job["mode"])

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserError
-from .heads import DEFAULT_FOLDS, Head, candidate_name, fit, format_table, min_per_label
+from .heads import DEFAULT_FOLDS, POOLINGS, Candidate, Head, candidate_name, fit, format_table, min_per_label
 from .prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 
 
@@ -133,12 +133,13 @@ def parse_layers(spec: str | None, n: int) -> list[int]:
     return got
 
 
-def candidates(layers: Sequence[int], n: int, pair: bool = True) -> list[tuple[int, ...]]:
-    """One candidate per layer, and the last two layers side by side when the last is a candidate."""
-    out = [(x,) for x in layers]
+def candidates(layers: Sequence[int], n: int, pair: bool = True, poolings: Sequence[str] = POOLINGS) -> list[Candidate]:
+    """Per pooling: one candidate per layer, and the last two layers side by side when the
+    last is a candidate."""
+    sets = [(x,) for x in layers]
     if pair and n >= 2 and n in layers:
-        out.append((n - 1, n))
-    return out
+        sets.append((n - 1, n))
+    return [Candidate(c, p) for p in poolings for c in sets]
 
 
 def train(
@@ -150,30 +151,32 @@ def train(
     folds: int = DEFAULT_FOLDS,
     seed: int = 0,
     window: int = 1024,
+    poolings: Sequence[str] = POOLINGS,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> Head:
     """Fit a head on `data` with the classifier's model and prompt (`clf`: a `Classifier` in
-    head mode, e.g. `head_classifier`). `layer` forces that layer (it is added to the candidates)."""
+    head mode, e.g. `head_classifier`). `layer` forces that layer (it is added to the
+    candidates); `poolings` are the poolings weighed ("last", "mean")."""
     n = len(clf.model.layers)
     cand_layers = parse_layers(layers, n) if layers is None or isinstance(layers, str) else list(layers)
     if layer is not None:
         if not 1 <= layer <= n:
             raise TrainError(f"--layer {layer}: the model has layers 1 to {n}")
         cand_layers = sorted(set(cand_layers) | {layer})
-    cands = candidates(cand_layers, n)
-    feature_layers = sorted({x for c in cands for x in c})
+    cands = candidates(cand_layers, n, poolings=poolings)
+    feature_layers = sorted({x for c in cands for x in c.layers})
     progress(
         f"features: {len(data.texts)} texts, layers {', '.join(map(str, feature_layers))} "
-        f"(one forward to layer {max(feature_layers)} per batch)"
+        f"(one forward to layer {max(feature_layers)} per batch), pooled: {', '.join(poolings)}"
     )
-    feats, errors, st = clf.features(data.texts, feature_layers, window=window)
+    feats, errors, st = clf.features(data.texts, feature_layers, window=window, poolings=poolings)
     for i, e in enumerate(errors):
         if e is not None:
             raise TrainError(f"{data.path}: line {data.lines[i]}: {e}")
     per_item = st.seconds / max(1, len(data.texts))
     deepest = max(feature_layers)
     # Blocks cost the same each: a forward stopped at layer l costs about l / deepest of this one.
-    secs = {c: per_item * max(c) / deepest for c in cands}
+    secs = {c: per_item * max(c.layers) / deepest for c in cands}
     t0 = time.perf_counter()
     head = fit(
         feats,
@@ -229,6 +232,7 @@ def run_train(
     dtype: str | None = None,
     dequantize: bool | None = None,
     window: int = 1024,
+    poolings: Sequence[str] = POOLINGS,
     progress: Callable[[str], None] = lambda _m: None,
     **clf_kwargs: Any,
 ) -> tuple[Any, str]:
@@ -248,7 +252,17 @@ def run_train(
     progress(f"loading {model}")
     engine = Engine.load(model, dtype, dequantize)
     clf = head_classifier(engine, data.labels, system, template, examples=examples, **clf_kwargs)
-    head = train(clf, data, layers=layers, layer=layer, folds=folds, seed=seed, window=window, progress=progress)
+    head = train(
+        clf,
+        data,
+        layers=layers,
+        layer=layer,
+        folds=folds,
+        seed=seed,
+        window=window,
+        poolings=poolings,
+        progress=progress,
+    )
     task = Task(
         model=model,
         labels=data.labels,

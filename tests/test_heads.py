@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.heads import Head, HeadError, fit, fit_logistic, min_per_label, standardiser
+from mlx_slm.heads import Candidate, Head, HeadError, fit, fit_logistic, format_table, min_per_label, standardiser
 from mlx_slm.workload import tickets
 
 pytest.importorskip("sklearn")
@@ -89,24 +89,49 @@ def test_head_dict_roundtrip_and_checksum():
         h.log_probs(np.zeros((2, 1, 3)))
 
 
+def _c(*layers, pooling="last"):
+    return Candidate(tuple(layers), pooling)
+
+
 def test_fit_chooses_the_informative_layer_by_cv():
     rng = np.random.default_rng(1)
     n, k, dim = 60, 3, 8
     y = np.arange(n) % k
     noise = rng.normal(size=(n, dim))
     useful = np.eye(k, dim)[y] * 3 + rng.normal(size=(n, dim))
-    feats = np.stack([noise, useful, noise[::-1]], axis=1)  # layers 1, 2, 3
-    h = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [(1,), (2,), (3,), (1, 3)], folds=3)
-    assert h.layers == (2,) and h.info["chosen"]["accuracy"] > 0.9
+    feats = {"last": np.stack([noise, useful, noise[::-1]], axis=1)}  # layers 1, 2, 3
+    h = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2), _c(3), _c(1, 3)], folds=3)
+    assert h.layers == (2,) and h.pooling == "last" and h.info["chosen"]["accuracy"] > 0.9
     rows = {tuple(r["layers"]): r for r in h.info["table"]}
     assert rows[(1,)]["accuracy"] < 0.6 and set(rows) == {(1,), (2,), (3,), (1, 3)}
-    same = fit(np.stack([useful, useful], axis=1), [1, 2], y, ["a", "b", "c"], [(2,), (1,), (1, 2)], folds=3)
+    same = fit(
+        {"last": np.stack([useful, useful], axis=1)}, [1, 2], y, ["a", "b", "c"], [_c(2), _c(1), _c(1, 2)], folds=3
+    )
     assert same.layers == (1,)  # a tie goes to the earlier (cheaper) layer
     assert [r["C"] for r in h.info["regularisation"]] == [0.01, 0.1, 1.0]
-    forced = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [(1,), (2,)], forced=(1,), folds=3)
+    forced = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], forced=(1,), folds=3)
     assert forced.layers == (1,) and forced.info["forced"]
     with pytest.raises(HeadError, match="at least 3 examples per label"):
-        fit(feats[:7], [1, 2, 3], y[:7], ["a", "b", "c"], [(1,)], folds=3)
+        fit({"last": feats["last"][:7]}, [1, 2, 3], y[:7], ["a", "b", "c"], [_c(1)], folds=3)
+
+
+def test_fit_chooses_the_pooling_by_cv_and_a_tie_goes_to_the_last_position():
+    rng = np.random.default_rng(2)
+    n, k, dim = 60, 3, 8
+    y = np.arange(n) % k
+    noise = rng.normal(size=(n, 2, dim))
+    useful = (np.eye(k, dim)[y] * 3 + rng.normal(size=(n, dim)))[:, None].repeat(2, axis=1)
+    cands = [_c(1), _c(2), _c(1, pooling="mean"), _c(2, pooling="mean")]
+    h = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3)
+    assert (h.layers, h.pooling) == ((1,), "mean") and h.info["chosen"]["pooling"] == "mean"
+    assert Head.from_dict(h.to_dict()).pooling == "mean"
+    assert "1 mean" in format_table(h) and "<- chosen" in format_table(h)
+    tie = fit({"last": useful, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3)
+    assert (tie.layers, tie.pooling) == ((1,), "last")
+    forced = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, forced=(2,), folds=3)
+    assert (forced.layers, forced.pooling) == ((2,), "mean")  # --layer fixes the layer; CV still picks the pooling
+    with pytest.raises(HeadError, match="pooling"):
+        Head.from_dict(dict(h.to_dict(), pooling="max"))
 
 
 # --------------------------------------------------------------------------- training data
@@ -173,7 +198,8 @@ def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
 
     engine = tiny_head[0]
     texts = [t for t, _ in tickets(20)]
-    f, errors, _ = head_classifier(engine, LABELS, SYSTEM, TEMPLATE).features(texts, [1])
+    got, errors, _ = head_classifier(engine, LABELS, SYSTEM, TEMPLATE).features(texts, [1])
+    f = got["last"]
     assert errors == [None] * len(texts) and f.shape == (len(texts), 1, 64)
     head = Head(LABELS, (1,), *fit_logistic(f[:, 0], np.arange(len(texts)) % 3, 3, 1.0))
     clf = Classifier(engine, None, LABELS, SYSTEM, TEMPLATE, head=head)
@@ -193,7 +219,7 @@ def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
         monkeypatch.setattr(m, "logits", lambda *a, **k: (_ for _ in ()).throw(AssertionError("vocabulary ran")))
         run = clf.run(texts, window=len(texts))
         preds = list(run)
-        feats = [clf.features([t], [1])[0][0] for t in texts]
+        feats = [clf.features([t], [1])[0]["last"][0] for t in texts]
     finally:
         m.layers[:] = saved_layers
         monkeypatch.undo()
@@ -219,6 +245,16 @@ def test_head_refuses_calibration_and_other_labels(tiny_head):
     clf = Classifier(engine, None, LABELS, head=head)
     with pytest.raises(LabelError, match="calibration does not apply"):
         clf.classify(["x"], calibration="batch")
+    for setting in ({"scoring": "first"}, {"keep_logits": True}, {"label_pass": "per-label"}):
+        with pytest.raises(LabelError, match=f"{next(iter(setting))}=.* is a label-scoring setting"):
+            Classifier(engine, None, LABELS, head=head, **setting)
+    d = head.dim
+    wide = Head(LABELS, head.layers, *(np.concatenate([a, a], axis=-1) for a in (head.mean, head.scale, head.coef)),
+                head.intercept)  # fmt: skip
+    deep = Head(LABELS, (99,), head.mean[:d], head.scale[:d], head.coef[:, :d], head.intercept)
+    for other in (wide, deep):  # a head trained on another model
+        with pytest.raises(LabelError, match="use the model the head was trained on"):
+            Classifier(engine, None, LABELS, head=other)
 
 
 def test_task_with_head_roundtrip_and_refusals(tiny_head, tiny_qwen_mlx, tmp_path):

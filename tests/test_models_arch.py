@@ -222,7 +222,7 @@ def test_features_match_transformers_hidden_states(tiny, ops):
     n = len(m.layers)
     ids, mask, offs = padded(tiny.prompts, pad_id=5)
     for layers in ([n], [1, n - 1], [2]):
-        got = np.array(m.features(ids, layers, mask, offs))
+        got = np.array(m.features(ids, layers, mask, offs)["last"])
         assert got.shape == (len(tiny.prompts), len(layers), tiny.config["hidden_size"])
         for r, p in enumerate(tiny.prompts):
             with torch.no_grad():
@@ -243,11 +243,35 @@ def test_engine_features_after_a_prefix_cache(tiny):
     suffixes = [tiny.prompts[3][:30], tiny.prompts[1], [44]]
     batch = batching.pad(suffixes, np.arange(3), engine.pad_id, cache_len=len(head))
     n = len(engine.model.layers)
-    got = engine.features(batch, prefix, [2, n])
+    got = engine.features(batch, prefix, [2, n], ("last", "mean"))
     for r, s in enumerate(suffixes):
         with torch.no_grad():
             hs = tiny.hf(torch.tensor([head + s]), output_hidden_states=True, use_cache=False).hidden_states
-        _check(f"{tiny.arch}/engine-features", got[r], np.stack([hs[2][0, -1].numpy(), hs[n][0, -1].numpy()]))
+        _check(f"{tiny.arch}/engine-features", got["last"][r], np.stack([hs[2][0, -1].numpy(), hs[n][0, -1].numpy()]))
+        # the mean over the row's own tokens (after the cached head), as a head that pools so reads it
+        mean = np.stack([hs[x][0, len(head) :].double().mean(0).numpy() for x in (2, n)])
+        _check(f"{tiny.arch}/engine-features-mean", got["mean"][r], mean)
+
+
+def test_mean_features_skip_the_shared_head_without_the_prefix_cache(tiny):
+    """A mean-pooled head reads the same features whether or not its rows continue the
+    prefix KV: uncached rows leave out the shared head's tokens themselves."""
+    from mlx_slm import batching
+    from mlx_slm.engine import Engine
+
+    engine = Engine(load_model(tiny.mlx_dir), tiny.tok)
+    head = tiny.prompts[0][:20]
+    suffixes = [tiny.prompts[3][:30], tiny.prompts[1], [44]]
+    prefix, _ = engine.prefix(head)
+    n = len(engine.model.layers)
+    cached = engine.features(
+        batching.pad(suffixes, np.arange(3), engine.pad_id, cache_len=len(head)), prefix, [1, n], ("mean",)
+    )
+    whole = [head + s for s in suffixes]
+    alone = engine.features(
+        batching.pad(whole, np.arange(3), engine.pad_id), None, [1, n], ("mean",), np.full(3, len(head))
+    )
+    np.testing.assert_allclose(cached["mean"], alone["mean"], atol=2e-4, rtol=1e-3)
 
 
 def test_sliding_window_matters(tiny):

@@ -20,7 +20,7 @@ scoring-specific parts live here, once:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -516,27 +516,40 @@ class Model(nn.Module):
         attention_mask: mx.array | None = None,
         offsets: mx.array | None = None,
         cache: list[KV] | None = None,
-    ) -> mx.array:
-        """Last-position hidden states after the given layers, (B, len(layers), D), as
-        Transformers' `hidden_states[l]` numbers them: l in 1..n is the output of block l,
-        and l = n is taken after the final norm (as Transformers does). The forward stops
-        at the deepest layer asked for (a learned head needs nothing after its layer), and
+        poolings: Sequence[str] = ("last",),
+        pool_mask: mx.array | None = None,
+    ) -> dict[str, mx.array]:
+        """Hidden states after the given layers, pooled, {pooling: (B, len(layers), D)}.
+
+        Layers are numbered as Transformers' `hidden_states[l]`: l in 1..n is the output of
+        block l, and l = n is taken after the final norm (as Transformers does). Poolings:
+        "last", the last position; "mean", the mean over the positions `pool_mask` (B, L)
+        marks (default: the real new tokens), in float32. The forward stops at the deepest
+        layer asked for (a learned head needs nothing after its layer); with "last" alone
         that layer runs its queries and MLP at the last position only."""
         n = len(self.layers)
         if not layers or min(layers) < 1 or max(layers) > n:
             raise ModelError(f"feature layers must be between 1 and {n}, got {layers}")
+        if not poolings or set(poolings) - {"last", "mean"}:
+            raise ModelError(f"poolings must be 'last' and/or 'mean', got {list(poolings)}")
         stop = max(layers)
         cache_len, attention_mask, offsets = _defaults(ids, attention_mask, offsets, cache)
-        ctx = Context(self, attention_mask, None, cache_len, offsets, True, n_layers=stop)
+        last_only = "mean" not in poolings  # a mean needs every position of the deepest layer
+        ctx = Context(self, attention_mask, None, cache_len, offsets, last_only, n_layers=stop)
+        if "mean" in poolings:
+            w = (attention_mask if pool_mask is None else pool_mask).astype(mx.float32)[..., None]  # (B, L, 1)
+            w = w / mx.maximum(w.sum(axis=1, keepdims=True), 1.0)
+        got: dict[str, dict[int, mx.array]] = {p: {} for p in poolings}
         h = self.embed(ids)
-        got: dict[int, mx.array] = {}
         for i, layer in enumerate(self.layers[:stop]):
-            h, _ = layer(h, ctx, None if cache is None else cache[i], i == stop - 1)
+            h, _ = layer(h, ctx, None if cache is None else cache[i], last_only and i == stop - 1)
             if i + 1 in layers:
-                got[i + 1] = h[:, -1]
-        if n in got:
-            got[n] = self.model.norm(got[n])
-        return mx.stack([got[k] for k in layers], axis=1)
+                x = self.model.norm(h) if i + 1 == n else h
+                if "last" in poolings:
+                    got["last"][i + 1] = x[:, -1]
+                if "mean" in poolings:  # (B, L, D) -> (B, D), in float32: a sum of up to L terms
+                    got["mean"][i + 1] = (x.astype(mx.float32) * w).sum(axis=1)
+        return {p: mx.stack([got[p][k] for k in layers], axis=1) for p in poolings}
 
     @property
     def compute_dtype(self) -> mx.Dtype:
