@@ -14,7 +14,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -306,15 +306,16 @@ class _Setup:
         self.given = given
         # An id column named on the command line must exist (no silent fall-back to line numbers).
         self.id_required = "id_column" in given
+        from .calibration import CalibrationSpec
+
         if o["task_file"]:
-            from .calibration import Calibrator
             from .task import Task
 
             t = self.task = Task.load(o["task_file"])
             defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
             if t.head is not None:
                 _check_head_options(given)
-            if not isinstance(t.calibration, str) and defining and "calibrate" not in given:
+            if t.calibration.fitted and defining and "calibrate" not in given:
                 names = ", ".join(
                     "--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(defining)
                 )
@@ -322,7 +323,7 @@ class _Setup:
                     f"the task's calibration prior was fitted for its own model and prompt; with {names} changed "
                     "it no longer applies: add --calibrate none|batch|fit to recalibrate"
                 )
-            if isinstance(t.calibration, Calibrator) and "calibrate" not in given:
+            if t.calibration.fitted and "calibrate" not in given:
                 self.origin = "task"
             take = {
                 "model": t.model,
@@ -338,11 +339,10 @@ class _Setup:
                     o[k] = v
             self.labels = list(t.labels) if not ({"labels_csv", "labels_file"} & given) else None
             self.examples = t.examples if "examples_file" not in given else ()
-            self.calibration: Any = t.calibration if "calibrate" not in given else o["calibrate"]
-            if isinstance(self.calibration, tuple):  # em with its saved base
-                self.origin = "task"
+            self.calibration = t.calibration if "calibrate" not in given else CalibrationSpec.of(o["calibrate"])
         else:
-            self.labels, self.examples, self.calibration = None, (), o["calibrate"]
+            self.labels, self.examples, self.calibration = None, (), CalibrationSpec.of(o["calibrate"])
+        self.calibration = CalibrationSpec.of(self.calibration, warmup=o["warmup"])
         if self.labels is None:
             descriptions: dict[str, str] = {}
             if o["labels_file"]:
@@ -357,8 +357,10 @@ class _Setup:
             o["system"] = fill_labels(o["system"], self.labels, descriptions)
         if o["examples_file"]:
             self.examples = read_examples(o["examples_file"], self.labels)
-        if self.calibration in ("fit", "em") and not o["calibration_data"]:
-            raise click.UsageError(f"--calibrate {self.calibration} needs --calibration-data FILE (labelled texts)")
+        if self.calibration.needs_data and not o["calibration_data"]:
+            raise click.UsageError(
+                f"--calibrate {self.calibration.kind} needs --calibration-data FILE (labelled texts)"
+            )
 
     def load(self) -> Any:
         from .classifier import DEFAULT_BATCH_SIZE, Classifier
@@ -385,11 +387,11 @@ class _Setup:
         self.weights = self.clf.engine.weights_sha256
         if self.task is not None and (self.origin == "task" or self.task.head is not None):  # same weights only
             self.task.check_weights(self.weights, o["model"])
-        if self.calibration in ("fit", "em"):
+        if self.calibration.needs_data:
             self.calibration = self._fit(self.calibration)
         return self.clf
 
-    def _fit(self, method: str) -> Any:
+    def _fit(self, spec: Any) -> Any:
         """Fit per-label offsets on the labelled sample (`em` then uses them as its base)."""
         from .calibration import CalibrationError, fit_labelled, gold_indices
         from .io import gold_problem, read_rows
@@ -427,23 +429,10 @@ class _Setup:
                 )
             else:
                 _err(f"mlx-slm: fitted on {len(rows)} labelled items ({i.get('cv_note', 'no cross-validation')})")
-        return ("em", cal) if method == "em" else cal
+        return replace(spec, base=cal) if spec.kind == "em" else replace(spec, prior=cal)
 
     def calibration_run(self, on_fit: Any = None) -> Any:
-        from .classifier import Calibration
-
-        cal = self.calibration
-        base = None
-        if isinstance(cal, tuple):  # ("em", base)
-            cal, base = cal
-        return Calibration(
-            cal,
-            self.clf.labels,
-            warmup=self.o["warmup"],
-            min_confidence=self.o["min_confidence"],
-            base=base,
-            on_fit=on_fit,
-        )
+        return self.calibration.run(self.clf.labels, self.o["min_confidence"], on_fit)
 
     def describe(self, run: Any) -> str:
         c = run.calibrator
@@ -459,16 +448,9 @@ class _Setup:
         return f"{run.method} calibration ({where}, {c.n} labelled items)"
 
     def settings(self) -> dict[str, Any]:
-        c = self.calibration
-        if isinstance(c, tuple):
-            cal: Any = {"method": "em", "base": c[1].to_dict(), "warmup": self.o["warmup"]}
-        elif isinstance(c, str):
-            cal = c if c == "none" else {"method": c, "warmup": self.o["warmup"]}
-        else:
-            cal = c.to_dict()
         head = self.clf.head
         return {
-            "calibration": cal,
+            "calibration": self.calibration.record(),
             "min_confidence": self.o["min_confidence"],
             "examples": [list(e) for e in self.clf.format.examples],
             **({"head": {"layers": list(head.layers), "sha256": head.sha256}} if head is not None else {}),
@@ -481,9 +463,7 @@ class _Setup:
         path = self.o["save_task"]
         if not path:
             return
-        cal: Any = run.calibrator if run.calibrator is not None else "none"
-        if run.method == "em" and run.base is not None:  # keep the base: later inputs re-estimate their own mix
-            cal = ("em", run.base)
+        cal = run.result()  # em keeps its base: later inputs re-estimate their own mix
         t = Task(
             model=self.o["model"],
             labels=tuple(self.clf.labels),
@@ -499,7 +479,7 @@ class _Setup:
         )
         t.save(path)
         if not self.o["quiet"]:
-            _err(f"mlx-slm: task saved to {path} ({'no calibration' if cal == 'none' else run.method + ' prior'})")
+            _err(f"mlx-slm: task saved to {path} ({run.method + ' prior' if cal.applies else 'no calibration'})")
 
 
 def _check_head_options(given: set[str]) -> None:
@@ -627,7 +607,7 @@ def classify(
     if dist.shard is not None and input == "-":
         raise click.UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = _Setup(ctx, o)
-    if dist.shard is not None and (setup.calibration in ("batch", "em") or isinstance(setup.calibration, tuple)):
+    if dist.shard is not None and setup.calibration.kind in ("batch", "em") and setup.calibration.prior is None:
         raise click.UsageError(
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
             "(mlx-slm classify SAMPLE --calibrate batch --save-task task.json) and give every shard --task task.json"
@@ -769,7 +749,7 @@ def _classify_run(
     """
     import itertools
 
-    from .calibration import Calibrator
+    from .calibration import CalibrationSpec, Calibrator
     from .io import read_rows
     from .output import (
         OutputError,
@@ -867,7 +847,8 @@ def _classify_run(
         if previous.get("fitted_calibrator") and kept > 0:
             # The rows kept were calibrated with this prior: the rest must be too.
             fitted = previous["fitted_calibrator"]
-            setup.calibration, setup.origin = Calibrator.from_dict(fitted), "resume"
+            setup.calibration = CalibrationSpec.of(Calibrator.from_dict(fitted), warmup=o["warmup"])
+            setup.origin = "resume"
 
     def on_fit(cal: Calibrator) -> None:
         fitted.update(cal.to_dict())

@@ -79,7 +79,7 @@ class Loaded:
     """What the loader gives the service: the default task's classifier and how to calibrate it."""
 
     clf: Any  # Classifier
-    calibration: Any = "none"  # "none", "batch", a fitted Calibrator, or ("em", base)
+    calibration: Any = "none"  # a CalibrationSpec, or what CalibrationSpec.of takes
     min_confidence: float | None = None
     warmup: int = 512
     model: str = ""
@@ -498,16 +498,16 @@ class Service:
             self._back.move_to_end(key)
         return clf
 
-    def calibration_for(self, key: tuple) -> tuple[Any, Any, float | None, int]:
-        """(method, em base, min_confidence, warmup) for a task: a saved prior applies only to the
+    def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
+        """(CalibrationSpec, min_confidence) for a task: a fitted prior applies only to the
         default task (other labels or prompt: it means nothing there); 'batch' applies per request."""
+        from .calibration import CalibrationSpec
+
         ld = self.loaded
-        cal, base = ld.calibration, None  # type: ignore[union-attr]
-        if key != self.default_key and not isinstance(cal, str):
-            cal = "none"
-        if isinstance(cal, tuple):
-            cal, base = cal
-        return cal, base, ld.min_confidence, ld.warmup  # type: ignore[union-attr]
+        spec = CalibrationSpec.of(ld.calibration, warmup=ld.warmup)  # type: ignore[union-attr]
+        if key != self.default_key and spec.fitted:
+            spec = CalibrationSpec(warmup=spec.warmup)
+        return spec, ld.min_confidence  # type: ignore[union-attr]
 
     # ---------------------------------------------------------------- queue
     @property
@@ -1232,12 +1232,10 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
                 raise job.error
         finally:
             service.finished()
-        from .classifier import Calibration
-
-        cal, base, conf, warmup = service.calibration_for(key)
+        spec, conf = service.calibration_for(key)
         if task["min_confidence"] is not None:
             conf = task["min_confidence"]
-        calib = Calibration(cal, front.labels, warmup=warmup, min_confidence=conf, base=base)
+        calib = spec.run(front.labels, conf)
         preds = list(calib(r[0] for r in job.results))
         return preds, job.results, calib, front
 
@@ -1360,7 +1358,7 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
 
         ld = service.loaded
         clf = ld.clf  # type: ignore[union-attr]
-        cal, _, conf, warmup = service.calibration_for(service.default_key)
+        spec, conf = service.calibration_for(service.default_key)
         return JSONResponse(
             {
                 "model": ld.model,
@@ -1376,9 +1374,9 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
                     "examples": len(clf.format.examples),
                     "scoring": clf.mode,
                     "truncate": clf.truncate,
-                    "calibration": cal if isinstance(cal, str) else cal.method,
+                    "calibration": spec.kind,
                     "min_confidence": conf,
-                    "warmup": warmup,
+                    "warmup": spec.warmup,
                 },
                 "limits": {
                     "max_batch_items": opts.max_batch_items,
