@@ -74,6 +74,17 @@ class Command(click.Command):
         except UsageError as e:
             raise click.UsageError(str(e), ctx) from e
 
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for p in self.get_params(ctx):
+            rv = p.get_help_record(ctx)
+            if rv is not None:
+                groups.setdefault(self.sections.get(p.name or "", "Other"), []).append(rv)
+        for title in ORDER:
+            if title in groups:
+                with formatter.section(f"{title} options" if title != "Other" else "Other options"):
+                    formatter.write_dl(groups[title])
+
 
 ESCAPES_HELP = "On the command line \\n is a newline and \\t a tab (\\\\n: a backslash and n)."
 _ESCAPE = {"\\": "\\", "n": "\n", "t": "\t"}

@@ -12,8 +12,9 @@ from ..job import Setup, check_outputs, err
 from .base import Command, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
-# classify's task options, less those about input and output files.
-_SERVE_TASK_OPTIONS = TASK_OPTION_NAMES - {"save_task", "fmt", "id_field", "id_column"}
+# classify's task options, less those about input and output files and the window (the
+# worker's micro-batch is its window); the text and gold fields name --calibration-data's.
+_SERVE_TASK_OPTIONS = TASK_OPTION_NAMES - {"save_task", "fmt", "id_field", "id_column", "window"}
 _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
 
 
