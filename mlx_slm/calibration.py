@@ -702,6 +702,11 @@ class CalibrationSpec:
         return self.prior is not None or self.base is not None
 
     @property
+    def per_input(self) -> bool:
+        """``batch``/``em`` without a fixed prior: each input's warm-up fits its own."""
+        return self.prior is None and self.kind in ("batch", "em")
+
+    @property
     def needs_data(self) -> bool:
         """``fit``, or ``em`` without a base: labelled data must be fitted first."""
         return self.prior is None and (self.kind == "fit" or (self.kind == "em" and self.base is None))
@@ -770,7 +775,7 @@ class Calibration:
             raise RuntimeError("a Calibration serves one run: make a new one for the next stream")
         self._used = True
         it = iter(preds)
-        if self.method in ("batch", "em") and self.calibrator is None:
+        if self.spec.per_input:
             held: list[Any] = []
             answered = 0
             for p in it:

@@ -406,7 +406,7 @@ def classify(s: ClassifySettings) -> int:
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = Setup(s.task)
-    if dist.shard is not None and setup.calibration.kind in ("batch", "em") and setup.calibration.prior is None:
+    if dist.shard is not None and setup.calibration.per_input:
         raise UsageError(
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
             "(mlx-slm classify SAMPLE --calibrate batch --save-task task.json) and give every shard --task task.json"
