@@ -4,7 +4,7 @@ Data flows one way through the modules:
 
     texts -> prompts (render, tokenize) -> prefix split (engine's prefix LRU)
           -> batch plan (batching) -> forward (engine) -> label scores (scoring)
-          -> predictions -> calibration (Calibration, here) -> the caller
+          -> predictions -> calibration (calibration.Calibration) -> the caller
 
 With a learned head (`heads.Head`, trained by `mlx-slm train`) the forward stops at the
 head's layer and the head's numpy predict replaces label scoring: features (engine) ->
@@ -19,8 +19,8 @@ from __future__ import annotations
 import itertools
 import numbers
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import batching
-from .calibration import DEFAULT_WARMUP, Calibrator
+from .calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
 from .engine import Engine
 from .labels import LabelError, LabelSet, build_labelset, softmax
 from .labels import validate as validate_labels
@@ -163,7 +163,7 @@ class Classifier:
         max_length: int | None = None,
         keep_logits: bool = False,
         examples: Sequence[tuple[str, str]] = (),
-        calibration: str | Calibrator = "none",
+        calibration: str | Calibrator | CalibrationSpec = "none",
         min_confidence: float | None = None,
         warmup: int = DEFAULT_WARMUP,
         label_pass: str = "trie",
@@ -177,7 +177,7 @@ class Classifier:
                     f"the head was trained for the labels {list(head.labels)[:8]}"
                     f"{' ...' if len(head.labels) > 8 else ''}; got {list(labels)[:8]}: pass the head's labels"
                 )
-            if not (calibration == "none" or getattr(calibration, "method", None) == "none"):
+            if CalibrationSpec.of(calibration).applies:
                 raise LabelError(
                     "calibration does not apply to a learned head (its probabilities are fitted on labelled "
                     "data already): use calibration='none'"
@@ -196,7 +196,8 @@ class Classifier:
             _check_head(head, engine, scoring, keep_logits, label_pass)
         # How `classify` calibrates by default (settings, not run state: a batch prior
         # fitted on one input lives on that run's `Calibration`, never here).
-        self.calibration, self.min_confidence, self.warmup = calibration, min_confidence, warmup
+        self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
+        self.min_confidence, self.warmup = min_confidence, warmup
         # `{labels}` / `{label_descriptions}` in the system message: filled once, here.
         system = fill_labels(system, labels, label_descriptions)
         examples = tuple((str(t), str(lab)) for t, lab in examples)
@@ -284,7 +285,7 @@ class Classifier:
         t = task if isinstance(task, Task) else Task.load(task)
         engine = engine or Engine.load(t.model, dtype, dequantize)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
-        if engine.path is not None and (not isinstance(t.calibration, str) or t.head is not None):
+        if engine.path is not None and (t.calibration.fitted or t.head is not None):
             t.check_weights(engine.weights_sha256, str(engine.path))
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
@@ -336,7 +337,7 @@ class Classifier:
     def classify(
         self,
         texts: Iterable[str] | str,
-        calibration: str | Calibrator | None = None,
+        calibration: str | Calibrator | CalibrationSpec | None = None,
         min_confidence: float | None = None,
         *,
         text_column: str | None = None,
@@ -350,8 +351,8 @@ class Classifier:
         `progress=True` draws a tqdm bar on stderr, advanced as each batch finishes.
         """
         texts = list(_as_texts(texts, text_column))
-        cal = self.calibration if calibration is None else calibration
-        if self.head is not None and not (cal == "none" or getattr(cal, "method", None) == "none"):
+        cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
+        if self.head is not None and cal.applies:
             raise LabelError("calibration does not apply to a learned head: use calibration='none'")
         conf = self.min_confidence if min_confidence is None else min_confidence
         if progress:  # as each batch finishes, then back in input order before calibrating
@@ -359,7 +360,7 @@ class Classifier:
             run: Iterable[Prediction] = sorted(done, key=lambda p: p.index)
         else:
             run = self.classify_iter(texts, window=max(1, len(texts)))
-        return list(Calibration(cal, self.labels, warmup=max(2, len(texts)), min_confidence=conf)(run))
+        return list(CalibrationSpec.of(cal, warmup=max(2, len(texts))).run(self.labels, conf)(run))
 
     def classify_iter(
         self,
@@ -386,7 +387,7 @@ class Classifier:
         self,
         df: Any,
         text_column: str = "text",
-        calibration: str | Calibrator | None = None,
+        calibration: str | Calibrator | CalibrationSpec | None = None,
         min_confidence: float | None = None,
         *,
         prefix: str = "",
@@ -412,9 +413,9 @@ class Classifier:
             raise ValueError(
                 f"the frame has {list(df.columns).count(text_column)} columns named {text_column!r}: rename them"
             )
-        cal = self.calibration if calibration is None else calibration
+        cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
         conf = self.min_confidence if min_confidence is None else min_confidence
-        calibrated = not (cal == "none" or getattr(cal, "method", None) == "none")
+        calibrated = cal.applies
         names = [
             c for c in csv_columns(self.labels, raw=calibrated, abstain=conf is not None) if c not in ("id", "line")
         ]
@@ -434,7 +435,7 @@ class Classifier:
                 if calibrated:
                     row[f"raw_p_{lab}"] = (p.raw_probs or {}).get(lab, nan)
             if calibrated:
-                row["calibration"] = None if p.error else getattr(cal, "method", cal)
+                row["calibration"] = None if p.error else cal.kind
             if conf is not None:
                 row["abstained"] = bool(p.abstained)
             for c in names:
@@ -710,94 +711,6 @@ class Run:
                 return
             self.stats.seconds += time.perf_counter() - t0
             yield p
-
-
-class Calibration:
-    """Calibrates (and optionally abstains on) a stream of raw predictions, for one run.
-
-    `method` is a fitted `Calibrator` (a saved prior: applied as is), "none" (raw),
-    "batch" (the prior is the mean label distribution of the first `warmup` answered
-    items, Zhou et al. 2023; those items are held back until it is known, then every
-    item, them included, is calibrated with that one prior), or "em" with a `base`
-    calibrator (Saerens et al. 2002: the base's measured bias, and the warm-up's own
-    label mix re-estimated). The fitted calibrator is kept on this per-run object
-    (`.calibrator`), never on the shared classifier, and an object serves one run.
-    Predictions come back as new objects; raw probabilities stay on each (`raw_probs`).
-    """
-
-    def __init__(
-        self,
-        method: str | Calibrator,
-        labels: Sequence[str],
-        warmup: int = DEFAULT_WARMUP,
-        min_confidence: float | None = None,
-        base: Calibrator | None = None,
-        on_fit: Callable[[Calibrator], None] | None = None,
-    ):
-        from .calibration import CalibrationError
-
-        self.base, self.on_fit, self.fitted_here, self._used = base, on_fit, False, False
-        if isinstance(method, Calibrator):
-            method.check_labels(labels)
-            self.calibrator: Calibrator | None = None if method.method == "none" else method
-            self.method = method.method
-        elif method in ("none", "batch") or (method == "em" and base is not None):
-            self.calibrator, self.method = None, method
-        else:
-            raise CalibrationError(
-                f"calibration {method!r} needs fitting first: use 'none', 'batch', 'em' with a base, or a "
-                "Calibrator (calibration.fit_labelled for 'fit')"
-            )
-        if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
-            raise CalibrationError(f"min_confidence must be between 0 and 1, got {min_confidence}")
-        self.labels, self.warmup, self.min_confidence = tuple(labels), max(2, warmup), min_confidence
-
-    def __call__(self, preds: Iterable[Prediction]) -> Iterator[Prediction]:
-        from .calibration import fit_batch, fit_em
-
-        if self._used:
-            raise RuntimeError("a Calibration serves one run: make a new one for the next stream")
-        self._used = True
-        it = iter(preds)
-        if self.method in ("batch", "em") and self.calibrator is None:
-            held: list[Prediction] = []
-            answered = 0
-            for p in it:
-                held.append(p)
-                answered += p.ok
-                if answered >= self.warmup:
-                    break
-            ok = [p for p in held if p.ok]
-            if len(ok) >= 2:
-                lp = self._log_probs(ok)
-                self.calibrator = (
-                    fit_batch(lp, self.labels) if self.method == "batch" else fit_em(lp, self.labels, base=self.base)
-                )
-                self.fitted_here = True
-                if self.on_fit is not None:
-                    self.on_fit(self.calibrator)
-            yield from (self._finish(p) for p in held)
-        yield from (self._finish(p) for p in it)
-
-    def _log_probs(self, preds: Sequence[Prediction]) -> np.ndarray:
-        from .labels import log_softmax
-
-        return log_softmax(np.array([[p.scores[lab] for lab in self.labels] for p in preds]))
-
-    def _finish(self, p: Prediction) -> Prediction:
-        if not p.ok:
-            return p
-        if self.calibrator is not None:
-            probs = self.calibrator.probs(self._log_probs([p]))[0]
-            p = replace(
-                p,
-                raw_probs=p.probs,
-                probs={lab: float(x) for lab, x in zip(self.labels, probs)},
-                label=self.labels[int(np.argmax(probs))],
-            )
-        if self.min_confidence is not None and max(p.probs.values()) < self.min_confidence:
-            p = replace(p, label=None, abstained=True)
-        return p
 
 
 def _is_frame(x: Any) -> bool:

@@ -24,3 +24,7 @@ class ModelError(UserError, ValueError):
 
 class MissingExtra(UserError, ImportError):
     """An optional dependency (an extra) is not installed; the message names the pip command."""
+
+
+class UsageError(UserError):
+    """Options that do not go together: the CLI shows the command's usage line with the message."""

@@ -78,7 +78,7 @@ class ClassifyBatch:
         scores: bool = False,
         weights_sha256: str | None = None,
     ):
-        from .calibration import Calibrator
+        from .calibration import CalibrationSpec
         from .task import TaskError
 
         self.clf = _load_classifier(task, load)
@@ -91,17 +91,14 @@ class ClassifyBatch:
                 )
         self.text_column, self.with_scores = text_column, scores
         self.labels = tuple(self.clf.labels)
-        if calibrator is None:
-            cal = self.clf.calibration
-        else:
-            cal = calibrator if isinstance(calibrator, str) else Calibrator.from_dict(calibrator)
+        spec = self.clf.calibration if calibrator is None else CalibrationSpec.from_dict(calibrator)
         # A prior needing this input's own warm-up ("batch", "em") cannot be fitted per
         # batch: classify_dataset resolves it before the actors start.
-        self.calibrator = cal if isinstance(cal, Calibrator) and cal.method != "none" else None
+        self.calibration = spec.fixed()
         self.min_confidence = self.clf.min_confidence if min_confidence is None else min_confidence
         prob = pa.struct([(lab, pa.float64()) for lab in self.labels])
         fields = [("label", pa.string()), ("probs", prob)]
-        if self.calibrator is not None:
+        if self.calibration.applies:
             fields.append(("raw_probs", prob))
         if self.min_confidence is not None:
             fields.append(("abstained", pa.bool_()))
@@ -111,7 +108,7 @@ class ClassifyBatch:
         self.fields = fields
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from .classifier import Calibration, Prediction
+        from .classifier import Prediction
 
         if not isinstance(batch, pa.Table):  # another batch_format: accept what Ray hands over
             batch = pa.Table.from_pandas(batch) if hasattr(batch, "to_numpy") else pa.table(batch)
@@ -130,7 +127,7 @@ class ClassifyBatch:
         todo = [i for i, t in enumerate(texts) if isinstance(t, str)]
         preds: list[Prediction | None] = [None] * len(texts)
         raw = list(self.clf.run([texts[i] for i in todo], window=max(1, len(todo))))
-        done = list(Calibration(self.calibrator or "none", self.labels, min_confidence=self.min_confidence)(raw))
+        done = list(self.calibration.run(self.labels, self.min_confidence)(raw))
         for i, p in zip(todo, done):
             preds[i] = p
         cols: dict[str, list[Any]] = {f: [] for f, _ in self.fields}
@@ -267,23 +264,23 @@ def classify_dataset(
     "none", "batch"/"em" (a prior fitted here on the first `warmup` rows, a first pass
     over them), or a fitted `Calibrator`.
     """
-    from .calibration import Calibrator, fit_batch, fit_em
-    from .classifier import DEFAULT_WARMUP
+    from .calibration import DEFAULT_WARMUP, CalibrationSpec
     from .labels import log_softmax
     from .task import Task
 
     if task is not None and not isinstance(task, dict):
         task = (task if isinstance(task, Task) else Task.load(task)).to_dict()
     t = Task.from_dict(task) if task is not None else None
-    method: Any = calibrate if calibrate is not None else (t.calibration if t is not None else "none")
-    base = None
-    if isinstance(method, tuple):  # ("em", base) from a task
-        method, base = method
-    elif method == "em" and t is not None and isinstance(t.calibration, tuple):
-        base = t.calibration[1]  # the task's own base, re-estimated on this input
-    if method == "em" and base is None:
-        raise ValueError("calibrate='em' needs a base: a task saved with --calibrate em, or a fitted Calibrator")
     warmup = warmup or (t.warmup if t is not None else DEFAULT_WARMUP)
+    try:
+        spec = CalibrationSpec.of(calibrate if calibrate is not None else (t.calibration if t else "none"))
+    except ValueError:
+        raise ValueError(f"calibrate must be None, 'none', 'batch', 'em' or a Calibrator, not {calibrate!r}") from None
+    if spec.kind == "em" and spec.needs_data and t is not None and t.calibration.base is not None:
+        spec = t.calibration  # the task's own base, re-estimated on this input
+    if spec.kind == "em" and spec.needs_data:
+        raise ValueError("calibrate='em' needs a base: a task saved with --calibrate em, or a fitted Calibrator")
+    spec = CalibrationSpec.of(spec, warmup=warmup)
     opts = worker_options(concurrency, threads_per_worker)
 
     def run(src: ray.data.Dataset, calibrator: Any, want_scores: bool, conf: Any) -> Any:
@@ -302,11 +299,11 @@ def classify_dataset(
             **opts,
         )
 
-    if isinstance(method, Calibrator):
-        final: Any = method.to_dict()
-    elif method == "none":
+    if spec.prior is not None:
+        final: Any = spec.prior.to_dict()
+    elif spec.kind == "none":
         final = "none"  # raw scores, even where the task holds a prior
-    elif method in ("batch", "em"):
+    elif spec.kind in ("batch", "em"):
         # A first pass over the warm-up rows for their raw scores; the prior fitted on them
         # is then applied to every row, them included, as a local run does.
         first = run(ds.limit(warmup), "none", True, None).select_columns(["probs", "scores"]).to_arrow_refs()
@@ -317,9 +314,9 @@ def classify_dataset(
         if table is not None and len(got) >= 2:
             labels = [f.name for f in table.schema.field("probs").type]  # the classifier's own label order
             lp = log_softmax(np.array(got))
-            final = (fit_batch(lp, labels) if method == "batch" else fit_em(lp, labels, base=base)).to_dict()
+            final = spec.fit_prior(lp, labels).to_dict()
     else:
-        raise ValueError(f"calibrate must be None, 'none', 'batch', 'em' or a Calibrator, not {method!r}")
+        raise ValueError(f"calibrate must be None, 'none', 'batch', 'em' or a Calibrator, not {calibrate!r}")
     return run(ds, final, scores, min_confidence)
 
 

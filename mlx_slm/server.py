@@ -751,7 +751,7 @@ class _Routes:
         service, opts = self.service, self.opts
         ld = service.loaded
         clf = ld.clf  # type: ignore[union-attr]
-        cal, _, conf, warmup = service.calibration_for(service.default_key)
+        cal, conf = service.calibration_for(service.default_key)
         return _json(
             {
                 "model": ld.model,  # type: ignore[union-attr]
@@ -767,9 +767,9 @@ class _Routes:
                     "examples": len(clf.format.examples),
                     "scoring": clf.mode,
                     "truncate": clf.truncate,
-                    "calibration": cal if isinstance(cal, str) else cal.method,
+                    "calibration": cal.kind,
                     "min_confidence": conf,
-                    "warmup": warmup,
+                    "warmup": cal.warmup,
                 },
                 "limits": {
                     "max_batch_items": opts.max_batch_items,

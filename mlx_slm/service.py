@@ -59,7 +59,7 @@ class Loaded:
     """What the loader gives the service: the default task's classifier and how to calibrate it."""
 
     clf: Any  # Classifier
-    calibration: Any = "none"  # "none", "batch", a fitted Calibrator, or ("em", base)
+    calibration: Any = "none"  # a CalibrationSpec, or what CalibrationSpec.of takes
     min_confidence: float | None = None
     warmup: int = 512
     model: str = ""
@@ -566,25 +566,23 @@ class Service:
             except (LabelError, PromptError) as e:
                 raise Invalid(str(e), fld) from None
 
-    def calibration_for(self, key: tuple) -> tuple[Any, Any, float | None, int]:
-        """(method, em base, min_confidence, warmup) for a task: a saved prior applies only to the
+    def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
+        """(CalibrationSpec, min_confidence) for a task: a fitted prior applies only to the
         default task (other labels or prompt: it means nothing there); 'batch' applies per request."""
+        from .calibration import CalibrationSpec
+
         ld = self.loaded
-        cal, base = ld.calibration, None  # type: ignore[union-attr]
-        if key != self.default_key and not isinstance(cal, str):
-            cal = "none"
-        if isinstance(cal, tuple):
-            cal, base = cal
-        return cal, base, ld.min_confidence, ld.warmup  # type: ignore[union-attr]
+        spec = CalibrationSpec.of(ld.calibration, warmup=ld.warmup)  # type: ignore[union-attr]
+        if key != self.default_key and spec.fitted:
+            spec = CalibrationSpec(warmup=spec.warmup)
+        return spec, ld.min_confidence  # type: ignore[union-attr]
 
     def _calibrate(self, key: tuple, spec: TaskSpec, front: Any, raw: list[Any]) -> tuple[list[Any], Any]:
         """A request's predictions through its task's calibration (one `Calibration` per request)."""
-        from .classifier import Calibration
-
-        cal, base, conf, warmup = self.calibration_for(key)
+        cal, conf = self.calibration_for(key)
         if spec.min_confidence is not None:
             conf = spec.min_confidence
-        calib = Calibration(cal, front.labels, warmup=warmup, min_confidence=conf, base=base)
+        calib = cal.run(front.labels, conf)
         return list(calib(r[0] for r in raw)), calib
 
     # ---------------------------------------------------------------- one request

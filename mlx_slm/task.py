@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ._fs import utc_now, write_json_atomic
-from .calibration import DEFAULT_WARMUP, CalibrationError, Calibrator
+from .calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
 from .errors import UserError
 from .io import has_lone_surrogate
 
@@ -41,14 +41,16 @@ class Task:
     template: str
     scoring: str = "auto"
     examples: tuple[tuple[str, str], ...] = ()
-    # "none", "batch" (fit on each input's warm-up), a fitted Calibrator applied as is, or
-    # ("em", base): the base's offsets with each input's own label mix re-estimated.
-    calibration: str | Calibrator | tuple[str, Calibrator] = "none"
+    # A `CalibrationSpec` (given as anything `CalibrationSpec.of` takes); its warm-up is `warmup`.
+    calibration: CalibrationSpec | Calibrator | str = "none"
     warmup: int = DEFAULT_WARMUP
     min_confidence: float | None = None
     weights_sha256: str | None = None
     versions: dict[str, str] = field(default_factory=dict, compare=False)
     head: Head | None = field(default=None, compare=False)  # a learned head (`mlx-slm train`)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(replace(self, head=None))
@@ -58,13 +60,7 @@ class Task:
             del d["head"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
-        c = self.calibration
-        if isinstance(c, Calibrator):
-            d["calibration"] = c.to_dict()
-        elif isinstance(c, tuple):
-            d["calibration"] = {"method": "em", "base": c[1].to_dict()}
-        else:
-            d["calibration"] = c
+        d["calibration"] = self.calibration.to_dict()  # type: ignore[union-attr]
         return {"format": FORMAT, "version": VERSION, "created": utc_now(), **d}
 
     @classmethod
@@ -139,17 +135,14 @@ class Task:
                 raise TaskError(f"{where}: field 'examples', example {i}: {problem}")
             ex.append((e["text"], e["label"]))
         cal = d.get("calibration", "none")
+        if not isinstance(cal, dict) and cal not in ("none", "batch"):
+            raise bad("calibration", "'none', 'batch' or a fitted calibrator")
         try:
-            if isinstance(cal, dict) and cal.get("method") == "em" and "base" in cal:
-                cal = ("em", Calibrator.from_dict(cal["base"]))
-            elif isinstance(cal, dict):
-                cal = Calibrator.from_dict(cal)
-            elif cal not in ("none", "batch"):
-                raise bad("calibration", "'none', 'batch' or a fitted calibrator")
+            spec = CalibrationSpec.from_dict(cal, warmup)
         except CalibrationError as e:
             raise TaskError(f"{where}: field 'calibration': {e}: save the task again") from None
-        fitted = cal[1] if isinstance(cal, tuple) else cal
-        if isinstance(fitted, Calibrator) and list(fitted.labels) != labels:
+        fitted = spec.calibrator
+        if fitted is not None and list(fitted.labels) != labels:
             raise TaskError(
                 f"{where}: field 'calibration' was fitted for the labels {list(fitted.labels)}, but the task's "
                 f"labels are {labels}: recalibrate (--calibrate ... --save-task)"
@@ -167,7 +160,7 @@ class Task:
                     f"{where}: field 'head' was trained for the labels {list(head.labels)[:8]}, but the task's "
                     f"labels are {labels[:8]}: train the head again (mlx-slm train ... --save-task)"
                 )
-            if cal != "none":
+            if spec.to_dict() != "none":
                 raise TaskError(
                     f"{where}: a task with a learned head takes no calibration (field 'calibration' is not "
                     "'none'): set it to \"none\", or train the head again"
@@ -179,7 +172,7 @@ class Task:
             template=d["template"],
             scoring=scoring,
             examples=tuple(ex),
-            calibration=cal,
+            calibration=spec,
             warmup=warmup,
             min_confidence=None if mc is None else float(mc),
             weights_sha256=sha,

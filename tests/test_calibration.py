@@ -8,6 +8,7 @@ uniform prior, so a fitted offset should recover -(bias - mean(bias)) with T = 1
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -335,3 +336,28 @@ def test_zero_prior_never_changes_argmax(case):
         # and order is never reversed: x_i < x_j implies out_i <= out_j
         less = x[:, :, None] < x[:, None, :]
         assert not np.any(less & (out[:, :, None] > out[:, None, :]))
+
+
+def test_calibration_spec_one_value_for_every_form():
+    from mlx_slm.calibration import CalibrationSpec
+
+    labels = ("a", "b")
+    prior = fit_batch(np.log(np.array([[0.7, 0.3], [0.6, 0.4]])), labels)
+    base = replace(prior, method="fit")
+    # The task file's JSON, as before: "none", "batch", a prior's dict, {"method": "em", "base": ...}.
+    for spec, js in [
+        (CalibrationSpec.of("none"), "none"),
+        (CalibrationSpec.of("batch", warmup=64), "batch"),
+        (CalibrationSpec.of(prior), prior.to_dict()),
+        (CalibrationSpec("em", base=base), {"method": "em", "base": base.to_dict()}),
+    ]:
+        assert spec.to_dict() == js
+        assert CalibrationSpec.from_dict(js, spec.warmup) == spec
+    assert CalibrationSpec.of("batch", warmup=64).record() == {"method": "batch", "warmup": 64}
+    assert CalibrationSpec.of("em").needs_data and CalibrationSpec.of("fit").needs_data
+    assert not CalibrationSpec("em", base=base).needs_data and CalibrationSpec("em", base=base).fitted
+    assert not CalibrationSpec.of(Calibrator.identity(labels)).applies
+    with pytest.raises(CalibrationError):
+        CalibrationSpec.of("bogus")
+    with pytest.raises(CalibrationError, match="needs fitting first"):
+        CalibrationSpec.of("em").run(labels)

@@ -156,3 +156,16 @@ def test_eval_items_per_second_and_resume_messages(tiny_qwen_mlx, tmp_path):
     other.write_text('{"id": 1}\n')
     r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(other), "--resume", *base])
     assert r.exit_code == 2 and "left untouched" in r.output and "version before" not in r.output
+
+
+def test_help_groups_options_into_sections_and_serve_shows_only_its_own():
+    out = run(["classify", "--help"]).output
+    for title in ("Input", "Output", "Task and model", "Labels and prompt", "Calibration", "Batching", "Scale-out"):
+        assert f"\n{title} options:\n" in out
+    assert "\nOptions:\n" not in out
+    serve = run(["serve", "--help"]).output
+    assert "\nServer options:\n" in serve and "\nLimits options:\n" in serve
+    for flag in ("--window", "--save-task", "--format", "--id-field", "--id-column", "--shard", "--resume"):
+        assert flag not in serve
+    # In serve the text and gold fields name --calibration-data's, and say so by their section.
+    assert serve.index("Calibration data options:") < serve.index("--text-field")

@@ -94,7 +94,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(local_ray, tiny_qw
 
 
 def test_batch_calibration_fits_one_prior_on_a_first_pass(local_ray, tiny_qwen_mlx):
-    from mlx_slm.classifier import Calibration
+    from mlx_slm.calibration import CalibrationSpec
 
     rows = ROWS[:200]
     out = mray.classify_dataset(  # no labels given: the default ones, read back from the first pass
@@ -107,7 +107,7 @@ def test_batch_calibration_fits_one_prior_on_a_first_pass(local_ray, tiny_qwen_m
         warmup=64,
     ).take_all()
     clf = Classifier.load(str(tiny_qwen_mlx))
-    want = list(Calibration("batch", clf.labels, warmup=64)(clf.run([r["text"] for r in rows])))
+    want = list(CalibrationSpec("batch", warmup=64).run(clf.labels)(clf.run([r["text"] for r in rows])))
     assert [r["label"] for r in out] == [p.label for p in want]
     for r, p in zip(out, want):
         assert r["probs"] == pytest.approx(p.probs, abs=1e-5)

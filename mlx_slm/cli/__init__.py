@@ -1,0 +1,82 @@
+"""The `mlx-slm` command: classify, eval, train, convert, parity, bench, doctor, models.
+
+Results go to stdout (JSONL by default) or to `-o FILE`; progress, warnings and the
+summary go to stderr, so the output can be piped. User errors (`errors.UserError`) print
+one clear line and exit with status 2; Ctrl-C exits 130; a reader that goes away
+(`| head`) ends the run quietly (141); any other exception is a bug, shows its traceback
+and exits 70.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ..errors import UserError
+from ..job import err
+from .classify import classify, merge
+from .eval import evaluate
+from .misc import bench, convert, doctor, models
+from .parity import parity
+from .serve import serve
+from .train import train
+
+BUG_REPORT = "mlx-slm: this is a bug in mlx-slm, not in your input: please report it with the traceback above"
+
+
+class _UserError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        err(f"mlx-slm: error: {self.format_message()}")
+
+
+class _Commands(click.Group):
+    """User errors (`UserError`) become one readable line and exit 2; Ctrl-C exits 130;
+    anything else is a bug, and its traceback shows, with a line that says so."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            raise _UserError(str(e)) from e
+        except KeyboardInterrupt:
+            err("mlx-slm: interrupted")
+            sys.exit(130)
+        except BrokenPipeError:
+            import os
+
+            # stdout's reader left: nothing more can be delivered; silence the final flush.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception:
+            import traceback
+
+            traceback.print_exc()
+            err(BUG_REPORT)
+            sys.exit(70)  # EX_SOFTWARE
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mlx-slm")
+def main() -> None:
+    """Fast, verified text classification with small language models on MLX.
+
+    \b
+    Quick start (the built-in default model is fetched and converted on first use):
+      echo "My card was charged twice" | mlx-slm classify
+      mlx-slm classify tickets.jsonl --labels billing,technical,account -o out.jsonl
+      mlx-slm train labelled.jsonl --save-task task.json && mlx-slm classify tickets.jsonl --task task.json
+      mlx-slm parity --model smollm2-135m --reference smollm2-135m --n 10
+      mlx-slm doctor
+    """
+
+
+for _command in (classify, merge, evaluate, convert, train, parity, doctor, models, bench, serve):
+    main.add_command(_command)
+
+__all__ = ["BUG_REPORT", "main"]

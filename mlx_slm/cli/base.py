@@ -1,0 +1,99 @@
+"""What every command shares: stderr notes, the BLAS warning, and `Command`, which maps
+errors to exit statuses' usage lines and groups its options into help sections."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from .. import _blas
+from ..errors import UsageError
+from ..job import err
+
+# Help sections, in the order --help shows them; an option's section is in SECTIONS (by
+# parameter name), or in the command's own `sections=` where the same option means
+# something else there.
+ORDER = (
+    "Input",
+    "Output",
+    "Task and model",
+    "Labels and prompt",
+    "Calibration",
+    "Calibration data",
+    "Batching",
+    "Scale-out",
+    "Head",
+    "Conversion",
+    "Server",
+    "Limits",
+    "Other",
+)
+SECTIONS = {
+    **dict.fromkeys(("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field"), "Input"),
+    **dict.fromkeys(("predictions", "input_path", "n"), "Input"),
+    **dict.fromkeys(("output", "output_format", "resume", "on_error", "save_task", "json_path", "plots"), "Output"),
+    **dict.fromkeys(("out", "as_json", "strict", "no_input_check", "force", "quiet"), "Output"),
+    **dict.fromkeys(("task_file", "model", "reference", "dtype", "keep_quantized"), "Task and model"),
+    **dict.fromkeys(("quantize", "group_size"), "Conversion"),
+    **dict.fromkeys(("labels_csv", "labels_file", "system", "template", "examples_file"), "Labels and prompt"),
+    **dict.fromkeys(("scoring", "truncate"), "Labels and prompt"),
+    **dict.fromkeys(("calibrate", "calibration_data", "warmup", "min_confidence"), "Calibration"),
+    **dict.fromkeys(("batch_size", "max_batch_tokens", "window", "no_sort", "no_prefix_cache"), "Batching"),
+    **dict.fromkeys(("shard", "use_ray", "ray_address", "workers", "worker_threads"), "Scale-out"),
+    **dict.fromkeys(("layers_spec", "layer", "folds", "seed"), "Head"),
+    **dict.fromkeys(("host", "port", "api_key", "log_level"), "Server"),
+    **dict.fromkeys(("max_batch_items", "max_wait_ms", "max_queue_items", "max_items_per_request"), "Limits"),
+    **dict.fromkeys(("max_body_bytes", "request_timeout", "drain_timeout", "task_cache"), "Limits"),
+}
+
+
+def warn_blas() -> None:
+    if _blas.PROBLEM:
+        err(f"mlx-slm: warning: slow BLAS ({_blas.PROBLEM}); MLX matmuls run ~30x slower. Fix: {_blas.FIX}")
+
+
+def given(ctx: click.Context, o: dict[str, Any]) -> frozenset[str]:
+    """The parameters set on the command line (a --task file fills in the others)."""
+    return frozenset(k for k in o if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE)
+
+
+class Command(click.Command):
+    """A command whose --help groups its options into sections, and whose option clashes found
+    past parsing (`errors.UsageError`) show the usage line, as click's own do."""
+
+    def __init__(self, *args: Any, sections: dict[str, str] | None = None, **kwargs: Any):
+        self.sections = {**SECTIONS, **(sections or {})}
+        super().__init__(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            raise click.UsageError(str(e), ctx) from e
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for p in self.get_params(ctx):
+            rv = p.get_help_record(ctx)
+            if rv is not None:
+                groups.setdefault(self.sections.get(p.name or "", "Other"), []).append(rv)
+        for title in ORDER:
+            if title in groups:
+                with formatter.section(f"{title} options" if title != "Other" else "Other options"):
+                    formatter.write_dl(groups[title])
+
+
+ESCAPES_HELP = "On the command line \\n is a newline and \\t a tab (\\\\n: a backslash and n)."
+_ESCAPE = {"\\": "\\", "n": "\n", "t": "\t"}
+
+
+def escapes(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """`\\n` and `\\t` in --system/--template typed on a command line are a newline and a tab
+    (a shell passes them as a backslash and a letter); `\\\\` is one backslash. Defaults, task
+    files and the Python API take strings as they are."""
+    if not isinstance(value, str) or ctx.get_parameter_source(param.name or "") is not ParameterSource.COMMANDLINE:
+        return value
+    return re.sub(r"\\([\\nt])", lambda m: _ESCAPE[m.group(1)], value)

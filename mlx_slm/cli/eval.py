@@ -1,0 +1,145 @@
+"""`eval`: classify a labelled input (or read a classify output back) and report the figures."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import UserError
+from ..job import Setup, check_outputs, err
+from .base import Command, warn_blas
+from .options import task_options, task_settings
+
+
+@click.command(name="eval", cls=Command)
+@click.argument("input")
+@click.option(
+    "--predictions",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Score this classify output (row i = input row i) instead of running the model.",
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the figures as JSON here.")
+@click.option(
+    "--plots", type=click.Path(file_okay=False), help="Write confusion.png and reliability.png into this folder."
+)
+@task_options
+@click.pass_context
+def evaluate(
+    ctx: click.Context, input: str, predictions: str | None, json_path: str | None, plots: str | None, **o: Any
+) -> None:
+    """Classify a labelled INPUT and report how right the labels are.
+
+    \b
+    INPUT holds a text and a gold label per row (--gold-field, default "label"):
+      {"text": "I was charged twice", "label": "billing"}
+    Reports accuracy, macro-F1, per-label precision/recall/F1, the confusion matrix
+    (rows gold, columns predicted), expected calibration error, and accuracy at
+    coverage (answer only the most confident x %: how to choose --min-confidence).
+    Rows whose gold label is missing or not a label are error rows, left out of the
+    figures and counted.
+
+    \b
+      mlx-slm eval tickets.jsonl --calibrate batch --plots eval/ --json eval.json
+      mlx-slm eval tickets.jsonl --predictions preds.jsonl   # no model run
+    """
+    from ..evaluate import format_report, plot, read_predictions, report
+    from ..io import read_rows
+
+    setup = Setup(task_settings(ctx, o))
+    s = setup.o
+    inputs = [input, predictions, s.labels_file, s.examples_file, s.calibration_data, s.task_file]
+    check_outputs(inputs, [("--json", json_path), ("--save-task", s.save_task)])
+    if plots:  # made now (parents too), so an unwritable place fails before the model runs
+        _plots_folder(plots)
+        check_outputs(inputs, [("--plots", plots)])
+    rows = list(read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required))
+    labels = setup.labels
+    if predictions:
+        preds = read_predictions(predictions, rows)
+    else:
+        warn_blas()
+        labels, preds = _predict(setup, rows)
+    rep, errors = _report(rows, preds, labels, s.gold_field, input, report)
+    click.echo(format_report(rep))
+    if errors:
+        click.echo(f"\n{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
+    if json_path:
+        from ..safefs import atomic_write
+
+        atomic_write(json_path, json.dumps(rep, indent=2) + "\n", "--json")
+    if plots:
+        try:
+            for p in plot(rep, plots):
+                err(f"mlx-slm: wrote {p}")
+        except OSError as e:
+            raise UserError(
+                f"--plots {plots}: cannot write the plots there ({e.strerror or e}): choose another folder"
+            ) from None
+
+
+def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, Any] | None]]:
+    """Run the model on the rows with a text: the labels, and one prediction (or None) a row."""
+    clf = setup.load()
+    calib = setup.calibration_run()
+    ok = [r for r in rows if r.error is None]
+    run = clf.run([r.text for r in ok], window=setup.o.window)
+    got = iter(calib(run))
+    preds: list[dict[str, Any] | None] = []
+    for r in rows:
+        p = next(got) if r.error is None else None
+        preds.append(None if p is None else {"label": p.label, "probs": p.probs, "error": p.error})
+    for _ in got:  # finish the run (nothing is left but its figures): the summary counts every item
+        pass
+    setup.save_task(calib)
+    if not setup.o.quiet:
+        s = run.stats
+        err(f"mlx-slm: {len(ok)} items in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; {setup.describe(calib)}")
+    return list(clf.labels), preds
+
+
+def _report(
+    rows: list[Any], preds: list[Any], labels: Any, gold_field: str, input: str, report: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """The figures over the rows with a gold label and a prediction, and why each other row is left out."""
+    from ..io import gold_problem
+
+    gold, pred_labels, conf, errors = [], [], [], []
+    for r, p in zip(rows, preds):
+        problem = r.error or gold_problem(r, labels, gold_field)
+        if problem:
+            errors.append(problem)
+        elif p is None or p.get("error"):
+            errors.append(f"line {r.line}: {p.get('error') if p else 'no prediction'}")
+        else:
+            gold.append(str(r.gold))
+            pred_labels.append(p.get("label"))
+            conf.append(max(p["probs"].values()) if p.get("probs") else None)
+    if not gold:
+        raise UserError(
+            f"{input}: no row has both a text and a gold label among {labels}; first problem: "
+            f"{errors[0] if errors else 'the input is empty'}"
+        )
+    rep = report(gold, pred_labels, conf, labels)
+    rep["errors"] = len(errors)
+    return rep, errors
+
+
+def _plots_folder(path: str) -> None:
+    """Create the --plots folder (and missing parents) and check it can be written, or a UserError says why."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"--plots {path} is a file, not a folder: give a folder for the plots") from None
+    except OSError as e:
+        raise UserError(
+            f"--plots {path}: cannot create the folder ({e.strerror or e}): choose another folder"
+        ) from None
+    if not p.is_dir():
+        raise UserError(f"--plots {path} is a file, not a folder: give a folder for the plots")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UserError(f"--plots {path}: the folder is not writable: choose another folder, or fix its permissions")

@@ -1,0 +1,113 @@
+"""`convert`, `doctor`, `models` and `bench`: the model cache and the machine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .. import _blas
+from ..errors import UserError
+from ..job import err
+from ..registry import BUILTINS
+from .base import Command
+
+
+@click.command(cls=Command, sections={"dtype": "Conversion"})
+@click.argument("src")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True)
+@click.option(
+    "--quantize",
+    type=int,
+    metavar="4|8",
+    help="Write an MLX-quantized directory (mlx-lm's format) with this many bits per weight.",
+)
+@click.option(
+    "--group-size",
+    type=int,
+    metavar="32|64|128",
+    help="Weights sharing one scale and bias, with --quantize (default 64).",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace --out even if it is a non-empty folder that is not a previous conversion (never the source).",
+)
+def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: int | None, force: bool) -> None:
+    """Convert SRC (Hugging Face dir, hub id, .gguf, or a built-in name) to MLX safetensors.
+
+    --out must be new, an empty folder or a previous conversion (replaced); another
+    folder is left untouched unless --force. It may never be, hold or lie in SRC.
+
+    \b
+    With --quantize 4|8 the Linear and Embedding weights are packed as mlx-lm packs them
+    (norms and biases stay in --dtype), so mlx_lm.load reads the directory too:
+      mlx-slm convert Qwen/Qwen2.5-0.5B-Instruct --out qwen-4bit --quantize 4 --group-size 64
+    """
+    from ..convert import check_out_dir, check_quantize
+    from ..convert import convert as do_convert
+    from ..registry import resolve_source
+
+    check_quantize(quantize, group_size)  # before any download
+    check_out_dir(src, Path(out), force)  # before any download too; checked again against the resolved source
+    path = do_convert(resolve_source(src), out, dtype=dtype, quantize=quantize, group_size=group_size, force=force)
+    what = dtype if quantize is None else f"{quantize}-bit, group size {group_size or 64}, {dtype}"
+    err(f"mlx-slm: converted {src} -> {path} ({what})")
+    click.echo(str(path))
+
+
+@click.command(cls=Command)
+def doctor() -> None:
+    """Show the MLX device, compute dtype, BLAS in use and its measured matmul rate."""
+    import platform
+
+    import mlx.core as mx
+
+    from ..models import default_compute_dtype
+
+    peak = _blas.matmul_peak()
+    g_mlx, g_np = peak["mlx"], peak["numpy"]
+    click.echo(f"platform       {platform.platform()} ({platform.machine()})")
+    click.echo(f"mlx            {mx.__version__}, device {mx.default_device()}")
+    click.echo(f"compute dtype  {str(default_compute_dtype()).replace('mlx.core.', '')}")
+    if sys.platform == "linux":
+        click.echo(f"BLAS           {_blas.LOADED or 'MLX bundled reference BLAS (slow)'}")
+    click.echo(
+        f"matmul f32     MLX {g_mlx:.1f} GFLOP/s, numpy {g_np:.1f} GFLOP/s ({100 * g_mlx / g_np:.0f} % of numpy)"
+    )
+    from ..registry import cache_dir
+
+    click.echo(f"model cache    {cache_dir()}")
+    if sys.platform == "linux" and g_mlx < 0.5 * g_np:
+        err(f"mlx-slm: warning: MLX's matmul is far below numpy's. Fix: {_blas.FIX}")
+
+
+@click.command(cls=Command)
+def models() -> None:
+    """List the built-in model names (fetched from PyPI on first use)."""
+    from ..convert import is_converted
+    from ..registry import cache_dir
+
+    for name, m in BUILTINS.items():
+        ready = is_converted(cache_dir() / "models" / f"{name}-float16")
+        click.echo(f"{name:22s} {'cached ' if ready else 'not yet'}  {m.description}")
+
+
+@click.command(
+    cls=Command, context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False
+)
+@click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Time every mode against Transformers on the workload (a checkout's benchmarks/; `mlx-slm bench --help`)."""
+    runner = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+    if not runner.is_file():
+        raise UserError(
+            "the benchmark harness lives in the repository's benchmarks/ folder, not in the installed "
+            "package: run `python benchmarks/run.py` from a checkout"
+        )
+    import runpy
+
+    sys.argv = [str(runner), *ctx.args]
+    runpy.run_path(str(runner), run_name="__main__")

@@ -1,0 +1,171 @@
+"""`parity`: the MLX path against Transformers (labels and logits), or a head's features."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..errors import UserError
+from ..job import err
+from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, fill_labels
+from ..registry import BUILTINS, DEFAULT_MODEL
+from .base import ESCAPES_HELP, Command, escapes, warn_blas
+
+
+@click.command(cls=Command)
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model for the MLX path (name or dir).")
+@click.option(
+    "--reference",
+    "-r",
+    default=None,
+    help="Original checkpoint for Transformers (default: the model's source). A quantized directory "
+    "needs none: (a) runs on its dequantized values, (b) on the source its record names, if any.",
+)
+@click.option(
+    "--n", default=40, show_default=True, type=click.IntRange(1), help="Items (a length-stratified workload sample)."
+)
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Texts to use instead (any classify input).",
+)
+@click.option("--labels", "-l", "labels_csv", default=",".join(DEFAULT_LABELS), show_default=True)
+@click.option(
+    "--labels-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Labels from a file, as classify reads it (overrides --labels): many labels are checked in one trie pass.",
+)
+@click.option(
+    "--system",
+    default=DEFAULT_SYSTEM,
+    callback=escapes,
+    help="System message; {labels} and {label_descriptions} as classify. " + ESCAPES_HELP,
+)
+@click.option("--template", default=DEFAULT_TEMPLATE, callback=escapes, help=ESCAPES_HELP)
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype of the MLX path.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
+@click.option("--strict", is_flag=True, help="Also fail on conversion drift (label disagreement in (b)).")
+@click.option(
+    "--task",
+    "task_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A task with a learned head (mlx-slm train): check its features and labels against Transformers' "
+    "hidden_states at the head's layer (model and prompt from the task).",
+)
+@click.option(
+    "--keep-quantized/--dequantize",
+    "keep_quantized",
+    default=None,
+    help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
+    "(default: dequantize on the CPU, keep on a GPU).",
+)
+def parity(
+    model: str,
+    reference: str | None,
+    n: int,
+    input_path: str | None,
+    labels_csv: str,
+    labels_file: str | None,
+    system: str,
+    template: str,
+    dtype: str | None,
+    as_json: bool,
+    strict: bool,
+    keep_quantized: bool | None,
+    task_file: str | None = None,
+) -> None:
+    """Check that the MLX path gives Transformers' labels and logits.
+
+    Exit status 1 on any label disagreement or a logit difference past tolerance in
+    (a) forward exactness; (b) conversion drift fails only with --strict. For an
+    MLX-quantized directory, (a) runs Transformers on its dequantized values and (c)
+    checks our labels against mlx-lm's own forward on the directory (a failure too).
+    """
+    from ..io import read_rows
+    from ..labels import parse_labels
+    from ..parity import format_report, run_parity
+    from ..reference import require_torch
+
+    warn_blas()
+    require_torch()  # the reference runs in a child process: a missing extra is exit 2 here, not a bug there
+    if task_file:
+        _head_parity(task_file, n, input_path, dtype, as_json, keep_quantized)
+        return
+    if reference is None:
+        from ..parity import default_reference, is_quantized_dir
+
+        if model in BUILTINS:
+            reference = model
+        elif is_quantized_dir(model):
+            reference = default_reference(model)
+        else:
+            raise click.UsageError("--reference is needed unless --model is a built-in name or a quantized directory")
+    if input_path:
+        rows = [r for r in read_rows(input_path) if r.error is None][:n]
+        texts = [r.text for r in rows]
+        if not texts:
+            raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
+    else:
+        texts = _workload_sample(model, n, system, template)
+    descriptions: dict[str, str] = {}
+    if labels_file:
+        from ..io import read_label_descriptions
+
+        descriptions = read_label_descriptions(labels_file)
+    labels = list(descriptions) if labels_file else parse_labels(labels_csv)
+    r = run_parity(
+        model,
+        reference,
+        texts,
+        labels,
+        fill_labels(system, labels, descriptions) or None,
+        template,
+        dtype=dtype,
+        progress=lambda m: err(f"mlx-slm: {m}"),
+        dequantize=None if keep_quantized is None else not keep_quantized,
+    )
+    click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
+    if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
+        sys.exit(1)
+
+
+def _head_parity(
+    task_file: str, n: int, input_path: str | None, dtype: str | None, as_json: bool, keep_quantized: bool | None
+) -> None:
+    from ..io import read_rows
+    from ..parity import format_head_report, run_head_parity
+    from ..task import Task
+
+    t = Task.load(task_file)
+    if t.head is None:
+        raise click.UsageError(f"--task {task_file} has no learned head: parity --task checks heads (mlx-slm train)")
+    if input_path:
+        texts = [r.text for r in read_rows(input_path) if r.error is None][:n]
+        if not texts:
+            raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
+    else:
+        texts = _workload_sample(t.model, n, t.system or "", t.template)
+    r = run_head_parity(
+        t,
+        texts,
+        dtype=dtype,
+        progress=lambda m: err(f"mlx-slm: {m}"),
+        dequantize=None if keep_quantized is None else not keep_quantized,
+    )
+    click.echo(json.dumps(r, indent=2) if as_json else format_head_report(r))
+    if not r["forward_ok"]:
+        sys.exit(1)
+
+
+def _workload_sample(model: str, n: int, system: str, template: str) -> list[str]:
+    from transformers import AutoTokenizer
+
+    from ..prompts import PromptFormat
+    from ..registry import resolve_model
+    from ..workload import sample
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model(model)))
+    return sample(tok, n, PromptFormat(system or None, template))[1]

@@ -1,0 +1,156 @@
+"""`serve`: the classifier over HTTP (`server.py`), with classify's task options."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ..errors import UserError
+from ..job import Setup, check_outputs, err
+from .base import Command, warn_blas
+from .options import TASK_OPTION_NAMES, some_task_options, task_settings
+
+# classify's task options, less those about input and output files and the window (the
+# worker's micro-batch is its window); the text and gold fields name --calibration-data's.
+_SERVE_TASK_OPTIONS = TASK_OPTION_NAMES - {"save_task", "fmt", "id_field", "id_column", "window"}
+_CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
+
+
+@click.command(cls=Command, sections={k: "Calibration data" for k in _CAL_DATA_FIELDS})
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--api-key",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on /v1/* (default: $MLX_SLM_API_KEY; /health and /metrics stay open).",
+)
+@click.option(
+    "--max-batch-items",
+    default=32,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Items gathered into one micro-batch (1: batching off).",
+)
+@click.option(
+    "--max-wait-ms",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="How long the worker waits for more items once it has one.",
+)
+@click.option(
+    "--max-queue-items",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Items waiting, all requests together; beyond that: 429 with Retry-After.",
+)
+@click.option("--max-items-per-request", default=256, show_default=True, type=click.IntRange(1), help="Beyond: 413.")
+@click.option("--max-body-bytes", default=1 << 20, show_default=True, type=click.IntRange(1), help="Beyond: 413.")
+@click.option(
+    "--request-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds per request, queue included; beyond: 504.",
+)
+@click.option(
+    "--drain-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="SIGTERM: seconds to finish accepted requests before exiting.",
+)
+@click.option(
+    "--task-cache",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Per-request tasks (labels/system/template) kept loaded on the one model.",
+)
+@click.option(
+    "--log-level",
+    default="warning",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+)
+@some_task_options(_SERVE_TASK_OPTIONS)
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_batch_items: int,
+    max_wait_ms: float,
+    max_queue_items: int,
+    max_items_per_request: int,
+    max_body_bytes: int,
+    request_timeout: float,
+    drain_timeout: float,
+    task_cache: int,
+    log_level: str,
+    **o: Any,
+) -> None:
+    """Serve the classifier over HTTP: POST /v1/classify, GET /v1/model, /health, /metrics.
+
+    \b
+    One model worker gathers queued items into micro-batches (at most
+    --max-batch-items, --max-batch-tokens padded tokens, --max-wait-ms) and runs
+    them through the same path as `classify`. SIGTERM: new requests get 503,
+    accepted ones finish within --drain-timeout, then the exit status is 0.
+    """
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        from ..errors import MissingExtra
+
+        raise MissingExtra("mlx-slm serve needs Starlette and uvicorn: pip install 'mlx-slm[serve]'") from None
+    from ..server import Loaded, ServeOptions, Service, api_key_from_env, bind_socket, run_server
+
+    warn_blas()
+    setup = Setup(task_settings(ctx, o))
+    s = setup.o
+    check_outputs([s.labels_file, s.examples_file, s.calibration_data, s.task_file], [])
+
+    def load() -> Loaded:
+        clf = setup.load()
+        return Loaded(
+            clf,
+            setup.calibration,
+            s.min_confidence,
+            s.warmup,
+            model=s.model,
+            weights_sha256=setup.weights,
+            clf_kwargs={"use_prefix_cache": not s.no_prefix_cache},
+        )
+
+    opts = ServeOptions(
+        max_batch_items=max_batch_items,
+        max_batch_tokens=s.max_batch_tokens,
+        max_wait_ms=max_wait_ms,
+        max_queue_items=max_queue_items,
+        max_items_per_request=min(max_items_per_request, max_queue_items),
+        max_body_bytes=max_body_bytes,
+        request_timeout_s=request_timeout,
+        drain_timeout_s=drain_timeout,
+        api_key=api_key_from_env(api_key),
+        task_cache=task_cache,
+    )
+    sock = bind_socket(host, port)  # a port in use is one line and exit 2, before anything starts
+    port = sock.getsockname()[1]  # --port 0: the port the system chose
+    if not s.quiet:
+        err(
+            f"mlx-slm: serving on http://{host}:{port} (loading {s.model}; /health says 200 when ready)"
+            + ("; Bearer key required on /v1/*" if opts.api_key else "")
+        )
+    try:
+        code = run_server(Service(load, opts), host, port, log_level, sock=sock)
+    except RuntimeError as e:
+        raise UserError(f"the model could not be loaded: {e}") from None
+    if not s.quiet:
+        err("mlx-slm: server stopped")
+    sys.exit(code)
