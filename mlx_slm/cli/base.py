@@ -43,7 +43,7 @@ SECTIONS = {
     **dict.fromkeys(("calibrate", "calibration_data", "warmup", "min_confidence"), "Calibration"),
     **dict.fromkeys(("batch_size", "max_batch_tokens", "window", "no_sort", "no_prefix_cache"), "Batching"),
     **dict.fromkeys(("shard", "use_ray", "ray_address", "workers", "worker_threads"), "Scale-out"),
-    **dict.fromkeys(("layers_spec", "layer", "folds", "seed"), "Head"),
+    **dict.fromkeys(("layers_spec", "layer", "folds", "pooling", "seed"), "Head"),
     **dict.fromkeys(("host", "port", "api_key", "log_level"), "Server"),
     **dict.fromkeys(("max_batch_items", "max_wait_ms", "max_queue_items", "max_items_per_request"), "Limits"),
     **dict.fromkeys(("max_body_bytes", "request_timeout", "drain_timeout", "task_cache"), "Limits"),
@@ -77,6 +77,8 @@ class Command(click.Command):
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         groups: dict[str, list[tuple[str, str]]] = {}
         for p in self.get_params(ctx):
+            if isinstance(p, click.Argument):  # named in the usage line, not an option
+                continue
             rv = p.get_help_record(ctx)
             if rv is not None:
                 groups.setdefault(self.sections.get(p.name or "", "Other"), []).append(rv)

@@ -34,19 +34,36 @@ _TRAIN_TASK_OPTIONS = {
 @click.option(
     "--folds", default=5, show_default=True, type=click.IntRange(2), help="Cross-validation folds (examples per label)."
 )
+@click.option(
+    "--pooling",
+    type=click.Choice(["auto", "last", "mean"]),
+    default="auto",
+    show_default=True,
+    help="Hidden state per layer: the last prompt position, the mean over the text's part of the prompt, or "
+    "auto (both are candidates; the CV chooses).",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the folds' shuffle.")
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
 def train(
-    ctx: click.Context, data: str, save_task: str, layers_spec: str, layer: int | None, folds: int, seed: int, **o: Any
+    ctx: click.Context,
+    data: str,
+    save_task: str,
+    layers_spec: str,
+    layer: int | None,
+    folds: int,
+    pooling: str,
+    seed: int,
+    **o: Any,
 ) -> None:
     """Train a learned head on labelled DATA (text and --gold-field) and save it in a task.
 
     
     One forward pass per text, to the deepest candidate layer; a logistic regression on
-    the last-position hidden state, its layer and strength chosen by stratified k-fold
-    cross-validation. Prints the per-layer table (CV accuracy and macro-F1 against the
-    seconds per item a forward stopped there costs) and the chosen layer. Labels: --labels
+    the hidden state (at the last prompt position, or the mean over the text's tokens),
+    its layer, pooling and strength chosen by stratified k-fold cross-validation. Prints
+    the per-layer table (CV accuracy and macro-F1 against the seconds per item a forward
+    stopped there costs) and the choice. Labels: --labels
     or --labels-file, else the data's own. Then classify, eval, serve with --task:
       mlx-slm train labelled.csv --gold-column category --save-task task.json
       mlx-slm classify tickets.jsonl --task task.json -o out.jsonl
@@ -81,6 +98,7 @@ def train(
         layer=layer,
         folds=folds,
         seed=seed,
+        poolings=("last", "mean") if pooling == "auto" else (pooling,),
         dtype=o["dtype"],
         dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"],
         window=o["window"],
