@@ -39,7 +39,7 @@ import mlx_slm  # noqa: F401  (BLAS before mlx)
 from benchmarks.accuracy import DATA, TICKET_LABELS, TICKET_SYSTEM, _jsonl
 from mlx_slm.calibration import fit_batch, fit_labelled
 from mlx_slm.evaluate import confusion, ece, macro_f1
-from mlx_slm.heads import candidate_name
+from mlx_slm.heads import candidate_name, head_input
 from mlx_slm.heads import fit as fit_head
 from mlx_slm.labels import log_softmax
 from mlx_slm.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
@@ -102,18 +102,19 @@ def run_methods(ds, lp, feats, layers, cands, train_idx, test_idx, per_item_s, f
     t0 = time.perf_counter()
     head = fit_head({p: f[train_idx] for p, f in feats.items()}, layers, g_tr, ds.labels, cands, folds=folds)
     fit_s = time.perf_counter() - t0
-    cols = [layers.index(x) for x in head.layers]
-    out["head"] = figures(head.log_probs(feats[head.pooling][test_idx][:, cols]), g_te)
+    out["head"] = figures(head.log_probs(head_input(feats, layers, head)[test_idx]), g_te)
     out["head"].update(
         {
             "layers": list(head.layers),
-            "pooling": head.pooling,
+            "poolings": list(head.poolings),
+            "name": head.name,
+            "kind": head.kind,
             "C": head.C,
             "cv_accuracy": round(head.info["chosen"]["accuracy"], 4),
             "fit_seconds": round(fit_s, 2),
             "train_seconds": round(fit_s + per_item_s * len(train_idx), 2),
             "by_layer": {
-                candidate_name(r["layers"], r["pooling"]): round(r["accuracy"], 4) for r in head.info["table"]
+                candidate_name(r["layers"], r["poolings"]): round(r["accuracy"], 4) for r in head.info["table"]
             },
         }
     )
@@ -133,7 +134,8 @@ def mean_of(runs: list[dict]) -> dict:
         if m == "head":
             for key in ("fit_seconds", "train_seconds"):
                 out[m][key] = round(float(np.mean([r[m][key] for r in runs])), 2)
-            out[m]["layers"] = sorted({candidate_name(r[m]["layers"], r[m]["pooling"]) for r in runs})
+            out[m]["layers"] = sorted({r[m]["name"] for r in runs})
+            out[m]["kind"] = sorted({r[m]["kind"] for r in runs})
     return out
 
 
@@ -154,7 +156,7 @@ def speed(engine, ds, head, texts, label_clf) -> dict:
         run = clf.run(texts, window=len(texts))
         list(run)
         res[name] = round(len(texts) / run.stats.seconds, 3)
-        res[name + "_layers"] = list(h.layers)
+        res[name + "_layers"] = h.name
     # The label count: a 3-label head on the same texts costs what the k-label one does.
     k3 = Head(
         ds.labels[:3],
@@ -163,7 +165,8 @@ def speed(engine, ds, head, texts, label_clf) -> dict:
         head.scale,
         head.coef[:3],
         head.intercept[:3],
-        pooling=head.pooling,
+        poolings=head.poolings,
+        kind=head.kind,
     )
     clf = Classifier(engine, None, k3.labels, ds.system, ds.template, head=k3)
     run = clf.run(texts, window=len(texts))
@@ -178,7 +181,7 @@ def _at_layer(head, layer: int):
 
     d = head.dim
     return Head(
-        head.labels, (layer,), head.mean[:d], head.scale[:d], head.coef[:, :d], head.intercept, pooling=head.pooling
+        head.labels, (layer,), head.mean[:d], head.scale[:d], head.coef[:, :d], head.intercept, poolings=("last",)
     )
 
 
@@ -373,7 +376,8 @@ def markdown(r: dict) -> str:
         for size, m in s["by_size"].items():
             h = m["head"]
             layer = h["layers"] if isinstance(h["layers"], list) and isinstance(h["layers"][0], str) else None
-            layer = ", ".join(layer) if layer else candidate_name(h["layers"], h.get("pooling", "last"))
+            layer = ", ".join(layer) if layer else h.get("name", candidate_name(h["layers"]))
+            layer += f" ({', '.join(h['kind']) if isinstance(h.get('kind'), list) else h.get('kind', 'logistic')})"
             lines.append(
                 f"| {size} | {m['raw']['accuracy']:.3f} | {m['batch']['accuracy']:.3f} | {m['fit']['accuracy']:.3f} "
                 f"| {h['accuracy']:.3f} | {h['macro_f1']:.3f} | {h['ece']:.3f} | {layer} | {h['train_seconds']} |"

@@ -30,6 +30,7 @@ import numpy as np
 from . import batching
 from .calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
 from .engine import Engine
+from .heads import head_input
 from .labels import LabelError, LabelSet, build_labelset, softmax
 from .labels import validate as validate_labels
 from .models import Model
@@ -651,7 +652,9 @@ class Classifier:
         """The head's labels: hidden states at its layer(s) (the forward stops there), numpy predict."""
         head = self.head
         assert head is not None
-        lp = head.log_probs(self._features(batch, prefix, list(head.layers), (head.pooling,))[head.pooling])
+        layers = sorted(set(head.layers))
+        got = self._features(batch, prefix, layers, tuple(sorted(set(head.poolings))))
+        lp = head.log_probs(head_input(got, layers, head))
         st.batches += 1
         st.processed_tokens += batch.padded_tokens
         st.padding_tokens += batch.padded_tokens - batch.real_tokens

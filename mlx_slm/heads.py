@@ -1,17 +1,18 @@
-"""Learned heads: a linear classifier on the model's own hidden state at the last prompt position.
+"""Learned heads: a linear classifier on the model's own hidden states.
 
-One forward pass per text, stopped at the head's layer (no later layers, no vocabulary
-projection): the label count no longer changes the cost. The head is a multinomial
-logistic regression on the standardised hidden state of one layer (or of two layers
-side by side), fitted with scikit-learn; inference is plain numpy
-(`Head.log_probs`), so classifying needs no scikit-learn.
+One forward pass per text, stopped at the head's deepest layer (no later layers, no
+vocabulary projection): the label count no longer changes the cost. The head reads one
+or more parts, each a layer's hidden state pooled at the last prompt position or as the
+mean over the text's part of the prompt, standardises them, and applies a linear map and
+a softmax (`Head.log_probs`, plain numpy: classifying needs no scikit-learn). It is fitted
+with scikit-learn as a shrinkage LDA (one covariance shared by all labels, Ledoit-Wolf
+shrinkage: strong with a few examples per label) or a multinomial logistic regression.
 
-`fit` chooses the layer (and the regularisation strength) by stratified k-fold
-cross-validation, standardising inside each fold, and keeps the figures of every
-candidate: accuracy and macro-F1 by layer, to set against the per-item seconds up to
-that layer (`Head.info["table"]`). The head is saved in the task file (`task.py`):
-weights base64-encoded float64 with their sha256, layers, standardisation, labels and
-the cross-validation table.
+`fit` chooses the parts and then the estimator by stratified k-fold cross-validation,
+standardising inside each fold, and keeps the figures of every candidate: accuracy and
+macro-F1, to set against the per-item seconds up to that layer (`Head.info["table"]`).
+The head is saved in the task file (`task.py`): weights base64-encoded float64 with their
+sha256, parts, standardisation, labels and the cross-validation table.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ import numpy as np
 
 from .errors import MissingExtra, UserError
 
-KIND = "logistic"
+KINDS = ("lda", "logistic")  # the estimators; both give z = x @ coef.T + intercept, probs = softmax(z)
 # "last": the hidden state at the last prompt position; "mean": the mean over the prompt's
 # tokens after its shared head (the text and what follows it). Cross-validation chooses.
 POOLINGS = ("last", "mean")
 DEFAULT_FOLDS = 5
-# Stage 1 compares the candidate layers at one strength; stage 2 tunes the strength on the
-# chosen one. C is scikit-learn's inverse L2 strength on standardised features.
+# Stage 1 compares the candidates with the shrinkage LDA (no strength to tune); stage 2 sets
+# it against logistic regression at each C (scikit-learn's inverse L2 strength on
+# standardised features) on the chosen candidate.
 LAYER_C = 0.1
 C_GRID = (0.01, 0.1, 1.0)
 MAX_ITER = 500
@@ -56,8 +58,8 @@ class Head:
     """A fitted head: z = ((x - mean) / scale) @ coef.T + intercept, probs = softmax(z).
 
     x is the hidden state after each of `layers` (Transformers' `hidden_states[l]`
-    numbering), pooled by `pooling` ("last" position or "mean", see `POOLINGS`),
-    concatenated in that order: (len(layers) * D,)."""
+    numbering), each pooled as the matching entry of `poolings` ("last" position or
+    "mean", see `POOLINGS`; default all "last"), concatenated in that order: (len(layers) * D,)."""
 
     labels: tuple[str, ...]
     layers: tuple[int, ...]
@@ -67,11 +69,18 @@ class Head:
     intercept: np.ndarray  # (k,)
     C: float = LAYER_C
     info: dict[str, Any] = field(default_factory=dict)
-    pooling: str = "last"
+    poolings: tuple[str, ...] = ()
+    kind: str = "logistic"
 
     def __post_init__(self) -> None:
-        if self.pooling not in POOLINGS:
-            raise HeadError(f"head pooling {self.pooling!r} is not one of {list(POOLINGS)}: train the head again")
+        object.__setattr__(self, "poolings", tuple(self.poolings) or ("last",) * len(self.layers))
+        if len(self.poolings) != len(self.layers) or set(self.poolings) - set(POOLINGS):
+            raise HeadError(
+                f"head poolings {list(self.poolings)} must name one of {list(POOLINGS)} for each of the layers "
+                f"{list(self.layers)}: train the head again"
+            )
+        if self.kind not in KINDS:
+            raise HeadError(f"head kind {self.kind!r} is not one of {list(KINDS)}: train the head again")
         k, f = len(self.labels), self.mean.shape[0]
         if self.coef.shape != (k, f) or self.scale.shape != (f,) or self.intercept.shape != (k,):
             raise HeadError(
@@ -85,6 +94,15 @@ class Head:
     def dim(self) -> int:
         """Hidden size of one layer."""
         return self.mean.shape[0] // len(self.layers)
+
+    @property
+    def parts(self) -> tuple[tuple[int, str], ...]:
+        """(layer, pooling) of each feature block, in order."""
+        return tuple(zip(self.layers, self.poolings))
+
+    @property
+    def name(self) -> str:
+        return candidate_name(self.layers, self.poolings)
 
     @property
     def sha256(self) -> str:
@@ -113,8 +131,9 @@ class Head:
     # ------------------------------------------------------------------ saving
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": KIND,
-            "pooling": self.pooling,
+            "kind": self.kind,
+            # one name when every part pools alike (the only form older heads have)
+            "pooling": self.poolings[0] if len(set(self.poolings)) == 1 else list(self.poolings),
             "labels": list(self.labels),
             "layers": list(self.layers),
             "features": int(self.mean.shape[0]),
@@ -137,10 +156,18 @@ class Head:
 
         if not isinstance(d, dict):
             raise HeadError(f"{where} must be an object (a trained head): train the head again (mlx-slm train)")
-        if d.get("kind") != KIND or d.get("pooling", "last") not in POOLINGS:
+        pooling = d.get("pooling", "last")
+        names = [pooling] if isinstance(pooling, str) else pooling
+        if (
+            d.get("kind") not in KINDS
+            or not isinstance(names, list)
+            or not names
+            or not all(isinstance(x, str) and x in POOLINGS for x in names)
+        ):
             raise HeadError(
-                f"{where} is a {d.get('kind')!r} head with {d.get('pooling')!r} pooling; this mlx-slm reads "
-                f"{KIND!r} heads with {' or '.join(map(repr, POOLINGS))} pooling: upgrade mlx-slm, or train the head again"
+                f"{where} is a {d.get('kind')!r} head with {pooling!r} pooling; this mlx-slm reads "
+                f"{' or '.join(map(repr, KINDS))} heads with {' or '.join(map(repr, POOLINGS))} pooling: upgrade "
+                "mlx-slm, or train the head again"
             )
         labels = d.get("labels")
         if not isinstance(labels, list) or len(labels) < 2 or not all(isinstance(x, str) and x for x in labels):
@@ -175,7 +202,10 @@ class Head:
         info = d.get("info", {})
         if not isinstance(info, dict):
             raise bad("info", "an object")
-        return cls(tuple(labels), tuple(layers), C=float(c), info=info, pooling=d.get("pooling", "last"), **arrays)
+        if not isinstance(pooling, str) and len(names) != len(layers):
+            raise bad("pooling", f"one name, or a list of {len(layers)} names (one per layer)")
+        poolings = tuple(names * len(layers) if isinstance(pooling, str) else names)
+        return cls(tuple(labels), tuple(layers), C=float(c), info=info, poolings=poolings, kind=d["kind"], **arrays)
 
 
 def _b64(a: np.ndarray) -> str:
@@ -218,31 +248,50 @@ def standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _sklearn() -> Any:
     try:
-        from sklearn.linear_model import LogisticRegression
+        import sklearn  # noqa: F401
     except ImportError:
         raise MissingExtra("training a head needs scikit-learn: pip install 'mlx-slm[train]'") from None
-    return LogisticRegression
 
 
-def fit_logistic(x: np.ndarray, y: np.ndarray, k: int, C: float, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """(mean, scale, coef (k, F), intercept (k,)): standardise, then multinomial logistic
-    regression (L2, strength 1/C). Every label 0..k-1 must occur in `y`."""
-    LogisticRegression = _sklearn()
+def _two_rows(coef: np.ndarray, intercept: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn keeps one row for two classes: sigmoid(w.x + b) == softmax([-z/2, z/2])."""
+    if k == 2 and coef.shape[0] == 1:
+        return np.vstack([-coef[0] / 2, coef[0] / 2]), np.array([-intercept[0] / 2, intercept[0] / 2])
+    return coef, intercept
+
+
+def fit_linear(
+    x: np.ndarray, y: np.ndarray, k: int, kind: str = "logistic", C: float = LAYER_C, seed: int = 0
+) -> tuple[np.ndarray, ...]:
+    """(mean, scale, coef (k, F), intercept (k,)): standardise, then fit `kind`: "lda"
+    (shared covariance with Ledoit-Wolf shrinkage; `C` unused) or "logistic" (multinomial,
+    L2, strength 1/C). Every label 0..k-1 must occur in `y`."""
+    _sklearn()
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
     from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
 
     mean, scale = standardiser(x)
     z = (np.asarray(x, dtype=np.float64) - mean) / scale
-    lr = LogisticRegression(C=C, max_iter=MAX_ITER, random_state=seed)
+    if kind == "lda":
+        est: Any = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto")
+    elif kind == "logistic":
+        est = LogisticRegression(C=C, max_iter=MAX_ITER, random_state=seed)
+    else:
+        raise HeadError(f"head kind {kind!r} is not one of {list(KINDS)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        lr.fit(z, y)
-    if list(lr.classes_) != list(range(k)):
+        warnings.simplefilter("ignore", UserWarning)  # LDA on collinear standardised features says so; harmless
+        est.fit(z, y)
+    if list(est.classes_) != list(range(k)):
         raise HeadError(f"every label needs training examples; these have none: {sorted(set(range(k)) - set(y))}")
-    coef, intercept = lr.coef_.astype(np.float64), lr.intercept_.astype(np.float64)
-    if k == 2:  # scikit-learn keeps one row for two classes: sigmoid(w.x + b) == softmax([-z/2, z/2])
-        coef = np.vstack([-coef[0] / 2, coef[0] / 2])
-        intercept = np.array([-intercept[0] / 2, intercept[0] / 2])
+    coef, intercept = _two_rows(est.coef_.astype(np.float64), np.atleast_1d(est.intercept_).astype(np.float64), k)
     return mean, scale, coef, intercept
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, k: int, C: float, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """`fit_linear` with logistic regression."""
+    return fit_linear(x, y, k, "logistic", C, seed)
 
 
 def folds_of(y: np.ndarray, folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -253,42 +302,130 @@ def folds_of(y: np.ndarray, folds: int, seed: int = 0) -> list[tuple[np.ndarray,
     return list(skf.split(np.zeros(len(y)), y))
 
 
+def oof_logits(
+    x: np.ndarray,
+    y: np.ndarray,
+    k: int,
+    C: float,
+    splits: Sequence[tuple[np.ndarray, np.ndarray]],
+    seed: int = 0,
+    kind: str = "logistic",
+) -> np.ndarray:
+    """(N, k) out-of-fold logits: each row scored by a head fitted on the other folds."""
+    z = np.zeros((len(y), k))
+    for tr, te in splits:
+        mean, scale, coef, intercept = fit_linear(x[tr], y[tr], k, kind, C, seed)
+        z[te] = ((x[te] - mean) / scale) @ coef.T + intercept
+    return z
+
+
 def cross_validate(
-    x: np.ndarray, y: np.ndarray, k: int, C: float, splits: Sequence[tuple[np.ndarray, np.ndarray]], seed: int = 0
+    x: np.ndarray,
+    y: np.ndarray,
+    k: int,
+    C: float,
+    splits: Sequence[tuple[np.ndarray, np.ndarray]],
+    seed: int = 0,
+    kind: str = "logistic",
 ) -> dict[str, Any]:
     """Out-of-fold accuracy, macro-F1 and log-loss of a head fitted on each fold's rest."""
-    from .evaluate import confusion, macro_f1
+    return _scores(oof_logits(x, y, k, C, splits, seed, kind), y, k)
 
-    pred = np.zeros(len(y), dtype=np.int64)
-    nll = np.zeros(len(y))
-    for tr, te in splits:
-        mean, scale, coef, intercept = fit_logistic(x[tr], y[tr], k, C, seed)
-        h = Head(tuple(str(i) for i in range(k)), (1,), mean, scale, coef, intercept)
-        lp = h.log_probs(x[te][:, None, :])
-        pred[te] = lp.argmax(axis=1)
-        nll[te] = -lp[np.arange(len(te)), y[te]]
+
+def _scores(z: np.ndarray, y: np.ndarray, k: int) -> dict[str, Any]:
+    from .evaluate import confusion, macro_f1
+    from .labels import log_softmax
+
+    lp = log_softmax(z, axis=-1)
+    pred = lp.argmax(axis=1)
     return {
         "accuracy": float(np.mean(pred == y)),
         "macro_f1": float(macro_f1(confusion(y, pred, k))),
-        "log_loss": float(nll.mean()),
+        "log_loss": float(-lp[np.arange(len(y)), y].mean()),
     }
+
+
+def temperature(z: np.ndarray, y: np.ndarray) -> float:
+    """The T > 0 that minimises the log-loss of softmax(z / T) (golden-section search on
+    log T): a shrinkage LDA's logits, fitted where features outnumber examples, come out
+    far too sharp; out-of-fold logits show by how much."""
+    from .labels import log_softmax
+
+    def nll(log_t: float) -> float:
+        return float(-log_softmax(z / np.exp(log_t), axis=-1)[np.arange(len(y)), y].mean())
+
+    lo, hi = np.log(0.5), np.log(1e4)  # soften freely; sharpen at most 2x (out-of-fold all right: no evidence)
+    g = (np.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = nll(a), nll(b)
+    for _ in range(60):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = nll(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = nll(b)
+    return float(np.exp((lo + hi) / 2))
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One feature set cross-validation weighs: these layers side by side, pooled so."""
+    """One feature set cross-validation weighs: these (layer, pooling) parts side by side."""
 
-    layers: tuple[int, ...]
-    pooling: str = "last"
+    parts: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def of(cls, layers: Sequence[int], pooling: str = "last") -> Candidate:
+        return cls(tuple((int(x), pooling) for x in layers))
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(x for x, _ in self.parts)
+
+    @property
+    def poolings(self) -> tuple[str, ...]:
+        return tuple(p for _, p in self.parts)
 
     @property
     def name(self) -> str:
-        return candidate_name(self.layers, self.pooling)
+        return candidate_name(self.layers, self.poolings)
+
+    def __add__(self, other: Candidate) -> Candidate:
+        return Candidate(self.parts + tuple(p for p in other.parts if p not in self.parts))
 
 
-def candidate_name(layers: Sequence[int], pooling: str = "last") -> str:
-    """ "24", "23+24"; a mean-pooled candidate says so: "24 mean"."""
-    return "+".join(str(x) for x in layers) + ("" if pooling == "last" else f" {pooling}")
+def candidate_name(layers: Sequence[int], poolings: Sequence[str] | str | None = None) -> str:
+    """ "24", "23+24"; a mean-pooled part says so: "mean 6", "24+mean 6"."""
+    if poolings is None or isinstance(poolings, str):
+        poolings = [poolings or "last"] * len(layers)
+    out, prev = [], "last"
+    for x, p in zip(layers, poolings):  # a pooling is named where it changes: "mean 2+3", "24+mean 6"
+        out.append(str(x) if p == prev else f"{p} {x}")
+        prev = p
+    return "+".join(out)
+
+
+def head_input(features: dict[str, np.ndarray], feature_layers: Sequence[int], cand: Candidate | Head) -> np.ndarray:
+    """(N, len(parts), D): the parts a candidate or head reads, from `features`
+    ({pooling: (N, len(feature_layers), D)}, as `Classifier.features` gives them)."""
+    cols = list(feature_layers)
+    return np.stack([features[p][:, cols.index(x)] for x, p in cand.parts], axis=1)
+
+
+def _best(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Best accuracy, then macro-F1, then the shallower, smaller, last-position candidate."""
+    return max(
+        rows,
+        key=lambda r: (
+            round(r["accuracy"], 9),
+            round(r["macro_f1"], 9),
+            -max(r["layers"]),
+            -len(r["layers"]),
+            all(p == "last" for p in r["poolings"]),
+        ),
+    )
 
 
 def fit(
@@ -301,19 +438,21 @@ def fit(
     forced: tuple[int, ...] | None = None,
     folds: int = DEFAULT_FOLDS,
     Cs: Sequence[float] = C_GRID,
-    layer_C: float = LAYER_C,
+    kinds: Sequence[str] = KINDS,
+    combine: bool = True,
     seed: int = 0,
-    seconds_per_item: dict[Candidate, float] | None = None,
+    seconds_per_item: Callable[[Candidate], float] | None = None,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> Head:
-    """Choose the candidate (layers and pooling) and C by stratified `folds`-fold
-    cross-validation, then fit on all rows.
+    """Choose the parts and the estimator by stratified `folds`-fold cross-validation, then
+    fit on all rows.
 
     features: {pooling: (N, len(feature_layers), D)} hidden states; y: gold label indices.
-    Stage 1 scores every candidate at `layer_C`; the best accuracy (then macro-F1, then the
-    earlier, cheaper layer, then last-position pooling) wins; `forced` restricts the choice
-    to the candidates of those layers. Stage 2 scores `Cs` on the winner.
-    `seconds_per_item` (per candidate) goes into the table.
+    Stage 1 scores every candidate with the first of `kinds` (the shrinkage LDA by
+    default); with `combine`, the best last-position candidate joined with the best
+    mean-pooled one is scored too. The best wins (`_best`); `forced` restricts the choice
+    to the candidates reading exactly those layers. Stage 2 scores every kind (logistic
+    regression at each of `Cs`) on the winner. `seconds_per_item` goes into the table.
     """
     t0 = time.perf_counter()
     labels = tuple(labels)
@@ -327,52 +466,55 @@ def fit(
             f"a head needs at least {need} examples per label (one per cross-validation fold); "
             f"too few for {', '.join(short[:10])}{' ...' if len(short) > 10 else ''}: add examples of those labels"
         )
-    feature_layers = list(feature_layers)
     splits = folds_of(y, folds, seed)
+    first = kinds[0]
 
     def x_of(cand: Candidate) -> np.ndarray:
-        cols = [feature_layers.index(layer) for layer in cand.layers]
-        return features[cand.pooling][:, cols, :].reshape(len(y), -1)
+        return head_input(features, feature_layers, cand).reshape(len(y), -1)
 
-    table = []
-    for cand in candidates:
-        progress(f"cross-validating layer {cand.name} ({folds} folds)")
+    table: list[dict[str, Any]] = []
+
+    def score(cand: Candidate) -> None:
+        progress(f"cross-validating {cand.name} ({folds} folds)")
         row = {
             "layers": list(cand.layers),
-            "pooling": cand.pooling,
-            **cross_validate(x_of(cand), y, k, layer_C, splits, seed),
+            "poolings": list(cand.poolings),
+            **cross_validate(x_of(cand), y, k, LAYER_C, splits, seed, first),
         }
-        if seconds_per_item and cand in seconds_per_item:
-            row["seconds_per_item"] = seconds_per_item[cand]
+        if seconds_per_item is not None:
+            row["seconds_per_item"] = seconds_per_item(cand)
         table.append(row)
-    pool = table
-    if forced is not None:
-        pool = [r for r in table if tuple(r["layers"]) == tuple(forced)]
-        if not pool:
-            raise HeadError(f"layer {candidate_name(forced)} is not among the candidates: add it to --layers")
-    best = max(
-        pool,
-        key=lambda r: (
-            round(r["accuracy"], 9),
-            round(r["macro_f1"], 9),
-            -max(r["layers"]),
-            -len(r["layers"]),
-            r["pooling"] == "last",
-        ),
-    )
-    chosen = Candidate(tuple(best["layers"]), best["pooling"])
+
+    for cand in candidates:
+        score(cand)
+    pure = {p: [r for r in table if set(r["poolings"]) == {p}] for p in POOLINGS}
+    if combine and all(pure.values()):  # greedy: the best of each pooling, side by side
+        both = Candidate.of(_best(pure["last"])["layers"]) + Candidate.of(_best(pure["mean"])["layers"], "mean")
+        if forced is None or both.layers == tuple(forced):
+            score(both)
+    pool = table if forced is None else [r for r in table if tuple(r["layers"]) == tuple(forced)]
+    if not pool:
+        raise HeadError(f"layer {candidate_name(forced or ())} is not among the candidates: add it to --layers")
+    best = _best(pool)
+    chosen = Candidate(tuple(zip(best["layers"], best["poolings"])))
     x = x_of(chosen)
-    reg = []
-    for C in Cs:
-        if C == layer_C:
-            reg.append({"C": C, **{m: best[m] for m in ("accuracy", "macro_f1", "log_loss")}})
-            continue
-        progress(f"cross-validating C={C:g} on layer {chosen.name}")
-        reg.append({"C": C, **cross_validate(x, y, k, C, splits, seed)})
-    best_c = max(reg, key=lambda r: (round(r["accuracy"], 9), round(r["macro_f1"], 9), -r["log_loss"]))
-    C = best_c["C"]
-    progress(f"fitting the head on all {len(y)} examples (layer {chosen.name}, C={C:g})")
-    mean, scale, coef, intercept = fit_logistic(x, y, k, C, seed)
+    reg, logits = [], []
+    for kind in kinds:
+        for C in Cs if kind == "logistic" else (LAYER_C,):
+            progress(f"cross-validating {_estimator(kind, C)} on {chosen.name}")
+            logits.append(oof_logits(x, y, k, C, splits, seed, kind))
+            reg.append({"kind": kind, "C": C, **_scores(logits[-1], y, k)})
+    i_won = max(
+        range(len(reg)), key=lambda i: (round(reg[i]["accuracy"], 9), round(reg[i]["macro_f1"], 9), -reg[i]["log_loss"])
+    )
+    won = reg[i_won]
+    kind, C = won["kind"], won["C"]
+    # One temperature for the head's logits, fitted on its out-of-fold logits: accuracy is
+    # untouched, and --min-confidence reads probabilities that mean what they say.
+    T = temperature(logits[i_won], y)
+    progress(f"fitting the head on all {len(y)} examples ({chosen.name}, {_estimator(kind, C)}, T={T:.3g})")
+    mean, scale, coef, intercept = fit_linear(x, y, k, kind, C, seed)
+    coef, intercept = coef / T, intercept / T
     info = {
         "n": int(len(y)),
         "per_label": {lab: int(c) for lab, c in zip(labels, counts)},
@@ -380,38 +522,53 @@ def fit(
         "seed": seed,
         "forced": forced is not None,
         "table": table,
+        "table_estimator": first,
         "regularisation": reg,
         "chosen": {
             "layers": list(chosen.layers),
-            "pooling": chosen.pooling,
+            "poolings": list(chosen.poolings),
+            "kind": kind,
             "C": C,
-            "accuracy": best_c["accuracy"],
-            "macro_f1": best_c["macro_f1"],
+            "temperature": T,
+            "accuracy": won["accuracy"],
+            "macro_f1": won["macro_f1"],
+            "log_loss": won["log_loss"],
+            "log_loss_at_temperature": _scores(logits[i_won] / T, y, k)["log_loss"],
         },
         "fit_seconds": round(time.perf_counter() - t0, 3),
     }
-    return Head(labels, chosen.layers, mean, scale, coef, intercept, C=C, info=info, pooling=chosen.pooling)
+    return Head(
+        labels, chosen.layers, mean, scale, coef, intercept, C=C, info=info, poolings=chosen.poolings, kind=kind
+    )
+
+
+def _estimator(kind: str, C: float) -> str:
+    return f"{kind} C={C:g}" if kind == "logistic" else kind
 
 
 def format_table(head: Head) -> str:
     """The per-candidate cross-validation table (accuracy against speed), and the choice."""
     i = head.info
-    chosen = (tuple(i["chosen"]["layers"]), i["chosen"].get("pooling", "last"))
-    lines = [f"{'layer':>9}  {'CV accuracy':>11}  {'CV macro-F1':>11}  {'s/item to here':>14}"]
+    chosen = head.name
+    w = max(9, *(len(candidate_name(r["layers"], r.get("poolings"))) for r in i["table"]))
+    lines = [f"{'layer':>{w}}  {'CV accuracy':>11}  {'CV macro-F1':>11}  {'s/item to here':>14}"]
     for r in i["table"]:
         s = r.get("seconds_per_item")
-        pooling = r.get("pooling", "last")
-        mark = "  <- chosen" if (tuple(r["layers"]), pooling) == chosen else ""
+        name = candidate_name(r["layers"], r.get("poolings"))
+        mark = "  <- chosen" if name == chosen else ""
         lines.append(
-            f"{candidate_name(r['layers'], pooling):>9}  {r['accuracy']:>11.3f}  {r['macro_f1']:>11.3f}  "
-            f"{'' if s is None else f'{s:.4f}':>14}{mark}"
+            f"{name:>{w}}  {r['accuracy']:>11.3f}  {r['macro_f1']:>11.3f}  {'' if s is None else f'{s:.4f}':>14}{mark}"
         )
-    reg = ", ".join(f"C={r['C']:g}: {r['accuracy']:.3f}" for r in i["regularisation"])
-    lines.append(
-        f"chosen: layer {candidate_name(*chosen)}{' (--layer)' if i.get('forced') else ''}, C={head.C:g} "
-        f"({reg}); {i['folds']}-fold CV accuracy {i['chosen']['accuracy']:.3f}, macro-F1 "
-        f"{i['chosen']['macro_f1']:.3f} on {i['n']} examples"
+    reg = ", ".join(
+        f"{_estimator(r.get('kind', 'logistic'), r['C'])}: {r['accuracy']:.3f}" for r in i["regularisation"]
     )
-    if any(r.get("pooling", "last") != "last" for r in i["table"]):
-        lines.append("(a layer alone: the last prompt position; 'mean': the mean over the text's part of the prompt)")
+    est = f"{_estimator(head.kind, head.C)}, T={i['chosen'].get('temperature', 1.0):.3g}"
+    lines.append(
+        f"chosen: layer {chosen}{' (--layer)' if i.get('forced') else ''}, {est} ({reg}); {i['folds']}-fold CV accuracy "
+        f"{i['chosen']['accuracy']:.3f}, macro-F1 {i['chosen']['macro_f1']:.3f} on {i['n']} examples"
+    )
+    lines.append(
+        "(a number: the layer's state at the last prompt position; 'mean N': layer N's mean over the text's part "
+        "of the prompt; 'a+b': side by side)"
+    )
     return "\n".join(lines)

@@ -243,6 +243,7 @@ def run_head_parity(
     (and from `classify`). `task`: a task file or `Task` with a head."""
     from .classifier import Classifier
     from .convert import dequantized_copy
+    from .heads import head_input
     from .models.quant import describe, quantization_of
     from .reference import hidden_in_child
     from .task import Task
@@ -264,7 +265,8 @@ def run_head_parity(
     bad = [p for p in preds if not p.ok]
     if bad:
         raise UserError(f"item {bad[0].index}: {bad[0].error}")
-    feats = clf.features(texts, head.layers, poolings=(head.pooling,))[0][head.pooling]
+    layers = sorted(set(head.layers))
+    feats = head_input(clf.features(texts, layers, poolings=sorted(set(head.poolings)))[0], layers, head)
     ids = [it.ids for it in clf.prepare(texts)]
     with tempfile.TemporaryDirectory() as tmp:
         same = str(path)
@@ -272,10 +274,9 @@ def run_head_parity(
             progress("reference weights: the quantized values, dequantized to float32")
             same = str(dequantized_copy(path, Path(tmp) / "dequantized"))
         progress(
-            f"reference: Transformers float32, one at a time, hidden_states{list(head.layers)} "
-            f"({head.pooling} pooling) on {same}"
+            f"reference: Transformers float32, one at a time, the head's parts ({head.name}) of hidden_states on {same}"
         )
-        ref, t_ref = hidden_in_child(same, ids, head.layers, head.pooling, clf.pool_from)
+        ref, t_ref = hidden_in_child(same, ids, head.layers, head.poolings, clf.pool_from)
     d = np.abs(feats.astype(np.float64) - ref)
     rel = float(max(d[i].max() / max(np.abs(ref[i]).max(), 1e-12) for i in range(len(texts))))
     lp_ours, lp_ref = head.log_probs(feats), head.log_probs(ref)
@@ -288,7 +289,7 @@ def run_head_parity(
         "model": str(path),
         "task": {
             "layers": list(head.layers),
-            "pooling": head.pooling,
+            "poolings": list(head.poolings),
             "labels": len(head.labels),
             "head_sha256": head.sha256,
         },

@@ -88,16 +88,21 @@ class Reference:
 
 
 def hidden(
-    ref: Reference, ids: Sequence[int], layers: Sequence[int], pooling: str = "last", start: int = 0
+    ref: Reference, ids: Sequence[int], layers: Sequence[int], poolings: Sequence[str] = (), start: int = 0
 ) -> np.ndarray:
-    """Transformers' `hidden_states[l]` for each of `layers`, (len(layers), D): at the last
-    position, or ("mean") the mean over positions `start`.. (in float64, then float32)."""
+    """Transformers' `hidden_states[l]` for each of `layers`, (len(layers), D), pooled as the
+    matching entry of `poolings` (default all "last"): at the last position, or ("mean")
+    the mean over positions `start`.. (in float64, then float32)."""
     torch = ref.torch
     with torch.inference_mode():
         hs = ref.model(torch.tensor([list(ids)]), use_cache=False, output_hidden_states=True).hidden_states
-    if pooling == "mean":
-        return np.stack([hs[layer][0, start:].double().mean(0).float().numpy() for layer in layers])
-    return np.stack([hs[layer][0, -1].float().numpy() for layer in layers])
+    poolings = list(poolings) or ["last"] * len(layers)
+    return np.stack(
+        [
+            (hs[x][0, start:].double().mean(0) if p == "mean" else hs[x][0, -1]).float().numpy()
+            for x, p in zip(layers, poolings)
+        ]
+    )
 
 
 def run_in_child(args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
@@ -140,7 +145,11 @@ def score_in_child(
 
 
 def hidden_in_child(
-    src: str | Path, prompts: Sequence[Sequence[int]], layers: Sequence[int], pooling: str = "last", start: int = 0
+    src: str | Path,
+    prompts: Sequence[Sequence[int]],
+    layers: Sequence[int],
+    poolings: Sequence[str] = (),
+    start: int = 0,
 ) -> tuple[np.ndarray, float]:
     """`hidden` for every prompt, in a child process (see `run_in_child`): ((n, len(layers), D), seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,7 +161,7 @@ def hidden_in_child(
                     "src": str(src),
                     "prompts": [list(map(int, p)) for p in prompts],
                     "layers": list(layers),
-                    "pooling": pooling,
+                    "poolings": list(poolings),
                     "start": int(start),
                 }
             )
@@ -169,8 +178,8 @@ def _child(job_path: str, out_path: str) -> None:
     if "layers" in job:  # hidden states (learned heads)
         ref = Reference(job["src"])
         t = time.perf_counter()
-        pooling, start = job.get("pooling", "last"), job.get("start", 0)
-        hs = np.array([hidden(ref, p, job["layers"], pooling, start) for p in job["prompts"]])
+        poolings, start = job.get("poolings", []), job.get("start", 0)
+        hs = np.array([hidden(ref, p, job["layers"], poolings, start) for p in job["prompts"]])
         np.savez(out_path, hidden=hs, seconds=time.perf_counter() - t)
         return
     ls = LabelSet(tuple(job["labels"]), tuple(tuple(t) for t in job["token_ids"]), job["mode"])

@@ -139,7 +139,7 @@ def candidates(layers: Sequence[int], n: int, pair: bool = True, poolings: Seque
     sets = [(x,) for x in layers]
     if pair and n >= 2 and n in layers:
         sets.append((n - 1, n))
-    return [Candidate(c, p) for p in poolings for c in sets]
+    return [Candidate.of(c, p) for p in poolings for c in sets]
 
 
 def train(
@@ -175,8 +175,11 @@ def train(
             raise TrainError(f"{data.path}: line {data.lines[i]}: {e}")
     per_item = st.seconds / max(1, len(data.texts))
     deepest = max(feature_layers)
+
     # Blocks cost the same each: a forward stopped at layer l costs about l / deepest of this one.
-    secs = {c: per_item * max(c.layers) / deepest for c in cands}
+    def secs(c: Candidate) -> float:
+        return per_item * max(c.layers) / deepest
+
     t0 = time.perf_counter()
     head = fit(
         feats,

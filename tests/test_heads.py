@@ -12,7 +12,19 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.heads import Candidate, Head, HeadError, fit, fit_logistic, format_table, min_per_label, standardiser
+from mlx_slm.heads import (
+    Candidate,
+    Head,
+    HeadError,
+    candidate_name,
+    fit,
+    fit_logistic,
+    format_table,
+    head_input,
+    min_per_label,
+    standardiser,
+    temperature,
+)
 from mlx_slm.workload import tickets
 
 pytest.importorskip("sklearn")
@@ -90,7 +102,7 @@ def test_head_dict_roundtrip_and_checksum():
 
 
 def _c(*layers, pooling="last"):
-    return Candidate(tuple(layers), pooling)
+    return Candidate.of(layers, pooling)
 
 
 def test_fit_chooses_the_informative_layer_by_cv():
@@ -101,18 +113,32 @@ def test_fit_chooses_the_informative_layer_by_cv():
     useful = np.eye(k, dim)[y] * 3 + rng.normal(size=(n, dim))
     feats = {"last": np.stack([noise, useful, noise[::-1]], axis=1)}  # layers 1, 2, 3
     h = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2), _c(3), _c(1, 3)], folds=3)
-    assert h.layers == (2,) and h.pooling == "last" and h.info["chosen"]["accuracy"] > 0.9
+    assert h.layers == (2,) and h.poolings == ("last",) and h.info["chosen"]["accuracy"] > 0.9
     rows = {tuple(r["layers"]): r for r in h.info["table"]}
     assert rows[(1,)]["accuracy"] < 0.6 and set(rows) == {(1,), (2,), (3,), (1, 3)}
     same = fit(
         {"last": np.stack([useful, useful], axis=1)}, [1, 2], y, ["a", "b", "c"], [_c(2), _c(1), _c(1, 2)], folds=3
     )
     assert same.layers == (1,)  # a tie goes to the earlier (cheaper) layer
-    assert [r["C"] for r in h.info["regularisation"]] == [0.01, 0.1, 1.0]
+    assert [(r["kind"], r["C"]) for r in h.info["regularisation"]] == [
+        ("lda", 0.1), ("logistic", 0.01), ("logistic", 0.1), ("logistic", 1.0)
+    ]  # fmt: skip
+    assert h.kind == h.info["chosen"]["kind"] and h.kind in ("lda", "logistic")
+    lr = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], kinds=("logistic",), folds=3)
+    assert lr.kind == "logistic" and [r["C"] for r in lr.info["regularisation"]] == [0.01, 0.1, 1.0]
+    assert h.info["chosen"]["log_loss_at_temperature"] <= h.info["chosen"]["log_loss"] + 1e-9
+
     forced = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], forced=(1,), folds=3)
     assert forced.layers == (1,) and forced.info["forced"]
     with pytest.raises(HeadError, match="at least 3 examples per label"):
         fit({"last": feats["last"][:7]}, [1, 2, 3], y[:7], ["a", "b", "c"], [_c(1)], folds=3)
+
+
+def test_temperature_undoes_a_sharpened_softmax():
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(400, 5)) * 2
+    y = np.array([rng.choice(5, p=np.exp(r) / np.exp(r).sum()) for r in z])  # drawn from softmax(z)
+    assert abs(temperature(z * 7, y) / 7 - 1) < 0.25  # the logits 7x too sharp: T near 7
 
 
 def test_fit_chooses_the_pooling_by_cv_and_a_tie_goes_to_the_last_position():
@@ -122,16 +148,45 @@ def test_fit_chooses_the_pooling_by_cv_and_a_tie_goes_to_the_last_position():
     noise = rng.normal(size=(n, 2, dim))
     useful = (np.eye(k, dim)[y] * 3 + rng.normal(size=(n, dim)))[:, None].repeat(2, axis=1)
     cands = [_c(1), _c(2), _c(1, pooling="mean"), _c(2, pooling="mean")]
-    h = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3)
-    assert (h.layers, h.pooling) == ((1,), "mean") and h.info["chosen"]["pooling"] == "mean"
-    assert Head.from_dict(h.to_dict()).pooling == "mean"
-    assert "1 mean" in format_table(h) and "<- chosen" in format_table(h)
-    tie = fit({"last": useful, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3)
-    assert (tie.layers, tie.pooling) == ((1,), "last")
+    h = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3, combine=False)
+    assert (h.layers, h.poolings) == ((1,), ("mean",)) and h.info["chosen"]["poolings"] == ["mean"]
+    assert Head.from_dict(h.to_dict()).poolings == ("mean",)
+    assert "mean 1" in format_table(h) and "<- chosen" in format_table(h)
+    tie = fit({"last": useful, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3, combine=False)
+    assert (tie.layers, tie.poolings) == ((1,), ("last",))
     forced = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, forced=(2,), folds=3)
-    assert (forced.layers, forced.pooling) == ((2,), "mean")  # --layer fixes the layer; CV still picks the pooling
+    assert (forced.layers, forced.poolings) == ((2,), ("mean",))  # --layer fixes the layer; CV picks the pooling
     with pytest.raises(HeadError, match="pooling"):
         Head.from_dict(dict(h.to_dict(), pooling="max"))
+
+
+def test_fit_joins_the_best_last_and_mean_parts_when_each_holds_half_the_signal():
+    """Two labels told apart by the last position only, two others by the mean only: the
+    greedy joint candidate (best last + best mean, side by side) is scored and wins, and
+    the head reads its parts from the features in order."""
+    rng = np.random.default_rng(3)
+    n, k, dim = 80, 4, 6
+    y = np.arange(n) % k
+    last = rng.normal(size=(n, 2, dim))
+    mean = rng.normal(size=(n, 2, dim))
+    last[:, 1, 0] += 6 * (y >= 2)  # layer 2, last: {0, 1} vs {2, 3}
+    mean[:, 0, 1] += 6 * (y % 2)  # layer 1, mean: {0, 2} vs {1, 3}
+    feats = {"last": last, "mean": mean}
+    cands = [_c(1), _c(2), _c(1, pooling="mean"), _c(2, pooling="mean")]
+    h = fit(feats, [1, 2], y, list("abcd"), cands, folds=4)
+    assert h.parts == ((2, "last"), (1, "mean")) and h.name == "2+mean 1"
+    assert h.info["chosen"]["accuracy"] > 0.9
+    assert max(r["accuracy"] for r in h.info["table"][:4]) < 0.8  # neither half alone
+    back = Head.from_dict(h.to_dict())
+    assert back.parts == h.parts and back.kind == h.kind and back.to_dict()["pooling"] == ["last", "mean"]
+    np.testing.assert_allclose(
+        back.log_probs(head_input(feats, [1, 2], back)), h.log_probs(head_input(feats, [1, 2], h))
+    )
+    assert (head_input(feats, [1, 2], h)[:, 0] == last[:, 1]).all() and (
+        head_input(feats, [1, 2], h)[:, 1] == mean[:, 0]
+    ).all()
+    with pytest.raises(HeadError, match="one per layer"):
+        Head.from_dict(dict(h.to_dict(), pooling=["last"]))
 
 
 # --------------------------------------------------------------------------- training data
@@ -298,19 +353,35 @@ def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
     m = str(tiny_qwen_mlx)
     r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "1,3", "--folds", "3"])
     assert r.exit_code == 0, r.output
+    # the tiny random model's mean-pooled states tell these tickets apart perfectly (a certain head);
+    # the last position's do not: that head's probabilities spread, for --min-confidence below
+    last = tmp_path / "last.json"
+    r = _run(["train", str(data), "--model", m, "--save-task", str(last), "--layers", "1,3", "--folds", "3", "--pooling", "last"])  # fmt: skip
+    assert r.exit_code == 0 and "mean" not in r.stdout.split("chosen:")[0], r.output
     assert "CV accuracy" in r.stdout and "<- chosen" in r.stdout and "2+3" in r.stdout and "chosen: layer" in r.stdout
     saved = json.loads(task.read_text())
     assert saved["labels"] == sorted(LABELS) and saved["head"]["info"]["data_sha256"]
-    assert {tuple(x["layers"]) for x in saved["head"]["info"]["table"]} == {(1,), (3,), (2, 3)}
+    names = [candidate_name(x["layers"], x["poolings"]) for x in saved["head"]["info"]["table"]]
+    assert names[:6] == ["1", "3", "2+3", "mean 1", "mean 3", "mean 2+3"]  # then the best of each, side by side
+    assert len(names) == 7 and "+mean " in names[6]
     out = tmp_path / "out.jsonl"
-    r = _run(["classify", str(data), "--task", str(task), "-o", str(out), "--min-confidence", "0.99"])
+    unseen = tmp_path / "unseen.jsonl"  # texts the head was not fitted on: its probabilities spread
+    seen = {t for t, _ in _labelled(6)}
+    unseen.write_text("".join([json.dumps({"text": t}) + "\n" for t, _ in tickets(200) if t not in seen][:18]))
+    r = _run(["classify", str(unseen), "--task", str(last), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    top = sorted(max(json.loads(x)["probs"].values()) for x in out.read_text().splitlines())
+    bar = next(p for p in top if p > top[0])  # some rows below it, some at or above
+    r = _run(["classify", str(unseen), "--task", str(last), "-o", str(out), "--min-confidence", repr(bar)])
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 18 and all(abs(sum(x["probs"].values()) - 1) < 1e-5 for x in rows)
     assert any(x.get("abstained") for x in rows)
+    assert all(bool(x.get("abstained")) == (max(x["probs"].values()) < bar) for x in rows)
     manifest = json.loads((tmp_path / "out.jsonl.mlx-slm.json").read_text())
     assert (
-        manifest["settings"]["scoring"] == "head" and manifest["settings"]["head"]["sha256"] == saved["head"]["sha256"]
+        manifest["settings"]["scoring"] == "head"
+        and manifest["settings"]["head"]["sha256"] == json.loads(last.read_text())["head"]["sha256"]
     )
     assert "head scoring" in r.stderr
     r = _run(["eval", str(data), "--task", str(task), "-q"])
@@ -342,6 +413,39 @@ def test_head_parity_on_a_tiny_model(tiny_head, tiny_qwen_mlx, tmp_path):
     r = run_head_parity(t, [t for t, _ in tickets(10)], batch_size=4)
     assert r["forward_ok"], r
     assert r["labels"]["agree"] == 10 and r["features"]["max_rel_diff"] < 1e-4 and r["classify_matches_features"]
+
+
+def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_mlx):
+    """A head reading layer 2's last position and layer 1's mean: Transformers' hidden states
+    pooled the same way agree, and batched with the prefix cache equals one at a time without."""
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.convert import weights_sha256
+    from mlx_slm.heads import fit_linear
+    from mlx_slm.parity import run_head_parity
+    from mlx_slm.task import Task
+    from mlx_slm.train import head_classifier
+
+    engine = tiny_head[0]
+    texts = [t for t, _ in tickets(24)]
+    got, _, _ = head_classifier(engine, LABELS, SYSTEM, TEMPLATE).features(texts, [1, 2], poolings=("last", "mean"))
+    shape = Head(
+        LABELS, (2, 1), np.zeros(128), np.ones(128), np.zeros((3, 128)), np.zeros(3), poolings=("last", "mean")
+    )
+    x = head_input(got, [1, 2], shape).reshape(len(texts), -1)
+    head = Head(
+        LABELS, (2, 1), *fit_linear(x, np.arange(len(texts)) % 3, 3, "lda"), poolings=("last", "mean"), kind="lda"
+    )
+    batched = Classifier(engine, None, LABELS, SYSTEM, TEMPLATE, head=head).classify(texts)
+    alone = Classifier(engine, None, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)
+    for p, q in zip(batched, alone.classify(texts)):
+        assert p.label == q.label
+        np.testing.assert_allclose([p.probs[lab] for lab in LABELS], [q.probs[lab] for lab in LABELS], atol=1e-4)
+    t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
+             weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
+    r = run_head_parity(t, texts[:8], batch_size=4)
+    assert r["forward_ok"], r
+    assert r["labels"]["agree"] == 8 and r["features"]["max_rel_diff"] < 1e-4 and r["classify_matches_features"]
+    assert r["task"]["poolings"] == ["last", "mean"]
 
 
 @pytest.mark.real
