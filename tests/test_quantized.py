@@ -279,6 +279,7 @@ def test_requantizing_is_refused(cli_q4, tmp_path):
         convert(cli_q4, tmp_path / "again", quantize=8, progress=None)
 
 
+@pytest.mark.slow
 def test_cli_parity_on_a_quantized_dir(cli_q4):
     r = cli(["parity", "--model", str(cli_q4), "--n", "4", "--labels", ",".join(LABELS)])
     assert r.exit_code == 0, r.output
