@@ -151,10 +151,24 @@ def smollm2_mlx(smollm2_gguf) -> Path:
     return resolve_model("smollm2-135m")
 
 
+QUICK_FUZZ_EXAMPLES = "25"
+
+
+def pytest_configure(config):
+    """The quick loop (`-m "not slow"`) fuzzes each reader with 25 Hypothesis examples, not
+    100: a smoke test that still draws new inputs on every run. The whole suite (CI) keeps
+    100; MLX_SLM_FUZZ_EXAMPLES, when set, wins in both (read by tests/test_fuzz.py)."""
+    if "not slow" in (config.option.markexpr or "") and "MLX_SLM_FUZZ_EXAMPLES" not in os.environ:
+        os.environ["MLX_SLM_FUZZ_EXAMPLES"] = QUICK_FUZZ_EXAMPLES
+
+
 def pytest_report_header(config):
     from mlx_slm import _blas
 
-    return f"mlx-slm BLAS: {_blas.LOADED or _blas.PROBLEM}; cache: {os.environ.get('MLX_SLM_HOME', '~/.cache/mlx-slm')}"
+    return (
+        f"mlx-slm BLAS: {_blas.LOADED or _blas.PROBLEM}; cache: {os.environ.get('MLX_SLM_HOME', '~/.cache/mlx-slm')}; "
+        f"fuzz examples per reader: {os.environ.get('MLX_SLM_FUZZ_EXAMPLES', '100')}"
+    )
 
 
 @pytest.fixture(autouse=True)

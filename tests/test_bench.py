@@ -1,8 +1,11 @@
 import json
 
+import pytest
+
 from benchmarks.harness import flops_per_token, main
 
 
+@pytest.mark.slow
 def test_bench_runs_modes_and_writes_results(tiny_qwen_mlx, tmp_path):
     out = tmp_path / "res"
     rc = main(
@@ -42,6 +45,7 @@ def test_flops_per_token_qwen05b():
     assert flops_per_token(cfg) == 2 * 24 * (2 * 896 * 896 + 2 * 896 * 128 + 3 * 896 * 4864)
 
 
+@pytest.mark.slow
 def test_bench_runs_without_pytorch(tiny_qwen_mlx, tmp_path, monkeypatch):
     """No torch: the reference row is skipped, our rows are timed, nothing crashes."""
     site = tmp_path / "site"

@@ -13,8 +13,9 @@ Inputs are random bytes and, to get past the first check, structured ones: lines
 hostile fragments (quotes, separators, lone CR, BOMs, 0xff, deep brackets, surrogate
 escapes, huge numbers) and JSON documents of random shape around the expected fields.
 
-Budget: `MLX_SLM_FUZZ_EXAMPLES` examples per reader (default 100, so CI stays fast; the
-service-through-the-app test runs a tenth of it). The large run, 1,000+ per reader:
+Budget: `MLX_SLM_FUZZ_EXAMPLES` examples per reader (default 100, so CI stays fast; 25 in
+the quick loop `-m "not slow"`, set by conftest.py; the service-through-the-app test runs a
+tenth of it, at least 10). The large run, 1,000+ per reader:
 
     MLX_SLM_FUZZ_EXAMPLES=1000 .venv/bin/python -m pytest tests/test_fuzz.py -q --durations=5
 

@@ -400,6 +400,7 @@ def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
 
 
 # --------------------------------------------------------------------------- parity
+@pytest.mark.slow
 def test_head_parity_on_a_tiny_model(tiny_head, tiny_qwen_mlx, tmp_path):
     """Our features at the head's layer(s) equal Transformers' hidden_states[layer], and the
     head's labels from both feature sets are equal."""

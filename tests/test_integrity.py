@@ -224,6 +224,7 @@ def test_plan_resume_keeps_whole_windows_only(tmp_path):
 # ----------------------------------------------------------------- interruption for real
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, seed", [(signal.SIGINT, 1), (signal.SIGKILL, 2), (signal.SIGKILL, 3)])
 def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, sig, seed):
     texts = [t for t, _ in tickets(300)]

@@ -70,10 +70,19 @@ class Quantized:
         vocab = json.loads((self.dir / "config.json").read_text())["vocab_size"]
         rng = np.random.default_rng(3)
         self.prompts = [[int(t) for t in rng.integers(3, vocab, size=n)] for n in LENGTHS]
+        self._mlxlm: dict = {}
 
     def ref(self, ids) -> np.ndarray:
         with torch.no_grad():
             return self.hf(torch.tensor([ids]), use_cache=False).logits[0, -1].numpy()
+
+    def mlxlm(self, ids, labelset):
+        """mlx-lm's forward on this directory (`mlxlm_scores`), run once per prompts and labels:
+        the dequantized and kept tests compare against the very same reference."""
+        key = (tuple(map(tuple, ids)), labelset.labels, labelset.token_ids, labelset.mode)
+        if key not in self._mlxlm:
+            self._mlxlm[key] = mlxlm_scores(self.dir, ids, labelset)
+        return self._mlxlm[key]
 
 
 @pytest.fixture(
@@ -158,7 +167,7 @@ def test_labels_equal_mlxlm_forward(q, dequantize):
         clf = Classifier(model, q.tok, labels, keep_logits=True, batch_size=4)
         ours = clf.classify(TEXTS)
         ids = [it.ids for it in clf.prepare(TEXTS)]
-        scores, logits, _ = mlxlm_scores(q.dir, ids, clf.labelset)
+        scores, logits, _ = q.mlxlm(ids, clf.labelset)
         assert [p.label for p in ours] == [labels[int(np.argmax(s))] for s in scores]
         worst = max(float(np.abs(p.logits - lg).max()) for p, lg in zip(ours, logits))
         MAX_DIFF[f"{q.name}/{'dequantized' if dequantize else 'kept'}/mlx-lm/{clf.mode}"] = worst
@@ -270,6 +279,7 @@ def test_requantizing_is_refused(cli_q4, tmp_path):
         convert(cli_q4, tmp_path / "again", quantize=8, progress=None)
 
 
+@pytest.mark.slow
 def test_cli_parity_on_a_quantized_dir(cli_q4):
     r = cli(["parity", "--model", str(cli_q4), "--n", "4", "--labels", ",".join(LABELS)])
     assert r.exit_code == 0, r.output

@@ -37,6 +37,7 @@ def reference(tiny_qwen_mlx):
     return [p.label for p in clf.classify([r["text"] for r in ROWS], calibration="none")]
 
 
+@pytest.mark.slow
 def test_two_workers_return_every_id_once_in_order_with_the_local_labels(local_ray, tiny_qwen_mlx, reference):
     ds = ray.data.from_items(ROWS, override_num_blocks=8)
     out = mray.classify_dataset(
@@ -67,6 +68,7 @@ class _DiesOnce(mray.ClassifyBatch):
         return super().__call__(batch)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(local_ray, tiny_qwen_mlx, reference, tmp_path):
     import ray.cloudpickle
 
@@ -93,6 +95,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(local_ray, tiny_qw
     assert [r["label"] for r in out] == reference
 
 
+@pytest.mark.slow
 def test_batch_calibration_fits_one_prior_on_a_first_pass(local_ray, tiny_qwen_mlx):
     from mlx_slm.calibration import CalibrationSpec
 
@@ -114,6 +117,7 @@ def test_batch_calibration_fits_one_prior_on_a_first_pass(local_ray, tiny_qwen_m
         assert r["raw_probs"] == pytest.approx(p.raw_probs, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_rows_without_text_are_error_rows_and_column_clashes_are_refused(local_ray, tiny_qwen_mlx):
     rows = [{"id": 0, "text": "hello there"}, {"id": 1, "text": None}, {"id": 2, "text": ""}]
     out = mray.classify_dataset(ray.data.from_items(rows), model=str(tiny_qwen_mlx), labels=LABELS).take_all()
@@ -126,6 +130,7 @@ def test_rows_without_text_are_error_rows_and_column_clashes_are_refused(local_r
         mray.classify_dataset(clash, model=str(tiny_qwen_mlx), labels=LABELS).take_all()
 
 
+@pytest.mark.slow
 def test_cli_ray_writes_the_local_output(local_ray, tiny_qwen_mlx, tmp_path):
     lines = [json.dumps(r) for r in ROWS[:300]]
     lines.insert(50, '{"id": 9999, "text": ')  # malformed: an error row in its place
@@ -156,6 +161,7 @@ def test_cli_ray_options_need_ray(tmp_path):
     assert Path(inp).read_text() == "hello\n"
 
 
+@pytest.mark.slow
 def test_cli_ray_resumes_an_interrupted_output(local_ray, tiny_qwen_mlx, tmp_path):
     from mlx_slm.output import manifest_path
 
@@ -211,6 +217,7 @@ def test_a_worker_refuses_other_weights_than_the_run_was_set_up_with(tiny_qwen_m
         mray.ClassifyBatch(load=load, weights_sha256="0" * 64)
 
 
+@pytest.mark.slow
 def test_worker_options_fit_the_cluster(local_ray):
     """On the 2-CPU Ray: the workers' CPU requests leave one CPU for Ray Data's tasks."""
     for conc, threads in ((1, None), (2, None), (2, 2), (4, None), (16, None)):

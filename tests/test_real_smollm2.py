@@ -11,7 +11,7 @@ from mlx_slm.parity import run_parity
 from mlx_slm.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from mlx_slm.workload import tickets
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 TEXTS = [t for t, _ in tickets(30)][::3]  # 10 tickets, lengths spread
 
 

@@ -240,6 +240,7 @@ def test_few_shot_examples_are_in_the_cached_prefix_and_change_nothing_else(tiny
     assert r.exit_code == 2 and "'nope'" in r.output
 
 
+@pytest.mark.slow
 def test_calibrated_labels_equal_those_from_the_reference_scores(tiny_qwen_mlx):
     """Exactness stays provable: the same prior on Transformers' raw scores gives our labels."""
     from mlx_slm.classifier import Classifier

@@ -377,6 +377,7 @@ def test_health_503_until_loaded(tiny_qwen_mlx):
 # ----------------------------------------------------------------------------- SIGTERM
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_requests(tiny_qwen_mlx, tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

@@ -19,6 +19,7 @@ def test_stratified_sample_keeps_range():
     assert len(s) == 10 and s[0] == 0 and s[-1] == 99
 
 
+@pytest.mark.slow
 @pytest.mark.real
 def test_published_statistics_under_qwen_tokenizer():
     from transformers import AutoTokenizer
