@@ -46,7 +46,10 @@ from mlx_slm.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from mlx_slm.train import candidates, default_layers
 from mlx_slm.workload import tickets
 
-BANKING_SYSTEM = "You classify messages to a bank's customer service by their intent."
+# The intents listed in the system message ({labels}, filled in once and prefix-cached): the
+# last prompt position then reads the message against them (measured: a head on it does
+# better than without the list, and label scoring sees the choices it scores).
+BANKING_SYSTEM = "You classify messages to a bank's customer service by their intent. The intents: {labels}."
 BANKING_TEMPLATE = "Message: {text}\nIntent:"
 METHODS = ("raw", "batch", "fit", "head")
 
