@@ -6,6 +6,7 @@ import time
 from transformers import AutoTokenizer
 
 from mlx_slm.classifier import Classifier
+from mlx_slm.engine import Engine
 from mlx_slm.models import load_model
 from mlx_slm.registry import resolve_model
 from mlx_slm.workload import stratified_sample, tickets
@@ -16,9 +17,9 @@ tok = AutoTokenizer.from_pretrained(str(p))
 texts = [t for t, _ in tickets()]
 lens = [len(x) for x in tok(texts)["input_ids"]]
 sub = [texts[i] for i in stratified_sample(lens, int(sys.argv[1]))]
-Classifier(m, tok).classify(sub[:4])
+Classifier(Engine(m, tok)).classify(sub[:4])
 for budget in [256, 512, 1024, 2048, 4096, None]:  # the curve in results/budget-curve.md
-    c = Classifier(m, tok, max_batch_tokens=budget, batch_size=64 if budget else 32)
+    c = Classifier(Engine(m, tok), max_batch_tokens=budget, batch_size=64 if budget else 32)
     t = time.perf_counter()
     run = c.run(sub, window=len(sub))
     list(run)

@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
 from mlx_slm.classifier import Classifier
+from mlx_slm.engine import Engine
 from mlx_slm.models import FASTMATH, NATIVE, load_model
 from mlx_slm.registry import resolve_model
 from mlx_slm.workload import stratified_sample, tickets
@@ -24,7 +25,7 @@ res = {}
 for _rep in range(2):
     for fast in (False, True):
         m.ops = FASTMATH if fast else NATIVE  # the CPU-math choice, made here instead of at load
-        c = Classifier(m, tok)
+        c = Classifier(Engine(m, tok))
         t = time.perf_counter()
         run = c.run(sub, window=len(sub))
         preds = list(run)

@@ -167,13 +167,14 @@ class Run:
 
     def ours(self, **kw: Any) -> Callable[[list[int]], tuple]:
         from mlx_slm.classifier import Classifier
+        from mlx_slm.engine import Engine
         from mlx_slm.models import load_model
 
         opts = {"batch_size": self.batch_size, **kw}
         m = load_model(self.path)
 
         def go(idx: list[int]) -> tuple:
-            clf = Classifier(m, self.tok, self.labels, **opts)  # the timer covers building the prefix cache
+            clf = Classifier(Engine(m, self.tok), self.labels, **opts)  # the timer covers building the prefix cache
             run = clf.run([self.texts[i] for i in idx], window=max(1, len(idx)))
             preds = list(run)
             probs = np.array([[p.probs[lab] for lab in self.labels] for p in preds])

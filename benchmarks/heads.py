@@ -155,7 +155,7 @@ def speed(engine, ds, head, texts, label_clf) -> dict:
     for name, h in (("head", head), ("head_last_layer", _at_layer(head, n) if head.layers != (n,) else None)):
         if h is None:
             continue
-        clf = Classifier(engine, None, ds.labels, ds.system, ds.template, head=h)
+        clf = Classifier(engine, ds.labels, ds.system, ds.template, head=h)
         run = clf.run(texts, window=len(texts))
         list(run)
         res[name] = round(len(texts) / run.stats.seconds, 3)
@@ -171,7 +171,7 @@ def speed(engine, ds, head, texts, label_clf) -> dict:
         poolings=head.poolings,
         kind=head.kind,
     )
-    clf = Classifier(engine, None, k3.labels, ds.system, ds.template, head=k3)
+    clf = Classifier(engine, k3.labels, ds.system, ds.template, head=k3)
     run = clf.run(texts, window=len(texts))
     list(run)
     res["head_3_labels"] = round(len(texts) / run.stats.seconds, 3)
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         if ds.name not in wanted:
             continue
         print(f"{ds.name}: {len(ds.texts)} texts, {len(ds.labels)} labels", flush=True)
-        label_clf = Classifier(engine, None, ds.labels, ds.system, ds.template)
+        label_clf = Classifier(engine, ds.labels, ds.system, ds.template)
         lp, score_s = label_scores(label_clf, ds.texts)
         print(f"  label scoring: {len(ds.texts) / score_s:.2f} items/s", flush=True)
         feats, errors, st = head_classifier(engine, ds.labels, ds.system, ds.template).features(

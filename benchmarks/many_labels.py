@@ -72,7 +72,7 @@ def many_labels(intents: list[str], n: int) -> list[str]:
 
 
 def classifier(engine: Engine, labels: list[str], label_pass: str = "trie") -> Classifier:
-    return Classifier(engine, None, labels, SYSTEM.format(labels=", ".join(labels)), TEMPLATE, label_pass=label_pass)
+    return Classifier(engine, labels, SYSTEM.format(labels=", ".join(labels)), TEMPLATE, label_pass=label_pass)
 
 
 def timed(clf: Classifier, texts: list[str]) -> tuple[np.ndarray, dict, float]:

@@ -28,6 +28,7 @@ from mlx_slm import fastmath
 from mlx_slm import model as model_mod
 from mlx_slm._blas import matmul_peak
 from mlx_slm.classifier import Classifier
+from mlx_slm.engine import Engine
 from mlx_slm.models import flops_per_token, load_model
 from mlx_slm.registry import resolve_model
 from mlx_slm.workload import stratified_sample, tickets
@@ -85,17 +86,17 @@ def main() -> None:
     texts = [t for t, _ in tickets()]
     lens = [len(x) for x in tok(texts)["input_ids"]]
     sub = [texts[i] for i in stratified_sample(lens, a.n)]
-    Classifier(m, tok).classify(sub[:4])  # warm-up
+    Classifier(Engine(m, tok)).classify(sub[:4])  # warm-up
 
     t = time.perf_counter()
-    plain = Classifier(m, tok)
+    plain = Classifier(Engine(m, tok))
     plain_run = plain.run(sub, window=len(sub))
     list(plain_run)
     wall = time.perf_counter() - t
 
     instrument()
     t = time.perf_counter()
-    c = Classifier(m, tok)
+    c = Classifier(Engine(m, tok))
     c.classify(sub)
     wall_i = time.perf_counter() - t
 

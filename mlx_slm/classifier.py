@@ -149,8 +149,7 @@ class Classifier:
 
     def __init__(
         self,
-        engine: Engine | Model,
-        tokenizer: Any = None,
+        engine: Engine,
         labels: Sequence[str] = DEFAULT_LABELS,
         system: str | None = DEFAULT_SYSTEM,
         template: str = DEFAULT_TEMPLATE,
@@ -189,8 +188,11 @@ class Classifier:
         self.label_pass = label_pass
         if truncate is not None and truncate not in TRUNCATE_MODES:
             raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")
-        if not isinstance(engine, Engine):  # a bare model and its tokenizer (tests, tools)
-            engine = Engine(engine, tokenizer)
+        if not isinstance(engine, Engine):
+            raise TypeError(
+                f"Classifier takes an Engine (Engine.load(name), or Engine(model, tokenizer)), not "
+                f"{type(engine).__name__}; Classifier.load(name, ...) loads one"
+            )
         self.engine = engine
         tokenizer = engine.tokenizer
         if head is not None:
@@ -267,7 +269,7 @@ class Classifier:
 
         dequantize: an MLX-quantized model's weights are dequantized at load on the CPU
         (None, the default), kept packed on a GPU; True or False decides."""
-        return cls(Engine.load(model, dtype, dequantize), None, labels, system, template, **kwargs)
+        return cls(Engine.load(model, dtype, dequantize), labels, system, template, **kwargs)
 
     @classmethod
     def from_task(
@@ -292,14 +294,12 @@ class Classifier:
         clash = sorted(fixed & kwargs.keys())
         if clash:
             raise TypeError(
-                f"from_task takes {', '.join(clash)} from the task: build Classifier(engine, None, labels, "
+                f"from_task takes {', '.join(clash)} from the task: build Classifier(engine, labels, "
                 "system, template, ...) for another task, or save one (Task, --save-task)"
             )
         # Run settings may be overridden, as classify's own arguments can.
         run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
-        return cls(
-            engine, None, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples, head=t.head, **run
-        )
+        return cls(engine, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples, head=t.head, **run)
 
     @property
     def model(self) -> Model:

@@ -512,7 +512,7 @@ class Service:
         head = kw.pop("head", None) or getattr(base, "head", None)  # it holds for its own labels and prompt only
         if head is not None and same_labels and (system, template) == (base.format.system, base.format.template):
             kw["head"] = head
-        return Classifier(engine, None, labels, system, template, **kw)
+        return Classifier(engine, labels, system, template, **kw)
 
     def front_classifier(self, key: tuple) -> Any:
         """The task's classifier on the front tokenizer (validation and token counts); a task

@@ -214,7 +214,7 @@ def head_classifier(engine: Any, labels: Sequence[str], system: str | None, temp
     dim = int(engine.model.args.hidden_size)
     k = len(labels)
     zero = Head(tuple(labels), (1,), np.zeros(dim), np.ones(dim), np.zeros((k, dim)), np.zeros(k))
-    return Classifier(engine, None, labels, system, template, head=zero, **kwargs)
+    return Classifier(engine, labels, system, template, head=zero, **kwargs)
 
 
 def run_train(

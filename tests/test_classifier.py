@@ -3,6 +3,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from mlx_slm.classifier import Classifier
+from mlx_slm.engine import Engine
 from mlx_slm.models import load_model
 from mlx_slm.reference import Reference
 from mlx_slm.workload import tickets
@@ -11,7 +12,7 @@ TEXTS = [t for t, _ in tickets(24)]
 
 
 def make(path, labels, **kw):
-    return Classifier(load_model(path), AutoTokenizer.from_pretrained(str(path)), labels, **kw)
+    return Classifier(Engine(load_model(path), AutoTokenizer.from_pretrained(str(path))), labels, **kw)
 
 
 LABELSETS = {"first-token": ["a", "b", "c"], "sequence": ["ab", "ac", "b", "a"]}
@@ -112,7 +113,7 @@ def test_public_api_import():
 def test_runs_count_themselves_and_share_one_engine(tiny_qwen_mlx):
     """Run figures come back per run; two tasks on one engine keep their own prefixes."""
     a = make(tiny_qwen_mlx, LABELSETS["first-token"], batch_size=4, max_batch_tokens=None)
-    b = Classifier(a.engine, None, ["x", "y"], "Another task.", "Q: {text}\nA:")
+    b = Classifier(a.engine, ["x", "y"], "Another task.", "Q: {text}\nA:")
     r1, r2 = a.run(TEXTS[:6]), b.run(TEXTS[:6])
     p1, p2 = list(r1), list(r2)
     assert r1.stats.items == r2.stats.items == 6 and a.prefix_tokens != b.prefix_tokens

@@ -275,7 +275,7 @@ def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
     f = got["last"]
     assert errors == [None] * len(texts) and f.shape == (len(texts), 1, 64)
     head = Head(LABELS, (1,), *fit_logistic(f[:, 0], np.arange(len(texts)) % 3, 3, 1.0))
-    clf = Classifier(engine, None, LABELS, SYSTEM, TEMPLATE, head=head)
+    clf = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head)
     assert clf.mode == "head" and clf.labelset.row_tokens == 0 and clf.label_extra == 0
     m = engine.model
     saved_layers = list(m.layers)
@@ -297,7 +297,7 @@ def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
         m.layers[:] = saved_layers
         monkeypatch.undo()
     assert run.stats.label_tokens == 0 and run.stats.items == len(texts)
-    one = Classifier(engine, None, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)
+    one = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)
     for p, q, f in zip(preds, one.classify(texts), feats):
         lp = head.log_probs(f[None])[0]
         assert p.label == q.label == LABELS[int(lp.argmax())]
@@ -312,22 +312,22 @@ def test_head_refuses_calibration_and_other_labels(tiny_head):
 
     engine, head = tiny_head
     with pytest.raises(LabelError, match="calibration does not apply"):
-        Classifier(engine, None, LABELS, head=head, calibration="batch")
+        Classifier(engine, LABELS, head=head, calibration="batch")
     with pytest.raises(LabelError, match="trained for the labels"):
-        Classifier(engine, None, ("a", "b", "c"), head=head)
-    clf = Classifier(engine, None, LABELS, head=head)
+        Classifier(engine, ("a", "b", "c"), head=head)
+    clf = Classifier(engine, LABELS, head=head)
     with pytest.raises(LabelError, match="calibration does not apply"):
         clf.classify(["x"], calibration="batch")
     for setting in ({"scoring": "first"}, {"keep_logits": True}, {"label_pass": "per-label"}):
         with pytest.raises(LabelError, match=f"{next(iter(setting))}=.* is a label-scoring setting"):
-            Classifier(engine, None, LABELS, head=head, **setting)
+            Classifier(engine, LABELS, head=head, **setting)
     d = head.dim
     wide = Head(LABELS, head.layers, *(np.concatenate([a, a], axis=-1) for a in (head.mean, head.scale, head.coef)),
                 head.intercept)  # fmt: skip
     deep = Head(LABELS, (99,), head.mean[:d], head.scale[:d], head.coef[:, :d], head.intercept)
     for other in (wide, deep):  # a head trained on another model
         with pytest.raises(LabelError, match="use the model the head was trained on"):
-            Classifier(engine, None, LABELS, head=other)
+            Classifier(engine, LABELS, head=other)
 
 
 def test_task_with_head_roundtrip_and_refusals(tiny_head, tiny_qwen_mlx, tmp_path):
@@ -454,8 +454,8 @@ def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_ml
     head = Head(
         LABELS, (2, 1), *fit_linear(x, np.arange(len(texts)) % 3, 3, "lda"), poolings=("last", "mean"), kind="lda"
     )
-    batched = Classifier(engine, None, LABELS, SYSTEM, TEMPLATE, head=head).classify(texts)
-    alone = Classifier(engine, None, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)
+    batched = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head).classify(texts)
+    alone = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)
     for p, q in zip(batched, alone.classify(texts)):
         assert p.label == q.label
         np.testing.assert_allclose([p.probs[lab] for lab in LABELS], [q.probs[lab] for lab in LABELS], atol=1e-4)

@@ -32,7 +32,7 @@ def engine(tiny_qwen_mlx):
 def _clf(engine, labels=LABELS, **kw):
     from mlx_slm.classifier import Classifier
 
-    return Classifier(engine, None, labels, kw.pop("system", SYSTEM), kw.pop("template", TEMPLATE), **kw)
+    return Classifier(engine, labels, kw.pop("system", SYSTEM), kw.pop("template", TEMPLATE), **kw)
 
 
 def test_labels_as_one_string_a_generator_or_whitespace_twins(engine):

@@ -147,11 +147,14 @@ def test_prefix_cache_and_continuation_match_transformers(tiny, model):
 
 def test_classifier_path_matches_transformers(tiny, model):
     from mlx_slm.classifier import Classifier
+    from mlx_slm.engine import Engine
     from mlx_slm.reference import Reference
     from mlx_slm.workload import tickets
 
     texts = [t for t, _ in tickets(9)][3:9]
-    clf = Classifier(model, tiny.tok, ["ab", "ac", "b", "a"], keep_logits=True, batch_size=4, max_batch_tokens=None)
+    clf = Classifier(
+        Engine(model, tiny.tok), ["ab", "ac", "b", "a"], keep_logits=True, batch_size=4, max_batch_tokens=None
+    )
     assert clf.prefix is not None and clf.mode == "sequence"
     preds = clf.classify(texts)
     items = clf.prepare(texts)

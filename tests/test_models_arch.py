@@ -111,13 +111,13 @@ def test_prefix_cache_and_padding_match_transformers(tiny, ops):
 @pytest.mark.parametrize("ops", OPS)
 def test_classifier_path_matches_transformers(tiny, ops):
     from mlx_slm.classifier import Classifier
+    from mlx_slm.engine import Engine
     from mlx_slm.reference import Reference
     from mlx_slm.workload import tickets
 
     texts = [t for t, _ in tickets(9)][3:9]
     clf = Classifier(
-        load_model(tiny.mlx_dir, ops=ops),
-        tiny.tok,
+        Engine(load_model(tiny.mlx_dir, ops=ops), tiny.tok),
         ["ab", "ac", "b", "a"],
         keep_logits=True,
         batch_size=4,
@@ -172,6 +172,7 @@ def test_label_trie_pass_matches_transformers(tiny, n_random, max_nodes, ops):
     path (prefix cache, padded buckets with the trie counted in the budget): equal to
     Transformers scoring every label afresh after every prompt, and to the per-label passes."""
     from mlx_slm.classifier import Classifier
+    from mlx_slm.engine import Engine
     from mlx_slm.labels import LabelSet, log_softmax
     from mlx_slm.workload import tickets
 
@@ -181,8 +182,7 @@ def test_label_trie_pass_matches_transformers(tiny, n_random, max_nodes, ops):
     out = {}
     for label_pass in ("trie", "per-label"):
         clf = Classifier(
-            load_model(tiny.mlx_dir, ops=ops),
-            tiny.tok,
+            Engine(load_model(tiny.mlx_dir, ops=ops), tiny.tok),
             ["a", "b"],
             batch_size=4,
             max_batch_tokens=300,

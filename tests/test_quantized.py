@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from mlx_slm.classifier import Classifier
 from mlx_slm.cli import main
 from mlx_slm.convert import ConversionError, convert, dequantized_copy
+from mlx_slm.engine import Engine
 from mlx_slm.labels import softmax
 from mlx_slm.models import load_model
 from mlx_slm.models.quant import quantization_of
@@ -164,7 +165,7 @@ def test_logits_equal_transformers_on_the_dequantized_values(q, dequantize):
 def test_labels_equal_mlxlm_forward(q, dequantize):
     model = load_model(q.dir, dequantize=dequantize)
     for labels in (LABELS, ["a", "b", "c"]):  # multi-token labels (sequence scoring), then single tokens
-        clf = Classifier(model, q.tok, labels, keep_logits=True, batch_size=4)
+        clf = Classifier(Engine(model, q.tok), labels, keep_logits=True, batch_size=4)
         ours = clf.classify(TEXTS)
         ids = [it.ids for it in clf.prepare(TEXTS)]
         scores, logits, _ = q.mlxlm(ids, clf.labelset)
@@ -202,7 +203,7 @@ def test_dir_written_by_mlxlm_with_per_layer_widths(tiny_qwen_hf, tmp_path, monk
             assert (
                 m.layers[2].mlp.down_proj.bits == 6 and m.layers[0].mlp.down_proj.bits == 4
             )  # recipe: last layer wider
-        clf = Classifier(m, tok, LABELS, keep_logits=True)
+        clf = Classifier(Engine(m, tok), LABELS, keep_logits=True)
         ours = clf.classify(TEXTS)
         scores, logits, _ = mlxlm_scores(out, [it.ids for it in clf.prepare(TEXTS)], clf.labelset)
         assert [p.label for p in ours] == [LABELS[int(np.argmax(s))] for s in scores]
@@ -313,7 +314,7 @@ def test_gpu_default_keeps_packed_and_agrees_with_mlxlm(tiny_qwen_hf, tmp_path):
     try:
         m = load_model(qdir)
         assert m.quantized == "4-bit (group 32)" and m.compute_dtype == mx.float16
-        clf = Classifier(m, AutoTokenizer.from_pretrained(str(qdir)), LABELS, keep_logits=True)
+        clf = Classifier(Engine(m, AutoTokenizer.from_pretrained(str(qdir))), LABELS, keep_logits=True)
         ours = clf.classify(TEXTS)
         scores, logits, _ = mlxlm_scores(qdir, [it.ids for it in clf.prepare(TEXTS)], clf.labelset, m.compute_dtype)
     finally:
