@@ -45,6 +45,16 @@ import numpy as np
 from .errors import UserError
 from .labels import LabelError, log_softmax, validate
 
+# Probabilities leave us (files, the service, Ray, DataFrames) with this many decimals. An
+# abstaining run rounds them here, before it decides, so the decision is the one a reader of
+# any output recomputes: abstained == (max(probs) < min_confidence), on every row.
+PROB_DIGITS = 6
+
+
+def written(probs: dict[str, float]) -> dict[str, float]:
+    """`probs` as every output writes them."""
+    return {k: round(float(v), PROB_DIGITS) for k, v in probs.items()}
+
 METHODS = ("none", "batch", "em", "fit")
 DEFAULT_WARMUP = 512
 FORMAT = "mlx-slm.calibration"
@@ -316,7 +326,7 @@ def fit_batch(log_probs: np.ndarray, labels: Sequence[str]) -> Calibrator:
 
 def _prior_dict(labels: tuple[str, ...], log_prior: np.ndarray) -> dict[str, float]:
     p = np.exp(log_prior - _logsumexp(log_prior, axis=0))
-    return {lab: round(float(v), 6) for lab, v in zip(labels, p)}
+    return written(dict(zip(labels, p.tolist())))
 
 
 # ---------------------------------------------------------------------------- EM
@@ -815,6 +825,9 @@ class Calibration:
                 probs={lab: float(x) for lab, x in zip(self.labels, probs)},
                 label=self.labels[int(np.argmax(probs))],
             )
-        if self.min_confidence is not None and max(p.probs.values()) < self.min_confidence:
-            p = replace(p, label=None, abstained=True)
+        if self.min_confidence is not None:
+            # decided on the probabilities as written (see PROB_DIGITS), never on bits a reader cannot see
+            p = replace(p, probs=written(p.probs))
+            if max(p.probs.values()) < self.min_confidence:
+                p = replace(p, label=None, abstained=True)
         return p

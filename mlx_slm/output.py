@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._fs import utc_now, write_json_atomic
+from .calibration import written
 from .errors import OutputError
 from .safefs import open_nofollow, refuse_symlink
 
@@ -339,9 +340,9 @@ def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict
         if not err.startswith("line "):
             err = f"line {row.line}: {err}"
         return {"id": row.id, "line": row.line, "error": err}
-    rec: dict[str, Any] = {"id": row.id, "label": pred.label, "probs": {k: round(v, 6) for k, v in pred.probs.items()}}
+    rec: dict[str, Any] = {"id": row.id, "label": pred.label, "probs": written(pred.probs)}
     if pred.raw_probs is not None:
-        rec["raw_probs"] = {k: round(v, 6) for k, v in pred.raw_probs.items()}
+        rec["raw_probs"] = written(pred.raw_probs)
         rec["calibration"] = calibration
     if pred.abstained:
         rec["abstained"] = True

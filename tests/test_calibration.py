@@ -361,3 +361,26 @@ def test_calibration_spec_one_value_for_every_form():
         CalibrationSpec.of("bogus")
     with pytest.raises(CalibrationError, match="needs fitting first"):
         CalibrationSpec.of("em").run(labels)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=2, max_size=5),
+    st.integers(0, 4),
+    st.floats(-4e-7, 4e-7),
+)
+def test_abstain_is_decided_on_the_probabilities_as_written(weights, pick, nudge):
+    """A reader of any output recomputes the decision: abstained == (max(probs) < bar), with the
+    bar taken from a written probability, nudged below the sixth decimal (a machine's last bits)."""
+    from mlx_slm.calibration import Calibration
+    from mlx_slm.classifier import Prediction
+
+    w = np.asarray(weights) + 1e-3
+    labels = [f"l{i}" for i in range(len(w))]
+    p = w / w.sum()
+    pred = Prediction(0, labels[int(np.argmax(p))], dict(zip(labels, p.tolist())), dict(zip(labels, np.log(p).tolist())))
+    bar = round(float(p[pick % len(p)]) + nudge, 6)  # a threshold a user copied from a written file
+    (out,) = Calibration("none", labels, min_confidence=min(bar, 1.0))(iter([pred]))
+    assert all(v == round(v, 6) for v in out.probs.values())
+    assert out.abstained == (max(out.probs.values()) < min(bar, 1.0))
+    assert (out.label is None) == out.abstained
