@@ -55,6 +55,7 @@ def written(probs: dict[str, float]) -> dict[str, float]:
     """`probs` as every output writes them."""
     return {k: round(float(v), PROB_DIGITS) for k, v in probs.items()}
 
+
 METHODS = ("none", "batch", "em", "fit")
 DEFAULT_WARMUP = 512
 FORMAT = "mlx-slm.calibration"

@@ -378,7 +378,9 @@ def test_abstain_is_decided_on_the_probabilities_as_written(weights, pick, nudge
     w = np.asarray(weights) + 1e-3
     labels = [f"l{i}" for i in range(len(w))]
     p = w / w.sum()
-    pred = Prediction(0, labels[int(np.argmax(p))], dict(zip(labels, p.tolist())), dict(zip(labels, np.log(p).tolist())))
+    pred = Prediction(
+        0, labels[int(np.argmax(p))], dict(zip(labels, p.tolist())), dict(zip(labels, np.log(p).tolist()))
+    )
     bar = round(float(p[pick % len(p)]) + nudge, 6)  # a threshold a user copied from a written file
     (out,) = Calibration("none", labels, min_confidence=min(bar, 1.0))(iter([pred]))
     assert all(v == round(v, 6) for v in out.probs.values())
