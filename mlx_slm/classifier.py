@@ -28,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import batching
+from .branches import QuestionPlan
 from .calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
 from .engine import Engine
 from .heads import head_input
@@ -49,6 +50,9 @@ from .prompts import (
     starts_with,
     tokenize,
 )
+from .questions import DEFAULT_SYSTEM as QUESTIONS_SYSTEM
+from .questions import DEFAULT_TEMPLATE as QUESTIONS_TEMPLATE
+from .questions import Question, QuestionError
 from .registry import DEFAULT_MODEL
 from .scoring import LABEL_PASSES, score_batch
 
@@ -83,6 +87,8 @@ class Prediction:
     logits: np.ndarray | None = field(default=None, repr=False)  # full-vocab last logits, on request
     raw_probs: dict[str, float] | None = None  # the model's own probs, when `probs` are calibrated
     abstained: bool = False  # under the confidence threshold: `label` is None, route to a person
+    # With several questions: {question name: its answer} (`label` is None, `probs` empty).
+    answers: dict[str, dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -136,6 +142,7 @@ class _Item:
     ids: list[int]
     truncated: bool = False
     error: str | None = None
+    chains: list[list[int]] = field(default_factory=list)  # several questions: each block's own tokens
 
 
 class Classifier:
@@ -169,8 +176,21 @@ class Classifier:
         label_pass: str = "trie",
         label_descriptions: Mapping[str, str] | None = None,
         head: Head | None = None,
+        questions: Sequence[Question | Mapping[str, Any]] | None = None,
     ):
-        labels = validate_labels(labels)  # once: a generator is read here, and one str is refused
+        self.plan: QuestionPlan | None = None
+        if questions is not None:
+            _refuse_with_questions(
+                labels=tuple(labels) != DEFAULT_LABELS if not isinstance(labels, (str, bytes)) else True,
+                head=head is not None, examples=bool(examples), label_descriptions=bool(label_descriptions),
+                calibration=CalibrationSpec.of(calibration).applies, min_confidence=min_confidence is not None,
+                keep_logits=keep_logits, scoring=scoring != "auto", truncate=truncate is not None,
+            )  # fmt: skip
+            labels = ()
+            system = QUESTIONS_SYSTEM if system is DEFAULT_SYSTEM else system
+            template = QUESTIONS_TEMPLATE if template is DEFAULT_TEMPLATE else template
+        else:
+            labels = validate_labels(labels)  # once: a generator is read here, and one str is refused
         if head is not None:
             if tuple(labels) != tuple(head.labels):
                 raise LabelError(
@@ -195,6 +215,10 @@ class Classifier:
             )
         self.engine = engine
         tokenizer = engine.tokenizer
+        if questions is not None:
+            self._init_questions(questions, system, template, batch_size, max_batch_tokens, sort, max_length)
+            self.prefix_tokens = self.plan.head if use_prefix_cache else ()  # type: ignore[union-attr]
+            return
         if head is not None:
             _check_head(head, engine, scoring, keep_logits, label_pass)
         # How `classify` calibrates by default (settings, not run state: a batch prior
@@ -252,6 +276,39 @@ class Classifier:
         self.prefix_tokens: tuple[int, ...] = (
             tuple(head) if (use_prefix_cache and head and self.format_error is None) else ()
         )
+
+    def _init_questions(
+        self,
+        questions: Sequence[Any],
+        system: str | None,
+        template: str,
+        batch_size: int,
+        max_batch_tokens: int | None | str,
+        sort: bool,
+        max_length: int | None,
+    ) -> None:
+        """Settings of a classifier that asks several questions (`branches.QuestionPlan`)."""
+        if not getattr(self.engine.model, "supports_tree", False):
+            raise QuestionError(
+                f"several questions per text need one of our architectures (tree masks); {self.engine.path} runs "
+                "through mlx-lm's class: ask one question (--labels) per run"
+            )
+        self.plan = QuestionPlan(self.engine.tokenizer, questions, system, template)
+        self.head, self.label_pass, self.keep_logits, self.truncate = None, "trie", False, None
+        self.calibration, self.min_confidence, self.warmup = CalibrationSpec.of("none"), None, DEFAULT_WARMUP
+        self.format = self.plan.blocks[0].fmt
+        if max_batch_tokens == "auto":
+            max_batch_tokens = default_max_batch_tokens()
+        self.batch_size, self.max_batch_tokens, self.sort = batch_size, max_batch_tokens, sort
+        self.max_length = max_length or self.engine.max_length
+        self.labelset = LabelSet((), (), "questions")
+        self.label_extra = self.plan.label_extra
+        self.format_error = None
+        self.pool_from = len(self.plan.head)
+
+    @property
+    def questions(self) -> tuple[Question, ...] | None:
+        return self.plan.questions if self.plan is not None else None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -326,6 +383,8 @@ class Classifier:
         """Tokens each row runs besides its prompt in one pass: the label trie's (largest chunk's)
         nodes, counted in the batch's token budget. The per-label passes run B x (label length
         - 1) tokens at a time, so they plan as the prompt alone."""
+        if self.plan is not None:
+            return self.plan.row_extra
         trie = self.label_pass == "trie" and getattr(self.engine.model, "supports_tree", False)
         return self.labelset.row_tokens if trie else 0
 
@@ -476,8 +535,23 @@ class Classifier:
             return self._prepare(texts, start)
 
     def _prepare(self, texts: Sequence[str], start: int) -> list[_Item]:
+        items = self._check_texts(texts, start)
+        good = [(it, t) for it, t in zip(items, texts) if it.error is None]
+        if self.plan is not None:
+            for (item, _), (common, chains) in zip(good, self.plan.split([t for _, t in good])):
+                item.ids, item.chains = common, chains
+                n = self.plan.longest(common, chains)
+                if n > self.max_length:
+                    item.error = (
+                        f"the longest question's prompt is {n} tokens with its answer, over the model's context "
+                        f"of {self.max_length}: shorten the text"
+                    )
+            return items
+        return self._tokenize_items(good, items)
+
+    def _check_texts(self, texts: Sequence[str], start: int) -> list[_Item]:
+        """One item per text, with an error for a text that cannot be classified (missing, empty)."""
         items = [_Item(start + i, []) for i in range(len(texts))]
-        good = []
         for item, text in zip(items, texts):
             if self.format_error is not None:
                 item.error = self.format_error
@@ -489,8 +563,9 @@ class Classifier:
                 )
             elif not text.strip():
                 item.error = "empty text: give the item some text, or drop the row"
-            else:
-                good.append((item, text))
+        return items
+
+    def _tokenize_items(self, good: list[tuple[_Item, str]], items: list[_Item]) -> list[_Item]:
         ids = tokenize(self.tokenizer, [render(self.tokenizer, self.format, t) for _, t in good])
         extra = self.label_extra  # label tokens run after the prompt in sequence mode
         for (item, text), seq in zip(good, ids):
@@ -623,6 +698,8 @@ class Classifier:
     ) -> list[Prediction]:
         if self.head is not None:
             return self._run_head(batch, items, prefix, st)
+        if self.plan is not None:
+            return self._run_questions(batch, items, prefix, st)
         got = score_batch(self.engine, batch, prefix, self.labelset, self.keep_logits, self.label_pass)
         st.batches += 1
         st.processed_tokens += batch.padded_tokens + got.label_tokens
@@ -645,6 +722,31 @@ class Classifier:
                 )
             )
         return preds
+
+    def _run_questions(
+        self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
+    ) -> list[Prediction]:
+        """Every question of every row: the text part once, then each question as a branch."""
+        plan = self.plan
+        assert plan is not None
+        kv = self.engine.encode(batch, prefix)
+        scores: list[np.ndarray] = [np.empty(0)] * len(plan.blocks)
+        ran = 0
+        p = len(prefix) if prefix is not None else 0
+        for pack in plan.packs([it.chains for it in items], self.engine.pad_id):
+            got = self.engine.branch_scores(kv, batch, p, pack, [plan.blocks[b] for b in pack.blocks])
+            for b, s in zip(pack.blocks, got):
+                scores[b] = s
+            ran += pack.tokens
+        st.batches += 1
+        st.processed_tokens += batch.padded_tokens + ran
+        st.padding_tokens += batch.padded_tokens - batch.real_tokens
+        st.label_tokens += ran
+        return [
+            Prediction(item.index, n_tokens=len(item.ids) + sum(map(len, item.chains)), truncated=item.truncated,
+                       answers=ans)
+            for item, ans in zip(items, plan.answers(scores))
+        ]  # fmt: skip
 
     def _run_head(
         self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
@@ -693,6 +795,22 @@ def _check_head(head: Head, engine: Engine, scoring: str, keep_logits: bool, lab
                 f"{name}={value!r} is a label-scoring setting; a learned head scores no label tokens and has no "
                 f"vocabulary logits: leave {name} at {default!r}"
             )
+
+
+def _refuse_with_questions(**given: bool) -> None:
+    """What a classifier that asks several questions does not take (each question carries its own options)."""
+    bad = [k for k, v in given.items() if v]
+    if bad:
+        why = {
+            "labels": "each question has its own labels",
+            "examples": "few-shot examples answer one question",
+            "label_descriptions": "a question carries its own descriptions",
+        }
+        raise QuestionError(
+            f"questions= does not go with {bad[0]}"
+            + (f" ({why[bad[0]]})" if bad[0] in why else " (not supported with several questions yet)")
+            + ": drop it, or ask one question with labels="
+        )
 
 
 class Run:

@@ -174,6 +174,72 @@ class Engine:
                 ran += B * T
         return out, ran
 
+    def encode(self, batch: batching.Batch, prefix: PrefixCache | None) -> list[KV]:
+        """The per-layer KV (prefix + batch) of a batch's prompts, for branches to run after.
+        The last layer runs its last position only; nothing is projected on the vocabulary."""
+        with self.lock:
+            _, kv = self.model(
+                mx.array(batch.ids),
+                mx.array(batch.mask),
+                mx.array(batch.offsets),
+                cache=prefix.kv if prefix else None,
+                last_only=True,
+            )
+            mx.eval(kv)
+            return kv
+
+    def branch_scores(
+        self, kv: list[KV], batch: batching.Batch, prefix_len: int, pack: Any, blocks: Sequence[Any]
+    ) -> list[np.ndarray]:
+        """Each block's option scores (B, options) from one pass over a pack of branches
+        (`branches.Pack`) after the rows' KV: an option's first-token logit (label rows only:
+        the normalizer is one per block and row, and cancels in its softmax) plus the exact
+        log-probabilities of its later tokens from its trie nodes, as `score_batch` does for
+        one prompt. `blocks[k]` is the `branches.Block` of the pack's k-th block."""
+        if not getattr(self.model, "supports_tree", False):
+            raise ModelError(f"several questions per text need one of our architectures; {self.path} has no tree masks")
+        B, L = batch.ids.shape
+        cache_mask = mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
+        end = batch.offsets.astype(np.int32) + L  # each row's position after its text part
+        firsts = [np.asarray(b.options.first_ids) for b in blocks]
+        rows = np.unique(np.concatenate(firsts))
+        with self.lock:
+            h, _ = self.model(
+                mx.array(pack.ids), None, None, cache=kv, cache_mask=cache_mask, last_only=False,
+                positions=mx.array(end[:, None] + pack.positions), tree=mx.array(pack.visible),
+            )  # fmt: skip
+            D = h.shape[-1]
+            at = mx.array(pack.answer_at.astype(np.int32))  # (B, K)
+            ans = mx.take_along_axis(h, at[..., None], axis=1).reshape(-1, D)
+            first = np.array(self.model.logits(ans, mx.array(rows)).astype(mx.float32), dtype=np.float64)
+            first = first.reshape(B, len(blocks), len(rows))
+            out = [first[:, k, np.searchsorted(rows, f)] for k, f in enumerate(firsts)]
+            if pack.node_at.shape[1]:
+                nodes = mx.take_along_axis(h, mx.array(pack.node_at.astype(np.int32))[..., None], axis=1)
+                self._add_trie_scores(nodes.reshape(-1, D), B, blocks, out)
+        return out
+
+    def _add_trie_scores(self, nodes: mx.array, B: int, blocks: Sequence[Any], out: list[np.ndarray]) -> None:
+        """Adds each option's later-token log-probabilities (its trie edges) to `out` in place;
+        `nodes` (B * N, D) are the pack's trie nodes, block by block, chunk by chunk."""
+        N = nodes.shape[0] // B
+        tokens = np.unique(np.concatenate([c.edge_token for b in blocks for c in b.options.trie]))
+        lse_parts, picked = [], []
+        for lo in range(0, nodes.shape[0], LOGIT_ROWS):
+            logits = self.model.logits(nodes[lo : lo + LOGIT_ROWS]).astype(mx.float32)
+            lse_parts.append(mx.logsumexp(logits, axis=-1))
+            picked.append(mx.take(logits, mx.array(tokens), axis=1))
+            mx.eval(lse_parts[-1], picked[-1])
+        lse = np.array(mx.concatenate(lse_parts), dtype=np.float64).reshape(B, N)
+        got = np.array(mx.concatenate(picked), dtype=np.float64).reshape(B, N, len(tokens))
+        base = 0
+        for k, b in enumerate(blocks):
+            for c in b.options.trie:
+                node = base + c.edge_node
+                lp = got[:, node, np.searchsorted(tokens, c.edge_token)] - lse[:, node]  # (B, E)
+                out[k][:, c.labels] += lp @ c.paths
+                base += len(c)
+
     def _edge_logprobs(self, hidden: mx.array, c: TrieChunk, T: int) -> np.ndarray:
         """log p(edge token | node) for every edge of a chunk, rows (B, E), from the nodes'
         hidden states (B*T, D). The vocabulary's log-sum-exp is taken LOGIT_ROWS node

@@ -252,8 +252,10 @@ def build_mask(
     B, L = attention_mask.shape
     real = attention_mask.astype(mx.bool_)
     idx = mx.arange(L)
-    causal = tree.astype(mx.bool_) if tree is not None else idx[:, None] >= idx[None, :]  # (L, L)
-    new = (causal[None] & real[:, None, :]) | (idx[:, None] == idx[None, :])[None]  # (B, L, L)
+    causal = tree.astype(mx.bool_) if tree is not None else idx[:, None] >= idx[None, :]  # (L, L) or (B, L, L)
+    if causal.ndim == 2:
+        causal = causal[None]
+    new = (causal & real[:, None, :]) | (idx[:, None] == idx[None, :])[None]  # (B, L, L)
     if cache_len:
         if cache_mask is None:
             old = mx.ones((B, L, cache_len), dtype=mx.bool_)
@@ -493,8 +495,8 @@ class Model(nn.Module):
         cache_mask: (B or 1, C) real cached keys (default: all real); the real cached keys
             are taken to be the tokens before the new ones, in order (sliding windows count on it).
         positions: (B, L) explicit RoPE positions, replacing `offsets` (a label trie).
-        tree: (L, L) bool, which new tokens each new token sees (default causal); must be a
-            subset of the causal pattern (ancestors first), as the attention kernels assume.
+        tree: (L, L) or (B, L, L) bool, which new tokens each new token sees (default causal);
+            must be a subset of the causal pattern (ancestors first), as the attention kernels assume.
         Returns hidden (B, D) at the last position if `last_only`, else (B, L, D), and
         the per-layer KV of cache + these tokens (to extend with label tokens).
         """

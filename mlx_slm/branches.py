@@ -1,0 +1,174 @@
+"""Several questions about one text in one pass: the text's tokens once, each question a branch.
+
+Every question's full prompt is rendered and tokenized whole (a BPE merge may cross the
+boundary between the text and the question, so tokenizing the question alone could give
+ids no real prompt holds). The tokens all of one text's question prompts share (capped so
+that each question keeps at least its last token) run once, as the ordinary batched
+forward does (after the shared prompt head from the prefix cache). What is left of each
+prompt, the question's own tokens, then its options' token trie, runs as one branch of a
+tree, every branch of a row in one extra pass over that row's KV:
+
+    row r:  [shared head (prefix KV)] [text part, left-padded]  | q1 tokens, q1 trie | q2 ... | pad
+                                                                  └ sees text + own ancestors only
+
+A branch token sees the row's cached keys (head and text) and its own branch's earlier
+tokens, never another branch (`visible`, a per-row tree mask), at the RoPE position it
+has in its question's own prompt (`positions`). So each answer is exactly the one that
+question's prompt gets alone; `Engine.branch_scores` runs a pack.
+
+Pure planning here (no model): rendering, the split, and packing branches into passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .labels import LabelSet, build_labelset
+from .prompts import PromptFormat, common_prefix, render, shared_prefix, tokenize
+from .questions import Question, QuestionError, check_questions, check_template, user_turn
+
+# Branch tokens (question tokens + option trie nodes) run per row in one pass; more are split
+# into further passes over the same KV. The batch planner counts a pass's tokens in every row.
+MAX_PASS_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Block:
+    """One branch's settings: which question it answers, its prompt format and its options."""
+
+    question: int  # index into the plan's questions
+    fmt: PromptFormat
+    options: LabelSet
+
+    @property
+    def nodes(self) -> int:
+        return sum(len(c) for c in self.options.trie)
+
+
+@dataclass
+class Pack:
+    """Some branches of every row of a batch, laid out for one pass (positions relative to
+    the row's end of text; padding at the right sees only itself)."""
+
+    blocks: list[int]  # which blocks (indices into the plan's blocks) this pack runs
+    ids: np.ndarray  # (B, T) int32
+    positions: np.ndarray  # (B, T) int32, 0 = the first token after the text part
+    visible: np.ndarray  # (B, T, T) bool: a branch token sees itself and its ancestors
+    answer_at: np.ndarray  # (B, K) int: each block's last question token (where options' first tokens are read)
+    node_at: np.ndarray  # (B, N) int: every trie node of every block, block by block
+
+    @property
+    def tokens(self) -> int:
+        return int(self.ids.size)
+
+
+class QuestionPlan:
+    """How a classifier asks its questions: the blocks (one per question, one per label of a
+    `multi` question), the split of each text's prompts, and the packs of branches."""
+
+    def __init__(self, tokenizer: Any, questions: Sequence[Question], system: str | None, template: str):
+        check_template(template)
+        self.questions = check_questions(questions)
+        self.tokenizer = tokenizer
+        blocks = []
+        for qi, q in enumerate(self.questions):
+            if "{text}" in q.question:
+                raise QuestionError(f"question {q.name!r} holds {{text}}: the text goes in the template")
+            for wording, options in q.blocks():
+                fmt = PromptFormat(system, user_turn(template, "{text}", wording))
+                ls = build_labelset(tokenizer, options, render(tokenizer, fmt, "example"), "auto")
+                if q.kind in ("yesno", "multi") and ls.mode != "first-token":
+                    raise QuestionError(
+                        f"question {q.name!r}: the answer words {list(options)} are not one token each in this "
+                        f"model's tokenizer ({[list(t) for t in ls.token_ids]}): give one-token words as 'answers'"
+                    )
+                blocks.append(Block(qi, fmt, ls))
+        self.blocks: tuple[Block, ...] = tuple(blocks)
+        # Every prompt starts with this (system and template head): its KV is the prefix cache's.
+        self.head = shared_prefix(tokenizer, self.blocks[0].fmt)
+        probe = [tokenize(tokenizer, [render(tokenizer, b.fmt, "example text")])[0] for b in self.blocks]
+        cut = min(len(common_prefix(probe)), min(len(p) for p in probe) - 1)
+        # Tokens a row runs after its text part, per pass: what the batch planner budgets.
+        self.groups = _groups([len(p) - cut + b.nodes for p, b in zip(probe, self.blocks)])
+        self.row_extra = max(sum(len(probe[i]) - cut + self.blocks[i].nodes for i in g) for g in self.groups)
+        # The longest option after its own prompt: what each prompt must leave room for.
+        self.label_extra = max(b.options.max_len - 1 for b in self.blocks)
+
+    # ------------------------------------------------------------------ texts to tokens
+    def split(self, texts: Sequence[str]) -> list[tuple[list[int], list[list[int]]]]:
+        """Per text: (the tokens all its question prompts share, each block's own tokens after them)."""
+        nb = len(self.blocks)
+        ids = tokenize(self.tokenizer, [render(self.tokenizer, b.fmt, t) for t in texts for b in self.blocks])
+        out = []
+        for i in range(len(texts)):
+            mine = ids[i * nb : (i + 1) * nb]
+            cut = min(len(common_prefix(mine)), min(len(p) for p in mine) - 1)
+            out.append((mine[0][:cut], [p[cut:] for p in mine]))
+        return out
+
+    def longest(self, common: Sequence[int], chains: Sequence[Sequence[int]]) -> int:
+        """Tokens of the longest full question prompt with its longest option: what must fit the context."""
+        return len(common) + max(len(c) + b.options.max_len - 1 for c, b in zip(chains, self.blocks))
+
+    # ------------------------------------------------------------------ packing
+    def packs(self, chains: Sequence[Sequence[Sequence[int]]], pad_id: int) -> list[Pack]:
+        """The branches of a batch's rows (`chains[r][b]`: row r's tokens for block b), in passes."""
+        return [self._pack(g, chains, pad_id) for g in self.groups]
+
+    def _pack(self, group: list[int], chains: Sequence[Sequence[Sequence[int]]], pad_id: int) -> Pack:
+        B = len(chains)
+        lens = [[len(chains[r][b]) + self.blocks[b].nodes for b in group] for r in range(B)]
+        T = max(sum(x) for x in lens)
+        ids = np.full((B, T), pad_id, dtype=np.int32)
+        pos = np.zeros((B, T), dtype=np.int32)
+        vis = np.broadcast_to(np.eye(T, dtype=bool), (B, T, T)).copy()
+        answer_at = np.zeros((B, len(group)), dtype=np.int64)
+        node_at = np.zeros((B, sum(self.blocks[b].nodes for b in group)), dtype=np.int64)
+        for r in range(B):
+            at, n_at = 0, 0
+            for k, b in enumerate(group):
+                chain = list(chains[r][b])
+                m, start = len(chain), at
+                ids[r, at : at + m] = chain
+                pos[r, at : at + m] = np.arange(m)
+                vis[r, at : at + m, at : at + m] = np.tril(np.ones((m, m), dtype=bool))
+                answer_at[r, k] = at + m - 1
+                at += m
+                for c in self.blocks[b].options.trie:  # nodes see the whole chain and their own ancestors
+                    n = len(c)
+                    ids[r, at : at + n] = c.tokens
+                    pos[r, at : at + n] = m + c.depth
+                    vis[r, at : at + n, start : start + m] = True
+                    vis[r, at : at + n, at : at + n] = c.visible
+                    node_at[r, n_at : n_at + n] = np.arange(at, at + n)
+                    at, n_at = at + n, n_at + n
+        return Pack(group, ids, pos, vis, answer_at, node_at)
+
+    # ------------------------------------------------------------------ scores to answers
+    def answers(self, scores: Sequence[np.ndarray]) -> list[dict[str, dict[str, Any]]]:
+        """Per row, {question name: answer}, from each block's (B, options) scores."""
+        B = len(scores[0]) if scores else 0
+        by_q: dict[int, list[int]] = {}
+        for i, b in enumerate(self.blocks):
+            by_q.setdefault(b.question, []).append(i)
+        return [
+            {q.name: q.answer([scores[i][r] for i in by_q[qi]]) for qi, q in enumerate(self.questions)}
+            for r in range(B)
+        ]
+
+
+def _groups(sizes: Sequence[int], cap: int = MAX_PASS_TOKENS) -> list[list[int]]:
+    """Consecutive blocks cut into passes of at most `cap` tokens a row (a block alone may exceed it)."""
+    groups: list[list[int]] = [[]]
+    total = 0
+    for i, n in enumerate(sizes):
+        if groups[-1] and total + n > cap:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += n
+    return groups
