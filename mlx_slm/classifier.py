@@ -181,7 +181,7 @@ class Classifier:
         self.plan: QuestionPlan | None = None
         if questions is not None:
             _refuse_with_questions(
-                labels=tuple(labels) != DEFAULT_LABELS if not isinstance(labels, (str, bytes)) else True,
+                labels=isinstance(labels, (str, bytes)) or tuple(labels) not in ((), DEFAULT_LABELS),
                 head=head is not None, examples=bool(examples), label_descriptions=bool(label_descriptions),
                 calibration=CalibrationSpec.of(calibration).applies, min_confidence=min_confidence is not None,
                 keep_logits=keep_logits, scoring=scoring != "auto", truncate=truncate is not None,

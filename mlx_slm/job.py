@@ -44,6 +44,7 @@ class TaskOptions:
     system: str = DEFAULT_SYSTEM
     template: str = DEFAULT_TEMPLATE
     examples_file: str | None = None
+    questions_file: str | None = None
     calibrate: str = "none"
     calibration_data: str | None = None
     warmup: int = DEFAULT_WARMUP
@@ -133,7 +134,11 @@ class Setup:
         self.id_required = "id_column" in given
         self.labels: list[str] | None = None
         self.examples: Any = ()
+        self.questions: Any = None
         self.calibration = CalibrationSpec.of(o.calibrate)
+        if o.questions_file:
+            self._read_questions()
+            return
         if o.task_file:
             self._take_task(o.task_file)
         self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
@@ -179,6 +184,28 @@ class Setup:
         if "calibrate" not in given:
             self.calibration = t.calibration
 
+    def _read_questions(self) -> None:
+        """--questions: each question carries its labels; the label-scoring options do not apply."""
+        from .questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, read_questions
+
+        o = self.o
+        clash = {
+            "labels_csv", "labels_file", "examples_file", "scoring", "truncate", "min_confidence", "task_file",
+            "calibration_data", "save_task",
+        } & self.given  # fmt: skip
+        if o.calibrate != "none":
+            clash.add("calibrate")
+        if clash:
+            raise UsageError(
+                f"--questions does not go with {flag_names(clash)}: each question carries its own labels"
+                + ("" if clash & {"labels_csv", "labels_file"} else " (not supported with --questions yet)")
+            )
+        self.questions = read_questions(o.questions_file)
+        if "system" not in self.given:
+            o.system = DEFAULT_SYSTEM
+        if "template" not in self.given:
+            o.template = DEFAULT_TEMPLATE
+
     def _read_labels(self) -> None:
         from .labels import parse_labels
 
@@ -215,6 +242,7 @@ class Setup:
             scoring=o.scoring,
             truncate=o.truncate,
             examples=tuple(self.examples),
+            **({"questions": self.questions} if self.questions is not None else {}),
         )
         self.clf = Classifier.load(**self.load_kwargs)
         self.weights = self.clf.engine.weights_sha256
@@ -406,6 +434,8 @@ def classify(s: ClassifySettings) -> int:
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = Setup(s.task)
+    if setup.questions is not None and dist.ray:
+        raise UsageError("--questions does not go with --ray yet: run the questions here, or --shard the input")
     if dist.shard is not None and setup.calibration.per_input:
         raise UsageError(
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
@@ -473,7 +503,12 @@ class ClassifyJob:
             rows, shard_info = self._shard_rows(rows, self.dist.shard)
         extra = setup.settings()
         calibrated = extra["calibration"] != "none"
-        columns = csv_columns(clf.labels, raw=calibrated, abstain=o.min_confidence is not None)
+        if clf.questions is not None:
+            from .output import question_columns
+
+            columns = question_columns(clf.questions)
+        else:
+            columns = csv_columns(clf.labels, raw=calibrated, abstain=o.min_confidence is not None)
         if self.output is not None:
             self.settings = self._manifest_settings(extra, shard_info)
         append = previous is not None
@@ -553,6 +588,7 @@ class ClassifyJob:
         return {
             "weights_sha256": self.setup.weights,
             "labels": list(clf.labels),
+            **({"questions": [q.to_dict() for q in clf.questions]} if clf.questions is not None else {}),
             "system": o.system or None,
             "template": o.template,
             "scoring": clf.mode,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._fs import utc_now, write_json_atomic
-from .calibration import written
+from .calibration import PROB_DIGITS, written
 from .errors import OutputError
 from .safefs import open_nofollow, refuse_symlink
 
@@ -340,7 +340,12 @@ def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict
         if not err.startswith("line "):
             err = f"line {row.line}: {err}"
         return {"id": row.id, "line": row.line, "error": err}
-    rec: dict[str, Any] = {"id": row.id, "label": pred.label, "probs": written(pred.probs)}
+    if pred.answers is not None:
+        rec: dict[str, Any] = {"id": row.id, "answers": answer_record(pred.answers)}
+        if pred.truncated:
+            rec["truncated"] = True
+        return rec
+    rec = {"id": row.id, "label": pred.label, "probs": written(pred.probs)}
     if pred.raw_probs is not None:
         rec["raw_probs"] = written(pred.raw_probs)
         rec["calibration"] = calibration
@@ -349,6 +354,55 @@ def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict
     if pred.truncated:
         rec["truncated"] = True
     return rec
+
+
+def answer_record(answers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Answers as written: probabilities (and expected levels) with `calibration.PROB_DIGITS` decimals."""
+    out = {}
+    for name, a in answers.items():
+        a = dict(a)
+        a["probs"] = written(a["probs"])
+        for k in ("expected", "abstain"):
+            if k in a:
+                a[k] = round(a[k], PROB_DIGITS)
+        out[name] = a
+    return out
+
+
+def flat_answers(answers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """An answers record as CSV/TSV/Parquet columns: `team`, `team.p_billing`, ..., a multi
+    question's labels joined by ';', `q.expected` for a scale, `q.abstain` with a none option."""
+    flat: dict[str, Any] = {}
+    for name, a in answers.items():
+        flat[name] = ";".join(a["labels"]) if "labels" in a else a["label"]
+        for lab, p in a["probs"].items():
+            flat[f"{name}.p_{lab}"] = p
+        for k in ("expected", "abstain"):
+            if k in a:
+                flat[f"{name}.{k}"] = a[k]
+    return flat
+
+
+def question_columns(questions: Sequence[Any]) -> list[str]:
+    """CSV/TSV/Parquet header of a run that asks several questions (see `flat_answers`)."""
+    cols = ["id"]
+    for q in questions:
+        cols.append(q.name)
+        cols += [f"{q.name}.p_{lab}" for lab in q.labels]
+        cols += [f"{q.name}.expected"] if q.kind == "scale" else []
+        cols += [f"{q.name}.abstain"] if q.none else []
+    return cols + ["truncated", "line", "error"]
+
+
+def flat_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """An output record as one flat row (CSV/TSV/Parquet): `p_<label>` per label, or a question's columns."""
+    flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs", "answers")}
+    for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
+        for lab, p in (rec.get(key) or {}).items():
+            flat[prefix + lab] = p
+    if rec.get("answers"):
+        flat.update(flat_answers(rec["answers"]))
+    return flat
 
 
 def csv_columns(labels: Sequence[str], raw: bool = False, abstain: bool = False) -> list[str]:
@@ -414,11 +468,7 @@ class Writer:
             if self.fmt == "jsonl":
                 self.f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             else:
-                flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs")}
-                for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
-                    for lab, p in rec.get(key, {}).items():
-                        flat[prefix + lab] = p
-                self.csv.writerow(flat)
+                self.csv.writerow(flat_record(rec))
             self.f.flush()
         except BrokenPipeError:
             raise  # the reader went away (`| head`): the CLI ends quietly
@@ -472,10 +522,7 @@ class ParquetRows:
         self.data: dict[str, list[Any]] = {c: [] for c in self.columns}
 
     def add(self, rec: dict[str, Any]) -> None:
-        flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs")}
-        for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
-            for lab, p in (rec.get(key) or {}).items():
-                flat[prefix + lab] = p
+        flat = flat_record(rec)
         for c in self.columns:
             self.data[c].append(flat.get(c))
 
@@ -502,7 +549,7 @@ class ParquetRows:
                     continue
                 names.append(c)
                 continue
-            if c.startswith(("p_", "raw_p_")):
+            if c.startswith(("p_", "raw_p_")) or re.search(r"\.(p_.*|expected|abstain)$", c):
                 typ = pa.float64()
             elif c in ("truncated", "abstained"):
                 typ, vals = pa.bool_(), [bool(v) for v in vals]

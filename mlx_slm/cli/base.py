@@ -38,7 +38,9 @@ SECTIONS = {
     **dict.fromkeys(("out", "as_json", "strict", "no_input_check", "force", "quiet"), "Output"),
     **dict.fromkeys(("task_file", "model", "reference", "dtype", "keep_quantized"), "Task and model"),
     **dict.fromkeys(("quantize", "group_size"), "Conversion"),
-    **dict.fromkeys(("labels_csv", "labels_file", "system", "template", "examples_file"), "Labels and prompt"),
+    **dict.fromkeys(
+        ("labels_csv", "labels_file", "questions_file", "system", "template", "examples_file"), "Labels and prompt"
+    ),
     **dict.fromkeys(("scoring", "truncate"), "Labels and prompt"),
     **dict.fromkeys(("calibrate", "calibration_data", "warmup", "min_confidence"), "Calibration"),
     **dict.fromkeys(("batch_size", "max_batch_tokens", "window", "no_sort", "no_prefix_cache"), "Batching"),
