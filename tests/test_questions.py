@@ -1,0 +1,257 @@
+"""Several questions per text in one pass (questions.py, branches.py, Engine.branch_scores).
+
+The promise: every answer equals the same question asked alone and Transformers scoring
+that question's full prompt afresh, on every architecture (sliding windows included), with
+texts whose last token merges with the question's first across the boundary; bad question
+files are named with their line and field; the CLI writes answers in every format.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import make_tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlx_slm.branches import QuestionPlan, _groups
+from mlx_slm.questions import (
+    DEFAULT_SYSTEM,
+    DEFAULT_TEMPLATE,
+    Question,
+    QuestionError,
+    check_questions,
+    check_template,
+    read_questions,
+)
+
+YN = ("y", "n")  # one token each in the tiny test tokenizer ("yes" is three there)
+QUESTIONS = [
+    Question("team", "Which team should handle it?", "choice", ("billing", "technical", "account"),
+             descriptions={"billing": "charges and refunds"}),
+    Question("urgent", "Is it urgent?", "yesno", YN),
+    Question("mood", "How upset is the customer?", "scale", ("1", "2", "3", "4", "5")),
+    Question("tags", "Does it mention {label}?", "multi", ("card", "app", "email"), answers=YN),
+    Question("product", "Which product?", "choice", ("mobile app", "web site"), none="none of these"),
+]  # fmt: skip
+# Texts ending in a newline or spaces: their last token merges with the question's first.
+TEXTS = [
+    "My card was charged twice for the same invoice.",
+    "The mobile app crashes whenever I open the settings page.\n",
+    "I need to change the email address on my profile  ",
+    "refund please\n\n",
+    "x",
+]
+
+
+# --------------------------------------------------------------------------- pure: questions
+def test_question_kinds_and_answers():
+    q = Question("mood", "How?", "scale", ("1", "2", "3"))
+    a = q.answer([np.log([0.2, 0.3, 0.5])])
+    assert a["label"] == "3" and a["expected"] == pytest.approx(0.2 + 0.6 + 1.5)
+    words = Question("size", "How big?", "scale", ("small", "big"))
+    assert words.answer([np.log([0.25, 0.75])])["expected"] == pytest.approx(1.75)  # ranks 1..n
+    none = Question("p", "Which?", "choice", ("a", "b"), none="none of these")
+    a = none.answer([np.log([0.3, 0.1, 0.6])])
+    assert a["label"] is None and a["abstain"] == pytest.approx(0.6) and a["probs"]["a"] == pytest.approx(0.75)
+    assert none.answer([np.log([0.5, 0.1, 0.4])])["label"] == "a"
+    multi = Question("t", "Mentions {label}?", "multi", ("x", "y"), threshold=0.6)
+    a = multi.answer([np.log([0.7, 0.3]), np.log([0.55, 0.45])])
+    assert a["labels"] == ["x"] and a["probs"]["y"] == pytest.approx(0.55)
+    yn = Question("u", "Urgent?", "yesno", ("yes", "no"))
+    assert yn.answer([np.log([0.2, 0.8])]) == {"label": "no", "probs": {"yes": pytest.approx(0.2), "no": 0.8}}
+    assert [b[1] for b in multi.blocks()] == [("yes", "no")] * 2 and "Mentions y?" in multi.blocks()[1][0]
+
+
+@pytest.mark.parametrize(
+    "obj, needle",
+    [
+        ({"name": "a", "question": "", "labels": ["x", "y"]}, "'question' must be a non-empty string"),
+        ({"name": "id", "question": "Q?", "labels": ["x", "y"]}, "clashes with an output field"),
+        ({"name": "a b", "question": "Q?", "labels": ["x", "y"]}, "use letters, digits"),
+        ({"name": "a", "question": "Q?", "kind": "scale", "levels": ["1"]}, "has 1 level(s)"),
+        ({"name": "a", "question": "Q?", "labels": ["x", "x"]}, "given twice"),
+        ({"name": "a", "question": "Q?", "labels": ["x", "y"], "thresold": 0.3}, "did you mean 'threshold'"),
+        ({"name": "a", "question": "Q?", "kind": "multi", "labels": ["x", "y"]}, "must hold {label}"),
+        ({"name": "a", "question": "Q?", "kind": "poll", "labels": ["x", "y"]}, "not one of choice"),
+        ({"name": "a", "question": "Q?", "kind": "yesno", "answers": ["yes"]}, "two strings"),
+        ({"name": "a", "question": "Q?", "labels": ["x", "y"], "none": 3}, "'none' is a string"),
+        ({"name": "a", "question": "Q?", "labels": ["x", "y"], "threshold": 0.2}, "only a multi"),
+        (["not", "an", "object"], "a question is a JSON object"),
+    ],
+)
+def test_bad_questions_are_named(obj, needle):
+    with pytest.raises(QuestionError) as e:
+        Question.from_dict(obj, "q.jsonl line 3")
+    assert needle in str(e.value) and "line 3" in str(e.value)
+
+
+def test_question_sets_and_files(tmp_path):
+    with pytest.raises(QuestionError, match="given twice"):
+        check_questions([QUESTIONS[0], QUESTIONS[0]])
+    with pytest.raises(QuestionError, match="at most 256"):
+        check_questions([Question(f"q{i}", "Q?", "choice", ("a", "b")) for i in range(257)])
+    with pytest.raises(QuestionError, match="no questions"):
+        check_questions([])
+    with pytest.raises(QuestionError, match="must come after {text}"):
+        check_template("{question}\n{text}")
+    check_template("Ticket: {text}\n{question}")
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n".join(json.dumps(q.to_dict()) for q in QUESTIONS) + "\n")
+    assert read_questions(str(f)) == tuple(QUESTIONS)
+    g = tmp_path / "q.json"
+    g.write_text(json.dumps([q.to_dict() for q in QUESTIONS]))
+    assert read_questions(str(g)) == tuple(QUESTIONS)
+    f.write_text(json.dumps(QUESTIONS[0].to_dict()) + "\n{oops\n")
+    with pytest.raises(QuestionError, match="line 2: malformed JSON"):
+        read_questions(str(f))
+    f.write_text("")
+    with pytest.raises(QuestionError, match="holds no questions"):
+        read_questions(str(f))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 700), min_size=1, max_size=40), st.integers(1, 1500))
+def test_groups_keep_order_and_the_cap(sizes, cap):
+    groups = _groups(sizes, cap)
+    assert [i for g in groups for i in g] == list(range(len(sizes)))
+    assert all(len(g) == 1 or sum(sizes[i] for i in g) <= cap for g in groups)
+
+
+# --------------------------------------------------------------------------- packing (tokenizer only)
+def test_packs_see_only_their_own_branch(tiny_qwen_mlx):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_qwen_mlx))
+    plan = QuestionPlan(tok, QUESTIONS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE)
+    assert len(plan.blocks) == 7  # a multi question of three labels is three branches
+    split = plan.split(TEXTS)
+    (pack,) = plan.packs([chains for _, chains in split], pad_id=0)
+    for r, (_, chains) in enumerate(split):
+        at = 0
+        for k, b in enumerate(plan.blocks):
+            n = len(chains[k]) + b.nodes
+            block = slice(at, at + n)
+            # a branch token sees nothing outside its branch (the text comes from the KV)
+            assert not pack.visible[r, block, :at].any() and not pack.visible[r, block, at + n :].any()
+            assert list(pack.ids[r, at : at + len(chains[k])]) == list(chains[k])
+            assert pack.answer_at[r, k] == at + len(chains[k]) - 1
+            at += n
+        assert np.array_equal(pack.visible[r], np.tril(pack.visible[r]))  # within the causal pattern
+    # The texts ending in white space merge with the question: their common part stops inside the text.
+    ends = [tok.decode(common).endswith(t) for (common, _), t in zip(split, TEXTS)]
+    assert not all(ends), "no text merged with its question across the boundary: the test lost its case"
+
+
+# --------------------------------------------------------------------------- exactness, every architecture
+SLOW = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=SLOW), pytest.param("qwen3", marks=SLOW),
+                                        pytest.param("gemma3", marks=SLOW)])  # fmt: skip
+def tiny_engine(request, tmp_path_factory):
+    from mlx_slm.convert import convert
+    from mlx_slm.engine import Engine
+
+    tmp = tmp_path_factory.mktemp(f"questions-{request.param}")
+    make_tiny(tmp / "hf", request.param)
+    path = convert(tmp / "hf", tmp / "mlx", dtype="float32", progress=None)
+    return Engine.load(str(path), "float32")
+
+
+def _close(a: dict, b: dict, tol: float) -> bool:
+    same = a.get("label") == b.get("label") and a.get("labels") == b.get("labels")
+    return same and max(abs(a["probs"][k] - b["probs"][k]) for k in a["probs"]) <= tol
+
+
+def test_every_answer_equals_the_question_alone_and_transformers(tiny_engine):
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.prompts import render, tokenize
+    from mlx_slm.reference import Reference
+    from mlx_slm.workload import tickets
+
+    texts = TEXTS + [t for t, _ in tickets(6)]  # workload tickets: long enough to leave the window (16)
+    clf = Classifier(tiny_engine, questions=QUESTIONS, batch_size=4, max_batch_tokens=None)
+    assert clf.prefix is not None
+    preds = clf.classify(texts)
+    for q in QUESTIONS:
+        alone = Classifier(tiny_engine, questions=[q], batch_size=3).classify(texts)
+        for p, a in zip(preds, alone):
+            assert _close(p.answers[q.name], a.answers[q.name], 1e-4), (q.name, p.answers[q.name], a.answers[q.name])
+    ref = Reference(tiny_engine.path)
+    for p, text in zip(preds, texts):
+        got: dict[int, list] = {}
+        for b in clf.plan.blocks:  # each question's full prompt, run afresh by Transformers
+            ids = tokenize(tiny_engine.tokenizer, [render(tiny_engine.tokenizer, b.fmt, text)])[0]
+            got.setdefault(b.question, []).append(ref.label_scores(ids, b.options)[0])
+        for qi, q in enumerate(QUESTIONS):
+            assert _close(q.answer(got[qi]), p.answers[q.name], 1e-3), (q.name, text)
+
+
+def test_one_question_in_the_old_shape_is_unchanged(tiny_qwen_mlx):
+    """labels= is still one question: the same predictions as before, no answers."""
+    from mlx_slm.classifier import Classifier
+
+    clf = Classifier.load(str(tiny_qwen_mlx), dtype="float32")
+    p = clf.classify(TEXTS[:2])
+    assert p[0].answers is None and set(p[0].probs) == {"billing", "technical", "account"}
+
+
+def test_refused_settings_and_the_context(tiny_qwen_mlx):
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.engine import Engine
+
+    eng = Engine.load(str(tiny_qwen_mlx), "float32")
+    with pytest.raises(QuestionError, match="does not go with labels"):
+        Classifier(eng, ["a", "b"], questions=QUESTIONS[:1])
+    with pytest.raises(QuestionError, match="does not go with calibration"):
+        Classifier(eng, questions=QUESTIONS[:1], calibration="batch")
+    with pytest.raises(QuestionError, match="not one token each"):
+        Classifier(eng, questions=[Question("u", "Urgent?", "yesno", ("yes", "no"))])
+    clf = Classifier(eng, questions=QUESTIONS[:2], max_length=200)
+    long, short = clf.classify(["word " * 200, "short"])
+    assert "over the model's context of 200" in long.error and short.ok and set(short.answers) == {"team", "urgent"}
+    many = [Question(f"q{i}", f"Is this about topic {i}?", "yesno", YN) for i in range(300)]
+    with pytest.raises(QuestionError, match="at most 256"):
+        Classifier(eng, questions=many)
+    big = Classifier(eng, questions=many[:256], max_batch_tokens=512)
+    (p,) = big.classify(["My card was charged twice."])
+    assert p.ok and len(p.answers) == 256
+
+
+# --------------------------------------------------------------------------- the CLI
+def test_cli_classify_questions_in_every_format(tiny_qwen_mlx, tmp_path):
+    from mlx_slm.cli import main
+
+    qf = tmp_path / "q.jsonl"
+    qf.write_text("\n".join(json.dumps(q.to_dict()) for q in QUESTIONS) + "\n")
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "text": t}) for i, t in enumerate(TEXTS[:3])).replace("}{", "}\n{"))
+    inp.write_text(inp.read_text() + '\n{"id": 9, "text": ""}\n')
+    run = CliRunner().invoke
+    base = ["classify", str(inp), "--model", str(tiny_qwen_mlx), "--questions", str(qf), "-q"]
+    r = run(main, [*base, "-o", str(tmp_path / "o.jsonl"), "--on-error", "skip"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [x["id"] for x in rows] == [0, 1, 2, 9] and "error" in rows[3]
+    assert set(rows[0]["answers"]) == {q.name for q in QUESTIONS}
+    assert isinstance(rows[0]["answers"]["tags"]["labels"], list) and "expected" in rows[0]["answers"]["mood"]
+    r = run(main, [*base, "-o", str(tmp_path / "o.csv"), "--on-error", "skip"])
+    assert r.exit_code == 0, r.output
+    import csv
+
+    flat = list(csv.DictReader((tmp_path / "o.csv").open()))
+    assert flat[0]["team"] == rows[0]["answers"]["team"]["label"]
+    assert float(flat[0]["mood.expected"]) == rows[0]["answers"]["mood"]["expected"]
+    assert "product.abstain" in flat[0] and flat[3]["error"]
+    manifest = json.loads((tmp_path / "o.jsonl.mlx-slm.json").read_text())
+    assert [q["name"] for q in manifest["settings"]["questions"]] == [q.name for q in QUESTIONS]
+    r = run(main, [*base, "--labels", "a,b"])
+    assert r.exit_code == 2 and "--questions does not go with --labels" in r.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"name": "a", "question": "Q?", "labels": ["x", "y"]}\n{"name": "a", "question": "Q?", "labels": ["x", "y"]}\n')  # fmt: skip
+    r = run(main, [*base[:-3], "--questions", str(bad)])
+    assert r.exit_code == 2 and "given twice" in r.output
