@@ -225,6 +225,98 @@ def run_parity(
     }
 
 
+def run_question_parity(
+    model: str,
+    reference: str | None,
+    texts: Sequence[str],
+    questions: Sequence[Any],
+    system: str | None,
+    template: str,
+    dtype: str | None = None,
+    batch_size: int = 8,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    """Several questions per text: our one-pass answers against Transformers scoring every
+    question's full prompt afresh, one at a time, on the same weights (and on `reference`,
+    the original checkpoint, when given: conversion drift). Per question: labels equal and
+    the largest difference of its answer's probabilities."""
+    from .classifier import Classifier
+    from .prompts import render, tokenize
+    from .reference import score_blocks_in_child
+    from .registry import resolve_model, resolve_source
+
+    path = resolve_model(model)
+    progress(f"ours: MLX on {path}, {len(questions)} question(s) in one pass")
+    clf = Classifier.load(str(path), system=system, template=template, dtype=dtype, questions=questions,
+                          batch_size=batch_size)  # fmt: skip
+    plan = clf.plan
+    assert plan is not None
+    compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
+    t0 = time.perf_counter()
+    ours = clf.classify(texts)
+    t_ours = time.perf_counter() - t0
+    bad = [p for p in ours if not p.ok]
+    if bad:
+        raise UserError(f"item {bad[0].index}: {bad[0].error}")
+    tok = clf.tokenizer
+    blocks = [(tokenize(tok, [render(tok, b.fmt, t) for t in texts]), b.options) for b in plan.blocks]
+
+    def compare_with(where: str) -> tuple[dict[str, Any], float]:
+        progress(f"reference: Transformers float32, every question's prompt alone, on {where}")
+        scores, seconds = score_blocks_in_child(where, blocks)
+        out = {}
+        for qi, q in enumerate(plan.questions):
+            mine = [i for i, b in enumerate(plan.blocks) if b.question == qi]
+            agree, dprob = 0, 0.0
+            for r, p in enumerate(ours):
+                want = q.answer([scores[i][r] for i in mine])
+                got = p.answers[q.name]
+                agree += want.get("label") == got.get("label") and want.get("labels") == got.get("labels")
+                dprob = max(dprob, max(abs(want["probs"][k] - got["probs"][k]) for k in want["probs"]))
+            out[q.name] = {"kind": q.kind, "agree": agree, "total": len(texts), "max_abs_dprob": dprob}
+        return out, seconds
+
+    a, t_ref = compare_with(str(path))
+    b = compare_with(resolve_source(reference))[0] if reference is not None else None
+    tol = PROB_TOLERANCE[compute]
+    return {
+        "model": str(path),
+        "reference": reference,
+        "n": len(texts),
+        "questions": [q.to_dict() for q in plan.questions],
+        "compute_dtype": compute,
+        "tolerance_prob": tol,
+        "forward_exactness": a,
+        "conversion_drift": b,
+        "forward_ok": all(x["agree"] == x["total"] and x["max_abs_dprob"] <= tol for x in a.values()),
+        "drift_ok": b is None or all(x["agree"] == x["total"] for x in b.values()),
+        "seconds": {"ours": round(t_ours, 2), "reference": round(t_ref, 2)},
+    }
+
+
+def format_question_report(r: dict[str, Any]) -> str:
+    lines = [
+        f"parity, {len(r['questions'])} question(s) in one pass: {r['model']} ({r['compute_dtype']}), {r['n']} texts",
+        f"(a) forward exactness: ours vs Transformers float32 on every question's full prompt "
+        f"(probabilities within {r['tolerance_prob']})",
+    ]
+    for name, x in r["forward_exactness"].items():
+        lines.append(
+            f"    {name:<16} {x['kind']:<7} labels {x['agree']}/{x['total']}  max |dprob| {x['max_abs_dprob']:.2e}"
+        )
+    if r["conversion_drift"] is not None:
+        lines.append(f"(b) conversion drift: ours vs Transformers on {r['reference']}")
+        for name, x in r["conversion_drift"].items():
+            lines.append(f"    {name:<16} labels {x['agree']}/{x['total']}  max |dprob| {x['max_abs_dprob']:.2e}")
+    lines.append(f"forward {'OK' if r['forward_ok'] else 'FAILED'}; seconds: ours {r['seconds']['ours']}, "
+                 f"reference {r['seconds']['reference']}")  # fmt: skip
+    return "\n".join(lines)
+
+
+# Max |delta prob| between our answers and Transformers', by compute dtype.
+PROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
+
+
 # Max |delta hidden| / max |hidden| allowed for a head's features, by compute dtype.
 FEATURE_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 

@@ -144,6 +144,28 @@ def score_in_child(
         return data["scores"], data["logits"], float(data["seconds"])
 
 
+def score_blocks_in_child(
+    src: str | Path, blocks: Sequence[tuple[Sequence[Sequence[int]], LabelSet]]
+) -> tuple[list[np.ndarray], float]:
+    """`label_scores` of several prompt sets, each with its own label set (one per question
+    branch), in one child process (one model load): ([(n, k) per block], seconds)."""
+    require_torch()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.json"
+        out = Path(tmp) / "out.npz"
+        spec = [
+            {"prompts": [list(map(int, p)) for p in prompts], "labels": list(ls.labels),
+             "token_ids": [list(t) for t in ls.token_ids], "mode": ls.mode}
+            for prompts, ls in blocks
+        ]  # fmt: skip
+        job.write_text(json.dumps({"src": str(src), "blocks": spec}))
+        done = run_in_child(["-m", "mlx_slm.reference", str(job), str(out)])
+        if done.returncode != 0:
+            raise RuntimeError(f"the Transformers reference failed on {src} (exit status {done.returncode})")
+        data = np.load(out)
+        return [data[f"scores{i}"] for i in range(len(blocks))], float(data["seconds"])
+
+
 def hidden_in_child(
     src: str | Path,
     prompts: Sequence[Sequence[int]],
@@ -181,6 +203,15 @@ def _child(job_path: str, out_path: str) -> None:
         poolings, start = job.get("poolings", []), job.get("start", 0)
         hs = np.array([hidden(ref, p, job["layers"], poolings, start) for p in job["prompts"]])
         np.savez(out_path, hidden=hs, seconds=time.perf_counter() - t)
+        return
+    if "blocks" in job:  # several questions: each branch's full prompts with its own options
+        ref = Reference(job["src"])
+        t = time.perf_counter()
+        got = {}
+        for i, b in enumerate(job["blocks"]):
+            ls = LabelSet(tuple(b["labels"]), tuple(tuple(x) for x in b["token_ids"]), b["mode"])
+            got[f"scores{i}"] = np.array([ref.label_scores(p, ls)[0] for p in b["prompts"]])
+        np.savez(out_path, seconds=time.perf_counter() - t, **got)
         return
     ls = LabelSet(tuple(job["labels"]), tuple(tuple(t) for t in job["token_ids"]), job["mode"])
     ref = Reference(job["src"])

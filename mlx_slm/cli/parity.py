@@ -56,6 +56,13 @@ from .base import ESCAPES_HELP, Command, escapes, warn_blas
     "hidden_states at the head's layer (model and prompt from the task).",
 )
 @click.option(
+    "--questions",
+    "questions_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Several questions (as classify --questions): every answer of the one pass against Transformers "
+    "scoring each question's full prompt afresh.",
+)
+@click.option(
     "--keep-quantized/--dequantize",
     "keep_quantized",
     default=None,
@@ -76,6 +83,7 @@ def parity(
     strict: bool,
     keep_quantized: bool | None,
     task_file: str | None = None,
+    questions_file: str | None = None,
 ) -> None:
     """Check that the MLX path gives Transformers' labels and logits.
 
@@ -103,6 +111,9 @@ def parity(
             reference = default_reference(model)
         else:
             raise click.UsageError("--reference is needed unless --model is a built-in name or a quantized directory")
+    if questions_file:
+        _question_parity(model, reference, questions_file, n, input_path, system, template, dtype, as_json)
+        return
     if input_path:
         rows = [r for r in read_rows(input_path) if r.error is None][:n]
         texts = [r.text for r in rows]
@@ -129,6 +140,36 @@ def parity(
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
     if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
+        sys.exit(1)
+
+
+def _question_parity(
+    model: str, reference: str | None, path: str, n: int, input_path: str | None, system: str, template: str,
+    dtype: str | None, as_json: bool,
+) -> None:  # fmt: skip
+    from ..io import read_rows
+    from ..parity import format_question_report, run_question_parity
+    from ..questions import DEFAULT_SYSTEM as Q_SYSTEM
+    from ..questions import DEFAULT_TEMPLATE as Q_TEMPLATE
+    from ..questions import read_questions
+
+    questions = read_questions(path)
+    system = Q_SYSTEM if system == DEFAULT_SYSTEM else system
+    template = Q_TEMPLATE if template == DEFAULT_TEMPLATE else template
+    if input_path:
+        texts = [r.text for r in read_rows(input_path) if r.error is None][:n]
+        if not texts:
+            raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
+    else:
+        from ..workload import tickets
+
+        every = [t for t, _ in tickets(600)]
+        order = sorted(range(600), key=lambda i: len(every[i]))
+        texts = [every[order[int(k * 600 / n)]] for k in range(min(n, 600))]  # length-stratified
+    r = run_question_parity(model, reference, texts, questions, system or None, template, dtype=dtype,
+                            progress=lambda m: err(f"mlx-slm: {m}"))  # fmt: skip
+    click.echo(json.dumps(r, indent=2) if as_json else format_question_report(r))
+    if not r["forward_ok"]:
         sys.exit(1)
 
 
