@@ -16,11 +16,11 @@ from transformers import AutoTokenizer
 import mlx_slm
 from mlx_slm.classifier import Classifier
 from mlx_slm.prompts import PromptFormat, render, tokenize
-from mlx_slm.registry import resolve_model
+from mlx_slm.sources import materialise
 from mlx_slm.workload import stratified_sample, tickets
 
 n = int(sys.argv[1])
-p = resolve_model("qwen2.5-coder-0.5b")
+p = materialise("qwen2.5-coder-0.5b")
 tok = AutoTokenizer.from_pretrained(str(p))
 texts = [t for t, _ in tickets()]
 ids = tokenize(tok, [render(tok, PromptFormat(), t) for t in texts])

@@ -8,10 +8,10 @@ from transformers import AutoTokenizer
 from mlx_slm.classifier import Classifier
 from mlx_slm.engine import Engine
 from mlx_slm.models import load_model
-from mlx_slm.registry import resolve_model
+from mlx_slm.sources import materialise
 from mlx_slm.workload import stratified_sample, tickets
 
-p = resolve_model("qwen2.5-coder-0.5b")
+p = materialise("qwen2.5-coder-0.5b")
 m = load_model(p)
 tok = AutoTokenizer.from_pretrained(str(p))
 texts = [t for t, _ in tickets()]

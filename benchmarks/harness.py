@@ -73,11 +73,11 @@ class Run:
         from transformers import AutoTokenizer
 
         from mlx_slm.prompts import PromptFormat, render
-        from mlx_slm.registry import resolve_model, resolve_source
+        from mlx_slm.sources import local, materialise
         from mlx_slm.workload import LABELS, sample
 
-        self.path = resolve_model(model)
-        self.source = resolve_source(model)
+        self.path = materialise(model)
+        self.source = str(local(model).path)
         self.model_name = model
         self.config = json.loads((self.path / "config.json").read_text())
         self.tok = AutoTokenizer.from_pretrained(str(self.path))

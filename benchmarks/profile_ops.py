@@ -23,7 +23,7 @@ import mlx_slm  # noqa: F401
 from mlx_slm import fastmath
 from mlx_slm.models import FASTMATH, NATIVE, build_mask, load_model
 from mlx_slm.models.base import Context
-from mlx_slm.registry import resolve_model
+from mlx_slm.sources import materialise
 
 
 def timeit(f, reps: int = 7) -> float:
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--results", default="benchmarks/results")
     a = ap.parse_args()
-    m = load_model(resolve_model(a.model))
+    m = load_model(materialise(a.model))
     layer = m.layers[0]
     at = layer.self_attn
     B, L = a.batch, a.tokens // a.batch

@@ -30,7 +30,7 @@ from mlx_slm._blas import matmul_peak
 from mlx_slm.classifier import Classifier
 from mlx_slm.engine import Engine
 from mlx_slm.models import flops_per_token, load_model
-from mlx_slm.registry import resolve_model
+from mlx_slm.sources import materialise
 from mlx_slm.workload import stratified_sample, tickets
 
 T: dict[str, float] = defaultdict(float)
@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=120)
     ap.add_argument("--results", default="benchmarks/results")
     a = ap.parse_args()
-    path = resolve_model(a.model)
+    path = materialise(a.model)
     m = load_model(path)
     tok = AutoTokenizer.from_pretrained(str(path))
     texts = [t for t, _ in tickets()]

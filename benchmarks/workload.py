@@ -71,7 +71,7 @@ if __name__ == "__main__":
     else:
         from transformers import AutoTokenizer
 
-        from mlx_slm.registry import fetch_gguf
+        from mlx_slm.sources import fetch_gguf
 
         g = fetch_gguf("qwen2.5-coder-0.5b")
         for k, v in check_statistics(AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)).items():

@@ -1,4 +1,6 @@
-"""Checkpoint conversion: Hugging Face directory, hub id or GGUF file -> MLX safetensors.
+"""Checkpoint conversion: a local Hugging Face directory or GGUF file -> MLX safetensors.
+
+Local files to local files only: `sources.py` resolves a name or hub id and fetches it first.
 
 The output directory is a plain Hugging Face layout (`config.json`, `model.safetensors`
 with Hugging Face tensor names, tokenizer files), so mlx-lm and Transformers load it
@@ -142,28 +144,6 @@ def iter_gguf_tensors(path: Path, config: dict[str, Any]) -> Iterator[tuple[str,
 # --------------------------------------------------------------------------- Hugging Face
 
 
-def resolve_hf_dir(src: str) -> Path:
-    """A local directory as is; anything else is taken as a hub id and downloaded."""
-    p = Path(src).expanduser()
-    if p.is_dir():
-        return p
-    if p.exists():
-        raise ConversionError(f"{src}: not a directory, a .gguf file or a hub id")
-    if src.count("/") != 1 or src.startswith((".", "/", "~")):
-        raise ConversionError(f"{src}: no such file or directory, and not a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(
-            snapshot_download(
-                src,
-                allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*"],
-            )
-        )
-    except Exception as e:  # network, auth, missing repo: say so plainly
-        raise ConversionError(f"{src}: could not fetch from the Hugging Face hub ({type(e).__name__}: {e})") from e
-
-
 def iter_hf_tensors(path: Path) -> Iterator[tuple[str, np.ndarray | Any]]:
     import mlx.core as mx
 
@@ -177,15 +157,26 @@ def iter_hf_tensors(path: Path) -> Iterator[tuple[str, np.ndarray | Any]]:
 # --------------------------------------------------------------------------- driver
 
 
-def source_kind(src: str | Path) -> str:
+def local_kind(src: str | Path) -> str:
+    """The kind of a local source: "gguf" or "hf" (or a ConversionError saying why neither).
+
+    The one rule for what local files are (`sources.resolve` asks it too); nothing here
+    fetches: a hub id or a built-in name is `sources.local`'s to turn into local files."""
     p = Path(src).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():
             raise ConversionError(f"{src}: no such GGUF file")
         return "gguf"
-    if p.is_dir() and not (p / "config.json").is_file():
-        raise ConversionError(f"no config.json in {src}: not a Hugging Face or MLX model directory")
-    return "hf"
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ConversionError(f"no config.json in {src}: not a Hugging Face or MLX model directory")
+        return "hf"
+    if p.exists():
+        raise ConversionError(f"{src}: not a directory, a .gguf file or a hub id")
+    raise ConversionError(
+        f"{src}: no such file or directory (convert reads local files; mlx_slm.sources.local fetches "
+        "a hub id or a built-in name first)"
+    )
 
 
 def convert(
@@ -196,8 +187,12 @@ def convert(
     quantize: int | None = None,
     group_size: int | None = None,
     force: bool = False,
+    origin: str | None = None,
 ) -> Path:
-    """Convert `src` (HF directory, hub id, `.gguf`) into an MLX directory `out` in `dtype`.
+    """Convert `src` (a local HF directory or `.gguf` file) into an MLX directory `out` in `dtype`.
+
+    origin: what the record names as the source (default `src`; `sources` passes the hub id
+    of a hub snapshot).
 
     quantize: 4 or 8 to write an mlx-lm quantized directory (`group_size` 32, 64 or 128,
     default 64) instead of a floating-point one.
@@ -213,11 +208,11 @@ def convert(
     check_quantize(quantize, group_size)
     say = progress or (lambda _m: None)
     out = Path(out)
-    kind = source_kind(src)
+    kind = local_kind(src)
     check_out_dir(src, out, force)
     tmp = temp_dir(out, "--out")
     try:
-        _convert_into(tmp, src, kind, dtype, say, quantize, group_size or quant.DEFAULT_GROUP_SIZE)
+        _convert_into(tmp, src, kind, dtype, say, quantize, group_size or quant.DEFAULT_GROUP_SIZE, origin)
         tmp.chmod(DIR_MODE)  # mkdtemp's 0700 -> what a plain mkdir would give
         check_out_dir(src, out, force)  # again: something may have appeared there meanwhile
         _move_into_place(tmp, out)
@@ -388,6 +383,7 @@ def _convert_into(
     say: Progress,
     bits: int | None = None,
     group_size: int = quant.DEFAULT_GROUP_SIZE,
+    origin: str | None = None,
 ) -> None:
     import mlx.core as mx
     from transformers import AutoTokenizer
@@ -402,7 +398,7 @@ def _convert_into(
         hashed = [path]
         stored = None
     else:
-        path = resolve_hf_dir(str(src)).resolve()
+        path = Path(src).expanduser().resolve()
         config = json.loads((path / "config.json").read_text())
         _check_config(config, str(src))
         try:
@@ -453,7 +449,7 @@ def _convert_into(
 
     say("  hashing the source")
     record = {
-        "source": str(src),
+        "source": origin or str(src),
         "source_kind": kind,
         "source_path": str(path),
         "source_sha256": {p.name: sha256_file(p) for p in hashed},

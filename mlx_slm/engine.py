@@ -45,16 +45,17 @@ class Engine:
 
     @classmethod
     def load(cls, model: str | Path, dtype: str | None = None, dequantize: bool | None = None) -> Engine:
-        """A built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
+        """A built-in name, converted dir, HF dir, `.gguf` or hub id: resolved, fetched and converted
+        once into the cache by `sources.materialise`, then loaded by `models.load_model`.
 
         dequantize: for an MLX-quantized model, see `models.load_model` (None: on the CPU only)."""
         from transformers import AutoTokenizer
 
-        from .registry import resolve_model
+        from .sources import materialise
 
         # Converted once in the asked dtype (float16 by default), so float32 compute asked for
         # explicitly gets the source's float32 values, not float16 ones cast back up.
-        path = resolve_model(str(model), dtype=dtype or "float16")
+        path = materialise(model, dtype=dtype or "float16")
         m = load_model(path, dtype=getattr(mx, dtype) if dtype else None, dequantize=dequantize)
         return cls(m, AutoTokenizer.from_pretrained(str(path)), path)
 

@@ -146,13 +146,13 @@ def run_parity(
     from .convert import dequantized_copy
     from .models.quant import describe, quantization_of
     from .reference import score_in_child
-    from .registry import resolve_model, resolve_source
+    from .sources import local, materialise
 
-    path = resolve_model(model)
+    path = materialise(model)
     q = quantization_of(json.loads((path / "config.json").read_text()))
     if reference is None and q is None:
         raise UserError("a reference checkpoint is needed for a model that is not quantized")
-    src = resolve_source(reference) if reference is not None else None
+    src = str(local(reference).path) if reference is not None else None
     progress(f"ours: MLX on {path}")
     clf = Classifier.load(
         str(path), labels, system, template, dtype=dtype, keep_logits=True, batch_size=batch_size, dequantize=dequantize

@@ -139,16 +139,16 @@ def tiny_qwen_mlx(tiny_qwen_hf, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    from mlx_slm.registry import fetch_gguf
+    from mlx_slm.sources import fetch_gguf
 
     return fetch_gguf("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def smollm2_mlx(smollm2_gguf) -> Path:
-    from mlx_slm.registry import resolve_model
+    from mlx_slm.sources import materialise
 
-    return resolve_model("smollm2-135m")
+    return materialise("smollm2-135m")
 
 
 QUICK_FUZZ_EXAMPLES = "25"

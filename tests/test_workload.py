@@ -25,7 +25,7 @@ def test_published_statistics_under_qwen_tokenizer():
     from transformers import AutoTokenizer
 
     from benchmarks.workload import check_statistics
-    from mlx_slm.registry import fetch_gguf
+    from mlx_slm.sources import fetch_gguf
 
     g = fetch_gguf("qwen2.5-coder-0.5b")
     tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)

@@ -48,11 +48,15 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
     """
     from ..convert import check_out_dir, check_quantize
     from ..convert import convert as do_convert
-    from ..registry import resolve_source
+    from ..sources import fetch, resolve
 
     check_quantize(quantize, group_size)  # before any download
-    check_out_dir(src, Path(out), force)  # before any download too; checked again against the resolved source
-    path = do_convert(resolve_source(src), out, dtype=dtype, quantize=quantize, group_size=group_size, force=force)
+    check_out_dir(src, Path(out), force)  # before any download too; checked again against the local source
+    source = resolve(src)  # what SRC is (no network)
+    got = fetch(source)  # a built-in name or hub id fetched here: convert reads local files only
+    path = do_convert(
+        got.path, out, dtype=dtype, quantize=quantize, group_size=group_size, force=force, origin=got.origin
+    )
     what = dtype if quantize is None else f"{quantize}-bit, group size {group_size or 64}, {dtype}"
     err(f"mlx-slm: converted {src} -> {path} ({what})")
     click.echo(str(path))
@@ -78,8 +82,10 @@ def doctor() -> None:
         f"matmul f32     MLX {g_mlx:.1f} GFLOP/s, numpy {g_np:.1f} GFLOP/s ({100 * g_mlx / g_np:.0f} % of numpy)"
     )
     from ..registry import cache_dir
+    from ..sources import describe
 
     click.echo(f"model cache    {cache_dir()}")
+    click.echo(f"model sources  {describe()}")
     if sys.platform == "linux" and g_mlx < 0.5 * g_np:
         err(f"mlx-slm: warning: MLX's matmul is far below numpy's. Fix: {_blas.FIX}")
 
@@ -88,10 +94,10 @@ def doctor() -> None:
 def models() -> None:
     """List the built-in model names (fetched from PyPI on first use)."""
     from ..convert import is_converted
-    from ..registry import cache_dir
+    from ..sources import Source, cached_path
 
     for name, m in BUILTINS.items():
-        ready = is_converted(cache_dir() / "models" / f"{name}-float16")
+        ready = is_converted(cached_path(Source(name, "builtin"), "float16"))
         click.echo(f"{name:22s} {'cached ' if ready else 'not yet'}  {m.description}")
 
 

@@ -205,8 +205,8 @@ def _workload_sample(model: str, n: int, system: str, template: str) -> list[str
     from transformers import AutoTokenizer
 
     from ..prompts import PromptFormat
-    from ..registry import resolve_model
+    from ..sources import materialise
     from ..workload import sample
 
-    tok = AutoTokenizer.from_pretrained(str(resolve_model(model)))
+    tok = AutoTokenizer.from_pretrained(str(materialise(model)))
     return sample(tok, n, PromptFormat(system or None, template))[1]
