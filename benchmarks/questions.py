@@ -5,8 +5,9 @@
 
 The texts: `--n` workload tickets, stratified by length (every n-th of the 600 sorted by
 length). The questions: sixteen triage questions about a support ticket (choice, yes/no,
-scale), each 15-20 tokens with its answer line. For each question alone, one classifier run
-(`Classifier(engine, questions=[q])`); then for each count c, one run asking the first c
+scale), each 15-20 tokens with its answer line. For each question alone, one run the way
+one question runs today (`Classifier(engine, labels, system, template)` on that question's
+own full prompt: the label path); then for each count c, one run asking the first c
 questions together, in the same process. Reported per count: seconds, items/s, the tokens
 the run processed, its token floor (every text's own tokens once after the shared head, plus
 every branch's question and option tokens, no padding), the seconds that floor needs at the
@@ -98,22 +99,24 @@ def main(argv: list[str] | None = None) -> None:
     texts = texts_of(a.n)
     per_token = flops_per_token(json.loads((engine.path / "config.json").read_text()))
     peak0 = matmul_peak()["mlx"]
-    alone: list[tuple[list, float, dict]] = []
+    # Today's way: one run per question, through the label path, on that question's own full prompt.
+    alone: list[tuple[list, float]] = []
     for q in QUESTIONS[: max(counts)]:
-        clf = Classifier(engine, questions=[q])
-        tok = [len(c) + b.nodes for c, b in zip(clf.plan.split(texts[:1])[0][1], clf.plan.blocks)]
-        preds, st, secs = timed(clf, texts)
-        alone.append((preds, secs, st))
-        print(f"alone {q.name:>9}: {secs:6.1f} s  (branch {tok[0]} tokens)", file=sys.stderr)
+        (block,) = Classifier(engine, questions=[q]).plan.blocks
+        clf = Classifier(engine, list(block.options.labels), block.fmt.system, block.fmt.template)
+        preds, _, secs = timed(clf, texts)
+        answers = [q.answer([np.array([p.scores[k] for k in clf.labels])]) for p in preds]
+        alone.append((answers, secs))
+        print(f"alone {q.name:>9}: {secs:6.1f} s", file=sys.stderr)
     rows = []
     for c in counts:
         clf = Classifier(engine, questions=QUESTIONS[:c])
         preds, st, secs = timed(clf, texts)
-        singles = sum(s for _, s, _ in alone[:c])
+        singles = sum(s for _, s in alone[:c])
         equal, worst = 0, 0.0
         for qi, q in enumerate(QUESTIONS[:c]):
             for p, one in zip(preds, alone[qi][0]):
-                x, y = p.answers[q.name], one.answers[q.name]
+                x, y = p.answers[q.name], one
                 equal += x["label"] == y["label"]
                 worst = max(worst, max(abs(x["probs"][k] - y["probs"][k]) for k in x["probs"]))
         floor = floor_tokens(clf, texts)
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         "texts": len(texts),
         "matmul_peak_gflops": {"start": round(peak0, 1), "end": round(peak1, 1)},
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "alone_seconds": {q.name: round(s, 2) for q, (_, s, _) in zip(QUESTIONS, alone)},
+        "alone_seconds": {q.name: round(s, 2) for q, (_, s) in zip(QUESTIONS, alone)},
         "rows": rows,
     }
     write(out, a.out)

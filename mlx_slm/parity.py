@@ -243,9 +243,9 @@ def run_question_parity(
     from .classifier import Classifier
     from .prompts import render, tokenize
     from .reference import score_blocks_in_child
-    from .registry import resolve_model, resolve_source
+    from .sources import local, materialise
 
-    path = resolve_model(model)
+    path = materialise(model)
     progress(f"ours: MLX on {path}, {len(questions)} question(s) in one pass")
     clf = Classifier.load(str(path), system=system, template=template, dtype=dtype, questions=questions,
                           batch_size=batch_size)  # fmt: skip
@@ -277,7 +277,7 @@ def run_question_parity(
         return out, seconds
 
     a, t_ref = compare_with(str(path))
-    b = compare_with(resolve_source(reference))[0] if reference is not None else None
+    b = compare_with(str(local(reference).path))[0] if reference is not None else None
     tol = PROB_TOLERANCE[compute]
     return {
         "model": str(path),
