@@ -20,7 +20,6 @@ import itertools
 import numbers
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +30,10 @@ from . import batching
 from .branches import QuestionPlan
 from .calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
 from .engine import Engine
-from .heads import head_input
-from .labels import LabelError, LabelSet, build_labelset, softmax
+from .labels import LabelError, LabelSet, build_labelset
 from .labels import validate as validate_labels
 from .models import Model
+from .predictions import Item, Prediction, Stats
 from .prefix_cache import PrefixCache
 from .prompts import (
     DEFAULT_LABELS,
@@ -54,7 +53,8 @@ from .questions import DEFAULT_SYSTEM as QUESTIONS_SYSTEM
 from .questions import DEFAULT_TEMPLATE as QUESTIONS_TEMPLATE
 from .questions import Question, QuestionError
 from .registry import DEFAULT_MODEL
-from .scoring import LABEL_PASSES, score_batch
+from .scorers import HeadScorer, LabelScorer, QuestionScorer, pooled_features
+from .scoring import LABEL_PASSES
 
 if TYPE_CHECKING:
     from .heads import Head
@@ -71,78 +71,6 @@ GPU_MAX_BATCH_TOKENS = 4096
 
 def default_max_batch_tokens() -> int:
     return GPU_MAX_BATCH_TOKENS if mx.default_device() == mx.gpu else DEFAULT_MAX_BATCH_TOKENS
-
-
-@dataclass
-class Prediction:
-    """One item's result, or its error (then `label` is None and `error` says why)."""
-
-    index: int
-    label: str | None = None
-    probs: dict[str, float] = field(default_factory=dict)
-    scores: dict[str, float] = field(default_factory=dict)
-    n_tokens: int = 0
-    truncated: bool = False
-    error: str | None = None
-    logits: np.ndarray | None = field(default=None, repr=False)  # full-vocab last logits, on request
-    raw_probs: dict[str, float] | None = None  # the model's own probs, when `probs` are calibrated
-    abstained: bool = False  # under the confidence threshold: `label` is None, route to a person
-    # With several questions: {question name: its answer} (`label` is None, `probs` empty).
-    answers: dict[str, dict[str, Any]] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclass
-class Stats:
-    items: int = 0
-    errors: int = 0
-    seconds: float = 0.0
-    prompt_tokens: int = 0  # what an unbatched, uncached run would process
-    processed_tokens: int = 0  # what the forward actually ran: padded batches + prefix once + label tokens
-    padding_tokens: int = 0
-    prefix_saved_tokens: int = 0
-    label_tokens: int = 0
-    batches: int = 0
-
-    @property
-    def items_per_s(self) -> float:
-        return self.items / self.seconds if self.seconds else 0.0
-
-    @property
-    def padding_pct(self) -> float:
-        return 100.0 * self.padding_tokens / self.processed_tokens if self.processed_tokens else 0.0
-
-    @property
-    def prefix_saved_pct(self) -> float:
-        return 100.0 * self.prefix_saved_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "items": self.items,
-            "errors": self.errors,
-            "seconds": round(self.seconds, 3),
-            "items_per_s": round(self.items_per_s, 3),
-            "prompt_tokens": self.prompt_tokens,
-            "processed_tokens": self.processed_tokens,
-            "padding_tokens": self.padding_tokens,
-            "padding_pct": round(self.padding_pct, 2),
-            "prefix_saved_tokens": self.prefix_saved_tokens,
-            "prefix_saved_pct": round(self.prefix_saved_pct, 2),
-            "label_tokens": self.label_tokens,
-            "batches": self.batches,
-        }
-
-
-@dataclass
-class _Item:
-    index: int
-    ids: list[int]
-    truncated: bool = False
-    error: str | None = None
-    chains: list[list[int]] = field(default_factory=list)  # several questions: each block's own tokens
 
 
 class Classifier:
@@ -239,13 +167,17 @@ class Classifier:
         self.sort, self.truncate, self.keep_logits = sort, truncate, keep_logits
         self.max_length = max_length or engine.max_length
         probe = render(tokenizer, self.format, "example")
+        shared = shared_prefix(tokenizer, self.format)
+        self.scorer: LabelScorer | HeadScorer | QuestionScorer
         if head is None:
             self.labelset: LabelSet = build_labelset(tokenizer, labels, probe, scoring)
+            self.scorer = LabelScorer(engine, self.labelset, keep_logits, label_pass)
         else:  # the head reads hidden states: no label tokens run, none are scored
             self.labelset = LabelSet(tuple(labels), tuple(() for _ in labels), "head")
+            self.scorer = HeadScorer(engine, head, len(shared))
         # Tokens that run after the prompt (label continuations in sequence mode; none with a head).
-        self.label_extra = 0 if head is not None else self.labelset.max_len - 1
-        head = shared_prefix(tokenizer, self.format)
+        self.label_extra = self.scorer.label_extra
+        head = shared
         # The fixed part of every prompt (system, examples, template, chat head) must leave room
         # for at least one text token and the label: checked before any forward pass is paid for.
         # With truncation asked for, the run goes on and every row says why it failed.
@@ -302,7 +234,8 @@ class Classifier:
         self.batch_size, self.max_batch_tokens, self.sort = batch_size, max_batch_tokens, sort
         self.max_length = max_length or self.engine.max_length
         self.labelset = LabelSet((), (), "questions")
-        self.label_extra = self.plan.label_extra
+        self.scorer = QuestionScorer(self.engine, self.plan)
+        self.label_extra = self.scorer.label_extra
         self.format_error = None
         self.pool_from = len(self.plan.head)
 
@@ -380,13 +313,9 @@ class Classifier:
 
     @property
     def row_extra(self) -> int:
-        """Tokens each row runs besides its prompt in one pass: the label trie's (largest chunk's)
-        nodes, counted in the batch's token budget. The per-label passes run B x (label length
-        - 1) tokens at a time, so they plan as the prompt alone."""
-        if self.plan is not None:
-            return self.plan.row_extra
-        trie = self.label_pass == "trie" and getattr(self.engine.model, "supports_tree", False)
-        return self.labelset.row_tokens if trie else 0
+        """Tokens each row runs besides its prompt in one pass, counted in the batch's token
+        budget (the scorer's: the label trie's nodes, the question branches, or none)."""
+        return self.scorer.row_extra
 
     @property
     def prefix(self) -> PrefixCache | None:
@@ -412,8 +341,8 @@ class Classifier:
         """
         texts = list(_as_texts(texts, text_column))
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
-        if self.head is not None and cal.applies:
-            raise LabelError("calibration does not apply to a learned head: use calibration='none'")
+        if cal.applies and not self.scorer.calibrates:
+            raise LabelError(self.scorer.no_calibration)
         conf = self.min_confidence if min_confidence is None else min_confidence
         if progress:  # as each batch finishes, then back in input order before calibrating
             done = self.classify_iter(texts, window=max(1, len(texts)), ordered=False, progress=True)
@@ -529,12 +458,12 @@ class Classifier:
             yield from self._run_window(chunk, start, stats, ordered)
             start += len(chunk)
 
-    def prepare(self, texts: Sequence[str], start: int = 0) -> list[_Item]:
+    def prepare(self, texts: Sequence[str], start: int = 0) -> list[Item]:
         """Render and tokenize (batched); flag empty and over-long items."""
         with self.engine.lock:
             return self._prepare(texts, start)
 
-    def _prepare(self, texts: Sequence[str], start: int) -> list[_Item]:
+    def _prepare(self, texts: Sequence[str], start: int) -> list[Item]:
         items = self._check_texts(texts, start)
         good = [(it, t) for it, t in zip(items, texts) if it.error is None]
         if self.plan is not None:
@@ -549,9 +478,9 @@ class Classifier:
             return items
         return self._tokenize_items(good, items)
 
-    def _check_texts(self, texts: Sequence[str], start: int) -> list[_Item]:
+    def _check_texts(self, texts: Sequence[str], start: int) -> list[Item]:
         """One item per text, with an error for a text that cannot be classified (missing, empty)."""
-        items = [_Item(start + i, []) for i in range(len(texts))]
+        items = [Item(start + i, []) for i in range(len(texts))]
         for item, text in zip(items, texts):
             if self.format_error is not None:
                 item.error = self.format_error
@@ -565,7 +494,7 @@ class Classifier:
                 item.error = "empty text: give the item some text, or drop the row"
         return items
 
-    def _tokenize_items(self, good: list[tuple[_Item, str]], items: list[_Item]) -> list[_Item]:
+    def _tokenize_items(self, good: list[tuple[Item, str]], items: list[Item]) -> list[Item]:
         ids = tokenize(self.tokenizer, [render(self.tokenizer, self.format, t) for _, t in good])
         extra = self.label_extra  # label tokens run after the prompt in sequence mode
         for (item, text), seq in zip(good, ids):
@@ -631,8 +560,8 @@ class Classifier:
             next_out += 1
 
     def _batches(
-        self, items: Sequence[_Item], st: Stats
-    ) -> Iterator[tuple[batching.Batch, list[_Item], PrefixCache | None]]:
+        self, items: Sequence[Item], st: Stats
+    ) -> Iterator[tuple[batching.Batch, list[Item], PrefixCache | None]]:
         """The length-bucketed batches of a window's good items: (padded batch, its items, the
         prefix KV it continues, or None). Items starting with the shared head run after it."""
         live = [it for it in items if not it.error]
@@ -689,92 +618,12 @@ class Classifier:
     def _features(
         self, batch: batching.Batch, prefix: PrefixCache | None, layers: list[int], poolings: Sequence[str]
     ) -> dict[str, np.ndarray]:
-        # Rows after the prefix KV start past the shared head; the others skip it in the mean.
-        skip = np.full(len(batch.ids), 0 if prefix is not None else self.pool_from)
-        return self.engine.features(batch, prefix, layers, poolings, skip)
+        return pooled_features(self.engine, batch, prefix, layers, poolings, self.pool_from)
 
     def _run_batch(
-        self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
+        self, batch: batching.Batch, items: list[Item], prefix: PrefixCache | None, st: Stats
     ) -> list[Prediction]:
-        if self.head is not None:
-            return self._run_head(batch, items, prefix, st)
-        if self.plan is not None:
-            return self._run_questions(batch, items, prefix, st)
-        got = score_batch(self.engine, batch, prefix, self.labelset, self.keep_logits, self.label_pass)
-        st.batches += 1
-        st.processed_tokens += batch.padded_tokens + got.label_tokens
-        st.padding_tokens += batch.padded_tokens - batch.real_tokens
-        st.label_tokens += got.label_tokens
-        preds = []
-        labels = self.labelset.labels
-        for r, item in enumerate(items):
-            s = got.scores[r]
-            pr = softmax(s)
-            preds.append(
-                Prediction(
-                    item.index,
-                    labels[int(np.argmax(s))],
-                    {lab: float(x) for lab, x in zip(labels, pr)},
-                    {lab: float(x) for lab, x in zip(labels, s)},
-                    len(item.ids),
-                    item.truncated,
-                    logits=None if got.logits is None else got.logits[r],
-                )
-            )
-        return preds
-
-    def _run_questions(
-        self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
-    ) -> list[Prediction]:
-        """Every question of every row: the text part once, then each question as a branch."""
-        plan = self.plan
-        assert plan is not None
-        kv = self.engine.encode(batch, prefix)
-        scores: list[np.ndarray] = [np.empty(0)] * len(plan.blocks)
-        ran = 0
-        p = len(prefix) if prefix is not None else 0
-        for pack in plan.packs([it.chains for it in items], self.engine.pad_id):
-            got = self.engine.branch_scores(kv, batch, p, pack, [plan.blocks[b] for b in pack.blocks])
-            for b, s in zip(pack.blocks, got):
-                scores[b] = s
-            ran += pack.tokens
-        st.batches += 1
-        st.processed_tokens += batch.padded_tokens + ran
-        st.padding_tokens += batch.padded_tokens - batch.real_tokens
-        st.label_tokens += ran
-        return [
-            Prediction(item.index, n_tokens=len(item.ids) + sum(map(len, item.chains)), truncated=item.truncated,
-                       answers=ans)
-            for item, ans in zip(items, plan.answers(scores))
-        ]  # fmt: skip
-
-    def _run_head(
-        self, batch: batching.Batch, items: list[_Item], prefix: PrefixCache | None, st: Stats
-    ) -> list[Prediction]:
-        """The head's labels: hidden states at its layer(s) (the forward stops there), numpy predict."""
-        head = self.head
-        assert head is not None
-        layers = sorted(set(head.layers))
-        got = self._features(batch, prefix, layers, tuple(sorted(set(head.poolings))))
-        lp = head.log_probs(head_input(got, layers, head))
-        st.batches += 1
-        st.processed_tokens += batch.padded_tokens
-        st.padding_tokens += batch.padded_tokens - batch.real_tokens
-        labels = head.labels
-        preds = []
-        for r, item in enumerate(items):
-            s = lp[r]
-            preds.append(
-                Prediction(
-                    item.index,
-                    labels[int(np.argmax(s))],
-                    {lab: float(x) for lab, x in zip(labels, np.exp(s))},
-                    {lab: float(x) for lab, x in zip(labels, s)},
-                    len(item.ids),
-                    item.truncated,
-                )
-            )
-        return preds
+        return self.scorer.run(batch, items, prefix, st)
 
 
 def _check_head(head: Head, engine: Engine, scoring: str, keep_logits: bool, label_pass: str) -> None:
