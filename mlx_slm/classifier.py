@@ -170,7 +170,7 @@ class Classifier:
         shared = shared_prefix(tokenizer, self.format)
         self.scorer: LabelScorer | HeadScorer | QuestionScorer
         if head is None:
-            self.labelset: LabelSet = build_labelset(tokenizer, labels, probe, scoring)
+            self.labelset = build_labelset(tokenizer, labels, probe, scoring)
             self.scorer = LabelScorer(engine, self.labelset, keep_logits, label_pass)
         else:  # the head reads hidden states: no label tokens run, none are scored
             self.labelset = LabelSet(tuple(labels), tuple(() for _ in labels), "head")
@@ -302,6 +302,17 @@ class Classifier:
     @property
     def path(self) -> Path | None:
         return self.engine.path
+
+    @property
+    def labelset(self) -> LabelSet:
+        return self._labelset
+
+    @labelset.setter
+    def labelset(self, ls: LabelSet) -> None:
+        """A new label set (tests and benchmarks set one directly) reaches the label scorer too."""
+        self._labelset = ls
+        if isinstance(getattr(self, "scorer", None), LabelScorer):
+            self.scorer = LabelScorer(self.engine, ls, self.keep_logits, self.label_pass)
 
     @property
     def labels(self) -> tuple[str, ...]:
