@@ -434,8 +434,6 @@ def classify(s: ClassifySettings) -> int:
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = Setup(s.task)
-    if setup.questions is not None and dist.ray:
-        raise UsageError("--questions does not go with --ray yet: run the questions here, or --shard the input")
     if dist.shard is not None and setup.calibration.per_input:
         raise UsageError(
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "

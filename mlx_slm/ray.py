@@ -96,6 +96,10 @@ class ClassifyBatch:
         # batch: classify_dataset resolves it before the actors start.
         self.calibration = spec.fixed()
         self.min_confidence = self.clf.min_confidence if min_confidence is None else min_confidence
+        if self.clf.questions is not None:  # several questions: one typed struct of answers
+            self.fields = [("answers", answers_type(self.clf.questions)), ("n_tokens", pa.int64()),
+                           ("truncated", pa.bool_()), ("error", pa.string())]  # fmt: skip
+            return
         prob = pa.struct([(lab, pa.float64()) for lab in self.labels])
         fields = [("label", pa.string()), ("probs", prob)]
         if self.calibration.applies:
@@ -134,8 +138,11 @@ class ClassifyBatch:
         for i, p in enumerate(preds):
             if p is None:
                 p = Prediction(i, error=f"no text: column {self.text_column!r} is {texts[i]!r}, not a string")
-            cols["label"].append(p.label)
-            cols["probs"].append(p.probs if p.ok else None)
+            if "answers" in cols:
+                cols["answers"].append(p.answers if p.ok else None)
+            else:
+                cols["label"].append(p.label)
+                cols["probs"].append(p.probs if p.ok else None)
             if "raw_probs" in cols:
                 cols["raw_probs"].append(p.raw_probs if p.ok else None)
             if "abstained" in cols:
@@ -149,6 +156,20 @@ class ClassifyBatch:
         for name, typ in self.fields:
             out = out.append_column(pa.field(name, typ), pa.array(cols[name], type=typ))
         return out
+
+
+def answers_type(questions: Sequence[Any]) -> pa.DataType:
+    """The `answers` column: a struct with one field per question, as JSONL writes them
+    (`label` or a multi question's `labels`, `probs` one field per option, a scale's
+    `expected`, a none option's `abstain`)."""
+    per = []
+    for q in questions:
+        fields = [("labels", pa.list_(pa.string()))] if q.kind == "multi" else [("label", pa.string())]
+        fields.append(("probs", pa.struct([(lab, pa.float64()) for lab in q.labels])))
+        fields += [("expected", pa.float64())] if q.kind == "scale" else []
+        fields += [("abstain", pa.float64())] if q.none else []
+        per.append((q.name, pa.struct(fields)))
+    return pa.struct(per)
 
 
 CONNECT_TIMEOUT_S = 10.0  # how long `init` waits for a cluster's port to answer
@@ -361,6 +382,9 @@ def predictions(
             expect += 1
             if r["error"] is not None:
                 yield Prediction(r["row"], error=r["error"], n_tokens=r["n_tokens"], truncated=r["truncated"])
+                continue
+            if "answers" in r:
+                yield Prediction(r["row"], n_tokens=r["n_tokens"], truncated=r["truncated"], answers=r["answers"])
                 continue
             labels = labels or tuple(r["probs"])
             yield Prediction(

@@ -254,3 +254,39 @@ def test_readme_ray_data_example_finishes_on_two_cpus(local_ray, tiny_qwen_mlx, 
     out = pq.read_table(dst).to_pylist()
     assert sorted(r["id"] for r in out) == list(range(40))
     assert all(r["label"] in LABELS and r["error"] is None for r in out)
+
+
+@pytest.mark.slow
+def test_questions_on_ray_equal_the_local_run(local_ray, tiny_qwen_mlx, tmp_path):
+    """Several questions per text: `classify --questions --ray` writes the local run's answers,
+    and `ClassifyBatch` adds one typed `answers` struct."""
+    from mlx_slm.questions import Question
+
+    qs = [
+        Question("team", "Which team?", "choice", ("billing", "technical"), none="neither"),
+        Question("mood", "How calm?", "scale", ("1", "2", "3")),
+        Question("tags", "About {label}?", "multi", ("card", "app"), answers=("y", "n")),
+    ]
+    qf = tmp_path / "q.jsonl"
+    qf.write_text("\n".join(json.dumps(q.to_dict()) for q in qs) + "\n")
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(json.dumps(r) for r in ROWS[:40]) + '\n{"id": 77, "text": ""}\n')
+    base = ["--model", str(tiny_qwen_mlx), "--questions", str(qf), "-q", "--on-error", "skip"]
+    local, dist = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    r1 = CliRunner().invoke(main, ["classify", str(inp), "-o", str(local), *base], catch_exceptions=False)
+    r2 = CliRunner().invoke(main, ["classify", str(inp), "-o", str(dist), "--ray", *base], catch_exceptions=False)
+    assert r1.exit_code == r2.exit_code == 0, r2.output
+    a = [json.loads(x) for x in local.read_text().splitlines()]
+    b = [json.loads(x) for x in dist.read_text().splitlines()]
+    assert [x["id"] for x in a] == [x["id"] for x in b] and "error" in b[-1]
+    for x, y in zip(a[:-1], b[:-1]):
+        for q in qs:
+            u, v = x["answers"][q.name], y["answers"][q.name]
+            assert u.get("label") == v.get("label") and u.get("labels") == v.get("labels")
+            assert v["probs"] == pytest.approx(u["probs"], abs=1e-5)
+    batch = mray.ClassifyBatch(None, {"model": str(tiny_qwen_mlx), "questions": qs})
+    import pyarrow as pa
+
+    out = batch(pa.table({"text": [ROWS[0]["text"], None]}))
+    got = out.column("answers").to_pylist()
+    assert set(got[0]) == {"team", "mood", "tags"} and got[1] is None and out.column("error").to_pylist()[1]
