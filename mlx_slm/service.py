@@ -262,6 +262,72 @@ class Metrics:
         self.count(self.items, "ok", len(items))
 
 
+class RateTracker:
+    """A micro-batch's compute time as `fixed + per_token * tokens`, fitted on measured batches.
+
+    A cost per token alone (seconds over tokens) charges a batch's fixed cost (dispatch, the
+    label pass, Python) to its tokens: after a few one-word requests it priced a 300-word text
+    at 13 s when it took 2 s, and the service refused it (504). Here each size class (tokens
+    rounded down to a power of two) keeps a moving average of its (tokens, seconds), so a run
+    of small batches refreshes the small end without erasing what longer ones showed, and the
+    least-squares line through the classes' averages gives both terms. The warm-up measures a
+    short and a longer item, so both ends are known from the start. Not thread-safe: only the
+    worker thread writes it."""
+
+    ALPHA = 0.3  # weight of a new batch in its size class's moving average
+
+    def __init__(self) -> None:
+        self._by_size: dict[int, tuple[float, float]] = {}  # size class: (mean tokens, mean seconds)
+        self.fixed = 0.0  # seconds per micro-batch, whatever its size
+        self.per_token = 0.0  # seconds per processed token
+
+    @property
+    def known(self) -> bool:
+        """Whether any batch has been measured (before that, no estimate binds)."""
+        return bool(self._by_size)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """Fold one measured micro-batch (processed tokens, compute seconds) into the fit."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        c, a = int(tokens).bit_length(), self.ALPHA
+        old = self._by_size.get(c)
+        self._by_size[c] = (
+            (float(tokens), seconds)
+            if old is None
+            else (old[0] + a * (tokens - old[0]), old[1] + a * (seconds - old[1]))
+        )
+        self.fixed, self.per_token = _fit_line(list(self._by_size.values()))
+
+    def estimate(self, tokens: int) -> float:
+        """Seconds a micro-batch of `tokens` processed tokens should take (0 before any measure)."""
+        return self.fixed + self.per_token * tokens if self.known else 0.0
+
+    def tokens_within(self, seconds: float) -> int | None:
+        """The most tokens a micro-batch may hold to take about `seconds` (at least 1); None
+        when the size does not measurably matter (nothing measured, or no per-token cost)."""
+        if self.per_token <= 0:
+            return None
+        return max(1, int((seconds - self.fixed) / self.per_token))
+
+
+def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (tokens, seconds) points, both kept
+    non-negative: a line that would cost a small batch less than nothing goes through the origin
+    instead; points that show no growth with size give a fixed cost only (their mean)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    vxx = sum((x - mx) ** 2 for x, _ in points)
+    if vxx > 0:
+        slope = sum((x - mx) * (y - my) for x, y in points) / vxx
+        if slope <= 0:
+            return my, 0.0
+        if my - slope * mx >= 0:
+            return my - slope * mx, slope
+    return 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+
+
 # --------------------------------------------------------------------------- the task cache
 
 K = TypeVar("K", bound=Hashable)
@@ -374,15 +440,17 @@ class Service:
     1. Every job carries its deadline (arrival + --request-timeout). Before each micro-batch
        the worker drops the waiting items of jobs that are past it or cancelled (client gone,
        timed out): they are never computed (counted as `dropped` in the metrics).
-    2. A micro-batch is bounded in time, not only in items and tokens: its padded tokens times
-       the measured seconds per token stay under `BATCH_TIME_FRACTION` (1/4) of the request
-       timeout (at least one item). So after a timeout, the work still running for it ends
+    2. A micro-batch is bounded in time, not only in items and tokens: its estimated time (a
+       fixed cost plus its padded tokens at the cost per token) stays under
+       `BATCH_TIME_FRACTION` (1/4) of the request timeout (at least one item). So after a timeout, the work still running for it ends
        within about a quarter of a timeout, and the next request is computed then.
     3. An item whose own estimated compute time is more than its request has left is never
        started: the request gets its `TimedOut` at once, naming the item, instead of a forward
        pass that would outlive the request and block the worker.
-    4. The rate (seconds per processed token) is measured on the warm-up and on every
-       micro-batch (a moving average), so it follows the machine and the model.
+    4. The estimate (`RateTracker`: a fixed cost per micro-batch and a cost per processed
+       token, fitted by least squares) is measured on the warm-up (a short and a longer item)
+       and on every micro-batch, so it follows the machine and the model. A per-token rate
+       alone would charge the fixed cost to the tokens and refuse long items that fit.
 
     With the default timeout (60 s) rule 2 never binds on the usual budgets (512 tokens on the
     CPU, 4,096 on a GPU); it matters when --request-timeout is short next to a batch's time.
@@ -405,7 +473,7 @@ class Service:
         self._front_lock = threading.Lock()
         self._back: LRU[tuple, Any] = LRU(self.opts.task_cache)  # classifiers on the engine (worker only)
         self._rate = 0.0  # recent items/s, for Retry-After
-        self._sec_per_token = 0.0  # measured compute seconds per processed token (0: not yet known)
+        self.speed = RateTracker()  # measured compute time per micro-batch: fixed + per token
         self.thread: threading.Thread | None = None
         self.on_fatal: Callable[[str], None] | None = None
 
@@ -446,12 +514,15 @@ class Service:
         front_engine = Engine(clf.engine.model, copy.deepcopy(clf.engine.tokenizer), clf.engine.path)
         self.front_engine = front_engine
         self._front.get(self.default_key, lambda: self._build(front_engine, self.default_key))
-        # Warm up: one item through the whole path (computes the default prompt head's KV);
-        # its time gives the first seconds-per-token estimate (high: it includes the head).
-        t0 = time.perf_counter()
-        run = clf.run(["warm-up"], window=1)
-        list(run)
-        self._note_speed(time.perf_counter() - t0, run.stats.processed_tokens)
+        # Warm up: one item through the whole path (computes the default prompt head's KV, a
+        # one-off cost not measured), then a short and a longer item measured, so that the
+        # time estimate knows both its fixed and its per-token cost from the start.
+        list(clf.run(["warm-up"], window=1))
+        for text in ("warm-up", " ".join(["warm-up"] * 32)):
+            t0 = time.perf_counter()
+            run = clf.run([text], window=1)
+            list(run)
+            self._note_speed(time.perf_counter() - t0, run.stats.processed_tokens)
 
     def require_loaded(self) -> None:
         """Raise `NotReady` until the model is loaded and warmed (or with why it failed)."""
@@ -465,18 +536,13 @@ class Service:
         self.require_loaded()
 
     def _note_speed(self, seconds: float, tokens: int) -> None:
-        """Fold one measured batch into the seconds-per-token estimate (rules 2-4)."""
-        if tokens <= 0 or seconds <= 0:
-            return
-        r = seconds / tokens
-        self._sec_per_token = r if self._sec_per_token == 0 else 0.7 * self._sec_per_token + 0.3 * r
+        """Fold one measured batch into the time estimate (rules 2-4)."""
+        self.speed.observe(tokens, seconds)
 
     def _time_budget(self) -> int | None:
         """Padded tokens one micro-batch may hold so that it takes about `BATCH_TIME_FRACTION`
         of the request timeout (None: no estimate yet)."""
-        if self._sec_per_token <= 0:
-            return None
-        return max(1, int(BATCH_TIME_FRACTION * self.opts.request_timeout_s / self._sec_per_token))
+        return self.speed.tokens_within(BATCH_TIME_FRACTION * self.opts.request_timeout_s)
 
     # ---------------------------------------------------------------- tasks and calibration
     def task_key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> tuple:
@@ -762,7 +828,7 @@ class Service:
             if job.deadline <= now:
                 dropped += 1
                 continue
-            est = it.cost * self._sec_per_token
+            est = self.speed.estimate(it.cost)
             if est > job.deadline - now:
                 refused.append(job)
                 self._refuse(it, est, job.deadline - now)
@@ -859,6 +925,7 @@ __all__ = [
     "Metrics",
     "NotReady",
     "QueueFull",
+    "RateTracker",
     "ServeOptions",
     "Service",
     "ServiceError",
