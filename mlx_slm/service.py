@@ -848,11 +848,22 @@ class Service:
         err = TimedOut(
             f"{name} would take about {est:.2g} s to compute ({it.cost} tokens at the measured rate), more than "
             f"the {max(0.0, left):.2g} s left of the request timeout of {self.opts.request_timeout_s:g} s: "
-            'shorten it (or send "truncate"), or raise --request-timeout',
+            + self._timeout_advice(it, est),
             name,
         )
         self.cancel(job)
         _post_to(job, job.fail, err)
+
+    def _timeout_advice(self, it: _WorkItem, est: float) -> str:
+        """What the client can do about a refused item, from what it sent. An item reaching the
+        worker is within the model's context already, so truncation would not shorten it:
+        either the text alone outlasts the timeout, or it waited behind other work."""
+        timeout = self.opts.request_timeout_s
+        if est > timeout:
+            return f"the text alone takes longer than the server's --request-timeout of {timeout:g} s: shorten it"
+        waited = time.perf_counter() - it.t_enqueued
+        fewer = ", or send fewer texts per request" if len(it.job.results) > 1 else ""
+        return f"it waited {waited:.2g} s in the queue behind other work: retry{fewer}"
 
     def _run(self, key: tuple, items: list[_WorkItem]) -> None:
         m = self.metrics

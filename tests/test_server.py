@@ -310,9 +310,11 @@ def _refused(svc, cost: int, n_items: int = 1, waited: float = 0.0, left: float 
         loop.close()
 
 
-def test_no_504_for_an_item_that_fits():
+def test_no_504_for_an_item_that_fits_and_a_refusal_says_what_helps():
     """On an idle server a 300-token item estimated at 2 s runs under a 5 s timeout (a per-token
-    rate alone refused it as 13 s); an item of about 9 s is still refused at once."""
+    rate alone refused it as 13 s). A refused item's advice follows what the client sent: a
+    text too long for the whole timeout is to be shortened (truncation, which only cuts to
+    the model's context, would not help); one that waited in the queue may be retried."""
     from mlx_slm.service import Service
 
     svc = Service(lambda: None, ServeOptions(request_timeout_s=5.0))
@@ -320,7 +322,11 @@ def test_no_504_for_an_item_that_fits():
         svc._note_speed(1.2 + 0.0027 * n, n)
     assert _refused(svc, 300) is None
     err = _refused(svc, 3000, n_items=2)  # about 9 s: more than the whole timeout
-    assert err is not None and err.field == "texts[0]"
+    assert err is not None and err.field == "texts[0]" and "truncate" not in err.message
+    assert "--request-timeout of 5 s: shorten it" in err.message
+    err = _refused(svc, 300, n_items=2, waited=4.0, left=1.0)  # 2 s, but 1 s left after the queue
+    assert err is not None and "truncate" not in err.message
+    assert "in the queue behind other work: retry, or send fewer texts per request" in err.message
 
 
 def test_body_errors(srv):
