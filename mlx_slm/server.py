@@ -524,8 +524,9 @@ OPENAPI: dict[str, Any] = {
                 "responses": {
                     "200": {
                         "description": "results[i]: id, label, probs, raw_probs and calibration (when calibrated), "
-                        "abstained, truncated, queue_ms, inference_ms; headers x-total-time, "
-                        "x-queue-time, x-inference-time (ms)"
+                        "abstained, truncated, queue_ms, inference_ms; scoring: 'head' (the task's learned head) "
+                        "or 'labels' (label scoring: a task without a head, or the request's own labels or "
+                        "prompt); headers x-total-time, x-queue-time, x-inference-time (ms)"
                     },
                     "401": {"description": "missing or wrong Bearer key"},
                     "413": {"description": "body or item count over the limit (error.field names it)"},
@@ -681,8 +682,16 @@ class _Routes:
         total = (time.perf_counter() - t0) * 1000
         q_ms = max(r["queue_ms"] for r in results)
         i_ms = max(r["inference_ms"] for r in results)
+        # A head task answers a request with its own labels or prompt by label scoring: say which ran.
+        scoring = "head" if ans.classifier.mode == "head" else "labels"
         return _json(
-            {"results": results, "total_ms": round(total, 3), "queue_ms": q_ms, "inference_ms": i_ms},
+            {
+                "results": results,
+                "scoring": scoring,
+                "total_ms": round(total, 3),
+                "queue_ms": q_ms,
+                "inference_ms": i_ms,
+            },
             headers={
                 "x-total-time": str(int(round(total))),
                 "x-queue-time": str(int(round(q_ms))),

@@ -142,6 +142,7 @@ def test_one_request_equals_classify(srv, offline):
     for i in ("x-total-time", "x-queue-time", "x-inference-time"):
         assert int(r.headers[i]) >= 0
     res = r.json()["results"]
+    assert r.json()["scoring"] == "labels"
     assert [x["id"] for x in res] == ids
     for x in res:
         want = offline[x["id"]]
