@@ -294,16 +294,16 @@ def _refused(svc, cost: int, n_items: int = 1, waited: float = 0.0, left: float 
     error it was answered with (None: it would be computed)."""
     import asyncio
 
-    from mlx_slm.service import _Job, _WorkItem
+    from mlx_slm.service.scheduler import Job, WorkItem
 
     loop = asyncio.new_event_loop()
     try:
         now = time.perf_counter()
         left = svc.opts.request_timeout_s if left is None else left
-        job = _Job(n_items, loop, deadline=now + left)
+        job = Job(n_items, loop, deadline=now + left)
         job.names = [f"texts[{i}]" for i in range(n_items)]
-        item = _WorkItem(job, 0, "t", ("k",), cost, False, now - waited)
-        kept = svc._runnable([item])
+        item = WorkItem(job, 0, "t", ("k",), cost, False, now - waited)
+        kept = svc.scheduler.runnable([item])
         loop.run_until_complete(asyncio.sleep(0))  # the refusal is posted to the request's loop
         assert (kept == [item]) == (job.error is None)
         return job.error
