@@ -512,3 +512,23 @@ def test_server_uses_the_head_for_its_own_task_only(tiny_head, tiny_qwen_mlx):
     assert service._back_classifier(key).mode == "head" and service.front_classifier(key).mode == "head"
     other = service.task_key(["x", "y"], None, None, None)
     assert service.front_classifier(other).head is None  # other labels: label scoring
+
+
+def test_server_reply_says_which_scoring_ran(tiny_head, tiny_qwen_mlx):
+    """A head task's server answers a request with its own labels by label scoring: the reply says so."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from test_server import ThreadServer
+
+    from mlx_slm.server import ServeOptions, Service, classifier_loader
+
+    _, head = tiny_head
+    loader = classifier_loader(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE, head=head)
+    s = ThreadServer(Service(loader, ServeOptions(max_wait_ms=5))).start()
+    try:
+        own = httpx.post(s.url + "/v1/classify", json={"text": "refund please"}, timeout=30).json()
+        other = httpx.post(s.url + "/v1/classify", json={"text": "refund please", "labels": ["x", "y"]}, timeout=30)
+    finally:
+        s.stop()
+    assert own["scoring"] == "head" and set(own["results"][0]["probs"]) == set(LABELS)
+    assert other.json()["scoring"] == "labels" and set(other.json()["results"][0]["probs"]) == {"x", "y"}

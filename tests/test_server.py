@@ -142,6 +142,7 @@ def test_one_request_equals_classify(srv, offline):
     for i in ("x-total-time", "x-queue-time", "x-inference-time"):
         assert int(r.headers[i]) >= 0
     res = r.json()["results"]
+    assert r.json()["scoring"] == "labels"
     assert [x["id"] for x in res] == ids
     for x in res:
         want = offline[x["id"]]
@@ -261,6 +262,72 @@ def test_core_errors_map_to_statuses():
     assert http_error(core.Failed("boom")).body("tei") == {"error": "boom", "error_type": "Backend"}
     for kind in (core.NotReady, core.Draining, core.Aborted):
         assert http_error(kind("x")).status == 503
+
+
+def test_rate_estimate_has_a_fixed_and_a_per_token_cost():
+    """The issue's case: a micro-batch costs 1.2 s whatever its size plus 2.7 ms a token. After
+    the warm-up and five one-word requests, a 300-token item is priced at about 2 s (a
+    per-token rate alone said 13 s), and the line is exact on points that lie on it."""
+    from mlx_slm.service import RateTracker
+
+    def cost(n):
+        return 1.2 + 0.0027 * n
+
+    rt = RateTracker()
+    assert not rt.known and rt.estimate(300) == 0.0 and rt.tokens_within(15.0) is None
+    for n in (30, 120, 30, 31, 30, 29, 30):  # warm-up (short, longer), then five one-word requests
+        rt.observe(n, cost(n))
+    assert rt.fixed == pytest.approx(1.2) and rt.per_token == pytest.approx(0.0027)
+    assert rt.estimate(300) == pytest.approx(cost(300)) and cost(300) < 2.1
+    assert rt.tokens_within(15.0) == int((15.0 - 1.2) / 0.0027)
+    flat = RateTracker()  # size shows no cost (noise): a fixed cost only, no token budget
+    for n, s in ((30, 0.5), (120, 0.4)):
+        flat.observe(n, s)
+    assert (flat.fixed, flat.per_token, flat.tokens_within(15.0)) == (pytest.approx(0.45), 0.0, None)
+    one = RateTracker()  # one size measured: seconds per token through the origin
+    one.observe(100, 1.0)
+    assert (one.fixed, one.per_token) == (0.0, pytest.approx(0.01))
+
+
+def _refused(svc, cost: int, n_items: int = 1, waited: float = 0.0, left: float | None = None):
+    """Run the worker's admission check on one item of `cost` tokens of a fresh request: the
+    error it was answered with (None: it would be computed)."""
+    import asyncio
+
+    from mlx_slm.service.scheduler import Job, WorkItem
+
+    loop = asyncio.new_event_loop()
+    try:
+        now = time.perf_counter()
+        left = svc.opts.request_timeout_s if left is None else left
+        job = Job(n_items, loop, deadline=now + left)
+        job.names = [f"texts[{i}]" for i in range(n_items)]
+        item = WorkItem(job, 0, "t", ("k",), cost, False, now - waited)
+        kept = svc.scheduler.runnable([item])
+        loop.run_until_complete(asyncio.sleep(0))  # the refusal is posted to the request's loop
+        assert (kept == [item]) == (job.error is None)
+        return job.error
+    finally:
+        loop.close()
+
+
+def test_no_504_for_an_item_that_fits_and_a_refusal_says_what_helps():
+    """On an idle server a 300-token item estimated at 2 s runs under a 5 s timeout (a per-token
+    rate alone refused it as 13 s). A refused item's advice follows what the client sent: a
+    text too long for the whole timeout is to be shortened (truncation, which only cuts to
+    the model's context, would not help); one that waited in the queue may be retried."""
+    from mlx_slm.service import Service
+
+    svc = Service(lambda: None, ServeOptions(request_timeout_s=5.0))
+    for n in (30, 120, 30, 30, 30, 30, 30):
+        svc._note_speed(1.2 + 0.0027 * n, n)
+    assert _refused(svc, 300) is None
+    err = _refused(svc, 3000, n_items=2)  # about 9 s: more than the whole timeout
+    assert err is not None and err.field == "texts[0]" and "truncate" not in err.message
+    assert "--request-timeout of 5 s: shorten it" in err.message
+    err = _refused(svc, 300, n_items=2, waited=4.0, left=1.0)  # 2 s, but 1 s left after the queue
+    assert err is not None and "truncate" not in err.message
+    assert "in the queue behind other work: retry, or send fewer texts per request" in err.message
 
 
 def test_body_errors(srv):

@@ -1,4 +1,4 @@
-"""`serve`: the classifier over HTTP (`server.py`), with classify's task options."""
+"""`serve`: the classifier over HTTP (the `server` package), with classify's task options."""
 
 from __future__ import annotations
 

@@ -1,0 +1,96 @@
+"""`mlx-slm serve`: the HTTP layer over the service core (the `service` package), as TEI's
+router over its core.
+
+    request handler (event loop)                 the core (`Service`)
+    auth, size limits, JSON checks   -->  classify: task cache, tokenize, bounded queue, micro-batching
+    (422 naming the field)                worker, calibration; its own errors (`ServiceError`)
+    answer in the route's shape      <--  mapped to statuses here in one table (`http_error`)
+
+    checks.py    the body (size, JSON) and our request's fields; what every wire API shares
+    errors.py    `HTTPError`, the error bodies in each API's style, the core's errors to statuses
+    auth.py      the Bearer key
+    openapi.py   the OpenAPI document
+    common.py    `RouteContext`: the steps every route shares (guard, admit, endpoint, compute)
+    ours.py      our API: /v1/classify, /v1/model, /health, /metrics, /openapi.json
+    tei.py       text-embeddings-inference's: /predict, /, /info
+    vllm.py      vLLM's: /classify, /v1/models
+    app.py       the Starlette app over all of them (`create_app`)
+    run.py       binding, uvicorn, SIGTERM as a drain (`run_server`)
+
+Limits answer with JSON errors that name the field: 413 (body size, items per request),
+422 (invalid or empty fields, prompts over the context), 429 with Retry-After (the queue
+would pass --max-queue-items), 504 (per-request timeout), 401 (Bearer key, when set),
+503 (loading, or draining after SIGTERM). A client that goes away has its queued items
+dropped before they are computed. SIGTERM: new requests get 503, every accepted request
+is finished within --drain-timeout, then the process exits 0.
+
+Every client-caused failure is a 4xx with a JSON error (never a 500, never a traceback in
+the log): a body that is not UTF-8 JSON, nested too deeply or holding a lone surrogate
+(`"\\ud800"`: not encodable text) is 422; a client that leaves while sending its body is
+counted as `client_gone` (499, never sent). Every outcome is counted in /metrics
+(`mlx_slm_requests_total{outcome=...}`).
+
+Imports run one way: the server imports the service, never the reverse; the wire API
+modules import the shared ones (common, checks, errors), and `app.py` imports the APIs.
+"""
+
+from __future__ import annotations
+
+from ..service import (
+    Aborted,
+    Answer,
+    ClientGone,
+    Draining,
+    Failed,
+    Invalid,
+    Loaded,
+    Metrics,
+    NotReady,
+    QueueFull,
+    ServeOptions,
+    Service,
+    ServiceError,
+    TaskSpec,
+    TimedOut,
+    classifier_loader,
+)
+from .app import create_app
+from .auth import API_KEY_ENV, api_key_from_env
+from .checks import REQUEST_FIELDS, parse_body, validate_request
+from .errors import HTTPError, http_error
+from .openapi import OPENAPI
+from .run import bind_socket, run_server
+from .tei import TEI_FIELDS
+from .vllm import VLLM_FIELDS
+
+__all__ = [
+    "API_KEY_ENV",
+    "OPENAPI",
+    "REQUEST_FIELDS",
+    "TEI_FIELDS",
+    "VLLM_FIELDS",
+    "Aborted",
+    "Answer",
+    "ClientGone",
+    "Draining",
+    "Failed",
+    "HTTPError",
+    "Invalid",
+    "Loaded",
+    "Metrics",
+    "NotReady",
+    "QueueFull",
+    "ServeOptions",
+    "Service",
+    "ServiceError",
+    "TaskSpec",
+    "TimedOut",
+    "api_key_from_env",
+    "bind_socket",
+    "classifier_loader",
+    "create_app",
+    "http_error",
+    "parse_body",
+    "run_server",
+    "validate_request",
+]

@@ -1,0 +1,57 @@
+"""The Starlette app: the routes of every wire API over one `Service`, its lifespan (the
+worker starts and stops with it) and Starlette's own errors (404, 405) in our JSON shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..service import Service
+from .common import RouteContext
+from .errors import HTTPError, error_response
+from .ours import OurRoutes
+from .tei import TEI_PATHS, TEIRoutes
+from .vllm import VLLMRoutes
+
+
+async def starlette_error(request: Any, exc: Any) -> Any:
+    """Unknown routes (404), wrong methods (405) and any other HTTP error Starlette raises:
+    the same JSON error shape as everywhere else."""
+    status = getattr(exc, "status_code", 500)
+    path = request.url.path
+    if status == 404:
+        msg = f"no route {path}: see /openapi.json for the routes this server has"
+    elif status == 405:
+        allow = (getattr(exc, "headers", None) or {}).get("Allow", "")
+        msg = f"{request.method} is not allowed on {path}" + (f": use {allow}" if allow else "")
+    else:
+        msg = str(getattr(exc, "detail", "")) or "HTTP error"
+    err = HTTPError(status, msg, headers=dict(getattr(exc, "headers", None) or {}))
+    return error_response(err, "tei" if path in TEI_PATHS else "ours")
+
+
+def create_app(service: Service, *, start_worker: bool = True) -> Any:
+    """The Starlette app over `service` (its lifespan starts and stops the worker)."""
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    ctx = RouteContext(service)
+    vllm = VLLMRoutes(ctx)
+    routes = OurRoutes(ctx, vllm).routes() + TEIRoutes(ctx).routes() + vllm.routes()
+
+    @asynccontextmanager
+    async def lifespan(app: Any):  # type: ignore[no-untyped-def]
+        if start_worker and service.thread is None:
+            service.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(service.stop)
+
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={StarletteHTTPException: starlette_error},
+    )

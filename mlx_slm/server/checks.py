@@ -1,0 +1,200 @@
+"""Request checks: the body (size, JSON), our /v1/classify's fields, and the parts every
+wire API shares (a text or a list of texts, known fields). Each check raises `HTTPError`
+naming the field it failed on; none involves the model. TEI's and vLLM's own fields are
+checked in their modules (`tei.py`, `vllm.py`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..io import has_lone_surrogate
+from ..prompts import TRUNCATE_MODES
+from ..service import ServeOptions, TaskSpec
+from .errors import HTTPError
+
+REQUEST_FIELDS = ("text", "texts", "ids", "labels", "system", "template", "truncate", "min_confidence")
+
+
+def parse_body(raw: bytes) -> Any:
+    """The request body as JSON, or a 422 naming what is wrong (never another exception):
+    not UTF-8, not JSON, nested too deeply, or a number too long to convert."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise HTTPError(422, "the body is JSON nested too deeply: send a flat JSON object", "body") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise HTTPError(422, f"the body is not valid JSON ({str(e)[:200]})", "body") from None
+
+
+def validate_request(raw: bytes, opts: ServeOptions) -> tuple[list[str], list[Any], TaskSpec]:
+    """Everything checked about a request before the model is involved: the body (`parse_body`)
+    and its fields (`check_request`). Raises only `HTTPError` (4xx) for a bad request."""
+    return check_request(parse_body(raw), opts)
+
+
+def check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any], TaskSpec]:
+    """Our /v1/classify body: (texts, ids, the request's task). Each check names its field."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, "the body must be a JSON object with 'text' or 'texts'", "body")
+    unknown = sorted(set(data) - set(REQUEST_FIELDS))
+    if unknown:
+        raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(REQUEST_FIELDS)}", unknown[0])
+    texts = _check_items(data, opts)
+    return texts, _check_ids(data, len(texts)), _check_task(data)
+
+
+def _check_items(data: dict[str, Any], opts: ServeOptions) -> list[str]:
+    """`text` (one string) or `texts` (a list of strings), each with some valid text."""
+    if ("text" in data) == ("texts" in data):
+        raise HTTPError(
+            422,
+            "give exactly one of 'text' (a string) or 'texts' (a list of strings)",
+            "text" if "text" not in data else "texts",
+        )
+    if "text" in data:
+        if not isinstance(data["text"], str):
+            raise HTTPError(422, f"'text' must be a string, got {type(data['text']).__name__}", "text")
+        texts, names = [data["text"]], ["text"]
+        if "ids" in data:
+            raise HTTPError(422, "'ids' goes with 'texts'; with 'text' there is one item", "ids")
+    else:
+        texts = data["texts"]
+        if not isinstance(texts, list):
+            raise HTTPError(422, f"'texts' must be a list of strings, got {type(texts).__name__}", "texts")
+        if not texts:
+            raise HTTPError(422, "'texts' is empty: give at least one text", "texts")
+        if len(texts) > opts.max_items_per_request:
+            raise HTTPError(
+                413,
+                f"'texts' has {len(texts)} items, over the limit of {opts.max_items_per_request} per request: split it",
+                "texts",
+            )
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise HTTPError(422, f"texts[{i}] must be a string, got {type(t).__name__}", f"texts[{i}]")
+        names = [f"texts[{i}]" for i in range(len(texts))]
+    check_text_values(names, texts)
+    return texts
+
+
+def check_text_values(names: Sequence[str], texts: Sequence[str]) -> None:
+    for name, t in zip(names, texts):
+        if not t.strip():
+            raise HTTPError(422, f"{name} is empty: give the item some text", name)
+        if has_lone_surrogate(t):
+            raise HTTPError(422, f"{name} holds an unpaired surrogate escape (not valid Unicode text): fix it", name)
+
+
+def _check_ids(data: dict[str, Any], n: int) -> list[Any]:
+    """`ids`: one unique string or integer per text (default: the texts' positions)."""
+    if "ids" not in data:
+        return list(range(n))
+    ids = data["ids"]
+    if not isinstance(ids, list) or len(ids) != n:
+        raise HTTPError(422, f"'ids' must be a list of {n} ids, one per text", "ids")
+    seen: dict[Any, int] = {}
+    for i, v in enumerate(ids):
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise HTTPError(422, f"ids[{i}] must be a string or an integer", f"ids[{i}]")
+        if isinstance(v, str) and has_lone_surrogate(v):
+            raise HTTPError(422, f"ids[{i}] holds an unpaired surrogate escape (not valid Unicode text)", f"ids[{i}]")
+        k = (type(v).__name__, v)
+        if k in seen:
+            raise HTTPError(422, f"ids[{i}] repeats ids[{seen[k]}] ({v!r}): ids must be unique", f"ids[{i}]")
+        seen[k] = i
+    return ids
+
+
+def _check_task(data: dict[str, Any]) -> TaskSpec:
+    """The request's own task: `min_confidence`, `labels`, `system`, `template`, `truncate`."""
+    task = TaskSpec()
+    if "min_confidence" in data and data["min_confidence"] is not None:
+        mc = data["min_confidence"]
+        if isinstance(mc, bool) or not isinstance(mc, (int, float)) or not 0.0 <= mc <= 1.0:
+            raise HTTPError(422, "'min_confidence' must be a number from 0 to 1 (or null)", "min_confidence")
+        task.min_confidence = float(mc)
+    if "labels" in data:
+        lab = data["labels"]
+        if not isinstance(lab, list) or not all(isinstance(x, str) for x in lab) or len(lab) < 2:
+            raise HTTPError(422, "'labels' must be a list of at least two strings", "labels")
+        if any(has_lone_surrogate(x) for x in lab):
+            raise HTTPError(422, "'labels' holds an unpaired surrogate escape (not valid Unicode text)", "labels")
+        task.labels = [x.strip() for x in lab]
+    if "system" in data:
+        if data["system"] is not None and not isinstance(data["system"], str):
+            raise HTTPError(422, "'system' must be a string or null", "system")
+        if data["system"] and has_lone_surrogate(data["system"]):
+            raise HTTPError(422, "'system' holds an unpaired surrogate escape (not valid Unicode text)", "system")
+        task.system = data["system"] or ""
+    if "template" in data:
+        tpl = data["template"]
+        if not isinstance(tpl, str) or "{text}" not in tpl:
+            raise HTTPError(422, "'template' must be a string with a {text} placeholder", "template")
+        if has_lone_surrogate(tpl):
+            raise HTTPError(422, "'template' holds an unpaired surrogate escape (not valid Unicode text)", "template")
+        task.template = tpl
+    if "truncate" in data:
+        tr = data["truncate"]
+        if tr is not None and tr is not False and tr not in TRUNCATE_MODES:
+            raise HTTPError(422, f"'truncate' must be one of {', '.join(TRUNCATE_MODES)}, false or null", "truncate")
+        task.truncate = tr or False
+    return task
+
+
+def check_texts(value: Any, fld: str, opts: ServeOptions) -> tuple[list[str], bool]:
+    """A TEI `inputs` or vLLM `input`: one string or a list of strings -> (texts, was one string)."""
+    if isinstance(value, str):
+        texts, names, single = [value], [fld], True
+    elif isinstance(value, list):
+        if not value:
+            raise HTTPError(422, f"'{fld}' is empty: give at least one text", fld)
+        if len(value) > opts.max_items_per_request:
+            raise HTTPError(
+                413,
+                f"'{fld}' has {len(value)} items, over the limit of {opts.max_items_per_request} per request: split it",
+                fld,
+            )
+        names, single = [f"{fld}[{i}]" for i in range(len(value))], False
+        for name, t in zip(names, value):
+            if isinstance(t, list):
+                raise HTTPError(
+                    422, f"{name} is a list: text pairs and token ids are not supported; send strings", name
+                )
+            if not isinstance(t, str):
+                raise HTTPError(422, f"{name} must be a string, got {type(t).__name__}", name)
+        texts = value
+    else:
+        raise HTTPError(422, f"'{fld}' must be a string or a list of strings, got {type(value).__name__}", fld)
+    check_text_values(names, texts)
+    return texts, single
+
+
+def check_fields(data: Any, fields: Sequence[str], texts_field: str) -> None:
+    """A peer's body (TEI's, vLLM's): a JSON object of known fields holding its texts field."""
+    if not isinstance(data, dict):
+        raise HTTPError(422, f"the body must be a JSON object with {texts_field!r}", "body")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(fields)}", unknown[0])
+    if texts_field not in data:
+        raise HTTPError(422, f"{texts_field!r} is missing: give a string or a list of strings", texts_field)
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    n = request.headers.get("content-length")
+    if n is not None and n.isdigit() and int(n) > limit:
+        raise HTTPError(413, f"the body is {n} bytes, over the limit of {limit}", "body")
+    from starlette.requests import ClientDisconnect
+
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"the body is over the limit of {limit} bytes", "body")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left mid-upload: counted, nothing logged, nobody to answer
+        raise HTTPError(499, "the client closed the connection while sending the body", outcome="client_gone") from None
+    return b"".join(chunks)

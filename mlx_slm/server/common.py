@@ -1,0 +1,92 @@
+"""The steps every route shares, over one `Service`: auth and readiness (`guard`, `admit`),
+the classifying route's wrapper (`endpoint`: every outcome counted, every error a JSON body
+in the route's style), and the hand-off to the core (`compute`). The wire APIs (`ours.py`,
+`tei.py`, `vllm.py`) are short lists of routes over this."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..service import Answer, Service, ServiceError, TaskSpec
+from .auth import check_auth
+from .checks import parse_body, read_body
+from .errors import HTTPError, error_response, http_error
+
+
+async def until_disconnect(request: Any) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+class RouteContext:
+    """The service, its options and metrics, and the app's start time, with the shared steps.
+    Errors, ours and the core's (`http_error`), become JSON bodies in the route's style."""
+
+    def __init__(self, service: Service):
+        self.service, self.opts, self.metrics = service, service.opts, service.metrics
+        self.started = int(time.time())
+
+    def guard(self, request: Any) -> HTTPError | None:
+        """Auth and readiness for the read-only model routes; None when they pass."""
+        try:
+            check_auth(request, self.opts.api_key)
+            self.service.require_loaded()
+        except (HTTPError, ServiceError) as e:
+            return http_error(e)
+        return None
+
+    def endpoint(self, handler: Callable[..., Any], style: str = "ours") -> Callable[..., Any]:
+        """A classifying route: every outcome counted in /metrics, every error a JSON body in the
+        route's style (ours, TEI's, or OpenAI/vLLM's), a bug of ours one log line and a 500."""
+        m = self.metrics
+
+        async def run(request: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                resp = await handler(request, t0)
+                m.count(m.requests, "ok")
+                m.observe("mlx_slm_request_seconds", time.perf_counter() - t0)
+                return resp
+            except (HTTPError, ServiceError) as e:
+                err = http_error(e)
+                m.count(m.requests, err.outcome)
+                return error_response(err, style)
+            except Exception as e:  # noqa: BLE001 - a bug of ours: one log line, a counted 500, no ASGI traceback
+                import logging
+
+                logging.getLogger("mlx_slm.server").error(
+                    "%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e
+                )
+                m.count(m.requests, "error")
+                return error_response(HTTPError(500, f"internal error ({type(e).__name__}): please report it"), style)
+
+        return run
+
+    async def admit(self, request: Any) -> Any:
+        """Auth, readiness, then the body as JSON (a 4xx naming what is wrong)."""
+        check_auth(request, self.opts.api_key)
+        self.service.require_ready()
+        return parse_body(await read_body(request, self.opts.max_body_bytes))
+
+    async def compute(
+        self, request: Any, t0: float, texts: list[str], task: TaskSpec, names: list[str], whole: str, hint: str
+    ) -> Answer:
+        """The core's answer to one request's texts. `names`: each text's field, for errors;
+        `whole`: the field a timeout names; `hint`: how this API asks for truncation."""
+        return await self.service.classify(
+            texts,
+            task,
+            names=names,
+            whole=whole,
+            truncate_hint=hint,
+            started=t0,
+            gone=lambda: until_disconnect(request),
+        )
+
+    def served_name(self) -> str:
+        ld = self.service.loaded
+        return (ld.model if ld is not None and ld.model else None) or "mlx-slm"

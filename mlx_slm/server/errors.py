@@ -1,0 +1,106 @@
+"""HTTP errors: our `HTTPError` (a status, the field at fault, headers, the outcome counted
+in /metrics), its JSON body in each API's style, and the one table from the core's errors
+to statuses (`http_error`). A new core error kind needs its line in `_STATUS`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..service import Aborted, ClientGone, Draining, Failed, Invalid, NotReady, QueueFull, ServiceError, TimedOut
+
+
+class HTTPError(Exception):
+    """An HTTP error answer: status, message, the field at fault, headers, the outcome counted in
+    /metrics, and the body style when it differs from the route's (a vLLM body on /v1/classify)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+        outcome: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.field, self.headers = status, message, field, headers or {}
+        self.style: str | None = None
+        self.outcome = outcome or {
+            401: "unauthorized",
+            413: "too_large",
+            422: "invalid",
+            429: "overloaded",
+            503: "unavailable",
+            504: "timeout",
+        }.get(status, "error")
+
+    def body(self, style: str = "ours") -> dict[str, Any]:
+        """The JSON error: ours, `{"error": {"status", "message", "field"}}`; on the TEI routes
+        TEI's `{"error": message, "error_type"}` (what its clients read); on vLLM's routes ours
+        with OpenAI's `type`, `param` and `code` added."""
+        msg = _printable(self.message)
+        if style == "tei":
+            return {"error": msg, "error_type": _TEI_ERROR_TYPES.get(self.status, "Backend")}
+        err: dict[str, Any] = {"status": self.status, "message": msg}
+        if self.field is not None:
+            err["field"] = _printable(self.field)
+        if style == "openai":
+            err.update(
+                type="invalid_request_error" if 400 <= self.status < 500 else "server_error",
+                param=err.get("field"),
+                code=self.status,
+            )
+        return {"error": err}
+
+
+_TEI_ERROR_TYPES = {
+    401: "Unauthorized",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    413: "Validation",
+    422: "Validation",
+    429: "Overloaded",
+    503: "Unhealthy",
+    504: "Backend",
+}
+
+
+def _printable(s: str) -> str:
+    """`s` with any lone surrogate (from a client's JSON, e.g. an unknown field "\\ud800")
+    written as its escape, so that the error response itself can be encoded."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# The one map from the core's errors to HTTP: (status, outcome counted in /metrics).
+_STATUS: dict[type[ServiceError], tuple[int, str]] = {
+    Invalid: (422, "invalid"),
+    QueueFull: (429, "overloaded"),
+    NotReady: (503, "unavailable"),
+    Draining: (503, "unavailable"),
+    Aborted: (503, "unavailable"),
+    TimedOut: (504, "timeout"),
+    ClientGone: (499, "client_gone"),
+    Failed: (500, "error"),
+}
+
+
+def http_error(e: ServiceError | HTTPError) -> HTTPError:
+    """The HTTP answer to an error: the core's mapped by `_STATUS` (Retry-After from its
+    `retry_after`); ours (auth, body, validation) as it is."""
+    if isinstance(e, HTTPError):
+        return e
+    status, outcome = _STATUS[type(e)]
+    headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
+    return HTTPError(status, e.message, e.field, headers, outcome)
+
+
+def error_response(e: HTTPError, style: str = "ours") -> Any:
+    """The error as a JSON response in a route's style (ours, "tei" or "openai")."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(e.body(e.style or style), status_code=e.status, headers=e.headers)
+
+
+def json_response(content: Any, headers: dict[str, str] | None = None, status: int = 200) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(content, status_code=status, headers=headers)

@@ -1,0 +1,138 @@
+"""The OpenAPI document served at /openapi.json: every route of every wire API. A new route
+adds its entry here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..prompts import TRUNCATE_MODES
+
+_STR_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+_COMMON_ERRORS = {
+    "401": {"description": "missing or wrong Bearer key"},
+    "413": {"description": "body or item count over the limit"},
+    "422": {"description": "invalid field, empty text, prompt over the context"},
+    "429": {"description": "queue full; see Retry-After"},
+    "503": {"description": "loading or shutting down"},
+    "504": {"description": "request timeout"},
+}
+
+
+def _json_body(properties: dict[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:
+    """An OpenAPI request body: a required JSON object with these properties."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+_TEI_PREDICT: dict[str, Any] = {
+    "summary": "text-embeddings-inference's /predict: one list of {label, score} per input, best first "
+    "(a single string is answered as a list holding its one list).",
+    "security": [{"bearer": []}],
+    "requestBody": _json_body(
+        {
+            "inputs": _STR_OR_LIST,
+            "raw_scores": {"type": "boolean", "description": "the model's label scores, no softmax"},
+            "truncate": {"type": "boolean", "nullable": True},
+            "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
+            "parameters": {
+                "type": "object",
+                "description": "Hugging Face InferenceClient's: function_to_apply (softmax|none), top_k",
+            },
+        },
+        required=["inputs"],
+    ),
+    "responses": {
+        "200": {"description": "[[{label, score}, ...], ...]; errors are {error, error_type}"},
+        **_COMMON_ERRORS,
+    },
+}
+_VLLM_CLASSIFY: dict[str, Any] = {
+    "summary": "vLLM's classification API: {model, input} -> {id, object: list, created, model, "
+    "data: [{index, label, probs (the task's label order), num_classes}], usage}. "
+    "POST /v1/classify with an 'input' field answers the same.",
+    "security": [{"bearer": []}],
+    "requestBody": _json_body(
+        {
+            "model": {"type": "string", "description": "any name: the server has one model"},
+            "input": _STR_OR_LIST,
+            "truncate_prompt_tokens": {"type": "integer", "enum": [-1], "nullable": True},
+            "user": {"type": "string"},
+            "priority": {"type": "integer"},
+            "request_id": {"type": "string"},
+        },
+        required=["input"],
+    ),
+    "responses": {"200": {"description": "vLLM's ClassificationResponse"}, **_COMMON_ERRORS},
+}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {"title": "mlx-slm", "version": "1"},
+    "paths": {
+        "/v1/classify": {
+            "post": {
+                "summary": "Classify one text or a list of texts into one of the task's labels "
+                "(a body with vLLM's 'input' field gets vLLM's answer, as POST /classify).",
+                "security": [{"bearer": []}],
+                "requestBody": _json_body(
+                    {
+                        "text": {"type": "string"},
+                        "texts": {"type": "array", "items": {"type": "string"}},
+                        "ids": {
+                            "type": "array",
+                            "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                        },
+                        "labels": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+                        "system": {"type": "string", "nullable": True},
+                        "template": {"type": "string", "description": "must contain {text}"},
+                        "truncate": {"type": "string", "enum": list(TRUNCATE_MODES), "nullable": True},
+                        "min_confidence": {
+                            "type": "number",
+                            "minimum": 0,
+                            "maximum": 1,
+                            "nullable": True,
+                            "description": "abstain (label null, abstained true) below this probability",
+                        },
+                    }
+                ),
+                "responses": {
+                    "200": {
+                        "description": "results[i]: id, label, probs, raw_probs and calibration (when calibrated), "
+                        "abstained, truncated, queue_ms, inference_ms; scoring: 'head' (the task's learned head) "
+                        "or 'labels' (label scoring: a task without a head, or the request's own labels or "
+                        "prompt); headers x-total-time, x-queue-time, x-inference-time (ms)"
+                    },
+                    "401": {"description": "missing or wrong Bearer key"},
+                    "413": {"description": "body or item count over the limit (error.field names it)"},
+                    "422": {"description": "invalid field, empty text, prompt over the context (error.field)"},
+                    "429": {"description": "queue full; see Retry-After"},
+                    "503": {"description": "loading or shutting down"},
+                    "504": {"description": "request timeout"},
+                },
+            }
+        },
+        "/classify": {"post": _VLLM_CLASSIFY},
+        "/predict": {"post": _TEI_PREDICT},
+        "/": {"post": {**_TEI_PREDICT, "summary": "As POST /predict (Hugging Face's InferenceClient posts here)."}},
+        "/info": {
+            "get": {
+                "summary": "text-embeddings-inference's /info: model_id, model_sha, model_dtype, "
+                "model_type.classifier.id2label, max_input_length, max_batch_tokens, max_client_batch_size, version.",
+                "security": [{"bearer": []}],
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "summary": "OpenAI/vLLM model list: the one served model (id, max_model_len, labels).",
+                "security": [{"bearer": []}],
+            }
+        },
+        "/v1/model": {"get": {"summary": "Model, weights sha256, dtype, device, default task, limits."}},
+        "/health": {"get": {"summary": "200 when loaded and warmed; 503 before, and while draining."}},
+        "/metrics": {"get": {"summary": "Prometheus text format."}},
+    },
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+}

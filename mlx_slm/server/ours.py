@@ -1,0 +1,140 @@
+"""Our own API: POST /v1/classify (a body with vLLM's `input` is answered as vLLM's /classify),
+GET /v1/model, and the open routes /health, /metrics and /openapi.json."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from ..service import ServiceError
+from .checks import check_request
+from .common import RouteContext
+from .errors import HTTPError, error_response, http_error, json_response
+from .openapi import OPENAPI
+from .vllm import VLLMRoutes
+
+
+class OurRoutes:
+    """Our routes over the service; `vllm` answers a vLLM body sent to /v1/classify."""
+
+    def __init__(self, ctx: RouteContext, vllm: VLLMRoutes):
+        self.ctx, self.vllm = ctx, vllm
+
+    def routes(self) -> list[Any]:
+        from starlette.routing import Route
+
+        return [
+            Route("/v1/classify", self.ctx.endpoint(self.classify), methods=["POST"]),
+            Route("/v1/model", self.model_info, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics_route, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+        ]
+
+    async def classify(self, request: Any, t0: float) -> Any:
+        """Our /v1/classify; a body with vLLM's `input` gets vLLM's answer (as vLLM serves it)."""
+        data = await self.ctx.admit(request)
+        if isinstance(data, dict) and "input" in data and not {"text", "texts"} & set(data):
+            try:
+                return await self.vllm.answer(request, t0, data)
+            except (HTTPError, ServiceError) as e:
+                err = http_error(e)
+                err.style = "openai"
+                raise err from None
+        if isinstance(data, dict) and "inputs" in data and not {"text", "texts"} & set(data):
+            raise HTTPError(
+                422,
+                "'inputs' is text-embeddings-inference's field: POST that body to /predict (TEI's answer), "
+                "or send 'text'/'texts' here",
+                "inputs",
+            )
+        texts, ids, task = check_request(data, self.ctx.opts)
+        names = ["text"] if "text" in data else [f"texts[{i}]" for i in range(len(texts))]
+        whole = "texts" if len(texts) > 1 else "text"
+        ans = await self.ctx.compute(request, t0, texts, task, names, whole, '"truncate": "head"|"tail"|"middle"')
+        from ..output import result_record
+
+        results = []
+        for i, pr in enumerate(ans.predictions):
+            rec = result_record(SimpleNamespace(id=ids[i], line=None, error=None), pr, ans.calibration.method)
+            _, q, inf = ans.raw[i]
+            rec["queue_ms"], rec["inference_ms"] = round(q * 1000, 3), round(inf * 1000, 3)
+            results.append(rec)
+        total = (time.perf_counter() - t0) * 1000
+        q_ms = max(r["queue_ms"] for r in results)
+        i_ms = max(r["inference_ms"] for r in results)
+        # A head task answers a request with its own labels or prompt by label scoring: say which ran.
+        scoring = "head" if ans.classifier.mode == "head" else "labels"
+        return json_response(
+            {
+                "results": results,
+                "scoring": scoring,
+                "total_ms": round(total, 3),
+                "queue_ms": q_ms,
+                "inference_ms": i_ms,
+            },
+            headers={
+                "x-total-time": str(int(round(total))),
+                "x-queue-time": str(int(round(q_ms))),
+                "x-inference-time": str(int(round(i_ms))),
+            },
+        )
+
+    async def model_info(self, request: Any) -> Any:
+        if (e := self.ctx.guard(request)) is not None:
+            return error_response(e)
+        import mlx.core as mx
+
+        service, opts = self.ctx.service, self.ctx.opts
+        ld = service.loaded
+        clf = ld.clf  # type: ignore[union-attr]
+        cal, conf = service.calibration_for(service.default_key)
+        return json_response(
+            {
+                "model": ld.model,  # type: ignore[union-attr]
+                "path": str(clf.path) if clf.path else None,
+                "weights_sha256": ld.weights_sha256,  # type: ignore[union-attr]
+                "dtype": clf.engine.compute_dtype,
+                "device": str(mx.default_device()),
+                "max_length": clf.max_length,
+                "task": {
+                    "labels": list(clf.labels),
+                    "system": clf.format.system,
+                    "template": clf.format.template,
+                    "examples": len(clf.format.examples),
+                    "scoring": clf.mode,
+                    "truncate": clf.truncate,
+                    "calibration": cal.kind,
+                    "min_confidence": conf,
+                    "warmup": cal.warmup,
+                },
+                "limits": {
+                    "max_batch_items": opts.max_batch_items,
+                    "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
+                    "max_wait_ms": opts.max_wait_ms,
+                    "max_queue_items": opts.max_queue_items,
+                    "max_items_per_request": opts.max_items_per_request,
+                    "max_body_bytes": opts.max_body_bytes,
+                    "request_timeout_s": opts.request_timeout_s,
+                },
+            }
+        )
+
+    async def health(self, request: Any) -> Any:
+        service = self.ctx.service
+        if service.load_error:
+            return json_response({"status": "failed", "error": service.load_error}, status=503)
+        if service.draining:
+            return json_response({"status": "draining"}, status=503)
+        if not service.ready:
+            return json_response({"status": "loading"}, status=503)
+        return json_response({"status": "ok"})
+
+    async def metrics_route(self, request: Any) -> Any:
+        from starlette.responses import PlainTextResponse
+
+        return PlainTextResponse(self.ctx.service.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    async def openapi(self, request: Any) -> Any:
+        return json_response(OPENAPI)

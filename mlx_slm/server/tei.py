@@ -1,0 +1,130 @@
+"""text-embeddings-inference's API: POST /predict (and POST /, where Hugging Face's
+InferenceClient posts) and GET /info, with TEI's error bodies `{"error", "error_type"}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..service import ServeOptions, TaskSpec
+from .checks import check_fields, check_texts
+from .common import RouteContext
+from .errors import HTTPError, error_response, json_response
+
+TEI_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction", "parameters")
+
+
+TEI_PATHS = ("/", "/predict", "/info")  # where even Starlette's own errors (404, 405) are TEI's
+
+
+def check_tei(data: Any, opts: ServeOptions) -> tuple[list[str], bool, TaskSpec, bool, int | None]:
+    """TEI's /predict body: {"inputs": str | [str], "raw_scores"?, "truncate"?, "truncation_direction"?},
+    and the InferenceClient's {"inputs", "parameters": {"function_to_apply"?, "top_k"?}}.
+    Returns (texts, one string given, task, raw scores, top k)."""
+    check_fields(data, TEI_FIELDS, "inputs")
+    texts, single = check_texts(data["inputs"], "inputs", opts)
+    task = TaskSpec()
+    raw_scores = data.get("raw_scores", False)
+    if raw_scores is None:
+        raw_scores = False
+    if not isinstance(raw_scores, bool):
+        raise HTTPError(422, "'raw_scores' must be true or false", "raw_scores")
+    direction = data.get("truncation_direction") or "Right"
+    if not isinstance(direction, str) or direction.lower() not in ("right", "left"):
+        raise HTTPError(422, '\'truncation_direction\' must be "Right" or "Left"', "truncation_direction")
+    if "truncate" in data and data["truncate"] is not None:
+        tr = data["truncate"]
+        if not isinstance(tr, bool):
+            raise HTTPError(422, "'truncate' must be true or false", "truncate")
+        # TEI cuts the end off ("Right", keeping the head) unless told "Left" (keeping the tail).
+        task.truncate = ("head" if direction.lower() == "right" else "tail") if tr else False
+    top_k = None
+    params = data.get("parameters")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise HTTPError(422, "'parameters' must be an object", "parameters")
+        extra = sorted(k for k, v in params.items() if k not in ("function_to_apply", "top_k") and v is not None)
+        if extra:
+            raise HTTPError(
+                422, f"unknown parameter {extra[0]!r}: use function_to_apply, top_k", f"parameters.{extra[0]}"
+            )
+        fn = params.get("function_to_apply")
+        if fn is not None:
+            if fn not in ("softmax", "none"):
+                raise HTTPError(
+                    422,
+                    f"function_to_apply {fn!r} is not supported: 'softmax' (probabilities, the default) or 'none' "
+                    "(the raw label scores); one label per text, so no 'sigmoid'",
+                    "parameters.function_to_apply",
+                )
+            raw_scores = raw_scores or fn == "none"
+        k = params.get("top_k")
+        if k is not None:
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise HTTPError(422, "'top_k' must be an integer of 1 or more", "parameters.top_k")
+            top_k = k
+    return texts, single, task, raw_scores, top_k
+
+
+class TEIRoutes:
+    """TEI's routes over the service."""
+
+    def __init__(self, ctx: RouteContext):
+        self.ctx = ctx
+
+    def routes(self) -> list[Any]:
+        from starlette.routing import Route
+
+        predict = self.ctx.endpoint(self.predict, "tei")
+        return [
+            Route("/predict", predict, methods=["POST"]),
+            Route("/", predict, methods=["POST"]),
+            Route("/info", self.info, methods=["GET"]),
+        ]
+
+    async def predict(self, request: Any, t0: float) -> Any:
+        """text-embeddings-inference's /predict (and Hugging Face's InferenceClient, which posts
+        `{"inputs", "parameters"}` to its base URL): one list of {label, score}, best first, per
+        input; a single string is answered as a list holding its one list."""
+        data = await self.ctx.admit(request)
+        texts, single, task, raw_scores, top_k = check_tei(data, self.ctx.opts)
+        names = ["inputs"] if single else [f"inputs[{i}]" for i in range(len(texts))]
+        ans = await self.ctx.compute(request, t0, texts, task, names, "inputs", '"truncate": true')
+        out = []
+        for p in ans.predictions:
+            vals = p.scores if raw_scores else p.probs
+            ranked = sorted(({"label": lab, "score": float(v)} for lab, v in vals.items()), key=lambda d: -d["score"])
+            out.append(ranked[:top_k] if top_k else ranked)
+        return json_response(out)
+
+    async def info(self, request: Any) -> Any:
+        """text-embeddings-inference's /info, for a sequence classifier."""
+        from .. import __version__
+
+        if (e := self.ctx.guard(request)) is not None:
+            return error_response(e, "tei")
+        ld, opts = self.ctx.service.loaded, self.ctx.opts
+        clf = ld.clf  # type: ignore[union-attr]
+        labels = list(clf.labels)
+        return json_response(
+            {
+                "model_id": self.ctx.served_name(),
+                "model_sha": ld.weights_sha256,  # type: ignore[union-attr]
+                "model_dtype": clf.engine.compute_dtype,
+                "model_type": {
+                    "classifier": {
+                        "id2label": {str(i): lab for i, lab in enumerate(labels)},
+                        "label2id": {lab: i for i, lab in enumerate(labels)},
+                    }
+                },
+                "max_concurrent_requests": opts.max_queue_items,
+                "max_input_length": clf.max_length,
+                "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
+                "max_batch_requests": opts.max_batch_items,
+                "max_client_batch_size": opts.max_items_per_request,
+                "auto_truncate": clf.truncate is not None,
+                "tokenization_workers": 1,
+                "version": __version__,
+                "sha": None,
+                "docker_label": None,
+            }
+        )

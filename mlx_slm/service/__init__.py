@@ -1,0 +1,45 @@
+"""The service core behind `mlx-slm serve`: it knows no HTTP (the router is the `server` package).
+
+    api.py        what a front end and the core exchange (ServeOptions, Loaded, TaskSpec, Answer)
+    errors.py     the core's failures (ServiceError and its kinds), each with its field and retry delay
+    tasks.py      the task cache: classifiers per task (front and back), their checks, calibration
+    scheduler.py  the bounded queue, admission, micro-batching worker, deadlines, drain
+    metrics.py    counters and histograms (Prometheus text), the compute-time estimate
+    core.py       `Service`: the facade (lifecycle, one request's path)
+
+Imports run one way: core -> scheduler -> tasks, metrics -> api, errors; nothing here
+imports the server. Every name below is what front ends, tests and benchmarks import.
+"""
+
+from __future__ import annotations
+
+from .api import Answer, Loaded, ServeOptions, TaskSpec, classifier_loader
+from .core import Service
+from .errors import Aborted, ClientGone, Draining, Failed, Invalid, NotReady, QueueFull, ServiceError, TimedOut
+from .metrics import Metrics, RateTracker
+from .scheduler import BATCH_TIME_FRACTION, LOOKAHEAD
+from .tasks import LRU, TaskCache
+
+__all__ = [
+    "BATCH_TIME_FRACTION",
+    "LOOKAHEAD",
+    "LRU",
+    "Aborted",
+    "Answer",
+    "ClientGone",
+    "Draining",
+    "Failed",
+    "Invalid",
+    "Loaded",
+    "Metrics",
+    "NotReady",
+    "QueueFull",
+    "RateTracker",
+    "ServeOptions",
+    "Service",
+    "ServiceError",
+    "TaskCache",
+    "TaskSpec",
+    "TimedOut",
+    "classifier_loader",
+]

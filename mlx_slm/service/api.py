@@ -1,0 +1,98 @@
+"""What a front end and the service exchange: the server's options, what the loader gives,
+a request's own task, and a request's answer. Plain values, no behaviour beyond the loader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ServeOptions:
+    max_batch_items: int = 32  # items gathered into one micro-batch (1: batching off)
+    max_batch_tokens: int | None = None  # padded suffix tokens per micro-batch (None: the classifier's budget)
+    max_wait_ms: float = 5.0  # how long the worker waits for more items once it has one
+    max_queue_items: int = 1024  # items waiting, all requests together; beyond: 429
+    max_items_per_request: int = 256  # beyond: 413
+    max_body_bytes: int = 1 << 20  # beyond: 413
+    request_timeout_s: float = 60.0  # beyond: 504
+    drain_timeout_s: float = 30.0  # SIGTERM: time to finish accepted requests
+    api_key: str | None = None  # Bearer key for /v1/*; /health and /metrics stay open
+    task_cache: int = 8  # per-request tasks kept (classifiers on the one engine)
+
+
+@dataclass
+class Loaded:
+    """What the loader gives the service: the default task's classifier and how to calibrate it."""
+
+    clf: Any  # Classifier
+    calibration: Any = "none"  # a CalibrationSpec, or what CalibrationSpec.of takes
+    min_confidence: float | None = None
+    warmup: int = 512
+    model: str = ""
+    weights_sha256: str | None = None
+    clf_kwargs: dict[str, Any] = field(default_factory=dict)  # settings shared by per-request tasks
+
+
+def classifier_loader(
+    model: str,
+    labels: Sequence[str] | None = None,
+    system: str | None = None,
+    template: str | None = None,
+    calibration: Any = "none",
+    min_confidence: float | None = None,
+    **kwargs: Any,
+) -> Callable[[], Loaded]:
+    """A loader for `Service` from `Classifier.load` arguments (the Python API and tests)."""
+
+    def load() -> Loaded:
+        from ..classifier import Classifier
+        from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+
+        clf = Classifier.load(
+            model,
+            labels or DEFAULT_LABELS,
+            DEFAULT_SYSTEM if system is None else (system or None),
+            template or DEFAULT_TEMPLATE,
+            **kwargs,
+        )
+        return Loaded(
+            clf,
+            calibration,
+            min_confidence,
+            model=str(model),
+            weights_sha256=_sha(clf),
+            clf_kwargs={k: v for k, v in kwargs.items() if k not in ("dtype", "dequantize")},
+        )
+
+    return load
+
+
+def _sha(clf: Any) -> str | None:
+    try:
+        return clf.engine.weights_sha256
+    except OSError:
+        return None
+
+
+@dataclass
+class TaskSpec:
+    """A request's own task settings; None: the served task's (its labels, prompt, truncation)."""
+
+    labels: list[str] | None = None
+    system: str | None = None  # "": no system message
+    template: str | None = None
+    truncate: str | bool | None = None  # False: no truncation
+    min_confidence: float | None = None
+
+
+@dataclass
+class Answer:
+    """One request's outcome: calibrated predictions in input order, each item's (prediction,
+    queue s, inference s) from the worker, the run's `Calibration`, the task's front classifier."""
+
+    predictions: list[Any]
+    raw: list[Any]
+    calibration: Any
+    classifier: Any

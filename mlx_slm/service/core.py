@@ -1,0 +1,221 @@
+"""The service core behind `mlx-slm serve`, without HTTP (the router is the `server` package).
+
+`Service` is a thin facade over the parts, each in its own module: the task cache
+(`tasks.TaskCache`: classifiers per task, their checks and calibration), the scheduler
+(`scheduler.Scheduler`: the bounded queue, admission, micro-batching and deadlines on one
+worker thread), and the measures (`metrics.Metrics`, `metrics.RateTracker`). It owns the
+lifecycle (load on the worker thread, warm-up, readiness, stop) and one request's path:
+task -> tokenize -> submit -> wait -> calibrate. Failures are `errors.ServiceError` kinds.
+
+A timed-out request never holds up the next one: see `Scheduler` ("Deadlines").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from .api import Answer, Loaded, ServeOptions, TaskSpec
+from .errors import ClientGone, Draining, Invalid, NotReady, TimedOut
+from .metrics import Metrics
+from .scheduler import Job, Scheduler
+from .tasks import TaskCache
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+class Service:
+    """Lifecycle and one request's path over the task cache and the scheduler. A front end
+    calls `require_ready` and `classify`; the failures are `ServiceError`s. The queue's state
+    (`depth`, `inflight`, `draining`) and drain (`begin_drain`, `wait_idle`, `abort_pending`)
+    are the scheduler's, named here for the front ends."""
+
+    def __init__(self, loader: Callable[[], Loaded], options: ServeOptions | None = None):
+        self.loader, self.opts = loader, options or ServeOptions()
+        self.metrics = Metrics()
+        self.tasks = TaskCache(self.opts.task_cache)
+        self.scheduler = Scheduler(self.opts, self.metrics, self.tasks)
+        self.ready = False
+        self.load_error: str | None = None
+        self.thread: threading.Thread | None = None
+        self.on_fatal: Callable[[str], None] | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._main, name="mlx-slm-worker", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.scheduler.stop()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    def _main(self) -> None:
+        try:
+            self._load()
+        except BaseException as e:  # noqa: BLE001 - reported on /health and by the CLI
+            self.load_error = f"{type(e).__name__}: {e}"
+            if self.on_fatal is not None:
+                self.on_fatal(self.load_error)
+            return
+        self.ready = True
+        self.scheduler.loop()
+
+    def _load(self) -> None:
+        loaded = self.loader()
+        self.tasks.load(loaded)
+        clf = loaded.clf
+        # Warm up: one item through the whole path (computes the default prompt head's KV, a
+        # one-off cost not measured), then a short and a longer item measured, so that the
+        # time estimate knows both its fixed and its per-token cost from the start.
+        list(clf.run(["warm-up"], window=1))
+        for text in ("warm-up", " ".join(["warm-up"] * 32)):
+            t0 = time.perf_counter()
+            run = clf.run([text], window=1)
+            list(run)
+            self._note_speed(time.perf_counter() - t0, run.stats.processed_tokens)
+
+    def _note_speed(self, seconds: float, tokens: int) -> None:
+        """Fold one measured batch into the scheduler's time estimate."""
+        self.scheduler.speed.observe(tokens, seconds)
+
+    def require_loaded(self) -> None:
+        """Raise `NotReady` until the model is loaded and warmed (or with why it failed)."""
+        if not self.ready:
+            raise NotReady(self.load_error or "the model is loading", retry_after=5)
+
+    def require_ready(self) -> None:
+        """Raise `Draining` once shutting down, else `NotReady` until loaded: before a request."""
+        if self.draining:
+            raise Draining("the server is shutting down: not accepting new requests", retry_after=5)
+        self.require_loaded()
+
+    # ---------------------------------------------------------------- tasks (the cache's)
+    @property
+    def loaded(self) -> Loaded | None:
+        return self.tasks.loaded
+
+    @property
+    def default_key(self) -> tuple:
+        return self.tasks.default_key
+
+    def task_key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> tuple:
+        return self.tasks.key(labels, system, template, truncate)
+
+    def front_classifier(self, key: tuple) -> Any:
+        return self.tasks.front(key)
+
+    def _back_classifier(self, key: tuple) -> Any:
+        return self.tasks.back(key)
+
+    def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
+        return self.tasks.calibration_for(key)
+
+    # ---------------------------------------------------------------- one request
+    async def classify(
+        self,
+        texts: list[str],
+        spec: TaskSpec,
+        *,
+        names: list[str],
+        whole: str,
+        truncate_hint: str,
+        started: float,
+        gone: Callable[[], Awaitable[Any]] | None = None,
+    ) -> Answer:
+        """Run one request's texts on the worker and wait for them (until `started` plus the
+        request timeout, or until what `gone()` returns completes: the caller left). `names`: each text's
+        field, for errors; `whole`: the field a timeout names; `truncate_hint`: how the caller's
+        API asks for truncation (it replaces the CLI's `--truncate ...` in messages)."""
+        key, front = await _in_thread(self.tasks.for_request, spec)
+        prepared = await _in_thread(front.prepare, texts)
+        for it, name in zip(prepared, names):
+            if it.error:
+                raise Invalid(f"{name}: {it.error.replace('--truncate head|tail|middle', truncate_hint)}", name)
+        p = len(front.prefix_tokens)
+        hits = [bool(p) and tuple(it.ids[:p]) == front.prefix_tokens for it in prepared]
+        # The label trie runs beside every row's prompt: its nodes count in the micro-batch budget
+        # and the time estimate, as in the classifier's own batch plan.
+        costs = [len(it.ids) - (p if h else 0) + front.row_extra for it, h in zip(prepared, hits)]
+        job = Job(len(texts), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
+        job.names = names
+        self.submit(job, texts, key, costs, hits)
+        try:
+            await self._wait(job, started, whole, gone)
+        finally:
+            self.finished()
+        preds, calib = self.tasks.calibrate(key, spec, front, job.results)
+        return Answer(preds, job.results, calib, front)
+
+    async def _wait(self, job: Job, started: float, whole: str, gone: Callable[[], Awaitable[Any]] | None) -> None:
+        """Until the job is answered; its error, `ClientGone` or `TimedOut` (its items dropped)."""
+        waiter = asyncio.ensure_future(job.done.wait())
+        left_f = asyncio.ensure_future(gone()) if gone is not None else None
+        left = self.opts.request_timeout_s - (time.perf_counter() - started)
+        futs = {waiter} | ({left_f} if left_f is not None else set())
+        await asyncio.wait(futs, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
+        for f in futs:
+            f.cancel()
+        if not job.done.is_set():
+            self.cancel(job)
+            if left_f is not None and left_f.done() and not left_f.cancelled():
+                raise ClientGone("the client closed the connection")
+            raise TimedOut(
+                f"not answered within the request timeout of {self.opts.request_timeout_s:g} s: "
+                "retry, or send fewer texts",
+                whole,
+            )
+        if job.error is not None:
+            raise job.error
+
+    # ---------------------------------------------------------------- the queue (the scheduler's)
+    @property
+    def depth(self) -> int:
+        return self.scheduler.depth
+
+    @property
+    def inflight(self) -> int:
+        return self.scheduler.inflight
+
+    @property
+    def draining(self) -> bool:
+        return self.scheduler.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.scheduler.draining = value
+
+    def submit(self, job: Job, texts: Sequence[str], key: tuple, costs: Sequence[int], hits: Sequence[bool]) -> None:
+        self.scheduler.submit(job, texts, key, costs, hits)
+
+    def cancel(self, job: Job) -> int:
+        return self.scheduler.cancel(job)
+
+    def finished(self) -> None:
+        self.scheduler.finished()
+
+    # ---------------------------------------------------------------- metrics and drain
+    def metrics_text(self) -> str:
+        """The metrics in Prometheus' text format, with the service's gauges."""
+        gauges = {
+            "mlx_slm_queue_items": ("Items waiting in the queue.", self.depth),
+            "mlx_slm_inflight_requests": ("Accepted requests not yet answered.", self.inflight),
+            "mlx_slm_ready": ("1 when the model is loaded and warmed.", 1 if self.ready else 0),
+            "mlx_slm_draining": ("1 after SIGTERM.", 1 if self.draining else 0),
+        }
+        return self.metrics.render(gauges)
+
+    def begin_drain(self) -> None:
+        self.scheduler.begin_drain()
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self.scheduler.wait_idle(timeout)
+
+    def abort_pending(self) -> None:
+        """The drain timed out: answer what is still waiting with `Aborted` (never computed)."""
+        self.scheduler.abort_pending()

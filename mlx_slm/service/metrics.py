@@ -1,0 +1,170 @@
+"""The service's measures: counters and histograms (written out as Prometheus text), and
+the compute-time estimate the scheduler's deadlines rest on (`RateTracker`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+_BUCKETS = {
+    "batch_items": (1, 2, 4, 8, 16, 32, 64, 128),
+    "batch_tokens": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+    "seconds": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+}
+_COUNTERS = (  # (name, attribute, help)
+    ("mlx_slm_batches_total", "batches", "Micro-batches run by the model worker."),
+    ("mlx_slm_prefix_cache_hits_total", "prefix_hits", "Items whose prompt starts with the cached prefix."),
+    ("mlx_slm_prefix_cache_misses_total", "prefix_misses", "Items run without the prefix cache."),
+    ("mlx_slm_prefix_cache_saved_tokens_total", "prefix_saved_tokens", "Prompt tokens the prefix cache saved."),
+    ("mlx_slm_processed_tokens_total", "processed_tokens", "Tokens the forward ran (padding included)."),
+    ("mlx_slm_padding_tokens_total", "padding_tokens", "Padding tokens among them."),
+)
+_HISTOGRAMS = {  # name: (buckets, help)
+    "mlx_slm_batch_items": ("batch_items", "Items per micro-batch."),
+    "mlx_slm_batch_tokens": ("batch_tokens", "Padded suffix tokens per micro-batch."),
+    "mlx_slm_queue_seconds": ("seconds", "Time an item waited in the queue."),
+    "mlx_slm_inference_seconds": ("seconds", "Compute time of the micro-batch an item ran in."),
+    "mlx_slm_request_seconds": ("seconds", "End-to-end time of answered requests."),
+}
+
+
+class _Histogram:
+    def __init__(self, buckets: Sequence[float]):
+        self.buckets, self.counts, self.sum, self.n = tuple(buckets), [0] * len(buckets), 0.0, 0
+
+    def observe(self, v: float) -> None:
+        self.sum += v
+        self.n += 1
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += 1
+
+
+class Metrics:
+    """Counters and histograms, thread-safe, written out in Prometheus' text format here: the
+    text is a snapshot taken under the one lock, and no client library is needed. It is a
+    serialisation, not HTTP, so it lives with the counters (the router only serves it)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: dict[str, int] = {}
+        self.items: dict[str, int] = {}
+        self.prefix_hits = self.prefix_misses = self.prefix_saved_tokens = self.batches = 0
+        self.processed_tokens = self.padding_tokens = 0
+        self.hist = {name: _Histogram(_BUCKETS[b]) for name, (b, _) in _HISTOGRAMS.items()}
+
+    def count(self, what: dict[str, int], key: str, n: int = 1) -> None:
+        with self.lock:
+            what[key] = what.get(key, 0) + n
+
+    def observe(self, name: str, v: float) -> None:
+        with self.lock:
+            self.hist[name].observe(v)
+
+    def render(self, gauges: dict[str, tuple[str, float]]) -> str:
+        out: list[str] = []
+        with self.lock:
+            out += [
+                "# HELP mlx_slm_requests_total Classify requests (/v1/classify, /classify, /predict, /) by outcome.",
+                "# TYPE mlx_slm_requests_total counter",
+            ]
+            out += [f'mlx_slm_requests_total{{outcome="{k}"}} {v}' for k, v in sorted(self.requests.items())]
+            out += [
+                "# HELP mlx_slm_items_total Items by outcome (ok: classified; dropped: client gone or timed "
+                "out before compute).",
+                "# TYPE mlx_slm_items_total counter",
+            ]
+            out += [f'mlx_slm_items_total{{outcome="{k}"}} {v}' for k, v in sorted(self.items.items())]
+            for name, attr, help_ in _COUNTERS:
+                out += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name} {getattr(self, attr)}"]
+            for name, (help_, v) in gauges.items():
+                out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge", f"{name} {v:g}"]
+            for name, h in self.hist.items():
+                out += [f"# HELP {name} {_HISTOGRAMS[name][1]}", f"# TYPE {name} histogram"]
+                for b, c in zip(h.buckets, h.counts):
+                    out.append(f'{name}_bucket{{le="{b:g}"}} {c}')
+                out += [f'{name}_bucket{{le="+Inf"}} {h.n}', f"{name}_sum {h.sum:.6f}", f"{name}_count {h.n}"]
+        return "\n".join(out) + "\n"
+
+    def record_batch(self, items: Sequence[Any], stats: Any, t0: float, seconds: float) -> None:
+        """One micro-batch run: its items (`scheduler.WorkItem`s), the run's token figures and its compute time."""
+        with self.lock:
+            self.batches += 1
+            self.prefix_hits += sum(it.prefix_hit for it in items)
+            self.prefix_misses += sum(not it.prefix_hit for it in items)
+            self.prefix_saved_tokens += max(0, stats.prefix_saved_tokens)
+            self.processed_tokens += stats.processed_tokens
+            self.padding_tokens += stats.padding_tokens
+            self.hist["mlx_slm_batch_items"].observe(len(items))
+            self.hist["mlx_slm_batch_tokens"].observe(len(items) * max(it.cost for it in items))
+            self.hist["mlx_slm_inference_seconds"].observe(seconds)
+            for it in items:
+                self.hist["mlx_slm_queue_seconds"].observe(t0 - it.t_enqueued)
+        self.count(self.items, "ok", len(items))
+
+
+class RateTracker:
+    """A micro-batch's compute time as `fixed + per_token * tokens`, fitted on measured batches.
+
+    A cost per token alone (seconds over tokens) charges a batch's fixed cost (dispatch, the
+    label pass, Python) to its tokens: after a few one-word requests it priced a 300-word text
+    at 13 s when it took 2 s, and the service refused it (504). Here each size class (tokens
+    rounded down to a power of two) keeps a moving average of its (tokens, seconds), so a run
+    of small batches refreshes the small end without erasing what longer ones showed, and the
+    least-squares line through the classes' averages gives both terms. The warm-up measures a
+    short and a longer item, so both ends are known from the start. Not thread-safe: only the
+    worker thread writes it."""
+
+    ALPHA = 0.3  # weight of a new batch in its size class's moving average
+
+    def __init__(self) -> None:
+        self._by_size: dict[int, tuple[float, float]] = {}  # size class: (mean tokens, mean seconds)
+        self.fixed = 0.0  # seconds per micro-batch, whatever its size
+        self.per_token = 0.0  # seconds per processed token
+
+    @property
+    def known(self) -> bool:
+        """Whether any batch has been measured (before that, no estimate binds)."""
+        return bool(self._by_size)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """Fold one measured micro-batch (processed tokens, compute seconds) into the fit."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        c, a = int(tokens).bit_length(), self.ALPHA
+        old = self._by_size.get(c)
+        self._by_size[c] = (
+            (float(tokens), seconds)
+            if old is None
+            else (old[0] + a * (tokens - old[0]), old[1] + a * (seconds - old[1]))
+        )
+        self.fixed, self.per_token = _fit_line(list(self._by_size.values()))
+
+    def estimate(self, tokens: int) -> float:
+        """Seconds a micro-batch of `tokens` processed tokens should take (0 before any measure)."""
+        return self.fixed + self.per_token * tokens if self.known else 0.0
+
+    def tokens_within(self, seconds: float) -> int | None:
+        """The most tokens a micro-batch may hold to take about `seconds` (at least 1); None
+        when the size does not measurably matter (nothing measured, or no per-token cost)."""
+        if self.per_token <= 0:
+            return None
+        return max(1, int((seconds - self.fixed) / self.per_token))
+
+
+def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (tokens, seconds) points, both kept
+    non-negative: a line that would cost a small batch less than nothing goes through the origin
+    instead; points that show no growth with size give a fixed cost only (their mean)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    vxx = sum((x - mx) ** 2 for x, _ in points)
+    if vxx > 0:
+        slope = sum((x - mx) * (y - my) for x, y in points) / vxx
+        if slope <= 0:
+            return my, 0.0
+        if my - slope * mx >= 0:
+            return my - slope * mx, slope
+    return 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)

@@ -1,0 +1,333 @@
+"""The scheduler: the bounded queue, admission, micro-batching and deadlines.
+
+    front (the caller's event loop)                        model worker (one thread)
+    the task's front classifier, tokenize  --> bounded queue --> gather (max items, token budget,
+    item costs (suffix + label trie)           (QueueFull)       max wait) -> group by task ->
+                                                                 Classifier.run -> answer each job
+
+One worker thread owns the `Engine` and runs every forward pass through `Classifier.run`,
+the code path `mlx-slm classify` uses, so an answer holds the same labels and probabilities.
+Results go back to each request's event loop (`Job`); the scheduler knows no HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .api import ServeOptions
+from .errors import Aborted, Draining, Failed, QueueFull, ServiceError, TimedOut
+from .metrics import Metrics, RateTracker
+from .tasks import TaskCache
+
+LOOKAHEAD = 1024  # waiting items the gatherer looks through for ones of similar length
+BATCH_TIME_FRACTION = 0.25  # a micro-batch's estimated compute time stays under this share of the request timeout
+
+
+class Job:
+    """One accepted request: its items' results arrive from the worker on the event loop."""
+
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop, deadline: float = math.inf):
+        self.results: list[Any] = [None] * n
+        self.remaining = n
+        self.loop = loop
+        self.deadline = deadline  # time.perf_counter() when the request times out
+        self.names: list[str] = []  # the items' field names ("text", "texts[3]"), for messages
+        self.done = asyncio.Event()
+        self.cancelled = False  # client gone or timed out: its queued items are dropped
+        self.error: ServiceError | None = None
+
+    def deliver(self, index: int, value: Any) -> None:  # on the loop
+        if self.results[index] is None:
+            self.results[index] = value
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.done.set()
+
+    def fail(self, err: ServiceError) -> None:  # on the loop
+        if self.error is None:
+            self.error = err
+        self.done.set()
+
+
+def post_to(job: Job, fn: Callable[..., None], *args: Any) -> None:
+    """Hand a result to the request's event loop (gone at shutdown: nobody is waiting then)."""
+    try:
+        job.loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
+
+
+@dataclass
+class WorkItem:
+    job: Job
+    index: int
+    text: str
+    key: tuple
+    cost: int  # suffix tokens (after the shared prefix)
+    prefix_hit: bool
+    t_enqueued: float
+
+
+class Scheduler:
+    """The bounded queue, admission (`submit`), the micro-batching worker loop (`loop`) and
+    drain. The options are read live (a test or an operator may change them).
+
+    Deadlines: one worker runs every forward pass, and a forward pass cannot be stopped
+    once started, so a request that times out must not leave long work behind that the
+    next request then waits for. Four rules keep the queue moving:
+
+    1. Every job carries its deadline (arrival + --request-timeout). Before each micro-batch
+       the worker drops the waiting items of jobs that are past it or cancelled (client gone,
+       timed out): they are never computed (counted as `dropped` in the metrics).
+    2. A micro-batch is bounded in time, not only in items and tokens: its estimated time (a
+       fixed cost plus its padded tokens at the cost per token) stays under
+       `BATCH_TIME_FRACTION` (1/4) of the request timeout (at least one item). So after a
+       timeout, the work still running for it ends within about a quarter of a timeout, and
+       the next request is computed then.
+    3. An item whose own estimated compute time is more than its request has left is never
+       started: the request gets its `TimedOut` at once, naming the item, instead of a forward
+       pass that would outlive the request and block the worker.
+    4. The estimate (`RateTracker`: a fixed cost per micro-batch and a cost per processed
+       token, fitted by least squares) is measured on the warm-up (a short and a longer item)
+       and on every micro-batch, so it follows the machine and the model. A per-token rate
+       alone would charge the fixed cost to the tokens and refuse long items that fit.
+
+    With the default timeout (60 s) rule 2 never binds on the usual budgets (512 tokens on the
+    CPU, 4,096 on a GPU); it matters when --request-timeout is short next to a batch's time.
+    The estimate is linear in tokens; attention's quadratic part makes it optimistic for
+    items near the model's context (a single item is the unit that cannot be split).
+    """
+
+    def __init__(self, opts: ServeOptions, metrics: Metrics, tasks: TaskCache):
+        self.opts, self.metrics, self.tasks = opts, metrics, tasks
+        self.cond = threading.Condition()
+        self.queue: deque[WorkItem] = deque()
+        self.draining = False
+        self.stopping = False
+        self.inflight = 0  # accepted requests not yet answered
+        self.speed = RateTracker()  # measured compute time per micro-batch: fixed + per token
+        self._rate = 0.0  # recent items/s, for Retry-After
+
+    def _time_budget(self) -> int | None:
+        """Padded tokens one micro-batch may hold so that it takes about `BATCH_TIME_FRACTION`
+        of the request timeout (None: no estimate yet)."""
+        return self.speed.tokens_within(BATCH_TIME_FRACTION * self.opts.request_timeout_s)
+
+    def stop(self) -> None:
+        """Let the worker loop return once the queue is empty."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+    # ---------------------------------------------------------------- queue
+    @property
+    def depth(self) -> int:
+        return len(self.queue)
+
+    def submit(self, job: Job, texts: Sequence[str], key: tuple, costs: Sequence[int], hits: Sequence[bool]) -> None:
+        now = time.perf_counter()
+        with self.cond:
+            if self.draining:
+                raise Draining("the server is shutting down: not accepting new requests", retry_after=5)
+            if len(self.queue) + len(texts) > self.opts.max_queue_items:
+                wait = len(self.queue) / self._rate if self._rate > 0 else 1.0
+                raise QueueFull(
+                    f"the queue holds {len(self.queue)} items (limit {self.opts.max_queue_items}); retry later",
+                    retry_after=max(1, math.ceil(wait)),
+                )
+            for i, (t, c, h) in enumerate(zip(texts, costs, hits)):
+                self.queue.append(WorkItem(job, i, t, key, c, h, now))
+            self.inflight += 1
+            self.cond.notify_all()
+
+    def cancel(self, job: Job) -> int:
+        """Drop a job's items still waiting (client gone, timeout); returns how many."""
+        with self.cond:
+            job.cancelled = True
+            before = len(self.queue)
+            self.queue = deque(it for it in self.queue if it.job is not job)
+            dropped = before - len(self.queue)
+        if dropped:
+            self.metrics.count(self.metrics.items, "dropped", dropped)
+        return dropped
+
+    def finished(self) -> None:
+        with self.cond:
+            self.inflight -= 1
+            self.cond.notify_all()
+
+    def gather(self) -> list[WorkItem] | None:
+        """The next micro-batch: the oldest waiting item (so none starves), and the waiting
+        items of the same task closest to it in length, within --max-batch-items and the
+        padded-token budget (rows x longest suffix, as the classifier's planner counts);
+        waits up to --max-wait-ms for more while the batch is not full."""
+        o = self.opts
+        budget = o.max_batch_tokens or self.tasks.loaded.clf.max_batch_tokens or (1 << 30)  # type: ignore[union-attr]
+        tb = self._time_budget()  # rule 2: bounded in time too
+        if tb is not None:
+            budget = min(budget, tb)
+        with self.cond:
+            while not self.queue and not self.stopping:
+                self.cond.wait()
+            if not self.queue:
+                return None
+            deadline = time.perf_counter() + o.max_wait_ms / 1000.0
+            while True:
+                now = time.perf_counter()
+                while self.queue and (self.queue[0].job.cancelled or self.queue[0].job.deadline <= now):
+                    it = self.queue.popleft()  # rule 1: never computed
+                    if not it.job.cancelled:
+                        self.metrics.count(self.metrics.items, "dropped")
+                if not self.queue:  # everything waiting was cancelled
+                    if self.stopping:
+                        return None
+                    self.cond.wait()
+                    deadline = time.perf_counter() + o.max_wait_ms / 1000.0
+                    continue
+                got, longest = self._select(budget)
+                full = len(got) >= o.max_batch_items or (len(got) + 1) * longest > budget
+                left = deadline - time.perf_counter()
+                if full or left <= 0 or self.stopping or self.draining:
+                    chosen = {id(it) for it in got}
+                    self.queue = deque(it for it in self.queue if id(it) not in chosen)
+                    return got
+                self.cond.wait(left)
+
+    def _select(self, budget: int) -> tuple[list[WorkItem], int]:
+        head = self.queue[0]
+        got, longest = [head], head.cost
+        if self.opts.max_batch_items <= 1:
+            return got, longest
+        look = itertools.islice(self.queue, 1, 1 + LOOKAHEAD)
+        now = time.perf_counter()
+        cands = [it for it in look if it.key == head.key and not it.job.cancelled and it.job.deadline > now]
+        cands.sort(key=lambda it: abs(it.cost - head.cost))  # stable: older first among equals
+        for it in cands:
+            if len(got) >= self.opts.max_batch_items:
+                break
+            nl = max(longest, it.cost)
+            if (len(got) + 1) * nl <= budget:
+                got.append(it)
+                longest = nl
+        return got, longest
+
+    # ---------------------------------------------------------------- the worker
+    def loop(self) -> None:
+        while True:
+            got = self.gather()
+            if got is None:
+                return
+            groups: OrderedDict[tuple, list[WorkItem]] = OrderedDict()
+            for it in got:
+                groups.setdefault(it.key, []).append(it)
+            for key, items in groups.items():
+                items = self.runnable(items)
+                if items:
+                    self.run_batch(key, items)
+
+    def runnable(self, items: list[WorkItem]) -> list[WorkItem]:
+        """The items still worth computing now (rules 1 and 3 in the class docstring)."""
+        now = time.perf_counter()
+        out: list[WorkItem] = []
+        refused: list[Job] = []
+        dropped = 0
+        for it in items:
+            job = it.job
+            if job.cancelled:  # client gone or timed out: never computed (counted where it was cancelled)
+                dropped += job in refused
+                continue
+            if job.deadline <= now:
+                dropped += 1
+                continue
+            est = self.speed.estimate(it.cost)
+            if est > job.deadline - now:
+                refused.append(job)
+                self._refuse(it, est, job.deadline - now)
+                dropped += 1
+                continue
+            out.append(it)
+        dropped += sum(it.job in refused for it in out)
+        if dropped:
+            self.metrics.count(self.metrics.items, "dropped", dropped)
+        return [it for it in out if it.job not in refused]
+
+    def _refuse(self, it: WorkItem, est: float, left: float) -> None:
+        """Rule 3: answer the request `TimedOut` now, and drop its waiting items, rather than
+        start a forward pass that would outlive it."""
+        job = it.job
+        name = job.names[it.index] if job.names else f"texts[{it.index}]"
+        err = TimedOut(
+            f"{name} would take about {est:.2g} s to compute ({it.cost} tokens at the measured rate), more than "
+            f"the {max(0.0, left):.2g} s left of the request timeout of {self.opts.request_timeout_s:g} s: "
+            + self._timeout_advice(it, est),
+            name,
+        )
+        self.cancel(job)
+        post_to(job, job.fail, err)
+
+    def _timeout_advice(self, it: WorkItem, est: float) -> str:
+        """What the client can do about a refused item, from what it sent. An item reaching the
+        worker is within the model's context already, so truncation would not shorten it:
+        either the text alone outlasts the timeout, or it waited behind other work."""
+        timeout = self.opts.request_timeout_s
+        if est > timeout:
+            return f"the text alone takes longer than the server's --request-timeout of {timeout:g} s: shorten it"
+        waited = time.perf_counter() - it.t_enqueued
+        fewer = ", or send fewer texts per request" if len(it.job.results) > 1 else ""
+        return f"it waited {waited:.2g} s in the queue behind other work: retry{fewer}"
+
+    def run_batch(self, key: tuple, items: list[WorkItem]) -> None:
+        m = self.metrics
+        t0 = time.perf_counter()
+        try:
+            clf = self.tasks.back(key)
+            run = clf.run([it.text for it in items], window=len(items))
+            preds = list(run)
+        except Exception as e:  # noqa: BLE001 - answered as a failure to the requests in this batch
+            err = Failed(f"inference failed: {type(e).__name__}: {e}")
+            for it in items:
+                post_to(it.job, it.job.fail, err)
+            m.count(m.items, "error", len(items))
+            return
+        infer = time.perf_counter() - t0
+        self.speed.observe(run.stats.processed_tokens, infer)
+        m.record_batch(items, run.stats, t0, infer)
+        rate = len(items) / infer if infer > 0 else 0.0
+        self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+        for it, p in zip(items, preds):
+            post_to(it.job, it.job.deliver, it.index, (p, t0 - it.t_enqueued, infer))
+
+    # ---------------------------------------------------------------- drain
+    def begin_drain(self) -> None:
+        with self.cond:
+            self.draining = True
+            self.cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        with self.cond:
+            while self.inflight > 0:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 0.05))
+        return True
+
+    def abort_pending(self) -> None:
+        """The drain timed out: answer what is still waiting with `Aborted` (never computed)."""
+        with self.cond:
+            items, self.queue = list(self.queue), deque()
+        err = Aborted("the server shut down before this request was computed (drain timeout)")
+        for it in items:
+            it.job.cancelled = True
+            post_to(it.job, it.job.fail, err)
+        if items:
+            self.metrics.count(self.metrics.items, "dropped", len(items))

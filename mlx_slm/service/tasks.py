@@ -1,0 +1,190 @@
+"""The task cache: one classifier per task (labels, prompt, truncation), all on the one engine.
+
+A request with its own `labels`/`system`/`template`/`truncate` gets a classifier from a small
+LRU; items of the same task share micro-batches and a prefix KV. Each task has two
+classifiers: a *front* one on a copy of the tokenizer (its own lock), which request handlers
+use to check and tokenize while the worker runs a forward pass, and a *back* one on the
+engine, which only the worker uses. A new task's parts are checked one by one first, so a
+failure names the request field at fault (`Invalid`). The served task is pinned in both."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
+
+from .api import Loaded, TaskSpec
+from .errors import Invalid
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LRU(Generic[K, V]):
+    """A least-recently-used map of at most `capacity` entries; the pinned key (the served
+    task) is never evicted. Not thread-safe: its owner holds the lock that guards it."""
+
+    def __init__(self, capacity: int, pinned: K | None = None):
+        self.capacity, self.pinned = max(1, capacity), pinned
+        self._d: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        """The value for `key`, made by `make()` (and kept) on a miss; a hit becomes the newest."""
+        if key in self._d:
+            self._d.move_to_end(key)
+            return self._d[key]
+        value = self._d[key] = make()
+        while len(self._d) > self.capacity:
+            k = next(iter(self._d))
+            if k == self.pinned:
+                self._d.move_to_end(k)
+                k = next(iter(self._d))
+            self._d.pop(k)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class TaskCache:
+    """The served task and the requests' own: keys, classifiers (front and back), checks and
+    calibration. `load` fills it once the model is loaded; nothing here runs a forward pass."""
+
+    def __init__(self, capacity: int):
+        self.loaded: Loaded | None = None
+        self.default_key: tuple = ()
+        self.front_engine: Any = None
+        self._front: LRU[tuple, Any] = LRU(capacity)  # classifiers on the front tokenizer
+        self._front_lock = threading.Lock()
+        self._back: LRU[tuple, Any] = LRU(capacity)  # classifiers on the engine (worker only)
+
+    def load(self, loaded: Loaded) -> None:
+        """Take the loader's classifier as the served task, pinned in both caches."""
+        from ..engine import Engine
+
+        clf = loaded.clf
+        self.loaded = loaded
+        self.default_key = self.key(None, None, None, None)
+        self._front.pinned = self._back.pinned = self.default_key
+        self._back.get(self.default_key, lambda: clf)
+        # The front: the same model object, a copy of the tokenizer with its own lock, so
+        # request handlers tokenize while the worker runs a forward pass.
+        self.front_engine = Engine(clf.engine.model, copy.deepcopy(clf.engine.tokenizer), clf.engine.path)
+        self._front.get(self.default_key, lambda: self._build(self.front_engine, self.default_key))
+
+    @property
+    def _base(self) -> Any:
+        return self.loaded.clf  # type: ignore[union-attr]
+
+    def key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> tuple:
+        """A task's identity: the served task's parts where the request gives none."""
+        c = self._base
+        t = c.truncate if truncate is None else (truncate or None)
+        return (
+            tuple(labels) if labels is not None else c.labels,
+            c.format.system if system is None else (system or None),
+            c.format.template if template is None else template,
+            t,
+        )
+
+    def _build(self, engine: Any, key: tuple) -> Any:
+        from ..classifier import Classifier
+
+        base = self._base
+        labels, system, template, truncate = key
+        same_labels = labels == base.labels
+        kw = dict(self.loaded.clf_kwargs)  # type: ignore[union-attr]
+        kw.update(
+            batch_size=base.batch_size,
+            max_batch_tokens=base.max_batch_tokens,
+            sort=base.sort,
+            use_prefix_cache=kw.get("use_prefix_cache", True),
+            truncate=truncate,
+            # A learned head's "mode" is no scoring mode: without the head (other labels or prompt),
+            # this task scores its labels as a task file without a head would.
+            scoring=base.mode if same_labels and base.mode != "head" else "auto",
+            examples=base.format.examples if same_labels else (),
+        )
+        for k in ("calibration", "min_confidence", "warmup"):
+            kw.pop(k, None)
+        head = kw.pop("head", None) or getattr(base, "head", None)  # it holds for its own labels and prompt only
+        if head is not None and same_labels and (system, template) == (base.format.system, base.format.template):
+            kw["head"] = head
+        return Classifier(engine, labels, system, template, **kw)
+
+    def front(self, key: tuple) -> Any:
+        """The task's classifier on the front tokenizer (validation and token counts); a task
+        that cannot be built raises the classifier's `LabelError` / `PromptError`."""
+        with self._front_lock, self.front_engine.lock:  # construction tokenizes too
+            return self._front.get(key, lambda: self._build(self.front_engine, key))
+
+    def back(self, key: tuple) -> Any:
+        """The task's classifier on the engine: the worker's only."""
+        engine = self._base.engine
+
+        def make() -> Any:
+            with engine.lock:
+                return self._build(engine, key)
+
+        return self._back.get(key, make)
+
+    def for_request(self, spec: TaskSpec) -> tuple[tuple, Any]:
+        """(key, front classifier) of a request's task, or `Invalid` naming the request field at
+        fault, taken from the check that failed (`check`; then a `LabelError` from building
+        is the labels', a `PromptError` the prompt's: over the context)."""
+        from ..labels import LabelError
+
+        key = self.key(spec.labels, spec.system, spec.template, spec.truncate)
+        if key not in self._front:  # a new task: its parts checked one by one first
+            self.check(key)
+        try:
+            return key, self.front(key)
+        except LabelError as e:  # tokenizes to nothing, two alike, one too long for the context
+            raise Invalid(str(e), "labels") from None
+        except ValueError as e:  # PromptError: the fixed prompt is over the context: the part the request set
+            fld = "template" if spec.template is not None else "system" if spec.system is not None else "labels"
+            raise Invalid(str(e), fld) from None
+
+    def check(self, key: tuple) -> None:
+        """The checks a classifier runs on its task's parts, one part at a time, so that a
+        failure names its field: the labels alone, the labels against their descriptions,
+        then the template."""
+        from ..labels import LabelError
+        from ..labels import validate as validate_labels
+        from ..prompts import PromptError, PromptFormat, fill_labels
+
+        labels, system, template, _ = key
+        descriptions = self.loaded.clf_kwargs.get("label_descriptions")  # type: ignore[union-attr]
+        for fld, check in (
+            ("labels", lambda: validate_labels(labels)),
+            ("labels", lambda: fill_labels(system, labels, descriptions)),
+            ("template", lambda: PromptFormat(system, template)),
+        ):
+            try:
+                check()
+            except (LabelError, PromptError) as e:
+                raise Invalid(str(e), fld) from None
+
+    def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
+        """(CalibrationSpec, min_confidence) for a task: a fitted prior applies only to the
+        default task (other labels or prompt: it means nothing there); 'batch' applies per request."""
+        from ..calibration import CalibrationSpec
+
+        ld = self.loaded
+        spec = CalibrationSpec.of(ld.calibration, warmup=ld.warmup)  # type: ignore[union-attr]
+        if key != self.default_key and spec.fitted:
+            spec = CalibrationSpec(warmup=spec.warmup)
+        return spec, ld.min_confidence  # type: ignore[union-attr]
+
+    def calibrate(self, key: tuple, spec: TaskSpec, front: Any, raw: list[Any]) -> tuple[list[Any], Any]:
+        """A request's predictions through its task's calibration (one `Calibration` per request)."""
+        cal, conf = self.calibration_for(key)
+        if spec.min_confidence is not None:
+            conf = spec.min_confidence
+        calib = cal.run(front.labels, conf)
+        return list(calib(r[0] for r in raw)), calib
