@@ -29,7 +29,7 @@ import numpy as np
 
 from .labels import LabelSet, build_labelset
 from .prompts import PromptFormat, common_prefix, render, shared_prefix, tokenize
-from .questions import Question, QuestionError, check_questions, check_template, user_turn
+from .questions import QUESTION_PLACEHOLDER, Question, QuestionError, check_questions, check_template, user_turn
 
 # Branch tokens (question tokens + option trie nodes) run per row in one pass; more are split
 # into further passes over the same KV. The batch planner counts a pass's tokens in every row.
@@ -38,11 +38,13 @@ MAX_PASS_TOKENS = 1024
 
 @dataclass(frozen=True)
 class Block:
-    """One branch's settings: which question it answers, its prompt format and its options."""
+    """One branch's settings: which question it answers, its prompt format and its options
+    (scored by their tokens, or by a learned head on the branch's hidden states)."""
 
     question: int  # index into the plan's questions
     fmt: PromptFormat
     options: LabelSet
+    head: Any = None  # a `heads.Head` reading the text's own prompt
 
     @property
     def nodes(self) -> int:
@@ -60,6 +62,7 @@ class Pack:
     visible: np.ndarray  # (B, T, T) bool: a branch token sees itself and its ancestors
     answer_at: np.ndarray  # (B, K) int: each block's last question token (where options' first tokens are read)
     node_at: np.ndarray  # (B, N) int: every trie node of every block, block by block
+    chain_len: np.ndarray  # (B, K) int: each block's own prompt tokens (a head's mean covers them)
 
     @property
     def tokens(self) -> int:
@@ -79,6 +82,10 @@ class QuestionPlan:
             if "{text}" in q.question:
                 raise QuestionError(f"question {q.name!r} holds {{text}}: the text goes in the template")
             for wording, options in q.blocks():
+                if q.head is not None:  # the text's own prompt, as the head was trained on
+                    fmt = PromptFormat(system, template.replace(QUESTION_PLACEHOLDER, ""))
+                    blocks.append(Block(qi, fmt, LabelSet(tuple(options), tuple(() for _ in options), "head"), q.head))
+                    continue
                 fmt = PromptFormat(system, user_turn(template, "{text}", wording))
                 ls = build_labelset(tokenizer, options, render(tokenizer, fmt, "example"), "auto")
                 if q.kind in ("yesno", "multi") and ls.mode != "first-token":
@@ -96,7 +103,10 @@ class QuestionPlan:
         self.groups = _groups([len(p) - cut + b.nodes for p, b in zip(probe, self.blocks)])
         self.row_extra = max(sum(len(probe[i]) - cut + self.blocks[i].nodes for i in g) for g in self.groups)
         # The longest option after its own prompt: what each prompt must leave room for.
-        self.label_extra = max(b.options.max_len - 1 for b in self.blocks)
+        self.label_extra = max(0, max(b.options.max_len - 1 for b in self.blocks))
+        # Heads' layers: the text part's hidden states there are kept (a mean covers them too).
+        self.head_layers = sorted({x for b in self.blocks if b.head is not None for x in b.head.layers})
+        self.head_means = any("mean" in b.head.poolings for b in self.blocks if b.head is not None)
 
     # ------------------------------------------------------------------ texts to tokens
     def split(self, texts: Sequence[str]) -> list[tuple[list[int], list[list[int]]]]:
@@ -127,6 +137,7 @@ class QuestionPlan:
         pos = np.zeros((B, T), dtype=np.int32)
         vis = np.broadcast_to(np.eye(T, dtype=bool), (B, T, T)).copy()
         answer_at = np.zeros((B, len(group)), dtype=np.int64)
+        chain_len = np.zeros((B, len(group)), dtype=np.int64)
         node_at = np.zeros((B, sum(self.blocks[b].nodes for b in group)), dtype=np.int64)
         for r in range(B):
             at, n_at = 0, 0
@@ -136,7 +147,7 @@ class QuestionPlan:
                 ids[r, at : at + m] = chain
                 pos[r, at : at + m] = np.arange(m)
                 vis[r, at : at + m, at : at + m] = np.tril(np.ones((m, m), dtype=bool))
-                answer_at[r, k] = at + m - 1
+                answer_at[r, k], chain_len[r, k] = at + m - 1, m
                 at += m
                 for c in self.blocks[b].options.trie:  # nodes see the whole chain and their own ancestors
                     n = len(c)
@@ -146,7 +157,7 @@ class QuestionPlan:
                     vis[r, at : at + n, at : at + n] = c.visible
                     node_at[r, n_at : n_at + n] = np.arange(at, at + n)
                     at, n_at = at + n, n_at + n
-        return Pack(group, ids, pos, vis, answer_at, node_at)
+        return Pack(group, ids, pos, vis, answer_at, node_at, chain_len)
 
     # ------------------------------------------------------------------ scores to answers
     def answers(self, scores: Sequence[np.ndarray]) -> list[dict[str, dict[str, Any]]]:

@@ -175,49 +175,88 @@ class Engine:
                 ran += B * T
         return out, ran
 
-    def encode(self, batch: batching.Batch, prefix: PrefixCache | None) -> list[KV]:
-        """The per-layer KV (prefix + batch) of a batch's prompts, for branches to run after.
-        The last layer runs its last position only; nothing is projected on the vocabulary."""
+    def encode(
+        self,
+        batch: batching.Batch,
+        prefix: PrefixCache | None,
+        mean_layers: Sequence[int] = (),
+        skip: int = 0,
+    ) -> tuple[list[KV], dict[int, np.ndarray], np.ndarray]:
+        """The per-layer KV (prefix + batch) of a batch's prompts, for branches to run after,
+        and for heads that mean-pool: the float32 sum of each row's hidden states after
+        `mean_layers` over its real tokens past the first `skip` ({layer: (B, D)}) and their
+        count (B,). The last layer runs its last position only unless a head reads it."""
+        n = len(self.model.layers)
+        collect: dict[int, Any] | None = dict.fromkeys(mean_layers) if mean_layers else None
         with self.lock:
             _, kv = self.model(
                 mx.array(batch.ids),
                 mx.array(batch.mask),
                 mx.array(batch.offsets),
                 cache=prefix.kv if prefix else None,
-                last_only=True,
+                last_only=n not in mean_layers,
+                collect=collect,
             )
-            mx.eval(kv)
-            return kv
+            sums: dict[int, np.ndarray] = {}
+            real = batch.mask.astype(bool)
+            pool = real & ((np.cumsum(real, axis=1) - 1) >= skip)
+            if collect:
+                w = mx.array(pool.astype(np.float32))[..., None]
+                got = {layer: (h.astype(mx.float32) * w).sum(axis=1) for layer, h in collect.items()}
+                mx.eval(kv, *got.values())
+                sums = {layer: np.array(v) for layer, v in got.items()}
+            else:
+                mx.eval(kv)
+            return kv, sums, pool.sum(axis=1).astype(np.float32)
 
     def branch_scores(
-        self, kv: list[KV], batch: batching.Batch, prefix_len: int, pack: Any, blocks: Sequence[Any]
+        self,
+        kv: list[KV],
+        batch: batching.Batch,
+        prefix_len: int,
+        pack: Any,
+        blocks: Sequence[Any],
+        text_sums: dict[int, np.ndarray] | None = None,
+        text_counts: np.ndarray | None = None,
     ) -> list[np.ndarray]:
         """Each block's option scores (B, options) from one pass over a pack of branches
         (`branches.Pack`) after the rows' KV: an option's first-token logit (label rows only:
         the normalizer is one per block and row, and cancels in its softmax) plus the exact
         log-probabilities of its later tokens from its trie nodes, as `score_batch` does for
-        one prompt. `blocks[k]` is the `branches.Block` of the pack's k-th block."""
+        one prompt. `blocks[k]` is the `branches.Block` of the pack's k-th block. A block with a
+        learned head reads its branch's hidden states instead (the last position, and for a
+        mean the text part's `text_sums` / `text_counts` from `encode` joined with the branch's
+        own tokens): the head's log-probabilities."""
         if not getattr(self.model, "supports_tree", False):
             raise ModelError(f"several questions per text need one of our architectures; {self.path} has no tree masks")
         B, L = batch.ids.shape
         cache_mask = mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
         end = batch.offsets.astype(np.int32) + L  # each row's position after its text part
-        firsts = [np.asarray(b.options.first_ids) for b in blocks]
+        firsts = [np.asarray(b.options.first_ids if b.head is None else [], dtype=np.int64) for b in blocks]
         rows = np.unique(np.concatenate(firsts))
+        layers = sorted({x for b in blocks if b.head is not None for x in b.head.layers})
+        collect: dict[int, Any] | None = dict.fromkeys(layers) if layers else None
         with self.lock:
             h, _ = self.model(
                 mx.array(pack.ids), None, None, cache=kv, cache_mask=cache_mask, last_only=False,
-                positions=mx.array(end[:, None] + pack.positions), tree=mx.array(pack.visible),
+                positions=mx.array(end[:, None] + pack.positions), tree=mx.array(pack.visible), collect=collect,
             )  # fmt: skip
             D = h.shape[-1]
-            at = mx.array(pack.answer_at.astype(np.int32))  # (B, K)
-            ans = mx.take_along_axis(h, at[..., None], axis=1).reshape(-1, D)
-            first = np.array(self.model.logits(ans, mx.array(rows)).astype(mx.float32), dtype=np.float64)
-            first = first.reshape(B, len(blocks), len(rows))
-            out = [first[:, k, np.searchsorted(rows, f)] for k, f in enumerate(firsts)]
+            out: list[np.ndarray] = [np.zeros((B, 0))] * len(blocks)
+            if len(rows):
+                at = mx.array(pack.answer_at.astype(np.int32))  # (B, K)
+                ans = mx.take_along_axis(h, at[..., None], axis=1).reshape(-1, D)
+                first = np.array(self.model.logits(ans, mx.array(rows)).astype(mx.float32), dtype=np.float64)
+                first = first.reshape(B, len(blocks), len(rows))
+                out = [first[:, k, np.searchsorted(rows, f)] for k, f in enumerate(firsts)]
             if pack.node_at.shape[1]:
                 nodes = mx.take_along_axis(h, mx.array(pack.node_at.astype(np.int32))[..., None], axis=1)
                 self._add_trie_scores(nodes.reshape(-1, D), B, blocks, out)
+            if collect:
+                hidden = {layer: np.array(v.astype(mx.float32)) for layer, v in collect.items()}
+                for k, b in enumerate(blocks):
+                    if b.head is not None:
+                        out[k] = _head_scores(b.head, hidden, pack, k, text_sums, text_counts)
         return out
 
     def _add_trie_scores(self, nodes: mx.array, B: int, blocks: Sequence[Any], out: list[np.ndarray]) -> None:
@@ -287,3 +326,32 @@ class Engine:
             out = mx.stack(cols, axis=1)
             mx.eval(out)
         return out, ran
+
+
+def _head_scores(
+    head: Any,
+    hidden: dict[int, np.ndarray],
+    pack: Any,
+    k: int,
+    text_sums: dict[int, np.ndarray] | None,
+    text_counts: np.ndarray | None,
+) -> np.ndarray:
+    """A head's log-probabilities for block k of a pack, from the branch's hidden states after
+    its layers ({layer: (B, T, D)}): what `Engine.features` gives for the text's own prompt."""
+    from .heads import head_input
+
+    layers = sorted(set(head.layers))
+    rows = np.arange(pack.answer_at.shape[0])
+    last = pack.answer_at[:, k]
+    feats: dict[str, np.ndarray] = {}
+    if "last" in head.poolings:
+        feats["last"] = np.stack([hidden[x][rows, last] for x in layers], axis=1)
+    if "mean" in head.poolings:
+        assert text_sums is not None and text_counts is not None
+        m = pack.chain_len[:, k]
+        means = []
+        for x in layers:
+            own = np.stack([hidden[x][r, last[r] - m[r] + 1 : last[r] + 1].sum(axis=0) for r in rows])
+            means.append((text_sums[x] + own) / (text_counts + m)[:, None])
+        feats["mean"] = np.stack(means, axis=1).astype(np.float32)
+    return head.log_probs(head_input(feats, layers, head))

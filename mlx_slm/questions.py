@@ -10,7 +10,9 @@ A question has a `name` (its key in the output), its wording (`question`) and a 
   numbers when they are numbers, else their ranks 1..n);
 * ``multi``: several labels at once: `question` holds `{label}` and is asked once per label
   as a yes/no branch; each label's probability is its own, and the answer holds every label
-  at or above `threshold`.
+  at or above `threshold`;
+* ``head``: a learned head (`mlx-slm train --label-field NAME`) on the hidden states of the
+  text's own prompt (no question wording): one of its labels.
 
 Every question is asked as the full prompt it would have alone (system, the user turn with
 the text and the question, the assistant header), so an answer equals that question asked
@@ -35,12 +37,12 @@ import numpy as np
 from .errors import UserError
 from .labels import LabelError, softmax, validate
 
-KINDS = ("choice", "yesno", "scale", "multi")
+KINDS = ("choice", "yesno", "scale", "multi", "head")
 # A question's name is an output key and a CSV column prefix (`team`, `team.p_billing`).
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
 # Keys of an output row that a question's name would shadow in flat (CSV) outputs.
 RESERVED_NAMES = frozenset({"id", "line", "error", "truncated", "answers", "label", "probs", "calibration"})
-FIELDS = {"name", "question", "kind", "labels", "descriptions", "none", "answers", "levels", "threshold"}
+FIELDS = {"name", "question", "kind", "labels", "descriptions", "none", "answers", "levels", "threshold", "head"}
 MAX_QUESTIONS = 256  # as the peer allows; each question's branch runs in the one pass over its text
 
 DEFAULT_SYSTEM = "You answer questions about a text. Answer with exactly one of the options given."
@@ -64,6 +66,7 @@ class Question:
     none: str | None = None  # choice: the extra "none of these" option
     threshold: float = 0.5  # multi: a label is on at or above this probability
     answers: tuple[str, str] = ("yes", "no")  # yesno and multi: the two one-token answer words
+    head: Any = field(default=None, compare=False)  # kind head: a `heads.Head`
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -84,6 +87,8 @@ class Question:
         kind = d.get("kind", "choice")
         if kind not in KINDS:
             raise QuestionError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        if kind == "head" or "head" in d:
+            return cls._head_from_dict(d, where)
         for key in ("name", "question"):
             if not isinstance(d.get(key), str) or not d[key].strip():
                 raise QuestionError(f"{where}: field {key!r} must be a non-empty string, got {d.get(key)!r}")
@@ -121,6 +126,20 @@ class Question:
         except QuestionError as e:
             raise QuestionError(f"{where}: {e}") from None
 
+    @classmethod
+    def _head_from_dict(cls, d: dict[str, Any], where: str) -> Question:
+        from .heads import Head
+
+        if d.get("kind") != "head" or not isinstance(d.get("head"), dict):
+            raise QuestionError(f"{where}: a learned head is a question of kind 'head' with a 'head' object")
+        extra = sorted(set(d) - {"name", "kind", "head", "question"})
+        if extra:
+            raise QuestionError(f"{where}: a head question takes name, kind and head, not {extra[0]!r}")
+        if not isinstance(d.get("name"), str):
+            raise QuestionError(f"{where}: field 'name' must be a string, got {d.get('name')!r}")
+        head = Head.from_dict(d["head"], f"{where} head")
+        return cls(d["name"], d.get("question") or "", "head", tuple(head.labels), head=head)
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise QuestionError(
@@ -131,6 +150,10 @@ class Question:
             raise QuestionError(f"question name {self.name!r} clashes with an output field: rename the question")
         if self.kind not in KINDS:
             raise QuestionError(f"question {self.name!r}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.kind == "head":
+            if self.head is None or tuple(self.labels) != tuple(self.head.labels):
+                raise QuestionError(f"head question {self.name!r} needs its head (and the head's labels)")
+            return
         if not isinstance(self.question, str) or not self.question.strip():
             raise QuestionError(f"question {self.name!r} is empty: write what is asked")
         what = {"scale": "levels", "yesno": "answers"}.get(self.kind, "labels")
@@ -159,9 +182,12 @@ class Question:
         """What the model chooses between after this question's prompt (a choice's `none` last)."""
         return self.labels + ((self.none,) if self.none else ())
 
-    def blocks(self) -> list[tuple[str, tuple[str, ...]]]:
+    def blocks(self) -> list[tuple[str | None, tuple[str, ...]]]:
         """(question text as the model reads it, the answers it chooses between), one per
-        branch: one for most kinds, one per label for ``multi`` (each a yes/no question)."""
+        branch: one for most kinds, one per label for ``multi`` (each a yes/no question); a
+        head reads the text's own prompt (None: no question in it)."""
+        if self.kind == "head":
+            return [(None, self.labels)]
         if self.kind == "multi":
             return [
                 (
@@ -191,7 +217,7 @@ class Question:
             }
         (s,) = scores
         p = softmax(s)
-        if self.kind == "yesno":
+        if self.kind in ("yesno", "head"):
             return {"label": self.labels[int(np.argmax(p))], "probs": dict(zip(self.labels, map(float, p)))}
         if self.none:  # the none option's mass is the abstain; it wins only as the likeliest option
             rest = p[:-1] / p[:-1].sum()
@@ -218,6 +244,8 @@ class Question:
         return np.arange(1, len(self.labels) + 1, dtype=np.float64)
 
     def to_dict(self) -> dict[str, Any]:
+        if self.kind == "head":
+            return {"name": self.name, "kind": "head", "head": self.head.to_dict()}
         d: dict[str, Any] = {"name": self.name, "question": self.question, "kind": self.kind}
         d[{"yesno": "answers", "scale": "levels"}.get(self.kind, "labels")] = list(self.labels)
         if self.descriptions:

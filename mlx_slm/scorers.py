@@ -131,7 +131,7 @@ class QuestionScorer:
     mode = "questions"
 
     def __init__(self, engine: Engine, plan: QuestionPlan):
-        self.engine, self.plan = engine, plan
+        self.engine, self.plan, self.pool_from = engine, plan, len(plan.head)
 
     @property
     def label_extra(self) -> int:
@@ -143,12 +143,13 @@ class QuestionScorer:
 
     def run(self, batch: batching.Batch, items: list[Item], prefix: PrefixCache | None, st: Stats) -> list[Prediction]:
         plan = self.plan
-        kv = self.engine.encode(batch, prefix)
+        skip = 0 if prefix is not None else self.pool_from  # a head's mean covers the prompt after its shared head
+        kv, sums, counts = self.engine.encode(batch, prefix, plan.head_layers if plan.head_means else (), skip)
         scores: list[np.ndarray] = [np.empty(0)] * len(plan.blocks)
         ran = 0
         p = len(prefix) if prefix is not None else 0
         for pack in plan.packs([it.chains for it in items], self.engine.pad_id):
-            got = self.engine.branch_scores(kv, batch, p, pack, [plan.blocks[b] for b in pack.blocks])
+            got = self.engine.branch_scores(kv, batch, p, pack, [plan.blocks[b] for b in pack.blocks], sums, counts)
             for b, s in zip(pack.blocks, got):
                 scores[b] = s
             ran += pack.tokens

@@ -255,3 +255,42 @@ def test_cli_classify_questions_in_every_format(tiny_qwen_mlx, tmp_path):
     bad.write_text('{"name": "a", "question": "Q?", "labels": ["x", "y"]}\n{"name": "a", "question": "Q?", "labels": ["x", "y"]}\n')  # fmt: skip
     r = run(main, [*base[:-3], "--questions", str(bad)])
     assert r.exit_code == 2 and "given twice" in r.output
+
+
+# --------------------------------------------------------------------------- learned heads among the questions
+@pytest.mark.parametrize("poolings", [("last", "last"), ("last", "mean")])  # layer 2, then layer 1
+def test_a_head_question_equals_the_head_alone(tiny_qwen_mlx, poolings):
+    """A learned head asked beside zero-shot questions reads the text's own prompt (its last
+    position, its mean after the shared head) through the branches: the head alone's answers."""
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.engine import Engine
+    from mlx_slm.heads import Head, fit_linear, head_input
+    from mlx_slm.workload import tickets
+
+    eng = Engine.load(str(tiny_qwen_mlx), "float32")
+    labels, system, template = ("billing", "technical", "account"), "You classify tickets.", "Ticket: {text}"
+    texts = [t for t, _ in tickets(18)] + TEXTS
+    base = Classifier(eng, labels, system, template, features_only=True) if _has_features_only() else None
+    feats_clf = base or Classifier(eng, labels, system, template)
+    got, _, _ = feats_clf.features(texts, [1, 2], poolings=sorted(set(poolings)))
+    shape = Head(labels, (2, 1), np.zeros(128), np.ones(128),
+                 np.zeros((3, 128)), np.zeros(3), poolings=poolings)  # fmt: skip
+    x = head_input(got, [1, 2], shape).reshape(len(texts), -1)
+    head = Head(labels, (2, 1), *fit_linear(x, np.arange(len(texts)) % 3, 3, "lda"), poolings=poolings, kind="lda")
+    alone = Classifier(eng, labels, system, template, head=head).classify(texts)
+    qs = [Question("routed", "", "head", labels, head=head), QUESTIONS[0], QUESTIONS[3]]
+    mixed = Classifier(eng, questions=qs, system=system, template=template, batch_size=5).classify(texts)
+    for p, a in zip(mixed, alone):
+        ans = p.answers["routed"]
+        assert ans["label"] == a.label
+        np.testing.assert_allclose([ans["probs"][k] for k in labels], [a.probs[k] for k in labels], atol=1e-4)
+    d = qs[0].to_dict()
+    assert d["kind"] == "head" and Question.from_dict(json.loads(json.dumps(d))).head.sha256 == head.sha256
+
+
+def _has_features_only() -> bool:
+    import inspect
+
+    from mlx_slm.classifier import Classifier
+
+    return "features_only" in inspect.signature(Classifier).parameters

@@ -485,6 +485,7 @@ class Model(nn.Module):
         last_only: bool = True,
         positions: mx.array | None = None,
         tree: mx.array | None = None,
+        collect: dict[int, Any] | None = None,
     ) -> tuple[mx.array, list[KV]]:
         """Run token ids (B, L) after an optional cache; return normed hidden states and KV.
 
@@ -497,6 +498,9 @@ class Model(nn.Module):
         positions: (B, L) explicit RoPE positions, replacing `offsets` (a label trie).
         tree: (L, L) or (B, L, L) bool, which new tokens each new token sees (default causal);
             must be a subset of the causal pattern (ancestors first), as the attention kernels assume.
+        collect: {layer: None, ...}: filled with the hidden states (B, L, D) after those layers
+            (Transformers' `hidden_states[l]` numbering; layer n after the final norm), what a
+            learned head reads; layer n needs `last_only=False`.
         Returns hidden (B, D) at the last position if `last_only`, else (B, L, D), and
         the per-layer KV of cache + these tokens (to extend with label tokens).
         """
@@ -508,7 +512,11 @@ class Model(nn.Module):
         for i, layer in enumerate(self.layers):
             h, kv = layer(h, ctx, None if cache is None else cache[i], last_only and i == n - 1)
             new_cache.append(kv)
+            if collect is not None and i + 1 in collect and i + 1 < n:
+                collect[i + 1] = h
         h = self.model.norm(h)
+        if collect is not None and n in collect:
+            collect[n] = h
         return (h[:, -1] if last_only else h), new_cache
 
     def features(
