@@ -418,7 +418,8 @@ def classify(s: ClassifySettings) -> int:
         ray_init(dist.address)
     with ExitStack() as stack:
         if file_out:
-            stack.enter_context(OutputLock(s.output))
+            # A Parquet output appears only when complete: the lock does not create it.
+            stack.enter_context(OutputLock(s.output, create=out_fmt != "parquet"))
         return ClassifyJob(setup, s.input, s.output if file_out else None, s.output, out_fmt, s.resume, dist).run()
 
 
@@ -631,6 +632,7 @@ class ClassifyJob:
 
         clf = self.setup.clf
         run = self._ray_run(list(texts())) if self.dist.ray else clf.run(texts(), window=o.window)
+        finished = False
         try:
             for pred in calib(run):
                 flush_errors()
@@ -640,8 +642,9 @@ class ClassifyJob:
                 writer.write(rec)
                 progress.tick()
             flush_errors()
+            finished = True
         finally:
-            writer.close()
+            writer.close(complete=finished)  # an interrupted Parquet run writes no file
             progress.done()
         return run, progress
 

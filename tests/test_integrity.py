@@ -433,3 +433,36 @@ def test_eval_predictions_from_another_input_are_refused(tiny_qwen_mlx, tmp_path
     assert run(["classify", str(other), "-o", str(preds), *cli(tiny_qwen_mlx)]).exit_code == 0
     r = CliRunner().invoke(main, ["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
     assert r.exit_code == 2 and "not the output for this input" in r.output
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_parquet_run_leaves_no_parquet_file(tiny_qwen_mlx, tmp_path, sig):
+    """Issue 26: Ctrl-C on a Parquet run wrote a valid file with the rows done so far. The
+    input comes through a pipe left open, so the run is stopped mid-way for certain: its
+    batch calibration is fitted (rows classified) and the input is not finished."""
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "o.parquet"
+    out.write_bytes(b"an older output")  # would outlive the run and pass for its output
+    args = ["classify", "-", "-o", str(out), "--format", "jsonl", "--calibrate", "batch", "--warmup", "6"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "mlx_slm.cli", *args, *cli(tiny_qwen_mlx, "--window", "2")],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    p.stdin.write("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS[:20])))
+    p.stdin.flush()
+    manifest = manifest_path(str(out))
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        if manifest.exists() and json.loads(manifest.read_text()).get("fitted_calibrator"):
+            break
+        time.sleep(0.02)
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(sig)
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
+    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+    assert json.loads(manifest.read_text())["complete"] is False
+    if sig == signal.SIGINT:
+        assert "Traceback" not in err and not Path(str(out) + ".lock").exists()
