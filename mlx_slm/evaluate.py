@@ -15,6 +15,7 @@ reliability) and if one can read off what each threshold buys (the coverage curv
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,38 @@ class EvaluationError(UserError, ValueError):
 
 
 # ---------------------------------------------------------------------------- reading predictions
-def read_predictions(path: str, rows: Sequence[Any]) -> list[dict[str, Any]]:
+def check_predictions_source(path: str, input_path: str) -> None:
+    """Refuse predictions whose manifest (`<path>.mlx-slm.json`, when there is one) says they
+    were made from other input content than `input_path`, or by a run that did not finish.
+    Ids alone cannot tell: line numbers are the same in any input of that length."""
+    from .output import input_changed, input_sha256, manifest_path, read_manifest
+
+    m = read_manifest(path)
+    if m is None:
+        return  # predictions made otherwise (by hand, by another tool): checked row by row only
+    where = f"--predictions {path}"
+    if not m.get("complete"):
+        raise EvaluationError(
+            f"{where} is unfinished ({manifest_path(path).name} says its run did not complete): "
+            "finish it with mlx-slm classify ... --resume, then evaluate"
+        )
+    settings = m["settings"]
+    if not isinstance(settings.get("input_sha256"), str):
+        return  # its input was not hashed (standard input, a pipe, an older mlx-slm)
+    sha, _ = input_sha256(input_path)
+    size = os.stat(input_path).st_size if sha is not None else None
+    changed = input_changed(input_path, settings, (sha, size))
+    if changed and sha is not None:
+        made_from = settings.get("input", "?")
+        raise EvaluationError(
+            f"{where} is not the output for this input: it was made from other content than {input_path} "
+            f"(its manifest records {made_from} with sha256 {settings['input_sha256'][:12]}...; {input_path} has {sha[:12]}...): "
+            f"classify {input_path} again (mlx-slm classify {input_path} -o {path}), or evaluate the input "
+            "those predictions were made from"
+        )
+
+
+def read_predictions(path: str, rows: Sequence[Any], input_path: str | None = None) -> list[dict[str, Any]]:
     """A classify output (JSONL, CSV, TSV or Parquet, by its extension) read back row by row
     (`output.read_records`) and checked against the input's rows (`io.Row`: row i of the
     output is input row i, same id).
@@ -40,9 +72,13 @@ def read_predictions(path: str, rows: Sequence[Any]) -> list[dict[str, Any]]:
     Each row becomes {"id", "label", "probs", "error"}. Every problem (the file cannot be
     read, a byte that is not UTF-8, a row that is not a JSON object, a label that is not a
     string, a probability that is not a number from 0 to 1, a row count or an id that does
-    not match the input) is an `EvaluationError` naming the file, the row and the fix."""
+    not match the input) is an `EvaluationError` naming the file, the row and the fix.
+    With `input_path` (the file the rows were read from), the predictions' manifest is
+    checked first (`check_predictions_source`)."""
     from .output import RecordError, output_format, read_records, same_id
 
+    if input_path is not None:
+        check_predictions_source(path, input_path)
     fmt = output_format(path)
     where = f"--predictions {path}"
     fix = "give the output of mlx-slm classify"

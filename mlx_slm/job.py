@@ -461,14 +461,20 @@ class ClassifyJob:
         self.settings: dict[str, Any] = {}
         self.fitted: dict[str, Any] = {}  # the prior fitted on this input (a resumed run keeps it)
         self.failed = self.kept = self.kept_failed = self.abstained = 0
+        self.input_sha256: str | None = None
+        self.input_not_hashed: str | None = None
 
     def run(self) -> int:
-        from .output import csv_columns, write_manifest
+        from .output import InputDigest, csv_columns, write_manifest
 
         setup, o = self.setup, self.setup.o
+        # The input's sha256 for the manifest, hashed while the model loads.
+        digest = InputDigest(self.input) if self.output is not None else None
         previous = self._previous()
         rows = self._rows()
         clf = setup.load()
+        if digest is not None:
+            self.input_sha256, self.input_not_hashed = digest.result()
         shard_info = None
         if self.dist.shard is not None:
             rows, shard_info = self._shard_rows(rows, self.dist.shard)
@@ -526,7 +532,6 @@ class ClassifyJob:
 
     def _shard_rows(self, rows: Iterator[Any], shard: tuple[int, int]) -> tuple[Iterator[Any], dict[str, Any]]:
         """The rows of one shard, and what the part's manifest records about it."""
-        from .convert import sha256_file
         from .sharding import shard_range, shard_settings
 
         all_rows = list(rows)
@@ -540,8 +545,6 @@ class ClassifyJob:
                 counts[i] = len(x)
         i, n = shard
         start, end = shard_range(counts, self.setup.o.window, n, i)  # O(rows) whatever N is
-        # Every part records the input's content: `merge` (and --resume) refuse parts of an edited input.
-        self.input_sha256 = sha256_file(Path(self.input))
         if not self.setup.o.quiet:
             what = f"input rows {start + 1}..{end}" if end > start else "no rows (fewer windows than shards)"
             err(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
@@ -563,6 +566,9 @@ class ClassifyJob:
             **({"quantized": clf.model.quantized} if getattr(clf.model, "quantized", None) else {}),
             "input": str(inp) if inp else "-",
             "input_size": inp.stat().st_size if inp else None,
+            # The input's content: --resume, merge and eval --predictions refuse another.
+            "input_sha256": self.input_sha256,
+            **({"input_not_hashed": self.input_not_hashed} if self.input_not_hashed else {}),
             "input_format": o.fmt,
             "fields": [o.text_field, o.id_field, o.text_column, o.id_column],
             "output_format": self.out_fmt,
@@ -572,16 +578,23 @@ class ClassifyJob:
             "sort": not o.no_sort,
             "prefix_cache": not o.no_prefix_cache,
             "model": o.model,
-            **({"shard": shard_info, "input_sha256": self.input_sha256} if shard_info else {}),
+            **({"shard": shard_info} if shard_info else {}),
         }
 
     def _plan_resume(self, previous: dict[str, Any], columns: list[str], rows: Iterator[Any]) -> Iterator[Any]:
         """Keep the finished windows of the interrupted output; the rows still to classify."""
-        from .output import OutputError, changed_settings, plan_resume, truncate_to
+        from .output import OutputError, changed_settings, input_changed, plan_resume, truncate_to
 
         out = self.output
         assert out is not None
         diff = [k for k in changed_settings(previous["settings"], self.settings) if k != "model"]
+        new_input = (self.settings["input_sha256"], self.settings["input_size"])
+        changed = input_changed(self.input, previous["settings"], new_input)
+        if changed:
+            raise OutputError(
+                f"cannot --resume {out}: {changed}, so its rows are of the old content; "
+                f"start again without --resume (the whole input is classified again into {out})"
+            )
         if diff:
             old, new = previous["settings"], self.settings
             detail = "; ".join(f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in diff[:3])

@@ -6,8 +6,8 @@ An output file (`-o FILE`) has two companions next to it:
   same output stops at once and names the holder. The kernel drops the lock when the
   process dies, however it dies; the file itself is removed on a clean exit.
 * `FILE.mlx-slm.json`, the *manifest*: everything that decides the rows (model and weight
-  hash, labels, prompt, scoring, calibration, batching, the input's path and size), and
-  whether the run completed. `--resume` refuses a file without one (not ours: it is left
+  hash, labels, prompt, scoring, calibration, batching, the input's path, size and
+  sha256), and whether the run completed. `--resume` refuses a file without one (not ours: it is left
   untouched) or whose settings differ (naming the field).
 
 Resume is keyed by input position, not by id: output row *i* is input row *i*. The rows
@@ -285,6 +285,71 @@ def write_manifest(
         write_json_atomic(manifest_path(output), doc)
     except OSError as e:
         raise OutputError(f"cannot write {manifest_path(output)} ({e.strerror})") from None
+
+
+NOT_HASHED_STDIN = "standard input: read once, so its content is not hashed"
+NOT_HASHED_STREAM = "a stream (a pipe or a device), read once, so its content is not hashed"
+
+
+def input_sha256(path: str | None) -> tuple[str | None, str | None]:
+    """(sha256 of an input file's bytes, None), streamed in 4 MiB blocks; (None, why not) for
+    standard input or a stream that cannot be read twice. The manifest pins it, so `--resume`,
+    `eval --predictions` and `merge` notice an input edited in place, at the same size too."""
+    import hashlib
+
+    if path in (None, "-"):
+        return None, NOT_HASHED_STDIN
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None, NOT_HASHED_STREAM
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    except OSError as e:
+        from .io import InputError
+
+        raise InputError(f"cannot read the input {path} to record its content ({e.strerror})") from None
+    return h.hexdigest(), None
+
+
+class InputDigest:
+    """`input_sha256` computed on a daemon thread while the model loads (one streaming pass
+    over the file, overlapped with other work; a daemon, so Ctrl-C does not wait for it)."""
+
+    def __init__(self, path: str | None):
+        import threading
+
+        self._result: tuple[str | None, str | None] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(path,), daemon=True, name="mlx-slm input sha256")
+        self._thread.start()
+
+    def _run(self, path: str | None) -> None:
+        try:
+            self._result = input_sha256(path)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller of result()
+            self._error = e
+
+    def result(self) -> tuple[str | None, str | None]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def input_changed(path: str, recorded: dict[str, Any], current: tuple[str | None, int | None]) -> str | None:
+    """How the input differs from what a manifest's settings recorded (sha256, size), or None.
+
+    An input the manifest did not hash (standard input, a pipe, an older mlx-slm) cannot be
+    checked and is not refused here."""
+    sha, size = current
+    old_sha, old_size = recorded.get("input_sha256"), recorded.get("input_size")
+    if not isinstance(old_sha, str) or sha is None or sha == old_sha:
+        return None
+    how = f"input_size was {old_size}, now {size}" if old_size != size else "the same size: edited in place"
+    return f"the input {path} was changed since (its sha256 is {sha[:12]}..., it was {old_sha[:12]}...; {how})"
 
 
 def output_sha256(output: str) -> str:

@@ -466,3 +466,63 @@ def test_an_interrupted_parquet_run_leaves_no_parquet_file(tiny_qwen_mlx, tmp_pa
     assert json.loads(manifest.read_text())["complete"] is False
     if sig == signal.SIGINT:
         assert "Traceback" not in err and not Path(str(out) + ".lock").exists()
+
+
+def _edit_in_place(path: Path) -> None:
+    """One text changed, the size and the ids kept."""
+    data = path.read_text()
+    i = data.index('"text": "') + len('"text": "')
+    path.write_text(data[:i] + ("X" if data[i] != "X" else "Y") + data[i + 1 :])
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "csv"])
+def test_resume_refuses_an_input_edited_in_place_at_the_same_size(tiny_qwen_mlx, tmp_path, ext):
+    """Issue 26: the manifest pinned only the input's path and size, so a resume after an
+    edit in place kept rows of the old content. It pins the input's sha256 now."""
+    inp = jsonl_input(tmp_path / "in.jsonl", TEXTS[:6])
+    out = tmp_path / f"o.{ext}"
+    assert run(["classify", str(inp), "-o", str(out), *cli(tiny_qwen_mlx)]).exit_code == 0
+    settings = json.loads(manifest_path(str(out)).read_text())["settings"]
+    import hashlib
+
+    assert settings["input_sha256"] == hashlib.sha256(inp.read_bytes()).hexdigest()
+    before, size = out.read_bytes(), inp.stat().st_size
+    _edit_in_place(inp)
+    assert inp.stat().st_size == size
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), "--resume", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2, r.output
+    assert str(inp) in r.output and "edited in place" in r.output and "without --resume" in r.output
+    assert out.read_bytes() == before
+    assert run(["classify", str(inp), "-o", str(out), *cli(tiny_qwen_mlx)]).exit_code == 0  # the way out
+
+
+def test_a_manifest_says_when_its_input_was_not_hashed(tiny_qwen_mlx, tmp_path):
+    out = tmp_path / "o.jsonl"
+    assert run(["classify", "-", "-o", str(out), *cli(tiny_qwen_mlx)], input="hello\nworld\n").exit_code == 0
+    settings = json.loads(manifest_path(str(out)).read_text())["settings"]
+    assert settings["input"] == "-" and settings["input_sha256"] is None
+    assert "standard input" in settings["input_not_hashed"]
+
+
+def test_eval_refuses_predictions_of_another_input_with_line_number_ids(tiny_qwen_mlx, tmp_path):
+    """Issue 26: ids that are line numbers match in any input of that length; the
+    predictions' manifest says which content they were made from."""
+    gold = tmp_path / "g.jsonl"
+    gold.write_text("".join(json.dumps({"text": t, "label": "a"}) + "\n" for t in TEXTS[:4]))
+    preds = tmp_path / "p.jsonl"
+    assert run(["classify", str(gold), "-o", str(preds), *cli(tiny_qwen_mlx)]).exit_code == 0
+    ok = run(["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
+    assert ok.exit_code == 0 and "accuracy" in ok.output
+    _edit_in_place(gold)
+    r = CliRunner().invoke(main, ["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
+    assert r.exit_code == 2, r.output
+    assert "not the output for this input" in r.output and f"mlx-slm classify {gold} -o {preds}" in r.output
+    # An unfinished output is refused, naming the way out.
+    m = manifest_path(str(preds))
+    doc = json.loads(m.read_text())
+    m.write_text(json.dumps({**doc, "complete": False}))
+    r = CliRunner().invoke(main, ["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
+    assert r.exit_code == 2 and "unfinished" in r.output and "--resume" in r.output
+    # Without a manifest (predictions made otherwise), rows are checked by id only.
+    m.unlink()
+    assert run(["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)]).exit_code == 0

@@ -385,3 +385,17 @@ def test_parquet_id_column_is_int64_only_when_every_integer_fits(tmp_path):
         t = rows.table()
         assert t.schema.field("id").type == typ and ("id_is_int" in t.schema.names) == flag
         assert [r["id"] for r in parquet_records(t)] == ids
+
+
+def test_merge_names_the_part_made_from_other_input_content(two_parts, tiny_qwen_mlx, tmp_path):
+    """Each part's manifest pins the input's sha256: parts of two contents of one file are
+    refused, even with --no-input-check, naming the part and the way out."""
+    inp, (p0, p1) = two_parts
+    data = inp.read_text()
+    i = data.index('"text": "') + len('"text": "')
+    inp.write_text(data[:i] + ("X" if data[i] != "X" else "Y") + data[i + 1 :])
+    r = run(["classify", str(inp), "-o", p1, "--window", "4", "--shard", "1/2", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 0
+    r = _merge(p0, p1, "-o", str(tmp_path / "m.jsonl"), "--no-input-check")
+    assert r.exit_code == 2 and f"{p1} was made from other input content than {p0}" in r.output
+    assert "run every shard again" in r.output and not (tmp_path / "m.jsonl").exists()

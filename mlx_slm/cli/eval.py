@@ -59,7 +59,7 @@ def evaluate(
     rows = list(read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required))
     labels = setup.labels
     if predictions:
-        preds = read_predictions(predictions, rows)
+        preds = read_predictions(predictions, rows, input)
     else:
         warn_blas()
         labels, preds = _predict(setup, rows)
