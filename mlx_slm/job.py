@@ -274,7 +274,11 @@ class Setup:
         where = {"task": "the task's saved prior", "resume": "the prior the interrupted run fitted"}.get(
             self.origin, "fitted on --calibration-data"
         )
-        return f"{run.method} calibration ({where}, {c.n} labelled items)"
+        # Only `fit` learns from labels; batch (and em's re-estimate) from the input's own items.
+        if c.method == "fit":
+            return f"{run.method} calibration ({where}, {c.n} labelled items)"
+        source = "of this input" if self.origin == "resume" else "of the input it was fitted on"
+        return f"{run.method} calibration ({where}, from the first {c.n} items {source}, no labels)"
 
     def settings(self) -> dict[str, Any]:
         head = self.clf.head

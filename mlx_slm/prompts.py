@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
-from .io import has_lone_surrogate
+from .io import has_lone_surrogate, json_error
 
 DEFAULT_SYSTEM = "You classify support tickets. Answer with exactly one of: billing, technical, account."
 DEFAULT_TEMPLATE = "Ticket: {text}\nCategory:"
@@ -180,7 +180,7 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise PromptError(
-                f"--examples {path} line {n}: malformed JSON ({e.msg} at column {e.colno}): fix the line"
+                f"--examples {path} line {n}: malformed JSON ({json_error(e)}): fix the line"
             ) from None
         except (ValueError, RecursionError) as e:  # an over-long integer, nesting too deep
             why = "nested too deeply" if isinstance(e, RecursionError) else str(e)

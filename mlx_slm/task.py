@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ._fs import utc_now, write_json_atomic
 from .calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
 from .errors import UserError
-from .io import has_lone_surrogate
+from .io import has_lone_surrogate, json_error
 
 if TYPE_CHECKING:
     from .heads import Head
@@ -108,7 +108,7 @@ class Task:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise TaskError(
-                f"task file {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): fix it, "
+                f"task file {path} is not valid JSON ({json_error(e, line=True)}): fix it, "
                 "or save the task again (--save-task)"
             ) from None
         except (ValueError, RecursionError) as e:

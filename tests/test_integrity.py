@@ -526,3 +526,26 @@ def test_eval_refuses_predictions_of_another_input_with_line_number_ids(tiny_qwe
     # Without a manifest (predictions made otherwise), rows are checked by id only.
     m.unlink()
     assert run(["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)]).exit_code == 0
+
+
+def test_a_resumed_batch_calibrated_run_does_not_call_its_items_labelled(tiny_qwen_mlx, tmp_path):
+    """Issue 26: the summary of a resumed batch run said "6 labelled items" (batch uses no labels)."""
+    inp = jsonl_input(tmp_path / "in.jsonl", TEXTS[:12])
+    args = ["--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "--window", "4", "--calibrate", "batch"]
+    full = tmp_path / "full.jsonl"
+    assert run(["classify", str(inp), "-o", str(full), *args, "--warmup", "6", "-q"]).exit_code == 0
+    written, _ = scan_output(str(full), "jsonl", csv_columns(["a", "b", "c"], raw=True))
+    part = tmp_path / "part.jsonl"
+    _interrupted_copy(full, part, written[7].end)
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(part), "--resume", *args, "--warmup", "6"])
+    assert r.exit_code == 0, r.output
+    assert "the prior the interrupted run fitted, from the first 6 items of this input" in r.output
+    assert "labelled" not in r.output and part.read_bytes() == full.read_bytes()
+
+
+def test_json_errors_say_where_without_a_doubled_at(tiny_qwen_mlx, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "a", "text": "never closed\n')
+    r = run(["classify", str(inp), *cli(tiny_qwen_mlx)])
+    err = json.loads(r.stdout.splitlines()[0])["error"]
+    assert "Unterminated string starting at column 21" in err and "at at" not in err
