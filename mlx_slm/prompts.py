@@ -179,9 +179,7 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise PromptError(
-                f"--examples {path} line {n}: malformed JSON ({json_error(e)}): fix the line"
-            ) from None
+            raise PromptError(f"--examples {path} line {n}: malformed JSON ({json_error(e)}): fix the line") from None
         except (ValueError, RecursionError) as e:  # an over-long integer, nesting too deep
             why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
             raise PromptError(f"--examples {path} line {n}: malformed JSON ({why}): fix the line") from None
