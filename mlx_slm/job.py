@@ -21,7 +21,7 @@ from typing import Any
 
 from .calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
 from .errors import UsageError, UserError
-from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, fill_labels
+from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_labels, fill_system
 from .registry import DEFAULT_MODEL
 
 RAY_INIT_TIMEOUT_S = 60  # joining (or starting) Ray: past this, exit 2 rather than wait on Ray's retries
@@ -137,8 +137,12 @@ class Setup:
         if o.task_file:
             self._take_task(o.task_file)
         self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
+        if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
+            o.template = check_template(o.template)
         if self.labels is None:
             self._read_labels()
+        elif "system" in given:  # the task's labels, a message typed here
+            o.system = fill_system(o.system, self.labels)
         if o.examples_file:
             from .prompts import read_examples
 
@@ -193,7 +197,9 @@ class Setup:
             self.labels = parse_labels(o.labels_csv)
         # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
         note_descriptions(o.system, descriptions, o.quiet)
-        o.system = fill_labels(o.system, self.labels, descriptions)
+        # As typed (--system): every {word} checked; a task's message is filled as it is.
+        fill = fill_system if "system" in self.given else fill_labels
+        o.system = fill(o.system, self.labels, descriptions)
 
     def load(self) -> Any:
         from .classifier import DEFAULT_BATCH_SIZE, Classifier
