@@ -598,6 +598,11 @@ class ClassifyJob:
         out = self.output
         assert out is not None
         diff = [k for k in changed_settings(previous["settings"], self.settings) if k != "model"]
+        if "input_sha256" not in previous["settings"]:
+            raise OutputError(
+                f"cannot --resume {out}: it was made by an older mlx-slm that did not record its input's sha256, "
+                "so the rows kept could not be checked against the input; start again without --resume"
+            )
         new_input = (self.settings["input_sha256"], self.settings["input_size"])
         changed = input_changed(self.input, previous["settings"], new_input)
         if changed:

@@ -493,6 +493,12 @@ def test_resume_refuses_an_input_edited_in_place_at_the_same_size(tiny_qwen_mlx,
     assert r.exit_code == 2, r.output
     assert str(inp) in r.output and "edited in place" in r.output and "without --resume" in r.output
     assert out.read_bytes() == before
+    # A manifest of an older mlx-slm (no input_sha256) cannot be checked: refused, saying so.
+    doc = json.loads(manifest_path(str(out)).read_text())
+    del doc["settings"]["input_sha256"]
+    manifest_path(str(out)).write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), "--resume", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "older mlx-slm" in r.output and out.read_bytes() == before
     assert run(["classify", str(inp), "-o", str(out), *cli(tiny_qwen_mlx)]).exit_code == 0  # the way out
 
 
