@@ -555,3 +555,15 @@ def test_json_errors_say_where_without_a_doubled_at(tiny_qwen_mlx, tmp_path):
     r = run(["classify", str(inp), *cli(tiny_qwen_mlx)])
     err = json.loads(r.stdout.splitlines()[0])["error"]
     assert "Unterminated string starting at column 21" in err and "at at" not in err
+
+
+def test_a_parquet_output_is_locked_without_being_created(tmp_path):
+    """A Parquet output appears only when complete: its lock holds the lock file alone, and a
+    second run on it is refused naming the holder."""
+    out = tmp_path / "o.parquet"
+    with OutputLock(str(out), create=False):
+        assert not out.exists() and Path(str(out) + ".lock").exists()
+        with pytest.raises(Exception, match=f"another mlx-slm run \\(pid {os.getpid()}"):
+            with OutputLock(str(out), create=False):
+                pass
+    assert not out.exists() and not Path(str(out) + ".lock").exists()
