@@ -413,6 +413,11 @@ class Classifier:
             raise ValueError(
                 f"the frame has {list(df.columns).count(text_column)} columns named {text_column!r}: rename them"
             )
+        if not isinstance(prefix, str):  # `prefix + name` would raise a bare TypeError further on
+            raise TypeError(
+                f"classify_frame(prefix=...) takes a string put before each new column's name "
+                f"(e.g. prefix='pred_'), got {type(prefix).__name__} {prefix!r}"
+            )
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
         conf = self.min_confidence if min_confidence is None else min_confidence
         calibrated = cal.applies

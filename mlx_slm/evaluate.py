@@ -15,6 +15,7 @@ reliability) and if one can read off what each threshold buys (the coverage curv
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,38 @@ class EvaluationError(UserError, ValueError):
 
 
 # ---------------------------------------------------------------------------- reading predictions
-def read_predictions(path: str, rows: Sequence[Any]) -> list[dict[str, Any]]:
+def check_predictions_source(path: str, input_path: str) -> None:
+    """Refuse predictions whose manifest (`<path>.mlx-slm.json`, when there is one) says they
+    were made from other input content than `input_path`, or by a run that did not finish.
+    Ids alone cannot tell: line numbers are the same in any input of that length."""
+    from .output import input_changed, input_sha256, manifest_path, read_manifest
+
+    m = read_manifest(path)
+    if m is None:
+        return  # predictions made otherwise (by hand, by another tool): checked row by row only
+    where = f"--predictions {path}"
+    if not m.get("complete"):
+        raise EvaluationError(
+            f"{where} is unfinished ({manifest_path(path).name} says its run did not complete): "
+            "finish it with mlx-slm classify ... --resume, then evaluate"
+        )
+    settings = m["settings"]
+    if not isinstance(settings.get("input_sha256"), str):
+        return  # its input was not hashed (standard input, a pipe, an older mlx-slm)
+    sha, _ = input_sha256(input_path)
+    size = os.stat(input_path).st_size if sha is not None else None
+    changed = input_changed(input_path, settings, (sha, size))
+    if changed and sha is not None:
+        made_from = settings.get("input", "?")
+        raise EvaluationError(
+            f"{where} is not the output for this input: it was made from other content than {input_path} "
+            f"(its manifest records {made_from} with sha256 {settings['input_sha256'][:12]}...; {input_path} has {sha[:12]}...): "
+            f"classify {input_path} again (mlx-slm classify {input_path} -o {path}), or evaluate the input "
+            "those predictions were made from"
+        )
+
+
+def read_predictions(path: str, rows: Sequence[Any], input_path: str | None = None) -> list[dict[str, Any]]:
     """A classify output (JSONL, CSV, TSV or Parquet, by its extension) read back row by row
     (`output.read_records`) and checked against the input's rows (`io.Row`: row i of the
     output is input row i, same id).
@@ -40,9 +72,13 @@ def read_predictions(path: str, rows: Sequence[Any]) -> list[dict[str, Any]]:
     Each row becomes {"id", "label", "probs", "error"}. Every problem (the file cannot be
     read, a byte that is not UTF-8, a row that is not a JSON object, a label that is not a
     string, a probability that is not a number from 0 to 1, a row count or an id that does
-    not match the input) is an `EvaluationError` naming the file, the row and the fix."""
+    not match the input) is an `EvaluationError` naming the file, the row and the fix.
+    With `input_path` (the file the rows were read from), the predictions' manifest is
+    checked first (`check_predictions_source`)."""
     from .output import RecordError, output_format, read_records, same_id
 
+    if input_path is not None:
+        check_predictions_source(path, input_path)
     fmt = output_format(path)
     where = f"--predictions {path}"
     fix = "give the output of mlx-slm classify"
@@ -416,14 +452,22 @@ def format_report(rep: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PLOT_FILES = ("confusion.png", "reliability.png")
+
+
+def plot_paths(outdir: str | Path) -> list[Path]:
+    """The files `plot` writes into `outdir` (checked before any work: `eval --plots`)."""
+    return [Path(outdir) / name for name in PLOT_FILES]
+
+
 def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
     """Write confusion.png and reliability.png (reliability diagram + accuracy/coverage) to outdir.
 
     Uses matplotlib's object API with the Agg canvas, so no display and no pyplot state.
     """
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+        from matplotlib.figure import Figure  # noqa: F401
     except ImportError:
         from .errors import MissingExtra
 
@@ -438,13 +482,28 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"--plots {out}: cannot create the folder ({e.strerror})") from None
+    p1, p2 = plot_paths(out)
+    _save(_confusion_figure(rep), p1)
+    _save(_reliability_figure(rep), p2)
+    return [p1, p2]
+
+
+def _figure(size: tuple[float, float]) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _confusion_figure(rep: dict[str, Any]) -> Any:
+    """The confusion matrix (rows gold, columns predicted), counts in the cells up to 30 labels."""
     labels = rep["labels"]
     k = len(labels)
     cm = np.asarray(rep["confusion"], dtype=np.int64).reshape(k, k)
-
     side = max(4.0, 0.6 * k + 2.5)
-    fig = Figure(figsize=(side + 1, side))
-    FigureCanvasAgg(fig)
+    fig = _figure((side + 1, side))
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(cm, cmap="Blues", vmin=0, vmax=max(1, int(cm.max())))
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
@@ -459,42 +518,24 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
     if k <= 30:
         for i in range(k):
             for j in range(k):
-                ax.text(
-                    j,
-                    i,
-                    str(cm[i, j]),
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white" if cm[i, j] > half else "black",
-                )
+                color = "white" if cm[i, j] > half else "black"
+                ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8, color=color)
     fig.tight_layout()
-    p1 = out / "confusion.png"
-    _save(fig, p1)
+    return fig
 
-    fig = Figure(figsize=(11, 4.8))
-    FigureCanvasAgg(fig)
+
+def _reliability_figure(rep: dict[str, Any]) -> Any:
+    """The reliability diagram beside accuracy and risk against coverage."""
+    fig = _figure((11, 4.8))
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     rel = [r for r in rep["reliability"] if r["count"]]
     ax1.plot([0, 1], [0, 1], ls="--", color="gray", label="perfectly calibrated")
     if rel:
         width = rep["reliability"][0]["hi"] - rep["reliability"][0]["lo"]
-        ax1.bar(
-            [r["lo"] for r in rel],
-            [r["accuracy"] for r in rel],
-            width=width,
-            align="edge",
-            edgecolor="black",
-            alpha=0.6,
-            label="accuracy per bin",
-        )
-        ax1.plot(
-            [r["confidence"] for r in rel],
-            [r["accuracy"] for r in rel],
-            "o-",
-            color="C3",
-            label="mean confidence vs accuracy",
-        )
+        acc = [r["accuracy"] for r in rel]
+        bar = {"width": width, "align": "edge", "edgecolor": "black", "alpha": 0.6, "label": "accuracy per bin"}
+        ax1.bar([r["lo"] for r in rel], acc, **bar)
+        ax1.plot([r["confidence"] for r in rel], acc, "o-", color="C3", label="mean confidence vs accuracy")
     ax1.set_xlim(0, 1)
     ax1.set_ylim(0, 1)
     ax1.set_xlabel("confidence")
@@ -507,13 +548,9 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
         ax2.plot(cov, [r["accuracy"] for r in curve], "o-", label="accuracy")
         ax2.plot(cov, [1 - r["accuracy"] for r in curve], "s--", label="risk (1 - accuracy)")
         for r in curve:
+            at = (r["coverage"], r["accuracy"])
             ax2.annotate(
-                f"{r['threshold']:.2f}",
-                (r["coverage"], r["accuracy"]),
-                textcoords="offset points",
-                xytext=(0, 6),
-                ha="center",
-                fontsize=7,
+                f"{r['threshold']:.2f}", at, textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7
             )
     ax2.set_xlim(0, 1.02)
     ax2.set_ylim(0, 1.08)
@@ -521,9 +558,7 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
     ax2.set_title("accuracy / risk vs coverage (labels: thresholds)")
     ax2.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
-    p2 = out / "reliability.png"
-    _save(fig, p2)
-    return [p1, p2]
+    return fig
 
 
 def _save(fig: Any, path: Path) -> None:

@@ -398,6 +398,13 @@ def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
 # --------------------------------------------------------------------------- JSONL and text
 
 
+def json_error(e: json.JSONDecodeError, line: bool = False) -> str:
+    """A JSON parse error and where it is: "Expecting value at column 3". Some of the json
+    module's messages end in "at" ("Unterminated string starting at"): no "at at" then."""
+    where = f"line {e.lineno}, column {e.colno}" if line else f"column {e.colno}"
+    return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
+
+
 def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | None = None) -> Iterator[Row]:
     for n, line, detail in _lines(raw):
         if line is None:
@@ -413,7 +420,7 @@ def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | Non
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            yield Row(n, None, error=f"line {n}: malformed JSON ({e.msg} at column {e.colno}): fix the line")
+            yield Row(n, None, error=f"line {n}: malformed JSON ({json_error(e)}): fix the line")
             continue
         except ValueError as e:  # e.g. an integer of more digits than Python converts
             yield Row(n, None, error=f"line {n}: malformed JSON ({e}): fix the line")

@@ -21,7 +21,15 @@ from typing import Any
 
 from .calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
 from .errors import UsageError, UserError
-from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, fill_labels
+from .prompts import (
+    DEFAULT_LABELS,
+    DEFAULT_SYSTEM,
+    DEFAULT_TEMPLATE,
+    check_plain_system,
+    check_template,
+    fill_labels,
+    fill_system,
+)
 from .registry import DEFAULT_MODEL
 
 RAY_INIT_TIMEOUT_S = 60  # joining (or starting) Ray: past this, exit 2 rather than wait on Ray's retries
@@ -142,8 +150,12 @@ class Setup:
         if o.task_file:
             self._take_task(o.task_file)
         self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
+        if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
+            o.template = check_template(o.template)
         if self.labels is None:
             self._read_labels()
+        elif "system" in given:  # the task's labels, a message typed here
+            o.system = fill_system(o.system, self.labels)
         if o.examples_file:
             from .prompts import read_examples
 
@@ -201,10 +213,13 @@ class Setup:
                 + ("" if clash & {"labels_csv", "labels_file"} else " (not supported with --questions yet)")
             )
         self.questions = read_questions(o.questions_file)
-        if "system" not in self.given:
-            o.system = DEFAULT_SYSTEM
-        if "template" not in self.given:
-            o.template = DEFAULT_TEMPLATE
+        # As typed: every {word} checked ({text} and {question} in the template), {{ }} literal braces.
+        o.system = check_plain_system(o.system) if "system" in self.given else DEFAULT_SYSTEM
+        o.template = (
+            check_template(o.template, placeholders=("text", "question"))
+            if "template" in self.given
+            else DEFAULT_TEMPLATE
+        )
 
     def _read_labels(self) -> None:
         from .labels import parse_labels
@@ -220,7 +235,9 @@ class Setup:
             self.labels = parse_labels(o.labels_csv)
         # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
         note_descriptions(o.system, descriptions, o.quiet)
-        o.system = fill_labels(o.system, self.labels, descriptions)
+        # As typed (--system): every {word} checked; a task's message is filled as it is.
+        fill = fill_system if "system" in self.given else fill_labels
+        o.system = fill(o.system, self.labels, descriptions)
 
     def load(self) -> Any:
         from .classifier import DEFAULT_BATCH_SIZE, Classifier
@@ -302,7 +319,11 @@ class Setup:
         where = {"task": "the task's saved prior", "resume": "the prior the interrupted run fitted"}.get(
             self.origin, "fitted on --calibration-data"
         )
-        return f"{run.method} calibration ({where}, {c.n} labelled items)"
+        # Only `fit` learns from labels; batch (and em's re-estimate) from the input's own items.
+        if c.method == "fit":
+            return f"{run.method} calibration ({where}, {c.n} labelled items)"
+        source = "of this input" if self.origin == "resume" else "of the input it was fitted on"
+        return f"{run.method} calibration ({where}, from the first {c.n} items {source}, no labels)"
 
     def settings(self) -> dict[str, Any]:
         head = self.clf.head
@@ -446,7 +467,8 @@ def classify(s: ClassifySettings) -> int:
         ray_init(dist.address)
     with ExitStack() as stack:
         if file_out:
-            stack.enter_context(OutputLock(s.output))
+            # A Parquet output appears only when complete: the lock does not create it.
+            stack.enter_context(OutputLock(s.output, create=out_fmt != "parquet"))
         return ClassifyJob(setup, s.input, s.output if file_out else None, s.output, out_fmt, s.resume, dist).run()
 
 
@@ -488,14 +510,20 @@ class ClassifyJob:
         self.settings: dict[str, Any] = {}
         self.fitted: dict[str, Any] = {}  # the prior fitted on this input (a resumed run keeps it)
         self.failed = self.kept = self.kept_failed = self.abstained = 0
+        self.input_sha256: str | None = None
+        self.input_not_hashed: str | None = None
 
     def run(self) -> int:
-        from .output import csv_columns, write_manifest
+        from .output import InputDigest, csv_columns, write_manifest
 
         setup, o = self.setup, self.setup.o
+        # The input's sha256 for the manifest, hashed while the model loads.
+        digest = InputDigest(self.input) if self.output is not None else None
         previous = self._previous()
         rows = self._rows()
         clf = setup.load()
+        if digest is not None:
+            self.input_sha256, self.input_not_hashed = digest.result()
         shard_info = None
         if self.dist.shard is not None:
             rows, shard_info = self._shard_rows(rows, self.dist.shard)
@@ -558,7 +586,6 @@ class ClassifyJob:
 
     def _shard_rows(self, rows: Iterator[Any], shard: tuple[int, int]) -> tuple[Iterator[Any], dict[str, Any]]:
         """The rows of one shard, and what the part's manifest records about it."""
-        from .convert import sha256_file
         from .sharding import shard_range, shard_settings
 
         all_rows = list(rows)
@@ -572,8 +599,6 @@ class ClassifyJob:
                 counts[i] = len(x)
         i, n = shard
         start, end = shard_range(counts, self.setup.o.window, n, i)  # O(rows) whatever N is
-        # Every part records the input's content: `merge` (and --resume) refuse parts of an edited input.
-        self.input_sha256 = sha256_file(Path(self.input))
         if not self.setup.o.quiet:
             what = f"input rows {start + 1}..{end}" if end > start else "no rows (fewer windows than shards)"
             err(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
@@ -596,6 +621,9 @@ class ClassifyJob:
             **({"quantized": clf.model.quantized} if getattr(clf.model, "quantized", None) else {}),
             "input": str(inp) if inp else "-",
             "input_size": inp.stat().st_size if inp else None,
+            # The input's content: --resume, merge and eval --predictions refuse another.
+            "input_sha256": self.input_sha256,
+            **({"input_not_hashed": self.input_not_hashed} if self.input_not_hashed else {}),
             "input_format": o.fmt,
             "fields": [o.text_field, o.id_field, o.text_column, o.id_column],
             "output_format": self.out_fmt,
@@ -605,16 +633,28 @@ class ClassifyJob:
             "sort": not o.no_sort,
             "prefix_cache": not o.no_prefix_cache,
             "model": o.model,
-            **({"shard": shard_info, "input_sha256": self.input_sha256} if shard_info else {}),
+            **({"shard": shard_info} if shard_info else {}),
         }
 
     def _plan_resume(self, previous: dict[str, Any], columns: list[str], rows: Iterator[Any]) -> Iterator[Any]:
         """Keep the finished windows of the interrupted output; the rows still to classify."""
-        from .output import OutputError, changed_settings, plan_resume, truncate_to
+        from .output import OutputError, changed_settings, input_changed, plan_resume, truncate_to
 
         out = self.output
         assert out is not None
         diff = [k for k in changed_settings(previous["settings"], self.settings) if k != "model"]
+        if "input_sha256" not in previous["settings"]:
+            raise OutputError(
+                f"cannot --resume {out}: it was made by an older mlx-slm that did not record its input's sha256, "
+                "so the rows kept could not be checked against the input; start again without --resume"
+            )
+        new_input = (self.settings["input_sha256"], self.settings["input_size"])
+        changed = input_changed(self.input, previous["settings"], new_input)
+        if changed:
+            raise OutputError(
+                f"cannot --resume {out}: {changed}, so its rows are of the old content; "
+                f"start again without --resume (the whole input is classified again into {out})"
+            )
         if diff:
             old, new = previous["settings"], self.settings
             detail = "; ".join(f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in diff[:3])
@@ -665,6 +705,7 @@ class ClassifyJob:
 
         clf = self.setup.clf
         run = self._ray_run(list(texts())) if self.dist.ray else clf.run(texts(), window=o.window)
+        finished = False
         try:
             for pred in calib(run):
                 flush_errors()
@@ -674,8 +715,9 @@ class ClassifyJob:
                 writer.write(rec)
                 progress.tick()
             flush_errors()
+            finished = True
         finally:
-            writer.close()
+            writer.close(complete=finished)  # an interrupted Parquet run writes no file
             progress.done()
         return run, progress
 

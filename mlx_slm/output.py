@@ -6,8 +6,8 @@ An output file (`-o FILE`) has two companions next to it:
   same output stops at once and names the holder. The kernel drops the lock when the
   process dies, however it dies; the file itself is removed on a clean exit.
 * `FILE.mlx-slm.json`, the *manifest*: everything that decides the rows (model and weight
-  hash, labels, prompt, scoring, calibration, batching, the input's path and size), and
-  whether the run completed. `--resume` refuses a file without one (not ours: it is left
+  hash, labels, prompt, scoring, calibration, batching, the input's path, size and
+  sha256), and whether the run completed. `--resume` refuses a file without one (not ours: it is left
   untouched) or whose settings differ (naming the field).
 
 Resume is keyed by input position, not by id: output row *i* is input row *i*. The rows
@@ -150,10 +150,14 @@ class OutputLock:
     The lock is taken on the output file itself (created empty if need be), so every path
     to it (a symlink, a hard link) meets the same lock; `OUT.lock` beside its real path
     names the holder for the message a second run prints.
+
+    `create=False` (Parquet, which appears only when complete): an output that is not
+    there is not created for the lock; the lock file alone keeps a second run out.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, create: bool = True):
         self.target = path
+        self.create = create
         self.path = os.path.realpath(path) + LOCK_SUFFIX
         self.fd: int | None = None
         self.out_fd: int | None = None
@@ -171,26 +175,22 @@ class OutputLock:
             refuse_symlink(p, what)
         try:
             self.created = not os.path.lexists(self.target)
-            self.out_fd = open_nofollow(self.target, os.O_RDWR | os.O_CREAT, "-o")
+            if self.create or not self.created:
+                self.out_fd = open_nofollow(self.target, os.O_RDWR | (os.O_CREAT if self.create else 0), "-o")
         except OSError as e:
             raise OutputError(f"-o {self.target}: cannot open it for writing ({e.strerror})") from None
         try:
-            fcntl.flock(self.out_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self.out_fd is not None:
+                fcntl.flock(self.out_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self.out_fd)
+            os.close(self.out_fd)  # type: ignore[arg-type]
             self.out_fd = None
-            try:
-                fd = open_nofollow(self.path, os.O_RDONLY)
-                with os.fdopen(fd, "rb") as f:
-                    holder = f.read(500).decode("utf-8", errors="replace").strip()
-            except (OSError, OutputError):
-                holder = ""
-            raise OutputError(
-                f"{self.target} is being written by another mlx-slm run ({holder or 'another process'}); "
-                "wait for it to finish, or choose another -o"
-            ) from None
+            raise self._busy() from None
         try:
             self._note_holder()
+        except BlockingIOError:  # the lock file is held (for a Parquet output not yet written, the only lock)
+            self.__exit__(None, None, None)
+            raise self._busy() from None
         except OutputError:
             self.__exit__(OutputError, None, None)
             raise
@@ -198,6 +198,19 @@ class OutputLock:
             self.__exit__(None, None, None)
             raise OutputError(f"-o {self.target}: cannot write its lock file {self.path} ({e.strerror})") from None
         return self
+
+    def _busy(self) -> OutputError:
+        """The error for an output another run holds, naming the holder its lock file records."""
+        try:
+            fd = open_nofollow(self.path, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as f:
+                holder = f.read(500).decode("utf-8", errors="replace").strip()
+        except (OSError, OutputError):
+            holder = ""
+        return OutputError(
+            f"{self.target} is being written by another mlx-slm run ({holder or 'another process'}); "
+            "wait for it to finish, or choose another -o"
+        )
 
     def _note_holder(self) -> None:
         import fcntl
@@ -208,7 +221,7 @@ class OutputLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # a holder through another path that reached the same file first
                 os.close(fd)
-                raise OSError(16, "the lock file is held by another run") from None
+                raise
             # The holder before us may have removed the file between our open and flock:
             # then we hold a lock on an orphan; try again on the file now at the path.
             try:
@@ -273,6 +286,71 @@ def write_manifest(
         write_json_atomic(manifest_path(output), doc)
     except OSError as e:
         raise OutputError(f"cannot write {manifest_path(output)} ({e.strerror})") from None
+
+
+NOT_HASHED_STDIN = "standard input: read once, so its content is not hashed"
+NOT_HASHED_STREAM = "a stream (a pipe or a device), read once, so its content is not hashed"
+
+
+def input_sha256(path: str | None) -> tuple[str | None, str | None]:
+    """(sha256 of an input file's bytes, None), streamed in 4 MiB blocks; (None, why not) for
+    standard input or a stream that cannot be read twice. The manifest pins it, so `--resume`,
+    `eval --predictions` and `merge` notice an input edited in place, at the same size too."""
+    import hashlib
+
+    if path in (None, "-"):
+        return None, NOT_HASHED_STDIN
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None, NOT_HASHED_STREAM
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    except OSError as e:
+        from .io import InputError
+
+        raise InputError(f"cannot read the input {path} to record its content ({e.strerror})") from None
+    return h.hexdigest(), None
+
+
+class InputDigest:
+    """`input_sha256` computed on a daemon thread while the model loads (one streaming pass
+    over the file, overlapped with other work; a daemon, so Ctrl-C does not wait for it)."""
+
+    def __init__(self, path: str | None):
+        import threading
+
+        self._result: tuple[str | None, str | None] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(path,), daemon=True, name="mlx-slm input sha256")
+        self._thread.start()
+
+    def _run(self, path: str | None) -> None:
+        try:
+            self._result = input_sha256(path)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller of result()
+            self._error = e
+
+    def result(self) -> tuple[str | None, str | None]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def input_changed(path: str, recorded: dict[str, Any], current: tuple[str | None, int | None]) -> str | None:
+    """How the input differs from what a manifest's settings recorded (sha256, size), or None.
+
+    An input the manifest did not hash (standard input, a pipe, an older mlx-slm) cannot be
+    checked and is not refused here."""
+    sha, size = current
+    old_sha, old_size = recorded.get("input_sha256"), recorded.get("input_size")
+    if not isinstance(old_sha, str) or sha is None or sha == old_sha:
+        return None
+    how = f"input_size was {old_size}, now {size}" if old_size != size else "the same size: edited in place"
+    return f"the input {path} was changed since (its sha256 is {sha[:12]}..., it was {old_sha[:12]}...; {how})"
 
 
 def output_sha256(output: str) -> str:
@@ -424,8 +502,11 @@ class Writer:
     """JSONL, CSV or TSV, to a file or stdout; every record is flushed as it is written.
 
     Parquet (a file only) is columnar: its rows are kept and written as one table when the
-    writer closes (`ParquetRows`); a run stopped before that leaves no rows, so Parquet
-    outputs cannot be resumed."""
+    writer closes on a finished run (`close(complete=True)`), into a temporary file renamed
+    into place, so a Parquet output appears only when complete. An older file at the path
+    is removed when the writer opens (as the other formats truncate it), so an interrupted
+    run (Ctrl-C, SIGKILL) leaves no Parquet file and no rows; Parquet outputs cannot be
+    resumed."""
 
     def __init__(self, path: str | None, columns: Sequence[str], fmt: str = "jsonl", append: bool = False):
         self.fmt = fmt
@@ -436,6 +517,13 @@ class Writer:
             self.parquet: ParquetRows | None = ParquetRows(self.columns)
             self.path = path
             require_pyarrow()
+            refuse_symlink(path, "-o")
+            try:  # the old output would outlive an interrupted run and pass for this one's
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise OutputError(f"-o {path}: cannot replace the file there ({e.strerror})") from None
             return
         self.parquet = None
         if path in (None, "-"):
@@ -478,15 +566,16 @@ class Writer:
                 "is complete row by row: free space and run again with --resume"
             ) from None
 
-    def close(self) -> None:
+    def close(self, complete: bool = True) -> None:
+        """Close the output. Parquet is written here, and only for a run that finished
+        (`complete`): an interrupted one leaves no file."""
         if self.parquet is not None:
             rows, self.parquet = self.parquet, None
-            try:
-                fd = open_nofollow(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "-o")  # type: ignore[arg-type]
-                with open(fd, "wb") as f:
+            if complete:
+                from .safefs import atomic_writer
+
+                with atomic_writer(self.path, "wb", "-o") as f:  # type: ignore[arg-type]
                     rows.write(f)
-            except OSError as e:
-                raise OutputError(f"cannot write {self.path} ({e.strerror})") from None
             return
         if self.f is not sys.stdout:
             self.f.close()
@@ -508,12 +597,16 @@ def require_pyarrow() -> Any:
     return pyarrow
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 class ParquetRows:
     """Output records gathered into typed columns, written as one Parquet table.
 
-    Types: `id` int64 when every id is an integer (line numbers included), string when
-    every id is a string; when a file holds both, `id` is a string column and `id_is_int`
-    (bool) says which were integers, so `1` and `"1"` stay apart. `p_*`/`raw_p_*` float64,
+    Types: `id` int64 when every id is an integer that int64 holds (line numbers
+    included), string when every id is a string; when a file holds both, or an integer
+    beyond int64 (JSON integers have no bound), `id` is a string column and `id_is_int`
+    (bool) says which were integers, so `1` and `"1"` stay apart and every id is exact. `p_*`/`raw_p_*` float64,
     `truncated`/`abstained` bool, `line` int64 (error rows), `label`, `calibration`,
     `error` string; a missing value is null."""
 
@@ -537,7 +630,9 @@ class ParquetRows:
             if c == "id":
                 ints = [isinstance(v, int) and not isinstance(v, bool) for v in vals]
                 strs = [isinstance(v, str) for v in vals]
-                if not any(strs):
+                # Not int64 (which would raise at the very end of a run): exact as text, flagged.
+                wide = any(i and not INT64_MIN <= v <= INT64_MAX for v, i in zip(vals, ints))
+                if not any(strs) and not wide:
                     arrays.append(pa.array(vals, pa.int64()))
                 elif not any(ints):
                     arrays.append(pa.array(vals, pa.string()))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
-from .io import has_lone_surrogate
+from .io import has_lone_surrogate, json_error
 
 DEFAULT_SYSTEM = "You classify support tickets. Answer with exactly one of: billing, technical, account."
 DEFAULT_TEMPLATE = "Ticket: {text}\nCategory:"
@@ -114,6 +114,96 @@ def fill_labels(system: str | None, labels: Sequence[str], descriptions: Mapping
     return re.sub("|".join(map(re.escape, fill)), lambda m: fill[m.group(0)], system)
 
 
+# --------------------------------------------------------------------------- placeholders typed by a person
+#
+# `--system` and `--template` as typed on the command line are checked: a `{word}` that is
+# not a placeholder (`{label}` for `{labels}`, `{txt}`) would reach the model as literal
+# braces, so it is refused, naming the known ones; `{{` and `}}` write literal braces, as in
+# str.format. Only the message and the template are read so: an item's text (and a few-shot
+# example's) is put in as it is, braces and all. Task files and the Python API take
+# strings as they are (`fill_labels`).
+
+_TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+SYSTEM_PLACEHOLDERS = ("labels", "label_descriptions")
+TEMPLATE_PLACEHOLDERS = ("text",)
+
+
+def _fill_typed(
+    text: str, values: Mapping[str, str], what: str, elsewhere: Mapping[str, str], no_literal: Sequence[str]
+) -> str:
+    """`text` with its placeholders filled from `values` and `{{`/`}}` made single braces, in
+    one pass; a `{word}` not in `values` is a `PromptError` (`elsewhere`: placeholders that
+    belong to another part, and where). `no_literal`: names whose literal `{name}`, made by
+    escapes, would be filled (or refused) by a later step: refused here."""
+    import difflib
+
+    known = ", ".join("{" + k + "}" for k in values)
+
+    def one(m: re.Match[str]) -> str:
+        tok, name = m.group(0), m.group(1)
+        if name is None:
+            return tok[0]  # {{ or }}
+        if name in values:
+            return values[name]
+        if name in elsewhere:
+            literal = "" if name in no_literal else f"; write {{{tok}}} for the literal text {tok}"
+            raise PromptError(
+                f"{what} holds {tok}, which is filled in {elsewhere[name]} only: move it there "
+                f"(here the placeholders are {known}{literal})"
+            )
+        close = difflib.get_close_matches(name, [*values, *elsewhere], n=1)
+        hint = f" (did you mean {{{close[0]}}}?)" if close else ""
+        raise PromptError(
+            f"{what} holds {tok}, which is not a placeholder{hint}: the placeholders are {known}; "
+            f"write {{{tok}}} for the literal text {tok} (doubled braces are single braces)"
+        )
+
+    out = _TOKEN.sub(one, text)
+    # The same pass with each filled placeholder a NUL: a placeholder's name in braces left
+    # there was made by the escapes, and a later fill would take it for a placeholder.
+    shadow = _TOKEN.sub(lambda m: m.group(0)[0] if m.group(1) is None else "\0", text)
+    for name in no_literal:
+        if "{" + name + "}" in shadow:
+            raise PromptError(
+                f"{what} holds an escaped {{{name}}}: a literal {{{name}}} cannot be written there, as mlx-slm "
+                f"fills it later; reword it (e.g. <{name}>)"
+            )
+    return out
+
+
+def fill_system(
+    system: str | None, labels: Sequence[str], descriptions: Mapping[str, str] | None = None, what: str = "--system"
+) -> str | None:
+    """A system message typed by a person: `fill_labels`, with every `{word}` checked (only
+    `{labels}` and `{label_descriptions}` are placeholders) and `{{`/`}}` as literal braces."""
+    fill_labels(None, labels, descriptions)  # the descriptions checked
+    if not system:
+        return system
+    descriptions = descriptions or {}
+    lines = "\n".join(f"- {lab}: {descriptions[lab]}" if descriptions.get(lab) else f"- {lab}" for lab in labels)
+    values = {"labels": ", ".join(labels), "label_descriptions": lines}
+    return _fill_typed(system, values, what, {"text": "the template (--template)"}, SYSTEM_PLACEHOLDERS)
+
+
+def check_template(
+    template: str, what: str = "the template", placeholders: Sequence[str] = TEMPLATE_PLACEHOLDERS
+) -> str:
+    """A template typed by a person: every `{word}` checked (only `{text}` is a placeholder,
+    kept for each item, and `{question}` with --questions), `{{`/`}}` made literal braces."""
+    elsewhere = {k: "the system message (--system)" for k in SYSTEM_PLACEHOLDERS}
+    keep = {k: "{" + k + "}" for k in placeholders}
+    return _fill_typed(template, keep, what, elsewhere, (*placeholders, *SYSTEM_PLACEHOLDERS))
+
+
+def check_plain_system(system: str | None, what: str = "--system") -> str | None:
+    """A system message typed by a person for several questions: it has no placeholders (each
+    question lists its own options); `{{`/`}}` are literal braces."""
+    if not system:
+        return system
+    elsewhere = {"text": "the template (--template)", "question": "the template (--template)"}
+    return _fill_typed(system, {}, what, elsewhere, ())
+
+
 def render(tokenizer: Any, fmt: PromptFormat, text: str) -> str:
     """The prompt string the model sees, ending with the generation prompt."""
     msgs = fmt.messages(text)
@@ -179,9 +269,7 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise PromptError(
-                f"--examples {path} line {n}: malformed JSON ({e.msg} at column {e.colno}): fix the line"
-            ) from None
+            raise PromptError(f"--examples {path} line {n}: malformed JSON ({json_error(e)}): fix the line") from None
         except (ValueError, RecursionError) as e:  # an over-long integer, nesting too deep
             why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
             raise PromptError(f"--examples {path} line {n}: malformed JSON ({why}): fix the line") from None

@@ -147,41 +147,47 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
     match the sha256 its run recorded on completion, and the input (when it can be read
     here) the sha256 the parts recorded.
     """
-    from .convert import sha256_file
-    from .output import _EXTENSIONS as _EXT
-    from .output import read_manifest
     from .safefs import atomic_writer
 
     if not parts:
         raise ShardError("merge: name the parts to join (the -o files of each --shard run)")
-    found: dict[int, tuple[str, dict[str, Any]]] = {}
+    found, common, count = _read_parts(parts)
+    fmt, out_fmt = _formats(common, output)
+    table_rows = _parquet_rows(common) if out_fmt == "parquet" else None
+    # A prior fitted on each shard's own warm-up would give each part other labels than one run.
+    priors = {json.dumps(found[i][1]["fitted"], sort_keys=True) for i in found}
+    if len(priors) > 1:
+        raise ShardError("merge: the parts were calibrated with different fitted priors: they are not of one run")
+    header, pieces, ids, errors = _join_parts(found, count, fmt, table_rows)
+    checked = check_input and _check_input(common, ids, fmt)
+    with atomic_writer(output, "wb", "-o") as f:
+        if table_rows is not None:
+            table_rows.write(f)
+        else:
+            f.write(header)
+            for piece in pieces:
+                f.write(piece)
+    return {"parts": count, "rows": len(pieces), "error_rows": errors, "ids_checked": checked, "format": out_fmt}
+
+
+_Parts = dict[int, tuple[str, dict[str, Any]]]  # shard index -> (part path, its shard record and more)
+
+
+def _read_parts(parts: Sequence[str]) -> tuple[_Parts, dict[str, Any], int]:
+    """Every part's manifest, checked to be one complete shard of one run (the same input
+    content and settings), none missing or given twice: (parts by index, the common
+    settings, the shard count)."""
+    found: _Parts = {}
     common: dict[str, Any] | None = None
-    count = None
+    count = 0
     for p in parts:
-        if not Path(p).is_file():
-            raise ShardError(f"merge: {p} does not exist" + (" as a file" if Path(p).exists() else ""))
-        m = read_manifest(p)
-        if m is None:
-            raise ShardError(f"merge: {p} has no {Path(p).name}.mlx-slm.json record: it is not a part of a --shard run")
-        s = dict(m["settings"])
-        sh = s.pop("shard", None)
-        if not sh:
-            raise ShardError(f"merge: {p} was not written with --shard (it is a whole output already)")
-        sh = _shard_record(p, sh)
-        if not m.get("complete"):
-            raise ShardError(f"merge: {p} (shard {sh['index']}/{sh['count']}) is unfinished: finish it with --resume")
-        if count is None:
+        m, s, sh = _read_part(p)
+        if common is None:
             count, common = sh["count"], s
         elif sh["count"] != count:
             raise ShardError(f"merge: {p} is shard {sh['index']}/{sh['count']}, the others are of /{count}")
         else:
-            assert common is not None
-            diff = sorted(k for k in set(common) | set(s) if common.get(k) != s.get(k) and k != "model")
-            if diff:
-                raise ShardError(
-                    f"merge: {p} was made with other settings than {found[min(found)][0]} ({', '.join(diff[:4])}): "
-                    "the parts are not of one run"
-                )
+            _check_same_run(p, found[min(found)][0], common, s)
         if sh["index"] in found:
             raise ShardError(f"merge: shard {sh['index']}/{count} is given twice ({found[sh['index']][0]} and {p})")
         found[sh["index"]] = (
@@ -193,13 +199,55 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
                 "sha256": m.get("output_sha256"),
             },
         )
-    assert count is not None and common is not None
+    assert common is not None
     missing = [i for i in range(count) if i not in found]
     if missing:
         shown = ", ".join(f"{i}/{count}" for i in missing[:10]) + (
             f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         )
         raise ShardError(f"merge: shard(s) {shown} missing")
+    return found, common, count
+
+
+def _read_part(p: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """One part's manifest, its settings without the shard record, and that record (checked)."""
+    from .output import read_manifest
+
+    if not Path(p).is_file():
+        raise ShardError(f"merge: {p} does not exist" + (" as a file" if Path(p).exists() else ""))
+    m = read_manifest(p)
+    if m is None:
+        raise ShardError(f"merge: {p} has no {Path(p).name}.mlx-slm.json record: it is not a part of a --shard run")
+    s = dict(m["settings"])
+    sh = s.pop("shard", None)
+    if not sh:
+        raise ShardError(f"merge: {p} was not written with --shard (it is a whole output already)")
+    sh = _shard_record(p, sh)
+    if not m.get("complete"):
+        raise ShardError(f"merge: {p} (shard {sh['index']}/{sh['count']}) is unfinished: finish it with --resume")
+    return m, s, sh
+
+
+def _check_same_run(p: str, first: str, common: dict[str, Any], s: dict[str, Any]) -> None:
+    """A part made from other input content, or with other settings, than the first is refused."""
+    old_sha, new_sha = common.get("input_sha256"), s.get("input_sha256")
+    if old_sha != new_sha:
+        raise ShardError(
+            f"merge: {p} was made from other input content than {first} (input_sha256 {str(new_sha)[:12]}..., "
+            f"{first} recorded {str(old_sha)[:12]}...): the input was changed between the shards' runs; "
+            "run every shard again on one input"
+        )
+    diff = sorted(k for k in set(common) | set(s) if common.get(k) != s.get(k) and k != "model")
+    if diff:
+        raise ShardError(
+            f"merge: {p} was made with other settings than {first} ({', '.join(diff[:4])}): the parts are not of one run"
+        )
+
+
+def _formats(common: dict[str, Any], output: str) -> tuple[str, str]:
+    """The parts' format and the merged output's (Parquet parts merge only into Parquet)."""
+    from .output import _EXTENSIONS as _EXT
+
     fmt = common.get("output_format", "jsonl")
     if fmt not in ("jsonl", "csv", "tsv", "parquet"):
         raise ShardError(f"merge: the parts' manifests give output_format {fmt!r}: the manifests were changed")
@@ -211,30 +259,29 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
             f"merge: the parts are {fmt.upper()}, but -o {output} says {_EXT[ext].upper()}: name it .{fmt} "
             "(or .parquet)"
         )
-    out_fmt = "parquet" if _EXT.get(ext) == "parquet" or fmt == "parquet" else fmt
-    table_rows = None
-    if out_fmt == "parquet":
-        from .output import ParquetRows, csv_columns, require_pyarrow
+    return fmt, ("parquet" if _EXT.get(ext) == "parquet" or fmt == "parquet" else fmt)
 
-        require_pyarrow()
-        labels = common.get("labels")
-        if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
-            raise ShardError(f"merge: the parts' manifests give no valid 'labels' ({labels!r}): they were changed")
-        table_rows = ParquetRows(
-            csv_columns(
-                labels,
-                raw=common.get("calibration", "none") != "none",
-                abstain=common.get("min_confidence") is not None,
-            )
+
+def _parquet_rows(common: dict[str, Any]) -> Any:
+    """An empty `ParquetRows` with the columns of the parts' run."""
+    from .output import ParquetRows, csv_columns, require_pyarrow
+
+    require_pyarrow()
+    labels = common.get("labels")
+    if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+        raise ShardError(f"merge: the parts' manifests give no valid 'labels' ({labels!r}): they were changed")
+    return ParquetRows(
+        csv_columns(
+            labels, raw=common.get("calibration", "none") != "none", abstain=common.get("min_confidence") is not None
         )
-    # A prior fitted on each shard's own warm-up would give each part other labels than one run.
-    priors = {json.dumps(found[i][1]["fitted"], sort_keys=True) for i in found}
-    if len(priors) > 1:
-        raise ShardError("merge: the parts were calibrated with different fitted priors: they are not of one run")
-    expect_start = 0
+    )
+
+
+def _join_parts(found: _Parts, count: int, fmt: str, table_rows: Any) -> tuple[bytes, list[bytes], list[Any], int]:
+    """The parts' rows in input order, each part checked (its range, row count, checksum and
+    records): (the header, each row's bytes, the ids, the number of error rows)."""
+    expect_start, errors, header = 0, 0, b""
     pieces: list[bytes] = []
-    header = b""
-    errors = 0
     ids: list[Any] = []
     total = found[0][1]["input_rows"]
     for i in range(count):
@@ -242,25 +289,7 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
         start, end = sh["rows"]
         if start != expect_start or sh["input_rows"] != total:
             raise ShardError(f"merge: {p} covers input rows {start}..{end} where {expect_start}.. was due")
-        try:
-            data = Path(p).read_bytes()
-        except OSError as e:
-            raise ShardError(f"merge: cannot read {p} ({e.strerror})") from None
-        h, recs = _part_records(p, fmt, data)
-        if len(recs) != end - start:
-            raise ShardError(
-                f"merge: {p} holds {len(recs)} rows for input rows {start}..{end - 1} ({end - start}): "
-                "it was changed or cut; run that shard again with --resume"
-            )
-        recorded = sh["sha256"]
-        if recorded is not None:
-            got = hashlib.sha256(data).hexdigest()  # the part's exact bytes, header included
-            if got != recorded:
-                raise ShardError(
-                    f"merge: {p} (shard {i}/{count}) was changed after its run completed: its rows' sha256 is "
-                    f"{got[:12]}..., its manifest recorded {str(recorded)[:12]}...; run that shard again "
-                    "(mlx-slm classify ... --shard) rather than editing a part"
-                )
+        h, recs = _checked_part(p, sh, i, count, fmt)
         if fmt != "jsonl":
             if header and h and h != header:
                 raise ShardError(f"merge: {p} has another header than the first part")
@@ -279,28 +308,53 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
         expect_start = end
     if expect_start != total:
         raise ShardError(f"merge: the parts cover {expect_start} of the input's {total} rows")
-    checked = False
+    return header, pieces, ids, errors
+
+
+def _checked_part(p: str, sh: dict[str, Any], i: int, count: int, fmt: str) -> tuple[bytes, list[Any]]:
+    """A part's header and rows, once its row count and its bytes' sha256 match its record."""
+    start, end = sh["rows"]
+    try:
+        data = Path(p).read_bytes()
+    except OSError as e:
+        raise ShardError(f"merge: cannot read {p} ({e.strerror})") from None
+    h, recs = _part_records(p, fmt, data)
+    if len(recs) != end - start:
+        raise ShardError(
+            f"merge: {p} holds {len(recs)} rows for input rows {start}..{end - 1} ({end - start}): "
+            "it was changed or cut; run that shard again with --resume"
+        )
+    recorded = sh["sha256"]
+    if recorded is not None:
+        got = hashlib.sha256(data).hexdigest()  # the part's exact bytes, header included
+        if got != recorded:
+            raise ShardError(
+                f"merge: {p} (shard {i}/{count}) was changed after its run completed: its rows' sha256 is "
+                f"{got[:12]}..., its manifest recorded {str(recorded)[:12]}...; run that shard again "
+                "(mlx-slm classify ... --shard) rather than editing a part"
+            )
+    return h, recs
+
+
+def _check_input(common: dict[str, Any], ids: list[Any], fmt: str) -> bool:
+    """The input, when it can be read here, has the parts' ids and the sha256 they recorded;
+    False when it cannot be read (nothing checked)."""
+    from .output import input_sha256
+
     inp = common.get("input")
-    if check_input and isinstance(inp, str) and inp != "-" and Path(inp).is_file():
-        _check_ids(inp, common, ids, fmt)
-        recorded = common.get("input_sha256")
-        if recorded is not None:
-            got = sha256_file(Path(inp))
-            if got != recorded:
-                raise ShardError(
-                    f"merge: the input {inp} was changed after the parts were made (input_sha256 {got[:12]}..., "
-                    f"the parts recorded {str(recorded)[:12]}...): run the shards again on it, or merge with "
-                    "--no-input-check to join the parts of the old input"
-                )
-        checked = True
-    with atomic_writer(output, "wb", "-o") as f:
-        if table_rows is not None:
-            table_rows.write(f)
-        else:
-            f.write(header)
-            for piece in pieces:
-                f.write(piece)
-    return {"parts": count, "rows": len(pieces), "error_rows": errors, "ids_checked": checked, "format": out_fmt}
+    if not (isinstance(inp, str) and inp != "-" and Path(inp).is_file()):
+        return False
+    _check_ids(inp, common, ids, fmt)
+    recorded = common.get("input_sha256")
+    if recorded is not None:
+        got, _ = input_sha256(inp)
+        if got != recorded:
+            raise ShardError(
+                f"merge: the input {inp} was changed after the parts were made (input_sha256 {str(got)[:12]}..., "
+                f"the parts recorded {str(recorded)[:12]}...): run the shards again on it, or merge with "
+                "--no-input-check to join the parts of the old input"
+            )
+    return True
 
 
 def _part_records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[Any]]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ._fs import utc_now, write_json_atomic
 from .calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
 from .errors import UserError
-from .io import has_lone_surrogate
+from .io import has_lone_surrogate, json_error
 
 if TYPE_CHECKING:
     from .heads import Head
@@ -67,114 +67,22 @@ class Task:
     def from_dict(cls, d: Any, where: str = "task") -> Task:
         """A task from its JSON object, every field's type and value checked: a `TaskError`
         names the file (`where`), the field and the fix; nothing else is raised."""
-        from .labels import MODES
-        from .prompts import example_problem
-
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise TaskError(f'{where} is not an mlx-slm task file (no "format": "{FORMAT}")')
-        version = d.get("version", VERSION)
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise TaskError(
-                f"{where}: field 'version' must be an integer, got {version!r}: fix it (this mlx-slm writes {VERSION})"
-            )
-        if version > VERSION:
-            raise TaskError(f"{where} is task format version {version}; this mlx-slm reads up to {VERSION}: upgrade it")
-
-        def bad(key: str, want: str) -> TaskError:
-            got = d[key] if key in d else None
-            shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
-            kind = "missing" if key not in d else f"{shown} ({_kind(got)})"
-            return TaskError(f"{where}: field {key!r} must be {want}, got {kind}: fix it, or save the task again")
-
-        for key in ("model", "template"):
-            if not isinstance(d.get(key), str) or not d[key].strip():
-                raise bad(key, "a non-empty string")
-        labels = d.get("labels")
-        if not isinstance(labels, list) or not all(isinstance(x, str) and x.strip() for x in labels):
-            raise bad("labels", 'a list of non-empty strings, e.g. ["billing", "technical"]')
-        if d.get("system") is not None and not isinstance(d["system"], str):
-            raise bad("system", "a string or null")
-        if "{text}" not in d["template"]:
-            raise bad("template", "a string with a {text} placeholder")
-        for key in ("model", "template", "system"):
-            if isinstance(d.get(key), str) and has_lone_surrogate(d[key]):
-                raise TaskError(
-                    f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode): fix it"
-                )
-        if any(has_lone_surrogate(x) for x in labels):
-            raise TaskError(f"{where}: field 'labels' holds an unpaired surrogate escape (not valid Unicode): fix it")
-        scoring = d.get("scoring", "auto")
-        if scoring not in MODES:
-            raise bad("scoring", f"one of {', '.join(MODES)}")
-        warmup = d.get("warmup", DEFAULT_WARMUP)
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 2:
-            raise bad("warmup", f"an integer of at least 2 (the default is {DEFAULT_WARMUP})")
-        mc = d.get("min_confidence")
-        if mc is not None and (
-            isinstance(mc, bool) or not isinstance(mc, (int, float)) or not 0.0 <= mc <= 1.0  # NaN fails too
-        ):
-            raise bad("min_confidence", "a number from 0 to 1, or null")
-        sha = d.get("weights_sha256")
-        if sha is not None and not isinstance(sha, str):
-            raise bad("weights_sha256", "a string (the weights' sha256) or null")
-        versions = d.get("versions", {})
-        if not isinstance(versions, dict):
-            raise bad("versions", "an object")
-        examples = d.get("examples", [])
-        if not isinstance(examples, list):
-            raise bad("examples", 'a list of {"text": ..., "label": ...} objects')
-        ex: list[tuple[str, str]] = []
-        for i, e in enumerate(examples, 1):
-            if not isinstance(e, dict) or not isinstance(e.get("text"), str) or not isinstance(e.get("label"), str):
-                raise TaskError(
-                    f"{where}: field 'examples', example {i}: must be an object with string fields "
-                    '"text" and "label": fix it'
-                )
-            problem = example_problem(e["text"], e["label"], labels)
-            if problem:
-                raise TaskError(f"{where}: field 'examples', example {i}: {problem}")
-            ex.append((e["text"], e["label"]))
-        cal = d.get("calibration", "none")
-        if not isinstance(cal, dict) and cal not in ("none", "batch"):
-            raise bad("calibration", "'none', 'batch' or a fitted calibrator")
-        try:
-            spec = CalibrationSpec.from_dict(cal, warmup)
-        except CalibrationError as e:
-            raise TaskError(f"{where}: field 'calibration': {e}: save the task again") from None
-        fitted = spec.calibrator
-        if fitted is not None and list(fitted.labels) != labels:
-            raise TaskError(
-                f"{where}: field 'calibration' was fitted for the labels {list(fitted.labels)}, but the task's "
-                f"labels are {labels}: recalibrate (--calibrate ... --save-task)"
-            )
-        head = None
-        if d.get("head") is not None:
-            from .heads import Head, HeadError
-
-            try:
-                head = Head.from_dict(d["head"], f"{where}: field 'head'")
-            except HeadError as e:
-                raise TaskError(str(e)) from None
-            if list(head.labels) != labels:
-                raise TaskError(
-                    f"{where}: field 'head' was trained for the labels {list(head.labels)[:8]}, but the task's "
-                    f"labels are {labels[:8]}: train the head again (mlx-slm train ... --save-task)"
-                )
-            if spec.to_dict() != "none":
-                raise TaskError(
-                    f"{where}: a task with a learned head takes no calibration (field 'calibration' is not "
-                    "'none'): set it to \"none\", or train the head again"
-                )
+        _check_format(d, where)
+        labels = _prompt_fields(d, where)
+        scoring, warmup, mc, sha, versions = _run_fields(d, where)
+        examples = _examples(d, where, labels)
+        spec = _calibration(d, where, labels, warmup)
+        head = _head(d, where, labels, spec)
         return cls(
             model=d["model"],
             labels=tuple(labels),
             system=d.get("system"),
             template=d["template"],
             scoring=scoring,
-            examples=tuple(ex),
+            examples=examples,
             calibration=spec,
             warmup=warmup,
-            min_confidence=None if mc is None else float(mc),
+            min_confidence=mc,
             weights_sha256=sha,
             versions=versions,
             head=head,
@@ -200,7 +108,7 @@ class Task:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise TaskError(
-                f"task file {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): fix it, "
+                f"task file {path} is not valid JSON ({json_error(e, line=True)}): fix it, "
                 "or save the task again (--save-task)"
             ) from None
         except (ValueError, RecursionError) as e:
@@ -224,3 +132,163 @@ def _kind(v: Any) -> str:
     return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
         type(v), "a list" if isinstance(v, list) else "an object" if isinstance(v, dict) else type(v).__name__
     )
+
+
+# --------------------------------------------------------------------------- reading a task file, field by field
+
+# Every field a task file may hold (what `Task.to_dict` writes): any other is refused, so a
+# misspelt one (`min_confidance`) is not ignored without a word.
+FIELDS = (
+    "format",
+    "version",
+    "created",
+    "model",
+    "labels",
+    "system",
+    "template",
+    "scoring",
+    "examples",
+    "calibration",
+    "warmup",
+    "min_confidence",
+    "weights_sha256",
+    "versions",
+    "head",
+)
+
+
+def _bad(d: dict[str, Any], where: str, key: str, want: str) -> TaskError:
+    """The error for field `key` of the wrong type or value: what it must be, what it is."""
+    got = d[key] if key in d else None
+    shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
+    kind = "missing" if key not in d else f"{shown} ({_kind(got)})"
+    return TaskError(f"{where}: field {key!r} must be {want}, got {kind}: fix it, or save the task again")
+
+
+def _check_format(d: Any, where: str) -> None:
+    """An mlx-slm task object of a version this reads, with no field it does not know."""
+    import difflib
+
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise TaskError(f'{where} is not an mlx-slm task file (no "format": "{FORMAT}")')
+    version = d.get("version", VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TaskError(
+            f"{where}: field 'version' must be an integer, got {version!r}: fix it (this mlx-slm writes {VERSION})"
+        )
+    if version > VERSION:
+        raise TaskError(f"{where} is task format version {version}; this mlx-slm reads up to {VERSION}: upgrade it")
+    for key in d:
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TaskError(
+                f"{where}: unknown field {str(key)[:60]!r}{hint}: fix its name or remove it "
+                f"(a task file holds {', '.join(FIELDS)})"
+            )
+
+
+def _prompt_fields(d: dict[str, Any], where: str) -> list[str]:
+    """Model, labels, system and template checked; the labels."""
+    for key in ("model", "template"):
+        if not isinstance(d.get(key), str) or not d[key].strip():
+            raise _bad(d, where, key, "a non-empty string")
+    labels = d.get("labels")
+    if not isinstance(labels, list) or not all(isinstance(x, str) and x.strip() for x in labels):
+        raise _bad(d, where, "labels", 'a list of non-empty strings, e.g. ["billing", "technical"]')
+    if d.get("system") is not None and not isinstance(d["system"], str):
+        raise _bad(d, where, "system", "a string or null")
+    if "{text}" not in d["template"]:
+        raise _bad(d, where, "template", "a string with a {text} placeholder")
+    for key in ("model", "template", "system"):
+        if isinstance(d.get(key), str) and has_lone_surrogate(d[key]):
+            raise TaskError(f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode): fix it")
+    if any(has_lone_surrogate(x) for x in labels):
+        raise TaskError(f"{where}: field 'labels' holds an unpaired surrogate escape (not valid Unicode): fix it")
+    return labels
+
+
+def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, str | None, dict[str, str]]:
+    """Scoring, warm-up, confidence threshold, weights' sha256 and versions, checked."""
+    from .labels import MODES
+
+    scoring = d.get("scoring", "auto")
+    if scoring not in MODES:
+        raise _bad(d, where, "scoring", f"one of {', '.join(MODES)}")
+    warmup = d.get("warmup", DEFAULT_WARMUP)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 2:
+        raise _bad(d, where, "warmup", f"an integer of at least 2 (the default is {DEFAULT_WARMUP})")
+    mc = d.get("min_confidence")
+    if mc is not None and (
+        isinstance(mc, bool) or not isinstance(mc, (int, float)) or not 0.0 <= mc <= 1.0  # NaN fails too
+    ):
+        raise _bad(d, where, "min_confidence", "a number from 0 to 1, or null")
+    sha = d.get("weights_sha256")
+    if sha is not None and not isinstance(sha, str):
+        raise _bad(d, where, "weights_sha256", "a string (the weights' sha256) or null")
+    versions = d.get("versions", {})
+    if not isinstance(versions, dict):
+        raise _bad(d, where, "versions", "an object")
+    return scoring, warmup, None if mc is None else float(mc), sha, versions
+
+
+def _examples(d: dict[str, Any], where: str, labels: list[str]) -> tuple[tuple[str, str], ...]:
+    """The few-shot examples as (text, label) pairs, each checked against the labels."""
+    from .prompts import example_problem
+
+    examples = d.get("examples", [])
+    if not isinstance(examples, list):
+        raise _bad(d, where, "examples", 'a list of {"text": ..., "label": ...} objects')
+    ex: list[tuple[str, str]] = []
+    for i, e in enumerate(examples, 1):
+        if not isinstance(e, dict) or not isinstance(e.get("text"), str) or not isinstance(e.get("label"), str):
+            raise TaskError(
+                f"{where}: field 'examples', example {i}: must be an object with string fields "
+                '"text" and "label": fix it'
+            )
+        problem = example_problem(e["text"], e["label"], labels)
+        if problem:
+            raise TaskError(f"{where}: field 'examples', example {i}: {problem}")
+        ex.append((e["text"], e["label"]))
+    return tuple(ex)
+
+
+def _calibration(d: dict[str, Any], where: str, labels: list[str], warmup: int) -> CalibrationSpec:
+    """The calibration (a method, or a prior fitted for these labels)."""
+    cal = d.get("calibration", "none")
+    if not isinstance(cal, dict) and cal not in ("none", "batch"):
+        raise _bad(d, where, "calibration", "'none', 'batch' or a fitted calibrator")
+    try:
+        spec = CalibrationSpec.from_dict(cal, warmup)
+    except CalibrationError as e:
+        raise TaskError(f"{where}: field 'calibration': {e}: save the task again") from None
+    fitted = spec.calibrator
+    if fitted is not None and list(fitted.labels) != labels:
+        raise TaskError(
+            f"{where}: field 'calibration' was fitted for the labels {list(fitted.labels)}, but the task's "
+            f"labels are {labels}: recalibrate (--calibrate ... --save-task)"
+        )
+    return spec
+
+
+def _head(d: dict[str, Any], where: str, labels: list[str], spec: CalibrationSpec) -> Head | None:
+    """The learned head, if any: trained for these labels, and with no calibration beside it."""
+    if d.get("head") is None:
+        return None
+    from .heads import Head, HeadError
+
+    try:
+        head = Head.from_dict(d["head"], f"{where}: field 'head'")
+    except HeadError as e:
+        raise TaskError(str(e)) from None
+    if list(head.labels) != labels:
+        raise TaskError(
+            f"{where}: field 'head' was trained for the labels {list(head.labels)[:8]}, but the task's "
+            f"labels are {labels[:8]}: train the head again (mlx-slm train ... --save-task)"
+        )
+    if spec.to_dict() != "none":
+        raise TaskError(
+            f"{where}: a task with a learned head takes no calibration (field 'calibration' is not "
+            "'none'): set it to \"none\", or train the head again"
+        )
+    return head

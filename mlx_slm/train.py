@@ -244,13 +244,15 @@ def run_train(
     `read`: read_training_data's field options (fmt, text_field, gold_field, ...)."""
     from .convert import versions
     from .engine import Engine
-    from .prompts import fill_labels, read_examples
+    from .prompts import check_template, fill_system, read_examples
     from .task import Task
 
     if folds < 2:
         raise TrainError(f"--folds {folds}: cross-validation needs at least 2 folds")
     data = read_training_data(data_path, labels, folds=folds, **(read or {}))
-    system = fill_labels(system or None, data.labels, descriptions)
+    # As typed (--system, --template): every {word} checked, {{ }} literal braces.
+    system = fill_system(system or None, data.labels, descriptions)
+    template = check_template(template)
     examples = read_examples(examples_file, data.labels) if examples_file else ()
     progress(f"loading {model}")
     engine = Engine.load(model, dtype, dequantize)

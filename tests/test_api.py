@@ -72,6 +72,13 @@ def test_classify_frame_columns(clf):
     assert all(abs(s - 1) < 1e-9 for s in row_sums)
 
 
+def test_classify_frame_names_a_prefix_that_is_not_a_string(clf):
+    """Issue 26: prefix=5 raised a bare TypeError from inside (int + str)."""
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(TypeError, match=r"classify_frame\(prefix=\.\.\.\) takes a string.*got int 5"):
+        clf.classify_frame(pd.DataFrame({"text": ["hi"]}), prefix=5)
+
+
 def test_classify_frame_calibration_and_abstain_columns(clf):
     df = pd.DataFrame({"text": TEXTS})
     out = clf.classify_frame(df, calibration="batch", min_confidence=0.99)

@@ -169,3 +169,16 @@ def test_help_groups_options_into_sections_and_serve_shows_only_its_own():
         assert flag not in serve
     # In serve the text and gold fields name --calibration-data's, and say so by their section.
     assert serve.index("Calibration data options:") < serve.index("--text-field")
+
+
+def test_parity_input_says_which_rows_it_skipped(tmp_path, capsys):
+    """Issue 26: `parity --input` skipped rows it could not read without a word."""
+    from mlx_slm.cli.parity import _input_texts
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"text": "one"}\n{broken\n{"text": ""}\n{"text": "two"}\n{"text": "three"}\n')
+    assert _input_texts(str(inp), 2) == ["one", "two"]
+    err = capsys.readouterr().err
+    assert "2 row(s) that cannot be read were skipped (line 2, 3)" in err and "on 2 text(s)" in err
+    inp.write_text('{"text": "one"}\n')
+    assert _input_texts(str(inp), 5) == ["one"] and capsys.readouterr().err == ""

@@ -227,6 +227,27 @@ def test_plots_and_reports_are_never_written_through_a_link(tmp_path):
     assert (plots / "confusion.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_eval_refuses_a_linked_plot_file_before_printing_the_report(tiny_qwen_mlx, tmp_path):
+    """Issue 26: a link at --plots/reliability.png was found only after the report was printed."""
+    pytest.importorskip("matplotlib")
+    gold = tmp_path / "g.jsonl"
+    gold.write_text("".join(json.dumps({"text": t, "label": "a"}) + "\n" for t in ("one", "two")))
+    preds = tmp_path / "p.jsonl"
+    preds.write_text("".join(json.dumps({"id": i, "label": "a", "probs": {"a": 0.9, "b": 0.1}}) + "\n" for i in (1, 2)))
+    victim = tmp_path / "victim.png"
+    victim.write_text(VICTIM)
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    (plots / "reliability.png").symlink_to(victim)
+    args = ["eval", str(gold), "--labels", "a,b", "--predictions", str(preds), "--plots", str(plots)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "reliability.png" in r.output and "symbolic link" in r.output, r.output
+    assert "accuracy" not in r.output and victim.read_text() == VICTIM and not (plots / "confusion.png").exists()
+    os.unlink(plots / "reliability.png")
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and (plots / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+
+
 # ----------------------------------------------------------------- 3. merge trusts nothing it can check
 
 

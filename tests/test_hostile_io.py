@@ -94,6 +94,21 @@ def test_task_file_with_wrong_types_names_the_field(tmp_path, bad, words):
         assert w in str(e.value), (w, str(e.value))
 
 
+@pytest.mark.parametrize(
+    "key, hint",
+    [("min_confidance", "did you mean 'min_confidence'?"), ("Labels", "did you mean 'labels'?"), ("zzz", "")],
+)
+def test_task_file_with_an_unknown_field_names_it_and_the_closest_known_one(tmp_path, key, hint):
+    """Issue 26: a misspelt field was ignored without a word (the threshold silently off)."""
+    from mlx_slm.task import Task, TaskError
+
+    p = write(tmp_path / "task.json", json.dumps(_task(**{key: 0.7})))
+    with pytest.raises(TaskError) as e:
+        Task.load(p)
+    assert str(p) in str(e.value) and f"unknown field {key!r}" in str(e.value) and hint in str(e.value)
+    assert Task.load(write(tmp_path / "ok.json", json.dumps(_task(created="2026-01-01", min_confidence=0.7))))
+
+
 def test_task_file_bytes_json_and_cli(tmp_path):
     from mlx_slm.task import Task, TaskError
 

@@ -433,3 +433,137 @@ def test_eval_predictions_from_another_input_are_refused(tiny_qwen_mlx, tmp_path
     assert run(["classify", str(other), "-o", str(preds), *cli(tiny_qwen_mlx)]).exit_code == 0
     r = CliRunner().invoke(main, ["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
     assert r.exit_code == 2 and "not the output for this input" in r.output
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_parquet_run_leaves_no_parquet_file(tiny_qwen_mlx, tmp_path, sig):
+    """Issue 26: Ctrl-C on a Parquet run wrote a valid file with the rows done so far. The
+    input comes through a pipe left open, so the run is stopped mid-way for certain: its
+    batch calibration is fitted (rows classified) and the input is not finished."""
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "o.parquet"
+    out.write_bytes(b"an older output")  # would outlive the run and pass for its output
+    args = ["classify", "-", "-o", str(out), "--format", "jsonl", "--calibrate", "batch", "--warmup", "6"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "mlx_slm.cli", *args, *cli(tiny_qwen_mlx, "--window", "2")],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    p.stdin.write("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS[:20])))
+    p.stdin.flush()
+    manifest = manifest_path(str(out))
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        if manifest.exists() and json.loads(manifest.read_text()).get("fitted_calibrator"):
+            break
+        time.sleep(0.02)
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(sig)
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
+    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+    assert json.loads(manifest.read_text())["complete"] is False
+    if sig == signal.SIGINT:
+        assert "Traceback" not in err and not Path(str(out) + ".lock").exists()
+
+
+def _edit_in_place(path: Path) -> None:
+    """One text changed, the size and the ids kept."""
+    data = path.read_text()
+    i = data.index('"text": "') + len('"text": "')
+    path.write_text(data[:i] + ("X" if data[i] != "X" else "Y") + data[i + 1 :])
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "csv"])
+def test_resume_refuses_an_input_edited_in_place_at_the_same_size(tiny_qwen_mlx, tmp_path, ext):
+    """Issue 26: the manifest pinned only the input's path and size, so a resume after an
+    edit in place kept rows of the old content. It pins the input's sha256 now."""
+    inp = jsonl_input(tmp_path / "in.jsonl", TEXTS[:6])
+    out = tmp_path / f"o.{ext}"
+    assert run(["classify", str(inp), "-o", str(out), *cli(tiny_qwen_mlx)]).exit_code == 0
+    settings = json.loads(manifest_path(str(out)).read_text())["settings"]
+    import hashlib
+
+    assert settings["input_sha256"] == hashlib.sha256(inp.read_bytes()).hexdigest()
+    before, size = out.read_bytes(), inp.stat().st_size
+    _edit_in_place(inp)
+    assert inp.stat().st_size == size
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), "--resume", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2, r.output
+    assert str(inp) in r.output and "edited in place" in r.output and "without --resume" in r.output
+    assert out.read_bytes() == before
+    # A manifest of an older mlx-slm (no input_sha256) cannot be checked: refused, saying so.
+    doc = json.loads(manifest_path(str(out)).read_text())
+    del doc["settings"]["input_sha256"]
+    manifest_path(str(out)).write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(out), "--resume", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 2 and "older mlx-slm" in r.output and out.read_bytes() == before
+    assert run(["classify", str(inp), "-o", str(out), *cli(tiny_qwen_mlx)]).exit_code == 0  # the way out
+
+
+def test_a_manifest_says_when_its_input_was_not_hashed(tiny_qwen_mlx, tmp_path):
+    out = tmp_path / "o.jsonl"
+    assert run(["classify", "-", "-o", str(out), *cli(tiny_qwen_mlx)], input="hello\nworld\n").exit_code == 0
+    settings = json.loads(manifest_path(str(out)).read_text())["settings"]
+    assert settings["input"] == "-" and settings["input_sha256"] is None
+    assert "standard input" in settings["input_not_hashed"]
+
+
+def test_eval_refuses_predictions_of_another_input_with_line_number_ids(tiny_qwen_mlx, tmp_path):
+    """Issue 26: ids that are line numbers match in any input of that length; the
+    predictions' manifest says which content they were made from."""
+    gold = tmp_path / "g.jsonl"
+    gold.write_text("".join(json.dumps({"text": t, "label": "a"}) + "\n" for t in TEXTS[:4]))
+    preds = tmp_path / "p.jsonl"
+    assert run(["classify", str(gold), "-o", str(preds), *cli(tiny_qwen_mlx)]).exit_code == 0
+    ok = run(["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
+    assert ok.exit_code == 0 and "accuracy" in ok.output
+    _edit_in_place(gold)
+    r = CliRunner().invoke(main, ["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
+    assert r.exit_code == 2, r.output
+    assert "not the output for this input" in r.output and f"mlx-slm classify {gold} -o {preds}" in r.output
+    # An unfinished output is refused, naming the way out.
+    m = manifest_path(str(preds))
+    doc = json.loads(m.read_text())
+    m.write_text(json.dumps({**doc, "complete": False}))
+    r = CliRunner().invoke(main, ["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)])
+    assert r.exit_code == 2 and "unfinished" in r.output and "--resume" in r.output
+    # Without a manifest (predictions made otherwise), rows are checked by id only.
+    m.unlink()
+    assert run(["eval", str(gold), "--labels", "a,b,c", "--predictions", str(preds)]).exit_code == 0
+
+
+def test_a_resumed_batch_calibrated_run_does_not_call_its_items_labelled(tiny_qwen_mlx, tmp_path):
+    """Issue 26: the summary of a resumed batch run said "6 labelled items" (batch uses no labels)."""
+    inp = jsonl_input(tmp_path / "in.jsonl", TEXTS[:12])
+    args = ["--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "--window", "4", "--calibrate", "batch"]
+    full = tmp_path / "full.jsonl"
+    assert run(["classify", str(inp), "-o", str(full), *args, "--warmup", "6", "-q"]).exit_code == 0
+    written, _ = scan_output(str(full), "jsonl", csv_columns(["a", "b", "c"], raw=True))
+    part = tmp_path / "part.jsonl"
+    _interrupted_copy(full, part, written[7].end)
+    r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(part), "--resume", *args, "--warmup", "6"])
+    assert r.exit_code == 0, r.output
+    assert "the prior the interrupted run fitted, from the first 6 items of this input" in r.output
+    assert "labelled" not in r.output and part.read_bytes() == full.read_bytes()
+
+
+def test_json_errors_say_where_without_a_doubled_at(tiny_qwen_mlx, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "a", "text": "never closed\n')
+    r = run(["classify", str(inp), *cli(tiny_qwen_mlx)])
+    err = json.loads(r.stdout.splitlines()[0])["error"]
+    assert "Unterminated string starting at column 21" in err and "at at" not in err
+
+
+def test_a_parquet_output_is_locked_without_being_created(tmp_path):
+    """A Parquet output appears only when complete: its lock holds the lock file alone, and a
+    second run on it is refused naming the holder."""
+    out = tmp_path / "o.parquet"
+    with OutputLock(str(out), create=False):
+        assert not out.exists() and Path(str(out) + ".lock").exists()
+        with pytest.raises(Exception, match=f"another mlx-slm run \\(pid {os.getpid()}"):
+            with OutputLock(str(out), create=False):
+                pass
+    assert not out.exists() and not Path(str(out) + ".lock").exists()

@@ -85,3 +85,58 @@ def test_base_model_labels_follow_the_prompt_after_a_space(tmp_path):
     ls = build_labelset(tok, ["billing", "technical"], probe)
     for lab, ids in zip(ls.labels, ls.token_ids):
         assert tok.decode(list(ids)) == " " + lab
+
+
+def test_typed_system_and_template_refuse_unknown_placeholders_and_unescape_braces():
+    """Issue 26: `{label}` in --system reached the model literally (a typo of `{labels}`)."""
+    from mlx_slm.prompts import check_template, fill_system
+
+    labels = ["a", "b"]
+    assert fill_system('One of {labels}. Reply {{"label": {{"x": 1}}}}, {"k": 1}', labels) == (
+        'One of a, b. Reply {"label": {"x": 1}}, {"k": 1}'
+    )
+    assert fill_system("{{{labels}}}", labels) == "{a, b}"
+    assert fill_system("{label_descriptions}", labels, {"a": "the {first}"}) == "- a: the {first}\n- b"
+    assert check_template("Id {{n}}: {text}") == "Id {n}: {text}"
+    for bad, words in [
+        ("Use {label}", ["--system holds {label}", "did you mean {labels}?", "{{label}}"]),
+        ("x {foo}", ["{foo}", "not a placeholder", "{labels}, {label_descriptions}"]),
+        ("x {text}", ["{text}", "the template"]),
+        ("x {{labels}}", ["escaped {labels}"]),
+    ]:
+        with pytest.raises(PromptError) as e:
+            fill_system(bad, labels)
+        assert all(w in str(e.value) for w in words), str(e.value)
+    for bad, words in [
+        ("{txt}", ["the template holds {txt}", "did you mean {text}?"]),
+        ("{labels} {text}", ["--system"]),
+    ]:
+        with pytest.raises(PromptError) as e:
+            check_template(bad)
+        assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_cli_refuses_an_unknown_placeholder_before_work_and_keeps_braces_in_texts(tiny_qwen_mlx, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from mlx_slm.cli import main
+    from mlx_slm.output import manifest_path
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"id": 1, "text": 'json {"label": {foo}} here'}) + "\n")
+    shots = tmp_path / "shots.jsonl"
+    shots.write_text(json.dumps({"text": "{label} {{x}}", "label": "a"}) + "\n")
+    out = tmp_path / "o.jsonl"
+    base = ["classify", str(inp), "-o", str(out), "--model", str(tiny_qwen_mlx), "--labels", "a,b", "-q"]
+    r = CliRunner().invoke(main, [*base, "--system", "Pick one of {label}."])
+    assert r.exit_code == 2 and "did you mean {labels}?" in r.output and not out.exists()
+    r = CliRunner().invoke(main, [*base, "--template", "T: {txt}"])
+    assert r.exit_code == 2 and "did you mean {text}?" in r.output and not out.exists()
+    system = 'Pick one of {labels}; reply as {{"label": ...}}.'
+    r = CliRunner().invoke(main, [*base, "--system", system, "--examples", str(shots)])
+    assert r.exit_code == 0, r.output
+    settings = json.loads(manifest_path(str(out)).read_text())["settings"]
+    assert settings["system"] == 'Pick one of a, b; reply as {"label": ...}.'
+    assert settings["examples"] == [["{label} {{x}}", "a"]]

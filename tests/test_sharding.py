@@ -326,3 +326,76 @@ def test_merge_into_parquet(tiny_qwen_mlx, tmp_path, part_fmt):
     if part_fmt == "parquet":
         r = _merge(*parts, "-o", str(tmp_path / "m.jsonl"))
         assert r.exit_code == 2 and "Parquet" in r.output
+
+
+_BIG = 1 << 63  # one past int64's largest
+
+
+@pytest.mark.parametrize("out_fmt", ["jsonl", "csv", "tsv", "parquet"])
+def test_ids_of_every_size_and_type_reach_every_output_format_and_merge_exactly(tiny_qwen_mlx, tmp_path, out_fmt):
+    """Issue 26: an integer id beyond int64 made a Parquet run die at its writer after all the
+    work (exit 70, no rows). Ids int64 cannot hold go to a string column with `id_is_int`; bool
+    and float ids are error rows (id null); every format and merge keep every id exactly."""
+    if out_fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    from mlx_slm.output import read_records
+
+    ids = [_BIG, -_BIG - 1, _BIG - 1, -_BIG, 10**40, "s", "1", 1, True, 1.5]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "text": TEXTS[k]}) + "\n" for k, i in enumerate(ids)))
+    want = [i if not isinstance(i, (bool, float)) else None for i in ids]
+    if out_fmt in ("csv", "tsv"):  # CSV ids are strings
+        want = ["" if i is None else str(i) for i in want]
+    whole = tmp_path / f"whole.{out_fmt}"
+    r = run(["classify", str(inp), "-o", str(whole), "--window", "2", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 1, r.output  # the bool and float ids are error rows, the rest classified
+    assert [x.fields["id"] for x in read_records(str(whole), out_fmt) if x.row > 0] == want
+    parts = []
+    for i in range(2):
+        p = str(tmp_path / f"p{i}.{out_fmt}")
+        r = run(["classify", str(inp), "-o", p, "--window", "2", "--shard", f"{i}/2", *cli(tiny_qwen_mlx)])
+        assert r.exit_code in (0, 1), r.output
+        parts.append(p)
+    merged = tmp_path / f"m.{out_fmt}"
+    assert run(["merge", *parts, "-o", str(merged)]).exit_code == 0
+    assert merged.read_bytes() == whole.read_bytes() or out_fmt == "parquet"
+    assert [x.fields["id"] for x in read_records(str(merged), out_fmt) if x.row > 0] == want
+    if out_fmt != "parquet":  # merged into Parquet from text parts: the same ids, typed as the parts had them
+        pytest.importorskip("pyarrow")
+        pq_merged = tmp_path / "m.parquet"
+        assert run(["merge", *parts, "-o", str(pq_merged)]).exit_code == 0
+        assert [x.fields["id"] for x in read_records(str(pq_merged), "parquet")] == [
+            None if i == "" else i for i in want
+        ]
+
+
+def test_parquet_id_column_is_int64_only_when_every_integer_fits(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    from mlx_slm.output import ParquetRows, csv_columns, parquet_records
+
+    for ids, typ, flag in (
+        ([1, -(1 << 63), (1 << 63) - 1], pa.int64(), False),
+        ([1, 1 << 63], pa.string(), True),
+        ([-(1 << 63) - 1, None], pa.string(), True),
+        (["a", None], pa.string(), False),
+    ):
+        rows = ParquetRows(csv_columns(["x"]))
+        for i in ids:
+            rows.add({"id": i, "label": "x", "probs": {"x": 1.0}})
+        t = rows.table()
+        assert t.schema.field("id").type == typ and ("id_is_int" in t.schema.names) == flag
+        assert [r["id"] for r in parquet_records(t)] == ids
+
+
+def test_merge_names_the_part_made_from_other_input_content(two_parts, tiny_qwen_mlx, tmp_path):
+    """Each part's manifest pins the input's sha256: parts of two contents of one file are
+    refused, even with --no-input-check, naming the part and the way out."""
+    inp, (p0, p1) = two_parts
+    data = inp.read_text()
+    i = data.index('"text": "') + len('"text": "')
+    inp.write_text(data[:i] + ("X" if data[i] != "X" else "Y") + data[i + 1 :])
+    r = run(["classify", str(inp), "-o", p1, "--window", "4", "--shard", "1/2", *cli(tiny_qwen_mlx)])
+    assert r.exit_code == 0
+    r = _merge(p0, p1, "-o", str(tmp_path / "m.jsonl"), "--no-input-check")
+    assert r.exit_code == 2 and f"{p1} was made from other input content than {p0}" in r.output
+    assert "run every shard again" in r.output and not (tmp_path / "m.jsonl").exists()

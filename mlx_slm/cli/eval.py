@@ -46,7 +46,7 @@ def evaluate(
       mlx-slm eval tickets.jsonl --calibrate batch --plots eval/ --json eval.json
       mlx-slm eval tickets.jsonl --predictions preds.jsonl   # no model run
     """
-    from ..evaluate import format_report, plot, read_predictions, report
+    from ..evaluate import format_report, plot, plot_paths, read_predictions, report
     from ..io import read_rows
 
     setup = Setup(task_settings(ctx, o))
@@ -56,10 +56,12 @@ def evaluate(
     if plots:  # made now (parents too), so an unwritable place fails before the model runs
         _plots_folder(plots)
         check_outputs(inputs, [("--plots", plots)])
+        # The files in it too (a link placed at confusion.png): refused now, not after the report.
+        check_outputs(inputs, [("--plots", str(p)) for p in plot_paths(plots)])
     rows = list(read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required))
     labels = setup.labels
     if predictions:
-        preds = read_predictions(predictions, rows)
+        preds = read_predictions(predictions, rows, input)
     else:
         warn_blas()
         labels, preds = _predict(setup, rows)

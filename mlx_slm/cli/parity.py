@@ -9,7 +9,7 @@ import click
 
 from ..errors import UserError
 from ..job import err
-from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, fill_labels
+from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
 from ..registry import BUILTINS, DEFAULT_MODEL
 from .base import ESCAPES_HELP, Command, escapes, warn_blas
 
@@ -92,7 +92,6 @@ def parity(
     MLX-quantized directory, (a) runs Transformers on its dequantized values and (c)
     checks our labels against mlx-lm's own forward on the directory (a failure too).
     """
-    from ..io import read_rows
     from ..labels import parse_labels
     from ..parity import format_report, run_parity
     from ..reference import require_torch
@@ -114,25 +113,21 @@ def parity(
     if questions_file:
         _question_parity(model, reference, questions_file, n, input_path, system, template, dtype, as_json)
         return
-    if input_path:
-        rows = [r for r in read_rows(input_path) if r.error is None][:n]
-        texts = [r.text for r in rows]
-        if not texts:
-            raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
-    else:
-        texts = _workload_sample(model, n, system, template)
     descriptions: dict[str, str] = {}
     if labels_file:
         from ..io import read_label_descriptions
 
         descriptions = read_label_descriptions(labels_file)
     labels = list(descriptions) if labels_file else parse_labels(labels_csv)
+    # As typed: every {word} checked, {{ }} literal braces (before any work).
+    system, template = fill_system(system, labels, descriptions) or "", check_template(template)
+    texts = _input_texts(input_path, n) if input_path else _workload_sample(model, n, system, template)
     r = run_parity(
         model,
         reference,
         texts,
         labels,
-        fill_labels(system, labels, descriptions) or None,
+        system or None,
         template,
         dtype=dtype,
         progress=lambda m: err(f"mlx-slm: {m}"),
@@ -147,7 +142,6 @@ def _question_parity(
     model: str, reference: str | None, path: str, n: int, input_path: str | None, system: str, template: str,
     dtype: str | None, as_json: bool,
 ) -> None:  # fmt: skip
-    from ..io import read_rows
     from ..parity import format_question_report, run_question_parity
     from ..questions import DEFAULT_SYSTEM as Q_SYSTEM
     from ..questions import DEFAULT_TEMPLATE as Q_TEMPLATE
@@ -157,9 +151,7 @@ def _question_parity(
     system = Q_SYSTEM if system == DEFAULT_SYSTEM else system
     template = Q_TEMPLATE if template == DEFAULT_TEMPLATE else template
     if input_path:
-        texts = [r.text for r in read_rows(input_path) if r.error is None][:n]
-        if not texts:
-            raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
+        texts = _input_texts(input_path, n)
     else:
         from ..workload import tickets
 
@@ -176,19 +168,13 @@ def _question_parity(
 def _head_parity(
     task_file: str, n: int, input_path: str | None, dtype: str | None, as_json: bool, keep_quantized: bool | None
 ) -> None:
-    from ..io import read_rows
     from ..parity import format_head_report, run_head_parity
     from ..task import Task
 
     t = Task.load(task_file)
     if t.head is None:
         raise click.UsageError(f"--task {task_file} has no learned head: parity --task checks heads (mlx-slm train)")
-    if input_path:
-        texts = [r.text for r in read_rows(input_path) if r.error is None][:n]
-        if not texts:
-            raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
-    else:
-        texts = _workload_sample(t.model, n, t.system or "", t.template)
+    texts = _input_texts(input_path, n) if input_path else _workload_sample(t.model, n, t.system or "", t.template)
     r = run_head_parity(
         t,
         texts,
@@ -199,6 +185,31 @@ def _head_parity(
     click.echo(json.dumps(r, indent=2) if as_json else format_head_report(r))
     if not r["forward_ok"]:
         sys.exit(1)
+
+
+def _input_texts(input_path: str, n: int) -> list[str]:
+    """The first `n` readable texts of --input; the rows that cannot be read are skipped, and a
+    notice on stderr says how many and on which lines (the report covers only the rest)."""
+    from ..io import read_rows
+
+    texts: list[str] = []
+    skipped: list[int] = []
+    for r in read_rows(input_path):
+        if len(texts) >= n:
+            break
+        if r.error is None:
+            texts.append(r.text)
+        else:
+            skipped.append(r.line)
+    if not texts:
+        raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
+    if skipped:
+        shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        err(
+            f"mlx-slm: note: --input {input_path}: {len(skipped)} row(s) that cannot be read were skipped "
+            f"(line {shown}); parity ran on {len(texts)} text(s)"
+        )
+    return texts
 
 
 def _workload_sample(model: str, n: int, system: str, template: str) -> list[str]:
