@@ -226,6 +226,9 @@ class Classifier:
                 "through mlx-lm's class: ask one question (--labels) per run"
             )
         self.plan = QuestionPlan(self.engine.tokenizer, questions, system, template)
+        for q in self.plan.questions:
+            if q.head is not None:
+                _check_head(q.head, self.engine, "auto", False, "trie")
         self.head, self.label_pass, self.keep_logits, self.truncate = None, "trie", False, None
         self.calibration, self.min_confidence, self.warmup = CalibrationSpec.of("none"), None, DEFAULT_WARMUP
         self.format = self.plan.blocks[0].fmt
@@ -278,7 +281,7 @@ class Classifier:
         t = task if isinstance(task, Task) else Task.load(task)
         engine = engine or Engine.load(t.model, dtype, dequantize)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
-        if engine.path is not None and (t.calibration.fitted or t.head is not None):
+        if engine.path is not None and (t.calibration.fitted or t.heads):
             t.check_weights(engine.weights_sha256, str(engine.path))
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
@@ -289,6 +292,8 @@ class Classifier:
             )
         # Run settings may be overridden, as classify's own arguments can.
         run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
+        if t.questions:
+            return cls(engine, system=t.system, template=t.template, questions=t.questions, **kwargs)
         return cls(engine, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples, head=t.head, **run)
 
     @property

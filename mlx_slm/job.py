@@ -144,11 +144,11 @@ class Setup:
         self.examples: Any = ()
         self.questions: Any = None
         self.calibration = CalibrationSpec.of(o.calibrate)
-        if o.questions_file:
-            self._read_questions()
-            return
         if o.task_file:
             self._take_task(o.task_file)
+        if o.questions_file or self.questions is not None:
+            self._read_questions()
+            return
         self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
         if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
             o.template = check_template(o.template)
@@ -170,7 +170,7 @@ class Setup:
         o, given = self.o, self.given
         t = self.task = Task.load(path)
         defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
-        if t.head is not None:
+        if t.heads:
             _check_head_options(given)
         if t.calibration.fitted and defining and "calibrate" not in given:
             raise UsageError(
@@ -192,18 +192,20 @@ class Setup:
             if k not in given:
                 setattr(o, k, v)
         self.labels = list(t.labels) if not ({"labels_csv", "labels_file"} & given) else None
+        if t.questions:
+            self.questions = tuple(t.questions)
         self.examples = t.examples if "examples_file" not in given else ()
         if "calibrate" not in given:
             self.calibration = t.calibration
 
     def _read_questions(self) -> None:
-        """--questions: each question carries its labels; the label-scoring options do not apply."""
-        from .questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, read_questions
+        """--questions (added to a task's own, if any): each question carries its labels; the
+        label-scoring options do not apply."""
+        from .questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, QuestionError, check_questions, read_questions
 
         o = self.o
         clash = {
-            "labels_csv", "labels_file", "examples_file", "scoring", "truncate", "min_confidence", "task_file",
-            "calibration_data", "save_task",
+            "labels_csv", "labels_file", "examples_file", "scoring", "truncate", "min_confidence", "calibration_data",
         } & self.given  # fmt: skip
         if o.calibrate != "none":
             clash.add("calibrate")
@@ -212,14 +214,26 @@ class Setup:
                 f"--questions does not go with {flag_names(clash)}: each question carries its own labels"
                 + ("" if clash & {"labels_csv", "labels_file"} else " (not supported with --questions yet)")
             )
-        self.questions = read_questions(o.questions_file)
-        # As typed: every {word} checked ({text} and {question} in the template), {{ }} literal braces.
-        o.system = check_plain_system(o.system) if "system" in self.given else DEFAULT_SYSTEM
-        o.template = (
-            check_template(o.template, placeholders=("text", "question"))
-            if "template" in self.given
-            else DEFAULT_TEMPLATE
-        )
+        if self.task is not None and not self.task.questions:
+            raise UsageError(
+                f"--task {o.task_file} asks one question (its labels): --questions goes with a task of questions "
+                "(saved by classify --questions --save-task, or train --label-field A --label-field B)"
+            )
+        if o.questions_file:
+            try:
+                self.questions = check_questions([*(self.questions or ()), *read_questions(o.questions_file)])
+            except QuestionError as e:
+                raise QuestionError(f"--questions {o.questions_file} with the task's questions: {e}") from None
+        # As typed: every {word} checked ({text} and {question} in the template), {{ }} literal braces;
+        # otherwise the task's, or the defaults for questions.
+        if "system" in self.given:
+            o.system = check_plain_system(o.system)
+        elif self.task is None:
+            o.system = DEFAULT_SYSTEM
+        if "template" in self.given:
+            o.template = check_template(o.template, placeholders=("text", "question"))
+        elif self.task is None:
+            o.template = DEFAULT_TEMPLATE
 
     def _read_labels(self) -> None:
         from .labels import parse_labels
@@ -263,7 +277,7 @@ class Setup:
         )
         self.clf = Classifier.load(**self.load_kwargs)
         self.weights = self.clf.engine.weights_sha256
-        if self.task is not None and (self.origin == "task" or self.task.head is not None):  # same weights only
+        if self.task is not None and (self.origin == "task" or self.task.heads):  # same weights only
             self.task.check_weights(self.weights, o.model)
         if self.calibration.needs_data:
             self.calibration = self._fit(self.calibration)
@@ -347,13 +361,14 @@ class Setup:
             labels=tuple(self.clf.labels),
             system=self.o.system or None,
             template=self.o.template,
-            scoring=self.clf.mode,
+            scoring="auto" if self.clf.questions else self.clf.mode,
             examples=self.clf.format.examples,
             calibration=cal,
             warmup=self.o.warmup,
             min_confidence=self.o.min_confidence,
             weights_sha256=self.weights,
             versions=versions(),
+            questions=tuple(self.clf.questions or ()),
         )
         t.save(path)
         if not self.o.quiet:
@@ -611,7 +626,7 @@ class ClassifyJob:
         return {
             "weights_sha256": self.setup.weights,
             "labels": list(clf.labels),
-            **({"questions": [q.to_dict() for q in clf.questions]} if clf.questions is not None else {}),
+            **({"questions": [q.record() for q in clf.questions]} if clf.questions is not None else {}),
             "system": o.system or None,
             "template": o.template,
             "scoring": clf.mode,

@@ -137,7 +137,12 @@ class Question:
             raise QuestionError(f"{where}: a head question takes name, kind and head, not {extra[0]!r}")
         if not isinstance(d.get("name"), str):
             raise QuestionError(f"{where}: field 'name' must be a string, got {d.get('name')!r}")
-        head = Head.from_dict(d["head"], f"{where} head")
+        from .heads import HeadError
+
+        try:
+            head = Head.from_dict(d["head"], f"{where} head")
+        except HeadError as e:
+            raise QuestionError(str(e)) from None
         return cls(d["name"], d.get("question") or "", "head", tuple(head.labels), head=head)
 
     def __post_init__(self) -> None:
@@ -242,6 +247,14 @@ class Question:
         except ValueError:
             pass
         return np.arange(1, len(self.labels) + 1, dtype=np.float64)
+
+    def record(self) -> dict[str, Any]:
+        """What a run's manifest records: the question, a head by its sha256 and parts (not its weights)."""
+        if self.kind == "head":
+            h = self.head
+            return {"name": self.name, "kind": "head", "labels": list(self.labels), "sha256": h.sha256,
+                    "layers": list(h.layers), "poolings": list(h.poolings)}  # fmt: skip
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "head":

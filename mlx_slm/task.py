@@ -21,6 +21,7 @@ from ._fs import utc_now, write_json_atomic
 from .calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
 from .errors import UserError
 from .io import has_lone_surrogate, json_error
+from .questions import Question, QuestionError, check_questions
 
 if TYPE_CHECKING:
     from .heads import Head
@@ -48,16 +49,28 @@ class Task:
     weights_sha256: str | None = None
     versions: dict[str, str] = field(default_factory=dict, compare=False)
     head: Head | None = field(default=None, compare=False)  # a learned head (`mlx-slm train`)
+    # Several questions per text (`classify --questions`, `train --label-field A --label-field B`):
+    # zero-shot questions and learned heads, asked in one pass; `labels` is empty then.
+    questions: tuple[Question, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
 
+    @property
+    def heads(self) -> list[Head]:
+        """Every learned head the task holds (its own, or its head questions')."""
+        return [h for h in [self.head, *(q.head for q in self.questions)] if h is not None]
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, head=None))
+        d = asdict(replace(self, head=None, questions=()))
         if self.head is not None:
             d["head"] = self.head.to_dict()
         else:
             del d["head"]
+        if self.questions:
+            d["questions"] = [q.to_dict() for q in self.questions]
+        else:
+            del d["questions"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
         d["calibration"] = self.calibration.to_dict()  # type: ignore[union-attr]
@@ -73,6 +86,7 @@ class Task:
         examples = _examples(d, where, labels)
         spec = _calibration(d, where, labels, warmup)
         head = _head(d, where, labels, spec)
+        questions = _questions(d, where, labels, spec, head)
         return cls(
             model=d["model"],
             labels=tuple(labels),
@@ -86,6 +100,7 @@ class Task:
             weights_sha256=sha,
             versions=versions,
             head=head,
+            questions=questions,
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -120,7 +135,7 @@ class Task:
         """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
             what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
-            if self.head is not None:
+            if self.heads:
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
                 f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
@@ -154,6 +169,7 @@ FIELDS = (
     "weights_sha256",
     "versions",
     "head",
+    "questions",
 )
 
 
@@ -292,3 +308,23 @@ def _head(d: dict[str, Any], where: str, labels: list[str], spec: CalibrationSpe
             "'none'): set it to \"none\", or train the head again"
         )
     return head
+
+
+def _questions(
+    d: dict[str, Any], where: str, labels: list[str], spec: CalibrationSpec, head: Head | None
+) -> tuple[Question, ...]:
+    """Several questions (zero-shot ones and learned heads), checked one by one and as a set."""
+    if "questions" not in d:
+        return ()
+    qs = d["questions"]
+    if not isinstance(qs, list) or not qs:
+        raise _bad(d, where, "questions", "a non-empty list of questions")
+    if labels or head is not None or spec.applies:
+        raise TaskError(
+            f"{where}: a task with 'questions' has no labels, head or calibration of its own (each question "
+            "carries its own): fix it, or save the task again"
+        )
+    try:
+        return check_questions([Question.from_dict(q, f"{where}: question {i}") for i, q in enumerate(qs, 1)])
+    except QuestionError as e:
+        raise TaskError(str(e)) from None

@@ -294,3 +294,59 @@ def _has_features_only() -> bool:
     from mlx_slm.classifier import Classifier
 
     return "features_only" in inspect.signature(Classifier).parameters
+
+
+def test_a_task_of_questions_round_trips_with_a_head(tiny_qwen_mlx, tmp_path):
+    """classify --questions --save-task, then --task: the same answers; a task holding a head
+    question takes more zero-shot questions with --questions; the file's mistakes are named."""
+    from mlx_slm.cli import main
+    from mlx_slm.convert import weights_sha256
+    from mlx_slm.engine import Engine
+    from mlx_slm.heads import Head, fit_linear
+    from mlx_slm.task import Task, TaskError
+    from mlx_slm.train import head_classifier
+    from mlx_slm.workload import tickets
+
+    run = CliRunner().invoke
+    m = str(tiny_qwen_mlx)
+    qf = tmp_path / "q.jsonl"
+    qf.write_text("\n".join(json.dumps(q.to_dict()) for q in QUESTIONS[:3]) + "\n")
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, (t, _) in enumerate(tickets(8))))
+    task = tmp_path / "task.json"
+    r = run(main, ["classify", str(inp), "--model", m, "--questions", str(qf), "-o", str(tmp_path / "a.jsonl"),
+                   "--save-task", str(task), "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    saved = json.loads(task.read_text())
+    assert saved["labels"] == [] and [q["name"] for q in saved["questions"]] == ["team", "urgent", "mood"]
+    r = run(main, ["classify", str(inp), "--task", str(task), "-o", str(tmp_path / "b.jsonl"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
+    # a head question (trained on the task's own prompt) beside three zero-shot ones
+    t = Task.load(task)
+    eng = Engine.load(m)
+    texts = [x for x, _ in tickets(24)]
+    feats, _, _ = head_classifier(eng, ("billing", "technical", "account"), t.system, t.template).features(texts, [2])
+    y = np.arange(len(texts)) % 3
+    head = Head(("billing", "technical", "account"), (2,), *fit_linear(feats["last"][:, 0], y, 3, "lda"), kind="lda")
+    with_head = Task(m, (), t.system, t.template, weights_sha256=weights_sha256(tiny_qwen_mlx),
+                     questions=(Question("routed", "", "head", head.labels, head=head),))  # fmt: skip
+    with_head.save(tmp_path / "head.json")
+    r = run(main, ["classify", str(inp), "--task", str(tmp_path / "head.json"), "--questions", str(qf),
+                   "--save-task", str(tmp_path / "mixed.json"), "-o", str(tmp_path / "c.jsonl"), "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert list(rows[0]["answers"]) == ["routed", "team", "urgent", "mood"]
+    mixed = Task.load(tmp_path / "mixed.json")
+    assert [q.kind for q in mixed.questions] == ["head", "choice", "yesno", "scale"]
+    r = run(main, ["classify", str(inp), "--task", str(tmp_path / "mixed.json"), "-o", str(tmp_path / "d.jsonl"), "-q"])
+    assert r.exit_code == 0 and (tmp_path / "c.jsonl").read_text() == (tmp_path / "d.jsonl").read_text()
+    manifest = json.loads((tmp_path / "d.jsonl.mlx-slm.json").read_text())
+    assert manifest["settings"]["questions"][0]["sha256"] == head.sha256  # a head by its hash, not its weights
+    r = run(main, ["classify", str(inp), "--task", str(tmp_path / "mixed.json"), "--template", "X {text}"])
+    assert r.exit_code == 2 and "head was trained on its own model, labels and prompt" in r.output
+    bad = dict(saved, questions=[dict(saved["questions"][0], kind="pick")])
+    with pytest.raises(TaskError, match="question 1.*kind 'pick'"):
+        Task.from_dict(bad, "task file t.json")
+    with pytest.raises(TaskError, match="has no labels, head or calibration of its own"):
+        Task.from_dict(dict(saved, labels=["a", "b"]), "t.json")
