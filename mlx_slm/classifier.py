@@ -231,7 +231,7 @@ class Classifier:
                 _check_head(q.head, self.engine, "auto", False, "trie")
         self.head, self.label_pass, self.keep_logits, self.truncate = None, "trie", False, None
         self.calibration, self.min_confidence, self.warmup = CalibrationSpec.of("none"), None, DEFAULT_WARMUP
-        self.format = self.plan.blocks[0].fmt
+        self.format = PromptFormat(system, template)  # as given: a request's task is told apart by it
         if max_batch_tokens == "auto":
             max_batch_tokens = default_max_batch_tokens()
         self.batch_size, self.max_batch_tokens, self.sort = batch_size, max_batch_tokens, sort

@@ -350,3 +350,34 @@ def test_a_task_of_questions_round_trips_with_a_head(tiny_qwen_mlx, tmp_path):
         Task.from_dict(bad, "task file t.json")
     with pytest.raises(TaskError, match="has no labels, head or calibration of its own"):
         Task.from_dict(dict(saved, labels=["a", "b"]), "t.json")
+
+
+def test_eval_reports_each_question_named_by_its_gold_field(tiny_qwen_mlx, tmp_path):
+    """eval --questions Q --gold-field team=team_gold --gold-field urgent: one report per question
+    from one run; a name that is no question, a missing gold field and a multi question are named."""
+    from mlx_slm.cli import main
+    from mlx_slm.workload import tickets
+
+    qf = tmp_path / "q.jsonl"
+    qf.write_text("\n".join(json.dumps(q.to_dict()) for q in QUESTIONS[:4]) + "\n")
+    data = tmp_path / "gold.jsonl"
+    rows = [{"text": t, "team_gold": lab, "urgent": "y" if i % 2 else "n"} for i, (t, lab) in enumerate(tickets(9))]
+    rows[4].pop("team_gold")
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["eval", str(data), "--model", str(tiny_qwen_mlx), "--questions", str(qf), "-q"]
+    r = CliRunner().invoke(
+        main, [*base, "--gold-field", "team=team_gold", "--gold-field", "urgent", "--json", str(tmp_path / "e.json")]
+    )
+    assert r.exit_code == 0, r.output
+    assert "== team (choice, gold field 'team_gold')" in r.output and "== urgent (yesno" in r.output
+    rep = json.loads((tmp_path / "e.json").read_text())["questions"]
+    assert rep["team"]["n"] == 8 and rep["team"]["errors"] == 1 and rep["urgent"]["n"] == 9
+    assert "line 5: no gold label in 'team_gold'" in r.output
+    r = CliRunner().invoke(main, [*base, "--gold-field", "colour=c"])
+    assert r.exit_code == 2 and "'colour' is not a question" in r.output
+    r = CliRunner().invoke(main, [*base, "--gold-field", "tags=t"])
+    assert r.exit_code == 2 and "multi questions" in r.output
+    r = CliRunner().invoke(
+        main, ["eval", str(data), "--model", str(tiny_qwen_mlx), "--gold-field", "a", "--gold-field", "b"]
+    )
+    assert r.exit_code == 2 and "one field for a task with one question" in r.output

@@ -660,3 +660,51 @@ def test_per_request_min_confidence_abstains(srv):
         assert bool(x.get("abstained")) == (max(x["probs"].values()) < cut)
         assert (x["label"] is None) == bool(x.get("abstained"))
     assert any(x.get("abstained") for x in res) and not all(x.get("abstained") for x in res)
+
+
+def test_a_task_of_questions_is_served_on_our_route_only(tiny_qwen_mlx, tmp_path):
+    """A served task of several questions: /v1/classify answers every question (as classify
+    --task writes them); TEI's /predict and vLLM's /classify refuse with a 422 naming our route;
+    a request with its own labels is a label task as before."""
+    from click.testing import CliRunner
+
+    from mlx_slm.cli import main
+    from mlx_slm.questions import Question
+
+    qs = [Question("team", "Which team?", "choice", ("billing", "technical")),
+          Question("mood", "How calm?", "scale", ("1", "2", "3"))]  # fmt: skip
+    qf, task, inp, out = tmp_path / "q.jsonl", tmp_path / "t.json", tmp_path / "in.jsonl", tmp_path / "o.jsonl"
+    qf.write_text("\n".join(json.dumps(q.to_dict()) for q in qs) + "\n")
+    inp.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS[:4])))
+    r = CliRunner().invoke(main, ["classify", str(inp), "--model", str(tiny_qwen_mlx), "--questions", str(qf),
+                                  "--save-task", str(task), "-o", str(out), "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    want = [json.loads(x) for x in out.read_text().splitlines()]
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.service.api import Loaded
+
+    def load() -> Loaded:
+        return Loaded(Classifier.from_task(str(task)), "none", None, model=str(tiny_qwen_mlx))
+
+    srv = ThreadServer(Service(load, ServeOptions())).start()
+    try:
+        r = _post(srv, {"texts": TEXTS[:4], "ids": [0, 1, 2, 3]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["scoring"] == "questions"
+        for got, exp in zip(body["results"], want):  # other batches: equal up to the last bits
+            for name, a in exp["answers"].items():
+                assert got["answers"][name]["label"] == a["label"]
+                assert got["answers"][name]["probs"] == pytest.approx(a["probs"], abs=1e-5)
+        info = httpx.get(srv.url + "/v1/model").json()
+        assert [q["name"] for q in info["task"]["questions"]] == ["team", "mood"]
+        tei = httpx.post(srv.url + "/predict", json={"inputs": TEXTS[0]})
+        assert tei.status_code == 422 and "/v1/classify" in tei.text
+        vllm = httpx.post(srv.url + "/classify", json={"model": "x", "input": TEXTS[0]})
+        assert vllm.status_code == 422 and "/v1/classify" in vllm.text
+        r = _post(srv, {"text": TEXTS[0], "labels": ["billing", "technical"]})
+        assert r.status_code == 200 and r.json()["results"][0]["label"] in ("billing", "technical")
+        r = _post(srv, {"text": TEXTS[0], "truncate": "head"})
+        assert r.status_code == 422 and "truncat" in r.text
+    finally:
+        srv.stop()

@@ -32,7 +32,9 @@ ORDER = (
     "Other",
 )
 SECTIONS = {
-    **dict.fromkeys(("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field"), "Input"),
+    **dict.fromkeys(
+        ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field", "gold_fields"), "Input"
+    ),
     **dict.fromkeys(("predictions", "input_path", "n"), "Input"),
     **dict.fromkeys(("output", "output_format", "resume", "on_error", "save_task", "json_path", "plots"), "Output"),
     **dict.fromkeys(("out", "as_json", "strict", "no_input_check", "force", "quiet"), "Output"),

@@ -63,15 +63,6 @@ from .options import task_options, task_settings
     type=click.IntRange(1),
     help="--ray: CPU threads per worker (default: the cluster's CPUs split evenly between the workers).",
 )
-@click.option(
-    "--questions",
-    "questions_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Several questions per text, answered in one pass (JSONL, one question a line, or a JSON list): "
-    '{"name": "team", "question": "Which team?", "labels": [...]}, kind choice (labels, descriptions, none), '
-    'yesno (answers), scale (levels) or multi ({label} in the question). Rows: {"id", "answers": {name: '
-    "answer}}. Replaces --labels; --template may hold {question} after {text}.",
-)
 @task_options
 @click.pass_context
 def classify(

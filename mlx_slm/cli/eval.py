@@ -12,7 +12,7 @@ import click
 from ..errors import UserError
 from ..job import Setup, check_outputs, err
 from .base import Command, warn_blas
-from .options import task_options, task_settings
+from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
 
 @click.command(name="eval", cls=Command)
@@ -26,10 +26,26 @@ from .options import task_options, task_settings
 @click.option(
     "--plots", type=click.Path(file_okay=False), help="Write confusion.png and reliability.png into this folder."
 )
-@task_options
+@click.option(
+    "--gold-field",
+    "--gold-column",
+    "gold_fields",
+    multiple=True,
+    default=("label",),
+    show_default=True,
+    help="Field (JSONL) or column (CSV) of the gold label. With several questions (--questions or a task "
+    "of questions), NAME=FIELD once per question to score (NAME alone: the field of that name).",
+)
+@some_task_options(TASK_OPTION_NAMES - {"gold_field"})
 @click.pass_context
 def evaluate(
-    ctx: click.Context, input: str, predictions: str | None, json_path: str | None, plots: str | None, **o: Any
+    ctx: click.Context,
+    input: str,
+    predictions: str | None,
+    json_path: str | None,
+    plots: str | None,
+    gold_fields: tuple[str, ...],
+    **o: Any,
 ) -> None:
     """Classify a labelled INPUT and report how right the labels are.
 
@@ -49,8 +65,19 @@ def evaluate(
     from ..evaluate import format_report, plot, plot_paths, read_predictions, report
     from ..io import read_rows
 
-    setup = Setup(task_settings(ctx, o))
+    o["gold_field"] = gold_fields[-1]
+    settings = task_settings(ctx, o)
+    if ctx.get_parameter_source("gold_fields") == click.core.ParameterSource.COMMANDLINE:
+        settings = type(settings)(**{**settings.__dict__, "given": settings.given | {"gold_field"}})
+    setup = Setup(settings)
     s = setup.o
+    if setup.questions is not None:
+        _evaluate_questions(setup, input, predictions, json_path, plots, gold_fields)
+        return
+    if len(gold_fields) > 1 or "=" in gold_fields[0]:
+        raise click.UsageError(
+            "--gold-field takes one field for a task with one question (NAME=FIELD pairs go with --questions)"
+        )
     inputs = [input, predictions, s.labels_file, s.examples_file, s.calibration_data, s.task_file]
     check_outputs(inputs, [("--json", json_path), ("--save-task", s.save_task)])
     if plots:  # made now (parents too), so an unwritable place fails before the model runs
@@ -128,6 +155,62 @@ def _report(
     rep = report(gold, pred_labels, conf, labels)
     rep["errors"] = len(errors)
     return rep, errors
+
+
+def _evaluate_questions(
+    setup: Setup, input: str, predictions: str | None, json_path: str | None, plots: str | None, pairs: tuple[str, ...]
+) -> None:
+    """One report per question named by --gold-field NAME=FIELD, from one run over the texts."""
+    from ..evaluate import format_report, plot, plot_paths, report
+    from ..io import read_rows
+
+    if predictions:
+        raise click.UsageError("--predictions with several questions is not supported yet: let eval run the model")
+    qs = {q.name: q for q in setup.questions}
+    golds: dict[str, str] = {}
+    for pair in pairs:
+        name, _, fld = pair.partition("=")
+        if name not in qs:
+            raise click.UsageError(
+                f"--gold-field {pair}: {name!r} is not a question (the questions: {', '.join(qs)}); "
+                "give NAME=FIELD for each question to score"
+            )
+        if qs[name].kind == "multi":
+            raise click.UsageError(f"--gold-field {pair}: multi questions (several labels a text) are not scored yet")
+        golds[name] = fld or name
+    s = setup.o
+    inputs = [input, s.task_file, s.questions_file]
+    check_outputs(inputs, [("--json", json_path)])
+    if plots:
+        for name in golds:
+            _plots_folder(str(Path(plots) / name))
+            check_outputs(inputs, [("--plots", str(p)) for p in plot_paths(str(Path(plots) / name))])
+    by_q = {name: list(read_rows(input, *s.read_args(), gold=fld, id_required=setup.id_required))
+            for name, fld in golds.items()}  # fmt: skip
+    rows = next(iter(by_q.values()))
+    warn_blas()
+    clf = setup.load()
+    ok = [r for r in rows if r.error is None]
+    got = iter(clf.run([r.text for r in ok], window=s.window))
+    preds = [next(got) if r.error is None else None for r in rows]
+    out: dict[str, Any] = {}
+    for name, fld in golds.items():
+        q = qs[name]
+        answers = [None if p is None else {"label": p.answers[name]["label"], "probs": p.answers[name]["probs"],
+                   "error": p.error} if p.ok else {"error": p.error} for p in preds]  # fmt: skip
+        rep, errors = _report(by_q[name], answers, list(q.labels), fld, input, report)
+        out[name] = rep
+        click.echo(f"== {name} ({q.kind}, gold field {fld!r})\n" + format_report(rep))
+        if errors:
+            click.echo(f"{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
+        click.echo("")
+        if plots:
+            for p in plot(rep, str(Path(plots) / name)):
+                err(f"mlx-slm: wrote {p}")
+    if json_path:
+        from ..safefs import atomic_write
+
+        atomic_write(json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
 
 
 def _plots_folder(path: str) -> None:

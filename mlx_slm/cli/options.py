@@ -44,6 +44,16 @@ _TASK_OPTIONS = [
         "(overrides --labels). Descriptions go where --system says {label_descriptions}.",
     ),
     click.option(
+        "--questions",
+        "questions_file",
+        type=click.Path(exists=True, dir_okay=False),
+        help="Several questions per text, answered in one pass (JSONL, one question a line, or a JSON list): "
+        '{"name": "team", "question": "Which team?", "labels": [...]}; kind choice (labels, descriptions, none), '
+        "yesno (answers), scale (levels) or multi ({label} in the question). Output rows: "
+        '{"id", "answers": {name: answer}}. Replaces --labels; --template may hold {question} after {text}; '
+        "with a --task of questions, more questions.",
+    ),
+    click.option(
         "--system",
         default=DEFAULT_SYSTEM,
         show_default=True,

@@ -87,6 +87,19 @@ class RouteContext:
             gone=lambda: until_disconnect(request),
         )
 
+    def one_question(self, route: str, fld: str) -> None:
+        """TEI's and vLLM's answers hold one label per text: a served task of several questions
+        is answered on our route only (a 422 naming it)."""
+        ld = self.service.loaded
+        qs = getattr(ld.clf, "questions", None) if ld is not None else None
+        if qs is not None:
+            raise HTTPError(
+                422,
+                f"this server's task asks {len(qs)} question(s) per text ({', '.join(q.name for q in qs[:5])}); "
+                f'{route} answers one label per text: POST {{"texts": [...]}} to /v1/classify for every answer',
+                fld,
+            )
+
     def served_name(self) -> str:
         ld = self.service.loaded
         return (ld.model if ld is not None and ld.model else None) or "mlx-slm"

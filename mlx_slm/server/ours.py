@@ -65,7 +65,7 @@ class OurRoutes:
         q_ms = max(r["queue_ms"] for r in results)
         i_ms = max(r["inference_ms"] for r in results)
         # A head task answers a request with its own labels or prompt by label scoring: say which ran.
-        scoring = "head" if ans.classifier.mode == "head" else "labels"
+        scoring = {"head": "head", "questions": "questions"}.get(ans.classifier.mode, "labels")
         return json_response(
             {
                 "results": results,
@@ -100,6 +100,7 @@ class OurRoutes:
                 "max_length": clf.max_length,
                 "task": {
                     "labels": list(clf.labels),
+                    **({"questions": [q.record() for q in clf.questions]} if clf.questions is not None else {}),
                     "system": clf.format.system,
                     "template": clf.format.template,
                     "examples": len(clf.format.examples),

@@ -86,6 +86,7 @@ class TEIRoutes:
         `{"inputs", "parameters"}` to its base URL): one list of {label, score}, best first, per
         input; a single string is answered as a list holding its one list."""
         data = await self.ctx.admit(request)
+        self.ctx.one_question("TEI's /predict", "inputs")
         texts, single, task, raw_scores, top_k = check_tei(data, self.ctx.opts)
         names = ["inputs"] if single else [f"inputs[{i}]" for i in range(len(texts))]
         ans = await self.ctx.compute(request, t0, texts, task, names, "inputs", '"truncate": true')

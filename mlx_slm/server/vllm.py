@@ -60,6 +60,7 @@ class VLLMRoutes:
         answer names the served one."""
         import uuid
 
+        self.ctx.one_question("vLLM's /classify", "input")
         texts, single, task = check_vllm(data, self.ctx.opts)
         names = ["input"] if single else [f"input[{i}]" for i in range(len(texts))]
         ans = await self.ctx.compute(request, t0, texts, task, names, "input", '"truncate_prompt_tokens": -1')

@@ -99,6 +99,13 @@ class TaskCache:
         labels, system, template, truncate = key
         same_labels = labels == base.labels
         kw = dict(self.loaded.clf_kwargs)  # type: ignore[union-attr]
+        questions = kw.pop("questions", None) or base.questions
+        if questions is not None and same_labels:  # the served questions (a request with labels: a label task)
+            if truncate is not None:
+                raise Invalid("truncation is not supported with several questions yet: drop 'truncate'", "truncate")
+            return Classifier(engine, system=system, template=template, questions=questions,
+                              batch_size=base.batch_size, max_batch_tokens=base.max_batch_tokens, sort=base.sort,
+                              use_prefix_cache=kw.get("use_prefix_cache", True))  # fmt: skip
         kw.update(
             batch_size=base.batch_size,
             max_batch_tokens=base.max_batch_tokens,
@@ -158,7 +165,11 @@ class TaskCache:
         from ..labels import validate as validate_labels
         from ..prompts import PromptError, PromptFormat, fill_labels
 
-        labels, system, template, _ = key
+        labels, system, template, truncate = key
+        if self._base.questions is not None and labels == self._base.labels:  # the served questions
+            if truncate is not None:
+                raise Invalid("truncation is not supported with several questions yet: drop 'truncate'", "truncate")
+            return
         descriptions = self.loaded.clf_kwargs.get("label_descriptions")  # type: ignore[union-attr]
         for fld, check in (
             ("labels", lambda: validate_labels(labels)),
