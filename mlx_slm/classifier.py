@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import batching
+from .answers import QuestionCalibration
 from .branches import QuestionPlan
 from .calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
 from .engine import Engine
@@ -111,7 +112,6 @@ class Classifier:
             _refuse_with_questions(
                 labels=isinstance(labels, (str, bytes)) or tuple(labels) not in ((), DEFAULT_LABELS),
                 head=head is not None, examples=bool(examples), label_descriptions=bool(label_descriptions),
-                calibration=CalibrationSpec.of(calibration).applies, min_confidence=min_confidence is not None,
                 keep_logits=keep_logits, scoring=scoring != "auto", truncate=truncate is not None,
             )  # fmt: skip
             labels = ()
@@ -145,6 +145,9 @@ class Classifier:
         tokenizer = engine.tokenizer
         if questions is not None:
             self._init_questions(questions, system, template, batch_size, max_batch_tokens, sort, max_length)
+            self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
+            self.min_confidence, self.warmup = min_confidence, warmup
+            self.calibration_run(self.calibration, min_confidence)  # refused here if it does not apply
             self.prefix_tokens = self.plan.head if use_prefix_cache else ()  # type: ignore[union-attr]
             return
         if head is not None:
@@ -230,7 +233,6 @@ class Classifier:
             if q.head is not None:
                 _check_head(q.head, self.engine, "auto", False, "trie")
         self.head, self.label_pass, self.keep_logits, self.truncate = None, "trie", False, None
-        self.calibration, self.min_confidence, self.warmup = CalibrationSpec.of("none"), None, DEFAULT_WARMUP
         self.format = PromptFormat(system, template)  # as given: a request's task is told apart by it
         if max_batch_tokens == "auto":
             max_batch_tokens = default_max_batch_tokens()
@@ -365,7 +367,16 @@ class Classifier:
             run: Iterable[Prediction] = sorted(done, key=lambda p: p.index)
         else:
             run = self.classify_iter(texts, window=max(1, len(texts)))
-        return list(CalibrationSpec.of(cal, warmup=max(2, len(texts))).run(self.labels, conf)(run))
+        return list(self.calibration_run(CalibrationSpec.of(cal, warmup=max(2, len(texts))), conf)(run))
+
+    def calibration_run(
+        self, spec: CalibrationSpec, min_confidence: float | None = None, on_fit: Any = None
+    ) -> Calibration | QuestionCalibration:
+        """The per-run calibration (and abstain) of this task's predictions: the labels', or one
+        per question (`answers.QuestionCalibration`)."""
+        if self.plan is not None:
+            return QuestionCalibration(spec, self.plan.questions, min_confidence=min_confidence)
+        return spec.run(self.labels, min_confidence, on_fit)
 
     def classify_iter(
         self,

@@ -204,11 +204,12 @@ class Setup:
         from .questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, QuestionError, check_questions, read_questions
 
         o = self.o
-        clash = {
-            "labels_csv", "labels_file", "examples_file", "scoring", "truncate", "min_confidence", "calibration_data",
-        } & self.given  # fmt: skip
-        if o.calibrate != "none":
-            clash.add("calibrate")
+        clash = {"labels_csv", "labels_file", "examples_file", "scoring", "truncate", "calibration_data"} & self.given
+        if o.calibrate not in ("none", "batch"):
+            raise UsageError(
+                f"--calibrate {o.calibrate} with several questions is not supported yet: use --calibrate batch "
+                "(a prior per question, from the input itself) or none"
+            )
         if clash:
             raise UsageError(
                 f"--questions does not go with {flag_names(clash)}: each question carries its own labels"
@@ -320,12 +321,16 @@ class Setup:
         return replace(spec, base=cal) if spec.kind == "em" else replace(spec, prior=cal)
 
     def calibration_run(self, on_fit: Callable[[Calibrator], None] | None = None) -> Any:
-        return self.calibration.run(self.clf.labels, self.o.min_confidence, on_fit)
+        return self.clf.calibration_run(self.calibration, self.o.min_confidence, on_fit)
 
     def describe(self, run: Any) -> str:
         c = run.calibrator
         if run.method == "none":
             return "no calibration (raw scores)"
+        if hasattr(run, "priors"):  # several questions: a prior per question
+            if not run.fitted_here:
+                return f"{run.method} calibration per question (too few items to fit priors: raw scores)"
+            return f"{run.method} calibration per question (priors from the first {run.n} items of this input)"
         if run.method in ("batch", "em") and c is None:
             return f"{run.method} calibration (too few items to fit a prior: raw scores)"
         if run.fitted_here:
@@ -470,6 +475,11 @@ def classify(s: ClassifySettings) -> int:
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = Setup(s.task)
+    if setup.questions is not None and setup.calibration.per_input and s.resume:
+        raise UsageError(
+            "--resume with --questions and batch calibration would fit other priors on the rest of the input: "
+            "start again without --resume"
+        )
     if dist.shard is not None and setup.calibration.per_input:
         raise UsageError(
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
@@ -547,7 +557,7 @@ class ClassifyJob:
         if clf.questions is not None:
             from .output import question_columns
 
-            columns = question_columns(clf.questions)
+            columns = question_columns(clf.questions, raw=calibrated, abstain=o.min_confidence is not None)
         else:
             columns = csv_columns(clf.labels, raw=calibrated, abstain=o.min_confidence is not None)
         if self.output is not None:

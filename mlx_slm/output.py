@@ -440,6 +440,8 @@ def answer_record(answers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any
     for name, a in answers.items():
         a = dict(a)
         a["probs"] = written(a["probs"])
+        if "raw_probs" in a:
+            a["raw_probs"] = written(a["raw_probs"])
         for k in ("expected", "abstain"):
             if k in a:
                 a[k] = round(a[k], PROB_DIGITS)
@@ -453,20 +455,26 @@ def flat_answers(answers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for name, a in answers.items():
         flat[name] = ";".join(a["labels"]) if "labels" in a else a["label"]
-        for lab, p in a["probs"].items():
-            flat[f"{name}.p_{lab}"] = p
+        for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
+            for lab, p in (a.get(key) or {}).items():
+                flat[f"{name}.{prefix}{lab}"] = p
+        if a.get("abstained"):
+            flat[f"{name}.abstained"] = True
         for k in ("expected", "abstain"):
             if k in a:
                 flat[f"{name}.{k}"] = a[k]
     return flat
 
 
-def question_columns(questions: Sequence[Any]) -> list[str]:
-    """CSV/TSV/Parquet header of a run that asks several questions (see `flat_answers`)."""
+def question_columns(questions: Sequence[Any], raw: bool = False, abstain: bool = False) -> list[str]:
+    """CSV/TSV/Parquet header of a run that asks several questions (see `flat_answers`): with
+    calibration each question's raw probabilities too, with a confidence threshold its flag."""
     cols = ["id"]
     for q in questions:
         cols.append(q.name)
         cols += [f"{q.name}.p_{lab}" for lab in q.labels]
+        cols += [f"{q.name}.raw_p_{lab}" for lab in q.labels] if raw and q.kind != "head" else []
+        cols += [f"{q.name}.abstained"] if abstain and q.kind != "multi" else []
         cols += [f"{q.name}.expected"] if q.kind == "scale" else []
         cols += [f"{q.name}.abstain"] if q.none else []
     return cols + ["truncated", "line", "error"]
@@ -644,9 +652,10 @@ class ParquetRows:
                     continue
                 names.append(c)
                 continue
-            if c.startswith(("p_", "raw_p_")) or re.search(r"\.(p_.*|expected|abstain)$", c):
+            # a question's columns: `name.p_<label>`, `name.expected`, ... (names hold no dot)
+            if c.startswith(("p_", "raw_p_")) or re.match(r"[^.]+\.(p_|raw_p_|expected$|abstain$)", c):
                 typ = pa.float64()
-            elif c in ("truncated", "abstained"):
+            elif c in ("truncated", "abstained") or re.fullmatch(r"[^.]+\.abstained", c):
                 typ, vals = pa.bool_(), [bool(v) for v in vals]
             elif c == "line":
                 typ = pa.int64()

@@ -126,8 +126,8 @@ class HeadScorer:
 class QuestionScorer:
     """Every question of every row: the text part once, then each question as a branch."""
 
-    calibrates = False
-    no_calibration = "calibration does not apply to several questions yet: use calibration='none'"
+    calibrates = True  # batch, per question (answers.QuestionCalibration)
+    no_calibration = ""
     mode = "questions"
 
     def __init__(self, engine: Engine, plan: QuestionPlan):

@@ -319,9 +319,9 @@ def _questions(
     qs = d["questions"]
     if not isinstance(qs, list) or not qs:
         raise _bad(d, where, "questions", "a non-empty list of questions")
-    if labels or head is not None or spec.applies:
+    if labels or head is not None or spec.fitted:
         raise TaskError(
-            f"{where}: a task with 'questions' has no labels, head or calibration of its own (each question "
+            f"{where}: a task with 'questions' has no labels, head or fitted prior of its own (each question "
             "carries its own): fix it, or save the task again"
         )
     try:

@@ -207,8 +207,10 @@ def test_refused_settings_and_the_context(tiny_qwen_mlx):
     eng = Engine.load(str(tiny_qwen_mlx), "float32")
     with pytest.raises(QuestionError, match="does not go with labels"):
         Classifier(eng, ["a", "b"], questions=QUESTIONS[:1])
-    with pytest.raises(QuestionError, match="does not go with calibration"):
-        Classifier(eng, questions=QUESTIONS[:1], calibration="batch")
+    from mlx_slm.calibration import CalibrationError
+
+    with pytest.raises(CalibrationError, match="'em' with several questions is not supported yet"):
+        Classifier(eng, questions=QUESTIONS[:1], calibration="em")
     with pytest.raises(QuestionError, match="not one token each"):
         Classifier(eng, questions=[Question("u", "Urgent?", "yesno", ("yes", "no"))])
     clf = Classifier(eng, questions=QUESTIONS[:2], max_length=200)
@@ -348,7 +350,7 @@ def test_a_task_of_questions_round_trips_with_a_head(tiny_qwen_mlx, tmp_path):
     bad = dict(saved, questions=[dict(saved["questions"][0], kind="pick")])
     with pytest.raises(TaskError, match="question 1.*kind 'pick'"):
         Task.from_dict(bad, "task file t.json")
-    with pytest.raises(TaskError, match="has no labels, head or calibration of its own"):
+    with pytest.raises(TaskError, match="has no labels, head or fitted prior of its own"):
         Task.from_dict(dict(saved, labels=["a", "b"]), "t.json")
 
 
@@ -381,3 +383,60 @@ def test_eval_reports_each_question_named_by_its_gold_field(tiny_qwen_mlx, tmp_p
         main, ["eval", str(data), "--model", str(tiny_qwen_mlx), "--gold-field", "a", "--gold-field", "b"]
     )
     assert r.exit_code == 2 and "one field for a task with one question" in r.output
+
+
+def test_batch_calibration_and_abstain_per_question(tiny_qwen_mlx, tmp_path):
+    """--calibrate batch with questions: one prior per question (per branch), fitted on the run's
+    warm-up, divided out of every answer (raw probabilities kept); --min-confidence abstains per
+    question on the probabilities as written; heads are left as they are."""
+    from mlx_slm.answers import QuestionCalibration, block_log_probs
+    from mlx_slm.calibration import CalibrationError
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.cli import main
+    from mlx_slm.engine import Engine
+    from mlx_slm.workload import tickets
+
+    eng = Engine.load(str(tiny_qwen_mlx), "float32")
+    texts = [t for t, _ in tickets(30)]
+    clf = Classifier(eng, questions=QUESTIONS, batch_size=8)
+    raw = clf.classify(texts)
+    cal = clf.classify(texts, calibration="batch")
+    from mlx_slm.calibration import fit_batch
+
+    for q in QUESTIONS:
+        # each branch's own prior, from all 30 texts (the warm-up covers them), divided out
+        for b, options in enumerate(o for _, o in q.blocks()):
+            lp_raw = np.array([block_log_probs(q, p.answers[q.name])[b] for p in raw])
+            want = fit_batch(lp_raw, options).probs(lp_raw)
+            got = np.exp([block_log_probs(q, p.answers[q.name])[b] for p in cal])
+            np.testing.assert_allclose(got, want, atol=1e-9)
+        assert all(c.answers[q.name]["raw_probs"] == r.answers[q.name]["probs"] for c, r in zip(cal, raw))
+        for p in raw:  # block_log_probs reads an answer back: the answer again
+            again = q.answer(block_log_probs(q, p.answers[q.name]))
+            assert again.get("label") == p.answers[q.name].get("label")
+    tops = sorted(max(p.answers["team"]["probs"].values()) for p in raw)
+    bar = round((tops[5] + tops[6]) / 2, 6)
+    out = Classifier(eng, questions=QUESTIONS, min_confidence=bar).classify(texts)
+    for p in out:
+        a = p.answers["team"]
+        assert a.get("abstained", False) == (max(a["probs"].values()) < bar) and (a["label"] is None) == a.get(
+            "abstained", False
+        )
+    assert sum(bool(p.answers["team"].get("abstained")) for p in out) == 6
+    with pytest.raises(CalibrationError, match="not supported yet"):
+        QuestionCalibration("fit", QUESTIONS)
+    qf = tmp_path / "q.jsonl"
+    qf.write_text("\n".join(json.dumps(q.to_dict()) for q in QUESTIONS) + "\n")
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    r = CliRunner().invoke(main, ["classify", str(inp), "--model", str(tiny_qwen_mlx), "--questions", str(qf),
+                                  "--calibrate", "batch", "--min-confidence", "0.5", "-o", str(tmp_path / "o.csv")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "batch calibration per question (priors from the first 30 items" in r.output
+    import csv
+
+    head = next(csv.reader((tmp_path / "o.csv").open()))
+    assert "team.raw_p_billing" in head and "team.abstained" in head and "tags.abstained" not in head
+    r = CliRunner().invoke(main, ["classify", str(inp), "--model", str(tiny_qwen_mlx), "--questions", str(qf),
+                                  "--calibrate", "em"])  # fmt: skip
+    assert r.exit_code == 2 and "--calibrate em with several questions is not supported yet" in r.output

@@ -197,5 +197,5 @@ class TaskCache:
         cal, conf = self.calibration_for(key)
         if spec.min_confidence is not None:
             conf = spec.min_confidence
-        calib = cal.run(front.labels, conf)
+        calib = front.calibration_run(cal, conf)
         return list(calib(r[0] for r in raw)), calib
