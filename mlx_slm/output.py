@@ -491,6 +491,26 @@ def flat_record(rec: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def columns_of(settings: dict[str, Any]) -> list[str]:
+    """The flat columns of a run, from its manifest's settings (labels, or questions as recorded)."""
+    from types import SimpleNamespace
+
+    raw = settings.get("calibration", "none") != "none"
+    abstain = settings.get("min_confidence") is not None
+    if settings.get("questions"):
+        qs = [
+            SimpleNamespace(
+                name=r["name"],
+                kind=r.get("kind", "choice"),
+                none=r.get("none"),
+                labels=r.get("labels") or r.get("levels") or r.get("answers") or ["yes", "no"],
+            )
+            for r in settings["questions"]
+        ]
+        return question_columns(qs, raw=raw, abstain=abstain)
+    return csv_columns(settings["labels"], raw=raw, abstain=abstain)
+
+
 def csv_columns(labels: Sequence[str], raw: bool = False, abstain: bool = False) -> list[str]:
     """CSV/TSV header: calibrated runs add the raw probabilities, abstaining runs a flag."""
     return [

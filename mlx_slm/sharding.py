@@ -264,17 +264,18 @@ def _formats(common: dict[str, Any], output: str) -> tuple[str, str]:
 
 def _parquet_rows(common: dict[str, Any]) -> Any:
     """An empty `ParquetRows` with the columns of the parts' run."""
-    from .output import ParquetRows, csv_columns, require_pyarrow
+    from .output import ParquetRows, columns_of, require_pyarrow
 
     require_pyarrow()
-    labels = common.get("labels")
-    if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+    labels, questions = common.get("labels"), common.get("questions")
+    if questions is not None:
+        if not (isinstance(questions, list) and all(isinstance(q, dict) and "name" in q for q in questions)):
+            raise ShardError(
+                f"merge: the parts' manifests give no valid 'questions' ({questions!r}): they were changed"
+            )
+    elif not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
         raise ShardError(f"merge: the parts' manifests give no valid 'labels' ({labels!r}): they were changed")
-    return ParquetRows(
-        csv_columns(
-            labels, raw=common.get("calibration", "none") != "none", abstain=common.get("min_confidence") is not None
-        )
-    )
+    return ParquetRows(columns_of(common))
 
 
 def _join_parts(found: _Parts, count: int, fmt: str, table_rows: Any) -> tuple[bytes, list[bytes], list[Any], int]:

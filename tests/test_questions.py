@@ -440,3 +440,41 @@ def test_batch_calibration_and_abstain_per_question(tiny_qwen_mlx, tmp_path):
     r = CliRunner().invoke(main, ["classify", str(inp), "--model", str(tiny_qwen_mlx), "--questions", str(qf),
                                   "--calibrate", "em"])  # fmt: skip
     assert r.exit_code == 2 and "--calibrate em with several questions is not supported yet" in r.output
+
+
+def test_shards_merge_and_resume_with_questions(tiny_qwen_mlx, tmp_path):
+    """--shard parts of a questions run merge to the single run's output (JSONL byte for byte,
+    Parquet with each question's typed columns), and --resume of a cut output finishes it."""
+    import pyarrow.parquet as pq
+
+    from mlx_slm.cli import main
+    from mlx_slm.workload import tickets
+
+    run = CliRunner().invoke
+    qf, inp = tmp_path / "q.jsonl", tmp_path / "in.jsonl"
+    qf.write_text("\n".join(json.dumps(q.to_dict()) for q in QUESTIONS) + "\n")
+    inp.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, (t, _) in enumerate(tickets(30))))
+    base = ["--model", str(tiny_qwen_mlx), "--questions", str(qf), "--window", "8", "-q"]
+    whole = tmp_path / "all.jsonl"
+    assert run(main, ["classify", str(inp), "-o", str(whole), *base]).exit_code == 0
+    for i in range(2):
+        r = run(main, ["classify", str(inp), "-o", str(tmp_path / f"p{i}.jsonl"), "--shard", f"{i}/2", *base])
+        assert r.exit_code == 0, r.output
+    parts = [str(tmp_path / f"p{i}.jsonl") for i in range(2)]
+    assert run(main, ["merge", *parts, "-o", str(tmp_path / "m.jsonl"), "-q"]).exit_code == 0
+    assert (tmp_path / "m.jsonl").read_bytes() == whole.read_bytes()
+    r = run(main, ["merge", *parts, "-o", str(tmp_path / "m.parquet"), "-q"])
+    assert r.exit_code == 0, r.output
+    t = pq.read_table(tmp_path / "m.parquet")
+    first = json.loads(whole.read_text().splitlines()[0])["answers"]
+    assert t.column("team").to_pylist()[0] == first["team"]["label"]
+    assert t.column("mood.expected").to_pylist()[0] == first["mood"]["expected"]
+    assert str(t.schema.field("product.abstain").type) == "double"
+    lines = whole.read_text().splitlines(True)
+    whole.write_text("".join(lines[:11]) + lines[11][:15])  # cut mid-row, as a crash leaves it
+    m = json.loads((tmp_path / "all.jsonl.mlx-slm.json").read_text())
+    m["complete"] = False
+    (tmp_path / "all.jsonl.mlx-slm.json").write_text(json.dumps(m))
+    r = run(main, ["classify", str(inp), "-o", str(whole), "--resume", *base])
+    assert r.exit_code == 0, r.output
+    assert whole.read_bytes() == (tmp_path / "m.jsonl").read_bytes()
