@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,15 @@ DEFAULT_SYSTEM = "Classify the text. Answer with exactly one of: {labels}."
 DEFAULT_TEMPLATE = "Text: {text}\nLabel:"
 METHODS = ("head", "labels")
 
-__all__ = ["DEFAULT_SYSTEM", "DEFAULT_TEMPLATE", "SLMClassifier", "clear_engines", "shared_engine"]
+__all__ = [
+    "DEFAULT_SYSTEM",
+    "DEFAULT_TEMPLATE",
+    "FEATURES",
+    "FeatureCache",
+    "SLMClassifier",
+    "clear_engines",
+    "shared_engine",
+]
 
 
 # --------------------------------------------------------------------------- one engine per process
@@ -82,9 +91,97 @@ def shared_engine(model: str | Path, dtype: str | None = None) -> Any:
 
 
 def clear_engines() -> None:
-    """Forget the loaded engines (their memory goes once no estimator holds a classifier on them)."""
+    """Forget the loaded engines and the features computed on them (their memory goes once
+    no estimator holds a classifier on them)."""
     with _LOCK:
         _ENGINES.clear()
+    FEATURES.clear()
+
+
+# --------------------------------------------------------------------------- features, once per text
+FEATURE_CACHE_BYTES = 1 << 30  # hidden states kept: 300 texts x 8 layers x 2 poolings x 896 floats is 17 MB
+
+
+class FeatureCache:
+    """The hidden states already computed, per (engine, prompt, text) and (layer, pooling).
+
+    Model selection fits one estimator many times on overlapping texts: the folds of
+    `cross_val_score` share most of their training texts, and every `GridSearchCV`
+    candidate sees the same folds. The forward pass is the cost; the head's fit on its
+    features is cheap. So the estimator asks here first, and runs only the texts (or the
+    parts) not seen yet: each text runs about once however many folds and candidates
+    there are. Keys hold the engine itself (identity), the prompt as the classifier
+    renders it (system, template, examples, truncation, context): another prompt is
+    another text. Least recently used texts go past `max_bytes`. A cached text's
+    numbers come from the batch it first ran in; batching changes them only in float
+    rounding (left padding and RoPE offsets keep each row's maths its own)."""
+
+    def __init__(self, max_bytes: int = FEATURE_CACHE_BYTES):
+        self.max_bytes = max_bytes
+        self._rows: OrderedDict[tuple[Any, ...], dict[tuple[int, str], np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def features(
+        self,
+        clf: Any,
+        texts: Sequence[str],
+        layers: Sequence[int],
+        poolings: Sequence[str],
+        window: int = 1024,
+        progress: bool = False,
+    ) -> tuple[dict[str, np.ndarray], list[str | None], Any]:
+        """As `Classifier.features` returns them; the run's `Stats` count the texts run now."""
+        from .classifier import Stats
+
+        layers, poolings = list(layers), tuple(poolings)
+        f = clf.format
+        prompt = (clf.engine, f.system, f.template, f.examples, clf.truncate, clf.max_length)
+        parts = [(x, p) for p in poolings for x in layers]
+        with self._lock:
+            held = [self._rows.get((prompt, t)) for t in texts]
+            for t, h in zip(texts, held):
+                if h is not None:
+                    self._rows.move_to_end((prompt, t))
+        todo = [i for i, h in enumerate(held) if h is None or any(k not in h for k in parts)]
+        errors: list[str | None] = [None] * len(texts)
+        st = Stats()
+        if todo:
+            got, errs, st = clf.features([texts[i] for i in todo], layers, window, poolings, progress=progress)
+            with self._lock:
+                for j, i in enumerate(todo):
+                    if errs[j] is not None:
+                        errors[i] = errs[j]
+                        continue
+                    entry = self._rows.setdefault((prompt, texts[i]), {})
+                    for c, x in enumerate(layers):
+                        for p in poolings:
+                            if (x, p) not in entry:
+                                entry[(x, p)] = got[p][j, c].copy()  # a copy: the batch's array can go
+                                self._bytes += entry[(x, p)].nbytes
+                    held[i] = entry
+                while self._bytes > self.max_bytes and len(self._rows) > 1:
+                    _, old = self._rows.popitem(last=False)
+                    self._bytes -= sum(a.nbytes for a in old.values())
+        dim = int(clf.model.args.hidden_size)
+        out = {p: np.full((len(texts), len(layers), dim), np.nan, dtype=np.float32) for p in poolings}
+        for i, h in enumerate(held):
+            if errors[i] is None and h is not None:
+                for c, x in enumerate(layers):
+                    for p in poolings:
+                        out[p][i, c] = h[(x, p)]
+        return out, errors, st
+
+
+FEATURES = FeatureCache()
 
 
 # --------------------------------------------------------------------------- input checks
@@ -320,6 +417,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
                 poolings=("last", "mean") if self.pooling == "auto" else (self.pooling,),
                 progress=show,
                 log=log,
+                extract=FEATURES.features,
                 **batching,
             )
         elif spec.needs_data:
@@ -387,6 +485,9 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "task_")
         texts = _texts(X)
         clf = self._clf()
+        if clf.head is not None:  # the head's maths on its features (cached), as Classifier._run_head does it
+            lp = clf.head.log_probs(self._head_input(clf, texts))
+            return np.exp(lp), lp
         names = list(self.task_.labels)
         preds = clf.classify(texts, progress=self.verbose > 0)
         probs = np.empty((len(texts), len(names)))
@@ -422,20 +523,24 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
     def transform(self, X: Any) -> np.ndarray:
         """The head's features of each text: its layers' hidden states, pooled as it reads
         them, side by side: (N, parts x hidden size) float32, to feed another model."""
-        from .heads import head_input
 
         check_is_fitted(self, "task_")
         if self.task_.head is None:
             raise ValueError("transform gives a learned head's features: fit with method='head'")
         texts = _texts(X)
-        clf = self._clf()
+        return self._head_input(self._clf(), texts).reshape(len(texts), -1).astype(np.float32)
+
+    def _head_input(self, clf: Any, texts: list[str]) -> np.ndarray:
+        """(N, parts, D): the head's parts of each text's hidden states, from the feature cache."""
+        from .heads import head_input
+
         head = clf.head
-        feats, errors, _ = clf.features(texts, progress=self.verbose > 0)
+        layers, poolings = sorted(set(head.layers)), tuple(sorted(set(head.poolings)))
+        feats, errors, _ = FEATURES.features(clf, texts, layers, poolings, progress=self.verbose > 0)
         for i, e in enumerate(errors):
             if e is not None:
                 raise ValueError(f"X row {i}: {e}")
-        layers = sorted(set(head.layers))
-        return head_input(feats, layers, head).reshape(len(texts), -1).astype(np.float32)
+        return head_input(feats, layers, head)
 
     # ------------------------------------------------------------------ tasks and pickles
     def to_task(self, path: str | Path) -> Path:

@@ -162,6 +162,7 @@ def train_head(
     log: Callable[[str], None] | None = None,
     source: str | None = None,
     lines: Sequence[int] | None = None,
+    extract: Callable[..., tuple[dict[str, np.ndarray], list[str | None], Any]] | None = None,
     **clf_kwargs: Any,
 ) -> Head:
     """A learned head trained from memory: `texts` and each one's gold label (`labels`).
@@ -179,7 +180,9 @@ def train_head(
     shuffles the folds). `mlx-slm train` runs this same function on its file's rows.
     `progress=True`: a tqdm bar over the feature extraction; `log`: each step's message.
     A text or label that cannot be used is a `TrainError` naming its item (`source` and
-    `lines` name the file and line instead)."""
+    `lines` name the file and line instead). `extract(clf, texts, layers, poolings, window,
+    progress)`: where the features come from (default: `clf.features`, one forward per
+    text); the scikit-learn estimator passes its cache of texts already run."""
     from .classifier import Classifier, _missing
 
     note = log or (lambda _m: None)
@@ -265,11 +268,14 @@ def train_head(
         f"features: {len(texts)} texts, layers {', '.join(map(str, feature_layers))} "
         f"(one forward to layer {max(feature_layers)} per batch), pooled: {', '.join(poolings)}"
     )
-    feats, errors, st = clf.features(texts, feature_layers, window=window, poolings=poolings, progress=progress)
+    if extract is None:
+        feats, errors, st = clf.features(texts, feature_layers, window=window, poolings=poolings, progress=progress)
+    else:
+        feats, errors, st = extract(clf, texts, feature_layers, tuple(poolings), window, progress)
     for i, e in enumerate(errors):
         if e is not None:
             raise TrainError(f"{where(i)}: {e}")
-    per_item = st.seconds / max(1, len(texts))
+    per_item = st.seconds / max(1, st.items)  # the texts run now (a cache may have held the others)
     deepest = max(feature_layers)
 
     # Blocks cost the same each: a forward stopped at layer l costs about l / deepest of this one.
@@ -292,7 +298,7 @@ def train_head(
     head.info.update(
         {
             "feature_seconds": round(st.seconds, 3),
-            "feature_items_per_s": round(len(texts) / st.seconds, 3) if st.seconds else None,
+            "feature_items_per_s": round(st.items / st.seconds, 3) if st.seconds else None,
             "seconds_per_item_note": f"measured to layer {deepest}, scaled by the blocks run",
             "train_seconds": round(st.seconds + time.perf_counter() - t0, 3),
         }

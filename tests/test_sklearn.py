@@ -199,15 +199,18 @@ def test_estimator_head_equals_cli_train_then_classify_task(tiny_qwen_mlx, data,
 
 
 def test_cross_val_score_loads_once_and_extracts_each_text_once_per_fold(tiny_qwen_mlx, data, fresh):
-    from sklearn.model_selection import cross_val_score
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
 
     X, y, _ = data
     scores = cross_val_score(_est(tiny_qwen_mlx), X, y, cv=5)
     assert len(scores) == 5 and all(0 <= s <= 1 for s in scores)
     assert fresh["loads"] == 1
-    # each fold: its training texts once (every candidate layer and pooling from one forward),
-    # its test texts once (the head's layers): 5 x len(X) rows in all
-    assert fresh["feature_rows"] == 5 * len(X)
+    # Without the feature cache each fold would run its training texts once (every candidate
+    # layer and pooling from one forward) and its test texts once: 5 x len(X) rows. With it:
+    # fold 1 runs its training texts (all parts) and its test texts (the head's parts only);
+    # fold 2 runs fold 1's test texts again for the other parts; every later text is cached.
+    first_test = next(iter(StratifiedKFold(5).split(X, y)))[1]
+    assert fresh["feature_rows"] == len(X) + len(first_test) < 5 * len(X)
 
 
 def test_grid_search_pipeline_and_clone_share_one_engine(tiny_qwen_mlx, data, fresh):
@@ -225,6 +228,8 @@ def test_grid_search_pipeline_and_clone_share_one_engine(tiny_qwen_mlx, data, fr
     est.set_params(pooling="auto")
     grid = GridSearchCV(est, {"pooling": ["last", "mean"]}, cv=3).fit(X, y)
     assert grid.best_params_["pooling"] in ("last", "mean") and fresh["loads"] == 1
+    # 2 candidates x 3 folds and the refit, not 7 x len(X) forwards: each text about once per pooling
+    assert fresh["feature_rows"] <= 3 * len(X)
     assert grid.best_estimator_.task_.head.poolings == (grid.best_params_["pooling"],) * len(
         grid.best_estimator_.task_.head.layers
     )
@@ -356,13 +361,17 @@ def test_bad_input_is_a_clear_error_and_nothing_is_printed(tiny_qwen_mlx, data, 
 
 
 def test_verbose_draws_progress_bars_and_is_silent_otherwise(tiny_qwen_mlx, data, fresh, capsys):
+    from mlx_slm.sklearn import FEATURES
+
     X, y, test = data
     est = _est(tiny_qwen_mlx).fit(X, y)
     est.predict(test)
     assert capsys.readouterr().err == ""
+    FEATURES.clear()  # the texts run again: their bars show
     est.set_params(verbose=2).fit(X, y)
     err = capsys.readouterr().err
     assert "mlx-slm" in err and "item" in err and "cross-validating" in err
+    FEATURES.clear()
     est.set_params(verbose=1).predict(test)
     err = capsys.readouterr().err
     assert f"{len(test)}/{len(test)}" in err and "cross-validating" not in err
