@@ -259,8 +259,8 @@ def _targets(y: Any, n: int) -> np.ndarray:
             raise ValueError(f"y row {i}: the label is missing (None/NaN): give every text its label, or drop the row")
         if isinstance(v, (list, tuple, dict, set, np.ndarray)):
             raise ValueError(f"y row {i} is a {type(v).__name__}: one label per text (multi-label is not supported)")
-    kinds = {type(v).__name__ for v in got if not isinstance(v, (bool, np.bool_))}
-    if any(isinstance(v, str) for v in got) and len(kinds) > 1:
+    kinds = {"str" if isinstance(v, str) else type(v).__name__ for v in got}
+    if "str" in kinds and len(kinds) > 1:
         raise ValueError(
             f"y mixes label types ({', '.join(sorted(kinds))}): give every label as str, or every one as int"
         )

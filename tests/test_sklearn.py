@@ -371,6 +371,7 @@ def test_bad_input_is_a_clear_error_and_nothing_is_printed(tiny_qwen_mlx, data, 
         ((X, y[:6] + [None] + y[7:]), r"y row 6: the label is missing"),
         ((X[0], y), "X is one str"),
         ((X, [0.5] * len(X)), "Unknown label type"),
+        ((X, y[:-1] + [3]), r"y mixes label types \(int, str\)"),
     ]
     for (xx, yy), msg in cases:
         with pytest.raises(ValueError, match=msg):
