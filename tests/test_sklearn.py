@@ -463,10 +463,13 @@ def _readme_blocks() -> tuple[str, str]:
 
 
 def _readme_csv(folder: Path, n: int = 300) -> None:
+    """tickets.csv: `n` of the benchmark's hand-labelled tickets, as many of each label."""
     import pandas as pd
 
     rows = [json.loads(x) for x in (ROOT / "benchmarks/data/support_tickets.jsonl").read_text().splitlines()]
-    pd.DataFrame(rows[:n])[["id", "text", "label"]].to_csv(folder / "tickets.csv", index=False)
+    df = pd.DataFrame(rows)[["id", "text", "label"]]
+    df = df.groupby("label", group_keys=False).head(n // df["label"].nunique()).sort_values("id")
+    df.to_csv(folder / "tickets.csv", index=False)
 
 
 def _run_readme(folder: Path, model: str | None, monkeypatch) -> dict:
