@@ -17,12 +17,25 @@ class _NoTorchNotice(_logging.Filter):
 _logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
 __version__ = "0.1.0"
-__all__ = ["Calibration", "Classifier", "Engine", "Prediction", "Run", "Stats"]
+# Where each public name lives; imported on first use, so `import mlx_slm` stays light for the CLI's --help.
+_HOMES = {
+    "Calibration": "classifier",
+    "Classifier": "classifier",
+    "Engine": "classifier",
+    "Prediction": "classifier",
+    "Run": "classifier",
+    "Stats": "classifier",
+    "CalibrationSpec": "calibration",
+    "Head": "heads",
+    "Task": "task",
+    "train_head": "train",
+}
+__all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str):  # lazy: `import mlx_slm` stays light for the CLI's --help
-    if name in __all__:
-        from . import classifier
+def __getattr__(name: str):
+    if name in _HOMES:
+        from importlib import import_module
 
-        return getattr(classifier, name)
+        return getattr(import_module(f".{_HOMES[name]}", __name__), name)
     raise AttributeError(f"module 'mlx_slm' has no attribute {name!r}")

@@ -20,6 +20,7 @@ import itertools
 import numbers
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +55,7 @@ from .questions import DEFAULT_SYSTEM as QUESTIONS_SYSTEM
 from .questions import DEFAULT_TEMPLATE as QUESTIONS_TEMPLATE
 from .questions import Question, QuestionError
 from .registry import DEFAULT_MODEL
-from .scorers import HeadScorer, LabelScorer, QuestionScorer, pooled_features
+from .scorers import FeaturesOnly, HeadScorer, LabelScorer, QuestionScorer, pooled_features
 from .scoring import LABEL_PASSES
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ class Classifier:
         label_descriptions: Mapping[str, str] | None = None,
         head: Head | None = None,
         questions: Sequence[Question | Mapping[str, Any]] | None = None,
+        features_only: bool = False,
     ):
         self.plan: QuestionPlan | None = None
         if questions is not None:
@@ -171,13 +173,13 @@ class Classifier:
         self.max_length = max_length or engine.max_length
         probe = render(tokenizer, self.format, "example")
         shared = shared_prefix(tokenizer, self.format)
-        self.scorer: LabelScorer | HeadScorer | QuestionScorer
-        if head is None:
+        self.scorer: LabelScorer | HeadScorer | QuestionScorer | FeaturesOnly
+        if head is None and not features_only:
             self.labelset = build_labelset(tokenizer, labels, probe, scoring)
             self.scorer = LabelScorer(engine, self.labelset, keep_logits, label_pass)
         else:  # the head reads hidden states: no label tokens run, none are scored
             self.labelset = LabelSet(tuple(labels), tuple(() for _ in labels), "head")
-            self.scorer = HeadScorer(engine, head, len(shared))
+            self.scorer = HeadScorer(engine, head, len(shared)) if head is not None else FeaturesOnly()
         # Tokens that run after the prompt (label continuations in sequence mode; none with a head).
         self.label_extra = self.scorer.label_extra
         head = shared
@@ -466,6 +468,58 @@ class Classifier:
             out[prefix + c] = cols[c]
         return out
 
+    def fit_calibration(
+        self,
+        texts: Iterable[str],
+        labels: Iterable[str],
+        kind: str | CalibrationSpec = "fit",
+        *,
+        window: int = 1024,
+        progress: bool = False,
+        source: str | None = None,
+        lines: Sequence[int] | None = None,
+    ) -> CalibrationSpec:
+        """Calibration fitted on labelled texts in memory (what --calibration-data fits).
+
+        `labels`: each text's gold label, one of this classifier's labels. `kind`: "fit"
+        (per-label offsets, maybe a temperature, applied as they are) or "em" (those offsets
+        as the base on which each input re-estimates its own label mix). Returns the
+        `CalibrationSpec` to classify with (`classify(texts, calibration=spec)`, or a
+        `Task`'s calibration); its calibrator's `info` holds the cross-validated figures.
+        The classifier itself is left unchanged. A missing or empty text, a gold label that
+        is not a label, or a prompt over the context is a `CalibrationError` naming the item
+        (`source` and `lines`, when given, name the file and line instead)."""
+        from .calibration import CalibrationError, fit_labelled, gold_indices
+        from .labels import log_softmax
+
+        spec = CalibrationSpec.of(kind, warmup=None if isinstance(kind, CalibrationSpec) else self.warmup)
+        if spec.kind not in ("fit", "em"):
+            raise CalibrationError(f"fit_calibration fits 'fit' or 'em' calibration, not {spec.kind!r}")
+        if self.head is not None:
+            raise LabelError("calibration does not apply to a learned head: its probabilities are fitted already")
+        texts, gold = list(_as_texts(texts, None)), list(_as_texts(labels, None))
+        at = f"{source}: " if source else ""
+
+        def where(i: int) -> str:
+            return f"{at}line {lines[i]}" if lines is not None else f"{at}item {i}"
+
+        if len(texts) != len(gold):
+            raise CalibrationError(f"{at}{len(texts)} texts but {len(gold)} gold labels: give one label per text")
+        if not texts:
+            raise CalibrationError(f"{at}no labelled texts: give some (texts and their gold labels)")
+        for i, g in enumerate(gold):
+            if g not in self.labels:
+                raise CalibrationError(
+                    f"{where(i)}: gold label {g!r} is not one of the labels {list(self.labels)}: fix it, or add the label"
+                )
+        lp = []
+        for p in self.classify_iter(texts, window=window, progress=progress):
+            if not p.ok:
+                raise CalibrationError(f"{where(p.index)}: {p.error}")
+            lp.append([p.scores[lab] for lab in self.labels])
+        cal = fit_labelled(log_softmax(np.array(lp)), gold_indices(gold, self.labels), self.labels)
+        return replace(spec, base=cal) if spec.kind == "em" else replace(spec, prior=cal)
+
     def run(self, texts: Iterable[str], window: int = 1024, *, ordered: bool = True) -> Run:
         """A run over `texts`: iterate it for raw predictions in input order; `.stats` counts it.
 
@@ -618,32 +672,67 @@ class Classifier:
                 yield batching.pad(suffixes, idx, self.engine.pad_id, cache_len=p), [group[i] for i in idx], pre
 
     def features(
-        self, texts: Sequence[str], layers: Sequence[int], window: int = 1024, poolings: Sequence[str] = ("last",)
+        self,
+        texts: Sequence[str],
+        layers: Sequence[int] | None = None,
+        window: int = 1024,
+        poolings: Sequence[str] | None = None,
+        *,
+        progress: bool = False,
     ) -> tuple[dict[str, np.ndarray], list[str | None], Stats]:
-        """Hidden states after `layers` for every text, pooled ("last" position and/or "mean"
-        of the prompt after its shared head), through the same prompt, prefix cache and batch
-        plan as classification: ({pooling: (N, len(layers), D) float32}, per-text error or
-        None (its row is NaN), the run's figures). The forward stops at the deepest layer."""
+        """The model's hidden states for every text: what a learned head reads.
+
+        Each text goes through the same prompt, prefix cache and batch plan as
+        classification, and the forward stops at the deepest of `layers` (Transformers'
+        `hidden_states[l]` numbering, 1..number of layers; None: the head's own layers).
+        Each layer is pooled as each of `poolings` asks ("last": the state at the last
+        prompt position; "mean": the mean over the prompt after its shared head, i.e. the
+        text's part; None: the head's poolings, else "last").
+
+        Returns ({pooling: (N, len(layers), D) float32}, one error or None per text (an
+        empty, missing or over-long text; its rows are NaN), the run's figures). The forward
+        runs once per text whatever the number of layers and poolings. `progress=True`
+        draws a tqdm bar on stderr. `heads.head_input` picks a head's parts out of them.
+        A classifier built with `features_only=True` gives features without any label
+        scoring set up (the labels are then only names)."""
         _check_window(window)
+        if layers is None:
+            if self.head is None:
+                raise ValueError(
+                    "features(texts, layers): give the layers (1..number of layers); only a head has its own"
+                )
+            layers = sorted(set(self.head.layers))
+            poolings = poolings or tuple(sorted(set(self.head.poolings)))
+        poolings = tuple(poolings or ("last",))
+        texts = list(_as_texts(texts, None))
         st = Stats()
         t0 = time.perf_counter()
         n, dim = len(texts), int(self.model.args.hidden_size)
         out = {p: np.full((n, len(layers), dim), np.nan, dtype=np.float32) for p in poolings}
         errors: list[str | None] = [None] * n
-        for start in range(0, n, window):
-            items = self.prepare(texts[start : start + window], start)
-            for it in items:
-                errors[it.index] = it.error
-            for batch, group, pre in self._batches(items, st):
-                got = self._features(batch, pre, list(layers), poolings)
-                for p in poolings:
-                    out[p][[it.index for it in group]] = got[p]
-                st.batches += 1
-                st.processed_tokens += batch.padded_tokens
-                st.padding_tokens += batch.padded_tokens - batch.real_tokens
-            st.items += len(items)
-            st.errors += sum(1 for it in items if it.error)
-            st.prompt_tokens += sum(len(it.ids) for it in items if not it.error)
+        bar = _progress_bar(n) if progress else None
+        try:
+            for start in range(0, n, window):
+                items = self.prepare(texts[start : start + window], start)
+                for it in items:
+                    errors[it.index] = it.error
+                if bar is not None:
+                    bar.update(sum(1 for it in items if it.error))
+                for batch, group, pre in self._batches(items, st):
+                    got = self._features(batch, pre, list(layers), poolings)
+                    for p in poolings:
+                        out[p][[it.index for it in group]] = got[p]
+                    st.batches += 1
+                    st.processed_tokens += batch.padded_tokens
+                    st.padding_tokens += batch.padded_tokens - batch.real_tokens
+                    if bar is not None:
+                        bar.update(len(group))
+                st.items += len(items)
+                st.errors += sum(1 for it in items if it.error)
+                st.prompt_tokens += sum(len(it.ids) for it in items if not it.error)
+        finally:
+            if bar is not None:
+                bar.close()
         st.seconds = time.perf_counter() - t0
         return out, errors, st
 
@@ -766,6 +855,14 @@ def _missing(x: Any) -> bool:
 
 def _with_progress(preds: Iterator[Prediction], total: int | None) -> Iterator[Prediction]:
     """A tqdm bar on stderr, one step per prediction (they come a batch at a time)."""
+    with _progress_bar(total) as bar:
+        for p in preds:
+            bar.update(1)
+            yield p
+
+
+def _progress_bar(total: int | None, desc: str = "mlx-slm") -> Any:
+    """A tqdm bar on stderr (tqdm.auto: a widget in a notebook), counting items."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
@@ -774,10 +871,7 @@ def _with_progress(preds: Iterator[Prediction], total: int | None) -> Iterator[P
         raise MissingExtra("progress=True needs tqdm: pip install tqdm") from None
     import sys
 
-    with tqdm(total=total, unit="item", file=sys.stderr, desc="mlx-slm") as bar:
-        for p in preds:
-            bar.update(1)
-            yield p
+    return tqdm(total=total, unit="item", file=sys.stderr, desc=desc)
 
 
 __all__ = ["Calibration", "Classifier", "Engine", "Prediction", "Run", "Stats"]

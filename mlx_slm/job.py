@@ -286,9 +286,8 @@ class Setup:
 
     def _fit(self, spec: CalibrationSpec) -> CalibrationSpec:
         """Fit per-label offsets on the labelled sample (`em` then uses them as its base)."""
-        from .calibration import CalibrationError, fit_labelled, gold_indices
+        from .calibration import CalibrationError
         from .io import gold_problem, read_rows
-        from .labels import log_softmax
 
         o = self.o
         path = o.calibration_data
@@ -301,14 +300,16 @@ class Setup:
             raise CalibrationError(
                 f"--calibration-data {path} is empty: give it labelled texts (text and {o.gold_field})"
             )
-        gold = gold_indices([str(r.gold) for r in rows], self.clf.labels)
-        preds = self.clf.classify_iter([r.text for r in rows], window=o.window)
-        lp = []
-        for r, p in zip(rows, preds):
-            if not p.ok:
-                raise CalibrationError(f"--calibration-data {path}: line {r.line}: {p.error}")
-            lp.append([p.scores[lab] for lab in self.clf.labels])
-        cal = fit_labelled(log_softmax(lp), gold, self.clf.labels)
+        fitted = self.clf.fit_calibration(
+            [r.text for r in rows],
+            [str(r.gold) for r in rows],
+            spec,
+            window=o.window,
+            source=f"--calibration-data {path}",
+            lines=[r.line for r in rows],
+        )
+        cal = fitted.calibrator
+        assert cal is not None
         i = cal.info
         if not o.quiet:
             if i.get("cv_accuracy_raw") is not None:
@@ -318,7 +319,7 @@ class Setup:
                 )
             else:
                 err(f"mlx-slm: fitted on {len(rows)} labelled items ({i.get('cv_note', 'no cross-validation')})")
-        return replace(spec, base=cal) if spec.kind == "em" else replace(spec, prior=cal)
+        return fitted
 
     def calibration_run(self, on_fit: Callable[[Calibrator], None] | None = None) -> Any:
         return self.clf.calibration_run(self.calibration, self.o.min_confidence, on_fit)

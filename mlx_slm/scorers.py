@@ -123,6 +123,25 @@ class HeadScorer:
         return [_prediction(item, head.labels, lp[r], np.exp(lp[r])) for r, item in enumerate(items)]
 
 
+class FeaturesOnly:
+    """A classifier made for its features (`features_only=True`, the estimator's and `train_head`'s):
+    it runs no scoring; asking it for labels is a mistake named."""
+
+    calibrates = False
+    no_calibration = "a features-only classifier gives no labels to calibrate"
+    mode = "head"
+    label_extra = 0
+    row_extra = 0
+
+    def run(self, batch: batching.Batch, items: list[Item], prefix: PrefixCache | None, st: Stats) -> list[Prediction]:
+        from .labels import LabelError
+
+        raise LabelError(
+            "this classifier was made with features_only=True: it gives hidden states (features), not "
+            "labels; train a head on them (mlx_slm.train_head) and classify with Classifier(..., head=head)"
+        )
+
+
 class QuestionScorer:
     """Every question of every row: the text part once, then each question as a branch."""
 

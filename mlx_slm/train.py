@@ -142,6 +142,170 @@ def candidates(layers: Sequence[int], n: int, pair: bool = True, poolings: Seque
     return [Candidate.of(c, p) for p in poolings for c in sets]
 
 
+def train_head(
+    engine_or_classifier: Any,
+    texts: Sequence[str],
+    labels: Sequence[str],
+    *,
+    classes: Sequence[str] | None = None,
+    system: str | None = DEFAULT_SYSTEM,
+    template: str = DEFAULT_TEMPLATE,
+    examples: Sequence[tuple[str, str]] = (),
+    label_descriptions: Mapping[str, str] | None = None,
+    layers: str | Sequence[int] | None = "auto",
+    layer: int | None = None,
+    folds: int = DEFAULT_FOLDS,
+    seed: int = 0,
+    window: int = 1024,
+    poolings: Sequence[str] = POOLINGS,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+    source: str | None = None,
+    lines: Sequence[int] | None = None,
+    extract: Callable[..., tuple[dict[str, np.ndarray], list[str | None], Any]] | None = None,
+    **clf_kwargs: Any,
+) -> Head:
+    """A learned head trained from memory: `texts` and each one's gold label (`labels`).
+
+    `engine_or_classifier`: an `Engine` (then `system`, `template`, `examples` and
+    `clf_kwargs` such as batch_size or truncate make the prompt and batching), or a
+    `Classifier` (its prompt, examples and batching are used, and its labels are the
+    default `classes`). `classes`: the head's labels, in order (default: the sorted labels
+    of `labels`); every one needs `min_per_label(folds)` examples. `{labels}` in `system`
+    is filled with them, as a `Classifier` does: save the head in a `Task` with that prompt.
+
+    One forward per text to the deepest candidate layer (`layers`: "auto", "all" or layer
+    numbers; `layer` forces one), then `heads.fit` chooses the parts (layers x `poolings`),
+    the estimator and a temperature by stratified `folds`-fold cross-validation (`seed`
+    shuffles the folds). `mlx-slm train` runs this same function on its file's rows.
+    `progress=True`: a tqdm bar over the feature extraction; `log`: each step's message.
+    A text or label that cannot be used is a `TrainError` naming its item (`source` and
+    `lines` name the file and line instead). `extract(clf, texts, layers, poolings, window,
+    progress)`: where the features come from (default: `clf.features`, one forward per
+    text); the scikit-learn estimator passes its cache of texts already run."""
+    from .classifier import Classifier, _missing
+
+    note = log or (lambda _m: None)
+    at = f"{source}: " if source else ""
+
+    def where(i: int) -> str:
+        return f"{at}line {lines[i]}" if lines is not None else f"{at}item {i}"
+
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+        raise TrainError(f"folds={folds!r}: cross-validation needs at least 2 folds")
+    if isinstance(texts, (str, bytes)) or isinstance(labels, (str, bytes)):
+        raise TrainError("texts and labels are sequences (one text and one gold label per item), not one string")
+    texts, gold = list(texts), list(labels)
+    if len(texts) != len(gold):
+        raise TrainError(f"{at}{len(texts)} texts but {len(gold)} gold labels: give one label per text")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            why = "is missing (None/NaN)" if _missing(t) else f"is {type(t).__name__}, not a string"
+            raise TrainError(f"{where(i)}: the text {why}: give every item its text, or drop the row")
+        if not t.strip():
+            raise TrainError(f"{where(i)}: the text is empty: give every item its text, or drop the row")
+    for i, g in enumerate(gold):
+        if not isinstance(g, str) or not g.strip():
+            raise TrainError(f"{where(i)}: gold label {g!r} is not a non-empty string: fix it, or drop the row")
+    if isinstance(engine_or_classifier, Classifier):
+        base = engine_or_classifier
+        classes = base.labels if classes is None else classes
+        engine = base.engine
+        system, template, examples = base.format.system, base.format.template, base.format.examples
+        clf_kwargs = {
+            "batch_size": base.batch_size,
+            "max_batch_tokens": base.max_batch_tokens,
+            "sort": base.sort,
+            "use_prefix_cache": bool(base.prefix_tokens),  # none kept: off, or no shared head
+            "truncate": base.truncate,
+            "max_length": base.max_length,
+            **clf_kwargs,
+        }
+    else:
+        engine = engine_or_classifier
+    if classes is None:
+        classes = sorted(set(gold))
+        if len(classes) < 2:
+            raise TrainError(
+                f"{at}every item has the label {classes[0] if classes else None!r}: a head needs examples of at "
+                "least two labels (classes)"
+            )
+    from .labels import validate
+
+    classes = tuple(validate(classes))
+    index = {lab: i for i, lab in enumerate(classes)}
+    for i, g in enumerate(gold):
+        if g not in index:
+            raise TrainError(
+                f"{where(i)}: gold label {g!r} is not one of the labels {list(classes)[:8]}"
+                f"{' ...' if len(classes) > 8 else ''}: add it to the labels, or drop the row"
+            )
+    y = np.array([index[g] for g in gold], dtype=np.int64)
+    counts = np.bincount(y, minlength=len(classes))
+    need = min_per_label(folds)
+    if counts.min() < need:
+        short = [f"{classes[i]!r} has {counts[i]}" for i in np.flatnonzero(counts < need)]
+        raise TrainError(
+            f"{at}too few examples: {'; '.join(short[:8])}{' ...' if len(short) > 8 else ''}. A head needs at "
+            f"least {need} examples per label (one per cross-validation fold, folds={folds}): add examples of "
+            "those labels, or leave them out"
+        )
+    clf = head_classifier(engine, classes, system, template, examples=examples, **clf_kwargs)
+    n = len(clf.model.layers)
+    cand_layers = parse_layers(layers, n) if layers is None or isinstance(layers, str) else list(layers)
+    bad = [x for x in cand_layers if not 1 <= x <= n]
+    if bad or not cand_layers:
+        raise TrainError(
+            f"layers {list(cand_layers)}: the model has layers 1 to {n}; {bad or 'none given'} is out of range"
+        )
+    if layer is not None:
+        if not 1 <= layer <= n:
+            raise TrainError(f"--layer {layer}: the model has layers 1 to {n}")
+        cand_layers = sorted(set(cand_layers) | {layer})
+    cands = candidates(cand_layers, n, poolings=poolings)
+    feature_layers = sorted({x for c in cands for x in c.layers})
+    note(
+        f"features: {len(texts)} texts, layers {', '.join(map(str, feature_layers))} "
+        f"(one forward to layer {max(feature_layers)} per batch), pooled: {', '.join(poolings)}"
+    )
+    if extract is None:
+        feats, errors, st = clf.features(texts, feature_layers, window=window, poolings=poolings, progress=progress)
+    else:
+        feats, errors, st = extract(clf, texts, feature_layers, tuple(poolings), window, progress)
+    for i, e in enumerate(errors):
+        if e is not None:
+            raise TrainError(f"{where(i)}: {e}")
+    per_item = st.seconds / max(1, st.items)  # the texts run now (a cache may have held the others)
+    deepest = max(feature_layers)
+
+    # Blocks cost the same each: a forward stopped at layer l costs about l / deepest of this one.
+    def secs(c: Candidate) -> float:
+        return per_item * max(c.layers) / deepest
+
+    t0 = time.perf_counter()
+    head = fit(
+        feats,
+        feature_layers,
+        y,
+        classes,
+        cands,
+        forced=(layer,) if layer is not None else None,
+        folds=folds,
+        seed=seed,
+        seconds_per_item=secs,
+        progress=note,
+    )
+    head.info.update(
+        {
+            "feature_seconds": round(st.seconds, 3),
+            "feature_items_per_s": round(st.items / st.seconds, 3) if st.seconds else None,
+            "seconds_per_item_note": f"measured to layer {deepest}, scaled by the blocks run",
+            "train_seconds": round(st.seconds + time.perf_counter() - t0, 3),
+        }
+    )
+    return head
+
+
 def train(
     clf: Any,
     data: TrainingData,
@@ -154,67 +318,35 @@ def train(
     poolings: Sequence[str] = POOLINGS,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> Head:
-    """Fit a head on `data` with the classifier's model and prompt (`clf`: a `Classifier` in
-    head mode, e.g. `head_classifier`). `layer` forces that layer (it is added to the
-    candidates); `poolings` are the poolings weighed ("last", "mean")."""
-    n = len(clf.model.layers)
-    cand_layers = parse_layers(layers, n) if layers is None or isinstance(layers, str) else list(layers)
-    if layer is not None:
-        if not 1 <= layer <= n:
-            raise TrainError(f"--layer {layer}: the model has layers 1 to {n}")
-        cand_layers = sorted(set(cand_layers) | {layer})
-    cands = candidates(cand_layers, n, poolings=poolings)
-    feature_layers = sorted({x for c in cands for x in c.layers})
-    progress(
-        f"features: {len(data.texts)} texts, layers {', '.join(map(str, feature_layers))} "
-        f"(one forward to layer {max(feature_layers)} per batch), pooled: {', '.join(poolings)}"
-    )
-    feats, errors, st = clf.features(data.texts, feature_layers, window=window, poolings=poolings)
-    for i, e in enumerate(errors):
-        if e is not None:
-            raise TrainError(f"{data.path}: line {data.lines[i]}: {e}")
-    per_item = st.seconds / max(1, len(data.texts))
-    deepest = max(feature_layers)
-
-    # Blocks cost the same each: a forward stopped at layer l costs about l / deepest of this one.
-    def secs(c: Candidate) -> float:
-        return per_item * max(c.layers) / deepest
-
-    t0 = time.perf_counter()
-    head = fit(
-        feats,
-        feature_layers,
-        data.gold,
-        data.labels,
-        cands,
-        forced=(layer,) if layer is not None else None,
+    """`train_head` on a labelled file's rows (`read_training_data`), with the classifier's
+    model, prompt and batching (`clf`, e.g. `head_classifier`); the head's info names the
+    file and its sha256. `layer` forces that layer; `poolings` are the poolings weighed."""
+    head = train_head(
+        clf,
+        data.texts,
+        [data.labels[i] for i in data.gold],
+        classes=data.labels,
+        layers=layers,
+        layer=layer,
         folds=folds,
         seed=seed,
-        seconds_per_item=secs,
-        progress=progress,
+        window=window,
+        poolings=poolings,
+        log=progress,
+        source=data.path,
+        lines=data.lines or None,
     )
-    head.info.update(
-        {
-            "data": Path(data.path).name,
-            "data_sha256": data.sha256,
-            "feature_seconds": round(st.seconds, 3),
-            "feature_items_per_s": round(len(data.texts) / st.seconds, 3) if st.seconds else None,
-            "seconds_per_item_note": f"measured to layer {deepest}, scaled by the blocks run",
-            "train_seconds": round(st.seconds + time.perf_counter() - t0, 3),
-        }
-    )
+    head.info.update({"data": Path(data.path).name, "data_sha256": data.sha256})
     return head
 
 
 def head_classifier(engine: Any, labels: Sequence[str], system: str | None, template: str, **kwargs: Any) -> Any:
-    """A classifier in head mode with an untrained (zero) head: its prompt, prefix cache and
-    batch plan give `train` its features; no label tokens are run or checked."""
+    """A classifier that gives features only (`Classifier(..., features_only=True)`): its
+    prompt, prefix cache and batch plan give `train_head` its features; no label tokens
+    are run or checked, and it classifies nothing."""
     from .classifier import Classifier
 
-    dim = int(engine.model.args.hidden_size)
-    k = len(labels)
-    zero = Head(tuple(labels), (1,), np.zeros(dim), np.ones(dim), np.zeros((k, dim)), np.zeros(k))
-    return Classifier(engine, labels, system, template, head=zero, **kwargs)
+    return Classifier(engine, labels, system, template, features_only=True, **kwargs)
 
 
 def run_train(
@@ -293,4 +425,5 @@ __all__ = [
     "read_training_data",
     "run_train",
     "train",
+    "train_head",
 ]

@@ -1,0 +1,592 @@
+"""`SLMClassifier`: mlx-slm as a scikit-learn classifier, for notebooks and model selection.
+
+    est = SLMClassifier(model="qwen2.5-coder-0.5b").fit(texts, y)   # a learned head
+    est.predict(new_texts); est.predict_proba(new_texts)            # columns in classes_ order
+    cross_val_score(est, texts, y, cv=5); joblib.dump(est, "est.joblib")
+
+It is a thin shell over the library: `fit` runs `train.train_head` (method "head", the
+same cross-validated choice of parts and estimator as `mlx-slm train`) or builds a
+zero-shot label-scoring `Classifier` (method "labels", with `Classifier.fit_calibration`
+when calibration is "fit" or "em"), and keeps the result as a `task.Task`: the same task
+file the CLI, the service and Ray take (`to_task`, `from_task`). Predictions come from
+`Classifier.classify` on that task.
+
+Why the weights live outside the estimator: scikit-learn clones an estimator for every
+fold and every grid candidate, and pickles it to save it. The loaded model (hundreds of
+MB) is held once per process in a cache keyed by the model and its weights' sha256
+(`shared_engine`), shared by every clone; a pickle holds the task (labels, prompt, head,
+calibration, the model's name and its weights' sha256), and the first prediction after
+loading finds the model by that name or path and refuses other weights, naming both
+hashes.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    from sklearn.base import BaseEstimator, ClassifierMixin
+    from sklearn.utils.multiclass import check_classification_targets
+    from sklearn.utils.validation import check_is_fitted
+except ImportError as e:  # pragma: no cover - the extra is missing
+    from .errors import MissingExtra
+
+    raise MissingExtra("mlx_slm.sklearn needs scikit-learn: pip install 'mlx-slm[sklearn]'") from e
+
+from .registry import DEFAULT_MODEL
+
+# The estimator's own prompt defaults (not the CLI's ticket-specific ones): they name the
+# labels ({labels} is filled with them), whatever the task.
+DEFAULT_SYSTEM = "Classify the text. Answer with exactly one of: {labels}."
+DEFAULT_TEMPLATE = "Text: {text}\nLabel:"
+METHODS = ("head", "labels")
+
+__all__ = [
+    "DEFAULT_SYSTEM",
+    "DEFAULT_TEMPLATE",
+    "FEATURES",
+    "FeatureCache",
+    "SLMClassifier",
+    "clear_engines",
+    "shared_engine",
+]
+
+
+# --------------------------------------------------------------------------- one engine per process
+_ENGINES: dict[tuple[str, str | None], Any] = {}  # (model as given, dtype) -> Engine
+_LOCK = threading.Lock()
+
+
+def shared_engine(model: str | Path, dtype: str | None = None) -> Any:
+    """The process's one loaded `Engine` for `model` (a name or path) in `dtype`.
+
+    Loaded on first use (under a lock: clones fitted in threads wait for one load, not
+    several), then shared by every estimator and clone. Two names for the same weights
+    share one engine too: after a load, an engine already held with the same weights
+    sha256 and dtype is kept and the new one dropped."""
+    from .engine import Engine
+
+    key = (str(model), dtype)
+    with _LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            engine = Engine.load(model, dtype)
+            same = [
+                e
+                for e in _ENGINES.values()
+                if e.weights_sha256 is not None
+                and e.weights_sha256 == engine.weights_sha256
+                and e.compute_dtype == engine.compute_dtype
+            ]
+            engine = same[0] if same else engine
+            _ENGINES[key] = engine
+        return engine
+
+
+def clear_engines() -> None:
+    """Forget the loaded engines and the features computed on them (their memory goes once
+    no estimator holds a classifier on them)."""
+    with _LOCK:
+        _ENGINES.clear()
+    FEATURES.clear()
+
+
+# --------------------------------------------------------------------------- features, once per text
+FEATURE_CACHE_BYTES = 1 << 30  # hidden states kept: 300 texts x 8 layers x 2 poolings x 896 floats is 17 MB
+
+
+class FeatureCache:
+    """The hidden states already computed, per (engine, prompt, text) and (layer, pooling).
+
+    Model selection fits one estimator many times on overlapping texts: the folds of
+    `cross_val_score` share most of their training texts, and every `GridSearchCV`
+    candidate sees the same folds. The forward pass is the cost; the head's fit on its
+    features is cheap. So the estimator asks here first, and runs only the texts (or the
+    parts) not seen yet: each text runs about once however many folds and candidates
+    there are. Keys hold the engine itself (identity), the prompt as the classifier
+    renders it (system, template, examples, truncation, context): another prompt is
+    another text. Least recently used texts go past `max_bytes`. A cached text's
+    numbers come from the batch it first ran in; batching changes them only in float
+    rounding (left padding and RoPE offsets keep each row's maths its own)."""
+
+    def __init__(self, max_bytes: int = FEATURE_CACHE_BYTES):
+        self.max_bytes = max_bytes
+        self._rows: OrderedDict[tuple[Any, ...], dict[tuple[int, str], np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def features(
+        self,
+        clf: Any,
+        texts: Sequence[str],
+        layers: Sequence[int],
+        poolings: Sequence[str],
+        window: int = 1024,
+        progress: bool = False,
+    ) -> tuple[dict[str, np.ndarray], list[str | None], Any]:
+        """As `Classifier.features` returns them; the run's `Stats` count the texts run now."""
+        from .classifier import Stats
+
+        layers, poolings = list(layers), tuple(poolings)
+        f = clf.format
+        prompt = (clf.engine, f.system, f.template, f.examples, clf.truncate, clf.max_length)
+        parts = [(x, p) for p in poolings for x in layers]
+        with self._lock:
+            held = [self._rows.get((prompt, t)) for t in texts]
+            for t, h in zip(texts, held):
+                if h is not None:
+                    self._rows.move_to_end((prompt, t))
+        todo = [i for i, h in enumerate(held) if h is None or any(k not in h for k in parts)]
+        errors: list[str | None] = [None] * len(texts)
+        st = Stats()
+        if todo:
+            got, errs, st = clf.features([texts[i] for i in todo], layers, window, poolings, progress=progress)
+            with self._lock:
+                for j, i in enumerate(todo):
+                    if errs[j] is not None:
+                        errors[i] = errs[j]
+                        continue
+                    entry = self._rows.setdefault((prompt, texts[i]), {})
+                    for c, x in enumerate(layers):
+                        for p in poolings:
+                            if (x, p) not in entry:
+                                entry[(x, p)] = got[p][j, c].copy()  # a copy: the batch's array can go
+                                self._bytes += entry[(x, p)].nbytes
+                    held[i] = entry
+                while self._bytes > self.max_bytes and len(self._rows) > 1:
+                    _, old = self._rows.popitem(last=False)
+                    self._bytes -= sum(a.nbytes for a in old.values())
+        dim = int(clf.model.args.hidden_size)
+        out = {p: np.full((len(texts), len(layers), dim), np.nan, dtype=np.float32) for p in poolings}
+        for i, h in enumerate(held):
+            if errors[i] is None and h is not None:
+                for c, x in enumerate(layers):
+                    for p in poolings:
+                        out[p][i, c] = h[(x, p)]
+        return out, errors, st
+
+
+FEATURES = FeatureCache()
+
+
+# --------------------------------------------------------------------------- input checks
+def _is_frame(x: Any) -> bool:
+    return type(x).__name__ == "DataFrame" and hasattr(x, "columns") and hasattr(x, "iloc")
+
+
+def _missing(x: Any) -> bool:
+    from .classifier import _missing as missing
+
+    return missing(x)
+
+
+def _column(x: Any, what: str) -> list[Any]:
+    """A list, 1-D array, pandas Series, one-column DataFrame or (n, 1) array as a list."""
+    if x is None:
+        raise ValueError(f"{what} is None: give a sequence (a list, a NumPy array or a pandas Series)")
+    if isinstance(x, (str, bytes, bytearray)):
+        raise ValueError(
+            f"{what} is one {type(x).__name__}: give a sequence of them, e.g. [{x[:30]!r}] (one item a row)"
+        )
+    if _is_frame(x):
+        if x.shape[1] != 1:
+            raise ValueError(
+                f"{what} is a DataFrame of {x.shape[1]} columns: select the one column it should be "
+                "(df['text']), or let a ColumnTransformer pass that column"
+            )
+        x = x.iloc[:, 0]
+    if hasattr(x, "to_numpy") and not isinstance(x, np.ndarray):  # a pandas Series (keeps None/NaN as they are)
+        x = x.to_numpy(dtype=object)
+    if hasattr(x, "toarray"):
+        raise ValueError(f"{what} is a sparse matrix: give texts (a list, a NumPy array or a pandas Series)")
+    if isinstance(x, np.ndarray):
+        if x.ndim == 2 and x.shape[1] == 1:
+            x = x[:, 0]
+        if x.ndim != 1:
+            raise ValueError(f"{what} has shape {x.shape}: give one item a row (a 1-D array, or a single column)")
+        return x.tolist()
+    try:
+        return list(x)
+    except TypeError:
+        raise ValueError(
+            f"{what} must be a sequence (a list, a NumPy array, a pandas Series), not {type(x).__name__}"
+        ) from None
+
+
+def _texts(X: Any) -> list[str]:
+    """X as a list of non-empty str; anything else is a `ValueError` naming the row."""
+    texts = _column(X, "X")
+    if not texts:
+        raise ValueError("X holds no texts (0 rows): give at least one")
+    for i, t in enumerate(texts):
+        if isinstance(t, (bytes, bytearray)):
+            raise ValueError(f"X row {i} is bytes, not text: decode it first (e.g. x.decode('utf-8'))")
+        if _missing(t):
+            raise ValueError(f"X row {i}: the text is missing (None/NaN): fill it in, or drop the row")
+        if not isinstance(t, str):
+            raise ValueError(f"X row {i} is {type(t).__name__} {t!r:.40}, not a text (str): X holds texts")
+        if not t.strip():
+            raise ValueError(f"X row {i}: the text is empty: give it some text, or drop the row")
+    return [str(t) for t in texts]
+
+
+def _targets(y: Any, n: int) -> np.ndarray:
+    """y as a 1-D array of labels (strings or integers), one per text."""
+    if y is None:
+        raise ValueError("requires y to be passed, but the target y is None: give each text its label")
+    got = _column(y, "y")
+    if len(got) != n:
+        raise ValueError(f"X has {n} texts but y has {len(got)} labels: give one label per text")
+    for i, v in enumerate(got):
+        if isinstance(v, (bytes, bytearray)):
+            raise ValueError(f"y row {i} is bytes: give labels as str (decode them) or integers")
+        if _missing(v):
+            raise ValueError(f"y row {i}: the label is missing (None/NaN): give every text its label, or drop the row")
+        if isinstance(v, (list, tuple, dict, set, np.ndarray)):
+            raise ValueError(f"y row {i} is a {type(v).__name__}: one label per text (multi-label is not supported)")
+    kinds = {"str" if isinstance(v, str) else type(v).__name__ for v in got}
+    if "str" in kinds and len(kinds) > 1:
+        raise ValueError(
+            f"y mixes label types ({', '.join(sorted(kinds))}): give every label as str, or every one as int"
+        )
+    arr = np.asarray(got)
+    check_classification_targets(arr)  # floats with fractions: "Unknown label type: continuous"
+    return arr
+
+
+# --------------------------------------------------------------------------- the estimator
+class SLMClassifier(ClassifierMixin, BaseEstimator):
+    """A text classifier on a small language model, with scikit-learn's API.
+
+    Parameters (stored as given; checked when `fit` runs):
+
+    model: a built-in name, converted dir, HF dir, `.gguf` or hub id (loaded once per process).
+    method: "head" trains a linear head on the model's hidden states (`mlx-slm train`'s cross-
+        validated choice of layers, poolings and estimator; needs `folds` examples per label);
+        "labels" scores the label names zero-shot (`y` only sets `classes_` and fits the
+        calibration).
+    labels: the classes, in order (default: the sorted labels of `y`); a `y` outside them is refused.
+    system, template: the prompt (None: `DEFAULT_SYSTEM`, `DEFAULT_TEMPLATE`; `{labels}` in
+        `system` is filled with the labels, `{text}` in `template` with each text; "" for no
+        system message).
+    examples: few-shot (text, label) pairs put in the prompt.
+    calibration: for method "labels": "none", "batch" (each `predict` call's texts set the
+        prior), "fit" or "em" (fitted on `X, y` at `fit`). A head's probabilities are fitted
+        already: "none" only.
+    layers: the head's candidate layers: "auto", "all", "6,12,24" or a list of layer numbers.
+    pooling: "auto" (both), "last" or "mean": how each layer's hidden states are pooled.
+    folds, random_state: the head's stratified cross-validation and its shuffle.
+    batch_size, max_batch_tokens, truncate, dtype: as the CLI's options (None: the defaults).
+    verbose: 0 silent; 1 tqdm bars over feature extraction and classification; 2 also each
+        training step on stderr.
+
+    Fitted attributes: `classes_` (labels as given in `y`, strings or integers), `task_`
+    (the `task.Task` that predictions run: save it with `to_task`).
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        method: str = "head",
+        labels: Sequence[Any] | None = None,
+        system: str | None = None,
+        template: str | None = None,
+        examples: Sequence[tuple[str, str]] | None = None,
+        calibration: str = "none",
+        layers: str | Sequence[int] = "auto",
+        pooling: str = "auto",
+        folds: int = 5,
+        random_state: int = 0,
+        batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        truncate: str | None = None,
+        dtype: str | None = None,
+        verbose: int = 0,
+    ):
+        self.model = model
+        self.method = method
+        self.labels = labels
+        self.system = system
+        self.template = template
+        self.examples = examples
+        self.calibration = calibration
+        self.layers = layers
+        self.pooling = pooling
+        self.folds = folds
+        self.random_state = random_state
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.truncate = truncate
+        self.dtype = dtype
+        self.verbose = verbose
+
+    # ------------------------------------------------------------------ scikit-learn's tags
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False  # X is texts, not a numeric matrix
+        tags.input_tags.string = True
+        tags.input_tags.allow_nan = False
+        tags.target_tags.required = True
+        return tags
+
+    def _more_tags(self) -> dict[str, Any]:  # scikit-learn before 1.6
+        return {"X_types": ["string"], "requires_y": True}
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X: Any, y: Any = None) -> SLMClassifier:
+        """Train the head (method "head") or set up zero-shot label scoring (method
+        "labels", fitting "fit"/"em" calibration on `X, y`). `X`: texts (list, NumPy array,
+        pandas Series, one-column DataFrame); `y`: each text's label, str or int."""
+        from .calibration import CalibrationSpec
+        from .classifier import DEFAULT_BATCH_SIZE, Classifier
+        from .convert import versions
+        from .prompts import fill_labels
+        from .task import Task
+        from .train import train_head
+
+        self._check_params()
+        texts = _texts(X)
+        zero_shot_without_y = self.method == "labels" and y is None and self.labels is not None
+        if zero_shot_without_y:
+            if self.calibration in ("fit", "em"):
+                raise ValueError(f"calibration={self.calibration!r} is fitted on labelled texts: give y")
+            classes = np.asarray(list(self.labels))
+            gold = None
+        else:
+            y_arr = _targets(y, len(texts))
+            classes = np.unique(y_arr) if self.labels is None else np.asarray(list(self.labels))
+            if self.labels is not None:
+                known = {_key(c) for c in classes}
+                for i, v in enumerate(y_arr.tolist()):
+                    if _key(v) not in known:
+                        raise ValueError(
+                            f"y row {i}: label {v!r} is not in labels={list(classes.tolist())[:8]}: add it to "
+                            "labels, or drop the row"
+                        )
+            if len(classes) < 2:
+                raise ValueError(
+                    f"y has one class ({classes[0]!r}): a classifier needs examples of at least two classes"
+                    if len(classes)
+                    else "y has no class: give labelled texts"
+                )
+            gold = [str(v) for v in y_arr.tolist()]
+        names = [str(c) for c in classes.tolist()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"labels {names[:8]} repeat once written as text: give distinct labels")
+        system = DEFAULT_SYSTEM if self.system is None else (self.system or None)
+        system = fill_labels(system, names)
+        template = DEFAULT_TEMPLATE if self.template is None else self.template
+        examples = tuple((str(t), str(lab)) for t, lab in (self.examples or ()))
+        engine = shared_engine(self.model, self.dtype)
+        batching = {
+            "batch_size": self.batch_size or DEFAULT_BATCH_SIZE,
+            "max_batch_tokens": self.max_batch_tokens or "auto",
+            "truncate": self.truncate,
+        }
+        show = self.verbose > 0
+        head, spec = None, CalibrationSpec.of(self.calibration)
+        if self.method == "head":
+            assert gold is not None
+            log = (lambda m: print(f"mlx-slm: {m}", file=sys.stderr, flush=True)) if self.verbose > 1 else None
+            head = train_head(
+                engine,
+                texts,
+                gold,
+                classes=names,
+                system=system,
+                template=template,
+                examples=examples,
+                layers=self.layers if isinstance(self.layers, str) else [int(x) for x in self.layers],
+                folds=self.folds,
+                seed=self.random_state,
+                poolings=("last", "mean") if self.pooling == "auto" else (self.pooling,),
+                progress=show,
+                log=log,
+                extract=FEATURES.features,
+                **batching,
+            )
+        elif spec.needs_data:
+            assert gold is not None
+            clf = Classifier(engine, names, system, template, examples=examples, **batching)
+            spec = clf.fit_calibration(texts, gold, spec, progress=show)
+        self.task_ = Task(
+            model=str(self.model),
+            labels=tuple(names),
+            system=system,
+            template=template,
+            examples=examples,
+            calibration=spec,
+            weights_sha256=engine.weights_sha256,
+            versions=versions(),
+            head=head,
+        )
+        self.classes_ = classes
+        self.__dict__.pop("_clf_cache", None)
+        return self
+
+    def _check_params(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r}: give 'head' (a learned head) or 'labels' (zero-shot)")
+        if self.calibration not in ("none", "batch", "fit", "em"):
+            raise ValueError(f"calibration={self.calibration!r}: give 'none', 'batch', 'fit' or 'em'")
+        if self.method == "head" and self.calibration != "none":
+            raise ValueError(
+                "calibration applies to method='labels'; a head's probabilities are fitted on the labelled data "
+                "already: leave calibration='none'"
+            )
+        if self.pooling not in ("auto", "last", "mean"):
+            raise ValueError(f"pooling={self.pooling!r}: give 'auto', 'last' or 'mean'")
+        if isinstance(self.model, (bytes, bytearray)) or not isinstance(self.model, (str, Path)):
+            raise ValueError(f"model={self.model!r}: give a model name or path (a str)")
+        if isinstance(self.labels, (str, bytes)):
+            raise ValueError(f"labels={self.labels!r}: give a list of labels, e.g. ['spam', 'ham']")
+
+    # ------------------------------------------------------------------ predict
+    def _clf(self) -> Any:
+        """The classifier the fitted task defines, on the shared engine (made once per engine)."""
+        from .classifier import DEFAULT_BATCH_SIZE, Classifier
+
+        check_is_fitted(self, "task_")
+        engine = shared_engine(self.model, self.dtype)
+        clf = self.__dict__.get("_clf_cache")
+        if clf is None or clf.engine is not engine:
+            # from_task refuses a fitted head or prior on other weights, naming both sha256.
+            if self.task_.weights_sha256 and (self.task_.head is not None or self.task_.calibration.fitted):
+                self.task_.check_weights(engine.weights_sha256, str(self.model))
+            clf = Classifier.from_task(
+                self.task_,
+                engine=engine,
+                batch_size=self.batch_size or DEFAULT_BATCH_SIZE,
+                max_batch_tokens=self.max_batch_tokens or "auto",
+                truncate=self.truncate,
+            )
+            self._clf_cache = clf
+        return clf
+
+    def _log_proba(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(probabilities, log-probabilities), (N, k) in `classes_` order."""
+        from .labels import log_softmax
+
+        check_is_fitted(self, "task_")
+        texts = _texts(X)
+        clf = self._clf()
+        if clf.head is not None:  # the head's maths on its features (cached), as Classifier._run_head does it
+            lp = clf.head.log_probs(self._head_input(clf, texts))
+            return np.exp(lp), lp
+        names = list(self.task_.labels)
+        preds = clf.classify(texts, progress=self.verbose > 0)
+        probs = np.empty((len(texts), len(names)))
+        logp = np.empty_like(probs)
+        for p in preds:
+            if not p.ok:
+                raise ValueError(f"X row {p.index}: {p.error}")
+            probs[p.index] = [p.probs[lab] for lab in names]
+            if p.raw_probs is None:  # uncalibrated: the scores are the model's (or the head's) log-scores
+                logp[p.index] = log_softmax(np.array([p.scores[lab] for lab in names]))
+            else:
+                logp[p.index] = np.log(np.maximum(probs[p.index], np.finfo(float).tiny))
+        return probs, logp
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """(N, k) probabilities, columns in `classes_` order; rows sum to 1."""
+        return self._log_proba(X)[0]
+
+    def predict_log_proba(self, X: Any) -> np.ndarray:
+        return self._log_proba(X)[1]
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """The log-probabilities (N, k) in `classes_` order; with two classes scikit-learn's
+        binary convention, log p(classes_[1]) - log p(classes_[0]) (N,)."""
+        lp = self._log_proba(X)[1]
+        return lp[:, 1] - lp[:, 0] if lp.shape[1] == 2 else lp
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The most probable class of each text (an element of `classes_`)."""
+        proba = self.predict_proba(X)  # first: NotFittedError before classes_ is read
+        return self.classes_[np.argmax(proba, axis=1)]
+
+    def transform(self, X: Any) -> np.ndarray:
+        """The head's features of each text: its layers' hidden states, pooled as it reads
+        them, side by side: (N, parts x hidden size) float32, to feed another model."""
+
+        check_is_fitted(self, "task_")
+        if self.task_.head is None:
+            raise ValueError("transform gives a learned head's features: fit with method='head'")
+        texts = _texts(X)
+        return self._head_input(self._clf(), texts).reshape(len(texts), -1).astype(np.float32)
+
+    def _head_input(self, clf: Any, texts: list[str]) -> np.ndarray:
+        """(N, parts, D): the head's parts of each text's hidden states, from the feature cache."""
+        from .heads import head_input
+
+        head = clf.head
+        layers, poolings = sorted(set(head.layers)), tuple(sorted(set(head.poolings)))
+        feats, errors, _ = FEATURES.features(clf, texts, layers, poolings, progress=self.verbose > 0)
+        for i, e in enumerate(errors):
+            if e is not None:
+                raise ValueError(f"X row {i}: {e}")
+        return head_input(feats, layers, head)
+
+    # ------------------------------------------------------------------ tasks and pickles
+    def to_task(self, path: str | Path) -> Path:
+        """Save the fitted task file (`mlx-slm classify --task`, serve, Ray and `from_task` take it)."""
+        check_is_fitted(self, "task_")
+        self.task_.save(path)
+        return Path(path)
+
+    @classmethod
+    def from_task(cls, task: Any, **params: Any) -> SLMClassifier:
+        """A fitted estimator from a task file (or `Task`): model, labels, prompt, head or
+        calibration as saved. `params`: run settings (batch_size, truncate, verbose, ...).
+        `classes_` are the task's labels (strings)."""
+        from .task import Task
+
+        t = task if isinstance(task, Task) else Task.load(task)
+        est = cls(
+            model=t.model,
+            method="head" if t.head is not None else "labels",
+            labels=list(t.labels),
+            system=t.system or "",
+            template=t.template,
+            examples=[tuple(e) for e in t.examples] or None,
+            calibration=t.calibration.kind,
+            **params,
+        )
+        est.task_ = t
+        est.classes_ = np.asarray(t.labels)
+        return est
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state.pop("_clf_cache", None)  # the weights stay out of the pickle: the task names them
+        if "task_" in state:
+            state["task_"] = state["task_"].to_dict()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from .task import Task
+
+        state = dict(state)
+        if isinstance(state.get("task_"), dict):
+            state["task_"] = Task.from_dict(state["task_"], "the pickled SLMClassifier's task")
+        super().__setstate__(state)
+
+
+def _key(v: Any) -> Any:
+    """A label as compared with `labels=`: numpy scalars as Python values."""
+    return v.item() if isinstance(v, np.generic) else v
