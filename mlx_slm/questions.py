@@ -146,13 +146,7 @@ class Question:
         return cls(d["name"], d.get("question") or "", "head", tuple(head.labels), head=head)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise QuestionError(
-                f"question name {self.name!r}: use letters, digits, '_' or '-' (it names an output field), "
-                "starting with a letter"
-            )
-        if self.name in RESERVED_NAMES:
-            raise QuestionError(f"question name {self.name!r} clashes with an output field: rename the question")
+        check_name(self.name)
         if self.kind not in KINDS:
             raise QuestionError(f"question {self.name!r}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if self.kind == "head":
@@ -270,6 +264,16 @@ class Question:
         if self.kind == "multi" and self.answers != ("yes", "no"):
             d["answers"] = list(self.answers)
         return d
+
+
+def check_name(name: Any) -> None:
+    """A question's name is an output key and a column prefix: a word, and no output field's."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise QuestionError(
+            f"question name {name!r}: use letters, digits, '_' or '-' (it names an output field), starting with a letter"
+        )
+    if name in RESERVED_NAMES:
+        raise QuestionError(f"question name {name!r} clashes with an output field: rename the question")
 
 
 def check_questions(questions: Sequence[Question]) -> tuple[Question, ...]:

@@ -414,6 +414,84 @@ def run_train(
     return task, format_table(head)
 
 
+def run_train_fields(
+    data_path: str,
+    save_task: str,
+    fields: Sequence[str],
+    *,
+    model: str,
+    system: str | None = None,
+    template: str | None = None,
+    read: Mapping[str, Any] | None = None,
+    layers: str | None = "auto",
+    layer: int | None = None,
+    folds: int = DEFAULT_FOLDS,
+    seed: int = 0,
+    dtype: str | None = None,
+    dequantize: bool | None = None,
+    window: int = 1024,
+    poolings: Sequence[str] = POOLINGS,
+    progress: Callable[[str], None] = lambda _m: None,
+    **clf_kwargs: Any,
+) -> tuple[Any, str]:
+    """`train --label-field A --label-field B ...`: one head per gold field, from one pass over
+    the texts (every head's candidate layers together, the forward stopped at the deepest),
+    saved as a task of questions (each head a question named by its field) that `classify
+    --task` runs, and that `--questions` can add zero-shot questions to. The prompt is the
+    questions' (default system "You answer questions about a text ...", template `Text:
+    {text}`): the heads read the text's own prompt, which zero-shot questions continue."""
+    from .convert import versions
+    from .engine import Engine
+    from .prompts import check_plain_system, check_template
+    from .questions import DEFAULT_SYSTEM as Q_SYSTEM
+    from .questions import DEFAULT_TEMPLATE as Q_TEMPLATE
+    from .questions import Question, QuestionError, check_name, check_questions
+    from .task import Task
+
+    if len(set(fields)) != len(fields):
+        raise TrainError(f"--label-field {sorted(f for f in fields if fields.count(f) > 1)[0]!r} is given twice")
+    for f in fields:  # before any work: each field names its head's question
+        try:
+            check_name(f)
+        except QuestionError as e:
+            raise TrainError(f"--label-field {f!r}: {e}; rename the field in the data") from None
+    datas = [read_training_data(data_path, None, folds=folds, **{**(read or {}), "gold_field": f}) for f in fields]
+    system = Q_SYSTEM if system is None else check_plain_system(system)
+    template = Q_TEMPLATE if template is None else check_template(template, placeholders=("text", "question"))
+    progress(f"loading {model}")
+    engine = Engine.load(model, dtype, dequantize)
+    clf = head_classifier(engine, datas[0].labels, system, template, **clf_kwargs)
+    n = len(clf.model.layers)
+    spec = parse_layers(layers, n) if layers is None or isinstance(layers, str) else list(layers)
+    every = sorted({x for c in candidates(sorted(set(spec) | ({layer} if layer else set())), n, poolings=poolings)
+                    for x in c.layers})  # fmt: skip
+    progress(
+        f"features: {len(datas[0].texts)} texts, layers {', '.join(map(str, every))}, once for {len(fields)} heads"
+    )
+    feats, errors, st = clf.features(datas[0].texts, every, window=window, poolings=poolings)
+
+    def cached(_clf: Any, texts: Sequence[str], want: Sequence[int], pools: Sequence[str], *_: Any) -> Any:
+        cols = [every.index(x) for x in want]  # the one pass's layers, as each head asks for them
+        return {p: feats[p][:, cols] for p in pools}, errors, st
+
+    heads = []
+    for f, data in zip(fields, datas):
+        progress(f"head for {f!r}: {len(data.labels)} labels")
+        head = train_head(clf, data.texts, [data.labels[i] for i in data.gold], classes=data.labels, layers=spec,
+                          layer=layer, folds=folds, seed=seed, window=window, poolings=poolings, log=progress,
+                          source=data.path, lines=data.lines, extract=cached)  # fmt: skip
+        head.info.update({"data": Path(data.path).name, "data_sha256": data.sha256, "gold_field": f})
+        heads.append(head)
+    try:
+        qs = check_questions([Question(f, "", "head", h.labels, head=h) for f, h in zip(fields, heads)])
+    except QuestionError as e:
+        raise TrainError(f"--label-field: {e} (the field names the head's question: rename the field)") from None
+    task = Task(model=model, labels=(), system=system, template=template, weights_sha256=engine.weights_sha256,
+                versions=versions(), questions=qs)  # fmt: skip
+    task.save(save_task)
+    return task, "\n\n".join(f"== {f}\n{format_table(h)}" for f, h in zip(fields, heads))
+
+
 __all__ = [
     "TrainError",
     "TrainingData",
@@ -424,6 +502,7 @@ __all__ = [
     "parse_layers",
     "read_training_data",
     "run_train",
+    "run_train_fields",
     "train",
     "train_head",
 ]

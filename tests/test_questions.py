@@ -478,3 +478,54 @@ def test_shards_merge_and_resume_with_questions(tiny_qwen_mlx, tmp_path):
     r = run(main, ["classify", str(inp), "-o", str(whole), "--resume", *base])
     assert r.exit_code == 0, r.output
     assert whole.read_bytes() == (tmp_path / "m.jsonl").read_bytes()
+
+
+def test_train_one_head_per_field_in_one_pass(tiny_qwen_mlx, tmp_path, monkeypatch):
+    """train --label-field team --label-field urgent: one forward pass over the texts, a head per
+    field, a task of head questions that classify --task runs (with more --questions too); a
+    row without one field's gold label, a field named like an output field, --labels: named."""
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.cli import main
+    from mlx_slm.task import Task
+    from mlx_slm.workload import tickets
+
+    run = CliRunner().invoke
+    rows = [{"text": t, "team": lab, "urgent": "yes" if i % 3 else "no"} for i, (t, lab) in enumerate(tickets(30))]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    calls = []
+    real = Classifier.features
+    monkeypatch.setattr(Classifier, "features", lambda self, *a, **k: calls.append(len(a[0])) or real(self, *a, **k))
+    task = tmp_path / "t.json"
+    base = ["train", str(data), "--model", str(tiny_qwen_mlx), "--layers", "1,3", "--folds", "3"]
+    r = run(main, [*base, "--label-field", "team", "--label-field", "urgent", "--save-task", str(task)])
+    assert r.exit_code == 0, r.output
+    assert calls == [30], calls  # one pass over the 30 texts for both heads
+    assert "== team" in r.stdout and "== urgent" in r.stdout
+    t = Task.load(task)
+    assert [(q.name, q.kind, q.labels) for q in t.questions] == [
+        ("team", "head", ("account", "billing", "technical")), ("urgent", "head", ("no", "yes"))]  # fmt: skip
+    assert t.questions[1].head.info["gold_field"] == "urgent"
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in rows[:5]))
+    qf = tmp_path / "q.jsonl"
+    qf.write_text(json.dumps(QUESTIONS[2].to_dict()) + "\n")
+    r = run(main, ["classify", str(inp), "--task", str(task), "--questions", str(qf), "-o", str(tmp_path / "o.jsonl")])
+    assert r.exit_code == 0, r.output
+    got = [json.loads(x)["answers"] for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert list(got[0]) == ["team", "urgent", "mood"]
+    # each head alone (Classifier with head=) gives the same answers
+    clf = Classifier.load(str(tiny_qwen_mlx), t.questions[0].head.labels, t.system, t.template,
+                          head=t.questions[0].head)  # fmt: skip
+    for p, a in zip(clf.classify([r["text"] for r in rows[:5]]), got):
+        assert p.label == a["team"]["label"] and p.probs == pytest.approx(a["team"]["probs"], abs=1e-4)
+    rows[7].pop("urgent")
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run(main, [*base, "--label-field", "team", "--label-field", "urgent", "--save-task", str(task)])
+    assert r.exit_code == 2 and "line 8: no gold label in 'urgent'" in r.output
+    r = run(main, [*base, "--label-field", "team", "--label-field", "id", "--save-task", str(task)])
+    assert r.exit_code == 2 and "clashes with an output field" in r.output
+    r = run(
+        main, [*base, "--label-field", "team", "--label-field", "urgent", "--labels", "a,b", "--save-task", str(task)]
+    )
+    assert r.exit_code == 2 and "--labels goes with one --label-field" in r.output

@@ -12,7 +12,7 @@ from .options import some_task_options
 
 _TRAIN_TASK_OPTIONS = {
     "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
-    "text_column", "id_column", "gold_field", "batch_size", "max_batch_tokens", "window", "no_prefix_cache",
+    "text_column", "id_column", "batch_size", "max_batch_tokens", "window", "no_prefix_cache",
     "truncate", "dtype", "keep_quantized", "quiet",
 }  # fmt: skip
 
@@ -43,6 +43,17 @@ _TRAIN_TASK_OPTIONS = {
     "auto (both are candidates; the CV chooses).",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the folds' shuffle.")
+@click.option(
+    "--gold-field",
+    "--gold-column",
+    "--label-field",
+    "gold_fields",
+    multiple=True,
+    default=("label",),
+    show_default=True,
+    help="Field (JSONL) or column (CSV) of the gold label. Several (--label-field team --label-field urgent): "
+    "one head per field from one pass over the texts, saved as a task of questions named by the fields.",
+)
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
 def train(
@@ -54,6 +65,7 @@ def train(
     folds: int,
     pooling: str,
     seed: int,
+    gold_fields: tuple[str, ...],
     **o: Any,
 ) -> None:
     """Train a learned head on labelled DATA (text and --gold-field) and save it in a task.
@@ -74,6 +86,10 @@ def train(
 
     warn_blas()
     check_outputs([data, o["labels_file"], o["examples_file"]], [("--save-task", save_task)])
+    if len(gold_fields) > 1:
+        _train_fields(ctx, data, save_task, gold_fields, layers_spec, layer, folds, pooling, seed, o)
+        return
+    o["gold_field"] = gold_fields[0]
     labels, descriptions = None, {}
     if o["labels_file"]:
         from ..io import read_label_descriptions
@@ -111,3 +127,36 @@ def train(
     click.echo(table)
     if not o["quiet"]:
         err(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
+
+
+def _train_fields(
+    ctx: click.Context, data: str, save_task: str, fields: tuple[str, ...], layers_spec: str, layer: int | None,
+    folds: int, pooling: str, seed: int, o: dict[str, Any],
+) -> None:  # fmt: skip
+    """Several gold fields: one head per field, one pass over the texts, a task of questions."""
+    from ..classifier import DEFAULT_BATCH_SIZE
+    from ..train import run_train_fields
+
+    typed = given(ctx, o)
+    clash = {"labels_csv", "labels_file", "examples_file"} & typed
+    if clash:
+        names = {"labels_csv": "--labels", "labels_file": "--labels-file", "examples_file": "--examples"}
+        raise click.UsageError(
+            f"{names[sorted(clash)[0]]} goes with one --label-field: with several, each head takes its field's own labels"
+        )
+    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
+    _, table = run_train_fields(
+        data, save_task, list(fields), model=o["model"],
+        system=(o["system"] or None) if "system" in typed else None,
+        template=o["template"] if "template" in typed else None,
+        read={k: o[k] for k in keys}, layers=layers_spec, layer=layer, folds=folds, seed=seed,
+        poolings=("last", "mean") if pooling == "auto" else (pooling,), dtype=o["dtype"],
+        dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"], window=o["window"],
+        batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE, max_batch_tokens=o["max_batch_tokens"] or "auto",
+        use_prefix_cache=not o["no_prefix_cache"], truncate=o["truncate"],
+        progress=(lambda m: None) if o["quiet"] else (lambda m: err(f"mlx-slm: {m}")),
+    )  # fmt: skip
+    click.echo(table)
+    if not o["quiet"]:
+        err(f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
+            f"INPUT --task {save_task} (add zero-shot questions with --questions)")  # fmt: skip
