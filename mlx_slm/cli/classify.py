@@ -86,6 +86,8 @@ def classify(
       {"id": 1, "label": "billing", "probs": {"billing": 0.93, ...}}
       {"id": null, "line": 7, "error": "line 7: malformed JSON ..."}
     With --calibrate, "probs" are calibrated and "raw_probs" keep the model's own.
+    With --questions Q, each text's questions are answered in one pass:
+      {"id": 1, "answers": {"team": {"label": "billing", "probs": {...}}, "urgent": {...}}}
 
     \b
     With -o FILE the run holds FILE.lock (a second run on the same output stops)
