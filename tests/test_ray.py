@@ -290,3 +290,62 @@ def test_questions_on_ray_equal_the_local_run(local_ray, tiny_qwen_mlx, tmp_path
     out = batch(pa.table({"text": [ROWS[0]["text"], None]}))
     got = out.column("answers").to_pylist()
     assert set(got[0]) == {"team", "mood", "tags"} and got[1] is None and out.column("error").to_pylist()[1]
+
+
+@pytest.mark.slow
+def test_a_task_of_three_questions_and_a_head_on_ray_and_the_service(local_ray, tiny_qwen_mlx, tmp_path):
+    """A saved task of three zero-shot questions and one learned head: --task --ray writes the
+    local run's answers, and the service's /v1/classify answers the same."""
+    import httpx
+    import numpy as np
+
+    from mlx_slm.classifier import Classifier
+    from mlx_slm.convert import weights_sha256
+    from mlx_slm.engine import Engine
+    from mlx_slm.heads import Head, fit_linear
+    from mlx_slm.questions import Question
+    from mlx_slm.server import ServeOptions, Service
+    from mlx_slm.service.api import Loaded
+    from mlx_slm.task import Task
+    from mlx_slm.train import head_classifier
+
+    m = str(tiny_qwen_mlx)
+    system, template = "You answer questions about a text.", "Text: {text}"
+    texts = [r["text"] for r in ROWS[:24]]
+    feats, _, _ = head_classifier(Engine.load(m), ("a", "b", "c"), system, template).features(texts, [2])
+    head = Head(("a", "b", "c"), (2,), *fit_linear(feats["last"][:, 0], np.arange(24) % 3, 3, "lda"), kind="lda")
+    qs = (
+        Question("routed", "", "head", head.labels, head=head),
+        Question("team", "Which team?", "choice", ("billing", "technical")),
+        Question("mood", "How calm?", "scale", ("1", "2", "3")),
+        Question("tags", "About {label}?", "multi", ("card", "app"), answers=("y", "n")),
+    )
+    task = tmp_path / "task.json"
+    Task(m, (), system, template, weights_sha256=weights_sha256(tiny_qwen_mlx), questions=qs).save(task)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:30]))
+    local, dist = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    for out, extra in ((local, []), (dist, ["--ray", "--workers", "2"])):
+        r = CliRunner().invoke(main, ["classify", str(inp), "--task", str(task), "-o", str(out), "-q", *extra])
+        assert r.exit_code == 0, r.output
+    a = [json.loads(x)["answers"] for x in local.read_text().splitlines()]
+    b = [json.loads(x)["answers"] for x in dist.read_text().splitlines()]
+    assert len(a) == len(b) == 30 and list(a[0]) == ["routed", "team", "mood", "tags"]
+    for x, y in zip(a, b):
+        for q in qs:
+            assert x[q.name].get("label") == y[q.name].get("label") and x[q.name].get("labels") == y[q.name].get(
+                "labels"
+            )
+            assert y[q.name]["probs"] == pytest.approx(x[q.name]["probs"], abs=1e-5)
+    from test_server import ThreadServer
+
+    srv = ThreadServer(Service(lambda: Loaded(Classifier.from_task(str(task)), "none", None, model=m),
+                               ServeOptions())).start()  # fmt: skip
+    try:
+        resp = httpx.post(srv.url + "/v1/classify", json={"texts": [r["text"] for r in ROWS[:30]]}, timeout=60)
+        assert resp.status_code == 200, resp.text
+        for got, x in zip(resp.json()["results"], a):
+            for q in qs:
+                assert got["answers"][q.name]["probs"] == pytest.approx(x[q.name]["probs"], abs=1e-5)
+    finally:
+        srv.stop()
