@@ -1,0 +1,109 @@
+"""Output formats and paths: the format an output is written in, and never writing over an input."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import OutputError
+from ..safefs import refuse_symlink
+
+OUTPUT_FORMATS = ("jsonl", "csv", "tsv", "parquet")
+
+
+def delimiter(fmt: str) -> str:
+    """The field separator of a delimited output format ("csv" or "tsv")."""
+    return "\t" if fmt == "tsv" else ","
+
+
+_EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+
+def output_format(path: str | None, explicit: str | None = None) -> str:
+    """The output's format: `explicit`, else from the extension; an unknown extension is an error."""
+    if explicit:
+        if explicit not in OUTPUT_FORMATS:
+            raise OutputError(f"output format {explicit!r} is not one of {', '.join(OUTPUT_FORMATS)}")
+        return explicit
+    if path in (None, "-"):
+        return "jsonl"
+    ext = Path(path).suffix.lower()
+    if ext not in _EXTENSIONS:
+        raise OutputError(
+            f"-o {path}: unknown output extension {ext or '(none)'!r}; use .jsonl, .csv, .tsv or .parquet, "
+            "or say which with --output-format jsonl|csv|tsv|parquet"
+        )
+    return _EXTENSIONS[ext]
+
+
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def is_plain_file_target(output: str | None) -> bool:
+    """True for an output that is (or will be) a regular file: it gets a lock and a manifest.
+
+    stdout ('-'), /dev/null, a FIFO or a terminal are written as streams, like stdout.
+    """
+    if output in (None, "-"):
+        return False
+    try:
+        return stat.S_ISREG(os.stat(output).st_mode)
+    except FileNotFoundError:
+        return True
+
+
+def check_writable(path: str, what: str = "-o") -> None:
+    """Fail before any work if the file cannot be created where it is asked for (or is a link)."""
+    refuse_symlink(path, what)
+    if os.path.isdir(path):  # --plots names a folder; every other output is a file
+        if what != "--plots":
+            raise OutputError(f"{what} {path} is a folder: give a file path")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputError(f"{what} {path}: the folder is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise OutputError(f"{what} {path}: the folder {parent} does not exist: create it first")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"{what} {path}: the folder {parent} is not writable")
+
+
+def refuse_input_as_output(output: str, inputs: Sequence[str | None], flag: str = "-o") -> None:
+    """Raise if `output` is (a path, symlink or hard link to) any input; checked before opening it.
+
+    `None` or '-' stands for stdin: when stdin is a regular file (`< FILE`), that file counts.
+    """
+    try:
+        out_st = os.stat(output)
+    except FileNotFoundError:
+        return  # a new file cannot be an input (an input must exist)
+    for inp in inputs:
+        if inp in (None, "-"):
+            try:
+                in_st = os.fstat(sys.stdin.fileno())
+            except (OSError, ValueError, AttributeError):  # stdin closed or replaced (tests)
+                continue
+            where = "standard input"
+        else:
+            try:
+                in_st = os.stat(inp)
+            except OSError:
+                continue
+            where = f"the input {inp}"
+        if same_file(out_st, in_st):
+            raise OutputError(
+                f"{flag} {output} is {where} (the same file{', through a link' if inp not in (None, '-') and os.path.realpath(inp) != os.path.realpath(output) else ''}): "
+                "writing it would destroy the input; choose another output file"
+            )
