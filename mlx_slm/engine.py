@@ -157,7 +157,7 @@ class Engine:
         Returns (B, n_labels) (0 for one-token labels) and the tokens run.
         """
         B, L = batch.ids.shape
-        cache_mask = mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
+        cache_mask = _cache_mask(batch, prefix_len)
         end = batch.offsets.astype(np.int32) + L  # each row's position after its last prompt token
         out = np.zeros((B, n_labels), dtype=np.float64)
         ran = 0
@@ -230,7 +230,7 @@ class Engine:
         if not getattr(self.model, "supports_tree", False):
             raise ModelError(f"several questions per text need one of our architectures; {self.path} has no tree masks")
         B, L = batch.ids.shape
-        cache_mask = mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
+        cache_mask = _cache_mask(batch, prefix_len)
         end = batch.offsets.astype(np.int32) + L  # each row's position after its text part
         firsts = [np.asarray(b.options.first_ids if b.head is None else [], dtype=np.int64) for b in blocks]
         rows = np.unique(np.concatenate(firsts))
@@ -308,7 +308,7 @@ class Engine:
         of benchmarks/many_labels.py; `trie_logprobs` is the packed pass.
         """
         B, L = batch.ids.shape
-        cache_mask = mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
+        cache_mask = _cache_mask(batch, prefix_len)
         offsets = mx.array(batch.offsets + L)
         cols, ran = [], 0
         with self.lock:
@@ -355,3 +355,10 @@ def _head_scores(
             means.append((text_sums[x] + own) / (text_counts + m)[:, None])
         feats["mean"] = np.stack(means, axis=1).astype(np.float32)
     return head.log_probs(head_input(feats, layers, head))
+
+
+def _cache_mask(batch: batching.Batch, prefix_len: int) -> mx.array:
+    """Which cached keys a continuation of the batch's rows sees: the shared prefix, then each
+    row's own real prompt tokens (its left padding masked)."""
+    B = batch.ids.shape[0]
+    return mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
