@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from ..errors import UserError
-from ..job import Setup, check_outputs, err
+from ..job import check_outputs, err
+from ..setup import Setup
 from .base import Command, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
