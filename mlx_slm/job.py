@@ -22,7 +22,7 @@ from .calibration import CalibrationSpec, Calibrator
 from .errors import UsageError, UserError
 
 # The set-up moved to setup.py; its names stay importable from here.
-from .setup import Setup, TaskOptions, err, flag_names, note_descriptions  # noqa: F401
+from .setup import Setup, TaskOptions, err, flag_names  # noqa: F401
 
 RAY_INIT_TIMEOUT_S = 60  # joining (or starting) Ray: past this, exit 2 rather than wait on Ray's retries
 

@@ -80,16 +80,58 @@ def flag_names(names: set[str]) -> str:
     return ", ".join("--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(names))
 
 
-def note_descriptions(system: str | None, descriptions: dict[str, str], quiet: bool = False) -> None:
+def descriptions_note(system: str | None, descriptions: dict[str, str]) -> str | None:
     """Descriptions from --labels-file reach the model only through {label_descriptions} in
-    --system: say so when they would be dropped without a word."""
+    --system: the note that says so when they would be dropped without a word (or None)."""
     from .prompts import DESCRIPTIONS_PLACEHOLDER
 
-    if not quiet and any(descriptions.values()) and DESCRIPTIONS_PLACEHOLDER not in (system or ""):
-        err(
+    if any(descriptions.values()) and DESCRIPTIONS_PLACEHOLDER not in (system or ""):
+        return (
             "mlx-slm: note: --labels-file gives label descriptions, but --system has no {label_descriptions}: "
             "the model does not see them (add it, e.g. --system 'What the labels mean:\\n{label_descriptions}')"
         )
+    return None
+
+
+@dataclass(frozen=True)
+class CommandLabels:
+    """The labels a command was given, read once: `labels` (None when neither --labels nor
+    --labels-file was given: train then takes the data's own) and their descriptions."""
+
+    labels: list[str] | None
+    descriptions: dict[str, str]
+
+    def fill(self, system: str | None, typed: bool = True) -> str | None:
+        """`system` with {labels} and {label_descriptions} filled in. As typed (--system, or a
+        command's default): every {word} checked, {{ }} literal braces; a task's message
+        (`typed=False`) is filled as it is."""
+        fill = fill_system if typed else fill_labels
+        return fill(system, self.labels or [], self.descriptions)
+
+
+def read_labels(
+    labels_csv: str | None,
+    labels_file: str | None,
+    system: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> CommandLabels:
+    """A command's labels: --labels-file (a label a line, with its description; it wins over
+    --labels) or --labels (comma-separated). With `say`, a note when the descriptions would
+    not reach the model through `system`."""
+    from .labels import parse_labels
+
+    descriptions: dict[str, str] = {}
+    if labels_file:
+        from .io import read_label_descriptions
+
+        descriptions = read_label_descriptions(labels_file)  # a BOM dropped; bad UTF-8 names its line
+        labels: list[str] | None = list(descriptions)
+    else:
+        labels = parse_labels(labels_csv) if labels_csv is not None else None
+    note = descriptions_note(system, descriptions)
+    if say is not None and note:
+        say(note)
+    return CommandLabels(labels, descriptions)
 
 
 def _check_head_options(given: frozenset[str]) -> None:
@@ -215,22 +257,11 @@ class Setup:
             o.template = DEFAULT_TEMPLATE
 
     def _read_labels(self) -> None:
-        from .labels import parse_labels
-
         o = self.o
-        descriptions: dict[str, str] = {}
-        if o.labels_file:
-            from .io import read_label_descriptions
-
-            descriptions = read_label_descriptions(o.labels_file)  # a BOM dropped; bad UTF-8 names its line
-            self.labels = list(descriptions)
-        else:
-            self.labels = parse_labels(o.labels_csv)
+        got = read_labels(o.labels_csv, o.labels_file, o.system, None if o.quiet else err)
+        self.labels = got.labels
         # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
-        note_descriptions(o.system, descriptions, o.quiet)
-        # As typed (--system): every {word} checked; a task's message is filled as it is.
-        fill = fill_system if "system" in self.given else fill_labels
-        o.system = fill(o.system, self.labels, descriptions)
+        o.system = got.fill(o.system, typed="system" in self.given)
 
     def load(self) -> Any:
         from .classifier import DEFAULT_BATCH_SIZE, Classifier

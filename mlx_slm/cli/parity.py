@@ -9,8 +9,9 @@ import click
 
 from ..errors import UserError
 from ..job import err
-from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
+from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template
 from ..registry import BUILTINS, DEFAULT_MODEL
+from ..setup import read_labels
 from .base import ESCAPES_HELP, Command, escapes, warn_blas
 
 
@@ -92,7 +93,6 @@ def parity(
     MLX-quantized directory, (a) runs Transformers on its dequantized values and (c)
     checks our labels against mlx-lm's own forward on the directory (a failure too).
     """
-    from ..labels import parse_labels
     from ..parity import format_report, run_parity
     from ..reference import require_torch
 
@@ -113,14 +113,11 @@ def parity(
     if questions_file:
         _question_parity(model, reference, questions_file, n, input_path, system, template, dtype, as_json)
         return
-    descriptions: dict[str, str] = {}
-    if labels_file:
-        from ..io import read_label_descriptions
-
-        descriptions = read_label_descriptions(labels_file)
-    labels = list(descriptions) if labels_file else parse_labels(labels_csv)
+    got = read_labels(labels_csv, labels_file)
+    labels = got.labels
+    assert labels is not None  # --labels has a default
     # As typed: every {word} checked, {{ }} literal braces (before any work).
-    system, template = fill_system(system, labels, descriptions) or "", check_template(template)
+    system, template = got.fill(system) or "", check_template(template)
     texts = _input_texts(input_path, n) if input_path else _workload_sample(model, n, system, template)
     r = run_parity(
         model,

@@ -6,7 +6,8 @@ from typing import Any
 
 import click
 
-from ..job import check_outputs, err, note_descriptions
+from ..job import check_outputs, err
+from ..setup import read_labels
 from .base import Command, given, warn_blas
 from .options import some_task_options
 
@@ -81,7 +82,6 @@ def train(
       mlx-slm classify tickets.jsonl --task task.json -o out.jsonl
     """
     from ..classifier import DEFAULT_BATCH_SIZE
-    from ..labels import parse_labels
     from ..train import run_train
 
     warn_blas()
@@ -90,22 +90,16 @@ def train(
         _train_fields(ctx, data, save_task, gold_fields, layers_spec, layer, folds, pooling, seed, o)
         return
     o["gold_field"] = gold_fields[0]
-    labels, descriptions = None, {}
-    if o["labels_file"]:
-        from ..io import read_label_descriptions
-
-        descriptions = read_label_descriptions(o["labels_file"])
-        labels = list(descriptions)
-        note_descriptions(o["system"], descriptions, o.get("quiet", False))
-    elif "labels_csv" in given(ctx, o):
-        labels = parse_labels(o["labels_csv"])
+    # Neither --labels nor --labels-file: the data's own labels (not classify's default ones).
+    labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
+    got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else err)
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field")
     _, table = run_train(
         data,
         save_task,
         model=o["model"],
-        labels=labels,
-        descriptions=descriptions,
+        labels=got.labels,
+        descriptions=got.descriptions,
         system=o["system"] or None,
         template=o["template"],
         examples_file=o["examples_file"],
