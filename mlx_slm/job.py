@@ -4,7 +4,8 @@ The task's set-up (`TaskOptions`, `Setup`) is `setup.py`'s, shared with every co
 here is only the file-to-file run: `ClassifyJob` reads, plans (shard, resume), classifies
 (here or on Ray workers), calibrates, writes, and keeps the manifest and summary. Nothing
 here knows about click: user errors are `UserError`s (`UsageError` for options that do not
-go together), progress and the summary go to stderr.
+go together); notes and the summary go to the setup's `say` (the CLI's `cli.base.notice`),
+and only the live progress line on a terminal is written here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .calibration import CalibrationSpec, Calibrator
 from .errors import UsageError, UserError
 
 # The set-up moved to setup.py; its names stay importable from here.
-from .setup import Setup, TaskOptions, err, flag_names  # noqa: F401
+from .setup import Say, Setup, TaskOptions, flag_names  # noqa: F401
 
 RAY_INIT_TIMEOUT_S = 60  # joining (or starting) Ray: past this, exit 2 rather than wait on Ray's retries
 
@@ -82,7 +83,7 @@ class Distribution:
             raise UsageError("--workers and --worker-threads are for --ray (or --ray-address)")
 
 
-def ray_init(address: str | None) -> None:
+def ray_init(address: str | None, say: Say) -> None:
     """Join (or start) Ray, or a `UserError`; a cluster silent for a minute ends the process (exit 2)."""
     import os
     import threading
@@ -92,7 +93,7 @@ def ray_init(address: str | None) -> None:
     where = f"the Ray cluster at {address}" if address else "a local Ray"
 
     def give_up() -> None:  # Ray retries a silent cluster for minutes; nothing is written yet
-        err(f"mlx-slm: error: cannot start or join {where}: no answer within {RAY_INIT_TIMEOUT_S} s")
+        say(f"mlx-slm: error: cannot start or join {where}: no answer within {RAY_INIT_TIMEOUT_S} s")
         os._exit(2)
 
     watchdog = threading.Timer(RAY_INIT_TIMEOUT_S, give_up)
@@ -122,8 +123,9 @@ class ClassifySettings:
     task: TaskOptions = field(default_factory=TaskOptions)
 
 
-def classify(s: ClassifySettings) -> int:
-    """Check the settings, lock the output and run; the number of error rows in the whole output."""
+def classify(s: ClassifySettings, say: Say) -> int:
+    """Check the settings, lock the output and run; the number of error rows in the whole output.
+    Notes and the summary go to `say`."""
     from contextlib import ExitStack
 
     from .output import OutputLock, is_plain_file_target
@@ -137,7 +139,7 @@ def classify(s: ClassifySettings) -> int:
         raise UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
-    setup = Setup(s.task)
+    setup = Setup(s.task, say)
     if setup.questions is not None and setup.calibration.per_input and s.resume:
         raise UsageError(
             "--resume with --questions and batch calibration would fit other priors on the rest of the input: "
@@ -152,7 +154,7 @@ def classify(s: ClassifySettings) -> int:
     inputs = [s.input, o.labels_file, o.examples_file, o.calibration_data, o.task_file]
     check_outputs(inputs, [("-o", s.output if file_out else None), ("--save-task", o.save_task)])
     if dist.ray:  # joined before the output is touched: a cluster that is not there fails first
-        ray_init(dist.address)
+        ray_init(dist.address, say)
     with ExitStack() as stack:
         if file_out:
             # A Parquet output appears only when complete: the lock does not create it.
@@ -289,7 +291,7 @@ class ClassifyJob:
         start, end = shard_range(counts, self.setup.o.window, n, i)  # O(rows) whatever N is
         if not self.setup.o.quiet:
             what = f"input rows {start + 1}..{end}" if end > start else "no rows (fewer windows than shards)"
-            err(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
+            self.setup.say(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
         return iter(all_rows[start:end]), shard_settings(i, n, (start, end), len(all_rows))
 
     def _manifest_settings(self, extra: dict[str, Any], shard_info: dict[str, Any] | None) -> dict[str, Any]:
@@ -433,8 +435,9 @@ class ClassifyJob:
 
     def _summary(self, run: Any, calib: Any, done: int) -> None:
         setup, clf, kept, kept_failed = self.setup, self.setup.clf, self.kept, self.kept_failed
+        say = setup.say
         if kept and done == 0:
-            err(
+            say(
                 f"mlx-slm: {self.output} was complete already: {kept} rows ({kept_failed} errors) kept, "
                 "nothing left to classify"
             )
@@ -448,12 +451,12 @@ class ClassifyJob:
         )
         if self.dist.ray:
             where = self.dist.address or "a local Ray"
-            err(
+            say(
                 head + f"{self.dist.workers} Ray worker(s) on {where}, {s.prompt_tokens:,} prompt tokens; "
                 f"{clf.mode} scoring; {setup.describe(calib)}" + kept_note
             )
             return
-        err(
+        say(
             head + f"{s.processed_tokens:,} tokens processed, padding {s.padding_pct:.1f} %, "
             f"prefix {len(clf.prefix) if clf.prefix else 0} tokens, cache saved {s.prefix_saved_tokens:,} tokens "
             f"({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); {clf.mode} scoring; {setup.describe(calib)}"

@@ -5,12 +5,12 @@ those not given); `Setup` resolves them into labels, prompt, examples and a
 `CalibrationSpec`, loads the classifier and fits --calibration-data. It sits above the
 classifier, the task file and the file readers, and below the front ends (`cli/`, `job.py`):
 nothing here knows about click or about output files. User errors are `UserError`s
-(`UsageError` for options that do not go together).
+(`UsageError` for options that do not go together); notes go to the `say` the front end
+gives (the CLI's `cli.base.notice`), so nothing here prints.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,10 +28,7 @@ from .prompts import (
 )
 from .registry import DEFAULT_MODEL
 
-
-def err(msg: str) -> None:
-    """One line on stderr (results alone go to stdout)."""
-    print(msg, file=sys.stderr, flush=True)
+Say = Callable[[str], None]  # where a front end's notes go: one line each (the CLI: stderr)
 
 
 @dataclass
@@ -113,7 +110,7 @@ def read_labels(
     labels_csv: str | None,
     labels_file: str | None,
     system: str | None = None,
-    say: Callable[[str], None] | None = None,
+    say: Say | None = None,
 ) -> CommandLabels:
     """A command's labels: --labels-file (a label a line, with its description; it wins over
     --labels) or --labels (comma-separated). With `say`, a note when the descriptions would
@@ -151,10 +148,13 @@ def _check_head_options(given: frozenset[str]) -> None:
 
 class Setup:
     """What classify, eval and serve share: the options (with a task file's values filled
-    in), the loaded classifier, and the calibration to run with (`calibration`)."""
+    in), the loaded classifier, and the calibration to run with (`calibration`). Its notes
+    (descriptions the model does not see, the calibration fit, the task saved) go to `say`,
+    unless the options are quiet."""
 
-    def __init__(self, options: TaskOptions):
+    def __init__(self, options: TaskOptions, say: Say):
         o = self.o = replace(options)
+        self.say = say
         self.task: Any = None
         self.origin = "here"  # where the calibrator comes from: "here" (fitted in this run), "task", "resume"
         given = self.given = options.given
@@ -258,7 +258,7 @@ class Setup:
 
     def _read_labels(self) -> None:
         o = self.o
-        got = read_labels(o.labels_csv, o.labels_file, o.system, None if o.quiet else err)
+        got = read_labels(o.labels_csv, o.labels_file, o.system, None if o.quiet else self.say)
         self.labels = got.labels
         # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
         o.system = got.fill(o.system, typed="system" in self.given)
@@ -322,12 +322,12 @@ class Setup:
         i = cal.info
         if not o.quiet:
             if i.get("cv_accuracy_raw") is not None:
-                err(
+                self.say(
                     f"mlx-slm: fitted on {len(rows)} labelled items; {i['folds']}-fold cross-validated accuracy "
                     f"{100 * i['cv_accuracy_raw']:.1f} % raw -> {100 * i['cv_accuracy_calibrated']:.1f} % calibrated"
                 )
             else:
-                err(f"mlx-slm: fitted on {len(rows)} labelled items ({i.get('cv_note', 'no cross-validation')})")
+                self.say(f"mlx-slm: fitted on {len(rows)} labelled items ({i.get('cv_note', 'no cross-validation')})")
         return fitted
 
     def calibration_run(self, on_fit: Callable[[Calibrator], None] | None = None) -> Any:
@@ -387,4 +387,4 @@ class Setup:
         )
         t.save(path)
         if not self.o.quiet:
-            err(f"mlx-slm: task saved to {path} ({run.method + ' prior' if cal.applies else 'no calibration'})")
+            self.say(f"mlx-slm: task saved to {path} ({run.method + ' prior' if cal.applies else 'no calibration'})")

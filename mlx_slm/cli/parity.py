@@ -8,11 +8,10 @@ import sys
 import click
 
 from ..errors import UserError
-from ..job import err
 from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template
 from ..registry import BUILTINS, DEFAULT_MODEL
 from ..setup import read_labels
-from .base import ESCAPES_HELP, Command, escapes, warn_blas
+from .base import ESCAPES_HELP, Command, escapes, notice, warn_blas
 
 
 @click.command(cls=Command)
@@ -127,7 +126,7 @@ def parity(
         system or None,
         template,
         dtype=dtype,
-        progress=lambda m: err(f"mlx-slm: {m}"),
+        progress=lambda m: notice(f"mlx-slm: {m}"),
         dequantize=None if keep_quantized is None else not keep_quantized,
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
@@ -156,7 +155,7 @@ def _question_parity(
         order = sorted(range(600), key=lambda i: len(every[i]))
         texts = [every[order[int(k * 600 / n)]] for k in range(min(n, 600))]  # length-stratified
     r = run_question_parity(model, reference, texts, questions, system or None, template, dtype=dtype,
-                            progress=lambda m: err(f"mlx-slm: {m}"))  # fmt: skip
+                            progress=lambda m: notice(f"mlx-slm: {m}"))  # fmt: skip
     click.echo(json.dumps(r, indent=2) if as_json else format_question_report(r))
     if not r["forward_ok"]:
         sys.exit(1)
@@ -176,7 +175,7 @@ def _head_parity(
         t,
         texts,
         dtype=dtype,
-        progress=lambda m: err(f"mlx-slm: {m}"),
+        progress=lambda m: notice(f"mlx-slm: {m}"),
         dequantize=None if keep_quantized is None else not keep_quantized,
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_head_report(r))
@@ -202,7 +201,7 @@ def _input_texts(input_path: str, n: int) -> list[str]:
         raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
     if skipped:
         shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
-        err(
+        notice(
             f"mlx-slm: note: --input {input_path}: {len(skipped)} row(s) that cannot be read were skipped "
             f"(line {shown}); parity ran on {len(texts)} text(s)"
         )

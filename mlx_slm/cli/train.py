@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
-from ..job import check_outputs, err
+from ..job import check_outputs
 from ..setup import read_labels
-from .base import Command, given, warn_blas
+from .base import Command, given, notice, warn_blas
 from .options import some_task_options
 
 _TRAIN_TASK_OPTIONS = {
@@ -92,7 +92,7 @@ def train(
     o["gold_field"] = gold_fields[0]
     # Neither --labels nor --labels-file: the data's own labels (not classify's default ones).
     labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
-    got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else err)
+    got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field")
     _, table = run_train(
         data,
@@ -116,11 +116,11 @@ def train(
         max_batch_tokens=o["max_batch_tokens"] or "auto",
         use_prefix_cache=not o["no_prefix_cache"],
         truncate=o["truncate"],
-        progress=(lambda m: None) if o["quiet"] else (lambda m: err(f"mlx-slm: {m}")),
+        progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
     )
     click.echo(table)
     if not o["quiet"]:
-        err(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
+        notice(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
 
 
 def _train_fields(
@@ -148,9 +148,9 @@ def _train_fields(
         dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"], window=o["window"],
         batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE, max_batch_tokens=o["max_batch_tokens"] or "auto",
         use_prefix_cache=not o["no_prefix_cache"], truncate=o["truncate"],
-        progress=(lambda m: None) if o["quiet"] else (lambda m: err(f"mlx-slm: {m}")),
+        progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
     )  # fmt: skip
     click.echo(table)
     if not o["quiet"]:
-        err(f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
+        notice(f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
             f"INPUT --task {save_task} (add zero-shot questions with --questions)")  # fmt: skip
