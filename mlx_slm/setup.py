@@ -90,6 +90,21 @@ def descriptions_note(system: str | None, descriptions: dict[str, str]) -> str |
     return None
 
 
+def run_settings(o: TaskOptions) -> dict[str, Any]:
+    """How the model runs, the same for every command that loads one (classify, eval, serve,
+    train): the options as `Classifier.load` and `train.run_train` take them."""
+    from .classifier import DEFAULT_BATCH_SIZE
+
+    return {
+        "dtype": o.dtype,
+        "dequantize": None if o.keep_quantized is None else not o.keep_quantized,
+        "batch_size": o.batch_size or DEFAULT_BATCH_SIZE,
+        "max_batch_tokens": o.max_batch_tokens or "auto",
+        "use_prefix_cache": not o.no_prefix_cache,
+        "truncate": o.truncate,
+    }
+
+
 @dataclass(frozen=True)
 class CommandLabels:
     """The labels a command was given, read once: `labels` (None when neither --labels nor
@@ -264,7 +279,7 @@ class Setup:
         o.system = got.fill(o.system, typed="system" in self.given)
 
     def load(self) -> Any:
-        from .classifier import DEFAULT_BATCH_SIZE, Classifier
+        from .classifier import Classifier
 
         o = self.o
         # Kept: --ray workers load the same classifier from these (on their own nodes).
@@ -273,15 +288,10 @@ class Setup:
             labels=list(self.labels or ()),
             system=o.system or None,
             template=o.template,
-            dtype=o.dtype,
-            dequantize=None if o.keep_quantized is None else not o.keep_quantized,
             **({"head": self.task.head} if self.task is not None and self.task.head is not None else {}),
-            batch_size=o.batch_size or DEFAULT_BATCH_SIZE,
-            max_batch_tokens=o.max_batch_tokens or "auto",
+            **run_settings(o),
             sort=not o.no_sort,
-            use_prefix_cache=not o.no_prefix_cache,
             scoring=o.scoring,
-            truncate=o.truncate,
             examples=tuple(self.examples),
             **({"questions": self.questions} if self.questions is not None else {}),
         )

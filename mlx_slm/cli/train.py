@@ -7,9 +7,9 @@ from typing import Any
 import click
 
 from ..job import check_outputs
-from ..setup import read_labels
+from ..setup import read_labels, run_settings
 from .base import Command, given, notice, warn_blas
-from .options import some_task_options
+from .options import some_task_options, task_settings
 
 _TRAIN_TASK_OPTIONS = {
     "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
@@ -81,7 +81,6 @@ def train(
       mlx-slm train labelled.csv --gold-column category --save-task task.json
       mlx-slm classify tickets.jsonl --task task.json -o out.jsonl
     """
-    from ..classifier import DEFAULT_BATCH_SIZE
     from ..train import run_train
 
     warn_blas()
@@ -109,13 +108,8 @@ def train(
         folds=folds,
         seed=seed,
         poolings=("last", "mean") if pooling == "auto" else (pooling,),
-        dtype=o["dtype"],
-        dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"],
         window=o["window"],
-        batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE,
-        max_batch_tokens=o["max_batch_tokens"] or "auto",
-        use_prefix_cache=not o["no_prefix_cache"],
-        truncate=o["truncate"],
+        **run_settings(task_settings(ctx, o)),
         progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
     )
     click.echo(table)
@@ -128,7 +122,6 @@ def _train_fields(
     folds: int, pooling: str, seed: int, o: dict[str, Any],
 ) -> None:  # fmt: skip
     """Several gold fields: one head per field, one pass over the texts, a task of questions."""
-    from ..classifier import DEFAULT_BATCH_SIZE
     from ..train import run_train_fields
 
     typed = given(ctx, o)
@@ -144,10 +137,8 @@ def _train_fields(
         system=(o["system"] or None) if "system" in typed else None,
         template=o["template"] if "template" in typed else None,
         read={k: o[k] for k in keys}, layers=layers_spec, layer=layer, folds=folds, seed=seed,
-        poolings=("last", "mean") if pooling == "auto" else (pooling,), dtype=o["dtype"],
-        dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"], window=o["window"],
-        batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE, max_batch_tokens=o["max_batch_tokens"] or "auto",
-        use_prefix_cache=not o["no_prefix_cache"], truncate=o["truncate"],
+        poolings=("last", "mean") if pooling == "auto" else (pooling,), window=o["window"],
+        **run_settings(task_settings(ctx, o)),
         progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
     )  # fmt: skip
     click.echo(table)
