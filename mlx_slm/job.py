@@ -1,11 +1,11 @@
 """A classify job: one input file to one output, as `mlx-slm classify` runs it.
 
-`TaskOptions` are the settings classify, eval and serve share (a task file fills in those
-not given); `Setup` resolves them into labels, prompt, examples and a `CalibrationSpec`,
-loads the classifier and fits --calibration-data. `ClassifyJob` is one file-to-file run:
-read, plan (shard, resume), classify (here or on Ray workers), calibrate, write, manifest
-and summary. Nothing here knows about click: user errors are `UserError`s (`UsageError`
-for options that do not go together), progress and the summary go to stderr.
+The task's set-up (`TaskOptions`, `Setup`) is `setup.py`'s, shared with every command;
+here is only the file-to-file run: `ClassifyJob` reads, plans (shard, resume), classifies
+(here or on Ray workers), calibrates, writes, and keeps the manifest and summary. Nothing
+here knows about click: user errors are `UserError`s (`UsageError` for options that do not
+go together); notes and the summary go to the setup's `say` (the CLI's `cli.base.notice`),
+and only the live progress line on a terminal is written here.
 """
 
 from __future__ import annotations
@@ -14,88 +14,18 @@ import itertools
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
+from .calibration import CalibrationSpec, Calibrator
 from .errors import UsageError, UserError
-from .prompts import (
-    DEFAULT_LABELS,
-    DEFAULT_SYSTEM,
-    DEFAULT_TEMPLATE,
-    check_plain_system,
-    check_template,
-    fill_labels,
-    fill_system,
-)
-from .registry import DEFAULT_MODEL
+
+# The set-up moved to setup.py; its names stay importable from here.
+from .setup import Say, Setup, TaskOptions, flag_names  # noqa: F401
 
 RAY_INIT_TIMEOUT_S = 60  # joining (or starting) Ray: past this, exit 2 rather than wait on Ray's retries
-
-
-def err(msg: str) -> None:
-    """One line on stderr (results alone go to stdout)."""
-    print(msg, file=sys.stderr, flush=True)
-
-
-@dataclass
-class TaskOptions:
-    """What defines the task and how to run it; the names are the CLI's parameter names.
-    `given`: the names set on the command line (a --task file fills in the others)."""
-
-    task_file: str | None = None
-    model: str = DEFAULT_MODEL
-    labels_csv: str | None = ",".join(DEFAULT_LABELS)
-    labels_file: str | None = None
-    system: str = DEFAULT_SYSTEM
-    template: str = DEFAULT_TEMPLATE
-    examples_file: str | None = None
-    questions_file: str | None = None
-    calibrate: str = "none"
-    calibration_data: str | None = None
-    warmup: int = DEFAULT_WARMUP
-    min_confidence: float | None = None
-    save_task: str | None = None
-    fmt: str | None = None
-    text_field: str = "text"
-    id_field: str = "id"
-    text_column: str = "text"
-    id_column: str = "id"
-    gold_field: str = "label"
-    batch_size: int | None = None
-    max_batch_tokens: int | None = None
-    window: int = 1024
-    no_sort: bool = False
-    no_prefix_cache: bool = False
-    scoring: str = "auto"
-    truncate: str | None = None
-    dtype: str | None = None
-    keep_quantized: bool | None = None
-    quiet: bool = False
-    given: frozenset[str] = field(default_factory=frozenset)
-
-    def read_args(self) -> tuple[str | None, str, str, str, str]:
-        """`io.read_rows`' format and field arguments."""
-        return self.fmt, self.text_field, self.id_field, self.text_column, self.id_column
-
-
-def flag_names(names: set[str]) -> str:
-    """Parameter names as the options a person typed: labels_csv -> --labels."""
-    return ", ".join("--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(names))
-
-
-def note_descriptions(system: str | None, descriptions: dict[str, str], quiet: bool = False) -> None:
-    """Descriptions from --labels-file reach the model only through {label_descriptions} in
-    --system: say so when they would be dropped without a word."""
-    from .prompts import DESCRIPTIONS_PLACEHOLDER
-
-    if not quiet and any(descriptions.values()) and DESCRIPTIONS_PLACEHOLDER not in (system or ""):
-        err(
-            "mlx-slm: note: --labels-file gives label descriptions, but --system has no {label_descriptions}: "
-            "the model does not see them (add it, e.g. --system 'What the labels mean:\\n{label_descriptions}')"
-        )
 
 
 def check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None]]) -> None:
@@ -112,273 +42,6 @@ def check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None]
         if real in seen:
             raise UsageError(f"{flag} {path} is also {seen[real]}: give each output its own file")
         seen[real] = f"{flag} {path}"
-
-
-def _check_head_options(given: frozenset[str]) -> None:
-    """A task with a learned head: its model, labels and prompt are what the head was trained on."""
-    changed = {"model", "labels_csv", "labels_file", "system", "template", "examples_file"} & given
-    if changed:
-        raise UsageError(
-            f"the task's learned head was trained on its own model, labels and prompt; with {flag_names(changed)} "
-            "changed it no longer applies: train a new head (mlx-slm train DATA ... --save-task TASK)"
-        )
-    if {"calibrate", "calibration_data"} & given:
-        raise UsageError(
-            "calibration does not apply to a task with a learned head (its probabilities are fitted on labelled "
-            "data already): drop --calibrate/--calibration-data; --min-confidence works on the head's probabilities"
-        )
-
-
-class Setup:
-    """What classify, eval and serve share: the options (with a task file's values filled
-    in), the loaded classifier, and the calibration to run with (`calibration`)."""
-
-    def __init__(self, options: TaskOptions):
-        o = self.o = replace(options)
-        self.task: Any = None
-        self.origin = "here"  # where the calibrator comes from: "here" (fitted in this run), "task", "resume"
-        given = self.given = options.given
-        # An id column named on the command line must exist (no silent fall-back to line numbers).
-        self.id_required = "id_column" in given
-        self.labels: list[str] | None = None
-        self.examples: Any = ()
-        self.questions: Any = None
-        self.calibration = CalibrationSpec.of(o.calibrate)
-        if o.task_file:
-            self._take_task(o.task_file)
-        if o.questions_file or self.questions is not None:
-            self._read_questions()
-            return
-        self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
-        if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
-            o.template = check_template(o.template)
-        if self.labels is None:
-            self._read_labels()
-        elif "system" in given:  # the task's labels, a message typed here
-            o.system = fill_system(o.system, self.labels)
-        if o.examples_file:
-            from .prompts import read_examples
-
-            self.examples = read_examples(o.examples_file, self.labels)
-        if self.calibration.needs_data and not o.calibration_data:
-            raise UsageError(f"--calibrate {self.calibration.kind} needs --calibration-data FILE (labelled texts)")
-
-    def _take_task(self, path: str) -> None:
-        """Fill in what the command line did not give from the task file."""
-        from .task import Task
-
-        o, given = self.o, self.given
-        t = self.task = Task.load(path)
-        defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
-        if t.heads:
-            _check_head_options(given)
-        if t.calibration.fitted and defining and "calibrate" not in given:
-            raise UsageError(
-                f"the task's calibration prior was fitted for its own model and prompt; with {flag_names(defining)} "
-                "changed it no longer applies: add --calibrate none|batch|fit to recalibrate"
-            )
-        if t.calibration.fitted and "calibrate" not in given:
-            self.origin = "task"
-        take = {
-            "model": t.model,
-            "labels_csv": None,
-            "system": t.system or "",
-            "template": t.template,
-            "scoring": t.scoring,
-            "min_confidence": t.min_confidence,
-            "warmup": t.warmup,
-        }
-        for k, v in take.items():
-            if k not in given:
-                setattr(o, k, v)
-        self.labels = list(t.labels) if not ({"labels_csv", "labels_file"} & given) else None
-        if t.questions:
-            self.questions = tuple(t.questions)
-        self.examples = t.examples if "examples_file" not in given else ()
-        if "calibrate" not in given:
-            self.calibration = t.calibration
-
-    def _read_questions(self) -> None:
-        """--questions (added to a task's own, if any): each question carries its labels; the
-        label-scoring options do not apply."""
-        from .questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, QuestionError, check_questions, read_questions
-
-        o = self.o
-        clash = {"labels_csv", "labels_file", "examples_file", "scoring", "truncate", "calibration_data"} & self.given
-        if o.calibrate not in ("none", "batch"):
-            raise UsageError(
-                f"--calibrate {o.calibrate} with several questions is not supported yet: use --calibrate batch "
-                "(a prior per question, from the input itself) or none"
-            )
-        if clash:
-            raise UsageError(
-                f"--questions does not go with {flag_names(clash)}: each question carries its own labels"
-                + ("" if clash & {"labels_csv", "labels_file"} else " (not supported with --questions yet)")
-            )
-        if self.task is not None and not self.task.questions:
-            raise UsageError(
-                f"--task {o.task_file} asks one question (its labels): --questions goes with a task of questions "
-                "(saved by classify --questions --save-task, or train --label-field A --label-field B)"
-            )
-        if o.questions_file:
-            try:
-                self.questions = check_questions([*(self.questions or ()), *read_questions(o.questions_file)])
-            except QuestionError as e:
-                raise QuestionError(f"--questions {o.questions_file} with the task's questions: {e}") from None
-        # As typed: every {word} checked ({text} and {question} in the template), {{ }} literal braces;
-        # otherwise the task's, or the defaults for questions.
-        if "system" in self.given:
-            o.system = check_plain_system(o.system)
-        elif self.task is None:
-            o.system = DEFAULT_SYSTEM
-        if "template" in self.given:
-            o.template = check_template(o.template, placeholders=("text", "question"))
-        elif self.task is None:
-            o.template = DEFAULT_TEMPLATE
-
-    def _read_labels(self) -> None:
-        from .labels import parse_labels
-
-        o = self.o
-        descriptions: dict[str, str] = {}
-        if o.labels_file:
-            from .io import read_label_descriptions
-
-            descriptions = read_label_descriptions(o.labels_file)  # a BOM dropped; bad UTF-8 names its line
-            self.labels = list(descriptions)
-        else:
-            self.labels = parse_labels(o.labels_csv)
-        # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
-        note_descriptions(o.system, descriptions, o.quiet)
-        # As typed (--system): every {word} checked; a task's message is filled as it is.
-        fill = fill_system if "system" in self.given else fill_labels
-        o.system = fill(o.system, self.labels, descriptions)
-
-    def load(self) -> Any:
-        from .classifier import DEFAULT_BATCH_SIZE, Classifier
-
-        o = self.o
-        # Kept: --ray workers load the same classifier from these (on their own nodes).
-        self.load_kwargs = dict(
-            model=o.model,
-            labels=list(self.labels or ()),
-            system=o.system or None,
-            template=o.template,
-            dtype=o.dtype,
-            dequantize=None if o.keep_quantized is None else not o.keep_quantized,
-            **({"head": self.task.head} if self.task is not None and self.task.head is not None else {}),
-            batch_size=o.batch_size or DEFAULT_BATCH_SIZE,
-            max_batch_tokens=o.max_batch_tokens or "auto",
-            sort=not o.no_sort,
-            use_prefix_cache=not o.no_prefix_cache,
-            scoring=o.scoring,
-            truncate=o.truncate,
-            examples=tuple(self.examples),
-            **({"questions": self.questions} if self.questions is not None else {}),
-        )
-        self.clf = Classifier.load(**self.load_kwargs)
-        self.weights = self.clf.engine.weights_sha256
-        if self.task is not None and (self.origin == "task" or self.task.heads):  # same weights only
-            self.task.check_weights(self.weights, o.model)
-        if self.calibration.needs_data:
-            self.calibration = self._fit(self.calibration)
-        return self.clf
-
-    def _fit(self, spec: CalibrationSpec) -> CalibrationSpec:
-        """Fit per-label offsets on the labelled sample (`em` then uses them as its base)."""
-        from .calibration import CalibrationError
-        from .io import gold_problem, read_rows
-
-        o = self.o
-        path = o.calibration_data
-        rows = list(read_rows(path, None, *self.o.read_args()[1:], gold=o.gold_field))
-        for r in rows:
-            why = r.error or gold_problem(r, self.clf.labels, o.gold_field)
-            if why:
-                raise CalibrationError(f"--calibration-data {path}: {why}")
-        if not rows:
-            raise CalibrationError(
-                f"--calibration-data {path} is empty: give it labelled texts (text and {o.gold_field})"
-            )
-        fitted = self.clf.fit_calibration(
-            [r.text for r in rows],
-            [str(r.gold) for r in rows],
-            spec,
-            window=o.window,
-            source=f"--calibration-data {path}",
-            lines=[r.line for r in rows],
-        )
-        cal = fitted.calibrator
-        assert cal is not None
-        i = cal.info
-        if not o.quiet:
-            if i.get("cv_accuracy_raw") is not None:
-                err(
-                    f"mlx-slm: fitted on {len(rows)} labelled items; {i['folds']}-fold cross-validated accuracy "
-                    f"{100 * i['cv_accuracy_raw']:.1f} % raw -> {100 * i['cv_accuracy_calibrated']:.1f} % calibrated"
-                )
-            else:
-                err(f"mlx-slm: fitted on {len(rows)} labelled items ({i.get('cv_note', 'no cross-validation')})")
-        return fitted
-
-    def calibration_run(self, on_fit: Callable[[Calibrator], None] | None = None) -> Any:
-        return self.clf.calibration_run(self.calibration, self.o.min_confidence, on_fit)
-
-    def describe(self, run: Any) -> str:
-        c = run.calibrator
-        if run.method == "none":
-            return "no calibration (raw scores)"
-        if hasattr(run, "priors"):  # several questions: a prior per question
-            if not run.fitted_here:
-                return f"{run.method} calibration per question (too few items to fit priors: raw scores)"
-            return f"{run.method} calibration per question (priors from the first {run.n} items of this input)"
-        if run.method in ("batch", "em") and c is None:
-            return f"{run.method} calibration (too few items to fit a prior: raw scores)"
-        if run.fitted_here:
-            return f"{run.method} calibration (prior from the first {c.n} items of this input)"
-        where = {"task": "the task's saved prior", "resume": "the prior the interrupted run fitted"}.get(
-            self.origin, "fitted on --calibration-data"
-        )
-        # Only `fit` learns from labels; batch (and em's re-estimate) from the input's own items.
-        if c.method == "fit":
-            return f"{run.method} calibration ({where}, {c.n} labelled items)"
-        source = "of this input" if self.origin == "resume" else "of the input it was fitted on"
-        return f"{run.method} calibration ({where}, from the first {c.n} items {source}, no labels)"
-
-    def settings(self) -> dict[str, Any]:
-        head = self.clf.head
-        return {
-            "calibration": self.calibration.record(),
-            "min_confidence": self.o.min_confidence,
-            "examples": [list(e) for e in self.clf.format.examples],
-            **({"head": {"layers": list(head.layers), "sha256": head.sha256}} if head is not None else {}),
-        }
-
-    def save_task(self, run: Any) -> None:
-        from .convert import versions
-        from .task import Task
-
-        path = self.o.save_task
-        if not path:
-            return
-        cal = run.result()  # em keeps its base: later inputs re-estimate their own mix
-        t = Task(
-            model=self.o.model,
-            labels=tuple(self.clf.labels),
-            system=self.o.system or None,
-            template=self.o.template,
-            scoring="auto" if self.clf.questions else self.clf.mode,
-            examples=self.clf.format.examples,
-            calibration=cal,
-            warmup=self.o.warmup,
-            min_confidence=self.o.min_confidence,
-            weights_sha256=self.weights,
-            versions=versions(),
-            questions=tuple(self.clf.questions or ()),
-        )
-        t.save(path)
-        if not self.o.quiet:
-            err(f"mlx-slm: task saved to {path} ({run.method + ' prior' if cal.applies else 'no calibration'})")
 
 
 class Progress:
@@ -420,7 +83,7 @@ class Distribution:
             raise UsageError("--workers and --worker-threads are for --ray (or --ray-address)")
 
 
-def ray_init(address: str | None) -> None:
+def ray_init(address: str | None, say: Say) -> None:
     """Join (or start) Ray, or a `UserError`; a cluster silent for a minute ends the process (exit 2)."""
     import os
     import threading
@@ -430,7 +93,7 @@ def ray_init(address: str | None) -> None:
     where = f"the Ray cluster at {address}" if address else "a local Ray"
 
     def give_up() -> None:  # Ray retries a silent cluster for minutes; nothing is written yet
-        err(f"mlx-slm: error: cannot start or join {where}: no answer within {RAY_INIT_TIMEOUT_S} s")
+        say(f"mlx-slm: error: cannot start or join {where}: no answer within {RAY_INIT_TIMEOUT_S} s")
         os._exit(2)
 
     watchdog = threading.Timer(RAY_INIT_TIMEOUT_S, give_up)
@@ -460,8 +123,9 @@ class ClassifySettings:
     task: TaskOptions = field(default_factory=TaskOptions)
 
 
-def classify(s: ClassifySettings) -> int:
-    """Check the settings, lock the output and run; the number of error rows in the whole output."""
+def classify(s: ClassifySettings, say: Say) -> int:
+    """Check the settings, lock the output and run; the number of error rows in the whole output.
+    Notes and the summary go to `say`."""
     from contextlib import ExitStack
 
     from .output import OutputLock, is_plain_file_target
@@ -475,7 +139,7 @@ def classify(s: ClassifySettings) -> int:
         raise UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
-    setup = Setup(s.task)
+    setup = Setup(s.task, say)
     if setup.questions is not None and setup.calibration.per_input and s.resume:
         raise UsageError(
             "--resume with --questions and batch calibration would fit other priors on the rest of the input: "
@@ -490,7 +154,7 @@ def classify(s: ClassifySettings) -> int:
     inputs = [s.input, o.labels_file, o.examples_file, o.calibration_data, o.task_file]
     check_outputs(inputs, [("-o", s.output if file_out else None), ("--save-task", o.save_task)])
     if dist.ray:  # joined before the output is touched: a cluster that is not there fails first
-        ray_init(dist.address)
+        ray_init(dist.address, say)
     with ExitStack() as stack:
         if file_out:
             # A Parquet output appears only when complete: the lock does not create it.
@@ -627,7 +291,7 @@ class ClassifyJob:
         start, end = shard_range(counts, self.setup.o.window, n, i)  # O(rows) whatever N is
         if not self.setup.o.quiet:
             what = f"input rows {start + 1}..{end}" if end > start else "no rows (fewer windows than shards)"
-            err(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
+            self.setup.say(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
         return iter(all_rows[start:end]), shard_settings(i, n, (start, end), len(all_rows))
 
     def _manifest_settings(self, extra: dict[str, Any], shard_info: dict[str, Any] | None) -> dict[str, Any]:
@@ -771,8 +435,9 @@ class ClassifyJob:
 
     def _summary(self, run: Any, calib: Any, done: int) -> None:
         setup, clf, kept, kept_failed = self.setup, self.setup.clf, self.kept, self.kept_failed
+        say = setup.say
         if kept and done == 0:
-            err(
+            say(
                 f"mlx-slm: {self.output} was complete already: {kept} rows ({kept_failed} errors) kept, "
                 "nothing left to classify"
             )
@@ -786,12 +451,12 @@ class ClassifyJob:
         )
         if self.dist.ray:
             where = self.dist.address or "a local Ray"
-            err(
+            say(
                 head + f"{self.dist.workers} Ray worker(s) on {where}, {s.prompt_tokens:,} prompt tokens; "
                 f"{clf.mode} scoring; {setup.describe(calib)}" + kept_note
             )
             return
-        err(
+        say(
             head + f"{s.processed_tokens:,} tokens processed, padding {s.padding_pct:.1f} %, "
             f"prefix {len(clf.prefix) if clf.prefix else 0} tokens, cache saved {s.prefix_saved_tokens:,} tokens "
             f"({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); {clf.mode} scoring; {setup.describe(calib)}"

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ..errors import UserError
-from ..job import err
+from .base import notice
 from .classify import classify, merge
 from .eval import evaluate
 from .misc import bench, convert, doctor, models
@@ -30,7 +30,7 @@ class _UserError(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        err(f"mlx-slm: error: {self.format_message()}")
+        notice(f"mlx-slm: error: {self.format_message()}")
 
 
 class _Commands(click.Group):
@@ -43,7 +43,7 @@ class _Commands(click.Group):
         except UserError as e:
             raise _UserError(str(e)) from e
         except KeyboardInterrupt:
-            err("mlx-slm: interrupted")
+            notice("mlx-slm: interrupted")
             sys.exit(130)
         except BrokenPipeError:
             import os
@@ -57,7 +57,7 @@ class _Commands(click.Group):
             import traceback
 
             traceback.print_exc()
-            err(BUG_REPORT)
+            notice(BUG_REPORT)
             sys.exit(70)  # EX_SOFTWARE
 
 

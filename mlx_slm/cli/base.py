@@ -1,9 +1,10 @@
-"""What every command shares: stderr notes, the BLAS warning, and `Command`, which maps
-errors to exit statuses' usage lines and groups its options into help sections."""
+"""What every command shares: `notice` (one line on stderr), the BLAS warning, and `Command`,
+which maps errors to exit statuses' usage lines and groups its options into help sections."""
 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import click
@@ -11,7 +12,6 @@ from click.core import ParameterSource
 
 from .. import _blas
 from ..errors import UsageError
-from ..job import err
 
 # Help sections, in the order --help shows them; an option's section is in SECTIONS (by
 # parameter name), or in the command's own `sections=` where the same option means
@@ -54,9 +54,15 @@ SECTIONS = {
 }
 
 
+def notice(msg: str) -> None:
+    """One line on stderr: every command's notes, warnings, progress and summaries go here, so
+    that results alone go to stdout (and can be piped)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
 def warn_blas() -> None:
     if _blas.PROBLEM:
-        err(f"mlx-slm: warning: slow BLAS ({_blas.PROBLEM}); MLX matmuls run ~30x slower. Fix: {_blas.FIX}")
+        notice(f"mlx-slm: warning: slow BLAS ({_blas.PROBLEM}); MLX matmuls run ~30x slower. Fix: {_blas.FIX}")
 
 
 def given(ctx: click.Context, o: dict[str, Any]) -> frozenset[str]:

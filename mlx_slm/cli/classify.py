@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from ..job import ClassifySettings, check_outputs, err
+from ..job import ClassifySettings, check_outputs
 from ..job import classify as classify_job
 from ..output import OUTPUT_FORMATS
-from .base import Command, warn_blas
+from .base import Command, notice, warn_blas
 from .options import task_options, task_settings
 
 
@@ -102,10 +102,11 @@ def classify(
         ClassifySettings(
             input, output, output_format, resume, shard, use_ray, ray_address, workers, worker_threads,
             task=task_settings(ctx, o),
-        )
+        ),
+        notice,
     )  # fmt: skip
     if failed and on_error == "fail":
-        err(f"mlx-slm: {failed} row(s) failed; see their error rows (use --on-error skip to exit 0)")
+        notice(f"mlx-slm: {failed} row(s) failed; see their error rows (use --on-error skip to exit 0)")
         sys.exit(1)
 
 
@@ -146,7 +147,7 @@ def merge(parts: tuple[str, ...], output: str, no_input_check: bool, quiet: bool
     check_outputs(inputs, [("-o", output)])
     res = merge_parts(list(parts), output, check_input=not no_input_check)
     if not quiet:
-        err(
+        notice(
             f"mlx-slm: merged {res['parts']} parts into {output}: {res['rows']} rows ({res['error_rows']} error rows); "
             + ("ids checked against the input" if res["ids_checked"] else "ids not checked (input not read here)")
         )

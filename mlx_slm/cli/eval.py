@@ -10,8 +10,9 @@ from typing import Any
 import click
 
 from ..errors import UserError
-from ..job import Setup, check_outputs, err
-from .base import Command, warn_blas
+from ..job import check_outputs
+from ..setup import Setup
+from .base import Command, notice, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
 
@@ -69,7 +70,7 @@ def evaluate(
     settings = task_settings(ctx, o)
     if ctx.get_parameter_source("gold_fields") == click.core.ParameterSource.COMMANDLINE:
         settings = type(settings)(**{**settings.__dict__, "given": settings.given | {"gold_field"}})
-    setup = Setup(settings)
+    setup = Setup(settings, notice)
     s = setup.o
     if setup.questions is not None:
         _evaluate_questions(setup, input, predictions, json_path, plots, gold_fields)
@@ -103,7 +104,7 @@ def evaluate(
     if plots:
         try:
             for p in plot(rep, plots):
-                err(f"mlx-slm: wrote {p}")
+                notice(f"mlx-slm: wrote {p}")
         except OSError as e:
             raise UserError(
                 f"--plots {plots}: cannot write the plots there ({e.strerror or e}): choose another folder"
@@ -126,7 +127,7 @@ def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, A
     setup.save_task(calib)
     if not setup.o.quiet:
         s = run.stats
-        err(f"mlx-slm: {len(ok)} items in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; {setup.describe(calib)}")
+        notice(f"mlx-slm: {len(ok)} items in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; {setup.describe(calib)}")
     return list(clf.labels), preds
 
 
@@ -206,7 +207,7 @@ def _evaluate_questions(
         click.echo("")
         if plots:
             for p in plot(rep, str(Path(plots) / name)):
-                err(f"mlx-slm: wrote {p}")
+                notice(f"mlx-slm: wrote {p}")
     if json_path:
         from ..safefs import atomic_write
 

@@ -9,9 +9,8 @@ import click
 
 from .. import _blas
 from ..errors import UserError
-from ..job import err
 from ..registry import BUILTINS
-from .base import Command
+from .base import Command, notice
 
 
 @click.command(cls=Command, sections={"dtype": "Conversion"})
@@ -58,7 +57,7 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
         got.path, out, dtype=dtype, quantize=quantize, group_size=group_size, force=force, origin=got.origin
     )
     what = dtype if quantize is None else f"{quantize}-bit, group size {group_size or 64}, {dtype}"
-    err(f"mlx-slm: converted {src} -> {path} ({what})")
+    notice(f"mlx-slm: converted {src} -> {path} ({what})")
     click.echo(str(path))
 
 
@@ -87,7 +86,7 @@ def doctor() -> None:
     click.echo(f"model cache    {cache_dir()}")
     click.echo(f"model sources  {describe()}")
     if sys.platform == "linux" and g_mlx < 0.5 * g_np:
-        err(f"mlx-slm: warning: MLX's matmul is far below numpy's. Fix: {_blas.FIX}")
+        notice(f"mlx-slm: warning: MLX's matmul is far below numpy's. Fix: {_blas.FIX}")
 
 
 @click.command(cls=Command)

@@ -8,9 +8,9 @@ from typing import Any
 import click
 
 from ..calibration import DEFAULT_WARMUP
-from ..job import TaskOptions
 from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..registry import DEFAULT_MODEL
+from ..setup import TaskOptions
 from .base import ESCAPES_HELP, escapes, given
 
 _TASK_OPTIONS = [

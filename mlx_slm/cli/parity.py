@@ -8,10 +8,10 @@ import sys
 import click
 
 from ..errors import UserError
-from ..job import err
-from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
+from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template
 from ..registry import BUILTINS, DEFAULT_MODEL
-from .base import ESCAPES_HELP, Command, escapes, warn_blas
+from ..setup import read_labels
+from .base import ESCAPES_HELP, Command, escapes, notice, warn_blas
 
 
 @click.command(cls=Command)
@@ -92,7 +92,6 @@ def parity(
     MLX-quantized directory, (a) runs Transformers on its dequantized values and (c)
     checks our labels against mlx-lm's own forward on the directory (a failure too).
     """
-    from ..labels import parse_labels
     from ..parity import format_report, run_parity
     from ..reference import require_torch
 
@@ -113,14 +112,11 @@ def parity(
     if questions_file:
         _question_parity(model, reference, questions_file, n, input_path, system, template, dtype, as_json)
         return
-    descriptions: dict[str, str] = {}
-    if labels_file:
-        from ..io import read_label_descriptions
-
-        descriptions = read_label_descriptions(labels_file)
-    labels = list(descriptions) if labels_file else parse_labels(labels_csv)
+    got = read_labels(labels_csv, labels_file)
+    labels = got.labels
+    assert labels is not None  # --labels has a default
     # As typed: every {word} checked, {{ }} literal braces (before any work).
-    system, template = fill_system(system, labels, descriptions) or "", check_template(template)
+    system, template = got.fill(system) or "", check_template(template)
     texts = _input_texts(input_path, n) if input_path else _workload_sample(model, n, system, template)
     r = run_parity(
         model,
@@ -130,7 +126,7 @@ def parity(
         system or None,
         template,
         dtype=dtype,
-        progress=lambda m: err(f"mlx-slm: {m}"),
+        progress=lambda m: notice(f"mlx-slm: {m}"),
         dequantize=None if keep_quantized is None else not keep_quantized,
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
@@ -159,7 +155,7 @@ def _question_parity(
         order = sorted(range(600), key=lambda i: len(every[i]))
         texts = [every[order[int(k * 600 / n)]] for k in range(min(n, 600))]  # length-stratified
     r = run_question_parity(model, reference, texts, questions, system or None, template, dtype=dtype,
-                            progress=lambda m: err(f"mlx-slm: {m}"))  # fmt: skip
+                            progress=lambda m: notice(f"mlx-slm: {m}"))  # fmt: skip
     click.echo(json.dumps(r, indent=2) if as_json else format_question_report(r))
     if not r["forward_ok"]:
         sys.exit(1)
@@ -179,7 +175,7 @@ def _head_parity(
         t,
         texts,
         dtype=dtype,
-        progress=lambda m: err(f"mlx-slm: {m}"),
+        progress=lambda m: notice(f"mlx-slm: {m}"),
         dequantize=None if keep_quantized is None else not keep_quantized,
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_head_report(r))
@@ -205,7 +201,7 @@ def _input_texts(input_path: str, n: int) -> list[str]:
         raise UserError(f"--input {input_path} has no text to classify (no valid rows): give it some items")
     if skipped:
         shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
-        err(
+        notice(
             f"mlx-slm: note: --input {input_path}: {len(skipped)} row(s) that cannot be read were skipped "
             f"(line {shown}); parity ran on {len(texts)} text(s)"
         )

@@ -8,8 +8,9 @@ from typing import Any
 import click
 
 from ..errors import UserError
-from ..job import Setup, check_outputs, err
-from .base import Command, warn_blas
+from ..job import check_outputs
+from ..setup import Setup
+from .base import Command, notice, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
 # classify's task options, less those about input and output files and the window (the
@@ -112,7 +113,7 @@ def serve(
     from ..server import Loaded, ServeOptions, Service, api_key_from_env, bind_socket, run_server
 
     warn_blas()
-    setup = Setup(task_settings(ctx, o))
+    setup = Setup(task_settings(ctx, o), notice)
     s = setup.o
     check_outputs([s.labels_file, s.examples_file, s.calibration_data, s.task_file], [])
 
@@ -143,7 +144,7 @@ def serve(
     sock = bind_socket(host, port)  # a port in use is one line and exit 2, before anything starts
     port = sock.getsockname()[1]  # --port 0: the port the system chose
     if not s.quiet:
-        err(
+        notice(
             f"mlx-slm: serving on http://{host}:{port} (loading {s.model}; /health says 200 when ready)"
             + ("; Bearer key required on /v1/*" if opts.api_key else "")
         )
@@ -152,5 +153,5 @@ def serve(
     except RuntimeError as e:
         raise UserError(f"the model could not be loaded: {e}") from None
     if not s.quiet:
-        err("mlx-slm: server stopped")
+        notice("mlx-slm: server stopped")
     sys.exit(code)

@@ -6,9 +6,10 @@ from typing import Any
 
 import click
 
-from ..job import check_outputs, err, note_descriptions
-from .base import Command, given, warn_blas
-from .options import some_task_options
+from ..job import check_outputs
+from ..setup import read_labels, run_settings
+from .base import Command, given, notice, warn_blas
+from .options import some_task_options, task_settings
 
 _TRAIN_TASK_OPTIONS = {
     "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
@@ -80,8 +81,6 @@ def train(
       mlx-slm train labelled.csv --gold-column category --save-task task.json
       mlx-slm classify tickets.jsonl --task task.json -o out.jsonl
     """
-    from ..classifier import DEFAULT_BATCH_SIZE
-    from ..labels import parse_labels
     from ..train import run_train
 
     warn_blas()
@@ -90,22 +89,16 @@ def train(
         _train_fields(ctx, data, save_task, gold_fields, layers_spec, layer, folds, pooling, seed, o)
         return
     o["gold_field"] = gold_fields[0]
-    labels, descriptions = None, {}
-    if o["labels_file"]:
-        from ..io import read_label_descriptions
-
-        descriptions = read_label_descriptions(o["labels_file"])
-        labels = list(descriptions)
-        note_descriptions(o["system"], descriptions, o.get("quiet", False))
-    elif "labels_csv" in given(ctx, o):
-        labels = parse_labels(o["labels_csv"])
+    # Neither --labels nor --labels-file: the data's own labels (not classify's default ones).
+    labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
+    got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field")
     _, table = run_train(
         data,
         save_task,
         model=o["model"],
-        labels=labels,
-        descriptions=descriptions,
+        labels=got.labels,
+        descriptions=got.descriptions,
         system=o["system"] or None,
         template=o["template"],
         examples_file=o["examples_file"],
@@ -115,18 +108,13 @@ def train(
         folds=folds,
         seed=seed,
         poolings=("last", "mean") if pooling == "auto" else (pooling,),
-        dtype=o["dtype"],
-        dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"],
         window=o["window"],
-        batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE,
-        max_batch_tokens=o["max_batch_tokens"] or "auto",
-        use_prefix_cache=not o["no_prefix_cache"],
-        truncate=o["truncate"],
-        progress=(lambda m: None) if o["quiet"] else (lambda m: err(f"mlx-slm: {m}")),
+        **run_settings(task_settings(ctx, o)),
+        progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
     )
     click.echo(table)
     if not o["quiet"]:
-        err(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
+        notice(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
 
 
 def _train_fields(
@@ -134,7 +122,6 @@ def _train_fields(
     folds: int, pooling: str, seed: int, o: dict[str, Any],
 ) -> None:  # fmt: skip
     """Several gold fields: one head per field, one pass over the texts, a task of questions."""
-    from ..classifier import DEFAULT_BATCH_SIZE
     from ..train import run_train_fields
 
     typed = given(ctx, o)
@@ -150,13 +137,11 @@ def _train_fields(
         system=(o["system"] or None) if "system" in typed else None,
         template=o["template"] if "template" in typed else None,
         read={k: o[k] for k in keys}, layers=layers_spec, layer=layer, folds=folds, seed=seed,
-        poolings=("last", "mean") if pooling == "auto" else (pooling,), dtype=o["dtype"],
-        dequantize=None if o["keep_quantized"] is None else not o["keep_quantized"], window=o["window"],
-        batch_size=o["batch_size"] or DEFAULT_BATCH_SIZE, max_batch_tokens=o["max_batch_tokens"] or "auto",
-        use_prefix_cache=not o["no_prefix_cache"], truncate=o["truncate"],
-        progress=(lambda m: None) if o["quiet"] else (lambda m: err(f"mlx-slm: {m}")),
+        poolings=("last", "mean") if pooling == "auto" else (pooling,), window=o["window"],
+        **run_settings(task_settings(ctx, o)),
+        progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
     )  # fmt: skip
     click.echo(table)
     if not o["quiet"]:
-        err(f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
+        notice(f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
             f"INPUT --task {save_task} (add zero-shot questions with --questions)")  # fmt: skip

@@ -1,0 +1,400 @@
+"""One task set-up for every command: options and a task file to a classifier's settings.
+
+`TaskOptions` are the settings classify, eval, serve and train share (a task file fills in
+those not given); `Setup` resolves them into labels, prompt, examples and a
+`CalibrationSpec`, loads the classifier and fits --calibration-data. It sits above the
+classifier, the task file and the file readers, and below the front ends (`cli/`, `job.py`):
+nothing here knows about click or about output files. User errors are `UserError`s
+(`UsageError` for options that do not go together); notes go to the `say` the front end
+gives (the CLI's `cli.base.notice`), so nothing here prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
+from .errors import UsageError
+from .prompts import (
+    DEFAULT_LABELS,
+    DEFAULT_SYSTEM,
+    DEFAULT_TEMPLATE,
+    check_plain_system,
+    check_template,
+    fill_labels,
+    fill_system,
+)
+from .registry import DEFAULT_MODEL
+
+Say = Callable[[str], None]  # where a front end's notes go: one line each (the CLI: stderr)
+
+
+@dataclass
+class TaskOptions:
+    """What defines the task and how to run it; the names are the CLI's parameter names.
+    `given`: the names set on the command line (a --task file fills in the others)."""
+
+    task_file: str | None = None
+    model: str = DEFAULT_MODEL
+    labels_csv: str | None = ",".join(DEFAULT_LABELS)
+    labels_file: str | None = None
+    system: str = DEFAULT_SYSTEM
+    template: str = DEFAULT_TEMPLATE
+    examples_file: str | None = None
+    questions_file: str | None = None
+    calibrate: str = "none"
+    calibration_data: str | None = None
+    warmup: int = DEFAULT_WARMUP
+    min_confidence: float | None = None
+    save_task: str | None = None
+    fmt: str | None = None
+    text_field: str = "text"
+    id_field: str = "id"
+    text_column: str = "text"
+    id_column: str = "id"
+    gold_field: str = "label"
+    batch_size: int | None = None
+    max_batch_tokens: int | None = None
+    window: int = 1024
+    no_sort: bool = False
+    no_prefix_cache: bool = False
+    scoring: str = "auto"
+    truncate: str | None = None
+    dtype: str | None = None
+    keep_quantized: bool | None = None
+    quiet: bool = False
+    given: frozenset[str] = field(default_factory=frozenset)
+
+    def read_args(self) -> tuple[str | None, str, str, str, str]:
+        """`io.read_rows`' format and field arguments."""
+        return self.fmt, self.text_field, self.id_field, self.text_column, self.id_column
+
+
+def flag_names(names: set[str]) -> str:
+    """Parameter names as the options a person typed: labels_csv -> --labels."""
+    return ", ".join("--" + k.replace("_csv", "").replace("_file", "").replace("_", "-") for k in sorted(names))
+
+
+def descriptions_note(system: str | None, descriptions: dict[str, str]) -> str | None:
+    """Descriptions from --labels-file reach the model only through {label_descriptions} in
+    --system: the note that says so when they would be dropped without a word (or None)."""
+    from .prompts import DESCRIPTIONS_PLACEHOLDER
+
+    if any(descriptions.values()) and DESCRIPTIONS_PLACEHOLDER not in (system or ""):
+        return (
+            "mlx-slm: note: --labels-file gives label descriptions, but --system has no {label_descriptions}: "
+            "the model does not see them (add it, e.g. --system 'What the labels mean:\\n{label_descriptions}')"
+        )
+    return None
+
+
+def run_settings(o: TaskOptions) -> dict[str, Any]:
+    """How the model runs, the same for every command that loads one (classify, eval, serve,
+    train): the options as `Classifier.load` and `train.run_train` take them."""
+    from .classifier import DEFAULT_BATCH_SIZE
+
+    return {
+        "dtype": o.dtype,
+        "dequantize": None if o.keep_quantized is None else not o.keep_quantized,
+        "batch_size": o.batch_size or DEFAULT_BATCH_SIZE,
+        "max_batch_tokens": o.max_batch_tokens or "auto",
+        "use_prefix_cache": not o.no_prefix_cache,
+        "truncate": o.truncate,
+    }
+
+
+@dataclass(frozen=True)
+class CommandLabels:
+    """The labels a command was given, read once: `labels` (None when neither --labels nor
+    --labels-file was given: train then takes the data's own) and their descriptions."""
+
+    labels: list[str] | None
+    descriptions: dict[str, str]
+
+    def fill(self, system: str | None, typed: bool = True) -> str | None:
+        """`system` with {labels} and {label_descriptions} filled in. As typed (--system, or a
+        command's default): every {word} checked, {{ }} literal braces; a task's message
+        (`typed=False`) is filled as it is."""
+        fill = fill_system if typed else fill_labels
+        return fill(system, self.labels or [], self.descriptions)
+
+
+def read_labels(
+    labels_csv: str | None,
+    labels_file: str | None,
+    system: str | None = None,
+    say: Say | None = None,
+) -> CommandLabels:
+    """A command's labels: --labels-file (a label a line, with its description; it wins over
+    --labels) or --labels (comma-separated). With `say`, a note when the descriptions would
+    not reach the model through `system`."""
+    from .labels import parse_labels
+
+    descriptions: dict[str, str] = {}
+    if labels_file:
+        from .io import read_label_descriptions
+
+        descriptions = read_label_descriptions(labels_file)  # a BOM dropped; bad UTF-8 names its line
+        labels: list[str] | None = list(descriptions)
+    else:
+        labels = parse_labels(labels_csv) if labels_csv is not None else None
+    note = descriptions_note(system, descriptions)
+    if say is not None and note:
+        say(note)
+    return CommandLabels(labels, descriptions)
+
+
+def _check_head_options(given: frozenset[str]) -> None:
+    """A task with a learned head: its model, labels and prompt are what the head was trained on."""
+    changed = {"model", "labels_csv", "labels_file", "system", "template", "examples_file"} & given
+    if changed:
+        raise UsageError(
+            f"the task's learned head was trained on its own model, labels and prompt; with {flag_names(changed)} "
+            "changed it no longer applies: train a new head (mlx-slm train DATA ... --save-task TASK)"
+        )
+    if {"calibrate", "calibration_data"} & given:
+        raise UsageError(
+            "calibration does not apply to a task with a learned head (its probabilities are fitted on labelled "
+            "data already): drop --calibrate/--calibration-data; --min-confidence works on the head's probabilities"
+        )
+
+
+class Setup:
+    """What classify, eval and serve share: the options (with a task file's values filled
+    in), the loaded classifier, and the calibration to run with (`calibration`). Its notes
+    (descriptions the model does not see, the calibration fit, the task saved) go to `say`,
+    unless the options are quiet."""
+
+    def __init__(self, options: TaskOptions, say: Say):
+        o = self.o = replace(options)
+        self.say = say
+        self.task: Any = None
+        self.origin = "here"  # where the calibrator comes from: "here" (fitted in this run), "task", "resume"
+        given = self.given = options.given
+        # An id column named on the command line must exist (no silent fall-back to line numbers).
+        self.id_required = "id_column" in given
+        self.labels: list[str] | None = None
+        self.examples: Any = ()
+        self.questions: Any = None
+        self.calibration = CalibrationSpec.of(o.calibrate)
+        if o.task_file:
+            self._take_task(o.task_file)
+        if o.questions_file or self.questions is not None:
+            self._read_questions()
+            return
+        self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
+        if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
+            o.template = check_template(o.template)
+        if self.labels is None:
+            self._read_labels()
+        elif "system" in given:  # the task's labels, a message typed here
+            o.system = fill_system(o.system, self.labels)
+        if o.examples_file:
+            from .prompts import read_examples
+
+            self.examples = read_examples(o.examples_file, self.labels)
+        if self.calibration.needs_data and not o.calibration_data:
+            raise UsageError(f"--calibrate {self.calibration.kind} needs --calibration-data FILE (labelled texts)")
+
+    def _take_task(self, path: str) -> None:
+        """Fill in what the command line did not give from the task file."""
+        from .task import Task
+
+        o, given = self.o, self.given
+        t = self.task = Task.load(path)
+        defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
+        if t.heads:
+            _check_head_options(given)
+        if t.calibration.fitted and defining and "calibrate" not in given:
+            raise UsageError(
+                f"the task's calibration prior was fitted for its own model and prompt; with {flag_names(defining)} "
+                "changed it no longer applies: add --calibrate none|batch|fit to recalibrate"
+            )
+        if t.calibration.fitted and "calibrate" not in given:
+            self.origin = "task"
+        take = {
+            "model": t.model,
+            "labels_csv": None,
+            "system": t.system or "",
+            "template": t.template,
+            "scoring": t.scoring,
+            "min_confidence": t.min_confidence,
+            "warmup": t.warmup,
+        }
+        for k, v in take.items():
+            if k not in given:
+                setattr(o, k, v)
+        self.labels = list(t.labels) if not ({"labels_csv", "labels_file"} & given) else None
+        if t.questions:
+            self.questions = tuple(t.questions)
+        self.examples = t.examples if "examples_file" not in given else ()
+        if "calibrate" not in given:
+            self.calibration = t.calibration
+
+    def _read_questions(self) -> None:
+        """--questions (added to a task's own, if any): each question carries its labels; the
+        label-scoring options do not apply."""
+        from .questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, QuestionError, check_questions, read_questions
+
+        o = self.o
+        clash = {"labels_csv", "labels_file", "examples_file", "scoring", "truncate", "calibration_data"} & self.given
+        if o.calibrate not in ("none", "batch"):
+            raise UsageError(
+                f"--calibrate {o.calibrate} with several questions is not supported yet: use --calibrate batch "
+                "(a prior per question, from the input itself) or none"
+            )
+        if clash:
+            raise UsageError(
+                f"--questions does not go with {flag_names(clash)}: each question carries its own labels"
+                + ("" if clash & {"labels_csv", "labels_file"} else " (not supported with --questions yet)")
+            )
+        if self.task is not None and not self.task.questions:
+            raise UsageError(
+                f"--task {o.task_file} asks one question (its labels): --questions goes with a task of questions "
+                "(saved by classify --questions --save-task, or train --label-field A --label-field B)"
+            )
+        if o.questions_file:
+            try:
+                self.questions = check_questions([*(self.questions or ()), *read_questions(o.questions_file)])
+            except QuestionError as e:
+                raise QuestionError(f"--questions {o.questions_file} with the task's questions: {e}") from None
+        # As typed: every {word} checked ({text} and {question} in the template), {{ }} literal braces;
+        # otherwise the task's, or the defaults for questions.
+        if "system" in self.given:
+            o.system = check_plain_system(o.system)
+        elif self.task is None:
+            o.system = DEFAULT_SYSTEM
+        if "template" in self.given:
+            o.template = check_template(o.template, placeholders=("text", "question"))
+        elif self.task is None:
+            o.template = DEFAULT_TEMPLATE
+
+    def _read_labels(self) -> None:
+        o = self.o
+        got = read_labels(o.labels_csv, o.labels_file, o.system, None if o.quiet else self.say)
+        self.labels = got.labels
+        # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
+        o.system = got.fill(o.system, typed="system" in self.given)
+
+    def load(self) -> Any:
+        from .classifier import Classifier
+
+        o = self.o
+        # Kept: --ray workers load the same classifier from these (on their own nodes).
+        self.load_kwargs = dict(
+            model=o.model,
+            labels=list(self.labels or ()),
+            system=o.system or None,
+            template=o.template,
+            **({"head": self.task.head} if self.task is not None and self.task.head is not None else {}),
+            **run_settings(o),
+            sort=not o.no_sort,
+            scoring=o.scoring,
+            examples=tuple(self.examples),
+            **({"questions": self.questions} if self.questions is not None else {}),
+        )
+        self.clf = Classifier.load(**self.load_kwargs)
+        self.weights = self.clf.engine.weights_sha256
+        if self.task is not None and (self.origin == "task" or self.task.heads):  # same weights only
+            self.task.check_weights(self.weights, o.model)
+        if self.calibration.needs_data:
+            self.calibration = self._fit(self.calibration)
+        return self.clf
+
+    def _fit(self, spec: CalibrationSpec) -> CalibrationSpec:
+        """Fit per-label offsets on the labelled sample (`em` then uses them as its base)."""
+        from .calibration import CalibrationError
+        from .io import gold_problem, read_rows
+
+        o = self.o
+        path = o.calibration_data
+        rows = list(read_rows(path, None, *self.o.read_args()[1:], gold=o.gold_field))
+        for r in rows:
+            why = r.error or gold_problem(r, self.clf.labels, o.gold_field)
+            if why:
+                raise CalibrationError(f"--calibration-data {path}: {why}")
+        if not rows:
+            raise CalibrationError(
+                f"--calibration-data {path} is empty: give it labelled texts (text and {o.gold_field})"
+            )
+        fitted = self.clf.fit_calibration(
+            [r.text for r in rows],
+            [str(r.gold) for r in rows],
+            spec,
+            window=o.window,
+            source=f"--calibration-data {path}",
+            lines=[r.line for r in rows],
+        )
+        cal = fitted.calibrator
+        assert cal is not None
+        i = cal.info
+        if not o.quiet:
+            if i.get("cv_accuracy_raw") is not None:
+                self.say(
+                    f"mlx-slm: fitted on {len(rows)} labelled items; {i['folds']}-fold cross-validated accuracy "
+                    f"{100 * i['cv_accuracy_raw']:.1f} % raw -> {100 * i['cv_accuracy_calibrated']:.1f} % calibrated"
+                )
+            else:
+                self.say(f"mlx-slm: fitted on {len(rows)} labelled items ({i.get('cv_note', 'no cross-validation')})")
+        return fitted
+
+    def calibration_run(self, on_fit: Callable[[Calibrator], None] | None = None) -> Any:
+        return self.clf.calibration_run(self.calibration, self.o.min_confidence, on_fit)
+
+    def describe(self, run: Any) -> str:
+        c = run.calibrator
+        if run.method == "none":
+            return "no calibration (raw scores)"
+        if hasattr(run, "priors"):  # several questions: a prior per question
+            if not run.fitted_here:
+                return f"{run.method} calibration per question (too few items to fit priors: raw scores)"
+            return f"{run.method} calibration per question (priors from the first {run.n} items of this input)"
+        if run.method in ("batch", "em") and c is None:
+            return f"{run.method} calibration (too few items to fit a prior: raw scores)"
+        if run.fitted_here:
+            return f"{run.method} calibration (prior from the first {c.n} items of this input)"
+        where = {"task": "the task's saved prior", "resume": "the prior the interrupted run fitted"}.get(
+            self.origin, "fitted on --calibration-data"
+        )
+        # Only `fit` learns from labels; batch (and em's re-estimate) from the input's own items.
+        if c.method == "fit":
+            return f"{run.method} calibration ({where}, {c.n} labelled items)"
+        source = "of this input" if self.origin == "resume" else "of the input it was fitted on"
+        return f"{run.method} calibration ({where}, from the first {c.n} items {source}, no labels)"
+
+    def settings(self) -> dict[str, Any]:
+        head = self.clf.head
+        return {
+            "calibration": self.calibration.record(),
+            "min_confidence": self.o.min_confidence,
+            "examples": [list(e) for e in self.clf.format.examples],
+            **({"head": {"layers": list(head.layers), "sha256": head.sha256}} if head is not None else {}),
+        }
+
+    def save_task(self, run: Any) -> None:
+        from .convert import versions
+        from .task import Task
+
+        path = self.o.save_task
+        if not path:
+            return
+        cal = run.result()  # em keeps its base: later inputs re-estimate their own mix
+        t = Task(
+            model=self.o.model,
+            labels=tuple(self.clf.labels),
+            system=self.o.system or None,
+            template=self.o.template,
+            scoring="auto" if self.clf.questions else self.clf.mode,
+            examples=self.clf.format.examples,
+            calibration=cal,
+            warmup=self.o.warmup,
+            min_confidence=self.o.min_confidence,
+            weights_sha256=self.weights,
+            versions=versions(),
+            questions=tuple(self.clf.questions or ()),
+        )
+        t.save(path)
+        if not self.o.quiet:
+            self.say(f"mlx-slm: task saved to {path} ({run.method + ' prior' if cal.applies else 'no calibration'})")
