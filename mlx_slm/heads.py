@@ -492,7 +492,38 @@ def fit(
     labels = tuple(labels)
     k = len(labels)
     y = np.asarray(y, dtype=np.int64)
-    counts = np.bincount(y, minlength=k)
+    counts = _label_counts(y, labels, folds)
+    splits = folds_of(y, folds, seed)
+
+    def x_of(cand: Candidate) -> np.ndarray:
+        return head_input(features, feature_layers, cand).reshape(len(y), -1)
+
+    table = _candidate_table(
+        x_of, y, k, candidates, splits, seed, kinds[0], folds, forced, combine, seconds_per_item, progress
+    )
+    pool = table if forced is None else [r for r in table if tuple(r["layers"]) == tuple(forced)]
+    if not pool:
+        raise HeadError(f"layer {candidate_name(forced or ())} is not among the candidates: add it to --layers")
+    best = _best(pool)
+    chosen = Candidate(tuple(zip(best["layers"], best["poolings"])))
+    x = x_of(chosen)
+    reg, logits, i_won = _estimator_table(x, y, k, kinds, Cs, splits, seed, chosen, progress)
+    kind, C = reg[i_won]["kind"], reg[i_won]["C"]
+    # One temperature for the head's logits, fitted on its out-of-fold logits: accuracy is
+    # untouched, and --min-confidence reads probabilities that mean what they say.
+    T = temperature(logits[i_won], y)
+    progress(f"fitting the head on all {len(y)} examples ({chosen.name}, {_estimator(kind, C)}, T={T:.3g})")
+    mean, scale, coef, intercept = fit_linear(x, y, k, kind, C, seed)
+    coef, intercept = coef / T, intercept / T
+    info = _fit_info(labels, y, counts, folds, seed, forced, table, kinds[0], reg, chosen, i_won, T, logits, t0)
+    return Head(
+        labels, chosen.layers, mean, scale, coef, intercept, C=C, info=info, poolings=chosen.poolings, kind=kind
+    )
+
+
+def _label_counts(y: np.ndarray, labels: tuple[str, ...], folds: int) -> np.ndarray:
+    """Examples per label; each needs `min_per_label(folds)` (one per fold), else a `HeadError`."""
+    counts = np.bincount(y, minlength=len(labels))
     need = min_per_label(folds)
     if counts.min() < need:
         short = [f"{labels[i]!r} ({counts[i]})" for i in np.flatnonzero(counts < need)]
@@ -500,12 +531,25 @@ def fit(
             f"a head needs at least {need} examples per label (one per cross-validation fold); "
             f"too few for {', '.join(short[:10])}{' ...' if len(short) > 10 else ''}: add examples of those labels"
         )
-    splits = folds_of(y, folds, seed)
-    first = kinds[0]
+    return counts
 
-    def x_of(cand: Candidate) -> np.ndarray:
-        return head_input(features, feature_layers, cand).reshape(len(y), -1)
 
+def _candidate_table(
+    x_of: Callable[[Candidate], np.ndarray],
+    y: np.ndarray,
+    k: int,
+    candidates: Sequence[Candidate],
+    splits: Sequence[tuple[np.ndarray, np.ndarray]],
+    seed: int,
+    first: str,
+    folds: int,
+    forced: tuple[int, ...] | None,
+    combine: bool,
+    seconds_per_item: Callable[[Candidate], float] | None,
+    progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Stage 1 of `fit`: one row per candidate, scored with the estimator `first`; with
+    `combine`, the best last-position and best mean-pooled candidates side by side too."""
     table: list[dict[str, Any]] = []
 
     def score(cand: Candidate) -> None:
@@ -527,12 +571,22 @@ def fit(
         both = Candidate.of(_best(pure["last"])["layers"]) + Candidate.of(_best(pure["mean"])["layers"], "mean")
         if forced is None or both.layers == tuple(forced):
             score(both)
-    pool = table if forced is None else [r for r in table if tuple(r["layers"]) == tuple(forced)]
-    if not pool:
-        raise HeadError(f"layer {candidate_name(forced or ())} is not among the candidates: add it to --layers")
-    best = _best(pool)
-    chosen = Candidate(tuple(zip(best["layers"], best["poolings"])))
-    x = x_of(chosen)
+    return table
+
+
+def _estimator_table(
+    x: np.ndarray,
+    y: np.ndarray,
+    k: int,
+    kinds: Sequence[str],
+    Cs: Sequence[float],
+    splits: Sequence[tuple[np.ndarray, np.ndarray]],
+    seed: int,
+    chosen: Candidate,
+    progress: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], list[np.ndarray], int]:
+    """Stage 2 of `fit`: every kind (logistic at each of `Cs`) cross-validated on the chosen
+    parts; the rows, their out-of-fold logits and the winner's index."""
     reg, logits = [], []
     for kind in kinds:
         for C in Cs if kind == "logistic" else (LAYER_C,):
@@ -542,15 +596,28 @@ def fit(
     i_won = max(
         range(len(reg)), key=lambda i: (round(reg[i]["accuracy"], 9), round(reg[i]["macro_f1"], 9), -reg[i]["log_loss"])
     )
+    return reg, logits, i_won
+
+
+def _fit_info(
+    labels: tuple[str, ...],
+    y: np.ndarray,
+    counts: np.ndarray,
+    folds: int,
+    seed: int,
+    forced: tuple[int, ...] | None,
+    table: list[dict[str, Any]],
+    first: str,
+    reg: list[dict[str, Any]],
+    chosen: Candidate,
+    i_won: int,
+    T: float,
+    logits: list[np.ndarray],
+    t0: float,
+) -> dict[str, Any]:
+    """The head's `info`: the data, both stages' tables and the choice (`t0`: when fit began)."""
     won = reg[i_won]
-    kind, C = won["kind"], won["C"]
-    # One temperature for the head's logits, fitted on its out-of-fold logits: accuracy is
-    # untouched, and --min-confidence reads probabilities that mean what they say.
-    T = temperature(logits[i_won], y)
-    progress(f"fitting the head on all {len(y)} examples ({chosen.name}, {_estimator(kind, C)}, T={T:.3g})")
-    mean, scale, coef, intercept = fit_linear(x, y, k, kind, C, seed)
-    coef, intercept = coef / T, intercept / T
-    info = {
+    return {
         "n": int(len(y)),
         "per_label": {lab: int(c) for lab, c in zip(labels, counts)},
         "folds": folds,
@@ -562,19 +629,16 @@ def fit(
         "chosen": {
             "layers": list(chosen.layers),
             "poolings": list(chosen.poolings),
-            "kind": kind,
-            "C": C,
+            "kind": won["kind"],
+            "C": won["C"],
             "temperature": T,
             "accuracy": won["accuracy"],
             "macro_f1": won["macro_f1"],
             "log_loss": won["log_loss"],
-            "log_loss_at_temperature": _scores(logits[i_won] / T, y, k)["log_loss"],
+            "log_loss_at_temperature": _scores(logits[i_won] / T, y, k=len(labels))["log_loss"],
         },
         "fit_seconds": round(time.perf_counter() - t0, 3),
     }
-    return Head(
-        labels, chosen.layers, mean, scale, coef, intercept, C=C, info=info, poolings=chosen.poolings, kind=kind
-    )
 
 
 def _estimator(kind: str, C: float) -> str:

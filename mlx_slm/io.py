@@ -652,6 +652,26 @@ def _csv(
     if head.fields is None:
         raise InputError(f"malformed CSV header: {head.error}")
     header = head.fields
+    ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, id_required)
+    while True:
+        nxt = src.next()
+        if nxt is None:
+            return
+        n = nxt[0]
+        if not nxt[1].strip():
+            yield Row(n, None, error=f"line {n}: blank line: remove it")
+            continue
+        src.push_back([nxt])
+        r = _next_record(src, delimiter)
+        assert r is not None
+        yield _csv_row(n, r, len(header), ti, ii, gi, text_column, id_column)
+
+
+def _csv_columns(
+    header: list[str], delimiter: str, text_column: str, id_column: str | None, gold: str | None, id_required: bool
+) -> tuple[int, int | None, int | None]:
+    """The text, id and gold columns' indices in a CSV header (id and gold None when absent);
+    a header that cannot be read this way is an `InputError` naming the fix."""
     if any(has_lone_surrogate(c) for c in header):
         raise InputError(_utf8_error(1) + " (in the CSV header)")
     if text_column not in header:
@@ -670,58 +690,57 @@ def _csv(
     ti = header.index(text_column)
     ii = header.index(id_column) if id_column and id_column in header else None
     gi = header.index(gold) if gold and gold in header else None
-    while True:
-        nxt = src.next()
-        if nxt is None:
-            return
-        n = nxt[0]
-        if not nxt[1].strip():
-            yield Row(n, None, error=f"line {n}: blank line: remove it")
-            continue
-        src.push_back([nxt])
-        r = _next_record(src, delimiter)
-        assert r is not None
-        span = f"line {n}" if r.last_line == n else f"lines {n}-{r.last_line}"
-        if r.fields is None:
-            yield Row(n, None, error=r.error, last_line=r.last_line)
-            continue
-        rec = r.fields
-        if len(rec) != len(header):
-            yield Row(
-                n,
-                None,
-                error=f"{span}: {len(rec)} fields where the header has {len(header)}: check commas and quotes",
-                last_line=r.last_line,
-            )
-            continue
-        explicit = ii is not None
-        rid: Any = rec[ii] if ii is not None else n
-        if ii is not None and has_lone_surrogate(rec[ii]):
-            yield Row(
-                n, None, error=_utf8_error(n) + f" (in column {id_column!r})", explicit_id=True, last_line=r.last_line
-            )
-        elif ii is not None and not rid:
-            yield Row(
-                n,
-                None,
-                error=f"line {n}: empty {id_column!r}: give every row an id",
-                explicit_id=True,
-                last_line=r.last_line,
-            )
-        elif any(has_lone_surrogate(c) for c in rec):
-            yield Row(n, rid, error=_utf8_error(n), explicit_id=explicit, last_line=r.last_line)
-        elif not rec[ti].strip():
-            yield Row(
-                n,
-                rid,
-                error=f"line {n}: column {text_column!r} is empty: give the item some text, or drop the row",
-                explicit_id=explicit,
-                last_line=r.last_line,
-            )
-        else:
-            yield Row(
-                n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=None if gi is None else rec[gi]
-            )
+    return ti, ii, gi
+
+
+def _csv_row(
+    n: int,
+    r: _Record,
+    width: int,
+    ti: int,
+    ii: int | None,
+    gi: int | None,
+    text_column: str,
+    id_column: str | None,
+) -> Row:
+    """One CSV record starting at line `n` (`r`, from `_next_record`) as a `Row`, or an error
+    row naming its line; `width`: the header's number of columns."""
+    span = f"line {n}" if r.last_line == n else f"lines {n}-{r.last_line}"
+    if r.fields is None:
+        return Row(n, None, error=r.error, last_line=r.last_line)
+    rec = r.fields
+    if len(rec) != width:
+        return Row(
+            n,
+            None,
+            error=f"{span}: {len(rec)} fields where the header has {width}: check commas and quotes",
+            last_line=r.last_line,
+        )
+    explicit = ii is not None
+    rid: Any = rec[ii] if ii is not None else n
+    if ii is not None and has_lone_surrogate(rec[ii]):
+        return Row(
+            n, None, error=_utf8_error(n) + f" (in column {id_column!r})", explicit_id=True, last_line=r.last_line
+        )
+    if ii is not None and not rid:
+        return Row(
+            n,
+            None,
+            error=f"line {n}: empty {id_column!r}: give every row an id",
+            explicit_id=True,
+            last_line=r.last_line,
+        )
+    if any(has_lone_surrogate(c) for c in rec):
+        return Row(n, rid, error=_utf8_error(n), explicit_id=explicit, last_line=r.last_line)
+    if not rec[ti].strip():
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: column {text_column!r} is empty: give the item some text, or drop the row",
+            explicit_id=explicit,
+            last_line=r.last_line,
+        )
+    return Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=None if gi is None else rec[gi])
 
 
 def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:

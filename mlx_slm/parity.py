@@ -143,9 +143,7 @@ def run_parity(
     """reference: the original checkpoint for (b); None skips (b) (allowed for a quantized model).
     dequantize: for a quantized model, as `Classifier.load` (None: at load on the CPU only)."""
     from .classifier import Classifier
-    from .convert import dequantized_copy
     from .models.quant import describe, quantization_of
-    from .reference import score_in_child
     from .sources import local, materialise
 
     path = materialise(model)
@@ -158,48 +156,14 @@ def run_parity(
         str(path), labels, system, template, dtype=dtype, keep_logits=True, batch_size=batch_size, dequantize=dequantize
     )
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
-    t0 = time.perf_counter()
-    ours = clf.classify(texts)
-    t_ours = time.perf_counter() - t0
-    bad = [p for p in ours if not p.ok]
-    if bad:
-        raise UserError(f"item {bad[0].index}: {bad[0].error}")
-    ids = [it.ids for it in clf.prepare(texts)]
-
-    def run_ref(where: str) -> tuple[list[str], list[np.ndarray], list[np.ndarray], float]:
-        progress(f"reference: Transformers float32, one at a time, on {where}")
-        scores, logits, seconds = score_in_child(where, ids, clf.labelset)
-        labs = [clf.labels[int(np.argmax(s))] for s in scores]
-        return labs, list(logits), [softmax(s) for s in scores], seconds
-
-    with tempfile.TemporaryDirectory() as tmp:
-        same = str(path)
-        if q is not None:  # Transformers cannot read mlx-lm's packing: the same values, unpacked
-            progress("reference weights: the quantized values, dequantized to float32")
-            same = str(dequantized_copy(path, Path(tmp) / "dequantized"))
-        conv_l, conv_g, conv_p, t_conv = run_ref(same)
+    mine, ids, t_ours = _ours_scored(clf, texts)
+    conv, t_conv = _reference_on_same_values(clf, ids, path, q is not None, progress)
     rows = clf.labelset.first_ids
-    ours_l = [p.label for p in ours]
-    ours_g = [p.logits for p in ours]
-    ours_p = [np.array([p.probs[lab] for lab in clf.labels]) for p in ours]
-    a = compare(ours_l, conv_l, ours_g, conv_g, ours_p, conv_p, rows)
-    b = None
-    if src is not None:
-        orig_l, orig_g, orig_p, _ = run_ref(src)
-        b = compare(orig_l, conv_l, orig_g, conv_g, orig_p, conv_p, rows)
+    a = _pairwise(mine, conv, rows)
+    b = None if src is None else _pairwise(_reference_scores(clf, ids, src, progress), conv, rows)
     c, t_mlxlm = None, None
     if q is not None:
-        progress(f"mlx-lm: its own forward on {path}, {compute}, one at a time")
-        scores, logits, t_mlxlm = mlxlm_scores(path, ids, clf.labelset, clf.model.compute_dtype)
-        c = compare(
-            ours_l,
-            [clf.labels[int(np.argmax(s))] for s in scores],
-            ours_g,
-            list(logits),
-            ours_p,
-            [softmax(s) for s in scores],
-            rows,
-        )
+        c, t_mlxlm = _mlxlm_agreement(clf, ids, path, mine, compute, progress)
     tol = TOLERANCE[compute]
     return {
         "model": str(path),
@@ -223,6 +187,73 @@ def run_parity(
             **({} if t_mlxlm is None else {"mlxlm": round(t_mlxlm, 2)}),
         },
     }
+
+
+# A run's (labels, last-position logits, label probabilities), one entry per text.
+Scored = tuple[list[str], list[np.ndarray], list[np.ndarray]]
+
+
+def _pairwise(x: Scored, y: Scored, rows: Sequence[int]) -> Comparison:
+    return compare(x[0], y[0], x[1], y[1], x[2], y[2], rows)
+
+
+def _ours_scored(clf: Any, texts: Sequence[str]) -> tuple[Scored, list[list[int]], float]:
+    """Our run of the texts (a text that cannot run is a `UserError`), their token ids and the seconds."""
+    t0 = time.perf_counter()
+    ours = clf.classify(texts)
+    t_ours = time.perf_counter() - t0
+    bad = [p for p in ours if not p.ok]
+    if bad:
+        raise UserError(f"item {bad[0].index}: {bad[0].error}")
+    ids = [it.ids for it in clf.prepare(texts)]
+    mine = (
+        [p.label for p in ours],
+        [p.logits for p in ours],
+        [np.array([p.probs[lab] for lab in clf.labels]) for p in ours],
+    )
+    return mine, ids, t_ours
+
+
+def _reference_scores(clf: Any, ids: list[list[int]], where: str, progress: Callable[[str], None]) -> Scored:
+    """Transformers in float32 on `where`, one prompt at a time (in a child process)."""
+    return _reference_timed(clf, ids, where, progress)[0]
+
+
+def _reference_timed(
+    clf: Any, ids: list[list[int]], where: str, progress: Callable[[str], None]
+) -> tuple[Scored, float]:
+    from .reference import score_in_child
+
+    progress(f"reference: Transformers float32, one at a time, on {where}")
+    scores, logits, seconds = score_in_child(where, ids, clf.labelset)
+    labs = [clf.labels[int(np.argmax(s))] for s in scores]
+    return (labs, list(logits), [softmax(s) for s in scores]), seconds
+
+
+def _reference_on_same_values(
+    clf: Any, ids: list[list[int]], path: Path, quantized: bool, progress: Callable[[str], None]
+) -> tuple[Scored, float]:
+    """(a)'s reference: Transformers on the very weight values we run (a quantized model's
+    dequantized into a temporary directory, removed after)."""
+    from .convert import dequantized_copy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        same = str(path)
+        if quantized:  # Transformers cannot read mlx-lm's packing: the same values, unpacked
+            progress("reference weights: the quantized values, dequantized to float32")
+            same = str(dequantized_copy(path, Path(tmp) / "dequantized"))
+        return _reference_timed(clf, ids, same, progress)
+
+
+def _mlxlm_agreement(
+    clf: Any, ids: list[list[int]], path: Path, mine: Scored, compute: str, progress: Callable[[str], None]
+) -> tuple[Comparison, float]:
+    """(c): our labels and logits against mlx-lm's own forward on the quantized directory."""
+    progress(f"mlx-lm: its own forward on {path}, {compute}, one at a time")
+    scores, logits, t_mlxlm = mlxlm_scores(path, ids, clf.labelset, clf.model.compute_dtype)
+    theirs = ([clf.labels[int(np.argmax(s))] for s in scores], list(logits), [softmax(s) for s in scores])
+    c = _pairwise(mine, theirs, clf.labelset.first_ids)
+    return c, t_mlxlm
 
 
 def run_question_parity(

@@ -353,7 +353,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         "labels", fitting "fit"/"em" calibration on `X, y`). `X`: texts (list, NumPy array,
         pandas Series, one-column DataFrame); `y`: each text's label, str or int."""
         from .calibration import CalibrationSpec
-        from .classifier import DEFAULT_BATCH_SIZE, Classifier
+        from .classifier import Classifier
         from .convert import versions
         from .prompts import fill_labels
         from .task import Task
@@ -361,43 +361,13 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
 
         self._check_params()
         texts = _texts(X)
-        zero_shot_without_y = self.method == "labels" and y is None and self.labels is not None
-        if zero_shot_without_y:
-            if self.calibration in ("fit", "em"):
-                raise ValueError(f"calibration={self.calibration!r} is fitted on labelled texts: give y")
-            classes = np.asarray(list(self.labels))
-            gold = None
-        else:
-            y_arr = _targets(y, len(texts))
-            classes = np.unique(y_arr) if self.labels is None else np.asarray(list(self.labels))
-            if self.labels is not None:
-                known = {_key(c) for c in classes}
-                for i, v in enumerate(y_arr.tolist()):
-                    if _key(v) not in known:
-                        raise ValueError(
-                            f"y row {i}: label {v!r} is not in labels={list(classes.tolist())[:8]}: add it to "
-                            "labels, or drop the row"
-                        )
-            if len(classes) < 2:
-                raise ValueError(
-                    f"y has one class ({classes[0]!r}): a classifier needs examples of at least two classes"
-                    if len(classes)
-                    else "y has no class: give labelled texts"
-                )
-            gold = [str(v) for v in y_arr.tolist()]
-        names = [str(c) for c in classes.tolist()]
-        if len(set(names)) != len(names):
-            raise ValueError(f"labels {names[:8]} repeat once written as text: give distinct labels")
+        classes, names, gold = _classes(self, y, len(texts))
         system = DEFAULT_SYSTEM if self.system is None else (self.system or None)
         system = fill_labels(system, names)
         template = DEFAULT_TEMPLATE if self.template is None else self.template
         examples = tuple((str(t), str(lab)) for t, lab in (self.examples or ()))
         engine = shared_engine(self.model, self.dtype)
-        batching = {
-            "batch_size": self.batch_size or DEFAULT_BATCH_SIZE,
-            "max_batch_tokens": self.max_batch_tokens or "auto",
-            "truncate": self.truncate,
-        }
+        batching = _batching(self)
         show = self.verbose > 0
         head, spec = None, CalibrationSpec.of(self.calibration)
         if self.method == "head":
@@ -459,7 +429,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------ predict
     def _clf(self) -> Any:
         """The classifier the fitted task defines, on the shared engine (made once per engine)."""
-        from .classifier import DEFAULT_BATCH_SIZE, Classifier
+        from .classifier import Classifier
 
         check_is_fitted(self, "task_")
         engine = shared_engine(self.model, self.dtype)
@@ -468,13 +438,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             # from_task refuses a fitted head or prior on other weights, naming both sha256.
             if self.task_.weights_sha256 and (self.task_.head is not None or self.task_.calibration.fitted):
                 self.task_.check_weights(engine.weights_sha256, str(self.model))
-            clf = Classifier.from_task(
-                self.task_,
-                engine=engine,
-                batch_size=self.batch_size or DEFAULT_BATCH_SIZE,
-                max_batch_tokens=self.max_batch_tokens or "auto",
-                truncate=self.truncate,
-            )
+            clf = Classifier.from_task(self.task_, engine=engine, **_batching(self))
             self._clf_cache = clf
         return clf
 
@@ -590,3 +554,48 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
 def _key(v: Any) -> Any:
     """A label as compared with `labels=`: numpy scalars as Python values."""
     return v.item() if isinstance(v, np.generic) else v
+
+
+# Module functions rather than methods: they keep SLMClassifier to its scikit-learn API.
+def _batching(est: SLMClassifier) -> dict[str, Any]:
+    """The batching settings a fit and a prediction run with (None: the CLI's defaults)."""
+    from .classifier import DEFAULT_BATCH_SIZE
+
+    return {
+        "batch_size": est.batch_size or DEFAULT_BATCH_SIZE,
+        "max_batch_tokens": est.max_batch_tokens or "auto",
+        "truncate": est.truncate,
+    }
+
+
+def _classes(est: SLMClassifier, y: Any, n: int) -> tuple[np.ndarray, list[str], list[str] | None]:
+    """`fit`'s classes (`labels=` or the sorted values of `y`), their names as text, and each
+    of the `n` texts' gold label as text (None: zero-shot labels without `y`)."""
+    zero_shot_without_y = est.method == "labels" and y is None and est.labels is not None
+    if zero_shot_without_y:
+        if est.calibration in ("fit", "em"):
+            raise ValueError(f"calibration={est.calibration!r} is fitted on labelled texts: give y")
+        classes = np.asarray(list(est.labels))
+        gold = None
+    else:
+        y_arr = _targets(y, n)
+        classes = np.unique(y_arr) if est.labels is None else np.asarray(list(est.labels))
+        if est.labels is not None:
+            known = {_key(c) for c in classes}
+            for i, v in enumerate(y_arr.tolist()):
+                if _key(v) not in known:
+                    raise ValueError(
+                        f"y row {i}: label {v!r} is not in labels={list(classes.tolist())[:8]}: add it to "
+                        "labels, or drop the row"
+                    )
+        if len(classes) < 2:
+            raise ValueError(
+                f"y has one class ({classes[0]!r}): a classifier needs examples of at least two classes"
+                if len(classes)
+                else "y has no class: give labelled texts"
+            )
+        gold = [str(v) for v in y_arr.tolist()]
+    names = [str(c) for c in classes.tolist()]
+    if len(set(names)) != len(names):
+        raise ValueError(f"labels {names[:8]} repeat once written as text: give distinct labels")
+    return classes, names, gold

@@ -183,13 +183,102 @@ def train_head(
     `lines` name the file and line instead). `extract(clf, texts, layers, poolings, window,
     progress)`: where the features come from (default: `clf.features`, one forward per
     text); the scikit-learn estimator passes its cache of texts already run."""
-    from .classifier import Classifier, _missing
-
     note = log or (lambda _m: None)
     at = f"{source}: " if source else ""
 
     def where(i: int) -> str:
         return f"{at}line {lines[i]}" if lines is not None else f"{at}item {i}"
+
+    texts, gold = _check_items(texts, labels, folds, at, where)
+    engine, classes, system, template, examples, clf_kwargs = _prompt_settings(
+        engine_or_classifier, classes, system, template, examples, clf_kwargs
+    )
+    classes, y = _gold_indices(gold, classes, folds, at, where)
+    clf = head_classifier(engine, classes, system, template, examples=examples, **clf_kwargs)
+    cands, feature_layers = _candidate_parts(len(clf.model.layers), layers, layer, poolings)
+    feats, st = _features(clf, texts, feature_layers, poolings, window, progress, extract, note, where)
+    forced = (layer,) if layer is not None else None
+    return _fit_timed(feats, feature_layers, y, classes, cands, st, forced, folds, seed, note)
+
+
+def _features(
+    clf: Any,
+    texts: list[str],
+    feature_layers: list[int],
+    poolings: Sequence[str],
+    window: int,
+    progress: bool,
+    extract: Callable[..., tuple[dict[str, np.ndarray], list[str | None], Any]] | None,
+    note: Callable[[str], None],
+    where: Callable[[int], str],
+) -> tuple[dict[str, np.ndarray], Any]:
+    """The pooled hidden states of every text (one forward to the deepest layer, or
+    `extract`'s cache) and the run's stats; a text that could not run is a `TrainError`."""
+    note(
+        f"features: {len(texts)} texts, layers {', '.join(map(str, feature_layers))} "
+        f"(one forward to layer {max(feature_layers)} per batch), pooled: {', '.join(poolings)}"
+    )
+    if extract is None:
+        feats, errors, st = clf.features(texts, feature_layers, window=window, poolings=poolings, progress=progress)
+    else:
+        feats, errors, st = extract(clf, texts, feature_layers, tuple(poolings), window, progress)
+    for i, e in enumerate(errors):
+        if e is not None:
+            raise TrainError(f"{where(i)}: {e}")
+    return feats, st
+
+
+def _fit_timed(
+    feats: dict[str, np.ndarray],
+    feature_layers: list[int],
+    y: np.ndarray,
+    classes: tuple[str, ...],
+    cands: list[Candidate],
+    st: Any,
+    forced: tuple[int, ...] | None,
+    folds: int,
+    seed: int,
+    note: Callable[[str], None],
+) -> Head:
+    """`heads.fit` on the extracted features, with each candidate's cost per item and the
+    feature and training times (`st`: the extraction's stats) in the head's info."""
+    per_item = st.seconds / max(1, st.items)  # the texts run now (a cache may have held the others)
+    deepest = max(feature_layers)
+
+    # Blocks cost the same each: a forward stopped at layer l costs about l / deepest of this one.
+    def secs(c: Candidate) -> float:
+        return per_item * max(c.layers) / deepest
+
+    t0 = time.perf_counter()
+    head = fit(
+        feats,
+        feature_layers,
+        y,
+        classes,
+        cands,
+        forced=forced,
+        folds=folds,
+        seed=seed,
+        seconds_per_item=secs,
+        progress=note,
+    )
+    head.info.update(
+        {
+            "feature_seconds": round(st.seconds, 3),
+            "feature_items_per_s": round(st.items / st.seconds, 3) if st.seconds else None,
+            "seconds_per_item_note": f"measured to layer {deepest}, scaled by the blocks run",
+            "train_seconds": round(st.seconds + time.perf_counter() - t0, 3),
+        }
+    )
+    return head
+
+
+def _check_items(
+    texts: Sequence[str], labels: Sequence[str], folds: int, at: str, where: Callable[[int], str]
+) -> tuple[list[str], list[str]]:
+    """train_head's first checks, before any model work: the folds, then one text and one
+    non-empty gold label per item (`where(i)` names item i in messages)."""
+    from .classifier import _missing
 
     if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
         raise TrainError(f"folds={folds!r}: cross-validation needs at least 2 folds")
@@ -207,22 +296,42 @@ def train_head(
     for i, g in enumerate(gold):
         if not isinstance(g, str) or not g.strip():
             raise TrainError(f"{where(i)}: gold label {g!r} is not a non-empty string: fix it, or drop the row")
-    if isinstance(engine_or_classifier, Classifier):
-        base = engine_or_classifier
-        classes = base.labels if classes is None else classes
-        engine = base.engine
-        system, template, examples = base.format.system, base.format.template, base.format.examples
-        clf_kwargs = {
-            "batch_size": base.batch_size,
-            "max_batch_tokens": base.max_batch_tokens,
-            "sort": base.sort,
-            "use_prefix_cache": bool(base.prefix_tokens),  # none kept: off, or no shared head
-            "truncate": base.truncate,
-            "max_length": base.max_length,
-            **clf_kwargs,
-        }
-    else:
-        engine = engine_or_classifier
+    return texts, gold
+
+
+def _prompt_settings(
+    engine_or_classifier: Any,
+    classes: Sequence[str] | None,
+    system: str | None,
+    template: str,
+    examples: Sequence[tuple[str, str]],
+    clf_kwargs: dict[str, Any],
+) -> tuple[Any, Sequence[str] | None, str | None, str, Sequence[tuple[str, str]], dict[str, Any]]:
+    """The engine, prompt and batching train_head runs with: a `Classifier`'s own (its labels
+    the default classes; explicit `clf_kwargs` still win), or an `Engine` with the arguments."""
+    from .classifier import Classifier
+
+    if not isinstance(engine_or_classifier, Classifier):
+        return engine_or_classifier, classes, system, template, examples, clf_kwargs
+    base = engine_or_classifier
+    kwargs = {
+        "batch_size": base.batch_size,
+        "max_batch_tokens": base.max_batch_tokens,
+        "sort": base.sort,
+        "use_prefix_cache": bool(base.prefix_tokens),  # none kept: off, or no shared head
+        "truncate": base.truncate,
+        "max_length": base.max_length,
+        **clf_kwargs,
+    }
+    classes = base.labels if classes is None else classes
+    return base.engine, classes, base.format.system, base.format.template, base.format.examples, kwargs
+
+
+def _gold_indices(
+    gold: list[str], classes: Sequence[str] | None, folds: int, at: str, where: Callable[[int], str]
+) -> tuple[tuple[str, ...], np.ndarray]:
+    """The head's classes (default: the gold labels, sorted; at least two) and each item's
+    class index; every gold label must be a class with `min_per_label(folds)` examples."""
     if classes is None:
         classes = sorted(set(gold))
         if len(classes) < 2:
@@ -250,8 +359,14 @@ def train_head(
             f"least {need} examples per label (one per cross-validation fold, folds={folds}): add examples of "
             "those labels, or leave them out"
         )
-    clf = head_classifier(engine, classes, system, template, examples=examples, **clf_kwargs)
-    n = len(clf.model.layers)
+    return classes, y
+
+
+def _candidate_parts(
+    n: int, layers: str | Sequence[int] | None, layer: int | None, poolings: Sequence[str]
+) -> tuple[list[Candidate], list[int]]:
+    """The candidate parts (layers x poolings) of an `n`-layer model, and the layers whose
+    hidden states they need; `layer` forces one into the candidates."""
     cand_layers = parse_layers(layers, n) if layers is None or isinstance(layers, str) else list(layers)
     bad = [x for x in cand_layers if not 1 <= x <= n]
     if bad or not cand_layers:
@@ -263,47 +378,7 @@ def train_head(
             raise TrainError(f"--layer {layer}: the model has layers 1 to {n}")
         cand_layers = sorted(set(cand_layers) | {layer})
     cands = candidates(cand_layers, n, poolings=poolings)
-    feature_layers = sorted({x for c in cands for x in c.layers})
-    note(
-        f"features: {len(texts)} texts, layers {', '.join(map(str, feature_layers))} "
-        f"(one forward to layer {max(feature_layers)} per batch), pooled: {', '.join(poolings)}"
-    )
-    if extract is None:
-        feats, errors, st = clf.features(texts, feature_layers, window=window, poolings=poolings, progress=progress)
-    else:
-        feats, errors, st = extract(clf, texts, feature_layers, tuple(poolings), window, progress)
-    for i, e in enumerate(errors):
-        if e is not None:
-            raise TrainError(f"{where(i)}: {e}")
-    per_item = st.seconds / max(1, st.items)  # the texts run now (a cache may have held the others)
-    deepest = max(feature_layers)
-
-    # Blocks cost the same each: a forward stopped at layer l costs about l / deepest of this one.
-    def secs(c: Candidate) -> float:
-        return per_item * max(c.layers) / deepest
-
-    t0 = time.perf_counter()
-    head = fit(
-        feats,
-        feature_layers,
-        y,
-        classes,
-        cands,
-        forced=(layer,) if layer is not None else None,
-        folds=folds,
-        seed=seed,
-        seconds_per_item=secs,
-        progress=note,
-    )
-    head.info.update(
-        {
-            "feature_seconds": round(st.seconds, 3),
-            "feature_items_per_s": round(st.items / st.seconds, 3) if st.seconds else None,
-            "seconds_per_item_note": f"measured to layer {deepest}, scaled by the blocks run",
-            "train_seconds": round(st.seconds + time.perf_counter() - t0, 3),
-        }
-    )
-    return head
+    return cands, sorted({x for c in cands for x in c.layers})
 
 
 def train(

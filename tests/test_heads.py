@@ -532,3 +532,17 @@ def test_server_reply_says_which_scoring_ran(tiny_head, tiny_qwen_mlx):
         s.stop()
     assert own["scoring"] == "head" and set(own["results"][0]["probs"]) == set(LABELS)
     assert other.json()["scoring"] == "labels" and set(other.json()["results"][0]["probs"]) == {"x", "y"}
+
+
+def test_training_gold_labels_with_spaces_around_them(tmp_path):
+    """A gold ' billing' beside 'billing' became a label of its own (a head with two billings,
+    each with half the examples); it is now named with its line."""
+    from mlx_slm.train import TrainError, read_training_data
+
+    rows = [{"text": f"t{i}", "label": lab} for i, lab in enumerate(["billing", "account"] * 5)]
+    rows.append({"text": "charged twice", "label": " billing"})
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for labels in (None, ["billing", "account"]):
+        with pytest.raises(TrainError, match="line 11: gold label ' billing' has spaces around it"):
+            read_training_data(str(p), labels, folds=2)

@@ -17,7 +17,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny
 from parity import HFLogits, check_diff, padded, prefix_batch_continuation
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,10 +52,10 @@ def _on_cpu():
 
 
 class Tiny:
-    def __init__(self, arch, tmp):
+    def __init__(self, arch, models):
         self.arch = arch
-        self.hf_dir = make_tiny(tmp / "hf", arch)
-        self.mlx_dir = convert(self.hf_dir, tmp / "mlx", dtype="float32", progress=None)
+        self.hf_dir = models.hf(arch)
+        self.mlx_dir = models.mlx(arch)
         self.hf = AutoModelForCausalLM.from_pretrained(str(self.hf_dir), dtype=torch.float32).eval()
         self.tok = AutoTokenizer.from_pretrained(str(self.mlx_dir))
         self.config = json.loads((self.mlx_dir / "config.json").read_text())
@@ -66,8 +65,8 @@ class Tiny:
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def tiny(request, tmp_path_factory) -> Tiny:
-    return Tiny(request.param, tmp_path_factory.mktemp(f"arch-{request.param}"))
+def tiny(request, tiny_arch) -> Tiny:
+    return Tiny(request.param, tiny_arch)
 
 
 def _check(name: str, ours: np.ndarray, ref: np.ndarray, tol: float = TOL) -> None:

@@ -27,7 +27,6 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import make_tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mlx_slm.classifier import Classifier
@@ -54,8 +53,8 @@ def cli(args, input=None):
 
 
 @pytest.fixture(scope="module")
-def tiny_llama_hf(tmp_path_factory) -> Path:
-    return make_tiny(tmp_path_factory.mktemp("hf-llama-q"), "llama")
+def tiny_llama_hf(tiny_arch) -> Path:
+    return tiny_arch.hf("llama")
 
 
 class Quantized:

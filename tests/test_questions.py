@@ -13,7 +13,6 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import make_tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,14 +151,10 @@ SLOW = pytest.mark.slow
 
 @pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=SLOW), pytest.param("qwen3", marks=SLOW),
                                         pytest.param("gemma3", marks=SLOW)])  # fmt: skip
-def tiny_engine(request, tmp_path_factory):
-    from mlx_slm.convert import convert
+def tiny_engine(request, tiny_arch):
     from mlx_slm.engine import Engine
 
-    tmp = tmp_path_factory.mktemp(f"questions-{request.param}")
-    make_tiny(tmp / "hf", request.param)
-    path = convert(tmp / "hf", tmp / "mlx", dtype="float32", progress=None)
-    return Engine.load(str(path), "float32")
+    return Engine.load(str(tiny_arch.mlx(request.param)), "float32")
 
 
 def _close(a: dict, b: dict, tol: float) -> bool:

@@ -1,13 +1,10 @@
-"""Hostile input against this round's features (issues 20-22): the label trie and labels with
-descriptions, learned heads, the drop-in routes and the Python API. Each test is one class of
-failure found by trying them as a careless user would; every bad input must end in a clear
-message (exit 2, a 4xx, or a TypeError/UserError naming the field and the fix), never a
-traceback, a silent wrong answer or a dropped row."""
+"""What a caller hands the Python API and the CLI (labels, prompts, texts, few-shot examples,
+`from_task` keywords, a labels file): every bad argument ends in a clear message (a TypeError
+or UserError naming the field and the fix, or exit 2), never a traceback, a silent wrong
+answer or a dropped row. One test per class of failure found by trying them as a careless
+user would."""
 
 from __future__ import annotations
-
-import dataclasses
-import json
 
 import numpy as np
 import pytest
@@ -18,7 +15,11 @@ from mlx_slm.labels import LabelError
 from mlx_slm.prompts import PromptError
 
 LABELS = ["billing", "technical", "account"]
+
+
 SYSTEM = "Route the ticket."
+
+
 TEMPLATE = "Ticket: {text}\nCategory:"
 
 
@@ -156,95 +157,3 @@ def test_cli_labels_file_notes_and_empty_file(tiny_qwen_mlx, tmp_path):
     empty.write_text("\n  \n")
     r = CliRunner().invoke(main, ["classify", "--model", str(tiny_qwen_mlx), "--labels-file", str(empty)], input="x\n")
     assert r.exit_code == 2 and f"--labels-file {empty} holds no labels" in r.output
-
-
-def test_head_server_request_with_its_own_prompt(engine, tiny_qwen_mlx):
-    """On a server whose task has a learned head, a request with the head's labels and its own
-    system or template was a 422 "scoring mode 'head' is not one of auto, first-token,
-    sequence"; it now scores those labels (the head holds for its own prompt only)."""
-    from mlx_slm.heads import Head
-    from mlx_slm.server import ServeOptions, Service, classifier_loader
-
-    d = int(engine.model.args.hidden_size)
-    rng = np.random.default_rng(0)
-    head = Head(tuple(LABELS), (1,), np.zeros(d), np.ones(d), rng.normal(size=(3, d)), np.zeros(3))
-    service = Service(
-        classifier_loader(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE, head=head), ServeOptions(max_wait_ms=5)
-    )
-    service._load()
-    assert service.front_classifier(service.default_key).mode == "head"
-    for key in (
-        service.task_key(None, "Another system message.", None, None),
-        service.task_key(None, None, "Message: {text}\nQueue:", None),
-    ):
-        front = service.front_classifier(key)
-        assert front.head is None and front.mode in ("first-token", "sequence")
-        assert front.classify(["my card was charged twice"])[0].ok
-
-
-def test_server_batches_count_the_label_trie(tiny_qwen_mlx):
-    """The service's micro-batch budget and time estimate counted a request's prompt tokens
-    only, not the label trie each row runs beside them (the classifier's own plan counts it):
-    with many multi-token labels the estimate was the trie's share too low."""
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("uvicorn")
-    from test_server import ThreadServer
-
-    from mlx_slm.server import ServeOptions, Service, classifier_loader
-
-    service = Service(classifier_loader(str(tiny_qwen_mlx)), ServeOptions(max_wait_ms=5))
-    seen: list[list[int]] = []
-    submit = service.submit
-
-    def spy(job, texts, key, costs, hits):
-        seen.append(list(costs))
-        return submit(job, texts, key, costs, hits)
-
-    service.submit = spy  # type: ignore[method-assign]
-    s = ThreadServer(service).start()
-    try:
-        labels = ["card arrival late", "card arrival", "lost or stolen card", "refund request status", "top up"]
-        body = {"texts": ["my card has not come"], "labels": labels}
-        r = httpx.post(s.url + "/v1/classify", json=body, timeout=60)
-        assert r.status_code == 200, r.text
-        front = service.front_classifier(service.task_key(labels, None, None, None))
-        assert front.mode == "sequence" and front.row_extra > 0
-        item = front.prepare(body["texts"])[0]
-        assert seen[-1] == [len(item.ids) - len(front.prefix_tokens) + front.row_extra]
-    finally:
-        s.stop()
-
-
-def test_trie_scores_equal_the_per_label_passes_on_random_label_sets(engine):
-    """The claim behind the trie, checked on random label sets (shared prefixes, a label that is
-    a prefix of another, unicode, tabs and newlines inside labels, tiny trie chunks): the same
-    labels and scores as one batched pass per label."""
-    rng = np.random.default_rng(7)
-    words = ["card", "arrival", "late", "refund", "status", "pin", "top up", "é", "日本", "a", "ab", "\tx", "new\nline"]
-    texts = ["my card was charged twice", "app crashes", "where is my refund?", "x", "hello world " * 6]
-    for _ in range(4):
-        labels = list(
-            dict.fromkeys(" ".join(rng.choice(words, rng.integers(1, 4))) for _ in range(rng.integers(2, 14)))
-        )
-        if len(labels) < 2:
-            continue
-        trie = _clf(engine, labels, scoring="sequence", batch_size=int(rng.choice([1, 2, 8])))
-        trie.labelset = dataclasses.replace(trie.labelset, max_trie_nodes=int(rng.choice([1, 3, 256])))
-        per = _clf(engine, labels, scoring="sequence", label_pass="per-label")
-        for a, b in zip(trie.classify(texts), per.classify(texts)):
-            assert a.label == b.label
-            assert max(abs(a.scores[k] - b.scores[k]) for k in labels) < 1e-3, labels
-
-
-def test_training_gold_labels_with_spaces_around_them(tmp_path):
-    """A gold ' billing' beside 'billing' became a label of its own (a head with two billings,
-    each with half the examples); it is now named with its line."""
-    from mlx_slm.train import TrainError, read_training_data
-
-    rows = [{"text": f"t{i}", "label": lab} for i, lab in enumerate(["billing", "account"] * 5)]
-    rows.append({"text": "charged twice", "label": " billing"})
-    p = tmp_path / "train.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for labels in (None, ["billing", "account"]):
-        with pytest.raises(TrainError, match="line 11: gold label ' billing' has spaces around it"):
-            read_training_data(str(p), labels, folds=2)
