@@ -100,13 +100,13 @@ class Question:
             raise QuestionError(f"{where} ({name!r}): 'answers' are two strings (yes, then no), got {answers!r}")
         labels: Any = {"yesno": answers, "scale": d.get("levels")}.get(kind, d.get("labels"))
         key = {"yesno": "answers", "scale": "levels"}.get(kind, "labels")
+        for other in ("labels", "levels"):
+            if other != key and other in d:
+                raise QuestionError(f"{where} ({name!r}): a {kind} question takes {key!r}, not {other!r}")
         if not isinstance(labels, list) or not all(
             isinstance(x, (str, int)) and not isinstance(x, bool) for x in labels
         ):
             raise QuestionError(f"{where} ({name!r}): field {key!r} must be a list of strings, got {labels!r}")
-        for other in ("labels", "levels"):
-            if other != key and other in d:
-                raise QuestionError(f"{where} ({name!r}): a {kind} question takes {key!r}, not {other!r}")
         descriptions = d.get("descriptions", {})
         if not isinstance(descriptions, dict) or not all(isinstance(v, str) for v in descriptions.values()):
             raise QuestionError(f"{where} ({name!r}): 'descriptions' must map labels to strings")

@@ -256,10 +256,13 @@ class Setup:
                 "(saved by classify --questions --save-task, or train --label-field A --label-field B)"
             )
         if o.questions_file:
-            try:
-                self.questions = check_questions([*(self.questions or ()), *read_questions(o.questions_file)])
-            except QuestionError as e:
-                raise QuestionError(f"--questions {o.questions_file} with the task's questions: {e}") from None
+            more = read_questions(o.questions_file)  # its own problems name the file and line
+            if self.questions:
+                try:
+                    more = check_questions([*self.questions, *more])
+                except QuestionError as e:
+                    raise QuestionError(f"--questions {o.questions_file} with the task's questions: {e}") from None
+            self.questions = more
         # As typed: every {word} checked ({text} and {question} in the template), {{ }} literal braces;
         # otherwise the task's, or the defaults for questions.
         if "system" in self.given:
