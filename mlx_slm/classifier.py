@@ -186,14 +186,16 @@ class Classifier(ClassifierBase):
         `abstained` (bool) with a confidence threshold; `truncated` (bool) and `error` (a
         row whose text is missing or empty gets its reason there and NaN elsewhere). A
         column that is already in `df` is refused (pass `prefix=`); the index is kept."""
-        from .output import csv_columns
+        from .output import csv_columns, question_columns
 
         check_frame(df, text_column, prefix)
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
         conf = self.min_confidence if min_confidence is None else min_confidence
-        names = [
-            c for c in csv_columns(self.labels, raw=cal.applies, abstain=conf is not None) if c not in ("id", "line")
-        ]
+        if self.plan is not None:  # several questions: each question's columns, as the CSV output has them
+            cols_of = question_columns(self.plan.questions, raw=cal.applies, abstain=conf is not None)
+        else:
+            cols_of = csv_columns(self.labels, raw=cal.applies, abstain=conf is not None)
+        names = [c for c in cols_of if c not in ("id", "line")]
         check_new_columns(df, names, prefix)
         preds = self.classify(list(df[text_column]), cal, conf, progress=progress)
         cols = frame_columns(preds, self.labels, names, cal.kind if cal.applies else None, conf is not None)

@@ -136,6 +136,10 @@ def frame_columns(
             row["calibration"] = None if p.error else kind
         if abstain:
             row["abstained"] = bool(p.abstained)
+        if p.answers is not None:
+            from .output import flat_answers
+
+            row.update(flat_answers(p.answers))
         for c in names:
-            cols[c].append(row[c])
+            cols[c].append(row.get(c, nan))
     return cols

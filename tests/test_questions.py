@@ -524,3 +524,19 @@ def test_train_one_head_per_field_in_one_pass(tiny_qwen_mlx, tmp_path, monkeypat
         main, [*base, "--label-field", "team", "--label-field", "urgent", "--labels", "a,b", "--save-task", str(task)]
     )
     assert r.exit_code == 2 and "--labels goes with one --label-field" in r.output
+
+
+def test_classify_frame_with_questions(tiny_qwen_mlx):
+    """A DataFrame gets each question's columns, as the CSV output has them; an empty text its error."""
+    import pandas as pd
+
+    from mlx_slm.classifier import Classifier
+
+    clf = Classifier.load(str(tiny_qwen_mlx), questions=QUESTIONS, dtype="float32")
+    df = pd.DataFrame({"text": TEXTS[:3] + [""]})
+    out = clf.classify_frame(df, min_confidence=0.5)
+    preds = clf.classify(TEXTS[:3], min_confidence=0.5)
+    assert out["team"].tolist()[:3] == [p.answers["team"]["label"] for p in preds]
+    assert out["tags"].tolist()[:3] == [";".join(p.answers["tags"]["labels"]) for p in preds]
+    assert out["mood.expected"].tolist()[:3] == pytest.approx([p.answers["mood"]["expected"] for p in preds])
+    assert "team.abstained" in out.columns and out["error"].tolist()[3] and np.isnan(out["mood.expected"].tolist()[3])
