@@ -190,6 +190,34 @@ def validate(labels: Sequence[str]) -> list[str]:
     return labels
 
 
+# What `gold_problem` finds wrong with a gold label (each caller words it with its own prefix and fix).
+GOLD_MISSING = "missing"  # None, or only whitespace
+GOLD_NOT_STRING = "not a string"  # e.g. a number from JSON or a pandas NaN
+GOLD_SPACES = "spaces around it"  # ' billing' would be a label of its own beside 'billing'
+GOLD_UNKNOWN = "not one of the labels"
+
+
+def gold_problem(gold: Any, labels: Sequence[str] | None = None) -> str | None:
+    """The one gold-label rule: what is wrong with `gold` as an item's gold label among `labels`
+    (one of the `GOLD_*` kinds), or None if nothing is. A gold equal to one of the labels is
+    always fine; else, in order: missing (None or blank), not a string, spaces around it, not one
+    of the labels. `labels=None` checks the form only (before the label set is known).
+
+    It returns a kind, not a message: callers (task files, eval and calibration data, train,
+    `gold_indices`) name the item their own way (file and line, item index) and say how to fix it."""
+    if gold is None:
+        return GOLD_MISSING
+    if not isinstance(gold, str):
+        return GOLD_NOT_STRING
+    if labels is not None and gold in labels:
+        return None
+    if not gold.strip():
+        return GOLD_MISSING
+    if gold != gold.strip():
+        return GOLD_SPACES
+    return None if labels is None else GOLD_UNKNOWN
+
+
 def tokenize_labels(tokenizer: Any, labels: Sequence[str], probe_prompt: str, sep: str = "") -> list[tuple[int, ...]]:
     """Ids of each label as emitted right after `probe_prompt` (a rendered prompt).
 
