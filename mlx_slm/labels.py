@@ -152,6 +152,24 @@ def parse_labels(text: str) -> list[str]:
     return [part.strip() for part in text.split(",")]
 
 
+MIN_LABELS = 2  # a choice needs at least two labels
+
+# What `label_problem` finds wrong with one label of a label set.
+LABEL_NOT_STRING = "not a string"
+LABEL_EMPTY = "empty"  # "" or only whitespace
+
+
+def label_problem(label: Any) -> str | None:
+    """The one rule for a single label: `LABEL_NOT_STRING`, `LABEL_EMPTY`, or None if it is a
+    usable label. `validate` applies it to every label; a caller that checks only a request's or
+    a file's shape (the HTTP request, a task file) applies it and words the problem its own way."""
+    if not isinstance(label, str):
+        return LABEL_NOT_STRING
+    if not label.strip():
+        return LABEL_EMPTY
+    return None
+
+
 def validate(labels: Sequence[str]) -> list[str]:
     """The labels as a list, checked: at least two, non-empty strings, none given twice (nor
     two that differ only in surrounding whitespace, which the command line and the service
@@ -167,15 +185,16 @@ def validate(labels: Sequence[str]) -> list[str]:
         raise LabelError(
             f"labels must be a list of strings, got {type(labels).__name__}: pass e.g. ['billing', 'technical']"
         ) from None
-    if len(labels) < 2:
+    if len(labels) < MIN_LABELS:
         raise LabelError(f"need at least two labels to choose from, got {labels!r}")
     for i, lab in enumerate(labels):
-        if not isinstance(lab, str):
+        kind = label_problem(lab)
+        if kind == LABEL_NOT_STRING:
             raise LabelError(
                 f'label {i + 1} is {type(lab).__name__} {lab!r}: labels must be strings, e.g. "{lab}" '
                 f"(labels: {labels!r})"
             )
-        if not lab.strip():
+        if kind == LABEL_EMPTY:
             raise LabelError(f"label {i + 1} is empty: remove it or give it a name (labels: {labels!r})")
     seen: dict[str, int] = {}  # by the label without surrounding whitespace
     for i, lab in enumerate(labels):
