@@ -64,7 +64,7 @@ def read_training_data(
         raise TrainError(
             f"{path} is empty: give it labelled texts, one a row (a {text_field!r} and a {gold_field!r} field)"
         )
-    from .labels import GOLD_MISSING, GOLD_SPACES, gold_problem, validate
+    from .labels import GOLD_MISSING, GOLD_SPACES, MIN_LABELS, gold_problem, validate
 
     for r in rows:
         if r.error is not None:
@@ -82,7 +82,7 @@ def read_training_data(
     gold = [str(r.gold) for r in rows]
     if labels is None:
         labels = sorted(set(gold))
-        if len(labels) < 2:
+        if len(labels) < MIN_LABELS:
             raise TrainError(
                 f"{path}: every row has the label {labels[0]!r}: a head needs examples of at least two labels"
             )
@@ -334,15 +334,15 @@ def _gold_indices(
 ) -> tuple[tuple[str, ...], np.ndarray]:
     """The head's classes (default: the gold labels, sorted; at least two) and each item's
     class index; every gold label must be a class with `min_per_label(folds)` examples."""
+    from .labels import MIN_LABELS, gold_problem, validate
+
     if classes is None:
         classes = sorted(set(gold))
-        if len(classes) < 2:
+        if len(classes) < MIN_LABELS:
             raise TrainError(
                 f"{at}every item has the label {classes[0] if classes else None!r}: a head needs examples of at "
                 "least two labels (classes)"
             )
-    from .labels import gold_problem, validate
-
     classes = tuple(validate(classes))
     index = {lab: i for i, lab in enumerate(classes)}
     for i, g in enumerate(gold):
