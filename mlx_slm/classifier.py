@@ -226,7 +226,7 @@ class Classifier(ClassifierBase):
         is not a label, or a prompt over the context is a `CalibrationError` naming the item
         (`source` and `lines`, when given, name the file and line instead)."""
         from .calibration import CalibrationError, fit_labelled, gold_indices
-        from .labels import log_softmax
+        from .labels import gold_problem, log_softmax
 
         spec = CalibrationSpec.of(kind, warmup=None if isinstance(kind, CalibrationSpec) else self.warmup)
         if spec.kind not in ("fit", "em"):
@@ -244,7 +244,7 @@ class Classifier(ClassifierBase):
         if not texts:
             raise CalibrationError(f"{at}no labelled texts: give some (texts and their gold labels)")
         for i, g in enumerate(gold):
-            if g not in self.labels:
+            if gold_problem(g, self.labels) is not None:
                 raise CalibrationError(
                     f"{where(i)}: gold label {g!r} is not one of the labels {list(self.labels)}: fix it, or add the label"
                 )

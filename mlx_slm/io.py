@@ -744,9 +744,13 @@ def _csv_row(
 
 
 def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:
-    """Why a labelled row cannot be used (eval, calibration data), or None if it can."""
+    """Why a labelled row cannot be used (eval, calibration data), or None if it can: the
+    gold-label rule of `labels.gold_problem`, on the gold as text, worded with the row's line.
+    Only a gold that is absent is "no gold label"; a blank or spaced one is named by its repr."""
+    from .labels import gold_problem as label_problem
+
+    if label_problem(None if row.gold is None else str(row.gold), labels) is None:
+        return None
     if row.gold is None:
         return f"line {row.line}: no gold label in {field!r}: add it, or name its field with --gold-field"
-    if str(row.gold) not in labels:
-        return f"line {row.line}: gold label {row.gold!r} is not one of the labels {list(labels)}: fix it, or add the label"
-    return None
+    return f"line {row.line}: gold label {row.gold!r} is not one of the labels {list(labels)}: fix it, or add the label"

@@ -152,6 +152,24 @@ def parse_labels(text: str) -> list[str]:
     return [part.strip() for part in text.split(",")]
 
 
+MIN_LABELS = 2  # a choice needs at least two labels
+
+# What `label_problem` finds wrong with one label of a label set.
+LABEL_NOT_STRING = "not a string"
+LABEL_EMPTY = "empty"  # "" or only whitespace
+
+
+def label_problem(label: Any) -> str | None:
+    """The one rule for a single label: `LABEL_NOT_STRING`, `LABEL_EMPTY`, or None if it is a
+    usable label. `validate` applies it to every label; a caller that checks only a request's or
+    a file's shape (the HTTP request, a task file) applies it and words the problem its own way."""
+    if not isinstance(label, str):
+        return LABEL_NOT_STRING
+    if not label.strip():
+        return LABEL_EMPTY
+    return None
+
+
 def validate(labels: Sequence[str]) -> list[str]:
     """The labels as a list, checked: at least two, non-empty strings, none given twice (nor
     two that differ only in surrounding whitespace, which the command line and the service
@@ -167,15 +185,16 @@ def validate(labels: Sequence[str]) -> list[str]:
         raise LabelError(
             f"labels must be a list of strings, got {type(labels).__name__}: pass e.g. ['billing', 'technical']"
         ) from None
-    if len(labels) < 2:
+    if len(labels) < MIN_LABELS:
         raise LabelError(f"need at least two labels to choose from, got {labels!r}")
     for i, lab in enumerate(labels):
-        if not isinstance(lab, str):
+        kind = label_problem(lab)
+        if kind == LABEL_NOT_STRING:
             raise LabelError(
                 f'label {i + 1} is {type(lab).__name__} {lab!r}: labels must be strings, e.g. "{lab}" '
                 f"(labels: {labels!r})"
             )
-        if not lab.strip():
+        if kind == LABEL_EMPTY:
             raise LabelError(f"label {i + 1} is empty: remove it or give it a name (labels: {labels!r})")
     seen: dict[str, int] = {}  # by the label without surrounding whitespace
     for i, lab in enumerate(labels):
@@ -188,6 +207,34 @@ def validate(labels: Sequence[str]) -> list[str]:
                 "surrounding whitespace: give each label once, without spaces around it"
             )
     return labels
+
+
+# What `gold_problem` finds wrong with a gold label (each caller words it with its own prefix and fix).
+GOLD_MISSING = "missing"  # None, or only whitespace
+GOLD_NOT_STRING = "not a string"  # e.g. a number from JSON or a pandas NaN
+GOLD_SPACES = "spaces around it"  # ' billing' would be a label of its own beside 'billing'
+GOLD_UNKNOWN = "not one of the labels"
+
+
+def gold_problem(gold: Any, labels: Sequence[str] | None = None) -> str | None:
+    """The one gold-label rule: what is wrong with `gold` as an item's gold label among `labels`
+    (one of the `GOLD_*` kinds), or None if nothing is. A gold equal to one of the labels is
+    always fine; else, in order: missing (None or blank), not a string, spaces around it, not one
+    of the labels. `labels=None` checks the form only (before the label set is known).
+
+    It returns a kind, not a message: callers (task files, eval and calibration data, train,
+    `gold_indices`) name the item their own way (file and line, item index) and say how to fix it."""
+    if gold is None:
+        return GOLD_MISSING
+    if not isinstance(gold, str):
+        return GOLD_NOT_STRING
+    if labels is not None and gold in labels:
+        return None
+    if not gold.strip():
+        return GOLD_MISSING
+    if gold != gold.strip():
+        return GOLD_SPACES
+    return None if labels is None else GOLD_UNKNOWN
 
 
 def tokenize_labels(tokenizer: Any, labels: Sequence[str], probe_prompt: str, sep: str = "") -> list[tuple[int, ...]]:

@@ -210,7 +210,10 @@ def _prompt_fields(d: dict[str, Any], where: str) -> list[str]:
         if not isinstance(d.get(key), str) or not d[key].strip():
             raise _bad(d, where, key, "a non-empty string")
     labels = d.get("labels")
-    if not isinstance(labels, list) or not all(isinstance(x, str) and x.strip() for x in labels):
+    from .labels import label_problem
+
+    # the labels' form only: a task with questions has none (validate runs when a classifier is made)
+    if not isinstance(labels, list) or any(label_problem(x) is not None for x in labels):
         raise _bad(d, where, "labels", 'a list of non-empty strings, e.g. ["billing", "technical"]')
     if d.get("system") is not None and not isinstance(d["system"], str):
         raise _bad(d, where, "system", "a string or null")

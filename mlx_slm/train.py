@@ -64,14 +64,17 @@ def read_training_data(
         raise TrainError(
             f"{path} is empty: give it labelled texts, one a row (a {text_field!r} and a {gold_field!r} field)"
         )
+    from .labels import GOLD_MISSING, GOLD_SPACES, MIN_LABELS, gold_problem, validate
+
     for r in rows:
         if r.error is not None:
             raise TrainError(f"{path}: {r.error}")
-        if r.gold is None or not str(r.gold).strip():
+        kind = gold_problem(None if r.gold is None else str(r.gold))  # the form only: labels may come from the data
+        if kind == GOLD_MISSING:
             raise TrainError(
                 f"{path}: line {r.line}: no gold label in {gold_field!r}: add it, or name its field with --gold-field"
             )
-        if str(r.gold) != str(r.gold).strip():  # else ' billing' became a label of its own beside 'billing'
+        if kind == GOLD_SPACES:  # else ' billing' became a label of its own beside 'billing'
             raise TrainError(
                 f"{path}: line {r.line}: gold label {str(r.gold)!r} has spaces around it: remove them (labels are "
                 "compared exactly)"
@@ -79,17 +82,14 @@ def read_training_data(
     gold = [str(r.gold) for r in rows]
     if labels is None:
         labels = sorted(set(gold))
-        if len(labels) < 2:
+        if len(labels) < MIN_LABELS:
             raise TrainError(
                 f"{path}: every row has the label {labels[0]!r}: a head needs examples of at least two labels"
             )
-    from .labels import validate
-
     labels = tuple(validate(labels))
-    known = set(labels)
     outside: dict[str, int] = {}
     for r, g in zip(rows, gold):
-        if g not in known:
+        if gold_problem(g, labels) is not None:
             outside.setdefault(g, r.line)
     if outside:
         shown = ", ".join(f"{g!r} (line {n})" for g, n in list(outside.items())[:8])
@@ -293,8 +293,10 @@ def _check_items(
             raise TrainError(f"{where(i)}: the text {why}: give every item its text, or drop the row")
         if not t.strip():
             raise TrainError(f"{where(i)}: the text is empty: give every item its text, or drop the row")
-    for i, g in enumerate(gold):
-        if not isinstance(g, str) or not g.strip():
+    from .labels import GOLD_MISSING, GOLD_NOT_STRING, gold_problem
+
+    for i, g in enumerate(gold):  # the form only (spaces are kept here: a class may hold them)
+        if gold_problem(g) in (GOLD_MISSING, GOLD_NOT_STRING):
             raise TrainError(f"{where(i)}: gold label {g!r} is not a non-empty string: fix it, or drop the row")
     return texts, gold
 
@@ -332,19 +334,19 @@ def _gold_indices(
 ) -> tuple[tuple[str, ...], np.ndarray]:
     """The head's classes (default: the gold labels, sorted; at least two) and each item's
     class index; every gold label must be a class with `min_per_label(folds)` examples."""
+    from .labels import MIN_LABELS, gold_problem, validate
+
     if classes is None:
         classes = sorted(set(gold))
-        if len(classes) < 2:
+        if len(classes) < MIN_LABELS:
             raise TrainError(
                 f"{at}every item has the label {classes[0] if classes else None!r}: a head needs examples of at "
                 "least two labels (classes)"
             )
-    from .labels import validate
-
     classes = tuple(validate(classes))
     index = {lab: i for i, lab in enumerate(classes)}
     for i, g in enumerate(gold):
-        if g not in index:
+        if gold_problem(g, classes) is not None:
             raise TrainError(
                 f"{where(i)}: gold label {g!r} is not one of the labels {list(classes)[:8]}"
                 f"{' ...' if len(classes) > 8 else ''}: add it to the labels, or drop the row"

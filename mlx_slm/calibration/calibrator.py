@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..labels import LabelError, log_softmax, validate
+from ..labels import LabelError, gold_problem, log_softmax, validate
 
 # Probabilities leave us (files, the service, Ray, DataFrames) with this many decimals. An
 # abstaining run rounds them here, before it decides, so the decision is the one a reader of
@@ -111,12 +111,13 @@ def _as_gold(gold_idx: Any, n: int, labels: tuple[str, ...]) -> np.ndarray:
 
 
 def gold_indices(gold: Sequence[str], labels: Sequence[str]) -> np.ndarray:
-    """Map gold label names to indices into `labels`; an unknown name is an error."""
+    """Map gold label names to indices into `labels`; a gold that `labels.gold_problem` refuses
+    (missing, not a string, not one of the labels) is an error naming its item."""
     labels = _check_labels(labels)
     pos = {lab: i for i, lab in enumerate(labels)}
     out = np.empty(len(gold), dtype=np.int64)
     for i, g in enumerate(gold):
-        if g not in pos:
+        if gold_problem(g, labels) is not None:
             raise CalibrationError(
                 f"gold label {g!r} (item {i}) is not one of the labels {list(labels)}: fix the gold data or add the label"
             )

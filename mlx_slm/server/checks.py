@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..io import has_lone_surrogate
+from ..labels import LABEL_NOT_STRING, MIN_LABELS, label_problem
 from ..prompts import TRUNCATE_MODES
 from ..service import ServeOptions, TaskSpec
 from .errors import HTTPError
@@ -117,7 +118,8 @@ def _check_task(data: dict[str, Any]) -> TaskSpec:
         task.min_confidence = float(mc)
     if "labels" in data:
         lab = data["labels"]
-        if not isinstance(lab, list) or not all(isinstance(x, str) for x in lab) or len(lab) < 2:
+        # the shape only (blank labels and twins are the service's `labels.validate`'s, after the strip)
+        if not isinstance(lab, list) or len(lab) < MIN_LABELS or any(label_problem(x) == LABEL_NOT_STRING for x in lab):
             raise HTTPError(422, "'labels' must be a list of at least two strings", "labels")
         if any(has_lone_surrogate(x) for x in lab):
             raise HTTPError(422, "'labels' holds an unpaired surrogate escape (not valid Unicode text)", "labels")
