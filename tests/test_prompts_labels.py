@@ -140,3 +140,27 @@ def test_cli_refuses_an_unknown_placeholder_before_work_and_keeps_braces_in_text
     settings = json.loads(manifest_path(str(out)).read_text())["settings"]
     assert settings["system"] == 'Pick one of a, b; reply as {"label": ...}.'
     assert settings["examples"] == [["{label} {{x}}", "a"]]
+
+
+def test_one_home_for_label_and_gold_rules():
+    """labels.py holds the rules every caller words its own way: a label, a label set, a gold label."""
+    from mlx_slm.labels import (
+        GOLD_MISSING,
+        GOLD_NOT_STRING,
+        LABEL_EMPTY,
+        LABEL_NOT_STRING,
+        MIN_LABELS,
+        gold_problem,
+        label_problem,
+    )
+
+    assert MIN_LABELS == 2
+    assert (
+        label_problem("billing") is None and label_problem(" ") == LABEL_EMPTY and label_problem(3) == LABEL_NOT_STRING
+    )
+    labels = ["billing", "technical"]
+    assert gold_problem("billing", labels) is None and gold_problem(None, labels) == GOLD_MISSING
+    assert gold_problem(["billing"], labels) == GOLD_NOT_STRING
+    for bad in ("", " billing", "account"):
+        assert gold_problem(bad, labels) is not None
+    assert gold_problem("anything", None) is None and gold_problem(" x", None) is not None
