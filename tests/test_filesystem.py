@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hostile import invoke, write_input
+from hostile import model_cli as cli
+from hostile import refused_cleanly as refused
 
 from mlx_slm.cli import main
 from mlx_slm.convert import RECORD, is_converted
@@ -27,28 +30,6 @@ TEXTS = [t for t, _ in tickets(40)]
 
 
 VICTIM = "the victim's own data\n"
-
-
-def invoke(args, input=None):
-    """The CLI in-process; exceptions are caught, so a traceback shows as exit code 1/70."""
-    return CliRunner().invoke(main, [str(a) for a in args], input=input)
-
-
-def cli(model, *extra):
-    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
-
-
-def write_input(path: Path, n: int = 24) -> Path:
-    path.write_text("".join(json.dumps({"id": f"t{i}", "text": TEXTS[i % len(TEXTS)]}) + "\n" for i in range(n)))
-    return path
-
-
-def refused(r, *words):
-    """Exit 2 with one clear line naming `words`, no traceback."""
-    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
-    assert "Traceback" not in r.output and "bug in mlx-slm" not in r.output, r.output
-    for w in words:
-        assert w in r.output, (w, r.output)
 
 
 def tree_digest(p: Path) -> dict[str, str]:

@@ -1,0 +1,58 @@
+"""Helpers shared by the hostile-input test files: the CLI in-process, and what a refusal looks like.
+
+Two styles, as the rounds that found the cases wrote them: `cli`/`refused`/`write` (exceptions
+propagate; a refusal is one `error` line holding every word), and `invoke`/`model_cli`/
+`write_input`/`refused_cleanly` (exceptions caught; a refusal is exit 2 with no traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from mlx_slm.cli import BUG_REPORT, main
+from mlx_slm.workload import tickets
+
+TEXTS = [t for t, _ in tickets(40)]
+
+
+def cli(*args: str, input: str | None = None):
+    r = CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+    assert BUG_REPORT not in r.output and r.exit_code != 70, r.output
+    return r
+
+
+def refused(r, *words: str) -> None:
+    """Exit 2 with one `mlx-slm: error:` line holding every word."""
+    assert r.exit_code == 2, r.output
+    line = next(ln for ln in r.output.splitlines() if "error" in ln.lower())
+    for w in words:
+        assert w in line, (w, line)
+
+
+def write(p: Path, data: bytes | str) -> Path:
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return p
+
+
+def invoke(args, input=None):
+    """The CLI in-process; exceptions are caught, so a traceback shows as exit code 1/70."""
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def model_cli(model, *extra):
+    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
+
+
+def write_input(path: Path, n: int = 24) -> Path:
+    path.write_text("".join(json.dumps({"id": f"t{i}", "text": TEXTS[i % len(TEXTS)]}) + "\n" for i in range(n)))
+    return path
+
+
+def refused_cleanly(r, *words):
+    """Exit 2 with one clear line naming `words`, no traceback."""
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    assert "Traceback" not in r.output and "bug in mlx-slm" not in r.output, r.output
+    for w in words:
+        assert w in r.output, (w, r.output)
