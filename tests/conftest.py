@@ -167,6 +167,14 @@ def tiny_mlx(tiny_hf, tiny_arch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def engine(tiny_qwen_mlx):
+    """The tiny qwen2 model loaded once for the session (the hostile-input tests of the Python API)."""
+    from mlx_slm.engine import Engine
+
+    return Engine.load(str(tiny_qwen_mlx))
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen_mlx(tiny_arch) -> Path:
     return tiny_arch.mlx("qwen2")
 

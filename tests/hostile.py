@@ -56,3 +56,15 @@ def refused_cleanly(r, *words):
     assert "Traceback" not in r.output and "bug in mlx-slm" not in r.output, r.output
     for w in words:
         assert w in r.output, (w, r.output)
+
+
+# A tiny task for the Python API's hostile cases (tests/conftest.py's `engine` fixture gives the engine).
+LABELS = ["billing", "technical", "account"]
+SYSTEM = "Route the ticket."
+TEMPLATE = "Ticket: {text}\nCategory:"
+
+
+def task_clf(engine, labels=LABELS, **kw):
+    from mlx_slm.classifier import Classifier
+
+    return Classifier(engine, labels, kw.pop("system", SYSTEM), kw.pop("template", TEMPLATE), **kw)

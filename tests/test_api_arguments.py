@@ -9,31 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hostile import LABELS, SYSTEM, TEMPLATE
+from hostile import task_clf as _clf
 
 from mlx_slm.cli import main
 from mlx_slm.labels import LabelError
 from mlx_slm.prompts import PromptError
-
-LABELS = ["billing", "technical", "account"]
-
-
-SYSTEM = "Route the ticket."
-
-
-TEMPLATE = "Ticket: {text}\nCategory:"
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_qwen_mlx):
-    from mlx_slm.engine import Engine
-
-    return Engine.load(str(tiny_qwen_mlx))
-
-
-def _clf(engine, labels=LABELS, **kw):
-    from mlx_slm.classifier import Classifier
-
-    return Classifier(engine, labels, kw.pop("system", SYSTEM), kw.pop("template", TEMPLATE), **kw)
 
 
 def test_labels_as_one_string_a_generator_or_whitespace_twins(engine):

@@ -11,25 +11,9 @@ import threading
 import time
 
 import pytest
-from click.testing import CliRunner
+from hostile import cli, refused
 
-from mlx_slm.cli import BUG_REPORT, main
 from mlx_slm.errors import UserError
-
-
-def cli(*args: str, input: str | None = None):
-    r = CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
-    assert BUG_REPORT not in r.output and r.exit_code != 70, r.output
-    return r
-
-
-def refused(r, *words: str) -> None:
-    """Exit 2 with one `mlx-slm: error:` line holding every word."""
-    assert r.exit_code == 2, r.output
-    line = next(ln for ln in r.output.splitlines() if "error" in ln.lower())
-    for w in words:
-        assert w in line, (w, line)
-
 
 httpx = pytest.importorskip("httpx")
 

@@ -5,21 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-LABELS = ["billing", "technical", "account"]
-
-
-SYSTEM = "Route the ticket."
-
-
-TEMPLATE = "Ticket: {text}\nCategory:"
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_qwen_mlx):
-    from mlx_slm.engine import Engine
-
-    return Engine.load(str(tiny_qwen_mlx))
+from hostile import LABELS, SYSTEM, TEMPLATE
 
 
 def test_head_server_request_with_its_own_prompt(engine, tiny_qwen_mlx):

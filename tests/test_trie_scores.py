@@ -5,28 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pytest
-
-LABELS = ["billing", "technical", "account"]
-
-
-SYSTEM = "Route the ticket."
-
-
-TEMPLATE = "Ticket: {text}\nCategory:"
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_qwen_mlx):
-    from mlx_slm.engine import Engine
-
-    return Engine.load(str(tiny_qwen_mlx))
-
-
-def _clf(engine, labels=LABELS, **kw):
-    from mlx_slm.classifier import Classifier
-
-    return Classifier(engine, labels, kw.pop("system", SYSTEM), kw.pop("template", TEMPLATE), **kw)
+from hostile import task_clf as _clf
 
 
 def test_trie_scores_equal_the_per_label_passes_on_random_label_sets(engine):
