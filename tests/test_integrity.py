@@ -435,6 +435,7 @@ def test_eval_predictions_from_another_input_are_refused(tiny_qwen_mlx, tmp_path
     assert r.exit_code == 2 and "not the output for this input" in r.output
 
 
+@pytest.mark.slow  # a CLI subprocess signalled mid-run, as the other kill tests
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_an_interrupted_parquet_run_leaves_no_parquet_file(tiny_qwen_mlx, tmp_path, sig):
     """Issue 26: Ctrl-C on a Parquet run wrote a valid file with the rows done so far. The
