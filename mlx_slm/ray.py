@@ -97,7 +97,8 @@ class ClassifyBatch:
         self.calibration = spec.fixed()
         self.min_confidence = self.clf.min_confidence if min_confidence is None else min_confidence
         if self.clf.questions is not None:  # several questions: one typed struct of answers
-            self.fields = [("answers", answers_type(self.clf.questions)), ("n_tokens", pa.int64()),
+            typ = answers_type(self.clf.questions, self.calibration.applies, self.min_confidence is not None)
+            self.fields = [("answers", typ), ("n_tokens", pa.int64()),
                            ("truncated", pa.bool_()), ("error", pa.string())]  # fmt: skip
             return
         prob = pa.struct([(lab, pa.float64()) for lab in self.labels])
@@ -131,7 +132,7 @@ class ClassifyBatch:
         todo = [i for i, t in enumerate(texts) if isinstance(t, str)]
         preds: list[Prediction | None] = [None] * len(texts)
         raw = list(self.clf.run([texts[i] for i in todo], window=max(1, len(todo))))
-        done = list(self.calibration.run(self.labels, self.min_confidence)(raw))
+        done = list(self.clf.calibration_run(self.calibration, self.min_confidence)(raw))
         for i, p in zip(todo, done):
             preds[i] = p
         cols: dict[str, list[Any]] = {f: [] for f, _ in self.fields}
@@ -158,14 +159,17 @@ class ClassifyBatch:
         return out
 
 
-def answers_type(questions: Sequence[Any]) -> pa.DataType:
+def answers_type(questions: Sequence[Any], raw: bool = False, abstain: bool = False) -> pa.DataType:
     """The `answers` column: a struct with one field per question, as JSONL writes them
     (`label` or a multi question's `labels`, `probs` one field per option, a scale's
-    `expected`, a none option's `abstain`)."""
+    `expected`, a none option's `abstain`; calibrated: `raw_probs`; with a threshold: `abstained`)."""
     per = []
     for q in questions:
         fields = [("labels", pa.list_(pa.string()))] if q.kind == "multi" else [("label", pa.string())]
-        fields.append(("probs", pa.struct([(lab, pa.float64()) for lab in q.labels])))
+        probs = pa.struct([(lab, pa.float64()) for lab in q.labels])
+        fields.append(("probs", probs))
+        fields += [("raw_probs", probs)] if raw and q.kind != "head" else []
+        fields += [("abstained", pa.bool_())] if abstain and q.kind != "multi" else []
         fields += [("expected", pa.float64())] if q.kind == "scale" else []
         fields += [("abstain", pa.float64())] if q.none else []
         per.append((q.name, pa.struct(fields)))

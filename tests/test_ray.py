@@ -290,6 +290,10 @@ def test_questions_on_ray_equal_the_local_run(local_ray, tiny_qwen_mlx, tmp_path
     out = batch(pa.table({"text": [ROWS[0]["text"], None]}))
     got = out.column("answers").to_pylist()
     assert set(got[0]) == {"team", "mood", "tags"} and got[1] is None and out.column("error").to_pylist()[1]
+    # a confidence threshold abstains per question on the actor, as in a local run
+    sure = mray.ClassifyBatch(None, {"model": str(tiny_qwen_mlx), "questions": qs}, min_confidence=0.99)
+    got = sure(pa.table({"text": [ROWS[0]["text"]]})).column("answers").to_pylist()[0]
+    assert got["mood"]["label"] is None and got["mood"]["abstained"] is True
 
 
 @pytest.mark.slow
