@@ -64,7 +64,9 @@ def check_predictions_source(path: str, input_path: str) -> None:
         )
 
 
-def read_predictions(path: str, rows: Sequence[Any], input_path: str | None = None) -> list[dict[str, Any]]:
+def read_predictions(
+    path: str, rows: Sequence[Any], input_path: str | None = None, question: str | None = None
+) -> list[dict[str, Any]]:
     """A classify output (JSONL, CSV, TSV or Parquet, by its extension) read back row by row
     (`output.read_records`) and checked against the input's rows (`io.Row`: row i of the
     output is input row i, same id).
@@ -112,18 +114,23 @@ def read_predictions(path: str, rows: Sequence[Any], input_path: str | None = No
                 continue
             r = rec.fields
             if fmt == "jsonl":
+                if question is not None:  # one question's answer of a --questions output
+                    a = _answer(r, question, where, n)
+                    out.append(_prediction(r.get("id"), a.get("label"), a.get("probs"), r.get("error"), where, n))
+                    continue
                 out.append(_prediction(r.get("id"), r.get("label"), r.get("probs"), r.get("error"), where, n))
                 continue
             probs: dict[str, Any] = {}
+            col, pre = (question, f"{question}.p_") if question is not None else ("label", "p_")
             for k, v in r.items():
-                if k and k.startswith("p_") and v not in ("", None):
+                if k and k.startswith(pre) and v not in ("", None):
                     try:
-                        probs[k[2:]] = float(v)
+                        probs[k[len(pre) :]] = float(v)
                     except ValueError:
                         raise EvaluationError(
                             f"{where}: line {n}, column {k!r}: {v[:40]!r} is not a number: {fix}"
                         ) from None
-            out.append(_prediction(r.get("id"), r.get("label") or None, probs, r.get("error") or None, where, n))
+            out.append(_prediction(r.get("id"), r.get(col) or None, probs, r.get("error") or None, where, n))
     except RecordError as e:
         what = f"line {e.line} is not valid CSV ({e.why}): check its quotes"
         raise EvaluationError(
@@ -140,6 +147,19 @@ def read_predictions(path: str, rows: Sequence[Any], input_path: str | None = No
                 f"{row.id!r}: it is not the output for this input"
             )
     return out
+
+
+def _answer(r: dict[str, Any], question: str, where: str, n: int) -> dict[str, Any]:
+    """Question `question`'s answer in a JSONL row of a --questions output ({} for an error row)."""
+    if r.get("error") is not None:
+        return {}
+    answers = r.get("answers")
+    if not isinstance(answers, dict) or not isinstance(answers.get(question), dict):
+        raise EvaluationError(
+            f"{where}: line {n} has no answer to question {question!r}: give the output of "
+            "mlx-slm classify --questions with that question"
+        )
+    return answers[question]
 
 
 def _prediction(rid: Any, label: Any, probs: Any, error: Any, where: str, n: int) -> dict[str, Any]:

@@ -370,6 +370,18 @@ def test_eval_reports_each_question_named_by_its_gold_field(tiny_qwen_mlx, tmp_p
     rep = json.loads((tmp_path / "e.json").read_text())["questions"]
     assert rep["team"]["n"] == 8 and rep["team"]["errors"] == 1 and rep["urgent"]["n"] == 9
     assert "line 5: no gold label in 'team_gold'" in r.output
+    # the same reports from a classify output read back, JSONL and CSV (no model run)
+    for ext in ("jsonl", "csv"):
+        pred = tmp_path / f"pred.{ext}"
+        r = CliRunner().invoke(main, ["classify", str(data), "--model", str(tiny_qwen_mlx), "--questions", str(qf),
+                                      "-o", str(pred), "-q"])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(main, [*base, "--predictions", str(pred), "--gold-field", "team=team_gold",
+                                      "--gold-field", "urgent", "--json", str(tmp_path / "p.json")])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        again = json.loads((tmp_path / "p.json").read_text())["questions"]
+        for name in ("team", "urgent"):
+            assert again[name]["accuracy"] == rep[name]["accuracy"] and again[name]["n"] == rep[name]["n"]
     r = CliRunner().invoke(main, [*base, "--gold-field", "colour=c"])
     assert r.exit_code == 2 and "'colour' is not a question" in r.output
     r = CliRunner().invoke(main, [*base, "--gold-field", "tags=t"])

@@ -165,8 +165,6 @@ def _evaluate_questions(
     from ..evaluate import format_report, plot, plot_paths, report
     from ..io import read_rows
 
-    if predictions:
-        raise click.UsageError("--predictions with several questions is not supported yet: let eval run the model")
     qs = {q.name: q for q in setup.questions}
     golds: dict[str, str] = {}
     for pair in pairs:
@@ -180,7 +178,7 @@ def _evaluate_questions(
             raise click.UsageError(f"--gold-field {pair}: multi questions (several labels a text) are not scored yet")
         golds[name] = fld or name
     s = setup.o
-    inputs = [input, s.task_file, s.questions_file]
+    inputs = [input, predictions, s.task_file, s.questions_file]
     check_outputs(inputs, [("--json", json_path)])
     if plots:
         for name in golds:
@@ -189,16 +187,23 @@ def _evaluate_questions(
     by_q = {name: list(read_rows(input, *s.read_args(), gold=fld, id_required=setup.id_required))
             for name, fld in golds.items()}  # fmt: skip
     rows = next(iter(by_q.values()))
-    warn_blas()
-    clf = setup.load()
-    ok = [r for r in rows if r.error is None]
-    got = iter(clf.run([r.text for r in ok], window=s.window))
-    preds = [next(got) if r.error is None else None for r in rows]
+    preds: list[Any] = []
+    if not predictions:  # one run for every question
+        warn_blas()
+        clf = setup.load()
+        ok = [r for r in rows if r.error is None]
+        got = iter(clf.run([r.text for r in ok], window=s.window))
+        preds = [next(got) if r.error is None else None for r in rows]
     out: dict[str, Any] = {}
     for name, fld in golds.items():
         q = qs[name]
-        answers = [None if p is None else {"label": p.answers[name]["label"], "probs": p.answers[name]["probs"],
-                   "error": p.error} if p.ok else {"error": p.error} for p in preds]  # fmt: skip
+        if predictions:  # a classify --questions output, read back per question (no model run)
+            from ..evaluate import read_predictions
+
+            answers = read_predictions(predictions, rows, input, question=name)
+        else:
+            answers = [None if p is None else {"label": p.answers[name]["label"], "probs": p.answers[name]["probs"],
+                       "error": p.error} if p.ok else {"error": p.error} for p in preds]  # fmt: skip
         rep, errors = _report(by_q[name], answers, list(q.labels), fld, input, report)
         out[name] = rep
         click.echo(f"== {name} ({q.kind}, gold field {fld!r})\n" + format_report(rep))
