@@ -18,14 +18,18 @@ async def starlette_error(request: Any, exc: Any) -> Any:
     the same JSON error shape as everywhere else."""
     status = getattr(exc, "status_code", 500)
     path = request.url.path
+    headers = dict(getattr(exc, "headers", None) or {})
     if status == 404:
         msg = f"no route {path}: see /openapi.json for the routes this server has"
     elif status == 405:
-        allow = (getattr(exc, "headers", None) or {}).get("Allow", "")
+        # Starlette builds Allow from a set: its order changes with the hash seed, so sort it.
+        allow = ", ".join(sorted(m.strip() for m in headers.get("Allow", "").split(",") if m.strip()))
+        if allow:
+            headers["Allow"] = allow
         msg = f"{request.method} is not allowed on {path}" + (f": use {allow}" if allow else "")
     else:
         msg = str(getattr(exc, "detail", "")) or "HTTP error"
-    err = HTTPError(status, msg, headers=dict(getattr(exc, "headers", None) or {}))
+    err = HTTPError(status, msg, headers=headers)
     return error_response(err, "tei" if path in TEI_PATHS else "ours")
 
 
