@@ -1,4 +1,4 @@
-"""Record the service's answers to ~130 requests (every route, errors included) on a tiny random model.
+"""Record the service's answers to 110 requests (every route, errors included) on a tiny random model.
 
 A refactor of the service or the HTTP layer must leave this record byte-identical: run it before and
 after, then `cmp` the two files. Volatile fields (ids, timings) are masked; the tiny model is built
@@ -254,6 +254,7 @@ QS = [
         "kind": "multi",
         "question": "Does this ticket mention {label}?",
         "labels": ["a payment", "the app"],
+        "answers": ["y", "n"],
     },
 ]
 s = socket.socket()
