@@ -367,8 +367,8 @@ def cross_validate(
 
 
 def _scores(z: np.ndarray, y: np.ndarray, k: int) -> dict[str, Any]:
-    from .evaluate import confusion, macro_f1
     from .labels import log_softmax
+    from .metrics import confusion, macro_f1
 
     lp = log_softmax(z, axis=-1)
     pred = lp.argmax(axis=1)

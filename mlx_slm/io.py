@@ -64,19 +64,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import UserError
+from .textfiles import (  # noqa: F401  (re-exported: readers of task, prompt and question files use them)
+    BOM,
+    InputError,
+    has_lone_surrogate,
+    json_error,
+    open_problem,
+    read_text_file,
+)
 
 FORMATS = ("jsonl", "csv", "text", "parquet")
-BOM = b"\xef\xbb\xbf"
 SNIFF_BYTES = 64 * 1024  # how much of stdin (or a file of unknown type) the format sniffer may buffer
 SNIFF_LINES = 32
 CSV_MAX_RECORD_LINES = 10_000  # a quoted field still open after this many lines is reported as unterminated
 CSV_MAX_RECORD_CHARS = 1 << 20  # ... or this many characters; also the longest CSV field read
 UNIQUE_FIX = "give every row a unique id, or none"
-
-
-class InputError(UserError, ValueError):
-    """A problem with the input as a whole (not one row) that the user must fix (exit 2)."""
 
 
 @dataclass
@@ -121,16 +123,6 @@ def _lines(raw: Iterable[bytes]) -> Iterator[tuple[int, str | None, str]]:
             yield n, b.decode("utf-8"), ""
         except UnicodeDecodeError as e:
             yield n, None, f"byte 0x{b[e.start]:02x} at byte {e.start + 1}"
-
-
-def has_lone_surrogate(s: str) -> bool:
-    """True if `s` holds a lone surrogate (a bad byte kept by surrogateescape, or a JSON \\ud800 escape):
-    not UTF-8 text. The one check every reader and the service use."""
-    try:
-        s.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
 
 
 def _utf8_error(n: int, detail: str = "") -> str:
@@ -195,37 +187,7 @@ def _open_binary(path: str | None) -> IO[bytes]:
     try:
         return open(str(path), "rb")
     except OSError as e:
-        raise InputError(_open_problem(str(path), e, "the input")) from None
-
-
-def _open_problem(path: str, e: OSError, what: str) -> str:
-    """One line for a file that cannot be opened: what it is and what to do."""
-    if isinstance(e, IsADirectoryError) or os.path.isdir(path):
-        return f"{what} {path} is a folder, not a file: give the path of a file in it"
-    if isinstance(e, FileNotFoundError):
-        return f"{what} {path} does not exist: check the path"
-    return f"{what} {path} cannot be read ({e.strerror or e}): check its permissions"
-
-
-def read_text_file(path: str, what: str) -> str:
-    """A whole UTF-8 text file (a UTF-8 BOM dropped); a `UserError` names the line of a bad byte.
-
-    `what` names the file in messages, e.g. "--labels-file" or "task file"."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise InputError(_open_problem(path, e, what)) from None
-    data = data.removeprefix(BOM)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise InputError(
-            f"{what} {path} line {line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column {col}): "
-            "save the file as UTF-8"
-        ) from None
+        raise InputError(open_problem(str(path), e, "the input")) from None
 
 
 def read_labels_file(path: str) -> list[str]:
@@ -396,13 +358,6 @@ def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
 
 
 # --------------------------------------------------------------------------- JSONL and text
-
-
-def json_error(e: json.JSONDecodeError, line: bool = False) -> str:
-    """A JSON parse error and where it is: "Expecting value at column 3". Some of the json
-    module's messages end in "at" ("Unterminated string starting at"): no "at at" then."""
-    where = f"line {e.lineno}, column {e.colno}" if line else f"column {e.colno}"
-    return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
 
 
 def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | None = None) -> Iterator[Row]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
-from .io import has_lone_surrogate, json_error
+from .textfiles import has_lone_surrogate, json_error
 
 DEFAULT_SYSTEM = "You classify support tickets. Answer with exactly one of: billing, technical, account."
 DEFAULT_TEMPLATE = "Ticket: {text}\nCategory:"
@@ -256,7 +256,7 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
     naming the file, the line and the fix."""
     import json
 
-    from .io import InputError, read_text_file
+    from .textfiles import InputError, read_text_file
 
     try:
         text = read_text_file(path, "--examples")

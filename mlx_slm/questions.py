@@ -298,7 +298,7 @@ def check_questions(questions: Sequence[Question]) -> tuple[Question, ...]:
 def read_questions(path: str) -> tuple[Question, ...]:
     """Questions from a file: JSONL (one question a line) or one JSON list; every problem a
     `QuestionError` naming the file and the line (or list entry)."""
-    from .io import InputError, read_text_file
+    from .textfiles import InputError, read_text_file
 
     try:
         text = read_text_file(path, "--questions")

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ._fs import utc_now, write_json_atomic
 from .calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
 from .errors import UserError
-from .io import has_lone_surrogate, json_error
 from .questions import Question, QuestionError, check_questions
+from .textfiles import has_lone_surrogate, json_error
 
 if TYPE_CHECKING:
     from .heads import Head
@@ -113,7 +113,7 @@ class Task:
     def load(cls, path: str | os.PathLike) -> Task:
         """Read a task file; any problem (unreadable, not UTF-8, not JSON, a field of the wrong
         type or value) is a `TaskError` naming the file, the line or field, and the fix."""
-        from .io import InputError, read_text_file
+        from .textfiles import InputError, read_text_file
 
         try:
             text = read_text_file(str(path), "task file")
