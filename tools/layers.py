@@ -1,0 +1,212 @@
+"""The floors of mlx_slm, and a check that every import runs down (or along) them.
+
+`FLOORS` is the one table of which module sits on which floor; ARCHITECTURE.md's floor table
+names the same modules (tests/test_layers.py holds the two together). A module may import from
+its own floor or below, never above: a lower floor that needs something from a higher one takes
+it as an argument (a callback, an object), so each floor can be read, tested and replaced
+without the ones above it. Inside one floor and inside a package the module-level imports must not
+form a cycle, so every floor and package has a loading order too (a lazy import inside a function,
+like `models/base.py` asking the package's registry for an architecture, may point back).
+
+What counts as an import: every `import`/`from ... import` of an mlx_slm module in the source,
+at module level or inside a function (a lazy import is still a dependency), except those under
+`if TYPE_CHECKING:` (type hints only; nothing is loaded). The package root (`mlx_slm/__init__.py`)
+is ground: it loads `_blas` only, and reaches the public names lazily by name (`_HOMES`).
+
+Usage: python tools/layers.py      # prints every import that runs up, and every cycle; exit 1 if any
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mlx_slm"
+
+# Bottom to top. A name is a top-level module or package of mlx_slm ("" is the package root).
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("ground", ("", "errors", "safefs", "_fs", "_blas", "textfiles")),
+    (
+        "pure pieces",
+        (
+            "predictions",
+            "labels",
+            "batching",
+            "prompts",
+            "questions",
+            "branches",
+            "calibration",
+            "answers",
+            "heads",
+            "metrics",
+        ),
+    ),
+    ("weights", ("models", "fastmath", "registry", "convert", "sources")),
+    ("engine", ("engine", "prefix_cache", "scoring")),
+    (
+        "classifier",
+        (
+            "records",
+            "scorers",
+            "inputs",
+            "prepare",
+            "pipeline",
+            "classifier_base",
+            "classifier",
+            "task",
+        ),
+    ),
+    ("files", ("io", "output", "sharding")),
+    ("task set-up", ("setup",)),
+    (
+        "front ends",
+        (
+            "job",
+            "service",
+            "server",
+            "ray",
+            "train",
+            "sklearn",
+            "evaluate",
+            "reference",
+            "parity",
+            "workload",
+            "cli",
+        ),
+    ),
+]
+FLOOR_OF = {name: i for i, (_, names) in enumerate(FLOORS) for name in names}
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    """`mlx_slm/output/records.py` -> "output.records"; the package root is ""."""
+    parts = list(path.relative_to(package).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """Ids of import nodes under `if TYPE_CHECKING:`."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in node.body:
+                skip |= {id(n) for n in ast.walk(sub)}
+    return skip
+
+
+def imports_of(path: Path, package_dir: Path = PACKAGE) -> list[tuple[str, int, bool]]:
+    """(imported mlx_slm module, line, at module level) for each runtime import in `path`."""
+    me = module_name(path, package_dir)
+    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    package = [p for p in package if p]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_checking_only(tree)
+    top = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                stem = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and (node.module == "mlx_slm" or node.module.startswith("mlx_slm.")):
+                stem = node.module.removeprefix("mlx_slm").lstrip(".")
+            else:
+                continue
+            # `from . import x` may name a module or a name in the package's __init__
+            for a in node.names:
+                sub = f"{stem}.{a.name}" if stem else a.name
+                names.append(sub if _is_module(sub, package_dir) else stem)
+        elif isinstance(node, ast.Import):
+            names = [a.name.removeprefix("mlx_slm.") for a in node.names if a.name.startswith("mlx_slm.")]
+        out += [(n, node.lineno, id(node) in top) for n in names]
+    return out
+
+
+def _is_module(name: str, package_dir: Path) -> bool:
+    p = package_dir.joinpath(*name.split(".")) if name else package_dir
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def check(package: Path = PACKAGE) -> list[str]:
+    """Each problem in a line: an import that runs up a floor, a module on no floor, a cycle."""
+    problems: list[str] = []
+    edges: dict[str, set[str]] = defaultdict(set)
+    for path in sorted(package.rglob("*.py")):
+        me = module_name(path, package)
+        if _top(me) not in FLOOR_OF:
+            problems.append(f"{me or 'mlx_slm'}: on no floor: add it to FLOORS (tools/layers.py) and ARCHITECTURE.md")
+            continue
+        for target, line, module_level in imports_of(path, package):
+            if target == me:
+                continue
+            if module_level:
+                edges[me].add(target)
+            a, b = _top(me), _top(target)
+            if a != b and FLOOR_OF.get(b, -1) > FLOOR_OF[a]:
+                problems.append(
+                    f"mlx_slm/{path.relative_to(package)}:{line}: {me} ({FLOORS[FLOOR_OF[a]][0]}) imports "
+                    f"{target} ({FLOORS[FLOOR_OF[b]][0]}), a floor above: pass what it needs down instead"
+                )
+    problems = list(dict.fromkeys(problems))  # one line per import statement
+    problems += [f"import cycle: {' -> '.join(c)}" for c in _cycles(edges)]
+    return problems
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    sys.setrecursionlimit(10_000)
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp) + [sorted(comp)[0]])
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def main() -> int:
+    problems = check()
+    for p in problems:
+        print(p)
+    n = sum(1 for _ in PACKAGE.rglob("*.py"))
+    print(f"{n} modules on {len(FLOORS)} floors: {len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
