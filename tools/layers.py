@@ -13,7 +13,9 @@ at module level or inside a function (a lazy import is still a dependency), exce
 `if TYPE_CHECKING:` (type hints only; nothing is loaded). The package root (`mlx_slm/__init__.py`)
 is ground: it loads `_blas` only, and reaches the public names lazily by name (`_HOMES`).
 
-Usage: python tools/layers.py      # prints every import that runs up, and every cycle; exit 1 if any
+It also holds the rooms' sizes: no file over 800 lines, no class over 300, no function over 90.
+
+Usage: python tools/layers.py      # prints every import that runs up, every cycle, every oversized room; exit 1 if any
 """
 
 from __future__ import annotations
@@ -199,8 +201,29 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# How big a room may grow before it holds several households (issue 27's limits).
+MAX_FILE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 800, 300, 90
+
+
+def oversized(package: Path = PACKAGE) -> list[str]:
+    """Each file, class or function over its limit, with its size."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        src = path.read_text(encoding="utf-8")
+        where = f"mlx_slm/{path.relative_to(package)}"
+        if len(src.splitlines()) > MAX_FILE_LINES:
+            out.append(f"{where}: {len(src.splitlines())} lines (limit {MAX_FILE_LINES})")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                n = node.end_lineno - node.lineno + 1
+                limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+                if n > limit:
+                    out.append(f"{where}:{node.lineno}: {node.name} is {n} lines (limit {limit})")
+    return out
+
+
 def main() -> int:
-    problems = check()
+    problems = check() + oversized()
     for p in problems:
         print(p)
     n = sum(1 for _ in PACKAGE.rglob("*.py"))
