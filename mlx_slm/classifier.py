@@ -42,7 +42,7 @@ from .classifier_base import (  # noqa: F401
 )
 from .engine import Engine
 from .inputs import as_texts as _as_texts
-from .inputs import check_frame, check_new_columns, frame_columns
+from .inputs import check_frame, check_new_columns
 from .inputs import check_window as _check_window
 
 # train.py and sklearn.py take `_missing` from here (it moved to inputs.py).
@@ -53,6 +53,7 @@ from .predictions import Item, Prediction, Stats
 from .prefix_cache import PrefixCache
 from .prepare import prepare as prepare_items
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from .records import RecordShape
 from .registry import DEFAULT_MODEL
 from .scorers import pooled_features
 
@@ -186,19 +187,15 @@ class Classifier(ClassifierBase):
         `abstained` (bool) with a confidence threshold; `truncated` (bool) and `error` (a
         row whose text is missing or empty gets its reason there and NaN elsewhere). A
         column that is already in `df` is refused (pass `prefix=`); the index is kept."""
-        from .output import csv_columns, question_columns
-
         check_frame(df, text_column, prefix)
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
         conf = self.min_confidence if min_confidence is None else min_confidence
-        if self.plan is not None:  # several questions: each question's columns, as the CSV output has them
-            cols_of = question_columns(self.plan.questions, raw=cal.applies, abstain=conf is not None)
-        else:
-            cols_of = csv_columns(self.labels, raw=cal.applies, abstain=conf is not None)
-        names = [c for c in cols_of if c not in ("id", "line")]
+        # the CSV output's columns (each question's, with several), less the input's id and line
+        shape = RecordShape.of(self.labels, self.questions, calibrated=cal.applies, abstains=conf is not None)
+        names = shape.frame_columns
         check_new_columns(df, names, prefix)
         preds = self.classify(list(df[text_column]), cal, conf, progress=progress)
-        cols = frame_columns(preds, self.labels, names, cal.kind if cal.applies else None, conf is not None)
+        cols = shape.frame(preds, cal.kind if cal.applies else None)
         out = df.copy()
         for c in names:
             out[prefix + c] = cols[c]

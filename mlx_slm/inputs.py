@@ -2,8 +2,9 @@
 
 The checks refuse inputs that would silently give wrong answers (one `str` iterated by
 character, a DataFrame iterated by column name, bytes), tell missing texts apart without
-importing pandas, and build `classify_frame`'s columns. Kept apart from `Classifier` so
-the facade holds only the task's settings and its public methods.
+importing pandas, and check `classify_frame`'s arguments (its rows come from
+`records.RecordShape`). Kept apart from `Classifier` so the facade holds only the task's
+settings and its public methods.
 """
 
 from __future__ import annotations
@@ -113,33 +114,3 @@ def check_new_columns(df: Any, names: Sequence[str], prefix: str) -> None:
             f"the frame already has a column {clash[0]!r}: pass prefix='pred_' (or another) to "
             "classify_frame so the predictions do not overwrite it"
         )
-
-
-def frame_columns(
-    preds: Iterable[Prediction],
-    labels: Sequence[str],
-    names: Sequence[str],
-    kind: str | None,
-    abstain: bool,
-) -> dict[str, list[Any]]:
-    """The predictions as `classify_frame`'s columns (`names`, as the CSV output has them);
-    `kind` is the calibration's kind when calibrated, else None."""
-    nan = float("nan")
-    cols: dict[str, list[Any]] = {c: [] for c in names}
-    for p in preds:
-        row: dict[str, Any] = {"label": p.label, "truncated": bool(p.truncated), "error": p.error}
-        for lab in labels:
-            row[f"p_{lab}"] = p.probs.get(lab, nan)
-            if kind is not None:
-                row[f"raw_p_{lab}"] = (p.raw_probs or {}).get(lab, nan)
-        if kind is not None:
-            row["calibration"] = None if p.error else kind
-        if abstain:
-            row["abstained"] = bool(p.abstained)
-        if p.answers is not None:
-            from .output import flat_answers
-
-            row.update(flat_answers(p.answers))
-        for c in names:
-            cols[c].append(row.get(c, nan))
-    return cols

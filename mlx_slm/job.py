@@ -204,7 +204,8 @@ class ClassifyJob:
         self.input_not_hashed: str | None = None
 
     def run(self) -> int:
-        from .output import InputDigest, csv_columns, write_manifest
+        from .output import InputDigest, write_manifest
+        from .records import RecordShape
 
         setup, o = self.setup, self.setup.o
         # The input's sha256 for the manifest, hashed while the model loads.
@@ -219,12 +220,8 @@ class ClassifyJob:
             rows, shard_info = self._shard_rows(rows, self.dist.shard)
         extra = setup.settings()
         calibrated = extra["calibration"] != "none"
-        if clf.questions is not None:
-            from .output import question_columns
-
-            columns = question_columns(clf.questions, raw=calibrated, abstain=o.min_confidence is not None)
-        else:
-            columns = csv_columns(clf.labels, raw=calibrated, abstain=o.min_confidence is not None)
+        shape = RecordShape.of(clf.labels, clf.questions, calibrated=calibrated, abstains=o.min_confidence is not None)
+        columns = shape.columns
         if self.output is not None:
             self.settings = self._manifest_settings(extra, shard_info)
         append = previous is not None

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .errors import MissingExtra
+from .records import RecordShape
 
 try:
     import pyarrow as pa
@@ -96,21 +97,14 @@ class ClassifyBatch:
         # batch: classify_dataset resolves it before the actors start.
         self.calibration = spec.fixed()
         self.min_confidence = self.clf.min_confidence if min_confidence is None else min_confidence
-        if self.clf.questions is not None:  # several questions: one typed struct of answers
-            typ = answers_type(self.clf.questions, self.calibration.applies, self.min_confidence is not None)
-            self.fields = [("answers", typ), ("n_tokens", pa.int64()),
-                           ("truncated", pa.bool_()), ("error", pa.string())]  # fmt: skip
-            return
-        prob = pa.struct([(lab, pa.float64()) for lab in self.labels])
-        fields = [("label", pa.string()), ("probs", prob)]
-        if self.calibration.applies:
-            fields.append(("raw_probs", prob))
-        if self.min_confidence is not None:
-            fields.append(("abstained", pa.bool_()))
-        fields += [("n_tokens", pa.int64()), ("truncated", pa.bool_()), ("error", pa.string())]
-        if scores:
-            fields.append(("scores", pa.list_(pa.float64())))
-        self.fields = fields
+        self.shape = RecordShape.of(
+            self.labels,
+            self.clf.questions,
+            calibrated=self.calibration.applies,
+            abstains=self.min_confidence is not None,
+            scores=scores,
+        )
+        self.fields = self.shape.arrow_fields()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from .classifier import Prediction
@@ -130,50 +124,23 @@ class ClassifyBatch:
             )
         texts = batch.column(self.text_column).to_pylist()
         todo = [i for i, t in enumerate(texts) if isinstance(t, str)]
-        preds: list[Prediction | None] = [None] * len(texts)
         raw = list(self.clf.run([texts[i] for i in todo], window=max(1, len(todo))))
-        done = list(self.clf.calibration_run(self.calibration, self.min_confidence)(raw))
-        for i, p in zip(todo, done):
-            preds[i] = p
-        cols: dict[str, list[Any]] = {f: [] for f, _ in self.fields}
-        for i, p in enumerate(preds):
-            if p is None:
-                p = Prediction(i, error=f"no text: column {self.text_column!r} is {texts[i]!r}, not a string")
-            if "answers" in cols:
-                cols["answers"].append(p.answers if p.ok else None)
-            else:
-                cols["label"].append(p.label)
-                cols["probs"].append(p.probs if p.ok else None)
-            if "raw_probs" in cols:
-                cols["raw_probs"].append(p.raw_probs if p.ok else None)
-            if "abstained" in cols:
-                cols["abstained"].append(p.abstained if p.ok else None)
-            cols["n_tokens"].append(p.n_tokens)
-            cols["truncated"].append(p.truncated)
-            cols["error"].append(p.error)
-            if "scores" in cols:
-                cols["scores"].append([p.scores[lab] for lab in self.labels] if p.ok else None)
+        done = dict(zip(todo, self.clf.calibration_run(self.calibration, self.min_confidence)(raw)))
+        preds = [
+            done[i]
+            if i in done
+            else Prediction(i, error=f"no text: column {self.text_column!r} is {t!r}, not a string")
+            for i, t in enumerate(texts)
+        ]
         out = batch
-        for name, typ in self.fields:
-            out = out.append_column(pa.field(name, typ), pa.array(cols[name], type=typ))
+        for field, array in self.shape.arrow_columns(preds):
+            out = out.append_column(field, array)
         return out
 
 
 def answers_type(questions: Sequence[Any], raw: bool = False, abstain: bool = False) -> pa.DataType:
-    """The `answers` column: a struct with one field per question, as JSONL writes them
-    (`label` or a multi question's `labels`, `probs` one field per option, a scale's
-    `expected`, a none option's `abstain`; calibrated: `raw_probs`; with a threshold: `abstained`)."""
-    per = []
-    for q in questions:
-        fields = [("labels", pa.list_(pa.string()))] if q.kind == "multi" else [("label", pa.string())]
-        probs = pa.struct([(lab, pa.float64()) for lab in q.labels])
-        fields.append(("probs", probs))
-        fields += [("raw_probs", probs)] if raw and q.kind != "head" else []
-        fields += [("abstained", pa.bool_())] if abstain and q.kind != "multi" else []
-        fields += [("expected", pa.float64())] if q.kind == "scale" else []
-        fields += [("abstain", pa.float64())] if q.none else []
-        per.append((q.name, pa.struct(fields)))
-    return pa.struct(per)
+    """The `answers` column of a run on `questions` (see `records.RecordShape.answers_type`)."""
+    return RecordShape.of(questions=questions, calibrated=raw, abstains=abstain).answers_type()
 
 
 CONNECT_TIMEOUT_S = 10.0  # how long `init` waits for a cluster's port to answer

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from ..errors import OutputError
+from ..records import flat_record
 from ..safefs import open_nofollow, refuse_symlink
 from .paths import delimiter, is_plain_file_target
-from .records import flat_record
 
 
 class Writer:

@@ -1,0 +1,292 @@
+"""One prediction as every output shows it: the one home of a run's record shape.
+
+A run's `RecordShape` is made once, from its labels or its questions, whether it is
+calibrated (the model's own probabilities kept as `raw_probs`) and whether it abstains (a
+confidence threshold given), and for Ray whether the raw label scores go back too. It
+gives the run's flat columns (CSV/TSV/Parquet), and each prediction (or error row) as:
+
+* the JSON object written (`record`): probabilities with `calibration.PROB_DIGITS`
+  decimals, an error row as `{"id", "line", "error"}`;
+* the flat row of a record (`flat`): `p_<label>`, or a question's `team`, `team.p_billing`,
+  ..., as the CSV/TSV/Parquet writers take it;
+* `classify_frame`'s row (`frame_row`): unrounded, NaN where there is no value;
+* the Arrow fields and row values Ray appends to a batch (`arrow_fields`, `arrow_row`):
+  unrounded, structs per label and per question, null where there is no value.
+
+The columns of the shapes agree: the frame's are the flat ones less `id` and `line`, and
+Ray's, its structs flattened, are the frame's less `calibration`, plus `n_tokens` (and
+`scores`). pyarrow is imported only by the Arrow methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .calibration import PROB_DIGITS, written
+from .predictions import Prediction
+
+
+@dataclass(frozen=True)
+class QuestionColumns:
+    """What the record shape needs of a question: its name, kind, options and none option."""
+
+    name: str
+    kind: str = "choice"
+    labels: tuple[str, ...] = ()
+    none: str | None = None
+
+    @classmethod
+    def of(cls, q: Any) -> QuestionColumns:
+        """From a `questions.Question` (or anything with its name, kind, labels and none)."""
+        return cls(q.name, q.kind, tuple(q.labels), q.none)
+
+    @classmethod
+    def recorded(cls, r: dict[str, Any]) -> QuestionColumns:
+        """From a question as a manifest records it (`Question.record`)."""
+        labels = r.get("labels") or r.get("levels") or r.get("answers") or ["yes", "no"]
+        return cls(r["name"], r.get("kind", "choice"), tuple(labels), r.get("none"))
+
+    def columns(self, raw: bool, abstain: bool) -> list[str]:
+        """This question's flat columns (see `flat_answers`): a head question has no raw
+        probabilities, a multi question no abstained flag."""
+        n = self.name
+        cols = [n, *(f"{n}.p_{lab}" for lab in self.labels)]
+        cols += [f"{n}.raw_p_{lab}" for lab in self.labels] if raw and self.kind != "head" else []
+        cols += [f"{n}.abstained"] if abstain and self.kind != "multi" else []
+        cols += [f"{n}.expected"] if self.kind == "scale" else []
+        cols += [f"{n}.abstain"] if self.none else []
+        return cols
+
+
+@dataclass(frozen=True)
+class RecordShape:
+    """A run's output shape: labels, or `questions` (then labels are unused); `calibrated`:
+    raw probabilities kept; `abstains`: a confidence threshold given; `scores`: Ray also
+    returns the raw label log-scores (a list in label order)."""
+
+    labels: tuple[str, ...] = ()
+    questions: tuple[QuestionColumns, ...] | None = None
+    calibrated: bool = False
+    abstains: bool = False
+    scores: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        labels: Sequence[str] = (),
+        questions: Sequence[Any] | None = None,
+        *,
+        calibrated: bool = False,
+        abstains: bool = False,
+        scores: bool = False,
+    ) -> RecordShape:
+        """The shape of a run on `labels`, or on `questions` when they are given."""
+        qs = None if questions is None else tuple(QuestionColumns.of(q) for q in questions)
+        return cls(tuple(labels), qs, calibrated, abstains, scores)
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> RecordShape:
+        """The shape of a run from its manifest's settings (labels, or questions as recorded)."""
+        calibrated = settings.get("calibration", "none") != "none"
+        abstains = settings.get("min_confidence") is not None
+        if settings.get("questions"):
+            qs = tuple(QuestionColumns.recorded(r) for r in settings["questions"])
+            return cls((), qs, calibrated, abstains)
+        return cls(tuple(settings["labels"]), None, calibrated, abstains)
+
+    # ------------------------------------------------------------------ columns
+    @property
+    def columns(self) -> list[str]:
+        """The flat (CSV/TSV/Parquet) header: calibrated runs add the raw probabilities,
+        abstaining runs a flag; with questions, each question's columns."""
+        if self.questions is not None:
+            per = [c for q in self.questions for c in q.columns(self.calibrated, self.abstains)]
+            return ["id", *per, "truncated", "line", "error"]
+        return [
+            "id",
+            "label",
+            *(f"p_{lab}" for lab in self.labels),
+            *(f"raw_p_{lab}" for lab in self.labels if self.calibrated),
+            *(["calibration"] if self.calibrated else []),
+            *(["abstained"] if self.abstains else []),
+            "truncated",
+            "line",
+            "error",
+        ]
+
+    @property
+    def frame_columns(self) -> list[str]:
+        """`classify_frame`'s new columns: the flat ones but the input's `id` and `line`."""
+        return [c for c in self.columns if c not in ("id", "line")]
+
+    # ------------------------------------------------------------------ JSONL and flat rows
+    def record(self, row: Any, pred: Prediction | None, calibration: str = "none") -> dict[str, Any]:
+        """The JSON object written for one input row (see `result_record`)."""
+        return result_record(row, pred, calibration)
+
+    @staticmethod
+    def flat(rec: dict[str, Any]) -> dict[str, Any]:
+        """A written record as its flat row (see `flat_record`)."""
+        return flat_record(rec)
+
+    # ------------------------------------------------------------------ pandas
+    def frame_row(self, p: Prediction, calibration: str | None = None) -> dict[str, Any]:
+        """One prediction as `classify_frame`'s row (`frame_columns`): unrounded, NaN where
+        there is no value, `truncated` (and `abstained`) always a bool; `calibration` names
+        the calibration of a calibrated run (None on an error row)."""
+        nan = float("nan")
+        row: dict[str, Any] = {"label": p.label, "truncated": bool(p.truncated), "error": p.error}
+        for lab in self.labels:
+            row[f"p_{lab}"] = p.probs.get(lab, nan)
+            if self.calibrated:
+                row[f"raw_p_{lab}"] = (p.raw_probs or {}).get(lab, nan)
+        if self.calibrated:
+            row["calibration"] = None if p.error else calibration
+        if self.abstains:
+            row["abstained"] = bool(p.abstained)
+        if p.answers is not None:
+            row.update(flat_answers(p.answers))
+        return {c: row.get(c, nan) for c in self.frame_columns}
+
+    def frame(self, preds: Iterable[Prediction], calibration: str | None = None) -> dict[str, list[Any]]:
+        """The predictions as `classify_frame`'s columns, one list per column (see `frame_row`)."""
+        cols: dict[str, list[Any]] = {c: [] for c in self.frame_columns}
+        for p in preds:
+            for c, v in self.frame_row(p, calibration).items():
+                cols[c].append(v)
+        return cols
+
+    # ------------------------------------------------------------------ Ray (Arrow)
+    def arrow_fields(self) -> list[tuple[str, Any]]:
+        """The (name, pyarrow type) of each column Ray appends: `label` and a `probs` struct (one
+        field per label; `raw_probs` when calibrated, `abstained` with a threshold), or one
+        `answers` struct; `n_tokens`, `truncated`, `error`; `scores` on request (labels only)."""
+        import pyarrow as pa
+
+        tail = [("n_tokens", pa.int64()), ("truncated", pa.bool_()), ("error", pa.string())]
+        if self.questions is not None:  # several questions: one typed struct of answers
+            return [("answers", self.answers_type()), *tail]
+        prob = pa.struct([(lab, pa.float64()) for lab in self.labels])
+        fields: list[tuple[str, Any]] = [("label", pa.string()), ("probs", prob)]
+        fields += [("raw_probs", prob)] if self.calibrated else []
+        fields += [("abstained", pa.bool_())] if self.abstains else []
+        fields += tail
+        fields += [("scores", pa.list_(pa.float64()))] if self.scores else []
+        return fields
+
+    def answers_type(self) -> Any:
+        """The `answers` column: a struct with one field per question, as JSONL writes them
+        (`label` or a multi question's `labels`, `probs` one field per option, a scale's
+        `expected`, a none option's `abstain`; calibrated: `raw_probs`; with a threshold: `abstained`)."""
+        import pyarrow as pa
+
+        per = []
+        for q in self.questions or ():
+            fields = [("labels", pa.list_(pa.string()))] if q.kind == "multi" else [("label", pa.string())]
+            probs = pa.struct([(lab, pa.float64()) for lab in q.labels])
+            fields.append(("probs", probs))
+            fields += [("raw_probs", probs)] if self.calibrated and q.kind != "head" else []
+            fields += [("abstained", pa.bool_())] if self.abstains and q.kind != "multi" else []
+            fields += [("expected", pa.float64())] if q.kind == "scale" else []
+            fields += [("abstain", pa.float64())] if q.none else []
+            per.append((q.name, pa.struct(fields)))
+        return pa.struct(per)
+
+    def arrow_row(self, p: Prediction) -> dict[str, Any]:
+        """One prediction's values for `arrow_fields`, unrounded; an error row's are null but
+        `n_tokens`, `truncated` and `error`."""
+        ok = p.ok
+        if self.questions is not None:
+            row: dict[str, Any] = {"answers": p.answers if ok else None}
+        else:
+            row = {"label": p.label, "probs": p.probs if ok else None}
+            if self.calibrated:
+                row["raw_probs"] = p.raw_probs if ok else None
+            if self.abstains:
+                row["abstained"] = p.abstained if ok else None
+        row.update(n_tokens=p.n_tokens, truncated=p.truncated, error=p.error)
+        if self.scores and self.questions is None:
+            row["scores"] = [p.scores[lab] for lab in self.labels] if ok else None
+        return row
+
+    def arrow_columns(self, preds: Iterable[Prediction]) -> list[tuple[Any, Any]]:
+        """The predictions as the Arrow columns Ray appends: (pyarrow field, array) pairs."""
+        import pyarrow as pa
+
+        fields = self.arrow_fields()
+        cols: dict[str, list[Any]] = {name: [] for name, _ in fields}
+        for p in preds:
+            for name, v in self.arrow_row(p).items():
+                cols[name].append(v)
+        return [(pa.field(name, typ), pa.array(cols[name], type=typ)) for name, typ in fields]
+
+
+def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict[str, Any]:
+    """The output object for one input row (a prediction, or an error row).
+
+    A calibrated row says which calibration made `probs`, and keeps the model's own as
+    `raw_probs`, so nothing is hidden."""
+    if row.error is not None or pred is None or pred.error is not None:
+        err = row.error if row.error is not None else (pred.error if pred is not None else "not processed")
+        if not err.startswith("line "):
+            err = f"line {row.line}: {err}"
+        return {"id": row.id, "line": row.line, "error": err}
+    if pred.answers is not None:
+        rec: dict[str, Any] = {"id": row.id, "answers": answer_record(pred.answers)}
+        if pred.truncated:
+            rec["truncated"] = True
+        return rec
+    rec = {"id": row.id, "label": pred.label, "probs": written(pred.probs)}
+    if pred.raw_probs is not None:
+        rec["raw_probs"] = written(pred.raw_probs)
+        rec["calibration"] = calibration
+    if pred.abstained:
+        rec["abstained"] = True
+    if pred.truncated:
+        rec["truncated"] = True
+    return rec
+
+
+def answer_record(answers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Answers as written: probabilities (and expected levels) with `calibration.PROB_DIGITS` decimals."""
+    out = {}
+    for name, a in answers.items():
+        a = dict(a)
+        a["probs"] = written(a["probs"])
+        if "raw_probs" in a:
+            a["raw_probs"] = written(a["raw_probs"])
+        for k in ("expected", "abstain"):
+            if k in a:
+                a[k] = round(a[k], PROB_DIGITS)
+        out[name] = a
+    return out
+
+
+def flat_answers(answers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """An answers record as flat columns: `team`, `team.p_billing`, ..., a multi question's
+    labels joined by ';', `q.expected` for a scale, `q.abstain` with a none option."""
+    flat: dict[str, Any] = {}
+    for name, a in answers.items():
+        flat[name] = ";".join(a["labels"]) if "labels" in a else a["label"]
+        for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
+            for lab, p in (a.get(key) or {}).items():
+                flat[f"{name}.{prefix}{lab}"] = p
+        if a.get("abstained"):
+            flat[f"{name}.abstained"] = True
+        for k in ("expected", "abstain"):
+            if k in a:
+                flat[f"{name}.{k}"] = a[k]
+    return flat
+
+
+def flat_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """An output record as one flat row (CSV/TSV/Parquet): `p_<label>` per label, or a question's columns."""
+    flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs", "answers")}
+    for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
+        for lab, p in (rec.get(key) or {}).items():
+            flat[prefix + lab] = p
+    if rec.get("answers"):
+        flat.update(flat_answers(rec["answers"]))
+    return flat
