@@ -9,7 +9,6 @@ Usage: python tools/record_service.py OUT.json [WORKDIR]
 
 # ruff: noqa: E401, E402, E701, E702, E731, I001
 import json
-import socket
 import sys
 import threading
 import time
@@ -17,39 +16,34 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 import uvicorn
 
 import mlx_slm  # noqa: F401
+from _common import free_port, tiny_model, wait_healthy
 
 root = Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/mlx-slm-record")
 root.mkdir(parents=True, exist_ok=True)
-model = root / "model-mlx"
-if not model.exists():
-    from conftest import make_tiny
-    from mlx_slm.convert import convert
-
-    hf = make_tiny(root / "model-hf", "qwen2")
-    convert(hf, model, dtype="float32", progress=None)
+model = tiny_model(root)
 
 from mlx_slm.server import ServeOptions, Service, classifier_loader, create_app
 
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-port = s.getsockname()[1]
-s.close()
-svc = Service(classifier_loader(str(model)), ServeOptions(max_wait_ms=5))
-server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="error", lifespan="on"))
-th = threading.Thread(target=server.run, daemon=True)
-th.start()
-url = f"http://127.0.0.1:{port}"
-for _ in range(600):
-    try:
-        if httpx.get(url + "/health").status_code == 200:
-            break
-    except httpx.HTTPError:
-        pass
-    time.sleep(0.05)
+
+def start(loader):
+    """The service over `loader` on a free port, in a thread; (service, server, thread, url) once healthy."""
+    svc = Service(loader, ServeOptions(max_wait_ms=5))
+    port = free_port()
+    config = uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="error", lifespan="on")
+    server = uvicorn.Server(config)
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url)
+    return svc, server, th, url
+
+
+svc, server, th, url = start(classifier_loader(str(model)))
 
 VOL = {"id", "created", "total_ms", "queue_ms", "inference_ms"}
 KEEP = ("content-type", "retry-after", "www-authenticate", "allow", "x-total-time", "x-queue-time", "x-inference-time")
@@ -257,22 +251,7 @@ QS = [
         "answers": ["y", "n"],
     },
 ]
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-port = s.getsockname()[1]
-s.close()
-svc = Service(classifier_loader(str(model), questions=[Question.from_dict(q) for q in QS]), ServeOptions(max_wait_ms=5))
-server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="error", lifespan="on"))
-th = threading.Thread(target=server.run, daemon=True)
-th.start()
-url = f"http://127.0.0.1:{port}"
-for _ in range(600):
-    try:
-        if httpx.get(url + "/health").status_code == 200:
-            break
-    except httpx.HTTPError:
-        pass
-    time.sleep(0.05)
+svc, server, th, url = start(classifier_loader(str(model), questions=[Question.from_dict(q) for q in QS]))
 do("q model", "GET", "/v1/model")
 do("q one", "POST", "/v1/classify", {"text": T[0]})
 do("q many", "POST", "/v1/classify", {"texts": T, "ids": list(range(6))})

@@ -25,10 +25,8 @@ import inspect
 import json
 import os
 import signal
-import socket
 import sys
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -37,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from _common import free_port, tiny_model, wait_healthy  # noqa: E402
 from layers import FLOOR_OF, FLOORS  # noqa: E402
 
 
@@ -87,28 +86,11 @@ class Tracer:
                 self.returns[(there, here)] += 1
 
 
-def _model(workdir: Path) -> Path:
-    model = workdir / "model-mlx"
-    if not model.exists():
-        from conftest import make_tiny
-
-        from mlx_slm.convert import convert
-
-        convert(make_tiny(workdir / "model-hf", "qwen2"), model, dtype="float32", progress=None)
-    return model
-
-
 def _client(port: int, done: list[int]) -> None:
     import httpx
 
     url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
+    wait_healthy(url)
     done.append(httpx.post(url + "/v1/classify", json={"texts": ["my card was charged twice", "hi"]}).status_code)
     done.append(httpx.post(url + "/predict", json={"inputs": "the app crashes"}).status_code)
     os.kill(os.getpid(), signal.SIGTERM)  # the drain, as a process manager stops it
@@ -119,11 +101,8 @@ def walk(workdir: Path) -> dict:
 
     from mlx_slm.cli import main
 
-    model = _model(workdir)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    model = tiny_model(workdir)
+    port = free_port()
     done: list[int] = []
     tracer = Tracer()
     threading.setprofile(tracer)
