@@ -21,27 +21,12 @@ from typing import Any
 
 from .calibration import CalibrationSpec, Calibrator
 from .errors import UsageError, UserError
+from .output import check_outputs
 
 # The set-up moved to setup.py; its names stay importable from here.
 from .setup import Say, Setup, TaskOptions, flag_names  # noqa: F401
 
 RAY_INIT_TIMEOUT_S = 60  # joining (or starting) Ray: past this, exit 2 rather than wait on Ray's retries
-
-
-def check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None]]) -> None:
-    """Before any work: every file we will write is writable, none is an input, none is another."""
-    from .output import check_writable, refuse_input_as_output
-
-    seen: dict[str, str] = {}
-    for flag, path in outputs:
-        if not path or path == "-":
-            continue
-        refuse_input_as_output(path, inputs, flag)  # first: "it is your input" says more than "it is a link"
-        check_writable(path, flag)
-        real = str(Path(path).resolve())
-        if real in seen:
-            raise UsageError(f"{flag} {path} is also {seen[real]}: give each output its own file")
-        seen[real] = f"{flag} {path}"
 
 
 class Progress:

@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from ..job import ClassifySettings, check_outputs
+from ..job import ClassifySettings
 from ..job import classify as classify_job
-from ..output import OUTPUT_FORMATS
+from ..output import OUTPUT_FORMATS, check_outputs
 from .base import Command, notice, warn_blas
 from .options import task_options, task_settings
 

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..errors import UserError
-from ..job import check_outputs
+from ..output import check_outputs
 from ..setup import Setup
 from .base import Command, notice, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings

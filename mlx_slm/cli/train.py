@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ..job import check_outputs
+from ..output import check_outputs
 from ..setup import read_labels, run_settings
 from .base import Command, given, notice, warn_blas
 from .options import some_task_options, task_settings

@@ -43,6 +43,7 @@ from .manifest import (
 from .paths import (
     _EXTENSIONS,
     OUTPUT_FORMATS,
+    check_outputs,
     check_writable,
     delimiter,
     is_plain_file_target,
@@ -61,6 +62,7 @@ __all__ = [
     "_EXTENSIONS",
     "output_format",
     "is_plain_file_target",
+    "check_outputs",
     "check_writable",
     "refuse_input_as_output",
     "MANIFEST_SUFFIX",

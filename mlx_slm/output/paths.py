@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import OutputError
+from ..errors import OutputError, UsageError
 from ..safefs import refuse_symlink
 
 OUTPUT_FORMATS = ("jsonl", "csv", "tsv", "parquet")
@@ -107,3 +107,17 @@ def refuse_input_as_output(output: str, inputs: Sequence[str | None], flag: str 
                 f"{flag} {output} is {where} (the same file{', through a link' if inp not in (None, '-') and os.path.realpath(inp) != os.path.realpath(output) else ''}): "
                 "writing it would destroy the input; choose another output file"
             )
+
+
+def check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None]]) -> None:
+    """Before any work: every file we will write is writable, none is an input, none is another."""
+    seen: dict[str, str] = {}
+    for flag, path in outputs:
+        if not path or path == "-":
+            continue
+        refuse_input_as_output(path, inputs, flag)  # first: "it is your input" says more than "it is a link"
+        check_writable(path, flag)
+        real = str(Path(path).resolve())
+        if real in seen:
+            raise UsageError(f"{flag} {path} is also {seen[real]}: give each output its own file")
+        seen[real] = f"{flag} {path}"
