@@ -68,12 +68,19 @@ def test_user_errors_are_one_line_no_traceback(tiny_qwen_mlx, extra, msg):
     assert msg in r.output and "Traceback" not in r.output
 
 
-def test_convert_command_and_doctor(tiny_hf, tmp_path):
+@pytest.fixture(scope="module")
+def doctor_run():
+    """`mlx-slm doctor`, run once for the module: it times two matmul sizes (seconds of CPU),
+    and what it prints does not depend on the tiny model the test is parametrized by."""
+    return run(["doctor"])
+
+
+def test_convert_command_and_doctor(tiny_hf, tmp_path, doctor_run):
     r = run(["convert", str(tiny_hf), "--out", str(tmp_path / "c"), "--dtype", "bfloat16"])
     assert r.exit_code == 0 and (tmp_path / "c" / "conversion.json").exists()
     rec = json.loads((tmp_path / "c" / "conversion.json").read_text())
     assert rec["dtype"] == "bfloat16" and len(rec["source_sha256"]["model.safetensors"]) == 64
-    d = run(["doctor"])
+    d = doctor_run
     assert d.exit_code == 0 and "GFLOP/s" in d.output and "compute dtype" in d.output
 
 
