@@ -68,10 +68,11 @@ def test_user_errors_are_one_line_no_traceback(tiny_qwen_mlx, extra, msg):
     assert msg in r.output and "Traceback" not in r.output
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def doctor_run():
-    """`mlx-slm doctor`, run once for the module: it times two matmul sizes (seconds of CPU),
-    and what it prints does not depend on the tiny model the test is parametrized by."""
+    """`mlx-slm doctor`, run once: it times two matmul sizes (seconds of CPU), and what it
+    prints does not depend on the tiny model the test is parametrized by (session-scoped:
+    pytest runs the two parameters apart, in different module passes)."""
     return run(["doctor"])
 
 
@@ -84,6 +85,7 @@ def test_convert_command_and_doctor(tiny_hf, tmp_path, doctor_run):
     assert d.exit_code == 0 and "GFLOP/s" in d.output and "compute dtype" in d.output
 
 
+@pytest.mark.slow  # a child process (~4 s of imports); test_integrity's closed-pipe test runs the same entry quick
 def test_real_subprocess(tiny_qwen_mlx):
     env = dict(os.environ)
     p = subprocess.run(
