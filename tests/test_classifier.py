@@ -40,7 +40,7 @@ def test_fast_path_equals_one_at_a_time(tiny_mlx, mode):
 def test_matches_transformers_reference(tiny_mlx, mode):
     clf = make(tiny_mlx, LABELSETS[mode])
     preds = clf.classify(TEXTS[:8])
-    ref = Reference(tiny_mlx)
+    ref = Reference(tiny_mlx, threads=1)
     for p, item in zip(preds, clf.prepare(TEXTS[:8])):
         s, _ = ref.label_scores(item.ids, clf.labelset)
         probs = np.exp(s - s.max()) / np.exp(s - s.max()).sum()

@@ -434,9 +434,24 @@ def test_head_parity_on_a_tiny_model(tiny_head, tiny_qwen_mlx, tmp_path):
     assert r["labels"]["agree"] == 10 and r["features"]["max_rel_diff"] < 1e-4 and r["classify_matches_features"]
 
 
-def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_mlx):
+def _hidden_here(src, prompts, layers, poolings=(), start=0):
+    """`reference.hidden_in_child`, computed in this process on one thread: the same
+    `reference.hidden` on the same weights, without a child's ~5 s of importing Transformers
+    for a tiny model (the child itself is run by the CLI parity test on SmolLM2)."""
+    import time
+
+    from mlx_slm.reference import Reference, hidden
+
+    ref = Reference(src, threads=1)
+    t = time.perf_counter()
+    hs = np.array([hidden(ref, p, layers, poolings, start) for p in prompts])
+    return hs, time.perf_counter() - t
+
+
+def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_mlx, monkeypatch):
     """A head reading layer 2's last position and layer 1's mean: Transformers' hidden states
     pooled the same way agree, and batched with the prefix cache equals one at a time without."""
+    from mlx_slm import reference
     from mlx_slm.classifier import Classifier
     from mlx_slm.convert import weights_sha256
     from mlx_slm.heads import fit_linear
@@ -461,6 +476,7 @@ def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_ml
         np.testing.assert_allclose([p.probs[lab] for lab in LABELS], [q.probs[lab] for lab in LABELS], atol=1e-4)
     t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
              weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
+    monkeypatch.setattr(reference, "hidden_in_child", _hidden_here)
     r = run_head_parity(t, texts[:8], batch_size=4)
     assert r["forward_ok"], r
     assert r["labels"]["agree"] == 8 and r["features"]["max_rel_diff"] < 1e-4 and r["classify_matches_features"]

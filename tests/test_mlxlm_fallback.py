@@ -158,7 +158,7 @@ def test_classifier_path_matches_transformers(tiny, model):
     assert clf.prefix is not None and clf.mode == "sequence"
     preds = clf.classify(texts)
     items = clf.prepare(texts)
-    ref = Reference(tiny.mlx_dir)
+    ref = Reference(tiny.mlx_dir, threads=1)
     for p, item in zip(preds, items):
         assert p.ok, p.error
         _check(f"{tiny.family}/d-clf", p.logits, tiny.ref(item.ids))

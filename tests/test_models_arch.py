@@ -126,7 +126,7 @@ def test_classifier_path_matches_transformers(tiny, ops):
     preds = clf.classify(texts)
     items = clf.prepare(texts)
     assert max(len(it.ids) for it in items) > 40
-    ref = Reference(tiny.mlx_dir)
+    ref = Reference(tiny.mlx_dir, threads=1)
     for p, item in zip(preds, items):
         assert p.ok, p.error
         _check(f"{tiny.arch}/c-clf/{ops}", p.logits, tiny.ref(item.ids))
