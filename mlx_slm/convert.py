@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from ._fs import write_json_atomic
 from .errors import ModelError, OutputError, UserError
 from .models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_module, mlxlm, quant
 from .models.base import gguf_hf_name
+from .notices import notice
 from .safefs import DIR_MODE, refuse_symlink, temp_dir
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -39,10 +39,6 @@ RECORD = "conversion.json"
 WEIGHTS = "model.safetensors"
 
 Progress = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class ConversionError(UserError, ValueError):
@@ -183,7 +179,7 @@ def convert(
     src: str | Path,
     out: str | Path,
     dtype: str = "float16",
-    progress: Progress | None = _stderr,
+    progress: Progress | None = notice,
     quantize: int | None = None,
     group_size: int | None = None,
     force: bool = False,

@@ -15,10 +15,10 @@ the others say they are waiting, wait, and then load the finished result.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .notices import notice
 from .safefs import FileLock
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
@@ -56,9 +56,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MLX_SLM_HOME") or Path.home() / ".cache" / "mlx-slm")
 
 
-def say(msg: str) -> None:
-    """A progress line of the cache (fetching, waiting, converting) on stderr."""
-    print(msg, file=sys.stderr, flush=True)
+say = notice  # a progress line of the cache (fetching, waiting, converting)
 
 
 def cache_lock(name: str, doing: str) -> FileLock:

@@ -27,13 +27,13 @@ import errno
 import json
 import os
 import stat
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from .errors import OutputError
+from .notices import notice
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -188,7 +188,7 @@ class FileLock:
     def __init__(self, path: str | os.PathLike, waiting: str | None = None, say: Callable[[str], None] | None = None):
         self.path = Path(path)
         self.waiting = waiting
-        self.say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.say = say or notice
         self.fd: int | None = None
 
     def __enter__(self) -> FileLock:

@@ -22,7 +22,6 @@ hashes.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ except ImportError as e:  # pragma: no cover - the extra is missing
 
     raise MissingExtra("mlx_slm.sklearn needs scikit-learn: pip install 'mlx-slm[sklearn]'") from e
 
+from .notices import notice
 from .registry import DEFAULT_MODEL
 
 # The estimator's own prompt defaults (not the CLI's ticket-specific ones): they name the
@@ -372,7 +372,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         head, spec = None, CalibrationSpec.of(self.calibration)
         if self.method == "head":
             assert gold is not None
-            log = (lambda m: print(f"mlx-slm: {m}", file=sys.stderr, flush=True)) if self.verbose > 1 else None
+            log = (lambda m: notice(f"mlx-slm: {m}")) if self.verbose > 1 else None
             head = train_head(
                 engine,
                 texts,

@@ -4,7 +4,6 @@ which maps errors to exit statuses' usage lines and groups its options into help
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
 import click
@@ -12,6 +11,7 @@ from click.core import ParameterSource
 
 from .. import _blas
 from ..errors import UsageError
+from ..notices import notice as _notice
 
 # Help sections, in the order --help shows them; an option's section is in SECTIONS (by
 # parameter name), or in the command's own `sections=` where the same option means
@@ -54,10 +54,8 @@ SECTIONS = {
 }
 
 
-def notice(msg: str) -> None:
-    """One line on stderr: every command's notes, warnings, progress and summaries go here, so
-    that results alone go to stdout (and can be piped)."""
-    print(msg, file=sys.stderr, flush=True)
+# Every command's notes, warnings, progress and summaries go through the package's one printer.
+notice = _notice
 
 
 def warn_blas() -> None:

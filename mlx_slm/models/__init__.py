@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import ModelError
+from ..notices import notice
 from . import quant
 from .base import FASTMATH, KV, NATIVE, Model, ModelArgs, Ops, build_mask, choose_ops
 
@@ -168,12 +168,10 @@ def _load_quantized(
     on_cpu = mx.default_device() != mx.gpu
     if dequantize is None and on_cpu:
         dtype = dtype or mx.float32
-        print(
+        notice(
             f"mlx-slm: note: {path.name} is {quant.describe(q)} quantized; on the CPU MLX's quantized matmuls run "
             f"~50x slower than float32 ones, so it is dequantized to {str(dtype).replace('mlx.core.', '')} at load "
-            "(--keep-quantized keeps it packed)",
-            file=sys.stderr,
-            flush=True,
+            "(--keep-quantized keeps it packed)"
         )
         dequantize = True
     if dequantize:

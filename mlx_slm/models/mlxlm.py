@@ -29,7 +29,6 @@ in `UNSUPPORTED` with the reason, and refused.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,6 +36,7 @@ import mlx.core as mx
 from mlx import nn
 
 from ..errors import ModelError
+from ..notices import notice
 from .base import KV, NATIVE, Ops, build_mask, extend_cache
 
 # model_type -> why it is refused (measured against Transformers, or read in mlx-lm's source).
@@ -81,10 +81,6 @@ def _refusal(config: dict[str, Any]) -> str | None:
 # attention); any other kind (recurrent or state-space state, chunked attention) is refused.
 _KV_CACHES = ("KVCache", "RotatingKVCache", "ConcatenateKVCache")
 _INNER = ("model", "transformer")  # the attribute holding the embedding, the layers and the final norm
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- classes and config
@@ -520,7 +516,7 @@ def load(
         model.quantized = f"{q.get('bits', '?')}-bit (group {q.get('group_size', '?')})"
     if check:
         self_check(model)
-    _say(
+    notice(
         f"mlx-slm: the fast path does not cover {model_type!r}; it runs through mlx-lm's model class "
         f"({type(lm).__module__}), without the CPU fastmath ops and with every position through every layer"
     )
