@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import platform
-import resource
 import sys
 import time
 from pathlib import Path
@@ -33,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
+from benchmarks.record import run_line, run_record
 from mlx_slm._blas import matmul_peak
 from mlx_slm.calibration import fit_batch
 from mlx_slm.classifier import Classifier
@@ -178,12 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         row["floor_seconds"] = round(floor_seconds(engine, row["stats"], peak), 2)
         row["x_floor"] = round(row["seconds"] / row["floor_seconds"], 2)
     out = {
-        "model": a.model,
-        "machine": f"{platform.machine()} {platform.system()}, {platform.processor() or ''}".strip(", "),
-        "command": "python -m benchmarks.many_labels " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d"),
-        "matmul_peak_gflops": {"start": round(peak0, 1), "end": round(peak1, 1)},
-        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        **run_record("benchmarks.many_labels", a.model, argv, peak0, peak1),
         "rows": results,
         "before": before,
     }
@@ -196,8 +190,7 @@ def write(out: dict, folder: Path) -> None:
     lines = [
         f"# Many labels: BANKING77 ({out['model']}, {out['date']})",
         "",
-        f"`{out['command']}` on {out['machine']}; matmul peak {out['matmul_peak_gflops']['start']} / "
-        f"{out['matmul_peak_gflops']['end']} GFLOP/s (start / end); peak RSS {out['max_rss_mb']} MB.",
+        run_line(out),
         "",
         "| labels | texts | trie nodes per row | items/s | s | floor s | x floor | raw acc | batch acc |",
         "|---|---|---|---|---|---|---|---|---|",

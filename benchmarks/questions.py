@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import resource
 import sys
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
+from benchmarks.record import run_line, run_record
 from mlx_slm._blas import matmul_peak
 from mlx_slm.classifier import Classifier
 from mlx_slm.engine import Engine
@@ -148,13 +147,8 @@ def main(argv: list[str] | None = None) -> None:
         r["floor_seconds"] = round(r["floor_tokens"] * per_token / (peak * 1e9), 2)
         r["x_floor_seconds"] = round(r["seconds"] / r["floor_seconds"], 2)
     out = {
-        "model": a.model,
-        "machine": f"{platform.machine()} {platform.system()}",
-        "command": "python -m benchmarks.questions " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d"),
+        **run_record("benchmarks.questions", a.model, argv, peak0, peak1),
         "texts": len(texts),
-        "matmul_peak_gflops": {"start": round(peak0, 1), "end": round(peak1, 1)},
-        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "alone_seconds": {q.name: round(s, 2) for q, (_, s) in zip(QUESTIONS, alone)},
         "rows": rows,
     }
@@ -167,8 +161,7 @@ def write(out: dict, folder: Path) -> None:
     lines = [
         f"# Several questions per text ({out['model']}, {out['date']}, {out['texts']} workload tickets)",
         "",
-        f"`{out['command']}` on {out['machine']}; matmul peak {out['matmul_peak_gflops']['start']} / "
-        f"{out['matmul_peak_gflops']['end']} GFLOP/s (start / end); peak RSS {out['max_rss_mb']} MB.",
+        run_line(out),
         "",
         "| questions | seconds | items/s | single runs (s) | x single runs | x one question | branch tokens/row "
         "| tokens x floor | seconds x floor | answers equal | max prob diff |",
