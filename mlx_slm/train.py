@@ -29,6 +29,12 @@ class TrainError(UserError, ValueError):
     """Training data or options that cannot give a head; the message names the file, line and fix."""
 
 
+def check_folds(folds: Any) -> None:
+    """Cross-validation needs at least 2 folds (checked before any model work, by every entry)."""
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+        raise TrainError(f"folds={folds!r}: cross-validation needs at least 2 folds")
+
+
 @dataclass
 class TrainingData:
     path: str
@@ -280,8 +286,7 @@ def _check_items(
     non-empty gold label per item (`where(i)` names item i in messages)."""
     from .classifier import _missing
 
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
-        raise TrainError(f"folds={folds!r}: cross-validation needs at least 2 folds")
+    check_folds(folds)
     if isinstance(texts, (str, bytes)) or isinstance(labels, (str, bytes)):
         raise TrainError("texts and labels are sequences (one text and one gold label per item), not one string")
     texts, gold = list(texts), list(labels)
@@ -456,8 +461,7 @@ def run_train(
     from .prompts import check_template, fill_system, read_examples
     from .task import Task
 
-    if folds < 2:
-        raise TrainError(f"--folds {folds}: cross-validation needs at least 2 folds")
+    check_folds(folds)
     data = read_training_data(data_path, labels, folds=folds, **(read or {}))
     # As typed (--system, --template): every {word} checked, {{ }} literal braces.
     system = fill_system(system or None, data.labels, descriptions)
@@ -525,6 +529,7 @@ def run_train_fields(
     from .questions import Question, QuestionError, check_name, check_questions
     from .task import Task
 
+    check_folds(folds)  # before the one feature pass, as the single head's entry checks it
     if len(set(fields)) != len(fields):
         raise TrainError(f"--label-field {sorted(f for f in fields if fields.count(f) > 1)[0]!r} is given twice")
     for f in fields:  # before any work: each field names its head's question
@@ -572,6 +577,7 @@ def run_train_fields(
 __all__ = [
     "TrainError",
     "TrainingData",
+    "check_folds",
     "candidate_name",
     "candidates",
     "default_layers",

@@ -562,3 +562,15 @@ def test_training_gold_labels_with_spaces_around_them(tmp_path):
     for labels in (None, ["billing", "account"]):
         with pytest.raises(TrainError, match="line 11: gold label ' billing' has spaces around it"):
             read_training_data(str(p), labels, folds=2)
+
+
+@pytest.mark.parametrize("folds", [1, 0, True, 2.5])
+def test_every_training_entry_refuses_too_few_folds_before_any_work(folds, tmp_path):
+    """The folds are checked first, by each entry: no data read, no model loaded (neither exists here)."""
+    from mlx_slm.train import TrainError, run_train, run_train_fields
+
+    missing = str(tmp_path / "no-such.jsonl")
+    with pytest.raises(TrainError, match="at least 2 folds"):
+        run_train(missing, str(tmp_path / "t.json"), model="no-such-model", folds=folds)
+    with pytest.raises(TrainError, match="at least 2 folds"):
+        run_train_fields(missing, str(tmp_path / "t.json"), ["a", "b"], model="no-such-model", folds=folds)
