@@ -28,9 +28,8 @@ from .prompts import (
     DEFAULT_SYSTEM,
     DEFAULT_TEMPLATE,
     TRUNCATE_MODES,
-    PromptError,
     PromptFormat,
-    example_problem,
+    check_examples,
     fill_labels,
     render,
     shared_prefix,
@@ -151,11 +150,7 @@ class ClassifierBase:
     ) -> None:
         # `{labels}` / `{label_descriptions}` in the system message: filled once, here.
         system = fill_labels(system, labels, label_descriptions)
-        examples = tuple((str(t), str(lab)) for t, lab in examples)
-        for n, (ex_text, ex_label) in enumerate(examples, 1):  # as --examples and task files check them
-            problem = example_problem(ex_text, ex_label, labels)
-            if problem:
-                raise PromptError(f"example {n}: {problem}")
+        examples = check_examples(examples, labels)  # as --examples and task files check them
         self.format = PromptFormat(system, template, examples)
 
     def _init_batching(
@@ -163,6 +158,9 @@ class ClassifierBase:
     ) -> None:
         if max_batch_tokens == "auto":
             max_batch_tokens = default_max_batch_tokens()
+        from .ranges import check_all  # the one range rule for every number
+
+        check_all({"batch_size": batch_size, "max_batch_tokens": max_batch_tokens}, "{name}")
         self.batch_size, self.max_batch_tokens, self.sort = batch_size, max_batch_tokens, sort
         self.max_length = max_length or self.engine.max_length
 

@@ -9,7 +9,6 @@ settings and its public methods.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -54,8 +53,9 @@ def as_texts(texts: Any, text_column: str | None) -> Any:
 
 def check_window(window: Any) -> None:
     """A window of items is read, sorted and batched at a time: 0 would read nothing."""
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
-        raise ValueError(f"window must be an integer of at least 1 (items read at a time), got {window!r}")
+    from .ranges import check
+
+    check("window", window, "window")  # a RangeError, a ValueError
 
 
 def missing(x: Any) -> bool:

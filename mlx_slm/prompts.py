@@ -10,8 +10,9 @@ it simply runs without the cache.
 
 from __future__ import annotations
 
+import numbers
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,6 +287,37 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
         raise PromptError(
             f"--examples {path} holds no examples: give JSONL lines with text and label, or drop --examples"
         )
+    return tuple(out)
+
+
+def check_examples(examples: Any, labels: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Few-shot examples given in Python (the classifier, the estimator): (text, label) pairs,
+    each checked as `--examples` lines are (`example_problem`); a `PromptError` names the example.
+    An integer label (a scikit-learn class) is its text; None is no examples."""
+    if examples is None:
+        return ()
+    if isinstance(examples, (str, bytes, Mapping)) or not isinstance(examples, Iterable):
+        raise PromptError(
+            f"examples must be a list of (text, label) pairs, e.g. [('I was charged twice', 'billing')]; "
+            f"got {type(examples).__name__}"
+        )
+    out = []
+    for n, ex in enumerate(examples, 1):
+        if isinstance(ex, (str, bytes, Mapping)) or not isinstance(ex, Sequence) or len(ex) != 2:
+            raise PromptError(
+                f"example {n} is {ex!r:.60}: give a (text, label) pair, e.g. ('I was charged twice', "
+                f"{(list(labels) or ['billing'])[0]!r})"
+            )
+        text, label = ex
+        if isinstance(label, numbers.Integral) and not isinstance(label, bool):
+            label = str(label)
+        if not isinstance(text, str) or not isinstance(label, str):
+            bad, what = (text, "text") if not isinstance(text, str) else (label, "label")
+            raise PromptError(f"example {n}: its {what} is {type(bad).__name__} {bad!r:.40}, not a string")
+        problem = example_problem(text, label, labels)
+        if problem:
+            raise PromptError(f"example {n}: {problem}")
+        out.append((text, label))
     return tuple(out)
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from .errors import UserError
 from .labels import LabelError, softmax, validate
+from .ranges import RANGES
 
 KINDS = ("choice", "yesno", "scale", "multi", "head")
 # A question's name is an output key and a CSV column prefix (`team`, `team.p_billing`).
@@ -116,8 +117,9 @@ class Question:
         threshold = d.get("threshold", 0.5)
         if "threshold" in d and kind != "multi":
             raise QuestionError(f"{where} ({name!r}): only a multi question takes a 'threshold'")
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
-            raise QuestionError(f"{where} ({name!r}): 'threshold' must be a number in [0, 1], got {threshold!r}")
+        bad = RANGES["threshold"].problem(threshold)
+        if bad:
+            raise QuestionError(f"{where} ({name!r}): 'threshold' {bad}")
         try:
             return cls(
                 name, d["question"], kind, tuple(str(x) for x in labels), descriptions, none, float(threshold),

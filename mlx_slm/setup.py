@@ -67,6 +67,11 @@ class TaskOptions:
     quiet: bool = False
     given: frozenset[str] = field(default_factory=frozenset)
 
+    def __post_init__(self) -> None:
+        from .ranges import check_all  # every number in its range, before any work
+
+        check_all(vars(self))
+
     def read_args(self) -> tuple[str | None, str, str, str, str]:
         """`io.read_rows`' format and field arguments."""
         return self.fmt, self.text_field, self.id_field, self.text_column, self.id_column

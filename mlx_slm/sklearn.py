@@ -355,7 +355,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         from .calibration import CalibrationSpec
         from .classifier import Classifier
         from .convert import versions
-        from .prompts import fill_labels
+        from .prompts import PromptFormat, check_examples, fill_labels
         from .task import Task
         from .train import train_head
 
@@ -365,7 +365,8 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         system = DEFAULT_SYSTEM if self.system is None else (self.system or None)
         system = fill_labels(system, names)
         template = DEFAULT_TEMPLATE if self.template is None else self.template
-        examples = tuple((str(t), str(lab)) for t, lab in (self.examples or ()))
+        examples = check_examples(self.examples, names)  # as the CLI's --examples: pairs, known labels
+        PromptFormat(system, template, examples)  # a template without {text} is refused now, not at predict
         engine = shared_engine(self.model, self.dtype)
         batching = _batching(self)
         show = self.verbose > 0
@@ -425,6 +426,9 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"model={self.model!r}: give a model name or path (a str)")
         if isinstance(self.labels, (str, bytes)):
             raise ValueError(f"labels={self.labels!r}: give a list of labels, e.g. ['spam', 'ham']")
+        from .ranges import check_all  # the CLI's ranges: batch_size=0 or max_batch_tokens=nan refused
+
+        check_all(self.get_params(), "{name}")
 
     # ------------------------------------------------------------------ predict
     def _clf(self) -> Any:

@@ -234,14 +234,14 @@ def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, 
     scoring = d.get("scoring", "auto")
     if scoring not in MODES:
         raise _bad(d, where, "scoring", f"one of {', '.join(MODES)}")
+    from .ranges import RANGES  # the one range of each number (NaN and Infinity, JSON's extensions, fail)
+
     warmup = d.get("warmup", DEFAULT_WARMUP)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 2:
-        raise _bad(d, where, "warmup", f"an integer of at least 2 (the default is {DEFAULT_WARMUP})")
+    if RANGES["warmup"].problem(warmup):
+        raise _bad(d, where, "warmup", f"{RANGES['warmup'].describe()} (the default is {DEFAULT_WARMUP})")
     mc = d.get("min_confidence")
-    if mc is not None and (
-        isinstance(mc, bool) or not isinstance(mc, (int, float)) or not 0.0 <= mc <= 1.0  # NaN fails too
-    ):
-        raise _bad(d, where, "min_confidence", "a number from 0 to 1, or null")
+    if RANGES["min_confidence"].problem(mc):
+        raise _bad(d, where, "min_confidence", f"{RANGES['min_confidence'].describe()}, or null")
     sha = d.get("weights_sha256")
     if sha is not None and not isinstance(sha, str):
         raise _bad(d, where, "weights_sha256", "a string (the weights' sha256) or null")

@@ -29,7 +29,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlx_slm"
 
 # Bottom to top. A name is a top-level module or package of mlx_slm ("" is the package root).
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("", "errors", "notices", "safefs", "_fs", "_blas", "textfiles")),
+    ("ground", ("", "errors", "notices", "safefs", "_fs", "_blas", "textfiles", "ranges")),
     (
         "pure pieces",
         (

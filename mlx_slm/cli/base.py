@@ -12,6 +12,7 @@ from click.core import ParameterSource
 from .. import _blas
 from ..errors import UsageError
 from ..notices import notice as _notice
+from ..ranges import RANGES, advice
 
 # Help sections, in the order --help shows them; an option's section is in SECTIONS (by
 # parameter name), or in the command's own `sections=` where the same option means
@@ -94,6 +95,27 @@ class Command(click.Command):
             if title in groups:
                 with formatter.section(f"{title} options" if title != "Other" else "Other options"):
                     formatter.write_dl(groups[title])
+
+
+def number(name: str) -> click.ParamType:
+    """The click type of the numeric option `name`: parsed as click parses an int or a float, then
+    held to its one range in `ranges.RANGES` (NaN, the infinities and out-of-range values refused,
+    naming the range and the fix); --help shows the bounds as click's ranges do."""
+    r = RANGES[name]
+    base = click.IntRange if r.integer else click.FloatRange
+    parse = click.types.IntParamType.convert if r.integer else click.types.FloatParamType.convert
+
+    class Checked(base):  # type: ignore[misc,valid-type]
+        def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+            v = parse(self, value, param, ctx)
+            why = r.problem(v)
+            if why is not None:
+                self.fail(f"{why}{advice(name)}", param, ctx)
+            return v
+
+    checked = Checked(r.lo, r.hi, min_open=r.lo_open)
+    checked.range_name = name  # type: ignore[attr-defined]  # for tests: which range holds this option
+    return checked
 
 
 ESCAPES_HELP = "On the command line \\n is a newline and \\t a tab (\\\\n: a backslash and n)."

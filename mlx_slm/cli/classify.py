@@ -11,7 +11,7 @@ import click
 from ..job import ClassifySettings
 from ..job import classify as classify_job
 from ..output import OUTPUT_FORMATS, check_outputs
-from .base import Command, notice, warn_blas
+from .base import Command, notice, number, warn_blas
 from .options import task_options, task_settings
 
 
@@ -55,12 +55,12 @@ from .options import task_options, task_settings
     "--workers",
     default=1,
     show_default=True,
-    type=click.IntRange(1),
+    type=number("workers"),
     help="--ray: workers, each loading the model once.",
 )
 @click.option(
     "--worker-threads",
-    type=click.IntRange(1),
+    type=number("worker_threads"),
     help="--ray: CPU threads per worker (default: the cluster's CPUs split evenly between the workers).",
 )
 @task_options

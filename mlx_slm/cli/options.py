@@ -11,7 +11,7 @@ from ..calibration import DEFAULT_WARMUP
 from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..registry import DEFAULT_MODEL
 from ..setup import TaskOptions
-from .base import ESCAPES_HELP, escapes, given
+from .base import ESCAPES_HELP, escapes, given, number
 
 _TASK_OPTIONS = [
     click.option(
@@ -92,12 +92,12 @@ _TASK_OPTIONS = [
         "--warmup",
         default=DEFAULT_WARMUP,
         show_default=True,
-        type=click.IntRange(2),
+        type=number("warmup"),
         help="batch/em: the prior comes from the first N items (held back until it is known).",
     ),
     click.option(
         "--min-confidence",
-        type=click.FloatRange(0, 1),
+        type=number("min_confidence"),
         help="Abstain (label null, abstained true) under this probability: route those to a person.",
     ),
     click.option(
@@ -125,18 +125,18 @@ _TASK_OPTIONS = [
         show_default=True,
         help="Field (JSONL) or column (CSV) of the gold label (eval, --calibration-data).",
     ),
-    click.option("--batch-size", default=None, type=click.IntRange(1), help="Max rows per batch."),
+    click.option("--batch-size", default=None, type=number("batch_size"), help="Max rows per batch."),
     click.option(
         "--max-batch-tokens",
         default=None,
-        type=click.IntRange(1),
+        type=number("max_batch_tokens"),
         help="Max padded tokens per batch (rows x longest); default 512 on the CPU, 4096 on a GPU.",
     ),
     click.option(
         "--window",
         default=1024,
         show_default=True,
-        type=click.IntRange(1),
+        type=number("window"),
         help="Items sorted and batched together (with --warmup, this bounds the items held in memory).",
     ),
     click.option("--no-sort", is_flag=True, help="Batch in input order (no length bucketing)."),

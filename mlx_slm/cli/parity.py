@@ -11,7 +11,7 @@ from ..errors import UserError
 from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template
 from ..registry import BUILTINS, DEFAULT_MODEL
 from ..setup import read_labels
-from .base import ESCAPES_HELP, Command, escapes, notice, warn_blas
+from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
 
 
 @click.command(cls=Command)
@@ -24,7 +24,7 @@ from .base import ESCAPES_HELP, Command, escapes, notice, warn_blas
     "needs none: (a) runs on its dequantized values, (b) on the source its record names, if any.",
 )
 @click.option(
-    "--n", default=40, show_default=True, type=click.IntRange(1), help="Items (a length-stratified workload sample)."
+    "--n", default=40, show_default=True, type=number("n"), help="Items (a length-stratified workload sample)."
 )
 @click.option(
     "--input",

@@ -10,7 +10,7 @@ import click
 from ..errors import UserError
 from ..output import check_outputs
 from ..setup import Setup
-from .base import Command, notice, warn_blas
+from .base import Command, notice, number, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
 # classify's task options, less those about input and output files and the window (the
@@ -21,7 +21,7 @@ _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
 
 @click.command(cls=Command, sections={k: "Calibration data" for k in _CAL_DATA_FIELDS})
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8080, show_default=True, type=number("port"))
 @click.option(
     "--api-key",
     default=None,
@@ -31,44 +31,48 @@ _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
     "--max-batch-items",
     default=32,
     show_default=True,
-    type=click.IntRange(1),
+    type=number("max_batch_items"),
     help="Items gathered into one micro-batch (1: batching off).",
 )
 @click.option(
     "--max-wait-ms",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=number("max_wait_ms"),
     help="How long the worker waits for more items once it has one.",
 )
 @click.option(
     "--max-queue-items",
     default=1024,
     show_default=True,
-    type=click.IntRange(1),
+    type=number("max_queue_items"),
     help="Items waiting, all requests together; beyond that: 429 with Retry-After.",
 )
-@click.option("--max-items-per-request", default=256, show_default=True, type=click.IntRange(1), help="Beyond: 413.")
-@click.option("--max-body-bytes", default=1 << 20, show_default=True, type=click.IntRange(1), help="Beyond: 413.")
+@click.option(
+    "--max-items-per-request", default=256, show_default=True, type=number("max_items_per_request"), help="Beyond: 413."
+)
+@click.option(
+    "--max-body-bytes", default=1 << 20, show_default=True, type=number("max_body_bytes"), help="Beyond: 413."
+)
 @click.option(
     "--request-timeout",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(0, min_open=True),
+    type=number("request_timeout"),
     help="Seconds per request, queue included; beyond: 504.",
 )
 @click.option(
     "--drain-timeout",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=number("drain_timeout"),
     help="SIGTERM: seconds to finish accepted requests before exiting.",
 )
 @click.option(
     "--task-cache",
     default=8,
     show_default=True,
-    type=click.IntRange(1),
+    type=number("task_cache"),
     help="Per-request tasks (labels/system/template) kept loaded on the one model.",
 )
 @click.option(

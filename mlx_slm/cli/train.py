@@ -8,7 +8,7 @@ import click
 
 from ..output import check_outputs
 from ..setup import read_labels, run_settings
-from .base import Command, given, notice, warn_blas
+from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
 _TRAIN_TASK_OPTIONS = {
@@ -31,9 +31,9 @@ _TRAIN_TASK_OPTIONS = {
     help="Candidate layers: auto (every eighth of the depth from a quarter on, plus the last two together), "
     "all, or numbers like 6,12,24.",
 )
-@click.option("--layer", type=click.IntRange(1), help="Use this layer (an earlier one is faster), not the CV's choice.")
+@click.option("--layer", type=number("layer"), help="Use this layer (an earlier one is faster), not the CV's choice.")
 @click.option(
-    "--folds", default=5, show_default=True, type=click.IntRange(2), help="Cross-validation folds (examples per label)."
+    "--folds", default=5, show_default=True, type=number("folds"), help="Cross-validation folds (examples per label)."
 )
 @click.option(
     "--pooling",
@@ -43,7 +43,7 @@ _TRAIN_TASK_OPTIONS = {
     help="Hidden state per layer: the last prompt position, the mean over the text's part of the prompt, or "
     "auto (both are candidates; the CV chooses).",
 )
-@click.option("--seed", default=0, show_default=True, help="Seed of the folds' shuffle.")
+@click.option("--seed", default=0, show_default=True, type=number("seed"), help="Seed of the folds' shuffle.")
 @click.option(
     "--gold-field",
     "--gold-column",

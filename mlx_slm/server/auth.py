@@ -1,5 +1,5 @@
 """Auth: a Bearer key (--api-key or MLX_SLM_API_KEY) on every route but /health and
-/metrics, compared in constant time."""
+/metrics, compared in constant time as bytes (the header's, the key's UTF-8)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ API_KEY_ENV = "MLX_SLM_API_KEY"
 
 
 def api_key_from_env(given: str | None) -> str | None:
-    return given or os.environ.get(API_KEY_ENV) or None
+    """The key: --api-key as given (a blank one is refused by `ServeOptions`, not taken for none),
+    else $MLX_SLM_API_KEY when set and not empty, else None (no key)."""
+    return given if given is not None else (os.environ.get(API_KEY_ENV) or None)
 
 
 def check_auth(request: Any, key: str | None) -> None:
@@ -22,7 +24,10 @@ def check_auth(request: Any, key: str | None) -> None:
         return
     got = request.headers.get("authorization", "")
     scheme, _, token = got.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    # Header values arrive as latin-1 text (one char a byte): back to the bytes the client sent,
+    # compared with the key's UTF-8 bytes, so a key like 'clé' works from any UTF-8 client.
+    sent = token.strip().encode("latin-1", errors="replace")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(sent, key.encode("utf-8")):
         raise HTTPError(
             401,
             "missing or wrong API key: send 'Authorization: Bearer KEY'",

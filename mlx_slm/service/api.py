@@ -21,6 +21,35 @@ class ServeOptions:
     api_key: str | None = None  # Bearer key for /v1/*; /health and /metrics stay open
     task_cache: int = 8  # per-request tasks kept (classifiers on the one engine)
 
+    def __post_init__(self) -> None:
+        """Every number in range (`ranges.RANGES`: NaN, the infinities and zeros refused), the
+        worker's wait inside the request timeout, the key usable: before anything starts."""
+        from ..ranges import check_all, check_waits
+
+        check_all({k: v for k, v in vars(self).items() if k != "max_batch_tokens" or v is not None})
+        check_waits(self.max_wait_ms, self.request_timeout_s)
+        if self.api_key is not None:
+            self.api_key = check_api_key(self.api_key)
+
+
+def check_api_key(key: Any) -> str:
+    """A Bearer key a client can send: not blank (no client could ever authenticate, or a
+    `--api-key "$UNSET"` would serve an open server), no spaces around it (clients' headers lose
+    them), no control characters, and UTF-8 text (compared as its UTF-8 bytes)."""
+    from ..errors import UsageError
+    from ..textfiles import has_lone_surrogate
+
+    if not isinstance(key, str) or not key.strip():
+        raise UsageError(
+            "--api-key is blank: no client could ever authenticate; give a key of visible characters "
+            "(or set MLX_SLM_API_KEY), or leave --api-key out to serve without one"
+        )
+    if key != key.strip():
+        raise UsageError("--api-key has spaces around it, which an Authorization header loses: remove them")
+    if has_lone_surrogate(key) or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise UsageError("--api-key holds control characters or bytes that are not UTF-8: give a key of visible text")
+    return key
+
 
 @dataclass
 class Loaded:
