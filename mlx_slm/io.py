@@ -67,6 +67,7 @@ from typing import IO, Any
 from .textfiles import (  # noqa: F401  (re-exported: readers of task, prompt and question files use them)
     BOM,
     InputError,
+    check_json_text,
     has_lone_surrogate,
     json_error,
     open_problem,
@@ -215,6 +216,7 @@ def read_label_descriptions(path: str) -> dict[str, str]:
                 obj = json.loads(line)
             except (ValueError, RecursionError):
                 raise InputError(f"{what} {path} line {n}: malformed JSON: fix the line") from None
+            check_json_text(obj, f"{what} {path}", line, n)
             if (
                 not isinstance(obj, dict)
                 or not isinstance(obj.get("label"), str)

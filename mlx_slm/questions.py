@@ -300,7 +300,7 @@ def check_questions(questions: Sequence[Question]) -> tuple[Question, ...]:
 def read_questions(path: str) -> tuple[Question, ...]:
     """Questions from a file: JSONL (one question a line) or one JSON list; every problem a
     `QuestionError` naming the file and the line (or list entry)."""
-    from .textfiles import InputError, read_text_file
+    from .textfiles import InputError, check_json_text, read_text_file
 
     try:
         text = read_text_file(path, "--questions")
@@ -308,6 +308,7 @@ def read_questions(path: str) -> tuple[Question, ...]:
         raise QuestionError(str(e)) from None
     stripped = text.lstrip()
     objs: list[tuple[str, Any]] = []
+    lines: list[int] = []  # each object's line (JSONL)
     if stripped.startswith("["):
         try:
             items = json.loads(text)
@@ -320,10 +321,16 @@ def read_questions(path: str) -> tuple[Question, ...]:
                 continue
             try:
                 objs.append((f"--questions {path} line {n}", json.loads(line)))
+                lines.append(n)
             except (ValueError, RecursionError) as e:
                 raise QuestionError(f"--questions {path} line {n}: malformed JSON ({e}): fix the line") from None
     if not objs:
         raise QuestionError(f"--questions {path} holds no questions: one JSON object a line, or a JSON list")
+    try:  # a lone surrogate escape in a question's wording or labels: the file's line, not a bug later
+        for n, (_, o) in enumerate(objs):
+            check_json_text(o, f"--questions {path}", text, lines[n] if lines else None)
+    except InputError as e:
+        raise QuestionError(str(e)) from None
     qs = [Question.from_dict(o, where) for where, o in objs]
     try:
         return check_questions(qs)

@@ -113,7 +113,7 @@ class Task:
     def load(cls, path: str | os.PathLike) -> Task:
         """Read a task file; any problem (unreadable, not UTF-8, not JSON, a field of the wrong
         type or value) is a `TaskError` naming the file, the line or field, and the fix."""
-        from .textfiles import InputError, read_text_file
+        from .textfiles import InputError, check_json_text, read_text_file
 
         try:
             text = read_text_file(str(path), "task file")
@@ -129,6 +129,10 @@ class Task:
         except (ValueError, RecursionError) as e:
             why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
             raise TaskError(f"task file {path} is not valid JSON ({why}): fix it, or save the task again") from None
+        try:  # every string of it UTF-8 text (questions' wordings, descriptions, ...): named by its line
+            check_json_text(d, f"task file {path}", text)
+        except InputError as e:
+            raise TaskError(str(e)) from None
         return cls.from_dict(d, f"task file {path}")
 
     def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:

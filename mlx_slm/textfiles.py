@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from .errors import UserError
 
@@ -27,6 +28,59 @@ def has_lone_surrogate(s: str) -> bool:
         return False
     except UnicodeEncodeError:
         return True
+
+
+def not_utf8(s: str) -> str | None:
+    """Where `s` stops being UTF-8 text, or None: "byte 0xff at position 3" for a byte kept by
+    surrogateescape (an argument or file name the system could not decode), "a lone surrogate
+    \\ud800 at position 3" for a JSON escape of half a pair."""
+    if not has_lone_surrogate(s):
+        return None
+    i, c = next((i, c) for i, c in enumerate(s) if 0xD800 <= ord(c) <= 0xDFFF)
+    if 0xDC80 <= ord(c) <= 0xDCFF:
+        return f"byte 0x{ord(c) - 0xDC00:02x} at position {i + 1}"
+    return f"a lone surrogate \\u{ord(c):04x} at position {i + 1}"
+
+
+def text_problem(obj: object, depth: int = 0) -> str | None:
+    """The first string (or key) in a parsed JSON value that is not UTF-8 text, worded by
+    `not_utf8`, or None. Every reader of a user's JSON file asks this once per line or file."""
+    if isinstance(obj, str):
+        return not_utf8(obj)
+    if depth > 200:  # json.loads refuses deeper nesting first
+        return None
+    items = obj.items() if isinstance(obj, dict) else ((None, x) for x in obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        why = (not_utf8(k) if isinstance(k, str) else None) or text_problem(v, depth + 1)
+        if why:
+            return why
+    return None
+
+
+_ESCAPE = re.compile(r"\\u([dD][89abAB][0-9a-fA-F]{2})(\\u[dD][c-fC-F][0-9a-fA-F]{2})?|\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def lone_escape_line(text: str) -> int:
+    """The line of a JSON document's first escape of half a surrogate pair (1 if none is found:
+    the caller knows one is there)."""
+    for m in _ESCAPE.finditer(text):
+        backslashes = len(text[: m.start()]) - len(text[: m.start()].rstrip("\\"))
+        if backslashes % 2 == 0 and not (m.group(1) and m.group(2)):  # not itself escaped, not a pair
+            return text.count("\n", 0, m.start()) + 1
+    return 1
+
+
+def check_json_text(obj: object, what: str, text: str, line: int | None = None) -> None:
+    """Raise an `InputError` naming the file (`what`, with its path) and the line when a parsed
+    JSON value holds text that is not UTF-8 (a lone surrogate escape such as "\\ud800"): it
+    would reach a tokenizer, an output or a task file and fail there."""
+    why = text_problem(obj)
+    if why:
+        at = line if line is not None else lone_escape_line(text)
+        raise InputError(
+            f"{what} line {at}: a string holds {why.replace('position', 'character')}, not valid "
+            "Unicode text: fix the escape (a lone \\ud800 is half of a pair)"
+        )
 
 
 def open_problem(path: str, e: OSError, what: str) -> str:

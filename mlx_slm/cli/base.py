@@ -69,6 +69,24 @@ def given(ctx: click.Context, o: dict[str, Any]) -> frozenset[str]:
     return frozenset(k for k in o if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE)
 
 
+def check_arguments_text(ctx: click.Context) -> None:
+    """Every argument and option is UTF-8 text, checked once here before any work: a byte the
+    system could not decode arrives in Python's argv as a surrogate escape, which would reach a
+    tokenizer, a manifest or a task file and fail there as a bug (exit 70)."""
+    from ..textfiles import not_utf8
+
+    for p in ctx.command.params:
+        value = ctx.params.get(p.name or "")
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            where = not_utf8(v) if isinstance(v, str) else None
+            if where:
+                name = max(p.opts, key=len) if isinstance(p, click.Option) else p.human_readable_name
+                raise UsageError(
+                    f"{name} {v.encode('utf-8', 'surrogateescape')!r:.80} is not valid UTF-8 ({where}): give it as "
+                    "UTF-8 text (a file or folder named so: rename it, or use a link with a UTF-8 name)"
+                )
+
+
 class Command(click.Command):
     """A command whose --help groups its options into sections, and whose option clashes found
     past parsing (`errors.UsageError`) show the usage line, as click's own do."""
@@ -79,6 +97,7 @@ class Command(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
+            check_arguments_text(ctx)
             return super().invoke(ctx)
         except UsageError as e:
             raise click.UsageError(str(e), ctx) from e
