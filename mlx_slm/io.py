@@ -90,11 +90,22 @@ class Row:
     error: str | None = None
     explicit_id: bool = False  # the id was given in the input (not the line number)
     last_line: int = 0  # physical line where the record ends (CSV records may span lines); 0: same as `line`
-    gold: Any = None  # the gold label's field/column, when one was asked for (eval, calibration data)
+    gold: Any = None  # the gold label's field/column, when one was asked for (eval, calibration data);
+    # with several fields asked for (eval of several questions, read once), {field: value}
 
     def __post_init__(self) -> None:
         if not self.last_line:
             self.last_line = self.line
+
+
+Gold = str | tuple[str, ...] | None  # the gold field read with each row: one, several (a dict a row), or none
+
+
+def _gold_value(gold: Gold, get: Any) -> Any:
+    """A row's gold: `get(field)` for one field, {field: get(field)} for several, None for none."""
+    if not gold:
+        return None
+    return get(gold) if isinstance(gold, str) else {g: get(g) for g in gold}
 
 
 # --------------------------------------------------------------------------- physical lines
@@ -247,10 +258,11 @@ def read_rows(
     id_field: str = "id",
     text_column: str = "text",
     id_column: str | None = "id",
-    gold: str | None = None,
+    gold: Gold = None,
     id_required: bool = False,
 ) -> Iterator[Row]:
     """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
+    `gold`: the gold label's field (or several fields: each row's gold is then a dict), read once.
 
     Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
     format, or a CSV header that does not name the text column.
@@ -362,7 +374,7 @@ def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
 # --------------------------------------------------------------------------- JSONL and text
 
 
-def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | None = None) -> Iterator[Row]:
+def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: Gold = None) -> Iterator[Row]:
     for n, line, detail in _lines(raw):
         if line is None:
             yield Row(n, None, error=_utf8_error(n, detail))
@@ -395,7 +407,7 @@ def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: str | Non
         yield _record_row(n, obj, text_field, id_field, gold)
 
 
-def _parquet(path: str, text_field: str, id_field: str, gold: str | None = None) -> Iterator[Row]:
+def _parquet(path: str, text_field: str, id_field: str, gold: Gold = None) -> Iterator[Row]:
     """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
     try:
         import pyarrow.parquet as pq
@@ -408,7 +420,8 @@ def _parquet(path: str, text_field: str, id_field: str, gold: str | None = None)
         raise InputError(f"{path} is not a readable Parquet file ({e})") from None
     if text_field not in names:
         raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use --text-field")
-    cols = [c for c in (id_field, text_field, gold) if c and c in names]
+    golds = (gold,) if isinstance(gold, str) else (gold or ())
+    cols = [c for c in (id_field, text_field, *golds) if c and c in names]
     n = 0
     batches = f.iter_batches(batch_size=8192, columns=list(dict.fromkeys(cols)))
     while True:
@@ -429,7 +442,7 @@ def _parquet(path: str, text_field: str, id_field: str, gold: str | None = None)
             yield _record_row(n, obj, text_field, id_field, gold)
 
 
-def _record_row(n: int, obj: dict[str, Any], text_field: str, id_field: str, gold: str | None) -> Row:
+def _record_row(n: int, obj: dict[str, Any], text_field: str, id_field: str, gold: Gold) -> Row:
     """One record (a JSON object, a Parquet row) checked: its Row, or its error row."""
     explicit = id_field in obj
     rid: Any = obj[id_field] if explicit else n
@@ -487,7 +500,7 @@ def _record_row(n: int, obj: dict[str, Any], text_field: str, id_field: str, gol
             explicit_id=explicit,
         )
     else:
-        return Row(n, rid, t, explicit_id=explicit, gold=obj.get(gold) if gold else None)
+        return Row(n, rid, t, explicit_id=explicit, gold=_gold_value(gold, obj.get))
 
 
 def _text(raw: Iterable[bytes]) -> Iterator[Row]:
@@ -591,7 +604,7 @@ def _csv(
     text_column: str,
     id_column: str | None,
     delimiter: str | None = ",",
-    gold: str | None = None,
+    gold: Gold = None,
     id_required: bool = False,
 ) -> Iterator[Row]:
     """CSV rows; `delimiter` None: comma or tab, whichever makes the header name `text_column`."""
@@ -621,12 +634,12 @@ def _csv(
         src.push_back([nxt])
         r = _next_record(src, delimiter)
         assert r is not None
-        yield _csv_row(n, r, len(header), ti, ii, gi, text_column, id_column)
+        yield _csv_row(n, r, len(header), ti, ii, gi, text_column, id_column, gold)
 
 
 def _csv_columns(
-    header: list[str], delimiter: str, text_column: str, id_column: str | None, gold: str | None, id_required: bool
-) -> tuple[int, int | None, int | None]:
+    header: list[str], delimiter: str, text_column: str, id_column: str | None, gold: Gold, id_required: bool
+) -> tuple[int, int | None, dict[str, int]]:
     """The text, id and gold columns' indices in a CSV header (id and gold None when absent);
     a header that cannot be read this way is an `InputError` naming the fix."""
     if any(has_lone_surrogate(c) for c in header):
@@ -646,7 +659,8 @@ def _csv_columns(
         )
     ti = header.index(text_column)
     ii = header.index(id_column) if id_column and id_column in header else None
-    gi = header.index(gold) if gold and gold in header else None
+    golds = (gold,) if isinstance(gold, str) else (gold or ())
+    gi = {g: header.index(g) for g in golds if g in header}  # each gold field's column (absent: no gold)
     return ti, ii, gi
 
 
@@ -656,9 +670,10 @@ def _csv_row(
     width: int,
     ti: int,
     ii: int | None,
-    gi: int | None,
+    gi: dict[str, int],
     text_column: str,
     id_column: str | None,
+    gold: Gold = None,
 ) -> Row:
     """One CSV record starting at line `n` (`r`, from `_next_record`) as a `Row`, or an error
     row naming its line; `width`: the header's number of columns."""
@@ -697,7 +712,8 @@ def _csv_row(
             explicit_id=explicit,
             last_line=r.last_line,
         )
-    return Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=None if gi is None else rec[gi])
+    gold_of = _gold_value(gold, lambda g: rec[gi[g]] if g in gi else None)
+    return Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=gold_of)
 
 
 def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:

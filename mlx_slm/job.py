@@ -21,7 +21,7 @@ from typing import Any
 
 from .calibration import CalibrationSpec, Calibrator
 from .errors import UsageError, UserError
-from .output import check_outputs
+from .output import check_run_files, files_read
 
 # The set-up moved to setup.py; its names stay importable from here.
 from .setup import Say, Setup, TaskOptions, flag_names  # noqa: F401
@@ -119,6 +119,9 @@ def classify(s: ClassifySettings, say: Say) -> int:
     out_fmt = output_format_of(s.output, s.output_format)
     file_out = is_plain_file_target(s.output)
     _check_io(s, out_fmt, file_out)
+    # No output may be a file the run reads (the one table of them: output.runfiles), before any is read.
+    reads = files_read(s.task, ("INPUT", s.input))
+    check_run_files(reads, [("-o", s.output if file_out else None), ("--save-task", s.task.save_task)])
     dist = Distribution(s.shard, s.ray or s.ray_address is not None, s.ray_address, s.workers, s.worker_threads)
     if dist.shard is not None and not file_out:
         raise UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
@@ -135,9 +138,6 @@ def classify(s: ClassifySettings, say: Say) -> int:
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
             "(mlx-slm classify SAMPLE --calibrate batch --save-task task.json) and give every shard --task task.json"
         )
-    o = s.task
-    inputs = [s.input, o.labels_file, o.examples_file, o.calibration_data, o.task_file]
-    check_outputs(inputs, [("-o", s.output if file_out else None), ("--save-task", o.save_task)])
     if dist.ray:  # joined before the output is touched: a cluster that is not there fails first
         ray_init(dist.address, say)
     with ExitStack() as stack:

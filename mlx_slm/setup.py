@@ -202,6 +202,11 @@ class Setup:
             self.examples = read_examples(o.examples_file, self.labels)
         if self.calibration.needs_data and not o.calibration_data:
             raise UsageError(f"--calibrate {self.calibration.kind} needs --calibration-data FILE (labelled texts)")
+        if o.calibration_data and not self.calibration.needs_data:  # it would be read by nothing
+            raise UsageError(
+                f"--calibration-data is fitted by --calibrate fit or em only (here: {self.calibration.kind}): add --calibrate "
+                "fit|em, or drop --calibration-data"
+            )
 
     def _take_task(self, path: str) -> None:
         """Fill in what the command line did not give from the task file."""

@@ -10,7 +10,7 @@ import click
 
 from ..job import ClassifySettings
 from ..job import classify as classify_job
-from ..output import OUTPUT_FORMATS, check_outputs
+from ..output import OUTPUT_FORMATS, check_run_files
 from .base import Command, notice, number, warn_blas
 from .options import task_options, task_settings
 
@@ -139,12 +139,12 @@ def merge(parts: tuple[str, ...], output: str, no_input_check: bool, quiet: bool
 
     if output == "-":
         raise click.UsageError("merge writes a file: give -o a path (the result is checked before it is written)")
-    inputs: list[str | None] = list(parts)
+    reads: list[tuple[str, str | None]] = [("PARTS", p) for p in parts]
     for p in parts:
         m = read_manifest(p) if Path(p).is_file() else None
         if m and m["settings"].get("input") not in (None, "-"):
-            inputs.append(m["settings"]["input"])
-    check_outputs(inputs, [("-o", output)])
+            reads.append(("INPUT", m["settings"]["input"]))  # read to check the ids
+    check_run_files(reads, [("-o", output)])
     res = merge_parts(list(parts), output, check_input=not no_input_check)
     if not quiet:
         notice(

@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from ..errors import UserError
-from ..output import check_outputs
-from ..setup import Setup
+from ..output import check_run_files, files_read
+from ..setup import Setup, flag_names
 from .base import Command, notice, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
@@ -70,22 +70,24 @@ def evaluate(
     settings = task_settings(ctx, o)
     if ctx.get_parameter_source("gold_fields") == click.core.ParameterSource.COMMANDLINE:
         settings = type(settings)(**{**settings.__dict__, "given": settings.given | {"gold_field"}})
+    inputs = files_read(settings, ("INPUT", input), ("--predictions", predictions))  # every file the run reads
+    check_run_files(inputs, [("--json", json_path), ("--save-task", settings.save_task)])  # before any is read
+    if predictions:
+        _refuse_run_options(settings.given)
     setup = Setup(settings, notice)
     s = setup.o
     if setup.questions is not None:
-        _evaluate_questions(setup, input, predictions, json_path, plots, gold_fields)
+        _evaluate_questions(setup, input, predictions, json_path, plots, gold_fields, inputs)
         return
     if len(gold_fields) > 1 or "=" in gold_fields[0]:
         raise click.UsageError(
             "--gold-field takes one field for a task with one question (NAME=FIELD pairs go with --questions)"
         )
-    inputs = [input, predictions, s.labels_file, s.examples_file, s.calibration_data, s.task_file]
-    check_outputs(inputs, [("--json", json_path), ("--save-task", s.save_task)])
     if plots:  # made now (parents too), so an unwritable place fails before the model runs
         _plots_folder(plots)
-        check_outputs(inputs, [("--plots", plots)])
+        check_run_files(inputs, [("--plots", plots)])
         # The files in it too (a link placed at confusion.png): refused now, not after the report.
-        check_outputs(inputs, [("--plots", str(p)) for p in plot_paths(plots)])
+        check_run_files(inputs, [("--plots", str(p)) for p in plot_paths(plots)])
     rows = list(read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required))
     labels = setup.labels
     if predictions:
@@ -109,6 +111,25 @@ def evaluate(
             raise UserError(
                 f"--plots {plots}: cannot write the plots there ({e.strerror or e}): choose another folder"
             ) from None
+
+
+# What changes the predictions a model run makes: --predictions scores a classify output as it was
+# written, so these would be ignored there (classify again with them instead).
+_RUN_OPTIONS = (
+    "calibrate", "calibration_data", "min_confidence", "warmup", "save_task", "scoring", "truncate",
+    "examples_file", "system", "template", "dtype", "keep_quantized", "batch_size", "max_batch_tokens", "window",
+    "no_sort", "no_prefix_cache",
+)  # fmt: skip
+
+
+def _refuse_run_options(given: frozenset[str]) -> None:
+    typed = sorted(set(_RUN_OPTIONS) & given)
+    if typed:
+        raise click.UsageError(
+            f"--predictions scores a classify output as it was written, without running the model: "
+            f"{flag_names(set(typed))} would change nothing there; drop {'it' if len(typed) == 1 else 'them'}, "
+            "or classify again with them and score that output"
+        )
 
 
 def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, Any] | None]]:
@@ -158,13 +179,8 @@ def _report(
     return rep, errors
 
 
-def _evaluate_questions(
-    setup: Setup, input: str, predictions: str | None, json_path: str | None, plots: str | None, pairs: tuple[str, ...]
-) -> None:
-    """One report per question named by --gold-field NAME=FIELD, from one run over the texts."""
-    from ..evaluate import format_report, plot, plot_paths, report
-    from ..io import read_rows
-
+def _gold_pairs(setup: Setup, pairs: tuple[str, ...]) -> dict[str, str]:
+    """--gold-field NAME=FIELD (or NAME) once per question to score: {question: field}."""
     qs = {q.name: q for q in setup.questions}
     golds: dict[str, str] = {}
     for pair in pairs:
@@ -176,35 +192,64 @@ def _evaluate_questions(
             )
         if qs[name].kind == "multi":
             raise click.UsageError(f"--gold-field {pair}: multi questions (several labels a text) are not scored yet")
+        if name in golds:
+            raise click.UsageError(
+                f"--gold-field {pair}: question {name!r} is given twice (its field {golds[name]!r} already): "
+                "give one NAME=FIELD per question"
+            )
         golds[name] = fld or name
+    return golds
+
+
+def _evaluate_questions(
+    setup: Setup, input: str, predictions: str | None, json_path: str | None, plots: str | None,
+    pairs: tuple[str, ...], inputs: list[Any],
+) -> None:  # fmt: skip
+    """One report per question named by --gold-field NAME=FIELD, from one run over the texts
+    (read once, every gold field with it), calibrated and abstaining as classify's would be."""
+    from dataclasses import replace
+
+    from ..evaluate import format_report, plot, plot_paths, report
+    from ..io import read_rows
+
+    qs = {q.name: q for q in setup.questions}
+    golds = _gold_pairs(setup, pairs)
     s = setup.o
-    inputs = [input, predictions, s.task_file, s.questions_file]
-    check_outputs(inputs, [("--json", json_path)])
     if plots:
         for name in golds:
             _plots_folder(str(Path(plots) / name))
-            check_outputs(inputs, [("--plots", str(p)) for p in plot_paths(str(Path(plots) / name))])
-    by_q = {name: list(read_rows(input, *s.read_args(), gold=fld, id_required=setup.id_required))
-            for name, fld in golds.items()}  # fmt: skip
-    rows = next(iter(by_q.values()))
+            check_run_files(inputs, [("--plots", str(p)) for p in plot_paths(str(Path(plots) / name))])
+    fields = tuple(dict.fromkeys(golds.values()))
+    rows = list(read_rows(input, *s.read_args(), gold=fields, id_required=setup.id_required))  # stdin read once
     preds: list[Any] = []
     if not predictions:  # one run for every question
         warn_blas()
         clf = setup.load()
+        calib = setup.calibration_run()  # --calibrate batch and --min-confidence per question, as classify
         ok = [r for r in rows if r.error is None]
-        got = iter(clf.run([r.text for r in ok], window=s.window))
+        run = clf.run([r.text for r in ok], window=s.window)
+        got = iter(calib(run))
         preds = [next(got) if r.error is None else None for r in rows]
+        for _ in got:
+            pass
+        setup.save_task(calib)
+        if not s.quiet:
+            st = run.stats
+            notice(
+                f"mlx-slm: {len(ok)} items in {st.seconds:.1f} s, {st.items_per_s:.2f} items/s; {setup.describe(calib)}"
+            )
     out: dict[str, Any] = {}
     for name, fld in golds.items():
         q = qs[name]
+        q_rows = [replace(r, gold=None if r.gold is None else r.gold.get(fld)) for r in rows]
         if predictions:  # a classify --questions output, read back per question (no model run)
             from ..evaluate import read_predictions
 
-            answers = read_predictions(predictions, rows, input, question=name)
+            answers = read_predictions(predictions, q_rows, input, question=name)
         else:
             answers = [None if p is None else {"label": p.answers[name]["label"], "probs": p.answers[name]["probs"],
                        "error": p.error} if p.ok else {"error": p.error} for p in preds]  # fmt: skip
-        rep, errors = _report(by_q[name], answers, list(q.labels), fld, input, report)
+        rep, errors = _report(q_rows, answers, list(q.labels), fld, input, report)
         out[name] = rep
         click.echo(f"== {name} ({q.kind}, gold field {fld!r})\n" + format_report(rep))
         if errors:

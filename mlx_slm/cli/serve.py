@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..errors import UserError
-from ..output import check_outputs
+from ..output import check_run_files, files_read
 from ..setup import Setup
 from .base import Command, notice, number, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
@@ -119,7 +119,7 @@ def serve(
     warn_blas()
     setup = Setup(task_settings(ctx, o), notice)
     s = setup.o
-    check_outputs([s.labels_file, s.examples_file, s.calibration_data, s.task_file], [])
+    check_run_files(files_read(s), [])  # the files it reads: there, readable, not links to trouble
 
     def load() -> Loaded:
         clf = setup.load()

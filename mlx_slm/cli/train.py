@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ..output import check_outputs
+from ..output import check_run_files, files_read
 from ..setup import read_labels, run_settings
 from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
@@ -84,7 +84,7 @@ def train(
     from ..train import run_train
 
     warn_blas()
-    check_outputs([data, o["labels_file"], o["examples_file"]], [("--save-task", save_task)])
+    check_run_files(files_read(o, ("DATA", data)), [("--save-task", save_task)])
     if len(gold_fields) > 1:
         _train_fields(ctx, data, save_task, gold_fields, layers_spec, layer, folds, pooling, seed, o)
         return

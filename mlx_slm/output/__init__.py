@@ -17,7 +17,8 @@ exactly the neighbours it has in an uninterrupted run: a resumed file is byte-id
 to an uninterrupted one, error rows included.
 
 The package, one module per concern, each importing only the ones before it: `paths` (the
-output's format, never over an input), `manifest` (the lock and the manifest), `records`
+output's format, never over an input), `runfiles` (the table of the files a run reads, none an
+output), `manifest` (the lock and the manifest), `records`
 (records and columns), `writers` (`Writer`, `ParquetRows`), `reader` (`read_records`),
 `resume` (`plan_resume`). Every name is importable from `mlx_slm.output`, as before the split.
 """
@@ -53,10 +54,14 @@ from .paths import (
 from .reader import Record, RecordError, read_records
 from .records import answer_record, columns_of, csv_columns, flat_answers, flat_record, question_columns, result_record
 from .resume import Written, plan_resume, same_id, scan_output, truncate_to
+from .runfiles import READS, check_run_files, files_read
 from .writers import INT64_MAX, INT64_MIN, ParquetRows, Writer, parquet_records, require_pyarrow
 
 __all__ = [
     "OutputError",
+    "READS",
+    "check_run_files",
+    "files_read",
     "OUTPUT_FORMATS",
     "delimiter",
     "_EXTENSIONS",

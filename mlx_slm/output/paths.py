@@ -80,16 +80,21 @@ def check_writable(path: str, what: str = "-o") -> None:
         raise OutputError(f"{what} {path}: the folder {parent} is not writable")
 
 
-def refuse_input_as_output(output: str, inputs: Sequence[str | None], flag: str = "-o") -> None:
+Read = str | None | tuple[str, str | None]  # a path, or (the option that reads it, the path); None: stdin
+
+
+def refuse_input_as_output(output: str, inputs: Sequence[Read], flag: str = "-o") -> None:
     """Raise if `output` is (a path, symlink or hard link to) any input; checked before opening it.
 
-    `None` or '-' stands for stdin: when stdin is a regular file (`< FILE`), that file counts.
-    """
+    An input is a path or (the option that reads it, the path), so the message names the option
+    (`runfiles.files_read` gives them all). `None` or '-' stands for stdin: when stdin is a
+    regular file (`< FILE`), that file counts."""
     try:
         out_st = os.stat(output)
     except FileNotFoundError:
         return  # a new file cannot be an input (an input must exist)
-    for inp in inputs:
+    for item in inputs:
+        what, inp = item if isinstance(item, tuple) else (None, item)
         if inp in (None, "-"):
             try:
                 in_st = os.fstat(sys.stdin.fileno())
@@ -101,15 +106,16 @@ def refuse_input_as_output(output: str, inputs: Sequence[str | None], flag: str 
                 in_st = os.stat(inp)
             except OSError:
                 continue
-            where = f"the input {inp}"
+            where = f"the {what} file {inp}" if what and what.startswith("-") else f"the input {inp}"
         if same_file(out_st, in_st):
+            link = inp not in (None, "-") and os.path.realpath(inp) != os.path.realpath(output)
             raise OutputError(
-                f"{flag} {output} is {where} (the same file{', through a link' if inp not in (None, '-') and os.path.realpath(inp) != os.path.realpath(output) else ''}): "
-                "writing it would destroy the input; choose another output file"
+                f"{flag} {output} is {where} (the same file{', through a link' if link else ''}): "
+                "writing it would destroy that input; choose another output file"
             )
 
 
-def check_outputs(inputs: list[str | None], outputs: list[tuple[str, str | None]]) -> None:
+def check_outputs(inputs: Sequence[Read], outputs: Sequence[tuple[str, str | None]]) -> None:
     """Before any work: every file we will write is writable, none is an input, none is another."""
     seen: dict[str, str] = {}
     for flag, path in outputs:

@@ -1,0 +1,40 @@
+"""The files a run reads, in one table, joined to the rule that no output may be one of them.
+
+`classify in.jsonl --questions q.jsonl -o q.jsonl` replaced the questions with the output: the
+"output may not be an input" rule listed the input and a few options, by hand, in each command,
+and each list left out another file. Here every option that reads a file is named once (`READS`,
+by the parameter name `setup.TaskOptions` and the commands share), and `check_run_files` refuses
+any output (`-o`, `--save-task`, `--json`, a plot) that is any of them, through any path, symlink,
+hard link or redirected stdin, before anything is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .paths import Read, check_outputs
+
+# Every option of a task that reads a file: (parameter name, the option as typed).
+READS: tuple[tuple[str, str], ...] = (
+    ("task_file", "--task"),
+    ("labels_file", "--labels-file"),
+    ("examples_file", "--examples"),
+    ("questions_file", "--questions"),
+    ("calibration_data", "--calibration-data"),
+)
+
+
+def files_read(options: Any, *more: tuple[str, str | None]) -> list[Read]:
+    """(option, path) for every file a run reads: each of `READS` that `options` (a `TaskOptions`,
+    or a dict of the parameters) gives, and `more`, the command's own (("INPUT", path),
+    ("--predictions", path), ...). INPUT '-' is standard input (a file behind `< FILE` counts)."""
+    get = options.get if isinstance(options, dict) else lambda k: getattr(options, k, None)
+    reads: list[Read] = [(flag, get(name)) for name, flag in READS if get(name)]
+    reads += [(flag, path) for flag, path in more if path is not None]
+    return reads
+
+
+def check_run_files(reads: Sequence[Read], writes: Sequence[tuple[str, str | None]]) -> None:
+    """Before any work: every output is writable, none is a file the run reads, none is another."""
+    check_outputs(reads, writes)
