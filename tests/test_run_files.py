@@ -55,7 +55,7 @@ def test_no_output_may_be_a_file_the_run_reads(command, reader, output, tmp_path
         args += ["--output", tmp_path / "m.jsonl"]
     r = invoke([*args, "--model", tmp_path / "no-model"] if command != "merge" else args)
     shown = {"--output": "-o"}.get(output, output)
-    refused_cleanly(r, f"{shown} {victim} is the", "destroy that input")
+    refused_cleanly(r, f"{shown} {victim} is the", "destroy the input")
     if reader.startswith("--"):
         assert f"the {reader} file" in r.output
     assert victim.read_text() == '{"precious": true}\n'
@@ -70,7 +70,7 @@ def test_a_link_to_a_read_file_is_that_file(tmp_path):
     os.link(q, tmp_path / "hard.jsonl")
     for out in ("sym.jsonl", "hard.jsonl"):
         r = invoke(["classify", data, "--questions", q, "-o", tmp_path / out, "--model", tmp_path / "m"])
-        refused_cleanly(r, "is the --questions file", "destroy that input")
+        refused_cleanly(r, "is the --questions file", "destroy the input")
     assert q.read_text().startswith('{"name": "team"')
 
 

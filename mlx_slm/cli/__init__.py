@@ -9,6 +9,7 @@ and exits 70.
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Any
 
@@ -46,19 +47,42 @@ class _Commands(click.Group):
             notice("mlx-slm: interrupted")
             sys.exit(130)
         except BrokenPipeError:
-            import os
-
-            # stdout's reader left: nothing more can be delivered; silence the final flush.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _silence_stdout()  # stdout's reader left: nothing more can be delivered; silence the final flush
             sys.exit(141)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                _bug()
+            # A report or a listing to a full disk (stdout > a full file system): the environment, not
+            # a bug; stdout is pointed at /dev/null so that Python's flush at exit cannot raise again.
+            _silence_stdout()
+            raise _UserError(
+                f"cannot write ({e.strerror or e}): free space on the disk written to, and run again"
+            ) from None
         except Exception:
-            import traceback
+            _bug()
 
-            traceback.print_exc()
-            notice(BUG_REPORT)
-            sys.exit(70)  # EX_SOFTWARE
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _silence_stdout() -> None:
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _bug() -> None:
+    """Any other exception: a bug in mlx-slm, its traceback shown (exit 70)."""
+    import traceback
+
+    traceback.print_exc()
+    notice(BUG_REPORT)
+    sys.exit(70)  # EX_SOFTWARE
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

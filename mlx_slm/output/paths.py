@@ -111,7 +111,7 @@ def refuse_input_as_output(output: str, inputs: Sequence[Read], flag: str = "-o"
             link = inp not in (None, "-") and os.path.realpath(inp) != os.path.realpath(output)
             raise OutputError(
                 f"{flag} {output} is {where} (the same file{', through a link' if link else ''}): "
-                "writing it would destroy that input; choose another output file"
+                "writing it would destroy the input; choose another output file"
             )
 
 

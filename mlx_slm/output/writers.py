@@ -64,8 +64,13 @@ class Writer:
         if fmt != "jsonl":
             self.csv = csv.DictWriter(self.f, fieldnames=self.columns, delimiter=delimiter(fmt))
             if header:
-                self.csv.writeheader()
-                self.f.flush()
+                try:
+                    self.csv.writeheader()
+                    self.f.flush()
+                except OSError as e:
+                    err = self._failed(e)
+                    self.close()
+                    raise err from None
 
     def write(self, rec: dict[str, Any]) -> None:
         if self.parquet is not None:
@@ -80,10 +85,30 @@ class Writer:
         except BrokenPipeError:
             raise  # the reader went away (`| head`): the CLI ends quietly
         except OSError as e:  # a full disk, a vanished mount
-            raise OutputError(
-                f"cannot write to {self.path or 'stdout'} ({e.strerror}); what was written so far "
-                "is complete row by row: free space and run again with --resume"
-            ) from None
+            raise self._failed(e) from None
+
+    def _failed(self, e: OSError) -> OutputError:
+        """The error for a write that failed (a full disk: ENOSPC, EFBIG, EDQUOT). The rows flushed
+        before it are complete; the part still buffered is dropped here (the descriptor is pointed at
+        /dev/null), so closing the file, or Python flushing stdout at exit, cannot raise a second
+        time and put a traceback in place of this message."""
+        try:
+            fd = self.f.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+        where = self.path if self.path not in (None, "-") else "standard output"
+        again = (
+            "run again with --resume"
+            if self.path not in (None, "-") and is_plain_file_target(self.path)
+            else ("run again")
+        )
+        return OutputError(
+            f"cannot write to {where} ({e.strerror or e}); what was written so far is complete row by row: "
+            f"free space and {again}"
+        )
 
     def close(self, complete: bool = True) -> None:
         """Close the output. Parquet is written here, and only for a run that finished
@@ -97,7 +122,12 @@ class Writer:
                     rows.write(f)
             return
         if self.f is not sys.stdout:
-            self.f.close()
+            try:
+                self.f.close()
+            except OSError as e:  # the last flush on a full disk
+                err = self._failed(e)
+                self.f.close()
+                raise err from None
 
 
 def require_pyarrow() -> Any:
