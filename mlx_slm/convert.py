@@ -29,6 +29,7 @@ import numpy as np
 
 from ._fs import write_json_atomic
 from .errors import ModelError, OutputError, UserError
+from .modelfiles import check_model_dir
 from .models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_module, mlxlm, quant
 from .models.base import gguf_hf_name
 from .notices import notice
@@ -205,6 +206,8 @@ def convert(
     say = progress or (lambda _m: None)
     out = Path(out)
     kind = local_kind(src)
+    if kind == "hf":
+        check_model_dir(Path(src).expanduser())  # config, tokenizer, whole weights: before any work
     check_out_dir(src, out, force)
     tmp = temp_dir(out, "--out")
     try:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .convert import convert, is_converted, local_kind
 from .errors import ModelError
+from .modelfiles import check_model_dir
 from .registry import BUILTINS, BuiltinModel, cache_dir, cache_lock, say
 from .safefs import refuse_symlink
 
@@ -129,12 +130,15 @@ def materialise(model: str | Path, dtype: str = "float16") -> Path:
     source = resolve(model)
     out = cached_path(source, dtype)
     if is_converted(out):
+        check_model_dir(out)  # a folder cut short (a copy, a download) is named here, not by the loader
         return out
     with cache_lock(out.name, f"converting {source.name} to MLX {dtype}"):
         if is_converted(out):  # converted by the process we waited for
             return out
         got = fetch(source)
         assert got.path is not None  # fetch always gives local files
+        if got.kind == "hf":
+            check_model_dir(got.path)  # before the conversion starts
         say(f"mlx-slm: converting {source.name} to MLX {dtype} (once) -> {out}")
         # The cache is ours: whatever an older, interrupted version left at `out` is replaced.
         return convert(got.path, out, dtype=dtype, force=True, origin=got.origin)

@@ -10,6 +10,7 @@ without a network. Every cache these tests write is a temporary MLX_SLM_HOME.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,9 @@ def hf_dir(path: Path) -> Path:
 def converted_dir(path: Path) -> Path:
     path.mkdir(parents=True)
     (path / RECORD).write_text(json.dumps({"source_kind": "hf"}))
-    (path / WEIGHTS).write_bytes(b"")
+    (path / WEIGHTS).write_bytes(struct.pack("<Q", 2) + b"{}")  # a whole (empty) safetensors file
+    (path / "config.json").write_text("{}")
+    (path / "tokenizer.json").write_text("{}")
     return path
 
 
