@@ -252,6 +252,11 @@ def _formats(common: dict[str, Any], output: str) -> tuple[str, str]:
     if fmt not in ("jsonl", "csv", "tsv", "parquet"):
         raise ShardError(f"merge: the parts' manifests give output_format {fmt!r}: the manifests were changed")
     ext = Path(output).suffix.lower()
+    if ext not in _EXT:  # as classify refuses it: a name that says no format is not guessed
+        raise ShardError(
+            f"merge: -o {output}: unknown output extension {ext or '(none)'!r}: name it .{fmt} (the parts' format)"
+            + ("" if fmt == "parquet" else " or .parquet")
+        )
     if fmt == "parquet" and ext in _EXT and _EXT[ext] != "parquet":
         raise ShardError(f"merge: the parts are Parquet, but -o {output} says {_EXT[ext].upper()}: name it .parquet")
     if ext in _EXT and _EXT[ext] not in (fmt, "parquet"):
@@ -380,20 +385,18 @@ def _part_records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[Any]]:
 
 
 def _typed_csv_record(rec: dict[str, str]) -> dict[str, Any]:
-    """A CSV/TSV row's fields with their types back, for a Parquet output: probabilities as
-    floats, flags as booleans, `line` as an integer, '' as null. CSV ids are strings."""
+    """A CSV/TSV row's fields with their types back, for a Parquet output, by the Parquet writer's
+    own rule (`column_type`: a question's columns too): probabilities as floats, flags as booleans,
+    `line` as an integer, '' as null (a flag: False). CSV ids are strings."""
+    from .output.writers import column_type
+
     out: dict[str, Any] = {}
     for k, v in rec.items():
+        kind = "string" if k == "id" else column_type(k)
         if v == "":
-            out[k] = False if k in ("truncated", "abstained") else None
-        elif k.startswith(("p_", "raw_p_")):
-            out[k] = float(v)
-        elif k in ("truncated", "abstained"):
-            out[k] = v == "True"
-        elif k == "line":
-            out[k] = int(v)
+            out[k] = False if kind == "bool" else None
         else:
-            out[k] = v
+            out[k] = {"float": float, "bool": lambda s: s == "True", "int": int}.get(kind, str)(v)
     return out
 
 

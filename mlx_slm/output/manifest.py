@@ -12,6 +12,7 @@ from typing import Any
 
 from .._fs import utc_now, write_json_atomic
 from ..errors import OutputError
+from ..notices import notice
 from ..safefs import open_nofollow, refuse_symlink
 from .paths import same_file
 
@@ -106,6 +107,14 @@ class OutputLock:
             except FileNotFoundError:
                 pass
             os.close(fd)
+        # A finished run removes its lock file; one still there, with a holder named and nobody
+        # holding it, is a run that was killed or crashed (the kernel dropped its flock): say so.
+        stale = os.pread(fd, 500, 0).decode("utf-8", errors="replace").strip()
+        if stale:
+            notice(
+                f"mlx-slm: note: the run that last wrote {self.target} ({stale}) stopped without finishing "
+                "(killed or crashed); its lock is taken over"
+            )
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {utc_now()}\n".encode())
         self.fd = fd

@@ -146,6 +146,18 @@ def require_pyarrow() -> Any:
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
+def column_type(c: str) -> str:
+    """A flat column's type, "float", "bool", "int" or "string" (the `id` aside): the one rule the
+    Parquet writer types its columns by and merge reads CSV/TSV parts back by. Probabilities
+    (`p_<label>`, `raw_p_<label>`, a question's `name.p_<label>`, `name.expected`, `name.abstain`)
+    are floats; `truncated`, `abstained` and a question's `name.abstained` booleans; `line` an integer."""
+    if c.startswith(("p_", "raw_p_")) or re.match(r"[^.]+\.(p_|raw_p_|expected$|abstain$)", c):
+        return "float"
+    if c in ("truncated", "abstained") or re.fullmatch(r"[^.]+\.abstained", c):
+        return "bool"
+    return "int" if c == "line" else "string"
+
+
 class ParquetRows:
     """Output records gathered into typed columns, written as one Parquet table.
 
@@ -190,15 +202,10 @@ class ParquetRows:
                     continue
                 names.append(c)
                 continue
-            # a question's columns: `name.p_<label>`, `name.expected`, ... (names hold no dot)
-            if c.startswith(("p_", "raw_p_")) or re.match(r"[^.]+\.(p_|raw_p_|expected$|abstain$)", c):
-                typ = pa.float64()
-            elif c in ("truncated", "abstained") or re.fullmatch(r"[^.]+\.abstained", c):
-                typ, vals = pa.bool_(), [bool(v) for v in vals]
-            elif c == "line":
-                typ = pa.int64()
-            else:
-                typ = pa.string()
+            kind = column_type(c)  # a question's columns too: `name.p_<label>`, ... (names hold no dot)
+            typ = {"float": pa.float64(), "bool": pa.bool_(), "int": pa.int64()}.get(kind, pa.string())
+            if kind == "bool":
+                vals = [bool(v) for v in vals]
             arrays.append(pa.array(vals, typ))
             names.append(c)
         return pa.Table.from_arrays(arrays, names=names)
