@@ -98,6 +98,8 @@ class QuestionPlan:
         # Every prompt starts with this (system and template head): its KV is the prefix cache's.
         self.head = shared_prefix(tokenizer, self.blocks[0].fmt)
         probe = [tokenize(tokenizer, [render(tokenizer, b.fmt, "example text")])[0] for b in self.blocks]
+        # Each question's prompt with a two-word text and its longest option (`check_fits`).
+        self.fixed = [len(p) + b.options.max_len - 1 for p, b in zip(probe, self.blocks)]
         cut = min(len(common_prefix(probe)), min(len(p) for p in probe) - 1)
         # Tokens a row runs after its text part, per pass: what the batch planner budgets.
         self.groups = _groups([len(p) - cut + b.nodes for p, b in zip(probe, self.blocks)])
@@ -107,6 +109,18 @@ class QuestionPlan:
         # Heads' layers: the text part's hidden states there are kept (a mean covers them too).
         self.head_layers = sorted({x for b in self.blocks if b.head is not None for x in b.head.layers})
         self.head_means = any("mean" in b.head.poolings for b in self.blocks if b.head is not None)
+
+    def check_fits(self, max_length: int) -> None:
+        """A question whose prompt is over the context with a two-word text could be asked of no
+        text: one `QuestionError` naming it, before any work (not an error row per text)."""
+        for n, b in zip(self.fixed, self.blocks):
+            if n > max_length:
+                q = self.questions[b.question]
+                raise QuestionError(
+                    f"question {q.name!r}: its prompt alone (system, template, question and its longest answer) "
+                    f"is {n} tokens with a two-word text, over the model's context of {max_length}: shorten the "
+                    "question (or its labels and descriptions, or --system/--template)"
+                )
 
     # ------------------------------------------------------------------ texts to tokens
     def split(self, texts: Sequence[str]) -> list[tuple[list[int], list[list[int]]]]:

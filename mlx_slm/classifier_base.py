@@ -106,6 +106,7 @@ class ClassifierBase:
         if questions is not None:
             self._init_questions(questions, system, template)
             self._init_batching(batch_size, max_batch_tokens, sort, max_length)
+            self.plan.check_fits(self.max_length)  # type: ignore[union-attr]  # a question no text fits: refused once
             self._init_calibration(calibration, min_confidence, warmup)
             self.calibration_run(self.calibration, min_confidence)  # refused here if it does not apply
             self.prefix_tokens = self.plan.head if use_prefix_cache else ()  # type: ignore[union-attr]

@@ -160,12 +160,13 @@ class Head:
             raise HeadError(f"{where} must be an object (a trained head): train the head again (mlx-slm train)")
         pooling = d.get("pooling", "last")
         names = [pooling] if isinstance(pooling, str) else pooling
-        if (
-            d.get("kind") not in KINDS
-            or not isinstance(names, list)
-            or not names
-            or not all(isinstance(x, str) and x in POOLINGS for x in names)
-        ):
+        # A missing or mistyped field is damage (train again); only a well-formed kind or pooling
+        # this version does not know is a newer head (upgrade).
+        if not isinstance(d.get("kind"), str):
+            raise bad("kind", f"one of {', '.join(map(repr, KINDS))}")
+        if not isinstance(names, list) or not names or not all(isinstance(x, str) for x in names):
+            raise bad("pooling", f"one of {', '.join(map(repr, POOLINGS))}, or a list of them")
+        if d["kind"] not in KINDS or not all(x in POOLINGS for x in names):
             raise HeadError(
                 f"{where} is a {d.get('kind')!r} head with {pooling!r} pooling; this mlx-slm reads "
                 f"{' or '.join(map(repr, KINDS))} heads with {' or '.join(map(repr, POOLINGS))} pooling: upgrade "

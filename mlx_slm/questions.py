@@ -164,6 +164,7 @@ class Question:
             object.__setattr__(self, "answers", tuple(self.labels))  # a yesno's options are its answer words
         if len(self.answers) != 2 or self.answers[0] == self.answers[1]:
             raise QuestionError(f"question {self.name!r}: 'answers' are two different words (yes, then no)")
+        _check_placeholders(self.name, self.kind, self.question)
         if self.kind == "multi" and "{label}" not in self.question:
             raise QuestionError(
                 f"multi question {self.name!r} must hold {{label}}: it is asked once per label, "
@@ -266,6 +267,26 @@ class Question:
         if self.kind == "multi" and self.answers != ("yes", "no"):
             d["answers"] = list(self.answers)
         return d
+
+
+# What each kind fills in its wording; any other of these would reach the model as literal braces.
+_FILLS = {"choice": ("{labels}",), "scale": ("{labels}",), "multi": ("{label}",), "yesno": ()}
+_PLACEHOLDERS = ("{label}", "{labels}", "{label_descriptions}", "{question}")
+
+
+def _check_placeholders(name: str, kind: str, question: str) -> None:
+    """A placeholder its kind does not fill is refused (it was sent to the model as written, where
+    --system refuses it): {label} only in a multi question, {labels} in a choice or scale one."""
+    for ph in _PLACEHOLDERS:
+        if ph in question and ph not in _FILLS.get(kind, ()):
+            where = {
+                "{label}": "only a multi question fills {label} (it is asked once per label)",
+                "{labels}": "only a choice or scale question fills {labels} (the options, comma-separated)",
+            }.get(ph, f"no question fills {ph}")
+            raise QuestionError(
+                f"{kind} question {name!r} holds {ph}, which it would send to the model as written: {where}; "
+                f"remove it" + (", or make the question kind multi" if ph == "{label}" else "")
+            )
 
 
 def check_name(name: Any) -> None:

@@ -151,6 +151,26 @@ def read_labels(
     return CommandLabels(labels, descriptions)
 
 
+def _as_the_task(o: TaskOptions, t: Any) -> set[str]:
+    """The defining options typed with the task's own value (the same model, labels, prompt or
+    scoring): they change nothing the task's prior or head was fitted for, so they are not "changed"."""
+    import os
+
+    from .labels import parse_labels
+
+    def same_model(a: str, b: str) -> bool:
+        return a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
+
+    same = {
+        "model": same_model(o.model, t.model),
+        "system": (o.system or None) == (t.system or None),
+        "template": o.template == t.template,
+        "scoring": o.scoring == t.scoring,
+        "labels_csv": o.labels_csv is not None and not o.labels_file and parse_labels(o.labels_csv) == list(t.labels),
+    }
+    return {k for k, v in same.items() if v}
+
+
 def _check_head_options(given: frozenset[str]) -> None:
     """A task with a learned head: its model, labels and prompt are what the head was trained on."""
     changed = {"model", "labels_csv", "labels_file", "system", "template", "examples_file"} & given
@@ -212,8 +232,9 @@ class Setup:
         """Fill in what the command line did not give from the task file."""
         from .task import Task
 
-        o, given = self.o, self.given
+        o = self.o
         t = self.task = Task.load(path)
+        given = self.given - _as_the_task(o, t)  # `--model M` naming the task's own model changes nothing
         defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
         if t.heads:
             _check_head_options(given)
