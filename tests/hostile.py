@@ -1,4 +1,5 @@
-"""Helpers shared by the hostile-input test files: the CLI in-process, and what a refusal looks like.
+"""Helpers shared by the hostile-input test files: the CLI in-process, what a refusal looks like, and
+the real app on a loopback port (`LiveServer`).
 
 Two styles, as the rounds that found the cases wrote them: `cli`/`refused`/`write` (exceptions
 propagate; a refusal is one `error` line holding every word), and `invoke`/`model_cli`/
@@ -68,3 +69,59 @@ def task_clf(engine, labels=LABELS, **kw):
     from mlx_slm.classifier import Classifier
 
     return Classifier(engine, labels, kw.pop("system", SYSTEM), kw.pop("template", TEMPLATE), **kw)
+
+
+class LiveServer:
+    """The real app under uvicorn on a loopback port, in a thread (as tests/test_server.py)."""
+
+    def __init__(self, service):
+        import threading
+
+        import uvicorn
+
+        from mlx_slm.server import bind_socket, create_app
+
+        self.service = service
+        self.sock = bind_socket("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        cfg = uvicorn.Config(create_app(service), log_level="error", lifespan="on", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        import time
+
+        import httpx
+
+        self.thread.start()
+        end = time.time() + 60
+        while time.time() < end:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def post(self, content: bytes, timeout: float = 30, headers: dict | None = None):
+        import httpx
+
+        return httpx.post(
+            self.url + "/v1/classify",
+            content=content,
+            headers={"content-type": "application/json", **(headers or {})},
+            timeout=timeout,
+        )
+
+    def metric(self, outcome: str) -> float:
+        import httpx
+
+        text = httpx.get(self.url + "/metrics").text
+        key = f'mlx_slm_requests_total{{outcome="{outcome}"}}'
+        return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(key))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import threading
 import time
 
 import pytest
+from hostile import LiveServer as _Server
 from hostile import cli, refused
 
 from mlx_slm.errors import UserError
@@ -22,47 +22,6 @@ pytest.importorskip("starlette")
 
 
 uvicorn = pytest.importorskip("uvicorn")
-
-
-class _Server:
-    """The real app under uvicorn on a loopback port, in a thread (as tests/test_server.py)."""
-
-    def __init__(self, service):
-        from mlx_slm.server import bind_socket, create_app
-
-        self.service = service
-        self.sock = bind_socket("127.0.0.1", 0)
-        self.port = self.sock.getsockname()[1]
-        cfg = uvicorn.Config(create_app(service), log_level="error", lifespan="on", timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(cfg)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self):
-        self.thread.start()
-        end = time.time() + 60
-        while time.time() < end:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-
-    def post(self, content: bytes, timeout: float = 30):
-        return httpx.post(
-            self.url + "/v1/classify", content=content, headers={"content-type": "application/json"}, timeout=timeout
-        )
-
-    def metric(self, outcome: str) -> float:
-        text = httpx.get(self.url + "/metrics").text
-        key = f'mlx_slm_requests_total{{outcome="{outcome}"}}'
-        return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(key))
 
 
 class _Records(logging.Handler):

@@ -152,9 +152,13 @@ def serve(
             f"mlx-slm: serving on http://{host}:{port} (loading {s.model}; /health says 200 when ready)"
             + ("; Bearer key required on /v1/*" if opts.api_key else "")
         )
+    service = Service(load, opts)
     try:
-        code = run_server(Service(load, opts), host, port, log_level, sock=sock)
+        code = run_server(service, host, port, log_level, sock=sock)
     except RuntimeError as e:
+        if service.worker_error:  # the worker died serving: a bug, its traceback in the log above
+            notice(f"mlx-slm: error: {service.worker_error}")
+            sys.exit(70)
         raise UserError(f"the model could not be loaded: {e}") from None
     if not s.quiet:
         notice("mlx-slm: server stopped")

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .api import Answer, Loaded, ServeOptions, TaskSpec
-from .errors import ClientGone, Draining, Invalid, NotReady, TimedOut
-from .metrics import Metrics
-from .scheduler import Job, Scheduler
+from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
+from .metrics import Metrics, attention_share
+from .scheduler import Job, Scheduler, post_to
 from .tasks import TaskCache
 
 
@@ -41,9 +41,12 @@ class Service:
         self.tasks = TaskCache(self.opts.task_cache)
         self.scheduler = Scheduler(self.opts, self.metrics, self.tasks)
         self.ready = False
-        self.load_error: str | None = None
+        self.load_error: str | None = None  # why the service cannot answer (the load failed, or the worker died)
+        self.worker_error: str | None = None  # the worker died after loading (a bug: the process exits 70)
         self.thread: threading.Thread | None = None
         self.on_fatal: Callable[[str], None] | None = None
+        self._open: set[Job] = set()  # accepted requests not yet answered: failed at once if the worker dies
+        self._open_lock = threading.Lock()
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -64,12 +67,37 @@ class Service:
                 self.on_fatal(self.load_error)
             return
         self.ready = True
-        self.scheduler.loop()
+        try:
+            self.scheduler.loop()
+        except BaseException as e:  # noqa: BLE001 - a dead worker must not sit behind a 200 /health
+            self._worker_died(e)
+
+    def _worker_died(self, e: BaseException) -> None:
+        """The worker loop raised (a bug): /health turns 503 naming it, every waiting request is
+        answered at once, and the front end is told to stop (the CLI exits 70)."""
+        import traceback
+
+        traceback.print_exception(e)  # into the server's log
+        self.ready = False
+        self.worker_error = self.load_error = (
+            f"the model worker stopped ({type(e).__name__}: {e}): this is a bug in mlx-slm; restart the server, "
+            "and report it with the traceback in the log"
+        )
+        with self._open_lock:
+            jobs = list(self._open)
+        err = Failed(self.worker_error)
+        for job in jobs:
+            job.cancelled = True
+            post_to(job, job.fail, err)
+        if self.on_fatal is not None:
+            self.on_fatal(self.worker_error)
 
     def _load(self) -> None:
         loaded = self.loader()
         self.tasks.load(loaded)
         clf = loaded.clf
+        # Long items are priced with their attention (quadratic in length), from the model's shape.
+        self.scheduler.speed.attention = attention_share(clf.engine.model.args)
         # Warm up: one item through the whole path (computes the default prompt head's KV, a
         # one-off cost not measured), then a short and a longer item measured, so that the
         # time estimate knows both its fixed and its per-token cost from the start.
@@ -144,11 +172,19 @@ class Service:
         costs = [len(it.ids) - (p if h else 0) + front.row_extra for it, h in zip(prepared, hits)]
         job = Job(len(texts), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
         job.names = names
-        self.submit(job, texts, key, costs, hits)
+        with self._open_lock:
+            self._open.add(job)
         try:
-            await self._wait(job, started, whole, gone)
+            self.submit(job, texts, key, costs, hits)
+            try:
+                if self.worker_error:  # died between the readiness check and the queue
+                    raise Failed(self.worker_error)
+                await self._wait(job, started, whole, gone)
+            finally:
+                self.finished()
         finally:
-            self.finished()
+            with self._open_lock:
+                self._open.discard(job)
         preds, calib = self.tasks.calibrate(key, spec, front, job.results)
         return Answer(preds, job.results, calib, front)
 

@@ -3,6 +3,7 @@ the compute-time estimate the scheduler's deadlines rest on (`RateTracker`)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -114,24 +115,39 @@ class RateTracker:
     of small batches refreshes the small end without erasing what longer ones showed, and the
     least-squares line through the classes' averages gives both terms. The warm-up measures a
     short and a longer item, so both ends are known from the start. Not thread-safe: only the
-    worker thread writes it."""
+    worker thread writes it.
+
+    Attention grows with the square of a row's length, the rest linearly: a line fitted on the
+    warm-up's short items priced an 8,161-token text at under the 60 s timeout, and it took 100 s
+    (the request got its 504 after the full minute, and the worker ran 41 s more for nobody). So
+    each batch's tokens are weighed by `1 + attention * longest`, where `attention` is the
+    model's own ratio of attention work per token per position to the rest of a layer's work
+    (`attention_share`, from its shape): the fit stays a line in those weighted tokens, and an
+    item far longer than any measured is priced with its attention."""
 
     ALPHA = 0.3  # weight of a new batch in its size class's moving average
 
-    def __init__(self) -> None:
+    def __init__(self, attention: float = 0.0) -> None:
         self._by_size: dict[int, tuple[float, float]] = {}  # size class: (mean tokens, mean seconds)
         self.fixed = 0.0  # seconds per micro-batch, whatever its size
-        self.per_token = 0.0  # seconds per processed token
+        self.per_token = 0.0  # seconds per processed (attention-weighted) token
+        self.attention = attention  # extra work per token per position of the row, relative to one token's
+
+    def weighted(self, tokens: int, longest: int | None = None) -> float:
+        """A batch's tokens weighed by its attention (`longest`: its longest row; None: one row)."""
+        return tokens * (1.0 + self.attention * (tokens if longest is None else longest))
 
     @property
     def known(self) -> bool:
         """Whether any batch has been measured (before that, no estimate binds)."""
         return bool(self._by_size)
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """Fold one measured micro-batch (processed tokens, compute seconds) into the fit."""
+    def observe(self, tokens: int, seconds: float, longest: int | None = None) -> None:
+        """Fold one measured micro-batch (processed tokens, compute seconds, its longest row:
+        None for one row) into the fit."""
         if tokens <= 0 or seconds <= 0:
             return
+        tokens = self.weighted(tokens, longest)  # type: ignore[assignment]
         c, a = int(tokens).bit_length(), self.ALPHA
         old = self._by_size.get(c)
         self._by_size[c] = (
@@ -141,16 +157,36 @@ class RateTracker:
         )
         self.fixed, self.per_token = _fit_line(list(self._by_size.values()))
 
-    def estimate(self, tokens: int) -> float:
-        """Seconds a micro-batch of `tokens` processed tokens should take (0 before any measure)."""
-        return self.fixed + self.per_token * tokens if self.known else 0.0
+    def estimate(self, tokens: int, longest: int | None = None) -> float:
+        """Seconds a micro-batch of `tokens` processed tokens (its longest row `longest`; None:
+        one row) should take (0 before any measure)."""
+        return self.fixed + self.per_token * self.weighted(tokens, longest) if self.known else 0.0
 
     def tokens_within(self, seconds: float) -> int | None:
         """The most tokens a micro-batch may hold to take about `seconds` (at least 1); None
         when the size does not measurably matter (nothing measured, or no per-token cost)."""
         if self.per_token <= 0:
             return None
-        return max(1, int((seconds - self.fixed) / self.per_token))
+        w = (seconds - self.fixed) / self.per_token  # weighted tokens; raw ones, as if one row held them all
+        raw = w if self.attention <= 0 else (math.sqrt(1 + 4 * self.attention * max(w, 0.0)) - 1) / (2 * self.attention)
+        return max(1, int(raw))
+
+
+def attention_share(args: Any) -> float:
+    """Attention's work per token per position of the row, relative to the rest of one token's
+    work in a layer, from the model's shape: the scores and the weighted values cost
+    2 x heads x head_dim multiply-adds per earlier position; the projections and the MLP
+    hidden x (q + k + v + o widths) + 3 x hidden x intermediate per token (about 1.2e-4 for
+    Qwen2.5-0.5B: an 8k-token prompt costs about twice its tokens at the short-item rate).
+    0 when the shape cannot be read (an mlx-lm model of another kind): linear, as before."""
+    try:
+        h, i = int(args.hidden_size), int(args.intermediate_size)
+        heads, kv = int(args.num_attention_heads), int(args.num_key_value_heads or args.num_attention_heads)
+        hd = int(getattr(args, "head_dim", None) or h // heads)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return 0.0
+    per_token = h * (heads * hd) * 2 + 2 * h * (kv * hd) + 3 * h * i
+    return 2.0 * heads * hd / per_token if per_token > 0 else 0.0
 
 
 def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

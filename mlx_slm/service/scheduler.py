@@ -289,8 +289,14 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             clf = self.tasks.back(key)
-            run = clf.run([it.text for it in items], window=len(items))
-            preds = list(run)
+            # Each of the classifier's batches as it finishes: once no request waits for the items
+            # still to run (timed out, client gone), the rest is abandoned between batches.
+            run = clf.run([it.text for it in items], window=len(items), ordered=False)
+            preds: dict[int, Any] = {}
+            for p in run:
+                preds[p.index] = p
+                if len(preds) < len(items) and not self._awaited(items, preds):
+                    break
         except Exception as e:  # noqa: BLE001 - answered as a failure to the requests in this batch
             err = Failed(f"inference failed: {type(e).__name__}: {e}")
             for it in items:
@@ -298,12 +304,21 @@ class Scheduler:
             m.count(m.items, "error", len(items))
             return
         infer = time.perf_counter() - t0
-        self.speed.observe(run.stats.processed_tokens, infer)
-        m.record_batch(items, run.stats, t0, infer)
-        rate = len(items) / infer if infer > 0 else 0.0
+        self.speed.observe(run.stats.processed_tokens, infer, max(it.cost for it in items))
+        m.record_batch([it for i, it in enumerate(items) if i in preds], run.stats, t0, infer)
+        rate = len(preds) / infer if infer > 0 else 0.0
         self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
-        for it, p in zip(items, preds):
-            post_to(it.job, it.job.deliver, it.index, (p, t0 - it.t_enqueued, infer))
+        for i, it in enumerate(items):
+            if i in preds:
+                post_to(it.job, it.job.deliver, it.index, (preds[i], t0 - it.t_enqueued, infer))
+        if len(preds) < len(items):
+            m.count(m.items, "dropped", len(items) - len(preds))
+
+    @staticmethod
+    def _awaited(items: list[WorkItem], done: dict[int, Any]) -> bool:
+        """Whether a request still waits for an item not yet computed (not cancelled, not past its deadline)."""
+        now = time.perf_counter()
+        return any(not it.job.cancelled and it.job.deadline > now for i, it in enumerate(items) if i not in done)
 
     # ---------------------------------------------------------------- drain
     def begin_drain(self) -> None:
