@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .inputs import missing
 from .labels import LabelError, LabelSet
 from .predictions import Item
-from .prompts import PromptError, PromptFormat, render, tokenize
+from .prompts import PromptError, PromptFormat, render, size_problem, tokenize
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -27,6 +27,9 @@ def prepare(clf: Classifier, texts: Sequence[str], start: int) -> list[Item]:
     """One item per text, tokenized, with an error for a text that cannot be classified.
     The caller holds the engine's lock (the tokenizer is not thread-safe)."""
     items = check_texts(clf.format_error, texts, start)
+    if clf.truncate is None:  # a text far over the context by its size alone: refused before tokenizing
+        for it, t in zip(items, texts):
+            it.error = it.error or size_problem(clf.tokenizer, t, clf.max_length)
     good = [(it, t) for it, t in zip(items, texts) if it.error is None]
     if clf.plan is not None:
         for (item, _), (common, chains) in zip(good, clf.plan.split([t for _, t in good])):

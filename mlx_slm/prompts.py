@@ -228,6 +228,37 @@ def tokenize(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
     return [list(x) for x in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
 
 
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of `tokenizer` can stand for (its longest vocabulary entry,
+    bytes counted as characters: a character is at least one byte), read once per tokenizer."""
+    got = getattr(tokenizer, "_mlx_slm_max_token_chars", None)
+    if got is None:
+        try:
+            got = max((len(t) for t in tokenizer.get_vocab()), default=0) or 0
+        except (AttributeError, TypeError):
+            got = 0
+        try:
+            tokenizer._mlx_slm_max_token_chars = got
+        except AttributeError:
+            pass
+    return got
+
+
+def size_problem(tokenizer: Any, text: str, max_length: int) -> str | None:
+    """Why `text` is over the context before it is tokenized, or None: every token stands for at
+    most `max_token_chars` characters, so a text of more than twice context x that many
+    characters has more tokens than the context holds, whatever they are (twice: a margin for a
+    tokenizer that folds characters together; byte-level BPE folds none). A 20 MB line is refused here at once, not after
+    tokenizing it (26 s and 3.6 GB for the default model)."""
+    per = max_token_chars(tokenizer)
+    if per <= 0 or len(text) <= 2 * per * max_length:
+        return None
+    return (
+        f"the text is {len(text):,} characters, far over the model's context of {max_length} tokens (a token is "
+        "at most a few characters): shorten the text, or pass --truncate head|tail|middle"
+    )
+
+
 def common_prefix(seqs: Sequence[Sequence[int]]) -> list[int]:
     if not seqs:
         return []

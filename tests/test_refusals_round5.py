@@ -155,3 +155,27 @@ def test_eval_questions_refuses_a_question_given_twice_and_run_options_with_pred
     for flag in (["--calibrate", "batch"], ["--min-confidence", "0.5"], ["--save-task", tmp_path / "t.json"]):
         r = invoke([*base, "--gold-field", "team", "--predictions", preds, *flag])
         refused_cleanly(r, "--predictions scores a classify output as it was written", flag[0])
+
+
+def test_a_text_far_over_the_context_is_refused_by_its_size_before_tokenizing(engine, monkeypatch):
+    """The tiny model: tokens of at most 13 characters, a context of 1024: a text of more than
+    2 x 13 x 1024 characters cannot fit, and is an error row without being tokenized (a 20 MB line
+    took 26 s and 3.6 GB to be refused); a shorter over-long one is tokenized and refused as before;
+    with truncation both are cut, not refused."""
+    from hostile import task_clf
+
+    import mlx_slm.prepare as prepare
+    from mlx_slm.prompts import max_token_chars
+
+    per = max_token_chars(engine.tokenizer)
+    assert per == max(len(t) for t in engine.tokenizer.get_vocab())
+    huge, long = "word " * (2 * per * 1024 // 5 + 10), "word " * 1500
+    seen: list[int] = []
+    real = prepare.tokenize
+    monkeypatch.setattr(prepare, "tokenize", lambda tok, prompts: seen.extend(map(len, prompts)) or real(tok, prompts))
+    preds = list(task_clf(engine).run([huge, long, "My card was charged twice"]))
+    assert "characters, far over the model's context of 1024" in preds[0].error
+    assert "prompt is" in preds[1].error and preds[2].ok
+    assert max(seen) < len(huge)  # the huge text never reached the tokenizer
+    cut = list(task_clf(engine, truncate="head").run([huge, long]))
+    assert all(p.ok and p.truncated for p in cut)
