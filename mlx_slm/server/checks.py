@@ -12,6 +12,7 @@ from typing import Any
 from ..io import has_lone_surrogate
 from ..labels import LABEL_NOT_STRING, MIN_LABELS, label_problem
 from ..prompts import TRUNCATE_MODES
+from ..ranges import RANGES
 from ..service import ServeOptions, TaskSpec
 from .errors import HTTPError
 
@@ -113,7 +114,7 @@ def _check_task(data: dict[str, Any]) -> TaskSpec:
     task = TaskSpec()
     if "min_confidence" in data and data["min_confidence"] is not None:
         mc = data["min_confidence"]
-        if isinstance(mc, bool) or not isinstance(mc, (int, float)) or not 0.0 <= mc <= 1.0:
+        if RANGES["min_confidence"].problem(mc):  # the CLI's range: NaN and Infinity (JSON extensions) fail
             raise HTTPError(422, "'min_confidence' must be a number from 0 to 1 (or null)", "min_confidence")
         task.min_confidence = float(mc)
     if "labels" in data:
