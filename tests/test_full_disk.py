@@ -68,10 +68,18 @@ def _clean(r, *words):
         assert w in r.stderr, (w, r.stderr)
 
 
+def test_a_file_system_that_fills_mid_run_is_one_line(tiny_qwen_mlx, tmp_path):
+    out = tmp_path / "out.csv"
+    r = _run(["classify", write_input(tmp_path / "in.jsonl", 120), *model_cli(tiny_qwen_mlx), "-o", out], limit=3000)
+    _clean(r, str(out), "File too large", "--resume")
+    assert 0 < out.stat().st_size <= 3000
+
+
+@pytest.mark.slow  # a dozen processes: the quick loop runs the case above
 def test_a_file_system_that_fills_mid_run_then_resume_gives_the_uninterrupted_bytes(tiny_qwen_mlx, tmp_path):
     data = write_input(tmp_path / "in.jsonl", 120)
     base = ["classify", data, *model_cli(tiny_qwen_mlx)]
-    for fmt in ("jsonl", "csv", "parquet"):
+    for fmt in ("jsonl", "csv", "tsv", "parquet"):
         out = tmp_path / f"out.{fmt}"
         r = _run([*base, "-o", out], limit=3000)
         _clean(r, str(out), "File too large")
