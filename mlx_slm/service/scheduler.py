@@ -98,12 +98,15 @@ class Scheduler:
     4. The estimate (`RateTracker`: a fixed cost per micro-batch and a cost per processed
        token, fitted by least squares) is measured on the warm-up (a short and a longer item)
        and on every micro-batch, so it follows the machine and the model. A per-token rate
-       alone would charge the fixed cost to the tokens and refuse long items that fit.
+       alone would charge the fixed cost to the tokens and refuse long items that fit. Tokens
+       are weighed by their attention (quadratic in a row's length, scaled by the model's
+       shape), so an item far longer than any measured is not priced as a short one.
+    5. A micro-batch's batches are taken as each finishes: once no request waits for the items
+       still to run, the rest is abandoned between batches (`run_batch`).
 
     With the default timeout (60 s) rule 2 never binds on the usual budgets (512 tokens on the
     CPU, 4,096 on a GPU); it matters when --request-timeout is short next to a batch's time.
-    The estimate is linear in tokens; attention's quadratic part makes it optimistic for
-    items near the model's context (a single item is the unit that cannot be split).
+    A single item is the unit that cannot be split: its forward, once started, runs to the end.
     """
 
     def __init__(self, opts: ServeOptions, metrics: Metrics, tasks: TaskCache):
