@@ -82,7 +82,7 @@ class Scheduler:
 
     Deadlines: one worker runs every forward pass, and a forward pass cannot be stopped
     once started, so a request that times out must not leave long work behind that the
-    next request then waits for. Four rules keep the queue moving:
+    next request then waits for. Five rules keep the queue moving:
 
     1. Every job carries its deadline (arrival + --request-timeout). Before each micro-batch
        the worker drops the waiting items of jobs that are past it or cancelled (client gone,
