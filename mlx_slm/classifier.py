@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import batching, pipeline
+from . import pipeline
 from .calibration import Calibration, CalibrationSpec, Calibrator
 
 # The constructor and the task's settings live in classifier_base.py; the batch defaults are
@@ -50,12 +50,8 @@ from .inputs import missing as _missing  # noqa: F401
 from .inputs import with_progress as _with_progress
 from .labels import LabelError
 from .predictions import Item, Prediction, Stats
-from .prefix_cache import PrefixCache
-from .prepare import prepare as prepare_items
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from .records import RecordShape
 from .registry import DEFAULT_MODEL
-from .scorers import pooled_features
 
 if TYPE_CHECKING:
     from .task import Task
@@ -139,8 +135,7 @@ class Classifier(ClassifierBase):
         """
         texts = list(_as_texts(texts, text_column))
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
-        if cal.applies and not self.scorer.calibrates:
-            raise LabelError(self.scorer.no_calibration)
+        self.spec.check_calibration(cal)
         conf = self.min_confidence if min_confidence is None else min_confidence
         if progress:  # as each batch finishes, then back in input order before calibrating
             done = self.classify_iter(texts, window=max(1, len(texts)), ordered=False, progress=True)
@@ -191,7 +186,7 @@ class Classifier(ClassifierBase):
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
         conf = self.min_confidence if min_confidence is None else min_confidence
         # the CSV output's columns (each question's, with several), less the input's id and line
-        shape = RecordShape.of(self.labels, self.questions, calibrated=cal.applies, abstains=conf is not None)
+        shape = self.spec.record_shape(calibrated=cal.applies, abstains=conf is not None)
         names = shape.frame_columns
         check_new_columns(df, names, prefix)
         preds = self.classify(list(df[text_column]), cal, conf, progress=progress)
@@ -228,8 +223,8 @@ class Classifier(ClassifierBase):
         spec = CalibrationSpec.of(kind, warmup=None if isinstance(kind, CalibrationSpec) else self.warmup)
         if spec.kind not in ("fit", "em"):
             raise CalibrationError(f"fit_calibration fits 'fit' or 'em' calibration, not {spec.kind!r}")
-        if self.head is not None:
-            raise LabelError("calibration does not apply to a learned head: its probabilities are fitted already")
+        if not self.spec.calibrates:
+            raise LabelError(self.spec.no_calibration)
         texts, gold = list(_as_texts(texts, None)), list(_as_texts(labels, None))
         at = f"{source}: " if source else ""
 
@@ -264,13 +259,17 @@ class Classifier(ClassifierBase):
         texts = _as_texts(texts, None)
         _check_window(window)
         stats = Stats()
-        return Run(pipeline.windows(self, texts, window, stats, ordered), stats)
+        return Run(pipeline.windows(self.kind, texts, window, self.batching, stats, ordered), stats)
 
-    # ------------------------------------------------------------------ pipeline (pipeline.py, prepare.py)
+    def run_items(self, items: Sequence[Item], *, ordered: bool = True) -> Run:
+        """A run over items `prepare` made (the service's worker: its front end tokenized them)."""
+        stats = Stats()
+        return Run(pipeline.run_items(self.kind, items, self.batching, stats, ordered), stats)
+
+    # ------------------------------------------------------------------ pipeline (pipeline.py, kinds/)
     def prepare(self, texts: Sequence[str], start: int = 0) -> list[Item]:
-        """Render and tokenize (batched); flag empty and over-long items."""
-        with self.engine.lock:
-            return prepare_items(self, texts, start)
+        """Render and tokenize (batched); flag empty and over-long items (the kind's `items`)."""
+        return self.kind.items(texts, start)
 
     def features(
         self,
@@ -306,17 +305,7 @@ class Classifier(ClassifierBase):
             poolings = poolings or tuple(sorted(set(self.head.poolings)))
         poolings = tuple(poolings or ("last",))
         texts = list(_as_texts(texts, None))
-        return pipeline.features(self, texts, list(layers), window, poolings, progress)
-
-    def _features(
-        self, batch: batching.Batch, prefix: PrefixCache | None, layers: list[int], poolings: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        return pooled_features(self.engine, batch, prefix, layers, poolings, self.pool_from)
-
-    def _run_batch(
-        self, batch: batching.Batch, items: list[Item], prefix: PrefixCache | None, st: Stats
-    ) -> list[Prediction]:
-        return self.scorer.run(batch, items, prefix, st)
+        return pipeline.features(self.kind, texts, list(layers), window, poolings, self.batching, progress)
 
 
 class Run:

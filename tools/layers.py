@@ -46,15 +46,14 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("weights", ("models", "fastmath", "registry", "convert", "sources")),
-    ("engine", ("engine", "prefix_cache", "scoring")),
+    ("engine", ("engine", "prefix_cache")),
     (
         "classifier",
         (
             "records",
-            "scorers",
             "inputs",
-            "prepare",
             "pipeline",
+            "kinds",
             "classifier_base",
             "classifier",
             "task",
