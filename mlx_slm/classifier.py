@@ -41,6 +41,7 @@ from .classifier_base import (  # noqa: F401
     default_max_batch_tokens,
 )
 from .engine import Engine
+from .kinds import spec_of
 from .inputs import as_texts as _as_texts
 from .inputs import check_frame, check_new_columns
 from .inputs import check_window as _check_window
@@ -101,7 +102,7 @@ class Classifier(ClassifierBase):
         t = task if isinstance(task, Task) else Task.load(task)
         engine = engine or Engine.load(t.model, dtype, dequantize)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
-        if engine.path is not None and (t.calibration.fitted or t.heads):
+        if engine.path is not None and t.pins_weights:
             t.check_weights(engine.weights_sha256, str(engine.path))
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
@@ -110,11 +111,12 @@ class Classifier(ClassifierBase):
                 f"from_task takes {', '.join(clash)} from the task: build Classifier(engine, labels, "
                 "system, template, ...) for another task, or save one (Task, --save-task)"
             )
+        # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
+        own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass", "features_only") if k in kwargs}
+        kind = spec_of(replace(t.kind_args(), **own))
         # Run settings may be overridden, as classify's own arguments can.
         run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
-        if t.questions:
-            return cls(engine, system=t.system, template=t.template, questions=t.questions, **kwargs)
-        return cls(engine, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples, head=t.head, **run)
+        return cls(engine, system=t.system, template=t.template, kind=kind, **run)
 
     # ------------------------------------------------------------------ public API
     def classify(
@@ -297,12 +299,12 @@ class Classifier(ClassifierBase):
         scoring set up (the labels are then only names)."""
         _check_window(window)
         if layers is None:
-            if self.head is None:
+            own = self.spec.feature_parts()
+            if own is None:
                 raise ValueError(
                     "features(texts, layers): give the layers (1..number of layers); only a head has its own"
                 )
-            layers = sorted(set(self.head.layers))
-            poolings = poolings or tuple(sorted(set(self.head.poolings)))
+            layers, poolings = own[0], poolings or own[1]
         poolings = tuple(poolings or ("last",))
         texts = list(_as_texts(texts, None))
         return pipeline.features(self.kind, texts, list(layers), window, poolings, self.batching, progress)

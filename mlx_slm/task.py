@@ -25,7 +25,7 @@ from .textfiles import has_lone_surrogate, json_error
 
 if TYPE_CHECKING:
     from .heads import Head
-    from .kinds import KindSpec
+    from .kinds import KindArgs, KindSpec
 
 FORMAT = "mlx-slm.task"
 VERSION = 1
@@ -53,18 +53,29 @@ class Task:
     def __post_init__(self) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
 
+    def kind_args(self) -> KindArgs:
+        """What the task says about how it scores, as the kinds table reads it."""
+        from .kinds import KindArgs
+
+        qs = self.questions or None
+        return KindArgs(self.labels, self.scoring, self.examples, head=self.head, questions=qs)
+
     @property
     def kind(self) -> KindSpec:
         """The task's scoring kind, chosen by the kinds table from its fields (`kinds.spec_of`)."""
-        from .kinds import KindArgs, spec_of
+        from .kinds import spec_of
 
-        qs = self.questions or None
-        return spec_of(KindArgs(self.labels, self.scoring, self.examples, head=self.head, questions=qs))
+        return spec_of(self.kind_args())
 
     @property
     def heads(self) -> list[Head]:
-        """Every learned head the task holds (its own, or its head questions'): they pin its weights."""
-        return [h for h in [self.head, *(q.head for q in self.questions)] if h is not None]
+        """Every learned head the task holds (its own, or its head questions')."""
+        return self.kind.heads
+
+    @property
+    def pins_weights(self) -> bool:
+        """A fitted prior or a learned head means something for the weights it was fitted on only."""
+        return self.calibration.fitted or bool(self.heads)  # type: ignore[union-attr]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(replace(self, head=None, questions=()))
@@ -132,7 +143,7 @@ class Task:
         """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
             what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
-            if self.heads:
+            if not self.calibration.fitted:  # type: ignore[union-attr]
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
                 f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "

@@ -72,8 +72,6 @@ class KindSpec(ABC):
     name: ClassVar[str]  # its name in task files and manifests
     calibrates: ClassVar[bool] = True  # does label calibration (batch, fit, em) apply?
     no_calibration: ClassVar[str] = ""  # why not, when it does not
-    # The task-file fields this kind reads and writes besides the shared ones.
-    task_fields: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abstractmethod
@@ -104,6 +102,10 @@ class KindSpec(ABC):
         """A word for how it scores, as summaries and manifests say it."""
         return self.name
 
+    def feature_parts(self) -> tuple[list[int], tuple[str, ...]] | None:
+        """The hidden-state layers and poolings the kind reads itself (a head's), or None."""
+        return None
+
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         """The prompt format of this kind's prompts (labels filled in, examples checked)."""
         return PromptFormat(system, template)
@@ -126,6 +128,19 @@ class KindSpec(ABC):
     def to_task(self) -> dict[str, Any]:
         """This kind's fields of a task file (`labels` always)."""
         return {"labels": list(self.labels)}
+
+    def no_resume(self, calibration: CalibrationSpec) -> str | None:
+        """Why a run of this kind with `calibration` cannot be resumed, or None (it can)."""
+        return None
+
+    def task_kwargs(self, mode: str) -> dict[str, Any]:
+        """This kind's `task.Task` fields (labels, scoring, examples, head, questions), for
+        saving the task a run made (`mode`: the bound kind's scoring mode)."""
+        return {"labels": tuple(self.labels)}
+
+    def manifest(self, mode: str) -> dict[str, Any]:
+        """What an output's manifest records of this kind (--resume and merge accept only the same)."""
+        return {"labels": list(self.labels), "scoring": mode, "examples": []}
 
     @classmethod
     def read_task(

@@ -67,7 +67,6 @@ class HeadSpec(KindSpec):
     name = "head"  # type: ignore[misc]
     calibrates = False  # type: ignore[misc]
     no_calibration = NO_CALIBRATION  # type: ignore[misc]
-    task_fields = ("labels", "examples", "head")
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
@@ -104,6 +103,9 @@ class HeadSpec(KindSpec):
     def heads(self) -> list[Any]:
         return [self.head]
 
+    def feature_parts(self) -> tuple[list[int], tuple[str, ...]] | None:
+        return sorted(set(self.head.layers)), tuple(sorted(set(self.head.poolings)))
+
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         return PromptFormat(fill_labels(system, self.labels, self.descriptions), template, self.examples)
 
@@ -112,6 +114,17 @@ class HeadSpec(KindSpec):
             "labels": list(self.labels),
             "examples": [{"text": t, "label": lab} for t, lab in self.examples],
             "head": self.head.to_dict(),
+        }
+
+    def task_kwargs(self, mode: str) -> dict[str, Any]:
+        return {"labels": self.labels, "examples": self.examples, "head": self.head}
+
+    def manifest(self, mode: str) -> dict[str, Any]:
+        return {
+            "labels": list(self.labels),
+            "scoring": mode,
+            "examples": [list(e) for e in self.examples],
+            "head": {"layers": list(self.head.layers), "sha256": self.head.sha256},
         }
 
     @classmethod

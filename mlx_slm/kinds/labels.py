@@ -49,7 +49,6 @@ class LabelsSpec(KindSpec):
     label_pass: str = "trie"
 
     name = "labels"  # type: ignore[misc]
-    task_fields = ("labels", "scoring", "examples")
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
@@ -79,6 +78,12 @@ class LabelsSpec(KindSpec):
             "scoring": self.scoring,
             "examples": [{"text": t, "label": lab} for t, lab in self.examples],
         }
+
+    def task_kwargs(self, mode: str) -> dict[str, Any]:
+        return {"labels": self.names, "scoring": mode, "examples": self.examples}
+
+    def manifest(self, mode: str) -> dict[str, Any]:
+        return {"labels": list(self.names), "scoring": mode, "examples": [list(e) for e in self.examples]}
 
     @classmethod
     def read_task(

@@ -38,7 +38,6 @@ class QuestionsSpec(KindSpec):
     asked: tuple[Question, ...]
 
     name = "questions"  # type: ignore[misc]
-    task_fields = ("questions",)
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
@@ -84,6 +83,20 @@ class QuestionsSpec(KindSpec):
 
     def to_task(self) -> dict[str, Any]:
         return {"labels": [], "questions": [q.to_dict() for q in self.asked]}
+
+    def no_resume(self, calibration: CalibrationSpec) -> str | None:
+        if calibration.per_input:  # the priors per question are not recorded in the manifest
+            return (
+                "--resume with --questions and batch calibration would fit other priors on the rest of the input: "
+                "start again without --resume"
+            )
+        return None
+
+    def task_kwargs(self, mode: str) -> dict[str, Any]:
+        return {"labels": (), "questions": self.asked}
+
+    def manifest(self, mode: str) -> dict[str, Any]:
+        return {"labels": [], "questions": [q.record() for q in self.asked], "scoring": mode, "examples": []}
 
     @classmethod
     def read_task(
