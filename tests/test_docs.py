@@ -86,4 +86,6 @@ def test_every_command_help_ends_with_an_existing_docs_page():
         assert len(named) == 1, f"{name}: {len(named)} Docs lines"
         assert (ROOT / named[0]).is_file() and named[0].startswith("docs/"), f"{name}: {named[0]} is not a page"
         if name != "bench (harness)":  # the page closes the description, before the options
-            assert re.search(r"^ +Docs: \S+(\n\n[A-Z][\w ,-]*ptions:$|\n*\Z)", text, flags=re.M), f"{name}: Docs line not last"
+            assert re.search(r"^ +Docs: \S+(\n\n[A-Z][\w ,-]*ptions:$|\n*\Z)", text, flags=re.M), (
+                f"{name}: Docs line not last"
+            )
