@@ -100,6 +100,12 @@ def prefix_hit(kind: Kind, item: Item) -> bool:
     return bool(kind.prefix_tokens) and starts_with(item.ids, kind.prefix_tokens)
 
 
+def item_cost(kind: Kind, item: Item, hit: bool) -> int:
+    """Tokens an item puts in a batch's budget: its suffix after the cached head (when it
+    continues it) and the kind's extra tokens per row, as `batching.plan` counts them."""
+    return len(item.ids) - (len(kind.prefix_tokens) if hit else 0) + kind.row_extra
+
+
 def batches(
     kind: Kind, items: Sequence[Item], plan: BatchSettings, st: Stats
 ) -> Iterator[tuple[batching.Batch, list[Item], PrefixCache | None]]:

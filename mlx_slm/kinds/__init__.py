@@ -48,6 +48,20 @@ def read_task(d: dict[str, Any], where: str, labels: list[str], calibration: Any
     raise AssertionError("the labels kind reads any task file")  # pragma: no cover
 
 
+def request_spec(
+    served: KindSpec, labels: tuple[str, ...], same_prompt: bool, truncate: str | None, descriptions: Any = None
+) -> KindSpec:
+    """The kind of a service request on the served task (`served`): the served kind where it holds
+    for the request's labels and prompt (`KindSpec.for_request`), else zero-shot labels.
+    A `TaskError` when the served kind cannot truncate and the request asks it to."""
+    own = served.for_request(tuple(labels), same_prompt)
+    if own is not None and truncate is not None and not own.truncates:
+        raise TaskError(own.no_truncation)
+    if own is not None:
+        return own
+    return LabelsSpec.from_args(KindArgs(tuple(labels), label_descriptions=descriptions))
+
+
 def kind_named(name: str) -> type[KindSpec]:
     """The kind a task file or manifest names."""
     try:
@@ -70,6 +84,7 @@ __all__ = [
     "RunSettings",
     "TaskError",
     "read_task",
+    "request_spec",
     "kind_named",
     "spec_of",
 ]

@@ -72,6 +72,8 @@ class KindSpec(ABC):
     name: ClassVar[str]  # its name in task files and manifests
     calibrates: ClassVar[bool] = True  # does label calibration (batch, fit, em) apply?
     no_calibration: ClassVar[str] = ""  # why not, when it does not
+    truncates: ClassVar[bool] = True  # can an over-long prompt be cut (--truncate)?
+    no_truncation: ClassVar[str] = ""  # why not, when it cannot
 
     @classmethod
     @abstractmethod
@@ -128,6 +130,11 @@ class KindSpec(ABC):
     def to_task(self) -> dict[str, Any]:
         """This kind's fields of a task file (`labels` always)."""
         return {"labels": list(self.labels)}
+
+    def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
+        """The kind a service request on this task runs, given the request's labels (the served
+        ones when it gave none) and whether it kept the served prompt; None: zero-shot labels."""
+        return None
 
     def no_resume(self, calibration: CalibrationSpec) -> str | None:
         """Why a run of this kind with `calibration` cannot be resumed, or None (it can)."""

@@ -24,7 +24,7 @@ from ..predictions import Item, Prediction, Stats
 from ..prefix_cache import PrefixCache
 from ..prompts import PromptFormat, fill_labels
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction, task_examples
-from .labels import check_examples
+from .labels import LabelsSpec, check_examples
 
 NO_CALIBRATION = (
     "calibration does not apply to a learned head (its probabilities are fitted on labelled data already): "
@@ -115,6 +115,15 @@ class HeadSpec(KindSpec):
             "examples": [{"text": t, "label": lab} for t, lab in self.examples],
             "head": self.head.to_dict(),
         }
+
+    def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
+        """The head holds for its own labels and prompt only; its labels with another prompt are
+        scored zero-shot, with its examples."""
+        if labels != self.labels:
+            return None
+        if same_prompt:
+            return self
+        return LabelsSpec.from_args(KindArgs(labels, examples=self.examples, label_descriptions=self.descriptions))
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
         return {"labels": self.labels, "examples": self.examples, "head": self.head}

@@ -79,6 +79,9 @@ class LabelsSpec(KindSpec):
             "examples": [{"text": t, "label": lab} for t, lab in self.examples],
         }
 
+    def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
+        return self if labels == self.names else None  # its scoring mode and examples hold for its labels
+
     def task_kwargs(self, mode: str) -> dict[str, Any]:
         return {"labels": self.names, "scoring": mode, "examples": self.examples}
 

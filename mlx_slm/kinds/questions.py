@@ -38,6 +38,8 @@ class QuestionsSpec(KindSpec):
     asked: tuple[Question, ...]
 
     name = "questions"  # type: ignore[misc]
+    truncates = False  # type: ignore[misc]
+    no_truncation = "truncation is not supported with several questions yet: drop 'truncate'"  # type: ignore[misc]
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
@@ -83,6 +85,9 @@ class QuestionsSpec(KindSpec):
 
     def to_task(self) -> dict[str, Any]:
         return {"labels": [], "questions": [q.to_dict() for q in self.asked]}
+
+    def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
+        return self if not labels else None  # a request with labels asks one question: zero-shot labels
 
     def no_resume(self, calibration: CalibrationSpec) -> str | None:
         if calibration.per_input:  # the priors per question are not recorded in the manifest
