@@ -41,7 +41,6 @@ from .classifier_base import (  # noqa: F401
     default_max_batch_tokens,
 )
 from .engine import Engine
-from .kinds import spec_of
 from .inputs import as_texts as _as_texts
 from .inputs import check_frame, check_new_columns
 from .inputs import check_window as _check_window
@@ -49,6 +48,7 @@ from .inputs import check_window as _check_window
 # train.py and sklearn.py take `_missing` from here (it moved to inputs.py).
 from .inputs import missing as _missing  # noqa: F401
 from .inputs import with_progress as _with_progress
+from .kinds import spec_of
 from .labels import LabelError
 from .predictions import Item, Prediction, Stats
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE

@@ -131,6 +131,10 @@ class KindSpec(ABC):
         """This kind's fields of a task file (`labels` always)."""
         return {"labels": list(self.labels)}
 
+    def info(self) -> dict[str, Any]:
+        """What `/v1/model` says of the served task's kind."""
+        return {"labels": list(self.labels)}
+
     def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
         """The kind a service request on this task runs, given the request's labels (the served
         ones when it gave none) and whether it kept the served prompt; None: zero-shot labels."""

@@ -86,6 +86,9 @@ class QuestionsSpec(KindSpec):
     def to_task(self) -> dict[str, Any]:
         return {"labels": [], "questions": [q.to_dict() for q in self.asked]}
 
+    def info(self) -> dict[str, Any]:
+        return {"labels": [], "questions": [q.record() for q in self.asked]}
+
     def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
         return self if not labels else None  # a request with labels asks one question: zero-shot labels
 

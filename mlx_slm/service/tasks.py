@@ -94,8 +94,8 @@ class TaskCache:
 
     def _build(self, engine: Any, key: tuple) -> Any:
         from ..classifier import Classifier
-        from ..kinds import request_spec
         from ..kinds import TaskError as KindRefused
+        from ..kinds import request_spec
 
         base = self._base
         labels, system, template, truncate = key
