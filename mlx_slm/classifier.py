@@ -2,20 +2,21 @@
 
 Data flows one way through the modules:
 
-    texts -> prompts (render, tokenize) -> prefix split (engine's prefix LRU)
-          -> batch plan (batching) -> forward (engine) -> label scores (scoring)
-          -> predictions -> calibration (calibration.Calibration) -> the caller
+    texts -> items (the kind renders and tokenizes) -> prefix split (engine's prefix LRU)
+          -> batch plan (batching) -> kind.score (engine primitives) -> predictions
+          -> calibration (the kind's calibration run) -> the caller
 
-With a learned head (`heads.Head`, trained by `mlx-slm train`) the forward stops at the
-head's layer and the head's numpy predict replaces label scoring: features (engine) ->
-head -> predictions. No label tokens run, so the label count does not change the cost.
+The scoring kind (`kinds/`: the labels' tokens, a learned head, several questions) is chosen
+once at construction from the arguments; everything that differs between kinds is the
+kind's. With a learned head the forward stops at the head's layer and no label token runs,
+so the label count does not change the cost.
 
 Each optimization can be switched off alone (`sort`, `use_prefix_cache`, the token
 budget), so its worth can be measured, and none of them may change a prediction.
 
 `Classifier` is the facade. Its construction and settings are `classifier_base.py`, the
-prompt preparation `prepare.py`, the window and batch pipeline `pipeline.py`, and the
-checks of what the API takes as texts `inputs.py`.
+window and batch pipeline `pipeline.py`, and the checks of what the API takes as texts
+`inputs.py`.
 """
 
 from __future__ import annotations

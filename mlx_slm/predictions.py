@@ -1,5 +1,5 @@
 """What a run gives back: one `Prediction` per item, the run's figures (`Stats`), and the
-tokenized `Item` a scorer works on. Shared by the classifier and the scorers."""
+tokenized `Item` a scoring kind works on. Shared by the classifier and the kinds."""
 
 from __future__ import annotations
 

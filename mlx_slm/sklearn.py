@@ -450,7 +450,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "task_")
         texts = _texts(X)
         clf = self._clf()
-        if clf.head is not None:  # the head's maths on its features (cached), as Classifier._run_head does it
+        if clf.head is not None:  # the head's maths on its features (cached), as the head kind does it
             lp = clf.head.log_probs(self._head_input(clf, texts))
             return np.exp(lp), lp
         names = list(self.task_.labels)
