@@ -105,7 +105,7 @@ class SeqClsHead:
             e = np.exp(x - x.max(axis=-1, keepdims=True))
             return e / e.sum(axis=-1, keepdims=True)
         if self.function == "sigmoid":
-            return 0.5 * (1.0 + np.tanh(0.5 * x))  # = 1 / (1 + exp(-x)), without overflow
+            return np.exp(-np.logaddexp(0.0, -x))  # = 1 / (1 + exp(-x)), without overflow or cancellation
         return x
 
     def prompt_ids(self, ids: Sequence[int]) -> list[int]:
