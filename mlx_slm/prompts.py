@@ -314,21 +314,21 @@ def example_problem(text: str, label: str, labels: Sequence[str]) -> str | None:
 
 def encode_texts(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[list[int]]:
     """Token ids of each text, or each (text, pair), exactly as `tokenizer(text, pair)` gives
-    them (batched: a fast tokenizer encodes a batch as it encodes each item alone)."""
+    them one item at a time, as the pipeline calls it (batched: a fast tokenizer encodes a
+    batch as it encodes each item alone). An empty pair is no pair there (`if text_pair`)."""
     if pairs is not None and len(pairs) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
-    if not texts:
-        return []
-    try:
-        got = tokenizer(list(texts), list(pairs)) if pairs is not None else tokenizer(list(texts))
-    except (TypeError, ValueError, NotImplementedError) as e:
-        if pairs is None:
-            raise
-        raise PromptError(
-            f"this model's tokenizer cannot encode a text pair ({type(e).__name__}: {e}): give single texts, "
-            "or a template that places both ({text} and {pair})"
-        ) from None
-    return [list(x) for x in got["input_ids"]]
+    out: list[list[int]] = [[] for _ in texts]
+    paired = [i for i in range(len(texts)) if pairs is not None and pairs[i]]
+    single = [i for i in range(len(texts)) if not (pairs is not None and pairs[i])]
+    if paired:
+        got = tokenizer([texts[i] for i in paired], [pairs[i] for i in paired])["input_ids"]  # type: ignore[index]
+        for i, ids in zip(paired, got):
+            out[i] = list(ids)
+    if single:
+        for i, ids in zip(single, tokenizer([texts[i] for i in single])["input_ids"]):
+            out[i] = list(ids)
+    return out
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -340,6 +340,14 @@ def encode_pair(tokenizer: Any, text: str, pair: str) -> list[int]:
     """A (text, text_pair) as the tokenizer encodes a pair (its pair template, or the two
     encodings one after the other when it has none)."""
     return encode_texts(tokenizer, [text], [pair])[0]
+
+
+def pair_is_concatenation(tokenizer: Any) -> bool:
+    """Whether the tokenizer joins a pair with nothing around or between the two texts (each
+    encoded alone, one after the other: Qwen2's and SmolLM2's), so a model can tell where the
+    second text starts only from the texts themselves (a template with `{pair}` marks it)."""
+    a, b = "Query text.", "Document text."
+    return encode_pair(tokenizer, a, b) == sum(tokenize(tokenizer, [a, b]), [])
 
 
 # --------------------------------------------------------------------------- Qwen3-Reranker
