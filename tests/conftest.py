@@ -354,7 +354,7 @@ def pytest_terminal_summary(terminalreporter):
     dicts), printed after the run: measured figures, not a test."""
     import sys
 
-    for name in ("test_models_arch", "test_mlxlm_fallback", "test_quantized"):
+    for name in ("test_models_arch", "test_mlxlm_fallback", "test_quantized", "test_seqcls_models"):
         diffs = getattr(sys.modules.get(name), "MAX_DIFF", None)
         if diffs:
             terminalreporter.write_sep("-", f"max |diff| against the reference ({name})")
