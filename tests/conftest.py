@@ -255,6 +255,13 @@ def tiny_qwen_mlx(tiny_arch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_seqcls_mlx(tiny_arch) -> Path:
+    """A tiny Qwen2ForSequenceClassification (3 labels: negative, neutral, positive; softmax),
+    converted (float32); others: `tiny_arch.seqcls_mlx(arch, num_labels, problem_type, id2label)`."""
+    return tiny_arch.seqcls_mlx("qwen2", 3)
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     from mlx_slm.sources import fetch_gguf
 

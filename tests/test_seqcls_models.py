@@ -128,8 +128,8 @@ def test_reference_path_gives_our_numbers(tiny):
     _check(f"{_name(tiny.case)}/reference", lg, tiny.ref(tiny.prompts[1]))
 
 
-def test_no_lm_head_refuses_label_scoring(tiny_arch):
-    m = load_model(tiny_arch.seqcls_mlx("qwen2", 3))
+def test_no_lm_head_refuses_label_scoring(tiny_arch, tiny_seqcls_mlx):
+    m = load_model(tiny_seqcls_mlx)
     h, _ = m(mx.array([[5, 6, 7]]))
     for call in (lambda: m.logits(h), lambda: m.logits(h, mx.array([1, 2])), m.head_weight, m.head):
         with pytest.raises(ModelError, match="Qwen2ForSequenceClassification .*no LM head") as e:
@@ -279,3 +279,42 @@ def test_a_family_only_mlx_lm_covers(family, tmp_path):
     for r, p in enumerate(rows):
         with torch.no_grad():
             _check(f"{family}-fallback", got[r], hf(torch.tensor([p])).logits[0].numpy())
+
+
+def test_a_multimodal_gemma3_sequence_classifier(tmp_path):
+    """Gemma3ForSequenceClassification (model_type gemma3): the text model under
+    `model.language_model.`, a vision tower (dropped), the pad id in text_config, the labels on top."""
+    from conftest import tiny_config
+    from transformers import Gemma3Config
+
+    tok = make_tokenizer(tmp_path / "hf")
+    text = {k: v for k, v in tiny_config("gemma3", tok).to_dict().items() if k not in ("architectures", "id2label",
+            "label2id", "model_type", "transformers_version", "dtype", "torch_dtype")}  # fmt: skip
+    vision = dict(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+    )
+    cfg = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=1,
+        boi_token_index=1,
+        eoi_token_index=2,
+        id2label={0: "neg", 1: "pos"},
+        label2id={"neg": 0, "pos": 1},
+    )
+    torch.manual_seed(6)
+    hf = AutoModelForSequenceClassification.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf.score.weight.normal_(0, 0.3)  # the multimodal config's initializer range (0.02) gives tiny logits
+    hf.save_pretrained(str(tmp_path / "hf"))
+    out = convert(tmp_path / "hf", tmp_path / "mlx", dtype="float32", progress=None)
+    m = load_model(out)
+    assert m.seqcls.architecture == "Gemma3ForSequenceClassification" and m.seqcls.labels == ("neg", "pos")
+    assert m.seqcls.pad_token_id == tok.pad_token_id and not hasattr(m, "vision_tower")
+    rows = [[int(x) for x in np.random.default_rng(k).integers(3, len(tok), size=n)] for k, n in enumerate([40, 5])]
+    got = np.array(sequence_logits(m, *padded(rows, 0)))
+    assert np.abs(got).max() > 0.1
+    for r, p in enumerate(rows):
+        with torch.no_grad():
+            _check("gemma3-multimodal", got[r], hf(torch.tensor([p])).logits[0].numpy())
