@@ -269,7 +269,8 @@ def seqcls_in_child(
         got: dict[str, Any] = {k: data[k] for k in ("logits", "probs")}
         got["labels"], got["seconds"] = [str(x) for x in data["labels"]], float(data["seconds"])
         if "ids" in data:
-            got["ids"] = [x.tolist() for x in np.split(data["ids"], np.cumsum(data["lengths"])[:-1])]
+            ends = np.cumsum(data["lengths"]).tolist()
+            got["ids"] = [data["ids"][e - n : e].tolist() for n, e in zip(data["lengths"].tolist(), ends)]
         return got
 
 

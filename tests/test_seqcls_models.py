@@ -128,6 +128,28 @@ def test_reference_path_gives_our_numbers(tiny):
     _check(f"{_name(tiny.case)}/reference", lg, tiny.ref(tiny.prompts[1]))
 
 
+@pytest.mark.slow
+def test_reference_in_a_child_process(tiny_seqcls_mlx):
+    """What `parity` will call: Transformers in a child process (no OpenBLAS preload), on ids or on texts."""
+    from mlx_slm.reference import seqcls_in_child
+
+    m = load_model(tiny_seqcls_mlx)
+    rows = [[5, 9, 30, 2, 77], [12, 13], [40]]
+    got = seqcls_in_child(tiny_seqcls_mlx, prompts=rows)
+    ours = np.array(sequence_logits(m, *padded(rows, 0)))
+    assert got["labels"] == list(m.seqcls.labels) and got["seconds"] > 0
+    _check("qwen2-child", ours, got["logits"])
+    _check("qwen2-child", m.seqcls.probabilities(ours), got["probs"])
+    texts, pairs = ["I was charged twice", "x"], ["refund", ""]
+    got = seqcls_in_child(tiny_seqcls_mlx, texts=texts, pairs=pairs)
+    from transformers import AutoTokenizer
+
+    assert got["ids"] == encode_texts(AutoTokenizer.from_pretrained(str(tiny_seqcls_mlx)), texts, pairs)
+    _check("qwen2-child", np.array(sequence_logits(m, *padded(got["ids"], 0))), got["logits"])
+    with pytest.raises(ValueError, match="either prompts"):
+        seqcls_in_child(tiny_seqcls_mlx)
+
+
 def test_no_lm_head_refuses_label_scoring(tiny_arch, tiny_seqcls_mlx):
     m = load_model(tiny_seqcls_mlx)
     h, _ = m(mx.array([[5, 6, 7]]))
