@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import batching, pipeline
+from . import pipeline
 from .calibration import Calibration, CalibrationSpec, Calibrator
 
 # The constructor and the task's settings live in classifier_base.py; the batch defaults are
@@ -41,6 +41,7 @@ from .classifier_base import (  # noqa: F401
     default_max_batch_tokens,
 )
 from .engine import Engine
+from .kinds import spec_of
 from .inputs import as_texts as _as_texts
 from .inputs import check_frame, check_new_columns
 from .inputs import check_window as _check_window
@@ -50,12 +51,8 @@ from .inputs import missing as _missing  # noqa: F401
 from .inputs import with_progress as _with_progress
 from .labels import LabelError
 from .predictions import Item, Prediction, Stats
-from .prefix_cache import PrefixCache
-from .prepare import prepare as prepare_items
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from .records import RecordShape
 from .registry import DEFAULT_MODEL
-from .scorers import pooled_features
 
 if TYPE_CHECKING:
     from .task import Task
@@ -105,7 +102,7 @@ class Classifier(ClassifierBase):
         t = task if isinstance(task, Task) else Task.load(task)
         engine = engine or Engine.load(t.model, dtype, dequantize)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
-        if engine.path is not None and (t.calibration.fitted or t.heads):
+        if engine.path is not None and t.pins_weights:
             t.check_weights(engine.weights_sha256, str(engine.path))
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
@@ -114,11 +111,12 @@ class Classifier(ClassifierBase):
                 f"from_task takes {', '.join(clash)} from the task: build Classifier(engine, labels, "
                 "system, template, ...) for another task, or save one (Task, --save-task)"
             )
+        # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
+        own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass", "features_only") if k in kwargs}
+        kind = spec_of(replace(t.kind_args(), **own))
         # Run settings may be overridden, as classify's own arguments can.
         run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
-        if t.questions:
-            return cls(engine, system=t.system, template=t.template, questions=t.questions, **kwargs)
-        return cls(engine, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples, head=t.head, **run)
+        return cls(engine, system=t.system, template=t.template, kind=kind, **run)
 
     # ------------------------------------------------------------------ public API
     def classify(
@@ -139,8 +137,7 @@ class Classifier(ClassifierBase):
         """
         texts = list(_as_texts(texts, text_column))
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
-        if cal.applies and not self.scorer.calibrates:
-            raise LabelError(self.scorer.no_calibration)
+        self.spec.check_calibration(cal)
         conf = self.min_confidence if min_confidence is None else min_confidence
         if progress:  # as each batch finishes, then back in input order before calibrating
             done = self.classify_iter(texts, window=max(1, len(texts)), ordered=False, progress=True)
@@ -191,7 +188,7 @@ class Classifier(ClassifierBase):
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
         conf = self.min_confidence if min_confidence is None else min_confidence
         # the CSV output's columns (each question's, with several), less the input's id and line
-        shape = RecordShape.of(self.labels, self.questions, calibrated=cal.applies, abstains=conf is not None)
+        shape = self.spec.record_shape(calibrated=cal.applies, abstains=conf is not None)
         names = shape.frame_columns
         check_new_columns(df, names, prefix)
         preds = self.classify(list(df[text_column]), cal, conf, progress=progress)
@@ -228,8 +225,8 @@ class Classifier(ClassifierBase):
         spec = CalibrationSpec.of(kind, warmup=None if isinstance(kind, CalibrationSpec) else self.warmup)
         if spec.kind not in ("fit", "em"):
             raise CalibrationError(f"fit_calibration fits 'fit' or 'em' calibration, not {spec.kind!r}")
-        if self.head is not None:
-            raise LabelError("calibration does not apply to a learned head: its probabilities are fitted already")
+        if not self.spec.calibrates:
+            raise LabelError(self.spec.no_calibration)
         texts, gold = list(_as_texts(texts, None)), list(_as_texts(labels, None))
         at = f"{source}: " if source else ""
 
@@ -264,13 +261,17 @@ class Classifier(ClassifierBase):
         texts = _as_texts(texts, None)
         _check_window(window)
         stats = Stats()
-        return Run(pipeline.windows(self, texts, window, stats, ordered), stats)
+        return Run(pipeline.windows(self.kind, texts, window, self.batching, stats, ordered), stats)
 
-    # ------------------------------------------------------------------ pipeline (pipeline.py, prepare.py)
+    def run_items(self, items: Sequence[Item], *, ordered: bool = True) -> Run:
+        """A run over items `prepare` made (the service's worker: its front end tokenized them)."""
+        stats = Stats()
+        return Run(pipeline.run_items(self.kind, items, self.batching, stats, ordered), stats)
+
+    # ------------------------------------------------------------------ pipeline (pipeline.py, kinds/)
     def prepare(self, texts: Sequence[str], start: int = 0) -> list[Item]:
-        """Render and tokenize (batched); flag empty and over-long items."""
-        with self.engine.lock:
-            return prepare_items(self, texts, start)
+        """Render and tokenize (batched); flag empty and over-long items (the kind's `items`)."""
+        return self.kind.items(texts, start)
 
     def features(
         self,
@@ -298,25 +299,15 @@ class Classifier(ClassifierBase):
         scoring set up (the labels are then only names)."""
         _check_window(window)
         if layers is None:
-            if self.head is None:
+            own = self.spec.feature_parts()
+            if own is None:
                 raise ValueError(
                     "features(texts, layers): give the layers (1..number of layers); only a head has its own"
                 )
-            layers = sorted(set(self.head.layers))
-            poolings = poolings or tuple(sorted(set(self.head.poolings)))
+            layers, poolings = own[0], poolings or own[1]
         poolings = tuple(poolings or ("last",))
         texts = list(_as_texts(texts, None))
-        return pipeline.features(self, texts, list(layers), window, poolings, progress)
-
-    def _features(
-        self, batch: batching.Batch, prefix: PrefixCache | None, layers: list[int], poolings: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        return pooled_features(self.engine, batch, prefix, layers, poolings, self.pool_from)
-
-    def _run_batch(
-        self, batch: batching.Batch, items: list[Item], prefix: PrefixCache | None, st: Stats
-    ) -> list[Prediction]:
-        return self.scorer.run(batch, items, prefix, st)
+        return pipeline.features(self.kind, texts, list(layers), window, poolings, self.batching, progress)
 
 
 class Run:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
 from .errors import UsageError
+from .kinds import KindArgs, KindSpec, spec_of
 from .prompts import (
     DEFAULT_LABELS,
     DEFAULT_SYSTEM,
@@ -183,6 +184,7 @@ class Setup:
             self._take_task(o.task_file)
         if o.questions_file or self.questions is not None:
             self._read_questions()
+            self.kind = self._kind()
             return
         self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
         if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
@@ -197,6 +199,19 @@ class Setup:
             self.examples = read_examples(o.examples_file, self.labels)
         if self.calibration.needs_data and not o.calibration_data:
             raise UsageError(f"--calibrate {self.calibration.kind} needs --calibration-data FILE (labelled texts)")
+        self.kind = self._kind()
+
+    def _kind(self) -> KindSpec:
+        """The scoring kind, chosen once by the kinds table from what the options and the task gave."""
+        o = self.o
+        return spec_of(
+            KindArgs(
+                tuple(self.labels or ()), o.scoring, tuple(self.examples),
+                head=None if self.task is None else self.task.head,
+                questions=None if self.questions is None else tuple(self.questions),
+                extra={"truncate": o.truncate},
+            )
+        )  # fmt: skip
 
     def _take_task(self, path: str) -> None:
         """Fill in what the command line did not give from the task file."""
@@ -288,19 +303,15 @@ class Setup:
         # Kept: --ray workers load the same classifier from these (on their own nodes).
         self.load_kwargs = dict(
             model=o.model,
-            labels=list(self.labels or ()),
             system=o.system or None,
             template=o.template,
-            **({"head": self.task.head} if self.task is not None and self.task.head is not None else {}),
+            kind=self.kind,
             **run_settings(o),
             sort=not o.no_sort,
-            scoring=o.scoring,
-            examples=tuple(self.examples),
-            **({"questions": self.questions} if self.questions is not None else {}),
         )
         self.clf = Classifier.load(**self.load_kwargs)
         self.weights = self.clf.engine.weights_sha256
-        if self.task is not None and (self.origin == "task" or self.task.heads):  # same weights only
+        if self.task is not None and (self.origin == "task" or self.task.kind.heads):  # same weights only
             self.task.check_weights(self.weights, o.model)
         if self.calibration.needs_data:
             self.calibration = self._fit(self.calibration)
@@ -368,12 +379,11 @@ class Setup:
         return f"{run.method} calibration ({where}, from the first {c.n} items {source}, no labels)"
 
     def settings(self) -> dict[str, Any]:
-        head = self.clf.head
+        """The run's settings an output's manifest records: the kind's, and the calibration."""
         return {
+            **self.clf.spec.manifest(self.clf.mode),
             "calibration": self.calibration.record(),
             "min_confidence": self.o.min_confidence,
-            "examples": [list(e) for e in self.clf.format.examples],
-            **({"head": {"layers": list(head.layers), "sha256": head.sha256}} if head is not None else {}),
         }
 
     def save_task(self, run: Any) -> None:
@@ -386,17 +396,14 @@ class Setup:
         cal = run.result()  # em keeps its base: later inputs re-estimate their own mix
         t = Task(
             model=self.o.model,
-            labels=tuple(self.clf.labels),
             system=self.o.system or None,
             template=self.o.template,
-            scoring="auto" if self.clf.questions else self.clf.mode,
-            examples=self.clf.format.examples,
             calibration=cal,
             warmup=self.o.warmup,
             min_confidence=self.o.min_confidence,
             weights_sha256=self.weights,
             versions=versions(),
-            questions=tuple(self.clf.questions or ()),
+            **self.clf.spec.task_kwargs(self.clf.mode),
         )
         t.save(path)
         if not self.o.quiet:

@@ -62,6 +62,8 @@ def evaluate(
     \b
       mlx-slm eval tickets.jsonl --calibrate batch --plots eval/ --json eval.json
       mlx-slm eval tickets.jsonl --predictions preds.jsonl   # no model run
+
+    Docs: docs/labels.md
     """
     from ..evaluate import format_report, plot, plot_paths, read_predictions, report
     from ..io import read_rows
