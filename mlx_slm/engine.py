@@ -24,7 +24,7 @@ import numpy as np
 
 from . import batching
 from .errors import ModelError
-from .models import KV, Model, load_model
+from .models import KV, Model, load_model, sequence_logits
 from .prefix_cache import PrefixCache
 
 PREFIX_SLOTS = 8  # prompt heads kept (a head is ~26-500 tokens of KV: small next to the weights)
@@ -107,6 +107,21 @@ class Engine:
             first = first.astype(mx.float32)
             mx.eval(first, *([] if full is None else [full]))
             return first, (np.array(full.astype(mx.float32)) if full is not None else None), kv
+
+    def classify(self, batch: batching.Batch, prefix: PrefixCache | None = None) -> np.ndarray:
+        """A sequence classifier's score-head logits at each row's last position (B, num_labels)
+        float32 (`models.sequence_logits`; rows hold `model.seqcls.prompt_ids`). A causal LM:
+        a ModelError (it has no score head)."""
+        with self.lock:
+            logits = sequence_logits(
+                self.model,
+                mx.array(batch.ids),
+                mx.array(batch.mask),
+                mx.array(batch.offsets),
+                cache=prefix.kv if prefix else None,
+            )
+            mx.eval(logits)
+            return np.array(logits)
 
     def features(
         self,

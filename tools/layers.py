@@ -47,6 +47,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "answers",
             "heads",
             "metrics",
+            "seqcls",
         ),
     ),
     ("weights", ("models", "fastmath", "registry", "convert", "sources")),
