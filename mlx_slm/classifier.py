@@ -49,7 +49,6 @@ from .inputs import check_window as _check_window
 # train.py and sklearn.py take `_missing` from here (it moved to inputs.py).
 from .inputs import missing as _missing  # noqa: F401
 from .inputs import with_progress as _with_progress
-from .kinds import spec_of
 from .labels import LabelError
 from .predictions import Item, Prediction, Stats
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
@@ -114,7 +113,7 @@ class Classifier(ClassifierBase):
             )
         # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
         own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass", "features_only") if k in kwargs}
-        kind = spec_of(replace(t.kind_args(), **own))
+        kind = replace(t.kind_args(), **own)  # chosen on the engine (a model's own score head included)
         # Run settings may be overridden, as classify's own arguments can.
         run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
         return cls(engine, system=t.system, template=t.template, kind=kind, **run)

@@ -11,6 +11,7 @@ are views of it, kept for callers of the Python API.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,8 @@ class ClassifierBase:
         head: Head | None = None,
         questions: Sequence[Question | Mapping[str, Any]] | None = None,
         features_only: bool = False,
-        kind: KindSpec | None = None,
+        threshold: float | None = None,
+        kind: KindSpec | KindArgs | None = None,
     ):
         if not isinstance(engine, Engine):
             raise TypeError(
@@ -91,15 +93,17 @@ class ClassifierBase:
                 except TypeError:
                     pass  # the labels kind names what it got
             given = isinstance(labels, (str, bytes)) or labels not in ((), DEFAULT_LABELS)
-            kind = spec_of(
-                KindArgs(
-                    labels=labels if (questions is None or given) else (),  # type: ignore[arg-type]
-                    scoring=scoring, examples=tuple(examples), label_descriptions=label_descriptions,
-                    keep_logits=keep_logits, label_pass=label_pass, head=head,
-                    questions=None if questions is None else tuple(questions), features_only=features_only,
-                    extra={"truncate": truncate},
-                )
+            kind = KindArgs(
+                labels=labels if (questions is None or given) else (),  # type: ignore[arg-type]
+                scoring=scoring, examples=tuple(examples), label_descriptions=label_descriptions,
+                keep_logits=keep_logits, label_pass=label_pass, head=head,
+                questions=None if questions is None else tuple(questions), features_only=features_only,
+                # A system message or template of one's own opts a sequence classifier in to a chat prompt.
+                extra={"truncate": truncate, "threshold": threshold,
+                       "chat": not (system is DEFAULT_SYSTEM and template is DEFAULT_TEMPLATE)},
             )  # fmt: skip
+        if isinstance(kind, KindArgs):  # chosen here, where the model (and any score head of its own) is known
+            kind = spec_of(replace(kind, model_head=getattr(engine.model, "seqcls", None)))
         self.engine = engine
         self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
         self.min_confidence, self.warmup = min_confidence, warmup

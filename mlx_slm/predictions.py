@@ -25,6 +25,11 @@ class Prediction:
     abstained: bool = False  # under the confidence threshold: `label` is None, route to a person
     # With several questions: {question name: its answer} (`label` is None, `probs` empty).
     answers: dict[str, dict[str, Any]] | None = None
+    # A multi-label head (a sigmoid per label): the labels at or above its threshold (`label` is None).
+    labels: list[str] | None = None
+    # A one-output head (a reranker, a reward model): its score (a sigmoid, or the raw value of a
+    # regression head); `scores` keeps the raw logit.
+    value: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -24,7 +24,7 @@ DEFAULT_LABELS = ("billing", "technical", "account")
 
 # Probe texts: different first characters (letter, digit, punctuation, space, newline),
 # so the common prefix stops before anything the item text can merge with.
-_PROBES = ("a", "Z9", "1 x", "\u00e9t\u00e9", "? ok", " lead", "\nnl")
+PROBES = ("a", "Z9", "1 x", "\u00e9t\u00e9", "? ok", " lead", "\nnl")
 
 
 # How an over-long text is cut to fit the context (`--truncate`): keep its head, its tail, or both ends.
@@ -66,19 +66,33 @@ class PromptFormat:
                 "e.g. --template 'Ticket: {text}\\nCategory:'"
             )
 
-    def messages(self, text: str) -> list[dict[str, str]]:
-        # str.replace, not str.format: templates and texts may hold other braces.
+    @property
+    def pairs(self) -> bool:
+        """Whether the template takes a second text (`{pair}`: a premise and hypothesis, a query
+        and a document)."""
+        return PAIR_PLACEHOLDER in self.template
+
+    def user(self, text: str, pair: str | None = None) -> str:
+        """The user turn of one item: `{text}` (and `{pair}`) filled in one pass, so a text that
+        holds the other placeholder's braces is never filled again."""
+        if not self.pairs:  # str.replace, not str.format: templates and texts may hold other braces
+            return self.template.replace("{text}", text)
+        return _SLOTS.sub(lambda m: text if m.group(0) == "{text}" else (pair or ""), self.template)
+
+    def messages(self, text: str, pair: str | None = None) -> list[dict[str, str]]:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         for ex_text, ex_label in self.examples:
             msgs += [
-                {"role": "user", "content": self.template.replace("{text}", ex_text)},
+                {"role": "user", "content": self.user(ex_text)},
                 {"role": "assistant", "content": ex_label},
             ]
-        return msgs + [{"role": "user", "content": self.template.replace("{text}", text)}]
+        return msgs + [{"role": "user", "content": self.user(text, pair)}]
 
 
 LABELS_PLACEHOLDER = "{labels}"
 DESCRIPTIONS_PLACEHOLDER = "{label_descriptions}"
+PAIR_PLACEHOLDER = "{pair}"  # a second text (text_pair), for templates of pairs
+_SLOTS = re.compile(r"\{text\}|\{pair\}")
 
 
 def fill_labels(system: str | None, labels: Sequence[str], descriptions: Mapping[str, str] | None = None) -> str | None:
@@ -125,7 +139,7 @@ def fill_labels(system: str | None, labels: Sequence[str], descriptions: Mapping
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SYSTEM_PLACEHOLDERS = ("labels", "label_descriptions")
-TEMPLATE_PLACEHOLDERS = ("text",)
+TEMPLATE_PLACEHOLDERS = ("text", "pair")
 
 
 def _fill_typed(
@@ -204,9 +218,10 @@ def check_plain_system(system: str | None, what: str = "--system") -> str | None
     return _fill_typed(system, {}, what, elsewhere, ())
 
 
-def render(tokenizer: Any, fmt: PromptFormat, text: str) -> str:
-    """The prompt string the model sees, ending with the generation prompt."""
-    msgs = fmt.messages(text)
+def render(tokenizer: Any, fmt: PromptFormat, text: str, pair: str | None = None) -> str:
+    """The prompt string the model sees, ending with the generation prompt (`pair`: the second
+    text, where the template has `{pair}`)."""
+    msgs = fmt.messages(text, pair)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     # A base model without a chat template: plain text, system first; an example's
@@ -240,7 +255,7 @@ def common_prefix(seqs: Sequence[Sequence[int]]) -> list[int]:
 
 def shared_prefix(tokenizer: Any, fmt: PromptFormat) -> list[int]:
     """Token ids every prompt of this format starts with (found on whole probe prompts)."""
-    return common_prefix(tokenize(tokenizer, [render(tokenizer, fmt, t) for t in _PROBES]))
+    return common_prefix(tokenize(tokenizer, [render(tokenizer, fmt, t) for t in PROBES]))
 
 
 def starts_with(ids: Sequence[int], prefix: Sequence[int]) -> bool:

@@ -49,6 +49,7 @@ class TaskOptions:
     calibration_data: str | None = None
     warmup: int = DEFAULT_WARMUP
     min_confidence: float | None = None
+    threshold: float | None = None  # a multi-label sequence classifier's answer threshold
     save_task: str | None = None
     fmt: str | None = None
     text_field: str = "text"
@@ -202,16 +203,23 @@ class Setup:
         self.kind = self._kind()
 
     def _kind(self) -> KindSpec:
-        """The scoring kind, chosen once by the kinds table from what the options and the task gave."""
+        """The scoring kind as far as the options and the task tell it, before the model is
+        loaded (`kind_args`; `load` chooses again on the model, which may have its own head)."""
         o = self.o
-        return spec_of(
-            KindArgs(
-                tuple(self.labels or ()), o.scoring, tuple(self.examples),
-                head=None if self.task is None else self.task.head,
-                questions=None if self.questions is None else tuple(self.questions),
-                extra={"truncate": o.truncate},
-            )
+        seqcls = getattr(self.task, "seqcls", None)
+        self.kind_args = KindArgs(
+            tuple(self.labels or ()), o.scoring, tuple(self.examples),
+            head=None if self.task is None else self.task.head,
+            questions=None if self.questions is None else tuple(self.questions),
+            extra={
+                "truncate": o.truncate,
+                "threshold": o.threshold,
+                # A system message or template typed here opts a sequence classifier in to a chat prompt.
+                **({"chat": True} if {"system", "template"} & self.given else {}),
+                **({"seqcls": seqcls} if seqcls is not None else {}),
+            },
         )  # fmt: skip
+        return spec_of(self.kind_args)
 
     def _take_task(self, path: str) -> None:
         """Fill in what the command line did not give from the task file."""
@@ -305,11 +313,12 @@ class Setup:
             model=o.model,
             system=o.system or None,
             template=o.template,
-            kind=self.kind,
+            kind=self.kind_args,
             **run_settings(o),
             sort=not o.no_sort,
         )
         self.clf = Classifier.load(**self.load_kwargs)
+        self.kind = self.clf.spec  # chosen on the model
         self.weights = self.clf.engine.weights_sha256
         if self.task is not None and (self.origin == "task" or self.task.kind.heads):  # same weights only
             self.task.check_weights(self.weights, o.model)

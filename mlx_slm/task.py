@@ -49,6 +49,9 @@ class Task:
     # Several questions per text (`classify --questions`, `train --label-field A --label-field B`):
     # zero-shot questions and learned heads, asked in one pass; `labels` is empty then.
     questions: tuple[Question, ...] = field(default=(), compare=False)
+    # A sequence classifier's own head (`kinds.seqcls`: the model's labels, problem type,
+    # threshold, prompt), as the task file holds it; None for a causal LM's task.
+    seqcls: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
@@ -58,7 +61,8 @@ class Task:
         from .kinds import KindArgs
 
         qs = self.questions or None
-        return KindArgs(self.labels, self.scoring, self.examples, head=self.head, questions=qs)
+        extra = {"seqcls": self.seqcls} if self.seqcls is not None else {}
+        return KindArgs(self.labels, self.scoring, self.examples, head=self.head, questions=qs, extra=extra)
 
     @property
     def kind(self) -> KindSpec:
@@ -78,8 +82,8 @@ class Task:
         return self.calibration.fitted or bool(self.heads)  # type: ignore[union-attr]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, head=None, questions=()))
-        del d["head"], d["questions"]
+        d = asdict(replace(self, head=None, questions=(), seqcls=None))
+        del d["head"], d["questions"], d["seqcls"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
         d.update(self.kind.to_task())  # the kind's own section (a head, questions) goes last
@@ -172,6 +176,7 @@ FIELDS = (
     "versions",
     "head",
     "questions",
+    "seqcls",
 )
 
 

@@ -171,10 +171,18 @@ def test_label_scoring_on_a_sequence_classifier_is_a_user_error(tiny_arch):
     from mlx_slm.classifier import Classifier
     from mlx_slm.engine import Engine
 
+    from mlx_slm.kinds import LabelsSpec
+
     path = tiny_arch.seqcls_mlx("qwen2", 3)
-    clf = Classifier(Engine(load_model(path), AutoTokenizer.from_pretrained(str(path))), ["a", "b"])
+    engine = Engine(load_model(path), AutoTokenizer.from_pretrained(str(path)))
+    # Labels of one's own beside the model's: refused at once, naming the model's labels (the kinds
+    # table chooses the model's head for it).
+    with pytest.raises(UserError, match=r"its own labels \['negative', 'neutral', 'positive'\].*drop --labels"):
+        Classifier(engine, ["a", "b"])
+    # Label scoring asked for explicitly (a causal LM's task on this model): no LM head, said so.
     with pytest.raises(UserError, match="no LM head"):
-        clf.classify(["some text"])
+        Classifier(engine, kind=LabelsSpec(("a", "b")))
+    assert Classifier(engine).classify(["some text"])[0].label in ("negative", "neutral", "positive")
 
 
 # --------------------------------------------------------------------------- dtypes and quantization

@@ -101,6 +101,11 @@ _TASK_OPTIONS = [
         help="Abstain (label null, abstained true) under this probability: route those to a person.",
     ),
     click.option(
+        "--threshold",
+        type=click.FloatRange(0, 1),
+        help="A multi-label sequence classifier: its answer is the labels at or above this probability [0.5].",
+    ),
+    click.option(
         "--save-task", type=click.Path(dir_okay=False), help="Write the task (with the fitted prior) to this file."
     ),
     click.option(

@@ -2,6 +2,7 @@
 
 | kind        | module          | scores                                                  |
 |-------------|-----------------|---------------------------------------------------------|
+| `seqcls`    | `seqcls.py`     | a sequence-classification checkpoint's own score head   |
 | `questions` | `questions.py`  | several questions per text, each a branch after it      |
 | `head`      | `head.py`       | a learned linear head on hidden states                  |
 | `features`  | `head.py`       | nothing: a classifier made for its hidden states        |
@@ -25,8 +26,9 @@ from .base import Kind, KindArgs, KindSpec, OnePrompt, RunSettings, TaskError
 from .head import FeaturesSpec, HeadSpec
 from .labels import LabelsSpec
 from .questions import QuestionsSpec
+from .seqcls import SeqClsSpec
 
-KINDS: tuple[type[KindSpec], ...] = (QuestionsSpec, HeadSpec, FeaturesSpec, LabelsSpec)
+KINDS: tuple[type[KindSpec], ...] = (SeqClsSpec, QuestionsSpec, HeadSpec, FeaturesSpec, LabelsSpec)
 BY_NAME: dict[str, type[KindSpec]] = {k.name: k for k in KINDS}
 
 
@@ -82,6 +84,7 @@ __all__ = [
     "OnePrompt",
     "QuestionsSpec",
     "RunSettings",
+    "SeqClsSpec",
     "TaskError",
     "read_task",
     "request_spec",

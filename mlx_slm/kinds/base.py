@@ -53,6 +53,7 @@ class KindArgs:
     head: Any = None
     questions: tuple[Any, ...] | None = None
     features_only: bool = False
+    model_head: Any = None  # the model's own score head (`seqcls.SeqClsHead`), when it has one
     extra: dict[str, Any] = field(default_factory=dict)  # a kind's own arguments, by name
 
 
@@ -249,10 +250,20 @@ def task_examples(d: dict[str, Any], where: str, labels: Sequence[str]) -> tuple
     return tuple(ex)
 
 
+def split_pair(x: Any) -> tuple[Any, str | None]:
+    """An input as (text, second text or None): a (text, pair) tuple or list holds both."""
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        pair = x[1]
+        return x[0], (pair if isinstance(pair, str) and pair else None)
+    return x, None
+
+
 def check_texts(format_error: str | None, texts: Sequence[Any], start: int) -> list[Item]:
-    """One item per text, with an error for a text that cannot be classified (missing, empty)."""
+    """One item per text, with an error for a text that cannot be classified (missing, empty).
+    A (text, pair) is checked on its text; its pair is the kind's to take or refuse."""
     items = [Item(start + i, []) for i in range(len(texts))]
-    for item, text in zip(items, texts):
+    for item, x in zip(items, texts):
+        text, _ = split_pair(x)
         if format_error is not None:
             item.error = format_error
         elif not isinstance(text, str):
@@ -264,6 +275,15 @@ def check_texts(format_error: str | None, texts: Sequence[Any], start: int) -> l
         elif not text.strip():
             item.error = "empty text: give the item some text, or drop the row"
     return items
+
+
+def require_lm_head(engine: Engine) -> None:
+    """Label tokens, questions and yes/no prompts are scored by the LM head: a model that has a
+    sequence-classification head instead refuses them, saying what it does score."""
+    if not getattr(engine.model, "has_lm_head", True):
+        from ..errors import ModelError
+
+        raise ModelError(engine.model.seqcls.no_lm_head())
 
 
 def count(st: Stats, batch: Batch, extra: int) -> None:
@@ -299,13 +319,15 @@ class OnePrompt(Kind):
         """Checks the fixed part of every prompt against the context and sets the shared head
         (`prefix_tokens`, `pool_from`); returns the head's ids. Called once a subclass has set
         what `label_extra` reads."""
-        from ..prompts import shared_prefix
+        from ..prompts import PROBES, common_prefix
 
         problem = self.fixed_problem()
         self.format_error = None if problem is None else str(problem)
         if problem is not None and self.run.truncate is None:
             raise problem
-        shared = shared_prefix(self.engine.tokenizer, self.format)
+        # Found on token ids of whole prompts whose texts differ in their first character (a BPE
+        # merge may cross from the head into the text: see `prompts`).
+        shared = common_prefix(self.encode(list(PROBES)))
         # A mean-pooled head averages the prompt after the shared head, with or without the cache.
         self.pool_from = len(shared)
         ok = self.run.use_prefix_cache and shared and self.format_error is None
@@ -314,10 +336,10 @@ class OnePrompt(Kind):
 
     def fixed_problem(self) -> Exception | None:
         """Why no text can run (the fixed prompt, one text token and the label over the context)."""
-        from ..prompts import PromptError, render, tokenize
+        from ..prompts import PromptError
 
-        tok, fmt = self.engine.tokenizer, self.format
-        fixed = len(tokenize(tok, [render(tok, fmt, "x")])[0])  # one text token included
+        fmt = self.format
+        fixed = len(self.encode(["x"])[0])  # one text token included
         if fixed + self.label_extra <= self.max_length:
             return None
         if fixed <= self.max_length:  # the prompt fits alone: the label is what does not
@@ -331,19 +353,43 @@ class OnePrompt(Kind):
     def label_too_long(self, fixed: int) -> Exception:
         return LabelError(f"the prompt ({fixed - 1} tokens) leaves no room in the model's context of {self.max_length}")
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text's whole prompt, tokenized (batched)."""
+    @property
+    def takes_pairs(self) -> bool:
+        """Whether an item may carry a second text (the template's `{pair}`)."""
+        return self.format.pairs
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None) -> list[list[int]]:
+        """Each text's whole prompt (with its pair, where the template has `{pair}`), tokenized (batched)."""
         from ..prompts import render, tokenize
 
         tok = self.engine.tokenizer
-        return tokenize(tok, [render(tok, self.format, t) for t in texts])
+        pairs = pairs if pairs is not None else [None] * len(texts)
+        return tokenize(tok, [render(tok, self.format, t, p) for t, p in zip(texts, pairs)])
+
+    def pair_problem(self, pair: str | None) -> str | None:
+        """Why an item's pair (or its missing pair) cannot go into this kind's prompt, or None."""
+        if pair is not None and not self.takes_pairs:
+            return (
+                "the item has a second text (text_pair), but the prompt takes one text: add {pair} to the "
+                "template (e.g. --template 'Premise: {text}\nHypothesis: {pair}'), or drop the pair"
+            )
+        if pair is None and self.format.pairs:
+            return "the template holds {pair}, but the item has no second text: give it a text_pair"
+        return None
 
     def items(self, texts: Sequence[Any], start: int = 0) -> list[Item]:
         with self.engine.lock:  # the tokenizer is not safe to share mid-call
             items = check_texts(self.format_error, texts, start)
-            good = [(it, t) for it, t in zip(items, texts) if it.error is None]
+            good: list[tuple[Item, str, str | None]] = []
+            for it, x in zip(items, texts):
+                if it.error is None:
+                    text, pair = split_pair(x)
+                    it.error = self.pair_problem(pair)
+                    if it.error is None:
+                        good.append((it, text, pair))
             extra, limit = self.label_extra, self.max_length
-            for (item, text), seq in zip(good, self.encode([t for _, t in good])):
+            seqs = self.encode([t for _, t, _ in good], [p for _, _, p in good])
+            for (item, text, pair), seq in zip(good, seqs):
                 item.ids = seq
                 if len(seq) + extra <= limit:
                     continue
@@ -354,27 +400,37 @@ class OnePrompt(Kind):
                     )
                     continue
                 try:
-                    item.ids = self.truncated(text, limit - extra)
+                    item.ids = self.truncated(text, pair, limit - extra)
                     item.truncated = True
                 except ValueError as e:
                     item.error = str(e)
             return items
 
-    def truncated(self, text: str, limit: int) -> list[int]:
-        """The prompt of `text` cut (head, tail or middle, as `run.truncate` says) to at most `limit` tokens."""
+    def truncated(self, text: str, pair: str | None, limit: int) -> list[int]:
+        """The prompt cut to at most `limit` tokens: the longer of the text and its pair (the
+        tokenizers' "longest first"), at its head, tail or middle as `run.truncate` says."""
         tok, mode = self.engine.tokenizer, self.run.truncate
-        text_ids = tok(text, add_special_tokens=False)["input_ids"]
-        overhead = len(self.encode([text])[0]) - len(text_ids)
+        cut_pair = pair is not None and len(tok(pair, add_special_tokens=False)["input_ids"]) > len(
+            tok(text, add_special_tokens=False)["input_ids"]
+        )
+        part = pair if cut_pair else text
+        assert part is not None
+
+        def whole(kept: str) -> list[int]:
+            return self.encode([text if cut_pair else kept], [kept if cut_pair else pair])[0]
+
+        part_ids = tok(part, add_special_tokens=False)["input_ids"]
+        overhead = len(whole(part)) - len(part_ids)
         keep = limit - overhead - 4  # a small margin: re-tokenizing at the cut may merge differently
         while keep > 0:
             if mode == "head":
-                kept = tok.decode(text_ids[:keep])
+                kept = tok.decode(part_ids[:keep])
             elif mode == "tail":
-                kept = tok.decode(text_ids[-keep:])
+                kept = tok.decode(part_ids[-keep:])
             else:
                 a = keep // 2
-                kept = tok.decode(text_ids[:a]) + " ... " + tok.decode(text_ids[len(text_ids) - (keep - a) :])
-            ids = self.encode([kept])[0]
+                kept = tok.decode(part_ids[:a]) + " ... " + tok.decode(part_ids[len(part_ids) - (keep - a) :])
+            ids = whole(kept)
             if len(ids) <= limit:
                 return ids
             keep -= max(4, len(ids) - limit)

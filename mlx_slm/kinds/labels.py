@@ -30,7 +30,7 @@ from ..models import KV
 from ..predictions import Item, Prediction, Stats
 from ..prefix_cache import PrefixCache
 from ..prompts import PromptError, PromptFormat, example_problem, fill_labels, render
-from .base import KindArgs, KindSpec, OnePrompt, RunSettings, count, prediction, task_examples
+from .base import KindArgs, KindSpec, OnePrompt, RunSettings, count, prediction, require_lm_head, task_examples
 
 LABEL_PASSES = ("trie", "per-label")
 LOGIT_ROWS = 256  # trie positions projected onto the vocabulary at once (256 x 151,936 floats: 156 MB)
@@ -120,6 +120,7 @@ class LabelsKind(OnePrompt):
     spec: LabelsSpec
 
     def __init__(self, spec: LabelsSpec, engine: Engine, fmt: PromptFormat, run: RunSettings):
+        require_lm_head(engine)
         super().__init__(spec, engine, fmt, run)
         tok = engine.tokenizer
         self.labelset = build_labelset(tok, spec.names, render(tok, fmt, "example"), spec.scoring)

@@ -26,7 +26,18 @@ from ..predictions import Item, Prediction, Stats
 from ..prefix_cache import PrefixCache
 from ..prompts import PromptFormat
 from ..questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, Question, QuestionError, check_questions
-from .base import Kind, KindArgs, KindSpec, RunSettings, TaskError, bad_field, check_texts, count, task_examples
+from .base import (
+    Kind,
+    KindArgs,
+    KindSpec,
+    RunSettings,
+    TaskError,
+    bad_field,
+    check_texts,
+    count,
+    require_lm_head,
+    task_examples,
+)
 from .head import check_head
 from .labels import LOGIT_ROWS
 
@@ -154,6 +165,7 @@ class QuestionsKind(Kind):
     spec: QuestionsSpec
 
     def __init__(self, spec: QuestionsSpec, engine: Engine, fmt: PromptFormat, run: RunSettings):
+        require_lm_head(engine)
         if not getattr(engine.model, "supports_tree", False):
             raise QuestionError(
                 f"several questions per text need one of our architectures (tree masks); {engine.path} runs "
