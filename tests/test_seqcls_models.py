@@ -170,7 +170,6 @@ def test_label_scoring_on_a_sequence_classifier_is_a_user_error(tiny_arch):
 
     from mlx_slm.classifier import Classifier
     from mlx_slm.engine import Engine
-
     from mlx_slm.kinds import LabelsSpec
 
     path = tiny_arch.seqcls_mlx("qwen2", 3)
