@@ -242,7 +242,10 @@ class ClassifyJob:
         column raises here), before the model loads and before the output is touched."""
         from .io import read_rows
 
-        rows = iter(read_rows(self.input, *self.setup.o.read_args(), id_required=self.setup.id_required))
+        o = self.setup.o
+        rows = iter(
+            read_rows(self.input, *o.read_args(), id_required=self.setup.id_required, pair=o.pair_arg(self.input))
+        )
         first = next(rows, None)
         rows = itertools.chain([first] if first is not None else [], rows)
         if self.dist.shard is not None:  # before the model loads: too many shards fail at once
@@ -361,7 +364,7 @@ class ClassifyJob:
             for row in rows:
                 pending.append(row)
                 if row.error is None:
-                    yield row.text
+                    yield row.item
 
         def flush_errors() -> None:
             while pending and pending[0].error is not None:

@@ -56,6 +56,8 @@ class TaskOptions:
     id_field: str = "id"
     text_column: str = "text"
     id_column: str = "id"
+    pair_field: str = "text_pair"  # JSONL/Parquet: a second text, read where a row has it
+    pair_column: str | None = None  # CSV/TSV: the column of a second text (none unless named)
     gold_field: str = "label"
     batch_size: int | None = None
     max_batch_tokens: int | None = None
@@ -72,6 +74,13 @@ class TaskOptions:
     def read_args(self) -> tuple[str | None, str, str, str, str]:
         """`io.read_rows`' format and field arguments."""
         return self.fmt, self.text_field, self.id_field, self.text_column, self.id_column
+
+    def pair_arg(self, path: str | None) -> str | None:
+        """`io.read_rows`' `pair`: the CSV column named by --pair-column, else the JSONL/Parquet field."""
+        from .io import guess_format
+
+        fmt = self.fmt or (guess_format(path, b"", self.text_column) if path not in (None, "-") else None)
+        return self.pair_column if fmt in ("csv", "tsv") else (self.pair_column or self.pair_field)
 
 
 def flag_names(names: set[str]) -> str:
@@ -333,7 +342,7 @@ class Setup:
 
         o = self.o
         path = o.calibration_data
-        rows = list(read_rows(path, None, *self.o.read_args()[1:], gold=o.gold_field))
+        rows = list(read_rows(path, None, *self.o.read_args()[1:], gold=o.gold_field, pair=o.pair_arg(path)))
         for r in rows:
             why = r.error or gold_problem(r, self.clf.labels, o.gold_field)
             if why:
@@ -343,7 +352,7 @@ class Setup:
                 f"--calibration-data {path} is empty: give it labelled texts (text and {o.gold_field})"
             )
         fitted = self.clf.fit_calibration(
-            [r.text for r in rows],
+            [r.item for r in rows],
             [str(r.gold) for r in rows],
             spec,
             window=o.window,

@@ -33,7 +33,18 @@ ORDER = (
 )
 SECTIONS = {
     **dict.fromkeys(
-        ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field", "gold_fields"), "Input"
+        (
+            "fmt",
+            "text_field",
+            "id_field",
+            "text_column",
+            "id_column",
+            "gold_field",
+            "gold_fields",
+            "pair_field",
+            "pair_column",
+        ),
+        "Input",
     ),
     **dict.fromkeys(("predictions", "input_path", "n"), "Input"),
     **dict.fromkeys(("output", "output_format", "resume", "on_error", "save_task", "json_path", "plots"), "Output"),

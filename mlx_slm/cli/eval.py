@@ -88,7 +88,9 @@ def evaluate(
         check_outputs(inputs, [("--plots", plots)])
         # The files in it too (a link placed at confusion.png): refused now, not after the report.
         check_outputs(inputs, [("--plots", str(p)) for p in plot_paths(plots)])
-    rows = list(read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required))
+    rows = list(
+        read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required, pair=s.pair_arg(input))
+    )
     labels = setup.labels
     if predictions:
         preds = read_predictions(predictions, rows, input)
@@ -118,7 +120,7 @@ def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, A
     clf = setup.load()
     calib = setup.calibration_run()
     ok = [r for r in rows if r.error is None]
-    run = clf.run([r.text for r in ok], window=setup.o.window)
+    run = clf.run([r.item for r in ok], window=setup.o.window)
     got = iter(calib(run))
     preds: list[dict[str, Any] | None] = []
     for r in rows:

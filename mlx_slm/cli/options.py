@@ -120,6 +120,13 @@ _TASK_OPTIONS = [
     ),
     click.option("--text-column", default="text", show_default=True, help="CSV column holding the text."),
     click.option(
+        "--pair-field",
+        default="text_pair",
+        show_default=True,
+        help="JSONL/Parquet field of a second text (a pair: NLI, a query and a document), read where present.",
+    ),
+    click.option("--pair-column", help="CSV/TSV column of a second text (a pair); none unless named."),
+    click.option(
         "--id-column", default="id", show_default=True, help="CSV column holding the id (default: line number)."
     ),
     click.option(
