@@ -77,6 +77,8 @@ class ClassifierBase:
         questions: Sequence[Question | Mapping[str, Any]] | None = None,
         features_only: bool = False,
         threshold: float | None = None,
+        reranker: str | None = None,
+        instruction: str | None = None,
         kind: KindSpec | KindArgs | None = None,
     ):
         if not isinstance(engine, Engine):
@@ -100,10 +102,16 @@ class ClassifierBase:
                 questions=None if questions is None else tuple(questions), features_only=features_only,
                 # A system message or template of one's own opts a sequence classifier in to a chat prompt.
                 extra={"truncate": truncate, "threshold": threshold,
-                       "chat": not (system is DEFAULT_SYSTEM and template is DEFAULT_TEMPLATE)},
+                       "chat": not (system is DEFAULT_SYSTEM and template is DEFAULT_TEMPLATE),
+                       # a reranker's settings: the question scorer takes the prompt given
+                       "reranker": reranker, "instruction": instruction,
+                       **({"system": None if system is DEFAULT_SYSTEM else system,
+                           "template": None if template is DEFAULT_TEMPLATE else template}
+                          if reranker == "question" else {})},
             )  # fmt: skip
         if isinstance(kind, KindArgs):  # chosen here, where the model (and any score head of its own) is known
-            kind = spec_of(replace(kind, model_head=getattr(engine.model, "seqcls", None)))
+            extra = {"model_name": str(engine.path or ""), **kind.extra}
+            kind = spec_of(replace(kind, model_head=getattr(engine.model, "seqcls", None), extra=extra))
         self.engine = engine
         self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
         self.min_confidence, self.warmup = min_confidence, warmup

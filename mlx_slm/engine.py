@@ -96,6 +96,7 @@ class Engine:
                 mx.array(batch.mask),
                 mx.array(batch.offsets),
                 cache=prefix.kv if prefix else None,
+                cache_mask=prefix.mask if prefix else None,
                 last_only=True,
             )
             if keep_logits:
@@ -119,6 +120,7 @@ class Engine:
                 mx.array(batch.mask),
                 mx.array(batch.offsets),
                 cache=prefix.kv if prefix else None,
+                cache_mask=prefix.mask if prefix else None,
             )
             mx.eval(logits)
             return np.array(logits)
@@ -191,11 +193,15 @@ class Engine:
                 mx.eval(kv)
             return kv, sums, pool.sum(axis=1).astype(np.float32)
 
-    def cache_mask(self, batch: batching.Batch, prefix_len: int) -> mx.array:
-        """Which cached keys a continuation of the batch's rows sees: the shared prefix, then each
-        row's own real prompt tokens (its left padding masked)."""
+    def cache_mask(self, batch: batching.Batch, prefix: Any) -> mx.array:
+        """Which cached keys a continuation of the batch's rows sees: the prefix (`prefix`: its
+        length for a shared one, or a `StackedPrefix` with each row's real keys), then each row's
+        own real prompt tokens (its left padding masked)."""
         B = batch.ids.shape[0]
-        return mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
+        if getattr(prefix, "mask", None) is not None:
+            return mx.concatenate([prefix.mask, mx.array(batch.mask)], axis=1)
+        n = prefix if isinstance(prefix, int) else (len(prefix) if prefix is not None else 0)
+        return mx.array(np.concatenate([np.ones((B, n), dtype=bool), batch.mask], axis=1))
 
     def continue_after(
         self,

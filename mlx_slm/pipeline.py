@@ -28,7 +28,7 @@ import numpy as np
 from . import batching
 from .inputs import progress_bar
 from .predictions import Item, Prediction, Stats
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, StackedPrefix
 from .prompts import starts_with
 
 if TYPE_CHECKING:
@@ -94,43 +94,64 @@ def run_items(
         next_out += 1
 
 
+def head_of(kind: Kind, item: Item) -> tuple[int, ...]:
+    """The cached head an item runs after: its own (a reranker's query), else the kind's shared
+    one; () when it runs whole (the rule for the batch plan and the service's cost estimate alike)."""
+    head = item.head if item.head is not None else kind.prefix_tokens
+    return head if head and starts_with(item.ids, head) else ()
+
+
 def prefix_hit(kind: Kind, item: Item) -> bool:
-    """Whether an item runs after the shared head's cached KV (the one rule, for the batch plan
-    and the service's cost estimate alike)."""
-    return bool(kind.prefix_tokens) and starts_with(item.ids, kind.prefix_tokens)
+    """Whether an item runs after a cached head (see `head_of`)."""
+    return bool(head_of(kind, item))
 
 
 def item_cost(kind: Kind, item: Item, hit: bool) -> int:
     """Tokens an item puts in a batch's budget: its suffix after the cached head (when it
     continues it) and the kind's extra tokens per row, as `batching.plan` counts them."""
-    return len(item.ids) - (len(kind.prefix_tokens) if hit else 0) + kind.row_extra
+    return len(item.ids) - (len(head_of(kind, item)) if hit else 0) + kind.row_extra
 
 
 def batches(
     kind: Kind, items: Sequence[Item], plan: BatchSettings, st: Stats
-) -> Iterator[tuple[batching.Batch, list[Item], PrefixCache | None]]:
+) -> Iterator[tuple[batching.Batch, list[Item], PrefixCache | StackedPrefix | None]]:
     """The length-bucketed batches of a window's good items: (padded batch, its items, the
-    prefix KV it continues, or None). Items starting with the shared head run after it."""
+    prefix KV it continues, or None). Items starting with a cached head run after it: the
+    kind's shared head (one KV broadcast over the batch), or each item's own (a reranker's
+    query): rows of several heads share a batch, each after its own KV (`StackedPrefix`)."""
     live = [it for it in items if not it.error]
-    p_len = len(kind.prefix_tokens)
-    hit = [prefix_hit(kind, it) for it in live]
-    cached = [it for it, h in zip(live, hit) if h]
-    uncached = [it for it, h in zip(live, hit) if not h]
-    prefix = None
-    if cached:
-        prefix, computed = kind.engine.prefix(kind.prefix_tokens)
-        # Net of the pass that computed the prefix, when this run paid for it (a prefix
-        # already in the engine's cache, from an earlier run or task, costs nothing).
-        st.processed_tokens += p_len if computed else 0
-        st.prefix_saved_tokens += len(cached) * p_len - (p_len if computed else 0)
-    for group, pre in ((cached, prefix), (uncached, None)):
+    heads = [head_of(kind, it) for it in live]
+    caches: dict[tuple[int, ...], PrefixCache] = {}
+    for h in dict.fromkeys(x for x in heads if x):
+        caches[h], computed = kind.engine.prefix(h)
+        n = sum(1 for x in heads if x == h)
+        # Net of the pass that computed the head, when this run paid for it (a head already in
+        # the engine's cache, from an earlier run or task, costs nothing).
+        st.processed_tokens += len(h) if computed else 0
+        st.prefix_saved_tokens += n * len(h) - (len(h) if computed else 0)
+    mixed = len(caches) > 1 and getattr(kind.engine.model, "supports_tree", False)
+    if mixed:  # one plan over every head's items: a batch's rows each continue their own head
+        groups = [([it for it, h in zip(live, heads) if h], True), ([it for it, h in zip(live, heads) if not h], False)]
+    else:  # a plan per head (the model cannot mask a batch of heads), then the items that run whole
+        groups = [([it for it, x in zip(live, heads) if x == h], True) for h in caches]
+        groups.append(([it for it, h in zip(live, heads) if not h], False))
+    for group, cached in groups:
         if not group:
             continue
-        p = len(pre) if pre is not None else 0
-        suffixes = [it.ids[p:] for it in group]
+        own = [head_of(kind, it) if cached else () for it in group]
+        suffixes = [it.ids[len(h) :] for it, h in zip(group, own)]
         lengths = [len(s) for s in suffixes]
         for idx in batching.plan(lengths, plan.batch_size, plan.max_batch_tokens, plan.sort, kind.row_extra):
-            yield batching.pad(suffixes, idx, kind.engine.pad_id, cache_len=p), [group[i] for i in idx], pre
+            rows = [own[i] for i in idx]
+            if not cached:
+                pre: PrefixCache | StackedPrefix | None = None
+                start: int | np.ndarray = 0
+            elif all(r == rows[0] for r in rows):
+                pre, start = caches[rows[0]], len(rows[0])
+            else:
+                pre = StackedPrefix([caches[r] for r in rows])
+                start = pre.lengths
+            yield batching.pad(suffixes, idx, kind.engine.pad_id, cache_len=start), [group[i] for i in idx], pre
 
 
 def features(

@@ -52,6 +52,8 @@ class Task:
     # A sequence classifier's own head (`kinds.seqcls`: the model's labels, problem type,
     # threshold, prompt), as the task file holds it; None for a causal LM's task.
     seqcls: dict[str, Any] | None = field(default=None, compare=False)
+    # A reranker's settings (`kinds.rerank`: its scorer, the qwen3 instruction, a question's prompt).
+    rerank: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
@@ -61,7 +63,11 @@ class Task:
         from .kinds import KindArgs
 
         qs = self.questions or None
-        extra = {"seqcls": self.seqcls} if self.seqcls is not None else {}
+        extra: dict[str, Any] = {"seqcls": self.seqcls} if self.seqcls is not None else {}
+        if self.rerank is not None:
+            r = self.rerank
+            extra.update(reranker=r["scorer"], instruction=r.get("instruction"))
+            extra.update({k: r[k] for k in ("system", "template") if k in r})
         return KindArgs(self.labels, self.scoring, self.examples, head=self.head, questions=qs, extra=extra)
 
     @property
@@ -82,8 +88,8 @@ class Task:
         return self.calibration.fitted or bool(self.heads)  # type: ignore[union-attr]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, head=None, questions=(), seqcls=None))
-        del d["head"], d["questions"], d["seqcls"]
+        d = asdict(replace(self, head=None, questions=(), seqcls=None, rerank=None))
+        del d["head"], d["questions"], d["seqcls"], d["rerank"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
         d.update(self.kind.to_task())  # the kind's own section (a head, questions) goes last
@@ -177,6 +183,7 @@ FIELDS = (
     "head",
     "questions",
     "seqcls",
+    "rerank",
 )
 
 

@@ -24,7 +24,9 @@ def _corpus() -> list[str]:
     return [t for t, _ in tickets(60)] + [DEFAULT_SYSTEM, "Ticket: Category: refund request status"] * 3
 
 
-def make_tokenizer(out: Path):
+def make_tokenizer(out: Path, words: tuple[str, ...] = ()):
+    """A tiny byte-level BPE tokenizer trained on the workload (`words`: more corpus lines, each
+    seen often enough to become one token, e.g. a reranker's "yes" and "no")."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -36,7 +38,7 @@ def make_tokenizer(out: Path):
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(_corpus() + [w for w in words for _ in range(200)], trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML
     )
@@ -44,7 +46,7 @@ def make_tokenizer(out: Path):
     return fast
 
 
-def make_tiny(out: Path, arch: str) -> Path:
+def make_tiny(out: Path, arch: str, words: tuple[str, ...] = ()) -> Path:
     """A random tiny checkpoint saved as a Hugging Face directory (float32 safetensors).
 
     arch: qwen2, llama, qwen3 (head_dim 24, not hidden / heads; sliding-window layers from
@@ -55,7 +57,7 @@ def make_tiny(out: Path, arch: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    cfg = tiny_config(arch, make_tokenizer(out))
+    cfg = tiny_config(arch, make_tokenizer(out, words))
     torch.manual_seed({"qwen2": 0, "llama": 1, "qwen3": 2, "gemma3": 3}[arch])
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     _vary(model, arch)

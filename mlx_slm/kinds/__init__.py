@@ -2,6 +2,7 @@
 
 | kind        | module          | scores                                                  |
 |-------------|-----------------|---------------------------------------------------------|
+| `rerank`    | `rerank.py`     | (query, document) relevance, each query's tokens once   |
 | `seqcls`    | `seqcls.py`     | a sequence-classification checkpoint's own score head   |
 | `questions` | `questions.py`  | several questions per text, each a branch after it      |
 | `head`      | `head.py`       | a learned linear head on hidden states                  |
@@ -26,9 +27,10 @@ from .base import Kind, KindArgs, KindSpec, OnePrompt, RunSettings, TaskError
 from .head import FeaturesSpec, HeadSpec
 from .labels import LabelsSpec
 from .questions import QuestionsSpec
+from .rerank import RerankSpec
 from .seqcls import SeqClsSpec
 
-KINDS: tuple[type[KindSpec], ...] = (SeqClsSpec, QuestionsSpec, HeadSpec, FeaturesSpec, LabelsSpec)
+KINDS: tuple[type[KindSpec], ...] = (RerankSpec, SeqClsSpec, QuestionsSpec, HeadSpec, FeaturesSpec, LabelsSpec)
 BY_NAME: dict[str, type[KindSpec]] = {k.name: k for k in KINDS}
 
 
@@ -83,6 +85,7 @@ __all__ = [
     "LabelsSpec",
     "OnePrompt",
     "QuestionsSpec",
+    "RerankSpec",
     "RunSettings",
     "SeqClsSpec",
     "TaskError",
