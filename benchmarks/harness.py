@@ -402,7 +402,10 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="mlx-slm bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="mlx-slm bench",
+        description=__doc__,
+        epilog="Docs: docs/benchmarks.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--n", type=int, default=600, help="length-stratified subsample size (default: all 600)")

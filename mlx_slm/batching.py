@@ -73,8 +73,9 @@ def plan(
     return batches
 
 
-def pad(seqs: Sequence[Sequence[int]], indices: np.ndarray, pad_id: int, cache_len: int = 0) -> Batch:
-    """Left-pad `seqs[indices]` to the longest; offsets put real tokens after `cache_len`."""
+def pad(seqs: Sequence[Sequence[int]], indices: np.ndarray, pad_id: int, cache_len: int | np.ndarray = 0) -> Batch:
+    """Left-pad `seqs[indices]` to the longest; offsets put real tokens after `cache_len` (one
+    length for every row, or each row's own (B,): rows continuing prefixes of their own)."""
     rows = [seqs[i] for i in indices]
     L = max(len(r) for r in rows)
     ids = np.full((len(rows), L), pad_id, dtype=np.int32)

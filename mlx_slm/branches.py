@@ -14,7 +14,7 @@ tree, every branch of a row in one extra pass over that row's KV:
 A branch token sees the row's cached keys (head and text) and its own branch's earlier
 tokens, never another branch (`visible`, a per-row tree mask), at the RoPE position it
 has in its question's own prompt (`positions`). So each answer is exactly the one that
-question's prompt gets alone; `Engine.branch_scores` runs a pack.
+question's prompt gets alone; `kinds.questions.branch_scores` runs a pack.
 
 Pure planning here (no model): rendering, the split, and packing branches into passes.
 """

@@ -2,20 +2,21 @@
 
 Data flows one way through the modules:
 
-    texts -> prompts (render, tokenize) -> prefix split (engine's prefix LRU)
-          -> batch plan (batching) -> forward (engine) -> label scores (scoring)
-          -> predictions -> calibration (calibration.Calibration) -> the caller
+    texts -> items (the kind renders and tokenizes) -> prefix split (engine's prefix LRU)
+          -> batch plan (batching) -> kind.score (engine primitives) -> predictions
+          -> calibration (the kind's calibration run) -> the caller
 
-With a learned head (`heads.Head`, trained by `mlx-slm train`) the forward stops at the
-head's layer and the head's numpy predict replaces label scoring: features (engine) ->
-head -> predictions. No label tokens run, so the label count does not change the cost.
+The scoring kind (`kinds/`: the labels' tokens, a learned head, several questions) is chosen
+once at construction from the arguments; everything that differs between kinds is the
+kind's. With a learned head the forward stops at the head's layer and no label token runs,
+so the label count does not change the cost.
 
 Each optimization can be switched off alone (`sort`, `use_prefix_cache`, the token
 budget), so its worth can be measured, and none of them may change a prediction.
 
 `Classifier` is the facade. Its construction and settings are `classifier_base.py`, the
-prompt preparation `prepare.py`, the window and batch pipeline `pipeline.py`, and the
-checks of what the API takes as texts `inputs.py`.
+window and batch pipeline `pipeline.py`, and the checks of what the API takes as texts
+`inputs.py`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import batching, pipeline
+from . import pipeline
 from .calibration import Calibration, CalibrationSpec, Calibrator
 
 # The constructor and the task's settings live in classifier_base.py; the batch defaults are
@@ -50,12 +51,8 @@ from .inputs import missing as _missing  # noqa: F401
 from .inputs import with_progress as _with_progress
 from .labels import LabelError
 from .predictions import Item, Prediction, Stats
-from .prefix_cache import PrefixCache
-from .prepare import prepare as prepare_items
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from .records import RecordShape
 from .registry import DEFAULT_MODEL
-from .scorers import pooled_features
 
 if TYPE_CHECKING:
     from .task import Task
@@ -105,7 +102,7 @@ class Classifier(ClassifierBase):
         t = task if isinstance(task, Task) else Task.load(task)
         engine = engine or Engine.load(t.model, dtype, dequantize)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
-        if engine.path is not None and (t.calibration.fitted or t.heads):
+        if engine.path is not None and t.pins_weights:
             t.check_weights(engine.weights_sha256, str(engine.path))
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
@@ -114,11 +111,12 @@ class Classifier(ClassifierBase):
                 f"from_task takes {', '.join(clash)} from the task: build Classifier(engine, labels, "
                 "system, template, ...) for another task, or save one (Task, --save-task)"
             )
+        # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
+        own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass", "features_only") if k in kwargs}
+        kind = replace(t.kind_args(), **own)  # chosen on the engine (a model's own score head included)
         # Run settings may be overridden, as classify's own arguments can.
         run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
-        if t.questions:
-            return cls(engine, system=t.system, template=t.template, questions=t.questions, **kwargs)
-        return cls(engine, t.labels, t.system, t.template, scoring=t.scoring, examples=t.examples, head=t.head, **run)
+        return cls(engine, system=t.system, template=t.template, kind=kind, **run)
 
     # ------------------------------------------------------------------ public API
     def classify(
@@ -139,8 +137,7 @@ class Classifier(ClassifierBase):
         """
         texts = list(_as_texts(texts, text_column))
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
-        if cal.applies and not self.scorer.calibrates:
-            raise LabelError(self.scorer.no_calibration)
+        self.spec.check_calibration(cal)
         conf = self.min_confidence if min_confidence is None else min_confidence
         if progress:  # as each batch finishes, then back in input order before calibrating
             done = self.classify_iter(texts, window=max(1, len(texts)), ordered=False, progress=True)
@@ -191,7 +188,7 @@ class Classifier(ClassifierBase):
         cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
         conf = self.min_confidence if min_confidence is None else min_confidence
         # the CSV output's columns (each question's, with several), less the input's id and line
-        shape = RecordShape.of(self.labels, self.questions, calibrated=cal.applies, abstains=conf is not None)
+        shape = self.spec.record_shape(calibrated=cal.applies, abstains=conf is not None)
         names = shape.frame_columns
         check_new_columns(df, names, prefix)
         preds = self.classify(list(df[text_column]), cal, conf, progress=progress)
@@ -228,8 +225,8 @@ class Classifier(ClassifierBase):
         spec = CalibrationSpec.of(kind, warmup=None if isinstance(kind, CalibrationSpec) else self.warmup)
         if spec.kind not in ("fit", "em"):
             raise CalibrationError(f"fit_calibration fits 'fit' or 'em' calibration, not {spec.kind!r}")
-        if self.head is not None:
-            raise LabelError("calibration does not apply to a learned head: its probabilities are fitted already")
+        if not self.spec.calibrates:
+            raise LabelError(self.spec.no_calibration)
         texts, gold = list(_as_texts(texts, None)), list(_as_texts(labels, None))
         at = f"{source}: " if source else ""
 
@@ -264,13 +261,17 @@ class Classifier(ClassifierBase):
         texts = _as_texts(texts, None)
         _check_window(window)
         stats = Stats()
-        return Run(pipeline.windows(self, texts, window, stats, ordered), stats)
+        return Run(pipeline.windows(self.kind, texts, window, self.batching, stats, ordered), stats)
 
-    # ------------------------------------------------------------------ pipeline (pipeline.py, prepare.py)
+    def run_items(self, items: Sequence[Item], *, ordered: bool = True) -> Run:
+        """A run over items `prepare` made (the service's worker: its front end tokenized them)."""
+        stats = Stats()
+        return Run(pipeline.run_items(self.kind, items, self.batching, stats, ordered), stats)
+
+    # ------------------------------------------------------------------ pipeline (pipeline.py, kinds/)
     def prepare(self, texts: Sequence[str], start: int = 0) -> list[Item]:
-        """Render and tokenize (batched); flag empty and over-long items."""
-        with self.engine.lock:
-            return prepare_items(self, texts, start)
+        """Render and tokenize (batched); flag empty and over-long items (the kind's `items`)."""
+        return self.kind.items(texts, start)
 
     def features(
         self,
@@ -298,25 +299,15 @@ class Classifier(ClassifierBase):
         scoring set up (the labels are then only names)."""
         _check_window(window)
         if layers is None:
-            if self.head is None:
+            own = self.spec.feature_parts()
+            if own is None:
                 raise ValueError(
                     "features(texts, layers): give the layers (1..number of layers); only a head has its own"
                 )
-            layers = sorted(set(self.head.layers))
-            poolings = poolings or tuple(sorted(set(self.head.poolings)))
+            layers, poolings = own[0], poolings or own[1]
         poolings = tuple(poolings or ("last",))
         texts = list(_as_texts(texts, None))
-        return pipeline.features(self, texts, list(layers), window, poolings, progress)
-
-    def _features(
-        self, batch: batching.Batch, prefix: PrefixCache | None, layers: list[int], poolings: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        return pooled_features(self.engine, batch, prefix, layers, poolings, self.pool_from)
-
-    def _run_batch(
-        self, batch: batching.Batch, items: list[Item], prefix: PrefixCache | None, st: Stats
-    ) -> list[Prediction]:
-        return self.scorer.run(batch, items, prefix, st)
+        return pipeline.features(self.kind, texts, list(layers), window, poolings, self.batching, progress)
 
 
 class Run:

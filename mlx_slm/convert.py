@@ -34,6 +34,7 @@ from .models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_m
 from .models.base import gguf_hf_name
 from .notices import notice
 from .safefs import DIR_MODE, refuse_symlink, temp_dir
+from .seqcls import SCORE, SCORE_WEIGHT, SeqClsHead, check_head_tensor
 
 DTYPES = ("float16", "bfloat16", "float32")
 RECORD = "conversion.json"
@@ -65,9 +66,23 @@ def _check_config(config: dict[str, Any], where: str) -> None:
     """Refuse, before any tensor is read, a config the forward would not compute exactly."""
     module = _check_arch(config.get("model_type"), where)
     try:
+        SeqClsHead.from_config(config)  # a sequence classifier's labels and problem type
         module.ModelArgs.from_dict(config) if module is not None else mlxlm.check_config(config)
     except ModelError as e:
         raise ConversionError(f"{where}: {e}") from None
+
+
+def _check_head(config: dict[str, Any], weights: dict[str, Any], where: str) -> None:
+    """Refuse a `score.weight` that does not match the config (`seqcls.check_head_tensor`),
+    before anything is written."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    w = weights.get(SCORE_WEIGHT)
+    try:
+        check_head_tensor(
+            SeqClsHead.from_config(config), None if w is None else w.shape, text.get("hidden_size"), where
+        )
+    except ModelError as e:
+        raise ConversionError(str(e)) from None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -341,11 +356,13 @@ def _quantizable(config: dict[str, Any], weights: dict[str, Any], group_size: in
     # The file keeps the source's names; map them to the model's through its sanitize (which
     # renames and drops tensors, never changes values) by passing each tensor's index. A
     # tensor sanitize combines with others (mlx-lm stacking experts) is left unquantized.
+    # A sequence classifier's `score` stays in floating point: num_labels x hidden is a few KB
+    # (nothing to save), and its rounding would land on the logits with no layer after it.
     marks = sanitize({n: mx.array(i) for i, n in enumerate(names)})
     found = [
         names[int(v.item())]
         for k, v in marks.items()
-        if v.size == 1 and k.endswith(".weight") and k[: -len(".weight")] in layers
+        if v.size == 1 and k.endswith(".weight") and k[: -len(".weight")] in layers - {SCORE}
     ]
     fits = [n for n in found if weights[n].shape[-1] % group_size == 0]
     return fits, [n for n in found if n not in fits]
@@ -416,9 +433,9 @@ def _convert_into(
     copied = stored is not None  # an mlx-lm quantized source
     target = getattr(mx, dtype)
     weights: dict[str, mx.array] = {}
-    tied = bool(config.get("tie_word_embeddings"))
+    no_lm_head = bool(config.get("tie_word_embeddings")) or SeqClsHead.from_config(config) is not None
     for i, (name, w) in enumerate(tensors):
-        if "rotary_emb.inv_freq" in name or (tied and name.startswith("lm_head.")):
+        if "rotary_emb.inv_freq" in name or (no_lm_head and name.startswith("lm_head.")):
             continue
         a = w if isinstance(w, mx.array) else mx.array(w)
         weights[name] = a if copied else a.astype(target)  # packed tensors: as they are stored
@@ -429,6 +446,7 @@ def _convert_into(
         say(f"  {len(weights)} tensors, {quant.describe(stored)} quantized: copied as stored (--dtype does not apply)")
     else:
         say(f"  {len(weights)} tensors -> {dtype}")
+    _check_head(config, weights, str(hashed[0] if len(hashed) == 1 else path))
     if bits is not None:
         weights = _quantize_weights(weights, config, bits, group_size, say)
     mx.save_safetensors(str(tmp / WEIGHTS), weights, metadata={"format": "mlx"})

@@ -24,12 +24,10 @@ import numpy as np
 
 from . import batching
 from .errors import ModelError
-from .labels import TrieChunk
-from .models import KV, Model, load_model
+from .models import KV, Model, load_model, sequence_logits
 from .prefix_cache import PrefixCache
 
 PREFIX_SLOTS = 8  # prompt heads kept (a head is ~26-500 tokens of KV: small next to the weights)
-LOGIT_ROWS = 256  # trie positions projected onto the vocabulary at once (256 x 151,936 floats: 156 MB)
 
 
 class Engine:
@@ -98,6 +96,7 @@ class Engine:
                 mx.array(batch.mask),
                 mx.array(batch.offsets),
                 cache=prefix.kv if prefix else None,
+                cache_mask=prefix.mask if prefix else None,
                 last_only=True,
             )
             if keep_logits:
@@ -109,6 +108,22 @@ class Engine:
             first = first.astype(mx.float32)
             mx.eval(first, *([] if full is None else [full]))
             return first, (np.array(full.astype(mx.float32)) if full is not None else None), kv
+
+    def classify(self, batch: batching.Batch, prefix: PrefixCache | None = None) -> np.ndarray:
+        """A sequence classifier's score-head logits at each row's last position (B, num_labels)
+        float32 (`models.sequence_logits`; rows hold `model.seqcls.prompt_ids`). A causal LM:
+        a ModelError (it has no score head)."""
+        with self.lock:
+            logits = sequence_logits(
+                self.model,
+                mx.array(batch.ids),
+                mx.array(batch.mask),
+                mx.array(batch.offsets),
+                cache=prefix.kv if prefix else None,
+                cache_mask=prefix.mask if prefix else None,
+            )
+            mx.eval(logits)
+            return np.array(logits)
 
     def features(
         self,
@@ -144,37 +159,6 @@ class Engine:
             )
             return {p: np.array(v.astype(mx.float32)) for p, v in out.items()}
 
-    def trie_logprobs(
-        self, kv: list[KV], batch: batching.Batch, prefix_len: int, chunks: Sequence[TrieChunk], n_labels: int
-    ) -> tuple[np.ndarray, int]:
-        """Per label, the sum of log p(label token k | prompt, earlier label tokens) for k >= 1,
-        all labels at once: the labels' token trie runs as one extra sequence per row.
-
-        Each trie node sees the shared prefix, its row's own prompt (through the row's KV)
-        and its own ancestors, never a sibling (`tree` mask), at RoPE position prompt end +
-        depth: exactly the context it has when its label alone follows the prompt. One pass
-        per trie chunk (one in all unless the trie has over `labels.MAX_TRIE_NODES` nodes).
-        Returns (B, n_labels) (0 for one-token labels) and the tokens run.
-        """
-        B, L = batch.ids.shape
-        cache_mask = _cache_mask(batch, prefix_len)
-        end = batch.offsets.astype(np.int32) + L  # each row's position after its last prompt token
-        out = np.zeros((B, n_labels), dtype=np.float64)
-        ran = 0
-        with self.lock:
-            for c in chunks:
-                T = len(c)
-                ids = mx.broadcast_to(mx.array(c.tokens)[None], (B, T))
-                positions = mx.array(end[:, None] + c.depth[None, :])
-                h, _ = self.model(
-                    ids, None, None, cache=kv, cache_mask=cache_mask, last_only=False, positions=positions,
-                    tree=mx.array(c.visible),
-                )  # fmt: skip
-                lp = self._edge_logprobs(h.reshape(B * T, -1), c, T)  # (B, E)
-                out[:, c.labels] += lp @ c.paths
-                ran += B * T
-        return out, ran
-
     def encode(
         self,
         batch: batching.Batch,
@@ -209,156 +193,63 @@ class Engine:
                 mx.eval(kv)
             return kv, sums, pool.sum(axis=1).astype(np.float32)
 
-    def branch_scores(
+    def cache_mask(self, batch: batching.Batch, prefix: Any) -> mx.array:
+        """Which cached keys a continuation of the batch's rows sees: the prefix (`prefix`: its
+        length for a shared one, or a `StackedPrefix` with each row's real keys), then each row's
+        own real prompt tokens (its left padding masked)."""
+        B = batch.ids.shape[0]
+        if getattr(prefix, "mask", None) is not None:
+            return mx.concatenate([prefix.mask, mx.array(batch.mask)], axis=1)
+        n = prefix if isinstance(prefix, int) else (len(prefix) if prefix is not None else 0)
+        return mx.array(np.concatenate([np.ones((B, n), dtype=bool), batch.mask], axis=1))
+
+    def continue_after(
         self,
         kv: list[KV],
-        batch: batching.Batch,
-        prefix_len: int,
-        pack: Any,
-        blocks: Sequence[Any],
-        text_sums: dict[int, np.ndarray] | None = None,
-        text_counts: np.ndarray | None = None,
-    ) -> list[np.ndarray]:
-        """Each block's option scores (B, options) from one pass over a pack of branches
-        (`branches.Pack`) after the rows' KV: an option's first-token logit (label rows only:
-        the normalizer is one per block and row, and cancels in its softmax) plus the exact
-        log-probabilities of its later tokens from its trie nodes, as `score_batch` does for
-        one prompt. `blocks[k]` is the `branches.Block` of the pack's k-th block. A block with a
-        learned head reads its branch's hidden states instead (the last position, and for a
-        mean the text part's `text_sums` / `text_counts` from `encode` joined with the branch's
-        own tokens): the head's log-probabilities."""
-        if not getattr(self.model, "supports_tree", False):
-            raise ModelError(f"several questions per text need one of our architectures; {self.path} has no tree masks")
-        B, L = batch.ids.shape
-        cache_mask = _cache_mask(batch, prefix_len)
-        end = batch.offsets.astype(np.int32) + L  # each row's position after its text part
-        firsts = [np.asarray(b.options.first_ids if b.head is None else [], dtype=np.int64) for b in blocks]
-        rows = np.unique(np.concatenate(firsts))
-        layers = sorted({x for b in blocks if b.head is not None for x in b.head.layers})
-        collect: dict[int, Any] | None = dict.fromkeys(layers) if layers else None
+        cache_mask: mx.array,
+        ids: Any,
+        *,
+        positions: np.ndarray | None = None,
+        offsets: np.ndarray | None = None,
+        tree: np.ndarray | None = None,
+        collect: dict[int, Any] | None = None,
+    ) -> mx.array:
+        """Hidden states (B, T, D) of tokens `ids` (B, T) run after the rows' KV (prefix + prompt,
+        `cache_mask` saying which keys are real): at explicit RoPE `positions` (B, T) under a
+        `tree` mask ((T, T) or (B, T, T): which new tokens each sees), or from `offsets` (B,)
+        causally. What label tries, per-label passes and question branches run."""
+        # Only what is asked for is passed: the mlx-lm fallback's model takes offsets alone.
+        tree_args: dict[str, Any] = {}
+        if positions is not None:
+            tree_args["positions"] = mx.array(positions)
+        if tree is not None:
+            tree_args["tree"] = mx.array(tree)
+        if collect is not None:
+            tree_args["collect"] = collect
         with self.lock:
             h, _ = self.model(
-                mx.array(pack.ids), None, None, cache=kv, cache_mask=cache_mask, last_only=False,
-                positions=mx.array(end[:, None] + pack.positions), tree=mx.array(pack.visible), collect=collect,
-            )  # fmt: skip
-            D = h.shape[-1]
-            out: list[np.ndarray] = [np.zeros((B, 0))] * len(blocks)
-            if len(rows):
-                at = mx.array(pack.answer_at.astype(np.int32))  # (B, K)
-                ans = mx.take_along_axis(h, at[..., None], axis=1).reshape(-1, D)
-                first = np.array(self.model.logits(ans, mx.array(rows)).astype(mx.float32), dtype=np.float64)
-                first = first.reshape(B, len(blocks), len(rows))
-                out = [first[:, k, np.searchsorted(rows, f)] for k, f in enumerate(firsts)]
-            if pack.node_at.shape[1]:
-                nodes = mx.take_along_axis(h, mx.array(pack.node_at.astype(np.int32))[..., None], axis=1)
-                self._add_trie_scores(nodes.reshape(-1, D), B, blocks, out)
-            if collect:
-                hidden = {layer: np.array(v.astype(mx.float32)) for layer, v in collect.items()}
-                for k, b in enumerate(blocks):
-                    if b.head is not None:
-                        out[k] = _head_scores(b.head, hidden, pack, k, text_sums, text_counts)
-        return out
+                ids if isinstance(ids, mx.array) else mx.array(ids),
+                None,
+                None if offsets is None else mx.array(offsets),
+                cache=kv,
+                cache_mask=cache_mask,
+                last_only=False,
+                **tree_args,
+            )
+            return h
 
-    def _add_trie_scores(self, nodes: mx.array, B: int, blocks: Sequence[Any], out: list[np.ndarray]) -> None:
-        """Adds each option's later-token log-probabilities (its trie edges) to `out` in place;
-        `nodes` (B * N, D) are the pack's trie nodes, block by block, chunk by chunk."""
-        N = nodes.shape[0] // B
-        tokens = np.unique(np.concatenate([c.edge_token for b in blocks for c in b.options.trie]))
+    def vocab_logprob_parts(self, hidden: mx.array, rows: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        """For hidden states (N, D): the vocabulary's log-sum-exp (N,) and the logits of the
+        vocabulary `rows` (N, R), float64, `chunk` positions at a time so that the (positions, V)
+        logits never all exist at once. log p(row | position) = picked - lse."""
         lse_parts, picked = [], []
-        for lo in range(0, nodes.shape[0], LOGIT_ROWS):
-            logits = self.model.logits(nodes[lo : lo + LOGIT_ROWS]).astype(mx.float32)
-            lse_parts.append(mx.logsumexp(logits, axis=-1))
-            picked.append(mx.take(logits, mx.array(tokens), axis=1))
-            mx.eval(lse_parts[-1], picked[-1])
-        lse = np.array(mx.concatenate(lse_parts), dtype=np.float64).reshape(B, N)
-        got = np.array(mx.concatenate(picked), dtype=np.float64).reshape(B, N, len(tokens))
-        base = 0
-        for k, b in enumerate(blocks):
-            for c in b.options.trie:
-                node = base + c.edge_node
-                lp = got[:, node, np.searchsorted(tokens, c.edge_token)] - lse[:, node]  # (B, E)
-                out[k][:, c.labels] += lp @ c.paths
-                base += len(c)
-
-    def _edge_logprobs(self, hidden: mx.array, c: TrieChunk, T: int) -> np.ndarray:
-        """log p(edge token | node) for every edge of a chunk, rows (B, E), from the nodes'
-        hidden states (B*T, D). The vocabulary's log-sum-exp is taken LOGIT_ROWS node
-        positions at a time, so the (positions, V) logits never all exist at once."""
-        n = hidden.shape[0]
-        lse_parts, picked = [], []
-        rows = mx.array(np.unique(c.edge_token))
-        for lo in range(0, n, LOGIT_ROWS):
-            logits = self.model.logits(hidden[lo : lo + LOGIT_ROWS]).astype(mx.float32)
-            lse_parts.append(mx.logsumexp(logits, axis=-1))
-            picked.append(mx.take(logits, rows, axis=1))
-            mx.eval(lse_parts[-1], picked[-1])
-        lse = np.array(mx.concatenate(lse_parts), dtype=np.float64).reshape(-1, T)  # (B, T)
-        got = np.array(mx.concatenate(picked), dtype=np.float64).reshape(-1, T, rows.shape[0])  # (B, T, R)
-        col = np.searchsorted(np.unique(c.edge_token), c.edge_token)
-        return got[:, c.edge_node, col] - lse[:, c.edge_node]  # (B, E)
-
-    def continuation_logprobs(
-        self, kv: list[KV], batch: batching.Batch, prefix_len: int, token_ids: Sequence[Sequence[int]]
-    ) -> tuple[mx.array, int]:
-        """Per label, the sum of log p(label token k | prompt, earlier label tokens) for k >= 1.
-
-        Extends each row's own KV (prefix + suffix) with the label's tokens in one batched
-        pass per label; the prompt is never run again. Returns (B, k) and the tokens run.
-        The path for a model without tree masks (the mlx-lm fallback), and the "before" row
-        of benchmarks/many_labels.py; `trie_logprobs` is the packed pass.
-        """
-        B, L = batch.ids.shape
-        cache_mask = _cache_mask(batch, prefix_len)
-        offsets = mx.array(batch.offsets + L)
-        cols, ran = [], 0
+        take = mx.array(rows)
         with self.lock:
-            for toks in token_ids:
-                if len(toks) == 1:
-                    cols.append(mx.zeros((B,), dtype=mx.float32))
-                    continue
-                inp = mx.broadcast_to(mx.array(toks[:-1], dtype=mx.int32)[None], (B, len(toks) - 1))
-                h, _ = self.model(inp, None, offsets, cache=kv, cache_mask=cache_mask, last_only=False)
-                logits = self.model.logits(h).astype(mx.float32)  # (B, n-1, V): context differs per label
-                lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-                tgt = mx.broadcast_to(mx.array(toks[1:], dtype=mx.int32)[None, :, None], (B, len(toks) - 1, 1))
-                cols.append(mx.take_along_axis(lp, tgt, axis=-1)[..., 0].sum(axis=1))
-                ran += B * (len(toks) - 1)
-            out = mx.stack(cols, axis=1)
-            mx.eval(out)
-        return out, ran
-
-
-def _head_scores(
-    head: Any,
-    hidden: dict[int, np.ndarray],
-    pack: Any,
-    k: int,
-    text_sums: dict[int, np.ndarray] | None,
-    text_counts: np.ndarray | None,
-) -> np.ndarray:
-    """A head's log-probabilities for block k of a pack, from the branch's hidden states after
-    its layers ({layer: (B, T, D)}): what `Engine.features` gives for the text's own prompt."""
-    from .heads import head_input
-
-    layers = sorted(set(head.layers))
-    rows = np.arange(pack.answer_at.shape[0])
-    last = pack.answer_at[:, k]
-    feats: dict[str, np.ndarray] = {}
-    if "last" in head.poolings:
-        feats["last"] = np.stack([hidden[x][rows, last] for x in layers], axis=1)
-    if "mean" in head.poolings:
-        assert text_sums is not None and text_counts is not None
-        m = pack.chain_len[:, k]
-        means = []
-        for x in layers:
-            own = np.stack([hidden[x][r, last[r] - m[r] + 1 : last[r] + 1].sum(axis=0) for r in rows])
-            means.append((text_sums[x] + own) / (text_counts + m)[:, None])
-        feats["mean"] = np.stack(means, axis=1).astype(np.float32)
-    return head.log_probs(head_input(feats, layers, head))
-
-
-def _cache_mask(batch: batching.Batch, prefix_len: int) -> mx.array:
-    """Which cached keys a continuation of the batch's rows sees: the shared prefix, then each
-    row's own real prompt tokens (its left padding masked)."""
-    B = batch.ids.shape[0]
-    return mx.array(np.concatenate([np.ones((B, prefix_len), dtype=bool), batch.mask], axis=1))
+            for lo in range(0, hidden.shape[0], chunk):
+                logits = self.model.logits(hidden[lo : lo + chunk]).astype(mx.float32)
+                lse_parts.append(mx.logsumexp(logits, axis=-1))
+                picked.append(mx.take(logits, take, axis=1))
+                mx.eval(lse_parts[-1], picked[-1])
+            lse = np.array(mx.concatenate(lse_parts), dtype=np.float64)
+            got = np.array(mx.concatenate(picked), dtype=np.float64)
+        return lse, got

@@ -92,6 +92,12 @@ class Row:
     last_line: int = 0  # physical line where the record ends (CSV records may span lines); 0: same as `line`
     gold: Any = None  # the gold label's field/column, when one was asked for (eval, calibration data);
     # with several fields asked for (eval of several questions, read once), {field: value}
+    pair: str | None = None  # a second text (`text_pair`: an NLI hypothesis, a reranker's document), when given
+
+    @property
+    def item(self) -> Any:
+        """What a classifier takes for this row: its text, or (text, pair)."""
+        return self.text if self.pair is None else (self.text, self.pair)
 
     def __post_init__(self) -> None:
         if not self.last_line:
@@ -260,9 +266,11 @@ def read_rows(
     id_column: str | None = "id",
     gold: Gold = None,
     id_required: bool = False,
+    pair: str | None = None,
 ) -> Iterator[Row]:
     """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
     `gold`: the gold label's field (or several fields: each row's gold is then a dict), read once.
+    `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present.
 
     Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
     format, or a CSV header that does not name the text column.
@@ -276,7 +284,7 @@ def read_rows(
     if fmt == "parquet" or (fmt is None and ext == ".parquet"):
         if stdin:
             raise InputError("Parquet cannot be read from standard input: give the file's path")
-        yield from _dedupe(_parquet(str(path), text_field, id_field, gold))
+        yield from _dedupe(_parquet(str(path), text_field, id_field, gold, pair))
         return
     raw = _open_binary(path)
     try:
@@ -288,7 +296,7 @@ def read_rows(
                 head, stream = _peek_lines(stream, text_column)
                 fmt = _sniff(head, text_column)
         if fmt == "jsonl":
-            it = _jsonl(stream, text_field, id_field, gold)
+            it = _jsonl(stream, text_field, id_field, gold, pair)
         elif fmt == "csv":
             it = _csv(
                 stream,
@@ -297,6 +305,7 @@ def read_rows(
                 delimiter={".csv": ",", ".tsv": "\t"}.get(ext),
                 gold=gold,
                 id_required=id_required,
+                pair=pair,
             )
         else:
             it = _text(stream)
@@ -374,7 +383,9 @@ def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
 # --------------------------------------------------------------------------- JSONL and text
 
 
-def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: Gold = None) -> Iterator[Row]:
+def _jsonl(
+    raw: Iterable[bytes], text_field: str, id_field: str, gold: Gold = None, pair: str | None = None
+) -> Iterator[Row]:
     for n, line, detail in _lines(raw):
         if line is None:
             yield Row(n, None, error=_utf8_error(n, detail))
@@ -404,10 +415,10 @@ def _jsonl(raw: Iterable[bytes], text_field: str, id_field: str, gold: Gold = No
                 error=f'line {n}: expected a JSON object like {{"{text_field}": "..."}}, got {type(obj).__name__}',
             )
             continue
-        yield _record_row(n, obj, text_field, id_field, gold)
+        yield _record_row(n, obj, text_field, id_field, gold, pair)
 
 
-def _parquet(path: str, text_field: str, id_field: str, gold: Gold = None) -> Iterator[Row]:
+def _parquet(path: str, text_field: str, id_field: str, gold: Gold = None, pair: str | None = None) -> Iterator[Row]:
     """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
     try:
         import pyarrow.parquet as pq
@@ -421,7 +432,7 @@ def _parquet(path: str, text_field: str, id_field: str, gold: Gold = None) -> It
     if text_field not in names:
         raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use --text-field")
     golds = (gold,) if isinstance(gold, str) else (gold or ())
-    cols = [c for c in (id_field, text_field, *golds) if c and c in names]
+    cols = [c for c in (id_field, text_field, *golds, pair) if c and c in names]
     n = 0
     batches = f.iter_batches(batch_size=8192, columns=list(dict.fromkeys(cols)))
     while True:
@@ -439,10 +450,21 @@ def _parquet(path: str, text_field: str, id_field: str, gold: Gold = None) -> It
             return
         for obj in records:
             n += 1
-            yield _record_row(n, obj, text_field, id_field, gold)
+            yield _record_row(n, obj, text_field, id_field, gold, pair)
 
 
-def _record_row(n: int, obj: dict[str, Any], text_field: str, id_field: str, gold: Gold) -> Row:
+def _pair_problem(n: int, v: Any, name: str) -> str | None:
+    """Why a second text cannot be read (not a string, not valid Unicode), or None."""
+    if v is None or isinstance(v, str) and not has_lone_surrogate(v):
+        return None
+    if isinstance(v, str):
+        return f"line {n}: field {name!r} holds an unpaired surrogate escape (not valid Unicode): fix the text"
+    return f"line {n}: field {name!r} (the second text of a pair) must be a string, got {type(v).__name__}"
+
+
+def _record_row(
+    n: int, obj: dict[str, Any], text_field: str, id_field: str, gold: Gold, pair: str | None = None
+) -> Row:
     """One record (a JSON object, a Parquet row) checked: its Row, or its error row."""
     explicit = id_field in obj
     rid: Any = obj[id_field] if explicit else n
@@ -499,8 +521,11 @@ def _record_row(n: int, obj: dict[str, Any], text_field: str, id_field: str, gol
             error=f"line {n}: field {text_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the text",
             explicit_id=explicit,
         )
-    else:
-        return Row(n, rid, t, explicit_id=explicit, gold=_gold_value(gold, obj.get))
+    second = obj.get(pair) if pair else None
+    why = _pair_problem(n, second, str(pair))
+    if why:
+        return Row(n, rid, error=why, explicit_id=explicit)
+    return Row(n, rid, t, explicit_id=explicit, gold=_gold_value(gold, obj.get), pair=second or None)
 
 
 def _text(raw: Iterable[bytes]) -> Iterator[Row]:
@@ -606,6 +631,7 @@ def _csv(
     delimiter: str | None = ",",
     gold: Gold = None,
     id_required: bool = False,
+    pair: str | None = None,
 ) -> Iterator[Row]:
     """CSV rows; `delimiter` None: comma or tab, whichever makes the header name `text_column`."""
     if csv.field_size_limit() < CSV_MAX_RECORD_CHARS:  # the csv module's default is 128 KiB
@@ -623,6 +649,11 @@ def _csv(
         raise InputError(f"malformed CSV header: {head.error}")
     header = head.fields
     ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, id_required)
+    if pair and pair not in header:
+        raise InputError(
+            f"CSV header has no column {pair!r} (columns: {', '.join(map(repr, header))}): fix --pair-column"
+        )
+    pi = header.index(pair) if pair else None
     while True:
         nxt = src.next()
         if nxt is None:
@@ -634,7 +665,10 @@ def _csv(
         src.push_back([nxt])
         r = _next_record(src, delimiter)
         assert r is not None
-        yield _csv_row(n, r, len(header), ti, ii, gi, text_column, id_column, gold)
+        row = _csv_row(n, r, len(header), ti, ii, gi, text_column, id_column, gold)
+        if pi is not None and row.error is None and r.fields is not None:
+            row.pair = r.fields[pi] or None
+        yield row
 
 
 def _csv_columns(

@@ -128,11 +128,9 @@ def classify(s: ClassifySettings, say: Say) -> int:
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = Setup(s.task, say)
-    if setup.questions is not None and setup.calibration.per_input and s.resume:
-        raise UsageError(
-            "--resume with --questions and batch calibration would fit other priors on the rest of the input: "
-            "start again without --resume"
-        )
+    why = setup.kind.no_resume(setup.calibration) if s.resume else None
+    if why:
+        raise UsageError(why)
     if dist.shard is not None and setup.calibration.per_input:
         raise UsageError(
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
@@ -190,7 +188,6 @@ class ClassifyJob:
 
     def run(self) -> int:
         from .output import InputDigest, write_manifest
-        from .records import RecordShape
 
         setup, o = self.setup, self.setup.o
         # The input's sha256 for the manifest, hashed while the model loads.
@@ -205,7 +202,7 @@ class ClassifyJob:
             rows, shard_info = self._shard_rows(rows, self.dist.shard)
         extra = setup.settings()
         calibrated = extra["calibration"] != "none"
-        shape = RecordShape.of(clf.labels, clf.questions, calibrated=calibrated, abstains=o.min_confidence is not None)
+        shape = clf.spec.record_shape(calibrated=calibrated, abstains=o.min_confidence is not None)
         columns = shape.columns
         if self.output is not None:
             self.settings = self._manifest_settings(extra, shard_info)
@@ -245,7 +242,10 @@ class ClassifyJob:
         column raises here), before the model loads and before the output is touched."""
         from .io import read_rows
 
-        rows = iter(read_rows(self.input, *self.setup.o.read_args(), id_required=self.setup.id_required))
+        o = self.setup.o
+        rows = iter(
+            read_rows(self.input, *o.read_args(), id_required=self.setup.id_required, pair=o.pair_arg(self.input))
+        )
         first = next(rows, None)
         rows = itertools.chain([first] if first is not None else [], rows)
         if self.dist.shard is not None:  # before the model loads: too many shards fail at once
@@ -282,12 +282,9 @@ class ClassifyJob:
         inp = Path(self.input).resolve() if self.input != "-" else None
         return {
             "weights_sha256": self.setup.weights,
-            "labels": list(clf.labels),
-            **({"questions": [q.record() for q in clf.questions]} if clf.questions is not None else {}),
             "system": o.system or None,
             "template": o.template,
-            "scoring": clf.mode,
-            **extra,
+            **extra,  # the kind's settings (labels, scoring, examples, ...) and the calibration
             "truncate": o.truncate,
             "dtype": clf.engine.compute_dtype,
             **({"quantized": clf.model.quantized} if getattr(clf.model, "quantized", None) else {}),
@@ -367,7 +364,7 @@ class ClassifyJob:
             for row in rows:
                 pending.append(row)
                 if row.error is None:
-                    yield row.text
+                    yield row.item
 
         def flush_errors() -> None:
             while pending and pending[0].error is not None:

@@ -37,7 +37,7 @@ class LabelError(UserError, ValueError):
 # this many nodes, each closed under ancestors). The pass's transient memory is about
 # rows x nodes x (vocabulary floats for the log-softmax, taken LOGIT_ROWS positions at a time,
 # + attention scores over cache + nodes); the batch planner counts the nodes as tokens of
-# every row, so the token budget bounds it (see `Engine.trie_logprobs`).
+# every row, so the token budget bounds it (see `kinds.labels.trie_logprobs`).
 MAX_TRIE_NODES = 256
 
 

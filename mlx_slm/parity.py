@@ -36,7 +36,7 @@ from .errors import UserError
 from .labels import LabelSet, softmax
 from .reference import Reference
 
-# Max |delta logit| allowed in (a), by compute dtype. float16's is from measurement (README).
+# Max |delta logit| allowed in (a), by compute dtype. float16's is from measurement (docs/parity.md).
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.1}
 
 

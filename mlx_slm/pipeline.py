@@ -1,10 +1,18 @@
-"""The window and batch pipeline a `Classifier` runs: items to batches to predictions.
+"""The window and batch pipeline: texts -> items -> batches -> `kind.score` -> predictions.
 
-A window of texts is prepared at a time (memory stays bounded by the window); its good
-items are split by whether they start with the shared prompt head (whose KV the engine
-keeps), cut into length-bucketed batches (`batching`), scored by the classifier's scorer
-and handed back in input order. The functions go through the classifier's own methods
-(`prepare`, `_run_batch`, `_features`) so a caller that wraps one sees every batch.
+Read top to bottom, one window of texts at a time (memory stays bounded by the window):
+
+1. `kind.items` renders and tokenizes each text, with an error for what cannot run;
+2. the good items are split by whether they start with the shared prompt head, whose KV the
+   engine keeps (`Engine.prefix`);
+3. each group is cut into length-bucketed, left-padded batches (`batching.plan`, `pad`), the
+   kind's extra tokens per row counted in the token budget;
+4. the kind scores each batch (`Kind.score`);
+5. predictions go back in input order (or as each batch finishes, `ordered=False`).
+
+Everything comes in as arguments (the kind, the batch settings, the run's `Stats`): nothing
+here calls back into the classifier. The service's worker enters at step 2 with items its
+front end tokenized (`run_items`).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,50 +28,62 @@ import numpy as np
 from . import batching
 from .inputs import progress_bar
 from .predictions import Item, Prediction, Stats
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, StackedPrefix
 from .prompts import starts_with
 
 if TYPE_CHECKING:
-    from .classifier import Classifier
+    from .kinds import Kind
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How a window's items are cut into batches: a row cap, a padded-token budget (None: no
+    budget) and whether to sort by length (each can be switched off alone, to measure it)."""
+
+    batch_size: int = 32
+    max_batch_tokens: int | None = 512
+    sort: bool = True
 
 
 def windows(
-    clf: Classifier, texts: Iterable[str], window: int, stats: Stats, ordered: bool = True
+    kind: Kind, texts: Iterable[str], window: int, plan: BatchSettings, stats: Stats, ordered: bool = True
 ) -> Iterator[Prediction]:
+    """Raw predictions of `texts`, `window` texts prepared at a time."""
     it = iter(texts)
     start = 0
     while True:
         chunk = list(itertools.islice(it, window))
         if not chunk:
             return
-        yield from run_window(clf, chunk, start, stats, ordered)
+        yield from run_items(kind, kind.items(chunk, start), plan, stats, ordered)
         start += len(chunk)
 
 
-def _count(items: Sequence[Item], st: Stats) -> None:
+def count_items(items: Sequence[Item], st: Stats) -> None:
     st.items += len(items)
     st.errors += sum(1 for it in items if it.error)
     st.prompt_tokens += sum(len(it.ids) for it in items if not it.error)
 
 
-def run_window(
-    clf: Classifier, texts: Sequence[str], start: int, st: Stats, ordered: bool = True
+def run_items(
+    kind: Kind, items: Sequence[Item], plan: BatchSettings, st: Stats, ordered: bool = True
 ) -> Iterator[Prediction]:
-    items = clf.prepare(texts, start)
+    """The predictions of prepared items (one window): error items as error predictions, the
+    rest scored batch by batch; in input order, or as each batch finishes (errors first)."""
     results: dict[int, Prediction] = {}
     for item in items:
         if item.error:
             results[item.index] = Prediction(item.index, error=item.error, n_tokens=len(item.ids))
     # Counted up front: a consumer that stops at the window's last prediction sees them too.
-    _count(items, st)
-    next_out = 0
-    if not ordered:  # each batch as it finishes; the error items first
+    count_items(items, st)
+    if not ordered:
         yield from (results.pop(it.index) for it in items if it.error)
-        for batch, group, pre in batches(clf, items, st):
-            yield from clf._run_batch(batch, group, pre, st)
+        for batch, group, pre in batches(kind, items, plan, st):
+            yield from kind.score(batch, group, pre, st)
         return
-    for batch, group, pre in batches(clf, items, st):
-        for pred in clf._run_batch(batch, group, pre, st):
+    next_out = 0
+    for batch, group, pre in batches(kind, items, plan, st):
+        for pred in kind.score(batch, group, pre, st):
             results[pred.index] = pred
         # Hand out whatever is now complete in input order.
         while next_out < len(items) and items[next_out].index in results:
@@ -73,52 +94,94 @@ def run_window(
         next_out += 1
 
 
+def head_of(kind: Kind, item: Item) -> tuple[int, ...]:
+    """The cached head an item runs after: its own (a reranker's query), else the kind's shared
+    one; () when it runs whole (the rule for the batch plan and the service's cost estimate alike)."""
+    head = item.head if item.head is not None else kind.prefix_tokens
+    return head if head and starts_with(item.ids, head) else ()
+
+
+def prefix_hit(kind: Kind, item: Item) -> bool:
+    """Whether an item runs after a cached head (see `head_of`)."""
+    return bool(head_of(kind, item))
+
+
+def item_cost(kind: Kind, item: Item, hit: bool) -> int:
+    """Tokens an item puts in a batch's budget: its suffix after the cached head (when it
+    continues it) and the kind's extra tokens per row, as `batching.plan` counts them."""
+    return len(item.ids) - (len(head_of(kind, item)) if hit else 0) + kind.row_extra
+
+
 def batches(
-    clf: Classifier, items: Sequence[Item], st: Stats
-) -> Iterator[tuple[batching.Batch, list[Item], PrefixCache | None]]:
+    kind: Kind, items: Sequence[Item], plan: BatchSettings, st: Stats
+) -> Iterator[tuple[batching.Batch, list[Item], PrefixCache | StackedPrefix | None]]:
     """The length-bucketed batches of a window's good items: (padded batch, its items, the
-    prefix KV it continues, or None). Items starting with the shared head run after it."""
+    prefix KV it continues, or None). Items starting with a cached head run after it: the
+    kind's shared head (one KV broadcast over the batch), or each item's own (a reranker's
+    query): rows of several heads share a batch, each after its own KV (`StackedPrefix`)."""
     live = [it for it in items if not it.error]
-    p_len = len(clf.prefix_tokens)
-    hit = [bool(p_len) and starts_with(it.ids, clf.prefix_tokens) for it in live]
-    cached = [it for it, h in zip(live, hit) if h]
-    uncached = [it for it, h in zip(live, hit) if not h]
-    prefix = None
-    if cached:
-        prefix, computed = clf.engine.prefix(clf.prefix_tokens)
-        # Net of the pass that computed the prefix, when this run paid for it (a prefix
-        # already in the engine's cache, from an earlier run or task, costs nothing).
-        st.processed_tokens += p_len if computed else 0
-        st.prefix_saved_tokens += len(cached) * p_len - (p_len if computed else 0)
-    for group, pre in ((cached, prefix), (uncached, None)):
+    heads = [head_of(kind, it) for it in live]
+    caches: dict[tuple[int, ...], PrefixCache] = {}
+    for h in dict.fromkeys(x for x in heads if x):
+        caches[h], computed = kind.engine.prefix(h)
+        n = sum(1 for x in heads if x == h)
+        # Net of the pass that computed the head, when this run paid for it (a head already in
+        # the engine's cache, from an earlier run or task, costs nothing).
+        st.processed_tokens += len(h) if computed else 0
+        st.prefix_saved_tokens += n * len(h) - (len(h) if computed else 0)
+    mixed = len(caches) > 1 and getattr(kind.engine.model, "supports_tree", False)
+    if mixed:  # one plan over every head's items: a batch's rows each continue their own head
+        groups = [([it for it, h in zip(live, heads) if h], True), ([it for it, h in zip(live, heads) if not h], False)]
+    else:  # a plan per head (the model cannot mask a batch of heads), then the items that run whole
+        groups = [([it for it, x in zip(live, heads) if x == h], True) for h in caches]
+        groups.append(([it for it, h in zip(live, heads) if not h], False))
+    for group, cached in groups:
         if not group:
             continue
-        p = len(pre) if pre is not None else 0
-        suffixes = [it.ids[p:] for it in group]
+        own = [head_of(kind, it) if cached else () for it in group]
+        suffixes = [it.ids[len(h) :] for it, h in zip(group, own)]
         lengths = [len(s) for s in suffixes]
-        for idx in batching.plan(lengths, clf.batch_size, clf.max_batch_tokens, clf.sort, clf.row_extra):
-            yield batching.pad(suffixes, idx, clf.engine.pad_id, cache_len=p), [group[i] for i in idx], pre
+        for idx in batching.plan(lengths, plan.batch_size, plan.max_batch_tokens, plan.sort, kind.row_extra):
+            rows = [own[i] for i in idx]
+            if not cached:
+                pre: PrefixCache | StackedPrefix | None = None
+                start: int | np.ndarray = 0
+            elif all(r == rows[0] for r in rows):
+                pre, start = caches[rows[0]], len(rows[0])
+            else:
+                pre = StackedPrefix([caches[r] for r in rows])
+                start = pre.lengths
+            yield batching.pad(suffixes, idx, kind.engine.pad_id, cache_len=start), [group[i] for i in idx], pre
 
 
 def features(
-    clf: Classifier, texts: list[str], layers: Sequence[int], window: int, poolings: tuple[str, ...], progress: bool
+    kind: Kind,
+    texts: list[str],
+    layers: Sequence[int],
+    window: int,
+    poolings: tuple[str, ...],
+    plan: BatchSettings,
+    progress: bool,
 ) -> tuple[dict[str, np.ndarray], list[str | None], Stats]:
-    """`Classifier.features` once its arguments are settled (see there)."""
+    """Hidden states of every text's prompt (see `Classifier.features`): the kind's items, the
+    same batch plan and prefix cache, the forward stopped at the deepest layer."""
+    from .kinds.head import pooled_features
+
     st = Stats()
     t0 = time.perf_counter()
-    n, dim = len(texts), int(clf.model.args.hidden_size)
+    n, dim = len(texts), int(kind.engine.model.args.hidden_size)
     out = {p: np.full((n, len(layers), dim), np.nan, dtype=np.float32) for p in poolings}
     errors: list[str | None] = [None] * n
     bar = progress_bar(n) if progress else None
     try:
         for start in range(0, n, window):
-            items = clf.prepare(texts[start : start + window], start)
+            items = kind.items(texts[start : start + window], start)
             for it in items:
                 errors[it.index] = it.error
             if bar is not None:
                 bar.update(sum(1 for it in items if it.error))
-            for batch, group, pre in batches(clf, items, st):
-                got = clf._features(batch, pre, list(layers), poolings)
+            for batch, group, pre in batches(kind, items, plan, st):
+                got = pooled_features(kind.engine, batch, pre, list(layers), poolings, kind.pool_from)
                 for p in poolings:
                     out[p][[it.index for it in group]] = got[p]
                 st.batches += 1
@@ -126,7 +189,7 @@ def features(
                 st.padding_tokens += batch.padded_tokens - batch.real_tokens
                 if bar is not None:
                     bar.update(len(group))
-            _count(items, st)
+            count_items(items, st)
     finally:
         if bar is not None:
             bar.close()

@@ -1,5 +1,5 @@
 """What a run gives back: one `Prediction` per item, the run's figures (`Stats`), and the
-tokenized `Item` a scorer works on. Shared by the classifier and the scorers."""
+tokenized `Item` a scoring kind works on. Shared by the classifier and the kinds."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ class Prediction:
     abstained: bool = False  # under the confidence threshold: `label` is None, route to a person
     # With several questions: {question name: its answer} (`label` is None, `probs` empty).
     answers: dict[str, dict[str, Any]] | None = None
+    # A multi-label head (a sigmoid per label): the labels at or above its threshold (`label` is None).
+    labels: list[str] | None = None
+    # A one-output head (a reranker, a reward model): its score (a sigmoid, or the raw value of a
+    # regression head); `scores` keeps the raw logit.
+    value: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -79,3 +84,6 @@ class Item:
     truncated: bool = False
     error: str | None = None
     chains: list[list[int]] = field(default_factory=list)  # several questions: each block's own tokens
+    # The prompt head this item continues, when its kind gives each item its own (a reranker's
+    # query: its documents run after the query's cached KV); None: the kind's shared head.
+    head: tuple[int, ...] | None = None

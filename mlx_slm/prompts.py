@@ -25,7 +25,7 @@ DEFAULT_LABELS = ("billing", "technical", "account")
 
 # Probe texts: different first characters (letter, digit, punctuation, space, newline),
 # so the common prefix stops before anything the item text can merge with.
-_PROBES = ("a", "Z9", "1 x", "\u00e9t\u00e9", "? ok", " lead", "\nnl")
+PROBES = ("a", "Z9", "1 x", "\u00e9t\u00e9", "? ok", " lead", "\nnl")
 
 
 # How an over-long text is cut to fit the context (`--truncate`): keep its head, its tail, or both ends.
@@ -67,19 +67,33 @@ class PromptFormat:
                 "e.g. --template 'Ticket: {text}\\nCategory:'"
             )
 
-    def messages(self, text: str) -> list[dict[str, str]]:
-        # str.replace, not str.format: templates and texts may hold other braces.
+    @property
+    def pairs(self) -> bool:
+        """Whether the template takes a second text (`{pair}`: a premise and hypothesis, a query
+        and a document)."""
+        return PAIR_PLACEHOLDER in self.template
+
+    def user(self, text: str, pair: str | None = None) -> str:
+        """The user turn of one item: `{text}` (and `{pair}`) filled in one pass, so a text that
+        holds the other placeholder's braces is never filled again."""
+        if not self.pairs:  # str.replace, not str.format: templates and texts may hold other braces
+            return self.template.replace("{text}", text)
+        return _SLOTS.sub(lambda m: text if m.group(0) == "{text}" else (pair or ""), self.template)
+
+    def messages(self, text: str, pair: str | None = None) -> list[dict[str, str]]:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         for ex_text, ex_label in self.examples:
             msgs += [
-                {"role": "user", "content": self.template.replace("{text}", ex_text)},
+                {"role": "user", "content": self.user(ex_text)},
                 {"role": "assistant", "content": ex_label},
             ]
-        return msgs + [{"role": "user", "content": self.template.replace("{text}", text)}]
+        return msgs + [{"role": "user", "content": self.user(text, pair)}]
 
 
 LABELS_PLACEHOLDER = "{labels}"
 DESCRIPTIONS_PLACEHOLDER = "{label_descriptions}"
+PAIR_PLACEHOLDER = "{pair}"  # a second text (text_pair), for templates of pairs
+_SLOTS = re.compile(r"\{text\}|\{pair\}")
 
 
 def fill_labels(system: str | None, labels: Sequence[str], descriptions: Mapping[str, str] | None = None) -> str | None:
@@ -126,7 +140,7 @@ def fill_labels(system: str | None, labels: Sequence[str], descriptions: Mapping
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SYSTEM_PLACEHOLDERS = ("labels", "label_descriptions")
-TEMPLATE_PLACEHOLDERS = ("text",)
+TEMPLATE_PLACEHOLDERS = ("text", "pair")
 
 
 def _fill_typed(
@@ -205,9 +219,10 @@ def check_plain_system(system: str | None, what: str = "--system") -> str | None
     return _fill_typed(system, {}, what, elsewhere, ())
 
 
-def render(tokenizer: Any, fmt: PromptFormat, text: str) -> str:
-    """The prompt string the model sees, ending with the generation prompt."""
-    msgs = fmt.messages(text)
+def render(tokenizer: Any, fmt: PromptFormat, text: str, pair: str | None = None) -> str:
+    """The prompt string the model sees, ending with the generation prompt (`pair`: the second
+    text, where the template has `{pair}`)."""
+    msgs = fmt.messages(text, pair)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     # A base model without a chat template: plain text, system first; an example's
@@ -272,7 +287,7 @@ def common_prefix(seqs: Sequence[Sequence[int]]) -> list[int]:
 
 def shared_prefix(tokenizer: Any, fmt: PromptFormat) -> list[int]:
     """Token ids every prompt of this format starts with (found on whole probe prompts)."""
-    return common_prefix(tokenize(tokenizer, [render(tokenizer, fmt, t) for t in _PROBES]))
+    return common_prefix(tokenize(tokenizer, [render(tokenizer, fmt, t) for t in PROBES]))
 
 
 def starts_with(ids: Sequence[int], prefix: Sequence[int]) -> bool:
@@ -364,3 +379,105 @@ def example_problem(text: str, label: str, labels: Sequence[str]) -> str | None:
     if gold_problem(label, labels) is not None:
         return f"label {label!r} is not one of the labels {list(labels)}: fix the example, or add the label"
     return None
+
+
+# --------------------------------------------------------------------------- plain encodings
+#
+# A sequence classifier (a cross-encoder, an NLI model, a reward model) is fed its text the
+# way Transformers' text-classification pipeline (`tokenizer(text, text_pair)`) and vLLM feed
+# it: with the tokenizer's own special tokens (its post-processor's single or pair
+# template), no chat template. Qwen2's and SmolLM2's tokenizers (transformers 5) add nothing
+# to a text and join a pair by concatenating the two encodings, each tokenized on its own.
+
+
+def encode_texts(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[list[int]]:
+    """Token ids of each text, or each (text, pair), exactly as `tokenizer(text, pair)` gives
+    them one item at a time, as the pipeline calls it (batched: a fast tokenizer encodes a
+    batch as it encodes each item alone). An empty pair is no pair there (`if text_pair`)."""
+    if pairs is not None and len(pairs) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
+    out: list[list[int]] = [[] for _ in texts]
+    paired = [i for i in range(len(texts)) if pairs is not None and pairs[i]]
+    single = [i for i in range(len(texts)) if not (pairs is not None and pairs[i])]
+    if paired:
+        got = tokenizer([texts[i] for i in paired], [pairs[i] for i in paired])["input_ids"]  # type: ignore[index]
+        for i, ids in zip(paired, got):
+            out[i] = list(ids)
+    if single:
+        for i, ids in zip(single, tokenizer([texts[i] for i in single])["input_ids"]):
+            out[i] = list(ids)
+    return out
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """One text as the tokenizer encodes it, with its special tokens (no chat template)."""
+    return encode_texts(tokenizer, [text])[0]
+
+
+def encode_pair(tokenizer: Any, text: str, pair: str) -> list[int]:
+    """A (text, text_pair) as the tokenizer encodes a pair (its pair template, or the two
+    encodings one after the other when it has none)."""
+    return encode_texts(tokenizer, [text], [pair])[0]
+
+
+def pair_is_concatenation(tokenizer: Any) -> bool:
+    """Whether the tokenizer joins a pair with nothing around or between the two texts (each
+    encoded alone, one after the other: Qwen2's and SmolLM2's), so a model can tell where the
+    second text starts only from the texts themselves (a template with `{pair}` marks it)."""
+    a, b = "Query text.", "Document text."
+    return encode_pair(tokenizer, a, b) == sum(tokenize(tokenizer, [a, b]), [])
+
+
+# --------------------------------------------------------------------------- Qwen3-Reranker
+#
+# The Qwen3-Reranker model card's prompt (a causal LM asked yes or no): the system line, the
+# user turn `<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}`, and the
+# assistant turn opened with an empty think block; the relevance is P(yes), the softmax over
+# the `no` and `yes` logits at the last position. Split as vLLM's and OpenVINO's examples
+# split it: the query's part (every document of a query shares it: the prefix-cache key)
+# ends with the newline after the query, the document's part starts at `<Document>: `.
+
+QWEN3_RERANKER_SYSTEM = (
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that "
+    'the answer can only be "yes" or "no".'
+)
+QWEN3_RERANKER_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+QWEN3_RERANKER_ANSWERS = ("no", "yes")  # the card's tokens: P(yes) = softmax over (no, yes) logits
+_QWEN3_PREFIX = f"<|im_start|>system\n{QWEN3_RERANKER_SYSTEM}<|im_end|>\n<|im_start|>user\n"
+_QWEN3_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def qwen3_reranker_query(query: str, instruction: str | None = None) -> str:
+    """The prompt up to the document: system turn, instruction and query (None: the card's
+    web-search instruction)."""
+    if instruction is None:
+        instruction = QWEN3_RERANKER_INSTRUCTION
+    return f"{_QWEN3_PREFIX}<Instruct>: {instruction}\n<Query>: {query}\n"
+
+
+def qwen3_reranker_document(document: str) -> str:
+    """The prompt from the document on: the document and the opened assistant turn."""
+    return f"<Document>: {document}{_QWEN3_SUFFIX}"
+
+
+def qwen3_reranker_prompt(query: str, document: str, instruction: str | None = None) -> str:
+    """The whole prompt string of the model card for one (query, document)."""
+    return qwen3_reranker_query(query, instruction) + qwen3_reranker_document(document)
+
+
+def qwen3_reranker_ids(
+    tokenizer: Any, query: str, documents: Sequence[str], instruction: str | None = None
+) -> tuple[list[int], list[list[int]]]:
+    """(the query's ids, each document's ids after them): `head + rest[i]` is exactly the
+    card's encoding of document i's prompt (the system prefix and the suffix encoded alone,
+    the user text between them as one piece). `head` is the longest run of ids every one of
+    them starts with, so a merge across the split can never make a cached head wrong."""
+    if instruction is None:
+        instruction = QWEN3_RERANKER_INSTRUCTION
+    head_text = qwen3_reranker_query(query, instruction)[len(_QWEN3_PREFIX) :]
+    prefix, suffix = tokenize(tokenizer, [_QWEN3_PREFIX, _QWEN3_SUFFIX])
+    bodies = [head_text, *(head_text + f"<Document>: {d}" for d in documents)]
+    query_ids, *encoded = (list(x) for x in tokenizer(bodies)["input_ids"])
+    full = [prefix + body + suffix for body in encoded]
+    head = common_prefix([prefix + query_ids, *full])
+    return head, [f[len(head) :] for f in full]

@@ -117,7 +117,7 @@ class Question:
         threshold = d.get("threshold", 0.5)
         if "threshold" in d and kind != "multi":
             raise QuestionError(f"{where} ({name!r}): only a multi question takes a 'threshold'")
-        bad = RANGES["threshold"].problem(threshold)
+        bad = RANGES["question_threshold"].problem(threshold)
         if bad:
             raise QuestionError(f"{where} ({name!r}): 'threshold' {bad}")
         try:

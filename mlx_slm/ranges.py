@@ -109,8 +109,9 @@ RANGES: dict[str, Range] = {
     "request_timeout": Range("--request-timeout", False, 0.0, DAY_S, lo_open=True, unit="seconds"),
     "drain_timeout": Range("--drain-timeout", False, 0.0, DAY_S, unit="seconds"),
     "task_cache": _count("--task-cache", unit="tasks kept loaded", hi=1024),
-    # a multi question's threshold (question files)
-    "threshold": Range("threshold", False, 0.0, 1.0, unit="a probability"),
+    # a multi-label sequence classifier's answer threshold (--threshold), and a multi question's
+    "threshold": Range("--threshold", False, 0.0, 1.0, none_ok=True, unit="a probability"),
+    "question_threshold": Range("threshold", False, 0.0, 1.0, unit="a probability"),
 }
 # ServeOptions spells two of them with their unit.
 RANGES["request_timeout_s"] = RANGES["request_timeout"]

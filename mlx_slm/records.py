@@ -60,17 +60,24 @@ class QuestionColumns:
         return cols
 
 
+# A record's forms: one label per row ("label"), the labels at or above a threshold of a
+# multi-label head ("multi"), one score of a one-output head ("score"); answers per question
+# are the `questions` shape.
+FORMS = ("label", "multi", "score")
+
+
 @dataclass(frozen=True)
 class RecordShape:
     """A run's output shape: labels, or `questions` (then labels are unused); `calibrated`:
     raw probabilities kept; `abstains`: a confidence threshold given; `scores`: Ray also
-    returns the raw label log-scores (a list in label order)."""
+    returns the raw label log-scores (a list in label order); `form`: see `FORMS`."""
 
     labels: tuple[str, ...] = ()
     questions: tuple[QuestionColumns, ...] | None = None
     calibrated: bool = False
     abstains: bool = False
     scores: bool = False
+    form: str = "label"
 
     @classmethod
     def of(
@@ -81,10 +88,11 @@ class RecordShape:
         calibrated: bool = False,
         abstains: bool = False,
         scores: bool = False,
+        form: str = "label",
     ) -> RecordShape:
         """The shape of a run on `labels`, or on `questions` when they are given."""
         qs = None if questions is None else tuple(QuestionColumns.of(q) for q in questions)
-        return cls(tuple(labels), qs, calibrated, abstains, scores)
+        return cls(tuple(labels), qs, calibrated, abstains, scores, form)
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> RecordShape:
@@ -94,7 +102,7 @@ class RecordShape:
         if settings.get("questions"):
             qs = tuple(QuestionColumns.recorded(r) for r in settings["questions"])
             return cls((), qs, calibrated, abstains)
-        return cls(tuple(settings["labels"]), None, calibrated, abstains)
+        return cls(tuple(settings["labels"]), None, calibrated, abstains, form=settings.get("form", "label"))
 
     # ------------------------------------------------------------------ columns
     @property
@@ -104,6 +112,10 @@ class RecordShape:
         if self.questions is not None:
             per = [c for q in self.questions for c in q.columns(self.calibrated, self.abstains)]
             return ["id", *per, "truncated", "line", "error"]
+        if self.form == "multi":
+            return ["id", "labels", *(f"p_{lab}" for lab in self.labels), "truncated", "line", "error"]
+        if self.form == "score":
+            return ["id", "label", "score", "logit", "truncated", "line", "error"]
         return [
             "id",
             "label",
@@ -138,6 +150,10 @@ class RecordShape:
         the calibration of a calibrated run (None on an error row)."""
         nan = float("nan")
         row: dict[str, Any] = {"label": p.label, "truncated": bool(p.truncated), "error": p.error}
+        if self.form == "multi":
+            row["labels"] = None if p.labels is None else ";".join(p.labels)
+        if self.form == "score":
+            row["score"], row["logit"] = _score(p)
         for lab in self.labels:
             row[f"p_{lab}"] = p.probs.get(lab, nan)
             if self.calibrated:
@@ -168,7 +184,11 @@ class RecordShape:
         tail = [("n_tokens", pa.int64()), ("truncated", pa.bool_()), ("error", pa.string())]
         if self.questions is not None:  # several questions: one typed struct of answers
             return [("answers", self.answers_type()), *tail]
+        if self.form == "score":
+            return [("label", pa.string()), ("score", pa.float64()), ("logit", pa.float64()), *tail]
         prob = pa.struct([(lab, pa.float64()) for lab in self.labels])
+        if self.form == "multi":
+            return [("labels", pa.list_(pa.string())), ("probs", prob), *tail]
         fields: list[tuple[str, Any]] = [("label", pa.string()), ("probs", prob)]
         fields += [("raw_probs", prob)] if self.calibrated else []
         fields += [("abstained", pa.bool_())] if self.abstains else []
@@ -200,6 +220,11 @@ class RecordShape:
         ok = p.ok
         if self.questions is not None:
             row: dict[str, Any] = {"answers": p.answers if ok else None}
+        elif self.form == "score":
+            score, logit = _score(p)
+            row = {"label": p.label, "score": score if ok else None, "logit": logit if ok else None}
+        elif self.form == "multi":
+            row = {"labels": p.labels if ok else None, "probs": p.probs if ok else None}
         else:
             row = {"label": p.label, "probs": p.probs if ok else None}
             if self.calibrated:
@@ -207,7 +232,7 @@ class RecordShape:
             if self.abstains:
                 row["abstained"] = p.abstained if ok else None
         row.update(n_tokens=p.n_tokens, truncated=p.truncated, error=p.error)
-        if self.scores and self.questions is None:
+        if self.scores and self.questions is None and self.form == "label":
             row["scores"] = [p.scores[lab] for lab in self.labels] if ok else None
         return row
 
@@ -238,7 +263,13 @@ def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict
         if pred.truncated:
             rec["truncated"] = True
         return rec
-    rec = {"id": row.id, "label": pred.label, "probs": written(pred.probs)}
+    if pred.value is not None:  # a one-output head: its score, and the raw logit
+        score, logit = _score(pred)
+        rec = {"id": row.id, "label": pred.label, "score": round(score, PROB_DIGITS), "logit": logit}
+    elif pred.labels is not None:  # a multi-label head: the labels at or above its threshold
+        rec = {"id": row.id, "labels": list(pred.labels), "probs": written(pred.probs)}
+    else:
+        rec = {"id": row.id, "label": pred.label, "probs": written(pred.probs)}
     if pred.raw_probs is not None:
         rec["raw_probs"] = written(pred.raw_probs)
         rec["calibration"] = calibration
@@ -247,6 +278,13 @@ def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict
     if pred.truncated:
         rec["truncated"] = True
     return rec
+
+
+def _score(p: Any) -> tuple[float, float]:
+    """A one-output prediction's (score, raw logit); NaN on an error row."""
+    if p.value is None:
+        return float("nan"), float("nan")
+    return float(p.value), float(next(iter(p.scores.values())))
 
 
 def answer_record(answers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -284,6 +322,8 @@ def flat_answers(answers: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def flat_record(rec: dict[str, Any]) -> dict[str, Any]:
     """An output record as one flat row (CSV/TSV/Parquet): `p_<label>` per label, or a question's columns."""
     flat = {k: v for k, v in rec.items() if k not in ("probs", "raw_probs", "answers")}
+    if isinstance(rec.get("labels"), list):  # a multi-label head's labels, joined as a question's are
+        flat["labels"] = ";".join(rec["labels"])
     for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
         for lab, p in (rec.get(key) or {}).items():
             flat[prefix + lab] = p

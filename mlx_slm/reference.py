@@ -87,6 +87,53 @@ class Reference:
         return np.array(scores, dtype=np.float64), last
 
 
+class SeqClsReference:
+    """A sequence classifier as Transformers runs it: `AutoModelForSequenceClassification` in
+    float32, one item at a time (no batch, no padding, no cache), its inputs encoded and its
+    probabilities computed by the text-classification pipeline's own `preprocess` and
+    `postprocess` (default `function_to_apply`), on the same weights."""
+
+    def __init__(self, src: str | Path, dtype: str = "float32", threads: int | None = None):
+        torch = _torch()
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer, TextClassificationPipeline
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(threads or os.cpu_count() or 1)
+        self.torch = torch
+        path = str(Path(src).expanduser())
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.pipeline = TextClassificationPipeline(model=self.model, tokenizer=self.tokenizer)
+        self.labels = tuple(self.model.config.id2label[i] for i in range(self.model.config.num_labels))
+
+    def encode(self, text: str, pair: str | None = None) -> list[int]:
+        """The ids the pipeline feeds the model for a text (or a text pair)."""
+        item = text if pair is None else {"text": text, "text_pair": pair}
+        return self.pipeline.preprocess(item)["input_ids"][0].tolist()
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """The head's logits (num_labels,) float32 for one unpadded prompt (read by Transformers
+        at its last token that is not the pad id)."""
+        torch = self.torch
+        with torch.inference_mode():
+            return self.model(torch.tensor([list(ids)]), use_cache=False).logits[0].float().numpy()
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """The pipeline's scores of one item's logits, in label order (float64)."""
+        out = {"logits": self.torch.tensor(np.asarray(logits, dtype=np.float32)[None])}
+        scored = self.pipeline.postprocess(out, top_k=None, _legacy=True)  # every label, in id order
+        return np.array([d["score"] for d in scored], dtype=np.float64)
+
+    def classify(
+        self, texts: Sequence[str], pairs: Sequence[str] | None = None
+    ) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+        """(ids per item, logits (n, k) float32, probabilities (n, k) float64), one item at a time."""
+        ids = [self.encode(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)]
+        logits = np.array([self.logits(x) for x in ids], dtype=np.float32).reshape(len(ids), len(self.labels))
+        return ids, logits, np.array([self.probabilities(x) for x in logits]).reshape(logits.shape)
+
+
 def hidden(
     ref: Reference, ids: Sequence[int], layers: Sequence[int], poolings: Sequence[str] = (), start: int = 0
 ) -> np.ndarray:
@@ -195,8 +242,57 @@ def hidden_in_child(
         return data["hidden"], float(data["seconds"])
 
 
+def seqcls_in_child(
+    src: str | Path,
+    prompts: Sequence[Sequence[int]] | None = None,
+    texts: Sequence[str] | None = None,
+    pairs: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """`SeqClsReference` in a child process (see `run_in_child`), on token ids (`prompts`) or
+    on texts (and pairs) it encodes itself: {"logits": (n, k), "probs": (n, k), "labels",
+    "seconds", and for texts "ids": the encoding of each}."""
+    require_torch()
+    if (prompts is None) == (texts is None):
+        raise ValueError("give either prompts (token ids) or texts")
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.npz"
+        spec: dict[str, Any] = {"src": str(src), "seqcls": True}
+        if prompts is not None:
+            spec["prompts"] = [list(map(int, p)) for p in prompts]
+        else:
+            spec["texts"], spec["pairs"] = list(texts or []), None if pairs is None else list(pairs)
+        job.write_text(json.dumps(spec))
+        done = run_in_child(["-m", "mlx_slm.reference", str(job), str(out)])
+        if done.returncode != 0:
+            raise RuntimeError(f"the Transformers reference failed on {src} (exit status {done.returncode})")
+        data = np.load(out)
+        got: dict[str, Any] = {k: data[k] for k in ("logits", "probs")}
+        got["labels"], got["seconds"] = [str(x) for x in data["labels"]], float(data["seconds"])
+        if "ids" in data:
+            ends = np.cumsum(data["lengths"]).tolist()
+            got["ids"] = [data["ids"][e - n : e].tolist() for n, e in zip(data["lengths"].tolist(), ends)]
+        return got
+
+
+def _seqcls_child(job: dict[str, Any], out_path: str) -> None:
+    ref = SeqClsReference(job["src"])
+    t = time.perf_counter()
+    if "texts" in job:
+        ids, logits, probs = ref.classify(job["texts"], job.get("pairs"))
+        extra = {"ids": np.array([i for x in ids for i in x], dtype=np.int64), "lengths": [len(x) for x in ids]}
+    else:
+        logits = np.array([ref.logits(p) for p in job["prompts"]], dtype=np.float32)
+        logits = logits.reshape(len(job["prompts"]), len(ref.labels))
+        probs, extra = np.array([ref.probabilities(x) for x in logits]).reshape(logits.shape), {}
+    seconds = time.perf_counter() - t
+    np.savez(out_path, logits=logits, probs=probs, labels=np.array(ref.labels), seconds=seconds, **extra)
+
+
 def _child(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
+    if job.get("seqcls"):  # a sequence classifier's head
+        _seqcls_child(job, out_path)
+        return
     if "layers" in job:  # hidden states (learned heads)
         ref = Reference(job["src"])
         t = time.perf_counter()

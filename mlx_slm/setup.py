@@ -17,6 +17,7 @@ from typing import Any
 
 from .calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
 from .errors import UsageError
+from .kinds import KindArgs, KindSpec, spec_of
 from .prompts import (
     DEFAULT_LABELS,
     DEFAULT_SYSTEM,
@@ -48,12 +49,15 @@ class TaskOptions:
     calibration_data: str | None = None
     warmup: int = DEFAULT_WARMUP
     min_confidence: float | None = None
+    threshold: float | None = None  # a multi-label sequence classifier's answer threshold
     save_task: str | None = None
     fmt: str | None = None
     text_field: str = "text"
     id_field: str = "id"
     text_column: str = "text"
     id_column: str = "id"
+    pair_field: str = "text_pair"  # JSONL/Parquet: a second text, read where a row has it
+    pair_column: str | None = None  # CSV/TSV: the column of a second text (none unless named)
     gold_field: str = "label"
     batch_size: int | None = None
     max_batch_tokens: int | None = None
@@ -75,6 +79,13 @@ class TaskOptions:
     def read_args(self) -> tuple[str | None, str, str, str, str]:
         """`io.read_rows`' format and field arguments."""
         return self.fmt, self.text_field, self.id_field, self.text_column, self.id_column
+
+    def pair_arg(self, path: str | None) -> str | None:
+        """`io.read_rows`' `pair`: the CSV column named by --pair-column, else the JSONL/Parquet field."""
+        from .io import guess_format
+
+        fmt = self.fmt or (guess_format(path, b"", self.text_column) if path not in (None, "-") else None)
+        return self.pair_column if fmt in ("csv", "tsv") else (self.pair_column or self.pair_field)
 
 
 def flag_names(names: set[str]) -> str:
@@ -208,6 +219,7 @@ class Setup:
             self._take_task(o.task_file)
         if o.questions_file or self.questions is not None:
             self._read_questions()
+            self.kind = self._kind()
             return
         self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
         if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
@@ -227,6 +239,26 @@ class Setup:
                 f"--calibration-data is fitted by --calibrate fit or em only (here: {self.calibration.kind}): add --calibrate "
                 "fit|em, or drop --calibration-data"
             )
+        self.kind = self._kind()
+
+    def _kind(self) -> KindSpec:
+        """The scoring kind as far as the options and the task tell it, before the model is
+        loaded (`kind_args`; `load` chooses again on the model, which may have its own head)."""
+        o = self.o
+        seqcls = getattr(self.task, "seqcls", None)
+        self.kind_args = KindArgs(
+            tuple(self.labels or ()), o.scoring, tuple(self.examples),
+            head=None if self.task is None else self.task.head,
+            questions=None if self.questions is None else tuple(self.questions),
+            extra={
+                "truncate": o.truncate,
+                "threshold": o.threshold,
+                # A system message or template typed here opts a sequence classifier in to a chat prompt.
+                **({"chat": True} if {"system", "template"} & self.given else {}),
+                **({"seqcls": seqcls} if seqcls is not None else {}),
+            },
+        )  # fmt: skip
+        return spec_of(self.kind_args)
 
     def _take_task(self, path: str) -> None:
         """Fill in what the command line did not give from the task file."""
@@ -319,19 +351,16 @@ class Setup:
         # Kept: --ray workers load the same classifier from these (on their own nodes).
         self.load_kwargs = dict(
             model=o.model,
-            labels=list(self.labels or ()),
             system=o.system or None,
             template=o.template,
-            **({"head": self.task.head} if self.task is not None and self.task.head is not None else {}),
+            kind=self.kind_args,
             **run_settings(o),
             sort=not o.no_sort,
-            scoring=o.scoring,
-            examples=tuple(self.examples),
-            **({"questions": self.questions} if self.questions is not None else {}),
         )
         self.clf = Classifier.load(**self.load_kwargs)
+        self.kind = self.clf.spec  # chosen on the model
         self.weights = self.clf.engine.weights_sha256
-        if self.task is not None and (self.origin == "task" or self.task.heads):  # same weights only
+        if self.task is not None and (self.origin == "task" or self.task.kind.heads):  # same weights only
             self.task.check_weights(self.weights, o.model)
         if self.calibration.needs_data:
             self.calibration = self._fit(self.calibration)
@@ -344,7 +373,7 @@ class Setup:
 
         o = self.o
         path = o.calibration_data
-        rows = list(read_rows(path, None, *self.o.read_args()[1:], gold=o.gold_field))
+        rows = list(read_rows(path, None, *self.o.read_args()[1:], gold=o.gold_field, pair=o.pair_arg(path)))
         for r in rows:
             why = r.error or gold_problem(r, self.clf.labels, o.gold_field)
             if why:
@@ -354,7 +383,7 @@ class Setup:
                 f"--calibration-data {path} is empty: give it labelled texts (text and {o.gold_field})"
             )
         fitted = self.clf.fit_calibration(
-            [r.text for r in rows],
+            [r.item for r in rows],
             [str(r.gold) for r in rows],
             spec,
             window=o.window,
@@ -399,12 +428,11 @@ class Setup:
         return f"{run.method} calibration ({where}, from the first {c.n} items {source}, no labels)"
 
     def settings(self) -> dict[str, Any]:
-        head = self.clf.head
+        """The run's settings an output's manifest records: the kind's, and the calibration."""
         return {
+            **self.clf.spec.manifest(self.clf.mode),
             "calibration": self.calibration.record(),
             "min_confidence": self.o.min_confidence,
-            "examples": [list(e) for e in self.clf.format.examples],
-            **({"head": {"layers": list(head.layers), "sha256": head.sha256}} if head is not None else {}),
         }
 
     def save_task(self, run: Any) -> None:
@@ -417,17 +445,14 @@ class Setup:
         cal = run.result()  # em keeps its base: later inputs re-estimate their own mix
         t = Task(
             model=self.o.model,
-            labels=tuple(self.clf.labels),
             system=self.o.system or None,
             template=self.o.template,
-            scoring="auto" if self.clf.questions else self.clf.mode,
-            examples=self.clf.format.examples,
             calibration=cal,
             warmup=self.o.warmup,
             min_confidence=self.o.min_confidence,
             weights_sha256=self.weights,
             versions=versions(),
-            questions=tuple(self.clf.questions or ()),
+            **self.clf.spec.task_kwargs(self.clf.mode),
         )
         t.save(path)
         if not self.o.quiet:

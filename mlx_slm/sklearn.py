@@ -47,6 +47,7 @@ from .registry import DEFAULT_MODEL
 DEFAULT_SYSTEM = "Classify the text. Answer with exactly one of: {labels}."
 DEFAULT_TEMPLATE = "Text: {text}\nLabel:"
 METHODS = ("head", "labels")
+METHOD_OF_KIND = {"head": "head", "labels": "labels"}  # a task's scoring kind -> the method that fits it
 
 __all__ = [
     "DEFAULT_SYSTEM",
@@ -440,7 +441,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         clf = self.__dict__.get("_clf_cache")
         if clf is None or clf.engine is not engine:
             # from_task refuses a fitted head or prior on other weights, naming both sha256.
-            if self.task_.weights_sha256 and (self.task_.head is not None or self.task_.calibration.fitted):
+            if self.task_.weights_sha256 and self.task_.pins_weights:
                 self.task_.check_weights(engine.weights_sha256, str(self.model))
             clf = Classifier.from_task(self.task_, engine=engine, **_batching(self))
             self._clf_cache = clf
@@ -453,7 +454,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "task_")
         texts = _texts(X)
         clf = self._clf()
-        if clf.head is not None:  # the head's maths on its features (cached), as Classifier._run_head does it
+        if clf.head is not None:  # the head's maths on its features (cached), as the head kind does it
             lp = clf.head.log_probs(self._head_input(clf, texts))
             return np.exp(lp), lp
         names = list(self.task_.labels)
@@ -527,7 +528,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         t = task if isinstance(task, Task) else Task.load(task)
         est = cls(
             model=t.model,
-            method="head" if t.head is not None else "labels",
+            method=METHOD_OF_KIND[t.kind.name],
             labels=list(t.labels),
             system=t.system or "",
             template=t.template,

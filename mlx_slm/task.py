@@ -19,19 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from ._fs import utc_now, write_json_atomic
 from .calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
-from .errors import UserError
-from .questions import Question, QuestionError, check_questions
+from .kinds.base import TaskError, bad_field
+from .questions import Question
 from .textfiles import has_lone_surrogate, json_error
 
 if TYPE_CHECKING:
     from .heads import Head
+    from .kinds import KindArgs, KindSpec
 
 FORMAT = "mlx-slm.task"
 VERSION = 1
-
-
-class TaskError(UserError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -52,27 +49,50 @@ class Task:
     # Several questions per text (`classify --questions`, `train --label-field A --label-field B`):
     # zero-shot questions and learned heads, asked in one pass; `labels` is empty then.
     questions: tuple[Question, ...] = field(default=(), compare=False)
+    # A sequence classifier's own head (`kinds.seqcls`: the model's labels, problem type,
+    # threshold, prompt), as the task file holds it; None for a causal LM's task.
+    seqcls: dict[str, Any] | None = field(default=None, compare=False)
+    # A reranker's settings (`kinds.rerank`: its scorer, the qwen3 instruction, a question's prompt).
+    rerank: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
 
+    def kind_args(self) -> KindArgs:
+        """What the task says about how it scores, as the kinds table reads it."""
+        from .kinds import KindArgs
+
+        qs = self.questions or None
+        extra: dict[str, Any] = {"seqcls": self.seqcls} if self.seqcls is not None else {}
+        if self.rerank is not None:
+            r = self.rerank
+            extra.update(reranker=r["scorer"], instruction=r.get("instruction"))
+            extra.update({k: r[k] for k in ("system", "template") if k in r})
+        return KindArgs(self.labels, self.scoring, self.examples, head=self.head, questions=qs, extra=extra)
+
+    @property
+    def kind(self) -> KindSpec:
+        """The task's scoring kind, chosen by the kinds table from its fields (`kinds.spec_of`)."""
+        from .kinds import spec_of
+
+        return spec_of(self.kind_args())
+
     @property
     def heads(self) -> list[Head]:
         """Every learned head the task holds (its own, or its head questions')."""
-        return [h for h in [self.head, *(q.head for q in self.questions)] if h is not None]
+        return self.kind.heads
+
+    @property
+    def pins_weights(self) -> bool:
+        """A fitted prior or a learned head means something for the weights it was fitted on only."""
+        return self.calibration.fitted or bool(self.heads)  # type: ignore[union-attr]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, head=None, questions=()))
-        if self.head is not None:
-            d["head"] = self.head.to_dict()
-        else:
-            del d["head"]
-        if self.questions:
-            d["questions"] = [q.to_dict() for q in self.questions]
-        else:
-            del d["questions"]
+        d = asdict(replace(self, head=None, questions=(), seqcls=None, rerank=None))
+        del d["head"], d["questions"], d["seqcls"], d["rerank"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
+        d.update(self.kind.to_task())  # the kind's own section (a head, questions) goes last
         d["calibration"] = self.calibration.to_dict()  # type: ignore[union-attr]
         return {"format": FORMAT, "version": VERSION, "created": utc_now(), **d}
 
@@ -83,24 +103,22 @@ class Task:
         _check_format(d, where)
         labels = _prompt_fields(d, where)
         scoring, warmup, mc, sha, versions = _run_fields(d, where)
-        examples = _examples(d, where, labels)
         spec = _calibration(d, where, labels, warmup)
-        head = _head(d, where, labels, spec)
-        questions = _questions(d, where, labels, spec, head)
+        from .kinds import read_task
+
+        section = read_task(d, where, labels, spec)  # the kind's own fields, each checked by the kind
         return cls(
             model=d["model"],
             labels=tuple(labels),
             system=d.get("system"),
             template=d["template"],
             scoring=scoring,
-            examples=examples,
             calibration=spec,
             warmup=warmup,
             min_confidence=mc,
             weights_sha256=sha,
             versions=versions,
-            head=head,
-            questions=questions,
+            **section,
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -139,18 +157,12 @@ class Task:
         """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
             what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
-            if self.heads:
+            if not self.calibration.fitted:  # type: ignore[union-attr]
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
                 f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
                 f"has {weights_sha256[:12]}...: it does not carry over; {fix}"
             )
-
-
-def _kind(v: Any) -> str:
-    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
-        type(v), "a list" if isinstance(v, list) else "an object" if isinstance(v, dict) else type(v).__name__
-    )
 
 
 # --------------------------------------------------------------------------- reading a task file, field by field
@@ -174,15 +186,9 @@ FIELDS = (
     "versions",
     "head",
     "questions",
+    "seqcls",
+    "rerank",
 )
-
-
-def _bad(d: dict[str, Any], where: str, key: str, want: str) -> TaskError:
-    """The error for field `key` of the wrong type or value: what it must be, what it is."""
-    got = d[key] if key in d else None
-    shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
-    kind = "missing" if key not in d else f"{shown} ({_kind(got)})"
-    return TaskError(f"{where}: field {key!r} must be {want}, got {kind}: fix it, or save the task again")
 
 
 def _check_format(d: Any, where: str) -> None:
@@ -212,17 +218,17 @@ def _prompt_fields(d: dict[str, Any], where: str) -> list[str]:
     """Model, labels, system and template checked; the labels."""
     for key in ("model", "template"):
         if not isinstance(d.get(key), str) or not d[key].strip():
-            raise _bad(d, where, key, "a non-empty string")
+            raise bad_field(d, where, key, "a non-empty string")
     labels = d.get("labels")
     from .labels import label_problem
 
     # the labels' form only: a task with questions has none (validate runs when a classifier is made)
     if not isinstance(labels, list) or any(label_problem(x) is not None for x in labels):
-        raise _bad(d, where, "labels", 'a list of non-empty strings, e.g. ["billing", "technical"]')
+        raise bad_field(d, where, "labels", 'a list of non-empty strings, e.g. ["billing", "technical"]')
     if d.get("system") is not None and not isinstance(d["system"], str):
-        raise _bad(d, where, "system", "a string or null")
+        raise bad_field(d, where, "system", "a string or null")
     if "{text}" not in d["template"]:
-        raise _bad(d, where, "template", "a string with a {text} placeholder")
+        raise bad_field(d, where, "template", "a string with a {text} placeholder")
     for key in ("model", "template", "system"):
         if isinstance(d.get(key), str) and has_lone_surrogate(d[key]):
             raise TaskError(f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode): fix it")
@@ -237,50 +243,29 @@ def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, 
 
     scoring = d.get("scoring", "auto")
     if scoring not in MODES:
-        raise _bad(d, where, "scoring", f"one of {', '.join(MODES)}")
+        raise bad_field(d, where, "scoring", f"one of {', '.join(MODES)}")
     from .ranges import RANGES  # the one range of each number (NaN and Infinity, JSON's extensions, fail)
 
     warmup = d.get("warmup", DEFAULT_WARMUP)
     if RANGES["warmup"].problem(warmup):
-        raise _bad(d, where, "warmup", f"{RANGES['warmup'].describe()} (the default is {DEFAULT_WARMUP})")
+        raise bad_field(d, where, "warmup", f"{RANGES['warmup'].describe()} (the default is {DEFAULT_WARMUP})")
     mc = d.get("min_confidence")
     if RANGES["min_confidence"].problem(mc):
-        raise _bad(d, where, "min_confidence", f"{RANGES['min_confidence'].describe()}, or null")
+        raise bad_field(d, where, "min_confidence", f"{RANGES['min_confidence'].describe()}, or null")
     sha = d.get("weights_sha256")
     if sha is not None and not isinstance(sha, str):
-        raise _bad(d, where, "weights_sha256", "a string (the weights' sha256) or null")
+        raise bad_field(d, where, "weights_sha256", "a string (the weights' sha256) or null")
     versions = d.get("versions", {})
     if not isinstance(versions, dict):
-        raise _bad(d, where, "versions", "an object")
+        raise bad_field(d, where, "versions", "an object")
     return scoring, warmup, None if mc is None else float(mc), sha, versions
-
-
-def _examples(d: dict[str, Any], where: str, labels: list[str]) -> tuple[tuple[str, str], ...]:
-    """The few-shot examples as (text, label) pairs, each checked against the labels."""
-    from .prompts import example_problem
-
-    examples = d.get("examples", [])
-    if not isinstance(examples, list):
-        raise _bad(d, where, "examples", 'a list of {"text": ..., "label": ...} objects')
-    ex: list[tuple[str, str]] = []
-    for i, e in enumerate(examples, 1):
-        if not isinstance(e, dict) or not isinstance(e.get("text"), str) or not isinstance(e.get("label"), str):
-            raise TaskError(
-                f"{where}: field 'examples', example {i}: must be an object with string fields "
-                '"text" and "label": fix it'
-            )
-        problem = example_problem(e["text"], e["label"], labels)
-        if problem:
-            raise TaskError(f"{where}: field 'examples', example {i}: {problem}")
-        ex.append((e["text"], e["label"]))
-    return tuple(ex)
 
 
 def _calibration(d: dict[str, Any], where: str, labels: list[str], warmup: int) -> CalibrationSpec:
     """The calibration (a method, or a prior fitted for these labels)."""
     cal = d.get("calibration", "none")
     if not isinstance(cal, dict) and cal not in ("none", "batch"):
-        raise _bad(d, where, "calibration", "'none', 'batch' or a fitted calibrator")
+        raise bad_field(d, where, "calibration", "'none', 'batch' or a fitted calibrator")
     try:
         spec = CalibrationSpec.from_dict(cal, warmup)
     except CalibrationError as e:
@@ -292,46 +277,3 @@ def _calibration(d: dict[str, Any], where: str, labels: list[str], warmup: int) 
             f"labels are {labels}: recalibrate (--calibrate ... --save-task)"
         )
     return spec
-
-
-def _head(d: dict[str, Any], where: str, labels: list[str], spec: CalibrationSpec) -> Head | None:
-    """The learned head, if any: trained for these labels, and with no calibration beside it."""
-    if d.get("head") is None:
-        return None
-    from .heads import Head, HeadError
-
-    try:
-        head = Head.from_dict(d["head"], f"{where}: field 'head'")
-    except HeadError as e:
-        raise TaskError(str(e)) from None
-    if list(head.labels) != labels:
-        raise TaskError(
-            f"{where}: field 'head' was trained for the labels {list(head.labels)[:8]}, but the task's "
-            f"labels are {labels[:8]}: train the head again (mlx-slm train ... --save-task)"
-        )
-    if spec.to_dict() != "none":
-        raise TaskError(
-            f"{where}: a task with a learned head takes no calibration (field 'calibration' is not "
-            "'none'): set it to \"none\", or train the head again"
-        )
-    return head
-
-
-def _questions(
-    d: dict[str, Any], where: str, labels: list[str], spec: CalibrationSpec, head: Head | None
-) -> tuple[Question, ...]:
-    """Several questions (zero-shot ones and learned heads), checked one by one and as a set."""
-    if "questions" not in d:
-        return ()
-    qs = d["questions"]
-    if not isinstance(qs, list) or not qs:
-        raise _bad(d, where, "questions", "a non-empty list of questions")
-    if labels or head is not None or spec.fitted:
-        raise TaskError(
-            f"{where}: a task with 'questions' has no labels, head or fitted prior of its own (each question "
-            "carries its own): fix it, or save the task again"
-        )
-    try:
-        return check_questions([Question.from_dict(q, f"{where}: question {i}") for i, q in enumerate(qs, 1)])
-    except QuestionError as e:
-        raise TaskError(str(e)) from None

@@ -24,7 +24,9 @@ def _corpus() -> list[str]:
     return [t for t, _ in tickets(60)] + [DEFAULT_SYSTEM, "Ticket: Category: refund request status"] * 3
 
 
-def make_tokenizer(out: Path):
+def make_tokenizer(out: Path, words: tuple[str, ...] = ()):
+    """A tiny byte-level BPE tokenizer trained on the workload (`words`: more corpus lines, each
+    seen often enough to become one token, e.g. a reranker's "yes" and "no")."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -36,7 +38,7 @@ def make_tokenizer(out: Path):
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(_corpus() + [w for w in words for _ in range(200)], trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML
     )
@@ -44,7 +46,7 @@ def make_tokenizer(out: Path):
     return fast
 
 
-def make_tiny(out: Path, arch: str) -> Path:
+def make_tiny(out: Path, arch: str, words: tuple[str, ...] = ()) -> Path:
     """A random tiny checkpoint saved as a Hugging Face directory (float32 safetensors).
 
     arch: qwen2, llama, qwen3 (head_dim 24, not hidden / heads; sliding-window layers from
@@ -53,9 +55,20 @@ def make_tiny(out: Path, arch: str) -> Path:
     softcapping, tied head, as the released models).
     """
     import torch
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
-    tok = make_tokenizer(out)
+    cfg = tiny_config(arch, make_tokenizer(out, words))
+    torch.manual_seed({"qwen2": 0, "llama": 1, "qwen3": 2, "gemma3": 3}[arch])
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    _vary(model, arch)
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+def tiny_config(arch: str, tok, **extra):
+    """The Transformers config of `make_tiny`'s `arch` for tokenizer `tok` (`extra`: more fields)."""
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+
     common = dict(
         vocab_size=len(tok),
         hidden_size=64,
@@ -67,13 +80,14 @@ def make_tiny(out: Path, arch: str) -> Path:
         initializer_range=0.15,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
+        **extra,
     )
     if arch == "qwen2":
-        cfg = Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
-    elif arch == "llama":
-        cfg = LlamaConfig(**common, rope_theta=1e4, tie_word_embeddings=True, rms_norm_eps=1e-5)
-    elif arch == "qwen3":
-        cfg = Qwen3Config(
+        return Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
+    if arch == "llama":
+        return LlamaConfig(**common, rope_theta=1e4, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    if arch == "qwen3":
+        return Qwen3Config(
             **common,
             head_dim=24,
             rope_theta=1e6,
@@ -82,8 +96,8 @@ def make_tiny(out: Path, arch: str) -> Path:
             sliding_window=16,
             max_window_layers=1,
         )
-    elif arch == "gemma3":
-        cfg = Gemma3TextConfig(
+    if arch == "gemma3":
+        return Gemma3TextConfig(
             **{**common, "num_hidden_layers": 5},
             head_dim=32,
             query_pre_attn_scalar=24,
@@ -97,11 +111,15 @@ def make_tiny(out: Path, arch: str) -> Path:
             tie_word_embeddings=True,
             bos_token_id=None,
         )
-    else:
-        raise ValueError(arch)
-    torch.manual_seed({"qwen2": 0, "llama": 1, "qwen3": 2, "gemma3": 3}[arch])
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():  # RMSNorm weights start at 1 (Gemma: 0, read as 1 + w); vary them so a wrong norm shows
+    raise ValueError(arch)
+
+
+def _vary(model, arch: str) -> None:
+    """RMSNorm weights start at 1 (Gemma: 0, read as 1 + w) and biases at 0: vary them so a
+    wrong norm or a dropped bias shows."""
+    import torch
+
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 if arch == "gemma3":
@@ -110,7 +128,47 @@ def make_tiny(out: Path, arch: str) -> Path:
                     p.mul_(1 + 0.2 * torch.randn_like(p))
             if name.endswith("bias"):
                 p.normal_(0, 0.2)
+
+
+# Label names of the tiny sequence classifiers (`make_tiny_seqcls`), by number of labels.
+SEQCLS_LABELS = {1: ("relevant",), 2: ("no", "yes"), 3: ("negative", "neutral", "positive"),
+                 4: ("billing", "bug", "urgent", "refund")}  # fmt: skip
+
+
+def make_tiny_seqcls(
+    out: Path, arch: str, num_labels: int, problem_type: str | None = None, id2label: bool = True
+) -> Path:
+    """A random tiny `*ForSequenceClassification` checkpoint of `arch` (as `make_tiny`'s
+    backbone, its score head drawn at initializer_range 0.15), saved by Transformers.
+
+    id2label: the labels of SEQCLS_LABELS in config.json; False: neither id2label nor
+    label2id, only `num_labels` (left out too for 2 labels, Transformers' default), as
+    transformers 4 configs often are (labels LABEL_0...). pad_token_id is the tokenizer's.
+    """
+    import json
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    tok = make_tokenizer(out)
+    labels = SEQCLS_LABELS[num_labels]
+    cfg = tiny_config(
+        arch,
+        tok,
+        id2label=dict(enumerate(labels)),
+        label2id={lab: i for i, lab in enumerate(labels)},
+        problem_type=problem_type,
+    )
+    torch.manual_seed(100 + 10 * num_labels + ["qwen2", "llama", "qwen3", "gemma3"].index(arch))
+    model = AutoModelForSequenceClassification.from_config(cfg, dtype=torch.float32)
+    _vary(model, arch)
     model.save_pretrained(str(out), safe_serialization=True)
+    if not id2label:
+        config = json.loads((out / "config.json").read_text())
+        config.pop("id2label"), config.pop("label2id")
+        if num_labels != 2:
+            config["num_labels"] = num_labels
+        (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
 
@@ -124,6 +182,7 @@ class TinyModels:
         self._tmp = tmp_path_factory
         self._hf: dict[str, Path] = {}
         self._mlx: dict[str, Path] = {}
+        self._seqcls: dict[tuple, Path] = {}
 
     def hf(self, arch: str) -> Path:
         """The Hugging Face directory (float32 safetensors, the tokenizer, nothing else in it)."""
@@ -143,6 +202,24 @@ class TinyModels:
 
     def arch_of(self, hf_dir: Path) -> str:
         return next(a for a, d in self._hf.items() if d == hf_dir)
+
+    def seqcls_hf(self, arch: str, num_labels: int, problem_type: str | None = None, id2label: bool = True) -> Path:
+        """A tiny sequence classifier (`make_tiny_seqcls`), made once per session per argument set."""
+        key = ("seqcls", arch, num_labels, problem_type, id2label)
+        if key not in self._seqcls:
+            name = f"hf-seqcls-{arch}-{num_labels}-{problem_type or 'unset'}-{'named' if id2label else 'plain'}"
+            self._seqcls[key] = make_tiny_seqcls(self._tmp.mktemp(name), arch, num_labels, problem_type, id2label)
+        return self._seqcls[key]
+
+    def seqcls_mlx(self, arch: str, num_labels: int, problem_type: str | None = None, id2label: bool = True) -> Path:
+        """Its float32 conversion, in a folder of its own."""
+        key = ("seqcls-mlx", arch, num_labels, problem_type, id2label)
+        if key not in self._seqcls:
+            from mlx_slm.convert import convert
+
+            src = self.seqcls_hf(arch, num_labels, problem_type, id2label)
+            self._seqcls[key] = convert(src, self._tmp.mktemp("mlx-seqcls") / "m", dtype="float32", progress=None)
+        return self._seqcls[key]
 
 
 @pytest.fixture(scope="session")
@@ -177,6 +254,13 @@ def engine(tiny_qwen_mlx):
 @pytest.fixture(scope="session")
 def tiny_qwen_mlx(tiny_arch) -> Path:
     return tiny_arch.mlx("qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_seqcls_mlx(tiny_arch) -> Path:
+    """A tiny Qwen2ForSequenceClassification (3 labels: negative, neutral, positive; softmax),
+    converted (float32); others: `tiny_arch.seqcls_mlx(arch, num_labels, problem_type, id2label)`."""
+    return tiny_arch.seqcls_mlx("qwen2", 3)
 
 
 @pytest.fixture(scope="session")
@@ -279,7 +363,7 @@ def pytest_terminal_summary(terminalreporter):
     dicts), printed after the run: measured figures, not a test."""
     import sys
 
-    for name in ("test_models_arch", "test_mlxlm_fallback", "test_quantized"):
+    for name in ("test_models_arch", "test_mlxlm_fallback", "test_quantized", "test_seqcls_models"):
         diffs = getattr(sys.modules.get(name), "MAX_DIFF", None)
         if diffs:
             terminalreporter.write_sep("-", f"max |diff| against the reference ({name})")

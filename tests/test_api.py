@@ -1,6 +1,6 @@
 """The Python API refuses what it would get wrong: one `str` is one text, a DataFrame needs
 `text_column=`; `classify_frame`, progress bars, a stream that yields each batch as it
-finishes; and the README's Python blocks run as shown (on the tiny model)."""
+finishes; and the manual's Python blocks (README.md and docs/*.md) run as shown (on the tiny model)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ TEXTS = [
     "refund status please",
     "Why was I billed again?",
 ]
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +117,14 @@ def test_unordered_stream_yields_each_batch_as_it_finishes(clf):
     """ordered=False hands out a batch's predictions before the next batch is computed."""
     texts = TEXTS + ["", "short", "a much longer ticket text that goes on and on about invoices and payments"]
     batches = []
-    orig = clf._run_batch
+    orig = clf.kind.score  # the kind scores each batch (pipeline.run_items calls it)
 
     def spy(*a, **k):
         out = orig(*a, **k)
         batches.append([p.index for p in out])
         return out
 
-    clf._run_batch = spy
+    clf.kind.score = spy
     try:
         seen_at = []  # how many batches had run when each prediction arrived
         preds = []
@@ -132,7 +132,7 @@ def test_unordered_stream_yields_each_batch_as_it_finishes(clf):
             seen_at.append(len(batches))
             preds.append(p)
     finally:
-        del clf._run_batch
+        del clf.kind.score
     assert sorted(p.index for p in preds) == list(range(len(texts)))
     assert preds[0].index == 6 and preds[0].error  # the empty text: first, before any batch ran
     assert seen_at[0] == 0
@@ -145,16 +145,23 @@ def test_unordered_stream_yields_each_batch_as_it_finishes(clf):
     assert all(p.label == ordered[p.index].label and p.probs == ordered[p.index].probs for p in preds)
 
 
-# ----------------------------------------------------------------------------- the README's Python
+# ----------------------------------------------------------------------------- the manual's Python
 
 
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+def _python_blocks() -> list[tuple[str, str]]:
+    """Every ```python block of the README and of the docs/ pages, with the page it is on."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [
+        (str(page.relative_to(ROOT)), block)
+        for page in pages
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    ]
 
 
 def test_readme_python_blocks_run(tiny_qwen_mlx, tmp_path, monkeypatch, capsys):
-    """Every ```python block of the README runs as written, with the built-in model's name
-    replaced by the tiny test model (the Ray Data block runs in tests/test_ray.py)."""
+    """Every ```python block of the README and docs/ (docs/classify.md's API block) runs as
+    written, with the built-in model's name replaced by the tiny test model (the Ray Data block
+    runs in tests/test_ray.py)."""
     from click.testing import CliRunner
 
     from mlx_slm.cli import main
@@ -168,10 +175,11 @@ def test_readme_python_blocks_run(tiny_qwen_mlx, tmp_path, monkeypatch, capsys):
     assert r.exit_code == 0, r.output
     # The Ray Data block runs in tests/test_ray.py, the scikit-learn walk-through (its CSV, its
     # joblib file) in tests/test_sklearn.py.
-    blocks = [b for b in _python_blocks() if "import ray" not in b and "import joblib" not in b]
-    assert blocks, "the README has no Python block"
-    for block in blocks:
+    blocks = [(page, b) for page, b in _python_blocks() if "import ray" not in b and "import joblib" not in b]
+    assert blocks, "the manual has no Python block"
+    assert "docs/classify.md" in {page for page, _ in blocks}, "docs/classify.md holds the API block"
+    for i, (page, block) in enumerate(blocks, 1):
         code = block.replace('"qwen2.5-coder-0.5b"', repr(str(tiny_qwen_mlx)))
-        exec(compile(code, f"README.md python block {blocks.index(block) + 1}", "exec"), {"__name__": "__readme__"})
+        exec(compile(code, f"{page} python block {i}", "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out
     assert "billing" in out or "technical" in out or "account" in out

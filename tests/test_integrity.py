@@ -270,12 +270,12 @@ def test_help_exits_0_without_an_error_line(cmd):
 
 
 def test_a_bug_shows_its_traceback_and_says_it_is_a_bug(tiny_qwen_mlx, monkeypatch):
-    import mlx_slm.classifier as c
+    from mlx_slm.kinds.base import OnePrompt
 
     def boom(*a, **k):
         raise KeyError("internal")
 
-    monkeypatch.setattr(c.Classifier, "prepare", boom)
+    monkeypatch.setattr(OnePrompt, "items", boom)  # where every one-prompt kind tokenizes its texts
     r = CliRunner().invoke(main, ["classify", *cli(tiny_qwen_mlx)], input="hello\n")
     assert r.exit_code == 70
     assert "Traceback" in r.output and "KeyError" in r.output and "this is a bug" in r.output

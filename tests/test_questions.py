@@ -1,4 +1,4 @@
-"""Several questions per text in one pass (questions.py, branches.py, Engine.branch_scores).
+"""Several questions per text in one pass (questions.py, branches.py, kinds/questions.py).
 
 The promise: every answer equals the same question asked alone and Transformers scoring
 that question's full prompt afresh, on every architecture (sliding windows included), with

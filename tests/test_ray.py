@@ -229,7 +229,7 @@ def test_worker_options_fit_the_cluster(local_ray):
 
 @pytest.mark.slow
 def test_readme_ray_data_example_finishes_on_two_cpus(local_ray, tiny_qwen_mlx, tmp_path, monkeypatch):
-    """The README's Ray Data block, as written, with local folders for its S3 paths and
+    """docs/scale-out.md's Ray Data block, as written, with local folders for its S3 paths and
     concurrency=2, on `ray.init(num_cpus=2)`: it runs to completion (it used to wait forever
     for a third CPU) and writes every row with its label."""
     import re
@@ -237,8 +237,8 @@ def test_readme_ray_data_example_finishes_on_two_cpus(local_ray, tiny_qwen_mlx, 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "import ray" in b)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "scale-out.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "import ray" in b)
     assert "read_parquet" in block and "classify_dataset" in block and "write_parquet" in block
     monkeypatch.chdir(tmp_path)
     src, dst = tmp_path / "tickets", tmp_path / "labels"
@@ -250,7 +250,7 @@ def test_readme_ray_data_example_finishes_on_two_cpus(local_ray, tiny_qwen_mlx, 
     r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "s.jsonl")])
     assert r.exit_code == 0, r.output
     code = block.replace("s3://archive/tickets/", str(src)).replace("s3://archive/labels/", str(dst))
-    exec(compile(code, "README.md Ray Data block", "exec"), {"__name__": "__readme__"})
+    exec(compile(code, "docs/scale-out.md Ray Data block", "exec"), {"__name__": "__readme__"})
     out = pq.read_table(dst).to_pylist()
     assert sorted(r["id"] for r in out) == list(range(40))
     assert all(r["label"] in LABELS and r["error"] is None for r in out)

@@ -164,16 +164,19 @@ def test_a_text_far_over_the_context_is_refused_by_its_size_before_tokenizing(en
     with truncation both are cut, not refused."""
     from hostile import task_clf
 
-    import mlx_slm.prepare as prepare
     from mlx_slm.prompts import max_token_chars
 
     per = max_token_chars(engine.tokenizer)
     assert per == max(len(t) for t in engine.tokenizer.get_vocab())
     huge, long = "word " * (2 * per * 1024 // 5 + 10), "word " * 1500
     seen: list[int] = []
-    real = prepare.tokenize
-    monkeypatch.setattr(prepare, "tokenize", lambda tok, prompts: seen.extend(map(len, prompts)) or real(tok, prompts))
-    preds = list(task_clf(engine).run([huge, long, "My card was charged twice"]))
+    clf = task_clf(engine)
+    kind = type(clf.kind)
+    real = kind.encode
+    monkeypatch.setattr(
+        kind, "encode", lambda self, texts, pairs=None: seen.extend(map(len, texts)) or real(self, texts, pairs)
+    )
+    preds = list(clf.run([huge, long, "My card was charged twice"]))
     assert "characters, far over the model's context of 1024" in preds[0].error
     assert "prompt is" in preds[1].error and preds[2].ok
     assert max(seen) < len(huge)  # the huge text never reached the tokenizer

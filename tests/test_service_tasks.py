@@ -63,3 +63,36 @@ def test_server_batches_count_the_label_trie(tiny_qwen_mlx):
         assert seen[-1] == [len(item.ids) - len(front.prefix_tokens) + front.row_extra]
     finally:
         s.stop()
+
+
+def test_a_request_tokenizes_each_text_once(tiny_qwen_mlx, monkeypatch):
+    """The front tokenized every text to check it and count its cost, then the worker's
+    classifier tokenized it again (issue 34): the worker now runs the front's items."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from test_server import ThreadServer
+
+    from mlx_slm.server import ServeOptions, Service, classifier_loader
+
+    service = Service(classifier_loader(str(tiny_qwen_mlx)), ServeOptions(max_wait_ms=5))
+    s = ThreadServer(service).start()
+    try:
+        texts = [f"zq{k} my card was charged twice for invoice number {k}" for k in range(5)]
+        seen: list[str] = []
+        tok_class = type(service.tasks.front_engine.tokenizer)
+        call = tok_class.__call__
+
+        def counting(self, text, *a, **k):
+            batch = [text] if isinstance(text, str) else list(text)
+            seen.extend(t for t in texts for x in batch if isinstance(x, str) and t in x)
+            return call(self, text, *a, **k)
+
+        monkeypatch.setattr(tok_class, "__call__", counting)
+        for labels in (None, ["billing", "technical support", "account"]):  # the served task, and a request's own
+            seen.clear()
+            body = {"texts": texts, **({"labels": labels} if labels else {})}
+            r = httpx.post(s.url + "/v1/classify", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            assert sorted(seen) == sorted(texts), f"tokenized {len(seen)} times for {len(texts)} texts"
+    finally:
+        s.stop()

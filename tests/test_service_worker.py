@@ -117,26 +117,27 @@ def test_a_forward_nobody_waits_for_is_abandoned_between_its_batches(tiny_qwen_m
     svc = _service(tiny_qwen_mlx, batch_size=1)  # every item its own batch
     svc._load()  # loaded and warmed, no worker thread: the batch is run here
     key = svc.tasks.default_key
-    clf = svc.tasks.back(key)
+    kind = svc.tasks.back(key).kind
     texts = ["My card was charged twice", "The app crashes", "I cannot log in", "Refund please"]
+    prepared = svc.tasks.front(key).prepare(texts)
     loop = asyncio.new_event_loop()
     try:
         for cancel_after in (None, 1):
             job = Job(len(texts), loop)
-            items = [WorkItem(job, i, t, key, 8, False, time.perf_counter()) for i, t in enumerate(texts)]
+            items = [WorkItem(job, i, it, key, 8, False, time.perf_counter()) for i, it in enumerate(prepared)]
             calls = []
 
             def counted(batch, group, pre, st, job=job, calls=calls, cancel_after=cancel_after):
                 calls.append(len(group))
-                out = type(clf)._run_batch(clf, batch, group, pre, st)
+                out = type(kind).score(kind, batch, group, pre, st)
                 if cancel_after is not None and len(calls) >= cancel_after:
                     job.cancelled = True  # the client left after the first batch
                 return out
 
-            clf._run_batch = counted
+            kind.score = counted  # every batch the pipeline scores passes here
             dropped = svc.metrics.items.get("dropped", 0)
             svc.scheduler.run_batch(key, items)
-            del clf._run_batch
+            del kind.score
             if cancel_after is None:
                 assert len(calls) == len(texts)  # everyone waits: every batch runs
             else:

@@ -451,14 +451,14 @@ def test_scikit_learns_checks_that_apply_to_a_text_classifier():
     assert any("requires input" in str(w.message) for w in caught)
 
 
-# --------------------------------------------------------------------------- the README's walk-through
+# ------------------------------------------------------------------ docs/sklearn.md's walk-through
 def _readme_blocks() -> tuple[str, str]:
-    """The README's 'Python: scikit-learn' walk-through: the notebook block and the
+    """The 'Python: scikit-learn' walk-through (docs/sklearn.md): the notebook block and the
     new-process block, as written."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Python: scikit-learn", 1)[1].split("\n### ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 2, "the README section holds the notebook block and the new-process block"
+    text = (ROOT / "docs" / "sklearn.md").read_text(encoding="utf-8")
+    assert text.startswith("# Python: scikit-learn"), "docs/sklearn.md is the scikit-learn page"
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 2, "docs/sklearn.md holds the notebook block and the new-process block"
     return blocks[0], blocks[1]
 
 
@@ -480,7 +480,7 @@ def _run_readme(folder: Path, model: str | None, monkeypatch, new_process: bool 
         notebook, later = (b.replace('"qwen2.5-coder-0.5b"', repr(model)) for b in (notebook, later))
     monkeypatch.chdir(folder)
     scope: dict = {}
-    exec(compile(notebook, "README.md (Python: scikit-learn)", "exec"), scope)
+    exec(compile(notebook, "docs/sklearn.md (Python: scikit-learn)", "exec"), scope)
     if not new_process:
         from contextlib import redirect_stdout
         from io import StringIO
@@ -490,7 +490,7 @@ def _run_readme(folder: Path, model: str | None, monkeypatch, new_process: bool 
         sk.clear_engines()  # as a new process: the pickle must bring back everything it needs
         out = StringIO()
         with redirect_stdout(out):
-            exec(compile(later, "README.md (Python: scikit-learn, later)", "exec"), {})
+            exec(compile(later, "docs/sklearn.md (Python: scikit-learn, later)", "exec"), {})
         scope["later_stdout"] = out.getvalue()
         return scope
     r = subprocess.run(

@@ -15,7 +15,11 @@ is ground: it loads `_blas` only, and reaches the public names lazily by name (`
 
 It also holds the rooms' sizes: no file over 800 lines, no class over 300, no function over 90.
 
-Usage: python tools/layers.py      # prints every import that runs up, every cycle, every oversized room; exit 1 if any
+It also counts the conditions that branch on the scoring kind outside the kinds' own modules
+(`kind_branches`): a report, not a failure; ARCHITECTURE.md names the few that are left.
+
+Usage: python tools/layers.py [-v]  # prints every import that runs up, every cycle, every oversized room; exit 1
+                                    # if any; -v lists the branches on the kind
 """
 
 from __future__ import annotations
@@ -43,18 +47,18 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "answers",
             "heads",
             "metrics",
+            "seqcls",
         ),
     ),
     ("weights", ("models", "fastmath", "registry", "modelfiles", "convert", "sources")),
-    ("engine", ("engine", "prefix_cache", "scoring")),
+    ("engine", ("engine", "prefix_cache")),
     (
         "classifier",
         (
             "records",
-            "scorers",
             "inputs",
-            "prepare",
             "pipeline",
+            "kinds",
             "classifier_base",
             "classifier",
             "task",
@@ -102,6 +106,12 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
 
 def imports_of(path: Path, package_dir: Path = PACKAGE) -> list[tuple[str, int, bool]]:
     """(imported mlx_slm module, line, at module level) for each runtime import in `path`."""
+    return [(t, line, where == "top") for t, line, where in all_imports(path, package_dir) if where != "typing"]
+
+
+def all_imports(path: Path, package_dir: Path = PACKAGE) -> list[tuple[str, int, str]]:
+    """(imported mlx_slm module, line, where) for every import in `path`: where is "top" (module
+    level), "lazy" (inside a function) or "typing" (under `if TYPE_CHECKING:`)."""
     me = module_name(path, package_dir)
     package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
     package = [p for p in package if p]
@@ -110,8 +120,6 @@ def imports_of(path: Path, package_dir: Path = PACKAGE) -> list[tuple[str, int, 
     top = {id(n) for n in tree.body}
     out = []
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         names: list[str] = []
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -127,7 +135,8 @@ def imports_of(path: Path, package_dir: Path = PACKAGE) -> list[tuple[str, int, 
                 names.append(sub if _is_module(sub, package_dir) else stem)
         elif isinstance(node, ast.Import):
             names = [a.name.removeprefix("mlx_slm.") for a in node.names if a.name.startswith("mlx_slm.")]
-        out += [(n, node.lineno, id(node) in top) for n in names]
+        where = "typing" if id(node) in skip else "top" if id(node) in top else "lazy"
+        out += [(n, node.lineno, where) for n in names]
     return out
 
 
@@ -149,11 +158,13 @@ def check(package: Path = PACKAGE) -> list[str]:
         if _top(me) not in FLOOR_OF:
             problems.append(f"{me or 'mlx_slm'}: on no floor: add it to FLOORS (tools/layers.py) and ARCHITECTURE.md")
             continue
-        for target, line, module_level in imports_of(path, package):
+        for target, line, where in all_imports(path, package):
             if target == me:
                 continue
-            if module_level:
+            if where != "lazy":  # a type hint's import is a circle too: the two modules know each other
                 edges[me].add(target)
+            if where == "typing":  # loads nothing: no floor is climbed at run time
+                continue
             a, b = _top(me), _top(target)
             if a != b and FLOOR_OF.get(b, -1) > FLOOR_OF[a]:
                 problems.append(
@@ -222,12 +233,63 @@ def oversized(package: Path = PACKAGE) -> list[str]:
     return out
 
 
+# Branches on the scoring kind (issue 34): a condition that reads which kind a task is (its
+# questions, plan, learned head or heads, features-only flag, the estimator's method, or a mode
+# compared with a kind's name) outside the kinds' own modules, which are where that belongs.
+KIND_OWN = ("kinds/", "questions.py", "branches.py", "answers.py", "heads.py", "labels.py", "models/")
+KIND_NAMES = {"questions", "question", "plan", "head", "heads", "features_only"}
+KIND_WORDS = {"head", "questions", "features", "seqcls", "rerank", "finetune"}
+
+
+def _operands(test: ast.AST) -> list[ast.AST]:
+    """The values a condition tests: itself, the parts of `and`/`or`/`not`, the sides of a comparison."""
+    if isinstance(test, ast.BoolOp):
+        return [x for v in test.values for x in _operands(v)]
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _operands(test.operand)
+    if isinstance(test, ast.Compare):
+        return [test, test.left, *test.comparators]
+    return [test]
+
+
+def _reads_kind(test: ast.AST) -> bool:
+    for n in _operands(test):
+        if isinstance(n, ast.Name) and n.id in KIND_NAMES:
+            return True
+        if isinstance(n, ast.Attribute) and n.attr in KIND_NAMES:
+            return True
+        if isinstance(n, ast.Compare) and any(
+            isinstance(c, ast.Constant) and c.value in KIND_WORDS for c in [n.left, *n.comparators]
+        ):
+            return True
+    return False
+
+
+def kind_branches(package: Path = PACKAGE) -> list[str]:
+    """Each condition (if, conditional expression, comprehension filter) that branches on the
+    scoring kind outside the kinds' own modules (`KIND_OWN`): "file:line: condition"."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel.startswith(KIND_OWN):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            tests = [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else []
+            tests += node.ifs if isinstance(node, ast.comprehension) else []
+            out += [f"mlx_slm/{rel}:{t.lineno}: {ast.unparse(t)[:90]}" for t in tests if _reads_kind(t)]
+    return out
+
+
 def main() -> int:
     problems = check() + oversized()
     for p in problems:
         print(p)
     n = sum(1 for _ in PACKAGE.rglob("*.py"))
     print(f"{n} modules on {len(FLOORS)} floors: {len(problems)} problem(s)", file=sys.stderr)
+    branches = kind_branches()
+    if "-v" in sys.argv[1:]:
+        print("\n".join(branches))
+    print(f"{len(branches)} branch(es) on the scoring kind outside kinds/ (-v lists them)", file=sys.stderr)
     return 1 if problems else 0
 
 

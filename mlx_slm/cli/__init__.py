@@ -97,6 +97,8 @@ def main() -> None:
       mlx-slm train labelled.jsonl --save-task task.json && mlx-slm classify tickets.jsonl --task task.json
       mlx-slm parity --model smollm2-135m --reference smollm2-135m --n 10
       mlx-slm doctor
+
+    Docs: docs/index.md
     """
 
 

@@ -34,7 +34,18 @@ ORDER = (
 )
 SECTIONS = {
     **dict.fromkeys(
-        ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field", "gold_fields"), "Input"
+        (
+            "fmt",
+            "text_field",
+            "id_field",
+            "text_column",
+            "id_column",
+            "gold_field",
+            "gold_fields",
+            "pair_field",
+            "pair_column",
+        ),
+        "Input",
     ),
     **dict.fromkeys(("predictions", "input_path", "n"), "Input"),
     **dict.fromkeys(("output", "output_format", "resume", "on_error", "save_task", "json_path", "plots"), "Output"),
@@ -45,7 +56,7 @@ SECTIONS = {
         ("labels_csv", "labels_file", "questions_file", "system", "template", "examples_file"), "Labels and prompt"
     ),
     **dict.fromkeys(("scoring", "truncate"), "Labels and prompt"),
-    **dict.fromkeys(("calibrate", "calibration_data", "warmup", "min_confidence"), "Calibration"),
+    **dict.fromkeys(("calibrate", "calibration_data", "warmup", "min_confidence", "threshold"), "Calibration"),
     **dict.fromkeys(("batch_size", "max_batch_tokens", "window", "no_sort", "no_prefix_cache"), "Batching"),
     **dict.fromkeys(("shard", "use_ray", "ray_address", "workers", "worker_threads"), "Scale-out"),
     **dict.fromkeys(("layers_spec", "layer", "folds", "pooling", "seed"), "Head"),

@@ -96,6 +96,8 @@ def classify(
     uninterrupted run's, byte for byte. Exit status: 0 all rows classified,
     1 some rows are error rows (all still written), 2 a usage error, 130 Ctrl-C,
     70 a bug in mlx-slm.
+
+    Docs: docs/classify.md
     """
     warn_blas()
     failed = classify_job(
@@ -133,6 +135,8 @@ def merge(parts: tuple[str, ...], output: str, no_input_check: bool, quiet: bool
     each hold its rows. The ids are then checked, in order, against the input (when
     its path, recorded in the parts, can be read here). Nothing is written unless all of
     that holds; the result equals a single run's output.
+
+    Docs: docs/scale-out.md
     """
     from ..output import read_manifest
     from ..sharding import merge_parts

@@ -62,6 +62,8 @@ def evaluate(
     \b
       mlx-slm eval tickets.jsonl --calibrate batch --plots eval/ --json eval.json
       mlx-slm eval tickets.jsonl --predictions preds.jsonl   # no model run
+
+    Docs: docs/labels.md
     """
     from ..evaluate import format_report, plot, plot_paths, read_predictions, report
     from ..io import read_rows
@@ -88,7 +90,9 @@ def evaluate(
         check_run_files(inputs, [("--plots", plots)])
         # The files in it too (a link placed at confusion.png): refused now, not after the report.
         check_run_files(inputs, [("--plots", str(p)) for p in plot_paths(plots)])
-    rows = list(read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required))
+    rows = list(
+        read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required, pair=s.pair_arg(input))
+    )
     labels = setup.labels
     if predictions:
         preds = read_predictions(predictions, rows, input)
@@ -116,7 +120,7 @@ def evaluate(
 # What changes the predictions a model run makes: --predictions scores a classify output as it was
 # written, so these would be ignored there (classify again with them instead).
 _RUN_OPTIONS = (
-    "calibrate", "calibration_data", "min_confidence", "warmup", "save_task", "scoring", "truncate",
+    "calibrate", "calibration_data", "min_confidence", "threshold", "warmup", "save_task", "scoring", "truncate",
     "examples_file", "system", "template", "dtype", "keep_quantized", "batch_size", "max_batch_tokens", "window",
     "no_sort", "no_prefix_cache",
 )  # fmt: skip
@@ -137,7 +141,7 @@ def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, A
     clf = setup.load()
     calib = setup.calibration_run()
     ok = [r for r in rows if r.error is None]
-    run = clf.run([r.text for r in ok], window=setup.o.window)
+    run = clf.run([r.item for r in ok], window=setup.o.window)
     got = iter(calib(run))
     preds: list[dict[str, Any] | None] = []
     for r in rows:

@@ -44,6 +44,8 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
     With --quantize 4|8 the Linear and Embedding weights are packed as mlx-lm packs them
     (norms and biases stay in --dtype), so mlx_lm.load reads the directory too:
       mlx-slm convert Qwen/Qwen2.5-0.5B-Instruct --out qwen-4bit --quantize 4 --group-size 64
+
+    Docs: docs/models.md
     """
     from ..convert import check_out_dir, check_quantize
     from ..convert import convert as do_convert
@@ -63,7 +65,10 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
 
 @click.command(cls=Command)
 def doctor() -> None:
-    """Show the MLX device, compute dtype, BLAS in use and its measured matmul rate."""
+    """Show the MLX device, compute dtype, BLAS in use and its measured matmul rate.
+
+    Docs: docs/parity.md
+    """
     import platform
 
     import mlx.core as mx
@@ -91,7 +96,10 @@ def doctor() -> None:
 
 @click.command(cls=Command)
 def models() -> None:
-    """List the built-in model names (fetched from PyPI on first use)."""
+    """List the built-in model names (fetched from PyPI on first use).
+
+    Docs: docs/models.md
+    """
     from ..convert import is_converted
     from ..sources import Source, cached_path
 
@@ -105,7 +113,10 @@ def models() -> None:
 )
 @click.pass_context
 def bench(ctx: click.Context) -> None:
-    """Time every mode against Transformers on the workload (a checkout's benchmarks/; `mlx-slm bench --help`)."""
+    """Time every mode against Transformers on the workload (a checkout's benchmarks/; `mlx-slm bench --help`).
+
+    Docs: docs/benchmarks.md
+    """
     runner = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
     if not runner.is_file():
         raise UserError(

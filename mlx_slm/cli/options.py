@@ -101,6 +101,11 @@ _TASK_OPTIONS = [
         help="Abstain (label null, abstained true) under this probability: route those to a person.",
     ),
     click.option(
+        "--threshold",
+        type=number("threshold"),
+        help="A multi-label sequence classifier: its answer is the labels at or above this probability [0.5].",
+    ),
+    click.option(
         "--save-task", type=click.Path(dir_okay=False), help="Write the task (with the fitted prior) to this file."
     ),
     click.option(
@@ -114,6 +119,13 @@ _TASK_OPTIONS = [
         "--id-field", default="id", show_default=True, help="JSONL field holding the id (default: line number)."
     ),
     click.option("--text-column", default="text", show_default=True, help="CSV column holding the text."),
+    click.option(
+        "--pair-field",
+        default="text_pair",
+        show_default=True,
+        help="JSONL/Parquet field of a second text (a pair: NLI, a query and a document), read where present.",
+    ),
+    click.option("--pair-column", help="CSV/TSV column of a second text (a pair); none unless named."),
     click.option(
         "--id-column", default="id", show_default=True, help="CSV column holding the id (default: line number)."
     ),

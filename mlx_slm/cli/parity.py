@@ -91,6 +91,8 @@ def parity(
     (a) forward exactness; (b) conversion drift fails only with --strict. For an
     MLX-quantized directory, (a) runs Transformers on its dequantized values and (c)
     checks our labels against mlx-lm's own forward on the directory (a failure too).
+
+    Docs: docs/parity.md
     """
     from ..parity import format_report, run_parity
     from ..reference import require_torch

@@ -106,6 +106,8 @@ def serve(
     --max-batch-items, --max-batch-tokens padded tokens, --max-wait-ms) and runs
     them through the same path as `classify`. SIGTERM: new requests get 503,
     accepted ones finish within --drain-timeout, then the exit status is 0.
+
+    Docs: docs/serving.md
     """
     try:
         import starlette  # noqa: F401

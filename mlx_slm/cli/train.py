@@ -80,6 +80,8 @@ def train(
     or --labels-file, else the data's own. Then classify, eval, serve with --task:
       mlx-slm train labelled.csv --gold-column category --save-task task.json
       mlx-slm classify tickets.jsonl --task task.json -o out.jsonl
+
+    Docs: docs/heads.md
     """
     from ..train import run_train
 

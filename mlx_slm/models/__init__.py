@@ -26,7 +26,7 @@ import mlx.core as mx
 from ..errors import ModelError
 from ..notices import notice
 from . import quant
-from .base import FASTMATH, KV, NATIVE, Model, ModelArgs, Ops, build_mask, choose_ops
+from .base import FASTMATH, KV, NATIVE, NO_SCORE_HEAD, Model, ModelArgs, Ops, build_mask, check_score, choose_ops
 
 # model_type (config.json) -> module of this package.
 ARCHITECTURES: dict[str, str] = {
@@ -140,6 +140,7 @@ def load_model(
     for f in files:
         weights.update(mx.load(str(f)))
     weights = _sanitize(module)(weights, args)
+    check_score(weights, args, str(files[0] if len(files) == 1 else path))
     model = module.Model(args)
     weights, dtype = _load_quantized(model, weights, config, path, dtype, dequantize)
     dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, module))
@@ -184,6 +185,28 @@ def _load_quantized(
     return weights, dtype
 
 
+def sequence_logits(
+    model: Model,
+    ids: mx.array,
+    attention_mask: mx.array | None = None,
+    offsets: mx.array | None = None,
+    cache: list[KV] | None = None,
+    cache_mask: mx.array | None = None,
+) -> mx.array:
+    """A sequence classifier's logits (B, num_labels) float32 for a left-padded batch (B, L).
+
+    Transformers reads `score` at each row's last token that is not `pad_token_id`; in a
+    left-padded batch (the arguments of `Model.__call__`) every row's last column is real,
+    so this is `score(norm(hidden[:, -1]))`: the forward with `last_only`, then
+    `model.classify`. Rows must hold `model.seqcls.prompt_ids(ids)` (trailing pad-id tokens
+    dropped, as Transformers reads past them). A causal LM is a ModelError (it has no score head).
+    """
+    if getattr(model, "seqcls", None) is None:
+        raise ModelError(NO_SCORE_HEAD)
+    hidden, _ = model(ids, attention_mask, offsets, cache=cache, cache_mask=cache_mask, last_only=True)
+    return model.classify(hidden)
+
+
 __all__ = [
     "ARCHITECTURES",
     "FASTMATH",
@@ -201,4 +224,5 @@ __all__ = [
     "get_model_module",
     "gguf_module",
     "load_model",
+    "sequence_logits",
 ]

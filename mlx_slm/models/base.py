@@ -29,6 +29,7 @@ from mlx import nn
 
 from .. import fastmath
 from ..errors import ModelError
+from ..seqcls import SCORE_WEIGHT, SeqClsHead, check_head_tensor
 from . import quant
 
 # One layer's keys and values, each (B, n_kv_heads, S, head_dim).
@@ -96,6 +97,9 @@ class ModelArgs:
     max_position_embeddings: int = 32768
     sliding_window: int | None = None
     layer_types: list[str] | None = None  # per layer: "full_attention" or "sliding_attention"
+    # A *ForSequenceClassification checkpoint's head (config.architectures): a `score` Linear
+    # (num_labels x hidden) in place of the LM head. None: a causal LM.
+    seqcls: SeqClsHead | None = None
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -123,6 +127,7 @@ class ModelArgs:
 
             return get_model_module(config.get("model_type")).ModelArgs.from_dict(config)
         cfg = cls.normalize(dict(config))
+        cfg["seqcls"] = SeqClsHead.from_config(config)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in cfg.items() if k in names and v is not None})
 
@@ -465,7 +470,9 @@ class Model(nn.Module):
         self.ops: Ops = NATIVE  # load_model chooses (choose_ops); assign to override
         self.quantized: str | None = None  # load_model: e.g. "4-bit (group 64)" when the weights are kept packed
         self.model = LanguageModel(args, self.block_class, self.norm_class)
-        if not args.tie_word_embeddings:
+        if args.seqcls is not None:  # as Transformers' *ForSequenceClassification: a score head, no LM head
+            self.score = nn.Linear(args.hidden_size, args.seqcls.num_labels, bias=False)
+        elif not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     @property
@@ -566,9 +573,27 @@ class Model(nn.Module):
         """The dtype the forward computes in (that of the float weights, quantized or not)."""
         return self.model.norm.weight.dtype
 
+    @property
+    def seqcls(self) -> SeqClsHead | None:
+        """The sequence-classification head's description (labels, problem type), or None for a causal LM."""
+        return self.args.seqcls
+
+    @property
+    def has_lm_head(self) -> bool:
+        """False for a sequence classifier: `logits` (label tokens) is refused, `classify` scores."""
+        return self.args.seqcls is None
+
     def head(self) -> nn.Module:
-        """The LM head module: the embedding when tied, else `lm_head` (either may be quantized)."""
+        """The LM head module: the embedding when tied, else `lm_head` (either may be quantized).
+        A sequence classifier has none: a ModelError saying what it scores instead."""
+        if self.args.seqcls is not None:
+            raise ModelError(self.args.seqcls.no_lm_head())
         return self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
+
+    def classify(self, hidden: mx.array) -> mx.array:
+        """The score head on final hidden states (B, D) (the forward's `last_only` output):
+        (B, num_labels) float32 logits, computed in float32 (Transformers' `score`)."""
+        return score_logits(self.score if self.args.seqcls is not None else None, hidden)
 
     def head_weight(self) -> mx.array:
         """The (V, D) head weight; a quantized head is dequantized whole (costly: for reading only)."""
@@ -600,12 +625,34 @@ def _defaults(
     return cache_len, attention_mask, offsets
 
 
+NO_SCORE_HEAD = (
+    "this model is a causal LM (an LM head, no sequence-classification head): it scores label tokens; only a "
+    "*ForSequenceClassification checkpoint has a score head to classify with"
+)
+
+
+def score_logits(score: nn.Module | None, hidden: mx.array) -> mx.array:
+    """`score` (a Linear, possibly quantized) on hidden states (B, D): (B, num_labels) float32."""
+    if score is None:
+        raise ModelError(NO_SCORE_HEAD)
+    w = quant.dense_weight(score) if quant.is_quantized(score) else score.weight
+    return hidden.astype(mx.float32) @ w.astype(mx.float32).T
+
+
 def sanitize(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
-    """Drop tensors the forward does not use (rotary caches, a tied LM head copy)."""
+    """Drop tensors the forward does not use (rotary caches, a tied LM head copy; a sequence
+    classifier's LM head, which Transformers' *ForSequenceClassification does not have either)."""
     out = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
-    if args.tie_word_embeddings:
+    if args.tie_word_embeddings or args.seqcls is not None:
         out.pop("lm_head.weight", None)
     return out
+
+
+def check_score(weights: dict[str, mx.array], args: ModelArgs, where: str) -> None:
+    """Refuse, before loading, a `score.weight` that does not match the config (`seqcls.check_head_tensor`)."""
+    w = weights.get(SCORE_WEIGHT)
+    packed = SCORE_WEIGHT.replace(".weight", ".scales") in weights
+    check_head_tensor(args.seqcls, None if w is None else w.shape, args.hidden_size, where, packed)
 
 
 def flops_per_token(args: ModelArgs) -> float:

@@ -37,7 +37,8 @@ from mlx import nn
 
 from ..errors import ModelError
 from ..notices import notice
-from .base import KV, NATIVE, Ops, build_mask, extend_cache
+from ..seqcls import SCORE, SCORE_WEIGHT, SeqClsHead
+from .base import KV, NATIVE, Ops, build_mask, extend_cache, score_logits
 
 # model_type -> why it is refused (measured against Transformers, or read in mlx-lm's source).
 UNSUPPORTED: dict[str, str] = {
@@ -328,7 +329,13 @@ class MlxLmModel(nn.Module):
     lm_class: ClassVar[type[nn.Module] | None] = None  # set by get_model_class
     supports_prefix = True  # the prefix KV cache is exact here (an explicit mask after it)
 
-    def __init__(self, args: Any, lm: nn.Module | None = None, max_position_embeddings: int | None = None):
+    def __init__(
+        self,
+        args: Any,
+        lm: nn.Module | None = None,
+        max_position_embeddings: int | None = None,
+        seqcls: SeqClsHead | None = None,
+    ):
         super().__init__()
         if lm is None:
             if self.lm_class is None:
@@ -336,6 +343,7 @@ class MlxLmModel(nn.Module):
             lm = self.lm_class(args)
         self.lm = lm
         self.args = args
+        self.seqcls = seqcls  # a sequence classifier: `lm.score` in place of its LM head (`seqcls_class`)
         if max_position_embeddings is not None or not getattr(args, "max_position_embeddings", None):
             args.max_position_embeddings = int(max_position_embeddings or 32768)
         self.ops: Ops = NATIVE  # the fused CPU math (fastmath) is the fast path's
@@ -404,6 +412,14 @@ class MlxLmModel(nn.Module):
         return out[:, 0] if last else out
 
     @property
+    def has_lm_head(self) -> bool:
+        return self.seqcls is None
+
+    def classify(self, hidden: mx.array) -> mx.array:
+        """The score head on final hidden states (B, D): (B, num_labels) float32 (see `base.Model.classify`)."""
+        return score_logits(self.lm[SCORE] if self.seqcls is not None else None, hidden)
+
+    @property
     def compute_dtype(self) -> mx.Dtype:
         """The dtype the forward computes in (that of the floating-point weights, quantized or not)."""
         from mlx.utils import tree_flatten
@@ -412,6 +428,8 @@ class MlxLmModel(nn.Module):
 
     def head(self) -> nn.Module:
         """The LM head: the top model's Linear, else the inner model's (tied) embedding."""
+        if self.seqcls is not None:
+            raise ModelError(self.seqcls.no_lm_head())
         for owner in (self.lm, self.inner):
             kinds = _LINEARS if owner is self.lm else _EMBEDDINGS
             found = [m for k, m in owner.items() if isinstance(m, kinds)]
@@ -434,6 +452,31 @@ class MlxLmModel(nn.Module):
 
 
 # --------------------------------------------------------------------------- loading
+
+
+def seqcls_class(lm_class: type[nn.Module], head: SeqClsHead) -> type[nn.Module]:
+    """mlx-lm's model class as Transformers' *ForSequenceClassification: its inner model, and
+    a `score` Linear (num_labels x hidden, no bias) in place of the LM head; its sanitize
+    keeps `score.weight` and drops any LM head. Only the inner model and `score` are run."""
+
+    def __init__(self: nn.Module, args: Any) -> None:
+        lm_class.__init__(self, args)
+        if "lm_head" in self:
+            del self["lm_head"]
+        hidden = getattr(args, "hidden_size", None)
+        if not isinstance(hidden, int):
+            raise ModelError(f"{lm_class.__module__}: no hidden_size in its config, so no score head can be built")
+        self[SCORE] = nn.Linear(hidden, head.num_labels, bias=False)
+
+    def sanitize(self: nn.Module, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        score = weights.get(SCORE_WEIGHT)
+        rest = {k: v for k, v in weights.items() if not k.startswith(("lm_head.", f"{SCORE}."))}
+        if hasattr(lm_class, "sanitize"):
+            rest = lm_class.sanitize(self, rest)
+        return rest if score is None else {**rest, SCORE_WEIGHT: score}
+
+    attrs = {"__init__": __init__, "sanitize": sanitize, "__module__": lm_class.__module__}
+    return type(f"SeqCls_{lm_class.__name__}", (lm_class,), attrs)
 
 
 def check_config(config: dict[str, Any]) -> Any:
@@ -488,6 +531,9 @@ def load(
         )
     model_args(config)  # refuses what mlx-lm's class would not compute as Transformers does
     lm_class, args_class = get_classes(config)
+    head = SeqClsHead.from_config(config)
+    if head is not None:
+        lm_class = seqcls_class(lm_class, head)
     normalized = normalize_config(config)
     try:
         lm, _ = mlx_lm_load(
@@ -510,7 +556,7 @@ def load(
     mx.eval(lm.parameters())
     args = getattr(lm, "args", None) or args_class.from_dict(normalized)
     max_pos = config.get("max_position_embeddings") or config.get("n_positions") or config.get("seq_length")
-    model = MlxLmModel(args, lm, max_pos)
+    model = MlxLmModel(args, lm, max_pos, head)
     if packed:
         q = config.get("quantization") or config.get("quantization_config") or {}
         model.quantized = f"{q.get('bits', '?')}-bit (group {q.get('group_size', '?')})"
@@ -527,11 +573,13 @@ def self_check(model: MlxLmModel, tol: float | None = None) -> float:
     """A probe of a few tokens: this path (a left-padded batch, a padded batch after a prefix
     cache, label rows) against mlx-lm's own forward of each prompt alone (six short forwards).
     Returns the largest difference relative to the logits' scale; ModelError (saying what
-    differed) past `tol` (default by dtype)."""
-    dtype = model.head_weight().dtype
+    differed) past `tol` (default by dtype). A sequence classifier's score head stands in
+    for the LM head (and mlx-lm's own forward is its inner model, then the score)."""
+    lm_head = model.has_lm_head
+    dtype = model.head_weight().dtype if lm_head else model.compute_dtype
     if tol is None:
         tol = 1e-4 if dtype == mx.float32 else 2e-2
-    vocab = int(getattr(model.args, "vocab_size", 0) or model.head_weight().shape[0])
+    vocab = int(getattr(model.args, "vocab_size", 0) or model.inner.embed_tokens.weight.shape[0])
     a = [(7 * i + 3) % max(vocab - 1, 1) + 1 for i in range(9)]
     b = [(11 * i + 5) % max(vocab - 1, 1) + 1 for i in range(3)]  # shorter than a and than a[p:]
     rows = mx.array([a[0], a[-1], b[0]], dtype=mx.int32)
@@ -539,7 +587,12 @@ def self_check(model: MlxLmModel, tol: float | None = None) -> float:
     try:
 
         def own(seq: list[int]) -> mx.array:  # mlx-lm's own forward, one prompt, no cache
+            if not lm_head:
+                return model.classify(model.inner(mx.array([seq]), cache=None)[:, -1])[0]
             return model.lm(mx.array([seq]))[0, -1].astype(mx.float32)
+
+        def head(h: mx.array) -> mx.array:
+            return model.logits(h) if lm_head else model.classify(h)
 
         p = 4
         want = [own(a), own(b), own(a[:p] + b)]
@@ -562,13 +615,14 @@ def self_check(model: MlxLmModel, tol: float | None = None) -> float:
             return ids, mask, mx.array([cache_len - (L - len(r)) for r in rows_], dtype=mx.int32)
 
         h, _ = model(*padded([a, b]))  # row 1 left padded
-        got = model.logits(h)
+        got = head(h)
         diff("the head", got[0], want[0])
         diff("a left-padded row", got[1], want[1])
-        diff("the label-row head", model.logits(h, rows), mx.take(got, rows, axis=1))
+        if lm_head:
+            diff("the label-row head", model.logits(h, rows), mx.take(got, rows, axis=1))
         _, kv = model(mx.array([a[:p]]))
         h, _ = model(*padded([a[p:], b], cache_len=p), cache=kv)  # row 1 padded after the prefix
-        got = model.logits(h)
+        got = head(h)
         diff("a row after a prefix cache", got[0], want[0])
         diff("a left-padded row after a prefix cache", got[1], want[2])
     except ModelError:

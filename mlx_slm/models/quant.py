@@ -11,7 +11,7 @@ from the shapes, as mlx-lm's loader does.
 
 On the CPU MLX's quantized matmuls are slow: SmolLM2-135M 4-bit ran its forward at 1.9
 GFLOP/s kept packed against 98 GFLOP/s dequantized to float32 (2-core x86, OpenBLAS;
-README), so `load_model` dequantizes such a checkpoint to float32 at load there unless
+docs/models.md), so `load_model` dequantizes such a checkpoint to float32 at load there unless
 asked not to (8x the memory of 4-bit weights); on a GPU it keeps the weights packed.
 """
 

@@ -99,8 +99,7 @@ class OurRoutes:
                 "device": str(mx.default_device()),
                 "max_length": clf.max_length,
                 "task": {
-                    "labels": list(clf.labels),
-                    **({"questions": [q.record() for q in clf.questions]} if clf.questions is not None else {}),
+                    **clf.spec.info(),  # the kind's: its labels (and questions)
                     "system": clf.format.system,
                     "template": clf.format.template,
                     "examples": len(clf.format.examples),

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from ..pipeline import item_cost, prefix_hit
 from .api import Answer, Loaded, ServeOptions, TaskSpec
 from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
 from .metrics import Metrics, attention_share
@@ -161,21 +162,20 @@ class Service:
         field, for errors; `whole`: the field a timeout names; `truncate_hint`: how the caller's
         API asks for truncation (it replaces the CLI's `--truncate ...` in messages)."""
         key, front = await _in_thread(self.tasks.for_request, spec)
+        # Tokenized once, here: the worker runs these very items (`Classifier.run_items`).
         prepared = await _in_thread(front.prepare, texts)
         for it, name in zip(prepared, names):
             if it.error:
                 raise Invalid(f"{name}: {it.error.replace('--truncate head|tail|middle', truncate_hint)}", name)
-        p = len(front.prefix_tokens)
-        hits = [bool(p) and tuple(it.ids[:p]) == front.prefix_tokens for it in prepared]
-        # The label trie runs beside every row's prompt: its nodes count in the micro-batch budget
-        # and the time estimate, as in the classifier's own batch plan.
-        costs = [len(it.ids) - (p if h else 0) + front.row_extra for it, h in zip(prepared, hits)]
+        # Each item's cost in the micro-batch budget and the time estimate, by the batch plan's own rule.
+        hits = [prefix_hit(front.kind, it) for it in prepared]
+        costs = [item_cost(front.kind, it, h) for it, h in zip(prepared, hits)]
         job = Job(len(texts), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
         job.names = names
         with self._open_lock:
             self._open.add(job)
         try:
-            self.submit(job, texts, key, costs, hits)
+            self.submit(job, prepared, key, costs, hits)
             try:
                 if self.worker_error:  # died between the readiness check and the queue
                     raise Failed(self.worker_error)
@@ -226,8 +226,8 @@ class Service:
     def draining(self, value: bool) -> None:
         self.scheduler.draining = value
 
-    def submit(self, job: Job, texts: Sequence[str], key: tuple, costs: Sequence[int], hits: Sequence[bool]) -> None:
-        self.scheduler.submit(job, texts, key, costs, hits)
+    def submit(self, job: Job, items: Sequence[Any], key: tuple, costs: Sequence[int], hits: Sequence[bool]) -> None:
+        self.scheduler.submit(job, items, key, costs, hits)
 
     def cancel(self, job: Job) -> int:
         return self.scheduler.cancel(job)

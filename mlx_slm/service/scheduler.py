@@ -1,12 +1,13 @@
 """The scheduler: the bounded queue, admission, micro-batching and deadlines.
 
     front (the caller's event loop)                        model worker (one thread)
-    the task's front classifier, tokenize  --> bounded queue --> gather (max items, token budget,
-    item costs (suffix + label trie)           (QueueFull)       max wait) -> group by task ->
-                                                                 Classifier.run -> answer each job
+    the task's front classifier: tokenize  --> bounded queue --> gather (max items, token budget,
+    once, into items; their costs (suffix      of items          max wait) -> group by task ->
+    + the kind's extra tokens per row)         (QueueFull)       Classifier.run_items -> answer each job
 
-One worker thread owns the `Engine` and runs every forward pass through `Classifier.run`,
-the code path `mlx-slm classify` uses, so an answer holds the same labels and probabilities.
+One worker thread owns the `Engine` and runs every forward pass through `Classifier.run_items`,
+the pipeline `mlx-slm classify` runs (`pipeline.run_items`), on the very token ids the front
+tokenized (each text is tokenized once), so an answer holds the same labels and probabilities.
 Results go back to each request's event loop (`Job`); the scheduler knows no HTTP.
 """
 
@@ -19,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .api import ServeOptions
@@ -69,7 +70,7 @@ def post_to(job: Job, fn: Callable[..., None], *args: Any) -> None:
 class WorkItem:
     job: Job
     index: int
-    text: str
+    item: Any  # the tokenized `predictions.Item` the front prepared (its ids are what runs)
     key: tuple
     cost: int  # suffix tokens (after the shared prefix)
     prefix_hit: bool
@@ -135,18 +136,18 @@ class Scheduler:
     def depth(self) -> int:
         return len(self.queue)
 
-    def submit(self, job: Job, texts: Sequence[str], key: tuple, costs: Sequence[int], hits: Sequence[bool]) -> None:
+    def submit(self, job: Job, items: Sequence[Any], key: tuple, costs: Sequence[int], hits: Sequence[bool]) -> None:
         now = time.perf_counter()
         with self.cond:
             if self.draining:
                 raise Draining("the server is shutting down: not accepting new requests", retry_after=5)
-            if len(self.queue) + len(texts) > self.opts.max_queue_items:
+            if len(self.queue) + len(items) > self.opts.max_queue_items:
                 wait = len(self.queue) / self._rate if self._rate > 0 else 1.0
                 raise QueueFull(
                     f"the queue holds {len(self.queue)} items (limit {self.opts.max_queue_items}); retry later",
                     retry_after=max(1, math.ceil(wait)),
                 )
-            for i, (t, c, h) in enumerate(zip(texts, costs, hits)):
+            for i, (t, c, h) in enumerate(zip(items, costs, hits)):
                 self.queue.append(WorkItem(job, i, t, key, c, h, now))
             self.inflight += 1
             self.cond.notify_all()
@@ -292,9 +293,10 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             clf = self.tasks.back(key)
-            # Each of the classifier's batches as it finishes: once no request waits for the items
+            # Numbered within this micro-batch (items of several requests share it), in queue order;
+            # each of the classifier's batches as it finishes: once no request waits for the items
             # still to run (timed out, client gone), the rest is abandoned between batches.
-            run = clf.run([it.text for it in items], window=len(items), ordered=False)
+            run = clf.run_items([replace(it.item, index=k) for k, it in enumerate(items)], ordered=False)
             preds: dict[int, Any] = {}
             for p in run:
                 preds[p.index] = p

@@ -94,35 +94,29 @@ class TaskCache:
 
     def _build(self, engine: Any, key: tuple) -> Any:
         from ..classifier import Classifier
+        from ..kinds import TaskError as KindRefused
+        from ..kinds import request_spec
 
         base = self._base
         labels, system, template, truncate = key
-        same_labels = labels == base.labels
         kw = dict(self.loaded.clf_kwargs)  # type: ignore[union-attr]
-        questions = kw.pop("questions", None) or base.questions
-        if questions is not None and same_labels:  # the served questions (a request with labels: a label task)
-            if truncate is not None:
-                raise Invalid("truncation is not supported with several questions yet: drop 'truncate'", "truncate")
-            return Classifier(engine, system=system, template=template, questions=questions,
-                              batch_size=base.batch_size, max_batch_tokens=base.max_batch_tokens, sort=base.sort,
-                              use_prefix_cache=kw.get("use_prefix_cache", True))  # fmt: skip
+        same_prompt = (system, template) == (base.format.system, base.format.template)
+        try:  # the served kind answers for its own labels (and prompt); other labels: a zero-shot labels task
+            spec = request_spec(base.spec, labels, same_prompt, truncate, kw.get("label_descriptions"))
+        except KindRefused as e:
+            raise Invalid(str(e), "truncate") from None
         kw.update(
             batch_size=base.batch_size,
             max_batch_tokens=base.max_batch_tokens,
             sort=base.sort,
             use_prefix_cache=kw.get("use_prefix_cache", True),
             truncate=truncate,
-            # A learned head's "mode" is no scoring mode: without the head (other labels or prompt),
-            # this task scores its labels as a task file without a head would.
-            scoring=base.mode if same_labels and base.mode != "head" else "auto",
-            examples=base.format.examples if same_labels else (),
         )
-        for k in ("calibration", "min_confidence", "warmup"):
+        for k in ("calibration", "min_confidence", "warmup", "labels", "head", "questions", "scoring", "examples"):
             kw.pop(k, None)
-        head = kw.pop("head", None) or getattr(base, "head", None)  # it holds for its own labels and prompt only
-        if head is not None and same_labels and (system, template) == (base.format.system, base.format.template):
-            kw["head"] = head
-        return Classifier(engine, labels, system, template, **kw)
+        for k in ("label_descriptions", "keep_logits", "label_pass", "features_only"):  # the kind holds these
+            kw.pop(k, None)
+        return Classifier(engine, system=system, template=template, kind=spec, **kw)
 
     def front(self, key: tuple) -> Any:
         """The task's classifier on the front tokenizer (validation and token counts); a task
@@ -166,9 +160,10 @@ class TaskCache:
         from ..prompts import PromptError, PromptFormat, fill_labels
 
         labels, system, template, truncate = key
-        if self._base.questions is not None and labels == self._base.labels:  # the served questions
-            if truncate is not None:
-                raise Invalid("truncation is not supported with several questions yet: drop 'truncate'", "truncate")
+        served = self._base.spec
+        if labels == self._base.labels and not labels:  # a kind without labels of its own: asked as served
+            if truncate is not None and not served.truncates:
+                raise Invalid(served.no_truncation, "truncate")
             return
         descriptions = self.loaded.clf_kwargs.get("label_descriptions")  # type: ignore[union-attr]
         for fld, check in (

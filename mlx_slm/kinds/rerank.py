@@ -1,0 +1,279 @@
+"""Reranking: how relevant is each document to its query, as one score per (query, document).
+
+An item is a (query, document) pair. Three scorers (`RERANKERS`):
+
+* `seqcls`: a one-label sequence-classification checkpoint (a cross-encoder, a
+  `Qwen3-Reranker-*-seq-cls` conversion): the pair as its tokenizer encodes a pair, the
+  sigmoid of its one logit (`Engine.classify`);
+* `qwen3`: a causal LM asked as Qwen3-Reranker asks (the model card's exact prompt,
+  `prompts.qwen3_reranker_ids`): P(yes), the softmax over the `no` and `yes` logits at the
+  last position, the instruction settable;
+* `question`: a yes/no prompt of one's own whose template holds `{query}` and `{text}` (the
+  document): P(yes) as for `qwen3`.
+
+Every document of a query runs after that query's tokens: the tokens up to the document are
+the item's own head (`Item.head`), computed once per query in the engine's prefix cache, and
+a batch holds the documents of several queries, each row after its own query's KV
+(`pipeline.batches`, `prefix_cache.StackedPrefix`). So a query's tokens run once, not once
+per document, and each score is exactly the one of its (query, document) prompt run alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..batching import Batch
+from ..calibration import CalibrationSpec
+from ..engine import Engine
+from ..errors import ModelError
+from ..labels import LabelError
+from ..predictions import Item, Prediction, Stats
+from ..prompts import (
+    PROBES,
+    QWEN3_RERANKER_ANSWERS,
+    PromptFormat,
+    common_prefix,
+    encode_texts,
+    qwen3_reranker_ids,
+    render,
+    tokenize,
+)
+from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, check_texts, count, split_pair
+
+RERANKERS = ("seqcls", "qwen3", "question")
+DEFAULT_QUESTION_TEMPLATE = "Query: {query}\nDocument: {text}\nDoes the document answer the query? Answer yes or no."
+NO_RERANKER = (
+    "is not a reranker (a one-label sequence classifier, or a causal LM whose name says Reranker): "
+    "pass --reranker qwen3 to ask it as Qwen3-Reranker asks, or --reranker question with a --template "
+    "holding {query} and {text}"
+)
+
+
+@dataclass(frozen=True)
+class RerankSpec(KindSpec):
+    """A reranker: its `scorer` (see `RERANKERS`), the instruction of the `qwen3` prompt (None:
+    the card's web-search one), and the `question` scorer's system message and template."""
+
+    scorer: str
+    instruction: str | None = None
+    system: str | None = None
+    template: str = DEFAULT_QUESTION_TEMPLATE
+    head: Any = None  # the `seqcls` scorer's `SeqClsHead`
+
+    name = "rerank"  # type: ignore[misc]
+    calibrates = False  # type: ignore[misc]
+    no_calibration = "calibration and --min-confidence do not apply to relevance scores: drop them"  # type: ignore[misc]
+
+    @classmethod
+    def wants(cls, args: KindArgs) -> bool:
+        return args.extra.get("reranker") is not None
+
+    @classmethod
+    def from_args(cls, args: KindArgs) -> RerankSpec:
+        e = args.extra
+        scorer = e["reranker"]
+        model_head = args.model_head
+        if scorer == "auto":
+            if model_head is not None:
+                scorer = "seqcls"
+            elif "rerank" in str(e.get("model_name", "")).lower():
+                scorer = "qwen3"
+            else:
+                raise LabelError(f"{e.get('model_name') or 'this model'} {NO_RERANKER}")
+        if scorer not in RERANKERS:
+            raise LabelError(f"reranker {scorer!r} is not one of {', '.join(RERANKERS)} (or auto)")
+        if args.questions is not None or args.head is not None or args.examples:
+            raise LabelError("a reranker scores (query, document) pairs: drop questions, heads and examples")
+        if scorer == "seqcls":
+            if model_head is None:
+                raise LabelError("--reranker seqcls needs a sequence-classification checkpoint (a one-label head)")
+            if model_head.num_labels != 1:
+                raise LabelError(
+                    f"this model is a {model_head.num_labels}-label classifier ({', '.join(model_head.labels[:6])}): "
+                    "a reranker has one output; classify the pairs instead (mlx-slm classify with text_pair)"
+                )
+        elif model_head is not None:
+            raise ModelError(model_head.no_lm_head())
+        template = e.get("template") or DEFAULT_QUESTION_TEMPLATE
+        if scorer == "question" and ("{query}" not in template or "{text}" not in template):
+            raise LabelError(
+                f"the question reranker's template must hold {{query}} and {{text}} (the document), got {template!r}"
+            )
+        return cls(scorer, e.get("instruction"), e.get("system"), template, model_head if scorer == "seqcls" else None)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return (self.head.labels[0],) if self.head is not None else ("yes",)
+
+    def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
+        if spec.applies or min_confidence is not None:
+            raise LabelError(self.no_calibration)
+
+    def prompt(self, system: str | None, template: str) -> PromptFormat:
+        return PromptFormat(None, "{text}")  # the scorer's own prompt (see `RerankKind.encode_query`)
+
+    def record_shape(self, *, calibrated: bool = False, abstains: bool = False, scores: bool = False) -> Any:
+        from ..records import RecordShape
+
+        return RecordShape.of(self.labels, scores=scores, form="score")
+
+    def _section(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"scorer": self.scorer}
+        if self.scorer == "qwen3":
+            out["instruction"] = self.instruction
+        if self.scorer == "question":
+            out.update(system=self.system, template=self.template)
+        return {"rerank": out}
+
+    def info(self) -> dict[str, Any]:
+        return {"labels": list(self.labels), **self._section()}
+
+    def manifest(self, mode: str) -> dict[str, Any]:
+        return {"labels": list(self.labels), "scoring": mode, "examples": [], "form": "score", **self._section()}
+
+    def to_task(self) -> dict[str, Any]:
+        return {"labels": list(self.labels), **self._section()}
+
+    def task_kwargs(self, mode: str) -> dict[str, Any]:
+        return {"labels": self.labels, "rerank": self._section()["rerank"]}
+
+    @classmethod
+    def read_task(
+        cls, d: dict[str, Any], where: str, labels: list[str], calibration: CalibrationSpec
+    ) -> dict[str, Any] | None:
+        section = d.get("rerank")
+        if section is None:
+            return None
+        if not isinstance(section, dict) or section.get("scorer") not in RERANKERS:
+            raise TaskError(f"{where}: field 'rerank' must be an object with a scorer of {', '.join(RERANKERS)}")
+        return {"rerank": section}
+
+    def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> RerankKind:
+        return RerankKind(self, engine, fmt, run)
+
+
+class RerankKind(OnePrompt):
+    """Scores (query, document) items, each document after its query's cached tokens."""
+
+    spec: RerankSpec
+
+    def __init__(self, spec: RerankSpec, engine: Engine, fmt: PromptFormat, run: RunSettings):
+        super().__init__(spec, engine, fmt, run)
+        self.format_error = None
+        self.prefix_tokens = ()  # every item has its own head (its query's)
+        self.answer_rows: list[int] = []
+        if spec.scorer != "seqcls":
+            self.answer_rows = self._answer_ids()
+
+    def _answer_ids(self) -> list[int]:
+        """The token ids of `no` and `yes` (the card: `convert_tokens_to_ids`), each one token."""
+        tok = self.engine.tokenizer
+        ids = []
+        for word in QWEN3_RERANKER_ANSWERS:
+            got = tok.convert_tokens_to_ids(word)
+            if got is None or tok.convert_ids_to_tokens(int(got)) != word:  # not in the vocabulary as such
+                enc = tok(word, add_special_tokens=False)["input_ids"]
+                if len(enc) != 1:
+                    raise LabelError(
+                        f"{word!r} is not one token in this model's tokenizer ({enc}): it cannot answer yes or no "
+                        "as a reranker is asked"
+                    )
+                got = enc[0]
+            ids.append(int(got))
+        return ids
+
+    @property
+    def mode(self) -> str:
+        return f"rerank ({self.spec.scorer})"
+
+    def encode_query(self, query: str, docs: Sequence[str]) -> tuple[tuple[int, ...], list[list[int]]]:
+        """(the query's head ids, each document's whole prompt ids): every prompt starts with the head."""
+        spec, tok = self.spec, self.engine.tokenizer
+        if spec.scorer == "qwen3":
+            head, rests = qwen3_reranker_ids(tok, query, docs, spec.instruction)
+            return tuple(head), [head + r for r in rests]
+        if spec.scorer == "seqcls":
+            probes = encode_texts(tok, [query] * len(PROBES), list(PROBES))
+            seqs = encode_texts(tok, [query] * len(docs), list(docs))
+            seqs = [spec.head.prompt_ids(s) for s in seqs]
+        else:
+            fmt = PromptFormat(spec.system, spec.template.replace("{query}", query))
+            probes = tokenize(tok, [render(tok, fmt, p) for p in PROBES])
+            seqs = tokenize(tok, [render(tok, fmt, d) for d in docs])
+        return tuple(common_prefix(probes)), seqs
+
+    def items(self, texts: Sequence[Any], start: int = 0) -> list[Item]:
+        with self.engine.lock:
+            items = check_texts(None, texts, start)
+            by_query: dict[str, list[tuple[Item, str]]] = {}
+            for it, x in zip(items, texts):
+                if it.error is not None:
+                    continue
+                query, doc = split_pair(x)
+                if doc is None or not doc.strip():
+                    it.error = "a reranker scores a (query, document) pair: the document is missing or empty"
+                    continue
+                by_query.setdefault(query, []).append((it, doc))
+            for query, group in by_query.items():
+                head, seqs = self.encode_query(query, [d for _, d in group])
+                for (item, doc), seq in zip(group, seqs):
+                    item.ids, item.head = seq, head
+                    if len(seq) > self.max_length:
+                        self._cut(item, query, doc)
+            return items
+
+    def _cut(self, item: Item, query: str, doc: str) -> None:
+        """An over-long prompt: its document cut as `run.truncate` says, or an error row."""
+        if self.run.truncate is None:
+            item.error = (
+                f"prompt is {len(item.ids)} tokens, over the model's context of {self.max_length}: "
+                "shorten the document, or pass --truncate head|tail|middle"
+            )
+            return
+        tok, mode = self.engine.tokenizer, self.run.truncate
+        doc_ids = tok(doc, add_special_tokens=False)["input_ids"]
+        keep = len(doc_ids) - (len(item.ids) - self.max_length) - 4
+        while keep > 0:
+            if mode == "head":
+                kept = tok.decode(doc_ids[:keep])
+            elif mode == "tail":
+                kept = tok.decode(doc_ids[-keep:])
+            else:
+                a = keep // 2
+                kept = tok.decode(doc_ids[:a]) + " ... " + tok.decode(doc_ids[len(doc_ids) - (keep - a) :])
+            _, (seq,) = self.encode_query(query, [kept])
+            if len(seq) <= self.max_length:
+                item.ids, item.truncated = seq, True
+                return
+            keep -= max(4, len(seq) - self.max_length)
+        item.error = "the query and the prompt alone are longer than the model's context: shorten the query"
+
+    def score(self, batch: Batch, items: list[Item], prefix: Any, st: Stats) -> list[Prediction]:
+        if self.spec.scorer == "seqcls":
+            logits = self.engine.classify(batch, prefix).astype(np.float64)[:, 0]  # (B,)
+            scores = self.spec.head.probabilities(logits[:, None])[:, 0]
+        else:
+            first, _, _ = self.engine.forward(batch, prefix, mx.array(self.answer_rows, dtype=mx.int32))
+            two = np.array(first, dtype=np.float64)  # (B, 2): the no and yes logits
+            logits = two[:, 1] - two[:, 0]  # log-odds of yes
+            scores = np.exp(-np.logaddexp(0.0, -logits))  # softmax over (no, yes) = sigmoid(yes - no)
+        count(st, batch, 0)
+        label = self.spec.labels[0]
+        return [
+            Prediction(it.index, label, {label: float(s)}, {label: float(x)}, len(it.ids), it.truncated, value=float(s))
+            for it, s, x in zip(items, scores, logits)
+        ]
+
+
+def rerank_order(scores: Sequence[float], top_n: int | None = None) -> list[int]:
+    """Document indices best first (ties keep input order), the first `top_n` of them."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    return order if top_n is None else order[:top_n]
+
+
+__all__ = ["RERANKERS", "RerankKind", "RerankSpec", "rerank_order"]
