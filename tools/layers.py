@@ -74,6 +74,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "server",
             "ray",
             "train",
+            "reranking",
             "sklearn",
             "evaluate",
             "reference",
