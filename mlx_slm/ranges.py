@@ -97,8 +97,9 @@ RANGES: dict[str, Range] = {
     "layer": _count("--layer", unit="a layer number", none_ok=True, hi=10_000),
     "seed": _count("--seed", 0, "the folds' shuffle", hi=(1 << 32) - 1),
     "random_state": _count("random_state", 0, "the folds' shuffle", none_ok=True, hi=(1 << 32) - 1),
-    # parity
+    # parity, rerank
     "n": _count("--n", unit="items", hi=1_000_000),
+    "top_n": _count("--top-n", unit="documents kept per query", none_ok=True),
     # the service
     "port": _count("--port", 0, hi=65535),
     "max_batch_items": _count("--max-batch-items", unit="items per micro-batch"),

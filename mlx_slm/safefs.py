@@ -118,6 +118,11 @@ def _check_destination(p: Path, what: str | None) -> None:
     refuse_symlink(p, what)
     if p.is_dir():
         raise OutputError(f"{_name(p, what)} is a folder: give a file path")
+    if p.exists() and not p.is_file():  # a device or a FIFO: renaming over it would replace it (as root, /dev/null)
+        raise OutputError(
+            f"{_name(p, what)} is not a regular file (a device, a FIFO or a socket): this output is written whole "
+            "and renamed into place; give a file path"
+        )
     parent = p.parent
     if not parent.is_dir():
         raise OutputError(f"{_name(p, what)}: the folder {parent} does not exist: create it first")

@@ -50,6 +50,8 @@ class TaskOptions:
     warmup: int = DEFAULT_WARMUP
     min_confidence: float | None = None
     threshold: float | None = None  # a multi-label sequence classifier's answer threshold
+    reranker: str | None = None  # score (text, pair) as (query, document) relevance (`kinds.rerank`)
+    instruction: str | None = None  # the qwen3 reranker's instruction
     save_task: str | None = None
     fmt: str | None = None
     text_field: str = "text"
@@ -223,7 +225,8 @@ class Setup:
             return
         self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
         if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
-            o.template = check_template(o.template)
+            words = ("text", "pair", "query") if o.reranker == "question" else ("text", "pair")
+            o.template = check_template(o.template, placeholders=words)
         if self.labels is None:
             self._read_labels()
         elif "system" in given:  # the task's labels, a message typed here
@@ -253,12 +256,26 @@ class Setup:
             extra={
                 "truncate": o.truncate,
                 "threshold": o.threshold,
+                **self._reranker(),
                 # A system message or template typed here opts a sequence classifier in to a chat prompt.
                 **({"chat": True} if {"system", "template"} & self.given else {}),
                 **({"seqcls": seqcls} if seqcls is not None else {}),
             },
         )  # fmt: skip
         return spec_of(self.kind_args)
+
+    def _reranker(self) -> dict[str, Any]:
+        """A reranker's settings, from the options or the task (the question scorer takes the prompt typed)."""
+        o = self.o
+        r = dict(getattr(self.task, "rerank", None) or {})
+        scorer = o.reranker or r.get("scorer")
+        if scorer is None:
+            return {}
+        out: dict[str, Any] = {"reranker": scorer, "instruction": o.instruction or r.get("instruction")}
+        if scorer == "question":
+            out["system"] = o.system if "system" in self.given else r.get("system")
+            out["template"] = o.template if "template" in self.given else r.get("template")
+        return out
 
     def _take_task(self, path: str) -> None:
         """Fill in what the command line did not give from the task file."""

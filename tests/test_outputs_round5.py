@@ -105,3 +105,29 @@ def test_a_killed_runs_lock_is_taken_over_said_and_removed(tmp_path, capfd):
     with OutputLock(str(out)):  # a lock released cleanly leaves nothing to note
         pass
     assert "stopped without finishing" not in capfd.readouterr().err
+
+
+def test_an_output_written_whole_is_never_renamed_over_a_fifo_or_a_device(qrun, tmp_path):
+    """--json, --save-task, merge's -o (and rerank's) are written into a temporary file renamed into
+    place: over /dev/full or /dev/null that rename would replace the device (as root). A path that is
+    not a regular file is refused: before any work where the option is written whole, and always in
+    the writer itself. (A FIFO stands in for a device here: the test must not risk /dev.)"""
+    import os
+
+    from mlx_slm.errors import OutputError
+    from mlx_slm.safefs import atomic_write
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputError, match="not a regular file"):
+        atomic_write(fifo, "x", "--json")
+    assert fifo.is_fifo()
+    data = write(tmp_path / "gold.jsonl", '{"text": "hi", "label": "a"}\n')
+    for flag in ("--json", "--save-task"):
+        r = invoke(["eval", data, "--labels", "a,b", "--model", tmp_path / "no-model", flag, fifo])
+        refused_cleanly(r, f"{flag} {fifo} is not a regular file")
+    parts = [tmp_path / f"p{i}.jsonl" for i in range(2)]
+    for i, p in enumerate(parts):
+        assert invoke([*qrun, "-o", p, "--shard", f"{i}/2"]).exit_code == 0
+    refused_cleanly(invoke(["merge", *parts, "-o", fifo]), "not a regular file")
+    assert fifo.is_fifo()

@@ -15,8 +15,8 @@ from mlx_slm.cli import main
 from mlx_slm.output import READS
 
 OUTPUTS = {"classify": ["--output", "--save-task"], "eval": ["--json", "--save-task"], "train": ["--save-task"],
-           "merge": ["--output"]}  # fmt: skip
-POSITIONAL = {"classify": "INPUT", "eval": "INPUT", "train": "DATA", "merge": "PARTS"}
+           "merge": ["--output"], "rerank": ["--output"]}  # fmt: skip
+POSITIONAL = {"classify": "INPUT", "eval": "INPUT", "train": "DATA", "merge": "PARTS", "rerank": "INPUT"}
 
 
 def _reading_options(command: str) -> list[str]:
@@ -34,7 +34,7 @@ CASES = [(c, r, o) for c in OUTPUTS for r in [POSITIONAL[c], *_reading_options(c
 
 def test_the_table_names_every_option_that_reads_a_file():
     table = {flag for _, flag in READS}
-    for command in ("classify", "eval", "serve", "train"):
+    for command in ("classify", "eval", "serve", "train", "rerank"):
         own = {"--predictions"} if command == "eval" else set()
         assert set(_reading_options(command)) - table - own == set(), command
 

@@ -74,6 +74,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "server",
             "ray",
             "train",
+            "reranking",
             "sklearn",
             "evaluate",
             "reference",
@@ -273,10 +274,12 @@ def kind_branches(package: Path = PACKAGE) -> list[str]:
         rel = path.relative_to(package).as_posix()
         if rel.startswith(KIND_OWN):
             continue
+        found = []
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             tests = [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else []
             tests += node.ifs if isinstance(node, ast.comprehension) else []
-            out += [f"mlx_slm/{rel}:{t.lineno}: {ast.unparse(t)[:90]}" for t in tests if _reads_kind(t)]
+            found += [(t.lineno, ast.unparse(t)[:90]) for t in tests if _reads_kind(t)]
+        out += [f"mlx_slm/{rel}:{line}: {text}" for line, text in sorted(found)]
     return out
 
 

@@ -21,6 +21,7 @@ from .classify import classify, merge
 from .eval import evaluate
 from .misc import bench, convert, doctor, models
 from .parity import parity
+from .rerank import rerank
 from .serve import serve
 from .train import train
 
@@ -95,6 +96,7 @@ def main() -> None:
       echo "My card was charged twice" | mlx-slm classify
       mlx-slm classify tickets.jsonl --labels billing,technical,account -o out.jsonl
       mlx-slm train labelled.jsonl --save-task task.json && mlx-slm classify tickets.jsonl --task task.json
+      mlx-slm rerank --query "card charged twice" docs.jsonl --model RERANKER --top-n 5
       mlx-slm parity --model smollm2-135m --reference smollm2-135m --n 10
       mlx-slm doctor
 
@@ -102,7 +104,7 @@ def main() -> None:
     """
 
 
-for _command in (classify, merge, evaluate, convert, train, parity, doctor, models, bench, serve):
+for _command in (classify, merge, evaluate, rerank, convert, train, parity, doctor, models, bench, serve):
     main.add_command(_command)
 
 __all__ = ["BUG_REPORT", "main"]

@@ -55,7 +55,7 @@ SECTIONS = {
     **dict.fromkeys(
         ("labels_csv", "labels_file", "questions_file", "system", "template", "examples_file"), "Labels and prompt"
     ),
-    **dict.fromkeys(("scoring", "truncate"), "Labels and prompt"),
+    **dict.fromkeys(("scoring", "truncate", "reranker", "instruction"), "Labels and prompt"),
     **dict.fromkeys(("calibrate", "calibration_data", "warmup", "min_confidence", "threshold"), "Calibration"),
     **dict.fromkeys(("batch_size", "max_batch_tokens", "window", "no_sort", "no_prefix_cache"), "Batching"),
     **dict.fromkeys(("shard", "use_ray", "ray_address", "workers", "worker_threads"), "Scale-out"),

@@ -101,6 +101,17 @@ _TASK_OPTIONS = [
         help="Abstain (label null, abstained true) under this probability: route those to a person.",
     ),
     click.option(
+        "--reranker",
+        type=click.Choice(["auto", "seqcls", "qwen3", "question"]),
+        help="Score (text, text_pair) as (query, document) relevance: seqcls (a one-label sequence classifier), "
+        "qwen3 (a causal LM asked as Qwen3-Reranker asks), question (a yes/no --template with {query} and "
+        "{text}); auto: seqcls for such a model, qwen3 for one named *Reranker*.",
+    ),
+    click.option(
+        "--instruction",
+        help="--reranker qwen3: the <Instruct> line (default: the model card's web-search instruction).",
+    ),
+    click.option(
         "--threshold",
         type=number("threshold"),
         help="A multi-label sequence classifier: its answer is the labels at or above this probability [0.5].",

@@ -78,6 +78,8 @@ class RerankSpec(KindSpec):
         e = args.extra
         scorer = e["reranker"]
         model_head = args.model_head
+        if scorer == "auto" and model_head is None and "model_name" not in e:
+            return cls("auto")  # the model is not loaded yet: chosen again on it (see ClassifierBase)
         if scorer == "auto":
             if model_head is not None:
                 scorer = "seqcls"
@@ -85,7 +87,7 @@ class RerankSpec(KindSpec):
                 scorer = "qwen3"
             else:
                 raise LabelError(f"{e.get('model_name') or 'this model'} {NO_RERANKER}")
-        if scorer not in RERANKERS:
+        if scorer not in RERANKERS:  # auto was resolved above
             raise LabelError(f"reranker {scorer!r} is not one of {', '.join(RERANKERS)} (or auto)")
         if args.questions is not None or args.head is not None or args.examples:
             raise LabelError("a reranker scores (query, document) pairs: drop questions, heads and examples")
@@ -154,6 +156,8 @@ class RerankSpec(KindSpec):
         return {"rerank": section}
 
     def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> RerankKind:
+        if self.scorer == "auto":
+            raise AssertionError("a reranker is chosen on its model before it is bound (ClassifierBase)")
         return RerankKind(self, engine, fmt, run)
 
 

@@ -73,6 +73,11 @@ def check_writable(path: str, what: str = "-o") -> None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise OutputError(f"{what} {path}: the folder is not writable")
         return
+    if what != "-o" and os.path.exists(path) and not os.path.isfile(path):  # written whole, then renamed
+        raise OutputError(
+            f"{what} {path} is not a regular file (a device, a FIFO or a socket): it is written whole and renamed "
+            "into place; give a file path"
+        )
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise OutputError(f"{what} {path}: the folder {parent} does not exist: create it first")
