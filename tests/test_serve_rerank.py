@@ -385,6 +385,13 @@ def test_a_causal_lm_is_not_a_reranker_unless_served_as_one(tiny_qwen_mlx):
         assert r.status_code == 400 and "start mlx-slm serve with --reranker" in r.json()["error"]["message"]
         info = httpx.get(srv.url + "/v1/model").json()
         assert info["head"] == {"kind": "lm"} and info["reranker"]["scorer"] is None
+        paths = httpx.get(srv.url + "/openapi.json").json()["paths"]
+        assert {"/rerank", "/v1/rerank", "/v2/rerank"} <= set(paths)
+        assert (
+            "top_n" in paths["/v2/rerank"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+        )
+        r = httpx.get(srv.url + "/rerank")  # a wrong method: TEI's error shape, with Allow
+        assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error_type"] == "MethodNotAllowed"
         # a pair on a one-text prompt: 422 naming the item
         r = _post(srv, "/v1/classify", {"texts": ["a", ["b", "c"]]})
         assert r.status_code == 422 and r.json()["error"]["field"] == "texts[1]"
