@@ -78,7 +78,7 @@ def test_tei_raw_scores_truncate_and_parameters(srv):
         ({}, "'inputs' is missing"),
         ({"inputs": ""}, "empty"),
         ({"inputs": []}, "empty"),
-        ({"inputs": [["a", "b"]]}, "text pairs"),
+        ({"inputs": [["a", "b"]]}, "second text (text_pair)"),  # a pair, on a prompt of one text
         ({"inputs": 3}, "string or a list"),
         ({"inputs": "x", "raw_scores": "yes"}, "raw_scores"),
         ({"inputs": "x", "parameters": {"function_to_apply": "sigmoid"}}, "sigmoid"),

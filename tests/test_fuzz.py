@@ -391,10 +391,38 @@ def test_request_validator(data):
         assert 400 <= e.status < 500 and e.body()["error"]["message"]
         json.dumps(e.body(), ensure_ascii=False).encode("utf-8")  # the error response can be sent
         return
-    assert texts and all(isinstance(t, str) and t.strip() for t in texts)
-    assert len(ids) == len(texts)
-    for t in texts:
-        t.encode("utf-8")  # encodable: the tokenizer and the JSON response can take it
+    assert texts and len(ids) == len(texts)
+    for t in texts:  # a text, or a (text, text_pair) pair: each part a non-empty, encodable string
+        parts = t if isinstance(t, tuple) else (t,)
+        assert len(parts) in (1, 2) and all(isinstance(x, str) and x.strip() for x in parts)
+        for x in parts:
+            x.encode("utf-8")  # encodable: the tokenizer and the JSON response can take it
+
+
+RERANK = {"query": "q", "documents": ["a", {"text": "b"}], "texts": ["a"], "top_n": 1, "return_documents": False}
+RERANK_KEYS = ["query", "documents", "texts", "top_n", "return_documents", "raw_scores", "truncate", "rank_fields"]
+
+
+@FUZZ
+@given(data=st.one_of(doc_around(RERANK, RERANK_KEYS), json_values))
+def test_rerank_validators(data):
+    """TEI's /rerank and the Cohere/Jina body: a 4xx naming what is wrong, or a query and
+    documents that are non-empty, encodable strings (never another exception)."""
+    pytest.importorskip("starlette")
+    from mlx_slm.server import HTTPError, ServeOptions
+    from mlx_slm.server.rerank import check_cohere, check_tei_rerank
+
+    for check in (check_tei_rerank, check_cohere):
+        try:
+            query, docs, task, *_ = check(data, ServeOptions(max_items_per_request=8))
+        except HTTPError as e:
+            assert 400 <= e.status < 500 and e.body("tei")["error"] and e.body("openai")["error"]["message"]
+            json.dumps(e.body(), ensure_ascii=False).encode("utf-8")
+            continue
+        assert task.rerank and 1 <= len(docs) <= 8
+        for x in (query, *docs):
+            assert isinstance(x, str) and x.strip()
+            x.encode("utf-8")
 
 
 @pytest.fixture(scope="module")

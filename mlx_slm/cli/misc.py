@@ -64,8 +64,15 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
 
 
 @click.command(cls=Command)
-def doctor() -> None:
-    """Show the MLX device, compute dtype, BLAS in use and its measured matmul rate.
+@click.option(
+    "--model",
+    default=None,
+    help="Also say which head this model has (an LM head, or a sequence classifier's score head) and "
+    "whether it reranks (fetched and converted into the cache first, as classify would).",
+)
+def doctor(model: str | None) -> None:
+    """Show the MLX device, compute dtype, BLAS in use and its measured matmul rate (and, with
+    --model, which head the model has).
 
     Docs: docs/parity.md
     """
@@ -92,6 +99,38 @@ def doctor() -> None:
     click.echo(f"model sources  {describe()}")
     if sys.platform == "linux" and g_mlx < 0.5 * g_np:
         notice(f"mlx-slm: warning: MLX's matmul is far below numpy's. Fix: {_blas.FIX}")
+    if model is not None:
+        for key, line in model_head_lines(model):
+            click.echo(f"{key:14s} {line}")
+
+
+def model_head_lines(model: str) -> list[tuple[str, str]]:
+    """What `doctor --model` says of a model: where it is, its head, and what reranks with it
+    (as `serve`'s rerank routes and `--reranker auto` choose)."""
+    import json
+
+    from ..kinds import reranker_spec
+    from ..labels import LabelError
+    from ..seqcls import SeqClsHead
+    from ..sources import materialise
+
+    path = materialise(model)
+    config = json.loads((path / "config.json").read_text())
+    own = SeqClsHead.from_config(config)
+    if own is None:
+        head = f"{(config.get('architectures') or ['a causal LM'])[0]}: the LM head (labels scored by their tokens)"
+    else:
+        labels = ", ".join(own.labels[:8]) + (", ..." if own.num_labels > 8 else "")
+        head = (
+            f"{own.architecture}: a score head of {own.num_labels} label(s) ({labels}), {own.function}"
+            f" (problem_type {own.problem_type or 'unset'})"
+        )
+    try:
+        spec = reranker_spec(None, own, model)
+        rerank = f"{spec.scorer} (what --reranker auto and serve's rerank routes use)"  # type: ignore[attr-defined]
+    except LabelError as e:
+        rerank = f"no: {e}"
+    return [("model", f"{model} -> {path}"), ("head", head), ("reranker", rerank)]
 
 
 @click.command(cls=Command)

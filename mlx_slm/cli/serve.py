@@ -99,7 +99,9 @@ def serve(
     log_level: str,
     **o: Any,
 ) -> None:
-    """Serve the classifier over HTTP: POST /v1/classify, GET /v1/model, /health, /metrics.
+    """Serve the classifier over HTTP: POST /v1/classify, GET /v1/model, /health, /metrics;
+    TEI's /predict and vLLM's /classify; /rerank, /v1/rerank, /v2/rerank for a reranker
+    (--reranker, a one-label sequence classifier, or a model named *Reranker*).
 
     \b
     One model worker gathers queued items into micro-batches (at most

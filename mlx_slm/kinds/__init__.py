@@ -66,6 +66,15 @@ def request_spec(
     return LabelsSpec.from_args(KindArgs(tuple(labels), label_descriptions=descriptions))
 
 
+def reranker_spec(served: KindSpec | None, model_head: Any, model_name: str) -> KindSpec:
+    """The reranker a service's rerank routes run: the served kind when it is one (`serve
+    --reranker`), else the one the model says it is (`--reranker auto`: a one-label sequence
+    classifier, or a causal LM named *Reranker*). A `LabelError` says why the model is none."""
+    if isinstance(served, RerankSpec):
+        return served
+    return RerankSpec.from_args(KindArgs(model_head=model_head, extra={"reranker": "auto", "model_name": model_name}))
+
+
 def kind_named(name: str) -> type[KindSpec]:
     """The kind a task file or manifest names."""
     try:
@@ -91,6 +100,7 @@ __all__ = [
     "TaskError",
     "read_task",
     "request_spec",
+    "reranker_spec",
     "kind_named",
     "spec_of",
 ]

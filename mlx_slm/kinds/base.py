@@ -141,6 +141,10 @@ class KindSpec(ABC):
         ones when it gave none) and whether it kept the served prompt; None: zero-shot labels."""
         return None
 
+    def example_input(self, text: str) -> Any:
+        """An input of this kind made of `text` (the service's warm-up runs one)."""
+        return text
+
     def no_resume(self, calibration: CalibrationSpec) -> str | None:
         """Why a run of this kind with `calibration` cannot be resumed, or None (it can)."""
         return None

@@ -135,6 +135,12 @@ class RerankSpec(KindSpec):
     def info(self) -> dict[str, Any]:
         return {"labels": list(self.labels), **self._section()}
 
+    def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
+        return self if labels == self.labels and same_prompt else None  # its prompt is the scorer's own
+
+    def example_input(self, text: str) -> Any:
+        return (text, text)  # a (query, document) pair
+
     def manifest(self, mode: str) -> dict[str, Any]:
         return {"labels": list(self.labels), "scoring": mode, "examples": [], "form": "score", **self._section()}
 

@@ -16,7 +16,7 @@ model; a system message or a template given (`chat=True`) opts in to the chat te
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -130,6 +130,13 @@ class SeqClsSpec(KindSpec):
 
     def info(self) -> dict[str, Any]:
         return {"labels": list(self.labels), "head": self._section()}
+
+    def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
+        """Its own labels only (other labels: the zero-shot labels kind, which this model refuses);
+        a request's own system message or template opts in to a chat prompt, as on the command line."""
+        if labels != self.labels:
+            return None
+        return self if same_prompt else replace(self, chat=True)
 
     def manifest(self, mode: str) -> dict[str, Any]:
         return {"labels": list(self.labels), "scoring": mode, "examples": [], "form": self.form, **self._section()}

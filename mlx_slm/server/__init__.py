@@ -14,11 +14,13 @@ router over its core.
     ours.py      our API: /v1/classify, /v1/model, /health, /metrics, /openapi.json
     tei.py       text-embeddings-inference's: /predict, /, /info
     vllm.py      vLLM's: /classify, /v1/models
+    rerank.py    /rerank (TEI's, or the Cohere/Jina shape as vLLM), /v1/rerank and /v2/rerank (Cohere's)
     app.py       the Starlette app over all of them (`create_app`)
     run.py       binding, uvicorn, SIGTERM as a drain (`run_server`)
 
-Limits answer with JSON errors that name the field: 413 (body size, items per request),
-422 (invalid or empty fields, prompts over the context), 429 with Retry-After (the queue
+Limits answer with JSON errors that name the field: 413 (body size, items or documents per
+request), 422 (invalid or empty fields, prompts over the context), 400 (a rerank on a model
+that is no reranker), 429 with Retry-After (the queue
 would pass --max-queue-items), 504 (per-request timeout), 401 (Bearer key, when set),
 503 (loading, or draining after SIGTERM). A client that goes away has its queued items
 dropped before they are computed. SIGTERM: new requests get 503, every accepted request

@@ -9,6 +9,7 @@ from ..service import Service
 from .common import RouteContext
 from .errors import HTTPError, error_response
 from .ours import OurRoutes
+from .rerank import RerankRoutes
 from .tei import TEI_PATHS, TEIRoutes
 from .vllm import VLLMRoutes
 
@@ -43,7 +44,7 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
 
     ctx = RouteContext(service)
     vllm = VLLMRoutes(ctx)
-    routes = OurRoutes(ctx, vllm).routes() + TEIRoutes(ctx).routes() + vllm.routes()
+    routes = OurRoutes(ctx, vllm).routes() + TEIRoutes(ctx).routes() + vllm.routes() + RerankRoutes(ctx).routes()
 
     @asynccontextmanager
     async def lifespan(app: Any):  # type: ignore[no-untyped-def]

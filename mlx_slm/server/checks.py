@@ -30,14 +30,15 @@ def parse_body(raw: bytes) -> Any:
         raise HTTPError(422, f"the body is not valid JSON ({str(e)[:200]})", "body") from None
 
 
-def validate_request(raw: bytes, opts: ServeOptions) -> tuple[list[str], list[Any], TaskSpec]:
+def validate_request(raw: bytes, opts: ServeOptions) -> tuple[list[Any], list[Any], TaskSpec]:
     """Everything checked about a request before the model is involved: the body (`parse_body`)
     and its fields (`check_request`). Raises only `HTTPError` (4xx) for a bad request."""
     return check_request(parse_body(raw), opts)
 
 
-def check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any], TaskSpec]:
-    """Our /v1/classify body: (texts, ids, the request's task). Each check names its field."""
+def check_request(data: Any, opts: ServeOptions) -> tuple[list[Any], list[Any], TaskSpec]:
+    """Our /v1/classify body: (texts (strings or (text, text_pair) tuples), ids, the request's
+    task). Each check names its field."""
     if not isinstance(data, dict):
         raise HTTPError(422, "the body must be a JSON object with 'text' or 'texts'", "body")
     unknown = sorted(set(data) - set(REQUEST_FIELDS))
@@ -47,8 +48,9 @@ def check_request(data: Any, opts: ServeOptions) -> tuple[list[str], list[Any], 
     return texts, _check_ids(data, len(texts)), _check_task(data)
 
 
-def _check_items(data: dict[str, Any], opts: ServeOptions) -> list[str]:
-    """`text` (one string) or `texts` (a list of strings), each with some valid text."""
+def _check_items(data: dict[str, Any], opts: ServeOptions) -> list[Any]:
+    """`text` (one item) or `texts` (a list of items), each with some valid text; an item is a
+    string, or a pair `[text, text_pair]` (a tuple on the way in)."""
     if ("text" in data) == ("texts" in data):
         raise HTTPError(
             422,
@@ -56,9 +58,9 @@ def _check_items(data: dict[str, Any], opts: ServeOptions) -> list[str]:
             "text" if "text" not in data else "texts",
         )
     if "text" in data:
-        if not isinstance(data["text"], str):
+        if not isinstance(data["text"], (str, list)):
             raise HTTPError(422, f"'text' must be a string, got {type(data['text']).__name__}", "text")
-        texts, names = [data["text"]], ["text"]
+        texts, names = [pair_item(data["text"], "text")], ["text"]
         if "ids" in data:
             raise HTTPError(422, "'ids' goes with 'texts'; with 'text' there is one item", "ids")
     else:
@@ -73,16 +75,38 @@ def _check_items(data: dict[str, Any], opts: ServeOptions) -> list[str]:
                 f"'texts' has {len(texts)} items, over the limit of {opts.max_items_per_request} per request: split it",
                 "texts",
             )
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise HTTPError(422, f"texts[{i}] must be a string, got {type(t).__name__}", f"texts[{i}]")
         names = [f"texts[{i}]" for i in range(len(texts))]
+        texts = [pair_item(t, name) if isinstance(t, list) else t for t, name in zip(texts, names)]
+        for name, t in zip(names, texts):
+            if not isinstance(t, (str, tuple)):
+                raise HTTPError(422, f"{name} must be a string, got {type(t).__name__}", name)
     check_text_values(names, texts)
     return texts
 
 
-def check_text_values(names: Sequence[str], texts: Sequence[str]) -> None:
-    for name, t in zip(names, texts):
+def pair_item(value: Any, name: str, single_ok: bool = False) -> Any:
+    """A request item that may be a pair: a string as it is, `[text, text_pair]` as a tuple
+    (each a string, the pair not empty), `[text]` as its text where `single_ok` (TEI's batch)."""
+    if isinstance(value, str):
+        return value
+    shape = "[text, text_pair]" + (" or [text]" if single_ok else "")
+    if not (len(value) == 2 or (single_ok and len(value) == 1)) or not all(isinstance(x, str) for x in value):
+        raise HTTPError(
+            422, f"{name} must be a string or a pair of strings {shape}, got a list of {len(value)} item(s)", name
+        )
+    if len(value) == 1:
+        return value[0]
+    if not value[1].strip():
+        raise HTTPError(422, f"{name}[1] is empty: give the pair's second text, or send the first text alone", name)
+    if has_lone_surrogate(value[1]):
+        raise HTTPError(422, f"{name}[1] holds an unpaired surrogate escape (not valid Unicode text): fix it", name)
+    return (value[0], value[1])
+
+
+def check_text_values(names: Sequence[str], texts: Sequence[Any]) -> None:
+    """Each item's text (a pair's first) not empty and valid Unicode (a pair's second: `pair_item`)."""
+    for name, x in zip(names, texts):
+        t = x[0] if isinstance(x, tuple) else x
         if not t.strip():
             raise HTTPError(422, f"{name} is empty: give the item some text", name)
         if has_lone_surrogate(t):
@@ -146,8 +170,10 @@ def _check_task(data: dict[str, Any]) -> TaskSpec:
     return task
 
 
-def check_texts(value: Any, fld: str, opts: ServeOptions) -> tuple[list[str], bool]:
-    """A TEI `inputs` or vLLM `input`: one string or a list of strings -> (texts, was one string)."""
+def check_texts(value: Any, fld: str, opts: ServeOptions, pairs: bool = False) -> tuple[list[Any], bool]:
+    """A TEI `inputs` or vLLM `input`: one string or a list of strings -> (texts, was one string).
+    `pairs` (TEI's /predict): a list's items may also be `[text]` or a pair `[text, text_pair]`
+    (a tuple), as TEI reads a batch."""
     if isinstance(value, str):
         texts, names, single = [value], [fld], True
     elif isinstance(value, list):
@@ -160,14 +186,17 @@ def check_texts(value: Any, fld: str, opts: ServeOptions) -> tuple[list[str], bo
                 fld,
             )
         names, single = [f"{fld}[{i}]" for i in range(len(value))], False
+        texts = []
         for name, t in zip(names, value):
-            if isinstance(t, list):
+            if isinstance(t, list) and pairs:
+                t = pair_item(t, name, single_ok=True)
+            elif isinstance(t, list):
                 raise HTTPError(
                     422, f"{name} is a list: text pairs and token ids are not supported; send strings", name
                 )
-            if not isinstance(t, str):
+            if not isinstance(t, (str, tuple)):
                 raise HTTPError(422, f"{name} must be a string, got {type(t).__name__}", name)
-        texts = value
+            texts.append(t)
     else:
         raise HTTPError(422, f"'{fld}' must be a string or a list of strings, got {type(value).__name__}", fld)
     check_text_values(names, texts)

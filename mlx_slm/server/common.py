@@ -73,9 +73,9 @@ class RouteContext:
         return parse_body(await read_body(request, self.opts.max_body_bytes))
 
     async def compute(
-        self, request: Any, t0: float, texts: list[str], task: TaskSpec, names: list[str], whole: str, hint: str
+        self, request: Any, t0: float, texts: list[Any], task: TaskSpec, names: list[str], whole: str, hint: str
     ) -> Answer:
-        """The core's answer to one request's texts. `names`: each text's field, for errors;
+        """The core's answer to one request's texts (strings, or (text, pair) tuples). `names`: each text's field, for errors;
         `whole`: the field a timeout names; `hint`: how this API asks for truncation."""
         return await self.service.classify(
             texts,

@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..service import Aborted, ClientGone, Draining, Failed, Invalid, NotReady, QueueFull, ServiceError, TimedOut
+from ..service import (
+    Aborted,
+    ClientGone,
+    Draining,
+    Failed,
+    Invalid,
+    NotReady,
+    NotSupported,
+    QueueFull,
+    ServiceError,
+    TimedOut,
+)
 
 
 class HTTPError(Exception):
@@ -73,6 +84,7 @@ def _printable(s: str) -> str:
 # The one map from the core's errors to HTTP: (status, outcome counted in /metrics).
 _STATUS: dict[type[ServiceError], tuple[int, str]] = {
     Invalid: (422, "invalid"),
+    NotSupported: (400, "invalid"),
     QueueFull: (429, "overloaded"),
     NotReady: (503, "unavailable"),
     Draining: (503, "unavailable"),

@@ -9,6 +9,20 @@ from typing import Any
 from ..prompts import TRUNCATE_MODES
 
 _STR_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+_PAIR = {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2, "description": "[text, text_pair]"}
+_ITEM = {"oneOf": [{"type": "string"}, _PAIR]}
+_TEI_INPUTS = {
+    "oneOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "oneOf": [{"type": "string"}, {**_PAIR, "minItems": 1, "description": "[text] or [text, text_pair]"}]
+            },
+        },
+    ]
+}
 _COMMON_ERRORS = {
     "401": {"description": "missing or wrong Bearer key"},
     "413": {"description": "body or item count over the limit"},
@@ -33,7 +47,7 @@ _TEI_PREDICT: dict[str, Any] = {
     "security": [{"bearer": []}],
     "requestBody": _json_body(
         {
-            "inputs": _STR_OR_LIST,
+            "inputs": _TEI_INPUTS,
             "raw_scores": {"type": "boolean", "description": "the model's label scores, no softmax"},
             "truncate": {"type": "boolean", "nullable": True},
             "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
@@ -68,6 +82,56 @@ _VLLM_CLASSIFY: dict[str, Any] = {
     "responses": {"200": {"description": "vLLM's ClassificationResponse"}, **_COMMON_ERRORS},
 }
 
+_RERANK_ERRORS = {
+    **_COMMON_ERRORS,
+    "400": {"description": "the model is not a reranker: start mlx-slm serve with --reranker"},
+    "413": {"description": "body over the limit, or more documents than --max-items-per-request"},
+}
+_TEI_RERANK: dict[str, Any] = {
+    "summary": "text-embeddings-inference's /rerank: [{index, score, text?}, ...] best first. A body with "
+    "'documents' instead of 'texts' is answered in the Cohere/Jina shape, as vLLM's /rerank.",
+    "security": [{"bearer": []}],
+    "requestBody": _json_body(
+        {
+            "query": {"type": "string"},
+            "texts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "raw_scores": {"type": "boolean", "description": "the raw logit (log-odds), no sigmoid"},
+            "return_text": {"type": "boolean"},
+            "truncate": {"type": "boolean", "nullable": True},
+            "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
+        },
+        required=["query", "texts"],
+    ),
+    "responses": {"200": {"description": "[{index, score, text?}, ...], best first"}, **_RERANK_ERRORS},
+}
+_COHERE_SUMMARY = (
+    "{model?, query, documents: [string | {text}], top_n?, return_documents?} -> {id, model, results: "
+    "[{index, relevance_score, document?: {text}}] best first, meta: {api_version, tokens}, usage: {total_tokens}}"
+)
+_COHERE_RERANK: dict[str, Any] = {
+    "security": [{"bearer": []}],
+    "requestBody": _json_body(
+        {
+            "model": {"type": "string", "description": "any name: the server has one model"},
+            "query": {"type": "string"},
+            "documents": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "oneOf": [{"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}}]
+                },
+            },
+            "top_n": {"type": "integer", "minimum": 0, "description": "0 or absent: every document"},
+            "return_documents": {"type": "boolean", "description": "default true"},
+            "truncate_prompt_tokens": {"type": "integer", "enum": [-1], "nullable": True},
+            "use_activation": {"type": "boolean", "description": "false: the raw logit (vLLM's)"},
+            "priority": {"type": "integer", "description": "accepted and ignored"},
+        },
+        required=["query", "documents"],
+    ),
+    "responses": {"200": {"description": "the Cohere/Jina/vLLM RerankResponse"}, **_RERANK_ERRORS},
+}
+
 OPENAPI: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {"title": "mlx-slm", "version": "1"},
@@ -79,8 +143,8 @@ OPENAPI: dict[str, Any] = {
                 "security": [{"bearer": []}],
                 "requestBody": _json_body(
                     {
-                        "text": {"type": "string"},
-                        "texts": {"type": "array", "items": {"type": "string"}},
+                        "text": _ITEM,
+                        "texts": {"type": "array", "items": _ITEM, "description": "texts, or [text, text_pair] pairs"},
                         "ids": {
                             "type": "array",
                             "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
@@ -101,9 +165,10 @@ OPENAPI: dict[str, Any] = {
                 "responses": {
                     "200": {
                         "description": "results[i]: id, label, probs, raw_probs and calibration (when calibrated), "
-                        "abstained, truncated, queue_ms, inference_ms; scoring: 'head' (the task's learned head) "
-                        "or 'labels' (label scoring: a task without a head, or the request's own labels or "
-                        "prompt); headers x-total-time, x-queue-time, x-inference-time (ms)"
+                        "abstained, truncated, queue_ms, inference_ms (a multi-label head: labels and probs; a "
+                        "one-output head: label, score and logit); scoring: the kind that ran: 'head' (the task's "
+                        "learned head), 'seqcls' (the model's own score head), 'rerank', 'questions', or 'labels' "
+                        "(label scoring: a task without a head, or the request's own labels or prompt); headers x-total-time, x-queue-time, x-inference-time (ms)"
                     },
                     "401": {"description": "missing or wrong Bearer key"},
                     "413": {"description": "body or item count over the limit (error.field names it)"},
@@ -124,6 +189,9 @@ OPENAPI: dict[str, Any] = {
                 "security": [{"bearer": []}],
             }
         },
+        "/rerank": {"post": _TEI_RERANK},
+        "/v1/rerank": {"post": {**_COHERE_RERANK, "summary": "Cohere's v1 rerank (and Jina's): " + _COHERE_SUMMARY}},
+        "/v2/rerank": {"post": {**_COHERE_RERANK, "summary": "Cohere's v2 rerank: " + _COHERE_SUMMARY}},
         "/v1/models": {
             "get": {
                 "summary": "OpenAI/vLLM model list: the one served model (id, max_model_len, labels).",

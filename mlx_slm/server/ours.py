@@ -15,6 +15,13 @@ from .openapi import OPENAPI
 from .vllm import VLLMRoutes
 
 
+def model_head(clf: Any) -> dict[str, Any]:
+    """Which head the model has: its sequence-classification score head (architecture, labels,
+    problem type, function), or the LM head of a causal LM."""
+    own = getattr(clf.engine.model, "seqcls", None)
+    return {"kind": "lm"} if own is None else {"kind": "seqcls", **own.to_dict()}
+
+
 class OurRoutes:
     """Our routes over the service; `vllm` answers a vLLM body sent to /v1/classify."""
 
@@ -49,7 +56,7 @@ class OurRoutes:
                 "or send 'text'/'texts' here",
                 "inputs",
             )
-        texts, ids, task = check_request(data, self.ctx.opts)
+        texts, ids, task = check_request(data, self.ctx.opts)  # an item may be a (text, text_pair) pair
         names = ["text"] if "text" in data else [f"texts[{i}]" for i in range(len(texts))]
         whole = "texts" if len(texts) > 1 else "text"
         ans = await self.ctx.compute(request, t0, texts, task, names, whole, '"truncate": "head"|"tail"|"middle"')
@@ -64,8 +71,9 @@ class OurRoutes:
         total = (time.perf_counter() - t0) * 1000
         q_ms = max(r["queue_ms"] for r in results)
         i_ms = max(r["inference_ms"] for r in results)
-        # A head task answers a request with its own labels or prompt by label scoring: say which ran.
-        scoring = {"head": "head", "questions": "questions"}.get(ans.classifier.mode, "labels")
+        # A head task answers a request with its own labels or prompt by label scoring: say which ran
+        # (the kind's name: labels, head, questions, seqcls or rerank).
+        scoring = ans.classifier.spec.name
         return json_response(
             {
                 "results": results,
@@ -98,6 +106,8 @@ class OurRoutes:
                 "dtype": clf.engine.compute_dtype,
                 "device": str(mx.default_device()),
                 "max_length": clf.max_length,
+                "head": model_head(clf),
+                "reranker": self._reranker(),
                 "task": {
                     **clf.spec.info(),  # the kind's: its labels (and questions)
                     "system": clf.format.system,
@@ -120,6 +130,13 @@ class OurRoutes:
                 },
             }
         )
+
+    def _reranker(self) -> dict[str, Any]:
+        """What the rerank routes run: the reranker's settings, or why the model has none."""
+        try:
+            return self.ctx.service.tasks.reranker().info()["rerank"]
+        except ServiceError as e:
+            return {"scorer": None, "why": e.message}
 
     async def health(self, request: Any) -> Any:
         service = self.ctx.service

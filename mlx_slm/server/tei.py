@@ -13,15 +13,17 @@ from .errors import HTTPError, error_response, json_response
 TEI_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction", "parameters")
 
 
-TEI_PATHS = ("/", "/predict", "/info")  # where even Starlette's own errors (404, 405) are TEI's
+TEI_PATHS = ("/", "/predict", "/info", "/rerank")  # where even Starlette's own errors (404, 405) are TEI's
 
 
-def check_tei(data: Any, opts: ServeOptions) -> tuple[list[str], bool, TaskSpec, bool, int | None]:
-    """TEI's /predict body: {"inputs": str | [str], "raw_scores"?, "truncate"?, "truncation_direction"?},
-    and the InferenceClient's {"inputs", "parameters": {"function_to_apply"?, "top_k"?}}.
+def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec, bool, int | None]:
+    """TEI's /predict body: {"inputs": str | [str | [str] | [str, str]], "raw_scores"?, "truncate"?,
+    "truncation_direction"?} (a pair `[text, text_pair]` in a batch, as TEI reads one; a list of
+    strings is a batch of texts here), and the InferenceClient's {"inputs", "parameters":
+    {"function_to_apply"?, "top_k"?}}.
     Returns (texts, one string given, task, raw scores, top k)."""
     check_fields(data, TEI_FIELDS, "inputs")
-    texts, single = check_texts(data["inputs"], "inputs", opts)
+    texts, single = check_texts(data["inputs"], "inputs", opts, pairs=True)
     task = TaskSpec()
     raw_scores = data.get("raw_scores", False)
     if raw_scores is None:
@@ -106,13 +108,14 @@ class TEIRoutes:
         ld, opts = self.ctx.service.loaded, self.ctx.opts
         clf = ld.clf  # type: ignore[union-attr]
         labels = list(clf.labels)
+        kind = "reranker" if len(labels) == 1 else "classifier"  # TEI's rule: one output is a reranker
         return json_response(
             {
                 "model_id": self.ctx.served_name(),
                 "model_sha": ld.weights_sha256,  # type: ignore[union-attr]
                 "model_dtype": clf.engine.compute_dtype,
                 "model_type": {
-                    "classifier": {
+                    kind: {
                         "id2label": {str(i): lab for i, lab in enumerate(labels)},
                         "label2id": {lab: i for i, lab in enumerate(labels)},
                     }

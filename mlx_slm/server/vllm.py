@@ -69,7 +69,8 @@ class VLLMRoutes:
         for i, p in enumerate(ans.predictions):
             row: dict[str, Any] = {
                 "index": i,
-                "label": p.label,
+                # a multi-label head's answer is a list (`labels`): vLLM's label is the most probable one
+                "label": p.label if p.labels is None else max(labels, key=lambda lab: p.probs[lab]),
                 "probs": [float(p.probs[lab]) for lab in labels],
                 "num_classes": len(labels),
             }

@@ -15,7 +15,18 @@ from __future__ import annotations
 
 from .api import Answer, Loaded, ServeOptions, TaskSpec, classifier_loader
 from .core import Service
-from .errors import Aborted, ClientGone, Draining, Failed, Invalid, NotReady, QueueFull, ServiceError, TimedOut
+from .errors import (
+    Aborted,
+    ClientGone,
+    Draining,
+    Failed,
+    Invalid,
+    NotReady,
+    NotSupported,
+    QueueFull,
+    ServiceError,
+    TimedOut,
+)
 from .metrics import Metrics, RateTracker
 from .scheduler import BATCH_TIME_FRACTION, LOOKAHEAD
 from .tasks import LRU, TaskCache
@@ -33,6 +44,7 @@ __all__ = [
     "Loaded",
     "Metrics",
     "NotReady",
+    "NotSupported",
     "QueueFull",
     "RateTracker",
     "ServeOptions",

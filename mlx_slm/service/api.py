@@ -107,13 +107,15 @@ def _sha(clf: Any) -> str | None:
 
 @dataclass
 class TaskSpec:
-    """A request's own task settings; None: the served task's (its labels, prompt, truncation)."""
+    """A request's own task settings; None: the served task's (its labels, prompt, truncation).
+    `rerank`: the reranker's task instead (its truncation only)."""
 
     labels: list[str] | None = None
     system: str | None = None  # "": no system message
     template: str | None = None
     truncate: str | bool | None = None  # False: no truncation
     min_confidence: float | None = None
+    rerank: bool = False  # the model's reranker (`TaskCache.rerank_key`): items are (query, document) pairs
 
 
 @dataclass

@@ -102,10 +102,11 @@ class Service:
         # Warm up: one item through the whole path (computes the default prompt head's KV, a
         # one-off cost not measured), then a short and a longer item measured, so that the
         # time estimate knows both its fixed and its per-token cost from the start.
-        list(clf.run(["warm-up"], window=1))
+        sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
+        list(clf.run([sample("warm-up")], window=1))
         for text in ("warm-up", " ".join(["warm-up"] * 32)):
             t0 = time.perf_counter()
-            run = clf.run([text], window=1)
+            run = clf.run([sample(text)], window=1)
             list(run)
             self._note_speed(time.perf_counter() - t0, run.stats.processed_tokens)
 
@@ -148,7 +149,7 @@ class Service:
     # ---------------------------------------------------------------- one request
     async def classify(
         self,
-        texts: list[str],
+        texts: list[Any],
         spec: TaskSpec,
         *,
         names: list[str],
@@ -157,10 +158,11 @@ class Service:
         started: float,
         gone: Callable[[], Awaitable[Any]] | None = None,
     ) -> Answer:
-        """Run one request's texts on the worker and wait for them (until `started` plus the
-        request timeout, or until what `gone()` returns completes: the caller left). `names`: each text's
-        field, for errors; `whole`: the field a timeout names; `truncate_hint`: how the caller's
-        API asks for truncation (it replaces the CLI's `--truncate ...` in messages)."""
+        """Run one request's texts (strings, or (text, pair) tuples; a rerank's (query, document))
+        on the worker and wait for them (until `started` plus the request timeout, or until what
+        `gone()` returns completes: the caller left). `names`: each text's field, for errors;
+        `whole`: the field a timeout names; `truncate_hint`: how the caller's API asks for
+        truncation (it replaces the CLI's `--truncate ...` in messages)."""
         key, front = await _in_thread(self.tasks.for_request, spec)
         # Tokenized once, here: the worker runs these very items (`Classifier.run_items`).
         prepared = await _in_thread(front.prepare, texts)

@@ -18,6 +18,10 @@ class Invalid(ServiceError):
     """The request's task cannot be built, or one of its texts cannot be run (over the context)."""
 
 
+class NotSupported(ServiceError):
+    """The served model cannot answer the route at all (a rerank on a model that is no reranker)."""
+
+
 class NotReady(ServiceError):
     """The model is loading, or failed to load."""
 

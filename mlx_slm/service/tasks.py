@@ -5,7 +5,14 @@ LRU; items of the same task share micro-batches and a prefix KV. Each task has t
 classifiers: a *front* one on a copy of the tokenizer (its own lock), which request handlers
 use to check and tokenize while the worker runs a forward pass, and a *back* one on the
 engine, which only the worker uses. A new task's parts are checked one by one first, so a
-failure names the request field at fault (`Invalid`). The served task is pinned in both."""
+failure names the request field at fault (`Invalid`). The served task is pinned in both.
+
+The rerank routes run the model's reranker (`rerank_key`): the served task when it is one
+(`serve --reranker`), else a task of its own, `("rerank", truncate)`, whose kind is the one
+the model says it is (`kinds.reranker_spec`: a one-label sequence classifier, a causal LM
+named *Reranker*); a model that is none answers `NotSupported`. Its items are (query,
+document) pairs, so documents of concurrent rerank requests share micro-batches and each
+query's tokens run once (the item's head, `pipeline.head_of`)."""
 
 from __future__ import annotations
 
@@ -16,7 +23,9 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 from .api import Loaded, TaskSpec
-from .errors import Invalid
+from .errors import Invalid, NotSupported
+
+RERANK_TASK = "rerank"  # the first part of the reranker's task key (`TaskCache.rerank_key`)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -62,6 +71,7 @@ class TaskCache:
         self._front: LRU[tuple, Any] = LRU(capacity)  # classifiers on the front tokenizer
         self._front_lock = threading.Lock()
         self._back: LRU[tuple, Any] = LRU(capacity)  # classifiers on the engine (worker only)
+        self._reranker: Any = None  # the model's reranker kind (or why it has none), made on first use
 
     def load(self, loaded: Loaded) -> None:
         """Take the loader's classifier as the served task, pinned in both caches."""
@@ -92,19 +102,51 @@ class TaskCache:
             t,
         )
 
+    def rerank_key(self, truncate: Any) -> tuple:
+        """The reranker's task: the served task (`key`) when it is the reranker, else its own key
+        ("rerank", truncate); `NotSupported` when the model is no reranker."""
+        spec = self.reranker()
+        if spec is self._base.spec:
+            return self.key(None, None, None, truncate)
+        return (RERANK_TASK, self._base.truncate if truncate is None else (truncate or None))
+
+    def reranker(self) -> Any:
+        """The kind the rerank routes run (`kinds.reranker_spec`), made once; `NotSupported` says
+        how to serve a reranker when the model is none."""
+        from ..kinds import reranker_spec
+        from ..labels import LabelError
+
+        if self._reranker is None:
+            base = self._base
+            name = self.loaded.model or str(base.engine.path or "")  # type: ignore[union-attr]
+            try:
+                self._reranker = reranker_spec(base.spec, getattr(base.engine.model, "seqcls", None), name)
+            except LabelError as e:  # the command line's advice, as the service takes it
+                why = str(e).replace("pass --reranker", "start mlx-slm serve with --reranker")
+                why = why.replace(
+                    "(mlx-slm classify with text_pair)", '(POST "texts": [[query, document], ...] to /v1/classify)'
+                )
+                self._reranker = NotSupported(why)
+        if isinstance(self._reranker, NotSupported):
+            raise self._reranker
+        return self._reranker
+
     def _build(self, engine: Any, key: tuple) -> Any:
         from ..classifier import Classifier
         from ..kinds import TaskError as KindRefused
         from ..kinds import request_spec
 
         base = self._base
-        labels, system, template, truncate = key
         kw = dict(self.loaded.clf_kwargs)  # type: ignore[union-attr]
-        same_prompt = (system, template) == (base.format.system, base.format.template)
-        try:  # the served kind answers for its own labels (and prompt); other labels: a zero-shot labels task
-            spec = request_spec(base.spec, labels, same_prompt, truncate, kw.get("label_descriptions"))
-        except KindRefused as e:
-            raise Invalid(str(e), "truncate") from None
+        if key[0] == RERANK_TASK:  # the model's reranker beside the served task (see `rerank_key`)
+            spec, (system, template, truncate) = self.reranker(), (base.format.system, base.format.template, key[1])
+        else:
+            labels, system, template, truncate = key
+            same_prompt = (system, template) == (base.format.system, base.format.template)
+            try:  # the served kind answers for its own labels (and prompt); other labels: a zero-shot labels task
+                spec = request_spec(base.spec, labels, same_prompt, truncate, kw.get("label_descriptions"))
+            except KindRefused as e:
+                raise Invalid(str(e), "truncate") from None
         kw.update(
             batch_size=base.batch_size,
             max_batch_tokens=base.max_batch_tokens,
@@ -140,16 +182,22 @@ class TaskCache:
         is the labels', a `PromptError` the prompt's: over the context)."""
         from ..labels import LabelError
 
-        key = self.key(spec.labels, spec.system, spec.template, spec.truncate)
-        if key not in self._front:  # a new task: its parts checked one by one first
-            self.check(key)
+        if spec.rerank:
+            key = self.rerank_key(spec.truncate)
+        else:
+            key = self.key(spec.labels, spec.system, spec.template, spec.truncate)
+            if key not in self._front:  # a new task: its parts checked one by one first
+                self.check(key)
         try:
-            return key, self.front(key)
+            front = self.front(key)
         except LabelError as e:  # tokenizes to nothing, two alike, one too long for the context
             raise Invalid(str(e), "labels") from None
         except ValueError as e:  # PromptError: the fixed prompt is over the context: the part the request set
             fld = "template" if spec.template is not None else "system" if spec.system is not None else "labels"
             raise Invalid(str(e), fld) from None
+        if spec.min_confidence is not None and not front.spec.calibrates:
+            raise Invalid(front.spec.no_calibration.replace("--min-confidence", "min_confidence"), "min_confidence")
+        return key, front
 
     def check(self, key: tuple) -> None:
         """The checks a classifier runs on its task's parts, one part at a time, so that a
@@ -189,8 +237,12 @@ class TaskCache:
 
     def calibrate(self, key: tuple, spec: TaskSpec, front: Any, raw: list[Any]) -> tuple[list[Any], Any]:
         """A request's predictions through its task's calibration (one `Calibration` per request)."""
+        from ..calibration import CalibrationSpec
+
         cal, conf = self.calibration_for(key)
         if spec.min_confidence is not None:
             conf = spec.min_confidence
+        if not front.spec.calibrates:  # relevance, multi-label or one-output scores: never label-calibrated
+            cal, conf = CalibrationSpec(warmup=cal.warmup), None
         calib = front.calibration_run(cal, conf)
         return list(calib(r[0] for r in raw)), calib
