@@ -409,6 +409,7 @@ def run(a: argparse.Namespace, argv: list[str] | None) -> int:
     }
     planned = plans(engine, ids, heads, a.hf_batch)
     for name, r in rows.items():  # the plan is what ran (else the full run's plan below means little)
+        r["planned_tokens"] = planned.get(name)
         if name in planned and planned[name] != r["processed_tokens"]:
             say(f"rerank: {name} processed {r['processed_tokens']:,} tokens, its plan {planned[name]:,}")
     if (a.queries, a.docs, a.same, a.item_docs) != tuple(FULL.values()):

@@ -219,7 +219,10 @@ def run(a: argparse.Namespace, argv: list[str] | None) -> int:
     labels = [x.strip() for x in a.labels.split(",") if x.strip()]
     path, build_s = checkpoint(a.model, a.head, labels, a.cache)
     t = time.perf_counter()
-    clf = Classifier.load(str(path))
+    # Converted in the dtype it was saved in (float16 for the default model, as its conversion):
+    # our weight values are then exactly the pipeline's (which loads them in float32).
+    saved = json.loads((path / "config.json").read_text()).get("dtype")
+    clf = Classifier.load(str(path), dtype="float32" if saved == "float32" else None)
     load_s = time.perf_counter() - t
     if clf.spec.name != "seqcls":
         raise SystemExit(f"{path} loaded as a {clf.spec.name} classifier, not its own score head")
@@ -244,6 +247,7 @@ def run(a: argparse.Namespace, argv: list[str] | None) -> int:
         rows[name] = {"seconds": hf[str(n)]["seconds"], "processed_tokens": plan[name]}
         probs[name] = np.array(hf[str(n)]["probs"])
         say(f"seqcls: {name}: {rows[name]['seconds']:.1f} s")
+    rows["ours"]["planned_tokens"] = plan["ours"]  # the plan is what ran (else the full run's plan means little)
     if plan["ours"] != st["processed_tokens"]:
         say(f"seqcls: ours processed {st['processed_tokens']:,} tokens, its plan {plan['ours']:,}")
     peak1 = matmul_peak()["mlx"]
