@@ -67,7 +67,9 @@ def test_agreement_and_quality():
     swapped = ref.copy()
     swapped[[3, 5]] = swapped[[5, 3]]  # the second query's two last documents change places
     got = rerank.agreement(swapped, ref, groups)
-    assert got["top1_equal"] == 2 and got["order_equal"] == 1 and got["min_kendall_tau"] == pytest.approx(1 / 3, abs=1e-4)
+    assert (
+        got["top1_equal"] == 2 and got["order_equal"] == 1 and got["min_kendall_tau"] == pytest.approx(1 / 3, abs=1e-4)
+    )
     assert rerank.kendall_tau(ref, -ref) == -1.0
     qs = [
         rerank.Query("q", "a", ["x"] * 3, [True, False, False]),
