@@ -56,6 +56,10 @@ QUICK = {"queries": 2, "docs": 8, "same": 2, "item_docs": 4}
 ROWS = ("ours", "ours-no-cache", "hf-sorted", "hf-item")
 
 
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 @dataclass
 class Query:
     """One query (a test message), its intent, its documents and which are of its intent."""
@@ -361,7 +365,6 @@ def run(a: argparse.Namespace, argv: list[str] | None) -> int:
     subset = item_subset(queries, a.item_docs)
     pos = {i: k for k, i in enumerate(subset)}
     sub_groups = [np.array([pos[i] for i in g if i in pos]) for g in groups]  # each query's, in the subset
-    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     say(f"rerank: {len(queries)} queries x {a.docs} documents, {sum(map(len, ids)):,} prompt tokens, floor {floor:,}")
     ours(engine, items[:2])  # warm-up (its own engine: nothing cached for the timed runs)
     scores: dict[str, np.ndarray] = {}
