@@ -30,3 +30,23 @@ def run_line(out: dict[str, Any]) -> str:
         f"`{out['command']}` on {out['machine']}; matmul peak {peak['start']} / {peak['end']} GFLOP/s "
         f"(start / end); peak RSS {out['max_rss_mb']} MB."
     )
+
+
+def in_child(module: str, job: dict[str, Any]) -> dict[str, Any]:
+    """`python -m MODULE --worker JOB OUT` in a child process without our OpenBLAS preload
+    (`reference.run_in_child`: PyTorch shares no BLAS threads with MLX there), from the
+    repository root; the job and the answer are JSON."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from mlx_slm.reference import run_in_child
+
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job_path.write_text(json.dumps(job))
+        done = run_in_child(["-m", module, "--worker", str(job_path), str(out_path)], cwd=root, stdout=sys.stderr)
+        if done.returncode != 0:
+            raise RuntimeError(f"the {module} worker failed (exit status {done.returncode})")
+        return json.loads(out_path.read_text())

@@ -16,6 +16,7 @@ the item's own head (`Item.head`), computed once per query in the engine's prefi
 a batch holds the documents of several queries, each row after its own query's KV
 (`pipeline.batches`, `prefix_cache.StackedPrefix`). So a query's tokens run once, not once
 per document, and each score is exactly the one of its (query, document) prompt run alone.
+With the prefix cache off (`use_prefix_cache=False`) items get no head: each prompt runs whole.
 """
 
 from __future__ import annotations
@@ -231,8 +232,10 @@ class RerankKind(OnePrompt):
                 by_query.setdefault(query, []).append((it, doc))
             for query, group in by_query.items():
                 head, seqs = self.encode_query(query, [d for _, d in group])
+                # The query cache off (`use_prefix_cache=False`): no head, so every prompt runs whole.
+                own = head if self.run.use_prefix_cache else ()
                 for (item, doc), seq in zip(group, seqs):
-                    item.ids, item.head = seq, head
+                    item.ids, item.head = seq, own
                     if len(seq) > self.max_length:
                         self._cut(item, query, doc)
             return items
