@@ -45,7 +45,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "metrics",
         ),
     ),
-    ("weights", ("models", "fastmath", "registry", "convert", "sources")),
+    ("weights", ("models", "fastmath", "registry", "convert", "sources", "adapters", "finetune", "export")),
     ("engine", ("engine", "prefix_cache", "scoring")),
     (
         "classifier",
