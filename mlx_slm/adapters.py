@@ -258,7 +258,7 @@ class FineTuned:
     history: list[Epoch] = field(default_factory=list)
     best_epoch: int = 0  # 1-based, into history
     stopped: str = "finished"  # finished, early_stopping, max_minutes, interrupted
-    encode_seconds: float = 0.0  # the frozen blocks' one pass
+    encode_seconds: float = 0.0  # the one-time work before the epochs: the frozen blocks' pass (and a probe)
     train_seconds: float = 0.0
     prompt: dict[str, Any] | None = None  # what the caller records of the prompt (system, template, ...)
 

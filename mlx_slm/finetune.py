@@ -60,6 +60,7 @@ from .models import Model
 from .models.base import NATIVE, Context
 
 SCHEDULES = ("cosine", "linear", "constant")
+HEAD_INITS = ("zeros", "probe")
 STOPS = ("finished", "early_stopping", "max_minutes", "interrupted")
 
 
@@ -74,7 +75,9 @@ class FinetuneSettings:
     or when `max_minutes` (wall time, the frozen pass included) run out. `prefix_grad`: let the
     gradient pass through the shared prompt head's keys and values in the adapted blocks too
     (their forward always uses the adapters; without it each step skips the head's backward,
-    which for a long head, as BANKING77's 360 tokens, was about half of a step's time)."""
+    which for a long head, as BANKING77's 360 tokens, was about half of a step's time).
+    `head_init`: the score head starts at zero, or ("probe") fitted on the base model's features
+    first (`_probe`)."""
 
     objective: str = "score"
     layers: int = 8
@@ -95,6 +98,7 @@ class FinetuneSettings:
     patience: int = 2
     max_minutes: float | None = None
     prefix_grad: bool = False
+    head_init: str = "zeros"
 
     def check(self, model: Model) -> None:
         """Refuse settings that cannot train on `model`, naming the setting and its range."""
@@ -105,6 +109,8 @@ class FinetuneSettings:
 
         if self.objective not in OBJECTIVES:
             raise bad("objective", f"one of {', '.join(OBJECTIVES)}")
+        if self.head_init not in HEAD_INITS:
+            raise bad("head_init", f"one of {', '.join(HEAD_INITS)}")
         if self.schedule not in SCHEDULES:
             raise bad("schedule", f"one of {', '.join(SCHEDULES)}")
         for name, lo in (("layers", 1), ("rank", 1), ("epochs", 1), ("batch_size", 1), ("max_tokens", 1),
@@ -384,8 +390,9 @@ class _Top:
                 layer, leaf = self.slots[name]
                 layer[leaf] = v
 
-    def scores(self, enc: _Encoded, idx: np.ndarray) -> mx.array:
-        """(B, K) label logits of the texts `idx`: the shared head, then the batch, through the adapted blocks."""
+    def hidden(self, enc: _Encoded, idx: np.ndarray) -> tuple[mx.array, mx.array | None]:
+        """Final-norm hidden states of the texts `idx`: at the last position (B, D) and at objective
+        (b)'s trie nodes (B, T, D) or None. The shared head, then the batch, through the adapted blocks."""
         P, T = enc.P, (self.lt.nodes if self.lt is not None else 0)
         n = len(self.blocks)
         kvs: list[Any] = [None] * n
@@ -408,11 +415,58 @@ class _Top:
         for j, blk in enumerate(self.blocks):
             h, _ = blk(h, ctx, kvs[j], last_only and j == n - 1)
         h = self.model.model.norm(h)
-        last = h[:, -1] if last_only else h[:, L - 1]
+        return (h[:, -1], None) if last_only else (h[:, L - 1], h[:, L:] if T else None)
+
+    def scores(self, enc: _Encoded, idx: np.ndarray) -> mx.array:
+        """(B, K) label logits of the texts `idx`."""
+        last, nodes = self.hidden(enc, idx)
         if self.head is not None:
             return head_scores(self.head, last)
         assert self.lt is not None
-        return self.lt.scores(self.model, last, h[:, L:] if T else None)
+        return self.lt.scores(self.model, last, nodes)
+
+
+PROBE_PENALTIES = (1e-3, 1e-2, 1e-1, 1.0)  # L2 on the standardized head, chosen by validation loss
+
+
+def _probe(top: _Top, enc: _Encoded, y: np.ndarray, split: tuple[np.ndarray, np.ndarray], s: FinetuneSettings):
+    """A score head fitted on the base model's features first (linear probing, then fine-tuning:
+    LP-FT): multinomial logistic regression without a bias (the score head has none) on the final
+    norm's last position, each dimension scaled by its spread for the fit (folded back into the
+    weights), its L2 penalty chosen among PROBE_PENALTIES by validation loss (no validation set:
+    0.01). Full-batch Adam, fixed iterations: deterministic."""
+    import mlx.optimizers as optim
+
+    tr, va = split
+    everything = np.concatenate([tr, va])
+    lengths = np.array([len(o) for o in enc.own])
+    feats = np.zeros((len(enc.own), top.model.args.hidden_size), dtype=np.float32)
+    for b in batching.plan(lengths[everything], s.batch_size * 2, s.max_tokens * 2):
+        rows = everything[b]
+        last, _ = top.hidden(enc, rows)
+        feats[rows] = np.array(last.astype(mx.float32))
+    scale = feats[tr].std(axis=0) + 1e-6
+    x = mx.array(feats / scale)
+    assert top.head is not None
+    k = top.head.shape[0]
+    best: tuple[float, mx.array] | None = None
+    for lam in PROBE_PENALTIES if len(va) else (1e-2,):
+        w = mx.zeros((k, x.shape[1]))
+        opt = optim.Adam(learning_rate=0.01)
+
+        def loss(w: mx.array, lam: float = lam) -> mx.array:
+            return _loss(x[mx.array(tr)] @ w.T, mx.array(y[tr])) + 0.5 * lam * (w * w).sum() / len(tr)
+
+        step = mx.value_and_grad(loss)
+        for _ in range(300):
+            _, g = step(w)
+            w = opt.apply_gradients({"w": g}, {"w": w})["w"]
+            mx.eval(w, opt.state)
+        vl = _loss(x[mx.array(va)] @ w.T, mx.array(y[va])).item() if len(va) else 0.0
+        if best is None or vl < best[0]:
+            best = (vl, w)
+    assert best is not None
+    return best[1] / mx.array(scale)[None]
 
 
 # --------------------------------------------------------------------------- the loop
@@ -638,6 +692,8 @@ def finetune(
         say(Progress("encode", done, len(seqs), 0, s.epochs, None, None, None, time.perf_counter() - t0, None))
 
     enc = _encode(model, seqs, top.start, lt, s, tick)
+    if s.objective == "score" and s.head_init == "probe":
+        top.head = top.params["score.weight"] = _probe(top, enc, y, split, s)
     encoded = time.perf_counter()
     run = _train(top, enc, y, split, s, (t0, deadline), say)
     assert run.best is not None

@@ -388,3 +388,21 @@ def test_export_refusals(qwen, tmp_path):
     with pytest.raises(FinetuneError, match="not an empty folder"):
         export(qwen.train(epochs=1), qwen.model, qwen.tok, qwen.path, tmp_path / "full")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_probe_initialized_head_starts_ahead(qwen):
+    """head_init="probe": the head is fitted on the base features before the first step (its
+    training loss is below a zero head's log 3 at once), and the first epoch ends lower too."""
+    import mlx.core as mx
+
+    from mlx_slm import finetune as F
+
+    s = FinetuneSettings(**{**FAST, "val_fraction": 0.2, "head_init": "probe"})
+    _, top, enc = _top_probs(qwen, s)
+    split = validation_split(qwen.y, LABELS, 0.2, 0)
+    top.head = F._probe(top, enc, qwen.y, split, s)
+    tr = split[0]
+    assert F._loss(top.scores(enc, tr), mx.array(qwen.y[tr])).item() < 0.5 * np.log(3)
+    zero = qwen.train(epochs=1, val_fraction=0.2)
+    probe = qwen.train(epochs=1, val_fraction=0.2, head_init="probe")
+    assert probe.history[0].train_loss < zero.history[0].train_loss
