@@ -112,14 +112,16 @@ class LabelTokens:
 
 
 def logsumexp_rows(model: Model, h: mx.array) -> mx.array:
-    """log sum_v exp(logit_v) of each row of h (N, D), LOGIT_ROWS rows at a time, each chunk under
-    `mx.checkpoint`: its (rows, V) logits are recomputed for the gradient, never all kept."""
-
-    def lse(x: mx.array) -> mx.array:
-        return mx.logsumexp(model.logits(x).astype(mx.float32), axis=-1)
-
-    f = mx.checkpoint(lse)
-    return mx.concatenate([f(h[i : i + LOGIT_ROWS]) for i in range(0, h.shape[0], LOGIT_ROWS)])
+    """log sum_v exp(logit_v) of each row of h (N, D), LOGIT_ROWS rows at a time (at inference the
+    (rows, V) logits of one chunk exist at once). Not under `mx.checkpoint` in training: measured
+    on BANKING77 (16 rows x 142 trie nodes, 8 adapted blocks) a step's peak was 8.0 GB either way,
+    and recomputing the logits doubled the step's time."""
+    return mx.concatenate(
+        [
+            mx.logsumexp(model.logits(h[i : i + LOGIT_ROWS]).astype(mx.float32), axis=-1)
+            for i in range(0, h.shape[0], LOGIT_ROWS)
+        ]
+    )
 
 
 def head_scores(head: mx.array, last: mx.array) -> mx.array:
