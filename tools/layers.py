@@ -50,7 +50,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "seqcls",
         ),
     ),
-    ("weights", ("models", "fastmath", "registry", "modelfiles", "convert", "sources")),
+    ("weights", ("models", "fastmath", "registry", "modelfiles", "convert", "sources", "adapters", "finetune", "export")),
     ("engine", ("engine", "prefix_cache")),
     (
         "classifier",
@@ -237,7 +237,12 @@ def oversized(package: Path = PACKAGE) -> list[str]:
 # Branches on the scoring kind (issue 34): a condition that reads which kind a task is (its
 # questions, plan, learned head or heads, features-only flag, the estimator's method, or a mode
 # compared with a kind's name) outside the kinds' own modules, which are where that belongs.
-KIND_OWN = ("kinds/", "questions.py", "branches.py", "answers.py", "heads.py", "labels.py", "models/")
+KIND_OWN = (
+    "kinds/",
+    *("questions.py", "branches.py", "answers.py", "heads.py", "labels.py", "seqcls.py"),  # kinds' pure pieces
+    *("adapters.py", "finetune.py", "export.py"),  # the fine-tuned kind's weights (its two objectives)
+    "models/",
+)
 KIND_NAMES = {"questions", "question", "plan", "head", "heads", "features_only"}
 KIND_WORDS = {"head", "questions", "features", "seqcls", "rerank", "finetune"}
 
