@@ -79,6 +79,7 @@ class ClassifierBase:
         threshold: float | None = None,
         reranker: str | None = None,
         instruction: str | None = None,
+        finetuned: Any = None,
         kind: KindSpec | KindArgs | None = None,
     ):
         if not isinstance(engine, Engine):
@@ -102,9 +103,9 @@ class ClassifierBase:
                 questions=None if questions is None else tuple(questions), features_only=features_only,
                 # A system message or template of one's own opts a sequence classifier in to a chat prompt.
                 extra={"truncate": truncate, "threshold": threshold,
-                       "chat": not (system is DEFAULT_SYSTEM and template is DEFAULT_TEMPLATE),
+                       **({} if system is DEFAULT_SYSTEM and template is DEFAULT_TEMPLATE else {"chat": True}),
                        # a reranker's settings: the question scorer takes the prompt given
-                       "reranker": reranker, "instruction": instruction,
+                       "reranker": reranker, "instruction": instruction, "finetune": finetuned,
                        **({"system": None if system is DEFAULT_SYSTEM else system,
                            "template": None if template is DEFAULT_TEMPLATE else template}
                           if reranker == "question" else {})},

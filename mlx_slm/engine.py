@@ -109,6 +109,21 @@ class Engine:
             mx.eval(first, *([] if full is None else [full]))
             return first, (np.array(full.astype(mx.float32)) if full is not None else None), kv
 
+    def last_hidden(self, batch: batching.Batch, prefix: Any = None) -> mx.array:
+        """Each row's final-norm hidden state at its last position (B, D), evaluated: what a
+        score head of a kind's own (a fine-tuned head) reads."""
+        with self.lock:
+            hidden, _ = self.model(
+                mx.array(batch.ids),
+                mx.array(batch.mask),
+                mx.array(batch.offsets),
+                cache=prefix.kv if prefix else None,
+                cache_mask=prefix.mask if prefix else None,
+                last_only=True,
+            )
+            mx.eval(hidden)
+            return hidden
+
     def classify(self, batch: batching.Batch, prefix: PrefixCache | None = None) -> np.ndarray:
         """A sequence classifier's score-head logits at each row's last position (B, num_labels)
         float32 (`models.sequence_logits`; rows hold `model.seqcls.prompt_ids`). A causal LM:

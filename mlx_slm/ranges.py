@@ -113,6 +113,18 @@ RANGES: dict[str, Range] = {
     # a multi-label sequence classifier's answer threshold (--threshold), and a multi question's
     "threshold": Range("--threshold", False, 0.0, 1.0, none_ok=True, unit="a probability"),
     "question_threshold": Range("threshold", False, 0.0, 1.0, unit="a probability"),
+    # fine-tuning (train --finetune lora)
+    "epochs": _count("--epochs", unit="passes over the data", hi=10_000),
+    "learning_rate": Range("--lr", False, 0.0, 1.0, lo_open=True, unit="the adapters' peak learning rate"),
+    "head_learning_rate": Range("--head-lr", False, 0.0, 1.0, lo_open=True, unit="the head's peak learning rate"),
+    "adapt_layers": _count("--adapt-layers", unit="top blocks with adapters", hi=10_000),
+    "rank": _count("--rank", unit="the LoRA rank", hi=4096),
+    "lora_scale": Range("--lora-scale", False, 0.0, 1e6, lo_open=True, unit="the LoRA scale"),
+    "dropout": Range("--dropout", False, 0.0, 0.99, unit="a probability"),
+    "train_batch_size": _count("--train-batch-size", unit="texts per step", hi=65_536),
+    "val_fraction": Range("--val-fraction", False, 0.0, 0.49, unit="each label's share held out"),
+    "patience": _count("--patience", unit="epochs without a better validation loss", hi=10_000),
+    "max_minutes": Range("--max-minutes", False, 0.0, 60 * 24 * 30, lo_open=True, none_ok=True, unit="minutes"),
 }
 # ServeOptions spells two of them with their unit.
 RANGES["request_timeout_s"] = RANGES["request_timeout"]

@@ -18,7 +18,7 @@ text-classification pipeline does by default (`postprocess`, `function_to_apply`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,12 +56,15 @@ class SeqClsHead:
     problem_type: as the config says (None when unset).
     pad_token_id: the text config's; Transformers reads the score at the last token that
         is not this id (`prompt_ids`), at the last token when it is None.
+    prompt: the chat prompt it was fine-tuned with, when the config records one (`mlx-slm
+        export` writes `mlx_slm.prompt`: its system message and template), else None.
     """
 
     architecture: str
     labels: tuple[str, ...]
     problem_type: str | None = None
     pad_token_id: int | None = None
+    prompt: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -149,7 +152,7 @@ class SeqClsHead:
         if arch is None:
             return None
         try:
-            return cls(arch, _labels(config), config.get("problem_type"), _pad_id(config))
+            return cls(arch, _labels(config), config.get("problem_type"), _pad_id(config), _prompt(config))
         except ModelError as e:
             raise ModelError(f"{where}: {e}") from None
 
@@ -169,6 +172,16 @@ class SeqClsHead:
                 f"labels (id2label/num_labels) of hidden size {hidden_size}, so {want}: fix id2label (and "
                 "label2id, num_labels) to the head's rows, or use the checkpoint this config belongs to"
             )
+
+
+def _prompt(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The chat prompt an exported fine-tune records (`mlx_slm.prompt`: system and template), or None."""
+    own = config.get("mlx_slm")
+    p = own.get("prompt") if isinstance(own, Mapping) else None
+    if isinstance(p, Mapping) and isinstance(p.get("template"), str) and "{text}" in p["template"]:
+        system = p.get("system")
+        return {"system": system if isinstance(system, str) else None, "template": p["template"]}
+    return None
 
 
 def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:

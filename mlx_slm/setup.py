@@ -184,18 +184,26 @@ def _as_the_task(o: TaskOptions, t: Any) -> set[str]:
     return {k for k, v in same.items() if v}
 
 
-def _check_head_options(given: frozenset[str]) -> None:
-    """A task with a learned head: its model, labels and prompt are what the head was trained on."""
+def _check_head_options(given: frozenset[str], tuned: bool = False) -> None:
+    """A task with a learned head (or fine-tuned adapters, `tuned`): its model, labels and prompt
+    are what it was trained on."""
+    what, again = ("fine-tuned adapters", "fine-tune again (mlx-slm train DATA --finetune lora --save-task TASK)")
+    if not tuned:
+        what, again = "learned head", "train a new head (mlx-slm train DATA ... --save-task TASK)"
     changed = {"model", "labels_csv", "labels_file", "system", "template", "examples_file"} & given
     if changed:
         raise UsageError(
-            f"the task's learned head was trained on its own model, labels and prompt; with {flag_names(changed)} "
-            "changed it no longer applies: train a new head (mlx-slm train DATA ... --save-task TASK)"
+            f"the task's {what} {'were' if tuned else 'was'} trained on its own model, labels and prompt; with "
+            f"{flag_names(changed)} changed {'they' if tuned else 'it'} no longer apply: {again}"
+            if tuned
+            else f"the task's learned head was trained on its own model, labels and prompt; with "
+            f"{flag_names(changed)} changed it no longer applies: {again}"
         )
     if {"calibrate", "calibration_data"} & given:
         raise UsageError(
-            "calibration does not apply to a task with a learned head (its probabilities are fitted on labelled "
-            "data already): drop --calibrate/--calibration-data; --min-confidence works on the head's probabilities"
+            f"calibration does not apply to a task with {'fine-tuned adapters' if tuned else 'a learned head'} (its "
+            "probabilities are fitted on labelled data already): drop --calibrate/--calibration-data; "
+            f"--min-confidence works on {'its' if tuned else 'the head' + chr(39) + 's'} probabilities"
         )
 
 
@@ -260,9 +268,17 @@ class Setup:
                 # A system message or template typed here opts a sequence classifier in to a chat prompt.
                 **({"chat": True} if {"system", "template"} & self.given else {}),
                 **({"seqcls": seqcls} if seqcls is not None else {}),
+                **self._finetuned(),
             },
         )  # fmt: skip
         return spec_of(self.kind_args)
+
+    def _finetuned(self) -> dict[str, Any]:
+        """A fine-tuned task's adapters (their file named relative to the task file)."""
+        t = self.task
+        if t is None or t.finetune is None:
+            return {}
+        return {"finetune": {**t.finetune, "home": t.home}}
 
     def _reranker(self) -> dict[str, Any]:
         """A reranker's settings, from the options or the task (the question scorer takes the prompt typed)."""
@@ -285,8 +301,8 @@ class Setup:
         t = self.task = Task.load(path)
         given = self.given - _as_the_task(o, t)  # `--model M` naming the task's own model changes nothing
         defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
-        if t.heads:
-            _check_head_options(given)
+        if t.heads or t.finetune is not None:
+            _check_head_options(given, tuned=t.finetune is not None)
         if t.calibration.fitted and defining and "calibrate" not in given:
             raise UsageError(
                 f"the task's calibration prior was fitted for its own model and prompt; with {flag_names(defining)} "

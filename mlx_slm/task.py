@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._fs import utc_now, write_json_atomic
@@ -54,6 +55,10 @@ class Task:
     seqcls: dict[str, Any] | None = field(default=None, compare=False)
     # A reranker's settings (`kinds.rerank`: its scorer, the qwen3 instruction, a question's prompt).
     rerank: dict[str, Any] | None = field(default=None, compare=False)
+    # A fine-tuned classifier (`kinds.finetune`): its adapters file (beside the task), sha256, objective.
+    finetune: dict[str, Any] | None = field(default=None, compare=False)
+    # The folder of the task file it was read from (its adapters file is named relative to it); not saved.
+    home: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
@@ -64,6 +69,8 @@ class Task:
 
         qs = self.questions or None
         extra: dict[str, Any] = {"seqcls": self.seqcls} if self.seqcls is not None else {}
+        if self.finetune is not None:
+            extra["finetune"] = {**self.finetune, "home": self.home}
         if self.rerank is not None:
             r = self.rerank
             extra.update(reranker=r["scorer"], instruction=r.get("instruction"))
@@ -85,11 +92,11 @@ class Task:
     @property
     def pins_weights(self) -> bool:
         """A fitted prior or a learned head means something for the weights it was fitted on only."""
-        return self.calibration.fitted or bool(self.heads)  # type: ignore[union-attr]
+        return self.calibration.fitted or bool(self.heads) or self.finetune is not None  # type: ignore[union-attr]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, head=None, questions=(), seqcls=None, rerank=None))
-        del d["head"], d["questions"], d["seqcls"], d["rerank"]
+        d = asdict(replace(self, head=None, questions=(), seqcls=None, rerank=None, finetune=None))
+        del d["head"], d["questions"], d["seqcls"], d["rerank"], d["finetune"], d["home"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
         d.update(self.kind.to_task())  # the kind's own section (a head, questions) goes last
@@ -151,13 +158,15 @@ class Task:
             check_json_text(d, f"task file {path}", text)
         except InputError as e:
             raise TaskError(str(e)) from None
-        return cls.from_dict(d, f"task file {path}")
+        return replace(cls.from_dict(d, f"task file {path}"), home=str(Path(path).resolve().parent))
 
     def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:
         """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
             what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
-            if not self.calibration.fitted:  # type: ignore[union-attr]
+            if self.finetune is not None:
+                what, fix = "adapters were trained", "fine-tune again (mlx-slm train ... --finetune lora --save-task)"
+            elif not self.calibration.fitted:  # type: ignore[union-attr]
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
                 f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
@@ -188,6 +197,7 @@ FIELDS = (
     "questions",
     "seqcls",
     "rerank",
+    "finetune",
 )
 
 

@@ -47,9 +47,20 @@ def test_every_text_argument_that_is_not_utf8_is_refused_naming_it(command, para
     elif not isinstance(param.type, click.Path):
         value = BAD
     args = [value] if isinstance(param, click.Argument) else [max(param.opts, key=len), value]
-    positional = {"eval": "in.jsonl", "train": "in.jsonl", "merge": "p.jsonl", "convert": "src"}.get(command)
+    positional = {
+        "eval": "in.jsonl",
+        "train": "in.jsonl",
+        "merge": "p.jsonl",
+        "convert": "src",
+        "export": "in.jsonl",
+    }.get(command)
     need = [positional] if positional and not isinstance(param, click.Argument) else []
-    required = {"train": ("--save-task", "t.json"), "merge": ("--output", "m.jsonl"), "convert": ("--out", "out")}
+    required = {
+        "train": ("--save-task", "t.json"),
+        "merge": ("--output", "m.jsonl"),
+        "convert": ("--out", "out"),
+        "export": ("--output", "outdir"),
+    }
     if command in required and required[command][0] not in param.opts:
         need += list(required[command])
     write(tmp_path / "in.jsonl", '{"text": "hi", "label": "a"}\n')

@@ -50,7 +50,10 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "seqcls",
         ),
     ),
-    ("weights", ("models", "fastmath", "registry", "modelfiles", "convert", "sources", "adapters", "finetune", "export")),
+    (
+        "weights",
+        ("models", "fastmath", "registry", "modelfiles", "convert", "sources", "adapters", "finetune", "export"),
+    ),
     ("engine", ("engine", "prefix_cache")),
     (
         "classifier",
@@ -75,6 +78,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "ray",
             "train",
             "reranking",
+            "tuning",
             "sklearn",
             "evaluate",
             "reference",

@@ -19,6 +19,7 @@ from ..errors import UserError
 from .base import notice
 from .classify import classify, merge
 from .eval import evaluate
+from .export import export
 from .misc import bench, convert, doctor, models
 from .parity import parity
 from .rerank import rerank
@@ -104,7 +105,7 @@ def main() -> None:
     """
 
 
-for _command in (classify, merge, evaluate, rerank, convert, train, parity, doctor, models, bench, serve):
+for _command in (classify, merge, evaluate, rerank, convert, train, export, parity, doctor, models, bench, serve):
     main.add_command(_command)
 
 __all__ = ["BUG_REPORT", "main"]

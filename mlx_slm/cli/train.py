@@ -11,6 +11,10 @@ from ..setup import read_labels, run_settings
 from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
+# The fine-tuning options (`--finetune lora`), as FinetuneSettings names them where they differ.
+TUNING = {"finetune", "objective", "epochs", "learning_rate", "head_learning_rate", "schedule", "adapt_layers",
+          "rank", "lora_scale", "dropout", "train_batch_size", "val_fraction", "patience", "max_minutes",
+          "head_init", "fused"}  # fmt: skip
 _TRAIN_TASK_OPTIONS = {
     "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
     "text_column", "id_column", "batch_size", "max_batch_tokens", "window", "no_prefix_cache",
@@ -55,6 +59,43 @@ _TRAIN_TASK_OPTIONS = {
     help="Field (JSONL) or column (CSV) of the gold label. Several (--label-field team --label-field urgent): "
     "one head per field from one pass over the texts, saved as a task of questions named by the fields.",
 )
+@click.option(
+    "--finetune",
+    type=click.Choice(["lora"]),
+    help="Fine-tune instead of fitting a head: LoRA adapters on the top blocks and a score head (or the "
+    "labels' own tokens, --objective labels), trained with cross-entropy on DATA in the task's prompt.",
+)
+@click.option(
+    "--objective",
+    type=click.Choice(["score", "labels"]),
+    default="score",
+    show_default=True,
+    help="--finetune: a score head at the last position (as *ForSequenceClassification), or the labels' tokens.",
+)
+@click.option("--epochs", default=8, show_default=True, type=number("epochs"), help="--finetune: epochs at most.")
+@click.option("--lr", "learning_rate", default=2e-5, show_default=True, type=number("learning_rate"),
+              help="--finetune: the adapters' peak learning rate (warm-up, then --schedule down to 0).")  # fmt: skip
+@click.option("--head-lr", "head_learning_rate", default=1e-4, show_default=True,
+              type=number("head_learning_rate"), help="--finetune: the score head's peak learning rate.")  # fmt: skip
+@click.option("--schedule", type=click.Choice(["cosine", "linear", "constant"]), default="cosine", show_default=True,
+              help="--finetune: how the learning rate falls after the warm-up.")  # fmt: skip
+@click.option("--adapt-layers", default=8, show_default=True, type=number("adapt_layers"),
+              help="--finetune: LoRA adapters on this many top blocks (the ones below run once per text).")  # fmt: skip
+@click.option("--rank", default=8, show_default=True, type=number("rank"), help="--finetune: the LoRA rank.")
+@click.option("--lora-scale", default=20.0, show_default=True, type=number("lora_scale"),
+              help="--finetune: the LoRA scale (the delta is scale * x A B, mlx-lm's convention).")  # fmt: skip
+@click.option("--dropout", default=0.0, show_default=True, type=number("dropout"), help="--finetune: LoRA dropout.")
+@click.option("--train-batch-size", default=16, show_default=True, type=number("train_batch_size"),
+              help="--finetune: texts per step.")  # fmt: skip
+@click.option("--val-fraction", default=0.1, show_default=True, type=number("val_fraction"),
+              help="--finetune: each label's share held out; the epoch with the lowest validation loss is kept.")  # fmt: skip
+@click.option("--patience", default=2, show_default=True, type=number("patience"),
+              help="--finetune: stop after this many epochs without a better validation loss.")  # fmt: skip
+@click.option("--max-minutes", type=number("max_minutes"),
+              help="--finetune: stop after this many minutes (the best epoch so far is kept).")  # fmt: skip
+@click.option("--head-init", type=click.Choice(["zeros", "probe"]), default="zeros", show_default=True,
+              help="--finetune: the score head starts at zero, or fitted on the base model's features first.")  # fmt: skip
+@click.option("--fused", is_flag=True, help="--finetune: run the adapters merged into the weights (see docs).")
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
 def train(
@@ -87,6 +128,11 @@ def train(
 
     warn_blas()
     check_run_files(files_read(o, ("DATA", data)), [("--save-task", save_task)])
+    tune = {k: o.pop(k) for k in TUNING}  # the fine-tuning options (checked in _finetune)
+    if tune["finetune"] is not None or TUNING & given(ctx, tune) - {"finetune"}:
+        head = {"layers_spec": layers_spec, "layer": layer, "folds": folds, "pooling": pooling}
+        _finetune(ctx, data, save_task, gold_fields, seed, tune, head, o)
+        return
     if len(gold_fields) > 1:
         _train_fields(ctx, data, save_task, gold_fields, layers_spec, layer, folds, pooling, seed, o)
         return
@@ -147,3 +193,54 @@ def _train_fields(
     if not o["quiet"]:
         notice(f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
             f"INPUT --task {save_task} (add zero-shot questions with --questions)")  # fmt: skip
+
+
+def _finetune(
+    ctx: click.Context, data: str, save_task: str, gold_fields: tuple[str, ...], seed: int, tune: dict[str, Any],
+    head: dict[str, Any], o: dict[str, Any],
+) -> None:  # fmt: skip
+    """`train --finetune lora`: check the options, fine-tune, print the epochs, say where the task went."""
+    from ..finetune import FinetuneSettings
+    from ..tuning import history_table, progress_bar, run_finetune
+
+    if tune["finetune"] is None:
+        named = sorted(TUNING & given(ctx, tune))
+        raise click.UsageError(f"--{named[0].replace('_', '-')} is a fine-tuning option: add --finetune lora")
+    head_opts = sorted(k for k in head if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE)
+    if head_opts:
+        flag = {"layers_spec": "--layers", "layer": "--layer", "folds": "--folds", "pooling": "--pooling"}
+        raise click.UsageError(
+            f"{flag[head_opts[0]]} chooses a learned head's hidden states; --finetune trains adapters and a head "
+            "of their own (--adapt-layers sets how many top blocks): drop it"
+        )
+    if len(gold_fields) > 1:
+        raise click.UsageError("--finetune trains one classifier: give one --gold-field")
+    if o["examples_file"]:
+        raise click.UsageError("--examples goes with zero-shot labels and heads; a fine-tuned classifier learns "
+                               "from DATA itself: drop --examples")  # fmt: skip
+    settings = FinetuneSettings(
+        objective=tune["objective"], layers=tune["adapt_layers"], rank=tune["rank"], scale=tune["lora_scale"],
+        dropout=tune["dropout"], epochs=tune["epochs"], learning_rate=tune["learning_rate"],
+        head_learning_rate=tune["head_learning_rate"], schedule=tune["schedule"], batch_size=tune["train_batch_size"],
+        seed=seed, val_fraction=tune["val_fraction"], patience=tune["patience"], max_minutes=tune["max_minutes"],
+        head_init=tune["head_init"],
+    )  # fmt: skip
+    labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
+    got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
+    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
+    update, close = progress_bar(o["quiet"])
+    try:
+        task, tuned = run_finetune(
+            data, save_task, model=o["model"], settings=settings, labels=got.labels, descriptions=got.descriptions,
+            system=o["system"] or None, template=o["template"],
+            read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0]}, fused=tune["fused"], progress=update,
+            say=(lambda m: None) if o["quiet"] else notice, **run_settings(task_settings(ctx, o)),
+        )  # fmt: skip
+    finally:
+        close()
+    click.echo(history_table(tuned))
+    if not o["quiet"]:
+        notice(
+            f"mlx-slm: task saved to {save_task} (adapters: {task.finetune['adapters']}); classify with: "
+            f"mlx-slm classify INPUT --task {save_task}"
+        )

@@ -3,6 +3,7 @@
 | kind        | module          | scores                                                  |
 |-------------|-----------------|---------------------------------------------------------|
 | `rerank`    | `rerank.py`     | (query, document) relevance, each query's tokens once   |
+| `finetune`  | `finetune.py`   | LoRA adapters and a score head (or the labels' tokens)  |
 | `seqcls`    | `seqcls.py`     | a sequence-classification checkpoint's own score head   |
 | `questions` | `questions.py`  | several questions per text, each a branch after it      |
 | `head`      | `head.py`       | a learned linear head on hidden states                  |
@@ -24,13 +25,22 @@ from typing import Any
 
 from ..errors import UserError
 from .base import Kind, KindArgs, KindSpec, OnePrompt, RunSettings, TaskError
+from .finetune import FinetuneSpec
 from .head import FeaturesSpec, HeadSpec
 from .labels import LabelsSpec
 from .questions import QuestionsSpec
 from .rerank import RerankSpec
 from .seqcls import SeqClsSpec
 
-KINDS: tuple[type[KindSpec], ...] = (RerankSpec, SeqClsSpec, QuestionsSpec, HeadSpec, FeaturesSpec, LabelsSpec)
+KINDS: tuple[type[KindSpec], ...] = (
+    RerankSpec,
+    FinetuneSpec,
+    SeqClsSpec,
+    QuestionsSpec,
+    HeadSpec,
+    FeaturesSpec,
+    LabelsSpec,
+)
 BY_NAME: dict[str, type[KindSpec]] = {k.name: k for k in KINDS}
 
 
@@ -87,6 +97,7 @@ __all__ = [
     "BY_NAME",
     "KINDS",
     "FeaturesSpec",
+    "FinetuneSpec",
     "HeadSpec",
     "Kind",
     "KindArgs",

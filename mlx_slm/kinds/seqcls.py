@@ -28,7 +28,7 @@ from ..errors import ModelError
 from ..labels import LabelError
 from ..predictions import Item, Prediction, Stats
 from ..prefix_cache import PrefixCache
-from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, PromptFormat, encode_texts
+from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, encode_texts
 from ..seqcls import SeqClsHead
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction
 
@@ -86,7 +86,8 @@ class SeqClsSpec(KindSpec):
         threshold = section.get("threshold", DEFAULT_THRESHOLD) if threshold is None else threshold
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
             raise LabelError(f"the multi-label threshold must be a number from 0 to 1, got {threshold!r}")
-        chat = args.extra.get("chat", section.get("chat", False))
+        # A chat prompt: typed here, the task's, or the one an exported fine-tune records.
+        chat = args.extra.get("chat") or section.get("chat", head.prompt is not None)
         return cls(head, float(threshold), bool(chat))
 
     @property
@@ -121,7 +122,10 @@ class SeqClsSpec(KindSpec):
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         if not self.chat:  # the text as the tokenizer encodes it: the format only records that
             return PromptFormat(None, "{text}")
-        return PromptFormat(None if system == DEFAULT_SYSTEM else system, template)
+        own = self.head.prompt or {}  # what it was fine-tuned with, where nothing else is typed
+        system = own.get("system") if system == DEFAULT_SYSTEM else system
+        template = own.get("template", template) if template == DEFAULT_TEMPLATE else template
+        return PromptFormat(system, template)
 
     def record_shape(self, *, calibrated: bool = False, abstains: bool = False, scores: bool = False) -> Any:
         from ..records import RecordShape

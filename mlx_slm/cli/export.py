@@ -1,0 +1,65 @@
+"""`export`: a fine-tuned task out as a Transformers sequence-classification checkpoint."""
+
+from __future__ import annotations
+
+import click
+
+from ..output import check_run_files
+from .base import Command, notice, warn_blas
+
+
+@click.command(cls=Command)
+@click.argument("task_file", metavar="TASK", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="A new (or empty) folder.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16", "bfloat16"]),
+    default="float32",
+    show_default=True,
+    help="The written weights' dtype (float32 keeps the merged values exactly).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No note on stderr.")
+def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
+    """Write a fine-tuned TASK (mlx-slm train --finetune lora) as a Transformers checkpoint.
+
+    \b
+      mlx-slm export task.json -o my-classifier/
+    The adapters merged into the weights, the score head as `score.weight`: a
+    `Qwen2ForSequenceClassification` (or its architecture's) folder with config.json
+    (id2label, label2id, problem_type, pad_token_id, the task's prompt under
+    `mlx_slm.prompt`), model.safetensors, the tokenizer and a model card.
+    `AutoModelForSequenceClassification.from_pretrained` loads it and gives the same
+    probabilities on the same prompts; `mlx-slm classify --model my-classifier/` loads it
+    back, fed the prompt it was trained with.
+
+    Docs: docs/finetune.md
+    """
+    import mlx.core as mx
+
+    from ..adapters import FinetuneError
+    from ..engine import Engine
+    from ..export import export as write
+    from ..kinds.finetune import FinetuneSpec
+    from ..task import Task
+
+    warn_blas()
+    check_run_files([task_file], [("-o", output)])
+    t = Task.load(task_file)
+    spec = t.kind
+    if not isinstance(spec, FinetuneSpec):
+        raise click.UsageError(f"{task_file} is a {spec.name} task: export writes fine-tuned tasks (train --finetune)")
+    engine = Engine.load(t.model)  # the conversion the adapters were trained on
+    if engine.path is None:
+        raise FinetuneError(f"{t.model} has no converted folder to read its config from")
+    model = engine.model
+    if model.compute_dtype != mx.float32:  # merged in float32, whatever the device computes in
+        from ..models import load_model
+
+        model = load_model(engine.path, dtype=mx.float32)
+    out = write(
+        spec.tuned, model, engine.tokenizer, engine.path, output,
+        prompt={"system": t.system, "template": t.template}, base_name=t.model, dtype=dtype,
+        sha256=engine.weights_sha256,
+    )  # fmt: skip
+    if not quiet:
+        notice(f"mlx-slm: exported to {out} ({len(spec.labels)} labels); load it with --model {out}")

@@ -1,0 +1,200 @@
+"""A fine-tuned classifier: LoRA adapters on the model's top blocks, with a score head or the labels' tokens.
+
+`mlx-slm train --finetune lora` makes one (`finetune.finetune` -> `adapters.FineTuned`, saved
+beside its task as a safetensors sidecar with its sha256). Bound to an engine, the kind runs a
+model of its own: the engine's, with the adapters as LoRA layers (unfused: one base model in
+memory serves several tasks; `fused` merges them into a copy of the adapted projections), every
+other weight shared. That model has its own prefix cache (the adapters change the shared
+head's keys and values in the adapted blocks) and shares the engine's tokenizer and lock.
+
+Objective "score": the trained head (K, D) at the last position of the final norm, exactly
+as a `*ForSequenceClassification` holds it (`mlx-slm export` writes one). Objective "labels":
+the labels' own tokens, scored by the labels kind on the adapted model (trie included).
+Its probabilities are fitted on labelled data: no calibration (as a learned head's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..adapters import FineTuned, FinetuneError
+from ..batching import Batch
+from ..calibration import CalibrationSpec
+from ..engine import Engine
+from ..labels import LabelError, softmax
+from ..predictions import Item, Prediction, Stats
+from ..prompts import DEFAULT_LABELS, PromptFormat
+from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction, require_lm_head
+
+NO_CALIBRATION = (
+    "calibration does not apply to a fine-tuned classifier (its probabilities are fitted on labelled data "
+    "already): drop it; --min-confidence works on its probabilities"
+)
+
+
+@dataclass(frozen=True)
+class FinetuneSpec(KindSpec):
+    """The fine-tuned weights (`tuned`), where the task keeps them (`file`, `sha256`) and whether
+    they run merged into the weights (`fused`)."""
+
+    tuned: FineTuned = field(compare=False)
+    file: str | None = None
+    sha256: str | None = None
+    fused: bool = False
+
+    name = "finetune"  # type: ignore[misc]
+    calibrates = False  # type: ignore[misc]
+    no_calibration = NO_CALIBRATION  # type: ignore[misc]
+
+    @classmethod
+    def wants(cls, args: KindArgs) -> bool:
+        return args.extra.get("finetune") is not None
+
+    @classmethod
+    def from_args(cls, args: KindArgs) -> FinetuneSpec:
+        got = args.extra["finetune"]
+        if isinstance(got, FineTuned):
+            tuned, file, sha, fused = got, None, None, bool(args.extra.get("fused", False))
+        else:
+            tuned, file, sha, fused = _load(got)
+        if args.questions is not None or args.head is not None or args.examples or args.scoring != "auto":
+            raise LabelError(
+                "a fine-tuned classifier scores its own labels with its own prompt: drop questions, heads, "
+                "examples and scoring"
+            )
+        if tuple(args.labels) not in ((), DEFAULT_LABELS, tuple(tuned.labels)):
+            raise LabelError(
+                f"the fine-tuned classifier was trained for the labels {list(tuned.labels)[:8]}; got "
+                f"{list(args.labels)[:8]}: drop --labels (fine-tune again for other labels)"
+            )
+        return cls(tuned, file, sha, fused)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(self.tuned.labels)
+
+    @property
+    def mode(self) -> str:
+        return f"finetune ({self.tuned.objective})"
+
+    def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
+        if spec.applies:
+            raise LabelError(NO_CALIBRATION)
+
+    def _section(self) -> dict[str, Any]:
+        t = self.tuned
+        return {
+            "adapters": self.file,
+            "sha256": self.sha256,
+            "fused": self.fused,
+            "objective": t.objective,
+            "layers": list(t.lora.layers),
+            "rank": t.lora.rank,
+        }
+
+    def info(self) -> dict[str, Any]:
+        return {"labels": list(self.labels), "finetune": self._section()}
+
+    def manifest(self, mode: str) -> dict[str, Any]:
+        s = self._section()
+        return {"labels": list(self.labels), "scoring": mode, "examples": [], "finetune": {"sha256": s["sha256"], "objective": s["objective"]}}  # fmt: skip
+
+    def to_task(self) -> dict[str, Any]:
+        if self.file is None:
+            raise FinetuneError("these adapters were never saved: save them (FineTuned.save) and name the file")
+        return {"labels": list(self.labels), "finetune": self._section()}
+
+    def task_kwargs(self, mode: str) -> dict[str, Any]:
+        return {"labels": self.labels, "finetune": self._section()}
+
+    @classmethod
+    def read_task(
+        cls, d: dict[str, Any], where: str, labels: list[str], calibration: CalibrationSpec
+    ) -> dict[str, Any] | None:
+        section = d.get("finetune")
+        if section is None:
+            return None
+        if (
+            not isinstance(section, dict)
+            or not isinstance(section.get("adapters"), str)
+            or not isinstance(section.get("sha256"), str)
+        ):
+            raise TaskError(
+                f"{where}: field 'finetune' must name its adapters file and sha256 "
+                '({"adapters": "task.adapters.safetensors", "sha256": "..."}): save the task again'
+            )
+        if calibration.applies:
+            raise TaskError(f"{where}: a fine-tuned task takes no calibration: set 'calibration' to \"none\"")
+        return {"finetune": section}
+
+    def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> FinetuneKind:
+        return FinetuneKind(self, engine, fmt, run)
+
+
+def _load(section: dict[str, Any]) -> tuple[FineTuned, str, str, bool]:
+    """The adapters a task's section names (relative to the task file's folder, `home`), checked
+    against its sha256."""
+    file = str(section["adapters"])
+    home = section.get("home")
+    path = Path(file) if Path(file).is_absolute() or home is None else Path(home) / file
+    return FineTuned.load(path, section.get("sha256")), file, section.get("sha256"), bool(section.get("fused"))
+
+
+class FinetuneKind(OnePrompt):
+    """The fine-tuned model on the engine's weights (see the module docstring)."""
+
+    spec: FinetuneSpec
+
+    def __init__(self, spec: FinetuneSpec, engine: Engine, fmt: PromptFormat, run: RunSettings):
+        t = spec.tuned
+        sha = engine.weights_sha256 if engine.path is not None else None
+        model = t.merge(engine.model, sha) if spec.fused else t.apply(engine.model, sha)
+        own = Engine(model, engine.tokenizer, engine.path)
+        own.lock = engine.lock  # one tokenizer and one set of weights: one lock
+        super().__init__(spec, own, fmt, run)
+        self.inner: Any = None
+        if t.objective == "labels":  # the labels kind on the adapted model: label scoring as it is
+            require_lm_head(own)
+            from .labels import LabelsSpec
+
+            self.inner = LabelsSpec(tuple(t.labels)).bind(own, fmt, run)
+            if tuple(self.inner.labelset.token_ids) != tuple(t.label_tokens or ()):
+                raise FinetuneError(
+                    "the labels tokenize differently under this prompt than when the adapters were trained: "
+                    "use the task's own prompt (its system message and template)"
+                )
+            self.prefix_tokens, self.pool_from = self.inner.prefix_tokens, self.inner.pool_from
+            self.format_error = self.inner.format_error
+        else:
+            self._settle()
+
+    @property
+    def mode(self) -> str:
+        return self.spec.mode
+
+    @property
+    def label_extra(self) -> int:
+        return self.inner.label_extra if self.inner is not None else 0
+
+    @property
+    def row_extra(self) -> int:
+        return self.inner.row_extra if self.inner is not None else 0
+
+    def items(self, texts: Sequence[Any], start: int = 0) -> list[Item]:
+        return self.inner.items(texts, start) if self.inner is not None else super().items(texts, start)
+
+    def score(self, batch: Batch, items: list[Item], prefix: Any, st: Stats) -> list[Prediction]:
+        if self.inner is not None:
+            return self.inner.score(batch, items, prefix, st)
+        import mlx.core as mx
+
+        hidden = self.engine.last_hidden(batch, prefix)
+        logits = np.array(self.spec.tuned.scores(self.engine.model, hidden).astype(mx.float32), dtype=np.float64)
+        count(st, batch, 0)
+        labels = self.spec.labels
+        return [prediction(it, labels, logits[r], softmax(logits[r])) for r, it in enumerate(items)]

@@ -1,0 +1,147 @@
+"""`mlx-slm train --finetune lora`: a fine-tuned classifier from labelled data, saved as a task.
+
+Read the data first (its problems fail before the model loads), render and tokenize every
+text with the task's prompt exactly as `classify` will (the fine-tuned kind's own items), fine-
+tune (`finetune.finetune`: LoRA adapters on the top blocks and a score head, or the labels' own
+tokens), then write the adapters beside the task (`TASK.adapters.safetensors`, its sha256 in the
+task) and the task. Ctrl-C or `--max-minutes` keep the best finished epoch as a complete task;
+with no finished epoch nothing is written. Either file is written whole or not at all (a
+temporary file renamed into place), and the adapters file is removed if the task cannot be.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+
+
+def adapters_path(save_task: str | Path) -> Path:
+    """Where a task's adapters go: beside it, named after it."""
+    p = Path(save_task)
+    return p.with_name(p.stem + ".adapters.safetensors")
+
+
+def run_finetune(
+    data_path: str,
+    save_task: str,
+    *,
+    model: str,
+    settings: Any,
+    labels: Sequence[str] | None = None,
+    descriptions: Mapping[str, str] | None = None,
+    system: str | None = DEFAULT_SYSTEM,
+    template: str = DEFAULT_TEMPLATE,
+    read: Mapping[str, Any] | None = None,
+    dtype: str | None = None,
+    dequantize: bool | None = None,
+    fused: bool = False,
+    progress: Callable[[Any], None] | None = None,
+    say: Callable[[str], None] = lambda _m: None,
+    **clf_kwargs: Any,
+) -> tuple[Any, Any]:
+    """The `train --finetune lora` command: returns (the saved `Task`, the `FineTuned`)."""
+    from .classifier import Classifier
+    from .convert import versions
+    from .engine import Engine
+    from .finetune import finetune
+    from .prompts import check_template, fill_system
+    from .task import Task
+    from .train import TrainError, read_training_data
+
+    data = read_training_data(data_path, labels, folds=2, **(read or {}))  # one example a label for validation
+    system = fill_system(system or None, data.labels, descriptions)
+    template = check_template(template)
+    say(f"mlx-slm: loading {model}")
+    engine = Engine.load(model, dtype, dequantize)
+    # The prompts as classify renders them (the labels kind's items: chat template, truncation).
+    clf = Classifier(engine, data.labels, system, template, features_only=settings.objective == "score", **clf_kwargs)
+    items = clf.prepare(data.texts)
+    bad = [(it, line) for it, line in zip(items, data.lines) if it.error]
+    if bad:
+        it, line = bad[0]
+        raise TrainError(f"{data_path}: line {line}: {it.error}")
+    label_tokens = None if settings.objective == "score" else [list(t) for t in clf.labelset.token_ids]
+    prompt = {"system": system, "template": template}
+    t0 = time.perf_counter()
+    tuned = finetune(
+        engine.model, [it.ids for it in items], data.gold, data.labels, settings,
+        label_tokens=label_tokens, base_sha256=engine.weights_sha256, prompt=prompt, progress=progress,
+    )  # fmt: skip
+    say(
+        f"mlx-slm: fine-tuned in {time.perf_counter() - t0:.0f} s ({tuned.stopped}; best epoch {tuned.best_epoch} "
+        f"of {len(tuned.history)})"
+    )
+    path = adapters_path(save_task)
+    sha = tuned.save(path)
+    task = Task(
+        model=model,
+        labels=data.labels,
+        system=system,
+        template=template,
+        weights_sha256=engine.weights_sha256,
+        versions=versions(),
+        finetune={"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
+                  "layers": list(tuned.lora.layers), "rank": tuned.lora.rank},
+    )  # fmt: skip
+    try:
+        task.save(save_task)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return task, tuned
+
+
+def history_table(tuned: Any) -> str:
+    """The epochs as a table: training loss, validation loss and accuracy, seconds, peak memory."""
+    lines = ["epoch  steps  train loss  val loss  val acc  seconds  peak MB"]
+    for e in tuned.history:
+        best = " *" if e.epoch == tuned.best_epoch else ""
+        vl = "-" if e.val_loss is None else f"{e.val_loss:.4f}"
+        va = "-" if e.val_accuracy is None else f"{e.val_accuracy:.3f}"
+        lines.append(
+            f"{e.epoch:>5}  {e.steps:>5}  {e.train_loss:>10.4f}  {vl:>8}  {va:>7}  {e.seconds:>7.1f}  "
+            f"{e.peak_memory_mb:>7.0f}{best}"
+        )
+    lines.append(
+        f"stopped: {tuned.stopped}; kept epoch {tuned.best_epoch} (*); the frozen pass {tuned.encode_seconds:.1f} s"
+    )
+    return "\n".join(lines)
+
+
+def progress_bar(quiet: bool) -> tuple[Callable[[Any], None], Callable[[], None]]:
+    """A tqdm bar on stderr for the frozen pass, then one for the steps (loss, validation
+    accuracy, time left); and the function that closes it."""
+    if quiet:
+        return (lambda _p: None), (lambda: None)
+    from tqdm.auto import tqdm
+
+    bars: dict[str, Any] = {}
+
+    def update(p: Any) -> None:
+        bar = bars.get(p.phase)
+        if bar is None:
+            for other in bars.values():
+                other.close()
+            desc = "mlx-slm: frozen blocks" if p.phase == "encode" else "mlx-slm: fine-tuning"
+            bar = bars[p.phase] = tqdm(total=p.total, desc=desc, unit=" texts" if p.phase == "encode" else " steps")
+        bar.n = p.done
+        if p.phase == "train":
+            post = {"epoch": f"{p.epoch}/{p.epochs}"}
+            if p.loss is not None:
+                post["loss"] = f"{p.loss:.3f}"
+            if p.val_accuracy is not None:
+                post["val_acc"] = f"{p.val_accuracy:.3f}"
+            if p.eta is not None:
+                post["left"] = f"{p.eta / 60:.1f} min"
+            bar.set_postfix(post, refresh=False)
+        bar.refresh()
+
+    def close() -> None:
+        for bar in bars.values():
+            bar.close()
+
+    return update, close
