@@ -20,7 +20,7 @@ import mlx.core as mx
 from .calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
 from .engine import Engine
 from .kinds import Kind, KindArgs, KindSpec, RunSettings, spec_of
-from .labels import LabelSet
+from .labels import LabelError, LabelSet
 from .models import Model
 from .pipeline import BatchSettings
 from .prefix_cache import PrefixCache
@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 # 256 to 4,096 padded tokens per batch (about 140 tokens/s, Qwen 0.5B, float32), so the CPU
 # budget is small, to cut padding (benchmarks/results/budget-curve.md). GPUs want bigger
 # batches; 4,096 there is a starting point that has not been measured yet.
+# A threshold given where the kind chosen on the model has no multi-label answer to set.
+NO_THRESHOLD = (
+    "threshold (--threshold) sets which labels a multi-label sequence classifier answers (a sigmoid per "
+    "label); this model scores one label per text, or one score: drop it"
+)
+
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_BATCH_TOKENS = 512
 GPU_MAX_BATCH_TOKENS = 4096
@@ -112,6 +118,8 @@ class ClassifierBase:
         if isinstance(kind, KindArgs):  # chosen here, where the model (and any score head of its own) is known
             extra = {"model_name": str(engine.path or ""), **kind.extra}
             kind = spec_of(replace(kind, model_head=getattr(engine.model, "seqcls", None), extra=extra))
+            if extra.get("threshold") is not None and kind.record_shape().form != "multi":
+                raise LabelError(NO_THRESHOLD)
         self.engine = engine
         self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
         self.min_confidence, self.warmup = min_confidence, warmup

@@ -123,7 +123,8 @@ class ParquetRows:
     included), string when every id is a string; when a file holds both, or an integer
     beyond int64 (JSON integers have no bound), `id` is a string column and `id_is_int`
     (bool) says which were integers, so `1` and `"1"` stay apart and every id is exact. `p_*`/`raw_p_*` float64,
-    `truncated`/`abstained` bool, `line` int64 (error rows), `label`, `calibration`,
+    `truncated`/`abstained` bool, `line` int64 (error rows), a one-output head's `score`
+    and `logit` float64, `label`, `labels` (a multi-label head's, joined by ';'), `calibration`,
     `error` string; a missing value is null."""
 
     def __init__(self, columns: Sequence[str]):
@@ -161,7 +162,10 @@ class ParquetRows:
                 names.append(c)
                 continue
             # a question's columns: `name.p_<label>`, `name.expected`, ... (names hold no dot)
-            if c.startswith(("p_", "raw_p_")) or re.match(r"[^.]+\.(p_|raw_p_|expected$|abstain$)", c):
+            # a one-output head's `score` and raw `logit`
+            if c.startswith(("p_", "raw_p_")) or c in ("score", "logit"):
+                typ = pa.float64()
+            elif re.match(r"[^.]+\.(p_|raw_p_|expected$|abstain$)", c):
                 typ = pa.float64()
             elif c in ("truncated", "abstained") or re.fullmatch(r"[^.]+\.abstained", c):
                 typ, vals = pa.bool_(), [bool(v) for v in vals]
