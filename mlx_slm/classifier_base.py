@@ -187,7 +187,8 @@ class ClassifierBase:
 
     @property
     def head(self) -> Head | None:
-        return getattr(self.spec, "head", None)
+        """The learned head the kind scores with (None for any other, a model's own score head included)."""
+        return getattr(self.spec, "head", None) if self.spec.heads else None
 
     @property
     def keep_logits(self) -> bool:
