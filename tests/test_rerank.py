@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -104,7 +103,9 @@ def _reranker(scorer, lm, cross, **kw):
 def _mixed_batches(clf, items) -> int:
     """How many of the run's batches hold documents of more than one query."""
     got = clf.prepare(items)
-    return sum(len({it.head for it in group}) > 1 for _, group, _ in pipeline.batches(clf.kind, got, clf.batching, Stats()))
+    return sum(
+        len({it.head for it in group}) > 1 for _, group, _ in pipeline.batches(clf.kind, got, clf.batching, Stats())
+    )
 
 
 @pytest.mark.parametrize("scorer", ["seqcls", "qwen3", "question"])
@@ -168,8 +169,9 @@ _WORDS = st.sampled_from(["refund", "card", "{text}", "{query}", "{pair}", "{lab
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.lists(_WORDS, min_size=1, max_size=6).map("".join)),
-             min_size=1, max_size=9),  # fmt: skip
+    st.lists(
+        st.tuples(st.integers(0, 3), st.lists(_WORDS, min_size=1, max_size=6).map("".join)), min_size=1, max_size=9
+    ),  # fmt: skip
     st.lists(st.lists(_WORDS, min_size=1, max_size=4).map("".join), min_size=4, max_size=4),
     st.sampled_from(["qwen3", "question"]),
 )
