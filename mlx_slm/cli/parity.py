@@ -238,10 +238,15 @@ class _Trained:
             "dtype": self.dtype,
             "dequantize": None if self.keep_quantized is None else not self.keep_quantized,
             "progress": lambda m: notice(f"mlx-slm: {m}"),
-            "prompt": (self.prompt[0] or None, check_template(self.prompt[1], ("text", "pair", "query")))
-            if chat
-            else None,
+            "prompt": self.chat_prompt if chat else None,
         }
+
+    @property
+    def chat_prompt(self) -> tuple[str | None, str]:
+        """(system, template) as typed ({text}, {pair}, a question reranker's {query} checked);
+        the system message only where typed."""
+        system = (self.prompt[0] or None) if "system" in self.typed else None
+        return system, check_template(self.prompt[1], placeholders=("text", "pair", "query"))
 
     def seqcls(self, model: str, reference: str | None, questions_file: str | None, strict: bool) -> bool:
         """Parity of `model` if it is a sequence classifier (False: it is not; nothing ran)."""
