@@ -164,3 +164,30 @@ def test_a_chat_prompt_is_opt_in_and_places_the_pair(tiny_arch):
     assert got[0].ok and not got[1].ok and "{pair}" in got[1].error and "text_pair" in got[1].error
     both = Classifier(engine, template="A: {text}\nB: {pair}", system=None).classify(["no pair here"])
     assert "holds {pair}, but the item has no second text" in both[0].error
+
+
+def test_a_model_without_a_pad_token_runs_in_batches(tiny_arch, tmp_path):
+    """No pad_token_id in its config and no pad token in its tokenizer (Transformers refuses
+    such a model a batch of more than one): rows are padded with id 0 under the attention
+    mask, which no row attends to, and the score is read at each row's last token, so every
+    item equals Transformers on it alone."""
+    import shutil
+
+    from mlx_slm.convert import convert
+
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_arch.seqcls_hf("llama", 3, None, False), src)
+    for name, key in (("config.json", "pad_token_id"), ("tokenizer_config.json", "pad_token")):
+        cfg = json.loads((src / name).read_text())
+        cfg.pop(key, None)
+        if name == "config.json":
+            cfg[key] = None
+        (src / name).write_text(json.dumps(cfg))
+    engine = Engine.load(str(convert(src, tmp_path / "mlx", dtype="float32", progress=None)))
+    assert engine.tokenizer.pad_token_id is None and engine.model.seqcls.pad_token_id is None
+    ref = SeqClsReference(src, threads=1)
+    _, _, probs = ref.classify(*split(ITEMS))
+    run = Classifier(engine, batch_size=8).run(ITEMS)
+    for p, want in zip(run, probs):
+        assert np.abs(np.array([p.probs[lab] for lab in ref.labels]) - want).max() <= TOL
+    assert run.stats.padding_tokens > 0
