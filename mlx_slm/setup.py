@@ -238,7 +238,8 @@ class Setup:
         """A reranker's settings, from the options or the task (the question scorer takes the prompt typed)."""
         o = self.o
         r = dict(getattr(self.task, "rerank", None) or {})
-        scorer = o.reranker or r.get("scorer")
+        # --reranker typed wins; else the task's scorer; else the command's default (rerank's auto)
+        scorer = o.reranker if "reranker" in self.given or not r else r.get("scorer")
         if scorer is None:
             return {}
         out: dict[str, Any] = {"reranker": scorer, "instruction": o.instruction or r.get("instruction")}

@@ -289,23 +289,35 @@ def tiny_lm_plain(lm):
     return plain
 
 
-@pytest.mark.parametrize("scorer", ["seqcls", "qwen3"])
+@pytest.mark.parametrize("scorer", ["seqcls", "qwen3", "question"])
 def test_a_reranker_task_round_trips_and_is_refused_on_another_model(scorer, lm, cross, tmp_path):
     model = cross[1] if scorer == "seqcls" else lm[1]
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"id": i, "text": q, "text_pair": d}) + "\n" for i, (q, d) in enumerate(PAIRS)))
     task = tmp_path / "task.json"
-    extra = ["--instruction", "Find the team"] if scorer == "qwen3" else []
+    extra = {
+        "seqcls": [],
+        "qwen3": ["--instruction", "Find the team"],
+        "question": ["--system", "Say yes or no.", "--template", "Q: {query}\nD: {text}\nRelevant?"],
+    }[scorer]
     first = run(["classify", str(pairs), "--model", str(model), "--reranker", scorer, *extra, "-q",
                  "--save-task", str(task)])  # fmt: skip
     assert first.exit_code == 0, first.output
     saved = json.loads(task.read_text())
     assert saved["rerank"]["scorer"] == scorer and saved["labels"] == (["relevant"] if scorer == "seqcls" else ["yes"])
     assert saved["rerank"].get("instruction") == ("Find the team" if scorer == "qwen3" else None)
+    assert saved["rerank"].get("template") == ("Q: {query}\nD: {text}\nRelevant?" if scorer == "question" else None)
     again = run(["classify", str(pairs), "--task", str(task), "-q"])
     assert again.exit_code == 0 and again.stdout == first.stdout
     recs = [json.loads(x) for x in first.stdout.splitlines()]
     assert all(set(x) == {"id", "label", "score", "logit"} for x in recs)
-    other = cross[1] if scorer == "qwen3" else lm[1]
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(
+        "".join(json.dumps({"query": q, "documents": [d for x, d in PAIRS if x == q]}) + "\n" for q in QUERIES)
+    )
+    ranked = run(["rerank", str(queries), "--task", str(task)])  # the task's scorer, not rerank's default
+    direct = run(["rerank", str(queries), "--model", str(model), "--reranker", scorer, *extra])
+    assert ranked.exit_code == 0 and ranked.stdout == direct.stdout and f"rerank ({scorer})" in ranked.stderr
+    other = cross[1] if scorer != "seqcls" else lm[1]
     bad = CliRunner().invoke(main, ["classify", str(pairs), "--task", str(task), "--model", str(other), "-q"])
     assert bad.exit_code == 2 and ("no LM head" in bad.output or "needs a sequence-classification" in bad.output)
