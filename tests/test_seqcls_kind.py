@@ -14,6 +14,8 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mlx_slm.classifier import Classifier
 from mlx_slm.cli import main
@@ -191,3 +193,24 @@ def test_a_model_without_a_pad_token_runs_in_batches(tiny_arch, tmp_path):
     for p, want in zip(run, probs):
         assert np.abs(np.array([p.probs[lab] for lab in ref.labels]) - want).max() <= TOL
     assert run.stats.padding_tokens > 0
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=40)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(_TEXT, st.none() | _TEXT), min_size=1, max_size=7))
+def test_any_texts_and_pairs_score_as_transformers(tiny_arch, items):
+    """Open-ended texts and pairs (braces, newlines, any script, empty pairs) in one padded
+    batch: each as the pipeline encodes and scores it alone; an empty text is an error item."""
+    path = tiny_arch.seqcls_mlx("qwen2", 3)
+    ref = SeqClsReference(tiny_arch.seqcls_hf("qwen2", 3), threads=1)
+    clf = Classifier(Engine.load(str(path)), batch_size=4)
+    given_items = [(t, p) if p is not None else t for t, p in items]
+    for (t, p), got in zip(items, clf.classify(given_items)):
+        if not t.strip():
+            assert not got.ok and "empty text" in got.error
+            continue
+        ids, _, probs = ref.classify([t], [p])
+        assert got.ok and got.n_tokens == len(clf.spec.head.prompt_ids(ids[0]))
+        assert np.abs(np.array([got.probs[lab] for lab in ref.labels]) - probs[0]).max() <= TOL
