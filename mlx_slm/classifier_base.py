@@ -32,16 +32,16 @@ if TYPE_CHECKING:
     from .questions import Question
 
 
-# Batch planner defaults. On a 2-core x86 CPU throughput per processed token was flat from
-# 256 to 4,096 padded tokens per batch (about 140 tokens/s, Qwen 0.5B, float32), so the CPU
-# budget is small, to cut padding (benchmarks/results/budget-curve.md). GPUs want bigger
-# batches; 4,096 there is a starting point that has not been measured yet.
 # A threshold given where the kind chosen on the model has no multi-label answer to set.
 NO_THRESHOLD = (
     "threshold (--threshold) sets which labels a multi-label sequence classifier answers (a sigmoid per "
     "label); this model scores one label per text, or one score: drop it"
 )
 
+# Batch planner defaults. On a 2-core x86 CPU throughput per processed token was flat from
+# 256 to 4,096 padded tokens per batch (about 140 tokens/s, Qwen 0.5B, float32), so the CPU
+# budget is small, to cut padding (benchmarks/results/budget-curve.md). GPUs want bigger
+# batches; 4,096 there is a starting point that has not been measured yet.
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_BATCH_TOKENS = 512
 GPU_MAX_BATCH_TOKENS = 4096

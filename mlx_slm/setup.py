@@ -346,8 +346,8 @@ class Setup:
         )
         self.clf = Classifier.load(**self.load_kwargs)
         self.kind = self.clf.spec  # chosen on the model
-        # The run's calibration and threshold, refused where the kind chosen on the model (a
-        # multi-label or one-output head, a reranker) cannot apply them, before any work.
+        # The run's calibration and --min-confidence, refused where the kind chosen on the model
+        # (a multi-label or one-output head, a reranker) cannot apply them, before any work.
         self.kind.check_calibration(self.calibration, o.min_confidence)
         self.weights = self.clf.engine.weights_sha256
         if self.task is not None and (self.origin == "task" or self.task.kind.heads):  # same weights only
