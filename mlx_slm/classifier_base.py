@@ -20,7 +20,7 @@ import mlx.core as mx
 from .calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
 from .engine import Engine
 from .kinds import Kind, KindArgs, KindSpec, RunSettings, spec_of
-from .labels import LabelSet
+from .labels import LabelError, LabelSet
 from .models import Model
 from .pipeline import BatchSettings
 from .prefix_cache import PrefixCache
@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from .heads import Head
     from .questions import Question
 
+
+# A threshold given where the kind chosen on the model has no multi-label answer to set.
+NO_THRESHOLD = (
+    "threshold (--threshold) sets which labels a multi-label sequence classifier answers (a sigmoid per "
+    "label); this model scores one label per text, or one score: drop it"
+)
 
 # Batch planner defaults. On a 2-core x86 CPU throughput per processed token was flat from
 # 256 to 4,096 padded tokens per batch (about 140 tokens/s, Qwen 0.5B, float32), so the CPU
@@ -113,6 +119,8 @@ class ClassifierBase:
         if isinstance(kind, KindArgs):  # chosen here, where the model (and any score head of its own) is known
             extra = {"model_name": str(engine.path or ""), **kind.extra}
             kind = spec_of(replace(kind, model_head=getattr(engine.model, "seqcls", None), extra=extra))
+            if extra.get("threshold") is not None and kind.record_shape().form != "multi":
+                raise LabelError(NO_THRESHOLD)
         self.engine = engine
         self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
         self.min_confidence, self.warmup = min_confidence, warmup
@@ -183,7 +191,8 @@ class ClassifierBase:
 
     @property
     def head(self) -> Head | None:
-        return getattr(self.spec, "head", None)
+        """The learned head the kind scores with (None for any other, a model's own score head included)."""
+        return getattr(self.spec, "head", None) if self.spec.heads else None
 
     @property
     def keep_logits(self) -> bool:

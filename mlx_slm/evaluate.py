@@ -38,6 +38,23 @@ from .metrics import (  # noqa: F401  (re-exported: the CLI, benchmarks and test
 )
 
 
+# ---------------------------------------------------------------------------- what eval scores
+def form_problem(form: str | None) -> str | None:
+    """Why eval cannot score a run whose records have `form` (`records.FORMS`), or None: it
+    scores one label per text against a gold label (a multi-label head's several labels, or a
+    one-output head's score, would need other measures)."""
+    if form in (None, "label"):
+        return None
+    what = {
+        "multi": "a multi-label head: several labels a text, each at or above its threshold",
+        "score": "a one-output head (a reranker, a reward model): a score, not a label",
+    }.get(form, f"records of the form {form!r}")
+    return (
+        f"eval scores one label per text against its gold label; this model's is {what}: classify the file "
+        "(mlx-slm classify -o out.jsonl) and measure its probabilities with your own metric"
+    )
+
+
 # ---------------------------------------------------------------------------- reading predictions
 def check_predictions_source(path: str, input_path: str) -> None:
     """Refuse predictions whose manifest (`<path>.mlx-slm.json`, when there is one) says they
@@ -55,6 +72,9 @@ def check_predictions_source(path: str, input_path: str) -> None:
             "finish it with mlx-slm classify ... --resume, then evaluate"
         )
     settings = m["settings"]
+    why = form_problem(settings.get("form"))
+    if why:
+        raise EvaluationError(f"{where}: {why}")
     if not isinstance(settings.get("input_sha256"), str):
         return  # its input was not hashed (standard input, a pipe, an older mlx-slm)
     sha, _ = input_sha256(input_path)
@@ -117,9 +137,14 @@ def read_predictions(
                     raise EvaluationError(
                         f"{where}: the header names no 'id' column (it has {header or 'nothing'}): {fix}"
                     )
+                _check_form(header, question, where)
                 continue
             r = rec.fields
+            if fmt == "parquet" and rec.row == 1:
+                _check_form(list(r), question, where)
             if fmt == "jsonl":
+                if "error" not in r:
+                    _check_form(list(r), question, where)
                 if question is not None:  # one question's answer of a --questions output
                     a = _answer(r, question, where, n)
                     out.append(_prediction(r.get("id"), a.get("label"), a.get("probs"), r.get("error"), where, n))
@@ -153,6 +178,17 @@ def read_predictions(
                 f"{row.id!r}: it is not the output for this input"
             )
     return out
+
+
+def _check_form(fields: list[str], question: str | None, where: str) -> None:
+    """Refuse the records of a multi-label (`labels`) or one-output (`score`) head, named by
+    their fields, where a label per row is read (see `form_problem`)."""
+    if question is not None or "label" in fields and "score" not in fields:
+        return
+    form = "score" if "score" in fields else "multi" if "labels" in fields else None
+    why = form_problem(form)
+    if why:
+        raise EvaluationError(f"{where}: {why}")
 
 
 def _answer(r: dict[str, Any], question: str, where: str, n: int) -> dict[str, Any]:

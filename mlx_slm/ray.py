@@ -65,7 +65,11 @@ class ClassifyBatch:
     "none" for raw scores; None applies the task's own fitted prior, if it has one. scores: also return the
     raw label log-scores (`scores`, a list in label order) for a caller that calibrates.
     weights_sha256: refuse other weights than these (each node loads the model by name; a
-    saved prior and the run's record hold for one set of weights only).
+    saved prior and the run's record hold for one set of weights only). pair_column: a
+    second text (an NLI hypothesis, a reranker's document), where the dataset has that column;
+    a row's null or empty one is no pair. The columns added are the kind's record shape
+    (`records.RecordShape.arrow_fields`: a multi-label head's `labels`, a one-output head's
+    `score` and `logit`).
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class ClassifyBatch:
         min_confidence: float | None = None,
         scores: bool = False,
         weights_sha256: str | None = None,
+        pair_column: str | None = "text_pair",
     ):
         from .calibration import CalibrationSpec
         from .task import TaskError
@@ -90,19 +95,15 @@ class ClassifyBatch:
                     f"this worker's {self.clf.path} has weights sha256 {here[:12]}..., the run was set up "
                     f"with {weights_sha256[:12]}...: give every node the same converted model"
                 )
-        self.text_column, self.with_scores = text_column, scores
+        self.text_column, self.with_scores, self.pair_column = text_column, scores, pair_column
         self.labels = tuple(self.clf.labels)
         spec = self.clf.calibration if calibrator is None else CalibrationSpec.from_dict(calibrator)
         # A prior needing this input's own warm-up ("batch", "em") cannot be fitted per
         # batch: classify_dataset resolves it before the actors start.
         self.calibration = spec.fixed()
         self.min_confidence = self.clf.min_confidence if min_confidence is None else min_confidence
-        self.shape = RecordShape.of(
-            self.labels,
-            self.clf.questions,
-            calibrated=self.calibration.applies,
-            abstains=self.min_confidence is not None,
-            scores=scores,
+        self.shape = self.clf.spec.record_shape(
+            calibrated=self.calibration.applies, abstains=self.min_confidence is not None, scores=scores
         )
         self.fields = self.shape.arrow_fields()
 
@@ -123,8 +124,12 @@ class ClassifyBatch:
                 "rename or drop them first (Dataset.rename_columns / drop_columns)"
             )
         texts = batch.column(self.text_column).to_pylist()
+        pairs = [None] * len(texts)
+        if self.pair_column is not None and self.pair_column in batch.column_names:
+            pairs = batch.column(self.pair_column).to_pylist()
         todo = [i for i, t in enumerate(texts) if isinstance(t, str)]
-        raw = list(self.clf.run([texts[i] for i in todo], window=max(1, len(todo))))
+        items = [(texts[i], pairs[i]) if pairs[i] else texts[i] for i in todo]
+        raw = list(self.clf.run(items, window=max(1, len(todo))))
         done = dict(zip(todo, self.clf.calibration_run(self.calibration, self.min_confidence)(raw)))
         preds = [
             done[i]
@@ -325,6 +330,7 @@ def predictions(
 
     Yields `Prediction`s as a local `Classifier.run` would (index = position in
     `texts`, raw scores kept), so the caller calibrates and writes as for a local run.
+    A text may be a (text, pair) tuple.
     """
     from .classifier import Prediction
 
@@ -333,7 +339,9 @@ def predictions(
         return
     if batch_size is None:  # a few batches per worker, so that workers finish together
         batch_size = max(1, min(1024, math.ceil(n / (4 * concurrency))))
-    items = [{"row": i, "text": t} for i, t in enumerate(texts)]
+    # A (text, pair) item: its second text in a column of its own (one Arrow type a column).
+    items = [{"row": i, "text": t[0], "text_pair": t[1]} if isinstance(t, tuple) else {"row": i, "text": t, "text_pair": None}
+             for i, t in enumerate(texts)]  # fmt: skip
     ds = ray.data.from_items(items, override_num_blocks=math.ceil(n / batch_size))
     out = ds.map_batches(
         ClassifyBatch,
@@ -356,6 +364,15 @@ def predictions(
                 continue
             if "answers" in r:
                 yield Prediction(r["row"], n_tokens=r["n_tokens"], truncated=r["truncated"], answers=r["answers"])
+                continue
+            if "score" in r:  # a one-output head: its score, and the raw logit
+                lab = r["label"]
+                yield Prediction(r["row"], lab, {lab: r["score"]}, {lab: r["logit"]}, r["n_tokens"], r["truncated"],
+                                 value=r["score"])  # fmt: skip
+                continue
+            if "labels" in r:  # a multi-label head: the labels at or above its threshold
+                yield Prediction(r["row"], probs=dict(r["probs"]), n_tokens=r["n_tokens"], truncated=r["truncated"],
+                                 labels=list(r["labels"]))  # fmt: skip
                 continue
             labels = labels or tuple(r["probs"])
             yield Prediction(

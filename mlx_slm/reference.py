@@ -288,10 +288,81 @@ def _seqcls_child(job: dict[str, Any], out_path: str) -> None:
     np.savez(out_path, logits=logits, probs=probs, labels=np.array(ref.labels), seconds=seconds, **extra)
 
 
+def rerank_in_child(
+    src: str | Path,
+    scorer: str,
+    queries: Sequence[str],
+    documents: Sequence[str],
+    instruction: str | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
+) -> dict[str, Any]:
+    """Transformers' relevance of each (query, document), every pair alone, in a child process
+    (see `run_in_child`): {"scores": (n,) float64, "logits": (n,) the one logit or the yes-no
+    log-odds, "seconds"}. `scorer` "seqcls": `SeqClsReference` on the pair as its pipeline
+    encodes it (the sigmoid of the one logit); "qwen3": `AutoModelForCausalLM` on the
+    Qwen3-Reranker model card's own encoding of its prompt (`_qwen3_card_ids`), P(yes) the
+    softmax over the `no` and `yes` logits at the last position; "question": the same P(yes)
+    on the token ids given (`prompts`: our rendering of a prompt of one's own)."""
+    require_torch()
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.npz"
+        spec: dict[str, Any] = {"src": str(src), "rerank": scorer, "queries": list(queries),
+                                "documents": list(documents), "instruction": instruction,
+                                "prompts": None if prompts is None else [list(map(int, p)) for p in prompts]}  # fmt: skip
+        job.write_text(json.dumps(spec))
+        done = run_in_child(["-m", "mlx_slm.reference", str(job), str(out)])
+        if done.returncode != 0:
+            raise RuntimeError(f"the Transformers reference failed on {src} (exit status {done.returncode})")
+        data = np.load(out)
+        return {"scores": data["scores"], "logits": data["logits"], "seconds": float(data["seconds"])}
+
+
+def _qwen3_card_ids(tokenizer: Any, query: str, document: str, instruction: str | None) -> list[int]:
+    """The Qwen3-Reranker model card's encoding of one pair, as its example code makes it: the
+    system prefix and the suffix encoded alone, the formatted pair between them."""
+    from .prompts import _QWEN3_PREFIX, _QWEN3_SUFFIX, QWEN3_RERANKER_INSTRUCTION
+
+    body = f"<Instruct>: {QWEN3_RERANKER_INSTRUCTION if instruction is None else instruction}\n<Query>: {query}\n"
+    body += f"<Document>: {document}"
+    return (
+        tokenizer.encode(_QWEN3_PREFIX, add_special_tokens=False)
+        + tokenizer(body)["input_ids"]
+        + tokenizer.encode(_QWEN3_SUFFIX, add_special_tokens=False)
+    )
+
+
+def _rerank_child(job: dict[str, Any], out_path: str) -> None:
+    queries, docs = job["queries"], job["documents"]
+    if job["rerank"] == "seqcls":
+        ref = SeqClsReference(job["src"])
+        t = time.perf_counter()
+        _, logits, probs = ref.classify(queries, docs)
+        np.savez(out_path, scores=probs[:, 0], logits=logits[:, 0].astype(np.float64),
+                 seconds=time.perf_counter() - t)  # fmt: skip
+        return
+    from transformers import AutoTokenizer
+
+    ref = Reference(job["src"])
+    tok = AutoTokenizer.from_pretrained(job["src"])
+    no, yes = tok.convert_tokens_to_ids("no"), tok.convert_tokens_to_ids("yes")  # as the card finds them
+    t = time.perf_counter()
+    if job["rerank"] == "qwen3":
+        prompts = [_qwen3_card_ids(tok, q, d, job["instruction"]) for q, d in zip(queries, docs)]
+    else:
+        prompts = job["prompts"]
+    two = np.array([ref.last_logits(p)[[no, yes]] for p in prompts], dtype=np.float64).reshape(len(prompts), 2)
+    e = np.exp(two - two.max(axis=1, keepdims=True))
+    scores = e[:, 1] / e.sum(axis=1)
+    np.savez(out_path, scores=scores, logits=two[:, 1] - two[:, 0], seconds=time.perf_counter() - t)
+
+
 def _child(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     if job.get("seqcls"):  # a sequence classifier's head
         _seqcls_child(job, out_path)
+        return
+    if job.get("rerank"):  # (query, document) relevance, each pair alone
+        _rerank_child(job, out_path)
         return
     if "layers" in job:  # hidden states (learned heads)
         ref = Reference(job["src"])

@@ -284,7 +284,8 @@ class Setup:
         """A reranker's settings, from the options or the task (the question scorer takes the prompt typed)."""
         o = self.o
         r = dict(getattr(self.task, "rerank", None) or {})
-        scorer = o.reranker or r.get("scorer")
+        # --reranker typed wins; else the task's scorer; else the command's default (rerank's auto)
+        scorer = o.reranker if "reranker" in self.given or not r else r.get("scorer")
         if scorer is None:
             return {}
         out: dict[str, Any] = {"reranker": scorer, "instruction": o.instruction or r.get("instruction")}
@@ -392,6 +393,9 @@ class Setup:
         )
         self.clf = Classifier.load(**self.load_kwargs)
         self.kind = self.clf.spec  # chosen on the model
+        # The run's calibration and --min-confidence, refused where the kind chosen on the model
+        # (a multi-label or one-output head, a reranker) cannot apply them, before any work.
+        self.kind.check_calibration(self.calibration, o.min_confidence)
         self.weights = self.clf.engine.weights_sha256
         if self.task is not None and (self.origin == "task" or self.task.kind.heads):  # same weights only
             self.task.check_weights(self.weights, o.model)

@@ -46,8 +46,9 @@ from .registry import DEFAULT_MODEL
 # labels ({labels} is filled with them), whatever the task.
 DEFAULT_SYSTEM = "Classify the text. Answer with exactly one of: {labels}."
 DEFAULT_TEMPLATE = "Text: {text}\nLabel:"
-METHODS = ("head", "labels")
-METHOD_OF_KIND = {"head": "head", "labels": "labels"}  # a task's scoring kind -> the method that fits it
+METHODS = ("head", "labels", "model")
+# a task's scoring kind -> the method that fits it
+METHOD_OF_KIND = {"head": "head", "labels": "labels", "seqcls": "model"}
 
 __all__ = [
     "DEFAULT_SYSTEM",
@@ -280,7 +281,10 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
     method: "head" trains a linear head on the model's hidden states (`mlx-slm train`'s cross-
         validated choice of layers, poolings and estimator; needs `folds` examples per label);
         "labels" scores the label names zero-shot (`y` only sets `classes_` and fits the
-        calibration).
+        calibration); "model" uses a sequence-classification checkpoint's own head as it is
+        (`classes_`: its labels, in its id order or as `labels=` orders them; nothing is
+        trained: `y`, when given, is checked against its labels and fits the calibration; a
+        multi-label or one-output head is refused: no single class a text).
     labels: the classes, in order (default: the sorted labels of `y`); a `y` outside them is refused.
     system, template: the prompt (None: `DEFAULT_SYSTEM`, `DEFAULT_TEMPLATE`; `{labels}` in
         `system` is filled with the labels, `{text}` in `template` with each text; "" for no
@@ -362,6 +366,8 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
 
         self._check_params()
         texts = _texts(X)
+        if self.method == "model":  # the checkpoint's own head: nothing to train
+            return _fit_own_head(self, texts, y)
         classes, names, gold = _classes(self, y, len(texts))
         system = DEFAULT_SYSTEM if self.system is None else (self.system or None)
         system = fill_labels(system, names)
@@ -413,9 +419,17 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
 
     def _check_params(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"method={self.method!r}: give 'head' (a learned head) or 'labels' (zero-shot)")
+            raise ValueError(
+                f"method={self.method!r}: give 'head' (a learned head), 'labels' (zero-shot) or 'model' "
+                "(a sequence classifier's own head)"
+            )
         if self.calibration not in ("none", "batch", "fit", "em"):
             raise ValueError(f"calibration={self.calibration!r}: give 'none', 'batch', 'fit' or 'em'")
+        if self.method == "model" and (self.system is not None or self.template is not None or self.examples):
+            raise ValueError(
+                "method='model' scores the text as the model's tokenizer encodes it (its own head, as "
+                "Transformers feeds it): leave system, template and examples unset"
+            )
         if self.method == "head" and self.calibration != "none":
             raise ValueError(
                 "calibration applies to method='labels'; a head's probabilities are fitted on the labelled data "
@@ -457,7 +471,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         if clf.head is not None:  # the head's maths on its features (cached), as the head kind does it
             lp = clf.head.log_probs(self._head_input(clf, texts))
             return np.exp(lp), lp
-        names = list(self.task_.labels)
+        names = [str(c) for c in self.classes_.tolist()]  # the columns in classes_ order (the task's labels)
         preds = clf.classify(texts, progress=self.verbose > 0)
         probs = np.empty((len(texts), len(names)))
         logp = np.empty_like(probs)
@@ -526,12 +540,16 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         from .task import Task
 
         t = task if isinstance(task, Task) else Task.load(task)
+        method = METHOD_OF_KIND.get(t.kind.name)
+        if method is None:
+            raise ValueError(f"the task scores with {t.kind.name!r}; the estimator fits {', '.join(METHOD_OF_KIND)}")
+        own = method == "model"  # a sequence classifier's own head: its prompt is the text itself
         est = cls(
             model=t.model,
-            method=METHOD_OF_KIND[t.kind.name],
+            method=method,
             labels=list(t.labels),
-            system=t.system or "",
-            template=t.template,
+            system=None if own else t.system or "",
+            template=None if own else t.template,
             examples=[tuple(e) for e in t.examples] or None,
             calibration=t.calibration.kind,
             **params,
@@ -604,3 +622,61 @@ def _classes(est: SLMClassifier, y: Any, n: int) -> tuple[np.ndarray, list[str],
     if len(set(names)) != len(names):
         raise ValueError(f"labels {names[:8]} repeat once written as text: give distinct labels")
     return classes, names, gold
+
+
+def _fit_own_head(est: SLMClassifier, texts: list[str], y: Any) -> SLMClassifier:
+    """`fit` with method "model": a sequence-classification checkpoint's own head, used as it
+    is (its labels the classes; `y` checked against them and fitting the calibration)."""
+    from .calibration import CalibrationSpec
+    from .classifier import Classifier
+    from .convert import versions
+    from .task import Task
+
+    engine = shared_engine(est.model, est.dtype)
+    head = getattr(engine.model, "seqcls", None)
+    if head is None:
+        raise ValueError(
+            f"method='model' uses a sequence-classification checkpoint's own head, but {est.model} is a causal LM "
+            "(no score head): use method='labels' (zero-shot) or 'head' (a learned head)"
+        )
+    spec = CalibrationSpec.of(est.calibration)
+    clf = Classifier(engine, **_batching(est))
+    if clf.spec.record_shape().form != "label":
+        what = "a multi-label head (a sigmoid per label: several labels a text)" if head.multi_label else (
+            "a one-output head (a score, not a class)")  # fmt: skip
+        raise ValueError(
+            f"method='model': {est.model} is {what}, and a scikit-learn classifier gives one class a text: use "
+            "mlx_slm.Classifier for its predictions"
+        )
+    own = list(head.labels)
+    names = own if est.labels is None else [str(_key(c)) for c in est.labels]
+    if sorted(names) != sorted(own):
+        raise ValueError(
+            f"labels={names[:8]}: the model's own labels are {own[:8]} (its head's rows): give them (in any order), "
+            "or leave labels unset"
+        )
+    gold = None
+    if y is not None or spec.needs_data:
+        got = _targets(y, len(texts))
+        for i, v in enumerate(got.tolist()):
+            if not isinstance(v, str) or v not in own:
+                raise ValueError(
+                    f"y row {i}: label {v!r} is not one of the model's own labels {own[:8]}: a sequence "
+                    "classifier's labels are its id2label (fix y, or drop the row)"
+                )
+        gold = [str(v) for v in got.tolist()]
+    if spec.needs_data:
+        assert gold is not None
+        spec = clf.fit_calibration(texts, gold, spec, progress=est.verbose > 0)
+    est.task_ = Task(
+        model=str(est.model),
+        system=None,
+        template="{text}",
+        calibration=spec,
+        weights_sha256=engine.weights_sha256,
+        versions=versions(),
+        **clf.spec.task_kwargs(clf.mode),
+    )
+    est.classes_ = np.asarray(names)
+    est.__dict__.pop("_clf_cache", None)
+    return est

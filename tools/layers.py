@@ -83,6 +83,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "evaluate",
             "reference",
             "parity",
+            "seqcls_parity",
             "workload",
             "cli",
         ),

@@ -138,7 +138,12 @@ def _refuse_run_options(given: frozenset[str]) -> None:
 
 def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, Any] | None]]:
     """Run the model on the rows with a text: the labels, and one prediction (or None) a row."""
+    from ..evaluate import form_problem
+
     clf = setup.load()
+    why = form_problem(clf.spec.record_shape().form)  # a multi-label or one-output head: refused, before any work
+    if why:
+        raise UserError(why)
     calib = setup.calibration_run()
     ok = [r for r in rows if r.error is None]
     run = clf.run([r.item for r in ok], window=setup.o.window)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -63,6 +66,19 @@ from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
     "scoring each question's full prompt afresh.",
 )
 @click.option(
+    "--reranker",
+    type=click.Choice(["auto", "seqcls", "qwen3", "question"]),
+    help="Check a reranker's scores: every (query, document) of --input (text, text_pair) against "
+    "Transformers scoring the pair alone (auto: a one-label sequence classifier, or qwen3 for a model "
+    "named *Reranker*).",
+)
+@click.option("--instruction", help="The qwen3 reranker's instruction (default: the model card's).")
+@click.option(
+    "--threshold",
+    type=click.FloatRange(0, 1),
+    help="A multi-label sequence classifier: its labels at or above this probability are its answer (0.5).",
+)
+@click.option(
     "--keep-quantized/--dequantize",
     "keep_quantized",
     default=None,
@@ -84,6 +100,9 @@ def parity(
     keep_quantized: bool | None,
     task_file: str | None = None,
     questions_file: str | None = None,
+    reranker: str | None = None,
+    instruction: str | None = None,
+    threshold: float | None = None,
 ) -> None:
     """Check that the MLX path gives Transformers' labels and logits.
 
@@ -91,6 +110,12 @@ def parity(
     (a) forward exactness; (b) conversion drift fails only with --strict. For an
     MLX-quantized directory, (a) runs Transformers on its dequantized values and (c)
     checks our labels against mlx-lm's own forward on the directory (a failure too).
+
+    A sequence-classification checkpoint (*ForSequenceClassification) is checked against
+    AutoModelForSequenceClassification and the text-classification pipeline (answers equal,
+    probabilities within 1e-4 in float32, our encodings the pipeline's), pairs included
+    (text_pair in a JSONL/Parquet --input); no --reference is needed. --reranker checks a
+    reranker's scores of (query, document) = (text, text_pair) against each pair scored alone.
 
     Docs: docs/parity.md
     """
@@ -102,6 +127,18 @@ def parity(
     if task_file:
         _head_parity(task_file, n, input_path, dtype, as_json, keep_quantized)
         return
+    ctx = click.get_current_context()
+    typed = {
+        k for k in ("system", "template", "labels_csv", "labels_file") if ctx.get_parameter_source(k).name != "DEFAULT"
+    }
+    trained = _Trained(n, input_path, (system, template), typed, dtype, as_json, keep_quantized, threshold)
+    if reranker is not None:
+        trained.rerank(model, reranker, instruction, questions_file)
+        return
+    if trained.seqcls(model, reference, questions_file, strict):
+        return
+    if threshold is not None or instruction is not None:
+        raise click.UsageError("--threshold and --instruction go with a sequence classifier or --reranker")
     if reference is None:
         from ..parity import default_reference, is_quantized_dir
 
@@ -151,11 +188,7 @@ def _question_parity(
     if input_path:
         texts = _input_texts(input_path, n)
     else:
-        from ..workload import tickets
-
-        every = [t for t, _ in tickets(600)]
-        order = sorted(range(600), key=lambda i: len(every[i]))
-        texts = [every[order[int(k * 600 / n)]] for k in range(min(n, 600))]  # length-stratified
+        texts = _stratified(n)
     r = run_question_parity(model, reference, texts, questions, system or None, template, dtype=dtype,
                             progress=lambda m: notice(f"mlx-slm: {m}"))  # fmt: skip
     click.echo(json.dumps(r, indent=2) if as_json else format_question_report(r))
@@ -185,18 +218,125 @@ def _head_parity(
         sys.exit(1)
 
 
-def _input_texts(input_path: str, n: int) -> list[str]:
-    """The first `n` readable texts of --input; the rows that cannot be read are skipped, and a
-    notice on stderr says how many and on which lines (the report covers only the rest)."""
+@dataclass(frozen=True)
+class _Trained:
+    """Parity of a sequence classifier or a reranker (`seqcls_parity.py`): its items and reports."""
+
+    n: int
+    input_path: str | None
+    prompt: tuple[str, str]  # (system, template), used where typed (`typed`): a chat prompt
+    typed: set[str]
+    dtype: str | None
+    as_json: bool
+    keep_quantized: bool | None
+    threshold: float | None
+
+    @property
+    def run_kwargs(self) -> dict[str, Any]:
+        chat = {"system", "template"} & self.typed
+        return {
+            "dtype": self.dtype,
+            "dequantize": None if self.keep_quantized is None else not self.keep_quantized,
+            "progress": lambda m: notice(f"mlx-slm: {m}"),
+            "prompt": self.chat_prompt if chat else None,
+        }
+
+    @property
+    def chat_prompt(self) -> tuple[str | None, str]:
+        """(system, template) as typed ({text}, {pair}, a question reranker's {query} checked);
+        the system message only where typed."""
+        system = (self.prompt[0] or None) if "system" in self.typed else None
+        return system, check_template(self.prompt[1], placeholders=("text", "pair", "query"))
+
+    def seqcls(self, model: str, reference: str | None, questions_file: str | None, strict: bool) -> bool:
+        """Parity of `model` if it is a sequence classifier (False: it is not; nothing ran)."""
+        from ..seqcls import SeqClsHead
+        from ..seqcls_parity import format_seqcls_report, run_seqcls_parity
+        from ..sources import materialise
+
+        if model in BUILTINS:
+            return False
+        head = SeqClsHead.from_config(json.loads((materialise(model) / "config.json").read_text()))
+        if head is None:
+            return False
+        if questions_file or {"labels_csv", "labels_file"} & self.typed:
+            raise click.UsageError(f"--labels/--labels-file/--questions: {head.no_lm_head()}")
+        items = self.items(pairs=True) if self.input_path else _seqcls_sample(self.n)
+        r = run_seqcls_parity(model, reference, items, threshold=self.threshold, **self.run_kwargs)
+        click.echo(json.dumps(r, indent=2) if self.as_json else format_seqcls_report(r))
+        if not r["forward_ok"] or (strict and not r["drift_ok"]):
+            sys.exit(1)
+        return True
+
+    def rerank(self, model: str, reranker: str, instruction: str | None, questions_file: str | None) -> None:
+        from ..seqcls_parity import format_rerank_report, run_rerank_parity
+
+        if questions_file or {"labels_csv", "labels_file"} & self.typed or self.threshold is not None:
+            raise click.UsageError("--reranker scores (query, document) pairs: drop --labels, --questions, --threshold")
+        if self.input_path:
+            pairs = [x for x in self.items(pairs=True) if isinstance(x, tuple)]
+            if not pairs:
+                raise UserError(
+                    f"--input {self.input_path} has no (query, document) pair: give each row a text (the query) "
+                    "and a text_pair (the document)"
+                )
+        else:
+            pairs = _rerank_sample(self.n)
+        kw = self.run_kwargs
+        if reranker != "question" and kw["prompt"] is not None:
+            raise click.UsageError("--system/--template go with --reranker question (a yes/no prompt of your own)")
+        r = run_rerank_parity(model, *zip(*pairs), reranker=reranker, instruction=instruction, **kw)
+        click.echo(json.dumps(r, indent=2) if self.as_json else format_rerank_report(r))
+        if not r["forward_ok"]:
+            sys.exit(1)
+
+    def items(self, pairs: bool) -> list[Any]:
+        """The first `n` readable items of --input: a text, or (text, text_pair) where a JSONL or
+        Parquet row has one (see `_input_texts` for the rows skipped)."""
+        from ..io import read_rows
+
+        assert self.input_path is not None
+        fmt = Path(self.input_path).suffix.lower()
+        pair = "text_pair" if pairs and fmt in (".jsonl", ".json", ".parquet", ".ndjson") else None
+        return _input_texts(self.input_path, self.n, rows=read_rows(self.input_path, pair=pair))
+
+
+def _seqcls_sample(n: int) -> list[Any]:
+    """`n` workload tickets, length-stratified; every fourth one paired with the ticket after it."""
+    every = _stratified(n + 1)
+    return [(t, every[i + 1]) if i % 4 == 3 else t for i, t in enumerate(every[:n])]
+
+
+RERANK_QUERIES = ("card charged twice", "app crashes on login", "reset my password", "refund status")
+
+
+def _rerank_sample(n: int) -> list[tuple[str, str]]:
+    """`n` (query, document) pairs: workload tickets as documents, four queries in turn."""
+    return [(RERANK_QUERIES[i % len(RERANK_QUERIES)], t) for i, t in enumerate(_stratified(n))]
+
+
+def _stratified(n: int) -> list[str]:
+    """`n` workload tickets (at most 600), length-stratified."""
+    from ..workload import tickets
+
+    every = [t for t, _ in tickets(600)]
+    order = sorted(range(600), key=lambda i: len(every[i]))
+    return [every[order[int(k * 600 / n)]] for k in range(min(n, 600))]
+
+
+def _input_texts(input_path: str, n: int, rows: Any = None) -> list[Any]:
+    """The first `n` readable texts of --input (`rows`: as `io.read_rows` reads them, its pairs
+    as (text, pair)); the rows that cannot be read are skipped, and a notice on stderr says how
+    many and on which lines (the report covers only the rest)."""
     from ..io import read_rows
 
-    texts: list[str] = []
+    texts: list[Any] = []
     skipped: list[int] = []
-    for r in read_rows(input_path):
+    for r in read_rows(input_path) if rows is None else rows:
         if len(texts) >= n:
             break
         if r.error is None:
-            texts.append(r.text)
+            texts.append(r.text if r.pair is None else (r.text, r.pair))
         else:
             skipped.append(r.line)
     if not texts:

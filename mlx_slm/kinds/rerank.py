@@ -21,6 +21,7 @@ With the prefix cache off (`use_prefix_cache=False`) items get no head: each pro
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ from ..prompts import (
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, check_texts, count, split_pair
 
 RERANKERS = ("seqcls", "qwen3", "question")
+_QUESTION_SLOTS = re.compile(r"\{query\}|\{text\}")
 DEFAULT_QUESTION_TEMPLATE = "Query: {query}\nDocument: {text}\nDoes the document answer the query? Answer yes or no."
 NO_RERANKER = (
     "is not a reranker (a one-label sequence classifier, or a causal LM whose name says Reranker): "
@@ -65,6 +67,7 @@ class RerankSpec(KindSpec):
     system: str | None = None
     template: str = DEFAULT_QUESTION_TEMPLATE
     head: Any = None  # the `seqcls` scorer's `SeqClsHead`
+    named: tuple[str, ...] = ()  # the labels a task names, while its model is not loaded yet
 
     name = "rerank"  # type: ignore[misc]
     calibrates = False  # type: ignore[misc]
@@ -79,8 +82,9 @@ class RerankSpec(KindSpec):
         e = args.extra
         scorer = e["reranker"]
         model_head = args.model_head
-        if scorer == "auto" and model_head is None and "model_name" not in e:
-            return cls("auto")  # the model is not loaded yet: chosen again on it (see ClassifierBase)
+        loaded = "model_name" in e  # else the model is not loaded yet: chosen again on it (see ClassifierBase)
+        if scorer in ("auto", "seqcls") and model_head is None and not loaded:
+            return cls(scorer, named=tuple(args.labels)[:1])
         if scorer == "auto":
             if model_head is not None:
                 scorer = "seqcls"
@@ -111,7 +115,9 @@ class RerankSpec(KindSpec):
 
     @property
     def labels(self) -> tuple[str, ...]:
-        return (self.head.labels[0],) if self.head is not None else ("yes",)
+        if self.head is not None:
+            return (self.head.labels[0],)
+        return self.named if self.scorer in ("auto", "seqcls") and self.named else ("yes",)
 
     def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
         if spec.applies or min_confidence is not None:
@@ -163,7 +169,7 @@ class RerankSpec(KindSpec):
         return {"rerank": section}
 
     def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> RerankKind:
-        if self.scorer == "auto":
+        if self.scorer == "auto" or (self.scorer == "seqcls" and self.head is None):
             raise AssertionError("a reranker is chosen on its model before it is bound (ClassifierBase)")
         return RerankKind(self, engine, fmt, run)
 
@@ -212,11 +218,16 @@ class RerankKind(OnePrompt):
             probes = encode_texts(tok, [query] * len(PROBES), list(PROBES))
             seqs = encode_texts(tok, [query] * len(docs), list(docs))
             seqs = [spec.head.prompt_ids(s) for s in seqs]
-        else:
-            fmt = PromptFormat(spec.system, spec.template.replace("{query}", query))
-            probes = tokenize(tok, [render(tok, fmt, p) for p in PROBES])
-            seqs = tokenize(tok, [render(tok, fmt, d) for d in docs])
+        else:  # the user turn filled in one pass: a query holding "{text}" or other braces stays as it is
+            fmt = PromptFormat(spec.system, "{text}")
+            probes = tokenize(tok, [render(tok, fmt, self.question(query, p)) for p in PROBES])
+            seqs = tokenize(tok, [render(tok, fmt, self.question(query, d)) for d in docs])
         return tuple(common_prefix(probes)), seqs
+
+    def question(self, query: str, document: str) -> str:
+        """The question scorer's user turn: its template with `{query}` and `{text}` (the
+        document) filled in one pass."""
+        return _QUESTION_SLOTS.sub(lambda m: query if m.group(0) == "{query}" else document, self.spec.template)
 
     def items(self, texts: Sequence[Any], start: int = 0) -> list[Item]:
         with self.engine.lock:

@@ -150,8 +150,13 @@ def column_type(c: str) -> str:
     """A flat column's type, "float", "bool", "int" or "string" (the `id` aside): the one rule the
     Parquet writer types its columns by and merge reads CSV/TSV parts back by. Probabilities
     (`p_<label>`, `raw_p_<label>`, a question's `name.p_<label>`, `name.expected`, `name.abstain`)
-    are floats; `truncated`, `abstained` and a question's `name.abstained` booleans; `line` an integer."""
-    if c.startswith(("p_", "raw_p_")) or re.match(r"[^.]+\.(p_|raw_p_|expected$|abstain$)", c):
+    are floats, and a one-output head's `score` and raw `logit`; `truncated`, `abstained` and a
+    question's `name.abstained` booleans; `line` an integer."""
+    if (
+        c.startswith(("p_", "raw_p_"))
+        or c in ("score", "logit")
+        or re.match(r"[^.]+\.(p_|raw_p_|expected$|abstain$)", c)
+    ):
         return "float"
     if c in ("truncated", "abstained") or re.fullmatch(r"[^.]+\.abstained", c):
         return "bool"
@@ -165,7 +170,8 @@ class ParquetRows:
     included), string when every id is a string; when a file holds both, or an integer
     beyond int64 (JSON integers have no bound), `id` is a string column and `id_is_int`
     (bool) says which were integers, so `1` and `"1"` stay apart and every id is exact. `p_*`/`raw_p_*` float64,
-    `truncated`/`abstained` bool, `line` int64 (error rows), `label`, `calibration`,
+    `truncated`/`abstained` bool, `line` int64 (error rows), a one-output head's `score`
+    and `logit` float64, `label`, `labels` (a multi-label head's, joined by ';'), `calibration`,
     `error` string; a missing value is null."""
 
     def __init__(self, columns: Sequence[str]):
