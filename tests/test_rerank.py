@@ -267,7 +267,7 @@ def test_rerank_bad_input(lm, cross, tmp_path, monkeypatch):
     for args, msg in [
         (["--query", "  ", str(docs), *model], "--query: the query must be a non-empty string"),
         (["--query", "q", str(docs), *model], "4 documents, over the limit of 3 per query: rerank them in parts"),
-        (["--query", "q", str(docs), *model, "--top-n", "0"], "0 is not in the range x>=1"),
+        (["--query", "q", str(docs), *model, "--top-n", "0"], "must be an integer from 1"),
         ([str(queries), "--model", str(tiny_lm_plain(lm))], "is not a reranker"),
         ([str(queries), "--model", str(cross[1]), "--reranker", "qwen3"], "no LM head"),
         ([str(queries), *model, "--reranker", "question", "--template", "Is {text} good?"], "{query}"),

@@ -75,7 +75,7 @@ from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
 @click.option("--instruction", help="The qwen3 reranker's instruction (default: the model card's).")
 @click.option(
     "--threshold",
-    type=click.FloatRange(0, 1),
+    type=number("threshold"),
     help="A multi-label sequence classifier: its labels at or above this probability are its answer (0.5).",
 )
 @click.option(
