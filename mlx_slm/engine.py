@@ -91,14 +91,7 @@ class Engine:
         """Label-row logits at each row's last position (B, k), the full last logits if asked,
         and the per-layer KV (prefix + batch) for scoring label continuations."""
         with self.lock:
-            hidden, kv = self.model(
-                mx.array(batch.ids),
-                mx.array(batch.mask),
-                mx.array(batch.offsets),
-                cache=prefix.kv if prefix else None,
-                cache_mask=prefix.mask if prefix else None,
-                last_only=True,
-            )
+            hidden, kv = self._last(batch, prefix)
             if keep_logits:
                 full = self.model.logits(hidden)
                 first = mx.take(full, rows, axis=1)
@@ -109,18 +102,23 @@ class Engine:
             mx.eval(first, *([] if full is None else [full]))
             return first, (np.array(full.astype(mx.float32)) if full is not None else None), kv
 
+    def _last(self, batch: batching.Batch, prefix: Any) -> tuple[mx.array, list[KV]]:
+        """The batch's forward after its prefix KV (shared, or stacked per row with its mask):
+        the final-norm hidden state at each row's last position (B, D), and the per-layer KV."""
+        return self.model(
+            mx.array(batch.ids),
+            mx.array(batch.mask),
+            mx.array(batch.offsets),
+            cache=prefix.kv if prefix else None,
+            cache_mask=prefix.mask if prefix else None,
+            last_only=True,
+        )
+
     def last_hidden(self, batch: batching.Batch, prefix: Any = None) -> mx.array:
         """Each row's final-norm hidden state at its last position (B, D), evaluated: what a
         score head of a kind's own (a fine-tuned head) reads."""
         with self.lock:
-            hidden, _ = self.model(
-                mx.array(batch.ids),
-                mx.array(batch.mask),
-                mx.array(batch.offsets),
-                cache=prefix.kv if prefix else None,
-                cache_mask=prefix.mask if prefix else None,
-                last_only=True,
-            )
+            hidden, _ = self._last(batch, prefix)
             mx.eval(hidden)
             return hidden
 
