@@ -86,6 +86,7 @@ def run_finetune(
         versions=versions(),
         finetune={"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
                   "layers": list(tuned.lora.layers), "rank": tuned.lora.rank},
+        home=str(path.resolve().parent),  # the adapters are named relative to the task's folder
     )  # fmt: skip
     try:
         task.save(save_task)
