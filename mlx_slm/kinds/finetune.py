@@ -162,7 +162,7 @@ def beside(section: dict[str, Any], task_path: str | Path) -> dict[str, Any]:
     """A task file's 'finetune' section as saved at `task_path`: adapters in the task's own
     folder named by their file name (the two move together), others by their absolute path."""
     file = Path(str(section.get("adapters") or ""))
-    if file.is_absolute() and file.parent == Path(task_path).absolute().parent:
+    if file.is_absolute() and file.resolve().parent == Path(task_path).resolve().parent:
         return {**section, "adapters": file.name}
     return section
 
