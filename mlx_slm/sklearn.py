@@ -574,28 +574,37 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         return est
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(super().__getstate__())
-        state.pop("_clf_cache", None)  # the weights stay out of the pickle: the task names them
-        if "task_" in state:
-            t = state["task_"]
-            if t.finetune is not None:  # the adapters go in: their bytes, as their file holds them
-                state["finetuned_"] = {**t.finetune, "tuned": t.finetune["tuned"].to_bytes()}
-                t = replace(t, finetune=None)
-            state["task_"] = t.to_dict()
-        return state
+        return _pickled(dict(super().__getstate__()))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from .adapters import FineTuned
-        from .task import Task
+        super().__setstate__(_unpickled(dict(state)))
 
-        state = dict(state)
-        if isinstance(state.get("task_"), dict):
-            state["task_"] = Task.from_dict(state["task_"], "the pickled SLMClassifier's task")
-        tuned = state.pop("finetuned_", None)
-        if tuned is not None:
-            tuned["tuned"] = FineTuned.from_bytes(tuned["tuned"], "the pickled SLMClassifier's adapters")
-            state["task_"] = replace(state["task_"], finetune=tuned)
-        super().__setstate__(state)
+
+def _pickled(state: dict[str, Any]) -> dict[str, Any]:
+    """The estimator's state as its pickle holds it: no weights (the task names them), the task
+    as its dict, a fine-tuned task's adapters as their bytes (as their file holds them)."""
+    state.pop("_clf_cache", None)
+    if "task_" in state:
+        t = state["task_"]
+        if t.finetune is not None:
+            state["finetuned_"] = {**t.finetune, "tuned": t.finetune["tuned"].to_bytes()}
+            t = replace(t, finetune=None)
+        state["task_"] = t.to_dict()
+    return state
+
+
+def _unpickled(state: dict[str, Any]) -> dict[str, Any]:
+    """`_pickled` undone: the task and its adapters read back (each checked as a file of theirs is)."""
+    from .adapters import FineTuned
+    from .task import Task
+
+    if isinstance(state.get("task_"), dict):
+        state["task_"] = Task.from_dict(state["task_"], "the pickled SLMClassifier's task")
+    tuned = state.pop("finetuned_", None)
+    if tuned is not None:
+        tuned["tuned"] = FineTuned.from_bytes(tuned["tuned"], "the pickled SLMClassifier's adapters")
+        state["task_"] = replace(state["task_"], finetune=tuned)
+    return state
 
 
 def in_memory(tuned: Any, fused: bool = False) -> dict[str, Any]:
