@@ -86,7 +86,7 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
     from dataclasses import replace
 
     path = adapters_path(save_task)
-    sha = tuned.save(path)
+    sha = reproducible(tuned).save(path)
     section = {"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
                "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
     task = replace(task, finetune=section, home=str(path.resolve().parent))  # named relative to the task's folder
@@ -96,6 +96,16 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
         path.unlink(missing_ok=True)
         raise
     return task
+
+
+def reproducible(tuned: Any) -> Any:
+    """`tuned` without its wall-clock figures (each epoch's seconds and peak memory, the frozen
+    pass's and training's seconds): what the adapters file holds, so that the same seed and data
+    give the same file, byte for byte (the figures are printed, `history_table`, not saved)."""
+    from dataclasses import replace
+
+    history = [replace(e, seconds=None, peak_memory_mb=None) for e in tuned.history]
+    return replace(tuned, history=history, encode_seconds=0.0, train_seconds=0.0)  # 0.0: the file's "absent"
 
 
 def finetune_texts(
