@@ -397,7 +397,9 @@ class Setup:
         # (a multi-label or one-output head, a reranker) cannot apply them, before any work.
         self.kind.check_calibration(self.calibration, o.min_confidence)
         self.weights = self.clf.engine.weights_sha256
-        if self.task is not None and (self.origin == "task" or self.task.kind.heads):  # same weights only
+        if self.task is not None and (
+            self.origin == "task" or self.task.kind.heads or self.task.finetune is not None
+        ):  # same weights only
             self.task.check_weights(self.weights, o.model)
         if self.calibration.needs_data:
             self.calibration = self._fit(self.calibration)

@@ -5,11 +5,12 @@
     cross_val_score(est, texts, y, cv=5); joblib.dump(est, "est.joblib")
 
 It is a thin shell over the library: `fit` runs `train.train_head` (method "head", the
-same cross-validated choice of parts and estimator as `mlx-slm train`) or builds a
-zero-shot label-scoring `Classifier` (method "labels", with `Classifier.fit_calibration`
-when calibration is "fit" or "em"), and keeps the result as a `task.Task`: the same task
-file the CLI, the service and Ray take (`to_task`, `from_task`). Predictions come from
-`Classifier.classify` on that task.
+same cross-validated choice of parts and estimator as `mlx-slm train`), fine-tunes LoRA
+adapters and a score head (method "finetune", `tuning.finetune_texts`, as `mlx-slm train
+--finetune lora`) or builds a zero-shot label-scoring `Classifier` (method "labels", with
+`Classifier.fit_calibration` when calibration is "fit" or "em"), and keeps the result as a
+`task.Task`: the same task file the CLI, the service and Ray take (`to_task`, `from_task`).
+Predictions come from `Classifier.classify` on that task.
 
 Why the weights live outside the estimator: scikit-learn clones an estimator for every
 fold and every grid candidate, and pickles it to save it. The loaded model (hundreds of
@@ -17,7 +18,9 @@ MB) is held once per process in a cache keyed by the model and its weights' sha2
 (`shared_engine`), shared by every clone; a pickle holds the task (labels, prompt, head,
 calibration, the model's name and its weights' sha256), and the first prediction after
 loading finds the model by that name or path and refuses other weights, naming both
-hashes.
+hashes. A fine-tuned estimator's pickle holds its adapters too (the safetensors bytes
+`FineTuned.save` writes: a few MB, against the model's hundreds), so it needs no file
+beside it; `to_task` writes them beside the task file, as `train --finetune` does.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +50,13 @@ from .registry import DEFAULT_MODEL
 # labels ({labels} is filled with them), whatever the task.
 DEFAULT_SYSTEM = "Classify the text. Answer with exactly one of: {labels}."
 DEFAULT_TEMPLATE = "Text: {text}\nLabel:"
-METHODS = ("head", "labels", "model")
+METHODS = ("head", "labels", "model", "finetune")
 # a task's scoring kind -> the method that fits it
-METHOD_OF_KIND = {"head": "head", "labels": "labels", "seqcls": "model"}
+METHOD_OF_KIND = {"head": "head", "labels": "labels", "seqcls": "model", "finetune": "finetune"}
+# The estimator's fine-tuning parameters, as `finetune.FinetuneSettings` names them.
+TUNING = {"epochs": "epochs", "learning_rate": "learning_rate", "head_learning_rate": "head_learning_rate",
+          "adapt_layers": "layers", "rank": "rank", "val_fraction": "val_fraction", "max_minutes": "max_minutes",
+          "random_state": "seed"}  # fmt: skip
 
 __all__ = [
     "DEFAULT_SYSTEM",
@@ -284,7 +292,9 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         calibration); "model" uses a sequence-classification checkpoint's own head as it is
         (`classes_`: its labels, in its id order or as `labels=` orders them; nothing is
         trained: `y`, when given, is checked against its labels and fits the calibration; a
-        multi-label or one-output head is refused: no single class a text).
+        multi-label or one-output head is refused: no single class a text); "finetune" trains
+        LoRA adapters on the top `adapt_layers` blocks and a score head (`mlx-slm train
+        --finetune lora`; at least 2 examples per label while `val_fraction` holds some out).
     labels: the classes, in order (default: the sorted labels of `y`); a `y` outside them is refused.
     system, template: the prompt (None: `DEFAULT_SYSTEM`, `DEFAULT_TEMPLATE`; `{labels}` in
         `system` is filled with the labels, `{text}` in `template` with each text; "" for no
@@ -295,7 +305,10 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         already: "none" only.
     layers: the head's candidate layers: "auto", "all", "6,12,24" or a list of layer numbers.
     pooling: "auto" (both), "last" or "mean": how each layer's hidden states are pooled.
-    folds, random_state: the head's stratified cross-validation and its shuffle.
+    folds, random_state: the head's stratified cross-validation and its shuffle (random_state
+        also seeds fine-tuning: the same seed and data give the same adapters).
+    epochs, learning_rate, head_learning_rate, adapt_layers, rank, val_fraction, max_minutes:
+        method "finetune"'s settings, as `train --finetune lora` takes them.
     batch_size, max_batch_tokens, truncate, dtype: as the CLI's options (None: the defaults).
     verbose: 0 silent; 1 tqdm bars over feature extraction and classification; 2 also each
         training step on stderr.
@@ -322,6 +335,13 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         truncate: str | None = None,
         dtype: str | None = None,
         verbose: int = 0,
+        epochs: int = 8,
+        learning_rate: float = 2e-5,
+        head_learning_rate: float = 1e-4,
+        adapt_layers: int = 8,
+        rank: int = 8,
+        val_fraction: float = 0.1,
+        max_minutes: float | None = None,
     ):
         self.model = model
         self.method = method
@@ -339,6 +359,13 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         self.truncate = truncate
         self.dtype = dtype
         self.verbose = verbose
+        self.epochs, self.learning_rate, self.head_learning_rate = epochs, learning_rate, head_learning_rate
+        self.adapt_layers, self.rank, self.val_fraction, self.max_minutes = (
+            adapt_layers,
+            rank,
+            val_fraction,
+            max_minutes,
+        )
 
     # ------------------------------------------------------------------ scikit-learn's tags
     def __sklearn_tags__(self) -> Any:
@@ -364,7 +391,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         from .task import Task
         from .train import train_head
 
-        self._check_params()
+        _check_params(self)
         texts = _texts(X)
         if self.method == "model":  # the checkpoint's own head: nothing to train
             return _fit_own_head(self, texts, y)
@@ -377,8 +404,11 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         engine = shared_engine(self.model, self.dtype)
         batching = _batching(self)
         show = self.verbose > 0
-        head, spec = None, CalibrationSpec.of(self.calibration)
-        if self.method == "head":
+        head, tuned, spec = None, None, CalibrationSpec.of(self.calibration)
+        if self.method == "finetune":
+            assert gold is not None
+            tuned = _finetune(self, engine, texts, gold, names, system, template, batching)
+        elif self.method == "head":
             assert gold is not None
             log = (lambda m: notice(f"mlx-slm: {m}")) if self.verbose > 1 else None
             head = train_head(
@@ -412,38 +442,11 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             weights_sha256=engine.weights_sha256,
             versions=versions(),
             head=head,
+            finetune=None if tuned is None else in_memory(tuned),
         )
         self.classes_ = classes
         self.__dict__.pop("_clf_cache", None)
         return self
-
-    def _check_params(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(
-                f"method={self.method!r}: give 'head' (a learned head), 'labels' (zero-shot) or 'model' "
-                "(a sequence classifier's own head)"
-            )
-        if self.calibration not in ("none", "batch", "fit", "em"):
-            raise ValueError(f"calibration={self.calibration!r}: give 'none', 'batch', 'fit' or 'em'")
-        if self.method == "model" and (self.system is not None or self.template is not None or self.examples):
-            raise ValueError(
-                "method='model' scores the text as the model's tokenizer encodes it (its own head, as "
-                "Transformers feeds it): leave system, template and examples unset"
-            )
-        if self.method == "head" and self.calibration != "none":
-            raise ValueError(
-                "calibration applies to method='labels'; a head's probabilities are fitted on the labelled data "
-                "already: leave calibration='none'"
-            )
-        if self.pooling not in ("auto", "last", "mean"):
-            raise ValueError(f"pooling={self.pooling!r}: give 'auto', 'last' or 'mean'")
-        if isinstance(self.model, (bytes, bytearray)) or not isinstance(self.model, (str, Path)):
-            raise ValueError(f"model={self.model!r}: give a model name or path (a str)")
-        if isinstance(self.labels, (str, bytes)):
-            raise ValueError(f"labels={self.labels!r}: give a list of labels, e.g. ['spam', 'ham']")
-        from .ranges import check_all  # the CLI's ranges: batch_size=0 or max_batch_tokens=nan refused
-
-        check_all(self.get_params(), "{name}")
 
     # ------------------------------------------------------------------ predict
     def _clf(self) -> Any:
@@ -529,7 +532,14 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
     def to_task(self, path: str | Path) -> Path:
         """Save the fitted task file (`mlx-slm classify --task`, serve, Ray and `from_task` take it)."""
         check_is_fitted(self, "task_")
-        self.task_.save(path)
+        tuned = (self.task_.finetune or {}).get("tuned")
+        if tuned is None:
+            self.task_.save(path)
+            return Path(path)
+        from .tuning import save_finetuned
+
+        fused = bool(self.task_.finetune.get("fused"))
+        save_finetuned(self.task_, tuned, path, fused)  # the adapters beside the task, as train --finetune writes them
         return Path(path)
 
     @classmethod
@@ -540,9 +550,14 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         from .task import Task
 
         t = task if isinstance(task, Task) else Task.load(task)
-        method = METHOD_OF_KIND.get(t.kind.name)
+        kind = t.kind
+        method = METHOD_OF_KIND.get(kind.name)
         if method is None:
-            raise ValueError(f"the task scores with {t.kind.name!r}; the estimator fits {', '.join(METHOD_OF_KIND)}")
+            raise ValueError(f"the task scores with {kind.name!r}; the estimator fits {', '.join(METHOD_OF_KIND)}")
+        if method == "finetune":  # the adapters read once, held in memory (and in pickles), the settings they had
+            t = replace(t, finetune=in_memory(kind.tuned, kind.fused))
+            done = kind.tuned.settings
+            params = {**{k: done[v] for k, v in TUNING.items() if v in done}, **params}
         own = method == "model"  # a sequence classifier's own head: its prompt is the text itself
         est = cls(
             model=t.model,
@@ -559,19 +574,71 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         return est
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(super().__getstate__())
-        state.pop("_clf_cache", None)  # the weights stay out of the pickle: the task names them
-        if "task_" in state:
-            state["task_"] = state["task_"].to_dict()
-        return state
+        return _pickled(dict(super().__getstate__()))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from .task import Task
+        super().__setstate__(_unpickled(dict(state)))
 
-        state = dict(state)
-        if isinstance(state.get("task_"), dict):
-            state["task_"] = Task.from_dict(state["task_"], "the pickled SLMClassifier's task")
-        super().__setstate__(state)
+
+def _pickled(state: dict[str, Any]) -> dict[str, Any]:
+    """The estimator's state as its pickle holds it: no weights (the task names them), the task
+    as its dict, a fine-tuned task's adapters as their bytes (as their file holds them)."""
+    state.pop("_clf_cache", None)
+    if "task_" in state:
+        t = state["task_"]
+        if t.finetune is not None:
+            state["finetuned_"] = {**t.finetune, "tuned": t.finetune["tuned"].to_bytes()}
+            t = replace(t, finetune=None)
+        state["task_"] = t.to_dict()
+    return state
+
+
+def _unpickled(state: dict[str, Any]) -> dict[str, Any]:
+    """`_pickled` undone: the task and its adapters read back (each checked as a file of theirs is)."""
+    from .adapters import FineTuned
+    from .task import Task
+
+    if isinstance(state.get("task_"), dict):
+        state["task_"] = Task.from_dict(state["task_"], "the pickled SLMClassifier's task")
+    tuned = state.pop("finetuned_", None)
+    if tuned is not None:
+        tuned["tuned"] = FineTuned.from_bytes(tuned["tuned"], "the pickled SLMClassifier's adapters")
+        state["task_"] = replace(state["task_"], finetune=tuned)
+    return state
+
+
+def in_memory(tuned: Any, fused: bool = False) -> dict[str, Any]:
+    """A task's 'finetune' section holding the adapters themselves (`kinds.finetune` takes
+    either), until `to_task` saves them."""
+    return {"tuned": tuned, "adapters": None, "sha256": None, "fused": fused, "objective": tuned.objective,
+            "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
+
+
+def _finetune(
+    est: SLMClassifier, engine: Any, texts: list[str], gold: list[str], names: list[str], system: str | None,
+    template: str, batching: dict[str, Any],
+) -> Any:  # fmt: skip
+    """method="finetune": the adapters and score head, trained as `train --finetune lora` trains them."""
+    from .finetune import FinetuneSettings
+    from .tuning import finetune_texts, progress_bar
+
+    settings = FinetuneSettings(**{v: getattr(est, k) for k, v in TUNING.items()})
+    counts = {n: gold.count(n) for n in names}
+    short = [f"{n!r} has {c}" for n, c in counts.items() if c < (2 if est.val_fraction > 0 else 1)]
+    if short:
+        raise ValueError(
+            f"y: too few examples for fine-tuning: {'; '.join(short[:8])}. val_fraction={est.val_fraction:g} holds "
+            "out at least one example of each label and trains on the rest, so each needs 2: add examples, or set "
+            "val_fraction=0 (no early stopping)"
+            if est.val_fraction > 0
+            else f"y: no examples of {'; '.join(short[:8])}: give each label examples, or leave it out of labels"
+        )
+    update, close = progress_bar(est.verbose == 0)
+    try:
+        return finetune_texts(engine, texts, gold, names, system, template, settings, where=lambda i: f"X row {i}",
+                              progress=update, **batching)  # fmt: skip
+    finally:
+        close()
 
 
 def _key(v: Any) -> Any:
@@ -580,6 +647,38 @@ def _key(v: Any) -> Any:
 
 
 # Module functions rather than methods: they keep SLMClassifier to its scikit-learn API.
+def _check_params(self: SLMClassifier) -> None:
+    """The parameters as `fit` takes them (scikit-learn stores them as given)."""
+    if self.method not in METHODS:
+        raise ValueError(
+            f"method={self.method!r}: give 'head' (a learned head), 'labels' (zero-shot), 'model' "
+            "(a sequence classifier's own head) or 'finetune' (LoRA adapters and a score head)"
+        )
+    if self.calibration not in ("none", "batch", "fit", "em"):
+        raise ValueError(f"calibration={self.calibration!r}: give 'none', 'batch', 'fit' or 'em'")
+    if self.method == "model" and (self.system is not None or self.template is not None or self.examples):
+        raise ValueError(
+            "method='model' scores the text as the model's tokenizer encodes it (its own head, as "
+            "Transformers feeds it): leave system, template and examples unset"
+        )
+    if self.method in ("head", "finetune") and self.calibration != "none":
+        raise ValueError(
+            f"calibration applies to method='labels'; a {'head' if self.method == 'head' else 'fine-tuned model'}'s "
+            "probabilities are fitted on the labelled data already: leave calibration='none'"
+        )
+    if self.method == "finetune" and self.examples:
+        raise ValueError("method='finetune' learns from X and y themselves: leave examples unset")
+    if self.pooling not in ("auto", "last", "mean"):
+        raise ValueError(f"pooling={self.pooling!r}: give 'auto', 'last' or 'mean'")
+    if isinstance(self.model, (bytes, bytearray)) or not isinstance(self.model, (str, Path)):
+        raise ValueError(f"model={self.model!r}: give a model name or path (a str)")
+    if isinstance(self.labels, (str, bytes)):
+        raise ValueError(f"labels={self.labels!r}: give a list of labels, e.g. ['spam', 'ham']")
+    from .ranges import check_all  # the CLI's ranges: batch_size=0 or max_batch_tokens=nan refused
+
+    check_all(self.get_params(), "{name}")
+
+
 def _batching(est: SLMClassifier) -> dict[str, Any]:
     """The batching settings a fit and a prediction run with (None: the CLI's defaults)."""
     from .classifier import DEFAULT_BATCH_SIZE

@@ -129,8 +129,13 @@ class Task:
         )
 
     def save(self, path: str | os.PathLike) -> None:
+        d = self.to_dict()
+        if "finetune" in d:  # adapters beside the task are named by their file name (`kinds.finetune.beside`)
+            from .kinds.finetune import beside
+
+            d["finetune"] = beside(d["finetune"], path)
         try:
-            write_json_atomic(path, self.to_dict())
+            write_json_atomic(path, d)
         except OSError as e:
             raise TaskError(f"cannot write the task file {path} ({e.strerror})") from None
 

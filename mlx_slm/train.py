@@ -56,10 +56,13 @@ def read_training_data(
     id_column: str | None = "id",
     gold_field: str = "label",
     folds: int = DEFAULT_FOLDS,
+    need: tuple[int, str] | None = None,
+    what: str = "a head",
 ) -> TrainingData:
     """Every row must hold a text and a gold label. `labels`: the label set (None: the data's
     own labels, sorted); a label in the data outside it, a label with fewer than
-    `min_per_label(folds)` examples, an empty file: a `TrainError` naming the fix."""
+    `min_per_label(folds)` examples (`need`: another minimum, and why), an empty file: a
+    `TrainError` naming the fix. `what` is trained (the messages' words)."""
     from .convert import sha256_file
     from .io import read_rows
 
@@ -90,7 +93,7 @@ def read_training_data(
         labels = sorted(set(gold))
         if len(labels) < MIN_LABELS:
             raise TrainError(
-                f"{path}: every row has the label {labels[0]!r}: a head needs examples of at least two labels"
+                f"{path}: every row has the label {labels[0]!r}: {what} needs examples of at least two labels"
             )
     labels = tuple(validate(labels))
     outside: dict[str, int] = {}
@@ -106,14 +109,14 @@ def read_training_data(
     index = {lab: i for i, lab in enumerate(labels)}
     y = np.array([index[g] for g in gold], dtype=np.int64)
     counts = np.bincount(y, minlength=len(labels))
-    need = min_per_label(folds)
-    if counts.min() < need:
-        short = [f"{labels[i]!r} has {counts[i]}" for i in np.flatnonzero(counts < need)]
-        raise TrainError(
-            f"{path}: too few examples: {'; '.join(short[:8])}{' ...' if len(short) > 8 else ''}. A head needs at "
-            f"least {need} examples per label (one per cross-validation fold, --folds {folds}): add examples "
-            "of those labels, or leave them out of --labels and the data"
-        )
+    least, why = need or (
+        min_per_label(folds),
+        f"A head needs at least {min_per_label(folds)} examples per label (one per cross-validation fold, --folds "
+        f"{folds}): add examples of those labels, or leave them out of --labels and the data",
+    )
+    if counts.min() < least:
+        short = [f"{labels[i]!r} has {counts[i]}" for i in np.flatnonzero(counts < least)]
+        raise TrainError(f"{path}: too few examples: {'; '.join(short[:8])}{' ...' if len(short) > 8 else ''}. {why}")
     return TrainingData(path, [str(r.text) for r in rows], y, labels, [r.line for r in rows], sha256_file(Path(path)))
 
 

@@ -44,39 +44,31 @@ def run_finetune(
     **clf_kwargs: Any,
 ) -> tuple[Any, Any]:
     """The `train --finetune lora` command: returns (the saved `Task`, the `FineTuned`)."""
-    from .classifier import Classifier
     from .convert import versions
     from .engine import Engine
-    from .finetune import finetune
     from .prompts import check_template, fill_system
     from .task import Task
-    from .train import TrainError, read_training_data
+    from .train import read_training_data
 
-    data = read_training_data(data_path, labels, folds=2, **(read or {}))  # one example a label for validation
+    need = (1, "")  # without validation one example a label trains
+    if settings.val_fraction > 0:  # one example of each label held out, one trained on
+        need = (2, f"--val-fraction {settings.val_fraction:g} holds out at least one example of each label for "
+                "validation and trains on the rest, so each needs 2: add examples of those labels, leave them out "
+                "of --labels and the data, or set --val-fraction 0 (no early stopping)")  # fmt: skip
+    data = read_training_data(data_path, labels, need=need, what="a fine-tuned classifier", **(read or {}))
     system = fill_system(system or None, data.labels, descriptions)
     template = check_template(template)
     say(f"mlx-slm: loading {model}")
     engine = Engine.load(model, dtype, dequantize)
-    # The prompts as classify renders them (the labels kind's items: chat template, truncation).
-    clf = Classifier(engine, data.labels, system, template, features_only=settings.objective == "score", **clf_kwargs)
-    items = clf.prepare(data.texts)
-    bad = [(it, line) for it, line in zip(items, data.lines) if it.error]
-    if bad:
-        it, line = bad[0]
-        raise TrainError(f"{data_path}: line {line}: {it.error}")
-    label_tokens = None if settings.objective == "score" else [list(t) for t in clf.labelset.token_ids]
-    prompt = {"system": system, "template": template}
     t0 = time.perf_counter()
-    tuned = finetune(
-        engine.model, [it.ids for it in items], data.gold, data.labels, settings,
-        label_tokens=label_tokens, base_sha256=engine.weights_sha256, prompt=prompt, progress=progress,
+    tuned = finetune_texts(
+        engine, data.texts, data.gold, data.labels, system, template, settings,
+        where=lambda i: f"{data_path}: line {data.lines[i]}", progress=progress, **clf_kwargs,
     )  # fmt: skip
     say(
         f"mlx-slm: fine-tuned in {time.perf_counter() - t0:.0f} s ({tuned.stopped}; best epoch {tuned.best_epoch} "
         f"of {len(tuned.history)})"
     )
-    path = adapters_path(save_task)
-    sha = tuned.save(path)
     task = Task(
         model=model,
         labels=data.labels,
@@ -84,15 +76,69 @@ def run_finetune(
         template=template,
         weights_sha256=engine.weights_sha256,
         versions=versions(),
-        finetune={"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
-                  "layers": list(tuned.lora.layers), "rank": tuned.lora.rank},
-    )  # fmt: skip
+    )
+    return save_finetuned(task, tuned, save_task, fused), tuned
+
+
+def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = False) -> Any:
+    """Write `tuned`'s adapters beside `save_task` (`adapters_path`) and `task` there, naming
+    them with their sha256: both files or neither. Returns the saved `Task`."""
+    from dataclasses import replace
+
+    path = adapters_path(save_task)
+    sha = reproducible(tuned).save(path)
+    section = {"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
+               "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
+    task = replace(task, finetune=section, home=str(path.resolve().parent))  # named relative to the task's folder
     try:
         task.save(save_task)
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return task, tuned
+    return task
+
+
+def reproducible(tuned: Any) -> Any:
+    """`tuned` without its wall-clock figures (each epoch's seconds and peak memory, the frozen
+    pass's and training's seconds): what the adapters file holds, so that the same seed and data
+    give the same file, byte for byte (the figures are printed, `history_table`, not saved)."""
+    from dataclasses import replace
+
+    history = [replace(e, seconds=None, peak_memory_mb=None) for e in tuned.history]
+    return replace(tuned, history=history, encode_seconds=0.0, train_seconds=0.0)  # 0.0: the file's "absent"
+
+
+def finetune_texts(
+    engine: Any,
+    texts: Sequence[str],
+    gold: Sequence[str],
+    labels: Sequence[str],
+    system: str | None,
+    template: str,
+    settings: Any,
+    *,
+    where: Callable[[int], str] = lambda i: f"text {i}",
+    progress: Callable[[Any], None] | None = None,
+    **clf_kwargs: Any,
+) -> Any:
+    """`finetune.finetune` on `texts` rendered and tokenized as `classify` renders them with this
+    prompt (the labels kind's items: chat template, truncation); a text that cannot run is a
+    `TrainError` naming it (`where(i)`: its file and line). `train --finetune` and the
+    estimator's method="finetune" fine-tune here."""
+    from .classifier import Classifier
+    from .finetune import finetune
+    from .train import TrainError
+
+    clf = Classifier(engine, labels, system, template, features_only=settings.objective == "score", **clf_kwargs)
+    items = clf.prepare(list(texts))
+    for i, it in enumerate(items):
+        if it.error:
+            raise TrainError(f"{where(i)}: {it.error}")
+    label_tokens = None if settings.objective == "score" else [list(t) for t in clf.labelset.token_ids]
+    return finetune(
+        engine.model, [it.ids for it in items], list(gold), list(labels), settings, label_tokens=label_tokens,
+        base_sha256=engine.weights_sha256, prompt={"system": system, "template": template}, progress=progress,
+    )  # fmt: skip
 
 
 def history_table(tuned: Any) -> str:

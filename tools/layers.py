@@ -84,6 +84,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "reference",
             "parity",
             "seqcls_parity",
+            "finetune_parity",
             "workload",
             "cli",
         ),

@@ -56,7 +56,8 @@ from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
     "task_file",
     type=click.Path(exists=True, dir_okay=False),
     help="A task with a learned head (mlx-slm train): check its features and labels against Transformers' "
-    "hidden_states at the head's layer (model and prompt from the task).",
+    "hidden_states at the head's layer (model and prompt from the task). A fine-tuned task (train --finetune): "
+    "its labels and probabilities against Transformers with the adapters merged (float32 unless --dtype).",
 )
 @click.option(
     "--questions",
@@ -203,6 +204,9 @@ def _head_parity(
     from ..task import Task
 
     t = Task.load(task_file)
+    if t.finetune is not None:
+        _finetune_parity(t, n, input_path, dtype, as_json, keep_quantized)
+        return
     if t.head is None:
         raise click.UsageError(f"--task {task_file} has no learned head: parity --task checks heads (mlx-slm train)")
     texts = _input_texts(input_path, n) if input_path else _workload_sample(t.model, n, t.system or "", t.template)
@@ -214,6 +218,21 @@ def _head_parity(
         dequantize=None if keep_quantized is None else not keep_quantized,
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_head_report(r))
+    if not r["forward_ok"]:
+        sys.exit(1)
+
+
+def _finetune_parity(
+    t: Any, n: int, input_path: str | None, dtype: str | None, as_json: bool, keep_quantized: bool | None
+) -> None:
+    from ..finetune_parity import format_finetune_report, run_finetune_parity
+
+    texts = _input_texts(input_path, n) if input_path else _workload_sample(t.model, n, t.system or "", t.template)
+    r = run_finetune_parity(
+        t, texts, dtype=dtype or "float32", progress=lambda m: notice(f"mlx-slm: {m}"),
+        dequantize=None if keep_quantized is None else not keep_quantized,
+    )  # fmt: skip
+    click.echo(json.dumps(r, indent=2) if as_json else format_finetune_report(r))
     if not r["forward_ok"]:
         sys.exit(1)
 

@@ -205,12 +205,19 @@ def _finetune(
 
     if tune["finetune"] is None:
         named = sorted(TUNING & given(ctx, tune))
-        raise click.UsageError(f"--{named[0].replace('_', '-')} is a fine-tuning option: add --finetune lora")
+        flag = next(p.opts[0] for p in ctx.command.params if p.name == named[0])  # --lr, not --learning-rate
+        raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
     head_opts = sorted(k for k in head if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE)
     if head_opts:
         flag = {"layers_spec": "--layers", "layer": "--layer", "folds": "--folds", "pooling": "--pooling"}
+        first = head_opts[0]
+        if first == "folds":
+            raise click.UsageError(
+                "--folds cross-validates a learned head; --finetune holds out --val-fraction of each label for "
+                "validation instead: drop --folds"
+            )
         raise click.UsageError(
-            f"{flag[head_opts[0]]} chooses a learned head's hidden states; --finetune trains adapters and a head "
+            f"{flag[first]} chooses a learned head's hidden states; --finetune trains adapters and a head "
             "of their own (--adapt-layers sets how many top blocks): drop it"
         )
     if len(gold_fields) > 1:

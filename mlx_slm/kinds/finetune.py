@@ -42,7 +42,7 @@ class FinetuneSpec(KindSpec):
     """The fine-tuned weights (`tuned`), where the task keeps them (`file`, `sha256`) and whether
     they run merged into the weights (`fused`)."""
 
-    tuned: FineTuned = field(compare=False)
+    tuned: FineTuned = field(compare=False, repr=False)
     file: str | None = None
     sha256: str | None = None
     fused: bool = False
@@ -60,6 +60,8 @@ class FinetuneSpec(KindSpec):
         got = args.extra["finetune"]
         if isinstance(got, FineTuned):
             tuned, file, sha, fused = got, None, None, bool(args.extra.get("fused", False))
+        elif isinstance(got, dict) and isinstance(got.get("tuned"), FineTuned):  # in memory (the estimator's)
+            tuned, file, sha, fused = got["tuned"], got.get("adapters"), got.get("sha256"), bool(got.get("fused"))
         else:
             tuned, file, sha, fused = _load(got)
         if args.questions is not None or args.head is not None or args.examples or args.scoring != "auto":
@@ -100,6 +102,11 @@ class FinetuneSpec(KindSpec):
     def info(self) -> dict[str, Any]:
         return {"labels": list(self.labels), "finetune": self._section()}
 
+    def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
+        """The adapters hold for their own labels and the prompt they were trained in only; any
+        other labels or prompt are scored zero-shot on the base model (None)."""
+        return self if labels == self.labels and same_prompt else None
+
     def manifest(self, mode: str) -> dict[str, Any]:
         s = self._section()
         return {"labels": list(self.labels), "scoring": mode, "examples": [], "finetune": {"sha256": s["sha256"], "objective": s["objective"]}}  # fmt: skip
@@ -138,11 +145,26 @@ class FinetuneSpec(KindSpec):
 
 def _load(section: dict[str, Any]) -> tuple[FineTuned, str, str, bool]:
     """The adapters a task's section names (relative to the task file's folder, `home`), checked
-    against its sha256."""
+    against its sha256; their file as an absolute path (what `to_task` writes: `beside` names
+    it by its file name again in a task saved in the same folder)."""
     file = str(section["adapters"])
     home = section.get("home")
-    path = Path(file) if Path(file).is_absolute() or home is None else Path(home) / file
-    return FineTuned.load(path, section.get("sha256")), file, section.get("sha256"), bool(section.get("fused"))
+    path = (Path(file) if Path(file).is_absolute() or home is None else Path(home) / file).absolute()
+    if not path.is_file():
+        raise TaskError(
+            f"the task's adapters file {path} (its field 'finetune') is missing: put it back beside the task "
+            "(train --finetune saves the two together; copy both), or fine-tune again"
+        )
+    return FineTuned.load(path, section.get("sha256")), str(path), section.get("sha256"), bool(section.get("fused"))
+
+
+def beside(section: dict[str, Any], task_path: str | Path) -> dict[str, Any]:
+    """A task file's 'finetune' section as saved at `task_path`: adapters in the task's own
+    folder named by their file name (the two move together), others by their absolute path."""
+    file = Path(str(section.get("adapters") or ""))
+    if file.is_absolute() and file.resolve().parent == Path(task_path).resolve().parent:
+        return {**section, "adapters": file.name}
+    return section
 
 
 class FinetuneKind(OnePrompt):
@@ -153,6 +175,8 @@ class FinetuneKind(OnePrompt):
     def __init__(self, spec: FinetuneSpec, engine: Engine, fmt: PromptFormat, run: RunSettings):
         t = spec.tuned
         sha = engine.weights_sha256 if engine.path is not None else None
+        # Adapters for other weights: refused here, naming their file (`apply` and `merge` check again).
+        t.check_model(engine.model, sha, where=f"the adapters {spec.file or '(in memory)'}")
         model = t.merge(engine.model, sha) if spec.fused else t.apply(engine.model, sha)
         own = Engine(model, engine.tokenizer, engine.path)
         own.lock = engine.lock  # one tokenizer and one set of weights: one lock

@@ -195,7 +195,7 @@ class TaskCache:
         except ValueError as e:  # PromptError: the fixed prompt is over the context: the part the request set
             fld = "template" if spec.template is not None else "system" if spec.system is not None else "labels"
             raise Invalid(str(e), fld) from None
-        if spec.min_confidence is not None and not front.spec.calibrates:
+        if spec.min_confidence is not None and not _abstains(front.spec, spec.min_confidence):
             raise Invalid(front.spec.no_calibration.replace("--min-confidence", "min_confidence"), "min_confidence")
         return key, front
 
@@ -242,7 +242,21 @@ class TaskCache:
         cal, conf = self.calibration_for(key)
         if spec.min_confidence is not None:
             conf = spec.min_confidence
-        if not front.spec.calibrates:  # relevance, multi-label or one-output scores: never label-calibrated
-            cal, conf = CalibrationSpec(warmup=cal.warmup), None
+        if not front.spec.calibrates:  # a head's, relevance, multi-label or one-output scores: never label-calibrated
+            cal = CalibrationSpec(warmup=cal.warmup)
+            conf = conf if conf is not None and _abstains(front.spec, conf) else None
         calib = front.calibration_run(cal, conf)
         return list(calib(r[0] for r in raw)), calib
+
+
+def _abstains(kind: Any, min_confidence: float) -> bool:
+    """Whether `kind` takes a confidence threshold (a learned head's or fine-tuned classifier's
+    probabilities do, as on the command line; relevance and multi-label scores do not)."""
+    from ..calibration import CalibrationSpec
+    from ..labels import LabelError
+
+    try:
+        kind.check_calibration(CalibrationSpec(), min_confidence)
+    except LabelError:
+        return False
+    return True
