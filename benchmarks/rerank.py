@@ -116,7 +116,7 @@ def prompts(engine: Any, items: list[tuple[str, str]]) -> tuple[list[list[int]],
     bad = [it for it in got if it.error]
     if bad:
         raise SystemExit(f"document {bad[0].index}: {bad[0].error}")
-    return [list(it.ids) for it in got], [tuple(it.head or ()) for it in got], list(clf.kind.answer_rows)
+    return [list(it.ids) for it in got], [tuple(it.prefix or ()) for it in got], list(clf.kind.answer_rows)
 
 
 def floor_tokens(ids: Sequence[Sequence[int]], heads: Sequence[tuple[int, ...]]) -> int:

@@ -97,8 +97,8 @@ def run_items(
 def head_of(kind: Kind, item: Item) -> tuple[int, ...]:
     """The cached head an item runs after: its own (a reranker's query), else the kind's shared
     one; () when it runs whole (the rule for the batch plan and the service's cost estimate alike)."""
-    head = item.head if item.head is not None else kind.prefix_tokens
-    return head if head and starts_with(item.ids, head) else ()
+    own = item.prefix if item.prefix is not None else kind.prefix_tokens
+    return own if own and starts_with(item.ids, own) else ()
 
 
 def prefix_hit(kind: Kind, item: Item) -> bool:

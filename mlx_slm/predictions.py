@@ -86,4 +86,4 @@ class Item:
     chains: list[list[int]] = field(default_factory=list)  # several questions: each block's own tokens
     # The prompt head this item continues, when its kind gives each item its own (a reranker's
     # query: its documents run after the query's cached KV); None: the kind's shared head.
-    head: tuple[int, ...] | None = None
+    prefix: tuple[int, ...] | None = None

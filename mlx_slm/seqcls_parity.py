@@ -204,8 +204,10 @@ def run_rerank_parity(
         by_query.setdefault(x, []).append(i)
     same_order = [qi for qi, rows in enumerate(by_query.values())
                   if rerank_order(ours[rows].tolist()) == rerank_order(theirs[rows].tolist())]  # fmt: skip
-    heads = {it.head for it in clf.prepare(items)}
-    floor = sum(len(h) for h in heads if h) + sum(len(x) - len(it.head or ()) for x, it in zip(ids, clf.prepare(items)))
+    heads = {it.prefix for it in clf.prepare(items)}
+    floor = sum(len(h) for h in heads if h) + sum(
+        len(x) - len(it.prefix or ()) for x, it in zip(ids, clf.prepare(items))
+    )
     tol = SEQCLS_TOLERANCE[compute]
     d = float(np.abs(ours - theirs).max()) if len(ours) else 0.0
     return {

@@ -104,7 +104,7 @@ def _mixed_batches(clf, items) -> int:
     """How many of the run's batches hold documents of more than one query."""
     got = clf.prepare(items)
     return sum(
-        len({it.head for it in group}) > 1 for _, group, _ in pipeline.batches(clf.kind, got, clf.batching, Stats())
+        len({it.prefix for it in group}) > 1 for _, group, _ in pipeline.batches(clf.kind, got, clf.batching, Stats())
     )
 
 
@@ -142,9 +142,9 @@ def test_64_documents_a_query_process_at_most_1_15x_the_token_floor(scorer, quer
     run = clf.run(items, window=len(items))
     assert all(p.ok for p in run)
     got = clf.prepare(items)
-    heads = {it.head for it in got}
+    heads = {it.prefix for it in got}
     assert len(heads) == queries and all(heads)
-    floor = sum(len(h) for h in heads) + sum(len(it.ids) - len(it.head) for it in got)
+    floor = sum(len(h) for h in heads) + sum(len(it.ids) - len(it.prefix) for it in got)
     assert run.stats.processed_tokens <= 1.15 * floor, (run.stats.processed_tokens, floor)
     assert run.stats.prefix_saved_tokens == sum((64 - 1) * len(h) for h in heads)
 

@@ -179,7 +179,7 @@ def _alone(srv, query: str, docs: list[str]) -> list[float]:
     out = []
     for d in docs:
         (item,) = clf.prepare([(query, d)])
-        item.head = None  # run the whole prompt, not after the query's cached tokens
+        item.prefix = None  # run the whole prompt, not after the query's cached tokens
         (p,) = list(clf.run_items([item]))
         out.append(p.value)
     return out
@@ -315,12 +315,12 @@ def test_64_documents_run_each_querys_tokens_once(reranker):
     rng = random.Random(7)
     words = "card invoice refund app crash settings email profile charged twice billing password".split()
     pool = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 9))) for _ in range(600)]
-    own = [len(it.ids) - len(it.head) for it in front.prepare([(query, d) for d in pool])]
+    own = [len(it.ids) - len(it.prefix) for it in front.prepare([(query, d) for d in pool])]
     low = max(range(min(own), max(own) + 1), key=lambda m: sum(m <= n < m + 3 for n in own))
     docs = [d for d, n in zip(pool, own) if low <= n < low + 3][:64]
     assert len(docs) == 64
     items = front.prepare([(query, d) for d in docs])
-    head = len(items[0].head)
+    head = len(items[0].prefix)
     floor = head + sum(len(it.ids) - head for it in items)
     before = _metric(srv, "mlx_slm_processed_tokens_total")
     r = _post(srv, "/v2/rerank", {"model": "m", "query": query, "documents": docs})

@@ -12,7 +12,7 @@ An item is a (query, document) pair. Three scorers (`RERANKERS`):
   document): P(yes) as for `qwen3`.
 
 Every document of a query runs after that query's tokens: the tokens up to the document are
-the item's own head (`Item.head`), computed once per query in the engine's prefix cache, and
+the item's own head (`Item.prefix`), computed once per query in the engine's prefix cache, and
 a batch holds the documents of several queries, each row after its own query's KV
 (`pipeline.batches`, `prefix_cache.StackedPrefix`). So a query's tokens run once, not once
 per document, and each score is exactly the one of its (query, document) prompt run alone.
@@ -246,7 +246,7 @@ class RerankKind(OnePrompt):
                 # The query cache off (`use_prefix_cache=False`): no head, so every prompt runs whole.
                 own = head if self.run.use_prefix_cache else ()
                 for (item, doc), seq in zip(group, seqs):
-                    item.ids, item.head = seq, own
+                    item.ids, item.prefix = seq, own
                     if len(seq) > self.max_length:
                         self._cut(item, query, doc)
             return items
