@@ -117,7 +117,7 @@ RANGES: dict[str, Range] = {
     "epochs": _count("--epochs", unit="passes over the data", hi=10_000),
     "learning_rate": Range("--lr", False, 0.0, 1.0, lo_open=True, unit="the adapters' peak learning rate"),
     "head_learning_rate": Range("--head-lr", False, 0.0, 1.0, lo_open=True, unit="the head's peak learning rate"),
-    "adapt_layers": _count("--adapt-layers", unit="top blocks with adapters", hi=10_000),
+    "adapt_layers": _count("--adapt-layers", unit="top blocks with adapters", none_ok=True, hi=10_000),
     "rank": _count("--rank", unit="the LoRA rank", hi=4096),
     "lora_scale": Range("--lora-scale", False, 0.0, 1e6, lo_open=True, unit="the LoRA scale"),
     "dropout": Range("--dropout", False, 0.0, 0.99, unit="a probability"),

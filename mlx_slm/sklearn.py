@@ -308,7 +308,8 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
     folds, random_state: the head's stratified cross-validation and its shuffle (random_state
         also seeds fine-tuning: the same seed and data give the same adapters).
     epochs, learning_rate, head_learning_rate, adapt_layers, rank, val_fraction, max_minutes:
-        method "finetune"'s settings, as `train --finetune lora` takes them.
+        method "finetune"'s settings, as `train --finetune lora` takes them (`adapt_layers`
+        None: the top 16 blocks, or every block of a smaller model).
     batch_size, max_batch_tokens, truncate, dtype: as the CLI's options (None: the defaults).
     verbose: 0 silent; 1 tqdm bars over feature extraction and classification; 2 also each
         training step on stderr.
@@ -338,7 +339,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         epochs: int = 8,
         learning_rate: float = 2e-5,
         head_learning_rate: float = 1e-4,
-        adapt_layers: int = 8,
+        adapt_layers: int | None = None,
         rank: int = 8,
         val_fraction: float = 0.1,
         max_minutes: float | None = None,

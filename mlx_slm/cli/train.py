@@ -79,8 +79,9 @@ _TRAIN_TASK_OPTIONS = {
               type=number("head_learning_rate"), help="--finetune: the score head's peak learning rate.")  # fmt: skip
 @click.option("--schedule", type=click.Choice(["cosine", "linear", "constant"]), default="cosine", show_default=True,
               help="--finetune: how the learning rate falls after the warm-up.")  # fmt: skip
-@click.option("--adapt-layers", default=8, show_default=True, type=number("adapt_layers"),
-              help="--finetune: LoRA adapters on this many top blocks (the ones below run once per text).")  # fmt: skip
+@click.option("--adapt-layers", type=number("adapt_layers"),
+              help="--finetune: LoRA adapters on this many top blocks (the ones below run once per text) "
+                   "[default: 16, or every block of a smaller model].")  # fmt: skip
 @click.option("--rank", default=8, show_default=True, type=number("rank"), help="--finetune: the LoRA rank.")
 @click.option("--lora-scale", default=20.0, show_default=True, type=number("lora_scale"),
               help="--finetune: the LoRA scale (the delta is scale * x A B, mlx-lm's convention).")  # fmt: skip
