@@ -371,7 +371,10 @@ class FineTuned:
         try:
             data = Path(path).read_bytes()
         except OSError as e:
-            raise FinetuneError(f"cannot read the adapters file {path} ({e.strerror or e})") from None
+            raise FinetuneError(
+                f"cannot read the adapters file {path} ({e.strerror or e}): keep it beside the task that names it "
+                "(or give its new path in the task's finetune.adapters), or fine-tune again"
+            ) from None
         got = hashlib.sha256(data).hexdigest()
         if sha256 is not None and got != sha256:
             raise FinetuneError(

@@ -45,7 +45,8 @@ def score_weight(ft: FineTuned, model: Model) -> mx.array:
     if long:
         raise FinetuneError(
             f"objective 'labels' exports as a score head only when every label is one token; {long[:3]!r} are "
-            "several (each later token is scored at its own position): fine-tune with objective 'score' to export"
+            "several (each later token is scored at its own position): fine-tune with `--objective score` "
+            "(Python: objective='score') to export"
         )
     rows = mx.array([t[0] for t in ft.label_tokens], dtype=mx.int32)
     return mx.take(model.head_weight(), rows, axis=0)  # (K, D): what label scoring's label-row logits multiply
