@@ -406,3 +406,19 @@ def test_probe_initialized_head_starts_ahead(qwen):
     zero = qwen.train(epochs=1, val_fraction=0.2)
     probe = qwen.train(epochs=1, val_fraction=0.2, head_init="probe")
     assert probe.history[0].train_loss < zero.history[0].train_loss
+
+
+def test_default_layers_are_the_top_sixteen_or_every_block_of_a_smaller_model(qwen):
+    from dataclasses import replace
+
+    from mlx_slm.finetune import DEFAULT_LAYERS
+
+    n = len(qwen.model.layers)
+    assert FinetuneSettings().layers is None and DEFAULT_LAYERS == 16 and n < DEFAULT_LAYERS
+    assert FinetuneSettings().for_model(qwen.model).layers == n  # a 3-block model: all of them
+    assert FinetuneSettings(layers=2).for_model(qwen.model).layers == 2  # given: kept
+    FinetuneSettings().check(qwen.model)  # None is a valid setting
+    tuned = qwen.train(layers=None, epochs=1)
+    assert tuned.lora.layers == tuple(range(n)) and tuned.settings["layers"] == n  # recorded resolved
+    with pytest.raises(FinetuneError, match=f"layers={n + 1}: the model has {n} blocks"):
+        replace(FinetuneSettings(), layers=n + 1).for_model(qwen.model)
