@@ -71,8 +71,8 @@ STOPS = ("finished", "early_stopping", "max_minutes", "interrupted")
 class FinetuneSettings:
     """How to fine-tune. `layers`: the top N blocks get adapters on their `keys` projections
     (None: the top DEFAULT_LAYERS, or every block of a smaller model; rank, scale: the delta is
-    scale * x A B, mlx-lm's convention); `learning_rate` for the
-    adapters, `head_learning_rate` for the score head (objective "score", initialized to zero);
+    scale * x A B, mlx-lm's convention); `learning_rate` for the adapters, `head_learning_rate`
+    for the score head (objective "score", initialized to zero);
     `warmup`: the fraction of all steps the rate climbs linearly, then `schedule` decays it to 0;
     `val_fraction` of each label's examples is held out (stratified) and the epoch with the
     lowest validation loss is kept; training stops after `patience` epochs without a better one,
@@ -125,7 +125,8 @@ class FinetuneSettings:
         if self.schedule not in SCHEDULES:
             raise bad("schedule", f"one of {', '.join(SCHEDULES)}")
         if self.layers is None:
-            return self.for_model(model).check(model)
+            self.for_model(model)  # checks the settings with `layers` resolved
+            return
         for name, lo in (("layers", 1), ("rank", 1), ("epochs", 1), ("batch_size", 1), ("max_tokens", 1),
                          ("patience", 1), ("seed", 0)):  # fmt: skip
             v = getattr(self, name)
