@@ -121,6 +121,8 @@ def data_key(a, splits) -> dict:
 
 def reuse(path: Path, method: str, key: dict) -> dict:
     """`method`'s row of the earlier run at `path`, refused unless it ran on the same data."""
+    if not path.is_file():
+        raise SystemExit(f"--reuse: no earlier run {path} (its JSON, in --out)")
     r = json.loads(path.read_text())
     d = {"name": "banking77", "splits": 1, **r["data"]}
     if any(d.get(k) != v for k, v in key.items()) or method not in r["methods"]:
@@ -308,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     fmt = PromptFormat(fill_labels(systems[a.system], labels), template)
     peak0 = matmul_peak()["mlx"]
     methods: dict[str, dict] = {}
+    if any(":" not in x for x in a.reuse):
+        raise SystemExit(f"--reuse {a.reuse}: give TAG:METHOD, e.g. --reuse trial-04:score")
     reused = dict(x.split(":", 1)[::-1] for x in a.reuse)  # method -> tag
     for m in a.methods.split(","):
         if m in reused:

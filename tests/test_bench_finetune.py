@@ -63,5 +63,8 @@ def test_a_tickets_run_end_to_end_and_a_row_reused_only_on_the_same_data(tmp_pat
     assert r2["methods"]["score"]["accuracy"] == r["methods"]["score"]["accuracy"]
     assert r2["methods"]["score"]["from"] == "t1"
     assert len(json.loads((out / "finetune-trials.json").read_text())) == 2  # a reused row is not listed again
+    for bad, says in (("t1score", "TAG:METHOD"), ("nope:score", "no earlier run")):
+        with pytest.raises(SystemExit, match=says):
+            bench.main([*common, "--methods", "score", "--reuse", bad])
     with pytest.raises(SystemExit, match="same data"):
         bench.main([*common, "--per-intent", "6", "--methods", "score", "--reuse", "t1:score"])
