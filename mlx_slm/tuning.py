@@ -3,10 +3,13 @@
 Read the data first (its problems fail before the model loads), render and tokenize every
 text with the task's prompt exactly as `classify` will (the fine-tuned kind's own items), fine-
 tune (`finetune.finetune`: LoRA adapters on the top blocks and a score head, or the labels' own
-tokens), then write the adapters beside the task (`TASK.adapters.safetensors`, its sha256 in the
-task) and the task. Ctrl-C or `--max-minutes` keep the best finished epoch as a complete task;
-with no finished epoch nothing is written. Either file is written whole or not at all (a
-temporary file renamed into place), and the adapters file is removed if the task cannot be.
+tokens), then write the adapters beside the task (`output.adapters_file`: `TASK.<sha256>.adapters.
+safetensors`, a new name for new adapters, its sha256 in the task) and then the task. Ctrl-C or
+`--max-minutes` keep the best finished epoch as a complete task; with no finished epoch nothing is
+written. Either file is written whole or not at all (a temporary file renamed into place); a task
+saved over an older one leaves the older task and the adapters it names as they were until the
+new task is in place (a kill between the two writes leaves the old pair whole), and a new
+adapters file is removed if the task cannot be written (never one an older task names).
 """
 
 from __future__ import annotations
@@ -17,12 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from .prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-
-
-def adapters_path(save_task: str | Path) -> Path:
-    """Where a task's adapters go: beside it, named after it."""
-    p = Path(save_task)
-    return p.with_name(p.stem + ".adapters.safetensors")
 
 
 def run_finetune(
@@ -41,9 +38,11 @@ def run_finetune(
     fused: bool = False,
     progress: Callable[[Any], None] | None = None,
     say: Callable[[str], None] = lambda _m: None,
+    reads: Sequence[Any] = (),
     **clf_kwargs: Any,
 ) -> tuple[Any, Any]:
-    """The `train --finetune lora` command: returns (the saved `Task`, the `FineTuned`)."""
+    """The `train --finetune lora` command: returns (the saved `Task`, the `FineTuned`).
+    `reads`: the files the run reads (`output.files_read`), none of which the adapters may be."""
     from .convert import versions
     from .engine import Engine
     from .prompts import check_template, fill_system
@@ -77,25 +76,54 @@ def run_finetune(
         weights_sha256=engine.weights_sha256,
         versions=versions(),
     )
-    return save_finetuned(task, tuned, save_task, fused), tuned
+    return save_finetuned(task, tuned, save_task, fused, reads=[("DATA", data_path), *reads]), tuned
 
 
-def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = False) -> Any:
-    """Write `tuned`'s adapters beside `save_task` (`adapters_path`) and `task` there, naming
-    them with their sha256: both files or neither. Returns the saved `Task`."""
+def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = False, reads: Sequence[Any] = ()) -> Any:
+    """Write `tuned`'s adapters beside `save_task` (`output.adapters_file`: a name of their own,
+    from their sha256), then `task` there naming them: a whole new pair, or the old one as it
+    was. The adapters file is checked with the outputs (none of `reads`, not the task), and an
+    existing file of that name is used only if it holds these very bytes. Returns the saved `Task`."""
+    import hashlib
     from dataclasses import replace
 
-    path = adapters_path(save_task)
-    sha = reproducible(tuned).save(path)
+    from .adapters import FinetuneError
+    from .output import adapters_file, check_run_files
+
+    data = reproducible(tuned).to_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    path = adapters_file(save_task, sha)
+    check_run_files(reads, [("--save-task", str(save_task)), ("the adapters file", str(path))])
+    created = not _holds(path, sha)
+    if created:
+        if path.exists() or path.is_symlink():
+            raise FinetuneError(
+                f"{path} exists and is not these adapters: mlx-slm names a task's adapters after the task and "
+                "their sha256 and does not replace another file; remove it, or choose another --save-task"
+            )
+        from .safefs import atomic_write
+
+        atomic_write(path, data, "the adapters file")
     section = {"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
                "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
     task = replace(task, finetune=section, home=str(path.resolve().parent))  # named relative to the task's folder
     try:
         task.save(save_task)
     except BaseException:
-        path.unlink(missing_ok=True)
+        if created:  # ours alone: an older task names another file (or, if these bytes, one it wrote)
+            path.unlink(missing_ok=True)
         raise
     return task
+
+
+def _holds(path: Path, sha256: str) -> bool:
+    """Whether `path` is a regular file (not a link) whose content has this sha256."""
+    from .convert import sha256_file
+
+    try:
+        return path.is_file() and not path.is_symlink() and sha256_file(path) == sha256
+    except OSError:
+        return False
 
 
 def reproducible(tuned: Any) -> Any:

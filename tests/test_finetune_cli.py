@@ -53,6 +53,11 @@ def work(tmp_path_factory, tiny_qwen_mlx):
     return SimpleNamespace(d=d, data=data, inp=inp, task=task, model=str(tiny_qwen_mlx), table=r.stdout)
 
 
+def _side(task: Path) -> Path:
+    """The adapters file a task names (beside it: `task.json.<sha256>.adapters.safetensors`)."""
+    return task.parent / json.loads(task.read_text())["finetune"]["adapters"]
+
+
 def _tuned(task: Path):
     from mlx_slm.task import Task
 
@@ -61,9 +66,10 @@ def _tuned(task: Path):
 
 def test_train_writes_the_task_and_its_adapters_beside_it(work):
     t = json.loads(work.task.read_text())
-    side = work.d / "task.adapters.safetensors"
+    side = _side(work.task)
     ft = t["finetune"]
-    assert ft["adapters"] == side.name and ft["sha256"] == hashlib.sha256(side.read_bytes()).hexdigest()
+    assert side.parent == work.d and side.name == f"task.json.{ft['sha256'][:16]}.adapters.safetensors"
+    assert ft["sha256"] == hashlib.sha256(side.read_bytes()).hexdigest()
     assert ft["objective"] == "score" and ft["layers"] == [1, 2] and ft["fused"] is False
     assert t["labels"] == ["account", "billing", "technical"] and t["calibration"] == "none"
     assert t["weights_sha256"] and "{text}" in t["template"]
@@ -120,7 +126,7 @@ def test_a_task_saved_elsewhere_names_the_adapters_and_classifies_the_same(work,
         ]
     )
     assert a.exit_code == 0, a.output
-    assert json.loads(t2.read_text())["finetune"]["adapters"] == str((work.d / "task.adapters.safetensors").resolve())
+    assert json.loads(t2.read_text())["finetune"]["adapters"] == str(_side(work.task).resolve())
     monkeypatch.chdir(tmp_path)
     b = run(["classify", work.inp, "--on-error", "skip", "--task", t2.name, "-q"])
     assert b.exit_code == 0, b.output
@@ -131,11 +137,13 @@ def test_the_same_seed_and_data_give_the_same_adapters_file_byte_for_byte(work, 
     args = ["train", work.data, "--finetune", "lora", "--model", work.model, *FAST]
     assert run([*args, "--save-task", tmp_path / "again.json"]).exit_code == 0
     assert run([*args, "--save-task", tmp_path / "seed1.json", "--seed", "1"]).exit_code == 0
-    mine = (work.d / "task.adapters.safetensors").read_bytes()
-    assert (tmp_path / "again.adapters.safetensors").read_bytes() == mine
-    assert (tmp_path / "seed1.adapters.safetensors").read_bytes() != mine  # the seed does change them
+    mine = _side(work.task).read_bytes()
+    assert _side(tmp_path / "again.json").read_bytes() == mine
+    assert _side(tmp_path / "seed1.json").read_bytes() != mine  # the seed does change them
     again = json.loads((tmp_path / "again.json").read_text())["finetune"]
-    assert again == {**json.loads(work.task.read_text())["finetune"], "adapters": "again.adapters.safetensors"}
+    side = _side(tmp_path / "again.json").name
+    assert side == _side(work.task).name.replace("task.json.", "again.json.")
+    assert again == {**json.loads(work.task.read_text())["finetune"], "adapters": side}
 
 
 def _interrupt(monkeypatch, when):
@@ -158,7 +166,7 @@ def test_ctrl_c_after_an_epoch_keeps_the_best_finished_epoch_as_a_complete_task(
     task = tmp_path / "t.json"
     r = run(["train", data, "--finetune", "lora", "--model", work.model, "--save-task", task, *FAST])
     assert r.exit_code == 0, r.output
-    assert _left(tmp_path, data) == ["t.adapters.safetensors", "t.json"]
+    assert _left(tmp_path, data) == sorted([_side(task).name, "t.json"])
     ft = _tuned(task)
     assert ft.stopped == "interrupted" and ft.best_epoch == 1 and len(ft.history) == 1
     assert "stopped: interrupted; kept epoch 1" in r.stdout
@@ -337,7 +345,7 @@ def test_bad_training_input_exits_2_naming_the_fix_and_writes_nothing(work, tmp_
     assert r.exit_code == 2, r.output
     for w in want:
         assert w in r.output, (w, r.output)
-    assert not (tmp_path / "t.json").exists() and not (tmp_path / "t.adapters.safetensors").exists()
+    assert not (tmp_path / "t.json").exists() and not list(tmp_path.glob("*.adapters.safetensors"))
 
 
 @pytest.mark.parametrize("option", [["--epochs", "3"], ["--lr", "1e-3"], ["--head-lr", "1e-3"], ["--adapt-layers", "2"], ["--fused"],
@@ -351,7 +359,7 @@ def test_a_fine_tuning_option_without_finetune_is_refused(work, tmp_path, option
 def _copy_task(work, tmp_path: Path, adapters: bytes | None = None, **fields) -> Path:
     """The task and its adapters copied to `tmp_path` (the adapters replaced by `adapters`, fields set)."""
     t = json.loads(work.task.read_text())
-    side = work.d / "task.adapters.safetensors"
+    side = _side(work.task)
     data = side.read_bytes() if adapters is None else adapters
     (tmp_path / side.name).write_bytes(data)
     for k, v in fields.items():
@@ -385,16 +393,16 @@ def test_adapters_for_other_weights_are_refused_at_load(work, tmp_path):
     wrong = replace(ft, base={**ft.base, "sha256": other}).to_bytes()
     task = _copy_task(work, tmp_path, adapters=wrong, sha256=hashlib.sha256(wrong).hexdigest())
     msg = _refused(work, tmp_path, task)
-    assert str(tmp_path / "task.adapters.safetensors") in msg and "were trained on another model (sha256" in msg
+    assert str(tmp_path / _side(work.task).name) in msg and "were trained on another model (sha256" in msg
     assert "fine-tune again on this one" in msg
 
 
 def test_a_changed_or_missing_adapters_file_is_refused(work, tmp_path):
-    side = (work.d / "task.adapters.safetensors").read_bytes()
+    side = _side(work.task).read_bytes()
     task = _copy_task(work, tmp_path, adapters=side[:-1] + bytes([side[-1] ^ 1]))
     msg = _refused(work, tmp_path, task)
-    assert "task.adapters.safetensors has sha256" in msg and "changed since it was saved" in msg
-    (tmp_path / "task.adapters.safetensors").unlink()
+    assert f"{_side(work.task).name} has sha256" in msg and "changed since it was saved" in msg
+    (tmp_path / _side(work.task).name).unlink()
     msg = _refused(work, tmp_path, task)
     assert "adapters file" in msg and "is missing: put it back beside the task" in msg
 

@@ -242,7 +242,8 @@ def _finetune(
             data, save_task, model=o["model"], settings=settings, labels=got.labels, descriptions=got.descriptions,
             system=o["system"] or None, template=o["template"],
             read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0]}, fused=tune["fused"], progress=update,
-            say=(lambda m: None) if o["quiet"] else notice, **run_settings(task_settings(ctx, o)),
+            say=(lambda m: None) if o["quiet"] else notice, reads=files_read(o, ("DATA", data)),
+            **run_settings(task_settings(ctx, o)),
         )  # fmt: skip
     finally:
         close()

@@ -54,12 +54,14 @@ from .paths import (
 from .reader import Record, RecordError, read_records
 from .records import answer_record, columns_of, csv_columns, flat_answers, flat_record, question_columns, result_record
 from .resume import Written, plan_resume, same_id, scan_output, truncate_to
-from .runfiles import READS, check_run_files, files_read
+from .runfiles import ADAPTERS_SUFFIX, READS, adapters_file, check_run_files, files_read
 from .writers import INT64_MAX, INT64_MIN, ParquetRows, Writer, parquet_records, require_pyarrow
 
 __all__ = [
     "OutputError",
+    "ADAPTERS_SUFFIX",
     "READS",
+    "adapters_file",
     "check_run_files",
     "files_read",
     "OUTPUT_FORMATS",

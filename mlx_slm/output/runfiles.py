@@ -5,12 +5,14 @@
 and each list left out another file. Here every option that reads a file is named once (`READS`,
 by the parameter name `setup.TaskOptions` and the commands share), and `check_run_files` refuses
 any output (`-o`, `--save-task`, `--json`, a plot) that is any of them, through any path, symlink,
-hard link or redirected stdin, before anything is opened.
+hard link or redirected stdin, before anything is opened. A file a run writes beside an output
+is named here too (`adapters_file`: a fine-tuned task's adapters), and checked with the outputs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .paths import Read, check_outputs
@@ -38,3 +40,17 @@ def files_read(options: Any, *more: tuple[str, str | None]) -> list[Read]:
 def check_run_files(reads: Sequence[Read], writes: Sequence[tuple[str, str | None]]) -> None:
     """Before any work: every output is writable, none is a file the run reads, none is another."""
     check_outputs(reads, writes)
+
+
+ADAPTERS_SUFFIX = ".adapters.safetensors"
+
+
+def adapters_file(save_task: str | Path, sha256: str) -> Path:
+    """Where a fine-tuned task saved at `save_task` keeps its adapters: beside it, named by the
+    task file's whole name and the adapters' own sha256 (`task.json.1a2b3c4d5e6f7a8b.adapters.safetensors`).
+    A new fine-tune is a new file, so the task being replaced and the adapters it names stay whole
+    until the new pair is; `intents.v1` and `intents.v2` (or `t` and `t.json`) never share one; and
+    two tasks naming one file name the same bytes. `check_run_files` checks it with the outputs
+    (never a file the run reads, nor another output)."""
+    p = Path(save_task)
+    return p.with_name(f"{p.name}.{sha256[:16]}{ADAPTERS_SUFFIX}")
