@@ -399,7 +399,7 @@ class FineTuned:
             if missing or len(arrays) != 2 * len(lora.names()):
                 raise ValueError(f"adapters missing or extra ({missing[:2]})")
             tokens = doc["label_tokens"]
-            return cls(
+            tuned = cls(
                 labels=tuple(doc["labels"]),
                 objective=doc["objective"],
                 lora=lora,
@@ -419,6 +419,20 @@ class FineTuned:
             raise FinetuneError(
                 f"{where} is not an mlx-slm adapters file ({e}): give the file `FineTuned.save` wrote"
             ) from None
+        tuned.check_finite(where)
+        return tuned
+
+    def check_finite(self, where: str = "these adapters") -> None:
+        """Refuse adapters or a head holding NaN or infinite values (a diverged fine-tune's): every
+        probability they gave would be NaN."""
+        arrays = {**self.adapters, **({"score.weight": self.head} if self.head is not None else {})}
+        bad = [k for k, v in arrays.items() if not bool(mx.all(mx.isfinite(v)).item())]
+        if bad:
+            raise FinetuneError(
+                f"{where}: non-finite weights (NaN or infinity) in {', '.join(bad[:3])}"
+                f"{' ...' if len(bad) > 3 else ''}: they come from a fine-tune that diverged, and every probability "
+                "would be NaN; fine-tune again with lower learning rates (--lr, --head-lr) or in float32 (--dtype float32)"
+            )
 
 
 # --------------------------------------------------------------------------- inference

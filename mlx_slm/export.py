@@ -169,6 +169,14 @@ def export(
     weights = {k: v for k, v in dense_weights(merged).items() if not k.startswith("lm_head.")}
     weights["score.weight"] = score_weight(ft, model)
     weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
+    bad = [k for k, v in weights.items() if mx.issubdtype(v.dtype, mx.floating) and not mx.all(mx.isfinite(v)).item()]
+    if bad:  # a checkpoint of NaN or infinite weights answers NaN everywhere: never written
+        raise FinetuneError(
+            f"the merged weights hold non-finite values (NaN or infinity) in {', '.join(bad[:3])}"
+            f"{' ...' if len(bad) > 3 else ''} as {dtype}: nothing is written; "
+            + ("export as float32 or bfloat16 (--dtype), whose range holds them" if dtype == "float16" else
+               "fine-tune again with lower learning rates (--lr, --head-lr)")
+        )  # fmt: skip
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     cfg = config_for(ft, base, int(pad), dtype, prompt)
     tmp = temp_dir(out, "the export folder")

@@ -157,7 +157,8 @@ class FinetuneSettings:
 class Progress:
     """What a progress callback sees: the phase ("encode": the frozen blocks' one pass, texts
     done of all; "train": steps done of all planned), the epoch, this epoch's running training
-    loss, the last finished epoch's validation figures, seconds elapsed and left (estimated)."""
+    loss, the validation figures of the last finished epoch (`val_epoch`: which one; during
+    an epoch's steps, the one before it), seconds elapsed and left (estimated)."""
 
     phase: str
     done: int
@@ -169,6 +170,7 @@ class Progress:
     val_accuracy: float | None
     elapsed: float
     eta: float | None
+    val_epoch: int | None = None
 
 
 # --------------------------------------------------------------------------- checks
@@ -531,6 +533,20 @@ def _batches(lengths: np.ndarray, idx: np.ndarray, s: FinetuneSettings, rng: np.
     return [perm[plan[j]] for j in rng.permutation(len(plan))]
 
 
+def diverged(epoch: int, what: str, value: float, s: FinetuneSettings) -> FinetuneError:
+    """The refusal of a run whose loss (or weights) became NaN or infinite: nothing is kept."""
+    return FinetuneError(
+        f"fine-tuning diverged in epoch {epoch}: the {what} is {value} (not a finite number), so nothing is saved; "
+        f"lower the learning rates (--lr {s.learning_rate:g} and --head-lr {s.head_learning_rate:g}; Python: "
+        "learning_rate=, head_learning_rate=), or train in float32 (--dtype float32) if the model runs in float16"
+    )
+
+
+def _finite(params: dict[str, mx.array]) -> bool:
+    """Whether every trained array holds finite values only."""
+    return bool(mx.all(mx.stack([mx.all(mx.isfinite(v)) for v in params.values()])).item())
+
+
 def _loss(scores: mx.array, gold: mx.array) -> mx.array:
     """Mean cross-entropy of (B, K) label logits against gold indices (B,)."""
     lp = scores - mx.logsumexp(scores, axis=-1, keepdims=True)
@@ -620,20 +636,29 @@ def _train(
                 run.step += 1
                 steps += 1
                 seen += len(idx)
+                if not np.isfinite(loss.item()):  # NaN or inf: every later step would be too
+                    raise diverged(epoch, "training loss", loss.item(), s)
                 loss_sum += loss.item() * len(idx)
                 now = time.perf_counter()
                 last = run.history[-1] if run.history else None
                 progress(Progress("train", run.step, total, epoch, s.epochs, loss_sum / seen,
                                   last and last.val_loss, last and last.val_accuracy, now - t0,
-                                  (now - train0) / run.step * (total - run.step)))  # fmt: skip
+                                  (now - train0) / run.step * (total - run.step), last and last.epoch))  # fmt: skip
                 if now > deadline:
                     complete = False
                     break
             top.keys.training = False
             top.assign(params)
+            if not _finite(params):  # the last step's update overflowed
+                raise diverged(epoch, "adapters' or head's weights", float("nan"), s)
             vl, va_acc = _evaluate(top, enc, y, va, s) if len(va) else (None, None)
+            if vl is not None and not np.isfinite(vl):
+                raise diverged(epoch, "validation loss", vl, s)
             run.keep(params, Epoch(epoch, steps, complete, loss_sum / max(seen, 1), vl, va_acc,
                                    round(time.perf_counter() - e0, 3), round(mx.get_peak_memory() / 1e6, 1)))  # fmt: skip
+            now = time.perf_counter()  # the epoch's own validation figures, as it ends
+            progress(Progress("train", run.step, total, epoch, s.epochs, loss_sum / max(seen, 1), vl, va_acc,
+                              now - t0, (now - train0) / max(run.step, 1) * (total - run.step), epoch))  # fmt: skip
             if not complete:
                 run.stopped = "max_minutes"
                 break

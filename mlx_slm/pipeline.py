@@ -7,7 +7,9 @@ Read top to bottom, one window of texts at a time (memory stays bounded by the w
    engine keeps (`Engine.prefix`);
 3. each group is cut into length-bucketed, left-padded batches (`batching.plan`, `pad`), the
    kind's extra tokens per row counted in the token budget;
-4. the kind scores each batch (`Kind.score`);
+4. the kind scores each batch (`Kind.score`); a prediction holding a probability or score that
+   is NaN or infinite (weights that overflow, a diverged fine-tune) becomes an error row
+   (`finite`), so none is ever written, answered or returned as a number;
 5. predictions go back in input order (or as each batch finishes, `ordered=False`).
 
 Everything comes in as arguments (the kind, the batch settings, the run's `Stats`): nothing
@@ -18,6 +20,7 @@ front end tokenized (`run_items`).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -65,6 +68,36 @@ def count_items(items: Sequence[Item], st: Stats) -> None:
     st.prompt_tokens += sum(len(it.ids) for it in items if not it.error)
 
 
+NON_FINITE = (
+    "the model gave a non-finite probability (NaN or infinity) for this text: its weights (or the task's adapters "
+    "or head) overflow or hold non-finite values; run it in float32 (--dtype float32), or fix or retrain the model"
+)
+
+
+def _finite(x: object) -> bool:
+    """Whether every number in `x` (a number, or dicts and lists of them) is finite."""
+    if isinstance(x, float):
+        return math.isfinite(x)
+    if isinstance(x, dict):
+        return all(map(_finite, x.values()))
+    if isinstance(x, (list, tuple)):
+        return all(map(_finite, x))
+    return True
+
+
+def finite(pred: Prediction, st: Stats) -> Prediction:
+    """`pred`, or its error row when a probability, score or answer of it is NaN or infinite."""
+    if pred.error is None and not (_finite(pred.probs) and _finite(pred.value) and _finite(pred.answers)):
+        st.errors += 1
+        return Prediction(pred.index, error=NON_FINITE, n_tokens=pred.n_tokens, truncated=pred.truncated)
+    return pred
+
+
+def scored(kind: Kind, batch: batching.Batch, group: list[Item], pre: object, st: Stats) -> list[Prediction]:
+    """A batch's predictions (`kind.score`), each checked by `finite`."""
+    return [finite(p, st) for p in kind.score(batch, group, pre, st)]
+
+
 def run_items(
     kind: Kind, items: Sequence[Item], plan: BatchSettings, st: Stats, ordered: bool = True
 ) -> Iterator[Prediction]:
@@ -79,11 +112,11 @@ def run_items(
     if not ordered:
         yield from (results.pop(it.index) for it in items if it.error)
         for batch, group, pre in batches(kind, items, plan, st):
-            yield from kind.score(batch, group, pre, st)
+            yield from scored(kind, batch, group, pre, st)
         return
     next_out = 0
     for batch, group, pre in batches(kind, items, plan, st):
-        for pred in kind.score(batch, group, pre, st):
+        for pred in scored(kind, batch, group, pre, st):
             results[pred.index] = pred
         # Hand out whatever is now complete in input order.
         while next_out < len(items) and items[next_out].index in results:

@@ -187,8 +187,9 @@ def history_table(tuned: Any) -> str:
 
 
 def progress_bar(quiet: bool) -> tuple[Callable[[Any], None], Callable[[], None]]:
-    """A tqdm bar on stderr for the frozen pass, then one for the steps (loss, validation
-    accuracy, time left); and the function that closes it."""
+    """A tqdm bar on stderr for the frozen pass, then one for the steps (the epoch, its running
+    loss, the last finished epoch's validation accuracy and which epoch that was, time left);
+    and the function that closes it."""
     if quiet:
         return (lambda _p: None), (lambda: None)
     from tqdm.auto import tqdm
@@ -207,8 +208,8 @@ def progress_bar(quiet: bool) -> tuple[Callable[[Any], None], Callable[[], None]
             post = {"epoch": f"{p.epoch}/{p.epochs}"}
             if p.loss is not None:
                 post["loss"] = f"{p.loss:.3f}"
-            if p.val_accuracy is not None:
-                post["val_acc"] = f"{p.val_accuracy:.3f}"
+            if p.val_accuracy is not None:  # the last finished epoch's, named: not the epoch under way
+                post["val_acc"] = f"{p.val_accuracy:.3f} (epoch {p.val_epoch})"
             if p.eta is not None:
                 post["left"] = f"{p.eta / 60:.1f} min"
             bar.set_postfix(post, refresh=False)

@@ -177,6 +177,7 @@ class FinetuneKind(OnePrompt):
         sha = engine.weights_sha256 if engine.path is not None else None
         # Adapters for other weights: refused here, naming their file (`apply` and `merge` check again).
         t.check_model(engine.model, sha, where=f"the adapters {spec.file or '(in memory)'}")
+        t.check_finite(f"the adapters {spec.file or '(in memory)'}")  # a diverged fine-tune's: NaN everywhere
         model = t.merge(engine.model, sha) if spec.fused else t.apply(engine.model, sha)
         own = Engine(model, engine.tokenizer, engine.path)
         own.lock = engine.lock  # one tokenizer and one set of weights: one lock
