@@ -29,7 +29,7 @@ import numpy as np
 
 from ._fs import write_json_atomic
 from .errors import ModelError, OutputError, UserError
-from .modelfiles import check_model_dir
+from .modelfiles import check_gguf, check_model_dir, load_tokenizer
 from .models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_module, mlxlm, quant
 from .models.base import gguf_hf_name
 from .notices import notice
@@ -79,8 +79,9 @@ def _check_head(config: dict[str, Any], weights: dict[str, Any], where: str) -> 
     w = weights.get(SCORE_WEIGHT)
     try:
         check_head_tensor(
-            SeqClsHead.from_config(config), None if w is None else w.shape, text.get("hidden_size"), where
-        )
+            SeqClsHead.from_config(config), None if w is None else w.shape, text.get("hidden_size"), where,
+            names=list(weights),
+        )  # fmt: skip
     except ModelError as e:
         raise ConversionError(str(e)) from None
 
@@ -118,16 +119,22 @@ def gguf_config(reader: Any) -> dict[str, Any]:
     arch = module.GGUF_ARCH
     meta = lambda k, d=None: _gguf_field(reader, f"{arch}.{k}", d)  # noqa: E731
     shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in reader.tensors}  # GGUF lists dims reversed
-    kwargs: dict[str, Any] = module.gguf_config(meta, shapes)
-    kwargs.update(
-        architectures=[module.HF_ARCHITECTURE],
-        bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id"),
-        pad_token_id=_gguf_field(reader, "tokenizer.ggml.padding_token_id"),
-    )
-    model_type = getattr(module, "HF_MODEL_TYPE", arch)
-    cfg = AutoConfig.for_model(model_type, **kwargs).to_dict()
-    cfg.setdefault("rope_theta", kwargs["rope_theta"])  # readable by every transformers version
+    try:  # metadata of the wrong type (a string where a count belongs) fails in the reading: say so
+        kwargs: dict[str, Any] = module.gguf_config(meta, shapes)
+        kwargs.update(
+            architectures=[module.HF_ARCHITECTURE],
+            bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+            eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+            pad_token_id=_gguf_field(reader, "tokenizer.ggml.padding_token_id"),
+        )
+        model_type = getattr(module, "HF_MODEL_TYPE", arch)
+        cfg = AutoConfig.for_model(model_type, **kwargs).to_dict()
+        cfg.setdefault("rope_theta", kwargs["rope_theta"])  # readable by every transformers version
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        raise ConversionError(
+            f"GGUF: its {arch} metadata cannot be read as a model config ({type(e).__name__}: {e}): the file is "
+            "damaged or not written by llama.cpp's converter; download it again"
+        ) from None
     try:
         module.ModelArgs.from_dict(cfg)  # refuse here what the forward would not compute
     except ModelError as e:
@@ -223,6 +230,8 @@ def convert(
     kind = local_kind(src)
     if kind == "hf":
         check_model_dir(Path(src).expanduser())  # config, tokenizer, whole weights: before any work
+    else:
+        check_gguf(Path(src).expanduser())  # its header whole and its tensors as long as it says
     check_out_dir(src, out, force)
     tmp = temp_dir(out, "--out")
     try:
@@ -402,7 +411,6 @@ def _convert_into(
     origin: str | None = None,
 ) -> None:
     import mlx.core as mx
-    from transformers import AutoTokenizer
 
     if kind == "gguf":
         from gguf import GGUFReader
@@ -410,7 +418,7 @@ def _convert_into(
         path = Path(src).expanduser().resolve()
         config = gguf_config(GGUFReader(str(path)))
         tensors = iter_gguf_tensors(path, config)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = load_tokenizer(path.parent, gguf_file=path.name)
         hashed = [path]
         stored = None
     else:
@@ -427,7 +435,7 @@ def _convert_into(
                 "with --quantize, or drop --quantize to use it as it is"
             )
         tensors = iter_hf_tensors(path)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = load_tokenizer(path)
         hashed = sorted(path.glob("*.safetensors"))
 
     copied = stored is not None  # an mlx-lm quantized source

@@ -47,15 +47,15 @@ class Engine:
         once into the cache by `sources.materialise`, then loaded by `models.load_model`.
 
         dequantize: for an MLX-quantized model, see `models.load_model` (None: on the CPU only)."""
-        from transformers import AutoTokenizer
-
         from .sources import materialise
 
         # Converted once in the asked dtype (float16 by default), so float32 compute asked for
         # explicitly gets the source's float32 values, not float16 ones cast back up.
         path = materialise(model, dtype=dtype or "float16")
         m = load_model(path, dtype=getattr(mx, dtype) if dtype else None, dequantize=dequantize)
-        return cls(m, AutoTokenizer.from_pretrained(str(path)), path)
+        from .modelfiles import load_tokenizer
+
+        return cls(m, load_tokenizer(path), path)
 
     @cached_property
     def weights_sha256(self) -> str | None:

@@ -34,10 +34,25 @@ FUNCTIONS = ("softmax", "sigmoid", "none")  # the pipeline's `function_to_apply`
 
 def seqcls_architecture(config: Mapping[str, Any]) -> str | None:
     """The config's first architecture if it is a `*ForSequenceClassification`, else None
-    (a causal LM: its LM head scores label tokens)."""
+    (a causal LM: its LM head scores label tokens). `architectures` that are not a list of
+    strings, or that name a sequence classifier after another class (both a causal LM and a
+    sequence classifier), are a ModelError saying so: the checkpoint is one or the other."""
     archs = config.get("architectures")
-    if isinstance(archs, (list, tuple)) and archs and isinstance(archs[0], str) and archs[0].endswith(SUFFIX):
+    if archs is None:
+        return None
+    if not isinstance(archs, (list, tuple)) or not all(isinstance(a, str) for a in archs):
+        raise ModelError(
+            f"architectures {archs!r} is not a list of class names: set it to the checkpoint's class, e.g. "
+            '["Qwen2ForCausalLM"] or ["Qwen2ForSequenceClassification"]'
+        )
+    if archs and archs[0].endswith(SUFFIX):
         return archs[0]
+    later = [a for a in archs[1:] if a.endswith(SUFFIX)]
+    if later:
+        raise ModelError(
+            f"architectures names both {archs[0]!r} and {later[0]!r}: a checkpoint is one class; keep "
+            f"{later[0]!r} alone if it holds a {SCORE_WEIGHT} head (a sequence classifier), else {archs[0]!r} alone"
+        )
     return None
 
 
@@ -148,11 +163,11 @@ class SeqClsHead:
         """The head of a `*ForSequenceClassification` config (None for any other), read as
         Transformers reads it; a config it cannot read right is a ModelError naming `where`,
         the field and the fix."""
-        arch = seqcls_architecture(config)
-        if arch is None:
-            return None
         try:
-            return cls(arch, _labels(config), config.get("problem_type"), _pad_id(config), _prompt(config))
+            arch = seqcls_architecture(config)
+            if arch is None:
+                return None
+            return cls(arch, _labels(config), _problem_type(config), _pad_id(config), _prompt(config))
         except ModelError as e:
             raise ModelError(f"{where}: {e}") from None
 
@@ -184,13 +199,37 @@ def _prompt(config: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _problem_type(config: Mapping[str, Any]) -> str | None:
+    pt = config.get("problem_type")
+    if pt is not None and not isinstance(pt, str):
+        raise ModelError(
+            f"problem_type {pt!r} is not a string: set it to one of {', '.join(PROBLEM_TYPES)}, or remove it"
+        )
+    return pt
+
+
 def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """id2label in id order; `LABEL_i` for `num_labels` (default 2) when absent, as Transformers."""
+    """id2label in id order; `LABEL_i` for `num_labels` (default 2) when absent, as Transformers.
+    Every field Transformers reads about the labels is checked (its config class would fail on
+    a `num_labels` of "3", or a `label2id` that is not a mapping, at the tokenizer's load)."""
+    from .textfiles import has_lone_surrogate
+
     id2label = config.get("id2label")
+    n = config.get("num_labels", 2)
+    if "num_labels" in config and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ModelError(
+            f"num_labels {n!r} is not a positive integer: set it to the head's rows (a number, not a string)"
+        )
+    label2id = config.get("label2id")
+    if label2id is not None and (
+        not isinstance(label2id, Mapping)
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in label2id.values())
+    ):
+        raise ModelError(
+            f"label2id {label2id!r} is not a mapping of labels to ids, e.g. "
+            '{"negative": 0, "positive": 1}: fix it (the inverse of id2label), or remove it'
+        )
     if id2label is None:
-        n = config.get("num_labels", 2)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ModelError(f"num_labels {n!r} is not a positive integer: set it to the head's rows")
         return tuple(f"LABEL_{i}" for i in range(n))
     if not isinstance(id2label, Mapping) or not id2label:
         raise ModelError(
@@ -213,6 +252,13 @@ def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:
     for i, lab in enumerate(labels):
         if not isinstance(lab, str) or not lab.strip():
             raise ModelError(f"id2label[{i}] is {lab!r}: each label must be a non-empty string")
+        if has_lone_surrogate(lab):
+            raise ModelError(
+                f"id2label[{i}] holds an unpaired surrogate escape ({ascii(lab)[:40]}), not valid Unicode text: "
+                "fix the label (a lone \\ud800 is half of a pair)"
+            )
+    if any(has_lone_surrogate(str(k)) for k in (label2id or {})):
+        raise ModelError("label2id holds an unpaired surrogate escape, not valid Unicode text: fix the label")
     twins = sorted({lab for lab in labels if labels.count(lab) > 1})
     if twins:
         raise ModelError(f"id2label names {twins[0]!r} for several ids: give each id its own label in id2label")
@@ -227,12 +273,27 @@ def _pad_id(config: Mapping[str, Any]) -> int | None:
 
 
 def check_head_tensor(
-    head: SeqClsHead | None, shape: Sequence[int] | None, hidden_size: int | None, where: str, packed: bool = False
+    head: SeqClsHead | None,
+    shape: Sequence[int] | None,
+    hidden_size: int | None,
+    where: str,
+    packed: bool = False,
+    names: Sequence[str] = (),
 ) -> None:
     """Refuse a checkpoint whose `score.weight` (`shape`, None when absent) does not match
     its config: missing or of the wrong shape in a sequence classifier (`head`), or present
     in one whose config names no *ForSequenceClassification (it would load as a causal LM
-    and drop its head). `packed`: a quantized score, whose stored shape says nothing."""
+    and drop its head). `packed`: a quantized score, whose stored shape says nothing.
+    `names`: every tensor name of the checkpoint; a `score.*` tensor other than the weight
+    (`score.bias`: Transformers' score Linear has no bias, and would drop it) is refused."""
+    allowed = {SCORE_WEIGHT} | ({f"{SCORE}.scales", f"{SCORE}.biases"} if packed else set())
+    extra = sorted(n for n in names if n.startswith(f"{SCORE}.") and n not in allowed)
+    if extra:
+        raise ModelError(
+            f"{where} holds {', '.join(extra[:3])}, but a sequence classifier's {SCORE} is a Linear without a bias "
+            f"(Transformers' *ForSequenceClassification has only {SCORE_WEIGHT}, and would drop {extra[0]}, changing "
+            f"every score): remove {extra[0]} from the checkpoint (fold it into a model that has one), or use another model"
+        )
     if head is None:
         if shape is not None:
             raise ModelError(

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .convert import convert, is_converted, local_kind
 from .errors import ModelError
-from .modelfiles import check_model_dir
+from .modelfiles import check_gguf, check_model_dir
 from .registry import BUILTINS, BuiltinModel, cache_dir, cache_lock, say
 from .safefs import refuse_symlink
 
@@ -139,6 +139,8 @@ def materialise(model: str | Path, dtype: str = "float16") -> Path:
         assert got.path is not None  # fetch always gives local files
         if got.kind == "hf":
             check_model_dir(got.path)  # before the conversion starts
+        else:
+            check_gguf(got.path)
         say(f"mlx-slm: converting {source.name} to MLX {dtype} (once) -> {out}")
         # The cache is ours: whatever an older, interrupted version left at `out` is replaced.
         return convert(got.path, out, dtype=dtype, force=True, origin=got.origin)

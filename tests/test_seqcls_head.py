@@ -29,7 +29,10 @@ def test_a_causal_lm_has_no_head():
     assert (
         seqcls_architecture({"architectures": ["LlamaForSequenceClassification"]}) == "LlamaForSequenceClassification"
     )
-    assert seqcls_architecture({"architectures": "LlamaForSequenceClassification"}) is None  # not a list
+    with pytest.raises(ModelError, match="is not a list of class names"):  # checked, not taken for a causal LM
+        seqcls_architecture({"architectures": "LlamaForSequenceClassification"})
+    with pytest.raises(ModelError, match="names both 'LlamaForCausalLM' and 'LlamaForSequenceClassification'"):
+        seqcls_architecture({"architectures": ["LlamaForCausalLM", "LlamaForSequenceClassification"]})
 
 
 def test_labels_from_id2label_in_id_order():

@@ -145,7 +145,14 @@ def load_model(
     weights, dtype = _load_quantized(model, weights, config, path, dtype, dequantize)
     dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, module))
     weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
-    model.load_weights(list(weights.items()), strict=True)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:  # a tensor the config's model has no place for, or one it lacks, or a wrong shape
+        why = " ".join(str(e).split())
+        raise ModelError(
+            f"the weights in {path} do not fit the model its config.json describes ({why[:300]}): use the "
+            "config.json that belongs to these weights, or convert the checkpoint again (mlx-slm convert)"
+        ) from None
     model.eval()
     mx.eval(model.parameters())
     model.ops = choose_ops(dtype, name=ops)

@@ -126,10 +126,45 @@ class ModelArgs:
             from . import get_model_module
 
             return get_model_module(config.get("model_type")).ModelArgs.from_dict(config)
-        cfg = cls.normalize(dict(config))
+        try:
+            cfg = cls.normalize(dict(config))
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # a value of the wrong type
+            raise ModelError(
+                f"config.json holds a value {config.get('model_type')!r} configs cannot take ({type(e).__name__}: {e}): "
+                "fix config.json (numbers as numbers, not strings), or use the checkpoint's own"
+            ) from None
         cfg["seqcls"] = SeqClsHead.from_config(config)
+        cls.check_values(cfg)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in cfg.items() if k in names and v is not None})
+
+    @classmethod
+    def check_values(cls, cfg: dict[str, Any]) -> None:
+        """Refuse a field of the wrong type before anything computes with it (`"hidden_size": "64"`
+        failed deep in the model's construction): sizes are whole numbers of at least 1, the
+        other numbers finite and above 0, flags true or false, names strings."""
+        import math
+
+        for f in fields(cls):
+            v = cfg.get(f.name)
+            kind = str(f.type).split(" ")[0].split("[")[0]
+            if v is None or kind not in ("int", "float", "bool", "str", "list"):
+                continue
+            if kind == "int":
+                ok, want = isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number of at least 1"
+            elif kind == "float":
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                want = "a finite number above 0"
+            elif kind == "bool":
+                ok, want = isinstance(v, bool), "true or false"
+            elif kind == "str":
+                ok, want = isinstance(v, str), "a string"
+            else:
+                ok, want = isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"
+            if not ok:
+                raise ModelError(
+                    f"config.json: {f.name} is {v!r}, not {want}: fix it (a number as a number, not a string)"
+                )
 
     @classmethod
     def normalize(cls, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -652,7 +687,7 @@ def check_score(weights: dict[str, mx.array], args: ModelArgs, where: str) -> No
     """Refuse, before loading, a `score.weight` that does not match the config (`seqcls.check_head_tensor`)."""
     w = weights.get(SCORE_WEIGHT)
     packed = SCORE_WEIGHT.replace(".weight", ".scales") in weights
-    check_head_tensor(args.seqcls, None if w is None else w.shape, args.hidden_size, where, packed)
+    check_head_tensor(args.seqcls, None if w is None else w.shape, args.hidden_size, where, packed, list(weights))
 
 
 def flops_per_token(args: ModelArgs) -> float:
