@@ -94,6 +94,71 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+# --------------------------------------------------------------------------- what a conversion converted
+
+# The files of a Hugging Face folder a conversion reads (config, weights, tokenizer, chat template).
+SOURCE_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*")
+SMALL_FILE = 16 << 20  # files up to this size are recorded by their sha256, larger ones by their stat
+
+
+def _fingerprint(f: Path) -> dict[str, Any]:
+    """How a conversion records one source file: a small file's sha256 (its content); a large
+    one's size, modification and change times (a rewrite, a copy over it, `cp -p` of another
+    file: each changes one of them), its sha256 checked before a stat alone reconverts it."""
+    st = f.stat()
+    if st.st_size <= SMALL_FILE:
+        return {"sha256": sha256_file(f)}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def source_files(src: str | Path) -> dict[str, dict[str, Any]]:
+    """The fingerprint of every file a conversion of `src` reads (a GGUF: the file; a folder:
+    `SOURCE_FILES`), by name: what `conversion.json` records and `source_changes` checks."""
+    p = Path(src).expanduser().resolve()
+    if p.is_file():
+        return {p.name: _fingerprint(p)}
+    names = sorted({f.name for pattern in SOURCE_FILES for f in p.glob(pattern) if f.is_file()})
+    return {n: _fingerprint(p / n) for n in names if not n.startswith(".")}
+
+
+def source_changes(out: str | Path, src: str | Path) -> list[str]:
+    """The files of `src` that differ from what the conversion in `out` converted (changed,
+    added or removed; `["conversion.json"]` for a conversion that recorded none): empty when
+    `out` is still `src` converted. A large file whose stat changed but whose sha256 is the one
+    recorded is the same file (its new stat is recorded, when the record can be written)."""
+    rec_path = Path(out) / RECORD
+    try:
+        record = json.loads(rec_path.read_text(encoding="utf-8"))
+        want = record["source_files"]
+        if not isinstance(want, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        return [RECORD]
+    p = Path(src).expanduser().resolve()
+    try:
+        now = source_files(p)
+    except OSError:
+        return [p.name]
+    changed = sorted(set(want) ^ set(now))
+    hashes = record.get("source_sha256") if isinstance(record.get("source_sha256"), dict) else {}
+    same_content = []
+    for name in sorted(set(want) & set(now)):
+        if want[name] == now[name]:
+            continue
+        f = p / name if p.is_dir() else p
+        if "size" in now[name] and hashes.get(name) is not None and hashes.get(name) == sha256_file(f):
+            same_content.append(name)  # touched, not changed
+        else:
+            changed.append(name)
+    if same_content and not changed:
+        record["source_files"] = {**want, **{n: now[n] for n in same_content}}
+        try:
+            write_json_atomic(rec_path, record)
+        except (OSError, OutputError):  # a read-only cache: hashed again next time
+            pass
+    return changed
+
+
 # --------------------------------------------------------------------------- GGUF
 
 
@@ -412,17 +477,17 @@ def _convert_into(
 ) -> None:
     import mlx.core as mx
 
+    recorded = source_files(src)  # before anything is read: an edit made during the conversion converts again
+    path = Path(src).expanduser().resolve()
     if kind == "gguf":
         from gguf import GGUFReader
 
-        path = Path(src).expanduser().resolve()
         config = gguf_config(GGUFReader(str(path)))
         tensors = iter_gguf_tensors(path, config)
         tokenizer = load_tokenizer(path.parent, gguf_file=path.name)
         hashed = [path]
         stored = None
     else:
-        path = Path(src).expanduser().resolve()
         config = json.loads((path / "config.json").read_text())
         _check_config(config, str(src))
         try:
@@ -478,6 +543,7 @@ def _convert_into(
         "source_kind": kind,
         "source_path": str(path),
         "source_sha256": {p.name: sha256_file(p) for p in hashed},
+        "source_files": recorded,
         "dtype": source_dtype if copied else dtype,
         "source_dtype": source_dtype,
         "quantization": stored,
@@ -486,6 +552,7 @@ def _convert_into(
         "versions": versions(),
     }
     record["weights_sha256"] = sha256_file(tmp / WEIGHTS)
+    record["weights_stat"] = _weights_stat(tmp / WEIGHTS)
     record["files"] = sorted([p.name for p in tmp.iterdir()] + [RECORD])  # what a later --out may replace
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
@@ -503,13 +570,21 @@ def versions() -> dict[str, str]:
     return got
 
 
+def _weights_stat(f: Path) -> list[int]:
+    st = f.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
 def weights_sha256(path: str | Path) -> str:
-    """sha256 of a converted directory's weights: from its record, or hashed once and recorded."""
+    """sha256 of a converted directory's weights: from its record while the weights file is the
+    one it was recorded for (its size and modification time), else hashed again and recorded."""
     p = Path(path)
     rec_path = p / RECORD
     record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
-    if "weights_sha256" not in record:
+    stat = _weights_stat(p / WEIGHTS)
+    if "weights_sha256" not in record or record.get("weights_stat") != stat:  # a copy over model.safetensors
         record["weights_sha256"] = sha256_file(p / WEIGHTS)
+        record["weights_stat"] = stat
         try:
             write_json_atomic(rec_path, record)
         except (OSError, OutputError):  # a read-only model directory (or a link): hash again next time

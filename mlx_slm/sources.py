@@ -13,7 +13,9 @@ Loading runs one way, in three steps, and every caller (the engine, `convert`, `
 3. `materialise(model, dtype)` gives the converted MLX directory, made once in our
    cache under an inter-process lock by `convert.convert` (local files to local files).
    A converted directory is used in place. The cache entry is found from the argument
-   alone, so a hub id converted once loads later with no network at all.
+   alone, so a hub id converted once loads later with no network at all; a local folder or
+   GGUF is checked against what its conversion recorded of its files at every load (`stale`),
+   so one edited in place since converts again.
 
 `models.load_model` (through `Engine.load`) then loads that directory. `local(model)`
 is steps 1 and 2 (the `convert` command, parity's reference checkpoint).
@@ -31,7 +33,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .convert import convert, is_converted, local_kind
+from .convert import convert, is_converted, local_kind, source_changes
 from .errors import ModelError
 from .modelfiles import check_gguf, check_model_dir
 from .registry import BUILTINS, BuiltinModel, cache_dir, cache_lock, say
@@ -129,11 +131,12 @@ def materialise(model: str | Path, dtype: str = "float16") -> Path:
     lock; others wait for it and use its result. A failed conversion leaves nothing."""
     source = resolve(model)
     out = cached_path(source, dtype)
-    if is_converted(out):
+    if is_converted(out) and not stale(source, out):
         check_model_dir(out)  # a folder cut short (a copy, a download) is named here, not by the loader
         return out
     with cache_lock(out.name, f"converting {source.name} to MLX {dtype}"):
-        if is_converted(out):  # converted by the process we waited for
+        changed = stale(source, out) if is_converted(out) else []
+        if is_converted(out) and not changed:  # converted by the process we waited for
             return out
         got = fetch(source)
         assert got.path is not None  # fetch always gives local files
@@ -141,18 +144,31 @@ def materialise(model: str | Path, dtype: str = "float16") -> Path:
             check_model_dir(got.path)  # before the conversion starts
         else:
             check_gguf(got.path)
-        say(f"mlx-slm: converting {source.name} to MLX {dtype} (once) -> {out}")
+        if changed:
+            shown = ", ".join(changed[:4]) + (" ..." if len(changed) > 4 else "")
+            say(f"mlx-slm: {source.name} changed since it was converted ({shown}): converting it again -> {out}")
+        else:
+            say(f"mlx-slm: converting {source.name} to MLX {dtype} (once) -> {out}")
         # The cache is ours: whatever an older, interrupted version left at `out` is replaced.
         return convert(got.path, out, dtype=dtype, force=True, origin=got.origin)
 
 
+def stale(source: Source, out: Path) -> list[str]:
+    """The files of a local source (a folder or a GGUF) that changed since `out` was converted
+    from them (`convert.source_changes`: each file's content, or a large one's stat, as the
+    conversion recorded it); empty for any other source (a built-in's, a hub id's: their files
+    are fetched, not edited) and for an unchanged one. Checked at every load."""
+    if source.kind not in ("hf", "gguf") or source.path is None:
+        return []
+    return source_changes(out, source.path)
+
+
 def _slug(name: str) -> str:
-    """A cache entry name for a source: a local one keyed by its resolved path, size and
-    modification time (an edited checkpoint converts again), a hub id by itself."""
+    """A cache entry name for a source: a local one keyed by its resolved path (an edited
+    checkpoint converts again into the same entry: `stale`), a hub id by itself."""
     p = Path(name).expanduser()
     if p.exists():
-        st = p.stat()
-        key = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        key = str(p.resolve())
         base = p.stem if p.is_file() else p.resolve().name
     else:
         key, base = name, name.replace("/", "--")
