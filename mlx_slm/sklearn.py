@@ -632,7 +632,8 @@ def _finetune(
             "out at least one example of each label and trains on the rest, so each needs 2: add examples, or set "
             "val_fraction=0 (no early stopping)"
             if est.val_fraction > 0
-            else f"y: no examples of {'; '.join(short[:8])}: give each label examples, or leave it out of labels"
+            else f"y: too few examples for fine-tuning: {'; '.join(short[:8])}: a fine-tuned classifier learns each "
+            "label from its examples; add examples of those labels, or leave them out of labels"
         )
     update, close = progress_bar(est.verbose == 0)
     try:

@@ -49,7 +49,8 @@ def run_finetune(
     from .task import Task
     from .train import read_training_data
 
-    need = (1, "")  # without validation one example a label trains
+    need = (1, "A fine-tuned classifier learns each label from its examples: add examples of those labels to "
+            f"{data_path}, or leave them out of --labels (or --labels-file)")  # fmt: skip
     if settings.val_fraction > 0:  # one example of each label held out, one trained on
         need = (2, f"--val-fraction {settings.val_fraction:g} holds out at least one example of each label for "
                 "validation and trains on the rest, so each needs 2: add examples of those labels, leave them out "

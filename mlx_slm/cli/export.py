@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..output import check_run_files
+from ..output import check_new_folder
 from .base import Command, notice, warn_blas
 
 
@@ -43,7 +43,7 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
     from ..task import Task
 
     warn_blas()
-    check_run_files([task_file], [("-o", output)])
+    check_new_folder(output)  # a new or empty folder, as --help says (no input can be in one)
     t = Task.load(task_file)
     spec = t.kind
     if not isinstance(spec, FinetuneSpec):

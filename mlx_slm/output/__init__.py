@@ -44,6 +44,7 @@ from .manifest import (
 from .paths import (
     _EXTENSIONS,
     OUTPUT_FORMATS,
+    check_new_folder,
     check_outputs,
     check_writable,
     delimiter,
@@ -69,6 +70,7 @@ __all__ = [
     "_EXTENSIONS",
     "output_format",
     "is_plain_file_target",
+    "check_new_folder",
     "check_outputs",
     "check_writable",
     "refuse_input_as_output",

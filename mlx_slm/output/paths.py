@@ -85,6 +85,31 @@ def check_writable(path: str, what: str = "-o") -> None:
         raise OutputError(f"{what} {path}: the folder {parent} is not writable")
 
 
+def check_new_folder(path: str, what: str = "-o") -> None:
+    """Fail before any work unless `path` can be a new folder written whole (a checkpoint `export`
+    writes): a new folder in an existing, writable one, or an empty folder; never a link, a file
+    or a folder that holds anything."""
+    refuse_symlink(path, what)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutputError(f"{what} {path} exists and is not a folder: give a new (or empty) folder")
+    if os.path.isdir(path):
+        try:
+            held = sorted(os.listdir(path))
+        except OSError as e:
+            raise OutputError(f"{what} {path} cannot be read ({e.strerror}): give a new (or empty) folder") from None
+        if held:
+            shown = ", ".join(held[:3]) + (" ..." if len(held) > 3 else "")
+            raise OutputError(
+                f"{what} {path} is a folder that is not empty ({shown}): give a new (or empty) folder; nothing in "
+                "it is replaced"
+            )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise OutputError(f"{what} {path}: the folder {parent} does not exist: create it first")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"{what} {path}: the folder {parent} is not writable")
+
+
 Read = str | None | tuple[str, str | None]  # a path, or (the option that reads it, the path); None: stdin
 
 
