@@ -184,3 +184,31 @@ def test_a_task_saved_before_with_task_adapters_safetensors_still_loads(tuned, e
     d["finetune"]["adapters"] = old.name
     t.write_text(json.dumps(d))
     assert np.array_equal(_answers(t, engine), before)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["classify", "IN", "--task", "T", "-o", "A", "--output-format", "jsonl", "-q"],
+        ["classify", "IN", "--task", "T", "-o", "OUT", "--save-task", "A", "-q"],
+        ["eval", "IN", "--task", "T", "--json", "A", "-q"],
+    ],
+)
+def test_no_output_of_a_run_is_the_adapters_its_task_reads(tuned, tmp_path, how):
+    """A fine-tuned task's adapters are one of the files a run reads (`output.files_read`):
+    `-o`, `--save-task` or `--json` onto them is refused before anything is written."""
+    from hostile import invoke
+
+    from mlx_slm.tuning import save_finetuned
+
+    task, a, _ = tuned
+    t = tmp_path / "t.json"
+    save_finetuned(task, a, t)
+    side = _named(t)
+    before = side.read_bytes()
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"text": x, "label": g}) + "\n" for x, g in ROWS[:4]))
+    names = {"IN": inp, "T": t, "A": side, "OUT": tmp_path / "out.jsonl"}
+    r = invoke([names.get(x, x) for x in how])
+    assert r.exit_code == 2 and "is the --task's adapters file" in r.output, r.output
+    assert side.read_bytes() == before and not (tmp_path / "out.jsonl").exists()

@@ -33,8 +33,28 @@ def files_read(options: Any, *more: tuple[str, str | None]) -> list[Read]:
     ("--predictions", path), ...). INPUT '-' is standard input (a file behind `< FILE` counts)."""
     get = options.get if isinstance(options, dict) else lambda k: getattr(options, k, None)
     reads: list[Read] = [(flag, get(name)) for name, flag in READS if get(name)]
+    if get("task_file"):
+        reads += task_files(str(get("task_file")))
     reads += [(flag, path) for flag, path in more if path is not None]
     return reads
+
+
+def task_files(task_file: str) -> list[Read]:
+    """The files a task file names that a run reads with it: a fine-tuned task's adapters
+    (relative to the task's folder). Read leniently: a task that cannot be read names nothing
+    here (the task's own reader says what is wrong with it)."""
+    import json
+
+    try:
+        with open(task_file, "rb") as f:
+            section = json.loads(f.read(1 << 24)).get("finetune")
+        name = section.get("adapters")
+    except Exception:  # noqa: BLE001 - not a task, not JSON, no such section: nothing named
+        return []
+    if not isinstance(name, str) or not name:
+        return []
+    side = Path(name) if Path(name).is_absolute() else Path(task_file).resolve().parent / name
+    return [("--task's adapters", str(side))]
 
 
 def check_run_files(reads: Sequence[Read], writes: Sequence[tuple[str, str | None]]) -> None:
