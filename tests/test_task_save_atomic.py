@@ -212,3 +212,30 @@ def test_no_output_of_a_run_is_the_adapters_its_task_reads(tuned, tmp_path, how)
     r = invoke([names.get(x, x) for x in how])
     assert r.exit_code == 2 and "is the --task's adapters file" in r.output, r.output
     assert side.read_bytes() == before and not (tmp_path / "out.jsonl").exists()
+
+
+def test_the_estimator_s_to_task_saves_the_same_way(tiny_qwen_mlx, tmp_path, monkeypatch):
+    """`SLMClassifier.to_task` writes a fine-tuned task through the same `save_finetuned`: its own
+    adapters name per task name, and a failing task write never deletes an older task's."""
+    from mlx_slm.kinds.base import TaskError
+    from mlx_slm.sklearn import SLMClassifier
+
+    est = SLMClassifier(model=str(tiny_qwen_mlx), method="finetune", epochs=1, adapt_layers=1, val_fraction=0.0,
+                        learning_rate=1e-3)  # fmt: skip
+    est.fit([t for t, _ in ROWS], [g for _, g in ROWS])
+    want = est.predict_proba([t for t, _ in ROWS[:4]])
+    est.to_task(tmp_path / "intents.v1")
+    est.to_task(tmp_path / "intents.v2")
+    assert _named(tmp_path / "intents.v1") != _named(tmp_path / "intents.v2")
+    files = sorted(os.listdir(tmp_path))
+
+    def eio(self, path):
+        raise TaskError(f"cannot write the task file {path} ({os.strerror(errno.EIO)})")
+
+    with monkeypatch.context() as m:
+        m.setattr(Task, "save", eio)
+        with pytest.raises(TaskError):
+            est.to_task(tmp_path / "intents.v1")
+    assert sorted(os.listdir(tmp_path)) == files
+    back = SLMClassifier.from_task(tmp_path / "intents.v1")
+    assert np.abs(back.predict_proba([t for t, _ in ROWS[:4]]) - want).max() < 1e-6
