@@ -30,7 +30,7 @@ import numpy as np
 from ._fs import write_json_atomic
 from .errors import ModelError, OutputError, UserError
 from .modelfiles import check_gguf, check_model_dir, load_tokenizer
-from .models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_module, mlxlm, quant
+from .models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_module, mlxlm, model_type_of, quant
 from .models.base import gguf_hf_name
 from .notices import notice
 from .safefs import DIR_MODE, refuse_symlink, temp_dir
@@ -64,6 +64,10 @@ def _check_arch(model_type: str | None, where: str) -> Any:
 
 def _check_config(config: dict[str, Any], where: str) -> None:
     """Refuse, before any tensor is read, a config the forward would not compute exactly."""
+    try:
+        model_type_of(config)
+    except ModelError as e:
+        raise ConversionError(f"{where}: {e}") from None
     module = _check_arch(config.get("model_type"), where)
     try:
         SeqClsHead.from_config(config)  # a sequence classifier's labels and problem type

@@ -71,6 +71,9 @@ CONFIGS = {
         ["config.json holds a value", "fix config.json"],
     ),
     "problem_type number": (_set(problem_type=5), ["problem_type 5"]),
+    "model_type a list": (_set(model_type=["qwen2"]), ["model_type ['qwen2'] is not an architecture name"]),
+    "vocab_size a bool": (_set(vocab_size=True), ["vocab_size is True, not a whole number"]),
+    "sliding_window string": (_set(use_sliding_window=True, sliding_window="x"), ["sliding_window is 'x'"]),
     "architectures a string": (_set(architectures="Qwen2ForSequenceClassification"), ["is not a list of class names"]),
 }
 
@@ -86,7 +89,15 @@ def test_a_classifier_config_value_of_the_wrong_kind_is_refused_by_classify(tiny
         assert not (tmp_path / f"{form}.jsonl").exists()
 
 
-@pytest.mark.parametrize("case", ["id2label surrogate", "num_labels string", "hidden_size string"])
+def test_a_causal_lm_config_transformers_cannot_read_is_refused_not_a_traceback(tiny_qwen_mlx, tmp_path):
+    """`"num_labels": "3"` in a causal LM's config: its labels are not read, but transformers'
+    config class (under the tokenizer's load) fails on it."""
+    model = _edited(tiny_qwen_mlx, tmp_path / "m", _set(num_labels="3"))
+    r = invoke(["classify", _inp(tmp_path), "--model", model, "--labels", "a,b", "-q"])
+    refused_cleanly(r, f"the tokenizer of {model} cannot be loaded", "fix config.json")
+
+
+@pytest.mark.parametrize("case", ["id2label surrogate", "num_labels string", "hidden_size string", "model_type a list"])
 def test_convert_refuses_them_too(tiny_arch, tmp_path, case):
     edit, words = CONFIGS[case]
     model = _edited(tiny_arch.seqcls_hf("qwen2", 3), tmp_path / "hf", edit)

@@ -39,6 +39,16 @@ ARCHITECTURES: dict[str, str] = {
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
+def model_type_of(config: dict[str, Any]) -> str:
+    """The config's `model_type`, checked to be a name (a list or a number there failed as a TypeError)."""
+    mt = config.get("model_type")
+    if not isinstance(mt, str) or not mt:
+        raise ModelError(
+            f'config.json: model_type {mt!r} is not an architecture name (a string such as "qwen2"): fix it'
+        )
+    return mt
+
+
 def get_model_module(model_type: str | None) -> ModuleType:
     """The architecture module for a config's `model_type`; ModelError if there is none."""
     if model_type not in ARCHITECTURES:
@@ -127,7 +137,7 @@ def load_model(
     if not cfg_path.is_file():
         raise ModelError(f"no config.json in {path}: convert the checkpoint first (mlx-slm convert)")
     config = json.loads(cfg_path.read_text())
-    if config.get("model_type") not in ARCHITECTURES:  # only mlx-lm's model class covers it (or refused)
+    if model_type_of(config) not in ARCHITECTURES:  # only mlx-lm's model class covers it (or refused)
         from . import mlxlm
 
         return mlxlm.load(path, config, dtype, ops, dequantize)  # type: ignore[return-value]
@@ -231,5 +241,6 @@ __all__ = [
     "get_model_module",
     "gguf_module",
     "load_model",
+    "model_type_of",
     "sequence_logits",
 ]
