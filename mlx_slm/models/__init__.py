@@ -94,7 +94,7 @@ def _flops(module: ModuleType) -> Any:
 
 def flops_per_token(config: dict[str, Any]) -> float:
     """Matmul FLOPs per token of a config.json dict (Llama-shaped when it names no model_type)."""
-    cfg = {"model_type": "llama", "vocab_size": 0, **config}
+    cfg = {"model_type": "llama", "vocab_size": 1, **config}  # the vocabulary is no per-token matmul here
     m = get_model_module(cfg["model_type"])
     return _flops(m)(m.ModelArgs.from_dict(cfg))
 
