@@ -387,7 +387,7 @@ class OnePrompt(Kind):
                 "template (e.g. --template 'Premise: {text}\nHypothesis: {pair}'), or drop the pair"
             )
         if pair is None and self.format.pairs:
-            return "the template holds {pair}, but the item has no second text: give it a text_pair"
+            return "the template holds {pair}, but the item has no second text: give it a text_pair (--pair-field; a CSV's column: --pair-column)"
         return None
 
     def items(self, texts: Sequence[Any], start: int = 0) -> list[Item]:
