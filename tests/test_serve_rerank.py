@@ -103,6 +103,29 @@ def test_seqcls_routes_answer_with_the_models_head_as_transformers(seqcls):
         assert np.allclose(row["probs"], want, atol=1e-4)
 
 
+@pytest.mark.parametrize("fn", ["softmax", "sigmoid", "none"])
+def test_tei_function_to_apply_is_the_pipelines_on_every_head_form(seqcls, fn):
+    """TEI's /predict `parameters.function_to_apply` (Hugging Face InferenceClient's) gives what
+    the text-classification pipeline gives with it, on a softmax, a multi-label and a one-output
+    head alike (issue 40: a multi-label head ignored "softmax" and refused "sigmoid")."""
+    import torch
+
+    srv, ref, _ = seqcls
+    labels = list(ref.labels)
+    r = _post(srv, "/predict", {"inputs": TEXTS, "parameters": {"function_to_apply": fn}})
+    assert r.status_code == 200, r.text
+    for got, text in zip(r.json(), TEXTS):
+        logits = ref.logits(ref.encode(text))
+        want = ref.pipeline.postprocess({"logits": torch.tensor(logits[None])}, function_to_apply=fn, top_k=None)
+        want = {d["label"]: d["score"] for d in want}
+        assert sorted(d["label"] for d in got) == sorted(labels)
+        assert all(abs(d["score"] - want[d["label"]]) < 1e-4 for d in got), (got, want)
+    both = _post(srv, "/predict", {"inputs": "x", "raw_scores": True, "parameters": {"function_to_apply": fn}})
+    assert both.status_code == (200 if fn == "none" else 422), both.text
+    bad = _post(srv, "/predict", {"inputs": "x", "parameters": {"function_to_apply": "tanh"}})
+    assert bad.status_code == 422 and "'tanh'" in bad.json()["error"]
+
+
 def test_model_info_says_which_head(seqcls):
     srv, ref, _ = seqcls
     info = httpx.get(srv.url + "/v1/model").json()
@@ -126,6 +149,11 @@ def test_seqcls_bad_requests(seqcls):
         assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
     r = _post(srv, "/predict", {"inputs": [["a", "b", "c"]]})
     assert r.status_code == 422 and "pair of strings" in r.json()["error"]
+    for bad, where in ((["A", 5], "inputs[0][1] must be a string"), ([None, "b"], "inputs[0][0] must be a string")):
+        r = _post(srv, "/predict", {"inputs": [bad]})  # the non-string named, not "a list of 2 items"
+        assert r.status_code == 422 and where in r.json()["error"] and "list of 2" not in r.json()["error"], r.text
+    r = _post(srv, "/v1/classify", {"texts": [["A", 5]]})
+    assert r.status_code == 422 and "texts[0][1] must be a string" in r.json()["error"]["message"], r.text
     if len(ref.labels) > 1 and ref.model.config.problem_type is None:  # a softmax head calibrates
         assert _post(srv, "/v1/classify", {"text": "a", "min_confidence": 0.9}).status_code == 200
     else:

@@ -53,7 +53,7 @@ _TEI_PREDICT: dict[str, Any] = {
             "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
             "parameters": {
                 "type": "object",
-                "description": "Hugging Face InferenceClient's: function_to_apply (softmax|none), top_k",
+                "description": "Hugging Face InferenceClient's: function_to_apply (softmax|sigmoid|none), top_k",
             },
         },
         required=["inputs"],
