@@ -56,12 +56,13 @@ def read_training_data(
     id_column: str | None = "id",
     gold_field: str = "label",
     pair: str | None = None,
+    pair_required: bool = False,
     folds: int = DEFAULT_FOLDS,
     need: tuple[int, str] | None = None,
     what: str = "a head",
 ) -> TrainingData:
     """Every row must hold a text and a gold label; `pair`: the field (JSONL, Parquet) or column
-    (CSV) of a second text, read as classify reads it (`TaskOptions.pair_arg`): a row that has
+    (CSV) of a second text, read as classify reads it (`TaskOptions.read_pair`): a row that has
     one is a (text, pair) item, which the prompt takes ({pair} in the template) or refuses by
     its line. `labels`: the label set (None: the data's
     own labels, sorted); a label in the data outside it, a label with fewer than
@@ -72,7 +73,19 @@ def read_training_data(
 
     if path in ("-", None):
         raise TrainError("train reads a file (its sha256 goes into the task): give the labelled data's path")
-    rows = list(read_rows(path, fmt, text_field, id_field, text_column, id_column, gold=gold_field, pair=pair))
+    rows = list(
+        read_rows(
+            path,
+            fmt,
+            text_field,
+            id_field,
+            text_column,
+            id_column,
+            gold=gold_field,
+            pair=pair,
+            pair_required=pair_required,
+        )
+    )
     if not rows:
         raise TrainError(
             f"{path} is empty: give it labelled texts, one a row (a {text_field!r} and a {gold_field!r} field)"

@@ -259,7 +259,7 @@ def test_rerank_bad_input(lm, cross, tmp_path, monkeypatch):
     assert r.exit_code == 1
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["query_id"] for x in rows] == [1, 2, 3, 4, 5, 5]  # each query in its place, its line as its id
-    assert "line 1: the query must be a non-empty string" in rows[0]["error"]
+    assert "line 1: field 'query' is empty" in rows[0]["error"]  # as classify reads a text
     assert "line 2: documents must be a non-empty list" in rows[1]["error"]
     assert "line 3: 4 documents for one query, over the limit of 3: send them in parts" in rows[2]["error"]
     assert "line 4: documents[1] must be a non-empty string" in rows[3]["error"]

@@ -152,7 +152,7 @@ def train(
         system=o["system"] or None,
         template=o["template"],
         examples_file=o["examples_file"],
-        read={**{k: o[k] for k in keys}, "pair": settings.pair_arg(data)},
+        read={**{k: o[k] for k in keys}, **settings.read_pair(data)},
         layers=layers_spec,
         layer=layer,
         folds=folds,
@@ -186,7 +186,7 @@ def _train_fields(
         data, save_task, list(fields), model=o["model"],
         system=(o["system"] or None) if "system" in typed else None,
         template=o["template"] if "template" in typed else None,
-        read={**{k: o[k] for k in keys}, "pair": task_settings(ctx, o).pair_arg(data)}, layers=layers_spec, layer=layer, folds=folds, seed=seed,
+        read={**{k: o[k] for k in keys}, **task_settings(ctx, o).read_pair(data)}, layers=layers_spec, layer=layer, folds=folds, seed=seed,
         poolings=("last", "mean") if pooling == "auto" else (pooling,), window=o["window"],
         **run_settings(task_settings(ctx, o)),
         progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
@@ -242,7 +242,7 @@ def _finetune(
         task, tuned = run_finetune(
             data, save_task, model=o["model"], settings=settings, labels=got.labels, descriptions=got.descriptions,
             system=o["system"] or None, template=o["template"],
-            read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0], "pair": task_settings(ctx, o).pair_arg(data)},
+            read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0], **task_settings(ctx, o).read_pair(data)},
             fused=tune["fused"], progress=update,
             say=(lambda m: None) if o["quiet"] else notice, **run_settings(task_settings(ctx, o)),
         )  # fmt: skip
