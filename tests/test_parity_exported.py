@@ -36,6 +36,7 @@ def exported(tmp_path_factory, tiny_qwen_mlx):
     mp.undo()
 
 
+@pytest.mark.slow
 def test_parity_on_our_own_export_compares_the_recorded_prompt(exported, tmp_path):
     pytest.importorskip("torch")
     r = run(["parity", "--model", exported, "--n", "6", "--json"])
@@ -52,6 +53,7 @@ def test_parity_on_our_own_export_compares_the_recorded_prompt(exported, tmp_pat
     assert json.loads(r.stdout)["forward_exactness"]["encodings_equal"] == 5
 
 
+@pytest.mark.slow
 def test_parity_with_a_typed_prompt_checks_its_encoding_too(exported):
     """A typed --system/--template (a chat prompt of the user's) is encoded by the reference the same way."""
     pytest.importorskip("torch")
