@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The most padding an inference batch holds, as a share of the tokens it runs (`plan`'s
+# `max_padding`; the pipeline plans with it): a plan then runs at most 1 / (1 - 0.1) = 1.11x its
+# rows' own tokens, as docs/rerank.md promises a reranker's short documents (at most 1.15x).
+MAX_PADDING = 0.1
+
 
 @dataclass
 class Batch:
@@ -40,12 +45,17 @@ def plan(
     max_tokens: int | None = None,
     sort: bool = True,
     row_extra: int = 0,
+    max_padding: float | None = None,
 ) -> list[np.ndarray]:
     """Group item indices into batches.
 
     sort: order by length (stable, so equal lengths keep input order) before cutting.
     max_tokens: cap on rows x (longest row + row_extra) per batch; a single longer item gets
         its own batch. row_extra: tokens every row runs besides its prompt (a label trie).
+    max_padding: cap on a batch's padding, as a share of the tokens it runs (rows x (longest
+        row + row_extra)): a batch is cut before the row that would take it over, so the padding
+        of a whole plan is at most that share of its tokens (`MAX_PADDING`: what inference plans
+        with). Short rows of varied lengths are what it cuts: their padding is a large share.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
@@ -53,21 +63,27 @@ def plan(
         raise ValueError("max_tokens must be at least 1")
     if row_extra < 0:
         raise ValueError("row_extra must be at least 0")
+    if max_padding is not None and not 0.0 <= max_padding < 1.0:
+        raise ValueError("max_padding must be a share from 0 to below 1")
     lengths = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(lengths, kind="stable") if sort else np.arange(len(lengths))
     batches: list[np.ndarray] = []
     cur: list[int] = []
-    longest = 0
+    longest, total = 0, 0  # the batch's longest row and its rows' tokens
     for i in order:
         n = int(lengths[i])
         new_longest = max(longest, n)
+        runs = (len(cur) + 1) * (new_longest + row_extra)  # what the batch would run with row i
         too_many = len(cur) >= batch_size
-        too_big = max_tokens is not None and cur and (len(cur) + 1) * (new_longest + row_extra) > max_tokens
-        if cur and (too_many or too_big):
+        too_big = max_tokens is not None and cur and runs > max_tokens
+        too_padded = (
+            max_padding is not None and cur and runs - (total + n + (len(cur) + 1) * row_extra) > max_padding * runs
+        )
+        if cur and (too_many or too_big or too_padded):
             batches.append(np.array(cur, dtype=np.int64))
-            cur, new_longest = [], n
+            cur, new_longest, total = [], n, 0
         cur.append(int(i))
-        longest = new_longest
+        longest, total = new_longest, total + n
     if cur:
         batches.append(np.array(cur, dtype=np.int64))
     return batches

@@ -110,11 +110,11 @@ class ClassifierBase:
                 # A system message or template of one's own opts a sequence classifier in to a chat prompt.
                 extra={"truncate": truncate, "threshold": threshold,
                        **({} if system is DEFAULT_SYSTEM and template is DEFAULT_TEMPLATE else {"chat": True}),
-                       # a reranker's settings: the question scorer takes the prompt given
+                       # a reranker's settings: its kind takes the prompt given, or refuses it by name
                        "reranker": reranker, "instruction": instruction, "finetune": finetuned,
                        **({"system": None if system is DEFAULT_SYSTEM else system,
                            "template": None if template is DEFAULT_TEMPLATE else template}
-                          if reranker == "question" else {})},
+                          if reranker is not None else {})},
             )  # fmt: skip
         if isinstance(kind, KindArgs):  # chosen here, where the model (and any score head of its own) is known
             extra = {"model_name": str(engine.path or ""), **kind.extra}

@@ -267,10 +267,13 @@ def read_rows(
     gold: Gold = None,
     id_required: bool = False,
     pair: str | None = None,
+    pair_required: bool = False,
 ) -> Iterator[Row]:
     """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
     `gold`: the gold label's field (or several fields: each row's gold is then a dict), read once.
-    `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present.
+    `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present; a
+    CSV column named must be in the header, and with `pair_required` (the field was named) a
+    Parquet column in the schema and a JSONL row's field in the row (else its error row).
 
     Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
     format, or a CSV header that does not name the text column.
@@ -284,7 +287,7 @@ def read_rows(
     if fmt == "parquet" or (fmt is None and ext == ".parquet"):
         if stdin:
             raise InputError("Parquet cannot be read from standard input: give the file's path")
-        yield from _dedupe(_parquet(str(path), text_field, id_field, gold, pair))
+        yield from _dedupe(_parquet(str(path), text_field, id_field, gold, pair, pair_required))
         return
     raw = _open_binary(path)
     try:
@@ -296,7 +299,7 @@ def read_rows(
                 head, stream = _peek_lines(stream, text_column)
                 fmt = _sniff(head, text_column)
         if fmt == "jsonl":
-            it = _jsonl(stream, text_field, id_field, gold, pair)
+            it = _jsonl(stream, text_field, id_field, gold, pair, pair_required)
         elif fmt == "csv":
             it = _csv(
                 stream,
@@ -384,7 +387,12 @@ def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
 
 
 def _jsonl(
-    raw: Iterable[bytes], text_field: str, id_field: str, gold: Gold = None, pair: str | None = None
+    raw: Iterable[bytes],
+    text_field: str,
+    id_field: str,
+    gold: Gold = None,
+    pair: str | None = None,
+    pair_required: bool = False,
 ) -> Iterator[Row]:
     for n, line, detail in _lines(raw):
         if line is None:
@@ -415,10 +423,12 @@ def _jsonl(
                 error=f'line {n}: expected a JSON object like {{"{text_field}": "..."}}, got {type(obj).__name__}',
             )
             continue
-        yield _record_row(n, obj, text_field, id_field, gold, pair)
+        yield _record_row(n, obj, text_field, id_field, gold, pair, pair_required)
 
 
-def _parquet(path: str, text_field: str, id_field: str, gold: Gold = None, pair: str | None = None) -> Iterator[Row]:
+def _parquet(
+    path: str, text_field: str, id_field: str, gold: Gold = None, pair: str | None = None, pair_required: bool = False
+) -> Iterator[Row]:
     """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
     try:
         import pyarrow.parquet as pq
@@ -431,6 +441,8 @@ def _parquet(path: str, text_field: str, id_field: str, gold: Gold = None, pair:
         raise InputError(f"{path} is not a readable Parquet file ({e})") from None
     if text_field not in names:
         raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use --text-field")
+    if pair and pair_required and pair not in names:
+        raise InputError(f"{path} has no column {pair!r} (it has {', '.join(names)}): fix --pair-field")
     golds = (gold,) if isinstance(gold, str) else (gold or ())
     cols = [c for c in (id_field, text_field, *golds, pair) if c and c in names]
     n = 0
@@ -463,9 +475,16 @@ def _pair_problem(n: int, v: Any, name: str) -> str | None:
 
 
 def _record_row(
-    n: int, obj: dict[str, Any], text_field: str, id_field: str, gold: Gold, pair: str | None = None
+    n: int,
+    obj: dict[str, Any],
+    text_field: str,
+    id_field: str,
+    gold: Gold,
+    pair: str | None = None,
+    pair_required: bool = False,
 ) -> Row:
-    """One record (a JSON object, a Parquet row) checked: its Row, or its error row."""
+    """One record (a JSON object, a Parquet row) checked: its Row, or its error row (also when
+    `pair_required` and a JSON object has no `pair` field)."""
     explicit = id_field in obj
     rid: Any = obj[id_field] if explicit else n
     if explicit:
@@ -523,6 +542,11 @@ def _record_row(
         )
     second = obj.get(pair) if pair else None
     why = _pair_problem(n, second, str(pair))
+    if pair and pair_required and pair not in obj:
+        fields = ", ".join(map(repr, obj))
+        why = (
+            f"line {n}: no field {pair!r} (fields present: {fields}): give the row its second text, or fix --pair-field"
+        )
     if why:
         return Row(n, rid, error=why, explicit_id=explicit)
     return Row(n, rid, t, explicit_id=explicit, gold=_gold_value(gold, obj.get), pair=second or None)

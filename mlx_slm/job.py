@@ -244,7 +244,7 @@ class ClassifyJob:
 
         o = self.setup.o
         rows = iter(
-            read_rows(self.input, *o.read_args(), id_required=self.setup.id_required, pair=o.pair_arg(self.input))
+            read_rows(self.input, *o.read_args(), id_required=self.setup.id_required, **o.read_pair(self.input))
         )
         first = next(rows, None)
         rows = itertools.chain([first] if first is not None else [], rows)

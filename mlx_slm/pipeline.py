@@ -41,11 +41,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class BatchSettings:
     """How a window's items are cut into batches: a row cap, a padded-token budget (None: no
-    budget) and whether to sort by length (each can be switched off alone, to measure it)."""
+    budget) and whether to sort by length (each can be switched off alone, to measure it); a
+    sorted plan also cuts a batch before its padding passes `max_padding` of its tokens."""
 
     batch_size: int = 32
     max_batch_tokens: int | None = 512
     sort: bool = True
+    max_padding: float | None = batching.MAX_PADDING
 
 
 def windows(
@@ -174,7 +176,8 @@ def batches(
         own = [head_of(kind, it) if cached else () for it in group]
         suffixes = [it.ids[len(h) :] for it, h in zip(group, own)]
         lengths = [len(s) for s in suffixes]
-        for idx in batching.plan(lengths, plan.batch_size, plan.max_batch_tokens, plan.sort, kind.row_extra):
+        cap = plan.max_padding if plan.sort else None  # unsorted (to measure sorting): no cut by padding
+        for idx in batching.plan(lengths, plan.batch_size, plan.max_batch_tokens, plan.sort, kind.row_extra, cap):
             rows = [own[i] for i in idx]
             if not cached:
                 pre: PrefixCache | StackedPrefix | None = None

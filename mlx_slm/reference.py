@@ -107,10 +107,21 @@ class SeqClsReference:
         self.pipeline = TextClassificationPipeline(model=self.model, tokenizer=self.tokenizer)
         self.labels = tuple(self.model.config.id2label[i] for i in range(self.model.config.num_labels))
 
-    def encode(self, text: str, pair: str | None = None) -> list[int]:
-        """The ids the pipeline feeds the model for a text (or a text pair)."""
-        item = text if pair is None else {"text": text, "text_pair": pair}
-        return self.pipeline.preprocess(item)["input_ids"][0].tolist()
+    def encode(self, text: str, pair: str | None = None, chat: dict[str, Any] | None = None) -> list[int]:
+        """The ids the pipeline feeds the model for a text (or a text pair); with `chat` (a
+        prompt's "system" and "template", as an export records it under `mlx_slm.prompt`), the
+        chat template on those messages as the export's model card says: the system message,
+        the template with `{text}` (and `{pair}`) filled, the generation prompt."""
+        if chat is None:
+            item = text if pair is None else {"text": text, "text_pair": pair}
+            return self.pipeline.preprocess(item)["input_ids"][0].tolist()
+        from .prompts import PromptFormat, render
+
+        fmt = PromptFormat(chat.get("system"), chat["template"])
+        if not getattr(self.tokenizer, "chat_template", None):  # a base model: the plain prompt
+            return list(self.tokenizer(render(self.tokenizer, fmt, text, pair), add_special_tokens=False)["input_ids"])
+        got = self.tokenizer.apply_chat_template(fmt.messages(text, pair), add_generation_prompt=True, tokenize=True)
+        return list(got["input_ids"] if hasattr(got, "keys") else got)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """The head's logits (num_labels,) float32 for one unpadded prompt (read by Transformers
@@ -126,10 +137,11 @@ class SeqClsReference:
         return np.array([d["score"] for d in scored], dtype=np.float64)
 
     def classify(
-        self, texts: Sequence[str], pairs: Sequence[str] | None = None
+        self, texts: Sequence[str], pairs: Sequence[str | None] | None = None, chat: dict[str, Any] | None = None
     ) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
-        """(ids per item, logits (n, k) float32, probabilities (n, k) float64), one item at a time."""
-        ids = [self.encode(t, None if pairs is None else pairs[i]) for i, t in enumerate(texts)]
+        """(ids per item, logits (n, k) float32, probabilities (n, k) float64), one item at a time
+        (`chat`: the chat prompt each is encoded in, see `encode`)."""
+        ids = [self.encode(t, None if pairs is None else pairs[i], chat) for i, t in enumerate(texts)]
         logits = np.array([self.logits(x) for x in ids], dtype=np.float32).reshape(len(ids), len(self.labels))
         return ids, logits, np.array([self.probabilities(x) for x in logits]).reshape(logits.shape)
 
@@ -246,11 +258,12 @@ def seqcls_in_child(
     src: str | Path,
     prompts: Sequence[Sequence[int]] | None = None,
     texts: Sequence[str] | None = None,
-    pairs: Sequence[str] | None = None,
+    pairs: Sequence[str | None] | None = None,
+    chat: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`SeqClsReference` in a child process (see `run_in_child`), on token ids (`prompts`) or
-    on texts (and pairs) it encodes itself: {"logits": (n, k), "probs": (n, k), "labels",
-    "seconds", and for texts "ids": the encoding of each}."""
+    on texts (and pairs) it encodes itself (in the chat prompt `chat`, when given): {"logits":
+    (n, k), "probs": (n, k), "labels", "seconds", and for texts "ids": the encoding of each}."""
     require_torch()
     if (prompts is None) == (texts is None):
         raise ValueError("give either prompts (token ids) or texts")
@@ -261,6 +274,7 @@ def seqcls_in_child(
             spec["prompts"] = [list(map(int, p)) for p in prompts]
         else:
             spec["texts"], spec["pairs"] = list(texts or []), None if pairs is None else list(pairs)
+            spec["chat"] = chat
         job.write_text(json.dumps(spec))
         done = run_in_child(["-m", "mlx_slm.reference", str(job), str(out)])
         if done.returncode != 0:
@@ -278,7 +292,7 @@ def _seqcls_child(job: dict[str, Any], out_path: str) -> None:
     ref = SeqClsReference(job["src"])
     t = time.perf_counter()
     if "texts" in job:
-        ids, logits, probs = ref.classify(job["texts"], job.get("pairs"))
+        ids, logits, probs = ref.classify(job["texts"], job.get("pairs"), job.get("chat"))
         extra = {"ids": np.array([i for x in ids for i in x], dtype=np.int64), "lengths": [len(x) for x in ids]}
     else:
         logits = np.array([ref.logits(p) for p in job["prompts"]], dtype=np.float32)

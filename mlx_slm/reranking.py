@@ -12,9 +12,9 @@ query line gives an error row naming its line, after the query's ranked document
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .errors import UserError
@@ -42,11 +42,15 @@ class Query:
 
 
 def query_problem(query: Any, documents: Any, top_n: Any = None) -> str | None:
-    """Why a query and its documents cannot be reranked (the one check of the CLI and the
-    service), or None: a query that is not text, documents that are not a non-empty list of
-    strings, more than `MAX_DOCUMENTS`, a `top_n` out of range."""
+    """Why a query and its documents cannot be reranked, or None: a query that is not text
+    (not a non-empty string, or not valid Unicode), documents that are not a non-empty list of
+    such strings, more than `MAX_DOCUMENTS`, a `top_n` out of range."""
+    from .textfiles import has_lone_surrogate
+
     if not isinstance(query, str) or not query.strip():
         return "the query must be a non-empty string"
+    if has_lone_surrogate(query):
+        return "the query holds an unpaired surrogate escape (not valid Unicode): fix the query"
     if not isinstance(documents, list) or not documents:
         return "documents must be a non-empty list of strings"
     if len(documents) > MAX_DOCUMENTS:
@@ -54,34 +58,32 @@ def query_problem(query: Any, documents: Any, top_n: Any = None) -> str | None:
     for i, d in enumerate(documents):
         if not isinstance(d, str) or not d.strip():
             return f"documents[{i}] must be a non-empty string"
+        if has_lone_surrogate(d):
+            return f"documents[{i}] holds an unpaired surrogate escape (not valid Unicode): fix the document"
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         return f"top_n must be a positive integer, got {top_n!r}"
     return None
 
 
-def read_queries(path: str) -> Iterator[Query]:
-    """A JSONL file of queries; a line that cannot be read is a `Query` with its error."""
-    from .textfiles import InputError, json_error, read_text_file
+def read_queries(path: str, id_field: str = "id") -> Iterator[Query]:
+    """A JSONL file of queries, read as `classify` reads a JSONL input (`io.read_rows`, the query
+    its text): the same line errors, and the same ids (a string or an integer, unique; none: the
+    line's number), a bad or duplicate one making the line an error row whose id is null. A line
+    that cannot run is a `Query` with its error."""
+    from .io import read_rows
 
-    try:
-        text = read_text_file(path, "queries file")
-    except InputError as e:
-        raise RerankError(str(e)) from None
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            yield Query(None, [], line=n, error=f"line {n}: blank line: remove it")
+    n = 0
+    for r in read_rows(path, "jsonl", "query", id_field, gold="documents"):
+        n += 1
+        if r.error is not None:
+            yield Query(None, [], r.id, r.line, r.error)
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield Query(None, [], line=n, error=f"line {n}: malformed JSON ({json_error(e)}): fix the line")
-            continue
-        if not isinstance(obj, dict):
-            yield Query(None, [], line=n, error=f'line {n}: expected {{"query": ..., "documents": [...]}}')
-            continue
-        why = query_problem(obj.get("query"), obj.get("documents"))
-        yield Query(
-            obj.get("query"), list(obj.get("documents") or []), obj.get("id"), n, f"line {n}: {why}" if why else None
+        why = query_problem(r.text, r.gold)
+        docs = list(r.gold) if isinstance(r.gold, list) else []
+        yield Query(r.text, docs, r.id, r.line, f"line {r.line}: {why}" if why else None)
+    if not n:
+        raise RerankError(
+            f'the queries file {path} is empty: give it one query a line, {{"query": "...", "documents": ["...", ...]}}'
         )
 
 
@@ -90,6 +92,8 @@ def documents_query(query: str, rows: Sequence[Any]) -> Query:
     why = query_problem(query, ["x"])
     if why:
         raise RerankError(f"--query: {why}")
+    if not rows:
+        raise RerankError("--query: the documents file holds no documents: give it one document a row")
     if len(rows) > MAX_DOCUMENTS:
         raise RerankError(f"{len(rows)} documents, over the limit of {MAX_DOCUMENTS} per query: rerank them in parts")
     return Query(
@@ -99,6 +103,26 @@ def documents_query(query: str, rows: Sequence[Any]) -> Query:
         doc_lines=[r.line for r in rows],
         doc_errors=[r.error for r in rows],
     )
+
+
+def check_output(path: str | None) -> None:
+    """The rerank output is JSON lines (one object a ranked document or error): a file named for
+    another format (.csv, .tsv, .parquet, or an extension we do not know) is refused by name, as
+    `classify` refuses one it cannot write; stdout, /dev/null and other streams take it as it is."""
+    from .errors import OutputError
+    from .output import is_plain_file_target, output_format
+
+    if path in (None, "-") or not is_plain_file_target(path):
+        return
+    try:
+        fmt = output_format(path)
+    except OutputError:
+        fmt = None
+    if fmt != "jsonl":
+        what = f"a {fmt} file name" if fmt else f"the extension {Path(path).suffix or '(none)'!r}"
+        raise RerankError(
+            f"-o {path}: rerank writes JSON lines, and this is {what}: name the file .jsonl (or - for stdout)"
+        )
 
 
 def rerank(
@@ -120,11 +144,8 @@ def rerank(
         scores[(qi, di)] = p
     out: list[dict[str, Any]] = []
     for qi, q in enumerate(queries):
-        qid = (
-            {}
-            if q.id is None and len(queries) == 1 and q.line is None
-            else {"query_id": q.id if q.id is not None else q.line}
-        )
+        # A file's query: its id, or its line (null where the id could not be read), as classify's "id".
+        qid = {} if q.line is None and q.id is None and len(queries) == 1 else {"query_id": q.id}
         if q.error is not None:
             out.append({**qid, "line": q.line, "error": q.error})
             continue

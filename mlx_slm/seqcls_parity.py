@@ -102,7 +102,8 @@ def run_seqcls_parity(
     text-classification pipeline (`reference.SeqClsReference`): answers equal (the label; a
     multi-label head's labels at the threshold), probabilities within `SEQCLS_TOLERANCE`, and
     our token ids the pipeline's. `items`: texts or (text, pair) tuples. `prompt`: (system,
-    template) to run the chat prompt instead (then Transformers runs our token ids). With
+    template) to run the chat prompt instead; a chat prompt (that one, or the one an export
+    records) is the reference's too, encoded by the tokenizer's chat template. With
     `reference` (the original checkpoint), (b) Transformers on it against (a)'s."""
     from .kinds.base import split_pair
     from .models.quant import describe
@@ -125,17 +126,19 @@ def run_seqcls_parity(
         np.array([[p.probs[lab] for lab in spec.labels] for p in preds]),
     )
 
+    # The prompt we ran is the one the reference encodes: the text (or pair) as the pipeline
+    # encodes it, or a chat prompt (typed, or the one an export records) in the chat template.
+    chat = {"system": clf.format.system, "template": clf.format.template} if spec.chat else None
+
     def reference_on(where: str) -> dict[str, Any]:
         progress(f"reference: Transformers float32 (AutoModelForSequenceClassification), one at a time, on {where}")
-        if prompt is not None:  # a chat prompt of ours: Transformers on our token ids
-            return seqcls_in_child(where, prompts=ids)
-        return seqcls_in_child(where, texts=list(texts), pairs=list(pairs))
+        return seqcls_in_child(where, texts=list(texts), pairs=list(pairs), chat=chat)
 
     with tempfile.TemporaryDirectory() as tmp:
         same = reference_on(_same_values(path, q is not None, tmp, progress))
     a = _seqcls_compare(spec, mine, same)
-    if prompt is None:  # our encoding is the pipeline's (up to the trailing pad tokens it reads past)
-        a["encodings_equal"] = sum(spec.head.prompt_ids(t) == m for t, m in zip(same["ids"], ids))
+    # our encoding is the reference's (up to the trailing pad tokens it reads past)
+    a["encodings_equal"] = sum(spec.head.prompt_ids(t) == m for t, m in zip(same["ids"], ids))
     src = str(local(reference).path) if reference is not None else None
     b = None if src is None else _seqcls_compare(spec, (same["logits"], same["probs"]), reference_on(src))
     tol = SEQCLS_TOLERANCE[compute]
@@ -148,17 +151,22 @@ def run_seqcls_parity(
         "head": spec.head.to_dict(),
         "form": spec.form,
         "threshold": spec.threshold if spec.form == "multi" else None,
-        "prompt": "chat" if prompt is not None else "the text as the tokenizer encodes it",
+        "prompt": _prompt_said(spec.chat, prompt is not None),
         "compute_dtype": compute,
         "quantization": None if q is None else describe(q),
         "tolerance_prob": tol,
         "forward_exactness": a,
         "conversion_drift": b,
-        "forward_ok": a["agree"] == a["total"] and a["max_abs_dprob"] <= tol
-        and a.get("encodings_equal", a["total"]) == a["total"],
+        "forward_ok": a["agree"] == a["total"] and a["max_abs_dprob"] <= tol and a["encodings_equal"] == a["total"],
         "drift_ok": b is None or b["agree"] == b["total"],
         "seconds": {"ours": round(t_ours, 2), "reference": round(float(same["seconds"]), 2)},
     }  # fmt: skip
+
+
+def _prompt_said(chat: bool, typed: bool) -> str:
+    if not chat:
+        return "the text as the tokenizer encodes it"
+    return "chat (typed)" if typed else "the prompt it records (mlx_slm.prompt), in the chat template"
 
 
 def run_rerank_parity(

@@ -82,12 +82,25 @@ class TaskOptions:
         """`io.read_rows`' format and field arguments."""
         return self.fmt, self.text_field, self.id_field, self.text_column, self.id_column
 
-    def pair_arg(self, path: str | None) -> str | None:
-        """`io.read_rows`' `pair`: the CSV column named by --pair-column, else the JSONL/Parquet field."""
+    def read_pair(self, path: str | None) -> dict[str, Any]:
+        """`io.read_rows`' `pair` and `pair_required`, the one rule of every command that reads a
+        second text: the CSV/TSV column named by --pair-column, else the JSONL/Parquet field
+        (--pair-field, default text_pair, read where a row has it). A field or column typed must be
+        there (a CSV header's or Parquet schema's column, each JSONL row's field, as `io` checks);
+        an option the input's format cannot use is refused by name."""
         from .io import guess_format
 
         fmt = self.fmt or (guess_format(path, b"", self.text_column) if path not in (None, "-") else None)
-        return self.pair_column if fmt in ("csv", "tsv") else (self.pair_column or self.pair_field)
+        typed = sorted({"pair_field", "pair_column"} & self.given)
+        if fmt == "text" and typed:
+            raise UsageError(f"{flag_names(set(typed))}: a text file holds one text a line, no second text: drop it")
+        if fmt in ("csv", "tsv"):
+            if "pair_field" in typed:
+                raise UsageError(
+                    "--pair-field names a JSONL/Parquet field; a CSV/TSV's second text is its --pair-column"
+                )
+            return {"pair": self.pair_column, "pair_required": True}
+        return {"pair": self.pair_column or self.pair_field, "pair_required": bool(typed)}
 
 
 def flag_names(names: set[str]) -> str:
@@ -287,11 +300,14 @@ class Setup:
         # --reranker typed wins; else the task's scorer; else the command's default (rerank's auto)
         scorer = o.reranker if "reranker" in self.given or not r else r.get("scorer")
         if scorer is None:
+            if o.instruction is not None:
+                raise UsageError("--instruction is the qwen3 reranker's: add --reranker qwen3, or drop it")
             return {}
-        out: dict[str, Any] = {"reranker": scorer, "instruction": o.instruction or r.get("instruction")}
-        if scorer == "question":
-            out["system"] = o.system if "system" in self.given else r.get("system")
-            out["template"] = o.template if "template" in self.given else r.get("template")
+        # the kind takes the prompt typed here (or the task's), or refuses it by name (`kinds.rerank.TAKES`)
+        own = r if r.get("scorer") == scorer else {}  # the task's settings go with its own scorer
+        out: dict[str, Any] = {"reranker": scorer, "instruction": o.instruction or own.get("instruction")}
+        out["system"] = o.system if "system" in self.given else own.get("system")
+        out["template"] = o.template if "template" in self.given else own.get("template")
         return out
 
     def _take_task(self, path: str) -> None:
@@ -412,7 +428,7 @@ class Setup:
 
         o = self.o
         path = o.calibration_data
-        rows = list(read_rows(path, None, *self.o.read_args()[1:], gold=o.gold_field, pair=o.pair_arg(path)))
+        rows = list(read_rows(path, None, *self.o.read_args()[1:], gold=o.gold_field, **o.read_pair(path)))
         for r in rows:
             why = r.error or gold_problem(r, self.clf.labels, o.gold_field)
             if why:

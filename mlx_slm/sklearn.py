@@ -672,6 +672,14 @@ def _check_params(self: SLMClassifier) -> None:
         raise ValueError("method='finetune' learns from X and y themselves: leave examples unset")
     if self.pooling not in ("auto", "last", "mean"):
         raise ValueError(f"pooling={self.pooling!r}: give 'auto', 'last' or 'mean'")
+    for name in ("layers", "pooling"):  # the learned head's hidden states: no other method reads them
+        if self.method != "head" and not (isinstance(getattr(self, name), str) and getattr(self, name) == "auto"):
+            raise ValueError(
+                f"{name}={getattr(self, name)!r} chooses a learned head's hidden states (method='head'); method="
+                f"{self.method!r} reads none"
+                + {"finetune": " (adapt_layers= sets how many top blocks it adapts)"}.get(self.method, "")
+                + f": leave {name}='auto'"
+            )
     if isinstance(self.model, (bytes, bytearray)) or not isinstance(self.model, (str, Path)):
         raise ValueError(f"model={self.model!r}: give a model name or path (a str)")
     if isinstance(self.labels, (str, bytes)):

@@ -38,7 +38,7 @@ def check_folds(folds: Any) -> None:
 @dataclass
 class TrainingData:
     path: str
-    texts: list[str]
+    texts: list[Any]  # a text, or (text, pair) where the row has a second text (as classify reads it)
     gold: np.ndarray  # label indices
     labels: tuple[str, ...]
     lines: list[int]  # the input line of each text
@@ -55,11 +55,16 @@ def read_training_data(
     text_column: str = "text",
     id_column: str | None = "id",
     gold_field: str = "label",
+    pair: str | None = None,
+    pair_required: bool = False,
     folds: int = DEFAULT_FOLDS,
     need: tuple[int, str] | None = None,
     what: str = "a head",
 ) -> TrainingData:
-    """Every row must hold a text and a gold label. `labels`: the label set (None: the data's
+    """Every row must hold a text and a gold label; `pair`: the field (JSONL, Parquet) or column
+    (CSV) of a second text, read as classify reads it (`TaskOptions.read_pair`): a row that has
+    one is a (text, pair) item, which the prompt takes ({pair} in the template) or refuses by
+    its line. `labels`: the label set (None: the data's
     own labels, sorted); a label in the data outside it, a label with fewer than
     `min_per_label(folds)` examples (`need`: another minimum, and why), an empty file: a
     `TrainError` naming the fix. `what` is trained (the messages' words)."""
@@ -68,7 +73,19 @@ def read_training_data(
 
     if path in ("-", None):
         raise TrainError("train reads a file (its sha256 goes into the task): give the labelled data's path")
-    rows = list(read_rows(path, fmt, text_field, id_field, text_column, id_column, gold=gold_field))
+    rows = list(
+        read_rows(
+            path,
+            fmt,
+            text_field,
+            id_field,
+            text_column,
+            id_column,
+            gold=gold_field,
+            pair=pair,
+            pair_required=pair_required,
+        )
+    )
     if not rows:
         raise TrainError(
             f"{path} is empty: give it labelled texts, one a row (a {text_field!r} and a {gold_field!r} field)"
@@ -117,7 +134,7 @@ def read_training_data(
     if counts.min() < least:
         short = [f"{labels[i]!r} has {counts[i]}" for i in np.flatnonzero(counts < least)]
         raise TrainError(f"{path}: too few examples: {'; '.join(short[:8])}{' ...' if len(short) > 8 else ''}. {why}")
-    return TrainingData(path, [str(r.text) for r in rows], y, labels, [r.line for r in rows], sha256_file(Path(path)))
+    return TrainingData(path, [r.item for r in rows], y, labels, [r.line for r in rows], sha256_file(Path(path)))
 
 
 def default_layers(n: int) -> list[int]:
@@ -295,7 +312,8 @@ def _check_items(
     texts, gold = list(texts), list(labels)
     if len(texts) != len(gold):
         raise TrainError(f"{at}{len(texts)} texts but {len(gold)} gold labels: give one label per text")
-    for i, t in enumerate(texts):
+    for i, x in enumerate(texts):
+        t = x[0] if isinstance(x, tuple) and len(x) == 2 else x  # (text, pair): the pair is the prompt's to take
         if not isinstance(t, str):
             why = "is missing (None/NaN)" if _missing(t) else f"is {type(t).__name__}, not a string"
             raise TrainError(f"{where(i)}: the text {why}: give every item its text, or drop the row")

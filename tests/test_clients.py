@@ -81,7 +81,8 @@ def test_tei_raw_scores_truncate_and_parameters(srv):
         ({"inputs": [["a", "b"]]}, "second text (text_pair)"),  # a pair, on a prompt of one text
         ({"inputs": 3}, "string or a list"),
         ({"inputs": "x", "raw_scores": "yes"}, "raw_scores"),
-        ({"inputs": "x", "parameters": {"function_to_apply": "sigmoid"}}, "sigmoid"),
+        ({"inputs": "x", "parameters": {"function_to_apply": "tanh"}}, "tanh"),
+        ({"inputs": "x", "raw_scores": True, "parameters": {"function_to_apply": "softmax"}}, "send one"),
         ({"inputs": "x", "parameters": {"top_k": 0}}, "top_k"),
         ({"inputs": "x", "bogus": 1}, "unknown field 'bogus'"),
     ],

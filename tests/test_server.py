@@ -343,9 +343,28 @@ def test_queue_full_429_and_timeout_504(srv):
     old = (o.max_queue_items, o.request_timeout_s)
     try:
         o.max_queue_items = 4
-        r = _post(srv, {"texts": TEXTS[:5]})
-        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        r = _post(srv, {"texts": TEXTS[:5]})  # never fits the queue: a 413 naming the limit, not "retry"
+        assert r.status_code == 413 and "--max-queue-items" in r.json()["error"]["message"], r.text
         assert _post(srv, {"texts": TEXTS[:4]}).status_code == 200
+        sched, gate = srv.service.scheduler, threading.Event()
+        real = sched.run_batch
+        sched.run_batch = lambda key, items: (gate.wait(20), real(key, items))  # the worker waits at the gate
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                first = pool.submit(_post, srv, {"texts": TEXTS[:3]})  # taken by the worker, held at the gate
+                end = time.time() + 10
+                while (sched.inflight < 1 or srv.service.depth) and time.time() < end:
+                    time.sleep(0.01)
+                second = pool.submit(_post, srv, {"texts": TEXTS[3:6]})  # waits in the queue
+                while srv.service.depth < 3 and time.time() < end:
+                    time.sleep(0.01)
+                r = _post(srv, {"texts": TEXTS[6:8]})  # 3 + 2 over 4: full now, retry later
+                gate.set()
+                assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+                assert first.result().status_code == second.result().status_code == 200
+        finally:
+            gate.set()
+            del sched.run_batch
         o.max_queue_items, o.request_timeout_s = old[0], 1e-4
         lock = srv.service.loaded.clf.engine.lock
         with lock:  # the worker cannot compute: the request must time out

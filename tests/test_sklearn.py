@@ -394,6 +394,20 @@ def test_bad_input_is_a_clear_error_and_nothing_is_printed(tiny_qwen_mlx, data, 
     assert out.out == "" and out.err == ""
 
 
+@pytest.mark.parametrize("method", ["finetune", "labels"])
+@pytest.mark.parametrize("param", [{"layers": [2]}, {"layers": "all"}, {"pooling": "mean"}, {"pooling": "last"}])
+def test_a_learned_heads_parameters_are_refused_by_the_other_methods(tiny_qwen_mlx, data, fresh, method, param):
+    """layers= and pooling= choose a learned head's hidden states: method="finetune" (or
+    "labels") reads none, so they are refused by name before the model loads (issue 40)."""
+    from mlx_slm.sklearn import SLMClassifier
+
+    X, y, _ = data
+    name = next(iter(param))
+    with pytest.raises(ValueError, match=rf"{name}=.* chooses a learned head's hidden states.*method='{method}'"):
+        SLMClassifier(model=str(tiny_qwen_mlx), method=method, template=TEMPLATE, **param).fit(X, y)
+    assert fresh["loads"] == 0
+
+
 def test_verbose_draws_progress_bars_and_is_silent_otherwise(tiny_qwen_mlx, data, fresh, capsys):
     from mlx_slm.sklearn import FEATURES
 

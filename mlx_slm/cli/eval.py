@@ -91,7 +91,7 @@ def evaluate(
         # The files in it too (a link placed at confusion.png): refused now, not after the report.
         check_run_files(inputs, [("--plots", str(p)) for p in plot_paths(plots)])
     rows = list(
-        read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required, pair=s.pair_arg(input))
+        read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required, **s.read_pair(input))
     )
     labels = setup.labels
     if predictions:

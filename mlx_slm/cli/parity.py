@@ -280,12 +280,22 @@ class _Trained:
             return False
         if questions_file or {"labels_csv", "labels_file"} & self.typed:
             raise click.UsageError(f"--labels/--labels-file/--questions: {head.no_lm_head()}")
-        items = self.items(pairs=True) if self.input_path else _seqcls_sample(self.n)
+        items = self.items(pairs=True) if self.input_path else _seqcls_sample(self.n, self._takes_pairs(head))
         r = run_seqcls_parity(model, reference, items, threshold=self.threshold, **self.run_kwargs)
         click.echo(json.dumps(r, indent=2) if self.as_json else format_seqcls_report(r))
         if not r["forward_ok"] or (strict and not r["drift_ok"]):
             sys.exit(1)
         return True
+
+    def _takes_pairs(self, head: Any) -> bool:
+        """Whether the prompt a sequence classifier runs takes a second text: the text as the
+        tokenizer encodes a pair, or a chat prompt (typed, or the one an export records) whose
+        template holds {pair}."""
+        chat = self.run_kwargs["prompt"]
+        if chat is None and head.prompt is None:
+            return True
+        typed = chat[1] if chat is not None and "template" in self.typed else None
+        return "{pair}" in (typed or (head.prompt or {}).get("template") or DEFAULT_TEMPLATE)
 
     def rerank(self, model: str, reranker: str, instruction: str | None, questions_file: str | None) -> None:
         from ..seqcls_parity import format_rerank_report, run_rerank_parity
@@ -320,10 +330,11 @@ class _Trained:
         return _input_texts(self.input_path, self.n, rows=read_rows(self.input_path, pair=pair))
 
 
-def _seqcls_sample(n: int) -> list[Any]:
-    """`n` workload tickets, length-stratified; every fourth one paired with the ticket after it."""
+def _seqcls_sample(n: int, pairs: bool = True) -> list[Any]:
+    """`n` workload tickets, length-stratified; every fourth one paired with the ticket after it
+    (where the prompt takes pairs)."""
     every = _stratified(n + 1)
-    return [(t, every[i + 1]) if i % 4 == 3 else t for i, t in enumerate(every[:n])]
+    return [(t, every[i + 1]) if pairs and i % 4 == 3 else t for i, t in enumerate(every[:n])]
 
 
 RERANK_QUERIES = ("card charged twice", "app crashes on login", "reset my password", "refund status")

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from ..setup import Setup
-from .base import Command, notice, number, warn_blas
+from ..setup import Setup, flag_names
+from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
 _OPTIONS = {
@@ -24,7 +24,7 @@ _OPTIONS = {
 @click.option("--query", help="One query: INPUT is then a file of documents, one per row (as classify reads it).")
 @click.option("--top-n", type=number("top_n"), help="Keep only each query's N best documents.")
 @click.option("--return-documents", is_flag=True, help="Repeat each document's text in its output row.")
-@click.option("-o", "--output", help="Output JSONL file (default: stdout).")
+@click.option("-o", "--output", help="Output JSONL file, named .jsonl (default: stdout).")
 @some_task_options(_OPTIONS)
 @click.pass_context
 def rerank(
@@ -57,11 +57,12 @@ def rerank(
     """
     from ..io import read_rows
     from ..output import check_run_files, files_read
-    from ..reranking import documents_query, read_queries
+    from ..reranking import check_output, documents_query, read_queries
     from ..reranking import rerank as run_rerank
 
     warn_blas()
     check_run_files(files_read(o, ("INPUT", input)), [("-o", output)])
+    check_output(output)
     o["reranker"] = o.get("reranker") or "auto"
     settings = task_settings(ctx, o)
     setup = Setup(settings, notice)
@@ -71,7 +72,13 @@ def rerank(
     else:
         if input == "-":
             raise click.UsageError("give a queries file (JSONL), or --query TEXT with a documents file")
-        queries = list(read_queries(input))
+        unused = {"fmt", "text_field", "text_column", "id_column"} & given(ctx, o)
+        if unused:
+            raise click.UsageError(
+                f"{flag_names(unused).replace('--fmt', '--format')} read a documents file (with --query); a queries "
+                'file is JSONL, "query", "documents" and --id-field on each line: drop it'
+            )
+        queries = list(read_queries(input, settings.id_field))
     clf = setup.load()
     rows, stats = run_rerank(clf, queries, top_n, return_documents)
     out = sys.stdout if output in (None, "-") else None

@@ -142,7 +142,7 @@ def serve(
         max_batch_tokens=s.max_batch_tokens,
         max_wait_ms=max_wait_ms,
         max_queue_items=max_queue_items,
-        max_items_per_request=min(max_items_per_request, max_queue_items),
+        max_items_per_request=max_items_per_request,  # the lower of it and the queue applies: items_limit
         max_body_bytes=max_body_bytes,
         request_timeout_s=request_timeout,
         drain_timeout_s=drain_timeout,

@@ -17,7 +17,7 @@ TUNING = {"finetune", "objective", "epochs", "learning_rate", "head_learning_rat
           "head_init", "fused"}  # fmt: skip
 _TRAIN_TASK_OPTIONS = {
     "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
-    "text_column", "id_column", "batch_size", "max_batch_tokens", "window", "no_prefix_cache",
+    "text_column", "id_column", "pair_field", "pair_column", "batch_size", "max_batch_tokens", "window", "no_prefix_cache",
     "truncate", "dtype", "keep_quantized", "quiet",
 }  # fmt: skip
 
@@ -142,6 +142,7 @@ def train(
     labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
     got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field")
+    settings = task_settings(ctx, o)
     _, table = run_train(
         data,
         save_task,
@@ -151,14 +152,14 @@ def train(
         system=o["system"] or None,
         template=o["template"],
         examples_file=o["examples_file"],
-        read={k: o[k] for k in keys},
+        read={**{k: o[k] for k in keys}, **settings.read_pair(data)},
         layers=layers_spec,
         layer=layer,
         folds=folds,
         seed=seed,
         poolings=("last", "mean") if pooling == "auto" else (pooling,),
         window=o["window"],
-        **run_settings(task_settings(ctx, o)),
+        **run_settings(settings),
         progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
     )
     click.echo(table)
@@ -185,7 +186,7 @@ def _train_fields(
         data, save_task, list(fields), model=o["model"],
         system=(o["system"] or None) if "system" in typed else None,
         template=o["template"] if "template" in typed else None,
-        read={k: o[k] for k in keys}, layers=layers_spec, layer=layer, folds=folds, seed=seed,
+        read={**{k: o[k] for k in keys}, **task_settings(ctx, o).read_pair(data)}, layers=layers_spec, layer=layer, folds=folds, seed=seed,
         poolings=("last", "mean") if pooling == "auto" else (pooling,), window=o["window"],
         **run_settings(task_settings(ctx, o)),
         progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
@@ -241,7 +242,8 @@ def _finetune(
         task, tuned = run_finetune(
             data, save_task, model=o["model"], settings=settings, labels=got.labels, descriptions=got.descriptions,
             system=o["system"] or None, template=o["template"],
-            read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0]}, fused=tune["fused"], progress=update,
+            read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0], **task_settings(ctx, o).read_pair(data)},
+            fused=tune["fused"], progress=update,
             say=(lambda m: None) if o["quiet"] else notice, reads=files_read(o, ("DATA", data)),
             **run_settings(task_settings(ctx, o)),
         )  # fmt: skip

@@ -36,6 +36,7 @@ from ..predictions import Item, Prediction, Stats
 from ..prefix_cache import PrefixCache
 from ..prompts import PromptFormat, size_problem
 from ..records import RecordShape
+from ..textfiles import has_lone_surrogate
 
 
 @dataclass(frozen=True)
@@ -263,11 +264,13 @@ def split_pair(x: Any) -> tuple[Any, str | None]:
 
 
 def check_texts(format_error: str | None, texts: Sequence[Any], start: int) -> list[Item]:
-    """One item per text, with an error for a text that cannot be classified (missing, empty).
-    A (text, pair) is checked on its text; its pair is the kind's to take or refuse."""
+    """One item per text, with an error for a text that cannot be classified (missing, empty, not
+    valid Unicode: a lone surrogate no tokenizer takes). A (text, pair) is checked on its text and
+    its pair's form (a string, valid Unicode); the pair is the kind's to take or refuse."""
     items = [Item(start + i, []) for i in range(len(texts))]
     for item, x in zip(items, texts):
-        text, _ = split_pair(x)
+        text, pair = split_pair(x)
+        raw = x[1] if isinstance(x, (tuple, list)) and len(x) == 2 else None
         if format_error is not None:
             item.error = format_error
         elif not isinstance(text, str):
@@ -278,6 +281,12 @@ def check_texts(format_error: str | None, texts: Sequence[Any], start: int) -> l
             )
         elif not text.strip():
             item.error = "empty text: give the item some text, or drop the row"
+        elif has_lone_surrogate(text):
+            item.error = "the text holds an unpaired surrogate escape (not valid Unicode): fix the text"
+        elif raw is not None and not isinstance(raw, str):
+            item.error = f"the second text (text_pair) must be a string, got {type(raw).__name__}"
+        elif pair is not None and has_lone_surrogate(pair):
+            item.error = "the second text (text_pair) holds an unpaired surrogate escape (not valid Unicode): fix it"
     return items
 
 
@@ -387,7 +396,7 @@ class OnePrompt(Kind):
                 "template (e.g. --template 'Premise: {text}\nHypothesis: {pair}'), or drop the pair"
             )
         if pair is None and self.format.pairs:
-            return "the template holds {pair}, but the item has no second text: give it a text_pair"
+            return "the template holds {pair}, but the item has no second text: give it a text_pair (--pair-field; a CSV's column: --pair-column)"
         return None
 
     def items(self, texts: Sequence[Any], start: int = 0) -> list[Item]:

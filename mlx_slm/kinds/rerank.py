@@ -50,6 +50,15 @@ from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, check_t
 RERANKERS = ("seqcls", "qwen3", "question")
 _QUESTION_SLOTS = re.compile(r"\{query\}|\{text\}")
 DEFAULT_QUESTION_TEMPLATE = "Query: {query}\nDocument: {text}\nDoes the document answer the query? Answer yes or no."
+# What each scorer's prompt takes of the settings a person may give (the others are refused by name).
+TAKES = {"seqcls": (), "qwen3": ("instruction",), "question": ("system", "template")}
+_WHY = {
+    "seqcls": "a one-label sequence classifier scores the pair as its tokenizer encodes it (no prompt, no instruction)",
+    "qwen3": "the qwen3 reranker asks as the Qwen3-Reranker model card does (its own prompt; --instruction sets its "
+    "instruction)",
+    "question": "the question reranker asks its own yes/no --template (and --system); --instruction is the qwen3 "
+    "reranker's",
+}
 NO_RERANKER = (
     "is not a reranker (a one-label sequence classifier, or a causal LM whose name says Reranker): "
     "pass --reranker qwen3 to ask it as Qwen3-Reranker asks, or --reranker question with a --template "
@@ -106,6 +115,9 @@ class RerankSpec(KindSpec):
                 )
         elif model_head is not None:
             raise ModelError(model_head.no_lm_head())
+        for name in ("system", "template", "instruction"):
+            if e.get(name) is not None and name not in TAKES[scorer]:
+                raise LabelError(f"--{name} ({name}=): {_WHY[scorer]}: drop --{name}")
         template = e.get("template") or DEFAULT_QUESTION_TEMPLATE
         if scorer == "question" and ("{query}" not in template or "{text}" not in template):
             raise LabelError(

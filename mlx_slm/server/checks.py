@@ -69,12 +69,7 @@ def _check_items(data: dict[str, Any], opts: ServeOptions) -> list[Any]:
             raise HTTPError(422, f"'texts' must be a list of strings, got {type(texts).__name__}", "texts")
         if not texts:
             raise HTTPError(422, "'texts' is empty: give at least one text", "texts")
-        if len(texts) > opts.max_items_per_request:
-            raise HTTPError(
-                413,
-                f"'texts' has {len(texts)} items, over the limit of {opts.max_items_per_request} per request: split it",
-                "texts",
-            )
+        check_count(len(texts), "texts", opts)
         names = [f"texts[{i}]" for i in range(len(texts))]
         texts = [pair_item(t, name) if isinstance(t, list) else t for t, name in zip(texts, names)]
         for name, t in zip(names, texts):
@@ -84,16 +79,35 @@ def _check_items(data: dict[str, Any], opts: ServeOptions) -> list[Any]:
     return texts
 
 
+def check_count(
+    n: int, fld: str, opts: ServeOptions, what: str = "items", cap: tuple[int, str] | None = None, fix: str = "split it"
+) -> None:
+    """A request of `n` items within the limit that applies (413 naming it: `ServeOptions.items_limit`,
+    or `cap`, (limit, what sets it), where lower)."""
+    limit, source = opts.items_limit
+    if cap is not None and cap[0] < limit:
+        limit, source = cap
+    if n > limit:
+        raise HTTPError(413, f"'{fld}' has {n} {what}, over the limit of {limit} per request ({source}): {fix}", fld)
+
+
 def pair_item(value: Any, name: str, single_ok: bool = False) -> Any:
     """A request item that may be a pair: a string as it is, `[text, text_pair]` as a tuple
     (each a string, the pair not empty), `[text]` as its text where `single_ok` (TEI's batch)."""
     if isinstance(value, str):
         return value
     shape = "[text, text_pair]" + (" or [text]" if single_ok else "")
-    if not (len(value) == 2 or (single_ok and len(value) == 1)) or not all(isinstance(x, str) for x in value):
+    if not (len(value) == 2 or (single_ok and len(value) == 1)):
         raise HTTPError(
             422, f"{name} must be a string or a pair of strings {shape}, got a list of {len(value)} item(s)", name
         )
+    for i, x in enumerate(value):
+        if not isinstance(x, str):
+            raise HTTPError(
+                422,
+                f"{name}[{i}] must be a string (a pair is {shape} of strings), got {type(x).__name__}",
+                name,
+            )
     if len(value) == 1:
         return value[0]
     if not value[1].strip():
@@ -179,12 +193,7 @@ def check_texts(value: Any, fld: str, opts: ServeOptions, pairs: bool = False) -
     elif isinstance(value, list):
         if not value:
             raise HTTPError(422, f"'{fld}' is empty: give at least one text", fld)
-        if len(value) > opts.max_items_per_request:
-            raise HTTPError(
-                413,
-                f"'{fld}' has {len(value)} items, over the limit of {opts.max_items_per_request} per request: split it",
-                fld,
-            )
+        check_count(len(value), fld, opts)
         names, single = [f"{fld}[{i}]" for i in range(len(value))], False
         texts = []
         for name, t in zip(names, value):

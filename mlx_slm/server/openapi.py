@@ -53,7 +53,7 @@ _TEI_PREDICT: dict[str, Any] = {
             "truncation_direction": {"type": "string", "enum": ["Right", "Left"]},
             "parameters": {
                 "type": "object",
-                "description": "Hugging Face InferenceClient's: function_to_apply (softmax|none), top_k",
+                "description": "Hugging Face InferenceClient's: function_to_apply (softmax|sigmoid|none), top_k",
             },
         },
         required=["inputs"],
@@ -85,7 +85,9 @@ _VLLM_CLASSIFY: dict[str, Any] = {
 _RERANK_ERRORS = {
     **_COMMON_ERRORS,
     "400": {"description": "the model is not a reranker: start mlx-slm serve with --reranker"},
-    "413": {"description": "body over the limit, or more documents than --max-items-per-request"},
+    "413": {
+        "description": "body over the limit, or more documents than the items limit (--max-items-per-request, or --max-queue-items where lower)"
+    },
 }
 _TEI_RERANK: dict[str, Any] = {
     "summary": "text-embeddings-inference's /rerank: [{index, score, text?}, ...] best first. A body with "

@@ -124,7 +124,7 @@ class OurRoutes:
                     "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
                     "max_wait_ms": opts.max_wait_ms,
                     "max_queue_items": opts.max_queue_items,
-                    "max_items_per_request": opts.max_items_per_request,
+                    "max_items_per_request": opts.items_limit[0],
                     "max_body_bytes": opts.max_body_bytes,
                     "request_timeout_s": opts.request_timeout_s,
                 },

@@ -23,7 +23,7 @@ from typing import Any
 from ..kinds.rerank import rerank_order
 from ..reranking import MAX_DOCUMENTS
 from ..service import Answer, ServeOptions, ServiceError, TaskSpec
-from .checks import check_text_values
+from .checks import check_count, check_text_values
 from .common import RouteContext
 from .errors import HTTPError, http_error, json_response
 
@@ -67,12 +67,6 @@ def _bool(data: dict[str, Any], name: str, default: bool) -> bool:
     return v
 
 
-def _limit(opts: ServeOptions) -> int:
-    """Documents one rerank request may hold: the items-per-request limit (--max-items-per-request),
-    at most `reranking.MAX_DOCUMENTS`."""
-    return min(opts.max_items_per_request, MAX_DOCUMENTS)
-
-
 def _query(data: dict[str, Any]) -> str:
     q = data.get("query")
     if not isinstance(q, str) or not q.strip():
@@ -84,19 +78,15 @@ def _query(data: dict[str, Any]) -> str:
 
 def _documents(data: dict[str, Any], fld: str, opts: ServeOptions, objects: bool) -> list[str]:
     """The documents (`fld`: "texts" or "documents"), each a non-empty string, or (`objects`:
-    Cohere v1's and Jina's) an object with a string "text"; at most `_limit` of them (413)."""
+    Cohere v1's and Jina's) an object with a string "text"; at most the limit that applies (413)."""
     docs = data.get(fld)
     if not isinstance(docs, list) or not docs:
         what = "missing" if fld not in data else "empty" if docs == [] else type(docs).__name__
         raise HTTPError(422, f"'{fld}' must be a non-empty list of documents (got {what}): give at least one", fld)
-    limit = _limit(opts)
-    if len(docs) > limit:
-        raise HTTPError(
-            413,
-            f"'{fld}' has {len(docs)} documents, over the limit of {limit} per request "
-            "(--max-items-per-request): rerank them in parts",
-            fld,
-        )
+    # at most the items-per-request limit (`ServeOptions.items_limit`), and `reranking.MAX_DOCUMENTS`
+    check_count(
+        len(docs), fld, opts, "documents", (MAX_DOCUMENTS, "the most one query may rank"), "rerank them in parts"
+    )
     out = []
     for i, d in enumerate(docs):
         name = f"{fld}[{i}]"

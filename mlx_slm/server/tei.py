@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ..predictions import Prediction
 from ..service import ServeOptions, TaskSpec
 from .checks import check_fields, check_texts
 from .common import RouteContext
@@ -14,14 +17,16 @@ TEI_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction", "param
 
 
 TEI_PATHS = ("/", "/predict", "/info", "/rerank")  # where even Starlette's own errors (404, 405) are TEI's
+FUNCTIONS = ("softmax", "sigmoid", "none")  # the text-classification pipeline's function_to_apply
 
 
-def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec, bool, int | None]:
+def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec, str | None, int | None]:
     """TEI's /predict body: {"inputs": str | [str | [str] | [str, str]], "raw_scores"?, "truncate"?,
     "truncation_direction"?} (a pair `[text, text_pair]` in a batch, as TEI reads one; a list of
     strings is a batch of texts here), and the InferenceClient's {"inputs", "parameters":
     {"function_to_apply"?, "top_k"?}}.
-    Returns (texts, one string given, task, raw scores, top k)."""
+    Returns (texts, one string given, task, the function to apply (None: the head's own, "none":
+    the raw scores; see `tei_scores`), top k)."""
     check_fields(data, TEI_FIELDS, "inputs")
     texts, single = check_texts(data["inputs"], "inputs", opts, pairs=True)
     task = TaskSpec()
@@ -39,7 +44,7 @@ def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec,
             raise HTTPError(422, "'truncate' must be true or false", "truncate")
         # TEI cuts the end off ("Right", keeping the head) unless told "Left" (keeping the tail).
         task.truncate = ("head" if direction.lower() == "right" else "tail") if tr else False
-    top_k = None
+    top_k, fn = None, None
     params = data.get("parameters")
     if params is not None:
         if not isinstance(params, dict):
@@ -50,21 +55,44 @@ def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec,
                 422, f"unknown parameter {extra[0]!r}: use function_to_apply, top_k", f"parameters.{extra[0]}"
             )
         fn = params.get("function_to_apply")
-        if fn is not None:
-            if fn not in ("softmax", "none"):
-                raise HTTPError(
-                    422,
-                    f"function_to_apply {fn!r} is not supported: 'softmax' (probabilities, the default) or 'none' "
-                    "(the raw label scores); one label per text, so no 'sigmoid'",
-                    "parameters.function_to_apply",
-                )
-            raw_scores = raw_scores or fn == "none"
+        if fn is not None and fn not in FUNCTIONS:
+            raise HTTPError(
+                422,
+                f"function_to_apply {fn!r} is not one of 'softmax', 'sigmoid' (over the raw label scores) or 'none' "
+                "(the raw scores); leave it out for the head's own probabilities",
+                "parameters.function_to_apply",
+            )
+        if raw_scores and fn not in (None, "none"):
+            raise HTTPError(
+                422,
+                f"'raw_scores': true asks for the raw scores, function_to_apply {fn!r} for their {fn}: send one",
+                "parameters.function_to_apply",
+            )
         k = params.get("top_k")
         if k is not None:
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise HTTPError(422, "'top_k' must be an integer of 1 or more", "parameters.top_k")
             top_k = k
-    return texts, single, task, raw_scores, top_k
+    return texts, single, task, "none" if raw_scores else fn, top_k
+
+
+def tei_scores(p: Prediction, fn: str | None) -> dict[str, float]:
+    """An item's label scores as the text-classification pipeline's `function_to_apply` gives
+    them, on every head form: None, the head's own probabilities (the pipeline's default: a
+    softmax over one label per text, a sigmoid per label of a multi-label head, a one-output
+    head's score; calibrated where the task calibrates); "none", the raw scores (the logits);
+    "softmax" over the raw scores (a single-label head's own probabilities); "sigmoid" of each."""
+    if fn is None or (fn == "softmax" and p.labels is None and p.value is None):
+        return p.probs
+    if fn == "none":
+        return p.scores
+    s = np.array(list(p.scores.values()), dtype=np.float64)
+    if fn == "softmax":
+        e = np.exp(s - s.max())
+        out = e / e.sum()
+    else:
+        out = 0.5 * (1.0 + np.tanh(0.5 * s))  # the sigmoid, without overflow
+    return {lab: float(x) for lab, x in zip(p.scores, out)}
 
 
 class TEIRoutes:
@@ -89,12 +117,12 @@ class TEIRoutes:
         input; a single string is answered as a list holding its one list."""
         data = await self.ctx.admit(request)
         self.ctx.one_question("TEI's /predict", "inputs")
-        texts, single, task, raw_scores, top_k = check_tei(data, self.ctx.opts)
+        texts, single, task, fn, top_k = check_tei(data, self.ctx.opts)
         names = ["inputs"] if single else [f"inputs[{i}]" for i in range(len(texts))]
         ans = await self.ctx.compute(request, t0, texts, task, names, "inputs", '"truncate": true')
         out = []
         for p in ans.predictions:
-            vals = p.scores if raw_scores else p.probs
+            vals = tei_scores(p, fn)
             ranked = sorted(({"label": lab, "score": float(v)} for lab, v in vals.items()), key=lambda d: -d["score"])
             out.append(ranked[:top_k] if top_k else ranked)
         return json_response(out)
@@ -124,7 +152,7 @@ class TEIRoutes:
                 "max_input_length": clf.max_length,
                 "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
                 "max_batch_requests": opts.max_batch_items,
-                "max_client_batch_size": opts.max_items_per_request,
+                "max_client_batch_size": opts.items_limit[0],
                 "auto_truncate": clf.truncate is not None,
                 "tokenization_workers": 1,
                 "version": __version__,

@@ -21,6 +21,14 @@ class ServeOptions:
     api_key: str | None = None  # Bearer key for /v1/*; /health and /metrics stay open
     task_cache: int = 8  # per-request tasks kept (classifiers on the one engine)
 
+    @property
+    def items_limit(self) -> tuple[int, str]:
+        """The most items one request may hold, and the option that sets it: --max-items-per-request,
+        or --max-queue-items where that is lower (a request is queued whole, so none larger fits)."""
+        if self.max_queue_items < self.max_items_per_request:
+            return self.max_queue_items, "--max-queue-items"
+        return self.max_items_per_request, "--max-items-per-request"
+
     def __post_init__(self) -> None:
         """Every number in range (`ranges.RANGES`: NaN, the infinities and zeros refused), the
         worker's wait inside the request timeout, the key usable: before anything starts."""
