@@ -48,6 +48,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "heads",
             "metrics",
             "seqcls",
+            "chat",
         ),
     ),
     (
