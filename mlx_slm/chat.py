@@ -285,6 +285,10 @@ def _content(c: Any, fld: str) -> str:
 # ----------------------------------------------------------------------------- the answer's form
 
 
+# vLLM's structured-output settings that change nothing here (the answer is a whole choice).
+_SO_IGNORED = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+
+
 def _choices(data: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, JsonAnswer | None, str]:
     """(choices, JSON answer, the field they came from) of whichever one field asks for them."""
     given: list[tuple[str, Any]] = []
@@ -301,7 +305,7 @@ def _choices(data: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, JsonAnswe
         for k, v in so.items():
             if k in ("choice", "json") and v is not None:
                 given.append((f"structured_outputs.{k}", (k, v)))
-            elif k not in ("choice", "json") and not _unset(v) and k not in ("disable_fallback", "whitespace_pattern"):
+            elif k not in ("choice", "json") and not _unset(v) and k not in _SO_IGNORED:
                 raise ChatError(
                     f"'structured_outputs.{k}' is not supported: {k} needs free generation; give "
                     '"choice": [...] or "json": a schema whose one free value is an enum',
@@ -320,6 +324,11 @@ def _choices(data: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, JsonAnswe
     if form == "choice":
         return check_choices(value, fld), None, fld
     schema_fld = "response_format.json_schema.schema" if fld == "response_format" else fld
+    if isinstance(value, str):  # vLLM takes a schema as JSON text too
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ChatError(f"{fld} is a string that is not JSON: give the schema as an object", fld) from None
     js = enum_answer(value, schema_fld)
     return js.choices, js, fld
 

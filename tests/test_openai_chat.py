@@ -151,6 +151,34 @@ def test_response_format_json_schema(served, schema, shape):
     assert r.choices[0].logprobs.content[0].token == want.label  # the value, scored as guided_choice scores it
 
 
+def test_sdk_parse_into_a_pydantic_model(served):
+    """OpenAI's SDK, unmodified: `parse` with a Pydantic model (a Literal, or an Enum as a $ref)
+    sends its strict JSON schema and reads the answer back into the model."""
+    import enum
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    _, client, model, engine = served
+    want, _ = _classify(engine, WORDS, SYSTEM, TEXT)
+
+    class Ticket(BaseModel):
+        category: Literal["billing", "technical", "account"]
+
+    Category = enum.Enum("Category", {w: w for w in WORDS}, type=str)
+
+    class Routed(BaseModel):
+        category: Category
+
+    for schema in (Ticket, Routed):
+        r = client.chat.completions.parse(model=model, messages=MSGS, response_format=schema)
+        assert r.choices[0].message.parsed == schema(category=want.label)
+    # vLLM's guided_json and structured_outputs.json (a schema as JSON text too) answer the same
+    for extra in ({"guided_json": _schema(WORDS)}, {"structured_outputs": {"json": json.dumps(_schema(WORDS))}}):
+        r = client.chat.completions.create(model=model, messages=MSGS, extra_body=extra)
+        assert json.loads(r.choices[0].message.content) == {"category": want.label}
+
+
 def test_next_token_with_and_without_logprobs(served):
     _, client, model, engine = served
     r = client.chat.completions.create(model=model, messages=MSGS, max_tokens=1)
@@ -454,3 +482,30 @@ def test_token_bytes_keep_part_of_a_character(served):
     tok = engine.tokenizer
     ids = tok("é€", add_special_tokens=False)["input_ids"]
     assert b"".join(token_bytes(tok, i) for i in ids) == "é€".encode()
+
+
+# ----------------------------------------------------------------------------- mlx-slm parity --chat
+
+
+@pytest.mark.slow
+def test_parity_chat_passes_on_a_tiny_model(tiny_arch):
+    """`mlx-slm parity --chat`: prompt ids, the next token's top 20 and the guided choice, each
+    against its reference (Transformers in a child process), on the workload."""
+    from click.testing import CliRunner
+
+    from mlx_slm.cli import main
+
+    r = CliRunner().invoke(main, ["parity", "--chat", "--model", str(tiny_arch.mlx("llama")), "--n", "6", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{") :])
+    assert got["ok"] and got["prompt_ids_equal"] == 6 and got["next_token"]["greedy_agree"] == 6
+    assert got["next_token"]["max_abs_dlogprob"] < 1e-4 and got["choice"]["agree_classify"] == 6
+
+
+def test_parity_chat_refuses_what_it_does_not_check(tiny_qwen_mlx):
+    from click.testing import CliRunner
+
+    from mlx_slm.cli import main
+
+    r = CliRunner().invoke(main, ["parity", "--chat", "--model", str(tiny_qwen_mlx), "--reranker", "qwen3"])
+    assert r.exit_code == 2 and "--chat checks the chat route" in r.output
