@@ -125,9 +125,10 @@ class JsonAnswer:
 
     def content(self, value: str) -> str:
         """The answer's JSON text, as `json.dumps` writes it (`{"category": "billing"}`)."""
-        if self.key is None:
-            return json.dumps(value, ensure_ascii=False)
-        return json.dumps({k: value if k == self.key else v for k, v in self.fixed}, ensure_ascii=False)
+        obj = value if self.key is None else {k: value if k == self.key else v for k, v in self.fixed}
+        text = json.dumps(obj, ensure_ascii=False)
+        # a schema's own key or const holding an unpaired surrogate: written as its JSON escape
+        return json.dumps(obj) if has_lone_surrogate(text) else text
 
 
 @dataclass(frozen=True)

@@ -509,3 +509,40 @@ def test_parity_chat_refuses_what_it_does_not_check(tiny_qwen_mlx):
 
     r = CliRunner().invoke(main, ["parity", "--chat", "--model", str(tiny_qwen_mlx), "--reranker", "qwen3"])
     assert r.exit_code == 2 and "--chat checks the chat route" in r.output
+
+
+def test_any_json_body_is_a_request_or_a_chat_error():
+    """Whatever JSON a client sends, reading it gives a request or a `ChatError` naming a field,
+    never another exception (a 500); shapes near the real ones included."""
+    import os
+
+    pytest.importorskip("hypothesis")
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    leaf = st.none() | st.booleans() | st.integers(-3, 30) | st.floats(allow_nan=True) | st.text(max_size=6)
+    anything = st.recursive(
+        leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4)
+    )
+    keys = st.sampled_from(
+        ["messages", "guided_choice", "structured_outputs", "response_format", "max_tokens", "logprobs",
+         "top_logprobs", "n", "stream", "model", "tools", "guided_json", "tool_choice", "modalities"]
+    )  # fmt: skip
+    message = st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "tool", 3]), "content": anything}
+    )
+    body = st.dictionaries(keys, anything | st.lists(message, max_size=3) | st.lists(st.text(max_size=4)), max_size=6)
+
+    @settings(max_examples=int(os.environ.get("MLX_SLM_FUZZ_EXAMPLES", "100")), deadline=None)
+    @given(body | anything)
+    def check(data):
+        try:
+            req = read_request(data)
+        except ChatError as e:
+            assert isinstance(e.field, str) and str(e)
+            return
+        if req.json is not None:
+            for c in req.choices:
+                req.json.content(c).encode("utf-8")
+
+    check()
