@@ -135,7 +135,7 @@ class JsonAnswer:
 class ChatRequest:
     """A chat completion request as this server answers it: the conversation, and the choices
     (None: the next token), the JSON an answer is written as (None: the choice itself), and
-    the log-probabilities asked for (`top_logprobs`: how many alternatives, 0 when none)."""
+    the log-probabilities asked for (`top_logprobs`: how many alternatives; None: not given)."""
 
     conversation: Conversation
     choices: tuple[str, ...] | None
