@@ -179,6 +179,22 @@ def test_sdk_parse_into_a_pydantic_model(served):
         assert json.loads(r.choices[0].message.content) == {"category": want.label}
 
 
+def test_the_docs_block_runs_as_written(served, capsys):
+    """docs/serving.md's OpenAI block, run as written against the service (the tiny model's
+    path for the built-in name, this server's address and key)."""
+    import re
+    from pathlib import Path
+
+    srv, _, model, _ = served
+    page = (Path(__file__).parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "openai.OpenAI(" in b]
+    code = block.replace('"qwen2.5-coder-0.5b"', repr(model)).replace("http://localhost:8080/v1", srv.url + "/v1")
+    scope: dict = {"__name__": "__docs__"}
+    code = code.replace('api_key="unused"', 'api_key="k"')
+    exec(compile(code, "docs/serving.md", "exec", dont_inherit=True), scope)  # as a page is read: no __future__ of ours
+    assert scope["r"].choices[0].finish_reason in ("length", "stop") and len(scope["messages"]) == 2
+
+
 def test_next_token_with_and_without_logprobs(served):
     _, client, model, engine = served
     r = client.chat.completions.create(model=model, messages=MSGS, max_tokens=1)
