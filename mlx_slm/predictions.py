@@ -30,6 +30,9 @@ class Prediction:
     # A one-output head (a reranker, a reward model): its score (a sigmoid, or the raw value of a
     # regression head); `scores` keeps the raw logit.
     value: float | None = None
+    # The next token (a chat completion's `max_tokens: 1`): the most probable tokens, best first, each
+    # (token id, text, log-probability, bytes); `label` is the first one's text.
+    tokens: list[tuple[int, str, float, bytes]] | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:

@@ -222,14 +222,19 @@ def check_plain_system(system: str | None, what: str = "--system") -> str | None
 def render(tokenizer: Any, fmt: PromptFormat, text: str, pair: str | None = None) -> str:
     """The prompt string the model sees, ending with the generation prompt (`pair`: the second
     text, where the template has `{pair}`)."""
-    msgs = fmt.messages(text, pair)
+    return render_messages(tokenizer, fmt.messages(text, pair))
+
+
+def render_messages(tokenizer: Any, msgs: Sequence[Mapping[str, str]]) -> str:
+    """Chat messages ({"role", "content"}) as the prompt string the model sees, ending with the
+    generation prompt: the model's chat template, or (a base model without one) plain text."""
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(list(msgs), tokenize=False, add_generation_prompt=True)
     # A base model without a chat template: plain text, system first; an example's
     # label follows its prompt on the same line, as the scored label will.
     parts: list[str] = []
     for m in msgs:
-        if m["role"] == "assistant":
+        if m["role"] == "assistant" and parts:
             parts[-1] += " " + m["content"]
         else:
             parts.append(m["content"])

@@ -48,6 +48,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "heads",
             "metrics",
             "seqcls",
+            "chat",
         ),
     ),
     (
@@ -85,6 +86,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "parity",
             "seqcls_parity",
             "finetune_parity",
+            "chat_parity",
             "workload",
             "cli",
         ),

@@ -75,6 +75,13 @@ from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
 )
 @click.option("--instruction", help="The qwen3 reranker's instruction (default: the model card's).")
 @click.option(
+    "--chat",
+    is_flag=True,
+    help="Check the chat-completion route (/v1/chat/completions): each text as a conversation (--system, "
+    "--template), its prompt ids against Transformers' apply_chat_template, its next token's top 20 "
+    "log-probabilities against Transformers, and its guided_choice of --labels against classify's.",
+)
+@click.option(
     "--threshold",
     type=number("threshold"),
     help="A multi-label sequence classifier: its labels at or above this probability are its answer (0.5).",
@@ -104,6 +111,7 @@ def parity(
     reranker: str | None = None,
     instruction: str | None = None,
     threshold: float | None = None,
+    chat: bool = False,
 ) -> None:
     """Check that the MLX path gives Transformers' labels and logits.
 
@@ -128,6 +136,8 @@ def parity(
     if task_file:
         _head_parity(task_file, n, input_path, dtype, as_json, keep_quantized)
         return
+    if chat:  # the chat route: Transformers on the weights we run (no --reference)
+        return _chat_parity(click.get_current_context().params)
     ctx = click.get_current_context()
     typed = {
         k for k in ("system", "template", "labels_csv", "labels_file") if ctx.get_parameter_source(k).name != "DEFAULT"
@@ -171,6 +181,25 @@ def parity(
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
     if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
+        sys.exit(1)
+
+
+def _chat_parity(o: dict[str, Any]) -> None:
+    """`parity --chat`, from the command's options by name (`chat_parity.py`)."""
+    from ..chat_parity import format_chat_report, run_chat_parity
+
+    if o["reranker"] or o["questions_file"] or o["reference"] or o["threshold"] is not None or o["task_file"]:
+        raise click.UsageError("--chat checks the chat route on --model: drop --reranker, --questions, --reference, "
+                               "--threshold and --task")  # fmt: skip
+    got = read_labels(o["labels_csv"], o["labels_file"])
+    assert got.labels is not None  # --labels has a default
+    system, template = got.fill(o["system"]) or "", check_template(o["template"])
+    n, model, keep = o["n"], o["model"], o["keep_quantized"]
+    texts = _input_texts(o["input_path"], n) if o["input_path"] else _workload_sample(model, n, system, template)
+    r = run_chat_parity(model, texts, got.labels, system or None, template, dtype=o["dtype"],
+                        progress=lambda m: notice(f"mlx-slm: {m}"), dequantize=None if keep is None else not keep)  # fmt: skip
+    click.echo(json.dumps(r, indent=2) if o["as_json"] else format_chat_report(r))
+    if not r["ok"]:
         sys.exit(1)
 
 

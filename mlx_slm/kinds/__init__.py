@@ -2,6 +2,8 @@
 
 | kind        | module          | scores                                                  |
 |-------------|-----------------|---------------------------------------------------------|
+| `chat`      | `chat.py`       | a chat completion's choices, as `labels` scores labels  |
+| `next-token`| `chat.py`       | a chat completion's next token over the vocabulary      |
 | `rerank`    | `rerank.py`     | (query, document) relevance, each query's tokens once   |
 | `finetune`  | `finetune.py`   | LoRA adapters and a score head (or the labels' tokens)  |
 | `seqcls`    | `seqcls.py`     | a sequence-classification checkpoint's own score head   |
@@ -25,6 +27,7 @@ from typing import Any
 
 from ..errors import UserError
 from .base import Kind, KindArgs, KindSpec, OnePrompt, RunSettings, TaskError
+from .chat import ChatChoiceSpec, NextTokenSpec, chat_spec
 from .finetune import FinetuneSpec
 from .head import FeaturesSpec, HeadSpec
 from .labels import LabelsSpec
@@ -33,6 +36,8 @@ from .rerank import RerankSpec
 from .seqcls import SeqClsSpec
 
 KINDS: tuple[type[KindSpec], ...] = (
+    ChatChoiceSpec,
+    NextTokenSpec,
     RerankSpec,
     FinetuneSpec,
     SeqClsSpec,
@@ -96,6 +101,9 @@ def kind_named(name: str) -> type[KindSpec]:
 __all__ = [
     "BY_NAME",
     "KINDS",
+    "ChatChoiceSpec",
+    "NextTokenSpec",
+    "chat_spec",
     "FeaturesSpec",
     "FinetuneSpec",
     "HeadSpec",

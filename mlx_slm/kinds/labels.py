@@ -154,7 +154,8 @@ class LabelsKind(OnePrompt):
         scores = np.array(first, dtype=np.float64)
         ran = 0
         if ls.mode == "sequence":
-            p = len(prefix) if prefix else 0
+            # a batch of several heads (chat items) hands its StackedPrefix on: each row sees its own head's keys
+            p: Any = prefix if getattr(prefix, "mask", None) is not None else len(prefix) if prefix else 0
             if self._trie:
                 rest, ran = trie_logprobs(engine, kv, batch, p, ls.trie, len(ls.labels))
             else:
@@ -167,11 +168,12 @@ class LabelsKind(OnePrompt):
 
 
 def trie_logprobs(
-    engine: Engine, kv: list[KV], batch: Batch, prefix_len: int, chunks: Sequence[TrieChunk], n_labels: int
+    engine: Engine, kv: list[KV], batch: Batch, prefix_len: Any, chunks: Sequence[TrieChunk], n_labels: int
 ) -> tuple[np.ndarray, int]:
     """Per label, the sum of log p(label token k | prompt, earlier label tokens) for k >= 1,
     all labels at once: the labels' token trie runs as one extra sequence per row.
 
+    `prefix_len`: the cached head's length, or a `StackedPrefix` (its rows' own heads, masked).
     Each trie node sees the shared prefix, its row's own prompt (through the row's KV)
     and its own ancestors, never a sibling (`tree` mask), at RoPE position prompt end +
     depth: exactly the context it has when its label alone follows the prompt. One pass
@@ -206,7 +208,7 @@ def edge_logprobs(engine: Engine, hidden: mx.array, c: TrieChunk, T: int) -> np.
 
 
 def continuation_logprobs(
-    engine: Engine, kv: list[KV], batch: Batch, prefix_len: int, token_ids: Sequence[Sequence[int]]
+    engine: Engine, kv: list[KV], batch: Batch, prefix_len: Any, token_ids: Sequence[Sequence[int]]
 ) -> tuple[np.ndarray, int]:
     """Per label, the sum of log p(label token k | prompt, earlier label tokens) for k >= 1.
 

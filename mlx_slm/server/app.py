@@ -8,6 +8,7 @@ from typing import Any
 from ..service import Service
 from .common import RouteContext
 from .errors import HTTPError, error_response
+from .openai import CHAT_PATHS, OpenAIRoutes
 from .ours import OurRoutes
 from .rerank import RerankRoutes
 from .tei import TEI_PATHS, TEIRoutes
@@ -31,7 +32,7 @@ async def starlette_error(request: Any, exc: Any) -> Any:
     else:
         msg = str(getattr(exc, "detail", "")) or "HTTP error"
     err = HTTPError(status, msg, headers=headers)
-    return error_response(err, "tei" if path in TEI_PATHS else "ours")
+    return error_response(err, "tei" if path in TEI_PATHS else "oai" if path in CHAT_PATHS else "ours")
 
 
 def create_app(service: Service, *, start_worker: bool = True) -> Any:
@@ -45,6 +46,7 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
     ctx = RouteContext(service)
     vllm = VLLMRoutes(ctx)
     routes = OurRoutes(ctx, vllm).routes() + TEIRoutes(ctx).routes() + vllm.routes() + RerankRoutes(ctx).routes()
+    routes += OpenAIRoutes(ctx).routes()
 
     @asynccontextmanager
     async def lifespan(app: Any):  # type: ignore[no-untyped-def]

@@ -35,6 +35,7 @@ class HTTPError(Exception):
         super().__init__(message)
         self.status, self.message, self.field, self.headers = status, message, field, headers or {}
         self.style: str | None = None
+        self.code: str | None = None  # OpenAI's error code ("model_not_found"), on the OpenAI routes
         self.outcome = outcome or {
             401: "unauthorized",
             413: "too_large",
@@ -47,8 +48,12 @@ class HTTPError(Exception):
     def body(self, style: str = "ours") -> dict[str, Any]:
         """The JSON error: ours, `{"error": {"status", "message", "field"}}`; on the TEI routes
         TEI's `{"error": message, "error_type"}` (what its clients read); on vLLM's routes ours
-        with OpenAI's `type`, `param` and `code` added."""
+        with OpenAI's `type`, `param` and `code` added; on OpenAI's chat routes ("oai") OpenAI's own."""
         msg = _printable(self.message)
+        if style == "oai":  # OpenAI's own, on its chat routes: {"error": {"message", "type", "param", "code"}}
+            kind = "invalid_request_error" if self.status < 500 else "server_error"
+            field = None if self.field is None else _printable(self.field)
+            return {"error": {"message": msg, "type": kind, "param": field, "code": self.code}}
         if style == "tei":
             return {"error": msg, "error_type": _TEI_ERROR_TYPES.get(self.status, "Backend")}
         err: dict[str, Any] = {"status": self.status, "message": msg}
@@ -106,7 +111,7 @@ def http_error(e: ServiceError | HTTPError) -> HTTPError:
 
 
 def error_response(e: HTTPError, style: str = "ours") -> Any:
-    """The error as a JSON response in a route's style (ours, "tei" or "openai")."""
+    """The error as a JSON response in a route's style (ours, "tei", "openai" or "oai")."""
     from starlette.responses import JSONResponse
 
     return JSONResponse(e.body(e.style or style), status_code=e.status, headers=e.headers)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..prompts import TRUNCATE_MODES
+from .openai import CHAT_OPENAPI
 
 _STR_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
 _PAIR = {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2, "description": "[text, text_pair]"}
@@ -194,6 +195,8 @@ OPENAPI: dict[str, Any] = {
         "/rerank": {"post": _TEI_RERANK},
         "/v1/rerank": {"post": {**_COHERE_RERANK, "summary": "Cohere's v1 rerank (and Jina's): " + _COHERE_SUMMARY}},
         "/v2/rerank": {"post": {**_COHERE_RERANK, "summary": "Cohere's v2 rerank: " + _COHERE_SUMMARY}},
+        "/v1/chat/completions": {"post": CHAT_OPENAPI},
+        "/chat/completions": {"post": CHAT_OPENAPI},
         "/v1/models": {
             "get": {
                 "summary": "OpenAI/vLLM model list: the one served model (id, max_model_len, labels).",

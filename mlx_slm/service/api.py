@@ -124,6 +124,9 @@ class TaskSpec:
     truncate: str | bool | None = None  # False: no truncation
     min_confidence: float | None = None
     rerank: bool = False  # the model's reranker (`TaskCache.rerank_key`): items are (query, document) pairs
+    # A chat completion (`TaskCache.chat_key`): items are `chat.Conversation`s, scored for these
+    # choices (as labels), or for their next token when empty.
+    chat: tuple[str, ...] | None = None
 
 
 @dataclass

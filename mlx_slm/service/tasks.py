@@ -26,6 +26,7 @@ from .api import Loaded, TaskSpec
 from .errors import Invalid, NotSupported
 
 RERANK_TASK = "rerank"  # the first part of the reranker's task key (`TaskCache.rerank_key`)
+CHAT_TASK = "chat"  # the first part of a chat completion's task key (`TaskCache.chat_key`)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -110,6 +111,18 @@ class TaskCache:
             return self.key(None, None, None, truncate)
         return (RERANK_TASK, self._base.truncate if truncate is None else (truncate or None))
 
+    def chat_key(self, choices: tuple[str, ...]) -> tuple:
+        """A chat completion's task: ("chat", its choices; () for the next token), the kinds of
+        `kinds/chat.py`; `NotSupported` on a model without an LM head."""
+        seqcls = getattr(self._base.engine.model, "seqcls", None)
+        if not getattr(self._base.engine.model, "has_lm_head", True):
+            what = f"a {seqcls.architecture}: its own score head" if seqcls is not None else "no LM head"
+            raise NotSupported(
+                f"this model has {what}, and a chat completion scores the LM head's tokens: POST the texts to "
+                "/v1/classify (or /classify) for its answers, or serve a causal LM"
+            )
+        return (CHAT_TASK, tuple(choices))
+
     def reranker(self) -> Any:
         """The kind the rerank routes run (`kinds.reranker_spec`), made once; `NotSupported` says
         how to serve a reranker when the model is none."""
@@ -134,12 +147,15 @@ class TaskCache:
     def _build(self, engine: Any, key: tuple) -> Any:
         from ..classifier import Classifier
         from ..kinds import TaskError as KindRefused
-        from ..kinds import request_spec
+        from ..kinds import chat_spec, request_spec
+        from ..kinds.chat import CHAT_TEMPLATE
 
         base = self._base
         kw = dict(self.loaded.clf_kwargs)  # type: ignore[union-attr]
         if key[0] == RERANK_TASK:  # the model's reranker beside the served task (see `rerank_key`)
             spec, (system, template, truncate) = self.reranker(), (base.format.system, base.format.template, key[1])
+        elif key[0] == CHAT_TASK:  # a chat completion: the conversation is the whole prompt (see `chat_key`)
+            spec, (system, template, truncate) = chat_spec(key[1]), (None, CHAT_TEMPLATE, None)
         else:
             labels, system, template, truncate = key
             same_prompt = (system, template) == (base.format.system, base.format.template)
@@ -184,6 +200,8 @@ class TaskCache:
 
         if spec.rerank:
             key = self.rerank_key(spec.truncate)
+        elif spec.chat is not None:
+            key = self.chat_key(spec.chat)
         else:
             key = self.key(spec.labels, spec.system, spec.template, spec.truncate)
             if key not in self._front:  # a new task: its parts checked one by one first
