@@ -26,7 +26,19 @@ import mlx.core as mx
 from ..errors import ModelError
 from ..notices import notice
 from . import quant
-from .base import FASTMATH, KV, NATIVE, NO_SCORE_HEAD, Model, ModelArgs, Ops, build_mask, check_score, choose_ops
+from .base import (
+    FASTMATH,
+    KV,
+    NATIVE,
+    NO_SCORE_HEAD,
+    Model,
+    ModelArgs,
+    Ops,
+    build_mask,
+    check_score,
+    choose_ops,
+    prefix_backbone,
+)
 
 # model_type (config.json) -> module of this package.
 ARCHITECTURES: dict[str, str] = {
@@ -70,10 +82,12 @@ def gguf_module(gguf_arch: str | None) -> ModuleType:
 
 
 def _sanitize(module: ModuleType) -> Any:
-    """The module's own `sanitize`, else the shared one (rotary caches, a tied head copy)."""
+    """The module's own `sanitize`, else the shared one (rotary caches, a tied head copy), after a
+    bare backbone's tensors get the `model.` prefix (`base.prefix_backbone`)."""
     from . import base
 
-    return getattr(module, "sanitize", base.sanitize)
+    own = getattr(module, "sanitize", base.sanitize)
+    return lambda weights, args: own(prefix_backbone(weights)[0], args)
 
 
 def _flops(module: ModuleType) -> Any:
@@ -139,6 +153,9 @@ def load_model(
     weights: dict[str, mx.array] = {}
     for f in files:
         weights.update(mx.load(str(f)))
+    # A backbone saved without the `model.` prefix (Qwen3-Embedding's layout) has no LM head,
+    # whatever its config's architectures say.
+    args.backbone = args.backbone or prefix_backbone(weights)[1]
     weights = _sanitize(module)(weights, args)
     check_score(weights, args, str(files[0] if len(files) == 1 else path))
     model = module.Model(args)
