@@ -27,6 +27,7 @@ from ..errors import ModelError
 from ..notices import notice
 from . import quant
 from .base import (
+    BACKBONE_NO_LM_HEAD,
     FASTMATH,
     KV,
     NATIVE,
@@ -202,6 +203,12 @@ def _load_quantized(
     return weights, dtype
 
 
+def embeds_only(model: Any) -> bool:
+    """Whether a loaded model has neither an LM head nor a score head: a bare backbone (a
+    sentence-transformers embedding model), which embeds and classifies nothing by itself."""
+    return not getattr(model, "has_lm_head", True) and getattr(model, "seqcls", None) is None
+
+
 def sequence_logits(
     model: Model,
     ids: mx.array,
@@ -226,6 +233,7 @@ def sequence_logits(
 
 __all__ = [
     "ARCHITECTURES",
+    "BACKBONE_NO_LM_HEAD",
     "FASTMATH",
     "KV",
     "NATIVE",
@@ -236,6 +244,7 @@ __all__ = [
     "build_mask",
     "choose_ops",
     "default_compute_dtype",
+    "embeds_only",
     "flops_per_token",
     "get_model_class",
     "get_model_module",
