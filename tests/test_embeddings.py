@@ -188,8 +188,8 @@ def test_folder_refusals(tmp_path, tiny_arch):
     assert read_pooling(folder, 64, True).source == "causal LM"
 
 
-def test_classify_on_an_embedding_folder_says_it_embeds(tiny_arch):
+def test_classifier_on_an_embedding_folder_says_it_embeds(tiny_arch):
     from mlx_slm import Classifier
 
     with pytest.raises(Exception, match="bare backbone without an LM head.*mlx-slm embed"):
-        Classifier(Engine.load(str(tiny_arch.st_mlx())), ["a", "b"])
+        Classifier(Engine.load(str(tiny_arch.st_mlx())), ["a", "b"]).classify(["x"])
