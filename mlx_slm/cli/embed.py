@@ -43,7 +43,9 @@ def output_kind(output: str | None) -> str:
 @click.command(cls=Command, sections=_SECTIONS)
 @click.argument("input", required=False, default="-")
 @click.option("-o", "--output", help="Output file: .jsonl (default: stdout), .parquet or .npy.")
-@click.option("--prompt-name", help="The model folder's named prompt before each text (its prompts: mlx-slm doctor --model M).")
+@click.option(
+    "--prompt-name", help="The model folder's named prompt before each text (its prompts: mlx-slm doctor --model M)."
+)
 @click.option("--prompt", help="A prompt of your own before each text (instead of --prompt-name).")
 @click.option("--dimensions", type=number("dimensions"), help="Keep the first N values, then normalize (Matryoshka).")
 @click.option(
