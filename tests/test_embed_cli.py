@@ -96,3 +96,11 @@ def test_a_sequence_classifier_does_not_embed(tiny_arch, inp):
 def test_classify_on_an_embedding_folder_says_it_embeds(folder, inp):
     r = run(["classify", str(inp), "--model", str(folder), "--labels", "a,b"])
     assert r.exit_code == 2 and "bare backbone without an LM head" in r.output and "mlx-slm embed" in r.output
+
+
+def test_doctor_says_how_a_model_embeds(folder, tiny_arch):
+    r = run(["doctor", "--model", str(folder)])
+    assert "embeddings     sentence-transformers: mean pooling, 64 values, normalized" in r.stdout
+    assert "none (a bare backbone" in r.stdout
+    r = run(["doctor", "--model", str(tiny_arch.mlx("qwen2"))])
+    assert "embeddings     a causal LM: the last token's final-norm hidden state" in r.stdout

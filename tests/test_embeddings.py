@@ -193,3 +193,13 @@ def test_classifier_on_an_embedding_folder_says_it_embeds(tiny_arch):
 
     with pytest.raises(Exception, match="bare backbone without an LM head.*mlx-slm embed"):
         Classifier(Engine.load(str(tiny_arch.st_mlx())), ["a", "b"]).classify(["x"])
+
+
+def test_python_api_on_a_classifiers_engine(tiny_arch):
+    """`Embedder` from the package root, on the engine a `Classifier` already holds (one model, both uses)."""
+    import mlx_slm
+
+    clf = mlx_slm.Classifier.load(str(tiny_arch.mlx("qwen2")), ["billing", "bug"])
+    emb = mlx_slm.Embedder(clf.engine)
+    assert emb.engine is clf.engine and emb.encode(TEXTS[:2]).shape == (2, 64)
+    assert clf.classify(["refund please"])[0].label in ("billing", "bug")
