@@ -118,7 +118,7 @@ class ClassifierBase:
             )  # fmt: skip
         if isinstance(kind, KindArgs):  # chosen here, where the model (and any score head of its own) is known
             extra = {"model_name": str(engine.path or ""), **kind.extra}
-            if embeds_only(engine.model) and kind.head is None:  # no head to score with: its features only
+            if embeds_only(engine.model):  # no head of its own to score with: its features (a learned head's)
                 kind = replace(kind, features_only=True)
             kind = spec_of(replace(kind, model_head=getattr(engine.model, "seqcls", None), extra=extra))
             if extra.get("threshold") is not None and kind.record_shape().form != "multi":

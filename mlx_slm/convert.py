@@ -465,8 +465,7 @@ def _convert_into(
         config["quantization_config"] = dict(stored)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(tmp))
-    if kind == "hf":
-        copy_sentence_transformers(path, tmp)
+    copy_sentence_transformers(path, tmp)  # a sentence-transformers folder's pooling and prompts (a GGUF has none)
 
     say("  hashing the source")
     record = {
@@ -495,7 +494,7 @@ SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "con
 def copy_sentence_transformers(src: Path, out: Path) -> None:
     """Copy a sentence-transformers folder's configuration (`SENTENCE_TRANSFORMERS_FILES` and the
     JSON files of every module folder modules.json names) from `src` into the conversion `out`;
-    nothing when `src` has no modules.json. Weights in a module's folder (a Dense layer) are not
+    nothing when `src` has no modules.json (or is a file). Weights in a module's folder (a Dense layer) are not
     copied: `embeddings.read_pooling` refuses such a module by name."""
     if not (src / "modules.json").is_file():
         return

@@ -23,7 +23,9 @@ def test_floor_counts_the_shared_head_once_and_st_pads_sorted_batches():
 def test_embed_benchmark_end_to_end(tiny_arch, tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_SLM_HOME", str(tmp_path / "home"))  # our conversion of the folder goes there
     out, cache = tmp_path / "res", tmp_path / "cache"
-    assert embed.main(["--model", str(tiny_arch.mlx("qwen2")), "--n", "6", "--cache", str(cache), "--out", str(out)]) == 0
+    assert (
+        embed.main(["--model", str(tiny_arch.mlx("qwen2")), "--n", "6", "--cache", str(cache), "--out", str(out)]) == 0
+    )
     (built,) = cache.iterdir()
     assert (built / "modules.json").is_file() and (built / "2_Normalize").is_dir()
     res = json.loads((out / "embed.json").read_text())

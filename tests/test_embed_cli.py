@@ -44,10 +44,16 @@ def test_jsonl_in_order_with_error_rows(folder, inp):
     assert r.exit_code == 1, r.output
     out = [json.loads(x) for x in r.stdout.splitlines()]
     assert [o["id"] for o in out] == ["t0", "empty", "t1", "t2", None]
-    assert out[1] == {"id": "empty", "line": 2, "error": "line 2: field 'text' is empty: give the item some text, or drop the row"}
+    assert out[1] == {
+        "id": "empty",
+        "line": 2,
+        "error": "line 2: field 'text' is empty: give the item some text, or drop the row",
+    }
     assert out[4]["line"] == 5 and "malformed JSON" in out[4]["error"]
     got = np.array([o["embedding"] for o in out if "embedding" in o], dtype=np.float32)
-    np.testing.assert_allclose(got, want(folder, prompt_name="query"), atol=1e-6)  # mean pooling: as the folder (normalized)
+    np.testing.assert_allclose(
+        got, want(folder, prompt_name="query"), atol=1e-6
+    )  # mean pooling: as the folder (normalized)
     assert "texts/s" in r.stderr and "the prompt's head saved" in r.stderr and "1 row(s) failed" not in r.stdout
 
 

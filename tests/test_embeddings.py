@@ -162,7 +162,9 @@ def test_token_ids_as_given(tiny_arch):
 
 
 def test_sequence_classifier_does_not_embed(tiny_arch):
-    with pytest.raises(EmbeddingError, match=r"no pooling config \(.*\) and no causal LM head.*ForSequenceClassification"):
+    with pytest.raises(
+        EmbeddingError, match=r"no pooling config \(.*\) and no causal LM head.*ForSequenceClassification"
+    ):
         Embedder(Engine.load(str(tiny_arch.seqcls_mlx("qwen2", 3))))
 
 

@@ -142,8 +142,7 @@ def parity(
         k for k in ("system", "template", "labels_csv", "labels_file") if ctx.get_parameter_source(k).name != "DEFAULT"
     }
     if embeddings or prompt_name is not None or _sentence_transformers(model):
-        _embed_parity(model, reference, n, input_path, prompt_name, dtype, as_json)
-        return
+        return _embed_parity(model, reference, n, input_path, prompt_name, dtype, as_json)
     trained = _Trained(n, input_path, (system, template), typed, dtype, as_json, keep_quantized, threshold)
     if reranker is not None:
         trained.rerank(model, reranker, instruction, questions_file)
