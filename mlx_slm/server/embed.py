@@ -133,7 +133,8 @@ class EmbedRoutes:
                 token_ids=token_ids,
                 names=names,
                 whole=fld,
-                truncate_hint='"truncate": true' if status == 422 else "fewer tokens (this API does not truncate)",
+                truncate_hint='"truncate": true'
+                + ("" if status == 422 else " to TEI's /embed (OpenAI's API does not truncate)"),
                 started=t0,
                 gone=lambda: until_disconnect(request),
             )
