@@ -108,6 +108,13 @@ def build(job: dict[str, Any]) -> None:
     else:
         kw, where = {"dtype": "auto"}, str(src)
     backbone = AutoModel.from_pretrained(where, **kw)
+    if src.suffix == ".gguf":  # Transformers will not save a GGUF-loaded model: the same values in a plain one
+        cfg = backbone.config
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        plain = AutoModel.from_config(cfg, dtype=torch.float16)
+        plain.load_state_dict(backbone.state_dict())
+        backbone = plain
     tok = AutoTokenizer.from_pretrained(where, **({"gguf_file": src.name} if src.suffix == ".gguf" else {}))
     tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
