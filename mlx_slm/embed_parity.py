@@ -12,6 +12,7 @@ The reference runs in a child process without our OpenBLAS preload (`reference.r
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import tempfile
@@ -25,7 +26,7 @@ import numpy as np
 
 from .embeddings import Embedder
 from .engine import Engine
-from .errors import UserError
+from .errors import MissingExtra, UserError
 from .reference import require_torch, run_in_child
 
 MIN_COSINE = 0.9999
@@ -38,6 +39,8 @@ def reference_in_child(src: str | Path, texts: Sequence[str], prompt: str, st: b
     child process: sentence-transformers' `encode` on a folder of its own (`st`), else
     Transformers' `AutoModel` last hidden state at the last token."""
     require_torch()
+    if st and importlib.util.find_spec("sentence_transformers") is None:
+        raise MissingExtra("the embedding reference needs sentence-transformers: pip install 'mlx-slm[reference]'")
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job.write_text(json.dumps({"src": str(src), "texts": list(texts), "prompt": prompt, "st": st}))
