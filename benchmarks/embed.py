@@ -233,7 +233,7 @@ def run(a: argparse.Namespace, argv: list[str] | None) -> int:
         emb.engine._prefixes.clear()  # the timed run computes the prompt's head itself, as a first run does
         vecs, st, secs = ours(emb, texts, prompt)
         ids = [it.ids for it in emb.prepare(texts, prompt)]
-        head = emb._head(prompt)[0]
+        head = emb.prompt_head(prompt)[0]
         floor = floor_tokens(ids, head if len(head) > 1 else ())
         theirs = ref[name]
         if [len(x) for x in ids] != theirs["lengths"]:

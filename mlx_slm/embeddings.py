@@ -41,11 +41,13 @@ import mlx.core as mx
 import numpy as np
 
 from . import pipeline
+from .classifier_base import DEFAULT_BATCH_SIZE, default_max_batch_tokens
 from .engine import Engine
 from .errors import UserError
 from .pipeline import BatchSettings
 from .predictions import Item, Stats
 from .prompts import common_prefix, max_token_chars, size_problem
+from .ranges import check_all
 
 POOLINGS = ("lasttoken", "mean", "cls")
 # sentence-transformers' 2.x-5.x booleans, in the order its Pooling concatenates them.
@@ -317,9 +319,6 @@ class Embedder:
         sort: bool = True,
         use_prefix_cache: bool = True,
     ):
-        from .classifier_base import DEFAULT_BATCH_SIZE, default_max_batch_tokens
-        from .ranges import check_all
-
         if not isinstance(engine, Engine):
             raise TypeError(f"Embedder takes an Engine (Engine.load(name)), not {type(engine).__name__}")
         self.engine = engine
@@ -394,12 +393,12 @@ class Embedder:
         tok, n = self.engine.tokenizer, self.max_length
         if self.pooling.chat:
             ids = self._render([text], prompt)[0]
-            tail = self._head(prompt)[2]
+            tail = self.prompt_head(prompt)[2]
             keep = min(len(tail), n)
             return ids[: n - keep] + tail[len(tail) - keep :] if keep else ids[:n]
         return list(tok(prompt + text, truncation=True, max_length=n)["input_ids"])
 
-    def _head(self, prompt: str) -> tuple[tuple[int, ...], int, list[int]]:
+    def prompt_head(self, prompt: str) -> tuple[tuple[int, ...], int, list[int]]:
         """(the tokens every text with `prompt` starts with: its cached head; how many of a text's
         first tokens the pooling leaves out; the chat template's closing tokens), once per prompt."""
         got = self._heads.get(prompt)
@@ -420,7 +419,7 @@ class Embedder:
         items = [Item(start + i, []) for i in range(len(texts))]
         tok = self.engine.tokenizer
         with self.engine.lock:
-            head, skip, _ = self._head(prompt)
+            head, skip, _ = self.prompt_head(prompt)
             per = max_token_chars(tok)
             todo: list[tuple[Item, str]] = []
             for it, t in zip(items, texts):

@@ -76,7 +76,7 @@ def test_prompt_left_out_of_the_pooling(tiny_arch, pooling):
     """include_prompt false: the prompt's tokens (as sentence-transformers counts them) are not
     pooled, though they run (and are cached) as the text's head."""
     emb = check(tiny_arch, layout="5", pooling=pooling, include_prompt=False)
-    head, skip, _ = emb._head(dict(emb.pooling.prompts)["query"])
+    head, skip, _ = emb.prompt_head(dict(emb.pooling.prompts)["query"])
     assert skip > 0 and len(head) >= skip - 1
 
 
