@@ -320,7 +320,7 @@ def plot(out: dict[str, Any], path: Path) -> None:
         print("matplotlib missing: no PNG (pip install 'mlx-slm[bench]')", file=sys.stderr)
         return
     rows = out["rows"]
-    names = [f"{r['row']} ({r['prompt']} prompt)" for r in rows]
+    names = [f"{r['row']} ({'query prompt' if r['prompt'] == 'query' else 'no prompt'})" for r in rows]
     colors = ["#4c72b0" if r["row"] == "ours" else "#999999" for r in rows]
     fig = Figure(figsize=(11, 3.5))
     FigureCanvasAgg(fig)
