@@ -205,3 +205,20 @@ def test_python_api_on_a_classifiers_engine(tiny_arch):
     emb = mlx_slm.Embedder(clf.engine)
     assert emb.engine is clf.engine and emb.encode(TEXTS[:2]).shape == (2, 64)
     assert clf.classify(["refund please"])[0].label in ("billing", "bug")
+
+
+def test_backbone_whose_config_says_causal_lm(tiny_arch, tmp_path):
+    """Qwen3-Embedding's config.json names Qwen3ForCausalLM though its weights are the bare
+    backbone's (no `model.` prefix, no LM head): the weights decide, and it embeds as saved."""
+    from mlx_slm.cli.misc import model_head_lines
+    from mlx_slm.convert import convert
+
+    src = tmp_path / "q3e"
+    shutil.copytree(tiny_arch.st(layout="5"), src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3ForCausalLM"]}))
+    out = convert(src, tmp_path / "m", dtype="float32", progress=None)
+    emb = Embedder(Engine.load(str(out)))
+    assert not emb.engine.model.has_lm_head
+    assert_close(emb.encode(TEXTS, prompt_name="query"), reference(tiny_arch.st(layout="5"), TEXTS, "query"))
+    assert "none (a bare backbone" in dict(model_head_lines(str(out)))["head"]

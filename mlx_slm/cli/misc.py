@@ -112,7 +112,8 @@ def model_head_lines(model: str) -> list[tuple[str, str]]:
     from ..embeddings import EmbeddingError, read_pooling
     from ..kinds import reranker_spec
     from ..labels import LabelError
-    from ..models.base import backbone_architecture
+    from ..modelfiles import tensor_names
+    from ..models.base import backbone_architecture, prefix_backbone
     from ..seqcls import SeqClsHead
     from ..sources import materialise
 
@@ -127,9 +128,12 @@ def model_head_lines(model: str) -> list[tuple[str, str]]:
             f"{own.architecture}: a score head of {own.num_labels} label(s) ({labels}), {own.function}"
             f" (problem_type {own.problem_type or 'unset'})"
         )
-    backbone = own is None and backbone_architecture(config)
+    # A bare backbone: config.json names one, or the weights lack the `model.` prefix (Qwen3-Embedding's layout)
+    backbone = own is None and (backbone_architecture(config) or prefix_backbone(dict.fromkeys(tensor_names(path)))[1])
     if backbone:
-        head = f"{config['architectures'][0]}: none (a bare backbone: it embeds, it does not score labels)"
+        head = (
+            f"{(config.get('architectures') or ['?'])[0]}: none (a bare backbone: it embeds, it does not score labels)"
+        )
     try:
         spec = reranker_spec(None, own, model)
         rerank = f"{spec.scorer} (what --reranker auto and serve's rerank routes use)"  # type: ignore[attr-defined]
