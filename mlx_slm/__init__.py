@@ -26,6 +26,7 @@ _HOMES = {
     "Run": "classifier",
     "Stats": "classifier",
     "CalibrationSpec": "calibration",
+    "Embedder": "embeddings",
     "Head": "heads",
     "Task": "task",
     "train_head": "train",

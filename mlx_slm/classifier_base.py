@@ -21,7 +21,7 @@ from .calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrato
 from .engine import Engine
 from .kinds import Kind, KindArgs, KindSpec, RunSettings, spec_of
 from .labels import LabelError, LabelSet
-from .models import Model
+from .models import Model, embeds_only
 from .pipeline import BatchSettings
 from .prefix_cache import PrefixCache
 from .prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, TRUNCATE_MODES, PromptFormat
@@ -118,6 +118,8 @@ class ClassifierBase:
             )  # fmt: skip
         if isinstance(kind, KindArgs):  # chosen here, where the model (and any score head of its own) is known
             extra = {"model_name": str(engine.path or ""), **kind.extra}
+            if embeds_only(engine.model):  # no head of its own to score with: its features (a learned head's)
+                kind = replace(kind, features_only=True)
             kind = spec_of(replace(kind, model_head=getattr(engine.model, "seqcls", None), extra=extra))
             if extra.get("threshold") is not None and kind.record_shape().form != "multi":
                 raise LabelError(NO_THRESHOLD)

@@ -334,7 +334,9 @@ def _is_our_conversion(out: Path) -> list[str] | None:
         foreign = [n for n in names if n not in listed and n != RECORD]
     else:  # a conversion from before the record listed its files
         foreign = [n for n in names if n not in _OURS and not n.startswith(_OURS_PREFIXES)]
-    foreign += [n for n in names if (out / n).is_symlink() or (out / n).is_dir()]
+        listed = []
+    # Folders: only a sentence-transformers module's config the conversion copied (`1_Pooling`).
+    foreign += [n for n in names if (out / n).is_symlink() or ((out / n).is_dir() and n not in listed)]
     return sorted(set(foreign)) or None
 
 
@@ -540,6 +542,7 @@ def _convert_into(
         config["quantization_config"] = dict(stored)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(tmp))
+    copy_sentence_transformers(path, tmp)  # a sentence-transformers folder's pooling and prompts (a GGUF has none)
 
     say("  hashing the source")
     record = {
@@ -559,6 +562,38 @@ def _convert_into(
     record["weights_stat"] = _weights_stat(tmp / WEIGHTS)
     record["files"] = sorted([p.name for p in tmp.iterdir()] + [RECORD])  # what a later --out may replace
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+# A sentence-transformers folder's own files: which modules run in order, the Transformer
+# module's settings, the named prompts. Each module's folder (`1_Pooling`, `2_Normalize`) holds
+# its config.json. Copied beside the weights, so the converted folder embeds as the source does.
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+
+
+def copy_sentence_transformers(src: Path, out: Path) -> None:
+    """Copy a sentence-transformers folder's configuration (`SENTENCE_TRANSFORMERS_FILES` and the
+    JSON files of every module folder modules.json names) from `src` into the conversion `out`;
+    nothing when `src` has no modules.json (or is a file). Weights in a module's folder (a Dense layer) are not
+    copied: `embeddings.read_pooling` refuses such a module by name."""
+    if not (src / "modules.json").is_file():
+        return
+    for name in SENTENCE_TRANSFORMERS_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+    try:
+        modules = json.loads((src / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"{src / 'modules.json'} is not valid JSON ({e}): fix or remove it") from None
+    for m in modules if isinstance(modules, list) else []:
+        sub = m.get("path") if isinstance(m, dict) else None
+        if not isinstance(sub, str) or not sub or "/" in sub or "\\" in sub or sub.startswith("."):
+            continue  # the Transformer module (""), or a path that is no plain folder name
+        folder = src / sub
+        if folder.is_dir() and not folder.is_symlink():
+            (out / sub).mkdir(exist_ok=True)
+            for f in folder.glob("*.json"):
+                if f.is_file() and not f.is_symlink():
+                    shutil.copyfile(f, out / sub / f.name)
 
 
 def versions() -> dict[str, str]:

@@ -122,6 +122,35 @@ class Engine:
             mx.eval(hidden)
             return hidden
 
+    def weighted_sum(self, batch: batching.Batch, prefix: Any, weights: np.ndarray) -> np.ndarray:
+        """Each row's final-norm hidden states weighted by `weights` (B, L) and summed, in float32
+        (B, D): a mean over the positions marked 1 (their count divides it), or one position picked
+        (one-hot weights). The forward runs every position to the end, after the prefix KV (shared,
+        or stacked per row with its mask). What mean and first-token embeddings read."""
+        with self.lock:
+            h, _ = self.model(
+                mx.array(batch.ids),
+                mx.array(batch.mask),
+                mx.array(batch.offsets),
+                cache=prefix.kv if prefix else None,
+                cache_mask=prefix.mask if prefix else None,
+                last_only=False,
+            )
+            total = (h.astype(mx.float32) * mx.array(weights.astype(np.float32))[..., None]).sum(axis=1)
+            mx.eval(total)
+            return np.array(total)
+
+    def prefix_states(self, cache: PrefixCache) -> tuple[np.ndarray, bool]:
+        """The final-norm hidden states of a cached prompt head's tokens (P, D) float32, and whether
+        this call computed them: once per head (kept on the cache), for embeddings whose pooling
+        reads the head's positions too (a mean over the prompt, its first token)."""
+        with self.lock:
+            if cache.states is not None:
+                return cache.states, False
+            h, _ = self.model(mx.array([cache.tokens], dtype=mx.int32), last_only=False)
+            cache.states = np.array(h[0].astype(mx.float32))
+            return cache.states, True
+
     def classify(self, batch: batching.Batch, prefix: PrefixCache | None = None) -> np.ndarray:
         """A sequence classifier's score-head logits at each row's last position (B, num_labels)
         float32 (`models.sequence_logits`; rows hold `model.seqcls.prompt_ids`). A causal LM:

@@ -55,6 +55,22 @@ def safetensors_problem(f: Path) -> str | None:
     return None
 
 
+def tensor_names(path: Path) -> set[str]:
+    """The tensor names every `*.safetensors` of a folder holds, read from their headers alone
+    (a file that cannot be read adds none: `model_dir_problems` says what is wrong with it)."""
+    names: set[str] = set()
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n)) if n <= MAX_HEADER else {}
+        except (OSError, ValueError, struct.error):
+            continue
+        if isinstance(header, dict):
+            names |= {k for k in header if k != "__metadata__"}
+    return names
+
+
 def model_dir_problems(path: Path) -> list[str]:
     """Everything that keeps `path` from loading as a model folder (empty: it looks whole)."""
     problems: list[str] = []

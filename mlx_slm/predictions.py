@@ -90,3 +90,6 @@ class Item:
     # The prompt head this item continues, when its kind gives each item its own (a reranker's
     # query: its documents run after the query's cached KV); None: the kind's shared head.
     prefix: tuple[int, ...] | None = None
+    # An embedding's tokens its pooling leaves out at the start (a prompt sentence-transformers
+    # excludes from a mean or first-token pooling: `include_prompt` false).
+    skip: int = 0

@@ -19,6 +19,7 @@ from .models import KV, Model
 
 class PrefixCache:
     mask = None  # every cached key is real (see `StackedPrefix` for rows with prefixes of their own)
+    states: np.ndarray | None = None  # the head's hidden states (P, D), when an embedding asks (`Engine.prefix_states`)
 
     def __init__(self, model: Model, tokens: Sequence[int]):
         if not tokens:

@@ -100,6 +100,8 @@ RANGES: dict[str, Range] = {
     # parity, rerank
     "n": _count("--n", unit="items", hi=1_000_000),
     "top_n": _count("--top-n", unit="documents kept per query", none_ok=True),
+    # embed
+    "dimensions": _count("--dimensions", unit="values kept per vector", none_ok=True, hi=1 << 20),
     # the service
     "port": _count("--port", 0, hi=65535),
     "max_batch_items": _count("--max-batch-items", unit="items per micro-batch"),

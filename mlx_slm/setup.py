@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
-from .errors import UsageError
+from .errors import ModelError, UsageError
 from .kinds import KindArgs, KindSpec, spec_of
+from .models import BACKBONE_NO_LM_HEAD, embeds_only
 from .prompts import (
     DEFAULT_LABELS,
     DEFAULT_SYSTEM,
@@ -394,7 +395,10 @@ class Setup:
         # Filled here, so the saved task, the manifest and Ray's workers all hold the message the model saw.
         o.system = got.fill(o.system, typed="system" in self.given)
 
-    def load(self) -> Any:
+    def load(self, embeds_only_ok: bool = False) -> Any:
+        """The classifier, loaded. `embeds_only_ok`: a model that embeds only (a bare backbone, no
+        LM head: a features-only classifier) is served (`serve`: its embedding routes) rather than
+        refused as a classifier."""
         from .classifier import Classifier
 
         o = self.o
@@ -408,6 +412,8 @@ class Setup:
             sort=not o.no_sort,
         )
         self.clf = Classifier.load(**self.load_kwargs)
+        if embeds_only(self.clf.engine.model) and self.clf.head is None and not embeds_only_ok:
+            raise ModelError(BACKBONE_NO_LM_HEAD)
         self.kind = self.clf.spec  # chosen on the model
         # The run's calibration and --min-confidence, refused where the kind chosen on the model
         # (a multi-label or one-output head, a reranker) cannot apply them, before any work.

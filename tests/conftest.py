@@ -172,6 +172,61 @@ def make_tiny_seqcls(
     return out
 
 
+ST_PROMPTS = {"query": "Instruct: find the tickets about this\nQuery: ", "document": ""}
+
+
+def make_tiny_st(
+    out: Path,
+    hf_dir: Path,
+    pooling: str = "lasttoken",
+    layout: str = "6",
+    normalize: bool = True,
+    include_prompt: bool = True,
+    chat: bool = False,
+    default_prompt: str | None = None,
+) -> Path:
+    """A sentence-transformers folder on `hf_dir`'s backbone (a tiny causal LM of `make_tiny`),
+    saved by sentence-transformers itself: the backbone as `AutoModel` saves it (no `model.`
+    prefix, no LM head), `pooling` (lasttoken, mean or cls) with `include_prompt`, Normalize when
+    `normalize`, the prompts of `ST_PROMPTS`. layout "6": the 6.x files as saved (`"pooling_mode"`);
+    "5": the Pooling config and module names of 2.x-5.x (`pooling_mode_*` booleans,
+    `sentence_transformers.models.*`, `sentence_bert_config.json` with `max_seq_length` only: how
+    Qwen3-Embedding ships). chat: 6.x's "message" modality kept (each text rendered by the chat
+    template, the prompt a system message); else the text modality only."""
+    import json
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+        t = Transformer(str(hf_dir))
+        mods = [t, Pooling(t.get_embedding_dimension(), pooling_mode=pooling, include_prompt=include_prompt)]
+        model = SentenceTransformer(
+            modules=mods + ([Normalize()] if normalize else []),
+            prompts=dict(ST_PROMPTS),
+            default_prompt_name=default_prompt,
+        )
+        model.save(str(out))
+    sb = json.loads((out / "sentence_bert_config.json").read_text())
+    if not chat:
+        sb["modality_config"].pop("message", None)
+    if layout == "5":
+        sb = {"max_seq_length": 512, "do_lower_case": False}
+        legacy = {f"pooling_mode_{k}": k2 == pooling for k, k2 in (("cls_token", "cls"), ("mean_tokens", "mean"),
+                  ("max_tokens", "max"), ("mean_sqrt_len_tokens", "-"), ("weightedmean_tokens", "-"),
+                  ("lasttoken", "lasttoken"))}  # fmt: skip
+        cfg = {"word_embedding_dimension": t.get_embedding_dimension(), **legacy, "include_prompt": include_prompt}
+        (out / "1_Pooling" / "config.json").write_text(json.dumps(cfg, indent=2))
+        mj = json.loads((out / "modules.json").read_text())
+        for m in mj:
+            m["type"] = "sentence_transformers.models." + m["type"].rsplit(".", 1)[-1]
+        (out / "modules.json").write_text(json.dumps(mj, indent=2))
+    (out / "sentence_bert_config.json").write_text(json.dumps(sb, indent=2))
+    return out
+
+
 class TinyModels:
     """Each architecture's tiny checkpoint (`make_tiny`) and its float32 MLX conversion, made
     on first use and kept for the session: every fixture and test file that needs an
@@ -183,6 +238,7 @@ class TinyModels:
         self._hf: dict[str, Path] = {}
         self._mlx: dict[str, Path] = {}
         self._seqcls: dict[tuple, Path] = {}
+        self._st: dict[tuple, Path] = {}
 
     def hf(self, arch: str) -> Path:
         """The Hugging Face directory (float32 safetensors, the tokenizer, nothing else in it)."""
@@ -220,6 +276,25 @@ class TinyModels:
             src = self.seqcls_hf(arch, num_labels, problem_type, id2label)
             self._seqcls[key] = convert(src, self._tmp.mktemp("mlx-seqcls") / "m", dtype="float32", progress=None)
         return self._seqcls[key]
+
+    def st(self, arch: str = "qwen3", **kw) -> Path:
+        """A tiny sentence-transformers folder on `arch`'s backbone (`make_tiny_st(**kw)`), made once."""
+        key = ("st", arch, *sorted(kw.items()))
+        if key not in self._st:
+            name = "st-" + "-".join(str(x) for x in key[1:]).replace("(", "").replace(")", "").replace("'", "")
+            self._st[key] = make_tiny_st(self._tmp.mktemp(name[:60]) / "st", self.hf(arch), **kw)
+        return self._st[key]
+
+    def st_mlx(self, arch: str = "qwen3", **kw) -> Path:
+        """Its float32 conversion, in a folder of its own."""
+        key = ("st-mlx", arch, *sorted(kw.items()))
+        if key not in self._st:
+            from mlx_slm.convert import convert
+
+            self._st[key] = convert(
+                self.st(arch, **kw), self._tmp.mktemp("mlx-st") / "m", dtype="float32", progress=None
+            )
+        return self._st[key]
 
 
 @pytest.fixture(scope="session")

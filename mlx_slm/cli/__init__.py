@@ -18,6 +18,7 @@ import click
 from ..errors import UserError
 from .base import notice
 from .classify import classify, merge
+from .embed import embed
 from .eval import evaluate
 from .export import export
 from .misc import bench, convert, doctor, models
@@ -98,6 +99,7 @@ def main() -> None:
       mlx-slm classify tickets.jsonl --labels billing,technical,account -o out.jsonl
       mlx-slm train labelled.jsonl --save-task task.json && mlx-slm classify tickets.jsonl --task task.json
       mlx-slm rerank --query "card charged twice" docs.jsonl --model RERANKER --top-n 5
+      mlx-slm embed tickets.jsonl --model EMBEDDER -o vectors.npy
       mlx-slm parity --model smollm2-135m --reference smollm2-135m --n 10
       mlx-slm doctor
 
@@ -105,7 +107,21 @@ def main() -> None:
     """
 
 
-for _command in (classify, merge, evaluate, rerank, convert, train, export, parity, doctor, models, bench, serve):
+for _command in (
+    classify,
+    merge,
+    evaluate,
+    rerank,
+    embed,
+    convert,
+    train,
+    export,
+    parity,
+    doctor,
+    models,
+    bench,
+    serve,
+):
     main.add_command(_command)
 
 __all__ = ["BUG_REPORT", "main"]

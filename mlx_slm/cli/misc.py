@@ -109,8 +109,11 @@ def model_head_lines(model: str) -> list[tuple[str, str]]:
     (as `serve`'s rerank routes and `--reranker auto` choose)."""
     import json
 
+    from ..embeddings import EmbeddingError, read_pooling
     from ..kinds import reranker_spec
     from ..labels import LabelError
+    from ..modelfiles import tensor_names
+    from ..models.base import backbone_architecture, prefix_backbone
     from ..seqcls import SeqClsHead
     from ..sources import materialise
 
@@ -125,12 +128,24 @@ def model_head_lines(model: str) -> list[tuple[str, str]]:
             f"{own.architecture}: a score head of {own.num_labels} label(s) ({labels}), {own.function}"
             f" (problem_type {own.problem_type or 'unset'})"
         )
+    # A bare backbone: config.json names one, or the weights lack the `model.` prefix (Qwen3-Embedding's layout)
+    backbone = own is None and (backbone_architecture(config) or prefix_backbone(dict.fromkeys(tensor_names(path)))[1])
+    if backbone:
+        head = (
+            f"{(config.get('architectures') or ['?'])[0]}: none (a bare backbone: it embeds, it does not score labels)"
+        )
     try:
         spec = reranker_spec(None, own, model)
         rerank = f"{spec.scorer} (what --reranker auto and serve's rerank routes use)"  # type: ignore[attr-defined]
     except LabelError as e:
         rerank = f"no: {e}"
-    return [("model", f"{model} -> {path}"), ("head", head), ("reranker", rerank)]
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    try:
+        pooling = read_pooling(path, int(text.get("hidden_size") or 0), own is None and not backbone, "a model")
+        embeds = f"{pooling.describe()} (what mlx-slm embed and serve's embedding routes use)"
+    except EmbeddingError as e:
+        embeds = f"no: {e}"
+    return [("model", f"{model} -> {path}"), ("head", head), ("reranker", rerank), ("embeddings", embeds)]
 
 
 @click.command(cls=Command)

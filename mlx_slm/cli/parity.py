@@ -93,6 +93,13 @@ from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
     help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
     "(default: dequantize on the CPU, keep on a GPU).",
 )
+@click.option(
+    "--embeddings",
+    is_flag=True,
+    help="Check embeddings (the default for a sentence-transformers folder) against sentence-transformers' "
+    "encode, each text alone (a causal LM: Transformers' last hidden state at the last token).",
+)
+@click.option("--prompt-name", help="--embeddings: the folder's named prompt before each text.")
 def parity(
     model: str,
     reference: str | None,
@@ -112,6 +119,8 @@ def parity(
     instruction: str | None = None,
     threshold: float | None = None,
     chat: bool = False,
+    embeddings: bool = False,
+    prompt_name: str | None = None,
 ) -> None:
     """Check that the MLX path gives Transformers' labels and logits.
 
@@ -142,6 +151,8 @@ def parity(
     typed = {
         k for k in ("system", "template", "labels_csv", "labels_file") if ctx.get_parameter_source(k).name != "DEFAULT"
     }
+    if embeddings or prompt_name is not None or _sentence_transformers(model):
+        return _embed_parity(model, reference, n, input_path, prompt_name, dtype, as_json)
     trained = _Trained(n, input_path, (system, template), typed, dtype, as_json, keep_quantized, threshold)
     if reranker is not None:
         trained.rerank(model, reranker, instruction, questions_file)
@@ -200,6 +211,29 @@ def _chat_parity(o: dict[str, Any]) -> None:
                         progress=lambda m: notice(f"mlx-slm: {m}"), dequantize=None if keep is None else not keep)  # fmt: skip
     click.echo(json.dumps(r, indent=2) if o["as_json"] else format_chat_report(r))
     if not r["ok"]:
+        sys.exit(1)
+
+
+def _sentence_transformers(model: str) -> bool:
+    """Whether `model` is a sentence-transformers folder (its modules.json; converted, it keeps it)."""
+    from ..sources import materialise
+
+    return model not in BUILTINS and (materialise(model) / "modules.json").is_file()
+
+
+def _embed_parity(
+    model: str, reference: str | None, n: int, input_path: str | None, prompt_name: str | None, dtype: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    from ..embed_parity import format_embed_report, run_embed_parity
+
+    texts = _input_texts(input_path, n) if input_path else _stratified(n)
+    if any(not isinstance(t, str) for t in texts):
+        raise click.UsageError("--embeddings embeds texts: --input's rows have a text_pair; give texts alone")
+    r = run_embed_parity(model, texts, prompt_name=prompt_name, reference=reference, dtype=dtype,
+                         progress=lambda m: notice(f"mlx-slm: {m}"))  # fmt: skip
+    click.echo(json.dumps(r, indent=2) if as_json else format_embed_report(r))
+    if not r["forward_ok"]:
         sys.exit(1)
 
 

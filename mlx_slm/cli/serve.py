@@ -126,7 +126,7 @@ def serve(
     check_run_files(files_read(s), [])  # the files it reads: there, readable, not links to trouble
 
     def load() -> Loaded:
-        clf = setup.load()
+        clf = setup.load(embeds_only_ok=True)  # an embedding model serves its embedding routes
         return Loaded(
             clf,
             setup.calibration,

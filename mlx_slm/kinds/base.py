@@ -301,11 +301,10 @@ def refuse_by_size(items: list[Item], texts: Sequence[Any], tokenizer: Any, max_
 
 def require_lm_head(engine: Engine) -> None:
     """Label tokens, questions and yes/no prompts are scored by the LM head: a model that has a
-    sequence-classification head instead refuses them, saying what it does score."""
+    sequence-classification head instead, or none (a bare backbone, an embedding model), refuses
+    them, saying what it does (`Model.head`'s error)."""
     if not getattr(engine.model, "has_lm_head", True):
-        from ..errors import ModelError
-
-        raise ModelError(engine.model.seqcls.no_lm_head())
+        engine.model.head()
 
 
 def count(st: Stats, batch: Batch, extra: int) -> None:

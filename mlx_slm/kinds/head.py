@@ -20,6 +20,7 @@ from ..engine import Engine
 from ..heads import Head, head_input
 from ..labels import LabelError
 from ..labels import validate as validate_labels
+from ..models import BACKBONE_NO_LM_HEAD, embeds_only
 from ..predictions import Item, Prediction, Stats
 from ..prefix_cache import PrefixCache
 from ..prompts import PromptFormat, fill_labels
@@ -240,6 +241,8 @@ class FeaturesKind(OnePrompt):
         return "head"
 
     def score(self, batch: Batch, items: list[Item], prefix: PrefixCache | None, st: Stats) -> list[Prediction]:
+        if embeds_only(self.engine.model):
+            raise LabelError(BACKBONE_NO_LM_HEAD)
         raise LabelError(
             "this classifier was made with features_only=True: it gives hidden states (features), not "
             "labels; train a head on them (mlx_slm.train_head) and classify with Classifier(..., head=head)"

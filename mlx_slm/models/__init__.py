@@ -26,7 +26,20 @@ import mlx.core as mx
 from ..errors import ModelError
 from ..notices import notice
 from . import quant
-from .base import FASTMATH, KV, NATIVE, NO_SCORE_HEAD, Model, ModelArgs, Ops, build_mask, check_score, choose_ops
+from .base import (
+    BACKBONE_NO_LM_HEAD,
+    FASTMATH,
+    KV,
+    NATIVE,
+    NO_SCORE_HEAD,
+    Model,
+    ModelArgs,
+    Ops,
+    build_mask,
+    check_score,
+    choose_ops,
+    prefix_backbone,
+)
 
 # model_type (config.json) -> module of this package.
 ARCHITECTURES: dict[str, str] = {
@@ -80,10 +93,12 @@ def gguf_module(gguf_arch: str | None) -> ModuleType:
 
 
 def _sanitize(module: ModuleType) -> Any:
-    """The module's own `sanitize`, else the shared one (rotary caches, a tied head copy)."""
+    """The module's own `sanitize`, else the shared one (rotary caches, a tied head copy), after a
+    bare backbone's tensors get the `model.` prefix (`base.prefix_backbone`)."""
     from . import base
 
-    return getattr(module, "sanitize", base.sanitize)
+    own = getattr(module, "sanitize", base.sanitize)
+    return lambda weights, args: own(prefix_backbone(weights)[0], args)
 
 
 def _flops(module: ModuleType) -> Any:
@@ -149,6 +164,9 @@ def load_model(
     weights: dict[str, mx.array] = {}
     for f in files:
         weights.update(mx.load(str(f)))
+    # A backbone saved without the `model.` prefix (Qwen3-Embedding's layout) has no LM head,
+    # whatever its config's architectures say.
+    args.backbone = args.backbone or prefix_backbone(weights)[1]
     weights = _sanitize(module)(weights, args)
     check_score(weights, args, str(files[0] if len(files) == 1 else path))
     model = module.Model(args)
@@ -202,6 +220,12 @@ def _load_quantized(
     return weights, dtype
 
 
+def embeds_only(model: Any) -> bool:
+    """Whether a loaded model has neither an LM head nor a score head: a bare backbone (a
+    sentence-transformers embedding model), which embeds and classifies nothing by itself."""
+    return not getattr(model, "has_lm_head", True) and getattr(model, "seqcls", None) is None
+
+
 def sequence_logits(
     model: Model,
     ids: mx.array,
@@ -226,6 +250,7 @@ def sequence_logits(
 
 __all__ = [
     "ARCHITECTURES",
+    "BACKBONE_NO_LM_HEAD",
     "FASTMATH",
     "KV",
     "NATIVE",
@@ -236,6 +261,7 @@ __all__ = [
     "build_mask",
     "choose_ops",
     "default_compute_dtype",
+    "embeds_only",
     "flops_per_token",
     "get_model_class",
     "get_model_module",

@@ -100,6 +100,9 @@ class ModelArgs:
     # A *ForSequenceClassification checkpoint's head (config.architectures): a `score` Linear
     # (num_labels x hidden) in place of the LM head. None: a causal LM.
     seqcls: SeqClsHead | None = None
+    # A bare backbone (`Qwen3Model`, a sentence-transformers folder's weights without the `model.`
+    # prefix): the final norm's hidden states and no LM head at all (`is_backbone`).
+    backbone: bool = False
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -134,6 +137,7 @@ class ModelArgs:
                 "fix config.json (numbers as numbers, not strings), or use the checkpoint's own"
             ) from None
         cfg["seqcls"] = SeqClsHead.from_config(config)
+        cfg["backbone"] = cfg["seqcls"] is None and backbone_architecture(config)
         cls.check_values(cfg)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in cfg.items() if k in names and v is not None})
@@ -507,7 +511,7 @@ class Model(nn.Module):
         self.model = LanguageModel(args, self.block_class, self.norm_class)
         if args.seqcls is not None:  # as Transformers' *ForSequenceClassification: a score head, no LM head
             self.score = nn.Linear(args.hidden_size, args.seqcls.num_labels, bias=False)
-        elif not args.tie_word_embeddings:
+        elif not args.tie_word_embeddings and not args.backbone:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     @property
@@ -615,14 +619,17 @@ class Model(nn.Module):
 
     @property
     def has_lm_head(self) -> bool:
-        """False for a sequence classifier: `logits` (label tokens) is refused, `classify` scores."""
-        return self.args.seqcls is None
+        """False for a sequence classifier (`logits`, label tokens, is refused; `classify` scores)
+        and for a bare backbone (it embeds only)."""
+        return self.args.seqcls is None and not self.args.backbone
 
     def head(self) -> nn.Module:
         """The LM head module: the embedding when tied, else `lm_head` (either may be quantized).
-        A sequence classifier has none: a ModelError saying what it scores instead."""
+        A sequence classifier or a bare backbone has none: a ModelError saying what it does instead."""
         if self.args.seqcls is not None:
             raise ModelError(self.args.seqcls.no_lm_head())
+        if self.args.backbone:
+            raise ModelError(BACKBONE_NO_LM_HEAD)
         return self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
 
     def classify(self, hidden: mx.array) -> mx.array:
@@ -674,11 +681,37 @@ def score_logits(score: nn.Module | None, hidden: mx.array) -> mx.array:
     return hidden.astype(mx.float32) @ w.astype(mx.float32).T
 
 
+BACKBONE_NO_LM_HEAD = (
+    "this model is a bare backbone without an LM head (a sentence-transformers embedding model): it embeds "
+    "texts (mlx-slm embed, mlx_slm.Embedder, POST /v1/embeddings or /embed); it cannot score label tokens, "
+    "questions or a yes/no prompt: classify with a causal LM (*ForCausalLM), or train a head on its features"
+)
+# The top-level names of a backbone's tensors saved without the `model.` prefix (`Qwen3Model`'s own
+# `save_pretrained`, as sentence-transformers writes its folders and Qwen3-Embedding ships).
+_BACKBONE_TOP = ("embed_tokens.", "layers.", "norm.")
+
+
+def backbone_architecture(config: dict[str, Any]) -> bool:
+    """Whether config.json names a bare backbone (`Qwen3Model`, `LlamaModel`, `Gemma3TextModel`),
+    not a model with a head (`*ForCausalLM`, `*ForSequenceClassification`, ...)."""
+    archs = config.get("architectures") or []
+    return bool(archs) and isinstance(archs[0], str) and archs[0].endswith("Model")
+
+
+def prefix_backbone(weights: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A backbone's tensors saved without the `model.` prefix (`embed_tokens.weight`,
+    `layers.N...`, `norm.weight`, as `Qwen3Model.save_pretrained` writes them) under the names
+    our `Model` loads (`model.embed_tokens.weight`, ...), and whether they were; others as they are."""
+    if "embed_tokens.weight" not in weights or any(k.startswith("model.") for k in weights):
+        return weights, False
+    return {("model." + k if k.startswith(_BACKBONE_TOP) else k): v for k, v in weights.items()}, True
+
+
 def sanitize(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
     """Drop tensors the forward does not use (rotary caches, a tied LM head copy; a sequence
     classifier's LM head, which Transformers' *ForSequenceClassification does not have either)."""
     out = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
-    if args.tie_word_embeddings or args.seqcls is not None:
+    if args.tie_word_embeddings or args.seqcls is not None or args.backbone:
         out.pop("lm_head.weight", None)
     return out
 

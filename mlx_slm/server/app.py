@@ -7,6 +7,7 @@ from typing import Any
 
 from ..service import Service
 from .common import RouteContext
+from .embed import EmbedRoutes
 from .errors import HTTPError, error_response
 from .openai import CHAT_PATHS, OpenAIRoutes
 from .ours import OurRoutes
@@ -47,6 +48,7 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
     vllm = VLLMRoutes(ctx)
     routes = OurRoutes(ctx, vllm).routes() + TEIRoutes(ctx).routes() + vllm.routes() + RerankRoutes(ctx).routes()
     routes += OpenAIRoutes(ctx).routes()
+    routes += EmbedRoutes(ctx).routes()
 
     @asynccontextmanager
     async def lifespan(app: Any):  # type: ignore[no-untyped-def]

@@ -135,6 +135,62 @@ _COHERE_RERANK: dict[str, Any] = {
     "responses": {"200": {"description": "the Cohere/Jina/vLLM RerankResponse"}, **_RERANK_ERRORS},
 }
 
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_EMBED_INPUT = {
+    "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        _TOKEN_IDS,
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+    ]
+}
+_DIMENSIONS = {"type": "integer", "minimum": 1, "description": "keep the first N values, then normalize (Matryoshka)"}
+EMBED_PATHS: dict[str, Any] = {
+    "/v1/embeddings": {
+        "post": {
+            "summary": "OpenAI's embeddings API: {input, model?, encoding_format? (float|base64: little-endian "
+            "float32), dimensions?, user?} -> {object: list, data: [{object: embedding, index, embedding}], model, "
+            "usage: {prompt_tokens, total_tokens}}; the model folder's pooling and default prompt; errors in "
+            "OpenAI's shape, 400 for a bad request (a model that does not embed included).",
+            "security": [{"bearer": []}],
+            "requestBody": _json_body(
+                {
+                    "input": _EMBED_INPUT,
+                    "model": {"type": "string", "description": "any name: the server has one model"},
+                    "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+                    "dimensions": _DIMENSIONS,
+                    "user": {"type": "string"},
+                },
+                required=["input"],
+            ),
+            "responses": {"200": {"description": "OpenAI's CreateEmbeddingResponse"}, **_COMMON_ERRORS},
+        }
+    },
+    "/embed": {
+        "post": {
+            "summary": "text-embeddings-inference's /embed: {inputs, normalize? (default true), truncate?, "
+            "truncation_direction? (Right), prompt_name?, dimensions?} -> [[float, ...], ...], one per input.",
+            "security": [{"bearer": []}],
+            "requestBody": _json_body(
+                {
+                    "inputs": _EMBED_INPUT,
+                    "normalize": {"type": "boolean"},
+                    "truncate": {"type": "boolean", "nullable": True},
+                    "truncation_direction": {"type": "string", "enum": ["Right"]},
+                    "prompt_name": {"type": "string", "nullable": True},
+                    "dimensions": _DIMENSIONS,
+                },
+                required=["inputs"],
+            ),
+            "responses": {
+                "200": {"description": "[[float, ...], ...]; errors are {error, error_type}"},
+                **_COMMON_ERRORS,
+            },
+        }
+    },
+}
+EMBED_PATHS["/embeddings"] = {"post": {**EMBED_PATHS["/v1/embeddings"]["post"], "summary": "As POST /v1/embeddings."}}
+
 OPENAPI: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {"title": "mlx-slm", "version": "1"},
@@ -206,6 +262,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/model": {"get": {"summary": "Model, weights sha256, dtype, device, default task, limits."}},
         "/health": {"get": {"summary": "200 when loaded and warmed; 503 before, and while draining."}},
         "/metrics": {"get": {"summary": "Prometheus text format."}},
+        **EMBED_PATHS,
     },
     "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
 }

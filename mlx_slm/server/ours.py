@@ -19,7 +19,9 @@ def model_head(clf: Any) -> dict[str, Any]:
     """Which head the model has: its sequence-classification score head (architecture, labels,
     problem type, function), or the LM head of a causal LM."""
     own = getattr(clf.engine.model, "seqcls", None)
-    return {"kind": "lm"} if own is None else {"kind": "seqcls", **own.to_dict()}
+    if own is None:
+        return {"kind": "lm" if getattr(clf.engine.model, "has_lm_head", True) else "none (a bare backbone: it embeds)"}
+    return {"kind": "seqcls", **own.to_dict()}
 
 
 class OurRoutes:
@@ -108,6 +110,7 @@ class OurRoutes:
                 "max_length": clf.max_length,
                 "head": model_head(clf),
                 "reranker": self._reranker(),
+                "embeddings": self._embeddings(),
                 "task": {
                     **clf.spec.info(),  # the kind's: its labels (and questions)
                     "system": clf.format.system,
@@ -137,6 +140,13 @@ class OurRoutes:
             return self.ctx.service.tasks.reranker().info()["rerank"]
         except ServiceError as e:
             return {"scorer": None, "why": e.message}
+
+    def _embeddings(self) -> dict[str, Any]:
+        """What the embedding routes run: the model folder's pooling, or why the model does not embed."""
+        try:
+            return self.ctx.service.tasks.pooling().info()
+        except ServiceError as e:
+            return {"pooling": None, "why": e.message}
 
     async def health(self, request: Any) -> Any:
         service = self.ctx.service

@@ -16,7 +16,7 @@ from .errors import HTTPError, error_response, json_response
 TEI_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction", "parameters")
 
 
-TEI_PATHS = ("/", "/predict", "/info", "/rerank")  # where even Starlette's own errors (404, 405) are TEI's
+TEI_PATHS = ("/", "/predict", "/info", "/rerank", "/embed")  # where even Starlette's own errors (404, 405) are TEI's
 FUNCTIONS = ("softmax", "sigmoid", "none")  # the text-classification pipeline's function_to_apply
 
 
@@ -137,17 +137,21 @@ class TEIRoutes:
         clf = ld.clf  # type: ignore[union-attr]
         labels = list(clf.labels)
         kind = "reranker" if len(labels) == 1 else "classifier"  # TEI's rule: one output is a reranker
+        model_type: dict[str, Any] = {
+            kind: {
+                "id2label": {str(i): lab for i, lab in enumerate(labels)},
+                "label2id": {lab: i for i, lab in enumerate(labels)},
+            }
+        }
+        if not self.ctx.service.tasks.classifies:  # an embedding model: TEI's embedding type, its pooling
+            mode = self.ctx.service.tasks.pooling().mode
+            model_type = {"embedding": {"pooling": "last_token" if mode == "lasttoken" else mode}}
         return json_response(
             {
                 "model_id": self.ctx.served_name(),
                 "model_sha": ld.weights_sha256,  # type: ignore[union-attr]
                 "model_dtype": clf.engine.compute_dtype,
-                "model_type": {
-                    kind: {
-                        "id2label": {str(i): lab for i, lab in enumerate(labels)},
-                        "label2id": {lab: i for i, lab in enumerate(labels)},
-                    }
-                },
+                "model_type": model_type,
                 "max_concurrent_requests": opts.max_queue_items,
                 "max_input_length": clf.max_length,
                 "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,

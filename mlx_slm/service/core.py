@@ -101,14 +101,25 @@ class Service:
         self.scheduler.speed.attention = attention_share(clf.engine.model.args)
         # Warm up: one item through the whole path (computes the default prompt head's KV, a
         # one-off cost not measured), then a short and a longer item measured, so that the
-        # time estimate knows both its fixed and its per-token cost from the start.
-        sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
-        list(clf.run([sample("warm-up")], window=1))
+        # time estimate knows both its fixed and its per-token cost from the start. A model
+        # that only embeds warms up its embedder.
+        if self.tasks.classifies:
+            sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
+
+            def run(text: str) -> Any:
+                return clf.run([sample(text)], window=1)
+        else:
+            emb = self.tasks.back(self.tasks.embed_key(False))
+
+            def run(text: str) -> Any:
+                return emb.run_items(emb.prepare([text]))
+
+        list(run("warm-up"))
         for text in ("warm-up", " ".join(["warm-up"] * 32)):
             t0 = time.perf_counter()
-            run = clf.run([sample(text)], window=1)
-            list(run)
-            self._note_speed(time.perf_counter() - t0, run.stats.processed_tokens)
+            got = run(text)
+            list(got)
+            self._note_speed(time.perf_counter() - t0, got.stats.processed_tokens)
 
     def _note_speed(self, seconds: float, tokens: int) -> None:
         """Fold one measured batch into the scheduler's time estimate."""
@@ -166,13 +177,60 @@ class Service:
         key, front = await _in_thread(self.tasks.for_request, spec)
         # Tokenized once, here: the worker runs these very items (`Classifier.run_items`).
         prepared = await _in_thread(front.prepare, texts)
+        results = await self._run(key, front.kind, prepared, names, whole, truncate_hint, started, gone)
+        preds, calib = self.tasks.calibrate(key, spec, front, results)
+        return Answer(preds, results, calib, front)
+
+    def embedder(self, truncate: bool = False) -> Any:
+        """The model's embedder on the front tokenizer (its pooling, dimension and limits, for a
+        route's checks); `NotSupported` when the model does not embed."""
+        return self.tasks.front(self.tasks.embed_key(truncate))
+
+    async def embed(
+        self,
+        inputs: list[Any],
+        *,
+        prompt: str,
+        truncate: bool,
+        token_ids: bool,
+        names: list[str],
+        whole: str,
+        truncate_hint: str,
+        started: float,
+        gone: Callable[[], Awaitable[Any]] | None = None,
+    ) -> list[Any]:
+        """One request's texts (or lists of token ids, `token_ids`) embedded on the worker, each
+        with `prompt` before it: their `embeddings.Embedded` (the pooled vector, full size, not
+        normalized) in input order. Errors, limits and timeouts as `classify`'s."""
+        key = self.tasks.embed_key(truncate)
+        front = await _in_thread(self.tasks.front, key)
+        prepared = await _in_thread(front.prepare_ids if token_ids else lambda x: front.prepare(x, prompt), inputs)
+        results = await self._run(key, front, prepared, names, whole, truncate_hint, started, gone)
+        return [r[0] for r in results]
+
+    async def _run(
+        self,
+        key: tuple,
+        kind: Any,
+        prepared: Sequence[Any],
+        names: list[str],
+        whole: str,
+        truncate_hint: str,
+        started: float,
+        gone: Callable[[], Awaitable[Any]] | None,
+    ) -> list[Any]:
+        """Prepared items through the queue and the worker: each item's (result, queue s,
+        inference s), in input order; `Invalid` for the first item that cannot run."""
         for it, name in zip(prepared, names):
             if it.error:
-                raise Invalid(f"{name}: {it.error.replace('--truncate head|tail|middle', truncate_hint)}", name)
+                why = it.error.replace("--truncate head|tail|middle", truncate_hint).replace(
+                    "--truncate", truncate_hint
+                )
+                raise Invalid(f"{name}: {why}", name)
         # Each item's cost in the micro-batch budget and the time estimate, by the batch plan's own rule.
-        hits = [prefix_hit(front.kind, it) for it in prepared]
-        costs = [item_cost(front.kind, it, h) for it, h in zip(prepared, hits)]
-        job = Job(len(texts), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
+        hits = [prefix_hit(kind, it) for it in prepared]
+        costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
+        job = Job(len(prepared), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
         job.names = names
         with self._open_lock:
             self._open.add(job)
@@ -187,8 +245,7 @@ class Service:
         finally:
             with self._open_lock:
                 self._open.discard(job)
-        preds, calib = self.tasks.calibrate(key, spec, front, job.results)
-        return Answer(preds, job.results, calib, front)
+        return job.results
 
     async def _wait(self, job: Job, started: float, whole: str, gone: Callable[[], Awaitable[Any]] | None) -> None:
         """Until the job is answered; its error, `ClientGone` or `TimedOut` (its items dropped)."""

@@ -12,7 +12,14 @@ The rerank routes run the model's reranker (`rerank_key`): the served task when 
 the model says it is (`kinds.reranker_spec`: a one-label sequence classifier, a causal LM
 named *Reranker*); a model that is none answers `NotSupported`. Its items are (query,
 document) pairs, so documents of concurrent rerank requests share micro-batches and each
-query's tokens run once (the item's head, `pipeline.head_of`)."""
+query's tokens run once (the item's head, `pipeline.head_of`).
+
+The embedding routes run the model's embedder (`embed_key`): `("embed", truncate)`, an
+`embeddings.Embedder` with the model folder's pooling (a causal LM's last token when it has
+none), in the same two caches and through the same queue; its items carry their prompt's head,
+so texts of different prompts share micro-batches. A model that does not embed (a sequence
+classifier) answers `NotSupported`; a served model that only embeds (`classifies` false)
+answers the classifying routes so."""
 
 from __future__ import annotations
 
@@ -22,11 +29,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
+from ..models import embeds_only
 from .api import Loaded, TaskSpec
 from .errors import Invalid, NotSupported
 
 RERANK_TASK = "rerank"  # the first part of the reranker's task key (`TaskCache.rerank_key`)
 CHAT_TASK = "chat"  # the first part of a chat completion's task key (`TaskCache.chat_key`)
+EMBED_TASK = "embed"  # the first part of the embedder's task key (`TaskCache.embed_key`)
+EMBEDS_ONLY = (
+    "this model embeds only (a bare backbone without an LM head: a sentence-transformers embedding model); it "
+    "cannot classify: POST its texts to /v1/embeddings (OpenAI's API) or /embed (TEI's) for their vectors"
+)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -73,6 +86,7 @@ class TaskCache:
         self._front_lock = threading.Lock()
         self._back: LRU[tuple, Any] = LRU(capacity)  # classifiers on the engine (worker only)
         self._reranker: Any = None  # the model's reranker kind (or why it has none), made on first use
+        self._pooling: Any = None  # the model's embedding pooling (or why it has none), read on first use
 
     def load(self, loaded: Loaded) -> None:
         """Take the loader's classifier as the served task, pinned in both caches."""
@@ -144,12 +158,52 @@ class TaskCache:
             raise self._reranker
         return self._reranker
 
+    @property
+    def classifies(self) -> bool:
+        """False when the served model embeds only (no LM head, no score head, no learned head)."""
+        return not (embeds_only(self._base.engine.model) and self._base.head is None)
+
+    def embed_key(self, truncate: bool) -> tuple:
+        """The embedder's task: ("embed", truncate); `NotSupported` when the model does not embed."""
+        self.pooling()
+        return (EMBED_TASK, bool(truncate))
+
+    def pooling(self) -> Any:
+        """The model's embedding pooling (`embeddings.pooling_of`), read once; `NotSupported` says
+        why a model does not embed (a sequence classifier)."""
+        from ..embeddings import EmbeddingError, pooling_of
+
+        if self._pooling is None:
+            try:
+                self._pooling = pooling_of(self._base.engine)
+            except EmbeddingError as e:
+                self._pooling = NotSupported(str(e))
+        if isinstance(self._pooling, NotSupported):
+            raise self._pooling
+        return self._pooling
+
+    def _embedder(self, engine: Any, truncate: bool) -> Any:
+        from ..embeddings import Embedder
+
+        b = self._base
+        return Embedder(
+            engine,
+            self.pooling(),
+            truncate=truncate,
+            batch_size=b.batch_size,
+            max_batch_tokens=b.max_batch_tokens,
+            sort=b.sort,
+            use_prefix_cache=self.loaded.clf_kwargs.get("use_prefix_cache", True),  # type: ignore[union-attr]
+        )
+
     def _build(self, engine: Any, key: tuple) -> Any:
         from ..classifier import Classifier
         from ..kinds import TaskError as KindRefused
         from ..kinds import chat_spec, request_spec
         from ..kinds.chat import CHAT_TEMPLATE
 
+        if key[0] == EMBED_TASK:  # the model's embedder beside the served task (see `embed_key`)
+            return self._embedder(engine, key[1])
         base = self._base
         kw = dict(self.loaded.clf_kwargs)  # type: ignore[union-attr]
         if key[0] == RERANK_TASK:  # the model's reranker beside the served task (see `rerank_key`)
@@ -160,7 +214,10 @@ class TaskCache:
             labels, system, template, truncate = key
             same_prompt = (system, template) == (base.format.system, base.format.template)
             try:  # the served kind answers for its own labels (and prompt); other labels: a zero-shot labels task
-                spec = request_spec(base.spec, labels, same_prompt, truncate, kw.get("label_descriptions"))
+                if not self.classifies:  # an embedding model's served task: features only (never asked to classify)
+                    spec = base.spec
+                else:
+                    spec = request_spec(base.spec, labels, same_prompt, truncate, kw.get("label_descriptions"))
             except KindRefused as e:
                 raise Invalid(str(e), "truncate") from None
         kw.update(
@@ -198,6 +255,8 @@ class TaskCache:
         is the labels', a `PromptError` the prompt's: over the context)."""
         from ..labels import LabelError
 
+        if not self.classifies:
+            raise NotSupported(EMBEDS_ONLY)
         if spec.rerank:
             key = self.rerank_key(spec.truncate)
         elif spec.chat is not None:
