@@ -471,20 +471,9 @@ def _quantize_weights(
     return weights
 
 
-def _convert_into(
-    tmp: Path,
-    src: str | Path,
-    kind: str,
-    dtype: str,
-    say: Progress,
-    bits: int | None = None,
-    group_size: int = quant.DEFAULT_GROUP_SIZE,
-    origin: str | None = None,
-) -> None:
-    import mlx.core as mx
-
-    recorded = source_files(src)  # before anything is read: an edit made during the conversion converts again
-    path = Path(src).expanduser().resolve()
+def _read_source(src: str | Path, path: Path, kind: str, bits: int | None) -> tuple[dict, Any, Any, list[Path], Any]:
+    """(config, its tensors, tokenizer, the files hashed as the source, the quantization it is stored in) of a
+    GGUF or a Hugging Face folder, its config checked."""
     if kind == "gguf":
         from gguf import GGUFReader
 
@@ -509,6 +498,24 @@ def _convert_into(
         tokenizer = load_tokenizer(path)
         hashed = sorted(path.glob("*.safetensors"))
 
+    return config, tensors, tokenizer, hashed, stored
+
+
+def _convert_into(
+    tmp: Path,
+    src: str | Path,
+    kind: str,
+    dtype: str,
+    say: Progress,
+    bits: int | None = None,
+    group_size: int = quant.DEFAULT_GROUP_SIZE,
+    origin: str | None = None,
+) -> None:
+    import mlx.core as mx
+
+    recorded = source_files(src)  # before anything is read: an edit made during the conversion converts again
+    path = Path(src).expanduser().resolve()
+    config, tensors, tokenizer, hashed, stored = _read_source(src, path, kind, bits)
     copied = stored is not None  # an mlx-lm quantized source
     target = getattr(mx, dtype)
     weights: dict[str, mx.array] = {}

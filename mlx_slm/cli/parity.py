@@ -179,17 +179,9 @@ def parity(
     # As typed: every {word} checked, {{ }} literal braces (before any work).
     system, template = got.fill(system) or "", check_template(template)
     texts = _input_texts(input_path, n) if input_path else _workload_sample(model, n, system, template)
-    r = run_parity(
-        model,
-        reference,
-        texts,
-        labels,
-        system or None,
-        template,
-        dtype=dtype,
-        progress=lambda m: notice(f"mlx-slm: {m}"),
-        dequantize=None if keep_quantized is None else not keep_quantized,
-    )
+    r = run_parity(model, reference, texts, labels, system or None, template, dtype=dtype,
+                   progress=lambda m: notice(f"mlx-slm: {m}"),
+                   dequantize=None if keep_quantized is None else not keep_quantized)  # fmt: skip
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
     if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
         sys.exit(1)
