@@ -1,4 +1,4 @@
-"""Record the service's answers to 110 requests (every route, errors included) on a tiny random model.
+"""Record the service's answers to 134 requests (every route, errors included) on a tiny random model.
 
 A refactor of the service or the HTTP layer must leave this record byte-identical: run it before and
 after, then `cmp` the two files. Volatile fields (ids, timings) are masked; the tiny model is built
@@ -187,6 +187,45 @@ for i, b in enumerate(
     ]
 ):
     do(f"vllm bad {i}", "POST", "/classify", b)
+# OpenAI's chat completions (a choice, a json_schema enum, the next token) and embeddings (OpenAI's, TEI's).
+MSG = [{"role": "system", "content": "Route the ticket."}, {"role": "user", "content": T[0]}]
+do(
+    "chat choice",
+    "POST",
+    "/v1/chat/completions",
+    {"messages": MSG, "guided_choice": ["billing", "technical"], "logprobs": True},
+)
+do("chat structured", "POST", "/chat/completions", {"messages": MSG, "structured_outputs": {"choice": ["a", "b", "c"]}})
+SCHEMA = {"type": "object", "properties": {"team": {"enum": ["billing", "account"]}}, "required": ["team"]}
+do(
+    "chat schema",
+    "POST",
+    "/v1/chat/completions",
+    {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}},
+)
+do("chat next", "POST", "/v1/chat/completions", {"messages": MSG, "max_tokens": 1, "logprobs": True, "top_logprobs": 3})
+for i, b in enumerate(
+    [
+        {},
+        {"messages": MSG},
+        {"messages": MSG, "guided_choice": []},
+        {"messages": MSG, "guided_choice": ["a", "a"]},
+        {"messages": MSG, "max_tokens": 1, "top_logprobs": 21, "logprobs": True},
+        {"messages": MSG, "max_tokens": 2},
+        {"messages": MSG, "guided_choice": ["a", "b"], "n": 2},
+        {"messages": [{"role": "robot", "content": "x"}], "max_tokens": 1},
+        {"messages": MSG, "model": "other", "max_tokens": 1},
+    ]
+):
+    do(f"chat bad {i}", "POST", "/v1/chat/completions", b)
+do("embed one", "POST", "/v1/embeddings", {"input": T[0], "encoding_format": "float"})
+do("embed many b64", "POST", "/v1/embeddings", {"input": T[:3]})
+do("embed dims", "POST", "/v1/embeddings", {"input": T[:2], "dimensions": 8, "encoding_format": "float"})
+do("embed ids", "POST", "/v1/embeddings", {"input": [[1, 2, 3]], "encoding_format": "float"})
+do("tei embed", "POST", "/embed", {"inputs": T[:2]})
+for i, b in enumerate([{}, {"input": []}, {"input": "a", "dimensions": 0}, {"input": [[10**9]]}, {"input": 5}]):
+    do(f"embed bad {i}", "POST", "/v1/embeddings", b)
+do("tei embed bad", "POST", "/embed", {"inputs": 5})
 do("404", "GET", "/nope")
 do("404 post", "POST", "/nope", {"text": "a"})
 do("405", "GET", "/v1/classify")
