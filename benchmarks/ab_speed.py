@@ -14,10 +14,10 @@ import time
 from transformers import AutoTokenizer
 
 import mlx_slm
-from mlx_slm.classifier import Classifier
-from mlx_slm.prompts import PromptFormat, render, tokenize
-from mlx_slm.sources import materialise
-from mlx_slm.workload import stratified_sample, tickets
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.text.prompts import PromptFormat, render, tokenize
+from mlx_slm.text.workload import stratified_sample, tickets
+from mlx_slm.weights.sources import materialise
 
 n = int(sys.argv[1])
 p = materialise("qwen2.5-coder-0.5b")

@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
-from mlx_slm.calibration import DEFAULT_WARMUP, fit_batch, fit_em, fit_labelled, gold_indices
-from mlx_slm.evaluate import confusion, ece, macro_f1
-from mlx_slm.labels import log_softmax
-from mlx_slm.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from mlx_slm.workload import tickets
+from mlx_slm.text.calibration import DEFAULT_WARMUP, fit_batch, fit_em, fit_labelled, gold_indices
+from mlx_slm.text.labels import log_softmax
+from mlx_slm.text.metrics import confusion, ece, macro_f1
+from mlx_slm.text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from mlx_slm.text.workload import tickets
 
 DATA = Path(__file__).parent / "data"
 TICKET_LABELS = ("billing", "technical", "account", "shipping", "cancellation", "feedback")
@@ -118,7 +118,7 @@ def skewed_subsets(gold: np.ndarray, exclude: set, labels, n: int = 200, seed: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")

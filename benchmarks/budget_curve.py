@@ -5,11 +5,11 @@ import time
 
 from transformers import AutoTokenizer
 
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.engine.engine import Engine
 from mlx_slm.models import load_model
-from mlx_slm.sources import materialise
-from mlx_slm.workload import stratified_sample, tickets
+from mlx_slm.text.workload import stratified_sample, tickets
+from mlx_slm.weights.sources import materialise
 
 p = materialise("qwen2.5-coder-0.5b")
 m = load_model(p)

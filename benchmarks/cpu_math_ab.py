@@ -9,11 +9,11 @@ import time
 from transformers import AutoTokenizer
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.engine.engine import Engine
 from mlx_slm.models import FASTMATH, NATIVE, load_model
-from mlx_slm.sources import materialise
-from mlx_slm.workload import stratified_sample, tickets
+from mlx_slm.text.workload import stratified_sample, tickets
+from mlx_slm.weights.sources import materialise
 
 p = materialise("qwen2.5-coder-0.5b")
 m = load_model(p)

@@ -12,7 +12,7 @@ child process. The vectors are random-quality (the LM was never trained to embed
 benchmark measures the speed and the exactness of running it, which is what the weights do not
 change.
 
-The texts: `--n` workload tickets (`mlx_slm.workload.tickets`), stratified by length, in
+The texts: `--n` workload tickets (`mlx_slm.text.workload.tickets`), stratified by length, in
 workload order. Rows, each with the query prompt and without one: ours (`Embedder`, the
 default batching: length-sorted, token-budgeted, the prompt's head cached) and
 sentence-transformers' `encode` with its own defaults (batch size 32, texts sorted by length,
@@ -54,7 +54,7 @@ def say(msg: str) -> None:
 
 def texts_of(n: int) -> list[str]:
     """`n` of the 600 workload tickets, spread evenly over their lengths, in workload order."""
-    from mlx_slm.workload import stratified_sample, tickets
+    from mlx_slm.text.workload import stratified_sample, tickets
 
     all_t = [t for t, _ in tickets(600)]
     return [all_t[i] for i in stratified_sample([len(t.split()) for t in all_t], n)]
@@ -62,8 +62,8 @@ def texts_of(n: int) -> list[str]:
 
 def source(model: str) -> Path:
     """What Transformers loads the backbone from: a built-in's GGUF, else the converted folder."""
-    from mlx_slm.registry import BUILTINS
-    from mlx_slm.sources import fetch_gguf, materialise
+    from mlx_slm.weights.registry import BUILTINS
+    from mlx_slm.weights.sources import fetch_gguf, materialise
 
     return fetch_gguf(model) if model in BUILTINS else materialise(model)
 
@@ -71,7 +71,7 @@ def source(model: str) -> Path:
 def checkpoint(model: str, cache: Path) -> tuple[Path, float]:
     """The sentence-transformers folder built from `model` (see the module docstring), made once
     under the cache's lock, in a child: (its folder, the seconds building took, 0 if it was there)."""
-    from mlx_slm.registry import cache_lock
+    from mlx_slm.weights.registry import cache_lock
 
     src = source(model)
     key = hashlib.sha256(json.dumps([str(src.resolve()), PROMPT, "lasttoken"]).encode()).hexdigest()[:10]
@@ -195,7 +195,7 @@ def ours(emb: Any, texts: list[str], prompt: str) -> tuple[np.ndarray, dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mlx_slm.registry import cache_dir
+    from mlx_slm.weights.registry import cache_dir
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="the LM whose backbone the folder is built from")
@@ -213,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(a: argparse.Namespace, argv: list[str] | None) -> int:
-    from mlx_slm._blas import matmul_peak
-    from mlx_slm.embeddings import Embedder
+    from mlx_slm.classifier.embedder import Embedder
+    from mlx_slm.ground.blas import matmul_peak
 
     peak0 = matmul_peak()["mlx"]
     path, build_s = checkpoint(a.model, a.cache)

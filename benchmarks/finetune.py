@@ -17,9 +17,9 @@ method trained on `--per-intent` tickets of each label drawn from the other fold
 system message. Figures are the folds' means. Methods, each trained on the same texts and
 tested on the same texts:
 
-* `head`: today's learned head (`mlx_slm.train.train_head`, layers and C by cross-validation),
+* `head`: today's learned head (`mlx_slm.jobs.train.train_head`, layers and C by cross-validation),
   tested through the Classifier;
-* `score`: `mlx_slm.finetune` objective (a), LoRA + a score head at the last position;
+* `score`: `mlx_slm.weights.finetune` objective (a), LoRA + a score head at the last position;
 * `labels`: objective (b), LoRA + the labels' own tokens under the LM head (sequence scoring).
 
 Fine-tuned methods are tested by `FineTuned.predict` on the merged model (the inference path:
@@ -131,7 +131,7 @@ def reuse(path: Path, method: str, key: dict) -> dict:
 
 
 def figures(lp: np.ndarray, gold: np.ndarray) -> dict:
-    from mlx_slm.metrics import confusion, macro_f1
+    from mlx_slm.text.metrics import confusion, macro_f1
 
     pred = lp.argmax(1)
     return {
@@ -144,9 +144,9 @@ def figures(lp: np.ndarray, gold: np.ndarray) -> dict:
 def run_head(engine, labels, system, template, train, test) -> dict:
     import mlx.core as mx
 
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.labels import log_softmax
-    from mlx_slm.train import train_head
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.jobs.train import train_head
+    from mlx_slm.text.labels import log_softmax
 
     (xtr, ytr), (xte, yte) = train, test
     mx.reset_peak_memory()
@@ -172,9 +172,9 @@ def run_head(engine, labels, system, template, train, test) -> dict:
 def run_finetune(engine, labels, fmt, train, test, settings, speed_n: int) -> tuple[dict, object]:
     import mlx.core as mx
 
-    from mlx_slm.finetune import finetune
-    from mlx_slm.labels import build_labelset
-    from mlx_slm.prompts import render, tokenize
+    from mlx_slm.text.labels import build_labelset
+    from mlx_slm.text.prompts import render, tokenize
+    from mlx_slm.weights.finetune import finetune
 
     tok = engine.tokenizer
     (xtr, ytr), (xte, yte) = train, test
@@ -240,7 +240,7 @@ def speed(ft, base, merged, prompts) -> dict:
 
 
 def settings_from(a, objective: str):
-    from mlx_slm.finetune import FinetuneSettings
+    from mlx_slm.weights.finetune import FinetuneSettings
 
     return FinetuneSettings(
         objective=objective, layers=a.layers, rank=a.rank, scale=a.scale, dropout=a.dropout, epochs=a.epochs,
@@ -289,14 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     ):  # fmt: skip
         ap.add_argument(f"--{name}", type=typ, default=default)
     a = ap.parse_args(argv)
-    from mlx_slm._blas import matmul_peak
-    from mlx_slm.engine import Engine
-    from mlx_slm.prompts import PromptFormat, fill_labels
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.ground.blas import matmul_peak
+    from mlx_slm.text.prompts import PromptFormat, fill_labels
 
     engine = Engine.load(a.model)
     if a.dataset == "tickets":
         from benchmarks.accuracy import TICKET_SYSTEM
-        from mlx_slm.prompts import DEFAULT_TEMPLATE
+        from mlx_slm.text.prompts import DEFAULT_TEMPLATE
 
         labels, splits = load_tickets(a.folds, a.per_intent, a.data_seed)
         splits = splits[: a.fold_limit or None]

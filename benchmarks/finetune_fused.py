@@ -27,8 +27,8 @@ import numpy as np
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
 from benchmarks.record import run_line, run_record
-from mlx_slm._blas import matmul_peak
-from mlx_slm.registry import DEFAULT_MODEL
+from mlx_slm.ground.blas import matmul_peak
+from mlx_slm.weights.registry import DEFAULT_MODEL
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,12 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default="benchmarks/results/finetune-fused.json")
     a = ap.parse_args(argv)
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
-    from mlx_slm.finetune import FinetuneSettings
-    from mlx_slm.task import Task
-    from mlx_slm.tuning import run_finetune
-    from mlx_slm.workload import tickets
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.finetune import run_finetune
+    from mlx_slm.text.workload import tickets
+    from mlx_slm.weights.finetune import FinetuneSettings
 
     peak0 = matmul_peak()["mlx"]
     every = tickets(a.n_train + a.n)

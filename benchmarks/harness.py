@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from mlx_slm._blas import matmul_peak
-from mlx_slm.labels import softmax
-from mlx_slm.reference import run_in_child
+from mlx_slm.ground.blas import matmul_peak
+from mlx_slm.parity.reference import run_in_child
+from mlx_slm.text.labels import softmax
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: children run `-m benchmarks.harness` from it
 
@@ -72,9 +72,9 @@ class Run:
     def __init__(self, model: str, n: int, batch_size: int):
         from transformers import AutoTokenizer
 
-        from mlx_slm.prompts import PromptFormat, render
-        from mlx_slm.sources import local, materialise
-        from mlx_slm.workload import LABELS, sample
+        from mlx_slm.text.prompts import PromptFormat, render
+        from mlx_slm.text.workload import LABELS, sample
+        from mlx_slm.weights.sources import local, materialise
 
         self.path = materialise(model)
         self.source = str(local(model).path)
@@ -85,13 +85,13 @@ class Run:
         _, self.texts, self.ids = sample(self.tok, n, fmt)
         self.labels = LABELS
         self.batch_size = batch_size
-        from mlx_slm.labels import build_labelset
+        from mlx_slm.text.labels import build_labelset
 
         self.labelset = build_labelset(self.tok, LABELS, render(self.tok, fmt, "example"))
 
     # Each mode returns (labels, probs (n, k), processed tokens, padding tokens) for `texts`.
     def hf_item(self, dtype: str = "float32") -> Callable[[list[int]], tuple]:
-        from mlx_slm.reference import Reference
+        from mlx_slm.parity.reference import Reference
 
         ref = Reference(self.path, dtype=dtype)
 
@@ -110,7 +110,7 @@ class Run:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from mlx_slm import batching
+        from mlx_slm.text import batching
 
         if self.labelset.mode != "first-token":
             raise NotImplementedError("hf-sorted implements first-token scoring only")
@@ -166,8 +166,8 @@ class Run:
         return go
 
     def ours(self, **kw: Any) -> Callable[[list[int]], tuple]:
-        from mlx_slm.classifier import Classifier
-        from mlx_slm.engine import Engine
+        from mlx_slm.classifier.classifier import Classifier
+        from mlx_slm.engine.engine import Engine
         from mlx_slm.models import load_model
 
         opts = {"batch_size": self.batch_size, **kw}

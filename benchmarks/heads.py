@@ -37,14 +37,14 @@ import numpy as np
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
 from benchmarks.accuracy import DATA, TICKET_LABELS, TICKET_SYSTEM, _jsonl
-from mlx_slm.calibration import fit_batch, fit_labelled
-from mlx_slm.evaluate import confusion, ece, macro_f1
-from mlx_slm.heads import candidate_name, head_input
-from mlx_slm.heads import fit as fit_head
-from mlx_slm.labels import log_softmax
-from mlx_slm.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from mlx_slm.train import candidates, default_layers
-from mlx_slm.workload import tickets
+from mlx_slm.jobs.train import candidates, default_layers
+from mlx_slm.text.calibration import fit_batch, fit_labelled
+from mlx_slm.text.heads import candidate_name, head_input
+from mlx_slm.text.heads import fit as fit_head
+from mlx_slm.text.labels import log_softmax
+from mlx_slm.text.metrics import confusion, ece, macro_f1
+from mlx_slm.text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from mlx_slm.text.workload import tickets
 
 # The intents listed in the system message ({labels}, filled in once and prefix-cached): the
 # last prompt position then reads the message against them (measured: a head on it does
@@ -145,8 +145,8 @@ def mean_of(runs: list[dict]) -> dict:
 def speed(engine, ds, head, texts, label_clf) -> dict:
     """items/s side by side on the same texts: label scoring, the head (forward stopped at its
     layer), and the same head's forward at the last layer."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.heads import Head
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.text.heads import Head
 
     n = len(engine.model.layers)
     res = {"n": len(texts)}
@@ -180,7 +180,7 @@ def speed(engine, ds, head, texts, label_clf) -> dict:
 
 def _at_layer(head, layer: int):
     """A head of the same shape reading `layer` (for timing only: its labels mean nothing)."""
-    from mlx_slm.heads import Head
+    from mlx_slm.text.heads import Head
 
     d = head.dim
     return Head(
@@ -248,9 +248,9 @@ def load_sets(args) -> list[DataSet]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
-    from mlx_slm.train import head_classifier
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.train import head_classifier
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")

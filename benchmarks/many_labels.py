@@ -32,12 +32,12 @@ import numpy as np
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
 from benchmarks.record import run_line, run_record
-from mlx_slm._blas import matmul_peak
-from mlx_slm.calibration import fit_batch
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
-from mlx_slm.labels import log_softmax
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.engine.engine import Engine
+from mlx_slm.ground.blas import matmul_peak
 from mlx_slm.models import flops_per_token
+from mlx_slm.text.calibration import fit_batch
+from mlx_slm.text.labels import log_softmax
 
 SYSTEM = "You route messages to a bank's support team. Answer with exactly one of: {labels}."
 TEMPLATE = "Message: {text}\nIntent:"

@@ -20,10 +20,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import mlx_slm  # noqa: F401
-from mlx_slm import fastmath
-from mlx_slm.models import FASTMATH, NATIVE, build_mask, load_model
+from mlx_slm.models import FASTMATH, NATIVE, build_mask, fastmath, load_model
 from mlx_slm.models.base import Context
-from mlx_slm.sources import materialise
+from mlx_slm.weights.sources import materialise
 
 
 def timeit(f, reps: int = 7) -> float:

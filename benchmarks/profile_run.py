@@ -24,14 +24,13 @@ import mlx.nn as nn
 from transformers import AutoTokenizer
 
 import mlx_slm  # noqa: F401  (optimized BLAS before mlx.core)
-from mlx_slm import fastmath
 from mlx_slm import model as model_mod
-from mlx_slm._blas import matmul_peak
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
-from mlx_slm.models import flops_per_token, load_model
-from mlx_slm.sources import materialise
-from mlx_slm.workload import stratified_sample, tickets
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.engine.engine import Engine
+from mlx_slm.ground.blas import matmul_peak
+from mlx_slm.models import fastmath, flops_per_token, load_model
+from mlx_slm.text.workload import stratified_sample, tickets
+from mlx_slm.weights.sources import materialise
 
 T: dict[str, float] = defaultdict(float)
 N: dict[str, int] = defaultdict(int)

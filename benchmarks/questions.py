@@ -29,12 +29,12 @@ import numpy as np
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
 from benchmarks.record import run_line, run_record
-from mlx_slm._blas import matmul_peak
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.engine.engine import Engine
+from mlx_slm.ground.blas import matmul_peak
 from mlx_slm.models import flops_per_token
-from mlx_slm.questions import Question
-from mlx_slm.workload import tickets
+from mlx_slm.text.questions import Question
+from mlx_slm.text.workload import tickets
 
 YN = ("yes", "no")
 QUESTIONS = [

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "--reuse", help="take the classify runs from this earlier results JSON; measure only Ray's own costs again"
     )
     a = ap.parse_args(argv)
-    from mlx_slm.workload import tickets
+    from mlx_slm.text.workload import tickets
 
     texts = [t for t, _ in tickets()][: a.n]
     res: dict[str, Any] = {

@@ -40,7 +40,7 @@ def in_child(module: str, job: dict[str, Any]) -> dict[str, Any]:
     import tempfile
     from pathlib import Path
 
-    from mlx_slm.reference import run_in_child
+    from mlx_slm.parity.reference import run_in_child
 
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:

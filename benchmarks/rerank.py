@@ -109,7 +109,7 @@ def pairs_of(queries: Sequence[Query]) -> list[tuple[str, str]]:
 
 def prompts(engine: Any, items: list[tuple[str, str]]) -> tuple[list[list[int]], list[tuple[int, ...]], list[int]]:
     """(each item's prompt ids, its query's head, the no/yes token ids), as our reranker makes them."""
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier(engine, reranker="qwen3")
     got = clf.prepare(items)
@@ -127,8 +127,8 @@ def floor_tokens(ids: Sequence[Sequence[int]], heads: Sequence[tuple[int, ...]])
 def ours(engine: Any, items: list[tuple[str, str]], **kw: Any) -> tuple[np.ndarray, dict[str, Any], float]:
     """Our reranker's scores, run figures and seconds, on a fresh engine over the same weights
     (its own empty prefix cache: the timed run computes every query's head)."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
 
     clf = Classifier(Engine(engine.model, engine.tokenizer, engine.path), reranker="qwen3", **kw)
     t0 = time.perf_counter()
@@ -209,7 +209,7 @@ def worker(job_path: str, out_path: str) -> int:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from mlx_slm import batching
+    from mlx_slm.text import batching
 
     hf_logging.disable_progress_bar()
     job = json.loads(Path(job_path).read_text())
@@ -275,7 +275,7 @@ def planned_tokens(
     """The tokens a run processes under the length-sorted batch plan (`batching.plan`, as our
     pipeline plans a reranker's items: one plan over every query's documents): each head once,
     then every prompt's rest padded to its batch's longest (heads () : every prompt whole)."""
-    from mlx_slm.batching import plan
+    from mlx_slm.text.batching import plan
 
     lengths = np.array([len(x) - len(h) for x, h in zip(ids, heads)])
     batches = plan(lengths, batch_size, max_tokens, sort=True)
@@ -285,7 +285,7 @@ def planned_tokens(
 def plans(engine: Any, ids: list[list[int]], heads: list[tuple[int, ...]], hf_batch: int) -> dict[str, int]:
     """Each batched row's planned tokens (see `planned_tokens`): ours with its default batch
     settings, after the queries' heads or whole; Transformers' sorted batches of `hf_batch`."""
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     bs = Classifier(engine, reranker="qwen3").batching
     whole = [()] * len(ids)
@@ -348,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(a: argparse.Namespace, argv: list[str] | None) -> int:
-    from mlx_slm._blas import matmul_peak
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.ground.blas import matmul_peak
 
     wall = time.perf_counter()
     peak0 = matmul_peak()["mlx"]

@@ -12,7 +12,7 @@ Transformers' `save_pretrained` writes it once into the cache (`MLX_SLM_HOME`, b
 ~/.cache/mlx-slm, under bench/); `Classifier.load(path)` converts it as any checkpoint, and
 the pipeline loads the same folder in float32: both run the same weight values.
 
-The texts: `--n` workload tickets (`mlx_slm.workload.tickets`), stratified by length (in
+The texts: `--n` workload tickets (`mlx_slm.text.workload.tickets`), stratified by length (in
 workload order, as a user hands them over). Rows: ours (`Classifier.load(path)`, the default
 batching: length-sorted, token-budgeted batches), the pipeline at batch size 1 and at
 `--batch` (it pads each batch, in input order, to its longest). Reported: seconds, items/s,
@@ -51,7 +51,7 @@ def say(msg: str) -> None:
 
 def texts_of(n: int) -> list[str]:
     """`n` of the 600 workload tickets, spread evenly over their lengths, in workload order."""
-    from mlx_slm.workload import stratified_sample, tickets
+    from mlx_slm.text.workload import stratified_sample, tickets
 
     all_t = [t for t, _ in tickets(600)]
     return [all_t[i] for i in stratified_sample([len(t.split()) for t in all_t], n)]
@@ -61,8 +61,8 @@ def checkpoint(model: str, head: str, labels: Sequence[str], cache: Path) -> tup
     """The sequence-classification checkpoint built from `model` (see the module docstring),
     made once under the cache's lock (a child process builds it: `build`): (its folder, the
     seconds building took, 0 when it was there)."""
-    from mlx_slm.registry import cache_lock
-    from mlx_slm.sources import materialise
+    from mlx_slm.weights.registry import cache_lock
+    from mlx_slm.weights.sources import materialise
 
     src = materialise(model)
     key = hashlib.sha256(json.dumps([str(src.resolve()), head, list(labels)]).encode()).hexdigest()[:10]
@@ -171,7 +171,7 @@ def in_order_padded(lengths: Sequence[int], batch: int) -> int:
 def planned(clf: Any, lengths: Sequence[int], batches: Sequence[int]) -> dict[str, int]:
     """Each row's tokens for prompts of `lengths`: ours under its batch plan (length-sorted,
     budgeted), the pipeline's in input order."""
-    from mlx_slm.batching import padding_stats, plan
+    from mlx_slm.text.batching import padding_stats, plan
 
     b = clf.batching
     ours = padding_stats(lengths, plan(lengths, b.batch_size, b.max_batch_tokens, b.sort))[1]
@@ -190,7 +190,7 @@ def ours(clf: Any, texts: list[str]) -> tuple[list[Any], dict[str, Any], float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mlx_slm.registry import cache_dir
+    from mlx_slm.weights.registry import cache_dir
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="the causal LM the checkpoint is built from")
@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(a: argparse.Namespace, argv: list[str] | None) -> int:
-    from mlx_slm._blas import matmul_peak
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.ground.blas import matmul_peak
 
     wall = time.perf_counter()
     peak0 = matmul_peak()["mlx"]

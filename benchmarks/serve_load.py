@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 
 def sample_texts(n: int, seed: int = 0) -> list[str]:
-    from mlx_slm.workload import tickets
+    from mlx_slm.text.workload import tickets
 
     all_ = [t for t, _ in tickets()]
     order = np.random.default_rng(seed).permutation(len(all_))

@@ -26,7 +26,7 @@ import numpy as np
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
 from benchmarks.accuracy import DATA, TICKET_SYSTEM
-from mlx_slm.registry import DEFAULT_MODEL
+from mlx_slm.weights.registry import DEFAULT_MODEL
 
 TEMPLATE = "Ticket: {text}\nCategory:"
 

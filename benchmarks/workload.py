@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from mlx_slm.batching import padding_stats, plan
-from mlx_slm.prompts import PromptFormat, render, tokenize
-from mlx_slm.workload import LABELS, stratified_sample, tickets
+from mlx_slm.text.batching import padding_stats, plan
+from mlx_slm.text.prompts import PromptFormat, render, tokenize
+from mlx_slm.text.workload import LABELS, stratified_sample, tickets
 
 __all__ = ["LABELS", "tickets", "stratified_sample", "prompt_lengths", "check_statistics"]
 
@@ -71,7 +71,7 @@ if __name__ == "__main__":
     else:
         from transformers import AutoTokenizer
 
-        from mlx_slm.sources import fetch_gguf
+        from mlx_slm.weights.sources import fetch_gguf
 
         g = fetch_gguf("qwen2.5-coder-0.5b")
         for k, v in check_statistics(AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)).items():

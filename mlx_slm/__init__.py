@@ -2,7 +2,8 @@
 
 import logging as _logging
 
-from . import _blas  # noqa: F401  (must load an optimized CBLAS before mlx.core)
+from .ground import blas as _blas  # noqa: F401  (must load an optimized CBLAS before mlx.core)
+from .ground.version import __version__  # noqa: F401
 
 
 class _NoTorchNotice(_logging.Filter):
@@ -16,20 +17,19 @@ class _NoTorchNotice(_logging.Filter):
 
 _logging.getLogger("transformers").addFilter(_NoTorchNotice())
 
-__version__ = "0.1.0"
 # Where each public name lives; imported on first use, so `import mlx_slm` stays light for the CLI's --help.
 _HOMES = {
-    "Calibration": "classifier",
+    "Calibration": "text.calibration",
+    "CalibrationSpec": "text.calibration",
     "Classifier": "classifier",
-    "Engine": "classifier",
-    "Prediction": "classifier",
+    "Embedder": "classifier",
+    "Engine": "engine",
+    "Head": "text.heads",
+    "Prediction": "text.predictions",
     "Run": "classifier",
-    "Stats": "classifier",
-    "CalibrationSpec": "calibration",
-    "Embedder": "embeddings",
-    "Head": "heads",
-    "Task": "task",
-    "train_head": "train",
+    "Stats": "text.predictions",
+    "Task": "classifier",
+    "train_head": "jobs.train",
 }
 __all__ = sorted(_HOMES)
 

@@ -22,6 +22,8 @@ on independent actors: `classify_dataset` fits its prior on a first pass over th
 first `warmup` rows (paid twice), or takes it from a saved task (`mlx-slm classify
 --calibrate batch --save-task task.json` on a sample). `mlx-slm classify --ray`
 instead streams raw scores back to the driver and calibrates there, as a local run.
+
+May import: ground, text, kinds, classifier.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MissingExtra
-from .records import RecordShape
+from .ground.errors import MissingExtra
+from .text.records import RecordShape
 
 try:
     import pyarrow as pa
@@ -47,8 +49,8 @@ OUTPUT_COLUMNS = ("label", "probs", "raw_probs", "abstained", "n_tokens", "trunc
 
 
 def _load_classifier(task: dict[str, Any] | None, load: dict[str, Any] | None) -> Any:
-    from .classifier import Classifier
-    from .task import Task
+    from .classifier.classifier import Classifier
+    from .classifier.task import Task
 
     if task is not None:
         return Classifier.from_task(Task.from_dict(task), **(load or {}))
@@ -84,8 +86,8 @@ class ClassifyBatch:
         weights_sha256: str | None = None,
         pair_column: str | None = "text_pair",
     ):
-        from .calibration import CalibrationSpec
-        from .task import TaskError
+        from .kinds.base import TaskError
+        from .text.calibration import CalibrationSpec
 
         self.clf = _load_classifier(task, load)
         if weights_sha256 and self.clf.path is not None:
@@ -108,7 +110,7 @@ class ClassifyBatch:
         self.fields = self.shape.arrow_fields()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from .classifier import Prediction
+        from .text.predictions import Prediction
 
         if not isinstance(batch, pa.Table):  # another batch_format: accept what Ray hands over
             batch = pa.Table.from_pandas(batch) if hasattr(batch, "to_numpy") else pa.table(batch)
@@ -261,9 +263,9 @@ def classify_dataset(
     "none", "batch"/"em" (a prior fitted here on the first `warmup` rows, a first pass
     over them), or a fitted `Calibrator`.
     """
-    from .calibration import DEFAULT_WARMUP, CalibrationSpec
-    from .labels import log_softmax
-    from .task import Task
+    from .classifier.task import Task
+    from .text.calibration import DEFAULT_WARMUP, CalibrationSpec
+    from .text.labels import log_softmax
 
     if task is not None and not isinstance(task, dict):
         task = (task if isinstance(task, Task) else Task.load(task)).to_dict()
@@ -332,7 +334,7 @@ def predictions(
     `texts`, raw scores kept), so the caller calibrates and writes as for a local run.
     A text may be a (text, pair) tuple.
     """
-    from .classifier import Prediction
+    from .text.predictions import Prediction
 
     n = len(texts)
     if n == 0:

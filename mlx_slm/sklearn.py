@@ -21,6 +21,8 @@ loading finds the model by that name or path and refuses other weights, naming b
 hashes. A fine-tuned estimator's pickle holds its adapters too (the safetensors bytes
 `FineTuned.save` writes: a few MB, against the model's hundreds), so it needs no file
 beside it; `to_task` writes them beside the task file, as `train --finetune` does.
+
+May import: ground, text, models, weights, engine, kinds, classifier, jobs.
 """
 
 from __future__ import annotations
@@ -39,12 +41,12 @@ try:
     from sklearn.utils.multiclass import check_classification_targets
     from sklearn.utils.validation import check_is_fitted
 except ImportError as e:  # pragma: no cover - the extra is missing
-    from .errors import MissingExtra
+    from .ground.errors import MissingExtra
 
     raise MissingExtra("mlx_slm.sklearn needs scikit-learn: pip install 'mlx-slm[sklearn]'") from e
 
-from .notices import notice
-from .registry import DEFAULT_MODEL
+from .ground.notices import notice
+from .weights.registry import DEFAULT_MODEL
 
 # The estimator's own prompt defaults (not the CLI's ticket-specific ones): they name the
 # labels ({labels} is filled with them), whatever the task.
@@ -81,7 +83,7 @@ def shared_engine(model: str | Path, dtype: str | None = None) -> Any:
     several), then shared by every estimator and clone. Two names for the same weights
     share one engine too: after a load, an engine already held with the same weights
     sha256 and dtype is kept and the new one dropped."""
-    from .engine import Engine
+    from .engine.engine import Engine
 
     key = (str(model), dtype)
     with _LOCK:
@@ -150,7 +152,7 @@ class FeatureCache:
         progress: bool = False,
     ) -> tuple[dict[str, np.ndarray], list[str | None], Any]:
         """As `Classifier.features` returns them; the run's `Stats` count the texts run now."""
-        from .classifier import Stats
+        from .text.predictions import Stats
 
         layers, poolings = list(layers), tuple(poolings)
         f = clf.format
@@ -200,7 +202,7 @@ def _is_frame(x: Any) -> bool:
 
 
 def _missing(x: Any) -> bool:
-    from .classifier import _missing as missing
+    from .text.inputs import missing
 
     return missing(x)
 
@@ -385,12 +387,12 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         """Train the head (method "head") or set up zero-shot label scoring (method
         "labels", fitting "fit"/"em" calibration on `X, y`). `X`: texts (list, NumPy array,
         pandas Series, one-column DataFrame); `y`: each text's label, str or int."""
-        from .calibration import CalibrationSpec
-        from .classifier import Classifier
-        from .convert import versions
-        from .prompts import PromptFormat, check_examples, fill_labels
-        from .task import Task
-        from .train import train_head
+        from .classifier.classifier import Classifier
+        from .classifier.task import Task
+        from .jobs.train import train_head
+        from .text.calibration import CalibrationSpec
+        from .text.prompts import PromptFormat, check_examples, fill_labels
+        from .weights.convert import versions
 
         _check_params(self)
         texts = _texts(X)
@@ -452,7 +454,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------ predict
     def _clf(self) -> Any:
         """The classifier the fitted task defines, on the shared engine (made once per engine)."""
-        from .classifier import Classifier
+        from .classifier.classifier import Classifier
 
         check_is_fitted(self, "task_")
         engine = shared_engine(self.model, self.dtype)
@@ -467,7 +469,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
 
     def _log_proba(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
         """(probabilities, log-probabilities), (N, k) in `classes_` order."""
-        from .labels import log_softmax
+        from .text.labels import log_softmax
 
         check_is_fitted(self, "task_")
         texts = _texts(X)
@@ -519,7 +521,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
 
     def _head_input(self, clf: Any, texts: list[str]) -> np.ndarray:
         """(N, parts, D): the head's parts of each text's hidden states, from the feature cache."""
-        from .heads import head_input
+        from .text.heads import head_input
 
         head = clf.head
         layers, poolings = sorted(set(head.layers)), tuple(sorted(set(head.poolings)))
@@ -537,7 +539,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         if tuned is None:
             self.task_.save(path)
             return Path(path)
-        from .tuning import save_finetuned
+        from .jobs.finetune import save_finetuned
 
         fused = bool(self.task_.finetune.get("fused"))
         save_finetuned(self.task_, tuned, path, fused)  # the adapters beside the task, as train --finetune writes them
@@ -548,7 +550,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         """A fitted estimator from a task file (or `Task`): model, labels, prompt, head or
         calibration as saved. `params`: run settings (batch_size, truncate, verbose, ...).
         `classes_` are the task's labels (strings)."""
-        from .task import Task
+        from .classifier.task import Task
 
         t = task if isinstance(task, Task) else Task.load(task)
         kind = t.kind
@@ -596,8 +598,8 @@ def _pickled(state: dict[str, Any]) -> dict[str, Any]:
 
 def _unpickled(state: dict[str, Any]) -> dict[str, Any]:
     """`_pickled` undone: the task and its adapters read back (each checked as a file of theirs is)."""
-    from .adapters import FineTuned
-    from .task import Task
+    from .classifier.task import Task
+    from .weights.adapters import FineTuned
 
     if isinstance(state.get("task_"), dict):
         state["task_"] = Task.from_dict(state["task_"], "the pickled SLMClassifier's task")
@@ -620,8 +622,8 @@ def _finetune(
     template: str, batching: dict[str, Any],
 ) -> Any:  # fmt: skip
     """method="finetune": the adapters and score head, trained as `train --finetune lora` trains them."""
-    from .finetune import FinetuneSettings
-    from .tuning import finetune_texts, progress_bar
+    from .jobs.finetune import finetune_texts, progress_bar
+    from .weights.finetune import FinetuneSettings
 
     settings = FinetuneSettings(**{v: getattr(est, k) for k, v in TUNING.items()})
     counts = {n: gold.count(n) for n in names}
@@ -684,14 +686,14 @@ def _check_params(self: SLMClassifier) -> None:
         raise ValueError(f"model={self.model!r}: give a model name or path (a str)")
     if isinstance(self.labels, (str, bytes)):
         raise ValueError(f"labels={self.labels!r}: give a list of labels, e.g. ['spam', 'ham']")
-    from .ranges import check_all  # the CLI's ranges: batch_size=0 or max_batch_tokens=nan refused
+    from .ground.ranges import check_all  # the CLI's ranges: batch_size=0 or max_batch_tokens=nan refused
 
     check_all(self.get_params(), "{name}")
 
 
 def _batching(est: SLMClassifier) -> dict[str, Any]:
     """The batching settings a fit and a prediction run with (None: the CLI's defaults)."""
-    from .classifier import DEFAULT_BATCH_SIZE
+    from .classifier.base import DEFAULT_BATCH_SIZE
 
     return {
         "batch_size": est.batch_size or DEFAULT_BATCH_SIZE,
@@ -736,10 +738,10 @@ def _classes(est: SLMClassifier, y: Any, n: int) -> tuple[np.ndarray, list[str],
 def _fit_own_head(est: SLMClassifier, texts: list[str], y: Any) -> SLMClassifier:
     """`fit` with method "model": a sequence-classification checkpoint's own head, used as it
     is (its labels the classes; `y` checked against them and fitting the calibration)."""
-    from .calibration import CalibrationSpec
-    from .classifier import Classifier
-    from .convert import versions
-    from .task import Task
+    from .classifier.classifier import Classifier
+    from .classifier.task import Task
+    from .text.calibration import CalibrationSpec
+    from .weights.convert import versions
 
     engine = shared_engine(est.model, est.dtype)
     head = getattr(engine.model, "seqcls", None)

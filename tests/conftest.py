@@ -18,8 +18,8 @@ CHATML = (
 
 
 def _corpus() -> list[str]:
-    from mlx_slm.prompts import DEFAULT_SYSTEM
-    from mlx_slm.workload import tickets
+    from mlx_slm.text.prompts import DEFAULT_SYSTEM
+    from mlx_slm.text.workload import tickets
 
     return [t for t, _ in tickets(60)] + [DEFAULT_SYSTEM, "Ticket: Category: refund request status"] * 3
 
@@ -249,7 +249,7 @@ class TinyModels:
     def mlx(self, arch: str) -> Path:
         """Its conversion (float32), in a folder of its own (the HF directory stays as made)."""
         if arch not in self._mlx:
-            from mlx_slm.convert import convert
+            from mlx_slm.weights.convert import convert
 
             self._mlx[arch] = convert(
                 self.hf(arch), self._tmp.mktemp(f"mlx-{arch}") / "m", dtype="float32", progress=None
@@ -271,7 +271,7 @@ class TinyModels:
         """Its float32 conversion, in a folder of its own."""
         key = ("seqcls-mlx", arch, num_labels, problem_type, id2label)
         if key not in self._seqcls:
-            from mlx_slm.convert import convert
+            from mlx_slm.weights.convert import convert
 
             src = self.seqcls_hf(arch, num_labels, problem_type, id2label)
             self._seqcls[key] = convert(src, self._tmp.mktemp("mlx-seqcls") / "m", dtype="float32", progress=None)
@@ -289,7 +289,7 @@ class TinyModels:
         """Its float32 conversion, in a folder of its own."""
         key = ("st-mlx", arch, *sorted(kw.items()))
         if key not in self._st:
-            from mlx_slm.convert import convert
+            from mlx_slm.weights.convert import convert
 
             self._st[key] = convert(
                 self.st(arch, **kw), self._tmp.mktemp("mlx-st") / "m", dtype="float32", progress=None
@@ -321,7 +321,7 @@ def tiny_mlx(tiny_hf, tiny_arch) -> Path:
 @pytest.fixture(scope="session")
 def engine(tiny_qwen_mlx):
     """The tiny qwen2 model loaded once for the session (the hostile-input tests of the Python API)."""
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
 
     return Engine.load(str(tiny_qwen_mlx))
 
@@ -340,14 +340,14 @@ def tiny_seqcls_mlx(tiny_arch) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    from mlx_slm.sources import fetch_gguf
+    from mlx_slm.weights.sources import fetch_gguf
 
     return fetch_gguf("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def smollm2_mlx(smollm2_gguf) -> Path:
-    from mlx_slm.sources import materialise
+    from mlx_slm.weights.sources import materialise
 
     return materialise("smollm2-135m")
 
@@ -364,7 +364,7 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    from mlx_slm import _blas
+    from mlx_slm.ground import blas as _blas
 
     return (
         f"mlx-slm BLAS: {_blas.LOADED or _blas.PROBLEM}; cache: {os.environ.get('MLX_SLM_HOME', '~/.cache/mlx-slm')}; "

@@ -13,7 +13,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from mlx_slm.cli import BUG_REPORT, main
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 TEXTS = [t for t, _ in tickets(40)]
 
@@ -66,7 +66,7 @@ TEMPLATE = "Ticket: {text}\nCategory:"
 
 
 def task_clf(engine, labels=LABELS, **kw):
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     return Classifier(engine, labels, kw.pop("system", SYSTEM), kw.pop("template", TEMPLATE), **kw)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_slm.classifier import Classifier
+from mlx_slm.classifier.classifier import Classifier
 
 pd = pytest.importorskip("pandas")
 

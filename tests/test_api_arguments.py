@@ -13,8 +13,8 @@ from hostile import LABELS, SYSTEM, TEMPLATE
 from hostile import task_clf as _clf
 
 from mlx_slm.cli import main
-from mlx_slm.labels import LabelError
-from mlx_slm.prompts import PromptError
+from mlx_slm.text.labels import LabelError
+from mlx_slm.text.prompts import PromptError
 
 
 def test_labels_as_one_string_a_generator_or_whitespace_twins(engine):
@@ -59,7 +59,7 @@ def test_prompt_arguments_of_the_wrong_type(engine):
     with pytest.raises(PromptError, match="not among the labels"):
         _clf(engine, system=None, label_descriptions={"refund": "money back"})
     # A label holding a placeholder's text is not filled a second time.
-    from mlx_slm.prompts import fill_labels
+    from mlx_slm.text.prompts import fill_labels
 
     assert fill_labels("{labels}|{label_descriptions}", ["a{label_descriptions}", "b"]) == (
         "a{label_descriptions}, b|- a{label_descriptions}\n- b"
@@ -109,9 +109,10 @@ def test_from_task_keywords_and_the_weights_it_names(engine, tiny_qwen_mlx):
     """from_task(task, scoring=...) was Python's "got multiple values for keyword argument";
     min_confidence= could not override the task's; and the weights refusal named the task's
     model, not the engine's weights it was refusing."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.heads import Head
-    from mlx_slm.task import Task, TaskError
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
+    from mlx_slm.text.heads import Head
 
     t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE, min_confidence=0.9)
     with pytest.raises(TypeError, match="from_task takes scoring from the task"):

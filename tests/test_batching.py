@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mlx_slm.batching import pad, padding_stats, plan
+from mlx_slm.text.batching import pad, padding_stats, plan
 
 
 def test_plan_covers_every_item_once():
@@ -63,7 +63,7 @@ def _runs(lengths, batches, row_extra=0):
 def test_max_padding_bounds_every_batchs_padding(row_extra):
     """Each batch's padding is at most the share of the tokens it runs (a row alone: none), so a
     plan of short rows of varied lengths runs at most 1 / (1 - share) its rows' own tokens."""
-    from mlx_slm.batching import MAX_PADDING
+    from mlx_slm.text.batching import MAX_PADDING
 
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -91,7 +91,7 @@ def test_classify_plans_are_no_worse_with_the_bound():
     """Classify's default plan (32 rows, 512 tokens) on the workload's long-tailed prompt
     lengths is the same with the bound (its budget already keeps rows of a length together); a
     plan without a token budget runs fewer tokens, in at most a few more batches."""
-    from mlx_slm.batching import MAX_PADDING
+    from mlx_slm.text.batching import MAX_PADDING
 
     rng = np.random.default_rng(1)
     lengths = np.clip(rng.lognormal(4.2, 0.5, size=1024).astype(int), 20, 420).tolist()

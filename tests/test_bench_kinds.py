@@ -81,7 +81,7 @@ def test_agreement_and_quality():
 @pytest.fixture(scope="module")
 def tiny_yesno(tmp_path_factory):
     """A tiny qwen2 whose tokenizer has `yes` and `no` as tokens, converted (float32)."""
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
     from tests.conftest import make_tiny
 
     hf = make_tiny(tmp_path_factory.mktemp("hf-yn"), "qwen2", words=("yes", "no", "billing", "technical", "account"))

@@ -9,8 +9,8 @@ from hostile import invoke, write_input
 from hostile import model_cli as cli
 from hostile import refused_cleanly as refused
 
-from mlx_slm.sharding import plan_shards, shard_range
-from mlx_slm.workload import tickets
+from mlx_slm.files.sharding import plan_shards, shard_range
+from mlx_slm.text.workload import tickets
 
 TEXTS = [t for t, _ in tickets(40)]
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from mlx_slm.calibration import (
+from mlx_slm.text.calibration import (
     DEFAULT_WARMUP,
     LOG_FLOOR,
     METHODS,
@@ -28,7 +28,7 @@ from mlx_slm.calibration import (
     fit_labelled,
     gold_indices,
 )
-from mlx_slm.labels import log_softmax
+from mlx_slm.text.labels import log_softmax
 
 L3 = ("billing", "bug", "other")
 BIAS = np.array([2.0, 0.0, -1.0])
@@ -339,7 +339,7 @@ def test_zero_prior_never_changes_argmax(case):
 
 
 def test_calibration_spec_one_value_for_every_form():
-    from mlx_slm.calibration import CalibrationSpec
+    from mlx_slm.text.calibration import CalibrationSpec
 
     labels = ("a", "b")
     prior = fit_batch(np.log(np.array([[0.7, 0.3], [0.6, 0.4]])), labels)
@@ -372,8 +372,8 @@ def test_calibration_spec_one_value_for_every_form():
 def test_abstain_is_decided_on_the_probabilities_as_written(weights, pick, nudge):
     """A reader of any output recomputes the decision: abstained == (max(probs) < bar), with the
     bar taken from a written probability, nudged below the sixth decimal (a machine's last bits)."""
-    from mlx_slm.calibration import Calibration
-    from mlx_slm.classifier import Prediction
+    from mlx_slm.text.calibration import Calibration
+    from mlx_slm.text.predictions import Prediction
 
     w = np.asarray(weights) + 1e-3
     labels = [f"l{i}" for i in range(len(w))]

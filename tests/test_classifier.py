@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.engine.engine import Engine
 from mlx_slm.models import load_model
-from mlx_slm.reference import Reference
-from mlx_slm.workload import tickets
+from mlx_slm.parity.reference import Reference
+from mlx_slm.text.workload import tickets
 
 TEXTS = [t for t, _ in tickets(24)]
 

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 TEXTS = [t for t, _ in tickets(12)]
 
@@ -74,7 +74,7 @@ def doctor_run():
     parametrized by (session-scoped: pytest runs the two parameters apart, in different module
     passes). Its matmul rate is timed on one 256 x 256 product instead of 1024 and 2048 ones
     four times (~1.8 s of CPU): the test reads the line's shape, not the rate."""
-    from mlx_slm import _blas
+    from mlx_slm.ground import blas as _blas
 
     peak = _blas.matmul_peak
     mp = pytest.MonkeyPatch()

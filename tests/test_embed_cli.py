@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from mlx_slm.classifier.embedder import Embedder
 from mlx_slm.cli import main
-from mlx_slm.embeddings import Embedder
-from mlx_slm.engine import Engine
+from mlx_slm.engine.engine import Engine
 
 TEXTS = ["refund please", "The app crashes when I open settings", "x"]
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.embed_parity import compare
+from mlx_slm.parity.embeddings import compare
 
 
 def test_compare_is_relative_to_each_vector():

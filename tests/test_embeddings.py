@@ -13,8 +13,8 @@ import warnings
 import numpy as np
 import pytest
 
-from mlx_slm.embeddings import Embedder, EmbeddingError, finish, read_pooling
-from mlx_slm.engine import Engine
+from mlx_slm.classifier.embedder import Embedder, EmbeddingError, finish, read_pooling
+from mlx_slm.engine.engine import Engine
 
 TEXTS = [
     "refund please",
@@ -211,7 +211,7 @@ def test_backbone_whose_config_says_causal_lm(tiny_arch, tmp_path):
     """Qwen3-Embedding's config.json names Qwen3ForCausalLM though its weights are the bare
     backbone's (no `model.` prefix, no LM head): the weights decide, and it embeds as saved."""
     from mlx_slm.cli.misc import model_head_lines
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
 
     src = tmp_path / "q3e"
     shutil.copytree(tiny_arch.st(layout="5"), src)

@@ -31,7 +31,8 @@ import json
 import numpy as np
 import pytest
 
-from mlx_slm.evaluate import (
+from mlx_slm.jobs.evaluate import plot
+from mlx_slm.text.metrics import (
     EvaluationError,
     accuracy,
     confusion,
@@ -40,7 +41,6 @@ from mlx_slm.evaluate import (
     format_report,
     macro_f1,
     per_label,
-    plot,
     reliability,
     report,
     threshold_for_accuracy,

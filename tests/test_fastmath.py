@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 import mlx_slm  # noqa: F401
-from mlx_slm import fastmath
-from mlx_slm.models import build_mask
+from mlx_slm.models import build_mask, fastmath
 
 
 @pytest.mark.parametrize("rows", [3, 700])  # 700 x 512 floats crosses the threading threshold

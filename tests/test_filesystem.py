@@ -20,11 +20,11 @@ from hostile import model_cli as cli
 from hostile import refused_cleanly as refused
 
 from mlx_slm.cli import main
-from mlx_slm.convert import RECORD, is_converted
-from mlx_slm.errors import OutputError
-from mlx_slm.output import manifest_path
-from mlx_slm.safefs import FileLock, UnsafePathError, atomic_write, atomic_writer, open_nofollow
-from mlx_slm.workload import tickets
+from mlx_slm.files.output import manifest_path
+from mlx_slm.ground.errors import OutputError
+from mlx_slm.ground.safefs import FileLock, UnsafePathError, atomic_write, atomic_writer, open_nofollow
+from mlx_slm.text.workload import tickets
+from mlx_slm.weights.convert import RECORD, is_converted
 
 TEXTS = [t for t, _ in tickets(40)]
 
@@ -192,7 +192,8 @@ def test_safefs_primitives(tmp_path):
 
 def test_plots_and_reports_are_never_written_through_a_link(tmp_path):
     pytest.importorskip("matplotlib")
-    from mlx_slm.evaluate import plot, report
+    from mlx_slm.jobs.evaluate import plot
+    from mlx_slm.text.metrics import report
 
     rep = report(["a", "b", "a"], ["a", "b", "b"], [0.9, 0.8, 0.6], ["a", "b"])
     victim = tmp_path / "victim.png"

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
-from mlx_slm.adapters import FineTuned, FinetuneError
-from mlx_slm.errors import UserError
-from mlx_slm.finetune import FinetuneSettings, finetune, validation_split
+from mlx_slm.ground.errors import UserError
+from mlx_slm.weights.adapters import FineTuned, FinetuneError
+from mlx_slm.weights.finetune import FinetuneSettings, finetune, validation_split
 
 LABELS = ("billing", "technical", "account")
 FAST = dict(layers=2, epochs=4, learning_rate=1e-4, head_learning_rate=1e-2, batch_size=8, val_fraction=0.0)
@@ -25,10 +25,10 @@ class Data:
     def __init__(self, path, n: int = 36):
         from transformers import AutoTokenizer
 
-        from mlx_slm.labels import build_labelset
         from mlx_slm.models import load_model
-        from mlx_slm.prompts import PromptFormat, render, tokenize
-        from mlx_slm.workload import tickets
+        from mlx_slm.text.labels import build_labelset
+        from mlx_slm.text.prompts import PromptFormat, render, tokenize
+        from mlx_slm.text.workload import tickets
 
         self.path = path
         self.model = load_model(path)
@@ -66,8 +66,8 @@ def _top_probs(data, s, params=None):
     """The training path's probabilities of every example: the frozen blocks cached, then `_Top`."""
     import mlx.core as mx
 
-    from mlx_slm import finetune as F
-    from mlx_slm.adapters import LabelTokens
+    from mlx_slm.weights import finetune as F
+    from mlx_slm.weights.adapters import LabelTokens
 
     lt = LabelTokens(tuple(data.label_tokens)) if s.objective == "labels" else None
     top = F._Top(data.model, s, len(LABELS), lt)
@@ -88,7 +88,7 @@ def test_gradient_matches_finite_differences(qwen, objective):
     `prefix_grad` (else the prompt head's path is left out of the gradient on purpose)."""
     import mlx.core as mx
 
-    from mlx_slm import finetune as F
+    from mlx_slm.weights import finetune as F
 
     assert qwen.model.ops.name == "fastmath"  # what inference runs here; training must not
     s = FinetuneSettings(**{**FAST, "objective": objective, "prefix_grad": True})
@@ -130,8 +130,8 @@ def test_training_forward_equals_inference(tiny_arch, qwen, qwen3, arch, objecti
 def test_labels_objective_scores_as_label_scoring_does(qwen):
     """Objective (b) at inference is the classifier's own label scoring (sequence mode here) on the
     applied model: the same probabilities."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
 
     ft = qwen.train(objective="labels", epochs=2)
     clf = Classifier(Engine(ft.apply(qwen.model), qwen.tok), LABELS, qwen.fmt.system, qwen.fmt.template)
@@ -254,7 +254,7 @@ def test_adapters_refuse_another_model(trained, tiny_arch, qwen):
 def test_quantized_base_trains_as_qlora(tiny_arch, tmp_path):
     """A model kept packed (4-bit) trains with mlx-lm's LoRA layers over the packed projections;
     merging dequantizes the adapted ones, and both ways give the same probabilities."""
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
 
     q = convert(tiny_arch.hf("qwen2"), tmp_path / "q4", dtype="float32", quantize=4, group_size=32, progress=None)
     data = Data(q)
@@ -340,7 +340,7 @@ def test_export_gives_transformers_the_same_probabilities(tiny_arch, arch, tmp_p
     pytest.importorskip("torch")
     import json
 
-    from mlx_slm.export import export
+    from mlx_slm.weights.export import export
 
     data = Data(tiny_arch.mlx(arch), n=24)
     ft = data.train(epochs=2)
@@ -360,9 +360,9 @@ def test_export_gives_transformers_the_same_probabilities(tiny_arch, arch, tmp_p
 def test_export_of_one_token_label_objective(tiny_arch, tmp_path):
     """Objective (b) with one-token labels exports its score head as the LM head's label rows."""
     pytest.importorskip("torch")
-    from mlx_slm.export import export
-    from mlx_slm.labels import build_labelset
-    from mlx_slm.prompts import render
+    from mlx_slm.text.labels import build_labelset
+    from mlx_slm.text.prompts import render
+    from mlx_slm.weights.export import export
 
     data = Data(tiny_arch.mlx("qwen2"), n=24)
     labels = ("a", "b", "c")
@@ -377,7 +377,7 @@ def test_export_of_one_token_label_objective(tiny_arch, tmp_path):
 
 
 def test_export_refusals(qwen, tmp_path):
-    from mlx_slm.export import export
+    from mlx_slm.weights.export import export
 
     ft = qwen.train(objective="labels", epochs=1)
     with pytest.raises(FinetuneError, match="only when every label is one token"):
@@ -395,7 +395,7 @@ def test_probe_initialized_head_starts_ahead(qwen):
     training loss is below a zero head's log 3 at once), and the first epoch ends lower too."""
     import mlx.core as mx
 
-    from mlx_slm import finetune as F
+    from mlx_slm.weights import finetune as F
 
     s = FinetuneSettings(**{**FAST, "val_fraction": 0.2, "head_init": "probe"})
     _, top, enc = _top_probs(qwen, s)
@@ -411,7 +411,7 @@ def test_probe_initialized_head_starts_ahead(qwen):
 def test_default_layers_are_the_top_sixteen_or_every_block_of_a_smaller_model(qwen):
     from dataclasses import replace
 
-    from mlx_slm.finetune import DEFAULT_LAYERS
+    from mlx_slm.weights.finetune import DEFAULT_LAYERS
 
     n = len(qwen.model.layers)
     assert FinetuneSettings().layers is None and DEFAULT_LAYERS == 16 and n < DEFAULT_LAYERS

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 FAST = ["--adapt-layers", "2", "--epochs", "3", "--lr", "1e-3", "--head-lr", "1e-2", "--val-fraction", "0.2", "-q"]
 ROWS = tickets(60)  # 20 tickets of each of billing, technical, account
@@ -59,7 +59,7 @@ def _side(task: Path) -> Path:
 
 
 def _tuned(task: Path):
-    from mlx_slm.task import Task
+    from mlx_slm.classifier.task import Task
 
     return Task.load(task).kind.tuned
 
@@ -81,9 +81,9 @@ def test_train_writes_the_task_and_its_adapters_beside_it(work):
 def test_classify_and_eval_with_the_task_equal_finetuned_predict(work):
     """classify --task (batched, prefix-cached, an error row in place) gives FineTuned.predict's
     probabilities on the same prompts (1e-5); eval --task scores those predictions."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
-    from mlx_slm.task import Task
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.engine.engine import Engine
 
     r = run(["classify", work.inp, "--on-error", "skip", "--task", work.task, "-q"])
     assert r.exit_code == 0, r.output
@@ -148,7 +148,7 @@ def test_the_same_seed_and_data_give_the_same_adapters_file_byte_for_byte(work, 
 
 def _interrupt(monkeypatch, when):
     """Ctrl-C where `when(progress)` is true: the CLI's progress bar raises KeyboardInterrupt."""
-    import mlx_slm.tuning as tuning
+    import mlx_slm.jobs.finetune as tuning
 
     def bar(quiet):
         def update(p):
@@ -215,7 +215,7 @@ def test_export_gives_transformers_the_tasks_probabilities_and_model_dir_loads_i
     float32 conversion of it gives the task's probabilities within 1e-4 and its labels; the
     default (the cache's float16 conversion) within 1e-2."""
     pytest.importorskip("torch")
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     monkeypatch.setenv("MLX_SLM_HOME", str(tmp_path / "home"))  # the float16 conversion goes there
     out = tmp_path / "exp"
@@ -249,7 +249,7 @@ def test_parity_task_passes_and_fails_when_the_reference_differs(work, monkeypat
     pytest.importorskip("torch")
     from dataclasses import replace
 
-    import mlx_slm.export as export_mod
+    import mlx_slm.weights.export as export_mod
 
     r = run(["parity", "--task", work.task, "--n", "12", "--json"])
     assert r.exit_code == 0, r.output

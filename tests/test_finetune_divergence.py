@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 ROWS = tickets(30)
 
@@ -54,10 +54,10 @@ def test_a_diverging_fine_tune_stops_naming_the_epoch_and_the_fix_and_saves_noth
 
 
 def test_the_python_api_refuses_a_diverging_run_too(tiny_qwen_mlx):
-    from mlx_slm.adapters import FinetuneError
-    from mlx_slm.engine import Engine
-    from mlx_slm.finetune import FinetuneSettings
-    from mlx_slm.tuning import finetune_texts
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.finetune import finetune_texts
+    from mlx_slm.weights.adapters import FinetuneError
+    from mlx_slm.weights.finetune import FinetuneSettings
 
     engine = Engine.load(str(tiny_qwen_mlx), dtype="float16")
     s = FinetuneSettings(layers=2, epochs=2, learning_rate=1.0, head_learning_rate=1.0, val_fraction=0.2)
@@ -73,10 +73,10 @@ def nan_task(tmp_path_factory, engine):
 
     import mlx.core as mx
 
-    from mlx_slm.convert import versions
-    from mlx_slm.finetune import FinetuneSettings
-    from mlx_slm.task import Task
-    from mlx_slm.tuning import finetune_texts
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.jobs.finetune import finetune_texts
+    from mlx_slm.weights.convert import versions
+    from mlx_slm.weights.finetune import FinetuneSettings
 
     d = tmp_path_factory.mktemp("nan-task")
     labels = ("account", "billing", "technical")
@@ -97,8 +97,8 @@ def nan_task(tmp_path_factory, engine):
 
 
 def test_adapters_holding_non_finite_weights_are_refused_at_load(nan_task, engine, tmp_path):
-    from mlx_slm.adapters import FineTuned, FinetuneError
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.weights.adapters import FineTuned, FinetuneError
 
     task, bad = nan_task
     with pytest.raises(FinetuneError, match=r"non-finite weights \(NaN or infinity\) in score.weight"):
@@ -119,8 +119,8 @@ def test_export_refuses_merged_weights_that_overflow_its_dtype(nan_task, engine,
     """Finite adapters whose merged weights do not fit float16: refused, nothing written."""
     from dataclasses import replace
 
-    from mlx_slm.adapters import FinetuneError
-    from mlx_slm.export import export
+    from mlx_slm.weights.adapters import FinetuneError
+    from mlx_slm.weights.export import export
 
     _, bad = nan_task
     huge = replace(bad, head=bad.head * 0 + 1e6, adapters={k: v * 0 + 1e3 for k, v in bad.adapters.items()})
@@ -148,7 +148,7 @@ def nan_seqcls(tiny_arch, tmp_path_factory) -> Path:
 
 
 def test_a_non_finite_probability_is_an_error_row_never_a_number(nan_seqcls, tmp_path):
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.load(str(nan_seqcls))
     preds = clf.classify(["hello there", "my bill is wrong"])
@@ -181,9 +181,9 @@ def test_serve_answers_a_non_finite_probability_as_an_error_in_json(nan_seqcls):
 
 def test_the_progress_bar_names_the_epoch_of_its_validation_figures(tiny_qwen_mlx, capsys):
     """The bar showed the previous epoch's val_acc as if it were the current one's."""
-    from mlx_slm.engine import Engine
-    from mlx_slm.finetune import FinetuneSettings
-    from mlx_slm.tuning import finetune_texts, progress_bar
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.finetune import finetune_texts, progress_bar
+    from mlx_slm.weights.finetune import FinetuneSettings
 
     seen = []
     update, close = progress_bar(False)

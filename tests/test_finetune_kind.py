@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
-from mlx_slm.task import Task
-from mlx_slm.workload import tickets
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.classifier.task import Task
+from mlx_slm.engine.engine import Engine
+from mlx_slm.text.workload import tickets
 
 ROWS = tickets(60)
 X = [t for t, _ in ROWS]
@@ -33,8 +33,8 @@ def _probs(preds, labels) -> np.ndarray:
 @pytest.fixture(scope="module")
 def ft(tmp_path_factory, tiny_qwen_mlx):
     """A task fine-tuned by `tuning.run_finetune` (what the CLI runs), and its classifier's answers."""
-    from mlx_slm.finetune import FinetuneSettings
-    from mlx_slm.tuning import run_finetune
+    from mlx_slm.jobs.finetune import run_finetune
+    from mlx_slm.weights.finetune import FinetuneSettings
 
     d = tmp_path_factory.mktemp("ft-kind")
     data = d / "train.jsonl"
@@ -88,8 +88,8 @@ def served(ft):
     httpx = pytest.importorskip("httpx")
     from test_server import ThreadServer
 
+    from mlx_slm.jobs.setup import Setup, TaskOptions
     from mlx_slm.server import Loaded, ServeOptions, Service
-    from mlx_slm.setup import Setup, TaskOptions
 
     setup = Setup(TaskOptions(task_file=str(ft.path), given=frozenset({"task_file"})), lambda _m: None)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hostile import invoke, refused_cleanly
 
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 ROWS = tickets(30)
 

@@ -36,8 +36,8 @@ def test_parquet_to_a_full_device_is_refused_before_the_run(tiny_qwen_mlx, tmp_p
 
 
 def test_the_writer_closes_after_a_failed_write_without_a_second_error(tmp_path):
-    from mlx_slm.errors import OutputError
-    from mlx_slm.output import Writer
+    from mlx_slm.files.output import Writer
+    from mlx_slm.ground.errors import OutputError
 
     for fmt in ("jsonl", "csv"):
         w = None

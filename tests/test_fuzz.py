@@ -35,7 +35,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mlx_slm.errors import UserError  # noqa: E402
+from mlx_slm.ground.errors import UserError  # noqa: E402
 
 EXAMPLES = int(os.environ.get("MLX_SLM_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(
@@ -139,7 +139,7 @@ def _write(p: Path, data: bytes) -> str:
 @FUZZ
 @given(data=hostile_bytes)
 def test_input_readers(work, name, data):
-    from mlx_slm.io import read_rows
+    from mlx_slm.files.readers import read_rows
 
     path = _write(work / name, data)
     try:
@@ -160,7 +160,7 @@ def test_input_readers(work, name, data):
 @FUZZ
 @given(records=st.lists(doc_around({"id": 1, "text": "t"}, ["id", "text", "label"]), max_size=8))
 def test_input_reader_jsonl_structured(work, records):
-    from mlx_slm.io import read_rows
+    from mlx_slm.files.readers import read_rows
 
     path = _write(work / "s.jsonl", b"".join(dumps(r) + b"\n" for r in records))
     rows = list(read_rows(path, gold="label"))  # JSONL never refuses the whole input
@@ -182,7 +182,7 @@ def parquet_bytes(work) -> bytes:
 @FUZZ
 @given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), min_size=1, max_size=8))
 def test_parquet_reader_damaged_pages(work, parquet_bytes, flips):
-    from mlx_slm.io import read_rows
+    from mlx_slm.files.readers import read_rows
 
     data = bytearray(parquet_bytes)
     for where, x in flips:
@@ -217,7 +217,7 @@ TASK = {
 @FUZZ
 @given(data=st.one_of(hostile_bytes, doc_around(TASK, list(TASK)).map(dumps)))
 def test_task_file(work, data):
-    from mlx_slm.task import Task
+    from mlx_slm.classifier.task import Task
 
     path = _write(work / "task.json", data)
     try:
@@ -240,7 +240,7 @@ def test_task_file(work, data):
     )
 )
 def test_examples_file(work, data):
-    from mlx_slm.prompts import read_examples
+    from mlx_slm.text.prompts import read_examples
 
     path = _write(work / "ex.jsonl", data)
     try:
@@ -254,7 +254,7 @@ def test_examples_file(work, data):
 @FUZZ
 @given(data=hostile_bytes)
 def test_labels_file(work, data):
-    from mlx_slm.io import read_labels_file
+    from mlx_slm.files.readers import read_labels_file
 
     path = _write(work / "labels.txt", data)
     try:
@@ -269,7 +269,7 @@ def test_labels_file(work, data):
 
 
 def _gold_rows(work: Path):
-    from mlx_slm.io import read_rows
+    from mlx_slm.files.readers import read_rows
 
     p = _write(
         work / "gold.jsonl", b'{"id": "a", "text": "x", "label": "billing"}\n{"text": "y", "label": "technical"}\n'
@@ -296,7 +296,8 @@ PRED = {"id": "a", "label": "billing", "probs": {"billing": 0.7, "technical": 0.
     )
 )
 def test_predictions_file(work, name, data):
-    from mlx_slm.evaluate import read_predictions, report
+    from mlx_slm.jobs.evaluate import read_predictions
+    from mlx_slm.text.metrics import report
 
     rows = _gold_rows(work)
     path = _write(work / name, data)
@@ -338,8 +339,8 @@ COLUMNS = ["id", "label", "p_billing", "p_technical", "truncated", "line", "erro
     complete=st.one_of(st.none(), st.integers(0, 6)),
 )
 def test_resume_scan(work, fmt, data, window, complete):
-    from mlx_slm.io import read_rows
-    from mlx_slm.output import plan_resume
+    from mlx_slm.files.output import plan_resume
+    from mlx_slm.files.readers import read_rows
 
     inp = _write(work / "in5.jsonl", b"".join(dumps({"text": f"item {i}"}) + b"\n" for i in range(5)))
     out = _write(work / f"out.{fmt}", data)
@@ -361,7 +362,7 @@ MANIFEST = {"manifest_version": 1, "settings": {"labels": ["a", "b"]}, "complete
     )
 )
 def test_manifest(work, data):
-    from mlx_slm.output import read_manifest
+    from mlx_slm.files.output import read_manifest
 
     out = str(work / "m.jsonl")
     _write(Path(out + ".mlx-slm.json"), data)

@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_slm.classifier import Classifier
-from mlx_slm.parity import TOLERANCE
-from mlx_slm.workload import tickets
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.parity.labels import TOLERANCE
+from mlx_slm.text.workload import tickets
 
 
 def _gpu() -> bool:

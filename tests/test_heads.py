@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.heads import (
+from mlx_slm.text.heads import (
     Candidate,
     Head,
     HeadError,
@@ -27,7 +27,7 @@ from mlx_slm.heads import (
     standardiser,
     temperature,
 )
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 pytest.importorskip("sklearn")
 
@@ -217,7 +217,7 @@ def _write_csv(path, rows, header=("text", "category")):
 
 
 def test_training_data_problems_name_the_fix(tmp_path):
-    from mlx_slm.train import TrainError, read_training_data
+    from mlx_slm.jobs.train import TrainError, read_training_data
 
     good = [(f"text {i}", "ab"[i % 2]) for i in range(10)]
     d = read_training_data(_write_csv(tmp_path / "ok.csv", good), gold_field="category")
@@ -252,8 +252,8 @@ def _labelled(n_per: int = 8):
 @pytest.fixture(scope="module")
 def tiny_head(tiny_qwen_mlx):
     """A head trained on the tiny model (random weights: what matters is the path, not accuracy)."""
-    from mlx_slm.engine import Engine
-    from mlx_slm.train import TrainingData, head_classifier, train
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.train import TrainingData, head_classifier, train
 
     engine = Engine.load(str(tiny_qwen_mlx))
     data = _labelled()
@@ -266,8 +266,8 @@ def tiny_head(tiny_qwen_mlx):
 def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
     """The head path runs the layers up to the head's only (no later block, no vocabulary
     projection, no label tokens) and equals the head applied to each prompt's features alone."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.train import head_classifier
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.jobs.train import head_classifier
 
     engine = tiny_head[0]
     texts = [t for t, _ in tickets(20)]
@@ -307,8 +307,8 @@ def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
 
 
 def test_head_refuses_calibration_and_other_labels(tiny_head):
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.labels import LabelError
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.text.labels import LabelError
 
     engine, head = tiny_head
     with pytest.raises(LabelError, match="calibration does not apply"):
@@ -331,9 +331,10 @@ def test_head_refuses_calibration_and_other_labels(tiny_head):
 
 
 def test_task_with_head_roundtrip_and_refusals(tiny_head, tiny_qwen_mlx, tmp_path):
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.convert import weights_sha256
-    from mlx_slm.task import Task, TaskError
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
+    from mlx_slm.weights.convert import weights_sha256
 
     engine, head = tiny_head
     t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
@@ -422,9 +423,9 @@ def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
 def test_head_parity_on_a_tiny_model(tiny_head, tiny_qwen_mlx, tmp_path):
     """Our features at the head's layer(s) equal Transformers' hidden_states[layer], and the
     head's labels from both feature sets are equal."""
-    from mlx_slm.convert import weights_sha256
-    from mlx_slm.parity import run_head_parity
-    from mlx_slm.task import Task
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.parity.labels import run_head_parity
+    from mlx_slm.weights.convert import weights_sha256
 
     _, head = tiny_head
     t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
@@ -440,7 +441,7 @@ def _hidden_here(src, prompts, layers, poolings=(), start=0):
     for a tiny model (the child itself is run by the CLI parity test on SmolLM2)."""
     import time
 
-    from mlx_slm.reference import Reference, hidden
+    from mlx_slm.parity.reference import Reference, hidden
 
     ref = Reference(src, threads=1)
     t = time.perf_counter()
@@ -451,13 +452,13 @@ def _hidden_here(src, prompts, layers, poolings=(), start=0):
 def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_mlx, monkeypatch):
     """A head reading layer 2's last position and layer 1's mean: Transformers' hidden states
     pooled the same way agree, and batched with the prefix cache equals one at a time without."""
-    from mlx_slm import reference
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.convert import weights_sha256
-    from mlx_slm.heads import fit_linear
-    from mlx_slm.parity import run_head_parity
-    from mlx_slm.task import Task
-    from mlx_slm.train import head_classifier
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.jobs.train import head_classifier
+    from mlx_slm.parity import reference
+    from mlx_slm.parity.labels import run_head_parity
+    from mlx_slm.text.heads import fit_linear
+    from mlx_slm.weights.convert import weights_sha256
 
     engine = tiny_head[0]
     texts = [t for t, _ in tickets(24)]
@@ -501,10 +502,10 @@ def test_head_parity_on_smollm2(smollm2_mlx, tmp_path):
 def test_ray_worker_builds_the_head_classifier(tiny_head, tiny_qwen_mlx):
     """Ray's worker class, fed the task as a dict (what remote nodes get), classifies with the head."""
     pa = pytest.importorskip("pyarrow")
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.convert import weights_sha256
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
     from mlx_slm.ray import ClassifyBatch
-    from mlx_slm.task import Task
+    from mlx_slm.weights.convert import weights_sha256
 
     engine, head = tiny_head
     t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE, weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)
@@ -553,7 +554,7 @@ def test_server_reply_says_which_scoring_ran(tiny_head, tiny_qwen_mlx):
 def test_training_gold_labels_with_spaces_around_them(tmp_path):
     """A gold ' billing' beside 'billing' became a label of its own (a head with two billings,
     each with half the examples); it is now named with its line."""
-    from mlx_slm.train import TrainError, read_training_data
+    from mlx_slm.jobs.train import TrainError, read_training_data
 
     rows = [{"text": f"t{i}", "label": lab} for i, lab in enumerate(["billing", "account"] * 5)]
     rows.append({"text": "charged twice", "label": " billing"})
@@ -567,7 +568,7 @@ def test_training_gold_labels_with_spaces_around_them(tmp_path):
 @pytest.mark.parametrize("folds", [1, 0, True, 2.5])
 def test_every_training_entry_refuses_too_few_folds_before_any_work(folds, tmp_path):
     """The folds are checked first, by each entry: no data read, no model loaded (neither exists here)."""
-    from mlx_slm.train import TrainError, run_train, run_train_fields
+    from mlx_slm.jobs.train import TrainError, run_train, run_train_fields
 
     missing = str(tmp_path / "no-such.jsonl")
     with pytest.raises(TrainError, match="at least 2 folds"):

@@ -9,11 +9,12 @@ import json
 import pytest
 from hostile import cli, refused, write
 
-from mlx_slm.errors import UserError
+from mlx_slm.ground.errors import UserError
 
 
 def test_input_path_that_is_a_folder(tmp_path):
-    from mlx_slm.io import InputError, read_rows
+    from mlx_slm.files.readers import read_rows
+    from mlx_slm.ground.textfiles import InputError
 
     d = tmp_path / "d"
     d.mkdir()
@@ -24,8 +25,8 @@ def test_input_path_that_is_a_folder(tmp_path):
 
 
 def test_examples_and_labels_files_with_bad_bytes_or_fields(tmp_path):
-    from mlx_slm.io import read_labels_file
-    from mlx_slm.prompts import PromptError, read_examples
+    from mlx_slm.files.readers import read_labels_file
+    from mlx_slm.text.prompts import PromptError, read_examples
 
     labels = ["billing", "technical"]
     ok = json.dumps({"text": "hi", "label": "billing"}) + "\n"
@@ -59,7 +60,8 @@ def test_examples_and_labels_files_with_bad_bytes_or_fields(tmp_path):
 def test_parquet_with_a_corrupt_data_page(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from mlx_slm.io import InputError, read_rows
+    from mlx_slm.files.readers import read_rows
+    from mlx_slm.ground.textfiles import InputError
 
     p = tmp_path / "in.parquet"
     texts = [f"ticket number {i} about my invoice and the app" for i in range(2000)]

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.output import MANIFEST_SUFFIX, OutputLock, csv_columns, manifest_path, plan_resume, scan_output
-from mlx_slm.workload import tickets
+from mlx_slm.files.output import MANIFEST_SUFFIX, OutputLock, csv_columns, manifest_path, plan_resume, scan_output
+from mlx_slm.text.workload import tickets
 
 TEXTS = [t for t, _ in tickets(40)]
 
@@ -99,7 +99,7 @@ def test_second_writer_exits_2_naming_the_holder(tiny_qwen_mlx, tmp_path):
 
 def test_lock_is_released_when_the_holder_is_killed(tmp_path):
     out = tmp_path / "o.jsonl"
-    code = f"from mlx_slm.output import OutputLock; import time\nwith OutputLock({str(out)!r}):\n print('held', flush=True); time.sleep(60)"
+    code = f"from mlx_slm.files.output import OutputLock; import time\nwith OutputLock({str(out)!r}):\n print('held', flush=True); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     with pytest.raises(Exception, match="another mlx-slm run"):
@@ -205,7 +205,7 @@ def test_resume_refuses_a_file_that_is_not_ours_without_touching_it(tiny_qwen_ml
 
 
 def test_plan_resume_keeps_whole_windows_only(tmp_path):
-    from mlx_slm.io import Row
+    from mlx_slm.files.readers import Row
 
     out = tmp_path / "o.jsonl"
     recs = [{"id": i, "label": "a", "probs": {}} for i in range(1, 8)]
@@ -309,7 +309,7 @@ def test_parity_on_an_empty_input_is_a_user_error(tiny_qwen_mlx, tmp_path):
 
 
 def test_a_folder_that_is_not_a_model_says_so_and_failed_conversions_leave_nothing(tmp_path, tiny_qwen_hf):
-    from mlx_slm.convert import ConversionError, convert
+    from mlx_slm.weights.convert import ConversionError, convert
 
     empty = tmp_path / "notamodel"
     empty.mkdir()

@@ -1,7 +1,8 @@
 import pytest
 
-from mlx_slm.io import InputError, read_rows
-from mlx_slm.output import Writer, csv_columns, scan_output
+from mlx_slm.files.output import Writer, csv_columns, scan_output
+from mlx_slm.files.readers import read_rows
+from mlx_slm.ground.textfiles import InputError
 
 
 def rows_of(tmp_path, name, data: bytes, **kw):
@@ -110,7 +111,7 @@ def test_read_records_gives_each_row_its_exact_bytes_and_fields(tmp_path, fmt):
     (they join back into the file), its fields, and a torn last row marked as such."""
     if fmt == "parquet":
         pytest.importorskip("pyarrow")
-    from mlx_slm.output import read_records
+    from mlx_slm.files.output import read_records
 
     out = tmp_path / f"o.{fmt}"
     w = Writer(str(out), csv_columns(["x", "y"]), fmt=fmt)
@@ -137,7 +138,7 @@ def test_read_records_gives_each_row_its_exact_bytes_and_fields(tmp_path, fmt):
 
 
 def test_read_records_names_what_is_wrong_with_a_row():
-    from mlx_slm.output import RecordError, read_records
+    from mlx_slm.files.output import RecordError, read_records
 
     got = list(read_records("o.jsonl", "jsonl", b'[1]\n{"id": 1}\n\xff\n{"x": 1}\nnot json\n'))
     assert [r.kind for r in got] == ["object", None, "utf8", "id", "json"]

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from mlx_slm import kinds
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
-from mlx_slm.heads import Head
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.engine.engine import Engine
 from mlx_slm.kinds import KindArgs, spec_of
 from mlx_slm.kinds.base import KindSpec, OnePrompt, count
-from mlx_slm.predictions import Prediction
-from mlx_slm.questions import Question
+from mlx_slm.text.heads import Head
+from mlx_slm.text.predictions import Prediction
+from mlx_slm.text.questions import Question
 
 LABELS = ("billing", "technical", "account")
 
@@ -47,7 +47,7 @@ def test_the_table_chooses_the_kind_once_from_the_arguments(args, name):
 
 def test_each_kind_reads_back_its_own_task_section():
     """A kind's `to_task` section, read by the table, gives back the same kind."""
-    from mlx_slm.calibration import CalibrationSpec
+    from mlx_slm.text.calibration import CalibrationSpec
 
     for args in (
         KindArgs(LABELS, scoring="first-token", examples=(("card charged", "billing"),)),

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.errors import UserError
-from mlx_slm.io import read_label_descriptions, read_labels_file
-from mlx_slm.prompts import PromptError, fill_labels
+from mlx_slm.files.readers import read_label_descriptions, read_labels_file
+from mlx_slm.ground.errors import UserError
+from mlx_slm.text.prompts import PromptError, fill_labels
 
 
 def test_tab_separated_and_bare_labels(tmp_path):

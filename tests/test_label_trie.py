@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.batching import plan
-from mlx_slm.labels import LabelSet, build_trie
+from mlx_slm.text.batching import plan
+from mlx_slm.text.labels import LabelSet, build_trie
 
 # Label token sequences: 1-8 tokens over a small alphabet, so shared prefixes are common.
 labelsets = st.lists(

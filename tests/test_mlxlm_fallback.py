@@ -30,9 +30,9 @@ from parity import HFLogits, check_diff, padded, prefix_batch_continuation
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
-from mlx_slm.convert import ConversionError, convert
-from mlx_slm.errors import ModelError
+from mlx_slm.ground.errors import ModelError
 from mlx_slm.models import get_model_class, load_model, mlxlm
+from mlx_slm.weights.convert import ConversionError, convert
 
 FAMILIES = ["phi3", "olmo2", "stablelm", "cohere"]
 TOL = 1e-3
@@ -146,10 +146,10 @@ def test_prefix_cache_and_continuation_match_transformers(tiny, model):
 
 
 def test_classifier_path_matches_transformers(tiny, model):
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
-    from mlx_slm.reference import Reference
-    from mlx_slm.workload import tickets
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.parity.reference import Reference
+    from mlx_slm.text.workload import tickets
 
     texts = [t for t, _ in tickets(9)][3:9]
     clf = Classifier(

@@ -130,7 +130,7 @@ def test_unsupported_architecture_refused():
 
 
 def test_float16_weights_upcast_on_cpu(tiny_hf, tmp_path):
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
 
     out = convert(tiny_hf, tmp_path / "f16", dtype="float16", progress=None)
     m = load_model(out)

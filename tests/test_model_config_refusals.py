@@ -170,7 +170,7 @@ def test_a_truncated_gguf_is_refused_by_classify_and_convert(tmp_path, cut):
 
 def test_gguf_problem_names_where_a_file_ends():
     """The header walk (`modelfiles.gguf_problem`) says what is cut, reading no tensor data."""
-    from mlx_slm.modelfiles import gguf_problem
+    from mlx_slm.weights.modelfiles import gguf_problem
 
     if not REAL_GGUF.is_file():
         pytest.skip("the smollm2-135m GGUF is not in the cache")

@@ -12,8 +12,8 @@ import struct
 import pytest
 from hostile import invoke, refused_cleanly, write_input
 
-from mlx_slm.errors import ModelError
-from mlx_slm.modelfiles import check_model_dir, model_dir_problems, safetensors_problem
+from mlx_slm.ground.errors import ModelError
+from mlx_slm.weights.modelfiles import check_model_dir, model_dir_problems, safetensors_problem
 
 
 def _damaged(src, dst, how):

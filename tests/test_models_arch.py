@@ -21,7 +21,6 @@ from parity import HFLogits, check_diff, padded, prefix_batch_continuation
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
-from mlx_slm.convert import convert
 from mlx_slm.models import (
     FASTMATH,
     NATIVE,
@@ -34,6 +33,7 @@ from mlx_slm.models import (
     load_model,
 )
 from mlx_slm.models import gemma3 as gemma3_mod
+from mlx_slm.weights.convert import convert
 
 ARCHS = ["qwen2", "llama", "qwen3", "gemma3"]
 OPS = ["native", "fastmath"]
@@ -109,10 +109,10 @@ def test_prefix_cache_and_padding_match_transformers(tiny, ops):
 
 @pytest.mark.parametrize("ops", OPS)
 def test_classifier_path_matches_transformers(tiny, ops):
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
-    from mlx_slm.reference import Reference
-    from mlx_slm.workload import tickets
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.parity.reference import Reference
+    from mlx_slm.text.workload import tickets
 
     texts = [t for t, _ in tickets(9)][3:9]
     clf = Classifier(
@@ -170,10 +170,10 @@ def test_label_trie_pass_matches_transformers(tiny, n_random, max_nodes, ops):
     """Many multi-token labels in one packed pass (or chunks of it), through the classifier's
     path (prefix cache, padded buckets with the trie counted in the budget): equal to
     Transformers scoring every label afresh after every prompt, and to the per-label passes."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
-    from mlx_slm.labels import LabelSet, log_softmax
-    from mlx_slm.workload import tickets
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.text.labels import LabelSet, log_softmax
+    from mlx_slm.text.workload import tickets
 
     ids = _many_label_ids(tiny.config["vocab_size"], n_random)
     names = tuple(f"label{k}" for k in range(len(ids)))
@@ -233,8 +233,8 @@ def test_features_match_transformers_hidden_states(tiny, ops):
 def test_engine_features_after_a_prefix_cache(tiny):
     """The engine's features after the shared prefix KV and a left-padded batch: each row's
     equal to Transformers' hidden state of its whole prompt run alone."""
-    from mlx_slm import batching
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.text import batching
 
     engine = Engine(load_model(tiny.mlx_dir), tiny.tok)
     head = tiny.prompts[0][:20]
@@ -255,8 +255,8 @@ def test_engine_features_after_a_prefix_cache(tiny):
 def test_mean_features_skip_the_shared_head_without_the_prefix_cache(tiny):
     """A mean-pooled head reads the same features whether or not its rows continue the
     prefix KV: uncached rows leave out the shared head's tokens themselves."""
-    from mlx_slm import batching
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.text import batching
 
     engine = Engine(load_model(tiny.mlx_dir), tiny.tok)
     head = tiny.prompts[0][:20]

@@ -20,11 +20,11 @@ pytest.importorskip("uvicorn")
 
 from test_server import ThreadServer  # noqa: E402
 
-from mlx_slm.chat import ChatError, enum_answer, read_request, token_bytes  # noqa: E402
-from mlx_slm.classifier import Classifier  # noqa: E402
-from mlx_slm.engine import Engine  # noqa: E402
+from mlx_slm.classifier.classifier import Classifier  # noqa: E402
+from mlx_slm.engine.engine import Engine  # noqa: E402
 from mlx_slm.kinds import chat_spec  # noqa: E402
 from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
+from mlx_slm.text.chat import ChatError, enum_answer, read_request, token_bytes  # noqa: E402
 
 SYSTEM = "You sort support tickets."
 TEXT = "My card was charged twice for the same invoice."
@@ -220,7 +220,7 @@ def test_next_token_equals_transformers(served, tiny_arch):
     encoding, the log-probabilities its float32 logits' log-softmax, within 1e-5."""
     from transformers import AutoTokenizer
 
-    from mlx_slm.reference import Reference
+    from mlx_slm.parity.reference import Reference
 
     _, client, model, _ = served
     hf = tiny_arch.hf("qwen2")

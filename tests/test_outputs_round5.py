@@ -13,8 +13,8 @@ import sys
 import pytest
 from hostile import invoke, refused_cleanly, write
 
-from mlx_slm.output import read_records
-from mlx_slm.workload import tickets
+from mlx_slm.files.output import read_records
+from mlx_slm.text.workload import tickets
 
 QUESTIONS = [
     {"name": "team", "question": "Which team?", "labels": ["billing", "technical"]},
@@ -87,10 +87,10 @@ def test_csv_cells_that_look_like_formulas_are_written_as_they_are_and_read_back
 
 
 def test_a_killed_runs_lock_is_taken_over_said_and_removed(tmp_path, capfd):
-    from mlx_slm.output import OutputLock
+    from mlx_slm.files.output import OutputLock
 
     out = tmp_path / "o.jsonl"
-    code = f"from mlx_slm.output import OutputLock; import time\nwith OutputLock({str(out)!r}):\n print('held', flush=True); time.sleep(60)"
+    code = f"from mlx_slm.files.output import OutputLock; import time\nwith OutputLock({str(out)!r}):\n print('held', flush=True); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     p.kill()
@@ -114,8 +114,8 @@ def test_an_output_written_whole_is_never_renamed_over_a_fifo_or_a_device(qrun, 
     the writer itself. (A FIFO stands in for a device here: the test must not risk /dev.)"""
     import os
 
-    from mlx_slm.errors import OutputError
-    from mlx_slm.safefs import atomic_write
+    from mlx_slm.ground.errors import OutputError
+    from mlx_slm.ground.safefs import atomic_write
 
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.io import read_rows
+from mlx_slm.files.readers import read_rows
 
 
 def run(args):
@@ -34,7 +34,7 @@ def files(tmp_path):
 
 
 def test_the_readers_agree_on_a_named_field(files):
-    from mlx_slm.io import InputError
+    from mlx_slm.ground.textfiles import InputError
 
     jsonl, csv, parquet = files
     rows = list(read_rows(str(jsonl), pair="nope", pair_required=True))

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 FAST = ["--adapt-layers", "2", "--epochs", "2", "--lr", "1e-3", "--head-lr", "1e-2", "--val-fraction", "0.2", "-q"]
 

@@ -1,8 +1,8 @@
 import pytest
 from transformers import AutoTokenizer
 
-from mlx_slm.labels import LabelError, build_labelset, parse_labels, softmax
-from mlx_slm.prompts import PromptError, PromptFormat, common_prefix, render, shared_prefix, starts_with, tokenize
+from mlx_slm.text.labels import LabelError, build_labelset, parse_labels, softmax
+from mlx_slm.text.prompts import PromptError, PromptFormat, common_prefix, render, shared_prefix, starts_with, tokenize
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_base_model_labels_follow_the_prompt_after_a_space(tmp_path):
     """Without a chat template the prompt ends "Category:", and a model writes " billing"."""
     from conftest import make_tokenizer
 
-    from mlx_slm.labels import build_labelset
+    from mlx_slm.text.labels import build_labelset
 
     tok = make_tokenizer(tmp_path)
     tok.chat_template = None
@@ -89,7 +89,7 @@ def test_base_model_labels_follow_the_prompt_after_a_space(tmp_path):
 
 def test_typed_system_and_template_refuse_unknown_placeholders_and_unescape_braces():
     """Issue 26: `{label}` in --system reached the model literally (a typo of `{labels}`)."""
-    from mlx_slm.prompts import check_template, fill_system
+    from mlx_slm.text.prompts import check_template, fill_system
 
     labels = ["a", "b"]
     assert fill_system('One of {labels}. Reply {{"label": {{"x": 1}}}}, {"k": 1}', labels) == (
@@ -122,7 +122,7 @@ def test_cli_refuses_an_unknown_placeholder_before_work_and_keeps_braces_in_text
     from click.testing import CliRunner
 
     from mlx_slm.cli import main
-    from mlx_slm.output import manifest_path
+    from mlx_slm.files.output import manifest_path
 
     inp = tmp_path / "in.jsonl"
     inp.write_text(json.dumps({"id": 1, "text": 'json {"label": {foo}} here'}) + "\n")
@@ -144,7 +144,7 @@ def test_cli_refuses_an_unknown_placeholder_before_work_and_keeps_braces_in_text
 
 def test_one_home_for_label_and_gold_rules():
     """labels.py holds the rules every caller words its own way: a label, a label set, a gold label."""
-    from mlx_slm.labels import (
+    from mlx_slm.text.labels import (
         GOLD_MISSING,
         GOLD_NOT_STRING,
         LABEL_EMPTY,

@@ -29,15 +29,15 @@ import torch
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mlx_slm.classifier import Classifier
+from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.cli import main
-from mlx_slm.convert import ConversionError, convert, dequantized_copy
-from mlx_slm.engine import Engine
-from mlx_slm.labels import softmax
+from mlx_slm.engine.engine import Engine
 from mlx_slm.models import load_model
 from mlx_slm.models.quant import quantization_of
-from mlx_slm.parity import mlxlm_scores
-from mlx_slm.workload import tickets
+from mlx_slm.parity.labels import mlxlm_scores
+from mlx_slm.text.labels import softmax
+from mlx_slm.text.workload import tickets
+from mlx_slm.weights.convert import ConversionError, convert, dequantized_copy
 
 TOL = 1e-3  # dequantized at load, float32, against Transformers on the same values
 KEPT_TOL = 1e-4  # kept packed: MLX's quantized matmul sums in another order (measured <= 2e-5)
@@ -309,7 +309,7 @@ def _gpu() -> bool:
 def test_gpu_default_keeps_packed_and_agrees_with_mlxlm(tiny_qwen_hf, tmp_path):
     """On a GPU: kept packed by default, in the scales' half type, within the float16 parity
     tolerance of mlx-lm's forward (labels may differ only on a near-tie)."""
-    from mlx_slm.parity import TOLERANCE
+    from mlx_slm.parity.labels import TOLERANCE
 
     qdir = convert(tiny_qwen_hf, tmp_path / "q4", dtype="float16", quantize=4, group_size=32, progress=None)
     before = mx.default_device()

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.branches import QuestionPlan, _groups
-from mlx_slm.questions import (
+from mlx_slm.text.branches import QuestionPlan, _groups
+from mlx_slm.text.questions import (
     DEFAULT_SYSTEM,
     DEFAULT_TEMPLATE,
     Question,
@@ -152,7 +152,7 @@ SLOW = pytest.mark.slow
 @pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=SLOW), pytest.param("qwen3", marks=SLOW),
                                         pytest.param("gemma3", marks=SLOW)])  # fmt: skip
 def tiny_engine(request, tiny_arch):
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
 
     return Engine.load(str(tiny_arch.mlx(request.param)), "float32")
 
@@ -163,10 +163,10 @@ def _close(a: dict, b: dict, tol: float) -> bool:
 
 
 def test_every_answer_equals_the_question_alone_and_transformers(tiny_engine):
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.prompts import render, tokenize
-    from mlx_slm.reference import Reference
-    from mlx_slm.workload import tickets
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.parity.reference import Reference
+    from mlx_slm.text.prompts import render, tokenize
+    from mlx_slm.text.workload import tickets
 
     texts = TEXTS + [t for t, _ in tickets(6)]  # workload tickets: long enough to leave the window (16)
     clf = Classifier(tiny_engine, questions=QUESTIONS, batch_size=4, max_batch_tokens=None)
@@ -188,7 +188,7 @@ def test_every_answer_equals_the_question_alone_and_transformers(tiny_engine):
 
 def test_one_question_in_the_old_shape_is_unchanged(tiny_qwen_mlx):
     """labels= is still one question: the same predictions as before, no answers."""
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.load(str(tiny_qwen_mlx), dtype="float32")
     p = clf.classify(TEXTS[:2])
@@ -196,13 +196,13 @@ def test_one_question_in_the_old_shape_is_unchanged(tiny_qwen_mlx):
 
 
 def test_refused_settings_and_the_context(tiny_qwen_mlx):
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
 
     eng = Engine.load(str(tiny_qwen_mlx), "float32")
     with pytest.raises(QuestionError, match="does not go with labels"):
         Classifier(eng, ["a", "b"], questions=QUESTIONS[:1])
-    from mlx_slm.calibration import CalibrationError
+    from mlx_slm.text.calibration import CalibrationError
 
     with pytest.raises(CalibrationError, match="'em' with several questions is not supported yet"):
         Classifier(eng, questions=QUESTIONS[:1], calibration="em")
@@ -259,10 +259,10 @@ def test_cli_classify_questions_in_every_format(tiny_qwen_mlx, tmp_path):
 def test_a_head_question_equals_the_head_alone(tiny_qwen_mlx, poolings):
     """A learned head asked beside zero-shot questions reads the text's own prompt (its last
     position, its mean after the shared head) through the branches: the head alone's answers."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
-    from mlx_slm.heads import Head, fit_linear, head_input
-    from mlx_slm.workload import tickets
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.text.heads import Head, fit_linear, head_input
+    from mlx_slm.text.workload import tickets
 
     eng = Engine.load(str(tiny_qwen_mlx), "float32")
     labels, system, template = ("billing", "technical", "account"), "You classify tickets.", "Ticket: {text}"
@@ -288,7 +288,7 @@ def test_a_head_question_equals_the_head_alone(tiny_qwen_mlx, poolings):
 def _has_features_only() -> bool:
     import inspect
 
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     return "features_only" in inspect.signature(Classifier).parameters
 
@@ -296,13 +296,14 @@ def _has_features_only() -> bool:
 def test_a_task_of_questions_round_trips_with_a_head(tiny_qwen_mlx, tmp_path):
     """classify --questions --save-task, then --task: the same answers; a task holding a head
     question takes more zero-shot questions with --questions; the file's mistakes are named."""
+    from mlx_slm.classifier.task import Task
     from mlx_slm.cli import main
-    from mlx_slm.convert import weights_sha256
-    from mlx_slm.engine import Engine
-    from mlx_slm.heads import Head, fit_linear
-    from mlx_slm.task import Task, TaskError
-    from mlx_slm.train import head_classifier
-    from mlx_slm.workload import tickets
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.train import head_classifier
+    from mlx_slm.kinds.base import TaskError
+    from mlx_slm.text.heads import Head, fit_linear
+    from mlx_slm.text.workload import tickets
+    from mlx_slm.weights.convert import weights_sha256
 
     run = CliRunner().invoke
     m = str(tiny_qwen_mlx)
@@ -353,7 +354,7 @@ def test_eval_reports_each_question_named_by_its_gold_field(tiny_qwen_mlx, tmp_p
     """eval --questions Q --gold-field team=team_gold --gold-field urgent: one report per question
     from one run; a name that is no question, a missing gold field and a multi question are named."""
     from mlx_slm.cli import main
-    from mlx_slm.workload import tickets
+    from mlx_slm.text.workload import tickets
 
     qf = tmp_path / "q.jsonl"
     qf.write_text("\n".join(json.dumps(q.to_dict()) for q in QUESTIONS[:4]) + "\n")
@@ -396,19 +397,19 @@ def test_batch_calibration_and_abstain_per_question(tiny_qwen_mlx, tmp_path):
     """--calibrate batch with questions: one prior per question (per branch), fitted on the run's
     warm-up, divided out of every answer (raw probabilities kept); --min-confidence abstains per
     question on the probabilities as written; heads are left as they are."""
-    from mlx_slm.answers import QuestionCalibration, block_log_probs
-    from mlx_slm.calibration import CalibrationError
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
     from mlx_slm.cli import main
-    from mlx_slm.engine import Engine
-    from mlx_slm.workload import tickets
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.text.answers import QuestionCalibration, block_log_probs
+    from mlx_slm.text.calibration import CalibrationError
+    from mlx_slm.text.workload import tickets
 
     eng = Engine.load(str(tiny_qwen_mlx), "float32")
     texts = [t for t, _ in tickets(30)]
     clf = Classifier(eng, questions=QUESTIONS, batch_size=8)
     raw = clf.classify(texts)
     cal = clf.classify(texts, calibration="batch")
-    from mlx_slm.calibration import fit_batch
+    from mlx_slm.text.calibration import fit_batch
 
     for q in QUESTIONS:
         # each branch's own prior, from all 30 texts (the warm-up covers them), divided out
@@ -457,7 +458,7 @@ def test_shards_merge_and_resume_with_questions(tiny_qwen_mlx, tmp_path):
     import pyarrow.parquet as pq
 
     from mlx_slm.cli import main
-    from mlx_slm.workload import tickets
+    from mlx_slm.text.workload import tickets
 
     run = CliRunner().invoke
     qf, inp = tmp_path / "q.jsonl", tmp_path / "in.jsonl"
@@ -493,10 +494,10 @@ def test_train_one_head_per_field_in_one_pass(tiny_qwen_mlx, tmp_path, monkeypat
     """train --label-field team --label-field urgent: one forward pass over the texts, a head per
     field, a task of head questions that classify --task runs (with more --questions too); a
     row without one field's gold label, a field named like an output field, --labels: named."""
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
     from mlx_slm.cli import main
-    from mlx_slm.task import Task
-    from mlx_slm.workload import tickets
+    from mlx_slm.text.workload import tickets
 
     run = CliRunner().invoke
     rows = [{"text": t, "team": lab, "urgent": "yes" if i % 3 else "no"} for i, (t, lab) in enumerate(tickets(30))]
@@ -544,7 +545,7 @@ def test_classify_frame_with_questions(tiny_qwen_mlx):
     """A DataFrame gets each question's columns, as the CSV output has them; an empty text its error."""
     import pandas as pd
 
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.load(str(tiny_qwen_mlx), questions=QUESTIONS, dtype="float32")
     df = pd.DataFrame({"text": TEXTS[:3] + [""]})

@@ -1,5 +1,5 @@
 """Every number at the door (issue 33, item 2): each numeric option and parameter of the CLI, the
-service, task files, the classifier and the estimator has one range (`mlx_slm.ranges.RANGES`);
+service, task files, the classifier and the estimator has one range (`mlx_slm.ground.ranges.RANGES`);
 NaN, the infinities, zero where it is no count, and values out of range are refused before any
 work, naming the option and the fix (exit 2 on the CLI, a ValueError in Python)."""
 
@@ -13,7 +13,7 @@ import pytest
 from hostile import invoke, refused_cleanly, write
 
 from mlx_slm.cli import main
-from mlx_slm.ranges import RANGES, RangeError, check, check_waits
+from mlx_slm.ground.ranges import RANGES, RangeError, check, check_waits
 
 BAD_FLOATS = [math.nan, math.inf, -math.inf]
 
@@ -92,7 +92,7 @@ def test_the_serve_command_refuses_a_wait_as_long_as_the_timeout(tmp_path):
 def test_python_apis_refuse_the_same_numbers(engine):
     from hostile import task_clf
 
-    from mlx_slm.setup import TaskOptions
+    from mlx_slm.jobs.setup import TaskOptions
 
     with pytest.raises(RangeError, match="--window"):
         TaskOptions(window=0)
@@ -122,7 +122,8 @@ def test_the_estimator_refuses_numbers_out_of_range_before_loading_a_model(param
                          ("min_confidence", "-Infinity"), ("min_confidence", "1.5")],
 )  # fmt: skip
 def test_a_task_files_numbers_have_the_same_ranges(field, value, tmp_path):
-    from mlx_slm.task import Task, TaskError
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
 
     doc = {"format": "mlx-slm.task", "version": 1, "model": "m", "labels": ["a", "b"], "template": "{text}"}
     p = tmp_path / "t.json"

@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 import mlx_slm.ray as mray  # noqa: E402
 from mlx_slm import Classifier  # noqa: E402
 from mlx_slm.cli import main  # noqa: E402
-from mlx_slm.workload import tickets  # noqa: E402
+from mlx_slm.text.workload import tickets  # noqa: E402
 
 # 1,000 short rows: ticket openings of varied length.
 _T = [t for t, _ in tickets(200)]
@@ -97,7 +97,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(local_ray, tiny_qw
 
 @pytest.mark.slow
 def test_batch_calibration_fits_one_prior_on_a_first_pass(local_ray, tiny_qwen_mlx):
-    from mlx_slm.calibration import CalibrationSpec
+    from mlx_slm.text.calibration import CalibrationSpec
 
     rows = ROWS[:200]
     out = mray.classify_dataset(  # no labels given: the default ones, read back from the first pass
@@ -163,7 +163,7 @@ def test_cli_ray_options_need_ray(tmp_path):
 
 @pytest.mark.slow
 def test_cli_ray_resumes_an_interrupted_output(local_ray, tiny_qwen_mlx, tmp_path):
-    from mlx_slm.output import manifest_path
+    from mlx_slm.files.output import manifest_path
 
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:120]))
@@ -208,8 +208,8 @@ def test_parquet_input_reads_as_jsonl_with_error_rows_in_place(tiny_qwen_mlx, tm
 
 
 def test_a_worker_refuses_other_weights_than_the_run_was_set_up_with(tiny_qwen_mlx):
-    from mlx_slm.convert import weights_sha256
-    from mlx_slm.task import TaskError
+    from mlx_slm.kinds.base import TaskError
+    from mlx_slm.weights.convert import weights_sha256
 
     load = {"model": str(tiny_qwen_mlx), "labels": LABELS}
     mray.ClassifyBatch(load=load, weights_sha256=weights_sha256(tiny_qwen_mlx))  # the same: fine
@@ -260,7 +260,7 @@ def test_readme_ray_data_example_finishes_on_two_cpus(local_ray, tiny_qwen_mlx, 
 def test_questions_on_ray_equal_the_local_run(local_ray, tiny_qwen_mlx, tmp_path):
     """Several questions per text: `classify --questions --ray` writes the local run's answers,
     and `ClassifyBatch` adds one typed `answers` struct."""
-    from mlx_slm.questions import Question
+    from mlx_slm.text.questions import Question
 
     qs = [
         Question("team", "Which team?", "choice", ("billing", "technical"), none="neither"),
@@ -303,15 +303,15 @@ def test_a_task_of_three_questions_and_a_head_on_ray_and_the_service(local_ray, 
     import httpx
     import numpy as np
 
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.convert import weights_sha256
-    from mlx_slm.engine import Engine
-    from mlx_slm.heads import Head, fit_linear
-    from mlx_slm.questions import Question
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.train import head_classifier
     from mlx_slm.server import ServeOptions, Service
     from mlx_slm.service.api import Loaded
-    from mlx_slm.task import Task
-    from mlx_slm.train import head_classifier
+    from mlx_slm.text.heads import Head, fit_linear
+    from mlx_slm.text.questions import Question
+    from mlx_slm.weights.convert import weights_sha256
 
     m = str(tiny_qwen_mlx)
     system, template = "You answer questions about a text.", "Text: {text}"

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.io import BOM, InputError, guess_format, read_rows
+from mlx_slm.files.readers import guess_format, read_rows
+from mlx_slm.ground.textfiles import BOM, InputError
 
 # READER_EXAMPLES=5000 for a longer search.
 SETTINGS = settings(
@@ -303,7 +304,7 @@ def test_unterminated_csv_quote_is_one_error_row_and_later_rows_survive(tmp_path
 
 
 def test_csv_quote_open_past_the_cap_is_reported(tmp_path, monkeypatch):
-    import mlx_slm.io as mio
+    import mlx_slm.files.readers as mio
 
     monkeypatch.setattr(mio, "CSV_MAX_RECORD_LINES", 5)
     data = b'id,text\n1,"open\n' + b"".join(b"%d,x\n" % i for i in range(2, 12)) + b'99,"closed\nhere"\n'

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from mlx_slm.classifier import Classifier
-from mlx_slm.parity import run_parity
-from mlx_slm.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from mlx_slm.workload import tickets
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.parity.labels import run_parity
+from mlx_slm.text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from mlx_slm.text.workload import tickets
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 TEXTS = [t for t, _ in tickets(30)][::3]  # 10 tickets, lengths spread

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.calibration import PROB_DIGITS, written
-from mlx_slm.output import columns_of, csv_columns, flat_record, question_columns, result_record
-from mlx_slm.predictions import Prediction
-from mlx_slm.questions import Question
-from mlx_slm.records import QuestionColumns, RecordShape
+from mlx_slm.files.output import columns_of, csv_columns, flat_record, question_columns, result_record
+from mlx_slm.text.calibration import PROB_DIGITS, written
+from mlx_slm.text.predictions import Prediction
+from mlx_slm.text.questions import Question
+from mlx_slm.text.records import QuestionColumns, RecordShape
 
 pa = pytest.importorskip("pyarrow")
 

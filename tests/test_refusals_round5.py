@@ -13,7 +13,7 @@ import json
 import pytest
 from hostile import invoke, refused_cleanly, write
 
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_a_text_far_over_the_context_is_refused_by_its_size_before_tokenizing(en
     with truncation both are cut, not refused."""
     from hostile import task_clf
 
-    from mlx_slm.prompts import max_token_chars
+    from mlx_slm.text.prompts import max_token_chars
 
     per = max_token_chars(engine.tokenizer)
     assert per == max(len(t) for t in engine.tokenizer.get_vocab())

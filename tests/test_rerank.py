@@ -22,16 +22,17 @@ from hypothesis import strategies as st
 from test_seqcls_prompts import _card_ids
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mlx_slm import pipeline, reranking
-from mlx_slm.classifier import Classifier
+from mlx_slm.classifier import pipeline
+from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.cli import main
-from mlx_slm.convert import convert
-from mlx_slm.engine import Engine
-from mlx_slm.errors import UserError
+from mlx_slm.engine.engine import Engine
+from mlx_slm.ground.errors import UserError
+from mlx_slm.jobs import rerank as reranking
 from mlx_slm.kinds.rerank import DEFAULT_QUESTION_TEMPLATE, rerank_order
-from mlx_slm.predictions import Stats
-from mlx_slm.reference import SeqClsReference
-from mlx_slm.workload import tickets
+from mlx_slm.parity.reference import SeqClsReference
+from mlx_slm.text.predictions import Stats
+from mlx_slm.text.workload import tickets
+from mlx_slm.weights.convert import convert
 
 TOL = 1e-4
 _T = [t for t, _ in tickets(80)]

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_tiny
 
-from mlx_slm.classifier import Classifier
+from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.cli import main
-from mlx_slm.errors import UserError
+from mlx_slm.ground.errors import UserError
 
 
 def run(args):
@@ -33,7 +33,7 @@ def cross(tiny_arch):
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     """A tiny causal LM with one-token yes and no, named as a reranker (auto: the qwen3 scorer)."""
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
 
     base = tmp_path_factory.mktemp("rr-lm")
     hf = make_tiny(base / "hf", "qwen2", words=("yes", "no"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_slm.classifier import Classifier
-from mlx_slm.engine import Engine
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.engine.engine import Engine
 
 QUERIES = ("my card was charged twice", "how do I reset my password")
 DOCS = (
@@ -20,7 +20,7 @@ DOCS = (
 @pytest.fixture(scope="module")
 def tiny_reranker(tmp_path_factory):
     """A tiny qwen2 whose tokenizer has `yes` and `no` as tokens of their own (float32, converted)."""
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
     from tests.conftest import make_tiny
 
     hf = make_tiny(tmp_path_factory.mktemp("hf-yn"), "qwen2", words=("yes", "no"))

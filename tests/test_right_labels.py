@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mlx_slm.calibration import Calibrator, fit_batch
 from mlx_slm.cli import main
-from mlx_slm.labels import log_softmax
-from mlx_slm.workload import tickets
+from mlx_slm.text.calibration import Calibrator, fit_batch
+from mlx_slm.text.labels import log_softmax
+from mlx_slm.text.workload import tickets
 
 LABELS = ["billing", "technical", "account"]
 WORK = tickets(30)
@@ -37,7 +37,7 @@ def rows(stdout):
 
 def raw_log_probs(model):
     """The model's own label log-probabilities on WORK, from the Python API (unrounded)."""
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.load(str(model), LABELS)
     return log_softmax([[p.scores[k] for k in LABELS] for p in clf.classify([t for t, _ in WORK])])
@@ -118,7 +118,7 @@ def test_saved_task_reproduces_the_run(tiny_qwen_mlx, labelled, tmp_path):
     # The saved prior is applied as is: same rows, though the input is a different order.
     b = run(["classify", str(labelled), "--task", str(task), "-q"])
     assert b.stdout == a.stdout
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.from_task(task)
     preds = clf.classify([t for t, _ in WORK[:4]])
@@ -126,7 +126,7 @@ def test_saved_task_reproduces_the_run(tiny_qwen_mlx, labelled, tmp_path):
 
 
 def test_task_from_other_weights_is_refused(tiny_qwen_mlx, tmp_path):
-    from mlx_slm.task import Task
+    from mlx_slm.classifier.task import Task
 
     task = tmp_path / "t.json"
     prior = Calibrator("batch", tuple(LABELS), (0.1, -0.2, 0.1), n=30)
@@ -217,7 +217,7 @@ def test_eval_reports_and_scores_an_existing_file_the_same(tiny_qwen_mlx, labell
 
 
 def test_few_shot_examples_are_in_the_cached_prefix_and_change_nothing_else(tiny_qwen_mlx, tmp_path):
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     ex = [("My invoice is wrong", "billing"), ("The app froze", "technical")]
     texts = [t for t, _ in WORK[:8]]
@@ -243,8 +243,8 @@ def test_few_shot_examples_are_in_the_cached_prefix_and_change_nothing_else(tiny
 @pytest.mark.slow
 def test_calibrated_labels_equal_those_from_the_reference_scores(tiny_qwen_mlx):
     """Exactness stays provable: the same prior on Transformers' raw scores gives our labels."""
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.reference import score_in_child
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.parity.reference import score_in_child
 
     clf = Classifier.load(str(tiny_qwen_mlx), LABELS)
     texts = [t for t, _ in WORK]

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mlx_slm.classifier import Classifier
+from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.cli import main
-from mlx_slm.engine import Engine
-from mlx_slm.reference import SeqClsReference
-from mlx_slm.workload import tickets
+from mlx_slm.engine.engine import Engine
+from mlx_slm.parity.reference import SeqClsReference
+from mlx_slm.text.workload import tickets
 
 MULTI = "multi_label_classification"
 FORMS = {"label": ("qwen2", 3, None, True), "multi": ("llama", 4, MULTI, True), "score": ("qwen3", 1, None, True)}
@@ -351,7 +351,7 @@ def test_parity_of_a_sequence_classifier_with_pairs(models, form, tmp_path):
 
 @pytest.mark.slow
 def test_parity_fails_with_exit_1_and_refuses_lm_options(models, monkeypatch):
-    from mlx_slm import seqcls_parity
+    from mlx_slm.parity import seqcls as seqcls_parity
 
     monkeypatch.setitem(seqcls_parity.SEQCLS_TOLERANCE, "float32", 0.0)  # no difference allowed: it must fail
     r = CliRunner().invoke(main, ["parity", "--model", str(models["label"]), "--n", "6"])
@@ -375,7 +375,7 @@ def test_parity_of_a_reranker(models, reranker, tmp_path):
 def _yes_no_lm(tmp_path):
     from conftest import make_tiny
 
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
 
     hf = make_tiny(tmp_path / "hf", "qwen2", words=("yes", "no"))
     return convert(hf, tmp_path / "lm", dtype="float32", progress=None)

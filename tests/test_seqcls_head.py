@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from transformers.pipelines.text_classification import sigmoid as hf_sigmoid
 from transformers.pipelines.text_classification import softmax as hf_softmax
 
-from mlx_slm.errors import ModelError, UserError
-from mlx_slm.seqcls import SeqClsHead, check_head_tensor, seqcls_architecture
+from mlx_slm.ground.errors import ModelError, UserError
+from mlx_slm.text.seqcls import SeqClsHead, check_head_tensor, seqcls_architecture
 
 ARCH = "Qwen2ForSequenceClassification"
 

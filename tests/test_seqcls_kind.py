@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.classifier import Classifier
+from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.cli import main
-from mlx_slm.engine import Engine
-from mlx_slm.reference import SeqClsReference
-from mlx_slm.workload import tickets
+from mlx_slm.engine.engine import Engine
+from mlx_slm.parity.reference import SeqClsReference
+from mlx_slm.text.workload import tickets
 
 TOL = 1e-4
 MULTI = "multi_label_classification"
@@ -175,7 +175,7 @@ def test_a_model_without_a_pad_token_runs_in_batches(tiny_arch, tmp_path):
     item equals Transformers on it alone."""
     import shutil
 
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
 
     src = tmp_path / "hf"
     shutil.copytree(tiny_arch.seqcls_hf("llama", 3, None, False), src)

@@ -25,11 +25,11 @@ from parity import check_diff, padded
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
-from mlx_slm.convert import ConversionError, convert, dequantized_copy
-from mlx_slm.errors import ModelError, UserError
+from mlx_slm.ground.errors import ModelError, UserError
 from mlx_slm.models import load_model, mlxlm, sequence_logits
-from mlx_slm.prompts import encode_texts
-from mlx_slm.reference import SeqClsReference
+from mlx_slm.parity.reference import SeqClsReference
+from mlx_slm.text.prompts import encode_texts
+from mlx_slm.weights.convert import ConversionError, convert, dequantized_copy
 
 TOL = 1e-4
 LENGTHS = [45, 7, 23, 60]
@@ -131,7 +131,7 @@ def test_reference_path_gives_our_numbers(tiny):
 @pytest.mark.slow
 def test_reference_in_a_child_process(tiny_seqcls_mlx):
     """What `parity` will call: Transformers in a child process (no OpenBLAS preload), on ids or on texts."""
-    from mlx_slm.reference import seqcls_in_child
+    from mlx_slm.parity.reference import seqcls_in_child
 
     m = load_model(tiny_seqcls_mlx)
     rows = [[5, 9, 30, 2, 77], [12, 13], [40]]
@@ -168,8 +168,8 @@ def test_no_lm_head_refuses_label_scoring(tiny_arch, tiny_seqcls_mlx):
 def test_label_scoring_on_a_sequence_classifier_is_a_user_error(tiny_arch):
     from transformers import AutoTokenizer
 
-    from mlx_slm.classifier import Classifier
-    from mlx_slm.engine import Engine
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.engine.engine import Engine
     from mlx_slm.kinds import LabelsSpec
 
     path = tiny_arch.seqcls_mlx("qwen2", 3)
@@ -354,8 +354,8 @@ def test_engine_classify_is_the_model_level_read(tiny_arch):
     batch from `batching.pad`, after a prefix from the engine's LRU too."""
     from transformers import AutoTokenizer
 
-    from mlx_slm.batching import pad
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.text.batching import pad
 
     path = tiny_arch.seqcls_mlx("qwen3", 4, MULTI)
     tiny = Tiny(("qwen3", 4, MULTI, False), tiny_arch)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from tokenizers.processors import TemplateProcessing
 from transformers import AutoTokenizer
 
-from mlx_slm import prompts
-from mlx_slm.prompts import (
+from mlx_slm.text import prompts
+from mlx_slm.text.prompts import (
     QWEN3_RERANKER_INSTRUCTION,
     encode_pair,
     encode_text,

@@ -16,8 +16,8 @@ pytest.importorskip("starlette")
 
 from test_server import ThreadServer  # noqa: E402
 
-from mlx_slm.embeddings import Embedder, finish  # noqa: E402
-from mlx_slm.engine import Engine  # noqa: E402
+from mlx_slm.classifier.embedder import Embedder, finish  # noqa: E402
+from mlx_slm.engine.engine import Engine  # noqa: E402
 from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
 
 TEXTS = ["My card was charged twice for the same invoice.", "The mobile app crashes.", "x", "refund please"]

@@ -57,7 +57,7 @@ def _metric(srv, name: str) -> float:
 def seqcls(request, tiny_arch):
     """A served tiny Qwen2ForSequenceClassification (softmax, multi-label, one output) and its
     Transformers reference on the same weights."""
-    from mlx_slm.reference import SeqClsReference
+    from mlx_slm.parity.reference import SeqClsReference
 
     n, problem = request.param
     path = tiny_arch.seqcls_mlx("qwen2", n, problem)
@@ -179,7 +179,7 @@ def qwen3_reranker(tmp_path_factory):
     (so --reranker auto asks it as Qwen3-Reranker asks)."""
     from conftest import make_tiny
 
-    from mlx_slm.convert import convert
+    from mlx_slm.weights.convert import convert
 
     hf = make_tiny(tmp_path_factory.mktemp("hf-rr"), "qwen2", words=("yes", "no"))
     return convert(hf, tmp_path_factory.mktemp("rr") / "tiny-Qwen3-Reranker", dtype="float32", progress=None)
@@ -429,8 +429,8 @@ def test_a_causal_lm_is_not_a_reranker_unless_served_as_one(tiny_qwen_mlx):
 def test_doctor_says_which_head_a_model_has(tiny_arch, tiny_qwen_mlx, qwen3_reranker, monkeypatch):
     from click.testing import CliRunner
 
-    from mlx_slm import _blas
     from mlx_slm.cli import main
+    from mlx_slm.ground import blas as _blas
 
     peak = _blas.matmul_peak
     monkeypatch.setattr(_blas, "matmul_peak", lambda: peak(sizes=(64,), reps=1))

@@ -628,8 +628,8 @@ def test_saved_task_prior_matches_classify_task(srv, tiny_qwen_mlx, tmp_path):
     rows exactly; a per-request task (other labels) gets raw scores, since the prior means nothing there."""
     from click.testing import CliRunner
 
+    from mlx_slm.classifier.task import Task
     from mlx_slm.cli import main
-    from mlx_slm.task import Task
 
     labs = ["billing", "technical", "account"]
     lab = tmp_path / "lab.jsonl"
@@ -688,7 +688,7 @@ def test_a_task_of_questions_is_served_on_our_route_only(tiny_qwen_mlx, tmp_path
     from click.testing import CliRunner
 
     from mlx_slm.cli import main
-    from mlx_slm.questions import Question
+    from mlx_slm.text.questions import Question
 
     qs = [Question("team", "Which team?", "choice", ("billing", "technical")),
           Question("mood", "How calm?", "scale", ("1", "2", "3"))]  # fmt: skip
@@ -699,7 +699,7 @@ def test_a_task_of_questions_is_served_on_our_route_only(tiny_qwen_mlx, tmp_path
                                   "--save-task", str(task), "-o", str(out), "-q"])  # fmt: skip
     assert r.exit_code == 0, r.output
     want = [json.loads(x) for x in out.read_text().splitlines()]
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
     from mlx_slm.service.api import Loaded
 
     def load() -> Loaded:

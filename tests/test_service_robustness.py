@@ -13,7 +13,7 @@ import pytest
 from hostile import LiveServer as _Server
 from hostile import cli, refused
 
-from mlx_slm.errors import UserError
+from mlx_slm.ground.errors import UserError
 
 httpx = pytest.importorskip("httpx")
 

@@ -12,8 +12,8 @@ def test_head_server_request_with_its_own_prompt(engine, tiny_qwen_mlx):
     """On a server whose task has a learned head, a request with the head's labels and its own
     system or template was a 422 "scoring mode 'head' is not one of auto, first-token,
     sequence"; it now scores those labels (the head holds for its own prompt only)."""
-    from mlx_slm.heads import Head
     from mlx_slm.server import ServeOptions, Service, classifier_loader
+    from mlx_slm.text.heads import Head
 
     d = int(engine.model.args.hidden_size)
     rng = np.random.default_rng(0)

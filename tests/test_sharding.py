@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlx_slm.cli import main
-from mlx_slm.output import manifest_path
-from mlx_slm.sharding import ShardError, parse_shard, plan_shards
-from mlx_slm.workload import tickets
+from mlx_slm.files.output import manifest_path
+from mlx_slm.files.sharding import ShardError, parse_shard, plan_shards
+from mlx_slm.text.workload import tickets
 
 TEXTS = [t for t, _ in tickets(120)]
 
@@ -338,7 +338,7 @@ def test_ids_of_every_size_and_type_reach_every_output_format_and_merge_exactly(
     and float ids are error rows (id null); every format and merge keep every id exactly."""
     if out_fmt == "parquet":
         pytest.importorskip("pyarrow")
-    from mlx_slm.output import read_records
+    from mlx_slm.files.output import read_records
 
     ids = [_BIG, -_BIG - 1, _BIG - 1, -_BIG, 10**40, "s", "1", 1, True, 1.5]
     inp = tmp_path / "in.jsonl"
@@ -371,7 +371,7 @@ def test_ids_of_every_size_and_type_reach_every_output_format_and_merge_exactly(
 
 def test_parquet_id_column_is_int64_only_when_every_integer_fits(tmp_path):
     pa = pytest.importorskip("pyarrow")
-    from mlx_slm.output import ParquetRows, csv_columns, parquet_records
+    from mlx_slm.files.output import ParquetRows, csv_columns, parquet_records
 
     for ids, typ, flag in (
         ([1, -(1 << 63), (1 << 63) - 1], pa.int64(), False),

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 pytest.importorskip("sklearn")
 
@@ -49,7 +49,7 @@ def data():
 def fresh(monkeypatch):
     """No engine held by the estimator's cache; counts `Engine.load` calls and feature rows."""
     from mlx_slm import sklearn as sk
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
 
     sk.clear_engines()
     counts = {"loads": 0, "feature_rows": 0}
@@ -79,11 +79,11 @@ def _est(model, **kw):
 def test_train_head_from_memory_and_its_errors(tiny_qwen_mlx, data):
     import mlx_slm
     from mlx_slm import Classifier, Engine, Head, Task, train_head
-    from mlx_slm.labels import LabelError
-    from mlx_slm.train import TrainError
+    from mlx_slm.jobs.train import TrainError
+    from mlx_slm.text.labels import LabelError
 
     assert {"Task", "Head", "train_head", "CalibrationSpec"} <= set(mlx_slm.__all__)
-    assert Task is __import__("mlx_slm.task").task.Task
+    assert Task is __import__("mlx_slm.classifier.task").task.Task
     X, y, test = data
     engine = Engine.load(str(tiny_qwen_mlx))
     head = train_head(engine, X, y, system=SYSTEM, template=TEMPLATE, layers=[1, 2], folds=3)
@@ -120,8 +120,8 @@ def test_train_head_from_memory_and_its_errors(tiny_qwen_mlx, data):
 def test_fit_calibration_in_memory_equals_the_cli_fit(tiny_qwen_mlx, data, tmp_path):
     """`Classifier.fit_calibration` is what --calibration-data runs: the same prior."""
     from mlx_slm import Classifier
-    from mlx_slm.calibration import CalibrationError
     from mlx_slm.cli import main
+    from mlx_slm.text.calibration import CalibrationError
 
     X, y, test = data
     clf = Classifier.load(str(tiny_qwen_mlx), list(LABELS), SYSTEM, TEMPLATE)
@@ -170,8 +170,8 @@ def test_estimator_predict_proba_sums_to_one_and_argmax_is_predict(tiny_qwen_mlx
 def test_estimator_head_equals_cli_train_then_classify_task(tiny_qwen_mlx, data, fresh, tmp_path):
     """Done-when: the estimator's head is `mlx-slm train`'s on the same data and prompt (the
     same head, bit for bit), and its probabilities are `classify --task`'s."""
+    from mlx_slm.classifier.task import Task
     from mlx_slm.cli import main
-    from mlx_slm.task import Task
 
     X, y, test = data
     train = tmp_path / "train.jsonl"
@@ -254,8 +254,8 @@ def test_integer_labels_stay_integers(tiny_qwen_mlx, data, fresh):
 
 def test_zero_shot_labels_method_and_its_calibration(tiny_qwen_mlx, data, fresh):
     from mlx_slm import Classifier
-    from mlx_slm.prompts import fill_labels
     from mlx_slm.sklearn import SLMClassifier
+    from mlx_slm.text.prompts import fill_labels
 
     X, y, test = data
     est = SLMClassifier(str(tiny_qwen_mlx), method="labels", labels=list(LABELS), system=SYSTEM, template=TEMPLATE)
@@ -314,8 +314,8 @@ def test_feature_cache_runs_each_text_once_and_gives_its_features(tiny_qwen_mlx,
 def test_pickle_holds_the_task_and_other_weights_are_refused(tiny_qwen_mlx, tiny_qwen_hf, data, fresh, tmp_path):
     import joblib
 
-    from mlx_slm.convert import convert
-    from mlx_slm.task import TaskError
+    from mlx_slm.kinds.base import TaskError
+    from mlx_slm.weights.convert import convert
 
     X, y, test = data
     est = _est(tiny_qwen_mlx).fit(X, y)
@@ -331,7 +331,7 @@ def test_pickle_holds_the_task_and_other_weights_are_refused(tiny_qwen_mlx, tiny
     # the same model converted at another precision: other weights, refused by hash, naming both
     other = convert(tiny_qwen_hf, tmp_path / "f16", dtype="float16", progress=None)
     moved = pickle.loads(blob).set_params(model=str(other))
-    from mlx_slm.convert import weights_sha256
+    from mlx_slm.weights.convert import weights_sha256
 
     a, b = est.task_.weights_sha256[:12], weights_sha256(other)[:12]
     with pytest.raises(TaskError, match=rf"{a}.*{re.escape(str(other))} has {b}"):
@@ -339,8 +339,8 @@ def test_pickle_holds_the_task_and_other_weights_are_refused(tiny_qwen_mlx, tiny
 
 
 def test_to_task_and_from_task(tiny_qwen_mlx, data, fresh, tmp_path):
+    from mlx_slm.classifier.task import Task
     from mlx_slm.sklearn import SLMClassifier
-    from mlx_slm.task import Task
 
     X, y, test = data
     est = _est(tiny_qwen_mlx).fit(X, y)

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mlx_slm import sources
 from mlx_slm.cli import main
-from mlx_slm.convert import RECORD, WEIGHTS, ConversionError, convert
-from mlx_slm.errors import ModelError, UserError
-from mlx_slm.registry import BUILTINS
-from mlx_slm.sources import Source, cached_path, fetch, is_hub_id, materialise, resolve
+from mlx_slm.ground.errors import ModelError, UserError
+from mlx_slm.weights import sources
+from mlx_slm.weights.convert import RECORD, WEIGHTS, ConversionError, convert
+from mlx_slm.weights.registry import BUILTINS
+from mlx_slm.weights.sources import Source, cached_path, fetch, is_hub_id, materialise, resolve
 
 
 @pytest.fixture

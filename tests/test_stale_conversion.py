@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_slm import convert as convert_mod
-from mlx_slm import sources
-from mlx_slm.sources import materialise
+from mlx_slm.weights import convert as convert_mod
+from mlx_slm.weights import sources
+from mlx_slm.weights.sources import materialise
 
 TEXTS = ["hello there", "my bill is wrong", "the app crashes"]
 
@@ -39,7 +39,7 @@ def src(tiny_arch, tmp_path) -> Path:
 
 
 def _answers(model: Path) -> tuple[tuple[str, ...], np.ndarray]:
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.load(str(model), dtype="float32")
     preds = clf.classify(TEXTS)
@@ -88,7 +88,7 @@ def test_weights_copied_over_even_with_the_old_timestamps_are_converted_again(sr
 
 
 def test_a_changed_tokenizer_is_converted_again(src, home):
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
 
     assert Engine.load(str(src)).tokenizer.model_max_length != 77
     tc = json.loads((src / "tokenizer_config.json").read_text())
@@ -135,7 +135,7 @@ def test_a_conversion_that_recorded_nothing_is_converted_again(src, home):
 def test_a_converted_folder_s_weights_hash_follows_its_weights(tiny_arch, tmp_path):
     """A converted folder used in place answers from its files; the weights' sha256 a task pins
     must follow a model.safetensors copied over, not keep the record's old one."""
-    from mlx_slm.convert import sha256_file, weights_sha256
+    from mlx_slm.weights.convert import sha256_file, weights_sha256
 
     out = Path(shutil.copytree(tiny_arch.seqcls_mlx("qwen2", 3), tmp_path / "m"))
     old = weights_sha256(out)
@@ -149,7 +149,7 @@ def test_a_gguf_edited_in_place_is_converted_again(home, tmp_path, smollm2_gguf)
     g = Path(shutil.copy(smollm2_gguf, tmp_path / "m.gguf"))
     out = materialise(str(g))
     first = json.loads((out / "conversion.json").read_text())["created"]
-    from mlx_slm.engine import Engine
+    from mlx_slm.engine.engine import Engine
 
     before = Engine.load(str(g)).weights_sha256
     with open(g, "r+b") as f:  # the sign of a float32 of the last tensor (output_norm), in place

@@ -40,7 +40,8 @@ def _task(**over) -> dict:
     ],
 )
 def test_task_file_with_wrong_types_names_the_field(tmp_path, bad, words):
-    from mlx_slm.task import Task, TaskError
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
 
     p = write(tmp_path / "task.json", json.dumps(_task(**bad)))
     with pytest.raises(TaskError) as e:
@@ -55,7 +56,8 @@ def test_task_file_with_wrong_types_names_the_field(tmp_path, bad, words):
 )
 def test_task_file_with_an_unknown_field_names_it_and_the_closest_known_one(tmp_path, key, hint):
     """Issue 26: a misspelt field was ignored without a word (the threshold silently off)."""
-    from mlx_slm.task import Task, TaskError
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
 
     p = write(tmp_path / "task.json", json.dumps(_task(**{key: 0.7})))
     with pytest.raises(TaskError) as e:
@@ -65,7 +67,8 @@ def test_task_file_with_an_unknown_field_names_it_and_the_closest_known_one(tmp_
 
 
 def test_task_file_bytes_json_and_cli(tmp_path):
-    from mlx_slm.task import Task, TaskError
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
 
     good = json.dumps(_task())
     cases = {

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_slm.task import Task
-from mlx_slm.workload import tickets
+from mlx_slm.classifier.task import Task
+from mlx_slm.text.workload import tickets
 
 ROWS = tickets(24)
 LABELS = ("account", "billing", "technical")
@@ -31,9 +31,9 @@ LABELS = ("account", "billing", "technical")
 @pytest.fixture(scope="module")
 def tuned(engine):
     """Two different fine-tunes of the tiny model (seeds 0 and 1) and the task they belong to."""
-    from mlx_slm.convert import versions
-    from mlx_slm.finetune import FinetuneSettings
-    from mlx_slm.tuning import finetune_texts
+    from mlx_slm.jobs.finetune import finetune_texts
+    from mlx_slm.weights.convert import versions
+    from mlx_slm.weights.finetune import FinetuneSettings
 
     texts, gold = [t for t, _ in ROWS], [g for _, g in ROWS]
     system, template = "Route the ticket.", "Ticket: {text}\nCategory:"
@@ -48,7 +48,7 @@ def tuned(engine):
 
 
 def _answers(path: Path, engine) -> np.ndarray:
-    from mlx_slm.classifier import Classifier
+    from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.from_task(path, engine=engine)
     return np.array([[p.probs[x] for x in LABELS] for p in clf.classify([t for t, _ in ROWS[:4]])])
@@ -59,7 +59,7 @@ def _named(path: Path) -> Path:
 
 
 def test_a_new_save_gets_new_adapters_and_the_old_pair_stays_whole_until_then(tuned, engine, tmp_path):
-    from mlx_slm.tuning import save_finetuned
+    from mlx_slm.jobs.finetune import save_finetuned
 
     task, a, b = tuned
     t = tmp_path / "t.json"
@@ -93,7 +93,7 @@ save_finetuned(task, tuned, sys.argv[3])
 
 
 def test_a_kill_between_the_two_writes_leaves_the_old_task_whole(tuned, engine, tmp_path):
-    from mlx_slm.tuning import save_finetuned
+    from mlx_slm.jobs.finetune import save_finetuned
 
     task, a, b = tuned
     t = tmp_path / "t.json"
@@ -112,8 +112,8 @@ def test_a_kill_between_the_two_writes_leaves_the_old_task_whole(tuned, engine, 
 
 
 def test_a_failing_task_write_never_deletes_the_adapters_an_old_task_names(tuned, engine, tmp_path, monkeypatch):
+    from mlx_slm.jobs.finetune import save_finetuned
     from mlx_slm.kinds.base import TaskError
-    from mlx_slm.tuning import save_finetuned
 
     task, a, b = tuned
     t = tmp_path / "t.json"
@@ -134,7 +134,7 @@ def test_a_failing_task_write_never_deletes_the_adapters_an_old_task_names(tuned
 
 @pytest.mark.parametrize("names", [("intents.v1", "intents.v2"), ("t", "t.json")])
 def test_two_task_names_never_share_an_adapters_file(tuned, engine, tmp_path, names):
-    from mlx_slm.tuning import save_finetuned
+    from mlx_slm.jobs.finetune import save_finetuned
 
     task, a, b = tuned
     first, second = tmp_path / names[0], tmp_path / names[1]
@@ -172,7 +172,7 @@ def test_the_adapters_file_is_never_the_training_data(tiny_qwen_mlx, tmp_path):
 
 def test_a_task_saved_before_with_task_adapters_safetensors_still_loads(tuned, engine, tmp_path):
     """Tasks saved before (adapters named `X.adapters.safetensors`) load as they did."""
-    from mlx_slm.tuning import save_finetuned
+    from mlx_slm.jobs.finetune import save_finetuned
 
     task, a, _ = tuned
     t = tmp_path / "intents.json"
@@ -199,7 +199,7 @@ def test_no_output_of_a_run_is_the_adapters_its_task_reads(tuned, tmp_path, how)
     `-o`, `--save-task` or `--json` onto them is refused before anything is written."""
     from hostile import invoke
 
-    from mlx_slm.tuning import save_finetuned
+    from mlx_slm.jobs.finetune import save_finetuned
 
     task, a, _ = tuned
     t = tmp_path / "t.json"

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.workload import tickets
+from mlx_slm.text.workload import tickets
 
 ROWS = tickets(30)
 PAIR_TEMPLATE = "A: {text}\nB: {pair}"
@@ -30,7 +30,7 @@ def data(tmp_path):
 
 
 def test_read_training_data_keeps_each_rows_pair(data, tmp_path):
-    from mlx_slm.train import read_training_data
+    from mlx_slm.jobs.train import read_training_data
 
     got = read_training_data(str(data), pair="text_pair", folds=2)
     assert got.texts[0] == (ROWS[0][0], f"about {ROWS[0][1]}")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlx_slm.workload import stratified_sample, tickets
+from mlx_slm.text.workload import stratified_sample, tickets
 
 
 def test_tickets_shape():
@@ -25,7 +25,7 @@ def test_published_statistics_under_qwen_tokenizer():
     from transformers import AutoTokenizer
 
     from benchmarks.workload import check_statistics
-    from mlx_slm.sources import fetch_gguf
+    from mlx_slm.weights.sources import fetch_gguf
 
     g = fetch_gguf("qwen2.5-coder-0.5b")
     tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)

@@ -13,7 +13,7 @@ def tiny_model(workdir: Path) -> Path:
     if not model.exists():
         from conftest import make_tiny
 
-        from mlx_slm.convert import convert
+        from mlx_slm.weights.convert import convert
 
         convert(make_tiny(workdir / "model-hf", "qwen2"), model, dtype="float32", progress=None)
     return model

@@ -6,8 +6,8 @@ python tools/get_demo_model.py qwen2.5-coder-0.5b
 
 import sys
 
-from mlx_slm.registry import BUILTINS
-from mlx_slm.sources import fetch_gguf
+from mlx_slm.weights.registry import BUILTINS
+from mlx_slm.weights.sources import fetch_gguf
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in BUILTINS:

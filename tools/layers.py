@@ -1,108 +1,110 @@
-"""The floors of mlx_slm, and a check that every import runs down (or along) them.
+"""The floors of mlx_slm, read from its folders, and a check that every import runs down them.
 
-`FLOORS` is the one table of which module sits on which floor; ARCHITECTURE.md's floor table
-names the same modules (tests/test_layers.py holds the two together). A module may import from
-its own floor or below, never above: a lower floor that needs something from a higher one takes
-it as an argument (a callback, an object), so each floor can be read, tested and replaced
-without the ones above it. Inside one floor and inside a package the module-level imports must not
-form a cycle, so every floor and package has a loading order too (a lazy import inside a function,
-like `models/base.py` asking the package's registry for an architecture, may point back).
+Each floor is a folder of `mlx_slm/` (or a module beside them, like `ray.py`), and its
+`__init__.py` docstring (a module's own docstring) says what it owns and, in one line,
+what it may import:
+
+    May import: ground, text, models.
+
+That line is the one source of truth: this checker reads it, and a folder may import only
+itself and the floors it names ("nothing" for the ground floor). The floors' order is what
+those lines imply (a floor sits above everything it may import); a line that would let two
+floors import each other is refused. Inside one folder the module-level imports must not form
+a cycle, so every folder has a loading order too (a lazy import inside a function, like
+`models/base.py` asking the package's registry for an architecture, may point back).
 
 What counts as an import: every `import`/`from ... import` of an mlx_slm module in the source,
 at module level or inside a function (a lazy import is still a dependency), except those under
-`if TYPE_CHECKING:` (type hints only; nothing is loaded). The package root (`mlx_slm/__init__.py`)
-is ground: it loads `_blas` only, and reaches the public names lazily by name (`_HOMES`).
+`if TYPE_CHECKING:` (type hints only; nothing is loaded). The package root
+(`mlx_slm/__init__.py`) holds the public names: it loads `ground.blas` first, and the public
+names lazily by name, so it may import anything and nothing may import it.
 
-It also holds the rooms' sizes: no file over 800 lines, no class over 300, no function over 90.
-
-It also counts the conditions that branch on the scoring kind outside the kinds' own modules
+It also holds the rooms' sizes (no file over 800 lines, no class over 300, no function over
+90) and counts the conditions that branch on the scoring kind outside the kinds' own modules
 (`kind_branches`): a report, not a failure; ARCHITECTURE.md names the few that are left.
 
-Usage: python tools/layers.py [-v]  # prints every import that runs up, every cycle, every oversized room; exit 1
-                                    # if any; -v lists the branches on the kind
+Usage: python tools/layers.py [-v]  # prints the floors bottom to top, then every import that runs up,
+                                    # every cycle, every oversized room; exit 1 if any; -v lists the
+                                    # branches on the kind
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mlx_slm"
-
-# Bottom to top. A name is a top-level module or package of mlx_slm ("" is the package root).
-FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("", "errors", "notices", "safefs", "_fs", "_blas", "textfiles", "ranges")),
-    (
-        "pure pieces",
-        (
-            "predictions",
-            "labels",
-            "batching",
-            "prompts",
-            "questions",
-            "branches",
-            "calibration",
-            "answers",
-            "heads",
-            "metrics",
-            "seqcls",
-            "chat",
-        ),
-    ),
-    (
-        "weights",
-        ("models", "fastmath", "registry", "modelfiles", "convert", "sources", "adapters", "finetune", "export"),
-    ),
-    ("engine", ("engine", "prefix_cache")),
-    (
-        "classifier",
-        (
-            "records",
-            "inputs",
-            "pipeline",
-            "kinds",
-            "classifier_base",
-            "classifier",
-            "task",
-            "embeddings",
-        ),
-    ),
-    ("files", ("io", "output", "sharding")),
-    ("task set-up", ("setup",)),
-    (
-        "front ends",
-        (
-            "job",
-            "service",
-            "server",
-            "ray",
-            "train",
-            "reranking",
-            "tuning",
-            "sklearn",
-            "evaluate",
-            "reference",
-            "parity",
-            "seqcls_parity",
-            "finetune_parity",
-            "chat_parity",
-            "embed_parity",
-            "workload",
-            "cli",
-        ),
-    ),
-]
-FLOOR_OF = {name: i for i, (_, names) in enumerate(FLOORS) for name in names}
+MAY = re.compile(r"^\s*May import:\s*(.+?)\.?\s*$", re.MULTILINE)
+ROOT = "(root)"
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
-    """`mlx_slm/output/records.py` -> "output.records"; the package root is ""."""
+    """`mlx_slm/files/output/records.py` -> "files.output.records"; the package root is ""."""
     parts = list(path.relative_to(package).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
+
+
+def floor_of(module: str) -> str:
+    """The floor a module sits on: its top folder, or itself beside them; the root is ROOT."""
+    return module.split(".")[0] if module else ROOT
+
+
+def floors(package: Path = PACKAGE) -> tuple[dict[str, set[str]], list[str]]:
+    """({floor: the floors it may import}, problems): each floor's "May import:" line, read from
+    its folder's `__init__.py` docstring (or a module's own)."""
+    declared: dict[str, set[str]] = {}
+    problems: list[str] = []
+    for path in sorted(package.iterdir()):
+        if path.name.startswith((".", "__")) or path.name == "__pycache__":
+            continue
+        init = path / "__init__.py" if path.is_dir() else path
+        if path.is_dir() and not init.is_file():
+            continue
+        if path.is_file() and path.suffix != ".py":
+            continue
+        name = path.stem if path.is_file() else path.name
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        m = MAY.search(doc)
+        if m is None:
+            problems.append(
+                f"mlx_slm/{init.relative_to(package)}: its docstring says nothing of what it may import: "
+                "add a line 'May import: ground, text.' (or 'May import: nothing.')"
+            )
+            continue
+        words = m.group(1).strip()
+        declared[name] = set() if words == "nothing" else {w.strip() for w in words.split(",") if w.strip()}
+    for name, allowed in declared.items():
+        for other in sorted(allowed - set(declared)):
+            problems.append(f"{name}: 'May import' names {other!r}, which is no floor of mlx_slm")
+    return declared, problems
+
+
+def order(declared: dict[str, set[str]]) -> tuple[list[list[str]], list[str]]:
+    """(the floors bottom to top, several where they stand side by side; problems): a floor sits
+    above every floor it may import. Two floors that may reach each other are a problem."""
+    level: dict[str, int] = {}
+    problems: list[str] = []
+
+    def depth(name: str, path: tuple[str, ...]) -> int:
+        if name in path:
+            problems.append(f"floors that may import each other: {' -> '.join(path[path.index(name) :] + (name,))}")
+            return 0
+        if name not in level:
+            below = [depth(d, path + (name,)) for d in declared.get(name, ()) if d in declared]
+            level[name] = 1 + max(below, default=-1)
+        return level[name]
+
+    for name in sorted(declared):
+        depth(name, ())
+    tiers: dict[int, list[str]] = defaultdict(list)
+    for name, lv in level.items():
+        tiers[lv].append(name)
+    return [sorted(tiers[k]) for k in sorted(tiers)], list(dict.fromkeys(problems))
 
 
 def _type_checking_only(tree: ast.Module) -> set[int]:
@@ -156,31 +158,34 @@ def _is_module(name: str, package_dir: Path) -> bool:
     return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
 
 
-def _top(name: str) -> str:
-    return name.split(".")[0]
-
-
 def check(package: Path = PACKAGE) -> list[str]:
-    """Each problem in a line: an import that runs up a floor, a module on no floor, a cycle."""
-    problems: list[str] = []
+    """Each problem in a line: a floor without its 'May import' line, floors that may import each
+    other, an import that runs up (to a floor its own does not name), a cycle."""
+    declared, problems = floors(package)
+    problems += order(declared)[1]
     edges: dict[str, set[str]] = defaultdict(set)
     for path in sorted(package.rglob("*.py")):
         me = module_name(path, package)
-        if _top(me) not in FLOOR_OF:
-            problems.append(f"{me or 'mlx_slm'}: on no floor: add it to FLOORS (tools/layers.py) and ARCHITECTURE.md")
-            continue
+        a = floor_of(me)
+        if a != ROOT and a not in declared:
+            continue  # named above: no 'May import' line
         for target, line, where in all_imports(path, package):
             if target == me:
                 continue
             if where != "lazy":  # a type hint's import is a circle too: the two modules know each other
                 edges[me].add(target)
-            if where == "typing":  # loads nothing: no floor is climbed at run time
+            if where == "typing" or a == ROOT:  # loads nothing; the root reaches the public names by name
                 continue
-            a, b = _top(me), _top(target)
-            if a != b and FLOOR_OF.get(b, -1) > FLOOR_OF[a]:
+            b = floor_of(target)
+            if b == ROOT:
                 problems.append(
-                    f"mlx_slm/{path.relative_to(package)}:{line}: {me} ({FLOORS[FLOOR_OF[a]][0]}) imports "
-                    f"{target} ({FLOORS[FLOOR_OF[b]][0]}), a floor above: pass what it needs down instead"
+                    f"mlx_slm/{path.relative_to(package)}:{line}: {me} imports the package root, which holds the "
+                    "public names and may import anything: import what it needs from its floor instead"
+                )
+            elif a != b and b not in declared.get(a, set()):
+                problems.append(
+                    f"mlx_slm/{path.relative_to(package)}:{line}: {me} ({a}) imports {target} ({b}), which "
+                    f"{a}'s 'May import' line does not name: pass what it needs down instead"
                 )
     problems = list(dict.fromkeys(problems))  # one line per import statement
     problems += [f"import cycle: {' -> '.join(c)}" for c in _cycles(edges)]
@@ -249,8 +254,9 @@ def oversized(package: Path = PACKAGE) -> list[str]:
 # compared with a kind's name) outside the kinds' own modules, which are where that belongs.
 KIND_OWN = (
     "kinds/",
-    *("questions.py", "branches.py", "answers.py", "heads.py", "labels.py", "seqcls.py"),  # kinds' pure pieces
-    *("adapters.py", "finetune.py", "export.py"),  # the fine-tuned kind's weights (its two objectives)
+    *("text/questions.py", "text/branches.py", "text/answers.py", "text/heads.py", "text/labels.py"),
+    "text/seqcls.py",  # the kinds' pure pieces
+    *("weights/adapters.py", "weights/finetune.py", "weights/export.py"),  # the fine-tuned kind's weights
     "models/",
 )
 KIND_NAMES = {"questions", "question", "plan", "head", "heads", "features_only"}
@@ -299,11 +305,15 @@ def kind_branches(package: Path = PACKAGE) -> list[str]:
 
 
 def main() -> int:
+    declared, _ = floors()
+    tiers, _ = order(declared)
+    for i, tier in enumerate(tiers):
+        print(f"floor {i}: {', '.join(tier)}", file=sys.stderr)
     problems = check() + oversized()
     for p in problems:
         print(p)
     n = sum(1 for _ in PACKAGE.rglob("*.py"))
-    print(f"{n} modules on {len(FLOORS)} floors: {len(problems)} problem(s)", file=sys.stderr)
+    print(f"{n} modules on {len(tiers)} floors: {len(problems)} problem(s)", file=sys.stderr)
     branches = kind_branches()
     if "-v" in sys.argv[1:]:
         print("\n".join(branches))

@@ -266,7 +266,7 @@ server.should_exit = True
 th.join(10)
 
 # A served task of questions: our route answers every question; TEI's and vLLM's say 422.
-from mlx_slm.questions import Question
+from mlx_slm.text.questions import Question
 
 QS = [
     {

@@ -5,6 +5,8 @@ summary go to stderr, so the output can be piped. User errors (`errors.UserError
 one clear line and exit with status 2; Ctrl-C exits 130; a reader that goes away
 (`| head`) ends the run quietly (141); any other exception is a bug, shows its traceback
 and exits 70.
+
+May import: ground, text, files, models, weights, engine, kinds, classifier, parity, jobs, ray, service, server, sklearn.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import click
 
-from ..errors import UserError
+from ..ground.errors import UserError
 from .base import notice
 from .classify import classify, merge
 from .embed import embed

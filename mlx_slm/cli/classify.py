@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from ..job import ClassifySettings
-from ..job import classify as classify_job
-from ..output import OUTPUT_FORMATS, check_run_files
+from ..files.output import OUTPUT_FORMATS, check_run_files
+from ..jobs.classify import ClassifySettings
+from ..jobs.classify import classify as classify_job
 from .base import Command, notice, number, warn_blas
 from .options import task_options, task_settings
 
@@ -138,8 +138,8 @@ def merge(parts: tuple[str, ...], output: str, no_input_check: bool, quiet: bool
 
     Docs: docs/scale-out.md
     """
-    from ..output import read_manifest
-    from ..sharding import merge_parts
+    from ..files.output import read_manifest
+    from ..files.sharding import merge_parts
 
     if output == "-":
         raise click.UsageError("merge writes a file: give -o a path (the result is checked before it is written)")

@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from ..errors import UserError
-from ..output import check_run_files, files_read
-from ..setup import Setup, flag_names
+from ..files.output import check_run_files, files_read
+from ..ground.errors import UserError
+from ..jobs.setup import Setup, flag_names
 from .base import Command, notice, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
@@ -65,8 +65,9 @@ def evaluate(
 
     Docs: docs/labels.md
     """
-    from ..evaluate import format_report, plot, plot_paths, read_predictions, report
-    from ..io import read_rows
+    from ..files.readers import read_rows
+    from ..jobs.evaluate import plot, plot_paths, read_predictions
+    from ..text.metrics import format_report, report
 
     o["gold_field"] = gold_fields[-1]
     settings = task_settings(ctx, o)
@@ -104,7 +105,7 @@ def evaluate(
     if errors:
         click.echo(f"\n{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
     if json_path:
-        from ..safefs import atomic_write
+        from ..ground.safefs import atomic_write
 
         atomic_write(json_path, json.dumps(rep, indent=2) + "\n", "--json")
     if plots:
@@ -138,7 +139,7 @@ def _refuse_run_options(given: frozenset[str]) -> None:
 
 def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, Any] | None]]:
     """Run the model on the rows with a text: the labels, and one prediction (or None) a row."""
-    from ..evaluate import form_problem
+    from ..jobs.evaluate import form_problem
 
     clf = setup.load()
     why = form_problem(clf.spec.record_shape().form)  # a multi-label or one-output head: refused, before any work
@@ -165,7 +166,7 @@ def _report(
     rows: list[Any], preds: list[Any], labels: Any, gold_field: str, input: str, report: Any
 ) -> tuple[dict[str, Any], list[str]]:
     """The figures over the rows with a gold label and a prediction, and why each other row is left out."""
-    from ..io import gold_problem
+    from ..files.readers import gold_problem
 
     gold, pred_labels, conf, errors = [], [], [], []
     for r, p in zip(rows, preds):
@@ -218,8 +219,9 @@ def _evaluate_questions(
     (read once, every gold field with it), calibrated and abstaining as classify's would be."""
     from dataclasses import replace
 
-    from ..evaluate import format_report, plot, plot_paths, report
-    from ..io import read_rows
+    from ..files.readers import read_rows
+    from ..jobs.evaluate import plot, plot_paths
+    from ..text.metrics import format_report, report
 
     qs = {q.name: q for q in setup.questions}
     golds = _gold_pairs(setup, pairs)
@@ -252,7 +254,7 @@ def _evaluate_questions(
         q = qs[name]
         q_rows = [replace(r, gold=None if r.gold is None else r.gold.get(fld)) for r in rows]
         if predictions:  # a classify --questions output, read back per question (no model run)
-            from ..evaluate import read_predictions
+            from ..jobs.evaluate import read_predictions
 
             answers = read_predictions(predictions, q_rows, input, question=name)
         else:
@@ -268,7 +270,7 @@ def _evaluate_questions(
             for p in plot(rep, str(Path(plots) / name)):
                 notice(f"mlx-slm: wrote {p}")
     if json_path:
-        from ..safefs import atomic_write
+        from ..ground.safefs import atomic_write
 
         atomic_write(json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..output import check_new_folder
+from ..files.output import check_new_folder
 from .base import Command, notice, warn_blas
 
 
@@ -36,11 +36,11 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
     """
     import mlx.core as mx
 
-    from ..adapters import FinetuneError
-    from ..engine import Engine
-    from ..export import export as write
+    from ..classifier.task import Task
+    from ..engine.engine import Engine
     from ..kinds.finetune import FinetuneSpec
-    from ..task import Task
+    from ..weights.adapters import FinetuneError
+    from ..weights.export import export as write
 
     warn_blas()
     check_new_folder(output)  # a new or empty folder, as --help says (no input can be in one)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from .. import _blas
-from ..errors import UserError
-from ..registry import BUILTINS
+from ..ground import blas as _blas
+from ..ground.errors import UserError
+from ..weights.registry import BUILTINS
 from .base import Command, notice
 
 
@@ -47,9 +47,9 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
 
     Docs: docs/models.md
     """
-    from ..convert import check_out_dir, check_quantize
-    from ..convert import convert as do_convert
-    from ..sources import fetch, resolve
+    from ..weights.convert import check_out_dir, check_quantize
+    from ..weights.convert import convert as do_convert
+    from ..weights.sources import fetch, resolve
 
     check_quantize(quantize, group_size)  # before any download
     check_out_dir(src, Path(out), force)  # before any download too; checked again against the local source
@@ -92,8 +92,8 @@ def doctor(model: str | None) -> None:
     click.echo(
         f"matmul f32     MLX {g_mlx:.1f} GFLOP/s, numpy {g_np:.1f} GFLOP/s ({100 * g_mlx / g_np:.0f} % of numpy)"
     )
-    from ..registry import cache_dir
-    from ..sources import describe
+    from ..weights.registry import cache_dir
+    from ..weights.sources import describe
 
     click.echo(f"model cache    {cache_dir()}")
     click.echo(f"model sources  {describe()}")
@@ -109,13 +109,13 @@ def model_head_lines(model: str) -> list[tuple[str, str]]:
     (as `serve`'s rerank routes and `--reranker auto` choose)."""
     import json
 
-    from ..embeddings import EmbeddingError, read_pooling
+    from ..classifier.embedder import EmbeddingError, read_pooling
     from ..kinds import reranker_spec
-    from ..labels import LabelError
-    from ..modelfiles import tensor_names
     from ..models.base import backbone_architecture, prefix_backbone
-    from ..seqcls import SeqClsHead
-    from ..sources import materialise
+    from ..text.labels import LabelError
+    from ..text.seqcls import SeqClsHead
+    from ..weights.modelfiles import tensor_names
+    from ..weights.sources import materialise
 
     path = materialise(model)
     config = json.loads((path / "config.json").read_text())
@@ -154,8 +154,8 @@ def models() -> None:
 
     Docs: docs/models.md
     """
-    from ..convert import is_converted
-    from ..sources import Source, cached_path
+    from ..weights.convert import is_converted
+    from ..weights.sources import Source, cached_path
 
     for name, m in BUILTINS.items():
         ready = is_converted(cached_path(Source(name, "builtin"), "float16"))

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from ..calibration import DEFAULT_WARMUP
-from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from ..registry import DEFAULT_MODEL
-from ..setup import TaskOptions
+from ..jobs.setup import TaskOptions
+from ..text.calibration import DEFAULT_WARMUP
+from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from ..weights.registry import DEFAULT_MODEL
 from .base import ESCAPES_HELP, escapes, given, number
 
 _TASK_OPTIONS = [

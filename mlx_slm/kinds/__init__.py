@@ -19,13 +19,15 @@ method of the kind (`base.KindSpec`, `base.Kind`); the classifier, the task file
 the service and the estimator ask the kind instead of branching on it.
 
 Adding a kind: one module here (a `KindSpec` and its `Kind`) and one line in `KINDS`.
+
+May import: ground, text, models, weights, engine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UserError
+from ..ground.errors import UserError
 from .base import Kind, KindArgs, KindSpec, OnePrompt, RunSettings, TaskError
 from .chat import ChatChoiceSpec, NextTokenSpec, chat_spec
 from .finetune import FinetuneSpec

@@ -26,17 +26,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..batching import Batch
-from ..calibration import Calibration, CalibrationSpec
-from ..engine import Engine
-from ..errors import UserError
-from ..inputs import missing
-from ..labels import LabelError
-from ..predictions import Item, Prediction, Stats
-from ..prefix_cache import PrefixCache
-from ..prompts import PromptFormat, size_problem
-from ..records import RecordShape
-from ..textfiles import has_lone_surrogate
+from ..engine.engine import Engine
+from ..engine.prefix_cache import PrefixCache
+from ..ground.errors import UserError
+from ..ground.textfiles import has_lone_surrogate
+from ..text.batching import Batch
+from ..text.calibration import Calibration, CalibrationSpec
+from ..text.inputs import missing
+from ..text.labels import LabelError
+from ..text.predictions import Item, Prediction, Stats
+from ..text.prompts import PromptFormat, size_problem
+from ..text.records import RecordShape
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,7 @@ def bad_field(d: dict[str, Any], where: str, key: str, want: str) -> TaskError:
 
 def task_examples(d: dict[str, Any], where: str, labels: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """A task file's few-shot examples as (text, label) pairs, each checked against the labels."""
-    from ..prompts import example_problem
+    from ..text.prompts import example_problem
 
     examples = d.get("examples", [])
     if not isinstance(examples, list):
@@ -340,7 +340,7 @@ class OnePrompt(Kind):
         """Checks the fixed part of every prompt against the context and sets the shared head
         (`prefix_tokens`, `pool_from`); returns the head's ids. Called once a subclass has set
         what `label_extra` reads."""
-        from ..prompts import PROBES, common_prefix
+        from ..text.prompts import PROBES, common_prefix
 
         problem = self.fixed_problem()
         self.format_error = None if problem is None else str(problem)
@@ -357,7 +357,7 @@ class OnePrompt(Kind):
 
     def fixed_problem(self) -> Exception | None:
         """Why no text can run (the fixed prompt, one text token and the label over the context)."""
-        from ..prompts import PromptError
+        from ..text.prompts import PromptError
 
         fmt = self.format
         fixed = len(self.encode(["x"])[0])  # one text token included
@@ -381,7 +381,7 @@ class OnePrompt(Kind):
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None) -> list[list[int]]:
         """Each text's whole prompt (with its pair, where the template has `{pair}`), tokenized (batched)."""
-        from ..prompts import render, tokenize
+        from ..text.prompts import render, tokenize
 
         tok = self.engine.tokenizer
         pairs = pairs if pairs is not None else [None] * len(texts)

@@ -26,14 +26,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..batching import Batch
-from ..calibration import CalibrationSpec
-from ..chat import MAX_TOP_LOGPROBS, Conversation, token_bytes
-from ..engine import Engine
-from ..labels import LabelError, log_softmax
-from ..predictions import Item, Prediction, Stats
-from ..prefix_cache import PrefixCache
-from ..prompts import PROBES, PromptFormat, common_prefix, render_messages, tokenize
+from ..engine.engine import Engine
+from ..engine.prefix_cache import PrefixCache
+from ..text.batching import Batch
+from ..text.calibration import CalibrationSpec
+from ..text.chat import MAX_TOP_LOGPROBS, Conversation, token_bytes
+from ..text.labels import LabelError, log_softmax
+from ..text.predictions import Item, Prediction, Stats
+from ..text.prompts import PROBES, PromptFormat, common_prefix, render_messages, tokenize
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, count, require_lm_head
 from .labels import LabelsKind, LabelsSpec
 

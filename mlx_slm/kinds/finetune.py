@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters import FineTuned, FinetuneError
-from ..batching import Batch
-from ..calibration import CalibrationSpec
-from ..engine import Engine
-from ..labels import LabelError, softmax
-from ..predictions import Item, Prediction, Stats
-from ..prompts import DEFAULT_LABELS, PromptFormat
+from ..engine.engine import Engine
+from ..text.batching import Batch
+from ..text.calibration import CalibrationSpec
+from ..text.labels import LabelError, softmax
+from ..text.predictions import Item, Prediction, Stats
+from ..text.prompts import DEFAULT_LABELS, PromptFormat
+from ..weights.adapters import FineTuned, FinetuneError
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction, require_lm_head
 
 NO_CALIBRATION = (

@@ -14,18 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from ..batching import Batch
-from ..calibration import CalibrationSpec
-from ..engine import Engine
-from ..heads import Head, head_input
-from ..labels import LabelError
-from ..labels import validate as validate_labels
+from ..engine.engine import Engine
+from ..engine.prefix_cache import PrefixCache
 from ..models import BACKBONE_NO_LM_HEAD, embeds_only
-from ..predictions import Item, Prediction, Stats
-from ..prefix_cache import PrefixCache
-from ..prompts import PromptFormat, fill_labels
+from ..text.batching import Batch
+from ..text.calibration import CalibrationSpec
+from ..text.heads import Head, head_input
+from ..text.labels import LabelError
+from ..text.labels import validate as validate_labels
+from ..text.predictions import Item, Prediction, Stats
+from ..text.prompts import PromptFormat, check_examples, fill_labels
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction, task_examples
-from .labels import LabelsSpec, check_examples
+from .labels import LabelsSpec
 
 NO_CALIBRATION = (
     "calibration does not apply to a learned head (its probabilities are fitted on labelled data already): "
@@ -145,7 +145,7 @@ class HeadSpec(KindSpec):
         examples = task_examples(d, where, labels)
         if d.get("head") is None:
             return None
-        from ..heads import HeadError
+        from ..text.heads import HeadError
 
         try:
             head = Head.from_dict(d["head"], f"{where}: field 'head'")

@@ -21,15 +21,15 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..batching import Batch
-from ..calibration import CalibrationSpec
-from ..engine import Engine
-from ..labels import MODES, LabelError, LabelSet, TrieChunk, build_labelset, softmax
-from ..labels import validate as validate_labels
+from ..engine.engine import Engine
+from ..engine.prefix_cache import PrefixCache
 from ..models import KV
-from ..predictions import Item, Prediction, Stats
-from ..prefix_cache import PrefixCache
-from ..prompts import PromptFormat, check_examples, fill_labels, render
+from ..text.batching import Batch
+from ..text.calibration import CalibrationSpec
+from ..text.labels import MODES, LabelError, LabelSet, TrieChunk, build_labelset, softmax
+from ..text.labels import validate as validate_labels
+from ..text.predictions import Item, Prediction, Stats
+from ..text.prompts import PromptFormat, check_examples, fill_labels, render
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, count, prediction, require_lm_head, task_examples
 
 LABEL_PASSES = ("trie", "per-label")

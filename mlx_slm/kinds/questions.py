@@ -16,16 +16,16 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..answers import QuestionCalibration
-from ..batching import Batch
-from ..branches import QuestionPlan
-from ..calibration import CalibrationSpec
-from ..engine import Engine
+from ..engine.engine import Engine
+from ..engine.prefix_cache import PrefixCache
 from ..models import KV
-from ..predictions import Item, Prediction, Stats
-from ..prefix_cache import PrefixCache
-from ..prompts import PromptFormat
-from ..questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, Question, QuestionError, check_questions
+from ..text.answers import QuestionCalibration
+from ..text.batching import Batch
+from ..text.branches import QuestionPlan
+from ..text.calibration import CalibrationSpec
+from ..text.predictions import Item, Prediction, Stats
+from ..text.prompts import PromptFormat
+from ..text.questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, Question, QuestionError, check_questions
 from .base import (
     Kind,
     KindArgs,
@@ -81,7 +81,7 @@ class QuestionsSpec(KindSpec):
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         """As given; the labels' default system message and template give way to the questions' own."""
-        from .. import prompts
+        from ..text import prompts
 
         system = DEFAULT_SYSTEM if system is prompts.DEFAULT_SYSTEM else system
         template = DEFAULT_TEMPLATE if template is prompts.DEFAULT_TEMPLATE else template
@@ -306,7 +306,7 @@ def _head_scores(
 ) -> np.ndarray:
     """A head's log-probabilities for block k of a pack, from the branch's hidden states after
     its layers ({layer: (B, T, D)}): what `Engine.features` gives for the text's own prompt."""
-    from ..heads import head_input
+    from ..text.heads import head_input
 
     layers = sorted(set(head.layers))
     rows = np.arange(pack.answer_at.shape[0])

@@ -29,13 +29,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..batching import Batch
-from ..calibration import CalibrationSpec
-from ..engine import Engine
-from ..errors import ModelError
-from ..labels import LabelError
-from ..predictions import Item, Prediction, Stats
-from ..prompts import (
+from ..engine.engine import Engine
+from ..ground.errors import ModelError
+from ..text.batching import Batch
+from ..text.calibration import CalibrationSpec
+from ..text.labels import LabelError
+from ..text.predictions import Item, Prediction, Stats
+from ..text.prompts import (
     PROBES,
     QWEN3_RERANKER_ANSWERS,
     PromptFormat,
@@ -139,7 +139,7 @@ class RerankSpec(KindSpec):
         return PromptFormat(None, "{text}")  # the scorer's own prompt (see `RerankKind.encode_query`)
 
     def record_shape(self, *, calibrated: bool = False, abstains: bool = False, scores: bool = False) -> Any:
-        from ..records import RecordShape
+        from ..text.records import RecordShape
 
         return RecordShape.of(self.labels, scores=scores, form="score")
 

@@ -21,15 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from ..batching import Batch
-from ..calibration import CalibrationSpec
-from ..engine import Engine
-from ..errors import ModelError
-from ..labels import LabelError
-from ..predictions import Item, Prediction, Stats
-from ..prefix_cache import PrefixCache
-from ..prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, encode_texts
-from ..seqcls import SeqClsHead
+from ..engine.engine import Engine
+from ..engine.prefix_cache import PrefixCache
+from ..ground.errors import ModelError
+from ..text.batching import Batch
+from ..text.calibration import CalibrationSpec
+from ..text.labels import LabelError
+from ..text.predictions import Item, Prediction, Stats
+from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, encode_texts
+from ..text.seqcls import SeqClsHead
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction
 
 DEFAULT_THRESHOLD = 0.5  # a multi-label head's labels at or above this probability are its answer
@@ -128,7 +128,7 @@ class SeqClsSpec(KindSpec):
         return PromptFormat(system, template)
 
     def record_shape(self, *, calibrated: bool = False, abstains: bool = False, scores: bool = False) -> Any:
-        from ..records import RecordShape
+        from ..text.records import RecordShape
 
         return RecordShape.of(self.labels, calibrated=calibrated, abstains=abstains, scores=scores, form=self.form)
 

@@ -11,6 +11,8 @@ Every architecture module provides
   `gguf_config(meta, shapes)` and `gguf_tensor(name, array, config)`.
 
 Adding an architecture is one file here and one line in `ARCHITECTURES`.
+
+May import: ground, text.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..errors import ModelError
-from ..notices import notice
+from ..ground.errors import ModelError
+from ..ground.notices import notice
 from . import quant
 from .base import (
     BACKBONE_NO_LM_HEAD,

@@ -27,10 +27,9 @@ from typing import Any, ClassVar
 import mlx.core as mx
 from mlx import nn
 
-from .. import fastmath
-from ..errors import ModelError
-from ..seqcls import SCORE_WEIGHT, SeqClsHead, check_head_tensor
-from . import quant
+from ..ground.errors import ModelError
+from ..text.seqcls import SCORE_WEIGHT, SeqClsHead, check_head_tensor
+from . import fastmath, quant
 
 # One layer's keys and values, each (B, n_kv_heads, S, head_dim).
 KV = tuple[mx.array, mx.array]

@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from ..errors import ModelError
+from ..ground.errors import ModelError
 from . import base
 from .base import FULL, SLIDING, Context
 

@@ -35,9 +35,9 @@ from typing import Any, ClassVar
 import mlx.core as mx
 from mlx import nn
 
-from ..errors import ModelError
-from ..notices import notice
-from ..seqcls import SCORE, SCORE_WEIGHT, SeqClsHead
+from ..ground.errors import ModelError
+from ..ground.notices import notice
+from ..text.seqcls import SCORE, SCORE_WEIGHT, SeqClsHead
 from .base import KV, NATIVE, Ops, build_mask, extend_cache, score_logits
 
 # model_type -> why it is refused (measured against Transformers, or read in mlx-lm's source).

@@ -22,7 +22,7 @@ from typing import Any
 import mlx.core as mx
 from mlx import nn
 
-from ..errors import ModelError
+from ..ground.errors import ModelError
 
 BITS = (4, 8)  # what `mlx-slm convert --quantize` writes (the loader reads any affine width)
 GROUP_SIZES = (32, 64, 128)

@@ -34,6 +34,8 @@ counted as `client_gone` (499, never sent). Every outcome is counted in /metrics
 
 Imports run one way: the server imports the service, never the reverse; the wire API
 modules import the shared ones (common, checks, errors), and `app.py` imports the APIs.
+
+May import: ground, text, files, weights, engine, kinds, classifier, jobs, service.
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..io import has_lone_surrogate
-from ..labels import LABEL_NOT_STRING, MIN_LABELS, label_problem
-from ..prompts import TRUNCATE_MODES
-from ..ranges import RANGES
+from ..ground.ranges import RANGES
+from ..ground.textfiles import has_lone_surrogate
 from ..service import ServeOptions, TaskSpec
+from ..text.labels import LABEL_NOT_STRING, MIN_LABELS, label_problem
+from ..text.prompts import TRUNCATE_MODES
 from .errors import HTTPError
 
 REQUEST_FIELDS = ("text", "texts", "ids", "labels", "system", "template", "truncate", "min_confidence")

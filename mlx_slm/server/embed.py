@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..embeddings import EmbeddingError, finish
-from ..io import has_lone_surrogate
+from ..classifier.embedder import EmbeddingError, finish
+from ..ground.textfiles import has_lone_surrogate
 from ..service import Invalid, ServeOptions
 from .common import RouteContext, until_disconnect
 from .errors import HTTPError, json_response

@@ -25,9 +25,9 @@ import time
 import uuid
 from typing import Any
 
-from ..chat import ChatError, ChatRequest, read_request
-from ..labels import log_softmax
 from ..service import Answer, ServiceError, TaskSpec
+from ..text.chat import ChatError, ChatRequest, read_request
+from ..text.labels import log_softmax
 from .common import RouteContext
 from .errors import HTTPError, http_error, json_response
 

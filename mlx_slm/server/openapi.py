@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..prompts import TRUNCATE_MODES
+from ..text.prompts import TRUNCATE_MODES
 from .openai import CHAT_OPENAPI
 
 _STR_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}

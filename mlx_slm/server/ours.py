@@ -62,7 +62,7 @@ class OurRoutes:
         names = ["text"] if "text" in data else [f"texts[{i}]" for i in range(len(texts))]
         whole = "texts" if len(texts) > 1 else "text"
         ans = await self.ctx.compute(request, t0, texts, task, names, whole, '"truncate": "head"|"tail"|"middle"')
-        from ..output import result_record
+        from ..files.output import result_record
 
         results = []
         for i, pr in enumerate(ans.predictions):

@@ -20,8 +20,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ..jobs.rerank import MAX_DOCUMENTS
 from ..kinds.rerank import rerank_order
-from ..reranking import MAX_DOCUMENTS
 from ..service import Answer, ServeOptions, ServiceError, TaskSpec
 from .checks import check_count, check_text_values
 from .common import RouteContext

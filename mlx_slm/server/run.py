@@ -18,7 +18,7 @@ def bind_socket(host: str, port: int) -> Any:
     log and exit 3 after the model thread has started."""
     import socket
 
-    from ..errors import UserError
+    from ..ground.errors import UserError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family=family)

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..predictions import Prediction
 from ..service import ServeOptions, TaskSpec
+from ..text.predictions import Prediction
 from .checks import check_fields, check_texts
 from .common import RouteContext
 from .errors import HTTPError, error_response, json_response
@@ -129,7 +129,7 @@ class TEIRoutes:
 
     async def info(self, request: Any) -> Any:
         """text-embeddings-inference's /info, for a sequence classifier."""
-        from .. import __version__
+        from ..ground.version import __version__
 
         if (e := self.ctx.guard(request)) is not None:
             return error_response(e, "tei")

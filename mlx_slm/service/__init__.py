@@ -9,6 +9,8 @@
 
 Imports run one way: core -> scheduler -> tasks, metrics -> api, errors; nothing here
 imports the server. Every name below is what front ends, tests and benchmarks import.
+
+May import: ground, text, models, weights, engine, kinds, classifier.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ..pipeline import item_cost, prefix_hit
+from ..classifier.pipeline import item_cost, prefix_hit
 from .api import Answer, Loaded, ServeOptions, TaskSpec
 from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
 from .metrics import Metrics, attention_share

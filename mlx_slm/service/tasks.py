@@ -90,7 +90,7 @@ class TaskCache:
 
     def load(self, loaded: Loaded) -> None:
         """Take the loader's classifier as the served task, pinned in both caches."""
-        from ..engine import Engine
+        from ..engine.engine import Engine
 
         clf = loaded.clf
         self.loaded = loaded
@@ -141,7 +141,7 @@ class TaskCache:
         """The kind the rerank routes run (`kinds.reranker_spec`), made once; `NotSupported` says
         how to serve a reranker when the model is none."""
         from ..kinds import reranker_spec
-        from ..labels import LabelError
+        from ..text.labels import LabelError
 
         if self._reranker is None:
             base = self._base
@@ -171,7 +171,7 @@ class TaskCache:
     def pooling(self) -> Any:
         """The model's embedding pooling (`embeddings.pooling_of`), read once; `NotSupported` says
         why a model does not embed (a sequence classifier)."""
-        from ..embeddings import EmbeddingError, pooling_of
+        from ..classifier.embedder import EmbeddingError, pooling_of
 
         if self._pooling is None:
             try:
@@ -183,7 +183,7 @@ class TaskCache:
         return self._pooling
 
     def _embedder(self, engine: Any, truncate: bool) -> Any:
-        from ..embeddings import Embedder
+        from ..classifier.embedder import Embedder
 
         b = self._base
         return Embedder(
@@ -197,7 +197,7 @@ class TaskCache:
         )
 
     def _build(self, engine: Any, key: tuple) -> Any:
-        from ..classifier import Classifier
+        from ..classifier.classifier import Classifier
         from ..kinds import TaskError as KindRefused
         from ..kinds import chat_spec, request_spec
         from ..kinds.chat import CHAT_TEMPLATE
@@ -253,7 +253,7 @@ class TaskCache:
         """(key, front classifier) of a request's task, or `Invalid` naming the request field at
         fault, taken from the check that failed (`check`; then a `LabelError` from building
         is the labels', a `PromptError` the prompt's: over the context)."""
-        from ..labels import LabelError
+        from ..text.labels import LabelError
 
         if not self.classifies:
             raise NotSupported(EMBEDS_ONLY)
@@ -280,9 +280,9 @@ class TaskCache:
         """The checks a classifier runs on its task's parts, one part at a time, so that a
         failure names its field: the labels alone, the labels against their descriptions,
         then the template."""
-        from ..labels import LabelError
-        from ..labels import validate as validate_labels
-        from ..prompts import PromptError, PromptFormat, fill_labels
+        from ..text.labels import LabelError
+        from ..text.labels import validate as validate_labels
+        from ..text.prompts import PromptError, PromptFormat, fill_labels
 
         labels, system, template, truncate = key
         served = self._base.spec
@@ -304,7 +304,7 @@ class TaskCache:
     def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
         """(CalibrationSpec, min_confidence) for a task: a fitted prior applies only to the
         default task (other labels or prompt: it means nothing there); 'batch' applies per request."""
-        from ..calibration import CalibrationSpec
+        from ..text.calibration import CalibrationSpec
 
         ld = self.loaded
         spec = CalibrationSpec.of(ld.calibration, warmup=ld.warmup)  # type: ignore[union-attr]
@@ -314,7 +314,7 @@ class TaskCache:
 
     def calibrate(self, key: tuple, spec: TaskSpec, front: Any, raw: list[Any]) -> tuple[list[Any], Any]:
         """A request's predictions through its task's calibration (one `Calibration` per request)."""
-        from ..calibration import CalibrationSpec
+        from ..text.calibration import CalibrationSpec
 
         cal, conf = self.calibration_for(key)
         if spec.min_confidence is not None:
@@ -329,8 +329,8 @@ class TaskCache:
 def _abstains(kind: Any, min_confidence: float) -> bool:
     """Whether `kind` takes a confidence threshold (a learned head's or fine-tuned classifier's
     probabilities do, as on the command line; relevance and multi-label scores do not)."""
-    from ..calibration import CalibrationSpec
-    from ..labels import LabelError
+    from ..text.calibration import CalibrationSpec
+    from ..text.labels import LabelError
 
     try:
         kind.check_calibration(CalibrationSpec(), min_confidence)

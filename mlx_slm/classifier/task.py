@@ -1,0 +1,294 @@
+"""The saved task: everything that defines a classifier, in one JSON file.
+
+`--save-task task.json` writes it; `--task task.json` (and `Classifier.from_task`) reads
+it back. It names the model and pins its weights by hash (a prior fitted for one set of
+weights means nothing for another), and holds the labels, prompt, scoring, few-shot
+examples, calibration (a fitted prior, or the method to fit on each input) and the
+confidence threshold, with the library versions that made it. The service and the
+scale-out runner take the same file. A task from `mlx-slm train` also holds a learned
+head (`heads.Head`: weights with their sha256, layers, standardisation, labels, the
+cross-validation table, the training data's sha256).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..ground.jsonfiles import utc_now, write_json_atomic
+from ..ground.textfiles import has_lone_surrogate, json_error
+from ..kinds.base import TaskError, bad_field
+from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
+from ..text.questions import Question
+
+if TYPE_CHECKING:
+    from ..kinds import KindArgs, KindSpec
+    from ..text.heads import Head
+
+FORMAT = "mlx-slm.task"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Task:
+    model: str
+    labels: tuple[str, ...]
+    system: str | None
+    template: str
+    scoring: str = "auto"
+    examples: tuple[tuple[str, str], ...] = ()
+    # A `CalibrationSpec` (given as anything `CalibrationSpec.of` takes); its warm-up is `warmup`.
+    calibration: CalibrationSpec | Calibrator | str = "none"
+    warmup: int = DEFAULT_WARMUP
+    min_confidence: float | None = None
+    weights_sha256: str | None = None
+    versions: dict[str, str] = field(default_factory=dict, compare=False)
+    head: Head | None = field(default=None, compare=False)  # a learned head (`mlx-slm train`)
+    # Several questions per text (`classify --questions`, `train --label-field A --label-field B`):
+    # zero-shot questions and learned heads, asked in one pass; `labels` is empty then.
+    questions: tuple[Question, ...] = field(default=(), compare=False)
+    # A sequence classifier's own head (`kinds.seqcls`: the model's labels, problem type,
+    # threshold, prompt), as the task file holds it; None for a causal LM's task.
+    seqcls: dict[str, Any] | None = field(default=None, compare=False)
+    # A reranker's settings (`kinds.rerank`: its scorer, the qwen3 instruction, a question's prompt).
+    rerank: dict[str, Any] | None = field(default=None, compare=False)
+    # A fine-tuned classifier (`kinds.finetune`): its adapters file (beside the task), sha256, objective.
+    finetune: dict[str, Any] | None = field(default=None, compare=False)
+    # The folder of the task file it was read from (its adapters file is named relative to it); not saved.
+    home: str | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
+
+    def kind_args(self) -> KindArgs:
+        """What the task says about how it scores, as the kinds table reads it."""
+        from ..kinds import KindArgs
+
+        qs = self.questions or None
+        extra: dict[str, Any] = {"seqcls": self.seqcls} if self.seqcls is not None else {}
+        if self.finetune is not None:
+            extra["finetune"] = {**self.finetune, "home": self.home}
+        if self.rerank is not None:
+            r = self.rerank
+            extra.update(reranker=r["scorer"], instruction=r.get("instruction"))
+            extra.update({k: r[k] for k in ("system", "template") if k in r})
+        return KindArgs(self.labels, self.scoring, self.examples, head=self.head, questions=qs, extra=extra)
+
+    @property
+    def kind(self) -> KindSpec:
+        """The task's scoring kind, chosen by the kinds table from its fields (`kinds.spec_of`)."""
+        from ..kinds import spec_of
+
+        return spec_of(self.kind_args())
+
+    @property
+    def heads(self) -> list[Head]:
+        """Every learned head the task holds (its own, or its head questions')."""
+        return self.kind.heads
+
+    @property
+    def pins_weights(self) -> bool:
+        """A fitted prior or a learned head means something for the weights it was fitted on only."""
+        return self.calibration.fitted or bool(self.heads) or self.finetune is not None  # type: ignore[union-attr]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(replace(self, head=None, questions=(), seqcls=None, rerank=None, finetune=None))
+        del d["head"], d["questions"], d["seqcls"], d["rerank"], d["finetune"], d["home"]
+        d["labels"] = list(self.labels)
+        d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
+        d.update(self.kind.to_task())  # the kind's own section (a head, questions) goes last
+        d["calibration"] = self.calibration.to_dict()  # type: ignore[union-attr]
+        return {"format": FORMAT, "version": VERSION, "created": utc_now(), **d}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "task") -> Task:
+        """A task from its JSON object, every field's type and value checked: a `TaskError`
+        names the file (`where`), the field and the fix; nothing else is raised."""
+        _check_format(d, where)
+        labels = _prompt_fields(d, where)
+        scoring, warmup, mc, sha, versions = _run_fields(d, where)
+        spec = _calibration(d, where, labels, warmup)
+        from ..kinds import read_task
+
+        section = read_task(d, where, labels, spec)  # the kind's own fields, each checked by the kind
+        return cls(
+            model=d["model"],
+            labels=tuple(labels),
+            system=d.get("system"),
+            template=d["template"],
+            scoring=scoring,
+            calibration=spec,
+            warmup=warmup,
+            min_confidence=mc,
+            weights_sha256=sha,
+            versions=versions,
+            **section,
+        )
+
+    def save(self, path: str | os.PathLike) -> None:
+        d = self.to_dict()
+        if "finetune" in d:  # adapters beside the task are named by their file name (`kinds.finetune.beside`)
+            from ..kinds.finetune import beside
+
+            d["finetune"] = beside(d["finetune"], path)
+        try:
+            write_json_atomic(path, d)
+        except OSError as e:
+            raise TaskError(f"cannot write the task file {path} ({e.strerror})") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Task:
+        """Read a task file; any problem (unreadable, not UTF-8, not JSON, a field of the wrong
+        type or value) is a `TaskError` naming the file, the line or field, and the fix."""
+        from ..ground.textfiles import InputError, check_json_text, read_text_file
+
+        try:
+            text = read_text_file(str(path), "task file")
+        except InputError as e:
+            raise TaskError(str(e)) from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TaskError(
+                f"task file {path} is not valid JSON ({json_error(e, line=True)}): fix it, "
+                "or save the task again (--save-task)"
+            ) from None
+        except (ValueError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise TaskError(f"task file {path} is not valid JSON ({why}): fix it, or save the task again") from None
+        try:  # every string of it UTF-8 text (questions' wordings, descriptions, ...): named by its line
+            check_json_text(d, f"task file {path}", text)
+        except InputError as e:
+            raise TaskError(str(e)) from None
+        return replace(cls.from_dict(d, f"task file {path}"), home=str(Path(path).resolve().parent))
+
+    def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:
+        """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
+        if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
+            what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
+            if self.finetune is not None:
+                what, fix = "adapters were trained", "fine-tune again (mlx-slm train ... --finetune lora --save-task)"
+            elif not self.calibration.fitted:  # type: ignore[union-attr]
+                what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
+            raise TaskError(
+                f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
+                f"has {weights_sha256[:12]}...: it does not carry over; {fix}"
+            )
+
+
+# --------------------------------------------------------------------------- reading a task file, field by field
+
+# Every field a task file may hold (what `Task.to_dict` writes): any other is refused, so a
+# misspelt one (`min_confidance`) is not ignored without a word.
+FIELDS = (
+    "format",
+    "version",
+    "created",
+    "model",
+    "labels",
+    "system",
+    "template",
+    "scoring",
+    "examples",
+    "calibration",
+    "warmup",
+    "min_confidence",
+    "weights_sha256",
+    "versions",
+    "head",
+    "questions",
+    "seqcls",
+    "rerank",
+    "finetune",
+)
+
+
+def _check_format(d: Any, where: str) -> None:
+    """An mlx-slm task object of a version this reads, with no field it does not know."""
+    import difflib
+
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise TaskError(f'{where} is not an mlx-slm task file (no "format": "{FORMAT}")')
+    version = d.get("version", VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TaskError(
+            f"{where}: field 'version' must be an integer, got {version!r}: fix it (this mlx-slm writes {VERSION})"
+        )
+    if version > VERSION:
+        raise TaskError(f"{where} is task format version {version}; this mlx-slm reads up to {VERSION}: upgrade it")
+    for key in d:
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TaskError(
+                f"{where}: unknown field {str(key)[:60]!r}{hint}: fix its name or remove it "
+                f"(a task file holds {', '.join(FIELDS)})"
+            )
+
+
+def _prompt_fields(d: dict[str, Any], where: str) -> list[str]:
+    """Model, labels, system and template checked; the labels."""
+    for key in ("model", "template"):
+        if not isinstance(d.get(key), str) or not d[key].strip():
+            raise bad_field(d, where, key, "a non-empty string")
+    labels = d.get("labels")
+    from ..text.labels import label_problem
+
+    # the labels' form only: a task with questions has none (validate runs when a classifier is made)
+    if not isinstance(labels, list) or any(label_problem(x) is not None for x in labels):
+        raise bad_field(d, where, "labels", 'a list of non-empty strings, e.g. ["billing", "technical"]')
+    if d.get("system") is not None and not isinstance(d["system"], str):
+        raise bad_field(d, where, "system", "a string or null")
+    if "{text}" not in d["template"]:
+        raise bad_field(d, where, "template", "a string with a {text} placeholder")
+    for key in ("model", "template", "system"):
+        if isinstance(d.get(key), str) and has_lone_surrogate(d[key]):
+            raise TaskError(f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode): fix it")
+    if any(has_lone_surrogate(x) for x in labels):
+        raise TaskError(f"{where}: field 'labels' holds an unpaired surrogate escape (not valid Unicode): fix it")
+    return labels
+
+
+def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, str | None, dict[str, str]]:
+    """Scoring, warm-up, confidence threshold, weights' sha256 and versions, checked."""
+    from ..text.labels import MODES
+
+    scoring = d.get("scoring", "auto")
+    if scoring not in MODES:
+        raise bad_field(d, where, "scoring", f"one of {', '.join(MODES)}")
+    from ..ground.ranges import RANGES  # the one range of each number (NaN and Infinity, JSON's extensions, fail)
+
+    warmup = d.get("warmup", DEFAULT_WARMUP)
+    if RANGES["warmup"].problem(warmup):
+        raise bad_field(d, where, "warmup", f"{RANGES['warmup'].describe()} (the default is {DEFAULT_WARMUP})")
+    mc = d.get("min_confidence")
+    if RANGES["min_confidence"].problem(mc):
+        raise bad_field(d, where, "min_confidence", f"{RANGES['min_confidence'].describe()}, or null")
+    sha = d.get("weights_sha256")
+    if sha is not None and not isinstance(sha, str):
+        raise bad_field(d, where, "weights_sha256", "a string (the weights' sha256) or null")
+    versions = d.get("versions", {})
+    if not isinstance(versions, dict):
+        raise bad_field(d, where, "versions", "an object")
+    return scoring, warmup, None if mc is None else float(mc), sha, versions
+
+
+def _calibration(d: dict[str, Any], where: str, labels: list[str], warmup: int) -> CalibrationSpec:
+    """The calibration (a method, or a prior fitted for these labels)."""
+    cal = d.get("calibration", "none")
+    if not isinstance(cal, dict) and cal not in ("none", "batch"):
+        raise bad_field(d, where, "calibration", "'none', 'batch' or a fitted calibrator")
+    try:
+        spec = CalibrationSpec.from_dict(cal, warmup)
+    except CalibrationError as e:
+        raise TaskError(f"{where}: field 'calibration': {e}: save the task again") from None
+    fitted = spec.calibrator
+    if fitted is not None and list(fitted.labels) != labels:
+        raise TaskError(
+            f"{where}: field 'calibration' was fitted for the labels {list(fitted.labels)}, but the task's "
+            f"labels are {labels}: recalibrate (--calibrate ... --save-task)"
+        )
+    return spec

@@ -1,0 +1,787 @@
+"""Reading items: JSONL, CSV, plain text, from files or stdin (writing is in `output.py`).
+
+Every input row becomes exactly one `Row`: either with text, or with an `error` that
+names the line and the fix. Nothing is dropped or reordered here; the CLI writes one
+output row per input row, in input order.
+
+How input is decoded
+--------------------
+* Bytes are UTF-8. A UTF-8 byte order mark at the start of the input (file or stdin,
+  every format) is dropped. A line that is not valid UTF-8 becomes an error row.
+* Lines end only at ``\\n`` or ``\\r\\n``. A lone ``\\r``, U+2028, U+2029, U+0085, ``\\x0b`` or
+  ``\\x0c`` is part of the line's text, never a line break. A newline at the very end of
+  the input ends the last line; it does not start another one: ``b"a\\nb\\n"`` and
+  ``b"a\\nb"`` are two lines, ``b"a\\nb\\n\\n"`` is three (the third blank: an error row), and
+  an empty input (or one that holds only a BOM) has no rows. A ``\\r`` at the very end of an
+  input without a final newline is part of the last line.
+* JSONL and text: one row per physical line, so rows out == lines in.
+* CSV: the first line is the header (it must name the text column, else `InputError`);
+  then one row per record. A record spans several lines only while a quoted field is
+  open. A record that cannot be parsed (a stray quote, or a quote still open at the end of
+  the input or after `CSV_MAX_RECORD_LINES` lines / `CSV_MAX_RECORD_CHARS` characters)
+  becomes an error row for the line it starts on, and reading goes on at the next
+  physical line, so one bad quote never swallows the rest of the file. ``Row.line`` is
+  the line a record starts on and ``Row.last_line`` the one it ends on; consecutive rows
+  cover every line after the header, none lost, none twice. The delimiter is a tab for
+  ``.tsv``, a comma for ``.csv``, else whichever of the two makes the header name the
+  text column.
+* Format: given (``fmt``, the CLI's ``--format``), or from the file's extension
+  (``.jsonl``/``.ndjson``/``.json``: JSONL; ``.csv``/``.tsv``, any case: CSV, tab-separated
+  for ``.tsv``; ``.txt``/``.text``: text). Stdin and other files are sniffed from their first
+  lines (at most `SNIFF_BYTES`): JSONL if the first non-blank line starts with ``{`` or
+  most of the sniffed non-blank lines are JSON objects; CSV if the first line is a header
+  of two or more columns (comma- or tab-separated) that names the text column; else text.
+
+Ids
+---
+* An explicit id is taken as given: in JSONL the id field, a non-empty string or an
+  integer (not a bool, float, null, list or object: those make the row an error row); in
+  CSV the id column, always a string. ``Row.explicit_id`` is True for these.
+* A row with no explicit id (no id field in its JSON object, no id column in the CSV,
+  every text-format line) gets its 1-based line number, an ``int``, as id.
+* Ids compare by type and value: ``1`` and ``"1"`` are different ids.
+* Two rows with equal ids (both explicit, or an explicit id equal to another row's
+  line-number id) make the later row an error row naming both lines; its id becomes
+  None. So the non-None ids of the rows read are all distinct.
+* Error rows for lines where no id could be read (malformed JSON, not an object, an
+  invalid or empty id, bad UTF-8 in a JSONL or text line or in a CSV id, a blank line, a
+  CSV record that does not parse or has the wrong number of fields) have ``id=None``,
+  never the line number, so an error row can never collide with a real id. Error rows
+  whose id was read (e.g. the text is missing, empty, or not valid UTF-8) keep it, and
+  that id counts for the duplicate check like any other.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ..ground.textfiles import (
+    BOM,
+    InputError,
+    check_json_text,
+    has_lone_surrogate,
+    json_error,
+    open_problem,
+    read_text_file,
+)
+
+FORMATS = ("jsonl", "csv", "text", "parquet")
+SNIFF_BYTES = 64 * 1024  # how much of stdin (or a file of unknown type) the format sniffer may buffer
+SNIFF_LINES = 32
+CSV_MAX_RECORD_LINES = 10_000  # a quoted field still open after this many lines is reported as unterminated
+CSV_MAX_RECORD_CHARS = 1 << 20  # ... or this many characters; also the longest CSV field read
+UNIQUE_FIX = "give every row a unique id, or none"
+
+
+@dataclass
+class Row:
+    line: int  # 1-based physical line where the record starts
+    id: Any  # str | int, or None on an error row whose id could not be read (see the module docstring)
+    text: str | None = None
+    error: str | None = None
+    explicit_id: bool = False  # the id was given in the input (not the line number)
+    last_line: int = 0  # physical line where the record ends (CSV records may span lines); 0: same as `line`
+    gold: Any = None  # the gold label's field/column, when one was asked for (eval, calibration data);
+    # with several fields asked for (eval of several questions, read once), {field: value}
+    pair: str | None = None  # a second text (`text_pair`: an NLI hypothesis, a reranker's document), when given
+
+    @property
+    def item(self) -> Any:
+        """What a classifier takes for this row: its text, or (text, pair)."""
+        return self.text if self.pair is None else (self.text, self.pair)
+
+    def __post_init__(self) -> None:
+        if not self.last_line:
+            self.last_line = self.line
+
+
+Gold = str | tuple[str, ...] | None  # the gold field read with each row: one, several (a dict a row), or none
+
+
+def _gold_value(gold: Gold, get: Any) -> Any:
+    """A row's gold: `get(field)` for one field, {field: get(field)} for several, None for none."""
+    if not gold:
+        return None
+    return get(gold) if isinstance(gold, str) else {g: get(g) for g in gold}
+
+
+# --------------------------------------------------------------------------- physical lines
+
+_Line = tuple[int, bytes, bytes]  # (1-based number, content without terminator, terminator b"\n" | b"\r\n" | b"")
+
+
+def _physical_lines(raw: Iterable[bytes]) -> Iterator[_Line]:
+    """Split a binary stream on b"\\n" only (iterating a binary file does exactly that), streaming."""
+    for n, b in enumerate(raw, 1):
+        if n == 1 and b.startswith(BOM):
+            b = b[len(BOM) :]
+            if not b:  # nothing but a BOM: an empty input
+                return
+        if b.endswith(b"\r\n"):
+            yield n, b[:-2], b"\r\n"
+        elif b.endswith(b"\n"):
+            yield n, b[:-1], b"\n"
+        else:
+            yield n, b, b""
+
+
+def _lines(raw: Iterable[bytes]) -> Iterator[tuple[int, str | None, str]]:
+    """(line number, decoded text or None if not UTF-8, error detail) per physical line."""
+    for n, b, _ in _physical_lines(raw):
+        try:
+            yield n, b.decode("utf-8"), ""
+        except UnicodeDecodeError as e:
+            yield n, None, f"byte 0x{b[e.start]:02x} at byte {e.start + 1}"
+
+
+def _utf8_error(n: int, detail: str = "") -> str:
+    return f"line {n}: invalid UTF-8{f' ({detail})' if detail else ''}: save the file as UTF-8"
+
+
+# --------------------------------------------------------------------------- format
+
+
+def _is_json_object(s: str) -> bool:
+    try:
+        return isinstance(json.loads(s), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _csv_header(s: str, text_column: str) -> str | None:
+    """The delimiter if `s` reads as a CSV header of 2+ columns that names `text_column`."""
+    for delim in (",", "\t"):
+        try:
+            cols = next(csv.reader([s], delimiter=delim, strict=True), [])
+        except csv.Error:
+            continue
+        if len(cols) >= 2 and text_column in cols:
+            return delim
+    return None
+
+
+def _sniff(lines: Sequence[tuple[int, str]], text_column: str = "text") -> str:
+    """jsonl, csv or text from the first lines of an input (numbered, decoded, BOM already dropped)."""
+    nonblank = [(n, s) for n, s in lines if s.strip()]
+    if not nonblank:
+        return "text"
+    n0, first = nonblank[0]
+    if _is_json_object(first):  # not just a leading '{': "{URGENT} charged twice" is text
+        return "jsonl"
+    if n0 == 1 and _csv_header(first, text_column):
+        return "csv"
+    objects = sum(_is_json_object(s) for _, s in nonblank)
+    return "jsonl" if 2 * objects > len(nonblank) else "text"
+
+
+def guess_format(path: str | None, first: bytes = b"", text_column: str = "text") -> str:
+    """The input format from a path's extension, else from the input's first bytes."""
+    if path and path != "-":
+        ext = Path(path).suffix.lower()
+        if ext in (".jsonl", ".ndjson", ".json"):
+            return "jsonl"
+        if ext in (".csv", ".tsv"):
+            return "csv"
+        if ext in (".txt", ".text"):
+            return "text"
+        if ext == ".parquet":
+            return "parquet"
+    lines = [(n, b.decode("utf-8", "replace")) for n, b, _ in _physical_lines(io.BytesIO(first))]
+    return _sniff(lines, text_column)
+
+
+def _open_binary(path: str | None) -> IO[bytes]:
+    if path in (None, "-"):
+        return sys.stdin.buffer
+    try:
+        return open(str(path), "rb")
+    except OSError as e:
+        raise InputError(open_problem(str(path), e, "the input")) from None
+
+
+def read_labels_file(path: str) -> list[str]:
+    """Labels from a file, one a line (only ``\\n`` or ``\\r\\n`` ends a line; blank lines and the
+    whitespace around each label are dropped); bad UTF-8 is a `UserError` naming the line.
+    Descriptions, if the file has them, are left out (see `read_label_descriptions`)."""
+    return list(read_label_descriptions(path))
+
+
+def read_label_descriptions(path: str) -> dict[str, str]:
+    """Labels and their descriptions, in file order: `label<TAB>description` (or a bare label)
+    a line, or JSONL objects `{"label": ..., "description": ...}` (description optional).
+
+    A label without a description maps to "". Descriptions are for the prompt (the
+    `{label_descriptions}` placeholder): scoring stays on the names."""
+    what = "--labels-file"
+    lines = read_text_file(path, what).split("\n")
+    first = next((x.strip() for x in lines if x.strip()), "")
+    out: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if first.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                raise InputError(f"{what} {path} line {n}: malformed JSON: fix the line") from None
+            check_json_text(obj, f"{what} {path}", line, n)
+            if (
+                not isinstance(obj, dict)
+                or not isinstance(obj.get("label"), str)
+                or not isinstance(obj.get("description", ""), str)
+            ):
+                raise InputError(
+                    f'{what} {path} line {n}: a JSONL label is an object with a string "label" and an optional '
+                    'string "description", e.g. {"label": "card arrival", "description": "the card has not come"}'
+                )
+            label, desc = obj["label"].strip(), obj.get("description", "").strip()
+        else:
+            label, _, desc = line.partition("\t")
+            label, desc = label.strip(), desc.strip()
+        if not label:
+            raise InputError(f"{what} {path} line {n}: the label is empty: give it a name, or drop the line")
+        if label in out:
+            raise InputError(f"{what} {path} line {n}: label {label!r} is given twice")
+        out[label] = desc
+    if not out:
+        raise InputError(f"{what} {path} holds no labels: give one label a line (label<TAB>description optional)")
+    return out
+
+
+def read_rows(
+    path: str | None,
+    fmt: str | None = None,
+    text_field: str = "text",
+    id_field: str = "id",
+    text_column: str = "text",
+    id_column: str | None = "id",
+    gold: Gold = None,
+    id_required: bool = False,
+    pair: str | None = None,
+    pair_required: bool = False,
+) -> Iterator[Row]:
+    """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
+    `gold`: the gold label's field (or several fields: each row's gold is then a dict), read once.
+    `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present; a
+    CSV column named must be in the header, and with `pair_required` (the field was named) a
+    Parquet column in the schema and a JSONL row's field in the row (else its error row).
+
+    Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
+    format, or a CSV header that does not name the text column.
+    """
+    if fmt is not None and fmt not in FORMATS:
+        raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    stdin = path in (None, "-")
+    ext = "" if stdin else Path(str(path)).suffix.lower()
+    if not stdin and os.path.isdir(str(path)):
+        raise InputError(f"the input {path} is a folder, not a file: give the path of a file in it")
+    if fmt == "parquet" or (fmt is None and ext == ".parquet"):
+        if stdin:
+            raise InputError("Parquet cannot be read from standard input: give the file's path")
+        yield from _dedupe(_parquet(str(path), text_field, id_field, gold, pair, pair_required))
+        return
+    raw = _open_binary(path)
+    try:
+        stream: Iterator[bytes] = iter(raw)
+        if fmt is None:
+            if ext in _KNOWN_EXT:
+                fmt = guess_format(path, b"", text_column)
+            else:
+                head, stream = _peek_lines(stream, text_column)
+                fmt = _sniff(head, text_column)
+        if fmt == "jsonl":
+            it = _jsonl(stream, text_field, id_field, gold, pair, pair_required)
+        elif fmt == "csv":
+            it = _csv(
+                stream,
+                text_column,
+                id_column,
+                delimiter={".csv": ",", ".tsv": "\t"}.get(ext),
+                gold=gold,
+                id_required=id_required,
+                pair=pair,
+            )
+        else:
+            it = _text(stream)
+        yield from _dedupe(it)
+    finally:
+        if not stdin:
+            raw.close()
+
+
+_KNOWN_EXT = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text", ".parquet")
+
+
+def _peek_lines(stream: Iterator[bytes], text_column: str) -> tuple[list[tuple[int, str]], Iterator[bytes]]:
+    """Read just enough of `stream` to sniff its format; give back those lines and the whole stream.
+
+    Stops at the first non-blank line when that one decides (it is a JSON object, or is line 1
+    and a CSV header), else after `SNIFF_LINES` non-blank lines or `SNIFF_BYTES` bytes, or at
+    the end of the input. (So a slow pipe of plain text waits for that many lines before the
+    first row; `--format text` skips the sniffing.)
+    """
+    buf: list[bytes] = []
+    size = 0
+    nonblank = 0
+    for b in stream:
+        buf.append(b)
+        size += len(b)
+        if b.strip(b" \t\r\n" + BOM):
+            nonblank += 1
+            if nonblank == 1:
+                s = b.removeprefix(BOM).decode("utf-8", "replace").rstrip("\r\n")
+                if _is_json_object(s) or (len(buf) == 1 and _csv_header(s, text_column)):
+                    break
+            if nonblank >= SNIFF_LINES:
+                break
+        if size >= SNIFF_BYTES:
+            break
+    decoded = [(n, b.decode("utf-8", "replace")) for n, b, _ in _physical_lines(buf)]
+    return decoded, _chain(buf, stream)
+
+
+def _chain(head: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield from head
+    yield from rest
+
+
+# --------------------------------------------------------------------------- ids
+
+
+def _dedupe(rows: Iterator[Row]) -> Iterator[Row]:
+    """Flag a row whose id equals an earlier row's id (by type and value); see the module docstring."""
+    seen: dict[tuple[str, Any], tuple[int, bool]] = {}
+    for row in rows:
+        if row.id is not None:
+            key = (type(row.id).__name__, row.id)
+            prev = seen.get(key)
+            if prev is None:
+                seen[key] = (row.line, row.explicit_id)
+            else:
+                first_line, first_explicit = prev
+                if row.explicit_id and first_explicit:
+                    why = f"also the id of line {first_line}"
+                elif row.explicit_id:
+                    why = f"also the id of line {first_line}, which has no id of its own and so is numbered by its line"
+                elif first_explicit:
+                    why = f"this row has no id, so its id is its line number, but line {first_line} gives that id"
+                else:  # two line numbers cannot be equal; kept for completeness
+                    why = f"also the id of line {first_line}"
+                err = f"line {row.line}: duplicate id {row.id!r} ({why}): {UNIQUE_FIX}"
+                if row.error is not None:
+                    err += "; also: " + row.error.removeprefix(f"line {row.line}: ")
+                row = Row(row.line, None, error=err, explicit_id=row.explicit_id, last_line=row.last_line)
+        yield row
+
+
+# --------------------------------------------------------------------------- JSONL and text
+
+
+def _jsonl(
+    raw: Iterable[bytes],
+    text_field: str,
+    id_field: str,
+    gold: Gold = None,
+    pair: str | None = None,
+    pair_required: bool = False,
+) -> Iterator[Row]:
+    for n, line, detail in _lines(raw):
+        if line is None:
+            yield Row(n, None, error=_utf8_error(n, detail))
+            continue
+        if not line.strip():
+            yield Row(
+                n,
+                None,
+                error=f"line {n}: blank line: remove it, or put a JSON object with a {text_field!r} field there",
+            )
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield Row(n, None, error=f"line {n}: malformed JSON ({json_error(e)}): fix the line")
+            continue
+        except ValueError as e:  # e.g. an integer of more digits than Python converts
+            yield Row(n, None, error=f"line {n}: malformed JSON ({e}): fix the line")
+            continue
+        except RecursionError:
+            yield Row(n, None, error=f"line {n}: malformed JSON (nested too deeply): fix the line")
+            continue
+        if not isinstance(obj, dict):
+            yield Row(
+                n,
+                None,
+                error=f'line {n}: expected a JSON object like {{"{text_field}": "..."}}, got {type(obj).__name__}',
+            )
+            continue
+        yield _record_row(n, obj, text_field, id_field, gold, pair, pair_required)
+
+
+def _parquet(
+    path: str, text_field: str, id_field: str, gold: Gold = None, pair: str | None = None, pair_required: bool = False
+) -> Iterator[Row]:
+    """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError("reading Parquet needs pyarrow: pip install 'mlx-slm[ray]' (or pyarrow)") from None
+    try:
+        f = pq.ParquetFile(path)
+        names = f.schema_arrow.names
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise InputError(f"{path} is not a readable Parquet file ({e})") from None
+    if text_field not in names:
+        raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use --text-field")
+    if pair and pair_required and pair not in names:
+        raise InputError(f"{path} has no column {pair!r} (it has {', '.join(names)}): fix --pair-field")
+    golds = (gold,) if isinstance(gold, str) else (gold or ())
+    cols = [c for c in (id_field, text_field, *golds, pair) if c and c in names]
+    n = 0
+    batches = f.iter_batches(batch_size=8192, columns=list(dict.fromkeys(cols)))
+    while True:
+        # A damaged page (bad compression, a wrong length, a bad checksum) surfaces here, as
+        # one of several pyarrow (or OS) errors: the file as a whole is refused.
+        try:
+            batch = next(batches, None)
+            records = None if batch is None else batch.to_pylist()
+        except Exception as e:  # noqa: BLE001 - OSError, ArrowInvalid, ArrowException, ...
+            raise InputError(
+                f"{path}: rows from row {n + 1} on cannot be read ({type(e).__name__}: {e}): "
+                "the Parquet file is damaged; write it again"
+            ) from None
+        if records is None:
+            return
+        for obj in records:
+            n += 1
+            yield _record_row(n, obj, text_field, id_field, gold, pair)
+
+
+def _pair_problem(n: int, v: Any, name: str) -> str | None:
+    """Why a second text cannot be read (not a string, not valid Unicode), or None."""
+    if v is None or isinstance(v, str) and not has_lone_surrogate(v):
+        return None
+    if isinstance(v, str):
+        return f"line {n}: field {name!r} holds an unpaired surrogate escape (not valid Unicode): fix the text"
+    return f"line {n}: field {name!r} (the second text of a pair) must be a string, got {type(v).__name__}"
+
+
+def _record_row(
+    n: int,
+    obj: dict[str, Any],
+    text_field: str,
+    id_field: str,
+    gold: Gold,
+    pair: str | None = None,
+    pair_required: bool = False,
+) -> Row:
+    """One record (a JSON object, a Parquet row) checked: its Row, or its error row (also when
+    `pair_required` and a JSON object has no `pair` field)."""
+    explicit = id_field in obj
+    rid: Any = obj[id_field] if explicit else n
+    if explicit:
+        if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+            kind = "null" if rid is None else type(rid).__name__
+            return Row(
+                n,
+                None,
+                error=f"line {n}: field {id_field!r} must be a string or an integer, got {kind}: fix it, or leave the field out to number rows by line",
+                explicit_id=True,
+            )
+        if rid == "":
+            return Row(
+                n,
+                None,
+                error=f"line {n}: field {id_field!r} is empty: give the row an id, or leave the field out to number rows by line",
+                explicit_id=True,
+            )
+        if isinstance(rid, str) and has_lone_surrogate(rid):
+            return Row(
+                n,
+                None,
+                error=f"line {n}: field {id_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the id",
+                explicit_id=True,
+            )
+    if text_field not in obj:
+        fields = ", ".join(map(repr, obj)) or "none"
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: missing field {text_field!r} (fields present: {fields}); use --text-field to name it",
+            explicit_id=explicit,
+        )
+    t = obj[text_field]
+    if not isinstance(t, str):
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: field {text_field!r} must be a string, got {type(t).__name__}",
+            explicit_id=explicit,
+        )
+    elif not t.strip():
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: field {text_field!r} is empty: give the item some text, or drop the row",
+            explicit_id=explicit,
+        )
+    elif has_lone_surrogate(t):
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: field {text_field!r} holds an unpaired surrogate escape (not valid Unicode): fix the text",
+            explicit_id=explicit,
+        )
+    second = obj.get(pair) if pair else None
+    why = _pair_problem(n, second, str(pair))
+    if pair and pair_required and pair not in obj:
+        fields = ", ".join(map(repr, obj))
+        why = (
+            f"line {n}: no field {pair!r} (fields present: {fields}): give the row its second text, or fix --pair-field"
+        )
+    if why:
+        return Row(n, rid, error=why, explicit_id=explicit)
+    return Row(n, rid, t, explicit_id=explicit, gold=_gold_value(gold, obj.get), pair=second or None)
+
+
+def _text(raw: Iterable[bytes]) -> Iterator[Row]:
+    for n, line, detail in _lines(raw):
+        if line is None:
+            yield Row(n, None, error=_utf8_error(n, detail))
+        elif not line.strip():
+            yield Row(n, None, error=f"line {n}: blank line: each line is one item, so remove blank lines")
+        else:
+            yield Row(n, n, line)
+
+
+# --------------------------------------------------------------------------- CSV
+
+# The csv module ends a record at any "\r" outside quotes; our lines end only at "\n"/"\r\n",
+# so a lone "\r" inside a line is swapped for a stand-in while parsing and put back after.
+# U+D800 cannot come out of decoding (surrogateescape only makes U+DC80..U+DCFF).
+_CR = "\ud800"
+
+
+class _Source:
+    """Decoded physical lines with push-back, for re-reading after a record fails to parse."""
+
+    def __init__(self, raw: Iterable[bytes]):
+        self.it = _physical_lines(raw)
+        self.back: deque[tuple[int, str, str]] = deque()
+
+    def next(self) -> tuple[int, str, str] | None:
+        if self.back:
+            return self.back.popleft()
+        nxt = next(self.it, None)
+        if nxt is None:
+            return None
+        n, b, term = nxt
+        return n, b.decode("utf-8", "surrogateescape"), term.decode("ascii")
+
+    def push_back(self, lines: list[tuple[int, str, str]]) -> None:
+        self.back.extendleft(reversed(lines))
+
+
+@dataclass
+class _Record:
+    line: int
+    last_line: int
+    fields: list[str] | None  # None: did not parse
+    error: str = ""
+
+
+def _next_record(src: _Source, delimiter: str) -> _Record | None:
+    """Parse one CSV record from the next physical line on, joining lines only while a quote is open."""
+    first = src.next()
+    if first is None:
+        return None
+    taken = [first]
+    size = len(first[1])
+    why_stopped = ""
+
+    def feed() -> Iterator[str]:
+        nonlocal size, why_stopped
+        yield first[1].replace("\r", _CR) + first[2]
+        while True:
+            if len(taken) >= CSV_MAX_RECORD_LINES or size >= CSV_MAX_RECORD_CHARS:
+                why_stopped = f"still open after {len(taken):,} lines ({size:,} characters)"
+                return
+            nxt = src.next()
+            if nxt is None:
+                why_stopped = "still open at the end of the input"
+                return
+            taken.append(nxt)
+            size += len(nxt[1])
+            yield nxt[1].replace("\r", _CR) + nxt[2]
+
+    n = first[0]
+    try:
+        rec = next(csv.reader(feed(), delimiter=delimiter, strict=True), [])
+    except csv.Error as e:
+        src.push_back(taken[1:])
+        if "field larger than field limit" in str(e):
+            msg = (
+                f"line {n}: a field longer than {csv.field_size_limit():,} characters "
+                f"(or a quote opened on this line and never closed): shorten it, or close the quote"
+            )
+        elif why_stopped:
+            msg = (
+                f"line {n}: a quoted field opened on this line is never closed ({why_stopped}): "
+                f'close the quote, or write a quote inside a quoted field as ""; reading went on at line {n + 1}'
+            )
+        elif len(taken) > 1:
+            msg = (
+                f"line {n}: malformed CSV ({e} on line {taken[-1][0]}, inside a quoted field opened on line {n}): "
+                f'check its quotes (a quote inside a quoted field is written ""); reading went on at line {n + 1}'
+            )
+        else:
+            msg = f'line {n}: malformed CSV ({e}): check its quotes (a quote inside a quoted field is written "")'
+        return _Record(n, n, None, msg)
+    return _Record(n, taken[-1][0], [f.replace(_CR, "\r") for f in rec])
+
+
+def _csv(
+    raw: Iterable[bytes],
+    text_column: str,
+    id_column: str | None,
+    delimiter: str | None = ",",
+    gold: Gold = None,
+    id_required: bool = False,
+    pair: str | None = None,
+) -> Iterator[Row]:
+    """CSV rows; `delimiter` None: comma or tab, whichever makes the header name `text_column`."""
+    if csv.field_size_limit() < CSV_MAX_RECORD_CHARS:  # the csv module's default is 128 KiB
+        csv.field_size_limit(CSV_MAX_RECORD_CHARS)
+    src = _Source(raw)
+    first = src.next()
+    if first is None:
+        return
+    if delimiter is None:
+        delimiter = _csv_header(first[1], text_column) or ","
+    src.push_back([first])
+    head = _next_record(src, delimiter)
+    assert head is not None
+    if head.fields is None:
+        raise InputError(f"malformed CSV header: {head.error}")
+    header = head.fields
+    ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, id_required)
+    if pair and pair not in header:
+        raise InputError(
+            f"CSV header has no column {pair!r} (columns: {', '.join(map(repr, header))}): fix --pair-column"
+        )
+    pi = header.index(pair) if pair else None
+    while True:
+        nxt = src.next()
+        if nxt is None:
+            return
+        n = nxt[0]
+        if not nxt[1].strip():
+            yield Row(n, None, error=f"line {n}: blank line: remove it")
+            continue
+        src.push_back([nxt])
+        r = _next_record(src, delimiter)
+        assert r is not None
+        row = _csv_row(n, r, len(header), ti, ii, gi, text_column, id_column, gold)
+        if pi is not None and row.error is None and r.fields is not None:
+            row.pair = r.fields[pi] or None
+        yield row
+
+
+def _csv_columns(
+    header: list[str], delimiter: str, text_column: str, id_column: str | None, gold: Gold, id_required: bool
+) -> tuple[int, int | None, dict[str, int]]:
+    """The text, id and gold columns' indices in a CSV header (id and gold None when absent);
+    a header that cannot be read this way is an `InputError` naming the fix."""
+    if any(has_lone_surrogate(c) for c in header):
+        raise InputError(_utf8_error(1) + " (in the CSV header)")
+    if text_column not in header:
+        raise InputError(
+            f"CSV header has no column {text_column!r} (columns: {', '.join(map(repr, header)) or 'none'}, "
+            f"read as {'tab' if delimiter == chr(9) else 'comma'}-separated); use --text-column"
+        )
+    for col in (text_column, id_column):
+        if col and header.count(col) > 1:
+            raise InputError(f"CSV header names column {col!r} {header.count(col)} times: rename all but one")
+    if id_required and id_column and id_column not in header:
+        raise InputError(
+            f"CSV header has no column {id_column!r} (columns: {', '.join(map(repr, header))}); "
+            "name the id column with --id-column, or leave the option out to number rows by line"
+        )
+    ti = header.index(text_column)
+    ii = header.index(id_column) if id_column and id_column in header else None
+    golds = (gold,) if isinstance(gold, str) else (gold or ())
+    gi = {g: header.index(g) for g in golds if g in header}  # each gold field's column (absent: no gold)
+    return ti, ii, gi
+
+
+def _csv_row(
+    n: int,
+    r: _Record,
+    width: int,
+    ti: int,
+    ii: int | None,
+    gi: dict[str, int],
+    text_column: str,
+    id_column: str | None,
+    gold: Gold = None,
+) -> Row:
+    """One CSV record starting at line `n` (`r`, from `_next_record`) as a `Row`, or an error
+    row naming its line; `width`: the header's number of columns."""
+    span = f"line {n}" if r.last_line == n else f"lines {n}-{r.last_line}"
+    if r.fields is None:
+        return Row(n, None, error=r.error, last_line=r.last_line)
+    rec = r.fields
+    if len(rec) != width:
+        return Row(
+            n,
+            None,
+            error=f"{span}: {len(rec)} fields where the header has {width}: check commas and quotes",
+            last_line=r.last_line,
+        )
+    explicit = ii is not None
+    rid: Any = rec[ii] if ii is not None else n
+    if ii is not None and has_lone_surrogate(rec[ii]):
+        return Row(
+            n, None, error=_utf8_error(n) + f" (in column {id_column!r})", explicit_id=True, last_line=r.last_line
+        )
+    if ii is not None and not rid:
+        return Row(
+            n,
+            None,
+            error=f"line {n}: empty {id_column!r}: give every row an id",
+            explicit_id=True,
+            last_line=r.last_line,
+        )
+    if any(has_lone_surrogate(c) for c in rec):
+        return Row(n, rid, error=_utf8_error(n), explicit_id=explicit, last_line=r.last_line)
+    if not rec[ti].strip():
+        return Row(
+            n,
+            rid,
+            error=f"line {n}: column {text_column!r} is empty: give the item some text, or drop the row",
+            explicit_id=explicit,
+            last_line=r.last_line,
+        )
+    gold_of = _gold_value(gold, lambda g: rec[gi[g]] if g in gi else None)
+    return Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=gold_of)
+
+
+def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:
+    """Why a labelled row cannot be used (eval, calibration data), or None if it can: the
+    gold-label rule of `labels.gold_problem`, on the gold as text, worded with the row's line.
+    Only a gold that is absent is "no gold label"; a blank or spaced one is named by its repr."""
+    from ..text.labels import gold_problem as label_problem
+
+    if label_problem(None if row.gold is None else str(row.gold), labels) is None:
+        return None
+    if row.gold is None:
+        return f"line {row.line}: no gold label in {field!r}: add it, or name its field with --gold-field"
+    return f"line {row.line}: gold label {row.gold!r} is not one of the labels {list(labels)}: fix it, or add the label"

@@ -1,0 +1,168 @@
+"""`mlx-slm rerank`'s work without click: queries and their documents in, each query's
+documents best first out.
+
+Two inputs: one query (`--query TEXT`) over a file of documents (read as `classify` reads its
+input: JSONL, CSV/TSV, text, Parquet; one document per row), or a JSONL file of queries, one
+`{"query": "...", "documents": ["...", ...], "id"?: ...}` per line. Every (query, document)
+is one item of a reranker kind (`kinds/rerank.py`), so each query's tokens run once and
+documents of several queries share batches. The output, JSONL, is per query best first:
+`{"query_id"?, "index", "score", "rank"}` (`document` on request); a bad document row or a bad
+query line gives an error row naming its line, after the query's ranked documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ground.errors import UserError
+from ..kinds.rerank import rerank_order
+from ..text.predictions import Stats
+
+MAX_DOCUMENTS = 10_000  # per query: a larger list is refused (ask in parts)
+
+
+class RerankError(UserError, ValueError):
+    pass
+
+
+@dataclass
+class Query:
+    """One query and its documents; `line` where it was read; `error` when it cannot run."""
+
+    text: str | None
+    documents: list[str | None]
+    id: Any = None
+    line: int | None = None
+    error: str | None = None
+    doc_lines: list[int] = field(default_factory=list)  # each document's line (a documents file)
+    doc_errors: list[str | None] = field(default_factory=list)
+
+
+def query_problem(query: Any, documents: Any, top_n: Any = None) -> str | None:
+    """Why a query and its documents cannot be reranked, or None: a query that is not text
+    (not a non-empty string, or not valid Unicode), documents that are not a non-empty list of
+    such strings, more than `MAX_DOCUMENTS`, a `top_n` out of range."""
+    from ..ground.textfiles import has_lone_surrogate
+
+    if not isinstance(query, str) or not query.strip():
+        return "the query must be a non-empty string"
+    if has_lone_surrogate(query):
+        return "the query holds an unpaired surrogate escape (not valid Unicode): fix the query"
+    if not isinstance(documents, list) or not documents:
+        return "documents must be a non-empty list of strings"
+    if len(documents) > MAX_DOCUMENTS:
+        return f"{len(documents)} documents for one query, over the limit of {MAX_DOCUMENTS}: send them in parts"
+    for i, d in enumerate(documents):
+        if not isinstance(d, str) or not d.strip():
+            return f"documents[{i}] must be a non-empty string"
+        if has_lone_surrogate(d):
+            return f"documents[{i}] holds an unpaired surrogate escape (not valid Unicode): fix the document"
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        return f"top_n must be a positive integer, got {top_n!r}"
+    return None
+
+
+def read_queries(path: str, id_field: str = "id") -> Iterator[Query]:
+    """A JSONL file of queries, read as `classify` reads a JSONL input (`io.read_rows`, the query
+    its text): the same line errors, and the same ids (a string or an integer, unique; none: the
+    line's number), a bad or duplicate one making the line an error row whose id is null. A line
+    that cannot run is a `Query` with its error."""
+    from ..files.readers import read_rows
+
+    n = 0
+    for r in read_rows(path, "jsonl", "query", id_field, gold="documents"):
+        n += 1
+        if r.error is not None:
+            yield Query(None, [], r.id, r.line, r.error)
+            continue
+        why = query_problem(r.text, r.gold)
+        docs = list(r.gold) if isinstance(r.gold, list) else []
+        yield Query(r.text, docs, r.id, r.line, f"line {r.line}: {why}" if why else None)
+    if not n:
+        raise RerankError(
+            f'the queries file {path} is empty: give it one query a line, {{"query": "...", "documents": ["...", ...]}}'
+        )
+
+
+def documents_query(query: str, rows: Sequence[Any]) -> Query:
+    """`--query TEXT` over a file's rows (`io.Row`s): one query, a document per row."""
+    why = query_problem(query, ["x"])
+    if why:
+        raise RerankError(f"--query: {why}")
+    if not rows:
+        raise RerankError("--query: the documents file holds no documents: give it one document a row")
+    if len(rows) > MAX_DOCUMENTS:
+        raise RerankError(f"{len(rows)} documents, over the limit of {MAX_DOCUMENTS} per query: rerank them in parts")
+    return Query(
+        query,
+        [r.text if r.error is None else None for r in rows],
+        line=None,
+        doc_lines=[r.line for r in rows],
+        doc_errors=[r.error for r in rows],
+    )
+
+
+def check_output(path: str | None) -> None:
+    """The rerank output is JSON lines (one object a ranked document or error): a file named for
+    another format (.csv, .tsv, .parquet, or an extension we do not know) is refused by name, as
+    `classify` refuses one it cannot write; stdout, /dev/null and other streams take it as it is."""
+    from ..files.output import is_plain_file_target, output_format
+    from ..ground.errors import OutputError
+
+    if path in (None, "-") or not is_plain_file_target(path):
+        return
+    try:
+        fmt = output_format(path)
+    except OutputError:
+        fmt = None
+    if fmt != "jsonl":
+        what = f"a {fmt} file name" if fmt else f"the extension {Path(path).suffix or '(none)'!r}"
+        raise RerankError(
+            f"-o {path}: rerank writes JSON lines, and this is {what}: name the file .jsonl (or - for stdout)"
+        )
+
+
+def rerank(
+    clf: Any, queries: Sequence[Query], top_n: int | None = None, return_documents: bool = False
+) -> tuple[list[dict[str, Any]], Stats]:
+    """Every query's documents scored (one run over all (query, document) items) and ordered
+    best first: the output rows, and the run's figures."""
+    items, where = [], []
+    for qi, q in enumerate(queries):
+        if q.error is not None:
+            continue
+        for di, d in enumerate(q.documents):
+            if d is not None:
+                items.append((q.text, d))
+                where.append((qi, di))
+    run = clf.run(items, window=max(1, len(items)))
+    scores: dict[tuple[int, int], Any] = {}
+    for (qi, di), p in zip(where, run):
+        scores[(qi, di)] = p
+    out: list[dict[str, Any]] = []
+    for qi, q in enumerate(queries):
+        # A file's query: its id, or its line (null where the id could not be read), as classify's "id".
+        qid = {} if q.line is None and q.id is None and len(queries) == 1 else {"query_id": q.id}
+        if q.error is not None:
+            out.append({**qid, "line": q.line, "error": q.error})
+            continue
+        ok = [di for di in range(len(q.documents)) if (qi, di) in scores and scores[(qi, di)].ok]
+        order = [ok[i] for i in rerank_order([scores[(qi, di)].value for di in ok], top_n)]
+        for rank, di in enumerate(order, 1):
+            p = scores[(qi, di)]
+            row = {**qid, "index": di, "score": round(p.value, 6), "rank": rank}
+            if p.truncated:
+                row["truncated"] = True
+            if return_documents:
+                row["document"] = q.documents[di]
+            out.append(row)
+        for di in range(len(q.documents)):  # documents that could not run: their error rows, in order
+            p = scores.get((qi, di))
+            why = q.doc_errors[di] if q.doc_errors and q.doc_errors[di] else (p.error if p is not None else None)
+            if why is not None:
+                line = q.doc_lines[di] if q.doc_lines else None
+                out.append({**qid, "index": di, **({"line": line} if line else {}), "error": why})
+    return out, run.stats
