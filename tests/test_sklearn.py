@@ -83,7 +83,7 @@ def test_train_head_from_memory_and_its_errors(tiny_qwen_mlx, data):
     from mlx_slm.text.labels import LabelError
 
     assert {"Task", "Head", "train_head", "CalibrationSpec"} <= set(mlx_slm.__all__)
-    assert Task is __import__("mlx_slm.classifier.task").task.Task
+    assert Task is __import__("mlx_slm.classifier.task", fromlist=["Task"]).Task
     X, y, test = data
     engine = Engine.load(str(tiny_qwen_mlx))
     head = train_head(engine, X, y, system=SYSTEM, template=TEMPLATE, layers=[1, 2], folds=3)
