@@ -76,7 +76,7 @@ def timed(clf: Classifier, texts: list[str]) -> tuple[list, dict, float]:
 
 def floor_tokens(clf: Classifier, texts: list[str]) -> int:
     """Every text's own tokens once (after the shared head) plus every branch's tokens."""
-    plan = clf.plan
+    plan = clf.kind.plan
     assert plan is not None
     head = len(clf.prefix_tokens)
     total = 0

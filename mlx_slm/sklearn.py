@@ -46,6 +46,8 @@ except ImportError as e:  # pragma: no cover - the extra is missing
     raise MissingExtra("mlx_slm.sklearn needs scikit-learn: pip install 'mlx-slm[sklearn]'") from e
 
 from .ground.notices import notice
+from .kinds.finetune import FineTunedSettings
+from .kinds.head import HeadSettings
 from .weights.registry import DEFAULT_MODEL
 
 # The estimator's own prompt defaults (not the CLI's ticket-specific ones): they name the
@@ -444,8 +446,11 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             calibration=spec,
             weights_sha256=engine.weights_sha256,
             versions=versions(),
-            head=head,
-            finetune=None if tuned is None else in_memory(tuned),
+            section=HeadSettings(head)
+            if head is not None
+            else None
+            if tuned is None
+            else FineTunedSettings(in_memory(tuned)),
         )
         self.classes_ = classes
         self.__dict__.pop("_clf_cache", None)
@@ -558,7 +563,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         if method is None:
             raise ValueError(f"the task scores with {kind.name!r}; the estimator fits {', '.join(METHOD_OF_KIND)}")
         if method == "finetune":  # the adapters read once, held in memory (and in pickles), the settings they had
-            t = replace(t, finetune=in_memory(kind.tuned, kind.fused))
+            t = replace(t, section=FineTunedSettings(in_memory(kind.tuned, kind.fused)))
             done = kind.tuned.settings
             params = {**{k: done[v] for k, v in TUNING.items() if v in done}, **params}
         own = method == "model"  # a sequence classifier's own head: its prompt is the text itself
@@ -591,7 +596,7 @@ def _pickled(state: dict[str, Any]) -> dict[str, Any]:
         t = state["task_"]
         if t.finetune is not None:
             state["finetuned_"] = {**t.finetune, "tuned": t.finetune["tuned"].to_bytes()}
-            t = replace(t, finetune=None)
+            t = replace(t, section=None)
         state["task_"] = t.to_dict()
     return state
 
@@ -606,7 +611,7 @@ def _unpickled(state: dict[str, Any]) -> dict[str, Any]:
     tuned = state.pop("finetuned_", None)
     if tuned is not None:
         tuned["tuned"] = FineTuned.from_bytes(tuned["tuned"], "the pickled SLMClassifier's adapters")
-        state["task_"] = replace(state["task_"], finetune=tuned)
+        state["task_"] = replace(state["task_"], section=FineTunedSettings(tuned))
     return state
 
 
@@ -693,7 +698,7 @@ def _check_params(self: SLMClassifier) -> None:
 
 def _batching(est: SLMClassifier) -> dict[str, Any]:
     """The batching settings a fit and a prediction run with (None: the CLI's defaults)."""
-    from .classifier.base import DEFAULT_BATCH_SIZE
+    from .classifier.pipeline import DEFAULT_BATCH_SIZE
 
     return {
         "batch_size": est.batch_size or DEFAULT_BATCH_SIZE,

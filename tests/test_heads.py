@@ -276,7 +276,7 @@ def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
     assert errors == [None] * len(texts) and f.shape == (len(texts), 1, 64)
     head = Head(LABELS, (1,), *fit_logistic(f[:, 0], np.arange(len(texts)) % 3, 3, 1.0))
     clf = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head)
-    assert clf.mode == "head" and clf.labelset.row_tokens == 0 and clf.label_extra == 0
+    assert clf.mode == "head" and clf.labelset.row_tokens == 0 and clf.kind.label_extra == 0
     m = engine.model
     saved_layers = list(m.layers)
 

@@ -187,7 +187,7 @@ def test_label_trie_pass_matches_transformers(tiny, n_random, max_nodes, ops):
             max_batch_tokens=300,
             label_pass=label_pass,
         )
-        clf.labelset = LabelSet(names, tuple(ids), "sequence", max_trie_nodes=max_nodes)
+        clf.kind.labelset = LabelSet(names, tuple(ids), "sequence", max_trie_nodes=max_nodes)
         run = clf.run(texts, window=len(texts))
         out[label_pass] = (list(run), run.stats)
     preds, stats = out["trie"]

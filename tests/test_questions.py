@@ -179,7 +179,7 @@ def test_every_answer_equals_the_question_alone_and_transformers(tiny_engine):
     ref = Reference(tiny_engine.path, threads=1)
     for p, text in zip(preds, texts):
         got: dict[int, list] = {}
-        for b in clf.plan.blocks:  # each question's full prompt, run afresh by Transformers
+        for b in clf.kind.plan.blocks:  # each question's full prompt, run afresh by Transformers
             ids = tokenize(tiny_engine.tokenizer, [render(tiny_engine.tokenizer, b.fmt, text)])[0]
             got.setdefault(b.question, []).append(ref.label_scores(ids, b.options)[0])
         for qi, q in enumerate(QUESTIONS):

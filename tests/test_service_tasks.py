@@ -58,9 +58,9 @@ def test_server_batches_count_the_label_trie(tiny_qwen_mlx):
         r = httpx.post(s.url + "/v1/classify", json=body, timeout=60)
         assert r.status_code == 200, r.text
         front = service.front_classifier(service.task_key(labels, None, None, None))
-        assert front.mode == "sequence" and front.row_extra > 0
+        assert front.mode == "sequence" and front.kind.row_extra > 0
         item = front.prepare(body["texts"])[0]
-        assert seen[-1] == [len(item.ids) - len(front.prefix_tokens) + front.row_extra]
+        assert seen[-1] == [len(item.ids) - len(front.prefix_tokens) + front.kind.row_extra]
     finally:
         s.stop()
 

@@ -22,7 +22,7 @@ def test_trie_scores_equal_the_per_label_passes_on_random_label_sets(engine):
         if len(labels) < 2:
             continue
         trie = _clf(engine, labels, scoring="sequence", batch_size=int(rng.choice([1, 2, 8])))
-        trie.labelset = dataclasses.replace(trie.labelset, max_trie_nodes=int(rng.choice([1, 3, 256])))
+        trie.kind.labelset = dataclasses.replace(trie.labelset, max_trie_nodes=int(rng.choice([1, 3, 256])))
         per = _clf(engine, labels, scoring="sequence", label_pass="per-label")
         for a, b in zip(trie.classify(texts), per.classify(texts)):
             assert a.label == b.label

@@ -6,17 +6,17 @@ Data flows one way through the modules:
           -> batch plan (batching) -> kind.score (engine primitives) -> predictions
           -> calibration (the kind's calibration run) -> the caller
 
-The scoring kind (`kinds/`: the labels' tokens, a learned head, several questions) is chosen
-once at construction from the arguments; everything that differs between kinds is the
-kind's. With a learned head the forward stops at the head's layer and no label token runs,
-so the label count does not change the cost.
+A classifier is a scoring kind (`kinds/`: the labels' tokens, a learned head, several
+questions, a model's own head, a reranker, fine-tuned adapters) bound to an engine, with its
+calibration and batch settings. The kind is chosen once, here, where the model is known: the
+arguments go through `kinds.arguments` (the one translator every front end uses) and the
+kinds table (`kinds.spec_of`) on the model's facts. Everything that differs between kinds
+is the kind's; the views below read the kind's interface, never guess at it.
 
 Each optimization can be switched off alone (`sort`, `use_prefix_cache`, the token
-budget), so its worth can be measured, and none of them may change a prediction.
-
-`Classifier` is the facade. Its construction and settings are `classifier_base.py`, the
-window and batch pipeline `pipeline.py`, and the checks of what the API takes as texts
-`inputs.py`.
+budget), so its worth can be measured, and none of them may change a prediction. The
+window and batch pipeline is `pipeline.py`; calibration fitted on labelled texts is
+`calibrate.py`; what the API takes as texts is `text.inputs`.
 """
 
 from __future__ import annotations
@@ -25,38 +25,90 @@ import time
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..engine.engine import Engine
-from ..text.calibration import Calibration, CalibrationSpec, Calibrator
+from ..engine.prefix_cache import PrefixCache
+from ..kinds import Kind, KindArgs, KindSpec, ModelFacts, RunSettings, arguments, spec_of
+from ..kinds.head import FeaturesSettings, HeadSettings
+from ..models import Model, embeds_only
+from ..text.calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
+from ..text.heads import Head
 from ..text.inputs import as_texts as _as_texts
-from ..text.inputs import check_frame, check_new_columns
 from ..text.inputs import check_window as _check_window
-
-# train.py and sklearn.py take `_missing` from here (it moved to inputs.py).
-from ..text.inputs import missing as _missing  # noqa: F401
 from ..text.inputs import with_progress as _with_progress
-from ..text.labels import LabelError
+from ..text.labels import LabelSet
 from ..text.predictions import Item, Prediction, Stats
-from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, TRUNCATE_MODES, PromptFormat
+from ..text.questions import Question
 from ..weights.registry import DEFAULT_MODEL
 from . import pipeline
-from .base import ClassifierBase
+from .calibrate import fit_calibration
+from .frames import classify_frame
+from .pipeline import BatchSettings
+from .task import Task
 
-if TYPE_CHECKING:
-    from .task import Task
 
+class Classifier:
+    """One classification task on a shared `Engine`: its kind, prompt, calibration and batching.
 
-class Classifier(ClassifierBase):
-    """One classification task on a shared `Engine`: labels, prompt, scoring and batching.
+    It renders and tokenizes, plans length-bucketed batches, asks the engine for label scores
+    and hands predictions back in input order. It holds settings only; what a run counts comes
+    back with that run (`run()`), so one classifier (and one engine under many classifiers)
+    can serve concurrent callers.
 
-    The policy layer: it renders and tokenizes, plans length-bucketed batches, asks the
-    engine for label scores and hands predictions back in input order. It holds settings
-    only; what a run counts comes back with that run (`run()`), so one classifier (and
-    one engine under many classifiers) can serve concurrent callers.
+    Scoring arguments (keywords, `**scoring`; `kinds.arguments` reads them): `scoring`
+    ("auto", "first-token", "sequence"), `examples` ((text, label) pairs), `label_descriptions`,
+    `keep_logits`, `label_pass`; `head` (a learned `Head`); `questions` (several per text);
+    `features_only`; `threshold` (a multi-label sequence classifier's); `reranker` and
+    `instruction`; `finetuned` (a `FineTuned`) and `fused`. Or `kind`: a `KindArgs` or a
+    `KindSpec` made already.
     """
+
+    def __init__(
+        self,
+        engine: Engine,
+        labels: Sequence[str] = DEFAULT_LABELS,
+        system: str | None = DEFAULT_SYSTEM,
+        template: str = DEFAULT_TEMPLATE,
+        *,
+        batch_size: int = pipeline.DEFAULT_BATCH_SIZE,
+        max_batch_tokens: int | None | str = "auto",
+        sort: bool = True,
+        use_prefix_cache: bool = True,
+        truncate: str | None = None,
+        max_length: int | None = None,
+        calibration: str | Calibrator | CalibrationSpec = "none",
+        min_confidence: float | None = None,
+        warmup: int = DEFAULT_WARMUP,
+        kind: KindSpec | KindArgs | None = None,
+        **scoring: Any,
+    ):
+        if not isinstance(engine, Engine):
+            raise TypeError(
+                f"Classifier takes an Engine (Engine.load(name), or Engine(model, tokenizer)), not "
+                f"{type(engine).__name__}; Classifier.load(name, ...) loads one"
+            )
+        if truncate is not None and truncate not in TRUNCATE_MODES:
+            raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")
+        if kind is None:
+            kind = _arguments(labels, system, template, truncate, scoring)
+        elif scoring:
+            raise TypeError(f"give the scoring arguments in `kind`, not beside it: {', '.join(sorted(scoring))}")
+        if isinstance(kind, KindArgs):  # chosen here, once, where the model (and any score head of its own) is known
+            model = ModelFacts(getattr(engine.model, "seqcls", None), str(engine.path or ""))
+            if embeds_only(engine.model) and kind.get(HeadSettings) is None and kind.get(FeaturesSettings) is None:
+                kind = replace(kind, own=(*kind.own, FeaturesSettings()))  # no head to score with: its features
+            kind = spec_of(replace(kind, model=model))
+        self.engine = engine
+        self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
+        self.min_confidence, self.warmup = min_confidence, warmup
+        kind.check_calibration(self.calibration, min_confidence)  # a head's, a question's: refused if it does not apply
+        self.batching = BatchSettings.of(batch_size, max_batch_tokens, sort)
+        run = RunSettings(truncate, max_length or engine.max_length, use_prefix_cache)
+        self.kind: Kind = kind.bind(engine, kind.prompt(system, template), run)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -71,9 +123,8 @@ class Classifier(ClassifierBase):
         **kwargs: Any,
     ) -> Classifier:
         """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
-
-        dequantize: an MLX-quantized model's weights are dequantized at load on the CPU
-        (None, the default), kept packed on a GPU; True or False decides."""
+        dequantize: an MLX-quantized model's weights are dequantized at load on the CPU (None,
+        the default), kept packed on a GPU; True or False decides."""
         return cls(Engine.load(model, dtype, dequantize), labels, system, template, **kwargs)
 
     @classmethod
@@ -88,8 +139,6 @@ class Classifier(ClassifierBase):
         """A classifier as a saved task file defines it (model, prompt, examples, calibration).
 
         Pass `engine` to share loaded weights between tasks of the same model."""
-        from .task import Task
-
         t = task if isinstance(task, Task) else Task.load(task)
         engine = engine or Engine.load(t.model, dtype, dequantize)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
@@ -103,11 +152,76 @@ class Classifier(ClassifierBase):
                 "system, template, ...) for another task, or save one (Task, --save-task)"
             )
         # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
-        own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass", "features_only") if k in kwargs}
-        kind = replace(t.kind_args(), **own)  # chosen on the engine (a model's own score head included)
+        own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass") if k in kwargs}
+        args = replace(t.kind_args(), **own)
+        if kwargs.pop("features_only", False) and args.get(FeaturesSettings) is None:
+            args = replace(args, own=(*args.own, FeaturesSettings()))
         # Run settings may be overridden, as classify's own arguments can.
         run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
-        return cls(engine, system=t.system, template=t.template, kind=kind, **run)
+        return cls(engine, system=t.system, template=t.template, kind=args, **run)
+
+    # ------------------------------------------------------------------ views of the settings
+    @property
+    def spec(self) -> KindSpec:
+        """The kind's settings (what a task file saves)."""
+        return self.kind.spec
+
+    @property
+    def format(self) -> PromptFormat:
+        return self.kind.format
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(self.kind.labelset.labels)
+
+    @property
+    def labelset(self) -> LabelSet:
+        """The labels' token ids and scoring mode (the labels kind's; names only for another kind)."""
+        return self.kind.labelset
+
+    @property
+    def mode(self) -> str:
+        return self.kind.mode
+
+    @property
+    def head(self) -> Head | None:
+        """The learned head the kind scores with (None for any other kind)."""
+        return self.spec.learned_head
+
+    @property
+    def questions(self) -> tuple[Question, ...] | None:
+        return self.spec.questions
+
+    @property
+    def truncate(self) -> str | None:
+        return self.kind.run.truncate
+
+    @property
+    def max_length(self) -> int:
+        return self.kind.max_length
+
+    @property
+    def prefix_tokens(self) -> tuple[int, ...]:
+        return self.kind.prefix_tokens
+
+    @property
+    def model(self) -> Model:
+        return self.engine.model
+
+    @property
+    def path(self) -> Path | None:
+        return self.engine.path
+
+    @property
+    def prefix(self) -> PrefixCache | None:
+        """The shared head's KV (computed on first use, then kept by the engine)."""
+        return self.engine.prefix(self.prefix_tokens)[0] if self.prefix_tokens else None
+
+    def calibration_run(
+        self, spec: CalibrationSpec, min_confidence: float | None = None, on_fit: Any = None
+    ) -> Calibration | Any:
+        """The per-run calibration (and abstain) of this task's predictions (the kind's)."""
+        return self.spec.calibration_run(spec, min_confidence, on_fit)
 
     # ------------------------------------------------------------------ public API
     def classify(
@@ -146,12 +260,8 @@ class Classifier(ClassifierBase):
         text_column: str | None = None,
         progress: bool = False,
     ) -> Iterator[Prediction]:
-        """Stream the model's raw predictions (see `run` for the run's figures).
-
-        ordered=True: in input order (an item waits for the items before it, so with
-        length-sorted batches predictions arrive in bursts); ordered=False: each batch's
-        predictions as soon as that batch finishes (`Prediction.index` is the item's
-        position), error items first within their window. `progress=True`: a tqdm bar."""
+        """Stream the model's raw predictions (`run` counts them): in input order (ordered=True: an item
+        waits for those before it), or each batch's as it finishes (`Prediction.index` is the position)."""
         texts = _as_texts(texts, text_column)
         _check_window(window)
         total = len(texts) if isinstance(texts, Sized) else None
@@ -175,19 +285,7 @@ class Classifier(ClassifierBase):
         `abstained` (bool) with a confidence threshold; `truncated` (bool) and `error` (a
         row whose text is missing or empty gets its reason there and NaN elsewhere). A
         column that is already in `df` is refused (pass `prefix=`); the index is kept."""
-        check_frame(df, text_column, prefix)
-        cal = self.calibration if calibration is None else CalibrationSpec.of(calibration)
-        conf = self.min_confidence if min_confidence is None else min_confidence
-        # the CSV output's columns (each question's, with several), less the input's id and line
-        shape = self.spec.record_shape(calibrated=cal.applies, abstains=conf is not None)
-        names = shape.frame_columns
-        check_new_columns(df, names, prefix)
-        preds = self.classify(list(df[text_column]), cal, conf, progress=progress)
-        cols = shape.frame(preds, cal.kind if cal.applies else None)
-        out = df.copy()
-        for c in names:
-            out[prefix + c] = cols[c]
-        return out
+        return classify_frame(self, df, text_column, calibration, min_confidence, prefix=prefix, progress=progress)
 
     def fit_calibration(
         self,
@@ -200,46 +298,9 @@ class Classifier(ClassifierBase):
         source: str | None = None,
         lines: Sequence[int] | None = None,
     ) -> CalibrationSpec:
-        """Calibration fitted on labelled texts in memory (what --calibration-data fits).
-
-        `labels`: each text's gold label, one of this classifier's labels. `kind`: "fit"
-        (per-label offsets, maybe a temperature, applied as they are) or "em" (those offsets
-        as the base on which each input re-estimates its own label mix). Returns the
-        `CalibrationSpec` to classify with (`classify(texts, calibration=spec)`, or a
-        `Task`'s calibration); its calibrator's `info` holds the cross-validated figures.
-        The classifier itself is left unchanged. A missing or empty text, a gold label that
-        is not a label, or a prompt over the context is a `CalibrationError` naming the item
-        (`source` and `lines`, when given, name the file and line instead)."""
-        from ..text.calibration import CalibrationError, fit_labelled, gold_indices
-        from ..text.labels import gold_problem, log_softmax
-
-        spec = CalibrationSpec.of(kind, warmup=None if isinstance(kind, CalibrationSpec) else self.warmup)
-        if spec.kind not in ("fit", "em"):
-            raise CalibrationError(f"fit_calibration fits 'fit' or 'em' calibration, not {spec.kind!r}")
-        if not self.spec.calibrates:
-            raise LabelError(self.spec.no_calibration)
-        texts, gold = list(_as_texts(texts, None)), list(_as_texts(labels, None))
-        at = f"{source}: " if source else ""
-
-        def where(i: int) -> str:
-            return f"{at}line {lines[i]}" if lines is not None else f"{at}item {i}"
-
-        if len(texts) != len(gold):
-            raise CalibrationError(f"{at}{len(texts)} texts but {len(gold)} gold labels: give one label per text")
-        if not texts:
-            raise CalibrationError(f"{at}no labelled texts: give some (texts and their gold labels)")
-        for i, g in enumerate(gold):
-            if gold_problem(g, self.labels) is not None:
-                raise CalibrationError(
-                    f"{where(i)}: gold label {g!r} is not one of the labels {list(self.labels)}: fix it, or add the label"
-                )
-        lp = []
-        for p in self.classify_iter(texts, window=window, progress=progress):
-            if not p.ok:
-                raise CalibrationError(f"{where(p.index)}: {p.error}")
-            lp.append([p.scores[lab] for lab in self.labels])
-        cal = fit_labelled(log_softmax(np.array(lp)), gold_indices(gold, self.labels), self.labels)
-        return replace(spec, base=cal) if spec.kind == "em" else replace(spec, prior=cal)
+        """Calibration fitted on labelled texts in memory (what --calibration-data fits): see
+        `calibrate.fit_calibration`. The classifier itself is left unchanged."""
+        return fit_calibration(self, texts, labels, kind, window=window, progress=progress, source=source, lines=lines)
 
     def run(self, texts: Iterable[str], window: int = 1024, *, ordered: bool = True) -> Run:
         """A run over `texts`: iterate it for raw predictions in input order; `.stats` counts it.
@@ -273,21 +334,12 @@ class Classifier(ClassifierBase):
         *,
         progress: bool = False,
     ) -> tuple[dict[str, np.ndarray], list[str | None], Stats]:
-        """The model's hidden states for every text: what a learned head reads.
-
-        Each text goes through the same prompt, prefix cache and batch plan as
-        classification, and the forward stops at the deepest of `layers` (Transformers'
-        `hidden_states[l]` numbering, 1..number of layers; None: the head's own layers).
-        Each layer is pooled as each of `poolings` asks ("last": the state at the last
-        prompt position; "mean": the mean over the prompt after its shared head, i.e. the
-        text's part; None: the head's poolings, else "last").
-
-        Returns ({pooling: (N, len(layers), D) float32}, one error or None per text (an
-        empty, missing or over-long text; its rows are NaN), the run's figures). The forward
-        runs once per text whatever the number of layers and poolings. `progress=True`
-        draws a tqdm bar on stderr. `heads.head_input` picks a head's parts out of them.
-        A classifier built with `features_only=True` gives features without any label
-        scoring set up (the labels are then only names)."""
+        """The model's hidden states for every text: what a learned head reads. Each text goes through
+        classification's prompt, prefix cache and batch plan; the forward stops at the deepest of `layers`
+        (Transformers' `hidden_states[l]` numbering, 1..layers; None: the head's own), each pooled as each
+        of `poolings` asks ("last": the last prompt position; "mean": the text's part; None: the head's, else
+        "last"). Returns ({pooling: (N, len(layers), D) float32}, an error or None per text (its rows NaN),
+        the run's figures); one forward per text. `heads.head_input` picks a head's parts out of them."""
         _check_window(window)
         if layers is None:
             own = self.spec.feature_parts()
@@ -299,6 +351,25 @@ class Classifier(ClassifierBase):
         poolings = tuple(poolings or ("last",))
         texts = list(_as_texts(texts, None))
         return pipeline.features(self.kind, texts, list(layers), window, poolings, self.batching, progress)
+
+
+def _arguments(
+    labels: Sequence[str], system: str | None, template: str, truncate: str | None, scoring: dict[str, Any]
+) -> KindArgs:
+    """`Classifier`'s arguments to the kinds' (`kinds.arguments`): the labels read once (a
+    generator would be empty the second time), none when only questions are asked, and the
+    prompt passed on only where it is one's own (a sequence classifier takes it as a chat prompt;
+    a reranker takes it or refuses it)."""
+    if not isinstance(labels, (str, bytes)):
+        try:
+            labels = tuple(labels)
+        except TypeError:
+            pass  # the labels kind names what it got
+    given = isinstance(labels, (str, bytes)) or labels not in ((), DEFAULT_LABELS)
+    own = {"system": system, "template": template}
+    typed = {k: v for k, v in own.items() if v is not (DEFAULT_SYSTEM if k == "system" else DEFAULT_TEMPLATE)}
+    questions = scoring.get("questions")
+    return arguments(labels=labels if (questions is None or given) else (), truncate=truncate, **typed, **scoring)
 
 
 class Run:

@@ -46,8 +46,7 @@ from ..ground.ranges import check_all
 from ..text.predictions import Item, Stats
 from ..text.prompts import common_prefix, max_token_chars, size_problem
 from . import pipeline
-from .base import DEFAULT_BATCH_SIZE, default_max_batch_tokens
-from .pipeline import BatchSettings
+from .pipeline import DEFAULT_BATCH_SIZE, BatchSettings, default_max_batch_tokens
 
 POOLINGS = ("lasttoken", "mean", "cls")
 # sentence-transformers' 2.x-5.x booleans, in the order its Pooling concatenates them.

@@ -26,9 +26,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import mlx.core as mx
 import numpy as np
 
 from ..engine.prefix_cache import PrefixCache, StackedPrefix
+from ..ground.ranges import check_all
 from ..text import batching
 from ..text.inputs import progress_bar
 from ..text.predictions import Item, Prediction, Stats
@@ -38,16 +40,37 @@ if TYPE_CHECKING:
     from ..kinds import Kind
 
 
+# Batch planner defaults. On a 2-core x86 CPU throughput per processed token was flat from
+# 256 to 4,096 padded tokens per batch (about 140 tokens/s, Qwen 0.5B, float32), so the CPU
+# budget is small, to cut padding (benchmarks/results/budget-curve.md). GPUs want bigger
+# batches; 4,096 there is a starting point that has not been measured yet.
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_MAX_BATCH_TOKENS = 512
+GPU_MAX_BATCH_TOKENS = 4096
+
+
+def default_max_batch_tokens() -> int:
+    return GPU_MAX_BATCH_TOKENS if mx.default_device() == mx.gpu else DEFAULT_MAX_BATCH_TOKENS
+
+
 @dataclass(frozen=True)
 class BatchSettings:
     """How a window's items are cut into batches: a row cap, a padded-token budget (None: no
     budget) and whether to sort by length (each can be switched off alone, to measure it); a
     sorted plan also cuts a batch before its padding passes `max_padding` of its tokens."""
 
-    batch_size: int = 32
-    max_batch_tokens: int | None = 512
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_batch_tokens: int | None = DEFAULT_MAX_BATCH_TOKENS
     sort: bool = True
     max_padding: float | None = batching.MAX_PADDING
+
+    @classmethod
+    def of(cls, batch_size: int, max_batch_tokens: int | None | str = "auto", sort: bool = True) -> BatchSettings:
+        """Settings checked by the one range rule ("auto": the device's default token budget)."""
+        if max_batch_tokens == "auto":
+            max_batch_tokens = default_max_batch_tokens()
+        check_all({"batch_size": batch_size, "max_batch_tokens": max_batch_tokens}, "{name}")
+        return cls(batch_size, max_batch_tokens, sort)  # type: ignore[arg-type]
 
 
 def windows(

@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .. import kinds
 from ..ground.jsonfiles import utc_now, write_json_atomic
 from ..ground.textfiles import has_lone_surrogate, json_error
+from ..kinds import KindArgs, KindSettings, KindSpec, ModelFacts, arguments, read_task, spec_of
 from ..kinds.base import TaskError, bad_field
+from ..kinds.finetune import FineTunedSettings
+from ..kinds.head import HeadSettings
+from ..kinds.questions import QuestionsSettings
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
+from ..text.heads import Head
 from ..text.questions import Question
-
-if TYPE_CHECKING:
-    from ..kinds import KindArgs, KindSpec
-    from ..text.heads import Head
 
 FORMAT = "mlx-slm.task"
 VERSION = 1
@@ -46,42 +48,51 @@ class Task:
     min_confidence: float | None = None
     weights_sha256: str | None = None
     versions: dict[str, str] = field(default_factory=dict, compare=False)
-    head: Head | None = field(default=None, compare=False)  # a learned head (`mlx-slm train`)
-    # Several questions per text (`classify --questions`, `train --label-field A --label-field B`):
-    # zero-shot questions and learned heads, asked in one pass; `labels` is empty then.
-    questions: tuple[Question, ...] = field(default=(), compare=False)
-    # A sequence classifier's own head (`kinds.seqcls`: the model's labels, problem type,
-    # threshold, prompt), as the task file holds it; None for a causal LM's task.
-    seqcls: dict[str, Any] | None = field(default=None, compare=False)
-    # A reranker's settings (`kinds.rerank`: its scorer, the qwen3 instruction, a question's prompt).
-    rerank: dict[str, Any] | None = field(default=None, compare=False)
-    # A fine-tuned classifier (`kinds.finetune`): its adapters file (beside the task), sha256, objective.
-    finetune: dict[str, Any] | None = field(default=None, compare=False)
+    # The kind's own section (`kinds.KindSettings`, typed): a learned head, several questions, a
+    # sequence classifier's recorded head, a reranker's scorer, fine-tuned adapters; None for
+    # zero-shot labels (whose fields are the task's own: labels, scoring, examples).
+    section: KindSettings | None = field(default=None, compare=False)
+    # The Python API's names for two sections (`Task(..., head=head)`, `questions=(...)`, as
+    # `Classifier` takes them): given at construction, kept as the section (read back: `head`, `questions`).
+    head: InitVar[Head | None] = None
+    questions: InitVar[tuple[Question, ...] | None] = None
     # The folder of the task file it was read from (its adapters file is named relative to it); not saved.
     home: str | None = field(default=None, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, head: Head | None, questions: tuple[Question, ...] | None) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
+        if head is None and not questions:
+            return
+        own = HeadSettings(head) if head is not None else QuestionsSettings(tuple(questions or ()))
+        if self.section is None:
+            object.__setattr__(self, "section", own)
+        elif self.section != own:  # (`dataclasses.replace` passes them back as they are read: the same)
+            raise TypeError("give the task's head or questions, or its section, not both")
 
     def kind_args(self) -> KindArgs:
-        """What the task says about how it scores, as the kinds table reads it."""
-        from ..kinds import KindArgs
+        """What the task says about how it scores, as the kinds table reads it (`kinds.arguments`,
+        the one translator: its own fields and its section's, by name)."""
+        own = self.section.named(self.home) if self.section is not None else {}
+        return arguments(ModelFacts(loaded=False), labels=self.labels, scoring=self.scoring, examples=self.examples,
+                         **own)  # fmt: skip
 
-        qs = self.questions or None
-        extra: dict[str, Any] = {"seqcls": self.seqcls} if self.seqcls is not None else {}
-        if self.finetune is not None:
-            extra["finetune"] = {**self.finetune, "home": self.home}
-        if self.rerank is not None:
-            r = self.rerank
-            extra.update(reranker=r["scorer"], instruction=r.get("instruction"))
-            extra.update({k: r[k] for k in ("system", "template") if k in r})
-        return KindArgs(self.labels, self.scoring, self.examples, head=self.head, questions=qs, extra=extra)
+    @property
+    def finetune(self) -> dict[str, Any] | None:
+        """The task's fine-tuned adapters' section (`kinds.finetune`: file, sha256, objective), or None."""
+        own = self.section
+        return dict(own.source) if isinstance(own, FineTunedSettings) and isinstance(own.source, dict) else None
+
+    @property
+    def trained(self) -> str | None:
+        """What of the task was trained on its own model, labels and prompt ("fine-tuned adapters",
+        "learned head": its own or a head question's), or None for a zero-shot task."""
+        own = self.section.trained if self.section is not None else None
+        return own or ("learned head" if self.heads else None)
 
     @property
     def kind(self) -> KindSpec:
-        """The task's scoring kind, chosen by the kinds table from its fields (`kinds.spec_of`)."""
-        from ..kinds import spec_of
-
+        """The kind the task file holds, read from its fields by the kinds table (`kinds.spec_of`;
+        a classifier made of it chooses on its model: `Classifier.from_task`)."""
         return spec_of(self.kind_args())
 
     @property
@@ -92,14 +103,15 @@ class Task:
     @property
     def pins_weights(self) -> bool:
         """A fitted prior or a learned head means something for the weights it was fitted on only."""
-        return self.calibration.fitted or bool(self.heads) or self.finetune is not None  # type: ignore[union-attr]
+        return self.calibration.fitted or self.trained is not None  # type: ignore[union-attr]
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, head=None, questions=(), seqcls=None, rerank=None, finetune=None))
-        del d["head"], d["questions"], d["seqcls"], d["rerank"], d["finetune"], d["home"]
+    def to_dict(self, path: str | os.PathLike | None = None) -> dict[str, Any]:
+        """The task file's JSON object (`path`: where it is saved; a kind names its files beside it)."""
+        d = asdict(replace(self, section=None))
+        del d["section"], d["home"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
-        d.update(self.kind.to_task())  # the kind's own section (a head, questions) goes last
+        d.update(self.kind.to_task(path))  # the kind's own section (a head, questions) goes last
         d["calibration"] = self.calibration.to_dict()  # type: ignore[union-attr]
         return {"format": FORMAT, "version": VERSION, "created": utc_now(), **d}
 
@@ -111,8 +123,6 @@ class Task:
         labels = _prompt_fields(d, where)
         scoring, warmup, mc, sha, versions = _run_fields(d, where)
         spec = _calibration(d, where, labels, warmup)
-        from ..kinds import read_task
-
         section = read_task(d, where, labels, spec)  # the kind's own fields, each checked by the kind
         return cls(
             model=d["model"],
@@ -129,11 +139,7 @@ class Task:
         )
 
     def save(self, path: str | os.PathLike) -> None:
-        d = self.to_dict()
-        if "finetune" in d:  # adapters beside the task are named by their file name (`kinds.finetune.beside`)
-            from ..kinds.finetune import beside
-
-            d["finetune"] = beside(d["finetune"], path)
+        d = self.to_dict(path)
         try:
             write_json_atomic(path, d)
         except OSError as e:
@@ -169,14 +175,30 @@ class Task:
         """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
             what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
-            if self.finetune is not None:
-                what, fix = "adapters were trained", "fine-tune again (mlx-slm train ... --finetune lora --save-task)"
+            own = self.section.weights_note() if self.section is not None else None
+            if own is not None:
+                what, fix = own
             elif not self.calibration.fitted:  # type: ignore[union-attr]
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
                 f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
                 f"has {weights_sha256[:12]}...: it does not carry over; {fix}"
             )
+
+
+def _head(self: Task) -> Head | None:
+    """The task's learned head, when its kind is one (`kinds.head`)."""
+    return self.section.head if isinstance(self.section, HeadSettings) else None
+
+
+def _questions(self: Task) -> tuple[Question, ...]:
+    """The task's questions, when it asks several (`kinds.questions`); () otherwise."""
+    return tuple(self.section.questions) if isinstance(self.section, QuestionsSettings) else ()
+
+
+# Read back as properties; set after the dataclass is made, whose __init__ takes the two names as InitVars.
+Task.head = property(_head)  # type: ignore[assignment,method-assign]
+Task.questions = property(_questions)  # type: ignore[assignment,method-assign]
 
 
 # --------------------------------------------------------------------------- reading a task file, field by field
@@ -198,12 +220,12 @@ FIELDS = (
     "min_confidence",
     "weights_sha256",
     "versions",
-    "head",
-    "questions",
-    "seqcls",
-    "rerank",
-    "finetune",
 )
+
+
+def fields() -> tuple[str, ...]:
+    """Every field a task file may hold: the task's own (`FIELDS`) and each kind's section's."""
+    return FIELDS + tuple(dict.fromkeys(f for k in kinds.KINDS for f in k.task_fields))  # the table as it is now
 
 
 def _check_format(d: Any, where: str) -> None:
@@ -219,13 +241,14 @@ def _check_format(d: Any, where: str) -> None:
         )
     if version > VERSION:
         raise TaskError(f"{where} is task format version {version}; this mlx-slm reads up to {VERSION}: upgrade it")
+    known = fields()
     for key in d:
-        if key not in FIELDS:
-            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TaskError(
                 f"{where}: unknown field {str(key)[:60]!r}{hint}: fix its name or remove it "
-                f"(a task file holds {', '.join(FIELDS)})"
+                f"(a task file holds {', '.join(known)})"
             )
 
 

@@ -128,7 +128,11 @@ def classify(s: ClassifySettings, say: Say) -> int:
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     setup = Setup(s.task, say)
-    why = setup.kind.no_resume(setup.calibration) if s.resume else None
+    why = (
+        next(filter(None, (own.no_resume(setup.calibration) for own in setup.kind_args.own)), None)
+        if s.resume
+        else None
+    )
     if why:
         raise UsageError(why)
     if dist.shard is not None and setup.calibration.per_input:
@@ -261,7 +265,7 @@ class ClassifyJob:
         from ..files.sharding import shard_range, shard_settings
 
         all_rows = list(rows)
-        tok = self.setup.clf.tokenizer
+        tok = self.setup.clf.engine.tokenizer
         counts: list[int | None] = [None] * len(all_rows)
         valid = [i for i, r in enumerate(all_rows) if r.error is None]
         for k in range(0, len(valid), 4096):  # batched: the fast tokenizer's own threads
@@ -296,8 +300,8 @@ class ClassifyJob:
             "input_format": o.fmt,
             "fields": [o.text_field, o.id_field, o.text_column, o.id_column],
             "output_format": self.out_fmt,
-            "batch_size": clf.batch_size,
-            "max_batch_tokens": clf.max_batch_tokens,
+            "batch_size": clf.batching.batch_size,
+            "max_batch_tokens": clf.batching.max_batch_tokens,
             "window": o.window,
             "sort": not o.no_sort,
             "prefix_cache": not o.no_prefix_cache,

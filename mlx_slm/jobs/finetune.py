@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..kinds.finetune import FineTunedSettings
 from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 
 
@@ -107,7 +108,9 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
         atomic_write(path, data, "the adapters file")
     section = {"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
                "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
-    task = replace(task, finetune=section, home=str(path.resolve().parent))  # named relative to the task's folder
+    task = replace(
+        task, section=FineTunedSettings(section), home=str(path.resolve().parent)
+    )  # named relative to the task's folder
     try:
         task.save(save_task)
     except BaseException:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..ground.errors import ModelError, UsageError
-from ..kinds import KindArgs, KindSpec, spec_of
+from ..kinds import FineTunedSettings, KindArgs, arguments
 from ..models import BACKBONE_NO_LM_HEAD, embeds_only
 from ..text.calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
 from ..text.prompts import (
@@ -125,7 +125,7 @@ def descriptions_note(system: str | None, descriptions: dict[str, str]) -> str |
 def run_settings(o: TaskOptions) -> dict[str, Any]:
     """How the model runs, the same for every command that loads one (classify, eval, serve,
     train): the options as `Classifier.load` and `train.run_train` take them."""
-    from ..classifier.base import DEFAULT_BATCH_SIZE
+    from ..classifier.pipeline import DEFAULT_BATCH_SIZE
 
     return {
         "dtype": o.dtype,
@@ -243,7 +243,7 @@ class Setup:
             self._take_task(o.task_file)
         if o.questions_file or self.questions is not None:
             self._read_questions()
-            self.kind = self._kind()
+            self.kind_args = self._kind_args()
             return
         self.calibration = CalibrationSpec.of(self.calibration, warmup=o.warmup)
         if "template" in given:  # as typed: every {word} checked, {{ }} literal braces
@@ -264,48 +264,37 @@ class Setup:
                 f"--calibration-data is fitted by --calibrate fit or em only (here: {self.calibration.kind}): add --calibrate "
                 "fit|em, or drop --calibration-data"
             )
-        self.kind = self._kind()
+        self.kind_args = self._kind_args()
 
-    def _kind(self) -> KindSpec:
-        """The scoring kind as far as the options and the task tell it, before the model is
-        loaded (`kind_args`; `load` chooses again on the model, which may have its own head)."""
+    def _kind_args(self) -> KindArgs:
+        """What the options and the task file say about scoring, through the one translator
+        (`kinds.arguments`): the task's section (its kind's own settings, by name), the options
+        typed over it. The kind is chosen once, on the model (`load`: `Classifier`)."""
         o = self.o
-        seqcls = getattr(self.task, "seqcls", None)
-        self.kind_args = KindArgs(
-            tuple(self.labels or ()), o.scoring, tuple(self.examples),
-            head=None if self.task is None else self.task.head,
-            questions=None if self.questions is None else tuple(self.questions),
-            extra={
-                "truncate": o.truncate,
-                "threshold": o.threshold,
-                **self._reranker(),
-                # A system message or template typed here opts a sequence classifier in to a chat prompt.
-                **({"chat": True} if {"system", "template"} & self.given else {}),
-                **({"seqcls": seqcls} if seqcls is not None else {}),
-                **self._finetuned(),
-            },
-        )  # fmt: skip
-        return spec_of(self.kind_args)
-
-    def _finetuned(self) -> dict[str, Any]:
-        """A fine-tuned task's adapters (their file named relative to the task file)."""
-        t = self.task
-        if t is None or t.finetune is None:
-            return {}
-        return {"finetune": {**t.finetune, "home": t.home}}
+        named: dict[str, Any] = {}
+        if self.task is not None and self.task.section is not None:
+            named.update(self.task.section.named(self.task.home))
+        named.update(labels=tuple(self.labels or ()), scoring=o.scoring, examples=tuple(self.examples),
+                     truncate=o.truncate, threshold=o.threshold, questions=self.questions, **self._reranker())  # fmt: skip
+        # A system message or template typed here: a sequence classifier takes it as a chat prompt.
+        named.update({k: getattr(o, k) for k in ("system", "template") if k in self.given and k not in named})
+        return arguments(**named)
 
     def _reranker(self) -> dict[str, Any]:
         """A reranker's settings, from the options or the task (the question scorer takes the prompt typed)."""
         o = self.o
-        r = dict(getattr(self.task, "rerank", None) or {})
+        section = self.task.section if self.task is not None else None
+        r = section.named() if section is not None else {}
+        if "reranker" not in r:
+            r = {}  # not a reranker's task
         # --reranker typed wins; else the task's scorer; else the command's default (rerank's auto)
-        scorer = o.reranker if "reranker" in self.given or not r else r.get("scorer")
+        scorer = o.reranker if "reranker" in self.given or not r else r.get("reranker")
         if scorer is None:
             if o.instruction is not None:
                 raise UsageError("--instruction is the qwen3 reranker's: add --reranker qwen3, or drop it")
             return {}
         # the kind takes the prompt typed here (or the task's), or refuses it by name (`kinds.rerank.TAKES`)
-        own = r if r.get("scorer") == scorer else {}  # the task's settings go with its own scorer
+        own = r if r.get("reranker") == scorer else {}  # the task's settings go with its own scorer
         out: dict[str, Any] = {"reranker": scorer, "instruction": o.instruction or own.get("instruction")}
         out["system"] = o.system if "system" in self.given else own.get("system")
         out["template"] = o.template if "template" in self.given else own.get("template")
@@ -319,8 +308,8 @@ class Setup:
         t = self.task = Task.load(path)
         given = self.given - _as_the_task(o, t)  # `--model M` naming the task's own model changes nothing
         defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
-        if t.heads or t.finetune is not None:
-            _check_head_options(given, tuned=t.finetune is not None)
+        if t.trained is not None:  # a head or adapters, trained on the task's own model, labels and prompt
+            _check_head_options(given, tuned=isinstance(t.section, FineTunedSettings))
         if t.calibration.fitted and defining and "calibrate" not in given:
             raise UsageError(
                 f"the task's calibration prior was fitted for its own model and prompt; with {flag_names(defining)} "
@@ -414,14 +403,12 @@ class Setup:
         self.clf = Classifier.load(**self.load_kwargs)
         if embeds_only(self.clf.engine.model) and self.clf.head is None and not embeds_only_ok:
             raise ModelError(BACKBONE_NO_LM_HEAD)
-        self.kind = self.clf.spec  # chosen on the model
+        self.kind = self.clf.spec  # chosen once, on the model
         # The run's calibration and --min-confidence, refused where the kind chosen on the model
         # (a multi-label or one-output head, a reranker) cannot apply them, before any work.
         self.kind.check_calibration(self.calibration, o.min_confidence)
         self.weights = self.clf.engine.weights_sha256
-        if self.task is not None and (
-            self.origin == "task" or self.task.kind.heads or self.task.finetune is not None
-        ):  # same weights only
+        if self.task is not None and (self.origin == "task" or self.task.trained is not None):  # same weights only
             self.task.check_weights(self.weights, o.model)
         if self.calibration.needs_data:
             self.calibration = self._fit(self.calibration)

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from ..ground.errors import UserError
+from ..kinds.head import HeadSettings
+from ..kinds.questions import QuestionsSettings
 from ..text.heads import DEFAULT_FOLDS, POOLINGS, Candidate, Head, candidate_name, fit, format_table, min_per_label
 from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 
@@ -343,9 +345,9 @@ def _prompt_settings(
         return engine_or_classifier, classes, system, template, examples, clf_kwargs
     base = engine_or_classifier
     kwargs = {
-        "batch_size": base.batch_size,
-        "max_batch_tokens": base.max_batch_tokens,
-        "sort": base.sort,
+        "batch_size": base.batching.batch_size,
+        "max_batch_tokens": base.batching.max_batch_tokens,
+        "sort": base.batching.sort,
         "use_prefix_cache": bool(base.prefix_tokens),  # none kept: off, or no shared head
         "truncate": base.truncate,
         "max_length": base.max_length,
@@ -510,7 +512,7 @@ def run_train(
         examples=clf.format.examples,
         weights_sha256=engine.weights_sha256,
         versions=versions(),
-        head=head,
+        section=HeadSettings(head),
     )
     task.save(save_task)
     return task, format_table(head)
@@ -590,7 +592,7 @@ def run_train_fields(
     except QuestionError as e:
         raise TrainError(f"--label-field: {e} (the field names the head's question: rename the field)") from None
     task = Task(model=model, labels=(), system=system, template=template, weights_sha256=engine.weights_sha256,
-                versions=versions(), questions=qs)  # fmt: skip
+                versions=versions(), section=QuestionsSettings(tuple(qs)))  # fmt: skip
     task.save(save_task)
     return task, "\n\n".join(f"== {f}\n{format_table(h)}" for f, h in zip(fields, heads))
 

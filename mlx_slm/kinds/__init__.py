@@ -28,14 +28,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..ground.errors import UserError
-from .base import Kind, KindArgs, KindSpec, OnePrompt, RunSettings, TaskError
-from .chat import ChatChoiceSpec, NextTokenSpec, chat_spec
-from .finetune import FinetuneSpec
-from .head import FeaturesSpec, HeadSpec
+from .base import Kind, KindArgs, KindSettings, KindSpec, ModelFacts, OnePrompt, RunSettings, TaskError
+from .chat import ChatChoiceSpec, ChatSettings, NextTokenSpec, chat_spec
+from .finetune import FineTunedSettings, FinetuneSpec
+from .head import FeaturesSettings, FeaturesSpec, HeadSettings, HeadSpec
 from .labels import LabelsSpec
-from .questions import QuestionsSpec
-from .rerank import RerankSpec
-from .seqcls import SeqClsSpec
+from .questions import QuestionsSettings, QuestionsSpec
+from .rerank import RerankSettings, RerankSpec
+from .seqcls import SeqClsSettings, SeqClsSpec
 
 KINDS: tuple[type[KindSpec], ...] = (
     ChatChoiceSpec,
@@ -51,12 +51,49 @@ KINDS: tuple[type[KindSpec], ...] = (
 BY_NAME: dict[str, type[KindSpec]] = {k.name: k for k in KINDS}
 
 
+# The labels kind's arguments (`KindArgs`' own fields); every other kind's are its `Settings.NAMES`.
+COMMON = ("labels", "scoring", "examples", "label_descriptions", "keep_logits", "label_pass", "truncate", "system",
+          "template")  # fmt: skip
+
+
+def scoring_names() -> set[str]:
+    """Every scoring argument's name: the labels kind's (`COMMON`) and each kind's own."""
+    return set(COMMON) | {n for k in KINDS if k.Settings is not None for n in k.Settings.NAMES}
+
+
+def arguments(model: ModelFacts | None = None, **named: Any) -> KindArgs:
+    """The one translator: what a caller says about scoring, by the Python API's argument names
+    (`Classifier`'s keywords; the CLI's options, a task file's section and a service request are
+    said by these names too), to the typed `KindArgs` the table reads. The labels kind's fields
+    are `COMMON`; each kind's `Settings.take` reads its own names (`system`, `template`: only
+    when a caller typed its own prompt). A name no kind takes is a `TypeError` naming it."""
+    known = scoring_names()
+    unknown = sorted(set(named) - known)
+    if unknown:
+        raise TypeError(f"unknown scoring argument(s) {', '.join(unknown)}: the kinds take {', '.join(sorted(known))}")
+    own = []
+    for cls in dict.fromkeys(k.Settings for k in KINDS if k.Settings is not None):
+        got = cls.take(named)
+        if got is not None:
+            own.append(got)
+    common = {k: named[k] for k in COMMON if named.get(k) is not None}
+    if "examples" in common:
+        common["examples"] = tuple(common["examples"])
+    return KindArgs(**common, model=model or ModelFacts(), own=tuple(own))
+
+
 def spec_of(args: KindArgs | None = None, **kw: Any) -> KindSpec:
-    """The kind `args` (or the `KindArgs` fields given by name) ask for, its settings checked."""
-    args = args if args is not None else KindArgs(**kw)
+    """The kind `args` (or the arguments given by name, as `arguments` takes them) ask for, its
+    settings checked; a kind's settings that the chosen kind cannot use are refused by name
+    (`KindSettings.unused`): one rule for every front end."""
+    args = args if args is not None else arguments(**kw)
     for kind in KINDS:
         if kind.wants(args):
-            return kind.from_args(args)
+            spec = kind.from_args(args)
+            for other in args.own:
+                if not spec.uses(other):
+                    raise other.unused(spec)
+            return spec
     raise AssertionError("the labels kind takes any arguments")  # pragma: no cover
 
 
@@ -80,7 +117,7 @@ def request_spec(
         raise TaskError(own.no_truncation)
     if own is not None:
         return own
-    return LabelsSpec.from_args(KindArgs(tuple(labels), label_descriptions=descriptions))
+    return LabelsSpec.from_args(arguments(labels=tuple(labels), label_descriptions=descriptions))
 
 
 def reranker_spec(served: KindSpec | None, model_head: Any, model_name: str) -> KindSpec:
@@ -89,7 +126,7 @@ def reranker_spec(served: KindSpec | None, model_head: Any, model_name: str) -> 
     classifier, or a causal LM named *Reranker*). A `LabelError` says why the model is none."""
     if isinstance(served, RerankSpec):
         return served
-    return RerankSpec.from_args(KindArgs(model_head=model_head, extra={"reranker": "auto", "model_name": model_name}))
+    return RerankSpec.from_args(arguments(ModelFacts(model_head, model_name), reranker="auto"))
 
 
 def kind_named(name: str) -> type[KindSpec]:
@@ -111,6 +148,17 @@ __all__ = [
     "HeadSpec",
     "Kind",
     "KindArgs",
+    "KindSettings",
+    "ChatSettings",
+    "FineTunedSettings",
+    "FeaturesSettings",
+    "HeadSettings",
+    "QuestionsSettings",
+    "RerankSettings",
+    "SeqClsSettings",
+    "ModelFacts",
+    "arguments",
+    "scoring_names",
     "KindSpec",
     "LabelsSpec",
     "OnePrompt",

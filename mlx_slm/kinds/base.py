@@ -22,7 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -33,17 +33,64 @@ from ..ground.textfiles import has_lone_surrogate
 from ..text.batching import Batch
 from ..text.calibration import Calibration, CalibrationSpec
 from ..text.inputs import missing
-from ..text.labels import LabelError
+from ..text.labels import LabelError, LabelSet
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import PromptFormat, size_problem
 from ..text.records import RecordShape
 
 
+class KindSettings:
+    """A kind's own settings, typed: a frozen dataclass in the kind's module (`RerankSettings`,
+    `SeqClsSettings`, ...), named by its spec's `Settings`. Every front end says them by the
+    Python API's argument names (`NAMES`: what `Classifier(...)` takes, what the CLI's options and
+    a task file's section translate to); `take` reads them from those names, `named` gives them
+    back (a task's section under options typed over it), `task` is what a task file holds."""
+
+    NAMES: ClassVar[tuple[str, ...]] = ()
+    # What of a task with these settings was trained on its own model, labels and prompt (None: nothing).
+    trained: ClassVar[str | None] = None
+
+    @classmethod
+    def take(cls, named: Mapping[str, Any]) -> KindSettings | None:
+        """These settings from the named arguments, or None when they ask nothing of this kind."""
+        raise NotImplementedError
+
+    def named(self, home: str | None = None) -> dict[str, Any]:
+        """These settings as named arguments (`take` reads them back the same); `home`: the folder
+        of the task file they were read from (files a task names live beside it)."""
+        return {}
+
+    def no_resume(self, calibration: Any) -> str | None:
+        """Why a run with these settings and `calibration` (a `CalibrationSpec`) cannot be resumed, or None."""
+        return None
+
+    def weights_note(self) -> tuple[str, str] | None:
+        """(what was fitted on the task's weights, how to make it again) for a task whose weights
+        differ, or None (nothing of these settings pins the weights)."""
+        return None
+
+    def unused(self, spec: KindSpec) -> Exception:
+        """The refusal when the kind chosen (`spec`) cannot use these settings."""
+        return LabelError(f"{', '.join(self.NAMES)}: not a setting of {spec.name} scoring: drop it")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the kinds table reads of the model a classifier runs on: its own score head (a
+    `*ForSequenceClassification` checkpoint's `seqcls.SeqClsHead`, or None) and its name (a
+    causal LM named *Reranker* reranks). Not `loaded`: the choice waits for the model."""
+
+    head: Any = None
+    name: str = ""
+    loaded: bool = True
+
+
 @dataclass(frozen=True)
 class KindArgs:
-    """Everything a classifier or a task file says about how it scores: the one value the
-    kinds table (`kinds.spec_of`) reads to choose the kind. The fields are the
-    `Classifier` constructor's names."""
+    """Everything a caller says about how it scores, typed: the one value the kinds table
+    (`kinds.spec_of`) reads to choose the kind. `kinds.arguments` makes it from named arguments.
+    The labels kind's fields (the default kind's) are here; every other kind's settings are its
+    own typed `KindSettings` in `own`, found by their class (`get`)."""
 
     labels: tuple[str, ...] = ()
     scoring: str = "auto"
@@ -51,11 +98,26 @@ class KindArgs:
     label_descriptions: Mapping[str, str] | None = None
     keep_logits: bool = False
     label_pass: str = "trie"
-    head: Any = None
-    questions: tuple[Any, ...] | None = None
-    features_only: bool = False
-    model_head: Any = None  # the model's own score head (`seqcls.SeqClsHead`), when it has one
-    extra: dict[str, Any] = field(default_factory=dict)  # a kind's own arguments, by name
+    truncate: str | None = None
+    # The prompt a caller typed (None: the defaults): a sequence classifier takes it as a chat prompt.
+    system: str | None = None
+    template: str | None = None
+    model: ModelFacts = field(default_factory=ModelFacts)
+    own: tuple[KindSettings, ...] = ()
+
+    def get(self, cls: type[S]) -> S | None:
+        """The settings of class `cls` these arguments hold, or None."""
+        for s in self.own:
+            if isinstance(s, cls):
+                return s
+        return None
+
+    def others(self, cls: type[KindSettings]) -> list[KindSettings]:
+        """The settings these arguments hold of any kind but `cls`'s (what that kind may refuse)."""
+        return [s for s in self.own if not isinstance(s, cls)]
+
+
+S = TypeVar("S", bound=KindSettings)
 
 
 @dataclass(frozen=True)
@@ -72,10 +134,16 @@ class KindSpec(ABC):
     """A kind's settings, without a model (see the module docstring)."""
 
     name: ClassVar[str]  # its name in task files and manifests
+    Settings: ClassVar[type[KindSettings] | None] = None  # its own typed settings (None: the labels kind's fields)
+    task_fields: ClassVar[tuple[str, ...]] = ()  # the fields of its section in a task file
     calibrates: ClassVar[bool] = True  # does label calibration (batch, fit, em) apply?
     no_calibration: ClassVar[str] = ""  # why not, when it does not
     truncates: ClassVar[bool] = True  # can an over-long prompt be cut (--truncate)?
     no_truncation: ClassVar[str] = ""  # why not, when it cannot
+
+    def uses(self, settings: KindSettings) -> bool:
+        """Whether this kind runs with `settings` (another kind's are refused: `KindSettings.unused`)."""
+        return self.Settings is not None and isinstance(settings, self.Settings)
 
     @classmethod
     @abstractmethod
@@ -94,6 +162,11 @@ class KindSpec(ABC):
 
     @property
     def questions(self) -> tuple[Any, ...] | None:
+        return None
+
+    @property
+    def learned_head(self) -> Any:
+        """The learned head this kind scores with (`kinds.head`), or None."""
         return None
 
     @property
@@ -129,8 +202,9 @@ class KindSpec(ABC):
         if spec.applies and not self.calibrates:
             raise LabelError(self.no_calibration)
 
-    def to_task(self) -> dict[str, Any]:
-        """This kind's fields of a task file (`labels` always)."""
+    def to_task(self, path: Any = None) -> dict[str, Any]:
+        """This kind's fields of a task file (`labels` always); `path`: where the task is saved
+        (files of its own it names beside it)."""
         return {"labels": list(self.labels)}
 
     def info(self) -> dict[str, Any]:
@@ -145,10 +219,6 @@ class KindSpec(ABC):
     def example_input(self, text: str) -> Any:
         """An input of this kind made of `text` (the service's warm-up runs one)."""
         return text
-
-    def no_resume(self, calibration: CalibrationSpec) -> str | None:
-        """Why a run of this kind with `calibration` cannot be resumed, or None (it can)."""
-        return None
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
         """This kind's `task.Task` fields (labels, scoring, examples, head, questions), for
@@ -193,6 +263,18 @@ class Kind(ABC):
     @property
     def max_length(self) -> int:
         return self.run.max_length or self.engine.max_length
+
+    @property
+    def mode(self) -> str:
+        """A word for how it scores (the labels kind's: first-token or sequence)."""
+        return self.spec.mode
+
+    @property
+    def labelset(self) -> LabelSet:
+        """Its labels' token ids and scoring mode: the labels kind's own; the names only for a kind
+        that scores no label tokens."""
+        labels = tuple(self.spec.labels)
+        return LabelSet(labels, tuple(() for _ in labels), self.mode)
 
     @property
     def row_extra(self) -> int:

@@ -34,7 +34,7 @@ from ..text.chat import MAX_TOP_LOGPROBS, Conversation, token_bytes
 from ..text.labels import LabelError, log_softmax
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import PROBES, PromptFormat, common_prefix, render_messages, tokenize
-from .base import KindArgs, KindSpec, OnePrompt, RunSettings, count, require_lm_head
+from .base import KindArgs, KindSettings, KindSpec, OnePrompt, RunSettings, count, require_lm_head
 from .labels import LabelsKind, LabelsSpec
 
 TOP_TOKENS = MAX_TOP_LOGPROBS  # the next token's alternatives kept (OpenAI's most)
@@ -79,10 +79,25 @@ class ChatPrompts:
 
 
 @dataclass(frozen=True)
+class ChatSettings(KindSettings):
+    """A chat completion's conversation (`conversation=True`): its items are conversations."""
+
+    NAMES = ("conversation",)
+
+    @classmethod
+    def take(cls, named: Any) -> ChatSettings | None:
+        return cls() if named.get("conversation") else None
+
+    def named(self, home: str | None = None) -> dict[str, Any]:
+        return {"conversation": True}
+
+
+@dataclass(frozen=True)
 class ChatChoiceSpec(LabelsSpec):
     """A chat completion's choices, scored as labels after the rendered conversation."""
 
     name = "chat"  # type: ignore[misc]
+    Settings = ChatSettings
     calibrates = False  # type: ignore[misc]
     no_calibration = NO_CALIBRATION  # type: ignore[misc]
     truncates = False  # type: ignore[misc]
@@ -90,7 +105,7 @@ class ChatChoiceSpec(LabelsSpec):
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
-        return bool(args.extra.get("conversation")) and bool(args.labels)
+        return args.get(ChatSettings) is not None and bool(args.labels)
 
     @classmethod
     def from_args(cls, args: KindArgs) -> ChatChoiceSpec:
@@ -128,6 +143,7 @@ class NextTokenSpec(KindSpec):
     """A chat completion's next token and its top log-probabilities over the vocabulary."""
 
     name = "next-token"  # type: ignore[misc]
+    Settings = ChatSettings
     calibrates = False  # type: ignore[misc]
     no_calibration = NO_CALIBRATION  # type: ignore[misc]
     truncates = False  # type: ignore[misc]
@@ -135,7 +151,7 @@ class NextTokenSpec(KindSpec):
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
-        return bool(args.extra.get("conversation")) and not args.labels
+        return args.get(ChatSettings) is not None and not args.labels
 
     @classmethod
     def from_args(cls, args: KindArgs) -> NextTokenSpec:
@@ -207,8 +223,8 @@ def top_ids(row: np.ndarray, k: int) -> np.ndarray:
 
 def chat_spec(choices: tuple[str, ...]) -> KindSpec:
     """The kind of a chat completion: its choices scored as labels, or (none) its next token."""
-    args = KindArgs(labels=tuple(choices), extra={"conversation": True})
+    args = KindArgs(labels=tuple(choices), own=(ChatSettings(),))
     return ChatChoiceSpec.from_args(args) if choices else NextTokenSpec.from_args(args)
 
 
-__all__ = ["ChatChoiceKind", "ChatChoiceSpec", "NextTokenKind", "NextTokenSpec", "chat_spec", "top_ids"]
+__all__ = ["ChatChoiceKind", "ChatChoiceSpec", "ChatSettings", "NextTokenKind", "NextTokenSpec", "chat_spec", "top_ids"]

@@ -15,7 +15,7 @@ Its probabilities are fitted on labelled data: no calibration (as a learned head
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,52 @@ from ..text.labels import LabelError, softmax
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import DEFAULT_LABELS, PromptFormat
 from ..weights.adapters import FineTuned, FinetuneError
-from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction, require_lm_head
+from .base import (
+    KindArgs,
+    KindSettings,
+    KindSpec,
+    OnePrompt,
+    RunSettings,
+    TaskError,
+    count,
+    prediction,
+    require_lm_head,
+)
+from .head import HeadSettings
+from .questions import QuestionsSettings
 
 NO_CALIBRATION = (
     "calibration does not apply to a fine-tuned classifier (its probabilities are fitted on labelled data "
     "already): drop it; --min-confidence works on its probabilities"
 )
+
+
+@dataclass(frozen=True)
+class FineTunedSettings(KindSettings):
+    """A fine-tuned classifier to run (`finetuned=`): a `FineTuned`, the estimator's in-memory
+    {"tuned": FineTuned, ...}, or a task file's 'finetune' section (its adapters file named
+    relative to `home`, the task's folder); `fused`: the adapters merged into the weights."""
+
+    source: Any
+    fused: bool = False
+
+    NAMES = ("finetuned", "fused")
+    trained = "fine-tuned adapters"
+
+    @classmethod
+    def take(cls, named: Mapping[str, Any]) -> FineTunedSettings | None:
+        if named.get("finetuned") is None:
+            return None
+        return cls(named["finetuned"], bool(named.get("fused", False)))
+
+    def named(self, home: str | None = None) -> dict[str, Any]:
+        source = self.source
+        if isinstance(source, dict) and "tuned" not in source and home is not None:
+            source = {**source, "home": home}  # a task's section: its adapters beside the task file
+        return {"finetuned": source, **({"fused": True} if self.fused else {})}
+
+    def weights_note(self) -> tuple[str, str] | None:
+        return "adapters were trained", "fine-tune again (mlx-slm train ... --finetune lora --save-task)"
 
 
 @dataclass(frozen=True)
@@ -48,23 +88,28 @@ class FinetuneSpec(KindSpec):
     fused: bool = False
 
     name = "finetune"  # type: ignore[misc]
+    Settings = FineTunedSettings
+    task_fields = ("finetune",)
     calibrates = False  # type: ignore[misc]
     no_calibration = NO_CALIBRATION  # type: ignore[misc]
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
-        return args.extra.get("finetune") is not None
+        return args.get(FineTunedSettings) is not None
 
     @classmethod
     def from_args(cls, args: KindArgs) -> FinetuneSpec:
-        got = args.extra["finetune"]
+        own = args.get(FineTunedSettings)
+        assert own is not None
+        got = own.source
         if isinstance(got, FineTuned):
-            tuned, file, sha, fused = got, None, None, bool(args.extra.get("fused", False))
+            tuned, file, sha, fused = got, None, None, own.fused
         elif isinstance(got, dict) and isinstance(got.get("tuned"), FineTuned):  # in memory (the estimator's)
             tuned, file, sha, fused = got["tuned"], got.get("adapters"), got.get("sha256"), bool(got.get("fused"))
         else:
             tuned, file, sha, fused = _load(got)
-        if args.questions is not None or args.head is not None or args.examples or args.scoring != "auto":
+        other = args.get(QuestionsSettings) is not None or args.get(HeadSettings) is not None
+        if other or args.examples or args.scoring != "auto":
             raise LabelError(
                 "a fine-tuned classifier scores its own labels with its own prompt: drop questions, heads, "
                 "examples and scoring"
@@ -111,13 +156,15 @@ class FinetuneSpec(KindSpec):
         s = self._section()
         return {"labels": list(self.labels), "scoring": mode, "examples": [], "finetune": {"sha256": s["sha256"], "objective": s["objective"]}}  # fmt: skip
 
-    def to_task(self) -> dict[str, Any]:
+    def to_task(self, path: Any = None) -> dict[str, Any]:
         if self.file is None:
             raise FinetuneError("these adapters were never saved: save them (FineTuned.save) and name the file")
-        return {"labels": list(self.labels), "finetune": self._section()}
+        section = self._section()
+        # adapters beside the task are named by their file name (`beside`): the two move together
+        return {"labels": list(self.labels), "finetune": section if path is None else beside(section, path)}
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
-        return {"labels": self.labels, "finetune": self._section()}
+        return {"labels": self.labels, "section": FineTunedSettings(self._section())}
 
     @classmethod
     def read_task(
@@ -137,7 +184,7 @@ class FinetuneSpec(KindSpec):
             )
         if calibration.applies:
             raise TaskError(f"{where}: a fine-tuned task takes no calibration: set 'calibration' to \"none\"")
-        return {"finetune": section}
+        return {"section": FineTunedSettings(section)}
 
     def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> FinetuneKind:
         return FinetuneKind(self, engine, fmt, run)

@@ -24,7 +24,7 @@ from ..text.labels import LabelError
 from ..text.labels import validate as validate_labels
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import PromptFormat, check_examples, fill_labels
-from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction, task_examples
+from .base import KindArgs, KindSettings, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction, task_examples
 from .labels import LabelsSpec
 
 NO_CALIBRATION = (
@@ -58,6 +58,40 @@ def check_head(head: Head, engine: Engine) -> None:
 
 
 @dataclass(frozen=True)
+class HeadSettings(KindSettings):
+    """A learned head to score with (`head=`; a task file's field 'head')."""
+
+    head: Any
+
+    NAMES = ("head",)
+    trained = "learned head"
+
+    @classmethod
+    def take(cls, named: Mapping[str, Any]) -> HeadSettings | None:
+        return None if named.get("head") is None else cls(named["head"])
+
+    def named(self, home: str | None = None) -> dict[str, Any]:
+        return {"head": self.head}
+
+    def weights_note(self) -> tuple[str, str] | None:
+        return "head was trained", "train it again (mlx-slm train ... --save-task)"
+
+
+@dataclass(frozen=True)
+class FeaturesSettings(KindSettings):
+    """A classifier made for its hidden states only (`features_only=True`)."""
+
+    NAMES = ("features_only",)
+
+    @classmethod
+    def take(cls, named: Mapping[str, Any]) -> FeaturesSettings | None:
+        return cls() if named.get("features_only") else None
+
+    def named(self, home: str | None = None) -> dict[str, Any]:
+        return {"features_only": True}
+
+
+@dataclass(frozen=True)
 class HeadSpec(KindSpec):
     """A learned head: its labels are the head's, its prompt the one it was trained on."""
 
@@ -66,16 +100,20 @@ class HeadSpec(KindSpec):
     descriptions: Mapping[str, str] | None = field(default=None, compare=False)
 
     name = "head"  # type: ignore[misc]
+    Settings = HeadSettings
+    task_fields = ("head",)
     calibrates = False  # type: ignore[misc]
     no_calibration = NO_CALIBRATION  # type: ignore[misc]
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
-        return args.head is not None
+        return args.get(HeadSettings) is not None
 
     @classmethod
     def from_args(cls, args: KindArgs) -> HeadSpec:
-        head = args.head
+        own = args.get(HeadSettings)
+        assert own is not None
+        head = own.head
         if not isinstance(head, Head):
             raise TypeError(f"head must be a heads.Head (trained by mlx_slm.train_head), not {type(head).__name__}")
         labels = tuple(validate_labels(args.labels))
@@ -101,6 +139,10 @@ class HeadSpec(KindSpec):
         return tuple(self.head.labels)
 
     @property
+    def learned_head(self) -> Any:
+        return self.head
+
+    @property
     def heads(self) -> list[Any]:
         return [self.head]
 
@@ -110,7 +152,7 @@ class HeadSpec(KindSpec):
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         return PromptFormat(fill_labels(system, self.labels, self.descriptions), template, self.examples)
 
-    def to_task(self) -> dict[str, Any]:
+    def to_task(self, path: Any = None) -> dict[str, Any]:
         return {
             "labels": list(self.labels),
             "examples": [{"text": t, "label": lab} for t, lab in self.examples],
@@ -127,7 +169,7 @@ class HeadSpec(KindSpec):
         return LabelsSpec.from_args(KindArgs(labels, examples=self.examples, label_descriptions=self.descriptions))
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
-        return {"labels": self.labels, "examples": self.examples, "head": self.head}
+        return {"labels": self.labels, "examples": self.examples, "section": HeadSettings(self.head)}
 
     def manifest(self, mode: str) -> dict[str, Any]:
         return {
@@ -161,7 +203,7 @@ class HeadSpec(KindSpec):
                 f"{where}: a task with a learned head takes no calibration (field 'calibration' is not "
                 "'none'): set it to \"none\", or train the head again"
             )
-        return {"examples": examples, "head": head}
+        return {"examples": examples, "section": HeadSettings(head)}
 
     def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> HeadKind:
         return HeadKind(self, engine, fmt, run)
@@ -199,12 +241,13 @@ class FeaturesSpec(KindSpec):
     descriptions: Mapping[str, str] | None = field(default=None, compare=False)
 
     name = "features"  # type: ignore[misc]
+    Settings = FeaturesSettings
     calibrates = False  # type: ignore[misc]
     no_calibration = "a features-only classifier gives no labels to calibrate"  # type: ignore[misc]
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
-        return args.features_only
+        return args.get(FeaturesSettings) is not None
 
     @classmethod
     def from_args(cls, args: KindArgs) -> FeaturesSpec:

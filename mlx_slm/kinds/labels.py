@@ -72,7 +72,7 @@ class LabelsSpec(KindSpec):
         # `{labels}` / `{label_descriptions}` in the system message: filled once, here.
         return PromptFormat(fill_labels(system, self.names, self.descriptions), template, self.examples)
 
-    def to_task(self) -> dict[str, Any]:
+    def to_task(self, path: Any = None) -> dict[str, Any]:
         return {
             "labels": list(self.names),
             "scoring": self.scoring,
@@ -102,6 +102,7 @@ class LabelsKind(OnePrompt):
     """The labels' tokens scored after each prompt (see the module docstring)."""
 
     spec: LabelsSpec
+    labelset: LabelSet = None  # type: ignore[assignment]  # its own, set once made (replaceable in tests)
 
     def __init__(self, spec: LabelsSpec, engine: Engine, fmt: PromptFormat, run: RunSettings):
         require_lm_head(engine)

@@ -9,7 +9,7 @@ branch's hidden states). Calibration and abstain are per question (`answers.Ques
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from ..text.questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, Question, Questio
 from .base import (
     Kind,
     KindArgs,
+    KindSettings,
     KindSpec,
     RunSettings,
     TaskError,
@@ -39,8 +40,32 @@ from .base import (
     require_lm_head,
     task_examples,
 )
-from .head import check_head
+from .head import HeadSettings, check_head
 from .labels import LOGIT_ROWS
+
+
+@dataclass(frozen=True)
+class QuestionsSettings(KindSettings):
+    """Several questions per text (`questions=`: `Question`s or their dicts)."""
+
+    questions: tuple[Any, ...]
+
+    NAMES = ("questions",)
+
+    @classmethod
+    def take(cls, named: Mapping[str, Any]) -> QuestionsSettings | None:
+        return None if named.get("questions") is None else cls(tuple(named["questions"]))
+
+    def named(self, home: str | None = None) -> dict[str, Any]:
+        return {"questions": self.questions}
+
+    def no_resume(self, calibration: CalibrationSpec) -> str | None:
+        if calibration.per_input:  # the priors per question are not recorded in the manifest
+            return (
+                "--resume with --questions and batch calibration would fit other priors on the rest of the input: "
+                "start again without --resume"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -50,21 +75,25 @@ class QuestionsSpec(KindSpec):
     asked: tuple[Question, ...]
 
     name = "questions"  # type: ignore[misc]
+    Settings = QuestionsSettings
+    task_fields = ("questions",)
     truncates = False  # type: ignore[misc]
     no_truncation = "truncation is not supported with several questions yet: drop 'truncate'"  # type: ignore[misc]
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
-        return args.questions is not None
+        return args.get(QuestionsSettings) is not None
 
     @classmethod
     def from_args(cls, args: KindArgs) -> QuestionsSpec:
         refuse(
-            labels=bool(args.labels), head=args.head is not None, examples=bool(args.examples),
+            labels=bool(args.labels), head=args.get(HeadSettings) is not None, examples=bool(args.examples),
             label_descriptions=bool(args.label_descriptions), keep_logits=args.keep_logits,
-            scoring=args.scoring != "auto", truncate=bool(args.extra.get("truncate")),
+            scoring=args.scoring != "auto", truncate=bool(args.truncate),
         )  # fmt: skip
-        qs = tuple(q if isinstance(q, Question) else Question.from_dict(q) for q in args.questions or ())
+        own = args.get(QuestionsSettings)
+        assert own is not None
+        qs = tuple(q if isinstance(q, Question) else Question.from_dict(q) for q in own.questions)
         return cls(qs)
 
     @property
@@ -95,7 +124,7 @@ class QuestionsSpec(KindSpec):
     def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
         self.calibration_run(spec, min_confidence)  # refused here if it does not apply
 
-    def to_task(self) -> dict[str, Any]:
+    def to_task(self, path: Any = None) -> dict[str, Any]:
         return {"labels": [], "questions": [q.to_dict() for q in self.asked]}
 
     def info(self) -> dict[str, Any]:
@@ -104,16 +133,8 @@ class QuestionsSpec(KindSpec):
     def for_request(self, labels: tuple[str, ...], same_prompt: bool) -> KindSpec | None:
         return self if not labels else None  # a request with labels asks one question: zero-shot labels
 
-    def no_resume(self, calibration: CalibrationSpec) -> str | None:
-        if calibration.per_input:  # the priors per question are not recorded in the manifest
-            return (
-                "--resume with --questions and batch calibration would fit other priors on the rest of the input: "
-                "start again without --resume"
-            )
-        return None
-
     def task_kwargs(self, mode: str) -> dict[str, Any]:
-        return {"labels": (), "questions": self.asked}
+        return {"labels": (), "section": QuestionsSettings(self.asked)}
 
     def manifest(self, mode: str) -> dict[str, Any]:
         return {"labels": [], "questions": [q.record() for q in self.asked], "scoring": mode, "examples": []}
@@ -138,7 +159,7 @@ class QuestionsSpec(KindSpec):
             asked = check_questions([Question.from_dict(q, f"{where}: question {i}") for i, q in enumerate(qs, 1)])
         except QuestionError as e:
             raise TaskError(str(e)) from None
-        return {"examples": examples, "questions": asked}
+        return {"examples": examples, "section": QuestionsSettings(tuple(asked))}
 
     def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> QuestionsKind:
         return QuestionsKind(self, engine, fmt, run)

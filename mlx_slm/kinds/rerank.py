@@ -22,7 +22,7 @@ With the prefix cache off (`use_prefix_cache=False`) items get no head: each pro
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,9 @@ from ..text.prompts import (
     render,
     tokenize,
 )
-from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, check_texts, count, split_pair
+from .base import KindArgs, KindSettings, KindSpec, OnePrompt, RunSettings, TaskError, check_texts, count, split_pair
+from .head import HeadSettings
+from .questions import QuestionsSettings
 
 RERANKERS = ("seqcls", "qwen3", "question")
 _QUESTION_SLOTS = re.compile(r"\{query\}|\{text\}")
@@ -67,6 +69,31 @@ NO_RERANKER = (
 
 
 @dataclass(frozen=True)
+class RerankSettings(KindSettings):
+    """A reranker asked for (`reranker=`: auto, seqcls, qwen3 or question; a task's field
+    'rerank'): the qwen3 prompt's `instruction`, the question scorer's `system` and `template`
+    (the prompt a caller typed: the kind takes it or refuses it by name, `TAKES`)."""
+
+    scorer: str
+    instruction: str | None = None
+    system: str | None = None
+    template: str | None = None
+
+    NAMES = ("reranker", "instruction")
+
+    @classmethod
+    def take(cls, named: Mapping[str, Any]) -> RerankSettings | None:
+        if named.get("reranker") is None:
+            return None
+        return cls(named["reranker"], named.get("instruction"), named.get("system"), named.get("template"))
+
+    def named(self, home: str | None = None) -> dict[str, Any]:
+        out = {"reranker": self.scorer, "instruction": self.instruction, "system": self.system,
+               "template": self.template}  # fmt: skip
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
 class RerankSpec(KindSpec):
     """A reranker: its `scorer` (see `RERANKERS`), the instruction of the `qwen3` prompt (None:
     the card's web-search one), and the `question` scorer's system message and template."""
@@ -79,31 +106,33 @@ class RerankSpec(KindSpec):
     named: tuple[str, ...] = ()  # the labels a task names, while its model is not loaded yet
 
     name = "rerank"  # type: ignore[misc]
+    Settings = RerankSettings
+    task_fields = ("rerank",)
     calibrates = False  # type: ignore[misc]
     no_calibration = "calibration and --min-confidence do not apply to relevance scores: drop them"  # type: ignore[misc]
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
-        return args.extra.get("reranker") is not None
+        return args.get(RerankSettings) is not None
 
     @classmethod
     def from_args(cls, args: KindArgs) -> RerankSpec:
-        e = args.extra
-        scorer = e["reranker"]
-        model_head = args.model_head
-        loaded = "model_name" in e  # else the model is not loaded yet: chosen again on it (see ClassifierBase)
-        if scorer in ("auto", "seqcls") and model_head is None and not loaded:
+        own = args.get(RerankSettings)
+        assert own is not None
+        e = {"system": own.system, "template": own.template, "instruction": own.instruction}
+        scorer, model_head = own.scorer, args.model.head
+        if scorer in ("auto", "seqcls") and model_head is None and not args.model.loaded:
             return cls(scorer, named=tuple(args.labels)[:1])
         if scorer == "auto":
             if model_head is not None:
                 scorer = "seqcls"
-            elif "rerank" in str(e.get("model_name", "")).lower():
+            elif "rerank" in args.model.name.lower():
                 scorer = "qwen3"
             else:
-                raise LabelError(f"{e.get('model_name') or 'this model'} {NO_RERANKER}")
+                raise LabelError(f"{args.model.name or 'this model'} {NO_RERANKER}")
         if scorer not in RERANKERS:  # auto was resolved above
             raise LabelError(f"reranker {scorer!r} is not one of {', '.join(RERANKERS)} (or auto)")
-        if args.questions is not None or args.head is not None or args.examples:
+        if args.get(QuestionsSettings) is not None or args.get(HeadSettings) is not None or args.examples:
             raise LabelError("a reranker scores (query, document) pairs: drop questions, heads and examples")
         if scorer == "seqcls":
             if model_head is None:
@@ -163,11 +192,13 @@ class RerankSpec(KindSpec):
     def manifest(self, mode: str) -> dict[str, Any]:
         return {"labels": list(self.labels), "scoring": mode, "examples": [], "form": "score", **self._section()}
 
-    def to_task(self) -> dict[str, Any]:
+    def to_task(self, path: Any = None) -> dict[str, Any]:
         return {"labels": list(self.labels), **self._section()}
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
-        return {"labels": self.labels, "rerank": self._section()["rerank"]}
+        r = self._section()["rerank"]
+        return {"labels": self.labels, "section": RerankSettings(r["scorer"], r.get("instruction"), r.get("system"),
+                                                                  r.get("template"))}  # fmt: skip
 
     @classmethod
     def read_task(
@@ -178,11 +209,12 @@ class RerankSpec(KindSpec):
             return None
         if not isinstance(section, dict) or section.get("scorer") not in RERANKERS:
             raise TaskError(f"{where}: field 'rerank' must be an object with a scorer of {', '.join(RERANKERS)}")
-        return {"rerank": section}
+        r = {k: section.get(k) for k in ("instruction", "system", "template")}
+        return {"section": RerankSettings(section["scorer"], **r)}
 
     def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> RerankKind:
         if self.scorer == "auto" or (self.scorer == "seqcls" and self.head is None):
-            raise AssertionError("a reranker is chosen on its model before it is bound (ClassifierBase)")
+            raise AssertionError("a reranker is chosen on its model before it is bound (Classifier)")
         return RerankKind(self, engine, fmt, run)
 
 

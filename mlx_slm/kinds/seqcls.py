@@ -15,7 +15,7 @@ model; a system message or a template given (`chat=True`) opts in to the chat te
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,10 +30,44 @@ from ..text.labels import LabelError
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, encode_texts
 from ..text.seqcls import SeqClsHead
-from .base import KindArgs, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction
+from .base import KindArgs, KindSettings, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction
+from .head import FeaturesSettings, HeadSettings
+from .questions import QuestionsSettings
 
 DEFAULT_THRESHOLD = 0.5  # a multi-label head's labels at or above this probability are its answer
 FORMS = {"softmax": "label", "sigmoid": "multi", "none": "score"}
+
+
+@dataclass(frozen=True)
+class SeqClsSettings(KindSettings):
+    """A sequence classifier's settings: a multi-label head's `threshold` (`threshold=`), and the
+    head a task recorded (`seqcls=`: its field 'seqcls', checked against the model's when bound)."""
+
+    threshold: float | None = None
+    saved: dict[str, Any] | None = None
+
+    NAMES = ("threshold", "seqcls")
+
+    @classmethod
+    def take(cls, named: Mapping[str, Any]) -> SeqClsSettings | None:
+        if named.get("threshold") is None and named.get("seqcls") is None:
+            return None
+        return cls(named.get("threshold"), named.get("seqcls"))
+
+    def named(self, home: str | None = None) -> dict[str, Any]:
+        return {k: v for k, v in (("threshold", self.threshold), ("seqcls", self.saved)) if v is not None}
+
+    def unused(self, spec: KindSpec) -> Exception:
+        if self.threshold is not None:
+            return LabelError(NO_THRESHOLD)
+        return super().unused(spec)
+
+
+# A threshold given where the kind chosen on the model has no multi-label answer to set.
+NO_THRESHOLD = (
+    "threshold (--threshold) sets which labels a multi-label sequence classifier answers (a sigmoid per "
+    "label); this model scores one label per text, or one score: drop it"
+)
 
 
 @dataclass(frozen=True)
@@ -46,18 +80,23 @@ class SeqClsSpec(KindSpec):
     chat: bool = False
 
     name = "seqcls"  # type: ignore[misc]
+    Settings = SeqClsSettings
+    task_fields = ("seqcls",)
 
     @classmethod
     def wants(cls, args: KindArgs) -> bool:
         # A learned head (or features) reads the backbone's hidden states: that kind, not this one.
-        return (args.model_head is not None or "seqcls" in args.extra) and args.head is None and not args.features_only
+        own = args.get(SeqClsSettings)
+        reads_states = args.get(HeadSettings) is not None or args.get(FeaturesSettings) is not None
+        return (args.model.head is not None or (own is not None and own.saved is not None)) and not reads_states
 
     @classmethod
     def from_args(cls, args: KindArgs) -> SeqClsSpec:
         # A task's recorded head (checked against the model's when bound), else the model's own.
-        section = args.extra.get("seqcls") or {}
-        head = seqcls_head(section, "the task's seqcls") if section else args.model_head
-        if args.questions is not None:
+        own = args.get(SeqClsSettings) or SeqClsSettings()
+        section = own.saved or {}
+        head = seqcls_head(section, "the task's seqcls") if section else args.model.head
+        if args.get(QuestionsSettings) is not None:
             raise LabelError(head.no_lm_head())
         given = tuple(args.labels) not in ((), DEFAULT_LABELS, tuple(head.labels))
         if given:
@@ -82,12 +121,16 @@ class SeqClsSpec(KindSpec):
                 f"{head.architecture}: a regression head of {head.num_labels} outputs is not supported yet "
                 "(one output, or classification heads, are)"
             )
-        threshold = args.extra.get("threshold")
+        threshold = own.threshold
+        if threshold is not None and (head.num_labels == 1 or FORMS[head.function] != "multi"):
+            raise LabelError(NO_THRESHOLD)
         threshold = section.get("threshold", DEFAULT_THRESHOLD) if threshold is None else threshold
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
             raise LabelError(f"the multi-label threshold must be a number from 0 to 1, got {threshold!r}")
-        # A chat prompt: typed here, the task's, or the one an exported fine-tune records.
-        chat = args.extra.get("chat") or section.get("chat", head.prompt is not None)
+        # A chat prompt: a system message or template of one's own typed (it opts a sequence classifier in
+        # to a chat prompt), the task's, or the one an exported fine-tune records.
+        typed = args.system is not None or args.template is not None
+        chat = typed or section.get("chat", head.prompt is not None)
         return cls(head, float(threshold), bool(chat))
 
     @property
@@ -148,11 +191,11 @@ class SeqClsSpec(KindSpec):
     def _section(self) -> dict[str, Any]:
         return {"seqcls": {**self.head.to_dict(), "threshold": self.threshold, "chat": self.chat}}
 
-    def to_task(self) -> dict[str, Any]:
+    def to_task(self, path: Any = None) -> dict[str, Any]:
         return {"labels": list(self.labels), **self._section()}
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
-        return {"labels": self.labels, "seqcls": self._section()["seqcls"]}
+        return {"labels": self.labels, "section": SeqClsSettings(saved=self._section()["seqcls"])}
 
     @classmethod
     def read_task(
@@ -167,7 +210,7 @@ class SeqClsSpec(KindSpec):
                 f"{where}: field 'seqcls' holds the labels {list(head.labels)[:8]}, but the task's labels are "
                 f"{labels[:8]}: save the task again"
             )
-        return {"seqcls": section}
+        return {"section": SeqClsSettings(saved=section)}
 
     def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> SeqClsKind:
         return SeqClsKind(self, engine, fmt, run)

@@ -280,7 +280,7 @@ def run_question_parity(
     progress(f"ours: MLX on {path}, {len(questions)} question(s) in one pass")
     clf = Classifier.load(str(path), system=system, template=template, dtype=dtype, questions=questions,
                           batch_size=batch_size)  # fmt: skip
-    plan = clf.plan
+    plan = clf.kind.plan
     assert plan is not None
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     t0 = time.perf_counter()
@@ -289,7 +289,7 @@ def run_question_parity(
     bad = [p for p in ours if not p.ok]
     if bad:
         raise UserError(f"item {bad[0].index}: {bad[0].error}")
-    tok = clf.tokenizer
+    tok = clf.engine.tokenizer
     blocks = [(tokenize(tok, [render(tok, b.fmt, t) for t in texts]), b.options) for b in plan.blocks]
 
     def compare_with(where: str) -> tuple[dict[str, Any], float]:
@@ -399,7 +399,7 @@ def run_head_parity(
         progress(
             f"reference: Transformers float32, one at a time, the head's parts ({head.name}) of hidden_states on {same}"
         )
-        ref, t_ref = hidden_in_child(same, ids, head.layers, head.poolings, clf.pool_from)
+        ref, t_ref = hidden_in_child(same, ids, head.layers, head.poolings, clf.kind.pool_from)
     d = np.abs(feats.astype(np.float64) - ref)
     rel = float(max(d[i].max() / max(np.abs(ref[i]).max(), 1e-12) for i in range(len(texts))))
     lp_ours, lp_ref = head.log_probs(feats), head.log_probs(ref)

@@ -124,7 +124,7 @@ class OurRoutes:
                 },
                 "limits": {
                     "max_batch_items": opts.max_batch_items,
-                    "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
+                    "max_batch_tokens": opts.max_batch_tokens or clf.batching.max_batch_tokens,
                     "max_wait_ms": opts.max_wait_ms,
                     "max_queue_items": opts.max_queue_items,
                     "max_items_per_request": opts.items_limit[0],

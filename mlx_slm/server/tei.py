@@ -154,7 +154,7 @@ class TEIRoutes:
                 "model_type": model_type,
                 "max_concurrent_requests": opts.max_queue_items,
                 "max_input_length": clf.max_length,
-                "max_batch_tokens": opts.max_batch_tokens or clf.max_batch_tokens,
+                "max_batch_tokens": opts.max_batch_tokens or clf.batching.max_batch_tokens,
                 "max_batch_requests": opts.max_batch_items,
                 "max_client_batch_size": opts.items_limit[0],
                 "auto_truncate": clf.truncate is not None,

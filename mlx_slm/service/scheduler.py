@@ -174,7 +174,7 @@ class Scheduler:
         padded-token budget (rows x longest suffix, as the classifier's planner counts);
         waits up to --max-wait-ms for more while the batch is not full."""
         o = self.opts
-        budget = o.max_batch_tokens or self.tasks.loaded.clf.max_batch_tokens or (1 << 30)  # type: ignore[union-attr]
+        budget = o.max_batch_tokens or self.tasks.loaded.clf.batching.max_batch_tokens or (1 << 30)  # type: ignore[union-attr]
         tb = self._time_budget()  # rule 2: bounded in time too
         if tb is not None:
             budget = min(budget, tb)

@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
+from ..kinds import scoring_names
 from ..models import embeds_only
 from .api import Loaded, TaskSpec
 from .errors import Invalid, NotSupported
@@ -190,9 +191,9 @@ class TaskCache:
             engine,
             self.pooling(),
             truncate=truncate,
-            batch_size=b.batch_size,
-            max_batch_tokens=b.max_batch_tokens,
-            sort=b.sort,
+            batch_size=b.batching.batch_size,
+            max_batch_tokens=b.batching.max_batch_tokens,
+            sort=b.batching.sort,
             use_prefix_cache=self.loaded.clf_kwargs.get("use_prefix_cache", True),  # type: ignore[union-attr]
         )
 
@@ -221,16 +222,14 @@ class TaskCache:
             except KindRefused as e:
                 raise Invalid(str(e), "truncate") from None
         kw.update(
-            batch_size=base.batch_size,
-            max_batch_tokens=base.max_batch_tokens,
-            sort=base.sort,
+            batch_size=base.batching.batch_size,
+            max_batch_tokens=base.batching.max_batch_tokens,
+            sort=base.batching.sort,
             use_prefix_cache=kw.get("use_prefix_cache", True),
             truncate=truncate,
         )
-        for k in ("calibration", "min_confidence", "warmup", "labels", "head", "questions", "scoring", "examples"):
-            kw.pop(k, None)
-        for k in ("label_descriptions", "keep_logits", "label_pass", "features_only"):  # the kind holds these
-            kw.pop(k, None)
+        for k in ("calibration", "min_confidence", "warmup", *(scoring_names() - {"truncate"})):
+            kw.pop(k, None)  # the kind holds the scoring ones; truncate is the run's (set above)
         return Classifier(engine, system=system, template=template, kind=spec, **kw)
 
     def front(self, key: tuple) -> Any:
