@@ -44,13 +44,17 @@ try:
     import ray.data
 except ImportError as e:  # pragma: no cover - the extra is installed in the test env
     raise MissingExtra(f"mlx_slm.ray needs Ray Data ({e.name} is missing): pip install 'mlx-slm[ray]'") from None
+from .classifier.classifier import Classifier
+from .classifier.task import Task
+from .kinds.base import TaskError
+from .text.calibration import DEFAULT_WARMUP, CalibrationSpec
+from .text.labels import log_softmax
+from .text.predictions import Prediction
 
 OUTPUT_COLUMNS = ("label", "probs", "raw_probs", "abstained", "n_tokens", "truncated", "error")
 
 
 def _load_classifier(task: dict[str, Any] | None, load: dict[str, Any] | None) -> Any:
-    from .classifier.classifier import Classifier
-    from .classifier.task import Task
 
     if task is not None:
         return Classifier.from_task(Task.from_dict(task), **(load or {}))
@@ -86,8 +90,6 @@ class ClassifyBatch:
         weights_sha256: str | None = None,
         pair_column: str | None = "text_pair",
     ):
-        from .kinds.base import TaskError
-        from .text.calibration import CalibrationSpec
 
         self.clf = _load_classifier(task, load)
         if weights_sha256 and self.clf.path is not None:
@@ -110,7 +112,6 @@ class ClassifyBatch:
         self.fields = self.shape.arrow_fields()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from .text.predictions import Prediction
 
         if not isinstance(batch, pa.Table):  # another batch_format: accept what Ray hands over
             batch = pa.Table.from_pandas(batch) if hasattr(batch, "to_numpy") else pa.table(batch)
@@ -263,9 +264,6 @@ def classify_dataset(
     "none", "batch"/"em" (a prior fitted here on the first `warmup` rows, a first pass
     over them), or a fitted `Calibrator`.
     """
-    from .classifier.task import Task
-    from .text.calibration import DEFAULT_WARMUP, CalibrationSpec
-    from .text.labels import log_softmax
 
     if task is not None and not isinstance(task, dict):
         task = (task if isinstance(task, Task) else Task.load(task)).to_dict()
@@ -334,7 +332,6 @@ def predictions(
     `texts`, raw scores kept), so the caller calibrates and writes as for a local run.
     A text may be a (text, pair) tuple.
     """
-    from .text.predictions import Prediction
 
     n = len(texts)
     if n == 0:

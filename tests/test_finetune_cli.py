@@ -8,6 +8,7 @@ epoch kept as a complete task, or nothing and exit 130), `export` -> Transformer
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -148,7 +149,7 @@ def test_the_same_seed_and_data_give_the_same_adapters_file_byte_for_byte(work, 
 
 def _interrupt(monkeypatch, when):
     """Ctrl-C where `when(progress)` is true: the CLI's progress bar raises KeyboardInterrupt."""
-    import mlx_slm.jobs.finetune as tuning
+    tuning = importlib.import_module("mlx_slm.cli.train")  # where the command took its progress bar from
 
     def bar(quiet):
         def update(p):
@@ -249,7 +250,7 @@ def test_parity_task_passes_and_fails_when_the_reference_differs(work, monkeypat
     pytest.importorskip("torch")
     from dataclasses import replace
 
-    import mlx_slm.weights.export as export_mod
+    import mlx_slm.parity.finetune as export_mod  # where parity --task took `export` from
 
     r = run(["parity", "--task", work.task, "--n", "12", "--json"])
     assert r.exit_code == 0, r.output

@@ -11,8 +11,8 @@ import pytest
 
 from mlx_slm import kinds
 from mlx_slm.classifier.classifier import Classifier
-from mlx_slm.engine.engine import Engine
 from mlx_slm.classifier.task import Task
+from mlx_slm.engine.engine import Engine
 from mlx_slm.kinds import KindArgs, arguments, spec_of
 from mlx_slm.kinds.base import KindSettings, KindSpec, OnePrompt, TaskError, count
 from mlx_slm.text.heads import Head

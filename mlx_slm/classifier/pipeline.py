@@ -31,6 +31,7 @@ import numpy as np
 
 from ..engine.prefix_cache import PrefixCache, StackedPrefix
 from ..ground.ranges import check_all
+from ..kinds.head import pooled_features
 from ..text import batching
 from ..text.inputs import progress_bar
 from ..text.predictions import Item, Prediction, Stats
@@ -224,7 +225,6 @@ def features(
 ) -> tuple[dict[str, np.ndarray], list[str | None], Stats]:
     """Hidden states of every text's prompt (see `Classifier.features`): the kind's items, the
     same batch plan and prefix cache, the forward stopped at the deepest layer."""
-    from ..kinds.head import pooled_features
 
     st = Stats()
     t0 = time.perf_counter()

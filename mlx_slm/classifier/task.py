@@ -20,7 +20,8 @@ from typing import Any
 
 from .. import kinds
 from ..ground.jsonfiles import utc_now, write_json_atomic
-from ..ground.textfiles import has_lone_surrogate, json_error
+from ..ground.ranges import RANGES
+from ..ground.textfiles import InputError, check_json_text, has_lone_surrogate, json_error, read_text_file
 from ..kinds import KindArgs, KindSettings, KindSpec, ModelFacts, arguments, read_task, spec_of
 from ..kinds.base import TaskError, bad_field
 from ..kinds.finetune import FineTunedSettings
@@ -28,6 +29,7 @@ from ..kinds.head import HeadSettings
 from ..kinds.questions import QuestionsSettings
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
 from ..text.heads import Head
+from ..text.labels import MODES, label_problem
 from ..text.questions import Question
 
 FORMAT = "mlx-slm.task"
@@ -149,7 +151,6 @@ class Task:
     def load(cls, path: str | os.PathLike) -> Task:
         """Read a task file; any problem (unreadable, not UTF-8, not JSON, a field of the wrong
         type or value) is a `TaskError` naming the file, the line or field, and the fix."""
-        from ..ground.textfiles import InputError, check_json_text, read_text_file
 
         try:
             text = read_text_file(str(path), "task file")
@@ -258,7 +259,6 @@ def _prompt_fields(d: dict[str, Any], where: str) -> list[str]:
         if not isinstance(d.get(key), str) or not d[key].strip():
             raise bad_field(d, where, key, "a non-empty string")
     labels = d.get("labels")
-    from ..text.labels import label_problem
 
     # the labels' form only: a task with questions has none (validate runs when a classifier is made)
     if not isinstance(labels, list) or any(label_problem(x) is not None for x in labels):
@@ -277,12 +277,10 @@ def _prompt_fields(d: dict[str, Any], where: str) -> list[str]:
 
 def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, str | None, dict[str, str]]:
     """Scoring, warm-up, confidence threshold, weights' sha256 and versions, checked."""
-    from ..text.labels import MODES
 
     scoring = d.get("scoring", "auto")
     if scoring not in MODES:
         raise bad_field(d, where, "scoring", f"one of {', '.join(MODES)}")
-    from ..ground.ranges import RANGES  # the one range of each number (NaN and Infinity, JSON's extensions, fail)
 
     warmup = d.get("warmup", DEFAULT_WARMUP)
     if RANGES["warmup"].problem(warmup):

@@ -13,6 +13,7 @@ from ..ground import blas as _blas
 from ..ground.errors import UsageError
 from ..ground.notices import notice as _notice
 from ..ground.ranges import RANGES, advice
+from ..ground.textfiles import not_utf8
 
 # Help sections, in the order --help shows them; an option's section is in SECTIONS (by
 # parameter name), or in the command's own `sections=` where the same option means
@@ -106,7 +107,6 @@ def check_arguments_text(ctx: click.Context) -> None:
     """Every argument and option is UTF-8 text, checked once here before any work: a byte the
     system could not decode arrives in Python's argv as a surrogate escape, which would reach a
     tokenizer, a manifest or a task file and fail there as a bug (exit 70)."""
-    from ..ground.textfiles import not_utf8
 
     for p in ctx.command.params:
         value = ctx.params.get(p.name or "")

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from ..files.output import OUTPUT_FORMATS, check_run_files
+from ..files.output import OUTPUT_FORMATS, check_run_files, read_manifest
+from ..files.sharding import merge_parts
 from ..jobs.classify import ClassifySettings
 from ..jobs.classify import classify as classify_job
 from .base import Command, notice, number, warn_blas
@@ -138,8 +139,6 @@ def merge(parts: tuple[str, ...], output: str, no_input_check: bool, quiet: bool
 
     Docs: docs/scale-out.md
     """
-    from ..files.output import read_manifest
-    from ..files.sharding import merge_parts
 
     if output == "-":
         raise click.UsageError("merge writes a file: give -o a path (the result is checked before it is written)")

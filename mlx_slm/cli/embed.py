@@ -17,7 +17,11 @@ import click
 import numpy as np
 
 from ..classifier.embedder import Embedder, Embeddings
+from ..engine.engine import Engine
+from ..files.output import check_run_files, files_read
+from ..files.readers import read_rows
 from ..ground.errors import UsageError
+from ..ground.safefs import atomic_writer
 from .base import Command, notice, number, warn_blas
 from .options import some_task_options
 
@@ -83,8 +87,6 @@ def embed(
 
     Docs: docs/embeddings.md
     """
-    from ..engine.engine import Engine
-    from ..files.output import check_run_files, files_read
 
     warn_blas()
     kind = output_kind(output)
@@ -129,7 +131,6 @@ def run(
     emb: Embedder, path: str, read_args: tuple, prompt: str, normalize: bool, dims: int | None, window: int
 ) -> tuple[list[Any], Embeddings]:
     """Every row of `path` (`io.read_rows`) and their vectors (a row the reader refused: NaN and its error)."""
-    from ..files.readers import read_rows
 
     rows = list(read_rows(path, *read_args))
     texts = [r.text if r.error is None else None for r in rows]
@@ -146,7 +147,6 @@ def _error(row: Any, err: str) -> str:
 
 def write(kind: str, output: str | None, rows: list[Any], got: Embeddings) -> None:
     """The rows in `kind`'s format to `output` (atomically) or stdout."""
-    from ..ground.safefs import atomic_writer
 
     if kind == "jsonl":
         lines = []

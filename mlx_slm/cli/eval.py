@@ -10,8 +10,12 @@ from typing import Any
 import click
 
 from ..files.output import check_run_files, files_read
+from ..files.readers import gold_problem, read_rows
 from ..ground.errors import UserError
+from ..ground.safefs import atomic_write
+from ..jobs.evaluate import form_problem, plot, plot_paths, read_predictions
 from ..jobs.setup import Setup, flag_names
+from ..text.metrics import format_report, report
 from .base import Command, notice, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
@@ -65,9 +69,6 @@ def evaluate(
 
     Docs: docs/labels.md
     """
-    from ..files.readers import read_rows
-    from ..jobs.evaluate import plot, plot_paths, read_predictions
-    from ..text.metrics import format_report, report
 
     o["gold_field"] = gold_fields[-1]
     settings = task_settings(ctx, o)
@@ -105,8 +106,6 @@ def evaluate(
     if errors:
         click.echo(f"\n{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
     if json_path:
-        from ..ground.safefs import atomic_write
-
         atomic_write(json_path, json.dumps(rep, indent=2) + "\n", "--json")
     if plots:
         try:
@@ -139,7 +138,6 @@ def _refuse_run_options(given: frozenset[str]) -> None:
 
 def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, Any] | None]]:
     """Run the model on the rows with a text: the labels, and one prediction (or None) a row."""
-    from ..jobs.evaluate import form_problem
 
     clf = setup.load()
     why = form_problem(clf.spec.record_shape().form)  # a multi-label or one-output head: refused, before any work
@@ -166,7 +164,6 @@ def _report(
     rows: list[Any], preds: list[Any], labels: Any, gold_field: str, input: str, report: Any
 ) -> tuple[dict[str, Any], list[str]]:
     """The figures over the rows with a gold label and a prediction, and why each other row is left out."""
-    from ..files.readers import gold_problem
 
     gold, pred_labels, conf, errors = [], [], [], []
     for r, p in zip(rows, preds):
@@ -219,10 +216,6 @@ def _evaluate_questions(
     (read once, every gold field with it), calibrated and abstaining as classify's would be."""
     from dataclasses import replace
 
-    from ..files.readers import read_rows
-    from ..jobs.evaluate import plot, plot_paths
-    from ..text.metrics import format_report, report
-
     qs = {q.name: q for q in setup.questions}
     golds = _gold_pairs(setup, pairs)
     s = setup.o
@@ -254,8 +247,6 @@ def _evaluate_questions(
         q = qs[name]
         q_rows = [replace(r, gold=None if r.gold is None else r.gold.get(fld)) for r in rows]
         if predictions:  # a classify --questions output, read back per question (no model run)
-            from ..jobs.evaluate import read_predictions
-
             answers = read_predictions(predictions, q_rows, input, question=name)
         else:
             answers = [None if p is None else {"label": p.answers[name]["label"], "probs": p.answers[name]["probs"],
@@ -270,8 +261,6 @@ def _evaluate_questions(
             for p in plot(rep, str(Path(plots) / name)):
                 notice(f"mlx-slm: wrote {p}")
     if json_path:
-        from ..ground.safefs import atomic_write
-
         atomic_write(json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
+from ..classifier.task import Task
+from ..engine.engine import Engine
 from ..files.output import check_new_folder
+from ..kinds.finetune import FinetuneSpec
+from ..models import load_model
+from ..weights.adapters import FinetuneError
+from ..weights.export import export as write
 from .base import Command, notice, warn_blas
 
 
@@ -36,12 +42,6 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
     """
     import mlx.core as mx
 
-    from ..classifier.task import Task
-    from ..engine.engine import Engine
-    from ..kinds.finetune import FinetuneSpec
-    from ..weights.adapters import FinetuneError
-    from ..weights.export import export as write
-
     warn_blas()
     check_new_folder(output)  # a new or empty folder, as --help says (no input can be in one)
     t = Task.load(task_file)
@@ -53,8 +53,6 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
         raise FinetuneError(f"{t.model} has no converted folder to read its config from")
     model = engine.model
     if model.compute_dtype != mx.float32:  # merged in float32, whatever the device computes in
-        from ..models import load_model
-
         model = load_model(engine.path, dtype=mx.float32)
     out = write(
         spec.tuned, model, engine.tokenizer, engine.path, output,

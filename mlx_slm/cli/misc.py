@@ -7,9 +7,19 @@ from pathlib import Path
 
 import click
 
+from ..classifier.embedder import EmbeddingError, read_pooling
 from ..ground import blas as _blas
 from ..ground.errors import UserError
-from ..weights.registry import BUILTINS
+from ..kinds import reranker_spec
+from ..models import default_compute_dtype
+from ..models.base import backbone_architecture, prefix_backbone
+from ..text.labels import LabelError
+from ..text.seqcls import SeqClsHead
+from ..weights.convert import check_out_dir, check_quantize, is_converted
+from ..weights.convert import convert as do_convert
+from ..weights.modelfiles import tensor_names
+from ..weights.registry import BUILTINS, cache_dir
+from ..weights.sources import Source, cached_path, describe, fetch, materialise, resolve
 from .base import Command, notice
 
 
@@ -47,9 +57,6 @@ def convert(src: str, out: str, dtype: str, quantize: int | None, group_size: in
 
     Docs: docs/models.md
     """
-    from ..weights.convert import check_out_dir, check_quantize
-    from ..weights.convert import convert as do_convert
-    from ..weights.sources import fetch, resolve
 
     check_quantize(quantize, group_size)  # before any download
     check_out_dir(src, Path(out), force)  # before any download too; checked again against the local source
@@ -80,8 +87,6 @@ def doctor(model: str | None) -> None:
 
     import mlx.core as mx
 
-    from ..models import default_compute_dtype
-
     peak = _blas.matmul_peak()
     g_mlx, g_np = peak["mlx"], peak["numpy"]
     click.echo(f"platform       {platform.platform()} ({platform.machine()})")
@@ -92,8 +97,6 @@ def doctor(model: str | None) -> None:
     click.echo(
         f"matmul f32     MLX {g_mlx:.1f} GFLOP/s, numpy {g_np:.1f} GFLOP/s ({100 * g_mlx / g_np:.0f} % of numpy)"
     )
-    from ..weights.registry import cache_dir
-    from ..weights.sources import describe
 
     click.echo(f"model cache    {cache_dir()}")
     click.echo(f"model sources  {describe()}")
@@ -108,14 +111,6 @@ def model_head_lines(model: str) -> list[tuple[str, str]]:
     """What `doctor --model` says of a model: where it is, its head, and what reranks with it
     (as `serve`'s rerank routes and `--reranker auto` choose)."""
     import json
-
-    from ..classifier.embedder import EmbeddingError, read_pooling
-    from ..kinds import reranker_spec
-    from ..models.base import backbone_architecture, prefix_backbone
-    from ..text.labels import LabelError
-    from ..text.seqcls import SeqClsHead
-    from ..weights.modelfiles import tensor_names
-    from ..weights.sources import materialise
 
     path = materialise(model)
     config = json.loads((path / "config.json").read_text())
@@ -154,8 +149,6 @@ def models() -> None:
 
     Docs: docs/models.md
     """
-    from ..weights.convert import is_converted
-    from ..weights.sources import Source, cached_path
 
     for name, m in BUILTINS.items():
         ready = is_converted(cached_path(Source(name, "builtin"), "float16"))

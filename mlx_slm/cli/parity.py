@@ -10,10 +10,33 @@ from typing import Any
 
 import click
 
+from ..classifier.task import Task
+from ..files.readers import read_rows
 from ..ground.errors import UserError
 from ..jobs.setup import read_labels
-from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template
+from ..parity.chat import format_chat_report, run_chat_parity
+from ..parity.embeddings import format_embed_report, run_embed_parity
+from ..parity.finetune import format_finetune_report, run_finetune_parity
+from ..parity.labels import (
+    default_reference,
+    format_head_report,
+    format_question_report,
+    format_report,
+    is_quantized_dir,
+    run_head_parity,
+    run_parity,
+    run_question_parity,
+)
+from ..parity.reference import require_torch
+from ..parity.seqcls import format_rerank_report, format_seqcls_report, run_rerank_parity, run_seqcls_parity
+from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, check_template
+from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
+from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
+from ..text.questions import read_questions
+from ..text.seqcls import SeqClsHead
+from ..text.workload import sample, tickets
 from ..weights.registry import BUILTINS, DEFAULT_MODEL
+from ..weights.sources import materialise
 from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
 
 
@@ -137,8 +160,6 @@ def parity(
 
     Docs: docs/parity.md
     """
-    from ..parity.labels import format_report, run_parity
-    from ..parity.reference import require_torch
 
     warn_blas()
     require_torch()  # the reference runs in a child process: a missing extra is exit 2 here, not a bug there
@@ -162,8 +183,6 @@ def parity(
     if threshold is not None or instruction is not None:
         raise click.UsageError("--threshold and --instruction go with a sequence classifier or --reranker")
     if reference is None:
-        from ..parity.labels import default_reference, is_quantized_dir
-
         if model in BUILTINS:
             reference = model
         elif is_quantized_dir(model):
@@ -189,7 +208,6 @@ def parity(
 
 def _chat_parity(o: dict[str, Any]) -> None:
     """`parity --chat`, from the command's options by name (`chat_parity.py`)."""
-    from ..parity.chat import format_chat_report, run_chat_parity
 
     if o["reranker"] or o["questions_file"] or o["reference"] or o["threshold"] is not None or o["task_file"]:
         raise click.UsageError("--chat checks the chat route on --model: drop --reranker, --questions, --reference, "
@@ -208,7 +226,6 @@ def _chat_parity(o: dict[str, Any]) -> None:
 
 def _sentence_transformers(model: str) -> bool:
     """Whether `model` is a sentence-transformers folder (its modules.json; converted, it keeps it)."""
-    from ..weights.sources import materialise
 
     return model not in BUILTINS and (materialise(model) / "modules.json").is_file()
 
@@ -217,7 +234,6 @@ def _embed_parity(
     model: str, reference: str | None, n: int, input_path: str | None, prompt_name: str | None, dtype: str | None,
     as_json: bool,
 ) -> None:  # fmt: skip
-    from ..parity.embeddings import format_embed_report, run_embed_parity
 
     texts = _input_texts(input_path, n) if input_path else _stratified(n)
     if any(not isinstance(t, str) for t in texts):
@@ -233,10 +249,6 @@ def _question_parity(
     model: str, reference: str | None, path: str, n: int, input_path: str | None, system: str, template: str,
     dtype: str | None, as_json: bool,
 ) -> None:  # fmt: skip
-    from ..parity.labels import format_question_report, run_question_parity
-    from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
-    from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
-    from ..text.questions import read_questions
 
     questions = read_questions(path)
     system = Q_SYSTEM if system == DEFAULT_SYSTEM else system
@@ -255,8 +267,6 @@ def _question_parity(
 def _head_parity(
     task_file: str, n: int, input_path: str | None, dtype: str | None, as_json: bool, keep_quantized: bool | None
 ) -> None:
-    from ..classifier.task import Task
-    from ..parity.labels import format_head_report, run_head_parity
 
     t = Task.load(task_file)
     if t.finetune is not None:
@@ -280,7 +290,6 @@ def _head_parity(
 def _finetune_parity(
     t: Any, n: int, input_path: str | None, dtype: str | None, as_json: bool, keep_quantized: bool | None
 ) -> None:
-    from ..parity.finetune import format_finetune_report, run_finetune_parity
 
     texts = _input_texts(input_path, n) if input_path else _workload_sample(t.model, n, t.system or "", t.template)
     r = run_finetune_parity(
@@ -324,9 +333,6 @@ class _Trained:
 
     def seqcls(self, model: str, reference: str | None, questions_file: str | None, strict: bool) -> bool:
         """Parity of `model` if it is a sequence classifier (False: it is not; nothing ran)."""
-        from ..parity.seqcls import format_seqcls_report, run_seqcls_parity
-        from ..text.seqcls import SeqClsHead
-        from ..weights.sources import materialise
 
         if model in BUILTINS:
             return False
@@ -353,7 +359,6 @@ class _Trained:
         return "{pair}" in (typed or (head.prompt or {}).get("template") or DEFAULT_TEMPLATE)
 
     def rerank(self, model: str, reranker: str, instruction: str | None, questions_file: str | None) -> None:
-        from ..parity.seqcls import format_rerank_report, run_rerank_parity
 
         if questions_file or {"labels_csv", "labels_file"} & self.typed or self.threshold is not None:
             raise click.UsageError("--reranker scores (query, document) pairs: drop --labels, --questions, --threshold")
@@ -377,7 +382,6 @@ class _Trained:
     def items(self, pairs: bool) -> list[Any]:
         """The first `n` readable items of --input: a text, or (text, text_pair) where a JSONL or
         Parquet row has one (see `_input_texts` for the rows skipped)."""
-        from ..files.readers import read_rows
 
         assert self.input_path is not None
         fmt = Path(self.input_path).suffix.lower()
@@ -402,7 +406,6 @@ def _rerank_sample(n: int) -> list[tuple[str, str]]:
 
 def _stratified(n: int) -> list[str]:
     """`n` workload tickets (at most 600), length-stratified."""
-    from ..text.workload import tickets
 
     every = [t for t, _ in tickets(600)]
     order = sorted(range(600), key=lambda i: len(every[i]))
@@ -413,7 +416,6 @@ def _input_texts(input_path: str, n: int, rows: Any = None) -> list[Any]:
     """The first `n` readable texts of --input (`rows`: as `io.read_rows` reads them, its pairs
     as (text, pair)); the rows that cannot be read are skipped, and a notice on stderr says how
     many and on which lines (the report covers only the rest)."""
-    from ..files.readers import read_rows
 
     texts: list[Any] = []
     skipped: list[int] = []
@@ -437,10 +439,6 @@ def _input_texts(input_path: str, n: int, rows: Any = None) -> list[Any]:
 
 def _workload_sample(model: str, n: int, system: str, template: str) -> list[str]:
     from transformers import AutoTokenizer
-
-    from ..text.prompts import PromptFormat
-    from ..text.workload import sample
-    from ..weights.sources import materialise
 
     tok = AutoTokenizer.from_pretrained(str(materialise(model)))
     return sample(tok, n, PromptFormat(system or None, template))[1]

@@ -8,6 +8,11 @@ from typing import Any
 
 import click
 
+from ..files.output import check_run_files, files_read
+from ..files.readers import read_rows
+from ..ground.safefs import atomic_write
+from ..jobs.rerank import check_output, documents_query, read_queries
+from ..jobs.rerank import rerank as run_rerank
 from ..jobs.setup import Setup, flag_names
 from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
@@ -55,10 +60,6 @@ def rerank(
 
     Docs: docs/rerank.md
     """
-    from ..files.output import check_run_files, files_read
-    from ..files.readers import read_rows
-    from ..jobs.rerank import check_output, documents_query, read_queries
-    from ..jobs.rerank import rerank as run_rerank
 
     warn_blas()
     check_run_files(files_read(o, ("INPUT", input)), [("-o", output)])
@@ -86,8 +87,6 @@ def rerank(
     if out is not None:
         out.write(text)
     else:
-        from ..ground.safefs import atomic_write
-
         atomic_write(output, text, "-o")
     if not setup.o.quiet:
         errors = sum(1 for r in rows if "error" in r)

@@ -8,8 +8,9 @@ from typing import Any
 import click
 
 from ..files.output import check_run_files, files_read
-from ..ground.errors import UserError
+from ..ground.errors import MissingExtra, UserError
 from ..jobs.setup import Setup
+from ..server import Loaded, ServeOptions, Service, api_key_from_env, bind_socket, run_server
 from .base import Command, notice, number, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
@@ -115,10 +116,7 @@ def serve(
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        from ..ground.errors import MissingExtra
-
         raise MissingExtra("mlx-slm serve needs Starlette and uvicorn: pip install 'mlx-slm[serve]'") from None
-    from ..server import Loaded, ServeOptions, Service, api_key_from_env, bind_socket, run_server
 
     warn_blas()
     setup = Setup(task_settings(ctx, o), notice)

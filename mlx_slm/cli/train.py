@@ -7,7 +7,10 @@ from typing import Any
 import click
 
 from ..files.output import check_run_files, files_read
+from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.setup import read_labels, run_settings
+from ..jobs.train import run_train, run_train_fields
+from ..weights.finetune import FinetuneSettings
 from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
@@ -125,7 +128,6 @@ def train(
 
     Docs: docs/heads.md
     """
-    from ..jobs.train import run_train
 
     warn_blas()
     check_run_files(files_read(o, ("DATA", data)), [("--save-task", save_task)])
@@ -172,7 +174,6 @@ def _train_fields(
     folds: int, pooling: str, seed: int, o: dict[str, Any],
 ) -> None:  # fmt: skip
     """Several gold fields: one head per field, one pass over the texts, a task of questions."""
-    from ..jobs.train import run_train_fields
 
     typed = given(ctx, o)
     clash = {"labels_csv", "labels_file", "examples_file"} & typed
@@ -202,8 +203,6 @@ def _finetune(
     head: dict[str, Any], o: dict[str, Any],
 ) -> None:  # fmt: skip
     """`train --finetune lora`: check the options, fine-tune, print the epochs, say where the task went."""
-    from ..jobs.finetune import history_table, progress_bar, run_finetune
-    from ..weights.finetune import FinetuneSettings
 
     if tune["finetune"] is None:
         named = sorted(TUNING & given(ctx, tune))

@@ -25,6 +25,9 @@ import numpy as np
 from ..ground.errors import ModelError
 from ..models import KV, Model, load_model, sequence_logits
 from ..text import batching
+from ..weights.convert import weights_sha256
+from ..weights.modelfiles import load_tokenizer
+from ..weights.sources import materialise
 from .prefix_cache import PrefixCache
 
 PREFIX_SLOTS = 8  # prompt heads kept (a head is ~26-500 tokens of KV: small next to the weights)
@@ -47,13 +50,11 @@ class Engine:
         once into the cache by `sources.materialise`, then loaded by `models.load_model`.
 
         dequantize: for an MLX-quantized model, see `models.load_model` (None: on the CPU only)."""
-        from ..weights.sources import materialise
 
         # Converted once in the asked dtype (float16 by default), so float32 compute asked for
         # explicitly gets the source's float32 values, not float16 ones cast back up.
         path = materialise(model, dtype=dtype or "float16")
         m = load_model(path, dtype=getattr(mx, dtype) if dtype else None, dequantize=dequantize)
-        from ..weights.modelfiles import load_tokenizer
 
         return cls(m, load_tokenizer(path), path)
 
@@ -63,7 +64,6 @@ class Engine:
         None for a model built in memory. What saved tasks, priors, heads and Ray workers check."""
         if self.path is None:
             return None
-        from ..weights.convert import weights_sha256
 
         return weights_sha256(self.path)
 

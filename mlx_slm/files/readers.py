@@ -73,6 +73,7 @@ from ..ground.textfiles import (
     open_problem,
     read_text_file,
 )
+from ..text.labels import gold_problem as label_problem
 
 FORMATS = ("jsonl", "csv", "text", "parquet")
 SNIFF_BYTES = 64 * 1024  # how much of stdin (or a file of unknown type) the format sniffer may buffer
@@ -778,7 +779,6 @@ def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:
     """Why a labelled row cannot be used (eval, calibration data), or None if it can: the
     gold-label rule of `labels.gold_problem`, on the gold as text, worded with the row's line.
     Only a gold that is absent is "no gold label"; a blank or spaced one is named by its repr."""
-    from ..text.labels import gold_problem as label_problem
 
     if label_problem(None if row.gold is None else str(row.gold), labels) is None:
         return None

@@ -24,6 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from ..ground.errors import UserError
+from ..ground.safefs import atomic_writer
+from .output import _EXTENSIONS as _EXT
+from .output import (
+    ParquetRows,
+    RecordError,
+    columns_of,
+    input_sha256,
+    read_manifest,
+    read_records,
+    require_pyarrow,
+    same_id,
+)
+from .output.writers import column_type
+from .readers import read_rows
 
 
 class ShardError(UserError, ValueError):
@@ -147,7 +161,6 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
     match the sha256 its run recorded on completion, and the input (when it can be read
     here) the sha256 the parts recorded.
     """
-    from ..ground.safefs import atomic_writer
 
     if not parts:
         raise ShardError("merge: name the parts to join (the -o files of each --shard run)")
@@ -211,7 +224,6 @@ def _read_parts(parts: Sequence[str]) -> tuple[_Parts, dict[str, Any], int]:
 
 def _read_part(p: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """One part's manifest, its settings without the shard record, and that record (checked)."""
-    from .output import read_manifest
 
     if not Path(p).is_file():
         raise ShardError(f"merge: {p} does not exist" + (" as a file" if Path(p).exists() else ""))
@@ -246,7 +258,6 @@ def _check_same_run(p: str, first: str, common: dict[str, Any], s: dict[str, Any
 
 def _formats(common: dict[str, Any], output: str) -> tuple[str, str]:
     """The parts' format and the merged output's (Parquet parts merge only into Parquet)."""
-    from .output import _EXTENSIONS as _EXT
 
     fmt = common.get("output_format", "jsonl")
     if fmt not in ("jsonl", "csv", "tsv", "parquet"):
@@ -269,7 +280,6 @@ def _formats(common: dict[str, Any], output: str) -> tuple[str, str]:
 
 def _parquet_rows(common: dict[str, Any]) -> Any:
     """An empty `ParquetRows` with the columns of the parts' run."""
-    from .output import ParquetRows, columns_of, require_pyarrow
 
     require_pyarrow()
     labels, questions = common.get("labels"), common.get("questions")
@@ -345,7 +355,6 @@ def _checked_part(p: str, sh: dict[str, Any], i: int, count: int, fmt: str) -> t
 def _check_input(common: dict[str, Any], ids: list[Any], fmt: str) -> bool:
     """The input, when it can be read here, has the parts' ids and the sha256 they recorded;
     False when it cannot be read (nothing checked)."""
-    from .output import input_sha256
 
     inp = common.get("input")
     if not (isinstance(inp, str) and inp != "-" and Path(inp).is_file()):
@@ -366,7 +375,6 @@ def _check_input(common: dict[str, Any], ids: list[Any], fmt: str) -> bool:
 def _part_records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[Any]]:
     """A part's header (CSV/TSV) and its rows (`output.Record`: exact bytes, fields), split
     but not yet checked: merge checks the row count and the checksum first."""
-    from .output import RecordError, read_records
 
     name = "Parquet" if fmt == "parquet" else fmt.upper()
     if fmt != "parquet" and data and not data.endswith(b"\n"):
@@ -388,7 +396,6 @@ def _typed_csv_record(rec: dict[str, str]) -> dict[str, Any]:
     """A CSV/TSV row's fields with their types back, for a Parquet output, by the Parquet writer's
     own rule (`column_type`: a question's columns too): probabilities as floats, flags as booleans,
     `line` as an integer, '' as null (a flag: False). CSV ids are strings."""
-    from .output.writers import column_type
 
     out: dict[str, Any] = {}
     for k, v in rec.items():
@@ -402,8 +409,6 @@ def _typed_csv_record(rec: dict[str, str]) -> dict[str, Any]:
 
 def _check_ids(inp: str, settings: dict[str, Any], ids: list[Any], fmt: str) -> None:
     """Every input row's id, in order, once: the strongest check that nothing was lost."""
-    from .output import same_id
-    from .readers import read_rows
 
     fields = settings.get("fields")
     if not (isinstance(fields, list) and len(fields) == 4 and all(f is None or isinstance(f, str) for f in fields)):

@@ -6,6 +6,8 @@ import datetime as _dt
 import os
 from typing import Any
 
+from .safefs import write_json_atomic as _write
+
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -16,6 +18,5 @@ def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
 
     The temporary file has a random name made exclusively in the same folder, and a link
     at `path` is refused (mlx_slm.safefs)."""
-    from .safefs import write_json_atomic as _write
 
     _write(path, doc)

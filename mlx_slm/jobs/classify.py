@@ -19,9 +19,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..files.output import check_run_files, files_read
+from ..classifier.classifier import Run
+from ..files.output import (
+    InputDigest,
+    OutputError,
+    OutputLock,
+    Writer,
+    changed_settings,
+    check_run_files,
+    files_read,
+    input_changed,
+    is_plain_file_target,
+    plan_resume,
+    read_manifest,
+    result_record,
+    truncate_to,
+    write_manifest,
+)
+from ..files.output import output_format as output_format_of
+from ..files.readers import read_rows
+from ..files.sharding import check_shard_count, parse_shard, shard_range, shard_settings
 from ..ground.errors import UsageError, UserError
 from ..text.calibration import CalibrationSpec, Calibrator
+from ..text.predictions import Stats
 
 # The set-up moved to setup.py; its names stay importable from here.
 from .setup import Say, Setup, TaskOptions, flag_names  # noqa: F401
@@ -61,7 +81,6 @@ class Distribution:
     worker_threads: int | None = None
 
     def __post_init__(self) -> None:
-        from ..files.sharding import parse_shard
 
         self.shard = parse_shard(self.shard_spec) if self.shard_spec else None
         if not self.ray and (self.workers != 1 or self.worker_threads is not None):
@@ -73,7 +92,7 @@ def ray_init(address: str | None, say: Say) -> None:
     import os
     import threading
 
-    from .. import ray as mray  # MissingExtra (exit 2) names the pip command
+    from .. import ray as mray  # lazy: the ray extra is optional (MissingExtra, exit 2, names the pip command)
 
     where = f"the Ray cluster at {address}" if address else "a local Ray"
 
@@ -112,9 +131,6 @@ def classify(s: ClassifySettings, say: Say) -> int:
     """Check the settings, lock the output and run; the number of error rows in the whole output.
     Notes and the summary go to `say`."""
     from contextlib import ExitStack
-
-    from ..files.output import OutputLock, is_plain_file_target
-    from ..files.output import output_format as output_format_of
 
     out_fmt = output_format_of(s.output, s.output_format)
     file_out = is_plain_file_target(s.output)
@@ -191,7 +207,6 @@ class ClassifyJob:
         self.input_not_hashed: str | None = None
 
     def run(self) -> int:
-        from ..files.output import InputDigest, write_manifest
 
         setup, o = self.setup, self.setup.o
         # The input's sha256 for the manifest, hashed while the model loads.
@@ -228,7 +243,6 @@ class ClassifyJob:
 
     def _previous(self) -> dict[str, Any] | None:
         """The manifest of the output to resume, if any; an output that is not ours is refused."""
-        from ..files.output import OutputError, read_manifest
 
         out = self.output
         if not (self.resume and out is not None and Path(out).exists()):
@@ -244,7 +258,6 @@ class ClassifyJob:
     def _rows(self) -> Iterator[Any]:
         """The input's rows. The first one settles its format and header (a CSV without the text
         column raises here), before the model loads and before the output is touched."""
-        from ..files.readers import read_rows
 
         o = self.setup.o
         rows = iter(
@@ -253,8 +266,6 @@ class ClassifyJob:
         first = next(rows, None)
         rows = itertools.chain([first] if first is not None else [], rows)
         if self.dist.shard is not None:  # before the model loads: too many shards fail at once
-            from ..files.sharding import check_shard_count
-
             listed = list(rows)
             check_shard_count(self.dist.shard[1], len(listed), f"the input {self.input}")
             return iter(listed)
@@ -262,7 +273,6 @@ class ClassifyJob:
 
     def _shard_rows(self, rows: Iterator[Any], shard: tuple[int, int]) -> tuple[Iterator[Any], dict[str, Any]]:
         """The rows of one shard, and what the part's manifest records about it."""
-        from ..files.sharding import shard_range, shard_settings
 
         all_rows = list(rows)
         tok = self.setup.clf.engine.tokenizer
@@ -311,7 +321,6 @@ class ClassifyJob:
 
     def _plan_resume(self, previous: dict[str, Any], columns: list[str], rows: Iterator[Any]) -> Iterator[Any]:
         """Keep the finished windows of the interrupted output; the rows still to classify."""
-        from ..files.output import OutputError, changed_settings, input_changed, plan_resume, truncate_to
 
         out = self.output
         assert out is not None
@@ -349,7 +358,6 @@ class ClassifyJob:
         return itertools.chain(redo, rows)
 
     def _on_fit(self, cal: Calibrator) -> None:
-        from ..files.output import write_manifest
 
         self.fitted.update(cal.to_dict())
         if self.output is not None:
@@ -357,7 +365,6 @@ class ClassifyJob:
 
     def _write(self, rows: Iterator[Any], columns: list[str], append: bool, calib: Any) -> tuple[Any, Progress]:
         """Classify, calibrate and write every row in input order, error rows in their places."""
-        from ..files.output import Writer, result_record
 
         o = self.setup.o
         writer = Writer(self.output or self.stream, columns, self.out_fmt, append=append)
@@ -396,9 +403,7 @@ class ClassifyJob:
 
     def _ray_run(self, texts: list[str]) -> Any:
         """Raw predictions computed by Ray workers, in input order, as a `Run` (stats included)."""
-        from .. import ray as mray
-        from ..classifier.classifier import Run
-        from ..text.predictions import Stats
+        from .. import ray as mray  # lazy: the ray extra is optional
 
         stats, setup, dist = Stats(), self.setup, self.dist
 

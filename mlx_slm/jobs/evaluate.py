@@ -21,6 +21,18 @@ from typing import Any
 
 import numpy as np
 
+from ..files.output import (
+    RecordError,
+    input_changed,
+    input_sha256,
+    manifest_path,
+    output_format,
+    read_manifest,
+    read_records,
+    same_id,
+)
+from ..ground.errors import MissingExtra, OutputError
+from ..ground.safefs import atomic_write, refuse_symlink
 from ..text.metrics import EvaluationError
 
 
@@ -46,7 +58,6 @@ def check_predictions_source(path: str, input_path: str) -> None:
     """Refuse predictions whose manifest (`<path>.mlx-slm.json`, when there is one) says they
     were made from other input content than `input_path`, or by a run that did not finish.
     Ids alone cannot tell: line numbers are the same in any input of that length."""
-    from ..files.output import input_changed, input_sha256, manifest_path, read_manifest
 
     m = read_manifest(path)
     if m is None:
@@ -89,7 +100,6 @@ def read_predictions(
     not match the input) is an `EvaluationError` naming the file, the row and the fix.
     With `input_path` (the file the rows were read from), the predictions' manifest is
     checked first (`check_predictions_source`)."""
-    from ..files.output import RecordError, output_format, read_records, same_id
 
     if input_path is not None:
         check_predictions_source(path, input_path)
@@ -228,12 +238,7 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
         from matplotlib.figure import Figure  # noqa: F401
     except ImportError:
-        from ..ground.errors import MissingExtra
-
         raise MissingExtra("plots need matplotlib: pip install 'mlx-slm[bench]'") from None
-
-    from ..ground.errors import OutputError
-    from ..ground.safefs import refuse_symlink
 
     out = Path(outdir)
     refuse_symlink(out, "--plots")
@@ -323,8 +328,6 @@ def _reliability_figure(rep: dict[str, Any]) -> Any:
 def _save(fig: Any, path: Path) -> None:
     """A figure as PNG, through an exclusive temporary file and a rename (never through a link)."""
     import io
-
-    from ..ground.safefs import atomic_write
 
     buf = io.BytesIO()
     fig.savefig(buf, dpi=120, format="png")

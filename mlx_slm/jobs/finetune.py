@@ -19,8 +19,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..classifier.classifier import Classifier
+from ..classifier.task import Task
+from ..engine.engine import Engine
+from ..files.output import adapters_file, check_run_files
+from ..ground.safefs import atomic_write
 from ..kinds.finetune import FineTunedSettings
-from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
+from ..weights.adapters import FinetuneError
+from ..weights.convert import sha256_file, versions
+from ..weights.finetune import finetune
+from .train import TrainError, read_training_data
 
 
 def run_finetune(
@@ -44,11 +53,6 @@ def run_finetune(
 ) -> tuple[Any, Any]:
     """The `train --finetune lora` command: returns (the saved `Task`, the `FineTuned`).
     `reads`: the files the run reads (`output.files_read`), none of which the adapters may be."""
-    from ..classifier.task import Task
-    from ..engine.engine import Engine
-    from ..text.prompts import check_template, fill_system
-    from ..weights.convert import versions
-    from .train import read_training_data
 
     need = (1, "A fine-tuned classifier learns each label from its examples: add examples of those labels to "
             f"{data_path}, or leave them out of --labels (or --labels-file)")  # fmt: skip
@@ -89,9 +93,6 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
     import hashlib
     from dataclasses import replace
 
-    from ..files.output import adapters_file, check_run_files
-    from ..weights.adapters import FinetuneError
-
     data = reproducible(tuned).to_bytes()
     sha = hashlib.sha256(data).hexdigest()
     path = adapters_file(save_task, sha)
@@ -103,7 +104,6 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
                 f"{path} exists and is not these adapters: mlx-slm names a task's adapters after the task and "
                 "their sha256 and does not replace another file; remove it, or choose another --save-task"
             )
-        from ..ground.safefs import atomic_write
 
         atomic_write(path, data, "the adapters file")
     section = {"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
@@ -122,7 +122,6 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
 
 def _holds(path: Path, sha256: str) -> bool:
     """Whether `path` is a regular file (not a link) whose content has this sha256."""
-    from ..weights.convert import sha256_file
 
     try:
         return path.is_file() and not path.is_symlink() and sha256_file(path) == sha256
@@ -157,9 +156,6 @@ def finetune_texts(
     prompt (the labels kind's items: chat template, truncation); a text that cannot run is a
     `TrainError` naming it (`where(i)`: its file and line). `train --finetune` and the
     estimator's method="finetune" fine-tune here."""
-    from ..classifier.classifier import Classifier
-    from ..weights.finetune import finetune
-    from .train import TrainError
 
     clf = Classifier(engine, labels, system, template, features_only=settings.objective == "score", **clf_kwargs)
     items = clf.prepare(list(texts))

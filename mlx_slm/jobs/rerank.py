@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..ground.errors import UserError
+from ..files.output import is_plain_file_target, output_format
+from ..files.readers import read_rows
+from ..ground.errors import OutputError, UserError
+from ..ground.textfiles import has_lone_surrogate
 from ..kinds.rerank import rerank_order
 from ..text.predictions import Stats
 
@@ -45,7 +48,6 @@ def query_problem(query: Any, documents: Any, top_n: Any = None) -> str | None:
     """Why a query and its documents cannot be reranked, or None: a query that is not text
     (not a non-empty string, or not valid Unicode), documents that are not a non-empty list of
     such strings, more than `MAX_DOCUMENTS`, a `top_n` out of range."""
-    from ..ground.textfiles import has_lone_surrogate
 
     if not isinstance(query, str) or not query.strip():
         return "the query must be a non-empty string"
@@ -70,7 +72,6 @@ def read_queries(path: str, id_field: str = "id") -> Iterator[Query]:
     its text): the same line errors, and the same ids (a string or an integer, unique; none: the
     line's number), a bad or duplicate one making the line an error row whose id is null. A line
     that cannot run is a `Query` with its error."""
-    from ..files.readers import read_rows
 
     n = 0
     for r in read_rows(path, "jsonl", "query", id_field, gold="documents"):
@@ -109,8 +110,6 @@ def check_output(path: str | None) -> None:
     """The rerank output is JSON lines (one object a ranked document or error): a file named for
     another format (.csv, .tsv, .parquet, or an extension we do not know) is refused by name, as
     `classify` refuses one it cannot write; stdout, /dev/null and other streams take it as it is."""
-    from ..files.output import is_plain_file_target, output_format
-    from ..ground.errors import OutputError
 
     if path in (None, "-") or not is_plain_file_target(path):
         return

@@ -15,19 +15,31 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..classifier.classifier import Classifier
+from ..classifier.pipeline import DEFAULT_BATCH_SIZE
+from ..classifier.task import Task
+from ..files.readers import gold_problem, guess_format, read_label_descriptions, read_rows
 from ..ground.errors import ModelError, UsageError
+from ..ground.ranges import check_all
 from ..kinds import FineTunedSettings, KindArgs, arguments
 from ..models import BACKBONE_NO_LM_HEAD, embeds_only
-from ..text.calibration import DEFAULT_WARMUP, CalibrationSpec, Calibrator
+from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
+from ..text.labels import parse_labels
 from ..text.prompts import (
     DEFAULT_LABELS,
     DEFAULT_SYSTEM,
     DEFAULT_TEMPLATE,
+    DESCRIPTIONS_PLACEHOLDER,
     check_plain_system,
     check_template,
     fill_labels,
     fill_system,
+    read_examples,
 )
+from ..text.questions import DEFAULT_SYSTEM as QUESTIONS_SYSTEM
+from ..text.questions import DEFAULT_TEMPLATE as QUESTIONS_TEMPLATE
+from ..text.questions import QuestionError, check_questions, read_questions
+from ..weights.convert import versions
 from ..weights.registry import DEFAULT_MODEL
 
 Say = Callable[[str], None]  # where a front end's notes go: one line each (the CLI: stderr)
@@ -75,7 +87,6 @@ class TaskOptions:
     given: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
-        from ..ground.ranges import check_all  # every number in its range, before any work
 
         check_all(vars(self))
 
@@ -89,7 +100,6 @@ class TaskOptions:
         (--pair-field, default text_pair, read where a row has it). A field or column typed must be
         there (a CSV header's or Parquet schema's column, each JSONL row's field, as `io` checks);
         an option the input's format cannot use is refused by name."""
-        from ..files.readers import guess_format
 
         fmt = self.fmt or (guess_format(path, b"", self.text_column) if path not in (None, "-") else None)
         typed = sorted({"pair_field", "pair_column"} & self.given)
@@ -112,7 +122,6 @@ def flag_names(names: set[str]) -> str:
 def descriptions_note(system: str | None, descriptions: dict[str, str]) -> str | None:
     """Descriptions from --labels-file reach the model only through {label_descriptions} in
     --system: the note that says so when they would be dropped without a word (or None)."""
-    from ..text.prompts import DESCRIPTIONS_PLACEHOLDER
 
     if any(descriptions.values()) and DESCRIPTIONS_PLACEHOLDER not in (system or ""):
         return (
@@ -125,7 +134,6 @@ def descriptions_note(system: str | None, descriptions: dict[str, str]) -> str |
 def run_settings(o: TaskOptions) -> dict[str, Any]:
     """How the model runs, the same for every command that loads one (classify, eval, serve,
     train): the options as `Classifier.load` and `train.run_train` take them."""
-    from ..classifier.pipeline import DEFAULT_BATCH_SIZE
 
     return {
         "dtype": o.dtype,
@@ -162,12 +170,9 @@ def read_labels(
     """A command's labels: --labels-file (a label a line, with its description; it wins over
     --labels) or --labels (comma-separated). With `say`, a note when the descriptions would
     not reach the model through `system`."""
-    from ..text.labels import parse_labels
 
     descriptions: dict[str, str] = {}
     if labels_file:
-        from ..files.readers import read_label_descriptions
-
         descriptions = read_label_descriptions(labels_file)  # a BOM dropped; bad UTF-8 names its line
         labels: list[str] | None = list(descriptions)
     else:
@@ -182,8 +187,6 @@ def _as_the_task(o: TaskOptions, t: Any) -> set[str]:
     """The defining options typed with the task's own value (the same model, labels, prompt or
     scoring): they change nothing the task's prior or head was fitted for, so they are not "changed"."""
     import os
-
-    from ..text.labels import parse_labels
 
     def same_model(a: str, b: str) -> bool:
         return a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
@@ -254,8 +257,6 @@ class Setup:
         elif "system" in given:  # the task's labels, a message typed here
             o.system = fill_system(o.system, self.labels)
         if o.examples_file:
-            from ..text.prompts import read_examples
-
             self.examples = read_examples(o.examples_file, self.labels)
         if self.calibration.needs_data and not o.calibration_data:
             raise UsageError(f"--calibrate {self.calibration.kind} needs --calibration-data FILE (labelled texts)")
@@ -302,7 +303,6 @@ class Setup:
 
     def _take_task(self, path: str) -> None:
         """Fill in what the command line did not give from the task file."""
-        from ..classifier.task import Task
 
         o = self.o
         t = self.task = Task.load(path)
@@ -339,7 +339,6 @@ class Setup:
     def _read_questions(self) -> None:
         """--questions (added to a task's own, if any): each question carries its labels; the
         label-scoring options do not apply."""
-        from ..text.questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, QuestionError, check_questions, read_questions
 
         o = self.o
         clash = {"labels_csv", "labels_file", "examples_file", "scoring", "truncate", "calibration_data"} & self.given
@@ -371,11 +370,11 @@ class Setup:
         if "system" in self.given:
             o.system = check_plain_system(o.system)
         elif self.task is None:
-            o.system = DEFAULT_SYSTEM
+            o.system = QUESTIONS_SYSTEM
         if "template" in self.given:
             o.template = check_template(o.template, placeholders=("text", "question"))
         elif self.task is None:
-            o.template = DEFAULT_TEMPLATE
+            o.template = QUESTIONS_TEMPLATE
 
     def _read_labels(self) -> None:
         o = self.o
@@ -388,7 +387,6 @@ class Setup:
         """The classifier, loaded. `embeds_only_ok`: a model that embeds only (a bare backbone, no
         LM head: a features-only classifier) is served (`serve`: its embedding routes) rather than
         refused as a classifier."""
-        from ..classifier.classifier import Classifier
 
         o = self.o
         # Kept: --ray workers load the same classifier from these (on their own nodes).
@@ -416,8 +414,6 @@ class Setup:
 
     def _fit(self, spec: CalibrationSpec) -> CalibrationSpec:
         """Fit per-label offsets on the labelled sample (`em` then uses them as its base)."""
-        from ..files.readers import gold_problem, read_rows
-        from ..text.calibration import CalibrationError
 
         o = self.o
         path = o.calibration_data
@@ -484,8 +480,6 @@ class Setup:
         }
 
     def save_task(self, run: Any) -> None:
-        from ..classifier.task import Task
-        from ..weights.convert import versions
 
         path = self.o.save_task
         if not path:

@@ -20,11 +20,28 @@ from typing import Any
 
 import numpy as np
 
+from ..classifier.classifier import Classifier
+from ..classifier.task import Task
+from ..engine.engine import Engine
+from ..files.readers import read_rows
 from ..ground.errors import UserError
 from ..kinds.head import HeadSettings
 from ..kinds.questions import QuestionsSettings
 from ..text.heads import DEFAULT_FOLDS, POOLINGS, Candidate, Head, candidate_name, fit, format_table, min_per_label
-from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from ..text.inputs import missing as _missing
+from ..text.labels import GOLD_MISSING, GOLD_NOT_STRING, GOLD_SPACES, MIN_LABELS, gold_problem, validate
+from ..text.prompts import (
+    DEFAULT_SYSTEM,
+    DEFAULT_TEMPLATE,
+    check_plain_system,
+    check_template,
+    fill_system,
+    read_examples,
+)
+from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
+from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
+from ..text.questions import Question, QuestionError, check_name, check_questions
+from ..weights.convert import sha256_file, versions
 
 
 class TrainError(UserError, ValueError):
@@ -70,8 +87,6 @@ def read_training_data(
     own labels, sorted); a label in the data outside it, a label with fewer than
     `min_per_label(folds)` examples (`need`: another minimum, and why), an empty file: a
     `TrainError` naming the fix. `what` is trained (the messages' words)."""
-    from ..files.readers import read_rows
-    from ..weights.convert import sha256_file
 
     if path in ("-", None):
         raise TrainError("train reads a file (its sha256 goes into the task): give the labelled data's path")
@@ -92,7 +107,6 @@ def read_training_data(
         raise TrainError(
             f"{path} is empty: give it labelled texts, one a row (a {text_field!r} and a {gold_field!r} field)"
         )
-    from ..text.labels import GOLD_MISSING, GOLD_SPACES, MIN_LABELS, gold_problem, validate
 
     for r in rows:
         if r.error is not None:
@@ -306,7 +320,6 @@ def _check_items(
 ) -> tuple[list[str], list[str]]:
     """train_head's first checks, before any model work: the folds, then one text and one
     non-empty gold label per item (`where(i)` names item i in messages)."""
-    from ..text.inputs import missing as _missing
 
     check_folds(folds)
     if isinstance(texts, (str, bytes)) or isinstance(labels, (str, bytes)):
@@ -321,7 +334,6 @@ def _check_items(
             raise TrainError(f"{where(i)}: the text {why}: give every item its text, or drop the row")
         if not t.strip():
             raise TrainError(f"{where(i)}: the text is empty: give every item its text, or drop the row")
-    from ..text.labels import GOLD_MISSING, GOLD_NOT_STRING, gold_problem
 
     for i, g in enumerate(gold):  # the form only (spaces are kept here: a class may hold them)
         if gold_problem(g) in (GOLD_MISSING, GOLD_NOT_STRING):
@@ -339,7 +351,6 @@ def _prompt_settings(
 ) -> tuple[Any, Sequence[str] | None, str | None, str, Sequence[tuple[str, str]], dict[str, Any]]:
     """The engine, prompt and batching train_head runs with: a `Classifier`'s own (its labels
     the default classes; explicit `clf_kwargs` still win), or an `Engine` with the arguments."""
-    from ..classifier.classifier import Classifier
 
     if not isinstance(engine_or_classifier, Classifier):
         return engine_or_classifier, classes, system, template, examples, clf_kwargs
@@ -362,7 +373,6 @@ def _gold_indices(
 ) -> tuple[tuple[str, ...], np.ndarray]:
     """The head's classes (default: the gold labels, sorted; at least two) and each item's
     class index; every gold label must be a class with `min_per_label(folds)` examples."""
-    from ..text.labels import MIN_LABELS, gold_problem, validate
 
     if classes is None:
         classes = sorted(set(gold))
@@ -449,7 +459,6 @@ def head_classifier(engine: Any, labels: Sequence[str], system: str | None, temp
     """A classifier that gives features only (`Classifier(..., features_only=True)`): its
     prompt, prefix cache and batch plan give `train_head` its features; no label tokens
     are run or checked, and it classifies nothing."""
-    from ..classifier.classifier import Classifier
 
     return Classifier(engine, labels, system, template, features_only=True, **kwargs)
 
@@ -479,10 +488,6 @@ def run_train(
     """The `train` command: read the data (before the model loads: its problems fail first),
     fit the head, save the task. Returns (the `Task`, the per-layer table as text).
     `read`: read_training_data's field options (fmt, text_field, gold_field, ...)."""
-    from ..classifier.task import Task
-    from ..engine.engine import Engine
-    from ..text.prompts import check_template, fill_system, read_examples
-    from ..weights.convert import versions
 
     check_folds(folds)
     data = read_training_data(data_path, labels, folds=folds, **(read or {}))
@@ -544,13 +549,6 @@ def run_train_fields(
     --task` runs, and that `--questions` can add zero-shot questions to. The prompt is the
     questions' (default system "You answer questions about a text ...", template `Text:
     {text}`): the heads read the text's own prompt, which zero-shot questions continue."""
-    from ..classifier.task import Task
-    from ..engine.engine import Engine
-    from ..text.prompts import check_plain_system, check_template
-    from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
-    from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
-    from ..text.questions import Question, QuestionError, check_name, check_questions
-    from ..weights.convert import versions
 
     check_folds(folds)  # before the one feature pass, as the single head's entry checks it
     if len(set(fields)) != len(fields):

@@ -35,7 +35,16 @@ from ..text.calibration import Calibration, CalibrationSpec
 from ..text.inputs import missing
 from ..text.labels import LabelError, LabelSet
 from ..text.predictions import Item, Prediction, Stats
-from ..text.prompts import PromptFormat, size_problem
+from ..text.prompts import (
+    PROBES,
+    PromptError,
+    PromptFormat,
+    common_prefix,
+    example_problem,
+    render,
+    size_problem,
+    tokenize,
+)
 from ..text.records import RecordShape
 
 
@@ -318,7 +327,6 @@ def bad_field(d: dict[str, Any], where: str, key: str, want: str) -> TaskError:
 
 def task_examples(d: dict[str, Any], where: str, labels: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """A task file's few-shot examples as (text, label) pairs, each checked against the labels."""
-    from ..text.prompts import example_problem
 
     examples = d.get("examples", [])
     if not isinstance(examples, list):
@@ -422,7 +430,6 @@ class OnePrompt(Kind):
         """Checks the fixed part of every prompt against the context and sets the shared head
         (`prefix_tokens`, `pool_from`); returns the head's ids. Called once a subclass has set
         what `label_extra` reads."""
-        from ..text.prompts import PROBES, common_prefix
 
         problem = self.fixed_problem()
         self.format_error = None if problem is None else str(problem)
@@ -439,7 +446,6 @@ class OnePrompt(Kind):
 
     def fixed_problem(self) -> Exception | None:
         """Why no text can run (the fixed prompt, one text token and the label over the context)."""
-        from ..text.prompts import PromptError
 
         fmt = self.format
         fixed = len(self.encode(["x"])[0])  # one text token included
@@ -463,7 +469,6 @@ class OnePrompt(Kind):
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None) -> list[list[int]]:
         """Each text's whole prompt (with its pair, where the template has `{pair}`), tokenized (batched)."""
-        from ..text.prompts import render, tokenize
 
         tok = self.engine.tokenizer
         pairs = pairs if pairs is not None else [None] * len(texts)

@@ -41,6 +41,7 @@ from .base import (
     require_lm_head,
 )
 from .head import HeadSettings
+from .labels import LabelsSpec
 from .questions import QuestionsSettings
 
 NO_CALIBRATION = (
@@ -232,7 +233,6 @@ class FinetuneKind(OnePrompt):
         self.inner: Any = None
         if t.objective == "labels":  # the labels kind on the adapted model: label scoring as it is
             require_lm_head(own)
-            from .labels import LabelsSpec
 
             self.inner = LabelsSpec(tuple(t.labels)).bind(own, fmt, run)
             if tuple(self.inner.labelset.token_ids) != tuple(t.label_tokens or ()):

@@ -19,7 +19,7 @@ from ..engine.prefix_cache import PrefixCache
 from ..models import BACKBONE_NO_LM_HEAD, embeds_only
 from ..text.batching import Batch
 from ..text.calibration import CalibrationSpec
-from ..text.heads import Head, head_input
+from ..text.heads import Head, HeadError, head_input
 from ..text.labels import LabelError
 from ..text.labels import validate as validate_labels
 from ..text.predictions import Item, Prediction, Stats
@@ -187,7 +187,6 @@ class HeadSpec(KindSpec):
         examples = task_examples(d, where, labels)
         if d.get("head") is None:
             return None
-        from ..text.heads import HeadError
 
         try:
             head = Head.from_dict(d["head"], f"{where}: field 'head'")

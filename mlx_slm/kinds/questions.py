@@ -19,10 +19,12 @@ import numpy as np
 from ..engine.engine import Engine
 from ..engine.prefix_cache import PrefixCache
 from ..models import KV
+from ..text import prompts
 from ..text.answers import QuestionCalibration
 from ..text.batching import Batch
 from ..text.branches import QuestionPlan
 from ..text.calibration import CalibrationSpec
+from ..text.heads import head_input
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import PromptFormat
 from ..text.questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, Question, QuestionError, check_questions
@@ -110,7 +112,6 @@ class QuestionsSpec(KindSpec):
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         """As given; the labels' default system message and template give way to the questions' own."""
-        from ..text import prompts
 
         system = DEFAULT_SYSTEM if system is prompts.DEFAULT_SYSTEM else system
         template = DEFAULT_TEMPLATE if template is prompts.DEFAULT_TEMPLATE else template
@@ -327,7 +328,6 @@ def _head_scores(
 ) -> np.ndarray:
     """A head's log-probabilities for block k of a pack, from the branch's hidden states after
     its layers ({layer: (B, T, D)}): what `Engine.features` gives for the text's own prompt."""
-    from ..text.heads import head_input
 
     layers = sorted(set(head.layers))
     rows = np.arange(pack.answer_at.shape[0])

@@ -45,6 +45,7 @@ from ..text.prompts import (
     render,
     tokenize,
 )
+from ..text.records import RecordShape
 from .base import KindArgs, KindSettings, KindSpec, OnePrompt, RunSettings, TaskError, check_texts, count, split_pair
 from .head import HeadSettings
 from .questions import QuestionsSettings
@@ -168,7 +169,6 @@ class RerankSpec(KindSpec):
         return PromptFormat(None, "{text}")  # the scorer's own prompt (see `RerankKind.encode_query`)
 
     def record_shape(self, *, calibrated: bool = False, abstains: bool = False, scores: bool = False) -> Any:
-        from ..text.records import RecordShape
 
         return RecordShape.of(self.labels, scores=scores, form="score")
 

@@ -29,6 +29,7 @@ from ..text.calibration import CalibrationSpec
 from ..text.labels import LabelError
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, encode_texts
+from ..text.records import RecordShape
 from ..text.seqcls import SeqClsHead
 from .base import KindArgs, KindSettings, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction
 from .head import FeaturesSettings, HeadSettings
@@ -171,7 +172,6 @@ class SeqClsSpec(KindSpec):
         return PromptFormat(system, template)
 
     def record_shape(self, *, calibrated: bool = False, abstains: bool = False, scores: bool = False) -> Any:
-        from ..text.records import RecordShape
 
         return RecordShape.of(self.labels, calibrated=calibrated, abstains=abstains, scores=scores, form=self.form)
 

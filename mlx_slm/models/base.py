@@ -125,7 +125,7 @@ class ModelArgs:
         On this base class the architecture's own `ModelArgs` is looked up by `model_type`.
         """
         if cls is ModelArgs:
-            from . import get_model_module
+            from . import get_model_module  # lazy: the registry imports every architecture, which imports this
 
             return get_model_module(config.get("model_type")).ModelArgs.from_dict(config)
         try:

@@ -38,6 +38,7 @@ from mlx import nn
 from ..ground.errors import ModelError
 from ..ground.notices import notice
 from ..text.seqcls import SCORE, SCORE_WEIGHT, SeqClsHead
+from . import SUPPORTED_ARCHITECTURES, _checkpoint_dtype, default_compute_dtype
 from .base import KV, NATIVE, Ops, build_mask, extend_cache, score_logits
 
 # model_type -> why it is refused (measured against Transformers, or read in mlx-lm's source).
@@ -121,8 +122,6 @@ def get_classes(config: dict[str, Any]) -> tuple[type[nn.Module], type]:
     try:
         return _get_classes(config=dict(config))
     except (ValueError, ImportError, SystemExit, KeyError) as e:  # SystemExit: a module that exits on import
-        from . import SUPPORTED_ARCHITECTURES
-
         raise ModelError(
             f"unsupported architecture {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}, "
             f"or one mlx-lm has a model class for (mlx-lm: {e})"
@@ -519,8 +518,6 @@ def load(
     """
     from mlx_lm.utils import dequantize_model
     from mlx_lm.utils import load_model as mlx_lm_load
-
-    from . import _checkpoint_dtype, default_compute_dtype
 
     path = Path(path)
     model_type = config.get("model_type")

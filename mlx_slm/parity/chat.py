@@ -23,11 +23,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..classifier.classifier import Classifier
 from ..ground.errors import UserError
+from ..kinds import chat_spec
 from ..text.chat import Conversation
 from ..text.labels import log_softmax, softmax
 from ..text.prompts import PromptFormat
 from .labels import TOLERANCE, _label_list
+from .reference import score_in_child
 from .seqcls import SEQCLS_TOLERANCE, _loaded, _same_values
 
 TOP = 20  # the top log-probabilities compared (OpenAI's most)
@@ -53,10 +56,6 @@ def run_chat_parity(
     dequantize: bool | None = None,
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
-
-    from ..classifier.classifier import Classifier
-    from ..kinds import chat_spec
-    from .reference import score_in_child
 
     clf, path, q = _loaded(model, progress, labels=labels, system=system, template=template, dtype=dtype,
                            dequantize=dequantize)  # fmt: skip

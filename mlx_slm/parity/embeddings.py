@@ -27,6 +27,8 @@ import numpy as np
 from ..classifier.embedder import Embedder
 from ..engine.engine import Engine
 from ..ground.errors import MissingExtra, UserError
+from ..models.quant import quantization_of
+from ..weights.sources import local, materialise
 from .reference import require_torch, run_in_child
 
 MIN_COSINE = 0.9999
@@ -103,8 +105,6 @@ def run_embed_parity(
     progress: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     """Our embeddings of `texts` (batched) against the reference (see the module docstring)."""
-    from ..models.quant import quantization_of
-    from ..weights.sources import local, materialise
 
     path = materialise(model)
     if quantization_of(json.loads((path / "config.json").read_text())) is not None:

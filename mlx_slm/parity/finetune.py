@@ -26,8 +26,17 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..classifier.classifier import Classifier
+from ..classifier.task import Task
 from ..ground.errors import UserError
+from ..ground.safefs import temp_dir
+from ..kinds.finetune import FinetuneSpec
+from ..models import load_model
 from ..text.labels import log_softmax
+from ..weights.adapters import dense_weights
+from ..weights.export import export
+from .labels import _label_list
+from .reference import score_in_child, seqcls_in_child
 from .seqcls import SEQCLS_TOLERANCE, _ours
 
 
@@ -42,10 +51,6 @@ def run_finetune_parity(
 ) -> dict[str, Any]:
     """A fine-tuned task's labels and probabilities on `texts`, ours against Transformers with the
     same adapters merged (see the module docstring). `task`: a task file or `Task`."""
-    from ..classifier.classifier import Classifier
-    from ..classifier.task import Task
-    from ..kinds.finetune import FinetuneSpec
-    from ..models import load_model
 
     t = task if isinstance(task, Task) else Task.load(task)
     progress(f"ours: MLX, {t.model}, the task's adapters ({'fused' if (t.finetune or {}).get('fused') else 'unfused'})")
@@ -71,9 +76,6 @@ def run_finetune_parity(
             progress("reference: the merged weights as a causal LM, each label's tokens scored, one text at a time")
             theirs, seconds = _causal_reference(clf, base, out, ids)
         else:
-            from ..weights.export import export
-            from .reference import seqcls_in_child
-
             export(tuned, base, engine.tokenizer, engine.path, out, prompt={"system": t.system, "template": t.template},
                    base_name=t.model, sha256=engine.weights_sha256)  # fmt: skip
             progress("reference: AutoModelForSequenceClassification on the export, our prompt ids, one at a time")
@@ -118,9 +120,6 @@ def _causal_reference(clf: Any, base: Any, out: Path, ids: Sequence[Sequence[int
     """Objective "labels" with labels of several tokens: the merged weights written as the base's
     causal LM (config, safetensors, tokenizer), each prompt's label scores from Transformers as
     label scoring computes them; (probabilities (n, K), seconds)."""
-    from ..ground.safefs import temp_dir
-    from ..weights.adapters import dense_weights
-    from .reference import score_in_child
 
     engine, tuned = clf.engine, clf.spec.tuned
     merged = tuned.merge(base, engine.weights_sha256)
@@ -138,7 +137,6 @@ def _causal_reference(clf: Any, base: Any, out: Path, ids: Sequence[Sequence[int
 
 def format_finetune_report(r: dict[str, Any]) -> str:
     a, t = r["forward_exactness"], r["task"]
-    from .labels import _label_list
 
     return "\n".join(
         [

@@ -32,9 +32,16 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..classifier.classifier import Classifier
+from ..classifier.task import Task
 from ..ground.errors import UserError
+from ..models.quant import describe, quantization_of
+from ..text.heads import head_input
 from ..text.labels import LabelSet, softmax
-from .reference import Reference
+from ..text.prompts import render, tokenize
+from ..weights.convert import dequantized_copy
+from ..weights.sources import local, materialise
+from .reference import Reference, hidden_in_child, score_blocks_in_child, score_in_child
 
 # Max |delta logit| allowed in (a), by compute dtype. float16's is from measurement (docs/parity.md).
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.1}
@@ -109,7 +116,6 @@ def mlxlm_scores(
 
 def is_quantized_dir(model: str) -> bool:
     """Whether `model` is a directory whose config.json carries an MLX quantization entry."""
-    from ..models.quant import quantization_of
 
     cfg = Path(model).expanduser() / "config.json"
     try:
@@ -142,9 +148,6 @@ def run_parity(
 ) -> dict[str, Any]:
     """reference: the original checkpoint for (b); None skips (b) (allowed for a quantized model).
     dequantize: for a quantized model, as `Classifier.load` (None: at load on the CPU only)."""
-    from ..classifier.classifier import Classifier
-    from ..models.quant import describe, quantization_of
-    from ..weights.sources import local, materialise
 
     path = materialise(model)
     q = quantization_of(json.loads((path / "config.json").read_text()))
@@ -222,7 +225,6 @@ def _reference_scores(clf: Any, ids: list[list[int]], where: str, progress: Call
 def _reference_timed(
     clf: Any, ids: list[list[int]], where: str, progress: Callable[[str], None]
 ) -> tuple[Scored, float]:
-    from .reference import score_in_child
 
     progress(f"reference: Transformers float32, one at a time, on {where}")
     scores, logits, seconds = score_in_child(where, ids, clf.labelset)
@@ -235,7 +237,6 @@ def _reference_on_same_values(
 ) -> tuple[Scored, float]:
     """(a)'s reference: Transformers on the very weight values we run (a quantized model's
     dequantized into a temporary directory, removed after)."""
-    from ..weights.convert import dequantized_copy
 
     with tempfile.TemporaryDirectory() as tmp:
         same = str(path)
@@ -271,10 +272,6 @@ def run_question_parity(
     question's full prompt afresh, one at a time, on the same weights (and on `reference`,
     the original checkpoint, when given: conversion drift). Per question: labels equal and
     the largest difference of its answer's probabilities."""
-    from ..classifier.classifier import Classifier
-    from ..text.prompts import render, tokenize
-    from ..weights.sources import local, materialise
-    from .reference import score_blocks_in_child
 
     path = materialise(model)
     progress(f"ours: MLX on {path}, {len(questions)} question(s) in one pass")
@@ -364,12 +361,6 @@ def run_head_parity(
     prefix cache, the forward stopped there) against Transformers' `hidden_states[layer]` of
     each prompt alone on the same weight values, and the head's labels from both feature sets
     (and from `classify`). `task`: a task file or `Task` with a head."""
-    from ..classifier.classifier import Classifier
-    from ..classifier.task import Task
-    from ..models.quant import describe, quantization_of
-    from ..text.heads import head_input
-    from ..weights.convert import dequantized_copy
-    from .reference import hidden_in_child
 
     t = task if isinstance(task, Task) else Task.load(task)
     if t.head is None:

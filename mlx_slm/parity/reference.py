@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ground.errors import MissingExtra
 from ..text.labels import LabelSet, log_softmax
+from ..text.prompts import _QWEN3_PREFIX, _QWEN3_SUFFIX, QWEN3_RERANKER_INSTRUCTION, PromptFormat, render
 
 
 def _torch() -> Any:
@@ -115,7 +116,6 @@ class SeqClsReference:
         if chat is None:
             item = text if pair is None else {"text": text, "text_pair": pair}
             return self.pipeline.preprocess(item)["input_ids"][0].tolist()
-        from ..text.prompts import PromptFormat, render
 
         fmt = PromptFormat(chat.get("system"), chat["template"])
         if not getattr(self.tokenizer, "chat_template", None):  # a base model: the plain prompt
@@ -334,7 +334,6 @@ def rerank_in_child(
 def _qwen3_card_ids(tokenizer: Any, query: str, document: str, instruction: str | None) -> list[int]:
     """The Qwen3-Reranker model card's encoding of one pair, as its example code makes it: the
     system prefix and the suffix encoded alone, the formatted pair between them."""
-    from ..text.prompts import _QWEN3_PREFIX, _QWEN3_SUFFIX, QWEN3_RERANKER_INSTRUCTION
 
     body = f"<Instruct>: {QWEN3_RERANKER_INSTRUCTION if instruction is None else instruction}\n<Query>: {query}\n"
     body += f"<Document>: {document}"

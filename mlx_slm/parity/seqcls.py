@@ -22,9 +22,15 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..classifier.classifier import Classifier
 from ..ground.errors import UserError
+from ..kinds.base import split_pair
 from ..kinds.rerank import rerank_order
+from ..models.quant import describe, quantization_of
+from ..weights.convert import dequantized_copy
+from ..weights.sources import local, materialise
 from .labels import _label_list
+from .reference import rerank_in_child, seqcls_in_child
 
 # Max |delta prob| of a sequence classifier's probabilities or a reranker's scores, by compute dtype.
 SEQCLS_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
@@ -32,9 +38,6 @@ SEQCLS_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 
 def _loaded(model: str, progress: Callable[[str], None], **kwargs: Any) -> tuple[Any, Path, Any]:
     """(our classifier on `model`'s converted directory, that directory, its quantization or None)."""
-    from ..classifier.classifier import Classifier
-    from ..models.quant import quantization_of
-    from ..weights.sources import materialise
 
     path = materialise(model)
     progress(f"ours: MLX on {path}")
@@ -44,7 +47,6 @@ def _loaded(model: str, progress: Callable[[str], None], **kwargs: Any) -> tuple
 
 def _same_values(path: Path, quantized: bool, tmp: str, progress: Callable[[str], None]) -> str:
     """The directory Transformers reads for (a): ours, or a quantized model's values dequantized."""
-    from ..weights.convert import dequantized_copy
 
     if not quantized:
         return str(path)
@@ -105,10 +107,6 @@ def run_seqcls_parity(
     template) to run the chat prompt instead; a chat prompt (that one, or the one an export
     records) is the reference's too, encoded by the tokenizer's chat template. With
     `reference` (the original checkpoint), (b) Transformers on it against (a)'s."""
-    from ..kinds.base import split_pair
-    from ..models.quant import describe
-    from ..weights.sources import local
-    from .reference import seqcls_in_child
 
     extra = {} if prompt is None else {"system": prompt[0], "template": prompt[1]}
     clf, path, q = _loaded(model, progress, dtype=dtype, batch_size=batch_size, dequantize=dequantize,
@@ -188,8 +186,6 @@ def run_rerank_parity(
     Qwen3-Reranker card's prompt on `AutoModelForCausalLM`, P(yes); a question prompt on our
     token ids): scores within `SEQCLS_TOLERANCE`, each query's order the same; and the
     tokens processed against the floor (each query's tokens once, each document's own)."""
-    from ..models.quant import describe
-    from .reference import rerank_in_child
 
     extra = {} if prompt is None else {"system": prompt[0], "template": prompt[1]}
     clf, path, q = _loaded(model, progress, dtype=dtype, batch_size=batch_size, dequantize=dequantize,

@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from ..files.output import result_record
 from ..service import ServiceError
 from .checks import check_request
 from .common import RouteContext
@@ -62,7 +63,6 @@ class OurRoutes:
         names = ["text"] if "text" in data else [f"texts[{i}]" for i in range(len(texts))]
         whole = "texts" if len(texts) > 1 else "text"
         ans = await self.ctx.compute(request, t0, texts, task, names, whole, '"truncate": "head"|"tail"|"middle"')
-        from ..files.output import result_record
 
         results = []
         for i, pr in enumerate(ans.predictions):

@@ -8,6 +8,7 @@ import signal
 import threading
 from typing import Any
 
+from ..ground.errors import UserError
 from ..service import Service
 from .app import create_app
 
@@ -17,8 +18,6 @@ def bind_socket(host: str, port: int) -> Any:
     port in use or an address that is not ours is one `UserError` line (exit 2), not uvicorn's
     log and exit 3 after the model thread has started."""
     import socket
-
-    from ..ground.errors import UserError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family=family)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ground.version import __version__
 from ..service import ServeOptions, TaskSpec
 from ..text.predictions import Prediction
 from .checks import check_fields, check_texts
@@ -129,7 +130,6 @@ class TEIRoutes:
 
     async def info(self, request: Any) -> Any:
         """text-embeddings-inference's /info, for a sequence classifier."""
-        from ..ground.version import __version__
 
         if (e := self.ctx.guard(request)) is not None:
             return error_response(e, "tei")

@@ -7,6 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..classifier.classifier import Classifier
+from ..ground.errors import UsageError
+from ..ground.ranges import check_all, check_waits
+from ..ground.textfiles import has_lone_surrogate
+from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+
 
 @dataclass
 class ServeOptions:
@@ -32,7 +38,6 @@ class ServeOptions:
     def __post_init__(self) -> None:
         """Every number in range (`ranges.RANGES`: NaN, the infinities and zeros refused), the
         worker's wait inside the request timeout, the key usable: before anything starts."""
-        from ..ground.ranges import check_all, check_waits
 
         check_all({k: v for k, v in vars(self).items() if k != "max_batch_tokens" or v is not None})
         check_waits(self.max_wait_ms, self.request_timeout_s)
@@ -44,8 +49,6 @@ def check_api_key(key: Any) -> str:
     """A Bearer key a client can send: not blank (no client could ever authenticate, or a
     `--api-key "$UNSET"` would serve an open server), no spaces around it (clients' headers lose
     them), no control characters, and UTF-8 text (compared as its UTF-8 bytes)."""
-    from ..ground.errors import UsageError
-    from ..ground.textfiles import has_lone_surrogate
 
     if not isinstance(key, str) or not key.strip():
         raise UsageError(
@@ -84,8 +87,6 @@ def classifier_loader(
     """A loader for `Service` from `Classifier.load` arguments (the Python API and tests)."""
 
     def load() -> Loaded:
-        from ..classifier.classifier import Classifier
-        from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 
         clf = Classifier.load(
             model,

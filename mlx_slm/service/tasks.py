@@ -29,8 +29,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
-from ..kinds import scoring_names
+from ..classifier.classifier import Classifier
+from ..classifier.embedder import Embedder, EmbeddingError, pooling_of
+from ..engine.engine import Engine
+from ..kinds import TaskError as KindRefused
+from ..kinds import chat_spec, request_spec, reranker_spec, scoring_names
+from ..kinds.chat import CHAT_TEMPLATE
 from ..models import embeds_only
+from ..text.calibration import CalibrationSpec
+from ..text.labels import LabelError
+from ..text.labels import validate as validate_labels
+from ..text.prompts import PromptError, PromptFormat, fill_labels
 from .api import Loaded, TaskSpec
 from .errors import Invalid, NotSupported
 
@@ -91,7 +100,6 @@ class TaskCache:
 
     def load(self, loaded: Loaded) -> None:
         """Take the loader's classifier as the served task, pinned in both caches."""
-        from ..engine.engine import Engine
 
         clf = loaded.clf
         self.loaded = loaded
@@ -141,8 +149,6 @@ class TaskCache:
     def reranker(self) -> Any:
         """The kind the rerank routes run (`kinds.reranker_spec`), made once; `NotSupported` says
         how to serve a reranker when the model is none."""
-        from ..kinds import reranker_spec
-        from ..text.labels import LabelError
 
         if self._reranker is None:
             base = self._base
@@ -172,7 +178,6 @@ class TaskCache:
     def pooling(self) -> Any:
         """The model's embedding pooling (`embeddings.pooling_of`), read once; `NotSupported` says
         why a model does not embed (a sequence classifier)."""
-        from ..classifier.embedder import EmbeddingError, pooling_of
 
         if self._pooling is None:
             try:
@@ -184,7 +189,6 @@ class TaskCache:
         return self._pooling
 
     def _embedder(self, engine: Any, truncate: bool) -> Any:
-        from ..classifier.embedder import Embedder
 
         b = self._base
         return Embedder(
@@ -198,10 +202,6 @@ class TaskCache:
         )
 
     def _build(self, engine: Any, key: tuple) -> Any:
-        from ..classifier.classifier import Classifier
-        from ..kinds import TaskError as KindRefused
-        from ..kinds import chat_spec, request_spec
-        from ..kinds.chat import CHAT_TEMPLATE
 
         if key[0] == EMBED_TASK:  # the model's embedder beside the served task (see `embed_key`)
             return self._embedder(engine, key[1])
@@ -252,7 +252,6 @@ class TaskCache:
         """(key, front classifier) of a request's task, or `Invalid` naming the request field at
         fault, taken from the check that failed (`check`; then a `LabelError` from building
         is the labels', a `PromptError` the prompt's: over the context)."""
-        from ..text.labels import LabelError
 
         if not self.classifies:
             raise NotSupported(EMBEDS_ONLY)
@@ -279,9 +278,6 @@ class TaskCache:
         """The checks a classifier runs on its task's parts, one part at a time, so that a
         failure names its field: the labels alone, the labels against their descriptions,
         then the template."""
-        from ..text.labels import LabelError
-        from ..text.labels import validate as validate_labels
-        from ..text.prompts import PromptError, PromptFormat, fill_labels
 
         labels, system, template, truncate = key
         served = self._base.spec
@@ -303,7 +299,6 @@ class TaskCache:
     def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
         """(CalibrationSpec, min_confidence) for a task: a fitted prior applies only to the
         default task (other labels or prompt: it means nothing there); 'batch' applies per request."""
-        from ..text.calibration import CalibrationSpec
 
         ld = self.loaded
         spec = CalibrationSpec.of(ld.calibration, warmup=ld.warmup)  # type: ignore[union-attr]
@@ -313,7 +308,6 @@ class TaskCache:
 
     def calibrate(self, key: tuple, spec: TaskSpec, front: Any, raw: list[Any]) -> tuple[list[Any], Any]:
         """A request's predictions through its task's calibration (one `Calibration` per request)."""
-        from ..text.calibration import CalibrationSpec
 
         cal, conf = self.calibration_for(key)
         if spec.min_confidence is not None:
@@ -328,8 +322,6 @@ class TaskCache:
 def _abstains(kind: Any, min_confidence: float) -> bool:
     """Whether `kind` takes a confidence threshold (a learned head's or fine-tuned classifier's
     probabilities do, as on the command line; relevance and multi-label scores do not)."""
-    from ..text.calibration import CalibrationSpec
-    from ..text.labels import LabelError
 
     try:
         kind.check_calibration(CalibrationSpec(), min_confidence)

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..ground.errors import MissingExtra, UserError
+from .labels import log_softmax
+from .metrics import confusion, macro_f1
 
 KINDS = ("lda", "logistic")  # the estimators; both give z = x @ coef.T + intercept, probs = softmax(z)
 # "last": the hidden state at the last prompt position; "mean": the mean over the prompt's
@@ -126,7 +128,6 @@ class Head:
 
     def log_probs(self, feats: np.ndarray) -> np.ndarray:
         """(B, k) log-probabilities over `labels` (numpy only)."""
-        from .labels import log_softmax
 
         return log_softmax(self.logits(feats), axis=-1)
 
@@ -368,8 +369,6 @@ def cross_validate(
 
 
 def _scores(z: np.ndarray, y: np.ndarray, k: int) -> dict[str, Any]:
-    from .labels import log_softmax
-    from .metrics import confusion, macro_f1
 
     lp = log_softmax(z, axis=-1)
     pred = lp.argmax(axis=1)
@@ -384,7 +383,6 @@ def temperature(z: np.ndarray, y: np.ndarray) -> float:
     """The T > 0 that minimises the log-loss of softmax(z / T) (golden-section search on
     log T): a shrinkage LDA's logits, fitted where features outnumber examples, come out
     far too sharp; out-of-fold logits show by how much."""
-    from .labels import log_softmax
 
     def nll(log_t: float) -> float:
         return float(-log_softmax(z / np.exp(log_t), axis=-1)[np.arange(len(y)), y].mean())

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ..ground.errors import MissingExtra
+from ..ground.ranges import check
 from .predictions import Prediction
 
 
@@ -53,7 +55,6 @@ def as_texts(texts: Any, text_column: str | None) -> Any:
 
 def check_window(window: Any) -> None:
     """A window of items is read, sorted and batched at a time: 0 would read nothing."""
-    from ..ground.ranges import check
 
     check("window", window, "window")  # a RangeError, a ValueError
 
@@ -78,8 +79,6 @@ def progress_bar(total: int | None, desc: str = "mlx-slm") -> Any:
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        from ..ground.errors import MissingExtra
-
         raise MissingExtra("progress=True needs tqdm: pip install tqdm") from None
     import sys
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ground.errors import UserError
-from ..ground.textfiles import has_lone_surrogate, json_error
+from ..ground.textfiles import InputError, has_lone_surrogate, json_error, read_text_file
+from .labels import gold_problem
 
 DEFAULT_SYSTEM = "You classify support tickets. Answer with exactly one of: billing, technical, account."
 DEFAULT_TEMPLATE = "Ticket: {text}\nCategory:"
@@ -308,8 +309,6 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
     naming the file, the line and the fix."""
     import json
 
-    from ..ground.textfiles import InputError, read_text_file
-
     try:
         text = read_text_file(path, "--examples")
     except InputError as e:
@@ -379,7 +378,6 @@ def example_problem(text: str, label: str, labels: Sequence[str]) -> str | None:
         return "the example's text is empty: give it some text, or drop the example"
     if has_lone_surrogate(text) or has_lone_surrogate(label):
         return "the example holds an unpaired surrogate escape (not valid Unicode): fix it"
-    from .labels import gold_problem
 
     if gold_problem(label, labels) is not None:
         return f"label {label!r} is not one of the labels {list(labels)}: fix the example, or add the label"

@@ -36,6 +36,8 @@ import numpy as np
 
 from ..ground.errors import UserError
 from ..ground.ranges import RANGES
+from ..ground.textfiles import InputError, check_json_text, read_text_file
+from .heads import Head, HeadError
 from .labels import LabelError, softmax, validate
 
 KINDS = ("choice", "yesno", "scale", "multi", "head")
@@ -130,7 +132,6 @@ class Question:
 
     @classmethod
     def _head_from_dict(cls, d: dict[str, Any], where: str) -> Question:
-        from .heads import Head
 
         if d.get("kind") != "head" or not isinstance(d.get("head"), dict):
             raise QuestionError(f"{where}: a learned head is a question of kind 'head' with a 'head' object")
@@ -139,7 +140,6 @@ class Question:
             raise QuestionError(f"{where}: a head question takes name, kind and head, not {extra[0]!r}")
         if not isinstance(d.get("name"), str):
             raise QuestionError(f"{where}: field 'name' must be a string, got {d.get('name')!r}")
-        from .heads import HeadError
 
         try:
             head = Head.from_dict(d["head"], f"{where} head")
@@ -321,7 +321,6 @@ def check_questions(questions: Sequence[Question]) -> tuple[Question, ...]:
 def read_questions(path: str) -> tuple[Question, ...]:
     """Questions from a file: JSONL (one question a line) or one JSON list; every problem a
     `QuestionError` naming the file and the line (or list entry)."""
-    from ..ground.textfiles import InputError, check_json_text, read_text_file
 
     try:
         text = read_text_file(path, "--questions")

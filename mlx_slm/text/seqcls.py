@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..ground.errors import ModelError
+from ..ground.textfiles import has_lone_surrogate
 
 SUFFIX = "ForSequenceClassification"
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
@@ -212,7 +213,6 @@ def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:
     """id2label in id order; `LABEL_i` for `num_labels` (default 2) when absent, as Transformers.
     Every field Transformers reads about the labels is checked (its config class would fail on
     a `num_labels` of "3", or a `label2id` that is not a mapping, at the tokenizer's load)."""
-    from ..ground.textfiles import has_lone_surrogate
 
     id2label = config.get("id2label")
     n = config.get("num_labels", 2)

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from .prompts import PromptFormat, render, tokenize
+
 LABELS = ("billing", "technical", "account")
 BASE_TICKETS = (
     ("My card was charged twice for the same invoice.", "billing"),
@@ -51,7 +53,6 @@ def sample(tokenizer: Any, n: int, fmt: Any = None) -> tuple[list[int], list[str
 
     The prompts are rendered with `fmt` (default: the default prompt) and tokenized, and
     the sample keeps the workload's length distribution (parity checks and benchmarks)."""
-    from .prompts import PromptFormat, render, tokenize
 
     fmt = fmt or PromptFormat()
     texts = [t for t, _ in tickets()]

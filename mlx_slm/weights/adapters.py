@@ -35,6 +35,7 @@ import numpy as np
 from mlx import nn
 
 from ..ground.errors import UserError
+from ..ground.safefs import atomic_write
 from ..models import Model, quant
 from ..text import batching
 from ..text.labels import TrieChunk, build_trie
@@ -359,7 +360,6 @@ class FineTuned:
     def save(self, path: str | Path) -> str:
         """Write one safetensors file (atomically: the old file or the new, never half of one);
         returns its sha256, what a task records to check the file at load."""
-        from ..ground.safefs import atomic_write
 
         data = self.to_bytes()
         atomic_write(path, data, "the adapters file")

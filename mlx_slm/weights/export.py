@@ -25,6 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..ground.safefs import DIR_MODE, temp_dir
 from ..models import Model
 from .adapters import FineTuned, FinetuneError, dense_weights
 
@@ -149,7 +150,6 @@ def export(
     empty folder. `prompt`: the prompt to record (default: the one `ft` recorded); `dtype`: of
     the written weights (float32 keeps the merged values exactly); `sha256`: the base weights'
     hash, checked against the adapters' record."""
-    from ..ground.safefs import DIR_MODE, temp_dir
 
     out = Path(out)
     if dtype not in DTYPES:

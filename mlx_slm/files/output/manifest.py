@@ -14,6 +14,8 @@ from ...ground.errors import OutputError
 from ...ground.jsonfiles import utc_now, write_json_atomic
 from ...ground.notices import notice
 from ...ground.safefs import open_nofollow, refuse_symlink
+from ...ground.textfiles import InputError
+from ...ground.version import __version__
 from .paths import same_file
 
 MANIFEST_SUFFIX = ".mlx-slm.json"
@@ -149,7 +151,6 @@ def write_manifest(
 
     A completed run also records the sha256 of the output's bytes (`output_sha256`):
     `merge` refuses a part whose rows were changed since."""
-    from ...ground.version import __version__
 
     doc = {
         "manifest_version": MANIFEST_VERSION,
@@ -190,8 +191,6 @@ def input_sha256(path: str | None) -> tuple[str | None, str | None]:
             while block := f.read(1 << 22):
                 h.update(block)
     except OSError as e:
-        from ...ground.textfiles import InputError
-
         raise InputError(f"cannot read the input {path} to record its content ({e.strerror})") from None
     return h.hexdigest(), None
 

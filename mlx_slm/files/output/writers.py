@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
-from ...ground.errors import OutputError
-from ...ground.safefs import open_nofollow, refuse_symlink
+from ...ground.errors import MissingExtra, OutputError
+from ...ground.safefs import atomic_writer, open_nofollow, refuse_symlink
 from ...text.records import flat_record
 from .paths import delimiter, is_plain_file_target
 
@@ -116,8 +116,6 @@ class Writer:
         if self.parquet is not None:
             rows, self.parquet = self.parquet, None
             if complete:
-                from ...ground.safefs import atomic_writer
-
                 with atomic_writer(self.path, "wb", "-o") as f:  # type: ignore[arg-type]
                     rows.write(f)
             return
@@ -135,8 +133,6 @@ def require_pyarrow() -> Any:
         import pyarrow
         import pyarrow.parquet  # noqa: F401
     except ImportError:
-        from ...ground.errors import MissingExtra
-
         raise MissingExtra(
             "Parquet output needs pyarrow: pip install 'mlx-slm[ray]' (or pyarrow), or write .jsonl/.csv"
         ) from None
