@@ -77,7 +77,7 @@ def get_model_class(model_type: str | None) -> tuple[type[Model], type[ModelArgs
     A `model_type` none of our files covers falls back to mlx-lm's model class, behind our
     contract (`mlxlm.MlxLmModel`), if mlx-lm has one and it is not in `mlxlm.UNSUPPORTED`."""
     if model_type not in ARCHITECTURES:
-        from . import mlxlm
+        from . import mlxlm  # lazy: mlx-lm's model classes load only for an architecture of theirs
 
         return mlxlm.get_model_class(model_type)  # type: ignore[return-value]
     m = get_model_module(model_type)
@@ -97,14 +97,14 @@ def gguf_module(gguf_arch: str | None) -> ModuleType:
 def _sanitize(module: ModuleType) -> Any:
     """The module's own `sanitize`, else the shared one (rotary caches, a tied head copy), after a
     bare backbone's tensors get the `model.` prefix (`base.prefix_backbone`)."""
-    from . import base
+    from . import base  # lazy: base imports this registry (its ModelArgs look architectures up here)
 
     own = getattr(module, "sanitize", base.sanitize)
     return lambda weights, args: own(prefix_backbone(weights)[0], args)
 
 
 def _flops(module: ModuleType) -> Any:
-    from . import base
+    from . import base  # lazy: base imports this registry (its ModelArgs look architectures up here)
 
     return getattr(module, "flops_per_token", base.flops_per_token)
 
@@ -155,7 +155,7 @@ def load_model(
         raise ModelError(f"no config.json in {path}: convert the checkpoint first (mlx-slm convert)")
     config = json.loads(cfg_path.read_text())
     if model_type_of(config) not in ARCHITECTURES:  # only mlx-lm's model class covers it (or refused)
-        from . import mlxlm
+        from . import mlxlm  # lazy: mlx-lm's model classes load only for an architecture of theirs
 
         return mlxlm.load(path, config, dtype, ops, dequantize)  # type: ignore[return-value]
     module = get_model_module(config.get("model_type"))
