@@ -165,7 +165,7 @@ def run_head(engine, labels, system, template, train, test) -> dict:
         "peak_memory_mb": round(peak, 1),
         "test_items_per_s": round(len(xte) / test_s, 2),
         "layers": head.name,
-        "kind": head.kind,
+        "kind": head.estimator,
     }
 
 

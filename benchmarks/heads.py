@@ -111,7 +111,7 @@ def run_methods(ds, lp, feats, layers, cands, train_idx, test_idx, per_item_s, f
             "layers": list(head.layers),
             "poolings": list(head.poolings),
             "name": head.name,
-            "kind": head.kind,
+            "kind": head.estimator,
             "C": head.C,
             "cv_accuracy": round(head.info["chosen"]["accuracy"], 4),
             "fit_seconds": round(fit_s, 2),
@@ -169,7 +169,7 @@ def speed(engine, ds, head, texts, label_clf) -> dict:
         head.coef[:3],
         head.intercept[:3],
         poolings=head.poolings,
-        kind=head.kind,
+        kind=head.estimator,
     )
     clf = Classifier(engine, k3.labels, ds.system, ds.template, head=k3)
     run = clf.run(texts, window=len(texts))

@@ -77,7 +77,7 @@ def main() -> None:
         "estimator_accuracy": float(np.mean(est_pred == np.array(yt))),
         "same_head": est.task_.head.sha256 == cli_head["sha256"],
         "head": est.task_.head.name,
-        "head_kind": est.task_.head.kind,
+        "head_kind": est.task_.head.estimator,
         "cv_accuracy": est.task_.head.info["chosen"]["accuracy"],
         "max_abs_prob_diff": float(np.abs(cli_p - proba).max()),
         "same_labels": [r["label"] for r in out] == est_pred.tolist(),

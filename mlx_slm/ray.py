@@ -273,9 +273,9 @@ def classify_dataset(
         spec = CalibrationSpec.of(calibrate if calibrate is not None else (t.calibration if t else "none"))
     except ValueError:
         raise ValueError(f"calibrate must be None, 'none', 'batch', 'em' or a Calibrator, not {calibrate!r}") from None
-    if spec.kind == "em" and spec.needs_data and t is not None and t.calibration.base is not None:
+    if spec.method == "em" and spec.needs_data and t is not None and t.calibration.base is not None:
         spec = t.calibration  # the task's own base, re-estimated on this input
-    if spec.kind == "em" and spec.needs_data:
+    if spec.method == "em" and spec.needs_data:
         raise ValueError("calibrate='em' needs a base: a task saved with --calibrate em, or a fitted Calibrator")
     spec = CalibrationSpec.of(spec, warmup=warmup)
     opts = worker_options(concurrency, threads_per_worker)
@@ -298,9 +298,9 @@ def classify_dataset(
 
     if spec.prior is not None:
         final: Any = spec.prior.to_dict()
-    elif spec.kind == "none":
+    elif spec.method == "none":
         final = "none"  # raw scores, even where the task holds a prior
-    elif spec.kind in ("batch", "em"):
+    elif spec.method in ("batch", "em"):
         # A first pass over the warm-up rows for their raw scores; the prior fitted on them
         # is then applied to every row, them included, as a local run does.
         first = run(ds.limit(warmup), "none", True, None).select_columns(["probs", "scores"]).to_arrow_refs()

@@ -123,9 +123,11 @@ def test_fit_chooses_the_informative_layer_by_cv():
     )
     assert same.layers == (1,)  # a tie goes to the earlier (cheaper) layer
     assert [(r["kind"], r["C"]) for r in h.info["regularisation"]] == [("lda", 0.1), ("logistic", 0.1)]
-    assert h.kind == h.info["chosen"]["kind"] and h.kind in ("lda", "logistic")
-    lr = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], kinds=("logistic",), Cs=(0.01, 0.1, 1.0), folds=3)
-    assert lr.kind == "logistic" and [r["C"] for r in lr.info["regularisation"]] == [0.01, 0.1, 1.0]
+    assert h.estimator == h.info["chosen"]["kind"] and h.estimator in ("lda", "logistic")
+    lr = fit(
+        feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], estimators=("logistic",), Cs=(0.01, 0.1, 1.0), folds=3
+    )
+    assert lr.estimator == "logistic" and [r["C"] for r in lr.info["regularisation"]] == [0.01, 0.1, 1.0]
     assert h.info["chosen"]["log_loss_at_temperature"] <= h.info["chosen"]["log_loss"] + 1e-9
 
     forced = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], forced=(1,), folds=3)
@@ -196,7 +198,7 @@ def test_fit_joins_the_best_last_and_mean_parts_when_each_holds_half_the_signal(
     assert h.info["chosen"]["accuracy"] > 0.9
     assert max(r["accuracy"] for r in h.info["table"][:4]) < 0.8  # neither half alone
     back = Head.from_dict(h.to_dict())
-    assert back.parts == h.parts and back.kind == h.kind and back.to_dict()["pooling"] == ["last", "mean"]
+    assert back.parts == h.parts and back.estimator == h.estimator and back.to_dict()["pooling"] == ["last", "mean"]
     np.testing.assert_allclose(
         back.log_probs(head_input(feats, [1, 2], back)), h.log_probs(head_input(feats, [1, 2], h))
     )
@@ -468,7 +470,7 @@ def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_ml
     )
     x = head_input(got, [1, 2], shape).reshape(len(texts), -1)
     head = Head(
-        LABELS, (2, 1), *fit_linear(x, np.arange(len(texts)) % 3, 3, "lda"), poolings=("last", "mean"), kind="lda"
+        LABELS, (2, 1), *fit_linear(x, np.arange(len(texts)) % 3, 3, "lda"), poolings=("last", "mean"), estimator="lda"
     )
     batched = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head).classify(texts)
     alone = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)

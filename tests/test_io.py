@@ -141,14 +141,14 @@ def test_read_records_names_what_is_wrong_with_a_row():
     from mlx_slm.files.output import RecordError, read_records
 
     got = list(read_records("o.jsonl", "jsonl", b'[1]\n{"id": 1}\n\xff\n{"x": 1}\nnot json\n'))
-    assert [r.kind for r in got] == ["object", None, "utf8", "id", "json"]
+    assert [r.flaw for r in got] == ["object", None, "utf8", "id", "json"]
     assert got[2].problem == "invalid UTF-8 (byte 0xff)" and got[0].problem == "a JSON list, not an object"
     lenient = list(read_records("o.jsonl", "jsonl", b'{"x": 1}\n\n{"id": 2}', lenient=True))
     assert [(r.line, r.problem, r.torn) for r in lenient] == [(1, None, False), (3, None, True)]
     got = list(read_records("o.csv", "csv", b"\xef\xbb\xbfid,error\r\na\r\nb,\xff\r\nc,,x\r\n"))
     assert got[0].values == ["id", "error"] and got[0].raw.startswith(b"\xef\xbb\xbf")
-    assert [r.kind for r in got[1:]] == ["fields", "utf8", "fields"]
+    assert [r.flaw for r in got[1:]] == ["fields", "utf8", "fields"]
     lenient = list(read_records("o.csv", "csv", b"id,error\r\na\r\n\r\nc,,x\r\n", lenient=True))
-    assert [(r.line, r.kind) for r in lenient[1:]] == [(2, None), (4, "fields")]
+    assert [(r.line, r.flaw) for r in lenient[1:]] == [(2, None), (4, "fields")]
     with pytest.raises(RecordError, match=r"o.csv: row 2 \(line 3\)"):
         list(read_records("o.csv", "csv", b'id,error\r\na,\r\n"b"c,\r\n', strict_csv=True))

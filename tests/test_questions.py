@@ -273,7 +273,7 @@ def test_a_head_question_equals_the_head_alone(tiny_qwen_mlx, poolings):
     shape = Head(labels, (2, 1), np.zeros(128), np.ones(128),
                  np.zeros((3, 128)), np.zeros(3), poolings=poolings)  # fmt: skip
     x = head_input(got, [1, 2], shape).reshape(len(texts), -1)
-    head = Head(labels, (2, 1), *fit_linear(x, np.arange(len(texts)) % 3, 3, "lda"), poolings=poolings, kind="lda")
+    head = Head(labels, (2, 1), *fit_linear(x, np.arange(len(texts)) % 3, 3, "lda"), poolings=poolings, estimator="lda")
     alone = Classifier(eng, labels, system, template, head=head).classify(texts)
     qs = [Question("routed", "", "head", labels, head=head), QUESTIONS[0], QUESTIONS[3]]
     mixed = Classifier(eng, questions=qs, system=system, template=template, batch_size=5).classify(texts)
@@ -326,7 +326,9 @@ def test_a_task_of_questions_round_trips_with_a_head(tiny_qwen_mlx, tmp_path):
     texts = [x for x, _ in tickets(24)]
     feats, _, _ = head_classifier(eng, ("billing", "technical", "account"), t.system, t.template).features(texts, [2])
     y = np.arange(len(texts)) % 3
-    head = Head(("billing", "technical", "account"), (2,), *fit_linear(feats["last"][:, 0], y, 3, "lda"), kind="lda")
+    head = Head(
+        ("billing", "technical", "account"), (2,), *fit_linear(feats["last"][:, 0], y, 3, "lda"), estimator="lda"
+    )
     with_head = Task(m, (), t.system, t.template, weights_sha256=weights_sha256(tiny_qwen_mlx),
                      questions=(Question("routed", "", "head", head.labels, head=head),))  # fmt: skip
     with_head.save(tmp_path / "head.json")
@@ -336,7 +338,7 @@ def test_a_task_of_questions_round_trips_with_a_head(tiny_qwen_mlx, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "c.jsonl").read_text().splitlines()]
     assert list(rows[0]["answers"]) == ["routed", "team", "urgent", "mood"]
     mixed = Task.load(tmp_path / "mixed.json")
-    assert [q.kind for q in mixed.questions] == ["head", "choice", "yesno", "scale"]
+    assert [q.type.name for q in mixed.questions] == ["head", "choice", "yesno", "scale"]
     r = run(main, ["classify", str(inp), "--task", str(tmp_path / "mixed.json"), "-o", str(tmp_path / "d.jsonl"), "-q"])
     assert r.exit_code == 0 and (tmp_path / "c.jsonl").read_text() == (tmp_path / "d.jsonl").read_text()
     manifest = json.loads((tmp_path / "d.jsonl.mlx-slm.json").read_text())
@@ -513,7 +515,7 @@ def test_train_one_head_per_field_in_one_pass(tiny_qwen_mlx, tmp_path, monkeypat
     assert calls == [30], calls  # one pass over the 30 texts for both heads
     assert "== team" in r.stdout and "== urgent" in r.stdout
     t = Task.load(task)
-    assert [(q.name, q.kind, q.labels) for q in t.questions] == [
+    assert [(q.name, q.type.name, q.labels) for q in t.questions] == [
         ("team", "head", ("account", "billing", "technical")), ("urgent", "head", ("no", "yes"))]  # fmt: skip
     assert t.questions[1].head.info["gold_field"] == "urgent"
     inp = tmp_path / "in.jsonl"

@@ -317,7 +317,7 @@ def test_a_task_of_three_questions_and_a_head_on_ray_and_the_service(local_ray, 
     system, template = "You answer questions about a text.", "Text: {text}"
     texts = [r["text"] for r in ROWS[:24]]
     feats, _, _ = head_classifier(Engine.load(m), ("a", "b", "c"), system, template).features(texts, [2])
-    head = Head(("a", "b", "c"), (2,), *fit_linear(feats["last"][:, 0], np.arange(24) % 3, 3, "lda"), kind="lda")
+    head = Head(("a", "b", "c"), (2,), *fit_linear(feats["last"][:, 0], np.arange(24) % 3, 3, "lda"), estimator="lda")
     qs = (
         Question("routed", "", "head", head.labels, head=head),
         Question("team", "Which team?", "choice", ("billing", "technical")),

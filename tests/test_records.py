@@ -67,7 +67,7 @@ def _error(draw: Any, i: int) -> Prediction:
 question_columns_of = st.builds(
     QuestionColumns,
     name=st.sampled_from(["team", "urgent", "mood", "tags", "routed", "abstained"]),
-    kind=st.sampled_from(["choice", "yesno", "scale", "multi", "head"]),
+    type=st.sampled_from(["choice", "yesno", "scale", "multi", "head"]),
     labels=st.lists(st.sampled_from(NAMES), min_size=2, max_size=4, unique=True).map(tuple),
 )
 
@@ -77,7 +77,7 @@ def question_runs(draw: Any) -> tuple[RecordShape, list[Prediction]]:
     """A run of several questions (every kind; a choice question maybe with a none option) and its predictions."""
     qs = draw(st.lists(question_columns_of, min_size=1, max_size=4, unique_by=lambda q: q.name))
     qs = [
-        QuestionColumns(q.name, q.kind, q.labels, "none" if q.kind == "choice" and draw(st.booleans()) else None)
+        QuestionColumns(q.name, q.type, q.labels, "none" if q.type.name == "choice" and draw(st.booleans()) else None)
         for q in qs
     ]
     shape = RecordShape.of(questions=qs, calibrated=draw(st.booleans()), abstains=draw(st.booleans()))
@@ -94,17 +94,17 @@ def question_runs(draw: Any) -> tuple[RecordShape, list[Prediction]]:
 def _answer(draw: Any, shape: RecordShape, q: QuestionColumns) -> dict[str, Any]:
     """One question's answer as `Question.answer` and `answers.QuestionCalibration` make it."""
     probs = {lab: draw(probs_of) for lab in q.labels}
-    if q.kind == "multi":
+    if q.type.many:
         a: dict[str, Any] = {"labels": [lab for lab in q.labels if probs[lab] >= 0.5], "probs": probs}
     else:
         a = {"label": draw(st.sampled_from([*q.labels, None])) if q.none else q.labels[0], "probs": probs}
     if q.none:
         a["abstain"] = draw(probs_of)
-    if q.kind == "scale":
+    if q.type.expects:
         a["expected"] = draw(st.floats(1.0, 5.0))
-    if shape.calibrated and q.kind != "head":
+    if shape.calibrated and q.type.calibrates:
         a["raw_probs"] = {lab: draw(probs_of) for lab in q.labels}
-    if shape.abstains and q.kind != "multi":
+    if shape.abstains and q.type.abstains:
         a["probs"] = written(a["probs"])
         if draw(st.booleans()):
             a.update(label=None, abstained=True)

@@ -126,10 +126,10 @@ def test_fit_calibration_in_memory_equals_the_cli_fit(tiny_qwen_mlx, data, tmp_p
     X, y, test = data
     clf = Classifier.load(str(tiny_qwen_mlx), list(LABELS), SYSTEM, TEMPLATE)
     spec = clf.fit_calibration(X, y, "fit")
-    assert spec.kind == "fit" and spec.prior is not None and spec.prior.info["n"] == len(X)
+    assert spec.method == "fit" and spec.prior is not None and spec.prior.info["n"] == len(X)
     em = clf.fit_calibration(X, y, "em")
-    assert em.kind == "em" and em.base is not None and em.base.log_prior == spec.prior.log_prior
-    assert clf.calibration.kind == "none"  # the classifier itself is unchanged
+    assert em.method == "em" and em.base is not None and em.base.log_prior == spec.prior.log_prior
+    assert clf.calibration.method == "none"  # the classifier itself is unchanged
     with pytest.raises(CalibrationError, match=r"item 2: gold label 'nope'"):
         clf.fit_calibration(X, y[:2] + ["nope"] + y[3:])
     with pytest.raises(CalibrationError, match="not 'batch'"):
@@ -267,7 +267,7 @@ def test_zero_shot_labels_method_and_its_calibration(tiny_qwen_mlx, data, fresh)
     np.testing.assert_allclose(est.predict_proba(test), want, atol=1e-12)
     fit = SLMClassifier(str(tiny_qwen_mlx), method="labels", system=SYSTEM, template=TEMPLATE, calibration="fit")
     fit.fit(X, y)
-    assert list(fit.classes_) == sorted(LABELS) and fit.task_.calibration.kind == "fit"
+    assert list(fit.classes_) == sorted(LABELS) and fit.task_.calibration.method == "fit"
     spec = Classifier(engine, sorted(LABELS), fill_labels(SYSTEM, sorted(LABELS)), TEMPLATE).fit_calibration(X, y)
     np.testing.assert_allclose(fit.task_.calibration.prior.log_prior, spec.prior.log_prior, atol=1e-12)
     p = fit.predict_proba(test)

@@ -98,14 +98,14 @@ def test_local_sources_resolve_to_their_kind_and_path(tmp_path):
     gguf.write_bytes(b"GGUF")
     assert resolve(gguf) == Source(str(gguf), "gguf", gguf, str(gguf))
     done = converted_dir(tmp_path / "done")
-    assert resolve(done).kind == "mlx" and resolve(done).path == done
+    assert resolve(done).type == "mlx" and resolve(done).path == done
 
 
 def test_an_existing_path_wins_over_the_hub_spelling(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     hf_dir(tmp_path / "org" / "name")
     s = resolve("org/name")
-    assert s.kind == "hf" and s.path == Path("org/name")
+    assert s.type == "hf" and s.path == Path("org/name")
 
 
 def test_a_hub_id_resolves_without_the_network(monkeypatch):

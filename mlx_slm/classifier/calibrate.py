@@ -19,7 +19,7 @@ def fit_calibration(
     clf: Any,
     texts: Iterable[str],
     labels: Iterable[str],
-    kind: str | CalibrationSpec = "fit",
+    method: str | CalibrationSpec = "fit",
     *,
     window: int = 1024,
     progress: bool = False,
@@ -28,7 +28,7 @@ def fit_calibration(
 ) -> CalibrationSpec:
     """Calibration fitted on labelled texts in memory (what --calibration-data fits).
 
-    `labels`: each text's gold label, one of this classifier's labels. `kind`: "fit"
+    `labels`: each text's gold label, one of this classifier's labels. `method`: "fit"
     (per-label offsets, maybe a temperature, applied as they are) or "em" (those offsets
     as the base on which each input re-estimates its own label mix). Returns the
     `CalibrationSpec` to classify with (`classify(texts, calibration=spec)`, or a
@@ -36,9 +36,9 @@ def fit_calibration(
     A missing or empty text, a gold label that
     is not a label, or a prompt over the context is a `CalibrationError` naming the item
     (`source` and `lines`, when given, name the file and line instead)."""
-    spec = CalibrationSpec.of(kind, warmup=None if isinstance(kind, CalibrationSpec) else clf.warmup)
-    if spec.kind not in ("fit", "em"):
-        raise CalibrationError(f"fit_calibration fits 'fit' or 'em' calibration, not {spec.kind!r}")
+    spec = CalibrationSpec.of(method, warmup=None if isinstance(method, CalibrationSpec) else clf.warmup)
+    if spec.method not in ("fit", "em"):
+        raise CalibrationError(f"fit_calibration fits 'fit' or 'em' calibration, not {spec.method!r}")
     if not clf.spec.calibrates:
         raise LabelError(clf.spec.no_calibration)
     texts, gold = list(as_texts(texts, None)), list(as_texts(labels, None))
@@ -62,4 +62,4 @@ def fit_calibration(
             raise CalibrationError(f"{where(p.index)}: {p.error}")
         lp.append([p.scores[lab] for lab in clf.labels])
     cal = fit_labelled(log_softmax(np.array(lp)), gold_indices(gold, clf.labels), clf.labels)
-    return replace(spec, base=cal) if spec.kind == "em" else replace(spec, prior=cal)
+    return replace(spec, base=cal) if spec.method == "em" else replace(spec, prior=cal)

@@ -54,10 +54,8 @@ from .task import Task
 class Classifier:
     """One classification task on a shared `Engine`: its kind, prompt, calibration and batching.
 
-    It renders and tokenizes, plans length-bucketed batches, asks the engine for label scores
-    and hands predictions back in input order. It holds settings only; what a run counts comes
-    back with that run (`run()`), so one classifier (and one engine under many classifiers)
-    can serve concurrent callers.
+    It holds settings only; what a run counts comes back with that run (`run()`), so one
+    classifier (and one engine under many classifiers) can serve concurrent callers.
 
     Scoring arguments (keywords, `**scoring`; `kinds.arguments` reads them): `scoring`
     ("auto", "first-token", "sequence"), `examples` ((text, label) pairs), `label_descriptions`,
@@ -291,16 +289,18 @@ class Classifier:
         self,
         texts: Iterable[str],
         labels: Iterable[str],
-        kind: str | CalibrationSpec = "fit",
+        method: str | CalibrationSpec = "fit",
         *,
         window: int = 1024,
         progress: bool = False,
         source: str | None = None,
         lines: Sequence[int] | None = None,
+        kind: str | CalibrationSpec | None = None,
     ) -> CalibrationSpec:
-        """Calibration fitted on labelled texts in memory (what --calibration-data fits): see
-        `calibrate.fit_calibration`. The classifier itself is left unchanged."""
-        return fit_calibration(self, texts, labels, kind, window=window, progress=progress, source=source, lines=lines)
+        """Calibration fitted on labelled texts (`calibrate.fit_calibration`; `kind=`: `method`'s old name)."""
+        method = method if kind is None else kind
+        return fit_calibration(self, texts, labels, method, window=window, progress=progress, source=source,
+                               lines=lines)  # fmt: skip
 
     def run(self, texts: Iterable[str], window: int = 1024, *, ordered: bool = True) -> Run:
         """A run over `texts`: iterate it for raw predictions in input order; `.stats` counts it.

@@ -28,7 +28,7 @@ def classify_frame(
     names = shape.frame_columns
     check_new_columns(df, names, prefix)
     preds = clf.classify(list(df[text_column]), cal, conf, progress=progress)
-    cols = shape.frame(preds, cal.kind if cal.applies else None)
+    cols = shape.frame(preds, cal.method if cal.applies else None)
     out = df.copy()
     for c in names:
         out[prefix + c] = cols[c]

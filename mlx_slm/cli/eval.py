@@ -197,7 +197,7 @@ def _gold_pairs(setup: Setup, pairs: tuple[str, ...]) -> dict[str, str]:
                 f"--gold-field {pair}: {name!r} is not a question (the questions: {', '.join(qs)}); "
                 "give NAME=FIELD for each question to score"
             )
-        if qs[name].kind == "multi":
+        if qs[name].type.many:
             raise click.UsageError(f"--gold-field {pair}: multi questions (several labels a text) are not scored yet")
         if name in golds:
             raise click.UsageError(
@@ -253,7 +253,7 @@ def _evaluate_questions(
                        "error": p.error} if p.ok else {"error": p.error} for p in preds]  # fmt: skip
         rep, errors = _report(q_rows, answers, list(q.labels), fld, input, report)
         out[name] = rep
-        click.echo(f"== {name} ({q.kind}, gold field {fld!r})\n" + format_report(rep))
+        click.echo(f"== {name} ({q.type.name}, gold field {fld!r})\n" + format_report(rep))
         if errors:
             click.echo(f"{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
         click.echo("")

@@ -117,11 +117,11 @@ def read_predictions(
     try:
         for rec in read_records(path, fmt, data, lenient=True):
             n = rec.line
-            if rec.kind == "utf8":
+            if rec.flaw == "utf8":
                 raise EvaluationError(f"{where}: line {n}: {rec.problem}: save it as UTF-8")
-            if rec.kind == "fields":
+            if rec.flaw == "fields":
                 raise EvaluationError(f"{where}: line {n} has more fields than the header: check its commas and quotes")
-            if rec.kind == "object":
+            if rec.flaw == "object":
                 raise EvaluationError(
                     f'{where}: line {n} is {rec.problem} like {{"id": ..., "label": ..., "probs": {{...}}}}: ' + fix
                 )

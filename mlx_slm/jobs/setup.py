@@ -259,10 +259,10 @@ class Setup:
         if o.examples_file:
             self.examples = read_examples(o.examples_file, self.labels)
         if self.calibration.needs_data and not o.calibration_data:
-            raise UsageError(f"--calibrate {self.calibration.kind} needs --calibration-data FILE (labelled texts)")
+            raise UsageError(f"--calibrate {self.calibration.method} needs --calibration-data FILE (labelled texts)")
         if o.calibration_data and not self.calibration.needs_data:  # it would be read by nothing
             raise UsageError(
-                f"--calibration-data is fitted by --calibrate fit or em only (here: {self.calibration.kind}): add --calibrate "
+                f"--calibration-data is fitted by --calibrate fit or em only (here: {self.calibration.method}): add --calibrate "
                 "fit|em, or drop --calibration-data"
             )
         self.kind_args = self._kind_args()

@@ -301,7 +301,7 @@ def run_question_parity(
                 got = p.answers[q.name]
                 agree += want.get("label") == got.get("label") and want.get("labels") == got.get("labels")
                 dprob = max(dprob, max(abs(want["probs"][k] - got["probs"][k]) for k in want["probs"]))
-            out[q.name] = {"kind": q.kind, "agree": agree, "total": len(texts), "max_abs_dprob": dprob}
+            out[q.name] = {"kind": q.type.name, "agree": agree, "total": len(texts), "max_abs_dprob": dprob}
         return out, seconds
 
     a, t_ref = compare_with(str(path))

@@ -118,7 +118,7 @@ class OurRoutes:
                     "examples": len(clf.format.examples),
                     "scoring": clf.mode,
                     "truncate": clf.truncate,
-                    "calibration": cal.kind,
+                    "calibration": cal.method,
                     "min_confidence": conf,
                     "warmup": cal.warmup,
                 },

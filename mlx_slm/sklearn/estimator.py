@@ -265,7 +265,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"the task scores with {kind.name!r}; the estimator fits {', '.join(METHOD_OF_KIND)}")
         t, params = METHODS[method].adopt(t, kind, params)  # the task as held, and its parameters
         est = cls(model=t.model, method=method, labels=list(t.labels), examples=[tuple(e) for e in t.examples] or None,
-                  calibration=t.calibration.kind, **params)  # fmt: skip
+                  calibration=t.calibration.method, **params)  # fmt: skip
         est.task_ = t
         est.classes_ = np.asarray(t.labels)
         return est

@@ -31,7 +31,7 @@ TINY = 1e-300  # a probability that underflowed to 0 stays a (very small) log-pr
 def block_log_probs(q: Question, answer: dict[str, Any]) -> list[np.ndarray]:
     """Each branch's options' log-probabilities, read back from an answer (the inverse of
     `Question.answer` up to a constant per branch)."""
-    if q.kind == "multi":
+    if q.type.many:
         return [np.log(np.maximum([p, 1.0 - p], TINY)) for p in (answer["probs"][lab] for lab in q.labels)]
     p = np.array([answer["probs"][lab] for lab in q.labels], dtype=np.float64)
     if q.none:  # the options' mass without the none option's, then the none option
@@ -54,14 +54,14 @@ class QuestionCalibration:
         min_confidence: float | None = None,
     ):
         spec = CalibrationSpec.of(spec)
-        if spec.kind not in KINDS or spec.fitted:
+        if spec.method not in KINDS or spec.fitted:
             raise CalibrationError(
-                f"calibration {spec.kind!r} with several questions is not supported yet: use 'batch' (a prior per "
+                f"calibration {spec.method!r} with several questions is not supported yet: use 'batch' (a prior per "
                 "question from the input itself) or 'none'"
             )
         if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
             raise CalibrationError(f"min_confidence must be between 0 and 1, got {min_confidence}")
-        self.spec, self.method, self.questions = spec, spec.kind, tuple(questions)
+        self.spec, self.method, self.questions = spec, spec.method, tuple(questions)
         self.min_confidence, self.warmup = min_confidence, max(2, spec.warmup)
         self.priors: dict[str, list[Calibrator]] = {}  # question name -> a prior per branch
         self.fitted_here, self.n, self._used = False, 0, False
@@ -89,7 +89,7 @@ class QuestionCalibration:
         if len(ok) < 2:
             return
         for q in self.questions:
-            if q.kind == "head":
+            if not q.type.calibrates:  # a head question's probabilities are fitted already
                 continue
             per_item = [block_log_probs(q, p.answers[q.name]) for p in ok]
             self.priors[q.name] = [
@@ -106,7 +106,7 @@ class QuestionCalibration:
             if q.name in self.priors:
                 lps = [c.apply(lp) for c, lp in zip(self.priors[q.name], block_log_probs(q, a))]
                 a = {**q.answer(lps), "raw_probs": a["probs"]}
-            if self.min_confidence is not None and q.kind != "multi":
+            if self.min_confidence is not None and q.type.abstains:
                 a = {**a, "probs": written(a["probs"])}
                 if max(a["probs"].values()) < self.min_confidence:
                     a = {**a, "label": None, "abstained": True}

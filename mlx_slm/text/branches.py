@@ -88,7 +88,7 @@ class QuestionPlan:
                     continue
                 fmt = PromptFormat(system, user_turn(template, "{text}", wording))
                 ls = build_labelset(tokenizer, options, render(tokenizer, fmt, "example"), "auto")
-                if q.kind in ("yesno", "multi") and ls.mode != "first-token":
+                if q.type.yes_no and ls.mode != "first-token":
                     raise QuestionError(
                         f"question {q.name!r}: the answer words {list(options)} are not one token each in this "
                         f"model's tokenizer ({[list(t) for t in ls.token_ids]}): give one-token words as 'answers'"

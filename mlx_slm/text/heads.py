@@ -31,7 +31,7 @@ from ..ground.errors import MissingExtra, UserError
 from .labels import log_softmax
 from .metrics import confusion, macro_f1
 
-KINDS = ("lda", "logistic")  # the estimators; both give z = x @ coef.T + intercept, probs = softmax(z)
+ESTIMATORS = ("lda", "logistic")  # the estimators; both give z = x @ coef.T + intercept, probs = softmax(z)
 # "last": the hidden state at the last prompt position; "mean": the mean over the prompt's
 # tokens after its shared head (the text and what follows it). Cross-validation chooses.
 POOLINGS = ("last", "mean")
@@ -74,7 +74,7 @@ class Head:
     C: float = LAYER_C
     info: dict[str, Any] = field(default_factory=dict)
     poolings: tuple[str, ...] = ()
-    kind: str = "logistic"
+    estimator: str = "logistic"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "poolings", tuple(self.poolings) or ("last",) * len(self.layers))
@@ -83,8 +83,8 @@ class Head:
                 f"head poolings {list(self.poolings)} must name one of {list(POOLINGS)} for each of the layers "
                 f"{list(self.layers)}: train the head again"
             )
-        if self.kind not in KINDS:
-            raise HeadError(f"head kind {self.kind!r} is not one of {list(KINDS)}: train the head again")
+        if self.estimator not in ESTIMATORS:
+            raise HeadError(f"head kind {self.estimator!r} is not one of {list(ESTIMATORS)}: train the head again")
         k, f = len(self.labels), self.mean.shape[0]
         if self.coef.shape != (k, f) or self.scale.shape != (f,) or self.intercept.shape != (k,):
             raise HeadError(
@@ -134,7 +134,7 @@ class Head:
     # ------------------------------------------------------------------ saving
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
+            "kind": self.estimator,
             # one name when every part pools alike (the only form older heads have)
             "pooling": self.poolings[0] if len(set(self.poolings)) == 1 else list(self.poolings),
             "labels": list(self.labels),
@@ -164,13 +164,13 @@ class Head:
         # A missing or mistyped field is damage (train again); only a well-formed kind or pooling
         # this version does not know is a newer head (upgrade).
         if not isinstance(d.get("kind"), str):
-            raise bad("kind", f"one of {', '.join(map(repr, KINDS))}")
+            raise bad("kind", f"one of {', '.join(map(repr, ESTIMATORS))}")
         if not isinstance(names, list) or not names or not all(isinstance(x, str) for x in names):
             raise bad("pooling", f"one of {', '.join(map(repr, POOLINGS))}, or a list of them")
-        if d["kind"] not in KINDS or not all(x in POOLINGS for x in names):
+        if d["kind"] not in ESTIMATORS or not all(x in POOLINGS for x in names):
             raise HeadError(
                 f"{where} is a {d.get('kind')!r} head with {pooling!r} pooling; this mlx-slm reads "
-                f"{' or '.join(map(repr, KINDS))} heads with {' or '.join(map(repr, POOLINGS))} pooling: upgrade "
+                f"{' or '.join(map(repr, ESTIMATORS))} heads with {' or '.join(map(repr, POOLINGS))} pooling: upgrade "
                 "mlx-slm, or train the head again"
             )
         labels = d.get("labels")
@@ -209,7 +209,9 @@ class Head:
         if not isinstance(pooling, str) and len(names) != len(layers):
             raise bad("pooling", f"one name, or a list of {len(layers)} names (one per layer)")
         poolings = tuple(names * len(layers) if isinstance(pooling, str) else names)
-        return cls(tuple(labels), tuple(layers), C=float(c), info=info, poolings=poolings, kind=d["kind"], **arrays)
+        return cls(
+            tuple(labels), tuple(layers), C=float(c), info=info, poolings=poolings, estimator=d["kind"], **arrays
+        )
 
 
 def _b64(a: np.ndarray) -> str:
@@ -265,7 +267,7 @@ def _two_rows(coef: np.ndarray, intercept: np.ndarray, k: int) -> tuple[np.ndarr
 
 
 def fit_linear(
-    x: np.ndarray, y: np.ndarray, k: int, kind: str = "logistic", C: float = LAYER_C, seed: int = 0
+    x: np.ndarray, y: np.ndarray, k: int, estimator: str = "logistic", C: float = LAYER_C, seed: int = 0
 ) -> tuple[np.ndarray, ...]:
     """(mean, scale, coef (k, F), intercept (k,)): standardise, then fit `kind`: "lda"
     (`_lda`; `C` unused) or "logistic" (multinomial,
@@ -276,12 +278,12 @@ def fit_linear(
 
     mean, scale = standardiser(x)
     z = (np.asarray(x, dtype=np.float64) - mean) / scale
-    if kind == "lda":
+    if estimator == "lda":
         return (mean, scale, *_lda(z, np.asarray(y), k))
-    if kind == "logistic":
+    if estimator == "logistic":
         est = LogisticRegression(C=C, max_iter=MAX_ITER, random_state=seed)
     else:
-        raise HeadError(f"head kind {kind!r} is not one of {list(KINDS)}")
+        raise HeadError(f"head kind {estimator!r} is not one of {list(ESTIMATORS)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.fit(z, y)
@@ -345,12 +347,12 @@ def oof_logits(
     C: float,
     splits: Sequence[tuple[np.ndarray, np.ndarray]],
     seed: int = 0,
-    kind: str = "logistic",
+    estimator: str = "logistic",
 ) -> np.ndarray:
     """(N, k) out-of-fold logits: each row scored by a head fitted on the other folds."""
     z = np.zeros((len(y), k))
     for tr, te in splits:
-        mean, scale, coef, intercept = fit_linear(x[tr], y[tr], k, kind, C, seed)
+        mean, scale, coef, intercept = fit_linear(x[tr], y[tr], k, estimator, C, seed)
         z[te] = ((x[te] - mean) / scale) @ coef.T + intercept
     return z
 
@@ -362,10 +364,10 @@ def cross_validate(
     C: float,
     splits: Sequence[tuple[np.ndarray, np.ndarray]],
     seed: int = 0,
-    kind: str = "logistic",
+    estimator: str = "logistic",
 ) -> dict[str, Any]:
     """Out-of-fold accuracy, macro-F1 and log-loss of a head fitted on each fold's rest."""
-    return _scores(oof_logits(x, y, k, C, splits, seed, kind), y, k)
+    return _scores(oof_logits(x, y, k, C, splits, seed, estimator), y, k)
 
 
 def _scores(z: np.ndarray, y: np.ndarray, k: int) -> dict[str, Any]:
@@ -471,7 +473,7 @@ def fit(
     forced: tuple[int, ...] | None = None,
     folds: int = DEFAULT_FOLDS,
     Cs: Sequence[float] = C_GRID,
-    kinds: Sequence[str] = KINDS,
+    estimators: Sequence[str] = ESTIMATORS,
     combine: bool = True,
     seed: int = 0,
     seconds_per_item: Callable[[Candidate], float] | None = None,
@@ -498,7 +500,7 @@ def fit(
         return head_input(features, feature_layers, cand).reshape(len(y), -1)
 
     table = _candidate_table(
-        x_of, y, k, candidates, splits, seed, kinds[0], folds, forced, combine, seconds_per_item, progress
+        x_of, y, k, candidates, splits, seed, estimators[0], folds, forced, combine, seconds_per_item, progress
     )
     pool = table if forced is None else [r for r in table if tuple(r["layers"]) == tuple(forced)]
     if not pool:
@@ -506,17 +508,26 @@ def fit(
     best = _best(pool)
     chosen = Candidate(tuple(zip(best["layers"], best["poolings"])))
     x = x_of(chosen)
-    reg, logits, i_won = _estimator_table(x, y, k, kinds, Cs, splits, seed, chosen, progress)
-    kind, C = reg[i_won]["kind"], reg[i_won]["C"]
+    reg, logits, i_won = _estimator_table(x, y, k, estimators, Cs, splits, seed, chosen, progress)
+    estimator, C = reg[i_won]["kind"], reg[i_won]["C"]
     # One temperature for the head's logits, fitted on its out-of-fold logits: accuracy is
     # untouched, and --min-confidence reads probabilities that mean what they say.
     T = temperature(logits[i_won], y)
-    progress(f"fitting the head on all {len(y)} examples ({chosen.name}, {_estimator(kind, C)}, T={T:.3g})")
-    mean, scale, coef, intercept = fit_linear(x, y, k, kind, C, seed)
+    progress(f"fitting the head on all {len(y)} examples ({chosen.name}, {_estimator(estimator, C)}, T={T:.3g})")
+    mean, scale, coef, intercept = fit_linear(x, y, k, estimator, C, seed)
     coef, intercept = coef / T, intercept / T
-    info = _fit_info(labels, y, counts, folds, seed, forced, table, kinds[0], reg, chosen, i_won, T, logits, t0)
+    info = _fit_info(labels, y, counts, folds, seed, forced, table, estimators[0], reg, chosen, i_won, T, logits, t0)
     return Head(
-        labels, chosen.layers, mean, scale, coef, intercept, C=C, info=info, poolings=chosen.poolings, kind=kind
+        labels,
+        chosen.layers,
+        mean,
+        scale,
+        coef,
+        intercept,
+        C=C,
+        info=info,
+        poolings=chosen.poolings,
+        estimator=estimator,
     )
 
 
@@ -577,7 +588,7 @@ def _estimator_table(
     x: np.ndarray,
     y: np.ndarray,
     k: int,
-    kinds: Sequence[str],
+    estimators: Sequence[str],
     Cs: Sequence[float],
     splits: Sequence[tuple[np.ndarray, np.ndarray]],
     seed: int,
@@ -587,11 +598,11 @@ def _estimator_table(
     """Stage 2 of `fit`: every kind (logistic at each of `Cs`) cross-validated on the chosen
     parts; the rows, their out-of-fold logits and the winner's index."""
     reg, logits = [], []
-    for kind in kinds:
-        for C in Cs if kind == "logistic" else (LAYER_C,):
-            progress(f"cross-validating {_estimator(kind, C)} on {chosen.name}")
-            logits.append(oof_logits(x, y, k, C, splits, seed, kind))
-            reg.append({"kind": kind, "C": C, **_scores(logits[-1], y, k)})
+    for estimator in estimators:
+        for C in Cs if estimator == "logistic" else (LAYER_C,):
+            progress(f"cross-validating {_estimator(estimator, C)} on {chosen.name}")
+            logits.append(oof_logits(x, y, k, C, splits, seed, estimator))
+            reg.append({"kind": estimator, "C": C, **_scores(logits[-1], y, k)})
     i_won = max(
         range(len(reg)), key=lambda i: (round(reg[i]["accuracy"], 9), round(reg[i]["macro_f1"], 9), -reg[i]["log_loss"])
     )
@@ -640,8 +651,8 @@ def _fit_info(
     }
 
 
-def _estimator(kind: str, C: float) -> str:
-    return f"{kind} C={C:g}" if kind == "logistic" else kind
+def _estimator(estimator: str, C: float) -> str:
+    return f"{estimator} C={C:g}" if estimator == "logistic" else estimator
 
 
 def format_table(head: Head) -> str:
@@ -660,7 +671,7 @@ def format_table(head: Head) -> str:
     reg = ", ".join(
         f"{_estimator(r.get('kind', 'logistic'), r['C'])}: {r['accuracy']:.3f}" for r in i["regularisation"]
     )
-    est = f"{_estimator(head.kind, head.C)}, T={i['chosen'].get('temperature', 1.0):.3g}"
+    est = f"{_estimator(head.estimator, head.C)}, T={i['chosen'].get('temperature', 1.0):.3g}"
     lines.append(
         f"chosen: layer {chosen}{' (--layer)' if i.get('forced') else ''}, {est} ({reg}); {i['folds']}-fold CV accuracy "
         f"{i['chosen']['accuracy']:.3f}, macro-F1 {i['chosen']['macro_f1']:.3f} on {i['n']} examples"

