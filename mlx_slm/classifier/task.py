@@ -54,6 +54,10 @@ class Task:
     # sequence classifier's recorded head, a reranker's scorer, fine-tuned adapters; None for
     # zero-shot labels (whose fields are the task's own: labels, scoring, examples).
     section: KindSettings | None = field(default=None, compare=False)
+    # "None of these" (`train --none-label`): {"label": the label that means it (answered as no
+    # label, abstained), "min_confidence": how the task's `min_confidence` was chosen (target and the
+    # held-out figures), or null when given}; None for a task that answers every text with a label.
+    none: dict[str, Any] | None = field(default=None, compare=False)
     # The Python API's names for two sections (`Task(..., head=head)`, `questions=(...)`, as
     # `Classifier` takes them): given at construction, kept as the section (read back: `head`, `questions`).
     head: InitVar[Head | None] = None
@@ -75,6 +79,8 @@ class Task:
         """What the task says about how it scores, as the kinds table reads it (`kinds.arguments`,
         the one translator: its own fields and its section's, by name)."""
         own = self.section.named(self.home) if self.section is not None else {}
+        if self.none is not None:
+            own["none_label"] = self.none["label"]
         return arguments(ModelFacts(loaded=False), labels=self.labels, scoring=self.scoring, examples=self.examples,
                          **own)  # fmt: skip
 
@@ -111,6 +117,8 @@ class Task:
         """The task file's JSON object (`path`: where it is saved; a kind names its files beside it)."""
         d = asdict(replace(self, section=None))
         del d["section"], d["home"]
+        if self.none is None:
+            del d["none"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
         d.update(self.kind.to_task(path))  # the kind's own section (a head, questions) goes last
@@ -126,6 +134,7 @@ class Task:
         scoring, warmup, mc, sha, versions = _run_fields(d, where)
         spec = _calibration(d, where, labels, warmup)
         section = read_task(d, where, labels, spec)  # the kind's own fields, each checked by the kind
+        section["none"] = _none_field(d, where, labels)
         return cls(
             model=d["model"],
             labels=tuple(labels),
@@ -221,6 +230,7 @@ FIELDS = (
     "min_confidence",
     "weights_sha256",
     "versions",
+    "none",
 )
 
 
@@ -295,6 +305,18 @@ def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, 
     if not isinstance(versions, dict):
         raise bad_field(d, where, "versions", "an object")
     return scoring, warmup, None if mc is None else float(mc), sha, versions
+
+
+def _none_field(d: dict[str, Any], where: str, labels: list[str]) -> dict[str, Any] | None:
+    """The task's "none of these" section: its label one of the task's labels."""
+    none = d.get("none")
+    if none is None:
+        return None
+    if not isinstance(none, dict) or not isinstance(none.get("label"), str):
+        raise bad_field(d, where, "none", 'an object {"label": the label that means none of these, ...} or null')
+    if none["label"] not in labels:
+        raise TaskError(f"{where}: field 'none' names the label {none['label']!r}, not one of the task's labels")
+    return dict(none)
 
 
 def _calibration(d: dict[str, Any], where: str, labels: list[str], warmup: int) -> CalibrationSpec:

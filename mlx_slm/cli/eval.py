@@ -16,6 +16,7 @@ from ..ground.safefs import atomic_write
 from ..jobs.evaluate import form_problem, plot, plot_paths, read_predictions
 from ..jobs.setup import Setup, flag_names
 from ..text.metrics import format_report, report
+from ..text.out_of_scope import figures as oos_figures
 from .base import Command, notice, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
@@ -101,8 +102,11 @@ def evaluate(
     else:
         warn_blas()
         labels, preds = _predict(setup, rows)
-    rep, errors = _report(rows, preds, labels, s.gold_field, input, report)
+    none = setup.task.none["label"] if setup.task is not None and setup.task.none else None
+    rep, errors = _report(rows, preds, labels, s.gold_field, input, report, none)
     click.echo(format_report(rep))
+    if "out_of_scope" in rep:
+        click.echo("\n" + format_oos(rep["out_of_scope"], none))
     if errors:
         click.echo(f"\n{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
     if json_path:
@@ -161,9 +165,10 @@ def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, A
 
 
 def _report(
-    rows: list[Any], preds: list[Any], labels: Any, gold_field: str, input: str, report: Any
+    rows: list[Any], preds: list[Any], labels: Any, gold_field: str, input: str, report: Any, none: str | None = None
 ) -> tuple[dict[str, Any], list[str]]:
-    """The figures over the rows with a gold label and a prediction, and why each other row is left out."""
+    """The figures over the rows with a gold label and a prediction, and why each other row is left out;
+    with a none label (the task's "none of these"), in-scope accuracy and out-of-scope recall and precision."""
 
     gold, pred_labels, conf, errors = [], [], [], []
     for r, p in zip(rows, preds):
@@ -183,7 +188,22 @@ def _report(
         )
     rep = report(gold, pred_labels, conf, labels)
     rep["errors"] = len(errors)
+    if none is not None:
+        rep["out_of_scope"] = oos_figures(pred_labels, gold, none)
     return rep, errors
+
+
+def format_oos(f: dict[str, Any], none: str) -> str:
+    """The "none of these" figures in a few lines."""
+
+    def pct(x: Any) -> str:
+        return "n/a" if x is None else f"{100 * x:.2f} %"
+
+    return (
+        f"none of these (gold {none!r}: {f['out_of_scope']} texts; {f['in_scope']} in scope)\n"
+        f"in-scope accuracy {pct(f['in_scope_accuracy'])} (answered {pct(f['in_scope_answered'])}; 'none' counted wrong)\n"
+        f"out-of-scope recall {pct(f['oos_recall'])}  precision {pct(f['oos_precision'])}"
+    )
 
 
 def _gold_pairs(setup: Setup, pairs: tuple[str, ...]) -> dict[str, str]:

@@ -57,6 +57,7 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
     out = write(
         spec.tuned, model, engine.tokenizer, engine.path, output,
         prompt={"system": t.system, "template": t.template}, base_name=t.model, dtype=dtype,
+        none={"label": t.none["label"], "min_confidence": t.min_confidence} if t.none else None,
         sha256=engine.weights_sha256,
     )  # fmt: skip
     if not quiet:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import click
 
 from ..files.output import check_run_files, files_read
 from ..jobs.finetune import history_table, progress_bar, run_finetune
+from ..jobs.out_of_scope import choose_none_threshold, none_section
 from ..jobs.setup import read_labels, run_settings
 from ..jobs.train import run_train, run_train_fields
 from ..weights.finetune import FinetuneSettings
@@ -18,6 +20,7 @@ from .options import some_task_options, task_settings
 TUNING = {"finetune", "objective", "epochs", "learning_rate", "head_learning_rate", "schedule", "adapt_layers",
           "rank", "lora_scale", "dropout", "train_batch_size", "val_fraction", "patience", "max_minutes",
           "head_init", "fused"}  # fmt: skip
+NONE = ("none_label", "none_threshold", "none_target", "none_data")  # "none of these" (`_check_none`)
 _TRAIN_TASK_OPTIONS = {
     "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
     "text_column", "id_column", "pair_field", "pair_column", "batch_size", "max_batch_tokens", "window", "no_prefix_cache",
@@ -100,6 +103,15 @@ _TRAIN_TASK_OPTIONS = {
 @click.option("--head-init", type=click.Choice(["zeros", "probe"]), default="zeros", show_default=True,
               help="--finetune: the score head starts at zero, or fitted on the base model's features first.")  # fmt: skip
 @click.option("--fused", is_flag=True, help="--finetune: run the adapters merged into the weights (see docs).")
+@click.option("--none-label", help="Rows with this label are out-of-scope examples: the task learns them as a class "
+              "and answers them 'none of these' (label null, abstained true).")  # fmt: skip
+@click.option("--none-threshold", help="Also answer 'none of these' when no label reaches this probability: a number "
+              "from 0 to 1, or auto (chosen on --none-data to --none-target).")  # fmt: skip
+@click.option("--none-target", default=0.02, show_default=True, type=number("none_target"),
+              help="--none-threshold auto: the share of in-scope accuracy the threshold may cost on --none-data.")  # fmt: skip
+@click.option("--none-data", type=click.Path(exists=True, dir_okay=False),
+              help="--none-threshold auto: held-out labelled texts (read as DATA; out-of-scope ones labelled "
+                   "--none-label) to choose the threshold on.")  # fmt: skip
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
 def train(
@@ -130,11 +142,15 @@ def train(
     """
 
     warn_blas()
-    check_run_files(files_read(o, ("DATA", data)), [("--save-task", save_task)])
+    none = {k: o.pop(k) for k in NONE}  # "none of these": checked here, applied to the saved task
+    reads = files_read(o, ("DATA", data), *(("--none-data", none["none_data"]),) * bool(none["none_data"]))
+    check_run_files(reads, [("--save-task", save_task)])
+    threshold = _check_none(ctx, none, gold_fields)
     tune = {k: o.pop(k) for k in TUNING}  # the fine-tuning options (checked in _finetune)
     if tune["finetune"] is not None or TUNING & given(ctx, tune) - {"finetune"}:
         head = {"layers_spec": layers_spec, "layer": layer, "folds": folds, "pooling": pooling}
-        _finetune(ctx, data, save_task, gold_fields, seed, tune, head, o)
+        _finetune(ctx, data, save_task, gold_fields, seed, tune, head, o, _none_finish(ctx, none, threshold,
+                                                                                    gold_fields[0], o))  # fmt: skip
         return
     if len(gold_fields) > 1:
         _train_fields(ctx, data, save_task, gold_fields, layers_spec, layer, folds, pooling, seed, o)
@@ -145,7 +161,7 @@ def train(
     got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field")
     settings = task_settings(ctx, o)
-    _, table = run_train(
+    task, table = run_train(
         data,
         save_task,
         model=o["model"],
@@ -163,6 +179,7 @@ def train(
         window=o["window"],
         **run_settings(settings),
         progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
+        finish=_none_finish(ctx, none, threshold, gold_fields[0], o),
     )
     click.echo(table)
     if not o["quiet"]:
@@ -200,8 +217,8 @@ def _train_fields(
 
 def _finetune(
     ctx: click.Context, data: str, save_task: str, gold_fields: tuple[str, ...], seed: int, tune: dict[str, Any],
-    head: dict[str, Any], o: dict[str, Any],
-) -> None:  # fmt: skip
+    head: dict[str, Any], o: dict[str, Any], finish: Any = None,
+) -> Any:  # fmt: skip
     """`train --finetune lora`: check the options, fine-tune, print the epochs, say where the task went."""
 
     if tune["finetune"] is None:
@@ -243,7 +260,7 @@ def _finetune(
             system=o["system"] or None, template=o["template"],
             read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0], **task_settings(ctx, o).read_pair(data)},
             fused=tune["fused"], progress=update,
-            say=(lambda m: None) if o["quiet"] else notice, reads=files_read(o, ("DATA", data)),
+            say=(lambda m: None) if o["quiet"] else notice, reads=files_read(o, ("DATA", data)), finish=finish,
             **run_settings(task_settings(ctx, o)),
         )  # fmt: skip
     finally:
@@ -254,3 +271,62 @@ def _finetune(
             f"mlx-slm: task saved to {save_task} (adapters: {task.finetune['adapters']}); classify with: "
             f"mlx-slm classify INPUT --task {save_task}"
         )
+    return task
+
+
+def _check_none(ctx: click.Context, none: dict[str, Any], gold_fields: tuple[str, ...]) -> float | str | None:
+    """The "none of these" options, checked before any work: --none-threshold a probability or
+    auto (which needs --none-data), --none-target and --none-data only with auto; one classifier."""
+    typed = given(ctx, none)
+    t = none["none_threshold"]
+    if typed and len(gold_fields) > 1:
+        raise click.UsageError("--none-label and --none-threshold go with one --gold-field (one classifier)")
+    if t is None:
+        extra = sorted(typed & {"none_target", "none_data"})
+        if extra:
+            flag = "--" + extra[0].replace("_", "-")
+            raise click.UsageError(f"{flag} chooses --none-threshold auto's threshold: add --none-threshold auto")
+        return None
+    if t == "auto":
+        if not none["none_data"]:
+            raise click.UsageError(
+                "--none-threshold auto chooses the threshold on held-out labelled texts: give --none-data FILE "
+                "(or a number, e.g. --none-threshold 0.5)"
+            )
+        return "auto"
+    try:
+        value = float(t)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:  # NaN and the infinities fail too
+        raise click.BadParameter(f"{t!r}: give a probability from 0 to 1, or auto", param_hint="'--none-threshold'")
+    if "none_data" in typed or "none_target" in typed:
+        raise click.UsageError("--none-data and --none-target choose --none-threshold auto's threshold: drop them")
+    return value
+
+
+def _none_finish(
+    ctx: click.Context, none: dict[str, Any], threshold: float | str | None, gold_field: str, o: dict[str, Any]
+) -> Any:
+    """What "none of these" does to a trained task before it is saved (None: nothing asked): its none
+    label (one of its labels), and its min_confidence as given or chosen on --none-data."""
+    label = none["none_label"]
+    if label is None and threshold is None:
+        return None
+
+    def finish(task: Any, engine: Any) -> Any:
+        if label is not None and label not in task.labels:
+            raise click.UsageError(
+                f"--none-label {label!r}: no row of DATA is labelled {label!r} (the labels: {list(task.labels)[:8]}): "
+                "label the out-of-scope examples with it, or drop --none-label"
+            )
+        task = replace(task, none=none_section(label), min_confidence=threshold if threshold != "auto" else None)
+        if threshold != "auto":
+            return task
+        keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
+        read = {**{k: o[k] for k in keys}, "gold_field": gold_field}
+        return choose_none_threshold(task, engine, none["none_data"], target=none["none_target"], read=read,
+                                     say=(lambda m: None) if o["quiet"] else notice,
+                                     **run_settings(task_settings(ctx, o)))  # fmt: skip
+
+    return finish

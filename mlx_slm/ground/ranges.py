@@ -39,20 +39,21 @@ class Range:
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False
-    none_ok: bool = False  # None means "the default" (e.g. --batch-size not given)
+    none_ok: bool = False
+    hi_open: bool = False  # None means "the default" (e.g. --batch-size not given)
     unit: str = ""  # what the number counts, for the message ("rows per batch")
 
     def describe(self) -> str:
         """The range as words: "an integer from 1 to 2147483647", "a number above 0 and at most 86400"."""
         kind = "an integer" if self.integer else "a finite number"
         lo, hi = self.lo, self.hi
-        if lo is not None and hi is not None and not self.lo_open:
+        if lo is not None and hi is not None and not self.lo_open and not self.hi_open:
             return f"{kind} from {_num(lo)} to {_num(hi)}"
         parts = []
         if lo is not None:
             parts.append(f"above {_num(lo)}" if self.lo_open else f"of at least {_num(lo)}")
         if hi is not None:
-            parts.append(f"at most {_num(hi)}")
+            parts.append(f"below {_num(hi)}" if self.hi_open else f"at most {_num(hi)}")
         return f"{kind} {' and '.join(parts)}".strip()
 
     def problem(self, value: Any) -> str | None:
@@ -66,7 +67,7 @@ class Range:
             v = float(value) if not isinstance(value, numbers.Integral) else int(value)
             ok = math.isfinite(v) if isinstance(v, float) else True
             ok = ok and (self.lo is None or (v > self.lo if self.lo_open else v >= self.lo))
-            ok = ok and (self.hi is None or v <= self.hi)
+            ok = ok and (self.hi is None or (v < self.hi if self.hi_open else v <= self.hi))
         if ok:
             return None
         unit = f" ({self.unit})" if self.unit else ""
@@ -89,6 +90,15 @@ RANGES: dict[str, Range] = {
     "window": _count("--window", unit="items sorted and batched together"),
     "warmup": _count("--warmup", 2, "items the batch/em prior is fitted on"),
     "min_confidence": Range("--min-confidence", False, 0.0, 1.0, none_ok=True, unit="a probability"),
+    "none_target": Range(
+        "--none-target",
+        False,
+        0.0,
+        1.0,
+        lo_open=True,
+        hi_open=True,
+        unit="the share of in-scope accuracy the threshold may cost on the held-out data",
+    ),  # fmt: skip
     # scale-out
     "workers": _count("--workers", unit="Ray workers"),
     "worker_threads": _count("--worker-threads", unit="CPU threads per worker", none_ok=True, hi=4096),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from ..classifier.task import Task
 from ..engine.engine import Engine
 from ..files.output import adapters_file, check_run_files
 from ..ground.safefs import atomic_write
-from ..kinds.finetune import FineTunedSettings
+from ..kinds.finetune import FineTunedSettings, in_memory
 from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
 from ..weights.adapters import FinetuneError
 from ..weights.convert import sha256_file, versions
@@ -49,10 +50,12 @@ def run_finetune(
     progress: Callable[[Any], None] | None = None,
     say: Callable[[str], None] = lambda _m: None,
     reads: Sequence[Any] = (),
+    finish: Callable[[Any, Any], Any] | None = None,
     **clf_kwargs: Any,
 ) -> tuple[Any, Any]:
     """The `train --finetune lora` command: returns (the saved `Task`, the `FineTuned`).
-    `reads`: the files the run reads (`output.files_read`), none of which the adapters may be."""
+    `reads`: the files the run reads (`output.files_read`), none of which the adapters may be.
+    `finish(task, engine)`: the task as it is to be saved (its adapters in memory), before anything is written."""
 
     need = (1, "A fine-tuned classifier learns each label from its examples: add examples of those labels to "
             f"{data_path}, or leave them out of --labels (or --labels-file)")  # fmt: skip
@@ -82,6 +85,8 @@ def run_finetune(
         weights_sha256=engine.weights_sha256,
         versions=versions(),
     )
+    if finish is not None:  # e.g. "none of these": its threshold chosen on held-out data, the adapters in memory
+        task = finish(replace(task, section=FineTunedSettings(in_memory(tuned, fused))), engine)
     return save_finetuned(task, tuned, save_task, fused, reads=[("DATA", data_path), *reads]), tuned
 
 
@@ -91,7 +96,6 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
     was. The adapters file is checked with the outputs (none of `reads`, not the task), and an
     existing file of that name is used only if it holds these very bytes. Returns the saved `Task`."""
     import hashlib
-    from dataclasses import replace
 
     data = reproducible(tuned).to_bytes()
     sha = hashlib.sha256(data).hexdigest()
@@ -133,7 +137,6 @@ def reproducible(tuned: Any) -> Any:
     """`tuned` without its wall-clock figures (each epoch's seconds and peak memory, the frozen
     pass's and training's seconds): what the adapters file holds, so that the same seed and data
     give the same file, byte for byte (the figures are printed, `history_table`, not saved)."""
-    from dataclasses import replace
 
     history = [replace(e, seconds=None, peak_memory_mb=None) for e in tuned.history]
     return replace(tuned, history=history, encode_seconds=0.0, train_seconds=0.0)  # 0.0: the file's "absent"

@@ -114,7 +114,8 @@ def read_training_data(
         kind = gold_problem(None if r.gold is None else str(r.gold))  # the form only: labels may come from the data
         if kind == GOLD_MISSING:
             raise TrainError(
-                f"{path}: line {r.line}: no gold label in {gold_field!r}: add it, or name its field with --gold-field"
+                f"{path}: line {r.line}: no gold label in {gold_field!r}: add it, or name its field with --gold-field "
+                '(an out-of-scope example: label it, e.g. "oos", and train with --none-label oos)'
             )
         if kind == GOLD_SPACES:  # else ' billing' became a label of its own beside 'billing'
             raise TrainError(
@@ -483,6 +484,7 @@ def run_train(
     window: int = 1024,
     poolings: Sequence[str] = POOLINGS,
     progress: Callable[[str], None] = lambda _m: None,
+    finish: Callable[[Any, Any], Any] | None = None,
     **clf_kwargs: Any,
 ) -> tuple[Any, str]:
     """The `train` command: read the data (before the model loads: its problems fail first),
@@ -519,6 +521,8 @@ def run_train(
         versions=versions(),
         section=HeadSettings(head),
     )
+    if finish is not None:  # e.g. "none of these": its threshold chosen on held-out data, before anything is written
+        task = finish(task, engine)
     task.save(save_task)
     return task, format_table(head)
 

@@ -107,6 +107,7 @@ class KindArgs:
     label_descriptions: Mapping[str, str] | None = None
     keep_logits: bool = False
     label_pass: str = "trie"
+    none_label: str | None = None  # the label that means "none of these" (answered as no label)
     truncate: str | None = None
     # The prompt a caller typed (None: the defaults): a sequence classifier takes it as a chat prompt.
     system: str | None = None
@@ -174,6 +175,12 @@ class KindSpec(ABC):
         return None
 
     @property
+    def none_label(self) -> str | None:
+        """The label that means "none of these" (its prediction is answered as no label,
+        abstained), or None."""
+        return None
+
+    @property
     def learned_head(self) -> Any:
         """The learned head this kind scores with (`kinds.head`), or None."""
         return None
@@ -198,13 +205,14 @@ class KindSpec(ABC):
 
     def record_shape(self, *, calibrated: bool = False, abstains: bool = False, scores: bool = False) -> RecordShape:
         """The output shape of a run of this kind (columns, records, Ray's fields)."""
+        abstains = abstains or self.none_label is not None  # "none of these" is an abstention, said per record
         return RecordShape.of(self.labels, self.questions, calibrated=calibrated, abstains=abstains, scores=scores)
 
     def calibration_run(
         self, spec: CalibrationSpec, min_confidence: float | None = None, on_fit: Any = None
     ) -> Calibration | Any:
         """The per-run calibration (and abstain) of this kind's predictions."""
-        return spec.run(self.labels, min_confidence, on_fit)
+        return spec.run(self.labels, min_confidence, on_fit, self.none_label)
 
     def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
         """Refuses a calibration this kind cannot apply, before any work."""

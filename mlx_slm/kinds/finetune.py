@@ -25,7 +25,7 @@ import numpy as np
 from ..engine.engine import Engine
 from ..text.batching import Batch
 from ..text.calibration import CalibrationSpec
-from ..text.labels import LabelError, softmax
+from ..text.labels import LabelError, check_none_label, softmax
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import DEFAULT_LABELS, PromptFormat
 from ..weights.adapters import FineTuned, FinetuneError
@@ -48,6 +48,13 @@ NO_CALIBRATION = (
     "calibration does not apply to a fine-tuned classifier (its probabilities are fitted on labelled data "
     "already): drop it; --min-confidence works on its probabilities"
 )
+
+
+def in_memory(tuned: Any, fused: bool = False) -> dict[str, Any]:
+    """A task's 'finetune' section holding the adapters themselves (the kind takes
+    either), until `to_task` saves them."""
+    return {"tuned": tuned, "adapters": None, "sha256": None, "fused": fused, "objective": tuned.objective,
+            "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,7 @@ class FinetuneSpec(KindSpec):
     file: str | None = None
     sha256: str | None = None
     fused: bool = False
+    none_label: str | None = None  # type: ignore[assignment]  # its label meaning "none of these"
 
     name = "finetune"  # type: ignore[misc]
     Settings = FineTunedSettings
@@ -120,7 +128,7 @@ class FinetuneSpec(KindSpec):
                 f"the fine-tuned classifier was trained for the labels {list(tuned.labels)[:8]}; got "
                 f"{list(args.labels)[:8]}: drop --labels (fine-tune again for other labels)"
             )
-        return cls(tuned, file, sha, fused)
+        return cls(tuned, file, sha, fused, check_none_label(args.none_label, tuned.labels))
 
     @property
     def labels(self) -> tuple[str, ...]:

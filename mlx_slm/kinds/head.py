@@ -20,7 +20,7 @@ from ..models import BACKBONE_NO_LM_HEAD, embeds_only
 from ..text.batching import Batch
 from ..text.calibration import CalibrationSpec
 from ..text.heads import Head, HeadError, head_input
-from ..text.labels import LabelError
+from ..text.labels import LabelError, check_none_label
 from ..text.labels import validate as validate_labels
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import PromptFormat, check_examples, fill_labels
@@ -98,6 +98,7 @@ class HeadSpec(KindSpec):
     head: Head
     examples: tuple[tuple[str, str], ...] = ()
     descriptions: Mapping[str, str] | None = field(default=None, compare=False)
+    none_label: str | None = None  # type: ignore[assignment]  # the head's label meaning "none of these"
 
     name = "head"  # type: ignore[misc]
     Settings = HeadSettings
@@ -132,7 +133,8 @@ class HeadSpec(KindSpec):
                     f"{name}={value!r} is a label-scoring setting; a learned head scores no label tokens and has "
                     f"no vocabulary logits: leave {name} at {default!r}"
                 )
-        return cls(head, check_examples(args.examples, labels), args.label_descriptions)
+        none = check_none_label(args.none_label, labels)
+        return cls(head, check_examples(args.examples, labels), args.label_descriptions, none)
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -166,7 +168,8 @@ class HeadSpec(KindSpec):
             return None
         if same_prompt:
             return self
-        return LabelsSpec.from_args(KindArgs(labels, examples=self.examples, label_descriptions=self.descriptions))
+        return LabelsSpec.from_args(KindArgs(labels, examples=self.examples, label_descriptions=self.descriptions,
+                                             none_label=self.none_label))  # fmt: skip
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
         return {"labels": self.labels, "examples": self.examples, "section": HeadSettings(self.head)}

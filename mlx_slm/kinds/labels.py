@@ -26,7 +26,7 @@ from ..engine.prefix_cache import PrefixCache
 from ..models import KV
 from ..text.batching import Batch
 from ..text.calibration import CalibrationSpec
-from ..text.labels import MODES, LabelError, LabelSet, TrieChunk, build_labelset, softmax
+from ..text.labels import MODES, LabelError, LabelSet, TrieChunk, build_labelset, check_none_label, softmax
 from ..text.labels import validate as validate_labels
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import PromptFormat, check_examples, fill_labels, render
@@ -47,6 +47,7 @@ class LabelsSpec(KindSpec):
     descriptions: Mapping[str, str] | None = field(default=None, compare=False)
     keep_logits: bool = False
     label_pass: str = "trie"
+    none_label: str | None = None  # type: ignore[assignment]  # the label meaning "none of these"
 
     name = "labels"  # type: ignore[misc]
 
@@ -62,7 +63,8 @@ class LabelsSpec(KindSpec):
         if args.scoring not in MODES:
             raise LabelError(f"scoring mode {args.scoring!r} is not one of {', '.join(MODES)}")
         examples = check_examples(args.examples, labels)
-        return cls(labels, args.scoring, examples, args.label_descriptions, args.keep_logits, args.label_pass)
+        none = check_none_label(args.none_label, labels)
+        return cls(labels, args.scoring, examples, args.label_descriptions, args.keep_logits, args.label_pass, none)
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -139,6 +139,11 @@ class SeqClsSpec(KindSpec):
         return tuple(self.head.labels)
 
     @property
+    def none_label(self) -> str | None:  # type: ignore[override]
+        """The label an exported fine-tune says means "none of these" (one label a text only)."""
+        return self.head.none_label if self.form == "label" else None
+
+    @property
     def form(self) -> str:
         """The record's form: one label (softmax), the labels over a threshold (sigmoid per
         label), or one score (one output)."""

@@ -23,7 +23,7 @@ from ..text.heads import head_input
 from ..text.labels import log_softmax
 from ..weights.adapters import FineTuned
 from ..weights.registry import DEFAULT_MODEL
-from .data import texts_of
+from .data import label_key, texts_of
 from .engines import FEATURES, shared_engine
 from .methods import METHOD_OF_KIND, METHODS, Method
 
@@ -58,6 +58,9 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
     epochs, learning_rate, head_learning_rate, adapt_layers, rank, val_fraction, max_minutes:
         method "finetune"'s settings, as `train --finetune lora` takes them (`adapt_layers`
         None: the top 16 blocks, or every block of a smaller model).
+    none_label: the label of the out-of-scope examples in `y` ("none of these"): learned as a class, so
+        `predict` answers it for a text that fits no other label; `to_task` saves it as the task's none
+        label (the CLI, the service and Ray then answer such a text with no label, abstained).
     batch_size, max_batch_tokens, truncate, dtype: as the CLI's options (None: the defaults).
     verbose: 0 silent; 1 tqdm bars over feature extraction and classification; 2 also each
         training step on stderr.
@@ -91,6 +94,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         rank: int = 8,
         val_fraction: float = 0.1,
         max_minutes: float | None = None,
+        none_label: Any = None,
     ):
         self.model = model
         self.method = method
@@ -115,6 +119,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             val_fraction,
             max_minutes,
         )
+        self.none_label = none_label
 
     # ------------------------------------------------------------------ scikit-learn's tags
     def __sklearn_tags__(self) -> Any:
@@ -134,7 +139,14 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         scoring with its calibration, take a model's own head, or fine-tune). `X`: texts (list, NumPy
         array, pandas Series, one-column DataFrame); `y`: each text's label, str or int."""
         method = self._check_params()
-        self.task_, self.classes_ = method.fit(self, texts_of(X), y)
+        task, self.classes_ = method.fit(self, texts_of(X), y)
+        if self.none_label is not None:  # "none of these": one of the classes, saved as the task's none label
+            name = str(label_key(self.none_label))
+            if name not in task.labels:
+                raise ValueError(f"none_label={self.none_label!r} is not one of the classes {list(task.labels)[:8]}: "
+                                 "label the out-of-scope examples in y with it, or leave none_label unset")  # fmt: skip
+            task = replace(task, none={"label": name, "min_confidence": None})
+        self.task_ = task
         self.__dict__.pop("_clf_cache", None)
         return self
 

@@ -17,7 +17,7 @@ from ..ground.notices import notice
 from ..jobs.finetune import finetune_texts, progress_bar
 from ..jobs.train import train_head
 from ..kinds.base import KindSettings
-from ..kinds.finetune import FineTunedSettings
+from ..kinds.finetune import FineTunedSettings, in_memory
 from ..kinds.head import HeadSettings
 from ..text.calibration import CalibrationSpec
 from ..text.prompts import PromptFormat, check_examples, fill_labels
@@ -34,13 +34,6 @@ DEFAULT_TEMPLATE = "Text: {text}\nLabel:"
 TUNING = {"epochs": "epochs", "learning_rate": "learning_rate", "head_learning_rate": "head_learning_rate",
           "adapt_layers": "layers", "rank": "rank", "val_fraction": "val_fraction", "max_minutes": "max_minutes",
           "random_state": "seed"}  # fmt: skip
-
-
-def in_memory(tuned: Any, fused: bool = False) -> dict[str, Any]:
-    """A task's 'finetune' section holding the adapters themselves (`kinds.finetune` takes
-    either), until `to_task` saves them."""
-    return {"tuned": tuned, "adapters": None, "sha256": None, "fused": fused, "objective": tuned.objective,
-            "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
 
 
 class Method:

@@ -290,3 +290,18 @@ def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     m = x.max(axis=axis, keepdims=True)
     return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+
+def check_none_label(none_label: Any, labels: Sequence[str]) -> str | None:
+    """The label that means "none of these" (None: no such label), which must be one of `labels`
+    and not the only other one: a `LabelError` naming the fix."""
+    if none_label is None:
+        return None
+    if not isinstance(none_label, str) or none_label not in labels:
+        raise LabelError(
+            f"the none label {none_label!r} is not one of the labels {list(labels)[:8]}: add it to the labels (the "
+            "answer that means none of these), or drop --none-label"
+        )
+    if len(labels) < 3:
+        raise LabelError(f"with the none label {none_label!r} there must be at least two other labels to choose from")
+    return none_label

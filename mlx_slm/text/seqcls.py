@@ -74,6 +74,8 @@ class SeqClsHead:
         is not this id (`prompt_ids`), at the last token when it is None.
     prompt: the chat prompt it was fine-tuned with, when the config records one (`mlx-slm
         export` writes `mlx_slm.prompt`: its system message and template), else None.
+    none_label: the label that means "none of these", when the config records one (`mlx-slm
+        export` of a task with a none label writes `mlx_slm.none`), else None.
     """
 
     architecture: str
@@ -81,6 +83,7 @@ class SeqClsHead:
     problem_type: str | None = None
     pad_token_id: int | None = None
     prompt: dict[str, Any] | None = field(default=None, compare=False)
+    none_label: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -168,7 +171,8 @@ class SeqClsHead:
             arch = seqcls_architecture(config)
             if arch is None:
                 return None
-            return cls(arch, _labels(config), _problem_type(config), _pad_id(config), _prompt(config))
+            labels = _labels(config)
+            return cls(arch, labels, _problem_type(config), _pad_id(config), _prompt(config), _none(config, labels))
         except ModelError as e:
             raise ModelError(f"{where}: {e}") from None
 
@@ -198,6 +202,14 @@ def _prompt(config: Mapping[str, Any]) -> dict[str, Any] | None:
         system = p.get("system")
         return {"system": system if isinstance(system, str) else None, "template": p["template"]}
     return None
+
+
+def _none(config: Mapping[str, Any], labels: Sequence[str]) -> str | None:
+    """The label an exported fine-tune records as meaning "none of these" (`mlx_slm.none.label`), or None."""
+    own = config.get("mlx_slm")
+    none = own.get("none") if isinstance(own, Mapping) else None
+    label = none.get("label") if isinstance(none, Mapping) else None
+    return label if isinstance(label, str) and label in labels else None
 
 
 def _problem_type(config: Mapping[str, Any]) -> str | None:

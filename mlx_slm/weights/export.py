@@ -53,7 +53,10 @@ def score_weight(ft: FineTuned, model: Model) -> mx.array:
     return mx.take(model.head_weight(), rows, axis=0)  # (K, D): what label scoring's label-row logits multiply
 
 
-def config_for(ft: FineTuned, base: dict[str, Any], pad_token_id: int, dtype: str, prompt: dict[str, Any] | None):
+def config_for(
+    ft: FineTuned, base: dict[str, Any], pad_token_id: int, dtype: str, prompt: dict[str, Any] | None,
+    none: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The base's config.json made a sequence classifier's."""
     cfg = {k: v for k, v in base.items() if k not in ("quantization", "quantization_config", "torch_dtype")}
     cfg["architectures"] = [ARCHITECTURES[base["model_type"]]]
@@ -76,6 +79,8 @@ def config_for(ft: FineTuned, base: dict[str, Any], pad_token_id: int, dtype: st
         "best_epoch": ft.best_epoch,
         "history": [e.__dict__ for e in ft.history],
     }
+    if none is not None:  # "none of these": the label that means it, and the threshold the task answers with
+        cfg["mlx_slm"]["none"] = dict(none)
     return cfg
 
 
@@ -130,6 +135,19 @@ def model_card(ft: FineTuned, cfg: dict[str, Any], base_name: str | None) -> str
     ]
     if prompt:
         lines += ["Prompt:", "", "```json", json.dumps(prompt, indent=2, ensure_ascii=False), "```", ""]
+    none = cfg["mlx_slm"].get("none")
+    if none:
+        threshold = none.get("min_confidence")
+        lines += [
+            "None of these: the label `{}` means the text fits none of the others (out of scope). Answer no label "
+            "when it is the likeliest{}.".format(
+                none["label"] if none.get("label") else "(none)",
+                f", or when no other label reaches {threshold:g}" if threshold is not None else "",
+            ),
+            "(`config.json`: `mlx_slm.none`; `mlx-slm classify --model DIR` answers it so, with `--min-confidence` "
+            "for the threshold.)",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -141,6 +159,7 @@ def export(
     out: str | Path,
     *,
     prompt: dict[str, Any] | None = None,
+    none: dict[str, Any] | None = None,
     base_name: str | None = None,
     dtype: str = "float32",
     sha256: str | None = None,
@@ -178,7 +197,7 @@ def export(
                "fine-tune again with lower learning rates (--lr, --head-lr)")
         )  # fmt: skip
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    cfg = config_for(ft, base, int(pad), dtype, prompt)
+    cfg = config_for(ft, base, int(pad), dtype, prompt, none)
     tmp = temp_dir(out, "the export folder")
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, {"format": "pt"})

@@ -123,9 +123,11 @@ class CalibrationSpec:
         labels: Sequence[str],
         min_confidence: float | None = None,
         on_fit: Callable[[Calibrator], None] | None = None,
+        none_label: str | None = None,
     ) -> Calibration:
-        """The per-run state for one stream of predictions."""
-        return Calibration(self, labels, min_confidence=min_confidence, on_fit=on_fit)
+        """The per-run state for one stream of predictions (`none_label`: the label that means
+        "none of these": answered as no label, abstained)."""
+        return Calibration(self, labels, min_confidence=min_confidence, on_fit=on_fit, none_label=none_label)
 
 
 class Calibration:
@@ -146,6 +148,7 @@ class Calibration:
         *,
         min_confidence: float | None = None,
         on_fit: Callable[[Calibrator], None] | None = None,
+        none_label: str | None = None,
     ):
         spec = CalibrationSpec.of(spec)
         if spec.needs_data:
@@ -161,6 +164,9 @@ class Calibration:
         self.calibrator: Calibrator | None = spec.prior if spec.applies else None
         self.labels, self.warmup, self.min_confidence = tuple(labels), max(2, spec.warmup), min_confidence
         self.on_fit, self.fitted_here, self._used = on_fit, False, False
+        if none_label is not None and none_label not in self.labels:
+            raise CalibrationError(f"the none label {none_label!r} is not one of the labels {list(self.labels)[:8]}")
+        self.none_label = none_label
 
     def __call__(self, preds: Iterable[Any]) -> Iterator[Any]:
         if self._used:
@@ -207,9 +213,11 @@ class Calibration:
                 probs={lab: float(x) for lab, x in zip(self.labels, probs)},
                 label=self.labels[int(np.argmax(probs))],
             )
-        if self.min_confidence is not None:
+        if self.min_confidence is not None or self.none_label is not None:
             # decided on the probabilities as written (see PROB_DIGITS), never on bits a reader cannot see
             p = replace(p, probs=written(p.probs))
-            if max(p.probs.values()) < self.min_confidence:
-                p = replace(p, label=None, abstained=True)
+            in_scope = [v for lab, v in p.probs.items() if lab != self.none_label]
+            unsure = self.min_confidence is not None and max(in_scope) < self.min_confidence
+            if unsure or (self.none_label is not None and p.label == self.none_label):
+                p = replace(p, label=None, abstained=True)  # "none of these": no label, said in the record
         return p

@@ -1,0 +1,71 @@
+"""`train --none-threshold auto`: a task's `min_confidence` chosen on held-out labelled texts.
+
+The task (a learned head or a fine-tuned classifier, with or without a none label) classifies the
+held-out texts (`--none-data`: labelled as the training data is, the out-of-scope ones labelled
+with the none label), and `text.out_of_scope.choose_threshold` picks the largest threshold that
+keeps their in-scope accuracy within `--none-target` of the accuracy without one. The task
+records how: the target, the file and its sha256, the held-out figures with and without the
+threshold (in-scope accuracy, the share answered, out-of-scope recall and precision).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..classifier.classifier import Classifier
+from ..classifier.task import Task
+from ..text.out_of_scope import DEFAULT_TARGET, choose_threshold
+from .train import TrainError, read_training_data
+
+
+def none_section(label: str | None, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A task's "none of these" section: its none label and how its `min_confidence` was chosen."""
+    return {"label": label, "min_confidence": chosen}
+
+
+def choose_none_threshold(
+    task: Task,
+    engine: Any,
+    data_path: str,
+    *,
+    target: float = DEFAULT_TARGET,
+    read: dict[str, Any] | None = None,
+    say: Any = lambda _m: None,
+    **clf_kwargs: Any,
+) -> Task:
+    """`task` with its `min_confidence` chosen on the held-out labelled texts at `data_path` (read
+    as training data is read: `read`), recorded in its none section (`none_section`)."""
+    none_label = task.none["label"] if task.none else None
+    data = read_training_data(data_path, task.labels, **(read or {}), need=(0, ""), what="the held-out data")
+    if not len(data.gold):
+        raise TrainError(f"{data_path}: no labelled texts to choose the threshold on")
+    clf = Classifier.from_task(task, engine=engine, **clf_kwargs)
+    probs = np.zeros((len(data.texts), len(task.labels)))
+    for p in clf.classify_iter(data.texts):
+        if not p.ok:
+            raise TrainError(f"{data_path}: line {data.lines[p.index]}: {p.error}")
+        probs[p.index] = [p.probs[lab] for lab in task.labels]
+    gold = [task.labels[i] for i in data.gold]
+    # Without a none label every held-out text is in scope: the threshold trades answered texts for accuracy.
+    marker = none_label if none_label is not None else "\0none"
+    labels = list(task.labels) + ([] if none_label is not None else [marker])
+    if none_label is None:
+        probs = np.concatenate([probs, np.zeros((len(probs), 1))], axis=1)
+    try:
+        threshold, figures = choose_threshold(probs, gold, labels, marker, target)
+    except ValueError as e:
+        raise TrainError(f"{data_path}: {e}") from None
+    said = {k: v for k, v in figures.items() if k not in ("out_of_scope", "oos_recall", "oos_precision")}
+    if none_label is not None:
+        said = figures
+    chosen = {"chosen_on": data_path, "sha256": data.sha256, "n": len(gold), **said}
+    say(
+        f"mlx-slm: none of these: min_confidence {threshold if threshold is not None else 'none'} chosen on "
+        f"{len(gold)} held-out texts (target: at most {target:g} of in-scope accuracy): in-scope accuracy "
+        f"{figures['without_threshold']['in_scope_accuracy']} -> {figures['in_scope_accuracy']}"
+        + (f", out-of-scope recall {figures['oos_recall']}" if figures.get("oos_recall") is not None else "")
+    )
+    return replace(task, min_confidence=threshold, none=none_section(none_label, chosen))
