@@ -48,10 +48,14 @@ from benchmarks.heads import BANKING_SYSTEM, BANKING_TEMPLATE
 from benchmarks.record import run_line, run_record
 
 SHORT_SYSTEM = "You classify messages to a bank's customer service by their intent."
+CLINC_SHORT = "You classify requests to a virtual assistant by their intent."
+CLINC_FULL = "You classify requests to a virtual assistant by their intent. The intents: {labels}."
+CLINC_TEMPLATE = "Request: {text}\nIntent:"
 SYSTEMS = {"full": BANKING_SYSTEM, "short": SHORT_SYSTEM}  # full: benchmarks/heads.py's, the 77 intents listed
 TUNABLE = (
     "layers", "rank", "scale", "dropout", "epochs", "learning_rate", "head_learning_rate", "schedule", "warmup",
     "weight_decay", "batch_size", "val_fraction", "patience", "max_minutes", "seed", "prefix_grad", "head_init",
+    "label_smoothing", "contrastive", "contrastive_temperature", "average",
 )  # fmt: skip
 
 
@@ -75,6 +79,36 @@ def load_banking(root: Path, per_intent: int, test_per_intent: int | None, seed:
         [t for t, _ in test],
         np.array([g for _, g in test]),
     )
+
+
+def load_clinc(root: Path, per_intent: int, seed: int, val_per_intent: int = 5):
+    """(labels, train texts, train gold, test texts, test gold, extra): `per_intent` queries of each of
+    the 150 intents from `train` (seed), the whole in-scope `test`; extra: the out-of-scope `oos_test`
+    and, to choose a threshold on, `val_per_intent` of each intent from `val` and `oos_val`."""
+    d = json.loads((root / "data_full.json").read_text())
+    domains = json.loads((root / "domains.json").read_text())
+    intents = sorted({i for v in domains.values() for i in v})
+    labels = [lab.replace("_", " ") for lab in intents]
+    index = {lab: k for k, lab in enumerate(intents)}
+    rng = np.random.default_rng(seed)
+
+    def draw(rows, n):
+        out = []
+        for lab in intents:
+            a = [t for t, g in rows if g == lab]
+            out += [(a[i], index[lab]) for i in rng.permutation(len(a))[:n]]
+        return out
+
+    train = draw(d["train"], per_intent)
+    test = [(t, index[g]) for t, g in d["test"]]
+    val = draw(d["val"], val_per_intent)
+    extra = {
+        "oos_test": [t for t, _ in d["oos_test"]],
+        "val": ([t for t, _ in val], np.array([g for _, g in val])),
+        "oos_val": [t for t, _ in d["oos_val"]],
+    }
+    return (labels, [t for t, _ in train], np.array([g for _, g in train]), [t for t, _ in test],
+            np.array([g for _, g in test]), extra)  # fmt: skip
 
 
 def load_tickets(folds: int, per_label: int, seed: int):
@@ -141,7 +175,7 @@ def figures(lp: np.ndarray, gold: np.ndarray) -> dict:
     }
 
 
-def run_head(engine, labels, system, template, train, test) -> dict:
+def run_head(engine, labels, system, template, train, test, extra=None, lps=None) -> dict:
     import mlx.core as mx
 
     from mlx_slm.classifier.classifier import Classifier
@@ -159,6 +193,11 @@ def run_head(engine, labels, system, template, train, test) -> dict:
     preds = list(clf.run(xte, window=len(xte)))
     test_s = time.perf_counter() - t1
     lp = log_softmax([[p.scores[k] for k in clf.labels] for p in preds])
+    if lps is not None:
+        lps["test"] = lp
+        for name, texts in (extra or {}).items():
+            texts = texts[0] if isinstance(texts, tuple) else texts
+            lps[name] = log_softmax([[p.scores[k] for k in clf.labels] for p in clf.run(texts, window=len(texts))])
     return {
         **figures(lp, yte),
         "train_seconds": round(secs, 1),
@@ -169,7 +208,7 @@ def run_head(engine, labels, system, template, train, test) -> dict:
     }
 
 
-def run_finetune(engine, labels, fmt, train, test, settings, speed_n: int) -> tuple[dict, object]:
+def run_finetune(engine, labels, fmt, train, test, settings, speed_n: int, extra=None, lps=None) -> tuple[dict, object]:
     import mlx.core as mx
 
     from mlx_slm.text.labels import build_labelset
@@ -180,7 +219,8 @@ def run_finetune(engine, labels, fmt, train, test, settings, speed_n: int) -> tu
     (xtr, ytr), (xte, yte) = train, test
     ptr = tokenize(tok, [render(tok, fmt, t) for t in xtr])
     pte = tokenize(tok, [render(tok, fmt, t) for t in xte])
-    lt = build_labelset(tok, labels, render(tok, fmt, "x")).token_ids if settings.objective == "labels" else None
+    want = settings.objective == "labels" or settings.head_init == "words"
+    lt = build_labelset(tok, labels, render(tok, fmt, "x")).token_ids if want else None
 
     shown = {"epoch": 0}
 
@@ -201,6 +241,11 @@ def run_finetune(engine, labels, fmt, train, test, settings, speed_n: int) -> tu
     t0 = time.perf_counter()
     lp = ft.predict(merged, pte)
     test_s = time.perf_counter() - t0
+    if lps is not None:
+        lps["test"] = lp
+        for name, texts in (extra or {}).items():
+            texts = texts[0] if isinstance(texts, tuple) else texts
+            lps[name] = ft.predict(merged, tokenize(tok, [render(tok, fmt, t) for t in texts]))
     complete = [e for e in ft.history if e.complete]
     out = {
         **figures(lp, yte),
@@ -247,14 +292,18 @@ def settings_from(a, objective: str):
         learning_rate=a.lr, head_learning_rate=a.head_lr, schedule=a.schedule, warmup=a.warmup,
         weight_decay=a.weight_decay, batch_size=a.batch_size, val_fraction=a.val_fraction, patience=a.patience,
         max_minutes=a.max_minutes, seed=a.seed, prefix_grad=a.prefix_grad, head_init=a.head_init,
+        label_smoothing=a.label_smoothing, contrastive=a.contrastive, contrastive_temperature=a.contrastive_temperature,
+        average=a.average,
     )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--dataset", choices=("banking77", "tickets"), default="banking77")
+    ap.add_argument("--dataset", choices=("banking77", "clinc150", "tickets"), default="banking77")
     ap.add_argument("--banking77", default="../shared/data/banking77")
+    ap.add_argument("--clinc150", default="../shared/data/clinc150")
+    ap.add_argument("--lps", type=Path, default=None, help="save each method's test log-probabilities (npz) here")
     ap.add_argument("--folds", type=int, default=5, help="tickets: stratified folds")
     ap.add_argument("--fold-limit", type=int, default=0, help="tickets: run the first N folds only (0: all)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -280,12 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--speed-n", type=int, default=64)
     ap.add_argument("--prefix-grad", action="store_true", help="the gradient through the prompt head's KV too")
-    ap.add_argument("--head-init", choices=("zeros", "probe"), default="zeros")
+    ap.add_argument("--head-init", choices=("zeros", "probe", "centroid", "words"), default="zeros")
+    ap.add_argument("--average", action="store_true", help="keep the mean of the later half's epochs")
     for name, typ, default in (
         ("layers", int, 16), ("rank", int, 8), ("scale", float, 20.0), ("dropout", float, 0.0), ("epochs", int, 8),
         ("lr", float, 2e-5), ("head-lr", float, 1e-4), ("schedule", str, "cosine"), ("warmup", float, 0.1),
         ("weight-decay", float, 0.0), ("batch-size", int, 16), ("val-fraction", float, 0.1), ("patience", int, 2),
-        ("max-minutes", float, 30.0), ("seed", int, 0),
+        ("max-minutes", float, 30.0), ("seed", int, 0), ("label-smoothing", float, 0.0), ("contrastive", float, 0.0),
+        ("contrastive-temperature", float, 0.1),
     ):  # fmt: skip
         ap.add_argument(f"--{name}", type=typ, default=default)
     a = ap.parse_args(argv)
@@ -302,12 +353,18 @@ def main(argv: list[str] | None = None) -> int:
         splits = splits[: a.fold_limit or None]
         systems, template = {"full": TICKET_SYSTEM, "short": TICKET_SYSTEM}, DEFAULT_TEMPLATE
         test_desc = f"{len(splits)} of {a.folds} folds, each fold the test set"
+    elif a.dataset == "clinc150":
+        labels, xtr, ytr, xte, yte, extra = load_clinc(Path(a.clinc150), a.per_intent, a.data_seed)
+        splits, template = [(xtr, ytr, xte, yte)], CLINC_TEMPLATE
+        systems = {"full": CLINC_FULL, "short": CLINC_SHORT}
+        test_desc = "all of test (4,500 in scope), oos_test beside"
     else:
         labels, xtr, ytr, xte, yte = load_banking(Path(a.banking77), a.per_intent,
                                                   None if a.all_test else a.test_per_intent, a.data_seed)  # fmt: skip
         splits, systems, template = [(xtr, ytr, xte, yte)], SYSTEMS, BANKING_TEMPLATE
         test_desc = "all of test.csv" if a.all_test else f"{a.test_per_intent} per intent of test.csv"
     fmt = PromptFormat(fill_labels(systems[a.system], labels), template)
+    extras = extra if a.dataset == "clinc150" else None
     peak0 = matmul_peak()["mlx"]
     methods: dict[str, dict] = {}
     if any(":" not in x for x in a.reuse):
@@ -321,12 +378,18 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for i, (xtr, ytr, xte, yte) in enumerate(splits):
             print(f"{m}: split {i + 1} of {len(splits)}: {len(xtr)} training texts, {len(xte)} test texts", flush=True)
+            lps: dict = {}
             if m == "head":
-                r = run_head(engine, labels, systems[a.head_system], template, (xtr, ytr), (xte, yte))
+                r = run_head(engine, labels, systems[a.head_system], template, (xtr, ytr), (xte, yte), extras, lps)
                 r["system"] = a.head_system
             else:
-                r, _ = run_finetune(engine, labels, fmt, (xtr, ytr), (xte, yte), settings_from(a, m), a.speed_n)
+                r, _ = run_finetune(engine, labels, fmt, (xtr, ytr), (xte, yte), settings_from(a, m), a.speed_n,
+                                    extras, lps)  # fmt: skip
                 r["system"] = a.system
+            if a.lps is not None:
+                a.lps.mkdir(parents=True, exist_ok=True)
+                np.savez_compressed(a.lps / f"{a.tag}-{m}-{i}.npz", gold=yte, **lps,
+                                    **({"val_gold": extras["val"][1]} if extras else {}))  # fmt: skip
             print(f"  {m}: accuracy {r['accuracy']}, macro-F1 {r['macro_f1']}, {r['train_seconds']} s to train",
                   flush=True)  # fmt: skip
             runs.append(r)
@@ -366,6 +429,14 @@ def _how(r: dict) -> str:
         words.append("gradient through the prompt head")
     if s.get("head_init", "zeros") != "zeros":
         words.append(f"head init {s['head_init']}")
+    if s.get("label_smoothing"):
+        words.append(f"label smoothing {s['label_smoothing']:g}")
+    if s.get("contrastive"):
+        words.append(f"contrastive {s['contrastive']:g} (t {s.get('contrastive_temperature', 0.1):g})")
+    if s.get("average"):
+        words.append("later epochs averaged")
+    if s.get("val_fraction") == 0:
+        words.append("no validation split")
     words.append(f"best epoch {r['best_epoch']} of {r['epochs_run']} ({r['stopped']})")
     return ", ".join(words)
 

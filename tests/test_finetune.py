@@ -63,17 +63,17 @@ def trained(qwen):
 
 
 def _top_probs(data, s, params=None):
-    """The training path's probabilities of every example: the frozen blocks cached, then `_Top`."""
+    """The training path's probabilities of every example: the frozen blocks cached, then `adapted.Top`."""
     import mlx.core as mx
 
-    from mlx_slm.weights import finetune as F
+    from mlx_slm.weights import adapted as F
     from mlx_slm.weights.adapters import LabelTokens
 
     lt = LabelTokens(tuple(data.label_tokens)) if s.objective == "labels" else None
-    top = F._Top(data.model, s, len(LABELS), lt)
+    top = F.Top(data.model, s, len(LABELS), lt)
     if params is not None:
         top.assign(params)
-    enc = F._encode(data.model, [list(p) for p in data.prompts], top.start, lt, s, lambda _d: None)
+    enc = F.encode(data.model, [list(p) for p in data.prompts], top.start, lt, s, lambda _d: None)
     sc = top.scores(enc, np.arange(len(data.prompts)))
     return np.array(mx.softmax(sc, axis=-1)), top, enc
 
@@ -88,7 +88,7 @@ def test_gradient_matches_finite_differences(qwen, objective):
     `prefix_grad` (else the prompt head's path is left out of the gradient on purpose)."""
     import mlx.core as mx
 
-    from mlx_slm.weights import finetune as F
+    from mlx_slm.weights import adapted as F
 
     assert qwen.model.ops.name == "fastmath"  # what inference runs here; training must not
     s = FinetuneSettings(**{**FAST, "objective": objective, "prefix_grad": True})
@@ -100,7 +100,7 @@ def test_gradient_matches_finite_differences(qwen, objective):
 
     def loss(p):
         top.assign(p)
-        return F._loss(top.scores(enc, idx), gold)
+        return F.cross_entropy(top.scores(enc, idx), gold)
 
     _, grads = mx.value_and_grad(loss)(params)
     name = next(k for k in params if k.endswith("mlp.up_proj.lora_b"))
@@ -395,14 +395,15 @@ def test_probe_initialized_head_starts_ahead(qwen):
     training loss is below a zero head's log 3 at once), and the first epoch ends lower too."""
     import mlx.core as mx
 
-    from mlx_slm.weights import finetune as F
+    from mlx_slm.weights import adapted as F
+    from mlx_slm.weights import head_starts as H
 
     s = FinetuneSettings(**{**FAST, "val_fraction": 0.2, "head_init": "probe"})
     _, top, enc = _top_probs(qwen, s)
     split = validation_split(qwen.y, LABELS, 0.2, 0)
-    top.head = F._probe(top, enc, qwen.y, split, s)
+    top.head = H.probe(top, enc, qwen.y, split, s)
     tr = split[0]
-    assert F._loss(top.scores(enc, tr), mx.array(qwen.y[tr])).item() < 0.5 * np.log(3)
+    assert F.cross_entropy(top.scores(enc, tr), mx.array(qwen.y[tr])).item() < 0.5 * np.log(3)
     zero = qwen.train(epochs=1, val_fraction=0.2)
     probe = qwen.train(epochs=1, val_fraction=0.2, head_init="probe")
     assert probe.history[0].train_loss < zero.history[0].train_loss
@@ -422,3 +423,51 @@ def test_default_layers_are_the_top_sixteen_or_every_block_of_a_smaller_model(qw
     assert tuned.lora.layers == tuple(range(n)) and tuned.settings["layers"] == n  # recorded resolved
     with pytest.raises(FinetuneError, match=f"layers={n + 1}: the model has {n} blocks"):
         replace(FinetuneSettings(), layers=n + 1).for_model(qwen.model)
+
+
+# --------------------------------------------------------------------------- the levers tried for few shots (issue 42)
+@pytest.mark.parametrize(
+    "lever",
+    [
+        {"head_init": "centroid"},
+        {"head_init": "words"},
+        {"label_smoothing": 0.1},
+        {"contrastive": 0.5},
+        {"average": True, "epochs": 4},
+    ],
+    ids=["centroid", "words", "smoothing", "contrastive", "average"],
+)
+def test_each_lever_trains_and_is_seeded(qwen, lever):
+    """Each lever of the recipe trains (the loss goes down, the classifier learns the tickets) and
+    the same seed gives the same adapters."""
+    a, b = qwen.train(**lever), qwen.train(**lever)
+    losses = [e.train_loss for e in a.history]
+    assert losses[-1] < losses[0], losses
+    assert (a.predict(a.merge(qwen.model), qwen.prompts).argmax(1) == qwen.y).mean() > 0.7
+    assert np.array_equal(np.array(a.head), np.array(b.head))
+
+
+def test_centroid_and_words_heads_start_from_something(qwen):
+    """A head that starts as the base features' class centroids (or the label words' LM-head rows)
+    scores the training texts better than the zero head's chance at step 0."""
+    import mlx.core as mx
+
+    from mlx_slm.weights import adapted as F
+    from mlx_slm.weights import head_starts as H
+
+    s = FinetuneSettings(**{**FAST, "val_fraction": 0.0})
+    _, top, enc = _top_probs(qwen, s)
+    everything = np.arange(len(qwen.y))
+    top.head = H.centroid(top, enc, qwen.y, (everything, everything[:0]), s)
+    assert F.cross_entropy(top.scores(enc, everything), mx.array(qwen.y)).item() < np.log(3)
+    from mlx_slm.weights.adapters import LabelTokens
+
+    w = H.words(top, LabelTokens(tuple(tuple(t) for t in qwen.label_tokens)))
+    assert w.shape == (3, qwen.model.args.hidden_size) and np.abs(np.array(w).sum(0)).max() < 1e-4  # centred
+
+
+def test_averaged_epochs_are_the_mean_of_the_later_half(qwen):
+    """`average`: the adapters kept are the mean of the later half's epochs, not the last epoch's."""
+    last, mean = qwen.train(epochs=4), qwen.train(epochs=4, average=True)
+    assert not np.array_equal(np.array(last.head), np.array(mean.head))
+    assert mean.best_epoch == 4 and [e.epoch for e in mean.history] == [1, 2, 3, 4]

@@ -1,7 +1,7 @@
 """LoRA fine-tuning of a classifier on one of our models, from tokenized prompts and gold labels.
 
     prompts (token ids) + gold -> checks -> a stratified validation split -> the blocks below the
-    adapted ones, run once (`_encode`: the shared prompt head once at batch 1, each text once;
+    adapted ones, run once (`encode`: the shared prompt head once at batch 1, each text once;
     their hidden states kept) -> epochs of length-bucketed, left-padded batches through the
     adapted blocks only (AdamW, warm-up then cosine or linear decay, cross-entropy) -> the
     best epoch by validation loss, as an `adapters.FineTuned`
@@ -34,12 +34,11 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx import nn
 
 from ..models import Model
-from ..models.base import NATIVE, Context
 from ..text import batching
 from ..text.labels import MIN_LABELS, gold_problem, validate
+from .adapted import Encoded, Top, cross_entropy, encode
 from .adapters import (
     ALL_KEYS,
     OBJECTIVES,
@@ -48,19 +47,13 @@ from .adapters import (
     FinetuneError,
     LabelTokens,
     LoraLayout,
-    adapter_init,
     base_of,
-    head_scores,
-    linear_dims,
-    lora_layer,
-    module_at,
     projections,
-    shared_head,
-    swap,
 )
+from .head_starts import centroid, probe, words
 
 SCHEDULES = ("cosine", "linear", "constant")
-HEAD_INITS = ("zeros", "probe")
+HEAD_INITS = ("zeros", "probe", "centroid", "words")
 # The top blocks adapted by default: on BANKING77 at 10 per intent (benchmarks/finetune.py,
 # qwen2.5-coder-0.5b's 24 blocks) 16 gave 0.840, 8 gave 0.806 and all 24 0.827.
 DEFAULT_LAYERS = 16
@@ -81,7 +74,7 @@ class FinetuneSettings:
     (their forward always uses the adapters; without it each step skips the head's backward,
     which for a long head, as BANKING77's 360 tokens, was about half of a step's time).
     `head_init`: the score head starts at zero, or ("probe") fitted on the base model's features
-    first (`_probe`)."""
+    first (`probe`)."""
 
     objective: str = "score"
     layers: int | None = None  # None: the top DEFAULT_LAYERS blocks, or every block of a smaller model
@@ -103,6 +96,10 @@ class FinetuneSettings:
     max_minutes: float | None = None
     prefix_grad: bool = False
     head_init: str = "zeros"
+    label_smoothing: float = 0.0
+    contrastive: float = 0.0
+    contrastive_temperature: float = 0.1
+    average: bool = False
 
     def for_model(self, model: Model) -> FinetuneSettings:
         """These settings with `layers` resolved for `model` (None: its top DEFAULT_LAYERS blocks,
@@ -138,7 +135,8 @@ class FinetuneSettings:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > lo or (hi is not None and v >= hi):
                 raise bad(name, "a number above 0")
-        for name, hi in (("dropout", 1.0), ("warmup", 1.0), ("val_fraction", 0.5), ("weight_decay", 1.0)):
+        for name, hi in (("dropout", 1.0), ("warmup", 1.0), ("val_fraction", 0.5), ("weight_decay", 1.0),
+                         ("label_smoothing", 1.0), ("contrastive", 10.0)):  # fmt: skip
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < hi:
                 raise bad(name, f"a number from 0 up to (not including) {hi}")
@@ -257,234 +255,6 @@ def validation_split(y: np.ndarray, labels: Sequence[str], fraction: float, seed
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
-# --------------------------------------------------------------------------- the two passes
-
-
-class _View:
-    """What `Context` reads of a model, with the ops replaced (training runs the native ones)."""
-
-    def __init__(self, model: Model, ops: Any):
-        self.ops, self.args, self.layers = ops, model.args, model.layers
-
-
-def _layout(b: batching.Batch, lt: LabelTokens | None) -> tuple[mx.array, mx.array | None, mx.array | None]:
-    """(mask, positions, tree) of a batch's rows, with objective (b)'s trie nodes after each
-    row's own tokens: a node sees the prefix, the row's real tokens and its own ancestors, at
-    RoPE position (row end + depth), as label scoring runs them."""
-    T = lt.nodes if lt is not None else 0
-    if not T:
-        return mx.array(b.mask), None, None
-    assert lt is not None and lt.trie is not None
-    B, L = b.ids.shape
-    mask = np.concatenate([b.mask, np.ones((B, T), dtype=bool)], axis=1)
-    own = b.offsets[:, None].astype(np.int32) + np.arange(L, dtype=np.int32)[None]
-    nodes = (b.offsets.astype(np.int32) + L)[:, None] + lt.trie.depth[None]
-    tree = np.zeros((L + T, L + T), dtype=bool)
-    tree[:L, :L] = np.tril(np.ones((L, L), dtype=bool))
-    tree[L:, :L] = True
-    tree[L:, L:] = lt.trie.visible
-    return mx.array(mask), mx.array(np.concatenate([own, nodes], axis=1)), mx.array(tree)
-
-
-@dataclass
-class _Encoded:
-    """The hidden states entering the first adapted block: the shared head's (1, P, D) or None,
-    and each text's own tokens (then its trie nodes) (L_i [+ T], D)."""
-
-    prefix: mx.array | None
-    rows: list[mx.array]
-    own: list[list[int]]  # each text's tokens after the shared head
-    P: int
-
-
-def _encode(
-    model: Model, seqs: list[list[int]], start: int, lt: LabelTokens | None, s: FinetuneSettings, tick: Callable
-) -> _Encoded:
-    """Run the frozen blocks (0 .. start-1) once: the shared head at batch 1, then every text."""
-    P = shared_head(seqs)
-    frozen = model.layers[:start]
-    prefix, kvs = None, None
-    if P:
-        h = model.embed(mx.array([seqs[0][:P]], dtype=mx.int32))
-        ctx = Context(model, mx.ones((1, P), dtype=mx.bool_), None, 0, mx.zeros((1,), dtype=mx.int32), False,
-                      n_layers=start)  # fmt: skip
-        kvs = []
-        for blk in frozen:
-            h, kv = blk(h, ctx, None, False)
-            kvs.append(kv)
-        mx.eval(h, kvs)
-        prefix = h
-    own = [q[P:] for q in seqs]
-    rows: list[mx.array] = [mx.zeros((0,))] * len(seqs)
-    T = lt.nodes if lt is not None else 0
-    done = 0
-    for idx in batching.plan([len(o) for o in own], s.batch_size * 2, s.max_tokens * 2, row_extra=T):
-        b = batching.pad(own, idx, 0, P)
-        mask, positions, tree = _layout(b, lt)
-        ids = mx.array(b.ids)
-        if T:
-            assert lt is not None and lt.trie is not None
-            ids = mx.concatenate([ids, mx.broadcast_to(mx.array(lt.trie.tokens)[None], (len(idx), T))], axis=1)
-        h = model.embed(ids)
-        if start:
-            ctx = Context(model, mask, None, P, mx.array(b.offsets), False, positions, tree, n_layers=start)
-            for i, blk in enumerate(frozen):
-                h, _ = blk(h, ctx, None if kvs is None else kvs[i], False)
-        mx.eval(h)
-        pads = b.ids.shape[1] - np.array([len(own[i]) for i in idx])
-        for r, i in enumerate(idx):
-            rows[i] = h[r, int(pads[r]) :]
-        done += len(idx)
-        tick(done)
-    return _Encoded(prefix, rows, own, P)
-
-
-class _KeyedDropout(nn.Module):
-    """Dropout whose masks come from the trainer's key stream (not MLX's global random state)."""
-
-    def __init__(self, p: float, keys: _Keys):
-        super().__init__()
-        self.p, self.keys = p, keys
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if not self.keys.training:
-            return x
-        keep = mx.random.bernoulli(1 - self.p, x.shape, key=self.keys.next())
-        return mx.where(keep, x / (1 - self.p), mx.zeros_like(x))
-
-
-class _Keys:
-    def __init__(self, key: mx.array):
-        self.key, self.training = key, False
-
-    def next(self) -> mx.array:
-        self.key, sub = mx.random.split(self.key)
-        return sub
-
-
-class _Top:
-    """The adapted blocks (copies of the model's top blocks with mlx-lm LoRA layers), the final
-    norm and the objective's scoring: what a step runs and differentiates. Its trainable
-    arrays are one flat dict (`params`: the LoRA A and B by their model names, and the score
-    head's "score.weight"), assigned into the layers before each forward."""
-
-    def __init__(self, model: Model, s: FinetuneSettings, k: int, lt: LabelTokens | None):
-        n = len(model.layers)
-        self.model, self.lt, self.start, self.prefix_grad = model, lt, n - s.layers, s.prefix_grad
-        self.view = _View(model, NATIVE)
-        self.keys = _Keys(mx.random.key(s.seed))
-        self.slots: dict[str, tuple[nn.Module, str]] = {}
-        self.params: dict[str, mx.array] = {}
-        init = mx.random.key(s.seed + 1)
-        blocks = []
-        for i in range(self.start, n):
-            replace = {}
-            for key in s.keys:
-                name = f"model.layers.{i}.{key}"
-                linear = module_at(model.layers[i], key)
-                init, sub = mx.random.split(init)
-                a, b = adapter_init(sub, *linear_dims(linear), s.rank)
-                layer = lora_layer(linear, a, b, s.scale)
-                if s.dropout:
-                    layer.dropout = _KeyedDropout(s.dropout, self.keys)
-                replace[key] = layer
-                for leaf in ("lora_a", "lora_b"):
-                    self.slots[f"{name}.{leaf}"] = (layer, leaf)
-                    self.params[f"{name}.{leaf}"] = layer[leaf]
-            blocks.append(swap(model.layers[i], replace))
-        self.blocks = blocks
-        self.head: mx.array | None = None
-        if s.objective == "score":
-            self.head = mx.zeros((k, model.args.hidden_size), dtype=mx.float32)
-            self.params["score.weight"] = self.head
-
-    def assign(self, params: dict[str, mx.array]) -> None:
-        for name, v in params.items():
-            if name == "score.weight":
-                self.head = v
-            else:
-                layer, leaf = self.slots[name]
-                layer[leaf] = v
-
-    def hidden(self, enc: _Encoded, idx: np.ndarray) -> tuple[mx.array, mx.array | None]:
-        """Final-norm hidden states of the texts `idx`: at the last position (B, D) and at objective
-        (b)'s trie nodes (B, T, D) or None. The shared head, then the batch, through the adapted blocks."""
-        P, T = enc.P, (self.lt.nodes if self.lt is not None else 0)
-        n = len(self.blocks)
-        kvs: list[Any] = [None] * n
-        if P:
-            hp = enc.prefix
-            ctx = Context(self.view, mx.ones((1, P), dtype=mx.bool_), None, 0, mx.zeros((1,), dtype=mx.int32), True)
-            for j, blk in enumerate(self.blocks):
-                hp, kvs[j] = blk(hp, ctx, None, j == n - 1)
-            if not self.prefix_grad:
-                kvs = [(mx.stop_gradient(k), mx.stop_gradient(v)) for k, v in kvs]
-        b = batching.pad(enc.own, idx, 0, P)
-        L = b.ids.shape[1]
-        D = self.model.args.hidden_size
-        h = mx.stack(
-            [mx.concatenate([mx.zeros((L + T - r.shape[0], D), dtype=r.dtype), r]) for r in (enc.rows[i] for i in idx)]
-        )
-        mask, positions, tree = _layout(b, self.lt)
-        last_only = not T
-        ctx = Context(self.view, mask, None, P, mx.array(b.offsets), last_only, positions, tree)
-        for j, blk in enumerate(self.blocks):
-            h, _ = blk(h, ctx, kvs[j], last_only and j == n - 1)
-        h = self.model.model.norm(h)
-        return (h[:, -1], None) if last_only else (h[:, L - 1], h[:, L:] if T else None)
-
-    def scores(self, enc: _Encoded, idx: np.ndarray) -> mx.array:
-        """(B, K) label logits of the texts `idx`."""
-        last, nodes = self.hidden(enc, idx)
-        if self.head is not None:
-            return head_scores(self.head, last)
-        assert self.lt is not None
-        return self.lt.scores(self.model, last, nodes)
-
-
-PROBE_PENALTIES = (1e-3, 1e-2, 1e-1, 1.0)  # L2 on the standardized head, chosen by validation loss
-
-
-def _probe(top: _Top, enc: _Encoded, y: np.ndarray, split: tuple[np.ndarray, np.ndarray], s: FinetuneSettings):
-    """A score head fitted on the base model's features first (linear probing, then fine-tuning:
-    LP-FT): multinomial logistic regression without a bias (the score head has none) on the final
-    norm's last position, each dimension scaled by its spread for the fit (folded back into the
-    weights), its L2 penalty chosen among PROBE_PENALTIES by validation loss (no validation set:
-    0.01). Full-batch Adam, fixed iterations: deterministic."""
-    import mlx.optimizers as optim
-
-    tr, va = split
-    everything = np.concatenate([tr, va])
-    lengths = np.array([len(o) for o in enc.own])
-    feats = np.zeros((len(enc.own), top.model.args.hidden_size), dtype=np.float32)
-    for b in batching.plan(lengths[everything], s.batch_size * 2, s.max_tokens * 2):
-        rows = everything[b]
-        last, _ = top.hidden(enc, rows)
-        feats[rows] = np.array(last.astype(mx.float32))
-    scale = feats[tr].std(axis=0) + 1e-6
-    x = mx.array(feats / scale)
-    assert top.head is not None
-    k = top.head.shape[0]
-    best: tuple[float, mx.array] | None = None
-    for lam in PROBE_PENALTIES if len(va) else (1e-2,):
-        w = mx.zeros((k, x.shape[1]))
-        opt = optim.Adam(learning_rate=0.01)
-
-        def loss(w: mx.array, lam: float = lam) -> mx.array:
-            return _loss(x[mx.array(tr)] @ w.T, mx.array(y[tr])) + 0.5 * lam * (w * w).sum() / len(tr)
-
-        step = mx.value_and_grad(loss)
-        for _ in range(300):
-            _, g = step(w)
-            w = opt.apply_gradients({"w": g}, {"w": w})["w"]
-            mx.eval(w, opt.state)
-        vl = _loss(x[mx.array(va)] @ w.T, mx.array(y[va])).item() if len(va) else 0.0
-        if best is None or vl < best[0]:
-            best = (vl, w)
-    assert best is not None
-    return best[1] / mx.array(scale)[None]
-
-
 # --------------------------------------------------------------------------- the loop
 
 
@@ -525,9 +295,20 @@ class _Optimizer:
         return [self.lora.state, self.head.state]
 
 
-def _batches(lengths: np.ndarray, idx: np.ndarray, s: FinetuneSettings, rng: np.random.Generator, T: int):
+def _batches(
+    lengths: np.ndarray, idx: np.ndarray, s: FinetuneSettings, rng: np.random.Generator, T: int, y: np.ndarray
+) -> list[np.ndarray]:
     """One epoch's batches: the texts shuffled, then bucketed by length (so a bucket's members
-    change every epoch), and the buckets in a random order."""
+    change every epoch), and the buckets in a random order. With a contrastive loss, batches of
+    pairs of the same label instead (a text needs another of its label in its batch)."""
+    if s.contrastive:
+        groups = []
+        for k in np.unique(y[idx]):
+            members = rng.permutation(idx[y[idx] == k])
+            groups += [members[i : i + 2] for i in range(0, len(members), 2)]
+        order = rng.permutation(len(groups))
+        per = max(1, s.batch_size // 2)
+        return [np.concatenate([groups[g] for g in order[i : i + per]]) for i in range(0, len(order), per)]
     perm = rng.permutation(idx)
     plan = batching.plan(lengths[perm], s.batch_size, s.max_tokens, row_extra=T)
     return [perm[plan[j]] for j in rng.permutation(len(plan))]
@@ -547,13 +328,25 @@ def _finite(params: dict[str, mx.array]) -> bool:
     return bool(mx.all(mx.stack([mx.all(mx.isfinite(v)) for v in params.values()])).item())
 
 
-def _loss(scores: mx.array, gold: mx.array) -> mx.array:
-    """Mean cross-entropy of (B, K) label logits against gold indices (B,)."""
-    lp = scores - mx.logsumexp(scores, axis=-1, keepdims=True)
-    return -mx.take_along_axis(lp, gold[:, None], axis=1).mean()
+def _supcon(h: mx.array, gold: mx.array, temperature: float) -> mx.array:
+    """Supervised contrastive loss (Khosla et al. 2020) of a batch's last-position states (B, D):
+    each text pulled toward the batch's other texts of its label, away from the rest (rows
+    without another of their label count nothing)."""
+    z = h.astype(mx.float32)
+    z = z / mx.sqrt((z * z).sum(-1, keepdims=True) + 1e-12)
+    sim = (z @ z.T) / temperature
+    B = sim.shape[0]
+    eye = mx.eye(B, dtype=mx.bool_)
+    sim = mx.where(eye, mx.array(-1e9, dtype=sim.dtype), sim)
+    logp = sim - mx.logsumexp(sim, axis=-1, keepdims=True)
+    pos = (gold[:, None] == gold[None, :]) & ~eye
+    n = pos.sum(-1)
+    per = -(mx.where(pos, logp, 0.0)).sum(-1) / mx.maximum(n, 1)
+    has = (n > 0).astype(mx.float32)
+    return (per * has).sum() / mx.maximum(has.sum(), 1.0)
 
 
-def _evaluate(top: _Top, enc: _Encoded, y: np.ndarray, idx: np.ndarray, s: FinetuneSettings) -> tuple[float, float]:
+def _evaluate(top: Top, enc: Encoded, y: np.ndarray, idx: np.ndarray, s: FinetuneSettings) -> tuple[float, float]:
     """(mean loss, accuracy) of the texts `idx` with the adapters as they are."""
     lengths = np.array([len(o) for o in enc.own])
     total, right = 0.0, 0
@@ -561,7 +354,7 @@ def _evaluate(top: _Top, enc: _Encoded, y: np.ndarray, idx: np.ndarray, s: Finet
     for b in batching.plan(lengths[idx], s.batch_size, s.max_tokens, row_extra=T):
         rows = idx[b]
         sc = top.scores(enc, rows)
-        loss = _loss(sc, mx.array(y[rows]))
+        loss = cross_entropy(sc, mx.array(y[rows]))
         pred = mx.argmax(sc, axis=-1)
         mx.eval(loss, pred)
         total += loss.item() * len(rows)
@@ -582,6 +375,19 @@ class _Run:
 
     def __post_init__(self) -> None:
         self.history: list[Epoch] = []
+        self.sum: dict[str, mx.array] | None = None
+        self.summed = 0
+
+    def add(self, params: dict[str, mx.array]) -> None:
+        """Add an epoch's weights to the running average (`average`: the later epochs' mean)."""
+        self.sum = dict(params) if self.sum is None else {k: self.sum[k] + v for k, v in params.items()}
+        self.summed += 1
+        mx.eval(self.sum)
+
+    def averaged(self) -> None:
+        """Keep the average of the epochs added, if any, as the result."""
+        if self.sum is not None:
+            self.best = {k: v / self.summed for k, v in self.sum.items()}
 
     def keep(self, params: dict[str, mx.array], epoch: Epoch) -> None:
         """Record the epoch; keep its weights if its validation loss is the best yet (without a
@@ -596,7 +402,7 @@ class _Run:
 
 
 def _train(
-    top: _Top, enc: _Encoded, y: np.ndarray, split: tuple[np.ndarray, np.ndarray], s: FinetuneSettings,
+    top: Top, enc: Encoded, y: np.ndarray, split: tuple[np.ndarray, np.ndarray], s: FinetuneSettings,
     clock: tuple[float, float], progress: Callable[[Progress], None],
 ) -> _Run:  # fmt: skip
     """The epochs: steps on the training part, the validation loss after each epoch, early
@@ -607,14 +413,18 @@ def _train(
     rng = np.random.default_rng([s.seed, 1])
     lengths = np.array([len(o) for o in enc.own])
     T = top.lt.nodes if top.lt is not None else 0
-    per_epoch = len(batching.plan(lengths[tr], s.batch_size, s.max_tokens, row_extra=T))
+    per_epoch = len(_batches(lengths, tr, s, np.random.default_rng(0), T, y))
     total = per_epoch * s.epochs
     opt = _Optimizer(s, total)
     gold = mx.array(y)
 
     def loss_fn(params: dict[str, mx.array], idx: mx.array) -> mx.array:
         top.assign(params)
-        return _loss(top.scores(enc, np.array(idx)), gold[idx])
+        sc, last = top.scored(enc, np.array(idx))
+        loss = cross_entropy(sc, gold[idx], s.label_smoothing)
+        if s.contrastive:
+            loss = loss + s.contrastive * _supcon(last, gold[idx], s.contrastive_temperature)
+        return loss
 
     step_fn = mx.value_and_grad(loss_fn)
     params = dict(top.params)
@@ -629,7 +439,7 @@ def _train(
             mx.reset_peak_memory()
             steps, seen, loss_sum, complete = 0, 0, 0.0, True
             top.keys.training = True
-            for idx in _batches(lengths, tr, s, rng, T):
+            for idx in _batches(lengths, tr, s, rng, T, y):
                 loss, grads = step_fn(params, mx.array(idx))
                 params = opt.apply(grads, params)
                 mx.eval(params, opt.state, loss)
@@ -659,6 +469,8 @@ def _train(
             now = time.perf_counter()  # the epoch's own validation figures, as it ends
             progress(Progress("train", run.step, total, epoch, s.epochs, loss_sum / max(seen, 1), vl, va_acc,
                               now - t0, (now - train0) / max(run.step, 1) * (total - run.step), epoch))  # fmt: skip
+            if s.average and complete and epoch > s.epochs // 2:
+                run.add(params)
             if not complete:
                 run.stopped = "max_minutes"
                 break
@@ -669,6 +481,8 @@ def _train(
         if run.best is None:
             raise
         run.stopped = "interrupted"
+    if s.average:
+        run.averaged()
     return run
 
 
@@ -725,14 +539,18 @@ def finetune(
     t0 = time.perf_counter()
     deadline = t0 + s.max_minutes * 60 if s.max_minutes is not None else float("inf")
     say = progress or (lambda _p: None)
-    top = _Top(model, s, len(labels), lt)
+    top = Top(model, s, len(labels), lt)
 
     def tick(done: int) -> None:
         say(Progress("encode", done, len(seqs), 0, s.epochs, None, None, None, time.perf_counter() - t0, None))
 
-    enc = _encode(model, seqs, top.start, lt, s, tick)
-    if s.objective == "score" and s.head_init == "probe":
-        top.head = top.params["score.weight"] = _probe(top, enc, y, split, s)
+    enc = encode(model, seqs, top.start, lt, s, tick)
+    if s.objective == "score" and s.head_init != "zeros":
+        if s.head_init == "words":
+            init = words(top, _label_tokens(label_tokens, labels))
+        else:
+            init = (probe if s.head_init == "probe" else centroid)(top, enc, y, split, s)
+        top.head = top.params["score.weight"] = init
     encoded = time.perf_counter()
     run = _train(top, enc, y, split, s, (t0, deadline), say)
     assert run.best is not None
