@@ -270,15 +270,20 @@ def worker(job_path: str, out_path: str) -> int:
 
 
 def planned_tokens(
-    ids: Sequence[Sequence[int]], heads: Sequence[tuple[int, ...]], batch_size: int, max_tokens: int | None
+    ids: Sequence[Sequence[int]],
+    heads: Sequence[tuple[int, ...]],
+    batch_size: int,
+    max_tokens: int | None,
+    max_padding: float | None = None,
 ) -> int:
     """The tokens a run processes under the length-sorted batch plan (`batching.plan`, as our
-    pipeline plans a reranker's items: one plan over every query's documents): each head once,
-    then every prompt's rest padded to its batch's longest (heads () : every prompt whole)."""
+    pipeline plans a reranker's items: one plan over every query's documents, cut where a batch's
+    padding would pass `max_padding`): each head once, then every prompt's rest padded to its
+    batch's longest (heads () : every prompt whole)."""
     from mlx_slm.text.batching import plan
 
     lengths = np.array([len(x) - len(h) for x, h in zip(ids, heads)])
-    batches = plan(lengths, batch_size, max_tokens, sort=True)
+    batches = plan(lengths, batch_size, max_tokens, sort=True, max_padding=max_padding)
     return sum(len(h) for h in set(heads)) + sum(len(b) * int(lengths[b].max()) for b in batches)
 
 
@@ -290,8 +295,8 @@ def plans(engine: Any, ids: list[list[int]], heads: list[tuple[int, ...]], hf_ba
     bs = Classifier(engine, reranker="qwen3").batching
     whole = [()] * len(ids)
     return {
-        "ours": planned_tokens(ids, heads, bs.batch_size, bs.max_batch_tokens),
-        "ours-no-cache": planned_tokens(ids, whole, bs.batch_size, bs.max_batch_tokens),
+        "ours": planned_tokens(ids, heads, bs.batch_size, bs.max_batch_tokens, bs.max_padding),
+        "ours-no-cache": planned_tokens(ids, whole, bs.batch_size, bs.max_batch_tokens, bs.max_padding),
         "hf-sorted": planned_tokens(ids, whole, hf_batch, None),
     }
 

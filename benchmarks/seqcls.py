@@ -174,7 +174,8 @@ def planned(clf: Any, lengths: Sequence[int], batches: Sequence[int]) -> dict[st
     from mlx_slm.text.batching import padding_stats, plan
 
     b = clf.batching
-    ours = padding_stats(lengths, plan(lengths, b.batch_size, b.max_batch_tokens, b.sort))[1]
+    cap = b.max_padding if b.sort else None  # the pipeline cuts sorted batches by their padding too
+    ours = padding_stats(lengths, plan(lengths, b.batch_size, b.max_batch_tokens, b.sort, max_padding=cap))[1]
     return {"ours": ours, **{f"pipeline-b{n}": in_order_padded(list(lengths), n) for n in batches}}
 
 
