@@ -55,7 +55,7 @@ SYSTEMS = {"full": BANKING_SYSTEM, "short": SHORT_SYSTEM}  # full: benchmarks/he
 TUNABLE = (
     "layers", "rank", "scale", "dropout", "epochs", "learning_rate", "head_learning_rate", "schedule", "warmup",
     "weight_decay", "batch_size", "val_fraction", "patience", "max_minutes", "seed", "prefix_grad", "head_init",
-    "label_smoothing", "contrastive", "contrastive_temperature", "average",
+    "label_smoothing", "contrastive", "contrastive_temperature", "keep",
 )  # fmt: skip
 
 
@@ -293,7 +293,7 @@ def settings_from(a, objective: str):
         weight_decay=a.weight_decay, batch_size=a.batch_size, val_fraction=a.val_fraction, patience=a.patience,
         max_minutes=a.max_minutes, seed=a.seed, prefix_grad=a.prefix_grad, head_init=a.head_init,
         label_smoothing=a.label_smoothing, contrastive=a.contrastive, contrastive_temperature=a.contrastive_temperature,
-        average=a.average,
+        keep=a.keep,
     )  # fmt: skip
 
 
@@ -330,11 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed-n", type=int, default=64)
     ap.add_argument("--prefix-grad", action="store_true", help="the gradient through the prompt head's KV too")
     ap.add_argument("--head-init", choices=("zeros", "probe", "centroid", "words"), default="zeros")
-    ap.add_argument("--average", action="store_true", help="keep the mean of the later half's epochs")
+    ap.add_argument("--keep", default="auto", choices=["auto", "average", "best", "last"],
+                    help="the weights kept (FinetuneSettings.keep; auto: best with --val-fraction, else average)")
     for name, typ, default in (
         ("layers", int, 16), ("rank", int, 8), ("scale", float, 20.0), ("dropout", float, 0.0), ("epochs", int, 8),
         ("lr", float, 2e-5), ("head-lr", float, 1e-4), ("schedule", str, "cosine"), ("warmup", float, 0.1),
-        ("weight-decay", float, 0.0), ("batch-size", int, 16), ("val-fraction", float, 0.1), ("patience", int, 2),
+        ("weight-decay", float, 0.0), ("batch-size", int, 16), ("val-fraction", float, 0.0), ("patience", int, 2),
         ("max-minutes", float, 30.0), ("seed", int, 0), ("label-smoothing", float, 0.0), ("contrastive", float, 0.0),
         ("contrastive-temperature", float, 0.1),
     ):  # fmt: skip
@@ -433,7 +434,7 @@ def _how(r: dict) -> str:
         words.append(f"label smoothing {s['label_smoothing']:g}")
     if s.get("contrastive"):
         words.append(f"contrastive {s['contrastive']:g} (t {s.get('contrastive_temperature', 0.1):g})")
-    if s.get("average"):
+    if s.get("keep") == "average" or s.get("average"):  # (trials before `keep` said average)
         words.append("later epochs averaged")
     if s.get("val_fraction") == 0:
         words.append("no validation split")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,7 @@ def test_a_diverging_fine_tune_stops_naming_the_epoch_and_the_fix_and_saves_noth
     r = run(["train", data, "--finetune", "lora", "--model", tiny_qwen_mlx, "--dtype", "float16", "--lr", "1",
              "--head-lr", "1", "--epochs", "3", "--adapt-layers", "2", "--save-task", tmp_path / "t.json", "-q"])  # fmt: skip
     assert r.exit_code == 2, r.output
-    assert "fine-tuning diverged in epoch 1" in r.output and "nothing is saved" in r.output
+    assert re.search(r"fine-tuning diverged in epoch \d", r.output) and "nothing is saved" in r.output
     assert "--lr" in r.output and "--dtype float32" in r.output and "Traceback" not in r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.jsonl"]
 

@@ -19,7 +19,7 @@ from .options import some_task_options, task_settings
 # The fine-tuning options (`--finetune lora`), as FinetuneSettings names them where they differ.
 TUNING = {"finetune", "objective", "epochs", "learning_rate", "head_learning_rate", "schedule", "adapt_layers",
           "rank", "lora_scale", "dropout", "train_batch_size", "val_fraction", "patience", "max_minutes",
-          "head_init", "fused"}  # fmt: skip
+          "head_init", "fused", "keep", "label_smoothing", "contrastive"}  # fmt: skip
 NONE = ("none_label", "none_threshold", "none_target", "none_data")  # "none of these" (`_check_none`)
 _TRAIN_TASK_OPTIONS = {
     "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
@@ -94,14 +94,24 @@ _TRAIN_TASK_OPTIONS = {
 @click.option("--dropout", default=0.0, show_default=True, type=number("dropout"), help="--finetune: LoRA dropout.")
 @click.option("--train-batch-size", default=16, show_default=True, type=number("train_batch_size"),
               help="--finetune: texts per step.")  # fmt: skip
-@click.option("--val-fraction", default=0.1, show_default=True, type=number("val_fraction"),
-              help="--finetune: each label's share held out; the epoch with the lowest validation loss is kept.")  # fmt: skip
+@click.option("--val-fraction", default=0.0, show_default=True, type=number("val_fraction"),
+              help="--finetune: each label's share held out for validation (0: every example trains).")  # fmt: skip
+@click.option("--keep", type=click.Choice(["auto", "average", "best", "last"]), default="auto", show_default=True,
+              help="--finetune: the weights kept: the mean of the later half's epochs (average), the epoch with "
+                   "the lowest validation loss (best: needs --val-fraction), the last; auto: best with "
+                   "--val-fraction, else average (the recipe measured in docs/finetune.md).")  # fmt: skip
 @click.option("--patience", default=2, show_default=True, type=number("patience"),
-              help="--finetune: stop after this many epochs without a better validation loss.")  # fmt: skip
+              help="--finetune --keep best: stop after this many epochs without a better validation loss.")  # fmt: skip
 @click.option("--max-minutes", type=number("max_minutes"),
               help="--finetune: stop after this many minutes (the best epoch so far is kept).")  # fmt: skip
-@click.option("--head-init", type=click.Choice(["zeros", "probe"]), default="zeros", show_default=True,
-              help="--finetune: the score head starts at zero, or fitted on the base model's features first.")  # fmt: skip
+@click.option("--head-init", type=click.Choice(["zeros", "probe", "centroid", "words"]), default="zeros",
+              show_default=True, help="--finetune: the score head starts at zero, fitted on the base model's "
+              "features (probe), at their class means (centroid), or as the LM head's rows of each label's "
+              "first token (words).")  # fmt: skip
+@click.option("--label-smoothing", default=0.0, show_default=True, type=number("label_smoothing"),
+              help="--finetune: this share of each example's target spread over the other labels.")  # fmt: skip
+@click.option("--contrastive", default=0.0, show_default=True, type=number("contrastive"),
+              help="--finetune: weight of a supervised contrastive loss on the features beside the cross-entropy.")  # fmt: skip
 @click.option("--fused", is_flag=True, help="--finetune: run the adapters merged into the weights (see docs).")
 @click.option("--none-label", help="Rows with this label are out-of-scope examples: the task learns them as a class "
               "and answers them 'none of these' (label null, abstained true).")  # fmt: skip
@@ -248,8 +258,10 @@ def _finetune(
         dropout=tune["dropout"], epochs=tune["epochs"], learning_rate=tune["learning_rate"],
         head_learning_rate=tune["head_learning_rate"], schedule=tune["schedule"], batch_size=tune["train_batch_size"],
         seed=seed, val_fraction=tune["val_fraction"], patience=tune["patience"], max_minutes=tune["max_minutes"],
-        head_init=tune["head_init"],
+        head_init=tune["head_init"], keep=tune["keep"], label_smoothing=tune["label_smoothing"],
+        contrastive=tune["contrastive"],
     )  # fmt: skip
+    _check_recipe(ctx, tune)
     labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
     got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
@@ -272,6 +284,19 @@ def _finetune(
             f"mlx-slm classify INPUT --task {save_task}"
         )
     return task
+
+
+def _check_recipe(ctx: click.Context, tune: dict[str, Any]) -> None:
+    """Options that contradict the recipe they would run with: exit 2 naming the option and the fix."""
+    typed = given(ctx, tune)
+    held = tune["val_fraction"] > 0
+    if tune["keep"] == "best" and not held:
+        raise click.UsageError("--keep best keeps the epoch with the lowest validation loss: add --val-fraction "
+                               "(e.g. 0.1), or drop --keep best (the default averages the later epochs)")  # fmt: skip
+    best = tune["keep"] == "best" or (tune["keep"] == "auto" and held)
+    if "patience" in typed and not best:
+        raise click.UsageError("--patience stops on the validation loss, which only --keep best watches: add "
+                               "--val-fraction 0.1 (and --keep best), or drop --patience")  # fmt: skip
 
 
 def _check_none(ctx: click.Context, none: dict[str, Any], gold_fields: tuple[str, ...]) -> float | str | None:

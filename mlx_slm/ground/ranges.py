@@ -136,6 +136,8 @@ RANGES: dict[str, Range] = {
     "train_batch_size": _count("--train-batch-size", unit="texts per step", hi=65_536),
     "val_fraction": Range("--val-fraction", False, 0.0, 0.49, unit="each label's share held out"),
     "patience": _count("--patience", unit="epochs without a better validation loss", hi=10_000),
+    "label_smoothing": Range("--label-smoothing", False, 0.0, 0.99, unit="a share of the target"),
+    "contrastive": Range("--contrastive", False, 0.0, 9.99, unit="the contrastive loss's weight"),
     "max_minutes": Range("--max-minutes", False, 0.0, 60 * 24 * 30, lo_open=True, none_ok=True, unit="minutes"),
 }
 # ServeOptions spells two of them with their unit.

@@ -74,8 +74,8 @@ def run_finetune(
         where=lambda i: f"{data_path}: line {data.lines[i]}", progress=progress, **clf_kwargs,
     )  # fmt: skip
     say(
-        f"mlx-slm: fine-tuned in {time.perf_counter() - t0:.0f} s ({tuned.stopped}; best epoch {tuned.best_epoch} "
-        f"of {len(tuned.history)})"
+        f"mlx-slm: fine-tuned in {time.perf_counter() - t0:.0f} s ({tuned.stopped} after {len(tuned.history)} "
+        f"epochs; {kept(tuned)})"
     )
     task = Task(
         model=model,
@@ -176,17 +176,24 @@ def history_table(tuned: Any) -> str:
     """The epochs as a table: training loss, validation loss and accuracy, seconds, peak memory."""
     lines = ["epoch  steps  train loss  val loss  val acc  seconds  peak MB"]
     for e in tuned.history:
-        best = " *" if e.epoch == tuned.best_epoch else ""
+        best = " *" if e.epoch == tuned.best_epoch and "mean" not in kept(tuned) else ""
         vl = "-" if e.val_loss is None else f"{e.val_loss:.4f}"
         va = "-" if e.val_accuracy is None else f"{e.val_accuracy:.3f}"
         lines.append(
             f"{e.epoch:>5}  {e.steps:>5}  {e.train_loss:>10.4f}  {vl:>8}  {va:>7}  {e.seconds:>7.1f}  "
             f"{e.peak_memory_mb:>7.0f}{best}"
         )
-    lines.append(
-        f"stopped: {tuned.stopped}; kept epoch {tuned.best_epoch} (*); the frozen pass {tuned.encode_seconds:.1f} s"
-    )
+    mark = "" if "mean" in kept(tuned) else " (*)"
+    lines.append(f"stopped: {tuned.stopped}; {kept(tuned)}{mark}; the frozen pass {tuned.encode_seconds:.1f} s")
     return "\n".join(lines)
+
+
+def kept(tuned: Any) -> str:
+    """Which weights a run kept, in words: the mean of the later epochs (the default recipe), or one epoch."""
+    mean = tuned.settings.get("averaged_epochs") or []
+    if len(mean) > 1:
+        return f"kept the mean of epochs {mean[0]}-{mean[-1]}"
+    return f"kept epoch {tuned.best_epoch}"
 
 
 def progress_bar(quiet: bool) -> tuple[Callable[[Any], None], Callable[[], None]]:

@@ -92,7 +92,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         head_learning_rate: float = 1e-4,
         adapt_layers: int | None = None,
         rank: int = 8,
-        val_fraction: float = 0.1,
+        val_fraction: float = 0.0,
         max_minutes: float | None = None,
         none_label: Any = None,
     ):
