@@ -330,8 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed-n", type=int, default=64)
     ap.add_argument("--prefix-grad", action="store_true", help="the gradient through the prompt head's KV too")
     ap.add_argument("--head-init", choices=("zeros", "probe", "centroid", "words"), default="zeros")
-    ap.add_argument("--keep", default="auto", choices=["auto", "average", "best", "last"],
-                    help="the weights kept (FinetuneSettings.keep; auto: best with --val-fraction, else average)")
+    ap.add_argument(
+        "--keep",
+        default="auto",
+        choices=["auto", "average", "best", "last"],
+        help="the weights kept (FinetuneSettings.keep; auto: best with --val-fraction, else average)",
+    )
     for name, typ, default in (
         ("layers", int, 16), ("rank", int, 8), ("scale", float, 20.0), ("dropout", float, 0.0), ("epochs", int, 8),
         ("lr", float, 2e-5), ("head-lr", float, 1e-4), ("schedule", str, "cosine"), ("warmup", float, 0.1),

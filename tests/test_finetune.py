@@ -16,7 +16,9 @@ from mlx_slm.weights.adapters import FineTuned, FinetuneError
 from mlx_slm.weights.finetune import FinetuneSettings, finetune, validation_split
 
 LABELS = ("billing", "technical", "account")
-FAST = dict(layers=2, epochs=4, learning_rate=1e-4, head_learning_rate=1e-2, batch_size=8, val_fraction=0.0, keep="last")  # the mechanics; the recipe has its tests
+FAST = dict(
+    layers=2, epochs=4, learning_rate=1e-4, head_learning_rate=1e-2, batch_size=8, val_fraction=0.0, keep="last"
+)  # the mechanics; the recipe has its tests
 
 
 class Data:
@@ -167,7 +169,7 @@ def test_seeded_runs_are_bit_identical(qwen):
 def test_early_stopping_keeps_the_best_epoch(qwen):
     """A learning rate high enough to overfit: validation loss turns up, training stops after
     `patience` worse epochs, and the adapters returned score the validation set as the best epoch did."""
-    ft = qwen.train(epochs=12, learning_rate=3e-3, head_learning_rate=3e-2, val_fraction=0.3, patience=2)
+    ft = qwen.train(epochs=12, learning_rate=3e-3, head_learning_rate=3e-2, val_fraction=0.3, patience=2, keep="best")
     vl = [e.val_loss for e in ft.history]
     assert ft.best_epoch == int(np.argmin(vl)) + 1
     assert ft.stopped == "early_stopping" and len(vl) == ft.best_epoch + 2
@@ -194,7 +196,7 @@ def test_interruption_keeps_the_best_epoch(qwen):
 
         return progress
 
-    ft = qwen.train(epochs=4, val_fraction=0.2, progress=stop_in_epoch(3))
+    ft = qwen.train(epochs=4, val_fraction=0.2, keep="best", progress=stop_in_epoch(3))
     assert ft.stopped == "interrupted" and len(ft.history) == 2
     assert ft.best_epoch == int(np.argmin([e.val_loss for e in ft.history])) + 1
     assert {p.phase for p in seen} == {"encode", "train"}

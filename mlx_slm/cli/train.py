@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..files.output import check_run_files, files_read
+from ..jobs.choose import run_choose
 from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.out_of_scope import choose_none_threshold, none_section
 from ..jobs.setup import read_labels, run_settings
@@ -20,6 +21,10 @@ from .options import some_task_options, task_settings
 TUNING = {"finetune", "objective", "epochs", "learning_rate", "head_learning_rate", "schedule", "adapt_layers",
           "rank", "lora_scale", "dropout", "train_batch_size", "val_fraction", "patience", "max_minutes",
           "head_init", "fused", "keep", "label_smoothing", "contrastive"}  # fmt: skip
+# Which of the two wins depends on the data (docs/finetune.md): said after either, never chosen silently.
+COMPARE = ("mlx-slm: a learned head or fine-tuning: which classifies better depends on the data (the head won on "
+           "the 355 tickets, fine-tuning on BANKING77); `--finetune auto` measures both on held-out texts of "
+           "yours and keeps the better")  # fmt: skip
 NONE = ("none_label", "none_threshold", "none_target", "none_data")  # "none of these" (`_check_none`)
 _TRAIN_TASK_OPTIONS = {
     "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
@@ -67,9 +72,11 @@ _TRAIN_TASK_OPTIONS = {
 )
 @click.option(
     "--finetune",
-    type=click.Choice(["lora"]),
+    type=click.Choice(["lora", "auto"]),
     help="Fine-tune instead of fitting a head: LoRA adapters on the top blocks and a score head (or the "
-    "labels' own tokens, --objective labels), trained with cross-entropy on DATA in the task's prompt.",
+    "labels' own tokens, --objective labels), trained with cross-entropy on DATA in the task's prompt. "
+    "auto: hold out a fifth of each label's texts, train both a head and a fine-tune on the rest, keep "
+    "whichever classifies the held-out texts better (trained again on all of DATA), and print both.",
 )
 @click.option(
     "--objective",
@@ -194,6 +201,7 @@ def train(
     click.echo(table)
     if not o["quiet"]:
         notice(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
+        notice(COMPARE)
 
 
 def _train_fields(
@@ -236,7 +244,7 @@ def _finetune(
         flag = next(p.opts[0] for p in ctx.command.params if p.name == named[0])  # --lr, not --learning-rate
         raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
     head_opts = sorted(k for k in head if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE)
-    if head_opts:
+    if head_opts and tune["finetune"] == "lora":
         flag = {"layers_spec": "--layers", "layer": "--layer", "folds": "--folds", "pooling": "--pooling"}
         first = head_opts[0]
         if first == "folds":
@@ -265,6 +273,8 @@ def _finetune(
     labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
     got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
+    if tune["finetune"] == "auto":
+        return _choose(ctx, data, save_task, gold_fields[0], settings, tune, head, got, o, finish)
     update, close = progress_bar(o["quiet"])
     try:
         task, tuned = run_finetune(
@@ -283,6 +293,35 @@ def _finetune(
             f"mlx-slm: task saved to {save_task} (adapters: {task.finetune['adapters']}); classify with: "
             f"mlx-slm classify INPUT --task {save_task}"
         )
+        notice(COMPARE)
+    return task
+
+
+def _choose(
+    ctx: click.Context, data: str, save_task: str, gold_field: str, settings: FinetuneSettings, tune: dict[str, Any],
+    head: dict[str, Any], got: Any, o: dict[str, Any], finish: Any,
+) -> Any:  # fmt: skip
+    """`train --finetune auto`: a head and a fine-tune measured on held-out texts, the winner kept."""
+    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
+    pooling = head["pooling"]
+    update, close = progress_bar(o["quiet"])
+    try:
+        task, choice, table = run_choose(
+            data, save_task, model=o["model"], settings=settings, labels=got.labels, descriptions=got.descriptions,
+            system=o["system"] or None, template=o["template"],
+            read={**{k: o[k] for k in keys}, "gold_field": gold_field, **task_settings(ctx, o).read_pair(data)},
+            layers=head["layers_spec"], layer=head["layer"], folds=head["folds"],
+            poolings=("last", "mean") if pooling == "auto" else (pooling,), window=o["window"], fused=tune["fused"],
+            progress=update, say=(lambda m: None) if o["quiet"] else notice, reads=files_read(o, ("DATA", data)),
+            finish=finish, **run_settings(task_settings(ctx, o)),
+        )  # fmt: skip
+    finally:
+        close()
+    click.echo(choice.table())
+    click.echo(table)
+    if not o["quiet"]:
+        notice(f"mlx-slm: kept the {choice.winner}; task saved to {save_task}; "
+               f"classify with: mlx-slm classify INPUT --task {save_task}")  # fmt: skip
     return task
 
 

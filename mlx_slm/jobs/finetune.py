@@ -21,16 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from ..classifier.classifier import Classifier
-from ..classifier.task import Task
 from ..engine.engine import Engine
 from ..files.output import adapters_file, check_run_files
 from ..ground.safefs import atomic_write
 from ..kinds.finetune import FineTunedSettings, in_memory
 from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
 from ..weights.adapters import FinetuneError
-from ..weights.convert import sha256_file, versions
+from ..weights.convert import sha256_file
 from ..weights.finetune import finetune
-from .train import TrainError, read_training_data
+from .train import TrainError, read_training_data, trained_task
 
 
 def run_finetune(
@@ -77,16 +76,9 @@ def run_finetune(
         f"mlx-slm: fine-tuned in {time.perf_counter() - t0:.0f} s ({tuned.stopped} after {len(tuned.history)} "
         f"epochs; {kept(tuned)})"
     )
-    task = Task(
-        model=model,
-        labels=data.labels,
-        system=system,
-        template=template,
-        weights_sha256=engine.weights_sha256,
-        versions=versions(),
-    )
+    task = trained_task(model, engine, data.labels, system, template, FineTunedSettings(in_memory(tuned, fused)))
     if finish is not None:  # e.g. "none of these": its threshold chosen on held-out data, the adapters in memory
-        task = finish(replace(task, section=FineTunedSettings(in_memory(tuned, fused))), engine)
+        task = finish(task, engine)
     return save_finetuned(task, tuned, save_task, fused, reads=[("DATA", data_path), *reads]), tuned
 
 

@@ -464,6 +464,16 @@ def head_classifier(engine: Any, labels: Sequence[str], system: str | None, temp
     return Classifier(engine, labels, system, template, features_only=True, **kwargs)
 
 
+def trained_task(
+    model: str, engine: Any, labels: Sequence[str], system: str | None, template: str, section: Any,
+    examples: Sequence[tuple[str, str]] = (),
+) -> Task:  # fmt: skip
+    """The task a training run saves: its model (as named, pinned to these weights), prompt and
+    labels, and what was learned (`section`: a head, or fine-tuned adapters)."""
+    return Task(model=model, labels=tuple(labels), system=system, template=template, examples=tuple(examples),
+                weights_sha256=engine.weights_sha256, versions=versions(), section=section)  # fmt: skip
+
+
 def run_train(
     data_path: str,
     save_task: str,
@@ -511,16 +521,7 @@ def run_train(
         poolings=poolings,
         progress=progress,
     )
-    task = Task(
-        model=model,
-        labels=data.labels,
-        system=system,
-        template=template,
-        examples=clf.format.examples,
-        weights_sha256=engine.weights_sha256,
-        versions=versions(),
-        section=HeadSettings(head),
-    )
+    task = trained_task(model, engine, data.labels, system, template, HeadSettings(head), clf.format.examples)
     if finish is not None:  # e.g. "none of these": its threshold chosen on held-out data, before anything is written
         task = finish(task, engine)
     task.save(save_task)
