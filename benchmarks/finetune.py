@@ -175,6 +175,31 @@ def figures(lp: np.ndarray, gold: np.ndarray) -> dict:
     }
 
 
+OOS = "oos"  # CLINC150's out-of-scope texts, as a none label (no intent is named so)
+
+
+def oos_figures(lps: dict, val_gold: np.ndarray, gold: np.ndarray, labels: list[str], target: float) -> dict:
+    """CLINC150's "none of these", by the product's own rule (`mlx_slm.text.out_of_scope`, as `train
+    --none-threshold auto` chooses): the threshold chosen on `val` + `oos_val` to cost at most `target`
+    of in-scope accuracy there, then in-scope accuracy and out-of-scope recall and precision on `test` +
+    `oos_test`, with the threshold and without."""
+    from mlx_slm.text.out_of_scope import answers, choose_threshold
+    from mlx_slm.text.out_of_scope import figures as oos
+
+    names = [*labels, OOS]
+
+    def probs(a: str, b: str) -> np.ndarray:  # the methods' probabilities, and 0 for the none label they lack
+        p = np.exp(np.concatenate([lps[a], lps[b]]))
+        return np.concatenate([p, np.zeros((len(p), 1))], axis=1)
+
+    val_gold_names = [labels[g] for g in val_gold] + [OOS] * len(lps["oos_val"])
+    threshold, chosen = choose_threshold(probs("val", "oos_val"), val_gold_names, names, OOS, target)
+    test_p, test_g = probs("test", "oos_test"), [labels[g] for g in gold] + [OOS] * len(lps["oos_test"])
+    return {"threshold": threshold, "target": target, "chosen_on": {k: chosen[k] for k in ("in_scope", "out_of_scope")},
+            **oos(answers(test_p, names, OOS, threshold), test_g, OOS),
+            "without": oos(answers(test_p, names, OOS, None), test_g, OOS)}  # fmt: skip
+
+
 def run_head(engine, labels, system, template, train, test, extra=None, lps=None) -> dict:
     import mlx.core as mx
 
@@ -303,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", choices=("banking77", "clinc150", "tickets"), default="banking77")
     ap.add_argument("--banking77", default="../shared/data/banking77")
     ap.add_argument("--clinc150", default="../shared/data/clinc150")
+    ap.add_argument(
+        "--none-target",
+        type=float,
+        default=0.02,
+        help="clinc150: the in-scope accuracy the none threshold may cost on val (as train --none-target)",
+    )
     ap.add_argument("--lps", type=Path, default=None, help="save each method's test log-probabilities (npz) here")
     ap.add_argument("--folds", type=int, default=5, help="tickets: stratified folds")
     ap.add_argument("--fold-limit", type=int, default=0, help="tickets: run the first N folds only (0: all)")
@@ -397,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                                     **({"val_gold": extras["val"][1]} if extras else {}))  # fmt: skip
             print(f"  {m}: accuracy {r['accuracy']}, macro-F1 {r['macro_f1']}, {r['train_seconds']} s to train",
                   flush=True)  # fmt: skip
+            if extras:
+                r["oos"] = oos_figures(lps, extras["val"][1], yte, labels, a.none_target)
+                print(f"  {m}: none of these: {r['oos']}", flush=True)
             runs.append(r)
         methods[m] = mean_of(runs)
     out = {
@@ -464,7 +498,11 @@ NAMES = {"head": "learned head (today)", "score": "LoRA + score head (a)", "labe
 
 def markdown(r: dict) -> str:
     d = r["data"]
-    if d.get("name") == "tickets":
+    if d.get("name") == "clinc150":
+        title = f"CLINC150, {d['per_intent']} per intent"
+        about = (f"{d['train']} training queries, {d['test']} in-scope test queries (all of test) and oos_test; "
+                 "system message per method in the table. ")  # fmt: skip
+    elif d.get("name") == "tickets":
         title = f"the 355 labelled tickets, {d['per_intent']} per label, {d['test_desc']}"
         about = (f"{d['train']} training tickets and {d['test']} test tickets over the folds (the figures: the "
                  "folds' means); the ticket system message of benchmarks/accuracy.py. ")  # fmt: skip
@@ -490,6 +528,23 @@ def markdown(r: dict) -> str:
                 f"{NAMES.get(m, m)}: the row of the run `{x['from']}` on the same data: `{x['from_command']}`.",
                 "",
             ]
+    oos_rows = [(m, x["oos"]) for m, x in r["methods"].items() if x.get("oos")]
+    if oos_rows:
+        t = oos_rows[0][1]
+        lines += [
+            f"None of these: the threshold chosen on val ({t['chosen_on']['in_scope']} in scope) + oos_val "
+            f"({t['chosen_on']['out_of_scope']}) to cost at most {t['target']:g} of in-scope accuracy there "
+            f"(`mlx_slm.text.out_of_scope.choose_threshold`, as `train --none-threshold auto`), scored on test + "
+            f"oos_test ({t['in_scope']} + {t['out_of_scope']}):",
+            "",
+            "| method | threshold | in-scope accuracy | without threshold | OOS recall | OOS precision |",
+            "|---|---|---|---|---|---|",
+            *[f"| {NAMES.get(m, m)} | {o['threshold'] if o['threshold'] is None else round(o['threshold'], 4)} | "
+              f"{o['in_scope_accuracy']:.4f} | {o['without']['in_scope_accuracy']:.4f} | {o['oos_recall']:.4f} | "
+              f"{o['oos_precision'] if o['oos_precision'] is None else round(o['oos_precision'], 4)} |"
+              for m, o in oos_rows],
+            "",
+        ]  # fmt: skip
     for m, x in r["methods"].items():
         if "speed" in x:
             sp = x["speed"]

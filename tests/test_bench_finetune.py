@@ -68,3 +68,22 @@ def test_a_tickets_run_end_to_end_and_a_row_reused_only_on_the_same_data(tmp_pat
             bench.main([*common, "--methods", "score", "--reuse", bad])
     with pytest.raises(SystemExit, match="same data"):
         bench.main([*common, "--per-intent", "6", "--methods", "score", "--reuse", "t1:score"])
+
+
+def test_clinc_none_of_these_figures_follow_the_products_rule():
+    """The benchmark's CLINC150 out-of-scope figures: a threshold chosen on val + oos_val (the
+    product's `choose_threshold`), scored on test + oos_test; out-of-scope texts the methods are
+    unsure of are caught, sure in-scope ones kept."""
+    from benchmarks.finetune import oos_figures
+
+    def lp(rows):
+        return np.log(np.array(rows, dtype=np.float64))
+
+    sure, unsure = [0.9, 0.05, 0.05], [0.4, 0.3, 0.3]
+    lps = {"val": lp([sure, [0.05, 0.9, 0.05]]), "oos_val": lp([unsure, unsure]),
+           "test": lp([sure, [0.05, 0.05, 0.9], [0.2, 0.5, 0.3]]), "oos_test": lp([unsure, sure])}  # fmt: skip
+    out = oos_figures(lps, np.array([0, 1]), np.array([0, 2, 0]), ["a", "b", "c"], 0.02)
+    assert 0.4 < out["threshold"] <= 0.9  # above the unsure out-of-scope texts, not above the sure in-scope ones
+    assert out["in_scope"] == 3 and out["out_of_scope"] == 2
+    assert out["oos_recall"] == 0.5 and out["oos_precision"] == 0.5  # the unsure oos caught; the wrong in-scope one too
+    assert out["in_scope_accuracy"] == round(2 / 3, 4) and out["without"]["oos_recall"] == 0.0
