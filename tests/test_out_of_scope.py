@@ -131,6 +131,26 @@ def test_bad_none_options_exit_2_naming_the_option(work, tmp_path, extra, words)
     assert not task.exists()
 
 
+def test_out_of_scope_texts_only_in_the_held_out_data_give_a_threshold_alone(work, tmp_path):
+    """The other way: no out-of-scope example to learn from, only held-out ones that --none-label marks;
+    the threshold, chosen on them, is what answers "none of these" (no none class in the task)."""
+    data = _jsonl(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
+    task = tmp_path / "t.json"
+    r = run(["train", data, "--model", work.model, "--save-task", task, "--folds", "2", "--layers", "1,2",
+             "--none-label", "oos", "--none-threshold", "auto", "--none-data", work.held, "--none-target", "0.3"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    t = Task.load(task)
+    assert "oos" not in t.labels and t.none["label"] is None
+    chosen = t.none["min_confidence"]
+    assert chosen["out_of_scope_label"] == "oos" and chosen["out_of_scope"] == len(OOS) and chosen["in_scope"] == 12
+    assert t.min_confidence == chosen["threshold"] and "oos_recall" in chosen
+    e = run(["eval", work.held, "--task", task, "--json", tmp_path / "e.json"])
+    assert e.exit_code == 0, e.output
+    f = json.loads((tmp_path / "e.json").read_text())
+    assert f["out_of_scope"]["out_of_scope"] == len(OOS) and f["out_of_scope"]["in_scope"] == 12
+    assert f["errors"] == 0 and "out-of-scope recall" in e.stdout
+
+
 def test_a_row_without_a_label_names_the_none_label_fix(work, tmp_path):
     data = _jsonl(
         tmp_path / "d.jsonl", [{"text": t, "label": g} for t, g in tickets(12)] + [{"text": "x", "label": None}]

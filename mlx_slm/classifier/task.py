@@ -308,13 +308,14 @@ def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, 
 
 
 def _none_field(d: dict[str, Any], where: str, labels: list[str]) -> dict[str, Any] | None:
-    """The task's "none of these" section: its label one of the task's labels."""
+    """The task's "none of these" section: its label one of the task's labels, or null (its
+    `min_confidence` alone answers "none", as chosen on held-out data: `min_confidence` says how)."""
     none = d.get("none")
     if none is None:
         return None
-    if not isinstance(none, dict) or not isinstance(none.get("label"), str):
+    if not isinstance(none, dict) or not isinstance(none.get("label", 0), (str, type(None))):
         raise bad_field(d, where, "none", 'an object {"label": the label that means none of these, ...} or null')
-    if none["label"] not in labels:
+    if none["label"] is not None and none["label"] not in labels:
         raise TaskError(f"{where}: field 'none' names the label {none['label']!r}, not one of the task's labels")
     return dict(none)
 

@@ -102,7 +102,7 @@ def evaluate(
     else:
         warn_blas()
         labels, preds = _predict(setup, rows)
-    none = setup.task.none["label"] if setup.task is not None and setup.task.none else None
+    none = _none_label(setup.task)
     rep, errors = _report(rows, preds, labels, s.gold_field, input, report, none)
     click.echo(format_report(rep))
     if "out_of_scope" in rep:
@@ -164,6 +164,14 @@ def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, A
     return list(clf.labels), preds
 
 
+def _none_label(task: Any) -> str | None:
+    """The gold label of out-of-scope texts for a task that answers "none of these": its learned none
+    label, or the label that marked them in the held-out data its threshold was chosen on."""
+    if task is None or not task.none:
+        return None
+    return task.none["label"] or (task.none.get("min_confidence") or {}).get("out_of_scope_label")
+
+
 def _report(
     rows: list[Any], preds: list[Any], labels: Any, gold_field: str, input: str, report: Any, none: str | None = None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -171,8 +179,14 @@ def _report(
     with a none label (the task's "none of these"), in-scope accuracy and out-of-scope recall and precision."""
 
     gold, pred_labels, conf, errors = [], [], [], []
+    marked = none is not None and none not in labels  # out-of-scope texts the task has no label for
+    every: tuple[list[str], list[Any]] = ([], [])  # with them: the out-of-scope figures' rows
     for r, p in zip(rows, preds):
-        problem = r.error or gold_problem(r, labels, gold_field)
+        problem = r.error or gold_problem(r, [*labels, none] if marked else labels, gold_field)
+        if not problem and marked and str(r.gold) == none and p is not None and not p.get("error"):
+            every[0].append(none)
+            every[1].append(p.get("label"))
+            continue
         if problem:
             errors.append(problem)
         elif p is None or p.get("error"):
@@ -180,6 +194,8 @@ def _report(
         else:
             gold.append(str(r.gold))
             pred_labels.append(p.get("label"))
+            every[0].append(gold[-1])
+            every[1].append(p.get("label"))
             conf.append(max(p["probs"].values()) if p.get("probs") else None)
     if not gold:
         raise UserError(
@@ -189,7 +205,7 @@ def _report(
     rep = report(gold, pred_labels, conf, labels)
     rep["errors"] = len(errors)
     if none is not None:
-        rep["out_of_scope"] = oos_figures(pred_labels, gold, none)
+        rep["out_of_scope"] = oos_figures(every[1], every[0], none)
     return rep, errors
 
 

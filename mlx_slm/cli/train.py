@@ -121,7 +121,8 @@ _TRAIN_TASK_OPTIONS = {
               help="--finetune: weight of a supervised contrastive loss on the features beside the cross-entropy.")  # fmt: skip
 @click.option("--fused", is_flag=True, help="--finetune: run the adapters merged into the weights (see docs).")
 @click.option("--none-label", help="Rows with this label are out-of-scope examples: the task learns them as a class "
-              "and answers them 'none of these' (label null, abstained true).")  # fmt: skip
+              "and answers them 'none of these' (label null, abstained true). With --none-threshold auto it also "
+              "marks --none-data's out-of-scope texts; if DATA has none, the threshold alone answers 'none'.")  # fmt: skip
 @click.option("--none-threshold", help="Also answer 'none of these' when no label reaches this probability: a number "
               "from 0 to 1, or auto (chosen on --none-data to --none-target).")  # fmt: skip
 @click.option("--none-target", default=0.02, show_default=True, type=number("none_target"),
@@ -379,18 +380,20 @@ def _none_finish(
         return None
 
     def finish(task: Any, engine: Any) -> Any:
-        if label is not None and label not in task.labels:
+        learned = label if label in task.labels else None  # else it marks --none-data's out-of-scope texts only
+        if label is not None and learned is None and threshold != "auto":
             raise click.UsageError(
                 f"--none-label {label!r}: no row of DATA is labelled {label!r} (the labels: {list(task.labels)[:8]}): "
-                "label the out-of-scope examples with it, or drop --none-label"
+                "label the out-of-scope examples with it, or add --none-threshold auto --none-data FILE to mark "
+                "out-of-scope texts there only, or drop --none-label"
             )
-        task = replace(task, none=none_section(label), min_confidence=threshold if threshold != "auto" else None)
+        task = replace(task, none=none_section(learned), min_confidence=threshold if threshold != "auto" else None)
         if threshold != "auto":
             return task
         keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
         read = {**{k: o[k] for k in keys}, "gold_field": gold_field}
         return choose_none_threshold(task, engine, none["none_data"], target=none["none_target"], read=read,
-                                     say=(lambda m: None) if o["quiet"] else notice,
+                                     say=(lambda m: None) if o["quiet"] else notice, marked=label,
                                      **run_settings(task_settings(ctx, o)))  # fmt: skip
 
     return finish

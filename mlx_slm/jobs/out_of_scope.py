@@ -34,12 +34,17 @@ def choose_none_threshold(
     target: float = DEFAULT_TARGET,
     read: dict[str, Any] | None = None,
     say: Any = lambda _m: None,
+    marked: str | None = None,
     **clf_kwargs: Any,
 ) -> Task:
     """`task` with its `min_confidence` chosen on the held-out labelled texts at `data_path` (read
-    as training data is read: `read`), recorded in its none section (`none_section`)."""
+    as training data is read: `read`), recorded in its none section (`none_section`). `marked`: the
+    label of the held-out out-of-scope texts when the task did not learn one (it answers "none of
+    these" by the threshold alone)."""
     none_label = task.none["label"] if task.none else None
-    data = read_training_data(data_path, task.labels, **(read or {}), need=(0, ""), what="the held-out data")
+    marked = marked if none_label is None else None
+    names = list(task.labels) + ([marked] if marked is not None else [])
+    data = read_training_data(data_path, names, **(read or {}), need=(0, ""), what="the held-out data")
     if not len(data.gold):
         raise TrainError(f"{data_path}: no labelled texts to choose the threshold on")
     clf = Classifier.from_task(task, engine=engine, **clf_kwargs)
@@ -48,9 +53,10 @@ def choose_none_threshold(
         if not p.ok:
             raise TrainError(f"{data_path}: line {data.lines[p.index]}: {p.error}")
         probs[p.index] = [p.probs[lab] for lab in task.labels]
-    gold = [task.labels[i] for i in data.gold]
-    # Without a none label every held-out text is in scope: the threshold trades answered texts for accuracy.
-    marker = none_label if none_label is not None else "\0none"
+    gold = [names[i] for i in data.gold]
+    # Without a learned none label the held-out out-of-scope texts (if `marked`) have probability 0 for it;
+    # with none at all every held-out text is in scope: the threshold trades answered texts for accuracy.
+    marker = none_label or marked or "\0none"
     labels = list(task.labels) + ([] if none_label is not None else [marker])
     if none_label is None:
         probs = np.concatenate([probs, np.zeros((len(probs), 1))], axis=1)
@@ -59,9 +65,15 @@ def choose_none_threshold(
     except ValueError as e:
         raise TrainError(f"{data_path}: {e}") from None
     said = {k: v for k, v in figures.items() if k not in ("out_of_scope", "oos_recall", "oos_precision")}
-    if none_label is not None:
+    if none_label is not None or marked is not None:
         said = figures
-    chosen = {"chosen_on": data_path, "sha256": data.sha256, "n": len(gold), **said}
+    chosen = {
+        "chosen_on": data_path,
+        **({"out_of_scope_label": marked} if marked is not None else {}),
+        "sha256": data.sha256,
+        "n": len(gold),
+        **said,
+    }
     say(
         f"mlx-slm: none of these: min_confidence {threshold if threshold is not None else 'none'} chosen on "
         f"{len(gold)} held-out texts (target: at most {target:g} of in-scope accuracy): in-scope accuracy "
