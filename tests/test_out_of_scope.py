@@ -237,3 +237,13 @@ def test_the_estimator_learns_none_and_saves_it_in_the_task(work, tmp_path):
     assert Task.load(tmp_path / "t.json").none["label"] == "oos"
     with pytest.raises(ValueError, match="none_label"):
         SLMClassifier(model=work.model, layers=[1], folds=2, none_label="nope").fit(X, y)
+
+
+def test_a_none_label_no_file_carries_exits_2_naming_both(work, tmp_path):
+    data = _jsonl(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
+    held = _jsonl(tmp_path / "held.jsonl", [{"text": t, "label": g} for t, g in tickets(48)[36:]])
+    task = tmp_path / "t.json"
+    r = run(["train", data, "--model", work.model, "--save-task", task, "--folds", "2", "--layers", "1",
+             "--none-label", "nope", "--none-threshold", "auto", "--none-data", held])  # fmt: skip
+    assert r.exit_code == 2 and "no row of DATA or of" in r.output and "'nope'" in r.output, r.output
+    assert not task.exists()

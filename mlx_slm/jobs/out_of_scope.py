@@ -47,6 +47,11 @@ def choose_none_threshold(
     data = read_training_data(data_path, names, **(read or {}), need=(0, ""), what="the held-out data")
     if not len(data.gold):
         raise TrainError(f"{data_path}: no labelled texts to choose the threshold on")
+    if marked is not None and names.index(marked) not in set(data.gold.tolist()):
+        raise TrainError(
+            f"--none-label {marked!r}: no row of DATA or of {data_path} is labelled {marked!r}: label the out-of-scope "
+            "examples with it (in either file), or drop --none-label"
+        )
     clf = Classifier.from_task(task, engine=engine, **clf_kwargs)
     probs = np.zeros((len(data.texts), len(task.labels)))
     for p in clf.classify_iter(data.texts):
