@@ -81,10 +81,12 @@ def load_banking(root: Path, per_intent: int, test_per_intent: int | None, seed:
     )
 
 
-def load_clinc(root: Path, per_intent: int, seed: int, val_per_intent: int = 5):
+def load_clinc(root: Path, per_intent: int, seed: int, val_per_intent: int = 5, oos_train: int = 0):
     """(labels, train texts, train gold, test texts, test gold, extra): `per_intent` queries of each of
     the 150 intents from `train` (seed), the whole in-scope `test`; extra: the out-of-scope `oos_test`
-    and, to choose a threshold on, `val_per_intent` of each intent from `val` and `oos_val`."""
+    and, to choose a threshold on, `val_per_intent` of each intent from `val` and `oos_val`. `oos_train`:
+    that many of `oos_train`'s out-of-scope queries join the training texts as one more class, "oos"
+    (the product's `--none-label`), the last label."""
     d = json.loads((root / "data_full.json").read_text())
     domains = json.loads((root / "domains.json").read_text())
     intents = sorted({i for v in domains.values() for i in v})
@@ -100,6 +102,9 @@ def load_clinc(root: Path, per_intent: int, seed: int, val_per_intent: int = 5):
         return out
 
     train = draw(d["train"], per_intent)
+    if oos_train:
+        train += [(d["oos_train"][i][0], len(intents)) for i in rng.permutation(len(d["oos_train"]))[:oos_train]]
+        labels = [*labels, OOS]
     test = [(t, index[g]) for t, g in d["test"]]
     val = draw(d["val"], val_per_intent)
     extra = {
@@ -150,6 +155,7 @@ def mean_of(runs: list[dict]) -> dict:
 def data_key(a, splits) -> dict:
     """What must match for a row to be reused from another run: the data and its draw."""
     return {"name": a.dataset, "per_intent": a.per_intent, "data_seed": a.data_seed, "splits": len(splits),
+            **({"oos_train": a.oos_train} if a.oos_train else {}),
             "test_per_intent": None if a.all_test or a.dataset == "tickets" else a.test_per_intent}  # fmt: skip
 
 
@@ -186,11 +192,12 @@ def oos_figures(lps: dict, val_gold: np.ndarray, gold: np.ndarray, labels: list[
     from mlx_slm.text.out_of_scope import answers, choose_threshold
     from mlx_slm.text.out_of_scope import figures as oos
 
-    names = [*labels, OOS]
+    learned = OOS in labels  # trained as a class (--oos-train): its own probability, else 0
+    names = list(labels) if learned else [*labels, OOS]
 
-    def probs(a: str, b: str) -> np.ndarray:  # the methods' probabilities, and 0 for the none label they lack
+    def probs(a: str, b: str) -> np.ndarray:
         p = np.exp(np.concatenate([lps[a], lps[b]]))
-        return np.concatenate([p, np.zeros((len(p), 1))], axis=1)
+        return p if learned else np.concatenate([p, np.zeros((len(p), 1))], axis=1)
 
     val_gold_names = [labels[g] for g in val_gold] + [OOS] * len(lps["oos_val"])
     threshold, chosen = choose_threshold(probs("val", "oos_val"), val_gold_names, names, OOS, target)
@@ -334,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.02,
         help="clinc150: the in-scope accuracy the none threshold may cost on val (as train --none-target)",
     )
+    ap.add_argument(
+        "--oos-train",
+        type=int,
+        default=0,
+        help="clinc150: this many out-of-scope training queries, learned as a class 'oos'",
+    )
     ap.add_argument("--lps", type=Path, default=None, help="save each method's test log-probabilities (npz) here")
     ap.add_argument("--folds", type=int, default=5, help="tickets: stratified folds")
     ap.add_argument("--fold-limit", type=int, default=0, help="tickets: run the first N folds only (0: all)")
@@ -390,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         systems, template = {"full": TICKET_SYSTEM, "short": TICKET_SYSTEM}, DEFAULT_TEMPLATE
         test_desc = f"{len(splits)} of {a.folds} folds, each fold the test set"
     elif a.dataset == "clinc150":
-        labels, xtr, ytr, xte, yte, extra = load_clinc(Path(a.clinc150), a.per_intent, a.data_seed)
+        labels, xtr, ytr, xte, yte, extra = load_clinc(Path(a.clinc150), a.per_intent, a.data_seed,
+                                                       oos_train=a.oos_train)  # fmt: skip
         splits, template = [(xtr, ytr, xte, yte)], CLINC_TEMPLATE
         systems = {"full": CLINC_FULL, "short": CLINC_SHORT}
         test_desc = "all of test (4,500 in scope), oos_test beside"
@@ -438,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": {"name": a.dataset, "train": sum(len(x[0]) for x in splits), "test": sum(len(x[2]) for x in splits),
                  "per_intent": a.per_intent, "system": a.system, "test_desc": test_desc,
                  "test_per_intent": None if a.all_test or a.dataset == "tickets" else a.test_per_intent,
-                 "data_seed": a.data_seed, "splits": len(splits)},
+                 "data_seed": a.data_seed, "splits": len(splits), "oos_train": a.oos_train},
         "note": a.note,
         "methods": methods,
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

@@ -87,3 +87,15 @@ def test_clinc_none_of_these_figures_follow_the_products_rule():
     assert out["in_scope"] == 3 and out["out_of_scope"] == 2
     assert out["oos_recall"] == 0.5 and out["oos_precision"] == 0.5  # the unsure oos caught; the wrong in-scope one too
     assert out["in_scope_accuracy"] == round(2 / 3, 4) and out["without"]["oos_recall"] == 0.0
+
+
+def test_clinc_out_of_scope_learned_as_a_class_answers_none_when_it_wins():
+    """--oos-train: the out-of-scope class is the last label; a text whose likeliest label it is
+    is answered none even under no threshold."""
+    from benchmarks.finetune import oos_figures
+
+    lp = lambda rows: np.log(np.array(rows, dtype=np.float64))  # noqa: E731
+    lps = {"val": lp([[0.8, 0.1, 0.1]]), "oos_val": lp([[0.1, 0.1, 0.8]]),
+           "test": lp([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1]]), "oos_test": lp([[0.2, 0.1, 0.7], [0.5, 0.2, 0.3]])}  # fmt: skip
+    out = oos_figures(lps, np.array([0]), np.array([0, 1]), ["a", "b", "oos"], 0.02)
+    assert out["without"]["oos_recall"] == 0.5 and out["in_scope_accuracy"] == 1.0
