@@ -4,7 +4,7 @@
 
 Each data set is classified once per prompt (zero-shot, few-shot) with the raw scores
 kept; every calibration method is then applied to those same raw scores with the
-library's own functions (what `--calibrate` runs; tests/test_right_labels.py checks
+library's own functions (what `--calibrate` runs; tests/classifier/test_calibrate.py checks
 that the CLI gives exactly these). Data sets:
 
 * `workload`: the 600-ticket benchmark workload (gold 200/200/200, 3 labels);

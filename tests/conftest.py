@@ -358,7 +358,7 @@ QUICK_FUZZ_EXAMPLES = "25"
 def pytest_configure(config):
     """The quick loop (`-m "not slow"`) fuzzes each reader with 25 Hypothesis examples, not
     100: a smoke test that still draws new inputs on every run. The whole suite (CI) keeps
-    100; MLX_SLM_FUZZ_EXAMPLES, when set, wins in both (read by tests/test_fuzz.py)."""
+    100; MLX_SLM_FUZZ_EXAMPLES, when set, wins in both (read by tests/files/test_fuzz.py)."""
     if "not slow" in (config.option.markexpr or "") and "MLX_SLM_FUZZ_EXAMPLES" not in os.environ:
         os.environ["MLX_SLM_FUZZ_EXAMPLES"] = QUICK_FUZZ_EXAMPLES
 

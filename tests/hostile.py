@@ -72,7 +72,7 @@ def task_clf(engine, labels=LABELS, **kw):
 
 
 class LiveServer:
-    """The real app under uvicorn on a loopback port, in a thread (as tests/test_server.py)."""
+    """The real app under uvicorn on a loopback port, in a thread (as tests/server/test_app.py)."""
 
     def __init__(self, service):
         import threading

@@ -341,7 +341,7 @@ def test_a_task_of_three_questions_and_a_head_on_ray_and_the_service(local_ray, 
                 "labels"
             )
             assert y[q.name]["probs"] == pytest.approx(x[q.name]["probs"], abs=1e-5)
-    from test_server import ThreadServer
+    from tests.server.test_app import ThreadServer
 
     srv = ThreadServer(Service(lambda: Loaded(Classifier.from_task(str(task)), "none", None, model=m),
                                ServeOptions())).start()  # fmt: skip

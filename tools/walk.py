@@ -6,7 +6,7 @@ client thread, and drains on SIGTERM. Every Python call made in mlx_slm on every
 (`sys.setprofile`, `threading.setprofile`), with its caller: the nearest mlx_slm frame below it.
 
 - A *climb*: a call from a function on one floor into a function on a higher floor (floors:
-  tools/layers.py). Imports never run up (tests/test_layers.py), so a climb is a callback or an
+  tools/layers.py). Imports never run up (tests/tools/test_layers.py), so a climb is a callback or an
   object handed down; each is a place where a reader of a low floor must look up to follow the data.
 - A *return to a room*: a call into a module that is already open lower on the same call stack,
   with another module between (A -> B -> A): the walk left the room and came back.

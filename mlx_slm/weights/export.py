@@ -8,7 +8,7 @@
 
 `AutoModelForSequenceClassification.from_pretrained(DIR)` then reads the last non-padding
 position's final-norm hidden state through `score`, as our `FineTuned.predict` does, so the
-two give the same probabilities on the same prompt's tokens (tests/test_finetune.py: float32,
+two give the same probabilities on the same prompt's tokens (tests/weights/test_finetune.py: float32,
 1e-4). Objective "labels" exports when every label is one token: its score head is then the
 LM head's rows of the labels' tokens (their logits are what label scoring softmaxes). Labels of
 several tokens are scored at their own later positions, which no score head can hold: refused.

@@ -1,0 +1,95 @@
+"""A task file with wrong types, an unknown field or bad bytes is a one-line error naming the
+field and the fix (exit 2), never a traceback. One test per class of hostile input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.hostile import cli, refused, write
+
+
+def _task(**over) -> dict:
+    d = {"format": "mlx-slm.task", "version": 1, "model": "m", "labels": ["billing", "technical"]}
+    d.update(template="T: {text}\nC:", system=None)
+    d.update(over)
+    return d
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"warmup": "abc"}, ["'warmup'", "integer"]),
+        ({"warmup": 1}, ["'warmup'"]),
+        ({"min_confidence": "high"}, ["'min_confidence'", "number from 0 to 1"]),
+        ({"min_confidence": 2}, ["'min_confidence'"]),
+        ({"system": 123}, ["'system'", "string or null"]),
+        ({"labels": [1, 2, 3]}, ["'labels'", "strings"]),
+        ({"labels": "billing"}, ["'labels'"]),
+        ({"model": None}, ["'model'"]),
+        ({"template": "no placeholder"}, ["'template'", "{text}"]),
+        ({"version": "2"}, ["'version'", "integer"]),
+        ({"scoring": 5}, ["'scoring'"]),
+        ({"examples": "x"}, ["'examples'"]),
+        ({"examples": [["hi", "billing"]]}, ["'examples'", "example 1"]),
+        ({"examples": [{"text": "hi", "label": "zzz"}]}, ["'examples'", "'zzz'", "not one of the labels"]),
+        ({"calibration": 7}, ["'calibration'"]),
+        ({"calibration": {"method": "fit"}}, ["'calibration'"]),
+        ({"weights_sha256": 5}, ["'weights_sha256'"]),
+        ({"versions": []}, ["'versions'"]),
+    ],
+)
+def test_task_file_with_wrong_types_names_the_field(tmp_path, bad, words):
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
+
+    p = write(tmp_path / "task.json", json.dumps(_task(**bad)))
+    with pytest.raises(TaskError) as e:
+        Task.load(p)
+    for w in [str(p), *words]:
+        assert w in str(e.value), (w, str(e.value))
+
+
+@pytest.mark.parametrize(
+    "key, hint",
+    [("min_confidance", "did you mean 'min_confidence'?"), ("Labels", "did you mean 'labels'?"), ("zzz", "")],
+)
+def test_task_file_with_an_unknown_field_names_it_and_the_closest_known_one(tmp_path, key, hint):
+    """Issue 26: a misspelt field was ignored without a word (the threshold silently off)."""
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
+
+    p = write(tmp_path / "task.json", json.dumps(_task(**{key: 0.7})))
+    with pytest.raises(TaskError) as e:
+        Task.load(p)
+    assert str(p) in str(e.value) and f"unknown field {key!r}" in str(e.value) and hint in str(e.value)
+    assert Task.load(write(tmp_path / "ok.json", json.dumps(_task(created="2026-01-01", min_confidence=0.7))))
+
+
+def test_task_file_bytes_json_and_cli(tmp_path):
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
+
+    good = json.dumps(_task())
+    cases = {
+        "ff.json": (good[:40] + "\udcff" + good[40:]).encode("utf-8", "surrogateescape"),  # a 0xff byte
+        "deep.json": b"[" * 100_000,
+        "notjson.json": b"{oops",
+        "bigint.json": b'{"format": "mlx-slm.task", "version": 1' + b"1" * 5000 + b"}",
+    }
+    for name, data in cases.items():
+        with pytest.raises(TaskError, match=name):
+            Task.load(write(tmp_path / name, data))
+    with pytest.raises(TaskError, match="line 1: invalid UTF-8 \\(byte 0xff at column 41\\)"):
+        Task.load(tmp_path / "ff.json")
+    with pytest.raises(TaskError, match="is a folder"):
+        Task.load(tmp_path)
+    assert Task.load(write(tmp_path / "good.json", good)).labels == ("billing", "technical")
+    inp = write(tmp_path / "in.txt", "hello\n")
+    bad = write(tmp_path / "t.json", json.dumps(_task(warmup="abc")))
+    refused(cli("classify", str(inp), "--task", str(bad), "-o", str(tmp_path / "o.jsonl")), "'warmup'", str(bad))
+    refused(cli("classify", str(inp), "--task", str(tmp_path / "ff.json")), "invalid UTF-8")
+    # An example whose label is not a task label is refused, as the same example via --examples is.
+    ex = write(tmp_path / "ex.json", json.dumps(_task(examples=[{"text": "hi", "label": "refund"}])))
+    refused(cli("classify", str(inp), "--task", str(ex)), "'refund'", "not one of the labels")

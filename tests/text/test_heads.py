@@ -1,0 +1,578 @@
+"""Learned heads (issue 21): the head's maths, training, the head path of the Classifier,
+saved tasks, the CLI (`train`, then `classify`/`eval --task`), and parity with Transformers."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlx_slm.text.heads import (
+    Candidate,
+    Head,
+    HeadError,
+    _two_rows,
+    candidate_name,
+    fit,
+    fit_linear,
+    fit_logistic,
+    format_table,
+    head_input,
+    min_per_label,
+    standardiser,
+    temperature,
+)
+from mlx_slm.text.workload import tickets
+
+pytest.importorskip("sklearn")
+
+
+def _data(seed: int, n: int, f: int, k: int, signal: float = 2.0):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % k
+    centres = rng.normal(size=(k, f)) * signal
+    x = centres[y] + rng.normal(size=(n, f)) * rng.uniform(0.5, 3.0, size=f) + rng.normal(size=f) * 5
+    return x, y
+
+
+def _head(x, y, k, C=0.1, layers=(1,)):
+    mean, scale, coef, intercept = fit_logistic(x, y, k, C)
+    return Head(tuple(f"l{i}" for i in range(k)), tuple(layers), mean, scale, coef, intercept, C=C)
+
+
+# --------------------------------------------------------------------------- the maths
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    k=st.integers(2, 5),
+    f=st.integers(1, 12),
+    C=st.sampled_from([0.01, 0.3, 3.0]),
+)
+def test_numpy_predict_equals_sklearn_predict_proba(seed, k, f, C):
+    """Standardise + multinomial logistic regression, predicted in numpy, equals scikit-learn's
+    StandardScaler + LogisticRegression predict_proba (two labels: its one sigmoid row too)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = _data(seed, 12 * k, f, k)
+    h = _head(x, y, k, C)
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=500)).fit(x, y)
+    new = _data(seed + 1, 20, f, k)[0]
+    got = np.exp(h.log_probs(new[:, None, :]))
+    np.testing.assert_allclose(got, ref.predict_proba(new), atol=1e-6)
+    np.testing.assert_allclose(got.sum(1), 1, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 30), f=st.integers(1, 8))
+def test_standardiser_equals_standard_scaler(seed, n, f):
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, f)) * rng.uniform(0, 100, size=f) + rng.normal(size=f)
+    x[:, 0] = 7.25  # a feature with no spread keeps scale 1
+    mean, scale = standardiser(x)
+    sk = StandardScaler().fit(x)
+    np.testing.assert_allclose(mean, sk.mean_)
+    np.testing.assert_allclose(scale, sk.scale_)
+    assert scale[0] == 1.0
+
+
+def test_head_dict_roundtrip_and_checksum():
+    x, y = _data(0, 30, 6, 3)
+    h = _head(x, y, 3, layers=(2, 3))  # two layers of 3 features each
+    d = json.loads(json.dumps(h.to_dict()))
+    back = Head.from_dict(d)
+    assert back.labels == h.labels and back.layers == (2, 3) and back.sha256 == h.sha256 and back.dim == 3
+    feats = x.reshape(30, 2, 3)
+    np.testing.assert_array_equal(back.log_probs(feats), h.log_probs(feats))
+    bad = dict(d, coef=Head.to_dict(Head(h.labels, h.layers, h.mean, h.scale, h.coef * 1.001, h.intercept))["coef"])
+    with pytest.raises(HeadError, match="sha256"):
+        Head.from_dict(bad)
+    with pytest.raises(HeadError, match="'coef' holds"):
+        Head.from_dict(dict(d, coef=d["intercept"]))
+    with pytest.raises(HeadError, match="'layers'"):
+        Head.from_dict(dict(d, layers=[0]))
+    with pytest.raises(HeadError, match="takes features"):
+        h.log_probs(np.zeros((2, 1, 3)))
+
+
+def _c(*layers, pooling="last"):
+    return Candidate.of(layers, pooling)
+
+
+def test_fit_chooses_the_informative_layer_by_cv():
+    rng = np.random.default_rng(1)
+    n, k, dim = 60, 3, 8
+    y = np.arange(n) % k
+    noise = rng.normal(size=(n, dim))
+    useful = np.eye(k, dim)[y] * 3 + rng.normal(size=(n, dim))
+    feats = {"last": np.stack([noise, useful, noise[::-1]], axis=1)}  # layers 1, 2, 3
+    h = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2), _c(3), _c(1, 3)], folds=3)
+    assert h.layers == (2,) and h.poolings == ("last",) and h.info["chosen"]["accuracy"] > 0.9
+    rows = {tuple(r["layers"]): r for r in h.info["table"]}
+    assert rows[(1,)]["accuracy"] < 0.6 and set(rows) == {(1,), (2,), (3,), (1, 3)}
+    same = fit(
+        {"last": np.stack([useful, useful], axis=1)}, [1, 2], y, ["a", "b", "c"], [_c(2), _c(1), _c(1, 2)], folds=3
+    )
+    assert same.layers == (1,)  # a tie goes to the earlier (cheaper) layer
+    assert [(r["kind"], r["C"]) for r in h.info["regularisation"]] == [("lda", 0.1), ("logistic", 0.1)]
+    assert h.estimator == h.info["chosen"]["kind"] and h.estimator in ("lda", "logistic")
+    lr = fit(
+        feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], estimators=("logistic",), Cs=(0.01, 0.1, 1.0), folds=3
+    )
+    assert lr.estimator == "logistic" and [r["C"] for r in lr.info["regularisation"]] == [0.01, 0.1, 1.0]
+    assert h.info["chosen"]["log_loss_at_temperature"] <= h.info["chosen"]["log_loss"] + 1e-9
+
+    forced = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], forced=(1,), folds=3)
+    assert forced.layers == (1,) and forced.info["forced"]
+    with pytest.raises(HeadError, match="at least 3 examples per label"):
+        fit({"last": feats["last"][:7]}, [1, 2, 3], y[:7], ["a", "b", "c"], [_c(1)], folds=3)
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_lda_equals_scikit_learns_shrinkage_lda(k):
+    """Our one-pass shrinkage LDA gives scikit-learn's LinearDiscriminantAnalysis(solver="lsqr",
+    shrinkage="auto") weights, with few examples per label and more features than examples."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    rng = np.random.default_rng(k)
+    y = np.repeat(np.arange(k), [4, 7, 5, 6, 9][:k])
+    x = rng.normal(size=(len(y), 40)) + np.eye(k, 40)[y] * 2
+    mean, scale, coef, intercept = fit_linear(x, y, k, "lda")
+    z = (x - mean) / scale
+    sk = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto").fit(z, y)
+    ref = Head(tuple("abcde"[:k]), (1,), mean, scale, *_two_rows(sk.coef_, sk.intercept_, k))
+    ours = Head(tuple("abcde"[:k]), (1,), mean, scale, coef, intercept)
+    np.testing.assert_allclose(ours.log_probs(x[:, None]), ref.log_probs(x[:, None]), atol=1e-8)
+    np.testing.assert_allclose(np.exp(ours.log_probs(x[:, None])), sk.predict_proba(z), atol=1e-8)
+
+
+def test_temperature_undoes_a_sharpened_softmax():
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(400, 5)) * 2
+    y = np.array([rng.choice(5, p=np.exp(r) / np.exp(r).sum()) for r in z])  # drawn from softmax(z)
+    assert abs(temperature(z * 7, y) / 7 - 1) < 0.25  # the logits 7x too sharp: T near 7
+
+
+def test_fit_chooses_the_pooling_by_cv_and_a_tie_goes_to_the_last_position():
+    rng = np.random.default_rng(2)
+    n, k, dim = 60, 3, 8
+    y = np.arange(n) % k
+    noise = rng.normal(size=(n, 2, dim))
+    useful = (np.eye(k, dim)[y] * 3 + rng.normal(size=(n, dim)))[:, None].repeat(2, axis=1)
+    cands = [_c(1), _c(2), _c(1, pooling="mean"), _c(2, pooling="mean")]
+    h = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3, combine=False)
+    assert (h.layers, h.poolings) == ((1,), ("mean",)) and h.info["chosen"]["poolings"] == ["mean"]
+    assert Head.from_dict(h.to_dict()).poolings == ("mean",)
+    assert "mean 1" in format_table(h) and "<- chosen" in format_table(h)
+    tie = fit({"last": useful, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3, combine=False)
+    assert (tie.layers, tie.poolings) == ((1,), ("last",))
+    forced = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, forced=(2,), folds=3)
+    assert (forced.layers, forced.poolings) == ((2,), ("mean",))  # --layer fixes the layer; CV picks the pooling
+    with pytest.raises(HeadError, match="pooling"):
+        Head.from_dict(dict(h.to_dict(), pooling="max"))
+
+
+def test_fit_joins_the_best_last_and_mean_parts_when_each_holds_half_the_signal():
+    """Two labels told apart by the last position only, two others by the mean only: the
+    greedy joint candidate (best last + best mean, side by side) is scored and wins, and
+    the head reads its parts from the features in order."""
+    rng = np.random.default_rng(3)
+    n, k, dim = 80, 4, 6
+    y = np.arange(n) % k
+    last = rng.normal(size=(n, 2, dim))
+    mean = rng.normal(size=(n, 2, dim))
+    last[:, 1, 0] += 6 * (y >= 2)  # layer 2, last: {0, 1} vs {2, 3}
+    mean[:, 0, 1] += 6 * (y % 2)  # layer 1, mean: {0, 2} vs {1, 3}
+    feats = {"last": last, "mean": mean}
+    cands = [_c(1), _c(2), _c(1, pooling="mean"), _c(2, pooling="mean")]
+    h = fit(feats, [1, 2], y, list("abcd"), cands, folds=4)
+    assert h.parts == ((2, "last"), (1, "mean")) and h.name == "2+mean 1"
+    assert h.info["chosen"]["accuracy"] > 0.9
+    assert max(r["accuracy"] for r in h.info["table"][:4]) < 0.8  # neither half alone
+    back = Head.from_dict(h.to_dict())
+    assert back.parts == h.parts and back.estimator == h.estimator and back.to_dict()["pooling"] == ["last", "mean"]
+    np.testing.assert_allclose(
+        back.log_probs(head_input(feats, [1, 2], back)), h.log_probs(head_input(feats, [1, 2], h))
+    )
+    assert (head_input(feats, [1, 2], h)[:, 0] == last[:, 1]).all() and (
+        head_input(feats, [1, 2], h)[:, 1] == mean[:, 0]
+    ).all()
+    with pytest.raises(HeadError, match="one per layer"):
+        Head.from_dict(dict(h.to_dict(), pooling=["last"]))
+
+
+# --------------------------------------------------------------------------- training data
+def _write_csv(path, rows, header=("text", "category")):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return str(path)
+
+
+def test_training_data_problems_name_the_fix(tmp_path):
+    from mlx_slm.jobs.train import TrainError, read_training_data
+
+    good = [(f"text {i}", "ab"[i % 2]) for i in range(10)]
+    d = read_training_data(_write_csv(tmp_path / "ok.csv", good), gold_field="category")
+    assert d.labels == ("a", "b") and list(d.gold[:4]) == [0, 1, 0, 1] and len(d.sha256) == 64
+    with pytest.raises(TrainError, match=r"'b' has 4.*at least 5 examples per label"):
+        read_training_data(_write_csv(tmp_path / "few.csv", good[:9]), gold_field="category")
+    with pytest.raises(TrainError, match=r"not in --labels: 'b' \(line 3\)"):
+        read_training_data(str(tmp_path / "ok.csv"), ["a", "c"], gold_field="category")
+    with pytest.raises(TrainError, match=r"'c' has 0"):
+        read_training_data(str(tmp_path / "ok.csv"), ["a", "b", "c"], gold_field="category")
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(TrainError, match="is empty"):
+        read_training_data(str(tmp_path / "empty.jsonl"))
+    with pytest.raises(TrainError, match="line 2: no gold label in 'label'"):
+        read_training_data(str(tmp_path / "ok.csv"))
+    assert min_per_label(3) == 3 and min_per_label(1) == 2
+
+
+# --------------------------------------------------------------------------- the head path
+LABELS = ("billing", "technical", "account")
+SYSTEM, TEMPLATE = "You classify tickets.", "Ticket: {text}\nCategory:"
+
+
+def _labelled(n_per: int = 8):
+    by = {lab: [] for lab in LABELS}
+    for t, lab in tickets(200):
+        if len(by[lab]) < n_per:
+            by[lab].append(t)
+    return [(t, lab) for lab in LABELS for t in by[lab]]
+
+
+@pytest.fixture(scope="module")
+def tiny_head(tiny_qwen_mlx):
+    """A head trained on the tiny model (random weights: what matters is the path, not accuracy)."""
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.train import TrainingData, head_classifier, train
+
+    engine = Engine.load(str(tiny_qwen_mlx))
+    data = _labelled()
+    clf = head_classifier(engine, LABELS, SYSTEM, TEMPLATE)
+    td = TrainingData("x.jsonl", [t for t, _ in data], np.array([LABELS.index(g) for _, g in data]), LABELS, [], "0")
+    head = train(clf, td, layers="1,2", folds=3)
+    return engine, head
+
+
+def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
+    """The head path runs the layers up to the head's only (no later block, no vocabulary
+    projection, no label tokens) and equals the head applied to each prompt's features alone."""
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.jobs.train import head_classifier
+
+    engine = tiny_head[0]
+    texts = [t for t, _ in tickets(20)]
+    got, errors, _ = head_classifier(engine, LABELS, SYSTEM, TEMPLATE).features(texts, [1])
+    f = got["last"]
+    assert errors == [None] * len(texts) and f.shape == (len(texts), 1, 64)
+    head = Head(LABELS, (1,), *fit_logistic(f[:, 0], np.arange(len(texts)) % 3, 3, 1.0))
+    clf = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head)
+    assert clf.mode == "head" and clf.labelset.row_tokens == 0 and clf.kind.label_extra == 0
+    m = engine.model
+    saved_layers = list(m.layers)
+
+    class Boom:
+        def __init__(self, layer):
+            self.layer_type = layer.layer_type  # read when the forward plans its masks
+
+        def __call__(self, *a, **k):
+            raise AssertionError("a layer after the head's ran")
+
+    try:
+        m.layers[1:] = [Boom(x) for x in m.layers[1:]]
+        monkeypatch.setattr(m, "logits", lambda *a, **k: (_ for _ in ()).throw(AssertionError("vocabulary ran")))
+        run = clf.run(texts, window=len(texts))
+        preds = list(run)
+        feats = [clf.features([t], [1])[0]["last"][0] for t in texts]
+    finally:
+        m.layers[:] = saved_layers
+        monkeypatch.undo()
+    assert run.stats.label_tokens == 0 and run.stats.items == len(texts)
+    one = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)
+    for p, q, f in zip(preds, one.classify(texts), feats):
+        lp = head.log_probs(f[None])[0]
+        assert p.label == q.label == LABELS[int(lp.argmax())]
+        np.testing.assert_allclose([p.scores[lab] for lab in LABELS], lp, atol=1e-4)
+        np.testing.assert_allclose([p.probs[lab] for lab in LABELS], [q.probs[lab] for lab in LABELS], atol=1e-4)
+        assert abs(sum(p.probs.values()) - 1) < 1e-9
+
+
+def test_head_refuses_calibration_and_other_labels(tiny_head):
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.text.labels import LabelError
+
+    engine, head = tiny_head
+    with pytest.raises(LabelError, match="calibration does not apply"):
+        Classifier(engine, LABELS, head=head, calibration="batch")
+    with pytest.raises(LabelError, match="trained for the labels"):
+        Classifier(engine, ("a", "b", "c"), head=head)
+    clf = Classifier(engine, LABELS, head=head)
+    with pytest.raises(LabelError, match="calibration does not apply"):
+        clf.classify(["x"], calibration="batch")
+    for setting in ({"scoring": "first"}, {"keep_logits": True}, {"label_pass": "per-label"}):
+        with pytest.raises(LabelError, match=f"{next(iter(setting))}=.* is a label-scoring setting"):
+            Classifier(engine, LABELS, head=head, **setting)
+    d = head.dim
+    wide = Head(LABELS, head.layers, *(np.concatenate([a, a], axis=-1) for a in (head.mean, head.scale, head.coef)),
+                head.intercept)  # fmt: skip
+    deep = Head(LABELS, (99,), head.mean[:d], head.scale[:d], head.coef[:, :d], head.intercept)
+    for other in (wide, deep):  # a head trained on another model
+        with pytest.raises(LabelError, match="use the model the head was trained on"):
+            Classifier(engine, LABELS, head=other)
+
+
+def test_task_with_head_roundtrip_and_refusals(tiny_head, tiny_qwen_mlx, tmp_path):
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
+    from mlx_slm.weights.convert import weights_sha256
+
+    engine, head = tiny_head
+    t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
+             weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
+    t.save(tmp_path / "t.json")
+    back = Task.load(tmp_path / "t.json")
+    assert back.head is not None and back.head.sha256 == head.sha256 and back.head.layers == head.layers
+    clf = Classifier.from_task(back, engine=engine)
+    assert clf.mode == "head" and clf.head.sha256 == head.sha256
+    d = json.loads((tmp_path / "t.json").read_text())
+    with pytest.raises(TaskError, match="takes no calibration"):
+        Task.from_dict(dict(d, calibration="batch"))
+    with pytest.raises(TaskError, match="trained for the labels"):
+        Task.from_dict(dict(d, labels=["x", "y", "z"]))
+    d2 = json.loads(json.dumps(d))
+    d2["head"]["sha256"] = "0" * 64
+    with pytest.raises(TaskError, match="field 'head'.*sha256"):
+        Task.from_dict(d2)
+    with pytest.raises(TaskError, match="head was trained on weights"):
+        Classifier.from_task(Task.from_dict(dict(d, weights_sha256="f" * 64)), engine=engine)
+    assert "head" not in Task("m", LABELS, None, "{text}").to_dict()  # tasks without a head: unchanged
+
+
+# --------------------------------------------------------------------------- the CLI
+def _run(args):
+    from mlx_slm.cli import main
+
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in _labelled(6)))
+    task = tmp_path / "task.json"
+    m = str(tiny_qwen_mlx)
+    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "1,3", "--folds", "3"])
+    assert r.exit_code == 0, r.output
+    # the tiny random model's mean-pooled states tell these tickets apart perfectly (a certain head);
+    # the last position's do not: that head's probabilities spread, for --min-confidence below
+    last = tmp_path / "last.json"
+    r = _run(["train", str(data), "--model", m, "--save-task", str(last), "--layers", "1,3", "--folds", "3", "--pooling", "last"])  # fmt: skip
+    assert r.exit_code == 0 and "mean" not in r.stdout.split("chosen:")[0], r.output
+    assert "CV accuracy" in r.stdout and "<- chosen" in r.stdout and "2+3" in r.stdout and "chosen: layer" in r.stdout
+    saved = json.loads(task.read_text())
+    assert saved["labels"] == sorted(LABELS) and saved["head"]["info"]["data_sha256"]
+    names = [candidate_name(x["layers"], x["poolings"]) for x in saved["head"]["info"]["table"]]
+    assert names[:6] == ["1", "3", "2+3", "mean 1", "mean 3", "mean 2+3"]  # then the best of each, side by side
+    assert len(names) == 7 and "+mean " in names[6]
+    out = tmp_path / "out.jsonl"
+    unseen = tmp_path / "unseen.jsonl"  # texts the head was not fitted on: its probabilities spread
+    seen = {t for t, _ in _labelled(6)}
+    unseen.write_text("".join([json.dumps({"text": t}) + "\n" for t, _ in tickets(200) if t not in seen][:18]))
+    r = _run(["classify", str(unseen), "--task", str(last), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    top = sorted(max(json.loads(x)["probs"].values()) for x in out.read_text().splitlines())
+    bar = next(p for p in top if p > top[0])  # some rows below it, some at or above
+    r = _run(["classify", str(unseen), "--task", str(last), "-o", str(out), "--min-confidence", repr(bar)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 18 and all(abs(sum(x["probs"].values()) - 1) < 1e-5 for x in rows)
+    assert any(x.get("abstained") for x in rows)
+    assert all(bool(x.get("abstained")) == (max(x["probs"].values()) < bar) for x in rows)
+    manifest = json.loads((tmp_path / "out.jsonl.mlx-slm.json").read_text())
+    assert (
+        manifest["settings"]["scoring"] == "head"
+        and manifest["settings"]["head"]["sha256"] == json.loads(last.read_text())["head"]["sha256"]
+    )
+    assert "head scoring" in r.stderr
+    r = _run(["eval", str(data), "--task", str(task), "-q"])
+    assert r.exit_code == 0 and "accuracy" in r.stdout
+    r = _run(["classify", str(data), "--task", str(task), "--calibrate", "batch"])
+    assert r.exit_code == 2 and "calibration does not apply" in r.output
+    r = _run(["classify", str(data), "--task", str(task), "--labels", "a,b"])
+    assert r.exit_code == 2 and "--labels changed" in r.output
+    # --layer forces an earlier layer; labels outside --labels and too few examples are refused
+    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "2", "--layer", "1", "--folds", "3", "-q"])  # fmt: skip
+    assert r.exit_code == 0 and json.loads(task.read_text())["head"]["layers"] == [1]
+    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--labels", "billing,technical"])
+    assert r.exit_code == 2 and "not in --labels: 'account'" in r.output
+    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--folds", "7"])
+    assert r.exit_code == 2 and "'account' has 6" in r.output and "at least 7 examples per label" in r.output
+
+
+# --------------------------------------------------------------------------- parity
+@pytest.mark.slow
+def test_head_parity_on_a_tiny_model(tiny_head, tiny_qwen_mlx, tmp_path):
+    """Our features at the head's layer(s) equal Transformers' hidden_states[layer], and the
+    head's labels from both feature sets are equal."""
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.parity.labels import run_head_parity
+    from mlx_slm.weights.convert import weights_sha256
+
+    _, head = tiny_head
+    t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
+             weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
+    r = run_head_parity(t, [t for t, _ in tickets(10)], batch_size=4)
+    assert r["forward_ok"], r
+    assert r["labels"]["agree"] == 10 and r["features"]["max_rel_diff"] < 1e-4 and r["classify_matches_features"]
+
+
+def _hidden_here(src, prompts, layers, poolings=(), start=0):
+    """`reference.hidden_in_child`, computed in this process on one thread: the same
+    `reference.hidden` on the same weights, without a child's ~5 s of importing Transformers
+    for a tiny model (the child itself is run by the CLI parity test on SmolLM2)."""
+    import time
+
+    from mlx_slm.parity.reference import Reference, hidden
+
+    ref = Reference(src, threads=1)
+    t = time.perf_counter()
+    hs = np.array([hidden(ref, p, layers, poolings, start) for p in prompts])
+    return hs, time.perf_counter() - t
+
+
+def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_mlx, monkeypatch):
+    """A head reading layer 2's last position and layer 1's mean: Transformers' hidden states
+    pooled the same way agree, and batched with the prefix cache equals one at a time without."""
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.jobs.train import head_classifier
+    from mlx_slm.parity import reference
+    from mlx_slm.parity.labels import run_head_parity
+    from mlx_slm.text.heads import fit_linear
+    from mlx_slm.weights.convert import weights_sha256
+
+    engine = tiny_head[0]
+    texts = [t for t, _ in tickets(24)]
+    got, _, _ = head_classifier(engine, LABELS, SYSTEM, TEMPLATE).features(texts, [1, 2], poolings=("last", "mean"))
+    shape = Head(
+        LABELS, (2, 1), np.zeros(128), np.ones(128), np.zeros((3, 128)), np.zeros(3), poolings=("last", "mean")
+    )
+    x = head_input(got, [1, 2], shape).reshape(len(texts), -1)
+    head = Head(
+        LABELS, (2, 1), *fit_linear(x, np.arange(len(texts)) % 3, 3, "lda"), poolings=("last", "mean"), estimator="lda"
+    )
+    batched = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head).classify(texts)
+    alone = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)
+    for p, q in zip(batched, alone.classify(texts)):
+        assert p.label == q.label
+        np.testing.assert_allclose([p.probs[lab] for lab in LABELS], [q.probs[lab] for lab in LABELS], atol=1e-4)
+    t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
+             weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
+    monkeypatch.setattr(reference, "hidden_in_child", _hidden_here)
+    r = run_head_parity(t, texts[:8], batch_size=4)
+    assert r["forward_ok"], r
+    assert r["labels"]["agree"] == 8 and r["features"]["max_rel_diff"] < 1e-4 and r["classify_matches_features"]
+    assert r["task"]["poolings"] == ["last", "mean"]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_head_parity_on_smollm2(smollm2_mlx, tmp_path):
+    """SmolLM2: a head trained on two layers (a middle one and the last), checked from the CLI."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in _labelled(5)))
+    task = tmp_path / "task.json"
+    r = _run(["train", str(data), "--model", "smollm2-135m", "--save-task", str(task), "--layers", "12,30", "-q"])
+    assert r.exit_code == 0, r.output
+    r = _run(["parity", "--task", str(task), "--n", "6", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["forward_ok"] and rep["labels"]["agree"] == 6 and rep["scoring"] == "head"
+
+
+def test_ray_worker_builds_the_head_classifier(tiny_head, tiny_qwen_mlx):
+    """Ray's worker class, fed the task as a dict (what remote nodes get), classifies with the head."""
+    pa = pytest.importorskip("pyarrow")
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.ray import ClassifyBatch
+    from mlx_slm.weights.convert import weights_sha256
+
+    engine, head = tiny_head
+    t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE, weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)
+    texts = [t for t, _ in tickets(6)]
+    want = [p.label for p in Classifier.from_task(t, engine=engine).classify(texts)]
+    worker = ClassifyBatch(t.to_dict())
+    assert worker.clf.mode == "head"
+    got = worker(pa.table({"text": texts}))
+    assert got.column("label").to_pylist() == want
+
+
+def test_server_uses_the_head_for_its_own_task_only(tiny_head, tiny_qwen_mlx):
+    from mlx_slm.server import ServeOptions, Service, classifier_loader
+
+    _, head = tiny_head
+    service = Service(
+        classifier_loader(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE, head=head), ServeOptions(max_wait_ms=5)
+    )
+    service._load()
+    key = service.default_key
+    assert service._back_classifier(key).mode == "head" and service.front_classifier(key).mode == "head"
+    other = service.task_key(["x", "y"], None, None, None)
+    assert service.front_classifier(other).head is None  # other labels: label scoring
+
+
+def test_server_reply_says_which_scoring_ran(tiny_head, tiny_qwen_mlx):
+    """A head task's server answers a request with its own labels by label scoring: the reply says so."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from mlx_slm.server import ServeOptions, Service, classifier_loader
+    from tests.server.test_app import ThreadServer
+
+    _, head = tiny_head
+    loader = classifier_loader(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE, head=head)
+    s = ThreadServer(Service(loader, ServeOptions(max_wait_ms=5))).start()
+    try:
+        own = httpx.post(s.url + "/v1/classify", json={"text": "refund please"}, timeout=30).json()
+        other = httpx.post(s.url + "/v1/classify", json={"text": "refund please", "labels": ["x", "y"]}, timeout=30)
+    finally:
+        s.stop()
+    assert own["scoring"] == "head" and set(own["results"][0]["probs"]) == set(LABELS)
+    assert other.json()["scoring"] == "labels" and set(other.json()["results"][0]["probs"]) == {"x", "y"}
+
+
+def test_training_gold_labels_with_spaces_around_them(tmp_path):
+    """A gold ' billing' beside 'billing' became a label of its own (a head with two billings,
+    each with half the examples); it is now named with its line."""
+    from mlx_slm.jobs.train import TrainError, read_training_data
+
+    rows = [{"text": f"t{i}", "label": lab} for i, lab in enumerate(["billing", "account"] * 5)]
+    rows.append({"text": "charged twice", "label": " billing"})
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for labels in (None, ["billing", "account"]):
+        with pytest.raises(TrainError, match="line 11: gold label ' billing' has spaces around it"):
+            read_training_data(str(p), labels, folds=2)
+
+
+@pytest.mark.parametrize("folds", [1, 0, True, 2.5])
+def test_every_training_entry_refuses_too_few_folds_before_any_work(folds, tmp_path):
+    """The folds are checked first, by each entry: no data read, no model loaded (neither exists here)."""
+    from mlx_slm.jobs.train import TrainError, run_train, run_train_fields
+
+    missing = str(tmp_path / "no-such.jsonl")
+    with pytest.raises(TrainError, match="at least 2 folds"):
+        run_train(missing, str(tmp_path / "t.json"), model="no-such-model", folds=folds)
+    with pytest.raises(TrainError, match="at least 2 folds"):
+        run_train_fields(missing, str(tmp_path / "t.json"), ["a", "b"], model="no-such-model", folds=folds)
