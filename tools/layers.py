@@ -256,7 +256,13 @@ KIND_OWN = (
     "kinds/",
     *("text/questions.py", "text/branches.py", "text/answers.py", "text/heads.py", "text/labels.py"),
     "text/seqcls.py",  # the kinds' pure pieces
-    *("weights/adapters.py", "weights/finetune.py", "weights/adapted.py", "weights/head_starts.py", "weights/export.py"),
+    *(
+        "weights/adapters.py",
+        "weights/finetune.py",
+        "weights/adapted.py",
+        "weights/head_starts.py",
+        "weights/export.py",
+    ),
     "models/",
 )
 KIND_NAMES = {"questions", "question", "plan", "head", "heads", "features_only"}

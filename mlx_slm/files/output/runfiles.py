@@ -24,6 +24,7 @@ READS: tuple[tuple[str, str], ...] = (
     ("examples_file", "--examples"),
     ("questions_file", "--questions"),
     ("calibration_data", "--calibration-data"),
+    ("none_data", "--none-data"),  # train --none-threshold auto's held-out texts
 )
 
 
