@@ -17,6 +17,6 @@ def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
     """Write JSON through a temporary file and a rename: readers see the old or the new, never half.
 
     The temporary file has a random name made exclusively in the same folder, and a link
-    at `path` is refused (mlx_slm.safefs)."""
+    at `path` is refused (mlx_slm.ground.safefs)."""
 
     _write(path, doc)

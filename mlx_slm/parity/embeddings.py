@@ -180,5 +180,5 @@ def format_embed_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # the child: python -m mlx_slm.embed_parity JOB OUT
+if __name__ == "__main__":  # the child: python -m mlx_slm.parity.embeddings JOB OUT
     Path(sys.argv[2]).write_text(json.dumps(_child(json.loads(Path(sys.argv[1]).read_text()))))

@@ -262,7 +262,7 @@ def local_type(src: str | Path) -> str:
     if p.exists():
         raise ConversionError(f"{src}: not a directory, a .gguf file or a hub id")
     raise ConversionError(
-        f"{src}: no such file or directory (convert reads local files; mlx_slm.sources.local fetches "
+        f"{src}: no such file or directory (convert reads local files; mlx_slm.weights.sources fetches "
         "a hub id or a built-in name first)"
     )
 

@@ -81,9 +81,9 @@ def test_a_new_save_gets_new_adapters_and_the_old_pair_stays_whole_until_then(tu
 
 KILLED = """
 import json, os, sys
-from mlx_slm.adapters import FineTuned
-from mlx_slm.task import Task
-from mlx_slm.tuning import save_finetuned
+from mlx_slm.weights.adapters import FineTuned
+from mlx_slm.classifier.task import Task
+from mlx_slm.jobs.finetune import save_finetuned
 
 task = Task.from_dict(json.loads(open(sys.argv[1]).read()))
 tuned = FineTuned.from_bytes(open(sys.argv[2], "rb").read())

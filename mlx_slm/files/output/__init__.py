@@ -20,7 +20,7 @@ The package, one module per concern, each importing only the ones before it: `pa
 output's format, never over an input), `runfiles` (the table of the files a run reads, none an
 output), `manifest` (the lock and the manifest), `records`
 (records and columns), `writers` (`Writer`, `ParquetRows`), `reader` (`read_records`),
-`resume` (`plan_resume`). Every name is importable from `mlx_slm.output`, as before the split.
+`resume` (`plan_resume`). Every name is importable from `mlx_slm.files.output`.
 """
 
 # job.py takes OutputError from here, as it could before the split.

@@ -1,5 +1,5 @@
 """Output records and columns, by their names of before: the shape itself lives in
-`mlx_slm.records` (`RecordShape`), the one builder of the JSONL object, the flat
+`mlx_slm.text.records` (`RecordShape`), the one builder of the JSONL object, the flat
 CSV/TSV/Parquet row, `classify_frame`'s row and Ray's."""
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ Pure numpy; nothing here needs MLX or a model.
 The package: `calibrator` (the `Calibrator`, the shared constants and array checks),
 `fitters` (batch, EM, the labelled fit, `fit` by name) and `run` (`CalibrationSpec` and the
 per-run `Calibration`), each importing only the ones before it. Every name is importable
-from `mlx_slm.calibration`, as before the split.
+from `mlx_slm.text.calibration`.
 """
 
 from .calibrator import (
