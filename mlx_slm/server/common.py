@@ -14,6 +14,9 @@ from .auth import check_auth
 from .checks import parse_body, read_body
 from .errors import HTTPError, error_response, http_error
 
+# The model names the decision clients send by default (typesafe-sdk, jev-lite, openai's docs).
+CLIENT_MODEL_NAMES = ("jev-latest", "jev-preview", "gpt-6-luna")
+
 
 async def until_disconnect(request: Any) -> None:
     while True:
@@ -101,5 +104,36 @@ class RouteContext:
             )
 
     def served_name(self) -> str:
+        """The name answers report: the first --served-model-name, else the model as served."""
+        if self.opts.served_model_names:
+            return self.opts.served_model_names[0]
         ld = self.service.loaded
         return (ld.model if ld is not None and ld.model else None) or "mlx-slm"
+
+    def release_date(self) -> str:
+        """System One's `release_date` (YYYY-MM-DD) of the served model: the day its weights were
+        written (the folder's newest file), else the day the server started."""
+        import datetime as dt
+
+        ld = self.service.loaded
+        when = float(self.started)
+        path = getattr(ld.clf, "path", None) if ld is not None else None
+        try:
+            if path:
+                from pathlib import Path
+
+                when = max((f.stat().st_mtime for f in Path(path).iterdir() if f.is_file()), default=when)
+        except OSError:
+            pass
+        return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%d")
+
+    def model_names(self) -> list[str]:
+        """Every name the decision routes answer to: the served name, each --served-model-name, the
+        model's path, and the names the clients send by default (System One's `jev-latest` and
+        `jev-preview`, OpenAI's `gpt-6-luna`): one model per server, so they are all this one."""
+        ld = self.service.loaded
+        names = [self.served_name(), *self.opts.served_model_names]
+        if ld is not None:
+            names += [ld.model, str(ld.clf.path) if ld.clf.path else ""]
+        names += list(CLIENT_MODEL_NAMES)
+        return [n for i, n in enumerate(names) if n and n not in names[:i]]

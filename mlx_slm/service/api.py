@@ -26,6 +26,9 @@ class ServeOptions:
     drain_timeout_s: float = 30.0  # SIGTERM: time to finish accepted requests
     api_key: str | None = None  # Bearer key for /v1/*; /health and /metrics stay open
     task_cache: int = 8  # per-request tasks kept (classifiers on the one engine)
+    state_cache: int = 64  # decisions: recent states whose keys and values are kept (0: none)
+    # More names the decision routes (and the model list) answer to; the first is the name answers report.
+    served_model_names: tuple[str, ...] = ()
 
     @property
     def items_limit(self) -> tuple[int, str]:
