@@ -76,6 +76,8 @@ class Loaded:
     model: str = ""
     weights_sha256: str | None = None
     clf_kwargs: dict[str, Any] = field(default_factory=dict)  # settings shared by per-request tasks
+    # Decisions: a per-question temperature by question key (`serve --task` of a fitted task); None: raw.
+    decision_calibration: dict[str, float] | None = None
 
 
 def classifier_loader(

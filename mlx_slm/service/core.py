@@ -20,6 +20,7 @@ from typing import Any
 
 from ..classifier.pipeline import item_cost, prefix_hit
 from .api import Answer, Loaded, ServeOptions, TaskSpec
+from .decide import DECIDE_KEY
 from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
 from .metrics import Metrics, attention_share
 from .scheduler import Job, Scheduler, post_to
@@ -40,6 +41,7 @@ class Service:
         self.loader, self.opts = loader, options or ServeOptions()
         self.metrics = Metrics()
         self.tasks = TaskCache(self.opts.task_cache)
+        self.tasks.state_cache = self.opts.state_cache
         self.scheduler = Scheduler(self.opts, self.metrics, self.tasks)
         self.ready = False
         self.load_error: str | None = None  # why the service cannot answer (the load failed, or the worker died)
@@ -208,6 +210,16 @@ class Service:
         results = await self._run(key, front, prepared, names, whole, truncate_hint, started, gone)
         return [r[0] for r in results]
 
+    async def decide(self, request: Any, *, started: float, gone: Callable[[], Awaitable[Any]] | None = None) -> Any:
+        """One decision request (`text.decisions.DecisionRequest`) as one item of the queue
+        (`service.decide`): its `DecisionResult` (a probability array per question; None for one
+        refused as over the context). Prepared on the front first, so a request that cannot run
+        raises the `Decider`'s `DecisionError` (tokens_exceeded) unqueued. Limits as `classify`'s."""
+        front = await _in_thread(self.tasks.decider, True)
+        item = await _in_thread(front.prepare, request)
+        got = await self._run(DECIDE_KEY, None, [item], ["state"], "state", "", started, gone, [item.cost], [False])
+        return self.metrics.decided(got[0][0].result)
+
     async def _run(
         self,
         key: tuple,
@@ -218,9 +230,12 @@ class Service:
         truncate_hint: str,
         started: float,
         gone: Callable[[], Awaitable[Any]] | None,
+        costs: Sequence[int] | None = None,
+        hits: Sequence[bool] | None = None,
     ) -> list[Any]:
         """Prepared items through the queue and the worker: each item's (result, queue s,
-        inference s), in input order; `Invalid` for the first item that cannot run."""
+        inference s), in input order; `Invalid` for the first item that cannot run. `costs` and
+        `hits`: given by a caller that is no classifier (decisions), else the batch plan's."""
         for it, name in zip(prepared, names):
             if it.error:
                 why = it.error.replace("--truncate head|tail|middle", truncate_hint).replace(
@@ -228,8 +243,10 @@ class Service:
                 )
                 raise Invalid(f"{name}: {why}", name)
         # Each item's cost in the micro-batch budget and the time estimate, by the batch plan's own rule.
-        hits = [prefix_hit(kind, it) for it in prepared]
-        costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
+        if hits is None:
+            hits = [prefix_hit(kind, it) for it in prepared]
+        if costs is None:
+            costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
         job = Job(len(prepared), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
         job.names = names
         with self._open_lock:

@@ -116,16 +116,18 @@ class Metrics:
                 self.hist["mlx_slm_queue_seconds"].observe(t0 - it.t_enqueued)
         self.count(self.items, "ok", len(items))
 
-    def record_decision(self, questions: int, refused: int, cached_tokens: int) -> None:
-        """One decision request answered: its questions (`refused` of them refused) and the state
-        tokens that came from the state cache (a hit when any did)."""
+    def decided(self, result: Any) -> Any:
+        """One decision request answered (its `DecisionResult`, returned): its questions, those
+        refused, and the state tokens that came from the state cache (a hit when any did)."""
+        cached = int(result.cached_tokens)
         with self.lock:
             self.decisions += 1
-            self.decision_questions += questions
-            self.decision_refusals += refused
-            self.state_hits += cached_tokens > 0
-            self.state_misses += cached_tokens <= 0
-            self.state_cached_tokens += max(0, cached_tokens)
+            self.decision_questions += len(result.probabilities)
+            self.decision_refusals += sum(p is None for p in result.probabilities)
+            self.state_hits += cached > 0
+            self.state_misses += cached <= 0
+            self.state_cached_tokens += max(0, cached)
+        return result
 
 
 class RateTracker:
