@@ -41,6 +41,17 @@ def validation_error(e: DecisionError) -> HTTPError:
     return err
 
 
+def _no_images(fld: str) -> HTTPError:
+    err = HTTPError(
+        422,
+        "images (assets) are not supported by this server, which reads text only: send the state as text or JSON",
+        fld,
+        outcome="invalid",
+    )
+    err.details = [((fld,) if fld != "body" else (), err.message, "images")]
+    return err
+
+
 class SystemOneRoutes:
     """POST /v1/systemone over the service."""
 
@@ -57,7 +68,11 @@ class SystemOneRoutes:
         ctx = self.ctx
         check_auth(request, ctx.opts.api_key)
         ctx.service.require_ready()
+        if request.headers.get("content-type", "").lower().startswith("multipart/"):
+            raise _no_images("body")  # typesafe-sdk sends images (assets) as multipart/form-data
         data = parse_body(await read_body(request, ctx.opts.max_body_bytes))
+        if isinstance(data, dict) and data.get("assets"):
+            raise _no_images("assets")
         if isinstance(data, dict) and isinstance(data.get("model"), str):
             self.check_model(data["model"])
         try:
