@@ -276,9 +276,8 @@ def read_rows(
     `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present; a
     CSV column named must be in the header, and with `pair_required` (the field was named) a
     Parquet column in the schema and a JSONL row's field in the row (else its error row).
-    `states` (`decide`): a JSONL or Parquet row's text is the first of these fields it has, and
-    may be any JSON value but null (a decision's state: a string, an object or an array); its
-    checks are the decision reader's (`text.decisions`). `text_field` is then unused.
+    `states` (`decide`): a JSONL/Parquet row's text is the first of these fields it has, any JSON
+    value but null (a decision's state, checked by `text.decisions`).
 
     Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
     format, or a CSV header that does not name the text column.
@@ -429,24 +428,14 @@ def _jsonl(
                 error=f'line {n}: expected a JSON object like {{"{text_field}": "..."}}, got {type(obj).__name__}',
             )
             continue
-        yield _record_row(n, obj, _state_field(obj, states) or text_field, id_field, gold, pair, pair_required,
-                          bool(states))  # fmt: skip
-
-
-def _state_field(obj: Any, states: tuple[str, ...]) -> str | None:
-    """The first of `states` that a record has (a decision's state: `state`, else `text`), or None."""
-    return next((f for f in states if f in obj), states[0] if states else None)
+        field = next((f for f in states if f in obj), states[0]) if states else text_field  # decide: state, else text
+        yield _record_row(n, obj, field, id_field, gold, pair, pair_required, bool(states))
 
 
 def _parquet(
-    path: str,
-    text_field: str,
-    id_field: str,
-    gold: Gold = None,
-    pair: str | None = None,
-    pair_required: bool = False,
+    path: str, text_field: str, id_field: str, gold: Gold = None, pair: str | None = None, pair_required: bool = False,
     states: tuple[str, ...] = (),
-) -> Iterator[Row]:
+) -> Iterator[Row]:  # fmt: skip
     """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
     try:
         import pyarrow.parquet as pq
@@ -505,8 +494,7 @@ def _record_row(
     any_value: bool = False,
 ) -> Row:
     """One record (a JSON object, a Parquet row) checked: its Row, or its error row (also when
-    `pair_required` and a JSON object has no `pair` field). `any_value`: the text may be any JSON
-    value but null (a decision's state, checked by its own reader)."""
+    `pair_required` and a JSON object has no `pair` field); `any_value`: any JSON value but null."""
     explicit = id_field in obj
     rid: Any = obj[id_field] if explicit else n
     if explicit:
@@ -534,17 +522,13 @@ def _record_row(
             )
     if text_field not in obj:
         fields = ", ".join(map(repr, obj)) or "none"
-        return Row(
-            n,
-            rid,
-            error=f"line {n}: missing field {text_field!r} (fields present: {fields}); "
-            + (
-                "give the row its state (a string, an object or an array), or name its field with --state-field"
-                if any_value
-                else "use --text-field to name it"
-            ),  # fmt: skip
-            explicit_id=explicit,
+        fix = (
+            "give the row its state, or name its field with --state-field"
+            if any_value
+            else "use --text-field to name it"
         )
+        why = f"line {n}: missing field {text_field!r} (fields present: {fields}); {fix}"
+        return Row(n, rid, error=why, explicit_id=explicit)
     t = obj[text_field]
     if any_value and t is not None and not isinstance(t, str):
         return Row(n, rid, t, explicit_id=explicit, gold=_gold_value(gold, obj.get))

@@ -68,8 +68,9 @@ class QuestionColumns:
 
 # A record's forms: one label per row ("label"), the labels at or above a threshold of a
 # multi-label head ("multi"), one score of a one-output head ("score"); answers per question
-# are the `questions` shape.
-FORMS = ("label", "multi", "score")
+# are the `questions` shape; a `decide` run's typed answers ("decisions": System One's or OpenAI's
+# answers as they are, a flat row holding them as one JSON text column, `answers`).
+FORMS = ("label", "multi", "score", "decisions")
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ class RecordShape:
             return ["id", "labels", *(f"p_{lab}" for lab in self.labels), "truncated", "line", "error"]
         if self.form == "score":
             return ["id", "label", "score", "logit", "truncated", "line", "error"]
+        if self.form == "decisions":
+            return ["id", "answers", "line", "error"]
         return [
             "id",
             "label",
@@ -333,6 +336,8 @@ def flat_record(rec: dict[str, Any]) -> dict[str, Any]:
     for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
         for lab, p in (rec.get(key) or {}).items():
             flat[prefix + lab] = p
-    if rec.get("answers"):
+    if isinstance(rec.get("answers"), str):  # a decide run's answers, as one JSON text
+        flat["answers"] = rec["answers"]
+    elif rec.get("answers"):
         flat.update(flat_answers(rec["answers"]))
     return flat
