@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..text.decisions import DecisionError
+
 DECIDE_KEY = ("decide",)
 
 
@@ -39,7 +41,8 @@ class DecisionItem:
 
 @dataclass
 class Decided:
-    """A decision item's answer: its `DecisionResult`, at its index in the micro-batch."""
+    """A decision item's answer: its `DecisionResult` (or the `DecisionError` it alone raised), at
+    its index in the micro-batch."""
 
     index: int
     result: Any
@@ -63,15 +66,29 @@ class DecisionRun:
     stats: DecisionStats = field(default_factory=DecisionStats)
 
     def __iter__(self) -> Iterator[Decided]:
-        d = self.decider
-        if hasattr(d, "run_items") and all(it.prepared is not None for it in self.items):
-            results = d.run_items([it.prepared for it in self.items])
-        else:
-            results = d.decide([it.request for it in self.items])
+        try:
+            results: list[Any] = list(self._run(self.items))
+        except DecisionError as e:
+            # One request the Decider refuses (found only here) must not fail the others of the
+            # micro-batch: each runs alone, and the one at fault gets its error as its answer.
+            results = [e] if len(self.items) == 1 else [self._alone(it) for it in self.items]
         for it, r in zip(self.items, results):
-            self.stats.processed_tokens += max(0, int(r.input_tokens) - int(r.cached_tokens))
-            self.stats.prefix_saved_tokens += int(r.cached_tokens)
+            if not isinstance(r, DecisionError):
+                self.stats.processed_tokens += max(0, int(r.input_tokens) - int(r.cached_tokens))
+                self.stats.prefix_saved_tokens += int(r.cached_tokens)
             yield Decided(it.index, r)
+
+    def _run(self, items: Sequence[DecisionItem]) -> Sequence[Any]:
+        d = self.decider
+        if hasattr(d, "run_items") and all(it.prepared is not None for it in items):
+            return d.run_items([it.prepared for it in items])
+        return d.decide([it.request for it in items])
+
+    def _alone(self, item: DecisionItem) -> Any:
+        try:
+            return self._run([item])[0]
+        except DecisionError as e:
+            return e
 
 
 class DecisionTask:

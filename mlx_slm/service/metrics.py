@@ -118,7 +118,10 @@ class Metrics:
 
     def decided(self, result: Any) -> Any:
         """One decision request answered (its `DecisionResult`, returned): its questions, those
-        refused, and the state tokens that came from the state cache (a hit when any did)."""
+        refused, and the state tokens that came from the state cache (a hit when any did). A
+        `DecisionError` the worker's `Decider` raised for it is raised here, uncounted."""
+        if isinstance(result, Exception):
+            raise result
         cached = int(result.cached_tokens)
         with self.lock:
             self.decisions += 1
