@@ -220,6 +220,7 @@ class Engine:
                 mx.array(batch.mask),
                 mx.array(batch.offsets),
                 cache=prefix.kv if prefix else None,
+                cache_mask=getattr(prefix, "mask", None),  # rows continuing heads of their own (`StackedPrefix`)
                 last_only=n not in mean_layers,
                 collect=collect,
             )

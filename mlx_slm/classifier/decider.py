@@ -1,0 +1,248 @@
+"""`Decider`: typed decisions (System One, OpenAI) on an engine, the Python API and what the
+service and `mlx-slm decide` call.
+
+    decider = Decider.load("smollm2-135m")
+    (result,) = decider.decide([parse_systemone(body, decider.config)])
+    result.probabilities  # one array per question, in its options' order
+
+A call's requests run together: every request's state once (several states in one forward),
+then every question of every request as a branch after its own state, in one batch
+(`kinds.decisions`). Probabilities are Transformers' generic decision path's: the label logits
+at the last position, divided by the question type's temperature (the model folder's
+decision.json), softmaxed; a per-question calibration (a temperature by question key, fitted
+by `eval --decisions --fit`) divides them further, and is off unless given.
+
+A bounded LRU of recent states' keys and values (`state_cache` entries, `state_cache_bytes`
+at most) lets a state asked again run only its questions: the same tokens, or (OpenAI's
+`prompt_cache_key`) a state that starts as the one last asked under that key reuses the
+tokens they share. `DecisionResult.cached_tokens` says how many came from it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..engine.engine import Engine
+from ..kinds.decisions import (
+    DecisionItem,
+    DecisionPlanner,
+    StateKV,
+    base_of,
+    branch_answers,
+    encode_states,
+)
+from ..text import batching
+from ..text.decisions import DecisionConfig, DecisionRequest
+from ..text.labels import softmax
+from ..text.prompts import common_prefix
+
+STATE_CACHE = 64  # recent states whose keys and values are kept
+STATE_CACHE_BYTES = 512 * 2**20  # and at most this much of them
+BATCH_SIZE = 16  # requests a forward runs at once
+MAX_BATCH_TOKENS = 4096  # their tokens (state parts and branches) at most, a single larger request alone
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    """One request's answer: each question's probabilities over its options (in `q.options`
+    order, after the temperatures), None for a question refused as over the context (OpenAI's
+    refusal); the input tokens (the state part once, each question's own) and those that came
+    from the state cache."""
+
+    request: DecisionRequest
+    probabilities: tuple[np.ndarray | None, ...]
+    input_tokens: int
+    cached_tokens: int = 0
+
+
+class StateCache:
+    """The bounded LRU of recent states' KV: by their tokens, and by OpenAI's prompt_cache_key
+    (the state last asked under it). Thread-safe; `entries` 0 is off."""
+
+    def __init__(self, entries: int = STATE_CACHE, max_bytes: int = STATE_CACHE_BYTES):
+        self.entries, self.max_bytes = int(entries), int(max_bytes)
+        self._by_tokens: OrderedDict[tuple[int, ...], StateKV] = OrderedDict()
+        self._by_key: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._by_tokens)
+
+    def get(self, tokens: Sequence[int], cache_key: str | None = None) -> tuple[StateKV | None, int]:
+        """(the cached KV to continue, its length): the whole state, or (a cache_key's) the
+        part its tokens share with the state last asked under that key; (None, 0) if none."""
+        if self.entries <= 0:
+            return None, 0
+        key = tuple(tokens)
+        with self._lock:
+            hit = self._by_tokens.get(key)
+            if hit is not None:
+                self._by_tokens.move_to_end(key)
+                self.hits += 1
+                return hit, len(key)
+            last = self._by_key.get(cache_key) if cache_key is not None else None
+            entry = self._by_tokens.get(last) if last is not None else None
+            if entry is not None:
+                n = min(len(common_prefix([entry.tokens, key])), len(key) - 1)
+                if n > 0:
+                    self._by_tokens.move_to_end(last)  # type: ignore[arg-type]
+                    self.hits += 1
+                    return entry.head(n), n
+            self.misses += 1
+            return None, 0
+
+    def put(self, state: StateKV, cache_key: str | None = None) -> None:
+        if self.entries <= 0 or state.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            if state.tokens not in self._by_tokens:
+                self._bytes += state.nbytes
+            self._by_tokens[state.tokens] = state
+            self._by_tokens.move_to_end(state.tokens)
+            if cache_key is not None:
+                self._by_key[cache_key] = state.tokens
+                self._by_key.move_to_end(cache_key)
+                while len(self._by_key) > 4 * self.entries:
+                    self._by_key.popitem(last=False)
+            while len(self._by_tokens) > self.entries or self._bytes > self.max_bytes:
+                _, old = self._by_tokens.popitem(last=False)
+                self._bytes -= old.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_tokens.clear()
+            self._by_key.clear()
+            self._bytes = 0
+
+
+class Decider:
+    """Decision requests answered on an engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: DecisionConfig | None = None,
+        *,
+        state_cache: int = STATE_CACHE,
+        state_cache_bytes: int = STATE_CACHE_BYTES,
+        calibration: Mapping[str, float] | None = None,
+        batch_size: int = BATCH_SIZE,
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
+        max_length: int | None = None,
+    ):
+        self.engine = engine
+        self.config = config or DecisionConfig()
+        self.calibration = dict(calibration or {})
+        for key, t in self.calibration.items():
+            if not (isinstance(t, (int, float)) and t > 0 and np.isfinite(t)):
+                raise ValueError(
+                    f"the calibration temperature of question {key!r} must be a positive number, got {t!r}"
+                )
+        self.batch_size, self.max_batch_tokens = int(batch_size), int(max_batch_tokens)
+        self.max_length = int(max_length or engine.max_length)
+        self.states = StateCache(state_cache, state_cache_bytes)
+        with engine.lock:
+            self.planner = DecisionPlanner(engine.tokenizer, self.config, self.max_length)
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path,
+        *,
+        decision_config: DecisionConfig | None = None,
+        dtype: str | None = None,
+        **kw: Any,
+    ) -> Decider:
+        """A model by name, path or hub id (`Engine.load`); its folder's decision.json and
+        decision_template.jinja unless `decision_config` is given."""
+        engine = Engine.load(model, dtype=dtype)
+        if decision_config is None:
+            path = engine.path
+            decision_config = DecisionConfig.from_folder(path if path is not None and Path(path).is_dir() else None)
+        return cls(engine, decision_config, **kw)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    # ------------------------------------------------------------------ preparing
+    def prepare(self, requests: Sequence[DecisionRequest]) -> list[DecisionItem]:
+        """Each request tokenized (its state part, each question's tokens, its cost in tokens);
+        a `DecisionError` (tokens_exceeded) for a System One request over the context."""
+        with self.engine.lock:
+            return [self.planner.item(i, r) for i, r in enumerate(requests)]
+
+    # ------------------------------------------------------------------ running
+    def decide(self, requests: Sequence[DecisionRequest]) -> list[DecisionResult]:
+        """Every request's answers, in input order (see `prepare` for what is refused)."""
+        return self.run_items(self.prepare(requests))
+
+    def run_items(self, items: Sequence[DecisionItem]) -> list[DecisionResult]:
+        """Prepared items run in batches: their states once (from the state cache where it has
+        them), then every question as a branch; results in the items' order."""
+        results: list[DecisionResult | None] = [None] * len(items)
+        live = [i for i, it in enumerate(items) if it.ids]
+        for i, it in enumerate(items):
+            if not it.ids:  # every question over the context: refused
+                results[i] = DecisionResult(it.request, tuple(None for _ in it.chains), 0, 0)
+        costs = [items[i].cost for i in live]
+        for idx in batching.plan(costs, self.batch_size, self.max_batch_tokens, sort=True):
+            group = [items[live[j]] for j in idx]
+            for j, res in zip(idx, self._run_batch(group)):
+                results[live[j]] = res
+        return results  # type: ignore[return-value]
+
+    def _run_batch(self, items: list[DecisionItem]) -> list[DecisionResult]:
+        states: list[StateKV | None] = [None] * len(items)
+        cached = [0] * len(items)
+        fresh: dict[tuple[int, ...], list[int]] = {}  # a state asked twice in one batch runs once
+        bases: dict[tuple[int, ...], tuple[Any, list[int]]] = {}
+        head = base_of(self.engine, self.planner.head) if len(self.planner.head) else None
+        for r, it in enumerate(items):
+            got, n = self.states.get(it.ids, it.request.cache_key)
+            if got is not None and n == len(it.ids):
+                states[r], cached[r] = got, n
+                continue
+            fresh.setdefault(it.key, []).append(r)
+            if it.key in bases:
+                continue
+            if got is not None:
+                base, cached[r] = got, n
+            elif head is not None and len(it.ids) >= len(head) and tuple(it.ids[: len(head)]) == head.tokens:
+                base = head
+            else:
+                base = None
+            bases[it.key] = (base, it.ids[len(base) if base is not None else 0 :])
+        to_run = [k for k, (b, rest) in bases.items() if rest]
+        for k, (b, _) in bases.items():
+            if k not in to_run:  # the state part is the chat template's head alone
+                for r in fresh[k]:
+                    states[r] = StateKV(b.tokens, b.kv)
+        if to_run:
+            for k, s in zip(to_run, encode_states(self.engine, [bases[k] for k in to_run])):
+                for r in fresh[k]:
+                    states[r] = s
+                self.states.put(s, items[fresh[k][0]].request.cache_key)
+        for rs in fresh.values():  # the cache_key's reuse counted for each row asking it
+            for r in rs[1:]:
+                cached[r] = cached[rs[0]]
+        scores = branch_answers(self.engine, items, states)  # type: ignore[arg-type]
+        out = []
+        for it, sc, c in zip(items, scores, cached):
+            probs = []
+            for q, s, t in zip(it.request.questions, sc, it.temperatures):
+                if s is None:
+                    probs.append(None)
+                    continue
+                probs.append(softmax(np.asarray(s, dtype=np.float64) / (t * self.calibration.get(q.key, 1.0))))
+            out.append(DecisionResult(it.request, tuple(probs), it.input_tokens, c))
+        return out

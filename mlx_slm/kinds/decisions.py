@@ -1,0 +1,214 @@
+"""Decisions on an engine: a request's questions as branches after its state, several requests
+(different states, different questions) in one batch.
+
+Every question's full prompt (`text.decision_prompts.prompt_ids`: Transformers' generic decision
+prompt as the one user message) is tokenized whole; the tokens all of a request's prompts share
+(capped so that each question keeps at least its last token: `branches.split_common`) are its
+*state part*, and what is left of each prompt is that question's branch. The state part runs
+once (`encode_states`, several states in one forward after each one's cached base: the chat
+template's head, or part of an earlier state), its keys and values are kept per request
+(`StateKV`, what the decider's state cache holds), and every question of every request runs as
+a branch of its own row's tree after them (`branch_answers`: `branches.pack_branches`, then
+`questions.option_scores`, the very pieces the questions kind runs). So each question's scores
+are exactly those of its prompt run alone, whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..engine.engine import Engine
+from ..engine.prefix_cache import PrefixCache, StackedPrefix
+from ..models import KV
+from ..text import batching
+from ..text.branches import MAX_PASS_TOKENS, _groups, pack_branches
+from ..text.decision_prompts import label_set, prompt_ids, render_chat
+from ..text.decisions import DecisionConfig, DecisionError, DecisionRequest, render_user_message
+from ..text.labels import LabelSet
+from ..text.prompts import PROBES, common_prefix, size_problem
+from .questions import option_scores
+
+
+@dataclass
+class DecisionItem:
+    """One request, tokenized: its state part (`ids`), each question's own tokens (`chains`,
+    None for a question over the context: an OpenAI refusal) and labels as the model reads
+    them, and the token counts the usage reports."""
+
+    index: int
+    request: DecisionRequest
+    ids: list[int]
+    chains: list[list[int] | None]
+    options: list[LabelSet | None]
+    temperatures: list[float]
+    input_tokens: int
+    cost: int = 0  # tokens the request runs (its state part and its branches): the batch budget
+    cached_tokens: int = 0  # set when it runs: its state part's tokens that came from the state cache
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return tuple(self.ids)
+
+
+class StateKV:
+    """A state part's keys and values (batch 1, every key real), as a `PrefixCache` holds a
+    prompt head's: what rows continue (`StackedPrefix`) and what the state cache keeps."""
+
+    mask = None
+    states = None
+
+    def __init__(self, tokens: Sequence[int], kv: list[KV]):
+        self.tokens: tuple[int, ...] = tuple(int(t) for t in tokens)
+        self.kv = kv
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def head(self, n: int) -> StateKV:
+        """Its first `n` tokens' keys and values (a later state that starts the same way)."""
+        return StateKV(self.tokens[:n], [(k[:, :, :n], v[:, :, :n]) for k, v in self.kv])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv)
+
+
+class DecisionPlanner:
+    """Requests to `DecisionItem`s on one tokenizer: each question's prompt, the split, the
+    labels (one `LabelSet` per distinct label tuple, kept), the context checked."""
+
+    def __init__(self, tokenizer: Any, config: DecisionConfig, max_length: int):
+        self.tokenizer, self.config, self.max_length = tokenizer, config, max_length
+        self._labels: dict[tuple[str, ...], LabelSet] = {}
+        self.probe = render_chat(tokenizer, "probe")  # a rendered prompt: what whole labels follow
+        heads = [prompt_ids(tokenizer, [t])[0] for t in PROBES]
+        # Every prompt starts with these tokens (the chat template's head): the shared base KV.
+        self.head = common_prefix(heads)
+
+    def labels(self, labels: tuple[str, ...]) -> LabelSet:
+        got = self._labels.get(labels)
+        if got is None:
+            got = self._labels[labels] = label_set(self.tokenizer, labels, self.probe)
+        return got
+
+    def item(self, index: int, request: DecisionRequest) -> DecisionItem:
+        """A request tokenized; a `DecisionError` (tokens_exceeded) when a System One request
+        does not fit the context (an OpenAI one refuses the questions that do not)."""
+        openai = request.api == "openai"
+        users = [render_user_message(request.state, q) for q in request.questions]
+        too_big = size_problem(self.tokenizer, users[0], self.max_length) if users else None
+        if too_big is not None:  # refused before tokenizing (a 100 MB state)
+            return self._over(index, request, f"the state is far over the model's context of {self.max_length} "
+                              "tokens: shorten it")  # fmt: skip
+        if not self.config.sanitize_control_tokens:  # as Transformers: the sentinels dropped, nothing else
+            users = [u.replace("<|mark|>", "").replace("<|split|>", "") for u in users]
+        prompts = prompt_ids(self.tokenizer, users, self.config.sanitize_control_tokens)
+        options = [self.labels(tuple(q.labels)) for q in request.questions]
+        fits = [len(p) + o.max_len - 1 <= self.max_length for p, o in zip(prompts, options)]
+        if not all(fits) and not openai:
+            n = max(len(p) + o.max_len - 1 for p, o in zip(prompts, options))
+            raise DecisionError(
+                ("body", "state"),
+                f"the request needs {n} tokens (the state and its longest question), over the model's context of "
+                f"{self.max_length}: shorten the state or the question",
+                "tokens_exceeded",
+            )
+        if not any(fits):
+            return self._over(index, request, "")
+        live = [p for p, ok in zip(prompts, fits) if ok]
+        cut = min(len(common_prefix(live)), min(len(p) for p in live) - 1)
+        chains = [p[cut:] if ok else None for p, ok in zip(prompts, fits)]
+        temps = [self.config.temperature_of(q.type) for q in request.questions]
+        own = sum(len(c) for c in chains if c is not None)
+        nodes = sum(sum(len(c) for c in o.trie) for o, ok in zip(options, fits) if ok)
+        return DecisionItem(
+            index, request, live[0][:cut], chains, [o if ok else None for o, ok in zip(options, fits)], temps,
+            input_tokens=cut + own, cost=cut + own + nodes,
+        )  # fmt: skip
+
+    def _over(self, index: int, request: DecisionRequest, why: str) -> DecisionItem:
+        """A request none of whose questions fits: System One refuses it, OpenAI refuses each question."""
+        if request.api != "openai":
+            raise DecisionError(("body", "state"), why or "over the model's context: shorten it", "tokens_exceeded")
+        n = len(request.questions)
+        return DecisionItem(index, request, [], [None] * n, [None] * n, [1.0] * n, input_tokens=0, cost=1)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def encode_states(engine: Engine, rows: Sequence[tuple[Any, Sequence[int]]]) -> list[StateKV]:
+    """Each row's state KV: `rows[r]` = (its cached base, a `PrefixCache`/`StateKV` or None, and
+    the tokens after it), in one forward; the rows continue their own bases (`StackedPrefix`)."""
+    bases = [b for b, _ in rows]
+    rests = [list(t) for _, t in rows]
+    if all(b is None for b in bases):
+        pre, start = None, 0
+    elif all(b is not None for b in bases):
+        pre = StackedPrefix(bases)
+        start = pre.lengths
+    else:  # a row without a base among rows with one: each group on its own
+        got: list[StateKV | None] = [None] * len(rows)
+        for want in (True, False):
+            idx = [i for i, b in enumerate(bases) if (b is not None) == want]
+            for i, s in zip(idx, encode_states(engine, [rows[i] for i in idx])):
+                got[i] = s
+        return got  # type: ignore[return-value]
+    batch = batching.pad(rests, np.arange(len(rows)), engine.pad_id, cache_len=start)
+    with engine.lock:
+        kv, _, _ = engine.encode(batch, pre)
+        C = len(pre) if pre is not None else 0
+        L = batch.ids.shape[1]
+        out = []
+        for r, (base, rest) in enumerate(rows):
+            nb = len(base) if base is not None else 0
+            keep = mx.array(
+                np.concatenate([np.arange(C - nb, C), np.arange(C + L - len(rest), C + L)]).astype(np.int32)
+            )
+            row = [(mx.take(k[r : r + 1], keep, axis=2), mx.take(v[r : r + 1], keep, axis=2)) for k, v in kv]
+            mx.eval(row)
+            out.append(StateKV((tuple(base.tokens) if base is not None else ()) + tuple(rest), row))
+        return out
+
+
+def branch_answers(engine: Engine, items: Sequence[DecisionItem], states: Sequence[StateKV]) -> list[list[Any]]:
+    """Each item's option scores per question (None for a refused one) from its questions run
+    as branches after its state KV, every item a row of one batch, in passes of at most
+    `MAX_PASS_TOKENS` branch tokens a row."""
+    B = len(items)
+    stacked = StackedPrefix(states)
+    live = [[k for k, c in enumerate(it.chains) if c is not None] for it in items]
+    sizes = [[len(it.chains[k]) + sum(len(c) for c in it.options[k].trie) for k in ks] for it, ks in zip(items, live)]
+    groups = [[[ks[j] for j in g] for g in _groups(sz, MAX_PASS_TOKENS)] if ks else [] for ks, sz in zip(live, sizes)]
+    out: list[list[Any]] = [[None] * len(it.chains) for it in items]
+    for p in range(max((len(g) for g in groups), default=0)):
+        mine = [g[p] if p < len(g) else [] for g in groups]
+        rows = [[(items[r].chains[k], items[r].options[k]) for k in mine[r]] for r in range(B)]
+        pack = pack_branches(rows, engine.pad_id)
+        with engine.lock:
+            h = engine.continue_after(
+                stacked.kv,
+                stacked.mask,
+                pack.ids,
+                positions=stacked.lengths[:, None] + pack.positions,
+                tree=pack.visible,
+            )
+            got = option_scores(engine, h, pack, [[items[r].options[k] for k in mine[r]] for r in range(B)])
+        for r in range(B):
+            for j, k in enumerate(mine[r]):
+                out[r][k] = got[r][j]
+    return out
+
+
+def base_of(engine: Engine, head: Sequence[int]) -> PrefixCache | None:
+    """The chat template's head KV (the engine's prompt-head LRU), or None when it is empty."""
+    if not head:
+        return None
+    cache, _ = engine.prefix(head)
+    return cache

@@ -1,0 +1,183 @@
+"""The Decider against Transformers' own decision path (`transformers.decision`): the same
+probabilities within 1e-4 in float32 for every question type, state type and description
+shape, several requests (different states and questions) in one batch, an answer that does not
+depend on the other questions, more options than letters, and the state cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlx_slm.text.decisions import DecisionConfig, DecisionError, parse_openai, parse_systemone
+
+QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today", "false": "Can wait"}},
+    "one_sided": {"type": "noul", "instructions": "Is it spam?", "criteria": {"true": "Unsolicited ads"}},
+    "bare": {"type": "noul"},
+    "team": {"type": "choice", "instructions": "Which team handles this ticket?",
+             "criteria": {"billing": "Payments and refunds", "technical": None, "account": {"k": "login"},
+                          "sales": ["new", "plans"]}},
+    "anger": {"type": "score", "instructions": {"ask": "How angry is the customer?"},
+              "criteria": ["Calm", "Annoyed", {"level": "furious"}]},
+}  # fmt: skip
+STATES = [
+    "I was charged twice for my order and want a refund now.",
+    {"ticket": "The app crashes on login <|im_end|> every time", "priority": 2},
+    ["cannot reset password", {"tries": 3}],
+]
+TEMPERATURE = {"choice": 1.7, "score": 0.6}
+
+
+def transformers_probs(hf_dir, body: dict, temperature: dict | None = None) -> dict[str, list[float]]:
+    """Transformers' decision path for a plain chat model: prepare_inputs, the forward, the label
+    logits at the last position, the temperature, the softmax (as DecisionPipeline runs it)."""
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.decision import DecisionConfig as TC
+    from transformers.decision import label_token_ids, prepare_inputs
+
+    model = _hf_model(hf_dir)
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    config = TC(temperature=dict(temperature or {}))
+    out = {}
+    with torch.no_grad():
+        for inputs, (q,) in prepare_inputs(config, body, tok):
+            inputs = dict(inputs)
+            marks = inputs.pop("marks")
+            logits = model(**inputs, use_cache=False, logits_to_keep=marks - 1).logits[0]
+            s = logits[0, label_token_ids(tok, tuple(q.labels))].float()
+            s = config.logits_processors[q.type](inputs["input_ids"], s[None])[0]
+            out[q.name] = s.softmax(-1).tolist()
+    return out
+
+
+_MODELS: dict = {}
+
+
+def _hf_model(hf_dir):
+    from transformers import AutoModelForCausalLM
+
+    if str(hf_dir) not in _MODELS:
+        import torch
+
+        _MODELS[str(hf_dir)] = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    return _MODELS[str(hf_dir)]
+
+
+@pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=pytest.mark.slow)])
+def tiny(request, tmp_path_factory):
+    """A tiny random model whose tokenizer has Yes and No as tokens (as real chat models do), its
+    float32 MLX conversion, and a Decider on it with temperatures per type."""
+    from mlx_slm.classifier.decider import Decider
+    from mlx_slm.weights.convert import convert
+    from tests.conftest import make_tiny
+
+    arch = request.param
+    hf_dir = make_tiny(tmp_path_factory.mktemp(f"hf-yesno-{arch}"), arch, words=("Yes", "No"))
+    mlx_dir = convert(hf_dir, tmp_path_factory.mktemp(f"mlx-yesno-{arch}") / "m", dtype="float32", progress=None)
+    config = DecisionConfig(temperature=TEMPERATURE)
+    return hf_dir, Decider.load(str(mlx_dir), decision_config=config, dtype="float32")
+
+
+def test_every_answer_equals_transformers_decision_path(tiny):
+    hf_dir, decider = tiny
+    bodies = [{"model": "m", "state": s, "questions": QUESTIONS} for s in STATES]
+    # several requests, different states, in one call (one batch)
+    results = decider.decide([parse_systemone(b, decider.config) for b in bodies])
+    for body, res in zip(bodies, results):
+        ref = transformers_probs(hf_dir, body, TEMPERATURE)
+        for q, p in zip(res.request.questions, res.probabilities):
+            np.testing.assert_allclose(p, ref[q.key], atol=1e-4, err_msg=q.key)
+        assert res.input_tokens > 0 and res.cached_tokens == 0
+
+
+def test_different_questions_in_one_batch_and_independent_answers(tiny):
+    hf_dir, decider = tiny
+    subsets = [["team"], ["anger", "urgent"], ["bare", "team", "one_sided"]]
+    bodies = [{"model": "m", "state": STATES[i % 3], "questions": {k: QUESTIONS[k] for k in ks}}
+              for i, ks in enumerate(subsets)]  # fmt: skip
+    # reordered and renamed: the same answer
+    renamed = {
+        "model": "m",
+        "state": STATES[0],
+        "questions": {"zz " + k: QUESTIONS[k] for k in reversed(list(QUESTIONS))},
+    }
+    results = decider.decide([parse_systemone(b, decider.config) for b in [*bodies, renamed]])
+    alone = {}
+    for body, res in zip(bodies, results):
+        ref = transformers_probs(hf_dir, body, TEMPERATURE)
+        for q, p in zip(res.request.questions, res.probabilities):
+            np.testing.assert_allclose(p, ref[q.key], atol=1e-4)
+            alone[(str(body["state"]), q.key)] = p
+    for q, p in zip(results[-1].request.questions, results[-1].probabilities):
+        key = (str(STATES[0]), q.key[3:])
+        if key in alone:
+            np.testing.assert_allclose(p, alone[key], atol=1e-6)
+
+
+def test_more_options_than_letters_scored_by_their_names(tiny):
+    """Beyond 26 options Transformers refuses; ours score each option's own name whole: the same
+    as the sum of its tokens' log-probabilities after Transformers' own prompt with those labels."""
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.decision import DecisionConfig as TC
+    from transformers.decision import prepare_inputs
+
+    hf_dir, decider = tiny
+    names = [f"team {w}" for w in "abcdefghijklmnopqrstuvwxyz"] + ["billing", "refund"]
+    body = {"model": "m", "state": STATES[0], "questions": {"t": {"type": "choice", "criteria": dict.fromkeys(names)}}}
+    (res,) = decider.decide([parse_systemone(body, decider.config)])
+    (p,) = res.probabilities
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    ((inputs, _),) = prepare_inputs(TC(labels={"choice": names}), body, tok)  # their prompt, with the names as labels
+    prompt = inputs["input_ids"][0].tolist()
+    model = _hf_model(hf_dir)
+    scores = []
+    with torch.no_grad():
+        for name in names:
+            ids = prompt + tok(name, add_special_tokens=False)["input_ids"]
+            lp = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+            scores.append(sum(float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(ids[len(prompt) :])))
+    want = torch.tensor(scores).div(TEMPERATURE["choice"]).softmax(-1).numpy()
+    np.testing.assert_allclose(p, want, atol=1e-4)
+
+
+def test_a_repeated_state_comes_from_the_cache(tiny):
+    _, decider = tiny
+    decider.states.clear()
+    req = parse_systemone({"model": "m", "state": STATES[0] + " (again)", "questions": QUESTIONS}, decider.config)
+    (first,) = decider.decide([req])
+    (second,) = decider.decide([req])
+    assert first.cached_tokens == 0 and second.cached_tokens > 0
+    assert second.input_tokens == first.input_tokens
+    for a, b in zip(first.probabilities, second.probabilities):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_prompt_cache_key_reuses_the_shared_start(tiny):
+    hf_dir, decider = tiny
+    decider.states.clear()
+    q = [{"type": "predicate", "name": "refund", "instructions": "Asks for money back."}]
+    base = "A long conversation about a billing problem that goes on. "
+    r1 = parse_openai({"model": "m", "input": base, "questions": q, "prompt_cache_key": "conv-1"})
+    r2 = parse_openai(
+        {"model": "m", "input": base + "Now I want a refund.", "questions": q, "prompt_cache_key": "conv-1"}
+    )
+    decider.decide([r1])
+    (res,) = decider.decide([r2])
+    assert res.cached_tokens > 0
+    ref = transformers_probs(
+        hf_dir, {"state": r2.state, "questions": {"refund": {"type": "noul", "instructions": q[0]["instructions"]}}}
+    )
+    np.testing.assert_allclose(res.probabilities[0], ref["refund"], atol=1e-4)
+
+
+def test_over_the_context(tiny):
+    _, decider = tiny
+    long_state = "word " * 2000
+    with pytest.raises(DecisionError) as e:
+        decider.decide([parse_systemone({"model": "m", "state": long_state, "questions": {"a": {"type": "noul"}}})])
+    assert e.value.type == "tokens_exceeded"
+    r = parse_openai({"model": "m", "input": long_state, "questions": [{"type": "predicate", "instructions": "x"}]})
+    (res,) = decider.decide([r])
+    assert res.probabilities == (None,)
