@@ -62,6 +62,7 @@ from ..text.decisions import (
     openai_answer,
     questions_of,
     read_questions_file,
+    refusal,
     systemone_answer,
     text,
 )
@@ -154,8 +155,8 @@ def state_problem(row: Row) -> str | None:
 def answers(qs: Sequence[DecisionQuestion], probs: Sequence[np.ndarray], shape: str, keyed: bool = False) -> Any:
     """One state's answers in `shape`: System One's {key: answer}, or OpenAI's list in question order
     (`keyed`: the questions are a System One object, so each answer's `name` is its key)."""
-    if shape == "openai":
-        return [{**openai_answer(q, p), **({"name": q.key} if keyed and q.name is None else {})}
+    if shape == "openai":  # a question the state leaves no room for is OpenAI's refusal (the Decider gives None)
+        return [{**(refusal(q) if p is None else openai_answer(q, p)), **({"name": q.key} if keyed and q.name is None else {})}
                 for q, p in zip(qs, probs)]  # fmt: skip
     return {q.key: systemone_answer(q, p) for q, p in zip(qs, probs)}
 
