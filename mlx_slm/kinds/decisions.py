@@ -27,8 +27,24 @@ from ..engine.prefix_cache import PrefixCache, StackedPrefix
 from ..models import KV
 from ..text import batching
 from ..text.branches import MAX_PASS_TOKENS, _groups, pack_branches
-from ..text.decision_prompts import label_set, prompt_ids, render_chat
-from ..text.decisions import DecisionConfig, DecisionError, DecisionRequest, render_user_message
+from ..text.decision_prompts import (
+    MARK,
+    SPLIT,
+    label_set,
+    prompt_ids,
+    render_chat,
+    sentinel_tokenizer,
+    template_prompts,
+)
+from ..text.decisions import (
+    YES_NO,
+    DecisionConfig,
+    DecisionError,
+    DecisionQuestion,
+    DecisionRequest,
+    render_user_message,
+    text,
+)
 from ..text.labels import LabelSet
 from ..text.prompts import PROBES, common_prefix, size_problem
 from .questions import option_scores
@@ -87,9 +103,24 @@ class DecisionPlanner:
         self.tokenizer, self.config, self.max_length = tokenizer, config, max_length
         self._labels: dict[tuple[str, ...], LabelSet] = {}
         self.probe = render_chat(tokenizer, "probe")  # a rendered prompt: what whole labels follow
-        heads = [prompt_ids(tokenizer, [t])[0] for t in PROBES]
+        # A model folder's own decision template: its prompts encoded as Transformers encodes them.
+        self.own = sentinel_tokenizer(tokenizer) if config.chat_template else None
+        probe_q = DecisionQuestion("probe", "noul", "?", tuple(config.noul_options), (None, None), YES_NO)
+        heads = [self.prompts(DecisionRequest(t, (probe_q,)))[0] for t in PROBES]
         # Every prompt starts with these tokens (the chat template's head): the shared base KV.
         self.head = common_prefix(heads)
+
+    def prompts(self, request: DecisionRequest) -> list[list[int]]:
+        """Each question's prompt, up to where its answer is read."""
+        cfg = self.config
+        if self.own is not None:
+            return template_prompts(
+                self.own, cfg.chat_template, request.state, request.questions, cfg.sanitize_control_tokens
+            )
+        users = [render_user_message(request.state, q) for q in request.questions]
+        if not cfg.sanitize_control_tokens:  # as Transformers: the sentinels dropped, nothing else
+            users = [u.replace(MARK, "").replace(SPLIT, "") for u in users]
+        return prompt_ids(self.tokenizer, users, cfg.sanitize_control_tokens)
 
     def labels(self, labels: tuple[str, ...]) -> LabelSet:
         got = self._labels.get(labels)
@@ -101,14 +132,11 @@ class DecisionPlanner:
         """A request tokenized; a `DecisionError` (tokens_exceeded) when a System One request
         does not fit the context (an OpenAI one refuses the questions that do not)."""
         openai = request.api == "openai"
-        users = [render_user_message(request.state, q) for q in request.questions]
-        too_big = size_problem(self.tokenizer, users[0], self.max_length) if users else None
-        if too_big is not None:  # refused before tokenizing (a 100 MB state)
+        if size_problem(self.tokenizer, text(request.state), self.max_length) is not None:
+            # refused before tokenizing (a 100 MB state)
             return self._over(index, request, f"the state is far over the model's context of {self.max_length} "
                               "tokens: shorten it")  # fmt: skip
-        if not self.config.sanitize_control_tokens:  # as Transformers: the sentinels dropped, nothing else
-            users = [u.replace("<|mark|>", "").replace("<|split|>", "") for u in users]
-        prompts = prompt_ids(self.tokenizer, users, self.config.sanitize_control_tokens)
+        prompts = self.prompts(request)
         options = [self.labels(tuple(q.labels)) for q in request.questions]
         fits = [len(p) + o.max_len - 1 <= self.max_length for p, o in zip(prompts, options)]
         if not all(fits) and not openai:

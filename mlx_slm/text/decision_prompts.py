@@ -38,10 +38,10 @@ def _template_literals(template: str) -> str:
     import jinja2.nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     try:
         ast = env.parse(template)
-    except jinja2.TemplateError:
+    except jinja2.TemplateError:  # a tag of Transformers' own ({% generation %}): the raw text
         return template
     found = {n.data for n in ast.find_all(jinja2.nodes.TemplateData)}
     found |= {n.value for n in ast.find_all(jinja2.nodes.Const) if isinstance(n.value, str)}
@@ -148,3 +148,83 @@ def label_set(tokenizer: Any, labels: Sequence[str], probe: str) -> LabelSet:
         return build_labelset(tokenizer, list(labels), probe, "auto")
     except LabelError as e:
         raise DecisionError(("body", "questions"), f"the options cannot be read as labels: {e}") from None
+
+
+# --------------------------------------------------------------------------- a model's own decision template
+
+
+def sentinel_tokenizer(tokenizer: Any) -> Any:
+    """A copy of `tokenizer` with Transformers' decision sentinels added (as `prepare_inputs`
+    adds them), for a model folder's own `decision_template.jinja`: its prompts are encoded by
+    Transformers' own `apply_chat_template`, and the sentinels dropped from the ids (`read_marks`).
+    The engine's tokenizer is never changed: its vocabulary stays the model's."""
+    import copy
+
+    from transformers import AddedToken
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in (MARK, SPLIT)])
+    return tok
+
+
+def template_inputs(q: Any) -> dict[str, Any]:
+    """A question as Transformers' `asdict(Question)` hands it to a decision template."""
+    from .decision_types import option_text
+
+    return {
+        "name": q.key, "type": q.type, "instructions": q.instructions,
+        "options": [option_text(o) for o in q.options], "labels": list(q.labels), "descriptions": list(q.descriptions),
+    }  # fmt: skip
+
+
+def template_prompts(tok: Any, template: str, state: Any, questions: Sequence[Any], sanitize: bool) -> list[list[int]]:
+    """Each question's prompt under a model's own decision template (`tok`: `sentinel_tokenizer`),
+    cut at the position Transformers reads it (its `<|mark|>`, or the end when the template has
+    none): the logits there depend on nothing after it. A template that reads `questions` renders
+    them all in one prompt, question i read at its i-th mark."""
+    import json
+
+    from .decision_types import DecisionError
+
+    if not sanitize:  # as Transformers: the sentinels dropped from the request, nothing escaped
+        state = json.loads(json.dumps(state, ensure_ascii=False).replace(MARK, "").replace(SPLIT, ""))
+    together = "questions" in _template_variables(template)
+    groups = [list(questions)] if together else [[q] for q in questions]
+    mark, split = tok.convert_tokens_to_ids([MARK, SPLIT])
+    out: list[list[int]] = []
+    for group in groups:
+        kwargs = {"state": state, "question": template_inputs(group[0])}
+        if together:
+            kwargs["questions"] = [template_inputs(q) for q in group]
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": ""}], chat_template=template, add_generation_prompt=True,
+            enable_thinking=False, sanitize_control_tokens=sanitize, tokenize=True, return_dict=False, **kwargs,
+        )  # fmt: skip
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        kept = [t for t in ids if t not in (mark, split)]
+        marks, n = [], 0
+        for t in ids:
+            if t == mark:
+                marks.append(n)
+            elif t != split:
+                n += 1
+        if not marks:
+            marks = [len(kept)]
+        if len(marks) < len(group):
+            raise DecisionError(("body", "questions"), f"the model's decision template marks {len(marks)} places "
+                                f"to read for {len(group)} questions")  # fmt: skip
+        out += [kept[: marks[i]] for i in range(len(group))]
+    return out
+
+
+@lru_cache(maxsize=16)
+def _template_variables(template: str) -> frozenset[str]:
+    import jinja2
+    import jinja2.meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
+    except jinja2.TemplateError:
+        return frozenset()

@@ -28,7 +28,7 @@ STATES = [
 TEMPERATURE = {"choice": 1.7, "score": 0.6}
 
 
-def transformers_probs(hf_dir, body: dict, temperature: dict | None = None) -> dict[str, list[float]]:
+def transformers_probs(hf_dir, body: dict, temperature: dict | None = None, config=None) -> dict[str, list[float]]:
     """Transformers' decision path for a plain chat model: prepare_inputs, the forward, the label
     logits at the last position, the temperature, the softmax (as DecisionPipeline runs it)."""
     import torch
@@ -38,16 +38,17 @@ def transformers_probs(hf_dir, body: dict, temperature: dict | None = None) -> d
 
     model = _hf_model(hf_dir)
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
-    config = TC(temperature=dict(temperature or {}))
+    config = config or TC(temperature=dict(temperature or {}))
     out = {}
     with torch.no_grad():
-        for inputs, (q,) in prepare_inputs(config, body, tok):
+        for inputs, qs in prepare_inputs(config, body, tok):
             inputs = dict(inputs)
             marks = inputs.pop("marks")
             logits = model(**inputs, use_cache=False, logits_to_keep=marks - 1).logits[0]
-            s = logits[0, label_token_ids(tok, tuple(q.labels))].float()
-            s = config.logits_processors[q.type](inputs["input_ids"], s[None])[0]
-            out[q.name] = s.softmax(-1).tolist()
+            for i, q in enumerate(qs):
+                s = logits[i, label_token_ids(tok, tuple(q.labels))].float()
+                s = config.logits_processors[q.type](inputs["input_ids"], s[None])[0]
+                out[q.name] = s.softmax(-1).tolist()
     return out
 
 
@@ -181,3 +182,48 @@ def test_over_the_context(tiny):
     r = parse_openai({"model": "m", "input": long_state, "questions": [{"type": "predicate", "instructions": "x"}]})
     (res,) = decider.decide([r])
     assert res.probabilities == (None,)
+
+
+OWN_TEMPLATE = (
+    "{%- macro t(x) %}{{ x if x is string else x|tojson }}{% endmacro -%}"
+    "<|im_start|>user\nTicket: {{ t(state) }}\nQuestion: {{ t(question.instructions or '') }}\n"
+    "{% for o in question.options %}{{ question.labels[loop.index0] }}) {{ o }}\n{% endfor %}"
+    "<|im_end|>\n<|im_start|>assistant\nAnswer:<|mark|> and what follows is not read<|split|>"
+)
+
+
+def test_a_model_folders_own_decision_template(tiny, tmp_path):
+    """decision.json (labels, temperature, noul_options) and decision_template.jinja read as
+    Transformers reads them; the answer read at the template's mark."""
+    import json
+
+    from transformers.decision import DecisionConfig as TC
+
+    from mlx_slm.classifier.decider import Decider
+
+    hf_dir, decider = tiny
+    d = {"labels": {"noul": ["Yes", "No"], "choice": ["1", "2", "3", "4"]}, "temperature": {"noul": 0.8},
+         "noul_options": ["false", "true"]}  # fmt: skip
+    (tmp_path / "decision.json").write_text(json.dumps(d))
+    (tmp_path / "decision_template.jinja").write_text(OWN_TEMPLATE)
+    config = DecisionConfig.from_folder(tmp_path)
+    own = Decider(decider.engine, config, state_cache=0)
+    body = {"model": "m", "state": STATES[1], "questions": {k: QUESTIONS[k] for k in ("urgent", "team", "anger")}}
+    (res,) = own.decide([parse_systemone(body, config)])
+    ref = transformers_probs(hf_dir, body, config=TC.from_pretrained(str(tmp_path)))
+    for q, p in zip(res.request.questions, res.probabilities):
+        np.testing.assert_allclose(p, ref[q.key], atol=1e-4, err_msg=q.key)
+    assert res.request.questions[0].options == ("false", "true")
+
+
+def test_calibration_divides_by_the_question_temperature(tiny):
+    from mlx_slm.classifier.decider import Decider
+
+    hf_dir, decider = tiny
+    cal = Decider(decider.engine, decider.config, state_cache=0, calibration={"team": 2.0})
+    body = {"model": "m", "state": STATES[0], "questions": {k: QUESTIONS[k] for k in ("team", "urgent")}}
+    (raw,) = decider.decide([parse_systemone(body, decider.config)])
+    (got,) = cal.decide([parse_systemone(body, decider.config)])
+    np.testing.assert_allclose(got.probabilities[1], raw.probabilities[1], atol=1e-9)  # other questions as they were
+    want = np.exp(np.log(raw.probabilities[0]) / 2.0)
+    np.testing.assert_allclose(got.probabilities[0], want / want.sum(), atol=1e-9)
