@@ -185,3 +185,33 @@ def test_no_questions_is_a_usage_error(tiny, files):
     with pytest.raises(UsageError, match="--questions"):
         decide(DecideSettings(input=str(inp), model=tiny, quiet=True), lambda m: None)
     assert Path(inp).exists()
+
+
+@pytest.mark.slow
+def test_ray_writes_the_local_output(tiny, files, tmp_path):
+    """decide --ray (a local Ray, two workers, one Decider each) writes the local run's rows."""
+    pytest.importorskip("ray")
+    import ray
+
+    import mlx_slm.ray as mray
+
+    inp, q = files
+    local, spread = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    _run(tiny, inp, q, local)
+    mray.init(num_cpus=2)
+    try:
+        assert _run(tiny, inp, q, spread, ray=True, workers=2) == 3
+    finally:
+        ray.shutdown()
+    a = [json.loads(x) for x in local.read_text().splitlines()]
+    b = [json.loads(x) for x in spread.read_text().splitlines()]
+    assert [r["id"] for r in a] == [r["id"] for r in b]
+    for x, y in zip(a, b):
+        if "error" in x:
+            assert x == y
+            continue
+        for key, ans in x["answers"].items():
+            assert ans["type"] == y["answers"][key]["type"]
+            got = y["answers"][key].get("probabilities") or {"noul": y["answers"][key]["noul"]}
+            want = ans.get("probabilities") or {"noul": ans["noul"]}
+            np.testing.assert_allclose(list(got.values()), list(want.values()), atol=1e-6)
