@@ -37,6 +37,7 @@ class DecisionItem:
     cost: int = 1
     index: int = 0
     error: str | None = None
+    longest: int | None = None  # its longest row (the state and one question), for the time estimate
 
 
 @dataclass
@@ -105,7 +106,10 @@ class DecisionTask:
         d = self.decider
         if hasattr(d, "prepare"):
             (prepared,) = d.prepare([request])
-            return DecisionItem(request, prepared, max(1, int(getattr(prepared, "cost", 0) or _estimate(request))))
+            cost = max(1, int(getattr(prepared, "cost", 0) or _estimate(request)))
+            chains = [len(c) for c in getattr(prepared, "chains", ()) if c is not None]
+            longest = len(getattr(prepared, "ids", ())) + max(chains, default=0)
+            return DecisionItem(request, prepared, cost, longest=min(cost, longest) or None)
         return DecisionItem(request, None, _estimate(request))
 
     def run_items(self, items: Sequence[DecisionItem], ordered: bool = False) -> DecisionRun:

@@ -66,6 +66,12 @@ def post_to(job: Job, fn: Callable[..., None], *args: Any) -> None:
         pass
 
 
+def _longest(it: WorkItem) -> int:
+    """An item's longest row, for its attention's cost: the item itself (a text), or what it says
+    (a decision request: its state and its longest question, not all of them in one row)."""
+    return getattr(it.item, "longest", None) or it.cost
+
+
 @dataclass
 class WorkItem:
     job: Job
@@ -251,7 +257,7 @@ class Scheduler:
             if job.deadline <= now:
                 dropped += 1
                 continue
-            est = self.speed.estimate(it.cost)
+            est = self.speed.estimate(it.cost, _longest(it))
             if est > job.deadline - now:
                 refused.append(job)
                 self._refuse(it, est, job.deadline - now)
@@ -309,7 +315,7 @@ class Scheduler:
             m.count(m.items, "error", len(items))
             return
         infer = time.perf_counter() - t0
-        self.speed.observe(run.stats.processed_tokens, infer, max(it.cost for it in items))
+        self.speed.observe(run.stats.processed_tokens, infer, max(_longest(it) for it in items))
         m.record_batch([it for i, it in enumerate(items) if i in preds], run.stats, t0, infer)
         rate = len(preds) / infer if infer > 0 else 0.0
         self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate

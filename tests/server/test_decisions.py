@@ -138,15 +138,23 @@ def test_a_question_over_the_context_is_refused_and_the_others_answered(served):
 
 
 def test_a_state_asked_again_reuses_its_keys_and_values(served):
+    """The same request again: its state's keys and values from the state cache. Other questions
+    about the same input under the same `prompt_cache_key`: the tokens the two share."""
     _, client, _ = served
     state = "A state asked twice. " + INPUT * 4
     first = client.decisions.create(model="gpt-6-luna", input=state, questions=QUESTIONS)
-    again = client.decisions.create(model="gpt-6-luna", input=state, questions=QUESTIONS[:1])
+    again = client.decisions.create(model="gpt-6-luna", input=state, questions=QUESTIONS)
     assert first.usage.input_tokens_details.cached_tokens == 0
-    assert again.usage.input_tokens_details.cached_tokens > 0
-    assert again.answers[0].probability == pytest.approx(first.answers[0].probability, abs=1e-5)
-    keyed = client.decisions.create(model="gpt-6-luna", input=state, questions=QUESTIONS[:1], prompt_cache_key="c1")
-    assert keyed.answers[0].probability == pytest.approx(first.answers[0].probability, abs=1e-5)
+    assert 0 < again.usage.input_tokens_details.cached_tokens < again.usage.input_tokens
+    assert again.usage.input_tokens == first.usage.input_tokens
+    for a, b in zip(first.answers[1].probabilities, again.answers[1].probabilities):
+        assert a.value == b.value and a.probability == pytest.approx(b.probability, abs=1e-5)
+    other = "Another state, keyed. " + INPUT * 4
+    client.decisions.create(model="gpt-6-luna", input=other, questions=QUESTIONS, prompt_cache_key="c1")
+    keyed = client.decisions.create(model="gpt-6-luna", input=other, questions=QUESTIONS[:1], prompt_cache_key="c1")
+    alone = client.decisions.create(model="gpt-6-luna", input=other, questions=QUESTIONS[:1])
+    assert keyed.usage.input_tokens_details.cached_tokens > 0
+    assert keyed.answers[0].probability == pytest.approx(alone.answers[0].probability, abs=1e-5)
 
 
 BAD = {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import subprocess
 import sys
@@ -176,7 +175,7 @@ def test_an_answer_does_not_depend_on_other_questions_ids_or_order(served):
 
 def test_state_object_array_structured_text_and_many_options(served):
     srv, _ = served
-    many = {"Billing": None, **{f"Queue {i:03d}": f"Tickets for queue {i}" for i in range(1, 40)}}
+    many = {"Billing": None, **{f"Q{i}": None for i in range(1, 30)}}  # 30: beyond the 26 letters
     qs = {
         "q": {"type": "choice", "instructions": ["Route the ticket.", "Pick one."], "criteria": many},
         "n": {"type": "noul", "criteria": {"false": ["questions", "complaints"]}},
@@ -347,19 +346,31 @@ def _serve(model, *args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", [KEY, None], ids=["api-key", "open"])
-def test_jevcompat_passes_every_requirement(tiny_arch, key):
-    """`jevcompat test` (its runner, as the CLI runs it) against a real `mlx-slm serve`: with
-    --api-key the auth requirements, without it `auth.ignored-when-off`: all 48 between the two."""
+@pytest.mark.real
+def test_jevcompat_passes_every_requirement(smollm2_mlx):
+    """`jevcompat test` (its runner, as the CLI runs it) against a real `mlx-slm serve` on SmolLM2-135M
+    (the tiny model's context of 1,024 tokens cannot hold 64 options; SmolLM2's holds 255): with
+    --api-key every requirement but `auth.ignored-when-off`, which a second run without a key
+    passes (its preflight and auth cases), so all 48 between the two. A long request timeout: the
+    255-option request takes minutes on a loaded 2-core machine."""
     runner = pytest.importorskip("jevcompat.runner")
-    proc, url = _serve(tiny_arch.mlx("qwen2"), *(["--api-key", key] if key else []))
+    proc, url = _serve(smollm2_mlx, "--api-key", KEY, "--request-timeout", "900")
     try:
-        rep = runner.run(url, key=key, timeout=120)
+        rep = runner.run(url, key=KEY, timeout=900)
     finally:
         proc.terminate()
         proc.wait(30)
     failed = {r.id: [f.message for f in r.findings] for r in rep.results if r.status == "fail"}
-    assert rep.verdict == "conformant" and not failed, failed
-    skipped = {r.id for r in rep.results if r.status == "skip"}
-    assert skipped == ({"auth.ignored-when-off"} if key else {"auth.bearer", "auth.missing", "auth.invalid"})
-    assert not math.isnan(rep.seconds)
+    assert not failed and not rep.inconclusive, (failed, rep.inconclusive)
+    assert rep.verdict == "conformant" and {r.id for r in rep.results if r.status == "skip"} == {
+        "auth.ignored-when-off"
+    }
+    proc, url = _serve(smollm2_mlx)  # no key: an Authorization header is accepted and ignored
+    try:
+        open_rep = runner.run(url, key=None, timeout=300, only={"auth", "noul-basic"})
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    passed = {r.id for r in open_rep.results if r.status == "pass"}
+    assert "auth.ignored-when-off" in passed and not [r for r in open_rep.results if r.status == "fail"]
+    assert len({r.id for r in rep.results if r.status == "pass"} | passed) == 48
