@@ -41,10 +41,10 @@ from ..kinds.decisions import (
 from ..text import batching
 from ..text.decisions import DecisionConfig, DecisionRequest
 from ..text.labels import softmax
-from ..text.prompts import common_prefix
 
 STATE_CACHE = 64  # recent states whose keys and values are kept
 STATE_CACHE_BYTES = 512 * 2**20  # and at most this much of them
+MAX_SCORES_PER_STATE = 1024  # questions' answers kept with a cached state
 BATCH_SIZE = 16  # requests a forward runs at once
 MAX_BATCH_TOKENS = 4096  # their tokens (state parts and branches) at most, a single larger request alone
 
@@ -77,9 +77,10 @@ class StateCache:
     def __len__(self) -> int:
         return len(self._by_tokens)
 
-    def get(self, tokens: Sequence[int], cache_key: str | None = None) -> tuple[StateKV | None, int]:
-        """(the cached KV to continue, its length): the whole state, or (a cache_key's) the
-        part its tokens share with the state last asked under that key; (None, 0) if none."""
+    def get(self, tokens: Sequence[int], cache_key: str | None = None, floor: int = 0) -> tuple[StateKV | None, int]:
+        """(a cached state, how many of `tokens` it holds): the state itself, else the one that
+        shares the longest start with it (more than `floor` tokens; below the whole state, so a
+        token is left to run), the cache_key's last state first among equals; (None, 0) if none."""
         if self.entries <= 0:
             return None, 0
         key = tuple(tokens)
@@ -89,16 +90,20 @@ class StateCache:
                 self._by_tokens.move_to_end(key)
                 self.hits += 1
                 return hit, len(key)
-            last = self._by_key.get(cache_key) if cache_key is not None else None
-            entry = self._by_tokens.get(last) if last is not None else None
-            if entry is not None:
-                n = min(len(common_prefix([entry.tokens, key])), len(key) - 1)
-                if n > 0:
-                    self._by_tokens.move_to_end(last)  # type: ignore[arg-type]
-                    self.hits += 1
-                    return entry.head(n), n
-            self.misses += 1
-            return None, 0
+            first = self._by_key.get(cache_key) if cache_key is not None else None
+            order = ([first] if first in self._by_tokens else []) + [k for k in reversed(self._by_tokens) if k != first]
+            best, n = None, floor
+            want = np.asarray(key, dtype=np.int64)
+            for k in order:
+                m = _shared(np.asarray(k[: len(key) - 1], dtype=np.int64), want)
+                if m > n:
+                    best, n = k, m
+            if best is None:
+                self.misses += 1
+                return None, 0
+            self._by_tokens.move_to_end(best)
+            self.hits += 1
+            return self._by_tokens[best], n
 
     def put(self, state: StateKV, cache_key: str | None = None) -> None:
         if self.entries <= 0 or state.nbytes > self.max_bytes:
@@ -122,6 +127,13 @@ class StateCache:
             self._by_tokens.clear()
             self._by_key.clear()
             self._bytes = 0
+
+
+def _shared(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens two sequences share."""
+    m = min(len(a), len(b))
+    diff = np.flatnonzero(a[:m] != b[:m])
+    return int(diff[0]) if len(diff) else m
 
 
 class Decider:
@@ -201,22 +213,56 @@ class Decider:
                 results[live[j]] = res
         return results  # type: ignore[return-value]
 
+    @staticmethod
+    def _question_key(it: DecisionItem, k: int) -> tuple:
+        """A question's whole prompt and its labels: the same key, the same computation."""
+        return (tuple(it.ids) + tuple(it.chains[k]), it.options[k].token_ids)  # type: ignore[union-attr,arg-type]
+
+    def _known(self, it: DecisionItem, state: StateKV | None) -> dict[int, np.ndarray]:
+        """The questions of `it` a cached state has answered already (the same prompt and labels)."""
+        if state is None or not state.scores:
+            return {}
+        got = {}
+        for k, c in enumerate(it.chains):
+            if c is not None:
+                sc = state.scores.get(self._question_key(it, k))
+                if sc is not None:
+                    got[k] = sc
+        return got
+
+    def _remember(self, it: DecisionItem, state: StateKV | None, scores: list[Any], known: Mapping[int, Any]) -> None:
+        if state is None or self.states.entries <= 0:
+            return
+        for k, sc in enumerate(scores):
+            if sc is not None and k not in known and len(state.scores) < MAX_SCORES_PER_STATE:
+                state.scores[self._question_key(it, k)] = sc
+
     def _run_batch(self, items: list[DecisionItem]) -> list[DecisionResult]:
+        """One batch: each state from the cache, or run (once however many rows ask it) after the
+        longest start the cache holds of it (else the chat template's head); then every question
+        not answered before as a branch."""
         states: list[StateKV | None] = [None] * len(items)
         cached = [0] * len(items)
+        known: list[dict[int, np.ndarray]] = [{} for _ in items]
         fresh: dict[tuple[int, ...], list[int]] = {}  # a state asked twice in one batch runs once
         bases: dict[tuple[int, ...], tuple[Any, list[int]]] = {}
-        head = base_of(self.engine, self.planner.head) if len(self.planner.head) else None
+        head = base_of(self.engine, self.planner.head)
         for r, it in enumerate(items):
-            got, n = self.states.get(it.ids, it.request.cache_key)
-            if got is not None and n == len(it.ids):
-                states[r], cached[r] = got, n
+            entry, n = self.states.get(it.ids, it.request.cache_key, len(self.planner.head))
+            known[r] = self._known(it, entry)
+            own = sum(len(it.chains[k]) for k in known[r])  # type: ignore[arg-type]
+            if len(known[r]) == sum(c is not None for c in it.chains):  # every question answered before
+                cached[r] = it.input_tokens
+                continue
+            cached[r] = n + own
+            if entry is not None and n == len(it.ids):
+                states[r] = entry
                 continue
             fresh.setdefault(it.key, []).append(r)
             if it.key in bases:
                 continue
-            if got is not None:
-                base, cached[r] = got, n
+            if entry is not None:
+                base: Any = entry.head(n)
             elif head is not None and len(it.ids) >= len(head) and tuple(it.ids[: len(head)]) == head.tokens:
                 base = head
             else:
@@ -228,16 +274,14 @@ class Decider:
                 for r in fresh[k]:
                     states[r] = StateKV(b.tokens, b.kv)
         if to_run:
-            for k, s in zip(to_run, encode_states(self.engine, [bases[k] for k in to_run])):
+            for k, st in zip(to_run, encode_states(self.engine, [bases[k] for k in to_run])):
                 for r in fresh[k]:
-                    states[r] = s
-                self.states.put(s, items[fresh[k][0]].request.cache_key)
-        for rs in fresh.values():  # the cache_key's reuse counted for each row asking it
-            for r in rs[1:]:
-                cached[r] = cached[rs[0]]
-        scores = branch_answers(self.engine, items, states)  # type: ignore[arg-type]
+                    states[r] = st
+                self.states.put(st, items[fresh[k][0]].request.cache_key)
+        scores = branch_answers(self.engine, items, states, known)  # type: ignore[arg-type]
         out = []
-        for it, sc, c in zip(items, scores, cached):
+        for it, st, sc, kn, c in zip(items, states, scores, known, cached):
+            self._remember(it, st, sc, kn)
             probs = []
             for q, s, t in zip(it.request.questions, sc, it.temperatures):
                 if s is None:

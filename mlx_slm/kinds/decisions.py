@@ -15,7 +15,7 @@ are exactly those of its prompt run alone, whatever else shares the batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,9 @@ class StateKV:
     def __init__(self, tokens: Sequence[int], kv: list[KV]):
         self.tokens: tuple[int, ...] = tuple(int(t) for t in tokens)
         self.kv = kv
+        # Questions answered after this state: (their own tokens, their labels' tokens) -> option
+        # scores. A question asked again of the same state is the same computation: not run again.
+        self.scores: dict[tuple, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -205,20 +208,36 @@ def encode_states(engine: Engine, rows: Sequence[tuple[Any, Sequence[int]]]) -> 
         return out
 
 
-def branch_answers(engine: Engine, items: Sequence[DecisionItem], states: Sequence[StateKV]) -> list[list[Any]]:
+def branch_answers(
+    engine: Engine,
+    items: Sequence[DecisionItem],
+    states: Sequence[StateKV],
+    known: Sequence[Mapping[int, np.ndarray]] | None = None,
+) -> list[list[Any]]:
     """Each item's option scores per question (None for a refused one) from its questions run
     as branches after its state KV, every item a row of one batch, in passes of at most
-    `MAX_PASS_TOKENS` branch tokens a row."""
-    B = len(items)
-    stacked = StackedPrefix(states)
-    live = [[k for k, c in enumerate(it.chains) if c is not None] for it in items]
-    sizes = [[len(it.chains[k]) + sum(len(c) for c in it.options[k].trie) for k in ks] for it, ks in zip(items, live)]
-    groups = [[[ks[j] for j in g] for g in _groups(sz, MAX_PASS_TOKENS)] if ks else [] for ks, sz in zip(live, sizes)]
+    `MAX_PASS_TOKENS` branch tokens a row. `known[r]`: row r's questions already answered
+    (the state cache's), by index: not run again."""
     out: list[list[Any]] = [[None] * len(it.chains) for it in items]
-    for p in range(max((len(g) for g in groups), default=0)):
+    todo: list[list[int]] = []
+    for r, it in enumerate(items):
+        have = known[r] if known is not None else {}
+        for k, sc in have.items():
+            out[r][k] = sc
+        todo.append([k for k, c in enumerate(it.chains) if c is not None and k not in have])
+    rows_run = [r for r in range(len(items)) if todo[r]]
+    if not rows_run:
+        return out
+    stacked = StackedPrefix([states[r] for r in rows_run])
+    groups = []
+    for r in rows_run:
+        it, ks = items[r], todo[r]
+        sizes = [len(it.chains[k]) + sum(len(c) for c in it.options[k].trie) for k in ks]  # type: ignore[arg-type]
+        groups.append([[ks[j] for j in g] for g in _groups(sizes, MAX_PASS_TOKENS)])
+    for p in range(max(len(g) for g in groups)):
         mine = [g[p] if p < len(g) else [] for g in groups]
-        rows = [[(items[r].chains[k], items[r].options[k]) for k in mine[r]] for r in range(B)]
-        pack = pack_branches(rows, engine.pad_id)
+        rows = [[(items[r].chains[k], items[r].options[k]) for k in ks] for r, ks in zip(rows_run, mine)]
+        pack = pack_branches(rows, engine.pad_id)  # type: ignore[arg-type]
         with engine.lock:
             h = engine.continue_after(
                 stacked.kv,
@@ -227,10 +246,10 @@ def branch_answers(engine: Engine, items: Sequence[DecisionItem], states: Sequen
                 positions=stacked.lengths[:, None] + pack.positions,
                 tree=pack.visible,
             )
-            got = option_scores(engine, h, pack, [[items[r].options[k] for k in mine[r]] for r in range(B)])
-        for r in range(B):
-            for j, k in enumerate(mine[r]):
-                out[r][k] = got[r][j]
+            got = option_scores(engine, h, pack, [[items[r].options[k] for k in ks] for r, ks in zip(rows_run, mine)])
+        for i, (r, ks) in enumerate(zip(rows_run, mine)):
+            for j, k in enumerate(ks):
+                out[r][k] = got[i][j]
     return out
 
 

@@ -144,15 +144,27 @@ def test_more_options_than_letters_scored_by_their_names(tiny):
 
 
 def test_a_repeated_state_comes_from_the_cache(tiny):
-    _, decider = tiny
+    """The same state again: its KV from the cache; the same questions again: their answers too
+    (the same computation), all counted in cached_tokens; a new question runs after the cached state."""
+    hf_dir, decider = tiny
     decider.states.clear()
-    req = parse_systemone({"model": "m", "state": STATES[0] + " (again)", "questions": QUESTIONS}, decider.config)
+    state = STATES[0] + " (again)"
+    req = parse_systemone({"model": "m", "state": state, "questions": QUESTIONS}, decider.config)
     (first,) = decider.decide([req])
     (second,) = decider.decide([req])
-    assert first.cached_tokens == 0 and second.cached_tokens > 0
-    assert second.input_tokens == first.input_tokens
+    assert first.cached_tokens == 0 and second.cached_tokens == second.input_tokens == first.input_tokens
     for a, b in zip(first.probabilities, second.probabilities):
         np.testing.assert_array_equal(a, b)
+    new = {"other": {"type": "choice", "instructions": "Which product?", "criteria": {"app": None, "web": None}}}
+    body = {"model": "m", "state": state, "questions": {"team": QUESTIONS["team"], **new}}
+    (third,) = decider.decide([parse_systemone(body, decider.config)])
+    assert 0 < third.cached_tokens < third.input_tokens
+    ref = transformers_probs(hf_dir, body, TEMPERATURE)
+    for q, p in zip(third.request.questions, third.probabilities):
+        np.testing.assert_allclose(p, ref[q.key], atol=1e-4)
+    off = type(decider)(decider.engine, decider.config, state_cache=0)
+    off.decide([req])
+    assert off.decide([req])[0].cached_tokens == 0
 
 
 def test_prompt_cache_key_reuses_the_shared_start(tiny):
