@@ -13,9 +13,12 @@ decision.json), softmaxed; a per-question calibration (a temperature by question
 by `eval --decisions --fit`) divides them further, and is off unless given.
 
 A bounded LRU of recent states' keys and values (`state_cache` entries, `state_cache_bytes`
-at most) lets a state asked again run only its questions: the same tokens, or (OpenAI's
-`prompt_cache_key`) a state that starts as the one last asked under that key reuses the
-tokens they share. `DecisionResult.cached_tokens` says how many came from it.
+at most) lets a state asked again run only its questions: the state part a request shares
+with the cached one that starts the longest way like it (the same state asked with other
+questions, or a conversation grown under one OpenAI `prompt_cache_key`, whose last state is
+tried first) is not run again. A question asked again of a cached state (the same prompt and
+labels, so the same computation) is answered from the cache too (`answer_cache=False` runs it
+again, to measure the KV reuse alone). `DecisionResult.cached_tokens` counts both.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ class Decider:
         batch_size: int = BATCH_SIZE,
         max_batch_tokens: int = MAX_BATCH_TOKENS,
         max_length: int | None = None,
+        answer_cache: bool = True,
     ):
         self.engine = engine
         self.config = config or DecisionConfig()
@@ -162,6 +166,9 @@ class Decider:
         self.batch_size, self.max_batch_tokens = int(batch_size), int(max_batch_tokens)
         self.max_length = int(max_length or engine.max_length)
         self.states = StateCache(state_cache, state_cache_bytes)
+        self.answer_cache = bool(
+            answer_cache
+        )  # False: a cached state's questions run again (to measure the KV reuse alone)
         with engine.lock:
             self.planner = DecisionPlanner(engine.tokenizer, self.config, self.max_length)
 
@@ -220,7 +227,7 @@ class Decider:
 
     def _known(self, it: DecisionItem, state: StateKV | None) -> dict[int, np.ndarray]:
         """The questions of `it` a cached state has answered already (the same prompt and labels)."""
-        if state is None or not state.scores:
+        if state is None or not state.scores or not self.answer_cache:
             return {}
         got = {}
         for k, c in enumerate(it.chains):
@@ -231,7 +238,7 @@ class Decider:
         return got
 
     def _remember(self, it: DecisionItem, state: StateKV | None, scores: list[Any], known: Mapping[int, Any]) -> None:
-        if state is None or self.states.entries <= 0:
+        if state is None or self.states.entries <= 0 or not self.answer_cache:
             return
         for k, sc in enumerate(scores):
             if sc is not None and k not in known and len(state.scores) < MAX_SCORES_PER_STATE:
