@@ -239,3 +239,23 @@ def test_calibration_divides_by_the_question_temperature(tiny):
     np.testing.assert_allclose(got.probabilities[1], raw.probabilities[1], atol=1e-9)  # other questions as they were
     want = np.exp(np.log(raw.probabilities[0]) / 2.0)
     np.testing.assert_allclose(got.probabilities[0], want / want.sum(), atol=1e-9)
+
+
+def test_a_question_over_the_context_is_refused_alone(tiny):
+    """OpenAI: the question whose prompt is over the context is refused (None), the others
+    answered as alone; System One: the request is refused whole (tokens_exceeded)."""
+    hf_dir, decider = tiny
+    long = "Consider every word here. " * 400
+    qs = [{"type": "predicate", "name": "long", "instructions": long},
+          {"type": "choice", "name": "team", "instructions": "Which team?", "choices": [{"value": "billing"}, {"value": True}]}]  # fmt: skip
+    r = parse_openai({"model": "m", "input": STATES[0], "questions": qs})
+    (res,) = decider.decide([r])
+    assert res.probabilities[0] is None and res.probabilities[1] is not None
+    body = {"state": STATES[0], "questions": {"team": {"type": "choice", "instructions": "Which team?",
+                                                       "criteria": {"billing": None, "true": None}}}}  # fmt: skip
+    ref = transformers_probs(hf_dir, body, TEMPERATURE)  # a boolean value reads as JSON: "true"
+    np.testing.assert_allclose(res.probabilities[1], ref["team"], atol=1e-4)
+    s1 = {"model": "m", "state": STATES[0], "questions": {"long": {"type": "noul", "instructions": long}}}
+    with pytest.raises(DecisionError) as e:
+        decider.decide([parse_systemone(s1)])
+    assert e.value.type == "tokens_exceeded"
