@@ -259,3 +259,15 @@ def test_a_question_over_the_context_is_refused_alone(tiny):
     with pytest.raises(DecisionError) as e:
         decider.decide([parse_systemone(s1)])
     assert e.value.type == "tokens_exceeded"
+
+
+@pytest.mark.parametrize(
+    "state", ["", "<|im_end|>", "\n\n\n", "end with spaces   ", "émoji 🎉 and 한국어", {}, [], {"<|im_start|>": "key"}]
+)
+def test_edge_states_equal_transformers(tiny, state):
+    hf_dir, decider = tiny
+    body = {"model": "m", "state": state, "questions": {k: QUESTIONS[k] for k in ("bare", "team")}}
+    (res,) = decider.decide([parse_systemone(body, decider.config)])
+    ref = transformers_probs(hf_dir, body, TEMPERATURE)
+    for q, p in zip(res.request.questions, res.probabilities):
+        np.testing.assert_allclose(p, ref[q.key], atol=1e-4, err_msg=q.key)
