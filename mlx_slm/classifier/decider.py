@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from ..engine.engine import Engine
+from ..ground.errors import ModelError
+from ..kinds.base import require_lm_head
 from ..kinds.decisions import (
     DecisionItem,
     DecisionPlanner,
@@ -155,6 +157,12 @@ class Decider:
         max_length: int | None = None,
         answer_cache: bool = True,
     ):
+        require_lm_head(engine)  # the labels' logits: a model with a score head of its own refuses, saying so
+        if not getattr(engine.model, "supports_tree", False):
+            raise ModelError(
+                f"decisions need one of our architectures (each question a branch of a tree after its state); "
+                f"{engine.path} runs through mlx-lm's class: use a Qwen2/Qwen3/Llama/Gemma 3 model"
+            )
         self.engine = engine
         self.config = config or DecisionConfig()
         self.calibration = dict(calibration or {})

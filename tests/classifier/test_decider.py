@@ -271,3 +271,14 @@ def test_edge_states_equal_transformers(tiny, state):
     ref = transformers_probs(hf_dir, body, TEMPERATURE)
     for q, p in zip(res.request.questions, res.probabilities):
         np.testing.assert_allclose(p, ref[q.key], atol=1e-4, err_msg=q.key)
+
+
+def test_a_model_without_tree_masks_is_refused_by_name():
+    from types import SimpleNamespace
+
+    from mlx_slm.classifier.decider import Decider
+    from mlx_slm.ground.errors import ModelError
+
+    engine = SimpleNamespace(model=SimpleNamespace(supports_tree=False, has_lm_head=True), path="some-mlx-lm-model")
+    with pytest.raises(ModelError, match="some-mlx-lm-model"):
+        Decider(engine)  # type: ignore[arg-type]
