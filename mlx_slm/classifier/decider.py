@@ -44,7 +44,7 @@ from ..kinds.decisions import (
     encode_states,
 )
 from ..text import batching
-from ..text.decisions import DecisionConfig, DecisionRequest
+from ..text.decisions import DecisionConfig, DecisionError, DecisionRequest, parse_openai, parse_systemone
 from ..text.labels import softmax
 
 STATE_CACHE = 64  # recent states whose keys and values are kept
@@ -202,14 +202,27 @@ class Decider:
         return self.engine.tokenizer
 
     # ------------------------------------------------------------------ preparing
-    def prepare(self, requests: Sequence[DecisionRequest]) -> list[DecisionItem]:
+    def prepare(self, requests: Sequence[DecisionRequest | Mapping[str, Any]]) -> list[DecisionItem]:
         """Each request tokenized (its state part, each question's tokens, its cost in tokens);
-        a `DecisionError` (tokens_exceeded) for a System One request over the context."""
+        a `DecisionError` (tokens_exceeded) for a System One request over the context. A request
+        may be given as its body (a dict: OpenAI's when it has "input", else System One's)."""
+        reqs = [self.request(r) for r in requests]
         with self.engine.lock:
-            return [self.planner.item(i, r) for i, r in enumerate(requests)]
+            return [self.planner.item(i, r) for i, r in enumerate(reqs)]
+
+    def request(self, r: DecisionRequest | Mapping[str, Any]) -> DecisionRequest:
+        """A request as given, or read from its body (checked, with this model's decision settings)."""
+        if isinstance(r, DecisionRequest):
+            if not r.questions:
+                raise DecisionError(("body", "questions"), "no questions given: ask at least one", "too_short")
+            return r
+        if isinstance(r, Mapping):
+            body = {"model": "local", **r}
+            return parse_openai(body, self.config) if "input" in body else parse_systemone(body, self.config)
+        raise TypeError(f"a decision request is a DecisionRequest or its body (a dict), got {type(r).__name__}")
 
     # ------------------------------------------------------------------ running
-    def decide(self, requests: Sequence[DecisionRequest]) -> list[DecisionResult]:
+    def decide(self, requests: Sequence[DecisionRequest | Mapping[str, Any]]) -> list[DecisionResult]:
         """Every request's answers, in input order (see `prepare` for what is refused)."""
         return self.run_items(self.prepare(requests))
 

@@ -282,3 +282,17 @@ def test_a_model_without_tree_masks_is_refused_by_name():
     engine = SimpleNamespace(model=SimpleNamespace(supports_tree=False, has_lm_head=True), path="some-mlx-lm-model")
     with pytest.raises(ModelError, match="some-mlx-lm-model"):
         Decider(engine)  # type: ignore[arg-type]
+
+
+def test_bodies_as_dicts_and_an_empty_request(tiny):
+    from mlx_slm.text.decisions import DecisionRequest
+
+    _, decider = tiny
+    body = {"state": STATES[0], "questions": {"team": QUESTIONS["team"]}}
+    (a,) = decider.decide([body])
+    (b,) = decider.decide([parse_systemone({"model": "m", **body}, decider.config)])
+    np.testing.assert_allclose(a.probabilities[0], b.probabilities[0], atol=1e-12)
+    (c,) = decider.decide([{"input": STATES[0], "questions": [{"type": "predicate", "instructions": "Urgent?"}]}])
+    assert c.request.api == "openai" and len(c.probabilities) == 1
+    with pytest.raises(DecisionError):
+        decider.decide([DecisionRequest(STATES[0], ())])
