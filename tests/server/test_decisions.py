@@ -145,7 +145,8 @@ def test_a_state_asked_again_reuses_its_keys_and_values(served):
     first = client.decisions.create(model="gpt-6-luna", input=state, questions=QUESTIONS)
     again = client.decisions.create(model="gpt-6-luna", input=state, questions=QUESTIONS)
     assert first.usage.input_tokens_details.cached_tokens == 0
-    assert 0 < again.usage.input_tokens_details.cached_tokens < again.usage.input_tokens
+    # the state's tokens from the cache, and (the same questions: the same prompts) their answers too
+    assert 0 < again.usage.input_tokens_details.cached_tokens <= again.usage.input_tokens
     assert again.usage.input_tokens == first.usage.input_tokens
     for a, b in zip(first.answers[1].probabilities, again.answers[1].probabilities):
         assert a.value == b.value and a.probability == pytest.approx(b.probability, abs=1e-5)
