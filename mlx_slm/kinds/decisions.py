@@ -16,7 +16,7 @@ are exactly those of its prompt run alone, whatever else shares the batch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -64,8 +64,6 @@ class DecisionItem:
     temperatures: list[float]
     input_tokens: int
     cost: int = 0  # tokens the request runs (its state part and its branches): the batch budget
-    cached_tokens: int = 0  # set when it runs: its state part's tokens that came from the state cache
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[int, ...]:
@@ -82,7 +80,7 @@ class StateKV:
     def __init__(self, tokens: Sequence[int], kv: list[KV]):
         self.tokens: tuple[int, ...] = tuple(int(t) for t in tokens)
         self.kv = kv
-        # Questions answered after this state: (their own tokens, their labels' tokens) -> option
+        # Questions answered after this state: (their whole prompt, their labels' tokens) -> option
         # scores. A question asked again of the same state is the same computation: not run again.
         self.scores: dict[tuple, np.ndarray] = {}
 
