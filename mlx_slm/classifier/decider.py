@@ -167,16 +167,20 @@ class Decider:
         self.config = config or DecisionConfig()
         self.calibration = dict(calibration or {})
         for key, t in self.calibration.items():
-            if not (isinstance(t, (int, float)) and t > 0 and np.isfinite(t)):
-                raise ValueError(
-                    f"the calibration temperature of question {key!r} must be a positive number, got {t!r}"
-                )
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and np.isfinite(t)):
+                raise DecisionError(
+                    ("calibration", key), f"question {key!r}'s calibration temperature must be a positive number, "
+                    f"got {t!r}",
+                )  # fmt: skip
+        if int(batch_size) < 1 or int(max_batch_tokens) < 1:
+            raise DecisionError(
+                (), f"batch_size and max_batch_tokens are at least 1, got {batch_size}, {max_batch_tokens}"
+            )
         self.batch_size, self.max_batch_tokens = int(batch_size), int(max_batch_tokens)
         self.max_length = int(max_length or engine.max_length)
         self.states = StateCache(state_cache, state_cache_bytes)
-        self.answer_cache = bool(
-            answer_cache
-        )  # False: a cached state's questions run again (to measure the KV reuse alone)
+        # False: a cached state's questions run again (to measure the KV reuse alone)
+        self.answer_cache = bool(answer_cache)
         with engine.lock:
             self.planner = DecisionPlanner(engine.tokenizer, self.config, self.max_length)
 

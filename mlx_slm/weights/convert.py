@@ -552,6 +552,9 @@ def _convert_into(
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(tmp))
     copy_sentence_transformers(path, tmp)  # a sentence-transformers folder's pooling and prompts (a GGUF has none)
+    for name in DECISION_FILES:  # a decision model's settings, read from the converted folder as from the source
+        if path.is_dir() and (path / name).is_file():
+            shutil.copyfile(path / name, tmp / name)
 
     say("  hashing the source")
     record = {
@@ -572,6 +575,10 @@ def _convert_into(
     record["files"] = sorted([p.name for p in tmp.iterdir()] + [RECORD])  # what a later --out may replace
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
+
+# Transformers' decision settings (`transformers.decision.DecisionConfig`: labels, temperatures, the
+# decision prompt), copied beside the weights so `classifier.decider.Decider` reads them there.
+DECISION_FILES = ("decision.json", "decision_template.jinja")
 
 # A sentence-transformers folder's own files: which modules run in order, the Transformer
 # module's settings, the named prompts. Each module's folder (`1_Pooling`, `2_Normalize`) holds
