@@ -374,3 +374,32 @@ def test_jevcompat_passes_every_requirement(smollm2_mlx):
     passed = {r.id for r in open_rep.results if r.status == "pass"}
     assert "auth.ignored-when-off" in passed and not [r for r in open_rep.results if r.status == "fail"]
     assert len({r.id for r in rep.results if r.status == "pass"} | passed) == 48
+
+
+def test_a_served_task_calibrates_each_question_and_the_model_route_lists_it(tiny_arch):
+    """`serve --task` of a task fitted by `eval --decisions --fit`: its per-question temperatures
+    (`Loaded.decision_calibration`) divide that question's scores; the others stay raw."""
+    import dataclasses
+
+    path = str(tiny_arch.mlx("qwen2"))
+    plain = classifier_loader(path)
+    temps = {"team": 3.0}
+    srv = ThreadServer(
+        Service(lambda: dataclasses.replace(plain(), decision_calibration=temps), ServeOptions(max_wait_ms=5))
+    ).start()
+    try:
+        got = httpx.post(srv.url + "/v1/systemone", json=body(), timeout=120).json()["answers"]
+        info = httpx.get(srv.url + "/v1/model", timeout=30).json()["decisions"]
+        tasks = srv.service.tasks
+        req = parse_systemone(body(), tasks.decision_config())
+        from mlx_slm.classifier.decider import Decider
+
+        raw = Decider(tasks.decider(False).decider.engine, tasks.decision_config(), state_cache=0).decide([req])[0]
+    finally:
+        srv.stop()
+    assert info["calibration"] == temps
+    team = np.array([got["team"]["probabilities"][k] for k in ("Billing", "Technical", "Sales")])
+    keys = [q.key for q in req.questions]
+    want = np.exp(np.log(raw.probabilities[keys.index("team")]) / 3.0)
+    assert team == pytest.approx(want / want.sum(), abs=1e-5)
+    assert got["refund"]["noul"] == pytest.approx(raw.probabilities[keys.index("refund")][0], abs=1e-5)
