@@ -206,7 +206,7 @@ class Task:
             own = self.section.weights_note() if self.section is not None else None
             if own is not None:
                 what, fix = own
-            elif self.decisions_only:
+            elif (self.decisions or {}).get("temperatures") and not self.calibration.fitted:  # type: ignore[union-attr]
                 what = "decision temperatures were fitted"
                 fix = "fit them again (mlx-slm eval GOLD --decisions Q.json --fit --save-task ...)"
             elif not self.calibration.fitted:  # type: ignore[union-attr]
