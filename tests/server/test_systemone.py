@@ -403,3 +403,33 @@ def test_a_served_task_calibrates_each_question_and_the_model_route_lists_it(tin
     want = np.exp(np.log(raw.probabilities[keys.index("team")]) / 3.0)
     assert team == pytest.approx(want / want.sum(), abs=1e-5)
     assert got["refund"]["noul"] == pytest.approx(raw.probabilities[keys.index("refund")][0], abs=1e-5)
+
+
+def test_concurrent_requests_share_micro_batches_and_answer_as_alone(tiny_arch):
+    """Decision requests that wait together run in one micro-batch (one `Decider` call): fewer
+    batches than requests, and each answer as it is alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = str(tiny_arch.mlx("qwen2"))
+    srv = ThreadServer(Service(classifier_loader(path), ServeOptions(max_wait_ms=400, max_batch_items=8))).start()
+    states = [f"Ticket {i}: " + STATE[: 80 + 20 * i] for i in range(4)]
+
+    def batches():
+        text = httpx.get(srv.url + "/metrics").text
+        return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("mlx_slm_batches_total "))
+
+    try:
+        before = batches()
+        with ThreadPoolExecutor(4) as pool:
+            got = list(
+                pool.map(lambda s: httpx.post(srv.url + "/v1/systemone", json=body(state=s), timeout=120), states)
+            )
+        ran = batches() - before
+        alone = [reference(srv, body(state=s)) for s in states]
+    finally:
+        srv.stop()
+    assert all(r.status_code == 200 for r in got)
+    assert 1 <= ran < len(states)
+    for r, want in zip(got, alone):
+        team = r.json()["answers"]["team"]["probabilities"]
+        assert [team[k] for k in ("Billing", "Technical", "Sales")] == pytest.approx(want["team"], abs=1e-5)
