@@ -225,3 +225,26 @@ def test_unknown_model_wrong_key_and_aliases(served):
     assert e.value.body["code"] == "invalid_api_key"
     r = httpx.post(srv.url + "/v1/decisions", content=b"{", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+
+
+def test_the_sdks_decisions_tool_runner_reads_our_answers(served):
+    """`DecisionsToolRunner` checks more than the types (every usage field an int, the answer
+    named, finite probabilities) and raises otherwise: it runs to its end on ours."""
+    from openai.lib.decisions_tool_runner import DecisionsToolRunner
+
+    _, client, _ = served
+    done: list[str] = []
+
+    def candidates(observation):
+        finish = {"id": "done", "description": "The ticket is handled.", "done": True}
+        if done:
+            return [finish]
+        return [
+            {"id": "refund", "description": "Refund the customer.", "execute": lambda: done.append("refund")},
+            finish,
+        ]
+
+    runner = DecisionsToolRunner(observe=lambda: "ticket: " + INPUT, candidates=candidates)
+    result = runner.run(client, {"model": "gpt-6-luna", "input": INPUT}, max_steps=3)
+    assert result["status"] == "unverified" and len(result["decisions"]) == 1
+    assert result["decisions"][0].answers[0].name == "next_action"
