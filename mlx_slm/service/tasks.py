@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar
 from ..classifier.classifier import Classifier
 from ..classifier.embedder import Embedder, EmbeddingError, pooling_of
 from ..engine.engine import Engine
+from ..ground.errors import UserError
 from ..kinds import TaskError as KindRefused
 from ..kinds import chat_spec, request_spec, reranker_spec, scoring_names
 from ..kinds.chat import CHAT_TEMPLATE
@@ -259,17 +260,23 @@ class TaskCache:
             if front not in self._deciders:
                 engine = self.front_engine if front else self._base.engine
                 path = self._base.engine.path
-                config = DecisionConfig.from_folder(path if path is not None and Path(path).is_dir() else None)
                 ld = self.loaded
-                self._deciders[front] = DecisionTask(
-                    Decider(
-                        engine,
-                        config,
-                        state_cache=0 if front else self.state_cache,
-                        calibration=ld.decision_calibration if ld is not None else None,
+                try:
+                    config = DecisionConfig.from_folder(path if path is not None and Path(path).is_dir() else None)
+                    self._deciders[front] = DecisionTask(
+                        Decider(
+                            engine,
+                            config,
+                            state_cache=0 if front else self.state_cache,
+                            calibration=ld.decision_calibration if ld is not None else None,
+                        )
                     )
-                )
-            return self._deciders[front]
+                except UserError as e:  # no LM head, an mlx-lm architecture, a bad decision.json: said once, kept
+                    self._deciders[front] = NotSupported(f"this server's model cannot answer decisions: {e}")
+            got = self._deciders[front]
+            if isinstance(got, NotSupported):
+                raise got
+            return got
 
     def back(self, key: tuple) -> Any:
         """The task's classifier on the engine: the worker's only."""

@@ -433,3 +433,20 @@ def test_concurrent_requests_share_micro_batches_and_answer_as_alone(tiny_arch):
     for r, want in zip(got, alone):
         team = r.json()["answers"]["team"]["probabilities"]
         assert [team[k] for k in ("Billing", "Technical", "Sales")] == pytest.approx(want["team"], abs=1e-5)
+
+
+def test_a_model_without_an_lm_head_says_it_cannot_decide(tiny_arch):
+    """A sequence classifier has no label tokens to read: 400 on both routes, in their shapes, not a 500."""
+    path = str(tiny_arch.seqcls_mlx("qwen2", 3))
+    srv = ThreadServer(Service(classifier_loader(path), ServeOptions(max_wait_ms=5))).start()
+    try:
+        r = httpx.post(srv.url + "/v1/systemone", json=body(), timeout=60)
+        o = httpx.post(
+            srv.url + "/v1/decisions",
+            json={"model": "gpt-6-luna", "input": "x", "questions": [{"type": "predicate", "instructions": "?"}]},
+            timeout=60,
+        )
+    finally:
+        srv.stop()
+    assert r.status_code == 400 and "no LM head" in r.json()["detail"]["message"]
+    assert o.status_code == 400 and "cannot answer decisions" in o.json()["error"]["message"]
