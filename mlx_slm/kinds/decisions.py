@@ -209,14 +209,19 @@ def encode_states(engine: Engine, rows: Sequence[tuple[Any, Sequence[int]]]) -> 
 def branch_answers(
     engine: Engine,
     items: Sequence[DecisionItem],
-    states: Sequence[StateKV],
+    states: Sequence[Any],
     known: Sequence[Mapping[int, np.ndarray]] | None = None,
-) -> list[list[Any]]:
+    trunks: Sequence[Sequence[int]] | None = None,
+) -> tuple[list[list[Any]], list[StateKV | None]]:
     """Each item's option scores per question (None for a refused one) from its questions run
     as branches after its state KV, every item a row of one batch, in passes of at most
     `MAX_PASS_TOKENS` branch tokens a row. `known[r]`: row r's questions already answered
-    (the state cache's), by index: not run again."""
+    (the state cache's), by index: not run again. `trunks[r]`: the rest of row r's state
+    after the KV `states[r]` holds (a base: the chat template's head, a cached start), run
+    in the first pass before its branches (one forward, not two); its keys and values come
+    back as row r's whole state (second value; None for a row that ran no trunk)."""
     out: list[list[Any]] = [[None] * len(it.chains) for it in items]
+    whole: list[StateKV | None] = [None] * len(items)
     todo: list[list[int]] = []
     for r, it in enumerate(items):
         have = known[r] if known is not None else {}
@@ -225,29 +230,54 @@ def branch_answers(
         todo.append([k for k, c in enumerate(it.chains) if c is not None and k not in have])
     rows_run = [r for r in range(len(items)) if todo[r]]
     if not rows_run:
-        return out
-    stacked = StackedPrefix([states[r] for r in rows_run])
+        return out, whole
     groups = []
     for r in rows_run:
         it, ks = items[r], todo[r]
         sizes = [len(it.chains[k]) + sum(len(c) for c in it.options[k].trie) for k in ks]  # type: ignore[arg-type]
         groups.append([[ks[j] for j in g] for g in _groups(sizes, MAX_PASS_TOKENS)])
+    bases = [states[r] for r in rows_run]
+    run_trunks = [list(trunks[r]) if trunks is not None else [] for r in rows_run]
     for p in range(max(len(g) for g in groups)):
+        stacked = StackedPrefix(bases)
         mine = [g[p] if p < len(g) else [] for g in groups]
         rows = [[(items[r].chains[k], items[r].options[k]) for k in ks] for r, ks in zip(rows_run, mine)]
-        pack = pack_branches(rows, engine.pad_id)  # type: ignore[arg-type]
+        first = p == 0 and any(run_trunks)
+        pack = pack_branches(rows, engine.pad_id, trunks=run_trunks if first else None)  # type: ignore[arg-type]
         with engine.lock:
-            h = engine.continue_after(
+            got_h = engine.continue_after(
                 stacked.kv,
                 stacked.mask,
                 pack.ids,
                 positions=stacked.lengths[:, None] + pack.positions,
                 tree=pack.visible,
+                return_kv=first,
             )
+            h, kv = got_h if first else (got_h, None)
             got = option_scores(engine, h, pack, [[items[r].options[k] for k in ks] for r, ks in zip(rows_run, mine)])
+            if first:  # each row's whole state: its base's keys, then its trunk's
+                bases = _states_after(bases, run_trunks, kv, len(stacked))
+                for i, r in enumerate(rows_run):
+                    whole[r] = bases[i] if run_trunks[i] else None
         for i, (r, ks) in enumerate(zip(rows_run, mine)):
             for j, k in enumerate(ks):
                 out[r][k] = got[i][j]
+    return out, whole
+
+
+def _states_after(bases: Sequence[Any], trunks: Sequence[Sequence[int]], kv: Any, C: int) -> list[Any]:
+    """Each row's KV after a pass that ran its trunk (from the pass's (B, H, C + T, D) KV: the
+    row's base keys at the end of the C cached ones, its trunk's at the start of the T new ones)."""
+    out = []
+    for r, (base, trunk) in enumerate(zip(bases, trunks)):
+        if not trunk:
+            out.append(base)
+            continue
+        nb = len(base)
+        keep = mx.array(np.concatenate([np.arange(C - nb, C), C + np.arange(len(trunk))]).astype(np.int32))
+        row = [(mx.take(k[r : r + 1], keep, axis=2), mx.take(v[r : r + 1], keep, axis=2)) for k, v in kv]
+        mx.eval(row)
+        out.append(StateKV(tuple(base.tokens) + tuple(trunk), row))
     return out
 
 

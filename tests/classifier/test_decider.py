@@ -312,3 +312,21 @@ def test_a_hugging_face_folders_decision_files_survive_its_conversion(tiny, tmp_
     d = Decider.load(str(src), dtype="float32", state_cache=0)
     assert d.config.temperature_of("choice") == 2.5 and d.config.noul_options == ("false", "true")
     assert d.config.chat_template == OWN_TEMPLATE
+
+
+def test_a_long_state_runs_on_its_own_first_and_stays_exact(tiny):
+    """A state's rest longer than FUSED_TRUNK runs causally before its questions (not in their
+    tree pass): the same answers, in a batch with a short state that runs fused."""
+    from mlx_slm.classifier import decider as mod
+
+    hf_dir, decider = tiny
+    decider.states.clear()
+    long = "The printer keeps jamming on page two. " * 33
+    bodies = [{"model": "m", "state": s, "questions": {k: QUESTIONS[k] for k in ("urgent", "team")}}
+              for s in (long, STATES[0])]  # fmt: skip
+    results = decider.decide([parse_systemone(b, decider.config) for b in bodies])
+    assert len(decider.prepare([parse_systemone(bodies[0], decider.config)])[0].ids) > mod.FUSED_TRUNK
+    for body, res in zip(bodies, results):
+        ref = transformers_probs(hf_dir, body, TEMPERATURE)
+        for q, p in zip(res.request.questions, res.probabilities):
+            np.testing.assert_allclose(p, ref[q.key], atol=1e-4, err_msg=q.key)
