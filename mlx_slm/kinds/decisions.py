@@ -3,14 +3,16 @@
 
 Every question's full prompt (`text.decision_prompts.prompt_ids`: Transformers' generic decision
 prompt as the one user message) is tokenized whole; the tokens all of a request's prompts share
-(capped so that each question keeps at least its last token: `branches.split_common`) are its
-*state part*, and what is left of each prompt is that question's branch. The state part runs
-once (`encode_states`, several states in one forward after each one's cached base: the chat
-template's head, or part of an earlier state), its keys and values are kept per request
-(`StateKV`, what the decider's state cache holds), and every question of every request runs as
-a branch of its own row's tree after them (`branch_answers`: `branches.pack_branches`, then
-`questions.option_scores`, the very pieces the questions kind runs). So each question's scores
-are exactly those of its prompt run alone, whatever else shares the batch.
+(capped so that each question keeps at least its last token) are its *state part*, and what is
+left of each prompt is that question's branch. Each row of a batch continues a base whose keys
+and values are cached (the chat template's head, or the longest start of the state the
+decider's state cache holds); the rest of its state (its *trunk*) runs causally at the start of
+the first pass, and every question runs as a branch of the row's tree after it
+(`branch_answers`: `branches.pack_branches`, then `questions.option_scores`, the very pieces the
+questions kind runs), seeing the state and its own tokens only. So each question's scores are
+exactly those of its prompt run alone, whatever else shares the batch. The trunk's keys and
+values come back from that pass (`StateKV`): what later passes of many questions continue, and
+what the state cache keeps. A long trunk runs on its own first (`encode_states`).
 """
 
 from __future__ import annotations
