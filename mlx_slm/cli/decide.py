@@ -69,7 +69,7 @@ from .base import Command, given, notice, number, warn_blas
     "--state-cache",
     default=64,
     show_default=True,
-    type=click.IntRange(0, 1_000_000),
+    type=number("state_cache"),
     help="Recent states whose keys and values are kept for a state asked again (0: off).",
 )
 @click.option("--shard", metavar="I/N", help="Answer only shard I of N (0-based); join the parts with `mlx-slm merge`.")
