@@ -54,6 +54,7 @@ MAX_SCORES_PER_STATE = 1024  # questions' answers kept with a cached state
 # A state's rest (after its cached start) up to this many tokens runs in the same forward as its
 # questions (a tree pass, dense over its tokens); a longer one runs on its own first (causal).
 FUSED_TRUNK = 512
+CALL_TOKENS = 4096  # the requests' tokens one decide call takes (`Decider.call_tokens`)
 BATCH_SIZE = 16  # requests a forward runs at once
 
 
@@ -183,6 +184,9 @@ class Decider:
                 (), f"batch_size and max_batch_tokens are at least 1, got {batch_size}, {max_batch_tokens}"
             )
         self.batch_size, self.max_batch_tokens = int(batch_size), int(max_batch_tokens)
+        # What one `decide` call is meant to take (a service gathering requests for it): it cuts
+        # them into batches of `max_batch_tokens` itself.
+        self.call_tokens = max(self.max_batch_tokens, CALL_TOKENS)
         self.max_length = int(max_length or engine.max_length)
         self.states = StateCache(state_cache, state_cache_bytes)
         # False: a cached state's questions run again (to measure the KV reuse alone)

@@ -220,7 +220,7 @@ class Scheduler:
         if key != DECIDE_KEY:
             return budget
         try:
-            own = int(self.tasks.decider(False).decider.max_batch_tokens)
+            own = int(self.tasks.decider(False).decider.call_tokens)  # it cuts them into its own batches
         except Exception:  # noqa: BLE001 - no Decider yet (it is made on the first run): the classifier's
             return budget
         return min(own, time_budget) if time_budget is not None else own
