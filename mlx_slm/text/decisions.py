@@ -373,12 +373,34 @@ def _part(p: Any, loc: tuple, role: str) -> Any:
         bad = _json_problem(data, (*loc, "data"), "the JSON data")
         if bad:
             raise bad
+        values, size = _json_values(data), len(json.dumps(data, ensure_ascii=False).encode("utf-8"))
+        if values > MAX_JSON_VALUES or size > MAX_JSON_BYTES:
+            raise DecisionError(
+                (*loc, "data"), f"input_json's data holds {values:,} values in {size:,} bytes: at most "
+                f"{MAX_JSON_VALUES:,} values and {MAX_JSON_BYTES // 1024} KiB (OpenAI's limits)", "too_long",
+            )  # fmt: skip
         return data
     if kind == "input_image":
         raise DecisionError(loc, "images are not supported by this model: send text (input_text, input_json)", "images")
     raise DecisionError(
         loc, "a part is {type: input_text, text} or (in a user message) {type: input_json, data}", "type_error"
     )
+
+
+MAX_JSON_VALUES, MAX_JSON_BYTES = 10_000, 256 * 1024  # an input_json part's bounds (OpenAI's)
+
+
+def _json_values(x: Any) -> int:
+    """The values in a JSON value (containers and scalars alike)."""
+    n, stack = 0, [x]
+    while stack:
+        v = stack.pop()
+        n += 1
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
 
 
 def openai_questions(qs: Any, config: DecisionConfig, given: bool = True) -> tuple[DecisionQuestion, ...]:

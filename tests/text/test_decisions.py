@@ -302,3 +302,21 @@ def test_label_sets_as_transformers_label_token_ids(tokenizers):
     assert label_set(tok, names, render_user_message("s", parse_systemone(
         {"model": "m", "state": "s", "questions": {"c": {"type": "choice", "criteria": dict.fromkeys(names)}}}
     ).questions[0])).mode == "sequence"  # fmt: skip
+
+
+def test_openai_input_json_bounds():
+    q = [{"type": "predicate", "instructions": "x"}]
+    big = {
+        "model": "m",
+        "questions": q,
+        "input": [{"role": "user", "content": [{"type": "input_json", "data": list(range(10_001))}]}],
+    }
+    with pytest.raises(DecisionError) as e:
+        parse_openai(big)
+    assert e.value.type == "too_long" and e.value.loc == ("body", "input", 0, "content", 0, "data")
+    ok = {
+        "model": "m",
+        "questions": q,
+        "input": [{"role": "user", "content": [{"type": "input_json", "data": list(range(9_000))}]}],
+    }
+    assert len(parse_openai(ok).state) == 9_000
