@@ -320,3 +320,21 @@ def test_openai_input_json_bounds():
         "input": [{"role": "user", "content": [{"type": "input_json", "data": list(range(9_000))}]}],
     }
     assert len(parse_openai(ok).state) == 9_000
+
+
+def test_pack_branches_with_a_trunk_and_rows_of_their_own():
+    """Row 0: a trunk of 2 tokens, then two branches; row 1: no trunk, one branch (then padding).
+    A branch sees the trunk and itself only; positions count from the trunk's start."""
+    from mlx_slm.text.branches import pack_branches
+    from mlx_slm.text.labels import LabelSet
+
+    ls = LabelSet(("A", "B"), ((1,), (2,)), "first-token")
+    p = pack_branches([[([5, 6], ls), ([7], ls)], [([8, 9, 10], ls)]], pad_id=0, trunks=[[3, 4], []])
+    assert p.ids.tolist() == [[3, 4, 5, 6, 7], [8, 9, 10, 0, 0]]
+    assert p.positions.tolist() == [[0, 1, 2, 3, 2], [0, 1, 2, 0, 0]]
+    assert p.answer_at.tolist() == [[3, 4], [2, 0]]
+    v = p.visible[0]
+    assert v[4].tolist() == [True, True, False, False, True]  # the second branch: the trunk and itself
+    assert v[3].tolist() == [True, True, True, True, False]
+    assert v[1].tolist() == [True, True, False, False, False]  # the trunk is causal
+    assert p.visible[1][3].tolist() == [False, False, False, True, False]  # padding sees itself
