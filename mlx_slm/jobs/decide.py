@@ -278,7 +278,7 @@ class DecideJob:
             "weights_sha256": weights,
             "form": "decisions",
             "labels": [],
-            "questions": qs.raw,
+            "decision_questions": qs.raw,  # (not "questions": a classify run's, read as its columns)
             "shape": s.shape,
             "temperatures": qs.temperatures,
             "decision_config": _config_record(decider.config),

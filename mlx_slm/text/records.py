@@ -20,6 +20,7 @@ Ray's, its structs flattened, are the frame's less `calibration`, plus `n_tokens
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -336,8 +337,15 @@ def flat_record(rec: dict[str, Any]) -> dict[str, Any]:
     for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
         for lab, p in (rec.get(key) or {}).items():
             flat[prefix + lab] = p
-    if isinstance(rec.get("answers"), str):  # a decide run's answers, as one JSON text
-        flat["answers"] = rec["answers"]
-    elif rec.get("answers"):
-        flat.update(flat_answers(rec["answers"]))
+    ans = rec.get("answers")
+    if isinstance(ans, str):  # a decide run's answers, as one JSON text
+        flat["answers"] = ans
+    elif (
+        isinstance(ans, list)
+        or isinstance(ans, dict)
+        and any(isinstance(a, dict) and "type" in a for a in ans.values())
+    ):
+        flat["answers"] = json.dumps(ans, ensure_ascii=False)  # typed decisions (OpenAI's list, System One's "type")
+    elif ans:
+        flat.update(flat_answers(ans))
     return flat

@@ -92,7 +92,7 @@ def test_rows_in_input_order_error_rows_named(tiny, files, tmp_path):
         assert a["anger"]["score"] == pytest.approx(float(np.dot(np.arange(3), ps[2])))
     m = json.loads(manifest_path(str(out)).read_text())
     assert m["complete"] and m["rows"] == 7 and m["settings"]["form"] == "decisions"
-    assert m["settings"]["questions"] == QUESTIONS and m["settings"]["temperatures"] == {}
+    assert m["settings"]["decision_questions"] == QUESTIONS and m["settings"]["temperatures"] == {}
 
 
 def test_openai_shape_and_csv_parquet(tiny, files, tmp_path):
@@ -143,6 +143,12 @@ def test_shards_merge_into_the_single_run(tiny, files, tmp_path):
         _run(tiny, inp, q, parts[-1], window=1, shard=f"{i}/2")
     merge_parts(parts, str(tmp_path / "merged.jsonl"))
     assert (tmp_path / "merged.jsonl").read_bytes() == whole.read_bytes()
+    pq = pytest.importorskip("pyarrow.parquet")
+    merge_parts(parts, str(tmp_path / "merged.parquet"))  # the decisions form's columns, typed
+    t = pq.read_table(str(tmp_path / "merged.parquet"))
+    assert t.column_names == ["id", "answers", "line", "error"]
+    want = [json.loads(x) for x in whole.read_text().splitlines()]
+    assert [json.loads(a) if a else None for a in t.column("answers").to_pylist()] == [w.get("answers") for w in want]
 
 
 def test_task_temperatures_apply_to_its_own_questions(tiny, files, tmp_path):
