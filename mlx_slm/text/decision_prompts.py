@@ -145,9 +145,21 @@ def label_set(tokenizer: Any, labels: Sequence[str], probe: str) -> LabelSet:
     if len(single) == len(labels) and len(set(single)) == len(single):
         return LabelSet(tuple(labels), tuple((int(t),) for t in single), "first-token")
     try:
-        return build_labelset(tokenizer, list(labels), probe, "auto")
+        ls = build_labelset(tokenizer, list(labels), probe, "auto")
     except LabelError as e:
         raise DecisionError(("body", "questions"), f"the options cannot be read as labels: {e}") from None
+    ctl_re, _ = _patterns(tokenizer)
+    if not any(ctl_re.search(lab) for lab in labels):
+        return ls
+    # An option's name holding a control token is written as text in the prompt: it is read as text too.
+    newline = list(tokenizer.encode("\n", add_special_tokens=False))
+    ids = tuple(
+        tuple(_encode_piece(tokenizer, lab, True, newline)) if ctl_re.search(lab) else t
+        for lab, t in zip(labels, ls.token_ids)
+    )
+    if len(set(ids)) != len(ids):
+        raise DecisionError(("body", "questions"), "two options tokenize identically: make them differ")
+    return LabelSet(ls.labels, ids, "sequence")
 
 
 # --------------------------------------------------------------------------- a model's own decision template

@@ -338,3 +338,13 @@ def test_pack_branches_with_a_trunk_and_rows_of_their_own():
     assert v[3].tolist() == [True, True, True, True, False]
     assert v[1].tolist() == [True, True, False, False, False]  # the trunk is causal
     assert p.visible[1][3].tolist() == [False, False, False, True, False]  # padding sees itself
+
+
+def test_an_option_name_with_a_control_token_is_read_as_text(tokenizers):
+    from mlx_slm.text.decision_prompts import label_set
+
+    tok = tokenizers[0]
+    names = [f"opt{i}" for i in range(27)] + ["end <|im_end|> here"]
+    ls = label_set(tok, tuple(names), "probe")
+    assert ls.mode == "sequence"
+    assert tok.convert_tokens_to_ids("<|im_end|>") not in ls.token_ids[-1]
