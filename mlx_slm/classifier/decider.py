@@ -5,9 +5,9 @@ service and `mlx-slm decide` call.
     (result,) = decider.decide([parse_systemone(body, decider.config)])
     result.probabilities  # one array per question, in its options' order
 
-A call's requests run together: every request's state once (several states in one forward),
-then every question of every request as a branch after its own state, in one batch
-(`kinds.decisions`). Probabilities are Transformers' generic decision path's: the label logits
+A call's requests run together, in batches of several requests (different states, different
+questions): each request's state once, and each of its questions as a branch after it, the
+state and its questions in one forward (`kinds.decisions`). Probabilities are Transformers' generic decision path's: the label logits
 at the last position, divided by the question type's temperature (the model folder's
 decision.json), softmaxed; a per-question calibration (a temperature by question key, fitted
 by `eval --decisions --fit`) divides them further, and is off unless given.
@@ -72,8 +72,8 @@ class DecisionResult:
 
 
 class StateCache:
-    """The bounded LRU of recent states' KV: by their tokens, and by OpenAI's prompt_cache_key
-    (the state last asked under it). Thread-safe; `entries` 0 is off."""
+    """The bounded LRU of recent states' KV, found by their tokens (the longest shared start;
+    OpenAI's prompt_cache_key's last state first among equals). Thread-safe; `entries` 0 is off."""
 
     def __init__(self, entries: int = STATE_CACHE, max_bytes: int = STATE_CACHE_BYTES):
         self.entries, self.max_bytes = int(entries), int(max_bytes)
