@@ -104,7 +104,9 @@ class StateCache:
             best, n = None, floor
             want = np.asarray(key, dtype=np.int64)
             for k in order:
-                m = _shared(np.asarray(k[: len(key) - 1], dtype=np.int64), want)
+                if len(k) <= n or k[: n + 1] != key[: n + 1]:  # cannot beat the best so far
+                    continue
+                m = min(_shared(self._by_tokens[k].array, want), len(key) - 1)
                 if m > n:
                     best, n = k, m
             if best is None:

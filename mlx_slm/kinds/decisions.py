@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import mlx.core as mx
@@ -88,6 +89,11 @@ class StateKV:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @cached_property
+    def array(self) -> np.ndarray:
+        """Its tokens as an array (the state cache compares states by their start)."""
+        return np.asarray(self.tokens, dtype=np.int64)
 
     def head(self, n: int) -> StateKV:
         """Its first `n` tokens' keys and values (a later state that starts the same way)."""
