@@ -117,6 +117,13 @@ def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
     r = run(["decide", "--task", str(tmp_path / "t.json"), "-q"], input='{"id": 1, "state": "refund please"}\n')
     assert r.exit_code == 0, r.output
     assert set(json.loads(r.stdout)["answers"]) == set(QUESTIONS)
+    # serve --task's load path: the task is a classify task too (default labels), and its temperatures come back
+    from mlx_slm.classifier.task import decision_temperatures
+    from mlx_slm.jobs.setup import Setup, TaskOptions
+
+    setup = Setup(TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})), lambda m: None)
+    setup.load()
+    assert decision_temperatures(setup.task, setup.weights) == t["decisions"]["temperatures"]
 
 
 def test_eval_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path):
