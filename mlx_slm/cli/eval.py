@@ -89,6 +89,7 @@ def evaluate(
       mlx-slm eval gold.jsonl --decisions Q.json --gold-field team --gold-field urgent \\
           --fit --save-task task.json --plots eval/
     --fit learns a temperature per question; decide --task and serve --task apply them.
+    --predictions OUT scores a decide output of INPUT instead of running the model.
 
     Docs: docs/labels.md
     """
@@ -160,10 +161,9 @@ def _evaluate_decisions(
 
     typed = {k for k in o if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
     other = sorted(typed - _DECISION_OPTIONS)
-    if other or predictions:
+    if other:
         raise click.UsageError(
-            f"--decisions scores typed decisions: {flag_names(set(other)) if other else '--predictions'} "
-            "is for a labels task; drop it"
+            f"--decisions scores typed decisions: {flag_names(set(other))} is for a labels task; drop it"
         )
     if decisions is None and not o.get("task_file"):
         raise click.UsageError("--fit goes with --decisions Q.json (or a --task holding decisions)")
@@ -173,7 +173,7 @@ def _evaluate_decisions(
         _plots_folder(plots)
     warn_blas()
     s = DecisionEvalSettings(
-        input, decisions, gold_fields, model=o["model"], task_file=o.get("task_file"), fit=fit,
+        input, decisions, gold_fields, model=o["model"], task_file=o.get("task_file"), fit=fit, predictions=predictions,
         save_task=o.get("save_task"), json_path=json_path, plots=plots, fmt=o.get("fmt"),
         state_field=o["text_field"] if "text_field" in typed else None, id_field=o["id_field"],
         state_column=o["text_column"], id_column=o["id_column"], dtype=o.get("dtype"), quiet=o.get("quiet", False),

@@ -20,6 +20,7 @@ a task that `decide --task` and `serve --task` apply. Raw answers stay the defau
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -31,7 +32,16 @@ import numpy as np
 from ..classifier.decider import Decider
 from ..classifier.task import Task, decision_temperatures
 from ..engine import Engine
-from ..files.output import check_run_files
+from ..files.output import (
+    RecordError,
+    check_run_files,
+    input_changed,
+    input_sha256,
+    output_format,
+    read_manifest,
+    read_records,
+    same_id,
+)
 from ..files.readers import read_rows
 from ..ground.errors import UsageError, UserError
 from ..ground.safefs import atomic_write
@@ -59,6 +69,7 @@ class DecisionEvalSettings:
     model: str = DEFAULT_MODEL
     task_file: str | None = None
     fit: bool = False
+    predictions: str | None = None  # a decide output, scored without running the model
     save_task: str | None = None
     json_path: str | None = None
     plots: str | None = None
@@ -127,18 +138,26 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     """Run the eval (see the module docstring); the figures per question, also printed by `say`'s caller."""
     if s.save_task and not s.fit:
         raise UsageError("--save-task with --decisions saves the fitted temperatures: add --fit")
-    reads = [(f, p) for f, p in (("INPUT", s.input), ("--questions", s.questions_file), ("--task", s.task_file)) if p]
+    if s.predictions and (s.save_task or s.task_file or s.dtype):
+        raise UsageError("--predictions scores a decide output as written: drop --task, --save-task and --dtype")
+    files = (
+        ("INPUT", s.input),
+        ("--questions", s.questions_file),
+        ("--task", s.task_file),
+        ("--predictions", s.predictions),
+    )
+    reads = [(f, p) for f, p in files if p]
     writes = [("--json", s.json_path), ("--save-task", s.save_task)]
     check_run_files(reads, writes)
     task = Task.load(s.task_file) if s.task_file else None
     model = task.model if task is not None and "model" not in s.given else s.model
-    engine = Engine.load(model, s.dtype)
-    config = decision_config(model, engine.path)
+    engine = None if s.predictions else Engine.load(model, s.dtype)
+    config = decision_config(model, None if engine is None else engine.path)
     qs = read_questions(s.questions_file, task, config)
     golds = gold_pairs(qs.questions, s.gold_fields)
     if s.fit and qs.temperatures:
         qs = replace(qs, temperatures={})  # fitted on the raw probabilities, not on a task's
-    elif qs.temperatures:
+    elif qs.temperatures and engine is not None:
         decision_temperatures(task, engine.weights_sha256)
     if s.plots:
         for i, q in enumerate(qs.questions):
@@ -154,14 +173,20 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     rows = list(read_rows(s.input, s.fmt, states[0], s.id_field, s.state_column, s.id_column, gold=fields,
                           states=states))  # fmt: skip
     rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in rows]
+    if s.predictions:  # a decide output: its answers read back, row i of it input row i
+        got = read_decisions(s.predictions, rows, qs.questions, s.input)
+        rows = [r if p is None or isinstance(p, tuple) else replace(r, error=p) for r, p in zip(rows, got)]
     ok = [r for r in rows if r.error is None]
     if not ok:
         first = rows[0].error if rows else "the input is empty"
         raise UserError(f"{s.input}: no row has a state to ask; first problem: {first}")
-    decider = Decider(engine, config, state_cache=0, calibration=qs.temperatures or None)
     probs: list[tuple[np.ndarray, ...] | str] = []
-    for k in range(0, len(ok), s.batch):
-        probs += _decide(decider, [r.text for r in ok[k : k + s.batch]], qs.questions)
+    if s.predictions:
+        probs = [p for r, p in zip(rows, got) if r.error is None]
+    else:
+        decider = Decider(engine, config, state_cache=0, calibration=qs.temperatures or None)
+        for k in range(0, len(ok), s.batch):
+            probs += _decide(decider, [r.text for r in ok[k : k + s.batch]], qs.questions)
     out: dict[str, Any] = {}
     index = {q.key: i for i, q in enumerate(qs.questions)}
     for key, fld in golds.items():
@@ -181,7 +206,7 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
         fit = {k: {x: v["report"]["temperature"][x] for x in ("n", "nll_raw", "nll_fitted", "ece_raw", "ece_fitted")}
                for k, v in out.items() if "temperature" in v["report"]}  # fmt: skip
         Task(model=model, labels=tuple(DEFAULT_LABELS), system=DEFAULT_SYSTEM, template=DEFAULT_TEMPLATE,
-             weights_sha256=engine.weights_sha256, versions=versions(),
+             weights_sha256=engine.weights_sha256 if engine else None, versions=versions(),
              decisions={"questions": qs.raw, "temperatures": temps, "fit": fit}).save(s.save_task)  # fmt: skip
         say(f"mlx-slm: task saved to {s.save_task} (a temperature for {len(temps)} question(s))")
     return {k: v["report"] for k, v in out.items()}
@@ -228,3 +253,60 @@ def _question(
         rep["temperature"] = {"value": t, **info, "ece_raw": ece(top_raw, right), "ece_fitted": ece(top_fit, right),
                               "brier_raw": rep["brier"], "brier_fitted": brier_score(hot, g, q.type == "noul")}  # fmt: skip
     return {"report": rep}
+
+
+def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuestion], input_path: str) -> list[Any]:
+    """A decide output read back row by row: each row's probabilities per question (a tuple, in
+    question order), its error text, or None for an input row that had none to read. Its rows
+    must be the input's (count and ids, and the content its manifest recorded)."""
+    where = f"--predictions {path}"
+    m = read_manifest(path)
+    if m is not None:
+        st = m["settings"]
+        if st.get("form") != "decisions":
+            raise UserError(f"{where} is not a decide output (its manifest says form {st.get('form')!r})")
+        if not m.get("complete"):
+            raise UserError(f"{where} is unfinished: finish it with mlx-slm decide ... --resume")
+        sha, _ = input_sha256(input_path)
+        changed = input_changed(input_path, st, (sha, os.stat(input_path).st_size if sha else None))
+        if changed and sha is not None:
+            raise UserError(f"{where} is not the output for this input: {changed}")
+    fmt = output_format(path)
+    try:
+        recs = [r for r in read_records(path, fmt, lenient=True) if r.row > 0 or fmt == "jsonl"]
+    except RecordError as e:
+        raise UserError(f"{where}: line {e.line} cannot be read ({e.why}): give the output of mlx-slm decide") from None
+    if len(recs) != len(rows):
+        raise UserError(f"{where} has {len(recs)} rows but the input has {len(rows)}: they must be row for row")
+    out: list[Any] = []
+    for i, (rec, row) in enumerate(zip(recs, rows)):
+        f = rec.fields if rec.problem is None else {}
+        if rec.problem is not None or not same_id(f.get("id"), row.id, fmt):
+            raise UserError(f"{where}: row {i + 1} is not input line {row.line}'s answers (id {f.get('id')!r}, "
+                            f"expected {row.id!r}): give the decide output of this input")  # fmt: skip
+        if f.get("error"):
+            out.append(str(f["error"]))
+            continue
+        ans = f.get("answers")
+        try:
+            ans = json.loads(ans) if isinstance(ans, str) else ans
+            out.append(tuple(_probabilities(q, ans, k) for k, q in enumerate(questions)))
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise UserError(f"{where}: row {i + 1} has no answer to every question ({type(e).__name__}: {e}): "
+                            "give the decide output of these questions") from None  # fmt: skip
+    return out
+
+
+def _probabilities(q: DecisionQuestion, answers: Any, k: int) -> np.ndarray:
+    """A question's probabilities in its option order, from its answer in either shape."""
+    a = answers[k] if isinstance(answers, list) else answers[q.key]
+    if isinstance(answers, list):
+        if a["type"] == "predicate":
+            p = float(a["probability"])
+            return np.array([p if o == "true" else 1 - p for o in q.options])
+        return np.array([float(x["probability"]) for x in a["probabilities"]])
+    if a["type"] == "noul":
+        p = float(a["noul"])
+        return np.array([p if o == "true" else 1 - p for o in q.options])
+    names = [option_text(o) for o in q.options] if q.type == "choice" else [str(i) for i in range(len(q.options))]
+    return np.array([float(a["probabilities"][n]) for n in names])

@@ -137,3 +137,27 @@ def test_eval_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path):
     assert r.exit_code == 2 and "--labels" in r.output
     r = run([*base, "--gold-field", "team", "--save-task", str(tmp_path / "t.json")])
     assert r.exit_code == 2 and "--fit" in r.output
+
+
+def test_eval_decisions_scores_a_decide_output_without_the_model(tiny, q, tmp_path):
+    """eval --decisions --predictions OUT: a decide output (either shape, JSONL or CSV) read back gives
+    the figures of the run that made it; another input's output is refused."""
+    gold = _gold(tmp_path, 8)
+    args = ["--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent", "--gold-field", "anger"]
+    live = run(["eval", str(gold), *args, "--model", tiny, "--json", str(tmp_path / "live.json")])
+    assert live.exit_code == 0, live.output
+    want = json.loads((tmp_path / "live.json").read_text())["questions"]
+    for shape, out in (("systemone", "o.jsonl"), ("openai", "o.csv")):
+        r = run(["decide", str(gold), "--questions", str(q), "--model", tiny, "-q", "--shape", shape,
+                 "-o", str(tmp_path / out), "--on-error", "skip"])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        r = run(["eval", str(gold), *args, "--predictions", str(tmp_path / out), "--json", str(tmp_path / "p.json")])
+        assert r.exit_code == 0, r.output
+        got = json.loads((tmp_path / "p.json").read_text())["questions"]
+        for key in want:
+            assert got[key]["accuracy"] == want[key]["accuracy"]
+            assert got[key]["brier"] == pytest.approx(want[key]["brier"], abs=1e-6)  # other batches: float sums
+    other = tmp_path / "other.jsonl"
+    other.write_text(gold.read_text().replace('"x"', '"y"'))
+    r = run(["eval", str(other), *args, "--predictions", str(tmp_path / "o.jsonl")])
+    assert r.exit_code == 2 and "not the output for this input" in r.output
