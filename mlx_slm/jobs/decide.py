@@ -58,13 +58,15 @@ from ..text.decisions import (
     DecisionError,
     DecisionQuestion,
     DecisionRequest,
-    _content_problem,
     openai_answer,
     questions_of,
     read_questions_file,
     refusal,
     systemone_answer,
     text,
+)
+from ..text.decisions import (
+    state_problem as decision_state_problem,
 )
 from ..weights.registry import DEFAULT_MODEL
 from .classify import Distribution, Progress, _check_io, ray_init
@@ -148,7 +150,7 @@ def decision_config(model: str, converted: Any) -> DecisionConfig:
 def state_problem(row: Row) -> str | None:
     """Why a row's state cannot be asked (not a string, object or array; nested too deep; not
     valid Unicode), in the words of the decision reader, or None."""
-    bad = _content_problem(row.text, ("state",), "the state", nullable=False)
+    bad = decision_state_problem(row.text, ("state",))
     return None if bad is None else f"line {row.line}: {bad}"
 
 

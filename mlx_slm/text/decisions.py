@@ -78,6 +78,12 @@ __all__ = [
 _CONTENT = "a string, an object or an array"
 
 
+def state_problem(state: Any, loc: tuple = ("body", "state")) -> DecisionError | None:
+    """Why `state` cannot be a request's state (not a string, object or array; too deep; not
+    valid Unicode), as the routes say it, or None: `decide` checks each input row's state with it."""
+    return _content_problem(state, loc, "the state", nullable=False)
+
+
 def _content_problem(x: Any, loc: tuple, what: str, nullable: bool = True, depth: int = 0) -> DecisionError | None:
     """Why `x` is not a string/object/array (or null where allowed), too deep, or not UTF-8."""
     if x is None:
