@@ -14,6 +14,7 @@ Everything here is plain data and rules the floors above share, testable without
     heads.py        a learned linear head on hidden states (numpy)
     seqcls.py       a `*ForSequenceClassification` checkpoint's head, as its config says
     metrics.py      accuracy, P/R/F1, confusion, calibration error, coverage
+    decision_metrics.py  a decision question's Brier, log-loss, ECE report; its fitted temperature
     workload.py     the benchmark's 600 tickets
     chat.py         an OpenAI chat-completions request read: messages, choices, a JSON-schema enum
     decisions.py    typed decisions (System One, OpenAI): requests read and checked, with
