@@ -206,11 +206,15 @@ def _module_dirs(f: _Files, kinds: list[tuple[str, Any]]) -> tuple[Path, Path]:
     rel = kinds[1][1]
     pdir = module_dir(f.path, rel)
     if pdir is None or pdir == f.path:
-        place = "the folder's root, whose config.json is the backbone's" if pdir is not None else "no folder inside it"
+        why = (
+            "the folder's root, whose config.json is the backbone's, not a pooling config: sentence-transformers "
+            "refuses this folder too"
+            if pdir is not None
+            else "no folder inside the model folder: mlx-slm reads a module only from the model's own folder"
+        )
         raise EmbeddingError(
-            f"{where}: the Pooling module's path is {rel!r} ({place}), not the folder of its own config: "
-            'sentence-transformers refuses this folder too; set the Pooling module\'s "path" to the subfolder '
-            'holding its config.json ("1_Pooling", as sentence-transformers saves it)'
+            f"{where}: the Pooling module's path is {rel!r} ({why}); set the Pooling module's \"path\" to the "
+            'subfolder holding its config.json ("1_Pooling", as sentence-transformers saves it)'
         )
     return tdir, pdir
 

@@ -51,11 +51,11 @@ def edit(folder: Path, name: str, fn) -> None:
 @pytest.mark.parametrize(
     "path, words",
     [
-        ("", "the Pooling module's path is '' (the folder's root, whose config.json is the backbone's)"),
+        ("", "the Pooling module's path is '' (the folder's root, whose config.json is the backbone's"),
         (".", "the Pooling module's path is '.' (the folder's root"),
-        ("../x", "'../x' (no folder inside it)"),
-        ("/etc", "'/etc' (no folder inside it)"),
-        (3, "is 3 (no folder inside it)"),
+        ("../x", "'../x' (no folder inside the model folder"),
+        ("/etc", "'/etc' (no folder inside the model folder"),
+        (3, "is 3 (no folder inside the model folder"),
     ],
 )
 def test_a_pooling_module_at_the_root_is_refused(folder, path, words):
