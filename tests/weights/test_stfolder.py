@@ -190,3 +190,61 @@ def test_a_converted_folder_used_in_place_names_itself(folder, tmp_path):
     edit(out, "1_Pooling/config.json", lambda c: {**c, "pooling_mode": "max"})
     with pytest.raises(EmbeddingError, match=f"^{out / '1_Pooling' / 'config.json'}: pooling 'max'"):
         Embedder(Engine.load(str(out)))
+
+
+# ----------------------------------------------------------------------------- fuzzing
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.files.test_fuzz import FUZZ  # noqa: E402
+
+ST_FILES = [
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+    "2_Normalize/config.json",
+    "3_Dense/config.json",
+    "3_Dense/model.safetensors",
+]
+
+
+@pytest.fixture(scope="module")
+def fuzz_folder(tiny_arch, tmp_path_factory) -> Path:
+    """The tiny folder's sentence-transformers files (no weights needed: only fingerprints are compared),
+    with a Dense module's folder added to modules.json."""
+    f = tmp_path_factory.mktemp("st-fp") / "st"
+    src = tiny_arch.st()
+    for n in ST_FILES[:5]:
+        (f / n).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / n, f / n)
+    (f / "3_Dense").mkdir()
+    (f / "3_Dense" / "config.json").write_text('{"in_features": 64}')
+    (f / "3_Dense" / "model.safetensors").write_bytes(b"\0" * 64)
+    mods = json.loads((f / "modules.json").read_text())
+    mods.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+    (f / "modules.json").write_text(json.dumps(mods))
+    return f
+
+
+@FUZZ
+@given(name=st.sampled_from(ST_FILES), data=st.binary(max_size=64))
+def test_any_module_file_rewritten_is_a_change(fuzz_folder, tmp_path_factory, name, data):
+    """Whatever a module file of any module's folder becomes, the check says so by its name."""
+    from mlx_slm.weights.convert import RECORD, source_changes
+
+    f = tmp_path_factory.mktemp("fp") / "st"
+    shutil.copytree(fuzz_folder, f)
+    out = f.parent / "out"
+    out.mkdir()
+    (out / RECORD).write_text(json.dumps({"source_files": source_files(f)}))
+    assert source_changes(out, f) == []
+    before = (f / name).read_bytes()
+    (f / name).write_bytes(data)
+    changes = source_changes(out, f)
+    if data == before:
+        assert changes == []
+    else:  # a modules.json rewritten may also drop the module files it named: they count as changed too
+        assert name in changes and (name == "modules.json" or changes == [name]), (name, changes)
