@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..files.output import check_run_files, files_read
+from ..files.output import OutputLock, check_run_files, files_read
 from ..files.readers import gold_problem, read_rows
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
@@ -80,6 +80,8 @@ def evaluate(
     check_run_files(inputs, [("--json", json_path), ("--save-task", settings.save_task)])  # before any is read
     if predictions:
         _refuse_run_options(settings.given)
+    if settings.save_task:  # one writer of a task at a time (held to the end)
+        ctx.with_resource(OutputLock(settings.save_task, create=False, option="--save-task"))
     setup = Setup(settings, notice)
     s = setup.o
     if setup.questions is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..files.output import check_run_files, files_read
+from ..files.output import OutputLock, check_run_files, files_read
 from ..jobs.choose import run_choose
 from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.out_of_scope import choose_none_threshold, none_section
@@ -163,6 +163,8 @@ def train(
     none = {k: o.pop(k) for k in NONE}  # "none of these": checked here, applied to the saved task
     reads = files_read(o, ("DATA", data), *(("--none-data", none["none_data"]),) * bool(none["none_data"]))
     check_run_files(reads, [("--save-task", save_task)])
+    # One writer of a task at a time: a second run saving to it stops now, naming this one (held to the end).
+    ctx.with_resource(OutputLock(save_task, create=False, option="--save-task"))
     threshold = _check_none(ctx, none, gold_fields)
     tune = {k: o.pop(k) for k in TUNING}  # the fine-tuning options (checked in _finetune)
     if tune["finetune"] is not None or TUNING & given(ctx, tune) - {"finetune"}:
