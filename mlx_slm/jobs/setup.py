@@ -34,6 +34,7 @@ from ..text.prompts import (
     check_template,
     fill_labels,
     fill_system,
+    folds_system,
     read_examples,
 )
 from ..text.questions import DEFAULT_SYSTEM as QUESTIONS_SYSTEM
@@ -479,7 +480,14 @@ class Setup:
             **self.clf.spec.manifest(self.clf.mode),
             "calibration": self.calibration.record(),
             "min_confidence": self.o.min_confidence,
+            **({"system_in_user_turn": True} if self.folds_system else {}),
         }
+
+    @property
+    def folds_system(self) -> bool:
+        """Whether the prompts carry the system text in the user turn (the model's chat template
+        refuses a system role: `prompts.refuses_system`), for the manifest and the task to record."""
+        return folds_system(self.clf.engine.tokenizer, self.clf.format.system)
 
     def save_task(self, run: Any) -> None:
 
@@ -496,6 +504,7 @@ class Setup:
             min_confidence=self.o.min_confidence,
             weights_sha256=self.weights,
             versions=versions(),
+            system_in_user_turn=self.folds_system,
             **self.clf.spec.task_kwargs(self.clf.mode),
         )
         t.save(path)

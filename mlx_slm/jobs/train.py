@@ -36,6 +36,7 @@ from ..text.prompts import (
     check_plain_system,
     check_template,
     fill_system,
+    folds_system,
     read_examples,
 )
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
@@ -471,7 +472,8 @@ def trained_task(
     """The task a training run saves: its model (as named, pinned to these weights), prompt and
     labels, and what was learned (`section`: a head, or fine-tuned adapters)."""
     return Task(model=model, labels=tuple(labels), system=system, template=template, examples=tuple(examples),
-                weights_sha256=engine.weights_sha256, versions=versions(), section=section)  # fmt: skip
+                weights_sha256=engine.weights_sha256, versions=versions(), section=section,
+                system_in_user_turn=folds_system(engine.tokenizer, system))  # fmt: skip
 
 
 def run_train(
@@ -595,7 +597,8 @@ def run_train_fields(
     except QuestionError as e:
         raise TrainError(f"--label-field: {e} (the field names the head's question: rename the field)") from None
     task = Task(model=model, labels=(), system=system, template=template, weights_sha256=engine.weights_sha256,
-                versions=versions(), section=QuestionsSettings(tuple(qs)))  # fmt: skip
+                versions=versions(), section=QuestionsSettings(tuple(qs)),
+                system_in_user_turn=folds_system(engine.tokenizer, system))  # fmt: skip
     task.save(save_task)
     return task, "\n\n".join(f"== {f}\n{format_table(h)}" for f, h in zip(fields, heads))
 
