@@ -240,3 +240,43 @@ def test_an_edited_tasks_labels_are_named_as_the_tasks_not_as_labels_given(tmp_p
     r = run(["classify", inp, "--task", V1 / "finetune.json", "--model", v1_models["lm"], "--labels", "a,b",
              "-o", tmp_path / "o.jsonl"])  # fmt: skip
     assert r.exit_code == 2 and "with --labels changed they no longer apply" in r.output, r.output
+
+
+# --------------------------------------------------------------------------- options and messages
+FT = ["--finetune", "lora", "--epochs", "1", "--adapt-layers", "1", "--val-fraction", "0", "-q"]
+
+
+def test_head_init_words_works_from_the_cli(tmp_path, data, tiny_qwen_mlx):
+    """It always exited 2 with a Python-API message about label_tokens."""
+    task = tmp_path / "t.json"
+    r = run(["train", data, "--model", tiny_qwen_mlx, "--save-task", task, "--head-init", "words", *FT])
+    assert r.exit_code == 0, r.output
+    assert json.loads(task.read_text())["finetune"]["objective"] == "score"
+
+
+def test_none_data_with_a_bad_row_is_refused_before_the_training(tmp_path, data, tiny_qwen_mlx):
+    held = _jsonl(tmp_path / "held.jsonl", [{"text": t, "label": g} for t, g in tickets(30)[24:]] +
+                  [{"text": "weather", "label": "oos"}, {"text": "no label here"}])  # fmt: skip
+    task = tmp_path / "t.json"
+    r = run(["train", data, "--model", tiny_qwen_mlx, "--save-task", task, *FT[:-1], "--none-label", "oos",
+             "--none-threshold", "auto", "--none-data", held])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert f"{held}: line 8: no gold label" in r.output
+    assert "epoch" not in r.output and not task.exists()  # nothing trained first
+
+
+def test_adapt_layers_over_the_models_blocks_names_the_option_and_the_blocks(tmp_path, data, tiny_qwen_mlx):
+    r = run(["train", data, "--model", tiny_qwen_mlx, "--save-task", tmp_path / "t.json", *FT, "--adapt-layers", "5"])
+    assert r.exit_code == 2, r.output
+    assert "(--adapt-layers 5): this model has 3 blocks: adapt at most 3" in r.output
+
+
+@pytest.mark.parametrize("finetune", [False, True], ids=["head", "finetune"])
+def test_a_lone_surrogate_in_a_training_label_exits_2_naming_the_row(tmp_path, tiny_qwen_mlx, finetune):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps({"text": t, "label": g}) + "\n" for t, g in ROWS[:12])
+                   + '{"text": "hi", "label": "bil\\ud800"}\n')  # fmt: skip
+    extra = FT if finetune else ["--folds", "2", "-q"]
+    r = run(["train", bad, "--model", tiny_qwen_mlx, "--save-task", tmp_path / "t.json", *extra])
+    assert r.exit_code == 2, r.output
+    assert f"{bad}: line 13: gold label" in r.output and "unpaired surrogate" in r.output
