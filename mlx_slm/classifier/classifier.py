@@ -96,7 +96,8 @@ class Classifier:
         elif scoring:
             raise TypeError(f"give the scoring arguments in `kind`, not beside it: {', '.join(sorted(scoring))}")
         if isinstance(kind, KindArgs):  # chosen here, once, where the model (and any score head of its own) is known
-            model = ModelFacts(getattr(engine.model, "seqcls", None), str(engine.path or ""))
+            model = ModelFacts(getattr(engine.model, "seqcls", None), str(engine.path or ""),
+                               embeds_only=embeds_only(engine.model))  # fmt: skip
             if embeds_only(engine.model) and kind.get(HeadSettings) is None and kind.get(FeaturesSettings) is None:
                 kind = replace(kind, own=(*kind.own, FeaturesSettings()))  # no head to score with: its features
             kind = spec_of(replace(kind, model=model))

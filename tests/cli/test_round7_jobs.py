@@ -280,3 +280,28 @@ def test_a_lone_surrogate_in_a_training_label_exits_2_naming_the_row(tmp_path, t
     r = run(["train", bad, "--model", tiny_qwen_mlx, "--save-task", tmp_path / "t.json", *extra])
     assert r.exit_code == 2, r.output
     assert f"{bad}: line 13: gold label" in r.output and "unpaired surrogate" in r.output
+
+
+@pytest.mark.parametrize("scorer", [[], ["--reranker", "qwen3"], ["--reranker", "question"]])
+def test_rerank_on_an_embedding_model_says_it_is_one_and_what_works(tmp_path, tiny_arch, scorer):
+    """`--reranker qwen3`, which the first refusal suggested, said "features_only: not a setting of rerank"."""
+    q = _jsonl(tmp_path / "q.jsonl", [{"query": "card charged", "documents": ["refund please", "reset password"]}])
+    r = run(["rerank", q, "--model", tiny_arch.st_mlx("qwen2"), *scorer])
+    assert r.exit_code == 2, r.output
+    assert "is an embedding model" in r.output and "cosine of their embeddings" in r.output
+    assert "features_only" not in r.output
+
+
+def test_dir_and_help_of_the_package_list_the_public_names_without_importing_mlx():
+    code = (
+        "import sys, pydoc, mlx_slm\n"
+        "d = dir(mlx_slm)\n"
+        "assert {'Classifier', 'Embedder', 'Task', 'Engine', 'train_head'} <= set(d), d\n"
+        "assert set(mlx_slm.__all__) <= set(d)\n"
+        "assert 'mlx.core' not in sys.modules and 'mlx_slm.classifier' not in sys.modules\n"
+        "text = pydoc.render_doc(mlx_slm, renderer=pydoc.plaintext)\n"
+        "assert all(f'class {n}' in text for n in ('Classifier', 'Embedder', 'Task')), text[:2000]\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert got.returncode == 0, got.stderr
