@@ -265,6 +265,7 @@ def folds_system(tokenizer: Any, system: str | None) -> bool:
 
 
 _FOLD_PROBE_SYSTEM = "You classify."
+_NOTED: set[str] = set()  # the chat templates whose refusal was said
 
 
 def refuses_system(tokenizer: Any) -> bool:
@@ -286,7 +287,8 @@ def refuses_system(tokenizer: Any) -> bool:
                 got = True
             except TemplateError:
                 got = False  # it refuses the user turn too: rendering says so (`render`)
-    if got:
+    if got and tokenizer.chat_template not in _NOTED:  # said once a template, however many tokenizers hold it
+        _NOTED.add(tokenizer.chat_template)
         notice(
             "mlx-slm: note: the model's chat template refuses a system message: the system text is put at the "
             "start of the first user turn (as Transformers' users do); the task and the manifest record it"

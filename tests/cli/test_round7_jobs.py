@@ -132,7 +132,10 @@ def test_a_template_that_takes_a_system_turn_is_left_alone(tiny_qwen_mlx):
     assert prompt_messages(tok, PromptFormat("S", "{text}"), "t")[0] == {"role": "system", "content": "S"}
 
 
-def test_classify_and_train_on_such_a_model_run_and_record_it(tmp_path, data, mistral_style):
+def test_classify_and_train_on_such_a_model_run_and_record_it(tmp_path, data, mistral_style, monkeypatch):
+    from mlx_slm.text import prompts
+
+    monkeypatch.setattr(prompts, "_NOTED", set())  # said once a process: this run says it again
     out = tmp_path / "o.jsonl"
     r = run(["classify", data, "--model", mistral_style, "-o", out, "--save-task", tmp_path / "zs.json"])
     assert r.exit_code == 0, r.output
@@ -305,3 +308,44 @@ def test_dir_and_help_of_the_package_list_the_public_names_without_importing_mlx
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert got.returncode == 0, got.stderr
+
+
+@pytest.mark.slow
+def test_parity_agrees_on_a_model_whose_template_refuses_a_system_turn(tmp_path, tiny_arch):
+    """The reference path renders the same folded prompt (84 s on 2 cores: the reference runs twice)."""
+    import shutil
+
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_arch.hf("qwen2"), hf)
+    (hf / "chat_template.jinja").write_text(MISTRAL_V01)
+    r = run(["parity", "--model", hf, "--reference", hf, "--n", "6"])
+    assert r.exit_code == 0, r.output
+    assert "labels agree        6/6" in r.output and "-> PASS" in r.output
+
+
+def test_fine_tune_and_serve_on_such_a_model(tmp_path, data, mistral_style):
+    """`train --finetune` renders the same folded prompts; `serve` starts and answers (it refused to start)."""
+    pytest.importorskip("starlette")
+    httpx = pytest.importorskip("httpx")
+    task = tmp_path / "ft.json"
+    r = run(["train", data, "--model", mistral_style, "--save-task", task, *FT])
+    assert r.exit_code == 0, r.output
+    assert json.loads(task.read_text())["system_in_user_turn"] is True
+    from mlx_slm.jobs.setup import Setup, TaskOptions
+    from mlx_slm.server import Loaded, ServeOptions, Service
+    from tests.server.test_app import ThreadServer
+
+    setup = Setup(TaskOptions(model=str(mistral_style), given=frozenset({"model"})), lambda _m: None)
+
+    def load():  # as `mlx-slm serve --model` loads
+        clf = setup.load()
+        return Loaded(clf, setup.calibration, setup.o.min_confidence, setup.o.warmup, model=setup.o.model,
+                      weights_sha256=setup.weights, clf_kwargs={"use_prefix_cache": True})  # fmt: skip
+
+    srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
+    try:
+        got = httpx.post(srv.url + "/v1/classify", json={"texts": ["my card was charged twice"]}, timeout=60)
+        assert got.status_code == 200, got.text
+        assert got.json()["results"][0]["label"] in ("billing", "technical", "account")
+    finally:
+        srv.stop()
