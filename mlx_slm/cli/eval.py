@@ -202,7 +202,7 @@ def _report(
             pred_labels.append(label)
             conf.append(c)
             every[0].append(gold[-1])
-            every[1].append(p.get("label"))
+            every[1].append(None if label == none else label)  # the none label given as an answer: none too
     if not gold:
         raise UserError(
             f"{input}: no row has both a text and a gold label among {scored}; first problem: "

@@ -40,6 +40,11 @@ class PromptError(UserError, ValueError):
     pass
 
 
+# What a chat template (the model's own program) may raise on our messages: its `raise_exception`, a
+# syntax error, an undefined name (jinja's `TemplateError`s), or a Python error inside an expression.
+TEMPLATE_FAULTS = (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
 @dataclass(frozen=True)
 class PromptFormat:
     """How one item becomes a prompt: optional system message and a user template."""
@@ -229,7 +234,7 @@ def render(tokenizer: Any, fmt: PromptFormat, text: str, pair: str | None = None
     msgs = prompt_messages(tokenizer, fmt, text, pair)
     try:
         return render_messages(tokenizer, msgs)
-    except TemplateError as e:  # the model's program refused our messages: say so, not a traceback
+    except TEMPLATE_FAULTS as e:  # the model's program refused our messages: say so, not a traceback
         raise PromptError(
             f"the model's chat template refused the prompt ({e}): give a system message and template it takes "
             "(--system '' drops the system turn; --template shapes the user turn)"
@@ -281,11 +286,11 @@ def refuses_system(tokenizer: Any) -> bool:
         system = [{"role": "system", "content": _FOLD_PROBE_SYSTEM}, {"role": "user", "content": "a"}]
         try:
             render_messages(tokenizer, system)
-        except TemplateError:
+        except TEMPLATE_FAULTS:
             try:
                 render_messages(tokenizer, fold_system(system))
                 got = True
-            except TemplateError:
+            except TEMPLATE_FAULTS:
                 got = False  # it refuses the user turn too: rendering says so (`render`)
     if got and tokenizer.chat_template not in _NOTED:  # said once a template, however many tokenizers hold it
         _NOTED.add(tokenizer.chat_template)

@@ -103,6 +103,8 @@ TEMPLATES = [
     "{{ raise_exception('no conversation suits me') }}",  # refuses every conversation
     "{% for m in messages %}{{ m['content'] }}{% endfor %}",  # takes anything
     "{% for m in messages %}{{ m['content'] }",  # a syntax error
+    "{{ messages[0]['content'] + 1 }}",  # a Python error inside an expression (TypeError)
+    "{{ messages[0].nope.deeper }}",  # an undefined name used
     "{% if messages[0]['role'] == 'user' %}{{ raise_exception('a system turn first, please') }}{% endif %}"
     "{% for m in messages %}{{ m['content'] }}{% endfor %}",  # refuses the folded prompt, takes the system
 ]
