@@ -58,6 +58,9 @@ class Task:
     # label, abstained), "min_confidence": how the task's `min_confidence` was chosen (target and the
     # held-out figures), or null when given}; None for a task that answers every text with a label.
     none: dict[str, Any] | None = field(default=None, compare=False)
+    # The model's chat template refuses a system turn, so the system text was put at the start of the
+    # first user turn (`prompts.refuses_system`): a record, written when true (rendering finds it again).
+    system_in_user_turn: bool = field(default=False, compare=False)
     # The Python API's names for two sections (`Task(..., head=head)`, `questions=(...)`, as
     # `Classifier` takes them): given at construction, kept as the section (read back: `head`, `questions`).
     head: InitVar[Head | None] = None
@@ -119,6 +122,8 @@ class Task:
         del d["section"], d["home"]
         if self.none is None:
             del d["none"]
+        if not self.system_in_user_turn:
+            del d["system_in_user_turn"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
         d.update(self.kind.to_task(path))  # the kind's own section (a head, questions) goes last
@@ -146,6 +151,7 @@ class Task:
             min_confidence=mc,
             weights_sha256=sha,
             versions=versions,
+            system_in_user_turn=_folded(d, where),
             **section,
         )
 
@@ -231,6 +237,7 @@ FIELDS = (
     "weights_sha256",
     "versions",
     "none",
+    "system_in_user_turn",
 )
 
 
@@ -305,6 +312,14 @@ def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, 
     if not isinstance(versions, dict):
         raise bad_field(d, where, "versions", "an object")
     return scoring, warmup, None if mc is None else float(mc), sha, versions
+
+
+def _folded(d: dict[str, Any], where: str) -> bool:
+    """The record that the system text went into the user turn (`Task.system_in_user_turn`)."""
+    got = d.get("system_in_user_turn", False)
+    if not isinstance(got, bool):
+        raise bad_field(d, where, "system_in_user_turn", "true or false")
+    return got
 
 
 def _none_field(d: dict[str, Any], where: str, labels: list[str]) -> dict[str, Any] | None:
