@@ -30,7 +30,7 @@ Every client-caused failure is a 4xx with a JSON error (never a 500, never a tra
 the log): a body that is not UTF-8 JSON, nested too deeply or holding a lone surrogate
 (`"\\ud800"`: not encodable text) is 422; a client that leaves while sending its body is
 counted as `client_gone` (499, never sent). Every outcome is counted in /metrics
-(`mlx_slm_requests_total{outcome=...}`).
+(`mlx_slm_requests_total{outcome=...,route=...}`).
 
 Imports run one way: the server imports the service, never the reverse; the wire API
 modules import the shared ones (common, checks, errors), and `app.py` imports the APIs.
