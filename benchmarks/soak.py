@@ -459,7 +459,13 @@ def plot(res: dict[str, Any], path: Path) -> None:
     rows = res["minutes_table"]
     x = [r["minute"] for r in rows]
     fig, ax = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
-    ax[0].plot(x, [r["rss_mb"] for r in rows], marker="o")
+    rss = [r["rss_mb"] for r in rows]
+    ax[0].plot(x, rss, marker="o")
+    base = res["checks"]["rss"]["after_warmup_mb"]
+    if base:  # the check's limit: what growth would fail it
+        ax[0].axhline(base * (1 + RSS_GROWTH), color="r", ls="--", lw=1, label=f"+{RSS_GROWTH:.0%} after warm-up")
+        ax[0].legend(loc="lower right")
+    ax[0].set_ylim(0, 1.25 * max([v for v in rss if v] + [base or 0]))
     ax[0].set_ylabel("server RSS (MB)")
     ax[1].plot(x, [r["p50_ms"] for r in rows], marker="o", label="p50")
     ax[1].plot(x, [r["p99_ms"] for r in rows], marker="s", label="p99")
