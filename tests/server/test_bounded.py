@@ -296,3 +296,24 @@ def test_any_embeddings_body_is_an_answer_or_a_4xx(live):
 
     check()
     assert live.metric("error") == 0
+
+
+def test_the_new_hostile_classes_are_counted_invalid_never_error(live):
+    """Each hostile class of round seven is a 4xx counted as `invalid` on its route, never a 500."""
+    schema = {"type": "object", "properties": {"c": {"enum": ["a", "b"]}}, "required": [["c"]]}
+    cases = [
+        ("/v1/chat/completions", {"messages": MSGS, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
+        ("/v1/chat/completions", {"messages": MSGS, "guided_json": {**schema, "required": {"c": 1}}}),
+        ("/v1/embeddings", {"input": "x", "encoding_format": False}),
+        ("/v1/embeddings", {"input": "x", "model": ["m"]}),
+        ("/classify", {"model": 3, "input": "x"}),
+        ("/v1/rerank", {"model": {"a": 1}, "query": "q", "documents": ["d"]}),
+    ]  # fmt: skip
+    before = live.service.metrics.requests_by_outcome()
+    for path, body in cases:
+        r = httpx.post(live.url + path, json=body, timeout=30)
+        assert 400 <= r.status_code < 500, (path, r.status_code, r.text)
+    after = live.service.metrics.requests_by_outcome()
+    assert after.get("invalid", 0) - before.get("invalid", 0) == len(cases)
+    assert after.get("error", 0) == before.get("error", 0)
