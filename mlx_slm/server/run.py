@@ -4,11 +4,14 @@ as a drain (new requests 503, accepted ones finished within --drain-timeout, exi
 from __future__ import annotations
 
 import errno
+import os
 import signal
+import sys
 import threading
 from typing import Any
 
 from ..ground.errors import UserError
+from ..ground.notices import notice
 from ..service import Service
 from .app import create_app
 
@@ -72,12 +75,8 @@ def run_server(
 def _exit_now(status: int, why: str) -> None:
     """Leave without the interpreter's shutdown: a worker thread still inside MLX then makes
     the process abort (SIGABRT, "terminate called without an active exception")."""
-    import os
-    import sys
-
-    print(f"mlx-slm: {why}; exiting without waiting for it", file=sys.stderr)
+    notice(f"mlx-slm: {why}; exiting without waiting for it")
     sys.stdout.flush()
-    sys.stderr.flush()
     os._exit(status)
 
 
