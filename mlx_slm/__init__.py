@@ -38,6 +38,12 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
+def __dir__() -> list[str]:
+    """The module's names with the public ones not imported yet (`dir(mlx_slm)`, `help(mlx_slm)` and
+    completion list them; none is imported until it is used)."""
+    return sorted(set(globals()) | set(_HOMES))
+
+
 def __getattr__(name: str):
     if name in _HOMES:
         from importlib import import_module

@@ -123,5 +123,5 @@ class LiveServer:
         import httpx
 
         text = httpx.get(self.url + "/metrics").text
-        key = f'mlx_slm_requests_total{{outcome="{outcome}"}}'
+        key = f'mlx_slm_requests_total{{outcome="{outcome}",'
         return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(key))

@@ -51,6 +51,16 @@ from .pipeline import BatchSettings
 from .task import Task
 
 
+def _on_model(kind: KindArgs, engine: Engine) -> KindArgs:
+    """`kind` with the facts of the engine's model the kinds table chooses on (its own score head, its
+    name, whether it embeds only); a model that embeds only, with no head given, gives its features."""
+    m = engine.model
+    model = ModelFacts(getattr(m, "seqcls", None), str(engine.path or ""), True, embeds_only(m))
+    if model.embeds_only and kind.get(HeadSettings) is None and kind.get(FeaturesSettings) is None:
+        kind = replace(kind, own=(*kind.own, FeaturesSettings()))  # no head to score with: its features
+    return replace(kind, model=model)
+
+
 class Classifier:
     """One classification task on a shared `Engine`: its kind, prompt, calibration and batching.
 
@@ -96,10 +106,7 @@ class Classifier:
         elif scoring:
             raise TypeError(f"give the scoring arguments in `kind`, not beside it: {', '.join(sorted(scoring))}")
         if isinstance(kind, KindArgs):  # chosen here, once, where the model (and any score head of its own) is known
-            model = ModelFacts(getattr(engine.model, "seqcls", None), str(engine.path or ""))
-            if embeds_only(engine.model) and kind.get(HeadSettings) is None and kind.get(FeaturesSettings) is None:
-                kind = replace(kind, own=(*kind.own, FeaturesSettings()))  # no head to score with: its features
-            kind = spec_of(replace(kind, model=model))
+            kind = spec_of(_on_model(kind, engine))
         self.engine = engine
         self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
         self.min_confidence, self.warmup = min_confidence, warmup

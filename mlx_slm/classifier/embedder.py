@@ -4,13 +4,17 @@
 What a folder says (`read_pooling`, pure: no model runs):
 
 * a sentence-transformers folder: `modules.json` (a Transformer module at the folder's root,
-  then Pooling, then optionally Normalize; any other module is refused by name), the Pooling
-  module's `config.json` in either layout (2.x-5.x: `pooling_mode_lasttoken`,
+  or in a subfolder as 2.x saved it (`0_Transformer/`; a conversion moves it to the root), then
+  Pooling in a folder of its own (never the root: its config.json is the backbone's), then
+  optionally Normalize; any other module is refused by name), the Pooling module's
+  `config.json` in either layout (2.x-5.x: `pooling_mode_lasttoken`,
   `pooling_mode_mean_tokens`, `pooling_mode_cls_token`, ... booleans; 6.x: `"pooling_mode":
   "lasttoken" | "mean" | "cls"`) with `include_prompt`, `sentence_bert_config.json`
-  (`max_seq_length`; a 6.x folder whose `modality_config` has "message" renders each text with
-  the chat template, its prompt as a system message, as sentence-transformers then does), and
-  `config_sentence_transformers.json` (named `prompts`, `default_prompt_name`);
+  (`max_seq_length`, a positive whole number or null; a 6.x folder whose `modality_config` has
+  "message" renders each text with the chat template, its prompt as a system message, as
+  sentence-transformers then does), and `config_sentence_transformers.json` (named `prompts`,
+  valid Unicode strings; `default_prompt_name`, one of their names or null). Errors name the
+  files as the user knows them: a cache entry's by the folder it was converted from;
 * a plain causal LM (no `modules.json`, an LM head): the last token's final-norm hidden state,
   not normalized;
 * anything else (a sequence classifier, a bare backbone without a pooling config): refused,
@@ -43,8 +47,13 @@ import numpy as np
 from ..engine.engine import Engine
 from ..ground.errors import UserError
 from ..ground.ranges import check_all
+from ..ground.textfiles import has_lone_surrogate
+from ..text.inputs import as_texts, is_frame
 from ..text.predictions import Item, Stats
 from ..text.prompts import common_prefix, max_token_chars, size_problem
+from ..weights.registry import cache_dir
+from ..weights.stfolder import MODULES as MODULES_FILE
+from ..weights.stfolder import SETTINGS, TRANSFORMER_CONFIG, module_dir, user_folder
 from . import pipeline
 from .pipeline import DEFAULT_BATCH_SIZE, BatchSettings, default_max_batch_tokens
 
@@ -90,12 +99,17 @@ class Pooling:
         """The prompt a text gets: `prompt` as given, else the named one, else the folder's default
         (`default_prompt_name`); "" for none. A name the folder does not define is an error naming it."""
         if prompt is not None:
+            given = where.replace("prompt-name", "prompt").replace("prompt_name", "prompt")
+            if not isinstance(prompt, str):
+                raise EmbeddingError(f"{given}: give the prompt's text (a string), not {type(prompt).__name__}")
+            if has_lone_surrogate(prompt):
+                raise EmbeddingError(f"{given} holds an unpaired surrogate escape (not valid Unicode text): fix it")
             return prompt
         name = prompt_name if prompt_name is not None else self.default_prompt_name
         if name is None:
             return ""
         named = dict(self.prompts)
-        if name not in named:
+        if not isinstance(name, str) or name not in named:
             have = ", ".join(repr(k) for k in named) or "none"
             raise EmbeddingError(
                 f"{where} {name!r}: this model defines no prompt of that name (its prompts: {have}, in "
@@ -128,11 +142,35 @@ class Pooling:
         )
 
 
-def _json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise EmbeddingError(f"{path} ({what}) cannot be read as JSON ({e}): fix or replace the file") from None
+class _Files:
+    """A sentence-transformers folder's files, read at `path` and named in messages as the user
+    knows them: a cache entry's by its source folder (`stfolder.user_folder`), not by the copy."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.shown, self.names = user_folder(path, cache_dir())
+
+    def name(self, rel: str) -> Path:
+        """Where the user finds the file `rel` (relative to `path`, in `/` form)."""
+        if self.shown == self.path:
+            return self.path / rel
+        return self.shown / self.names.get(rel, rel)
+
+    def json(self, rel: str, what: str) -> Any:
+        """The JSON file `rel`, or an EmbeddingError naming it (a missing file: `None`)."""
+        f = self.path / rel
+        if not f.is_file():
+            return None
+        try:
+            return json.loads(f.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise EmbeddingError(
+                f"{self.name(rel)} ({what}) cannot be read ({e.strerror}): fix its permissions"
+            ) from None
+        except ValueError as e:
+            raise EmbeddingError(
+                f"{self.name(rel)} ({what}) cannot be read as JSON ({e}): fix or replace the file"
+            ) from None
 
 
 def _pooling_mode(cfg: Mapping[str, Any], where: Path) -> str:
@@ -143,11 +181,42 @@ def _pooling_mode(cfg: Mapping[str, Any], where: Path) -> str:
         mode = active or ["mean"]  # sentence-transformers' default when no boolean is set
     if isinstance(mode, list):
         mode = mode[0] if len(mode) == 1 else tuple(mode)
-    if mode not in POOLINGS:
+    if not isinstance(mode, str) or mode not in POOLINGS:
         raise EmbeddingError(
             f"{where}: pooling {mode!r} is not supported: mlx-slm pools by lasttoken, mean or cls (one of them)"
         )
-    return str(mode)
+    return mode
+
+
+def _rel(path: Path, f: Path) -> str:
+    return f.relative_to(path).as_posix()
+
+
+def _module_dirs(f: _Files, kinds: list[tuple[str, Any]]) -> tuple[Path, Path]:
+    """(the Transformer module's folder, the Pooling module's) as modules.json names them: the
+    Transformer's the root ("") or a subfolder (`0_Transformer`, sentence-transformers 2.x); the
+    Pooling module's a subfolder, never the root (its config.json is the backbone's there)."""
+    where = f.name(MODULES_FILE)
+    tdir = module_dir(f.path, kinds[0][1])
+    if tdir is None:
+        raise EmbeddingError(
+            f"{where}: the Transformer module's path {kinds[0][1]!r} is not a folder inside the model folder: "
+            'set it to "" (the backbone at the folder\'s root) or to the subfolder holding it'
+        )
+    rel = kinds[1][1]
+    pdir = module_dir(f.path, rel)
+    if pdir is None or pdir == f.path:
+        why = (
+            "the folder's root, whose config.json is the backbone's, not a pooling config: sentence-transformers "
+            "refuses this folder too"
+            if pdir is not None
+            else "no folder inside the model folder: mlx-slm reads a module only from the model's own folder"
+        )
+        raise EmbeddingError(
+            f"{where}: the Pooling module's path is {rel!r} ({why}); set the Pooling module's \"path\" to the "
+            'subfolder holding its config.json ("1_Pooling", as sentence-transformers saves it)'
+        )
+    return tdir, pdir
 
 
 def read_pooling(
@@ -155,57 +224,73 @@ def read_pooling(
 ) -> Pooling:
     """The pooling a model folder says (see the module docstring); `has_lm_head`: the model is a
     causal LM (it embeds by its last token when the folder has no pooling config); `what`: how a
-    model that does not embed is named in the error (its architecture)."""
-    modules_file = path / "modules.json" if path is not None else None
-    if modules_file is None or not modules_file.is_file():
+    model that does not embed is named in the error (its architecture). Errors name the files
+    as the user knows them (a cache entry's by its source folder)."""
+    if path is None or not (path / MODULES_FILE).is_file():
         if has_lm_head:
             return Pooling("lasttoken", hidden_size, source="causal LM")
         raise EmbeddingError(NO_POOLING.format(what=what))
-    modules = _json(modules_file, "sentence-transformers' modules")
+    f = _Files(path)
+    where = f.name(MODULES_FILE)
+    modules = f.json(MODULES_FILE, "sentence-transformers' modules")
     if not isinstance(modules, list) or not modules:
-        raise EmbeddingError(f"{modules_file}: must be a list of modules: fix it, or save the model again")
-    kinds = []
+        raise EmbeddingError(f"{where}: must be a list of modules: fix it, or save the model again")
+    kinds: list[tuple[str, Any]] = []
     for m in modules:
         kind = str(m.get("type", "")).rsplit(".", 1)[-1] if isinstance(m, dict) else ""
         if kind not in MODULES:
             raise EmbeddingError(
-                f"{modules_file}: a {kind or 'nameless'} module ({m.get('type') if isinstance(m, dict) else m!r}) is "
+                f"{where}: a {kind or 'nameless'} module ({m.get('type') if isinstance(m, dict) else m!r}) is "
                 f"not supported: mlx-slm embeds with {', '.join(MODULES)} modules only"
             )
-        kinds.append((kind, str(m.get("path", ""))))
-    if [k for k, _ in kinds[:2]] != ["Transformer", "Pooling"] or kinds[0][1] not in ("", "."):
+        kinds.append((kind, m.get("path", "")))
+    if [k for k, _ in kinds[:2]] != ["Transformer", "Pooling"]:
         raise EmbeddingError(
-            f"{modules_file}: the modules must be Transformer (the folder's own weights), Pooling, then optionally "
+            f"{where}: the modules must be Transformer (the folder's own weights), Pooling, then optionally "
             f"Normalize; got {', '.join(k for k, _ in kinds)}"
         )
-    pool_file = path / kinds[1][1] / "config.json"  # type: ignore[operator]
-    cfg = _json(pool_file, "the Pooling module's config") if pool_file.is_file() else None
+    tdir, pdir = _module_dirs(f, kinds)
+    pool_rel = _rel(path, pdir / "config.json")
+    cfg = f.json(pool_rel, "the Pooling module's config")
     if not isinstance(cfg, dict):
-        raise EmbeddingError(f"{pool_file}: missing or not a JSON object: the Pooling module's config is needed")
+        raise EmbeddingError(f"{f.name(pool_rel)}: missing or not a JSON object: the Pooling module's config is needed")
     dim = cfg.get("embedding_dimension", cfg.get("word_embedding_dimension", hidden_size))
     if dim != hidden_size:
-        raise EmbeddingError(f"{pool_file}: embedding_dimension {dim} is not the model's hidden size {hidden_size}")
-    st = _json(path / "sentence_bert_config.json", "the Transformer module's config") if (
-        path / "sentence_bert_config.json").is_file() else {}  # type: ignore[operator]  # fmt: skip
-    chat = _chat_modality(st, path)  # type: ignore[arg-type]
-    prompts, default = _prompts(path)  # type: ignore[arg-type]
-    max_len = st.get("max_seq_length") if isinstance(st, dict) else None
+        raise EmbeddingError(
+            f"{f.name(pool_rel)}: embedding_dimension {dim!r} is not the model's hidden size {hidden_size}"
+        )
+    st_rel = _rel(path, tdir / TRANSFORMER_CONFIG)
+    st = f.json(st_rel, "the Transformer module's config")
+    st = {} if st is None else st
+    chat = _chat_modality(st, f.name(st_rel))
+    prompts, default = _prompts(f)
     return Pooling(
-        _pooling_mode(cfg, pool_file),
+        _pooling_mode(cfg, f.name(pool_rel)),
         hidden_size,
         include_prompt=bool(cfg.get("include_prompt", True)),
         normalize=any(k == "Normalize" for k, _ in kinds[2:]),
         prompts=prompts,
         default_prompt_name=default,
-        max_seq_length=max_len if isinstance(max_len, int) and max_len > 0 else None,
+        max_seq_length=_max_seq_length(st, f.name(st_rel)),
         chat=chat,
     )
 
 
-def _chat_modality(st: Any, path: Path) -> bool:
+def _max_seq_length(st: Mapping[str, Any], where: Path) -> int | None:
+    """The Transformer module's `max_seq_length`: a positive whole number of tokens, or None
+    (absent or null: the tokenizer's and the model's own limits apply)."""
+    n = st.get("max_seq_length")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise EmbeddingError(
+            f"{where}: max_seq_length {n!r} is not a positive whole number of tokens: set it to the longest "
+            "input the model takes (e.g. 512), or remove it to use the tokenizer's own limit"
+        )
+    return n
+
+
+def _chat_modality(st: Any, where: Path) -> bool:
     """Whether the Transformer module renders texts as chat messages (6.x: "message" in its
     `modality_config`); a lower-casing module is refused (mlx-slm sends the text as given)."""
-    where = path / "sentence_bert_config.json"
     if not isinstance(st, dict):
         raise EmbeddingError(f"{where}: not a JSON object")
     if st.get("do_lower_case"):
@@ -221,16 +306,31 @@ def _chat_modality(st: Any, path: Path) -> bool:
     return True
 
 
-def _prompts(path: Path) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """(named prompts, default prompt name) of `config_sentence_transformers.json`."""
-    f = path / "config_sentence_transformers.json"
-    cfg = _json(f, "sentence-transformers' settings") if f.is_file() else {}
-    prompts = (cfg.get("prompts") or {}) if isinstance(cfg, dict) else {}
+def _prompts(f: _Files) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """(named prompts, default prompt name) of `config_sentence_transformers.json`: names and
+    texts valid Unicode strings, the default one of the names (or null)."""
+    where = f.name(SETTINGS)
+    cfg = f.json(SETTINGS, "sentence-transformers' settings")
+    if cfg is None:
+        return (), None
+    if not isinstance(cfg, dict):
+        raise EmbeddingError(f"{where}: not a JSON object: fix it, or save the model again")
+    prompts = cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-        raise EmbeddingError(f"{f}: 'prompts' must map names to prompt texts")
+        raise EmbeddingError(f"{where}: 'prompts' must map names to prompt texts (strings)")
+    bad = next((k for k, v in prompts.items() if has_lone_surrogate(k) or has_lone_surrogate(v)), None)
+    if bad is not None:
+        raise EmbeddingError(
+            f"{where}: prompts[{bad!r}] holds an unpaired surrogate escape (not valid Unicode text): fix the "
+            "prompt's name and text"
+        )
     default = cfg.get("default_prompt_name")
-    if default is not None and default not in prompts:
-        raise EmbeddingError(f"{f}: default_prompt_name {default!r} is not one of its prompts")
+    if default is not None and (not isinstance(default, str) or default not in prompts):
+        have = ", ".join(repr(k) for k in prompts) or "none"
+        raise EmbeddingError(
+            f"{where}: default_prompt_name {default!r} is not one of its prompts' names (its prompts: {have}): "
+            "set it to one of them, or to null for no default prompt"
+        )
     return tuple(prompts.items()), default
 
 
@@ -426,6 +526,8 @@ class Embedder:
                     it.error = "the text is missing (not a string): give the item some text, or drop the row"
                 elif not t.strip():
                     it.error = "empty text: give the item some text, or drop the row"
+                elif has_lone_surrogate(t):
+                    it.error = "the text holds an unpaired surrogate escape (not valid Unicode): fix the text"
                 elif size_problem(tok, t, self.max_length):
                     if not self.truncate or getattr(tok, "truncation_side", "right") != "right":
                         it.error = self._too_long(None)
@@ -542,7 +644,7 @@ class Embedder:
 
     def embed(
         self,
-        texts: Sequence[Any],
+        texts: Sequence[Any] | str,
         *,
         prompt_name: str | None = None,
         prompt: str | None = None,
@@ -554,11 +656,14 @@ class Embedder:
         says why). The prompt: `prompt` as given, else the folder's prompt named `prompt_name`,
         else its default. `dimensions`: keep the first N values; `normalize`: None as the folder
         says (its Normalize module), but `dimensions` then normalizes (Matryoshka: truncated, then
-        normalized); False never."""
+        normalized); False never. One `str` is one text (one row), as `Classifier.classify` takes
+        it (`text.inputs.as_texts`, the one check): never a row per character."""
         text = self.pooling.prompt_text(prompt_name, prompt, "prompt_name")
         dims = self.check_dimensions(dimensions, "dimensions")
         norm = (self.pooling.normalize or dims is not None) if normalize is None else bool(normalize)
-        texts = list(texts)
+        if is_frame(texts):
+            raise TypeError("a pandas DataFrame iterates over its column names, not its rows: pass df['text']")
+        texts = list(as_texts(texts, None))
         st = Stats()
         t0 = time.perf_counter()
         out = np.full((len(texts), dims or self.dimension), np.nan, dtype=np.float32)
@@ -573,10 +678,11 @@ class Embedder:
         st.seconds = time.perf_counter() - t0
         return Embeddings(out, errors, n_tokens, truncated, st)
 
-    def encode(self, texts: Sequence[str], **kwargs: Any) -> np.ndarray:
-        """`embed`'s vectors (N, D) float32, or an `EmbeddingError` naming the first text that cannot run."""
+    def encode(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
+        """`embed`'s vectors (N, D) float32, or an `EmbeddingError` naming the first text that cannot
+        run. One `str` gives its one vector (D,), as sentence-transformers' `encode` does."""
         got = self.embed(texts, **kwargs)
         bad = next((i for i, e in enumerate(got.errors) if e), None)
         if bad is not None:
-            raise EmbeddingError(f"texts[{bad}]: {got.errors[bad]}")
-        return got.vectors
+            raise EmbeddingError(f"{'text' if isinstance(texts, str) else f'texts[{bad}]'}: {got.errors[bad]}")
+        return got.vectors[0] if isinstance(texts, str) else got.vectors

@@ -64,6 +64,9 @@ class Task:
     # key: what the fit measured}}; `decide --task` and `serve --task` answer with them
     # (`decision_temperatures`). None for a task without them.
     decisions: dict[str, Any] | None = field(default=None, compare=False)
+    # The model's chat template refuses a system turn, so the system text was put at the start of the
+    # first user turn (`prompts.refuses_system`): a record, written when true (rendering finds it again).
+    system_in_user_turn: bool = field(default=False, compare=False)
     # The Python API's names for two sections (`Task(..., head=head)`, `questions=(...)`, as
     # `Classifier` takes them): given at construction, kept as the section (read back: `head`, `questions`).
     head: InitVar[Head | None] = None
@@ -135,6 +138,8 @@ class Task:
             del d["none"]
         if self.decisions is None:
             del d["decisions"]
+        if not self.system_in_user_turn:
+            del d["system_in_user_turn"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
         if not self.decisions_only:
@@ -164,6 +169,7 @@ class Task:
             min_confidence=mc,
             weights_sha256=sha,
             versions=versions,
+            system_in_user_turn=_folded(d, where),
             **section,
         )
 
@@ -253,6 +259,7 @@ FIELDS = (
     "versions",
     "none",
     "decisions",
+    "system_in_user_turn",
 )
 
 
@@ -327,6 +334,14 @@ def _run_fields(d: dict[str, Any], where: str) -> tuple[str, int, float | None, 
     if not isinstance(versions, dict):
         raise bad_field(d, where, "versions", "an object")
     return scoring, warmup, None if mc is None else float(mc), sha, versions
+
+
+def _folded(d: dict[str, Any], where: str) -> bool:
+    """The record that the system text went into the user turn (`Task.system_in_user_turn`)."""
+    got = d.get("system_in_user_turn", False)
+    if not isinstance(got, bool):
+        raise bad_field(d, where, "system_in_user_turn", "true or false")
+    return got
 
 
 def _none_field(d: dict[str, Any], where: str, labels: list[str]) -> dict[str, Any] | None:

@@ -168,7 +168,7 @@ def number(name: str) -> click.ParamType:
                 self.fail(f"{why}{advice(name)}", param, ctx)
             return v
 
-    checked = Checked(r.lo, r.hi, min_open=r.lo_open)
+    checked = Checked(r.lo, r.hi, min_open=r.lo_open, max_open=r.hi_open)  # --help shows the range checked
     checked.range_name = name  # type: ignore[attr-defined]  # for tests: which range holds this option
     return checked
 

@@ -4,7 +4,8 @@ INPUT is read as classify reads it (JSONL, CSV/TSV, text lines, Parquet: `io.rea
 output's format is its extension: JSONL (`{"id", "embedding": [...]}` per row, an error row
 `{"id", "line", "error"}` as classify writes one; stdout when there is no -o), Parquet (columns
 id, embedding (a list of float32), line, error) or `.npy` (one (N, D) float32 array in input
-order, a row of NaN for each error, the errors on stderr)."""
+order, a row of NaN for each error, the errors on stderr). Parquet's ids are typed as classify's
+(`files.output.id_columns`: `1` and "1" stay apart)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..classifier.embedder import Embedder, Embeddings
 from ..engine.engine import Engine
-from ..files.output import check_run_files, files_read
+from ..files.output import check_run_files, files_read, id_columns, require_pyarrow
 from ..files.readers import read_rows
 from ..ground.errors import UsageError
 from ..ground.safefs import atomic_writer
@@ -166,19 +167,15 @@ def write(kind: str, output: str | None, rows: list[Any], got: Embeddings) -> No
             if e:
                 notice(f"mlx-slm: row {r.id!r}: {_error(r, e)}")
         return
-    import pyarrow as pa
+    pa = require_pyarrow()
     import pyarrow.parquet as pq
 
-    ids = [r.id for r in rows]
-    if len({type(i) for i in ids if i is not None}) > 1:  # ids of both kinds: a string column
-        ids = [None if i is None else str(i) for i in ids]
-    table = pa.table(
-        {
-            "id": ids,
-            "embedding": pa.array([None if e else v for v, e in zip(got.vectors, got.errors)], pa.list_(pa.float32())),
-            "line": [r.line for r in rows],
-            "error": [_error(r, e) if e else None for r, e in zip(rows, got.errors)],
-        }
-    )
+    columns = id_columns([r.id for r in rows])  # typed as classify's: `1` and "1" stay apart (`id_is_int`)
+    columns += [
+        ("embedding", pa.array([None if e else v for v, e in zip(got.vectors, got.errors)], pa.list_(pa.float32()))),
+        ("line", pa.array([r.line for r in rows], pa.int64())),
+        ("error", pa.array([_error(r, e) if e else None for r, e in zip(rows, got.errors)], pa.string())),
+    ]
+    table = pa.Table.from_arrays([a for _, a in columns], names=[n for n, _ in columns])
     with atomic_writer(output, "wb", "-o") as f:  # type: ignore[arg-type]
         pq.write_table(table, f)

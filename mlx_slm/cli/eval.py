@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..files.output import check_run_files, files_read
+from ..files.output import OutputLock, check_run_files, files_read
 from ..files.readers import gold_problem, read_rows
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
@@ -17,6 +17,7 @@ from ..jobs.evaluate import form_problem, plot, plot_paths, read_predictions
 from ..jobs.setup import Setup, flag_names
 from ..text.metrics import format_report, report
 from ..text.out_of_scope import figures as oos_figures
+from ..text.out_of_scope import none_answer
 from .base import Command, notice, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
@@ -105,6 +106,8 @@ def evaluate(
     check_run_files(inputs, [("--json", json_path), ("--save-task", settings.save_task)])  # before any is read
     if predictions:
         _refuse_run_options(settings.given)
+    if settings.save_task:  # one writer of a task at a time (held to the end)
+        ctx.with_resource(OutputLock(settings.save_task, create=False, option="--save-task"))
     setup = Setup(settings, notice)
     s = setup.o
     if setup.questions is not None:
@@ -237,35 +240,39 @@ def _report(
     rows: list[Any], preds: list[Any], labels: Any, gold_field: str, input: str, report: Any, none: str | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """The figures over the rows with a gold label and a prediction, and why each other row is left out;
-    with a none label (the task's "none of these"), in-scope accuracy and out-of-scope recall and precision."""
+    with a none label (the task's "none of these"), in-scope accuracy and out-of-scope recall and precision.
+
+    With a none label, "none of these" is an answer, not an abstention: a text answered none is
+    predicted the none label (`none_answer`), so a gold none answered none is right everywhere
+    (accuracy, macro-F1, the per-label table, the confusion), and the none label's row there is its
+    own out-of-scope recall and precision. A task whose threshold alone answers none (the none
+    label marked only its held-out texts) gets that label as one more row and column."""
 
     gold, pred_labels, conf, errors = [], [], [], []
-    marked = none is not None and none not in labels  # out-of-scope texts the task has no label for
-    every: tuple[list[str], list[Any]] = ([], [])  # with them: the out-of-scope figures' rows
+    scored = [*labels, none] if none is not None and none not in labels else list(labels)
+    every: tuple[list[str], list[Any]] = ([], [])  # the out-of-scope figures' rows (an answer of none: None)
     for r, p in zip(rows, preds):
-        problem = r.error or gold_problem(r, [*labels, none] if marked else labels, gold_field)
-        if not problem and marked and str(r.gold) == none and p is not None and not p.get("error"):
-            every[0].append(none)
-            every[1].append(p.get("label"))
-            continue
+        problem = r.error or gold_problem(r, scored, gold_field)
         if problem:
             errors.append(problem)
         elif p is None or p.get("error"):
             errors.append(f"line {r.line}: {p.get('error') if p else 'no prediction'}")
         else:
+            label, c = none_answer(p.get("label"), p.get("probs") or {}, none)
             gold.append(str(r.gold))
-            pred_labels.append(p.get("label"))
+            pred_labels.append(label)
+            conf.append(c)
             every[0].append(gold[-1])
-            every[1].append(p.get("label"))
-            conf.append(max(p["probs"].values()) if p.get("probs") else None)
+            every[1].append(None if label == none else label)  # the none label given as an answer: none too
     if not gold:
         raise UserError(
-            f"{input}: no row has both a text and a gold label among {labels}; first problem: "
+            f"{input}: no row has both a text and a gold label among {scored}; first problem: "
             f"{errors[0] if errors else 'the input is empty'}"
         )
-    rep = report(gold, pred_labels, conf, labels)
+    rep = report(gold, pred_labels, conf, scored)
     rep["errors"] = len(errors)
     if none is not None:
+        rep["none_label"] = none
         rep["out_of_scope"] = oos_figures(every[1], every[0], none)
     return rep, errors
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from ..files.output import check_run_files, files_read
+from ..files.output import OutputLock, check_run_files, files_read
 from ..jobs.choose import run_choose
 from ..jobs.finetune import history_table, progress_bar, run_finetune
-from ..jobs.out_of_scope import choose_none_threshold, none_section
+from ..jobs.out_of_scope import check_none_data, choose_none_threshold, none_section
 from ..jobs.setup import read_labels, run_settings
 from ..jobs.train import run_train, run_train_fields
 from ..weights.finetune import FinetuneSettings
@@ -163,7 +163,11 @@ def train(
     none = {k: o.pop(k) for k in NONE}  # "none of these": checked here, applied to the saved task
     reads = files_read(o, ("DATA", data), *(("--none-data", none["none_data"]),) * bool(none["none_data"]))
     check_run_files(reads, [("--save-task", save_task)])
+    # One writer of a task at a time: a second run saving to it stops now, naming this one (held to the end).
+    ctx.with_resource(OutputLock(save_task, create=False, option="--save-task"))
     threshold = _check_none(ctx, none, gold_fields)
+    if threshold == "auto":  # the held-out data read and checked now, not after the training
+        _check_none_data(ctx, data, none, gold_fields[0], o)
     tune = {k: o.pop(k) for k in TUNING}  # the fine-tuning options (checked in _finetune)
     if tune["finetune"] is not None or TUNING & given(ctx, tune) - {"finetune"}:
         head = {"layers_spec": layers_spec, "layer": layer, "folds": folds, "pooling": pooling}
@@ -368,6 +372,17 @@ def _check_none(ctx: click.Context, none: dict[str, Any], gold_fields: tuple[str
     if "none_data" in typed or "none_target" in typed:
         raise click.UsageError("--none-data and --none-target choose --none-threshold auto's threshold: drop them")
     return value
+
+
+def _check_none_data(ctx: click.Context, data: str, none: dict[str, Any], gold_field: str, o: dict[str, Any]) -> None:
+    """--none-data read as the threshold's choice will read it after training (`check_none_data`)."""
+    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
+    read = {**{k: o[k] for k in keys}, "gold_field": gold_field}
+    labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
+    named = (
+        read_labels(labels_csv, o["labels_file"], o["system"], None).labels if labels_csv or o["labels_file"] else None
+    )
+    check_none_data(none["none_data"], data, none["none_label"], labels=named, read=read)
 
 
 def _none_finish(

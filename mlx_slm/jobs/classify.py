@@ -162,6 +162,8 @@ def classify(s: ClassifySettings, say: Say) -> int:
         if file_out:
             # A Parquet output appears only when complete: the lock does not create it.
             stack.enter_context(OutputLock(s.output, create=out_fmt != "parquet"))
+        if s.task.save_task:  # one writer of a task at a time, as of an output
+            stack.enter_context(OutputLock(s.task.save_task, create=False, option="--save-task"))
         return ClassifyJob(setup, s.input, s.output if file_out else None, s.output, out_fmt, s.resume, dist).run()
 
 

@@ -25,6 +25,7 @@ from ..engine.engine import Engine
 from ..files.output import adapters_file, check_run_files
 from ..ground.safefs import atomic_write
 from ..kinds.finetune import FineTunedSettings, in_memory
+from ..kinds.labels import labelset_for
 from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
 from ..weights.adapters import FinetuneError
 from ..weights.convert import sha256_file
@@ -157,7 +158,13 @@ def finetune_texts(
     for i, it in enumerate(items):
         if it.error:
             raise TrainError(f"{where(i)}: {it.error}")
-    label_tokens = None if settings.objective == "score" else [list(t) for t in clf.labelset.token_ids]
+    # Each label's tokens after this prompt: what objective "labels" scores, and where --head-init words
+    # starts the score head (the LM head's rows of the labels' words), whichever the objective.
+    label_tokens = None
+    if settings.objective != "score":
+        label_tokens = [list(t) for t in clf.labelset.token_ids]
+    elif settings.head_init == "words":
+        label_tokens = [list(t) for t in labelset_for(engine, clf.format, labels).token_ids]
     return finetune(
         engine.model, [it.ids for it in items], list(gold), list(labels), settings, label_tokens=label_tokens,
         base_sha256=engine.weights_sha256, prompt={"system": system, "template": template}, progress=progress,

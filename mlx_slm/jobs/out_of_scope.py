@@ -10,6 +10,7 @@ threshold (in-scope accuracy, the share answered, out-of-scope recall and precis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,22 @@ from .train import TrainError, read_training_data
 def none_section(label: str | None, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
     """A task's "none of these" section: its none label and how its `min_confidence` was chosen."""
     return {"label": label, "min_confidence": chosen}
+
+
+def check_none_data(
+    path: str,
+    data_path: str,
+    none_label: str | None,
+    labels: Sequence[str] | None = None,
+    read: dict[str, Any] | None = None,
+) -> None:
+    """`--none-data` read and checked before any training, as `choose_none_threshold` will read it
+    after: every row a text and a gold label among the task's labels (`labels`, else DATA's own) and
+    `none_label`. A bad row is a `TrainError` naming its line now, not after the whole fine-tune."""
+    read = read or {}
+    own = list(labels) if labels else list(read_training_data(data_path, None, **read, need=(0, "")).labels)
+    names = own + ([none_label] if none_label is not None and none_label not in own else [])
+    read_training_data(path, names, **read, need=(0, ""), what="the held-out data")
 
 
 def choose_none_threshold(

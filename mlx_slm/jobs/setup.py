@@ -24,7 +24,7 @@ from ..ground.ranges import check_all
 from ..kinds import FineTunedSettings, KindArgs, arguments
 from ..models import BACKBONE_NO_LM_HEAD, embeds_only
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
-from ..text.labels import parse_labels
+from ..text.labels import NotItsLabels, parse_labels
 from ..text.prompts import (
     DEFAULT_LABELS,
     DEFAULT_SYSTEM,
@@ -34,6 +34,7 @@ from ..text.prompts import (
     check_template,
     fill_labels,
     fill_system,
+    folds_system,
     read_examples,
 )
 from ..text.questions import DEFAULT_SYSTEM as QUESTIONS_SYSTEM
@@ -224,6 +225,26 @@ def _check_head_options(given: frozenset[str], tuned: bool = False) -> None:
         )
 
 
+def _load_error(e: Exception, o: TaskOptions, task: Any, given: frozenset[str]) -> Exception:
+    """A load's error said of where its cause came from: a task whose model (its `model` field,
+    not --model) is not where the task says names the field and the fix (--model at the weights'
+    new place); labels a classifier does not have name their source (--labels, or the task's
+    edited `labels` field)."""
+    if isinstance(e, NotItsLabels):
+        if {"labels_csv", "labels_file"} & given or task is None:
+            return UsageError(e.where("the labels of --labels", "drop --labels"))
+        return UsageError(
+            e.where(f"the labels of --task {o.task_file} (its labels field)", "restore the field as it was saved")
+        )
+    if task is None or "model" in given or not str(e).startswith(f"{o.model}:"):
+        return e
+    pin = f" (the same weights: sha256 {task.weights_sha256[:12]}...)" if task.weights_sha256 else ""
+    return ModelError(
+        f"--task {o.task_file}: its model field names {task.model!r}, which cannot be loaded ({e}): give the "
+        f"model's new place with --model PATH{pin}, or edit the task's model field"
+    )
+
+
 class Setup:
     """What classify, eval and serve share: the options (with a task file's values filled
     in), the loaded classifier, and the calibration to run with (`calibration`). Its notes
@@ -308,7 +329,12 @@ class Setup:
 
         o = self.o
         t = self.task = Task.load(path)
-        given = self.given - _as_the_task(o, t)  # `--model M` naming the task's own model changes nothing
+        same = _as_the_task(o, t)  # `--model M` naming the task's own model changes nothing
+        if "model" in self.given and "model" not in same and t.weights_sha256:
+            # The task's weights elsewhere (a copy, a moved folder): the same weights carry everything the
+            # task learned, so they are compared by sha256 once loaded (`load`: `Task.check_weights`).
+            same.add("model")
+        given = self.given - same
         defining = {"model", "labels_csv", "labels_file", "system", "template", "examples_file", "scoring"} & given
         if t.trained is not None:  # a head or adapters, trained on the task's own model, labels and prompt
             _check_head_options(given, tuned=isinstance(t.section, FineTunedSettings))
@@ -329,7 +355,7 @@ class Setup:
             "warmup": t.warmup,
         }
         for k, v in take.items():
-            if k not in given:
+            if k not in given and not (k == "model" and k in self.given):  # --model kept: its own path
                 setattr(o, k, v)
         self.labels = list(t.labels) if not ({"labels_csv", "labels_file"} & given) else None
         if t.questions:
@@ -400,7 +426,10 @@ class Setup:
             **run_settings(o),
             sort=not o.no_sort,
         )
-        self.clf = Classifier.load(**self.load_kwargs)
+        try:
+            self.clf = Classifier.load(**self.load_kwargs)
+        except (ModelError, NotItsLabels) as e:
+            raise _load_error(e, o, self.task, self.given) from None
         if embeds_only(self.clf.engine.model) and self.clf.head is None and not embeds_only_ok:
             raise ModelError(BACKBONE_NO_LM_HEAD)
         self.kind = self.clf.spec  # chosen once, on the model
@@ -479,7 +508,14 @@ class Setup:
             **self.clf.spec.manifest(self.clf.mode),
             "calibration": self.calibration.record(),
             "min_confidence": self.o.min_confidence,
+            **({"system_in_user_turn": True} if self.folds_system else {}),
         }
+
+    @property
+    def folds_system(self) -> bool:
+        """Whether the prompts carry the system text in the user turn (the model's chat template
+        refuses a system role: `prompts.refuses_system`), for the manifest and the task to record."""
+        return folds_system(self.clf.engine.tokenizer, self.clf.format.system)
 
     def save_task(self, run: Any) -> None:
 
@@ -496,6 +532,7 @@ class Setup:
             min_confidence=self.o.min_confidence,
             weights_sha256=self.weights,
             versions=versions(),
+            system_in_user_turn=self.folds_system,
             **self.clf.spec.task_kwargs(self.clf.mode),
         )
         t.save(path)

@@ -25,6 +25,7 @@ from ..classifier.task import Task
 from ..engine.engine import Engine
 from ..files.readers import read_rows
 from ..ground.errors import UserError
+from ..ground.textfiles import has_lone_surrogate
 from ..kinds.head import HeadSettings
 from ..kinds.questions import QuestionsSettings
 from ..text.heads import DEFAULT_FOLDS, POOLINGS, Candidate, Head, candidate_name, fit, format_table, min_per_label
@@ -36,6 +37,7 @@ from ..text.prompts import (
     check_plain_system,
     check_template,
     fill_system,
+    folds_system,
     read_examples,
 )
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
@@ -62,6 +64,30 @@ class TrainingData:
     labels: tuple[str, ...]
     lines: list[int]  # the input line of each text
     sha256: str
+
+
+def _check_golds(path: str, rows: Sequence[Any], gold_field: str) -> None:
+    """Every row read, with a gold label of a usable form (its line named otherwise): present, no
+    spaces around it, valid Unicode (the tokenizer encodes it)."""
+    for r in rows:
+        if r.error is not None:
+            raise TrainError(f"{path}: {r.error}")
+        kind = gold_problem(None if r.gold is None else str(r.gold))  # the form only: labels may come from the data
+        if kind == GOLD_MISSING:
+            raise TrainError(
+                f"{path}: line {r.line}: no gold label in {gold_field!r}: add it, or name its field with --gold-field "
+                '(an out-of-scope example: label it, e.g. "oos", and train with --none-label oos)'
+            )
+        if kind is None and has_lone_surrogate(str(r.gold)):  # a label the tokenizer cannot encode
+            raise TrainError(
+                f"{path}: line {r.line}: gold label {str(r.gold)!r} in {gold_field!r} holds an unpaired surrogate "
+                "escape (not valid Unicode): fix the label"
+            )
+        if kind == GOLD_SPACES:  # else ' billing' became a label of its own beside 'billing'
+            raise TrainError(
+                f"{path}: line {r.line}: gold label {str(r.gold)!r} has spaces around it: remove them (labels are "
+                "compared exactly)"
+            )
 
 
 def read_training_data(
@@ -108,20 +134,7 @@ def read_training_data(
             f"{path} is empty: give it labelled texts, one a row (a {text_field!r} and a {gold_field!r} field)"
         )
 
-    for r in rows:
-        if r.error is not None:
-            raise TrainError(f"{path}: {r.error}")
-        kind = gold_problem(None if r.gold is None else str(r.gold))  # the form only: labels may come from the data
-        if kind == GOLD_MISSING:
-            raise TrainError(
-                f"{path}: line {r.line}: no gold label in {gold_field!r}: add it, or name its field with --gold-field "
-                '(an out-of-scope example: label it, e.g. "oos", and train with --none-label oos)'
-            )
-        if kind == GOLD_SPACES:  # else ' billing' became a label of its own beside 'billing'
-            raise TrainError(
-                f"{path}: line {r.line}: gold label {str(r.gold)!r} has spaces around it: remove them (labels are "
-                "compared exactly)"
-            )
+    _check_golds(path, rows, gold_field)
     gold = [str(r.gold) for r in rows]
     if labels is None:
         labels = sorted(set(gold))
@@ -471,7 +484,8 @@ def trained_task(
     """The task a training run saves: its model (as named, pinned to these weights), prompt and
     labels, and what was learned (`section`: a head, or fine-tuned adapters)."""
     return Task(model=model, labels=tuple(labels), system=system, template=template, examples=tuple(examples),
-                weights_sha256=engine.weights_sha256, versions=versions(), section=section)  # fmt: skip
+                weights_sha256=engine.weights_sha256, versions=versions(), section=section,
+                system_in_user_turn=folds_system(engine.tokenizer, system))  # fmt: skip
 
 
 def run_train(
@@ -595,7 +609,8 @@ def run_train_fields(
     except QuestionError as e:
         raise TrainError(f"--label-field: {e} (the field names the head's question: rename the field)") from None
     task = Task(model=model, labels=(), system=system, template=template, weights_sha256=engine.weights_sha256,
-                versions=versions(), section=QuestionsSettings(tuple(qs)))  # fmt: skip
+                versions=versions(), section=QuestionsSettings(tuple(qs)),
+                system_in_user_turn=folds_system(engine.tokenizer, system))  # fmt: skip
     task.save(save_task)
     return task, "\n\n".join(f"== {f}\n{format_table(h)}" for f, h in zip(fields, heads))
 

@@ -92,6 +92,7 @@ class ModelFacts:
     head: Any = None
     name: str = ""
     loaded: bool = True
+    embeds_only: bool = False  # a bare backbone, an embedding model: no LM head and no score head
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 from ..engine.engine import Engine
 from ..text.batching import Batch
 from ..text.calibration import CalibrationSpec
-from ..text.labels import LabelError, check_none_label, softmax
+from ..text.labels import LabelError, NotItsLabels, check_none_label, softmax
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import DEFAULT_LABELS, PromptFormat
 from ..weights.adapters import FineTuned, FinetuneError
@@ -124,9 +124,8 @@ class FinetuneSpec(KindSpec):
                 "examples and scoring"
             )
         if tuple(args.labels) not in ((), DEFAULT_LABELS, tuple(tuned.labels)):
-            raise LabelError(
-                f"the fine-tuned classifier was trained for the labels {list(tuned.labels)[:8]}; got "
-                f"{list(args.labels)[:8]}: drop --labels (fine-tune again for other labels)"
+            raise NotItsLabels(
+                "the fine-tuned classifier", tuned.labels, args.labels, "fine-tune again for other labels"
             )
         return cls(tuned, file, sha, fused, check_none_label(args.none_label, tuned.labels))
 

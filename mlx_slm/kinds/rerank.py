@@ -69,6 +69,13 @@ NO_RERANKER = (
 )
 
 
+EMBEDDING_MODEL = (
+    "is an embedding model (no LM head to answer yes or no, no score head): no reranker runs on it; rank the "
+    "documents by the cosine of their embeddings (mlx-slm embed, or serve's /v1/embeddings), or rerank with a "
+    "reranker (a cross-encoder, or a causal LM asked with --reranker qwen3 or question)"
+)
+
+
 @dataclass(frozen=True)
 class RerankSettings(KindSettings):
     """A reranker asked for (`reranker=`: auto, seqcls, qwen3 or question; a task's field
@@ -124,6 +131,8 @@ class RerankSpec(KindSpec):
         scorer, model_head = own.scorer, args.model.head
         if scorer in ("auto", "seqcls") and model_head is None and not args.model.loaded:
             return cls(scorer, named=tuple(args.labels)[:1])
+        if args.model.embeds_only:  # no LM head to answer yes or no, no score head: no scorer can run
+            raise LabelError(f"{args.model.name or 'this model'} {EMBEDDING_MODEL}")
         if scorer == "auto":
             if model_head is not None:
                 scorer = "seqcls"

@@ -26,7 +26,7 @@ from ..engine.prefix_cache import PrefixCache
 from ..ground.errors import ModelError
 from ..text.batching import Batch
 from ..text.calibration import CalibrationSpec
-from ..text.labels import LabelError
+from ..text.labels import LabelError, NotItsLabels
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, encode_texts
 from ..text.records import RecordShape
@@ -101,9 +101,8 @@ class SeqClsSpec(KindSpec):
             raise LabelError(head.no_lm_head())
         given = tuple(args.labels) not in ((), DEFAULT_LABELS, tuple(head.labels))
         if given:
-            raise LabelError(
-                f"this model is a {head.architecture} with its own labels {list(head.labels)[:8]}: they are what it "
-                f"scores; got the labels {list(args.labels)[:8]}: drop --labels (a causal LM scores labels you name)"
+            raise NotItsLabels(
+                f"this model, a {head.architecture},", head.labels, args.labels, "a causal LM scores labels you name"
             )
         for name, bad in (
             ("scoring", args.scoring != "auto"),

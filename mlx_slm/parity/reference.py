@@ -21,7 +21,14 @@ import numpy as np
 
 from ..ground.errors import MissingExtra
 from ..text.labels import LabelSet, log_softmax
-from ..text.prompts import _QWEN3_PREFIX, _QWEN3_SUFFIX, QWEN3_RERANKER_INSTRUCTION, PromptFormat, render
+from ..text.prompts import (
+    _QWEN3_PREFIX,
+    _QWEN3_SUFFIX,
+    QWEN3_RERANKER_INSTRUCTION,
+    PromptFormat,
+    prompt_messages,
+    render,
+)
 
 
 def _torch() -> Any:
@@ -120,7 +127,8 @@ class SeqClsReference:
         fmt = PromptFormat(chat.get("system"), chat["template"])
         if not getattr(self.tokenizer, "chat_template", None):  # a base model: the plain prompt
             return list(self.tokenizer(render(self.tokenizer, fmt, text, pair), add_special_tokens=False)["input_ids"])
-        got = self.tokenizer.apply_chat_template(fmt.messages(text, pair), add_generation_prompt=True, tokenize=True)
+        msgs = prompt_messages(self.tokenizer, fmt, text, pair)  # as ours: a refused system turn folded
+        got = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         return list(got["input_ids"] if hasattr(got, "keys") else got)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:

@@ -22,18 +22,20 @@ router over its core.
     run.py       binding, uvicorn, SIGTERM as a drain (`run_server`)
 
 Limits answer with JSON errors that name the field: 413 (body size, items or documents per
-request), 422 (invalid or empty fields, prompts over the context), 400 (a rerank on a model
+request, a request's labels or chat choices over `MAX_LABEL_TOKENS` tokens), 422 (invalid or empty fields, prompts over the context), 400 (a rerank on a model
 that is no reranker), 429 with Retry-After (the queue
 would pass --max-queue-items), 504 (per-request timeout), 401 (Bearer key, when set),
 503 (loading, or draining after SIGTERM). A client that goes away has its queued items
 dropped before they are computed. SIGTERM: new requests get 503, every accepted request
-is finished within --drain-timeout, then the process exits 0.
+is finished within --drain-timeout (the queue is answered 503 then; the running micro-batch
+finishes), the worker is joined, and the process exits 0. /health is 503 "stalled" while one
+micro-batch has run past --request-timeout.
 
 Every client-caused failure is a 4xx with a JSON error (never a 500, never a traceback in
 the log): a body that is not UTF-8 JSON, nested too deeply or holding a lone surrogate
 (`"\\ud800"`: not encodable text) is 422; a client that leaves while sending its body is
 counted as `client_gone` (499, never sent). Every outcome is counted in /metrics
-(`mlx_slm_requests_total{outcome=...}`).
+(`mlx_slm_requests_total{outcome=...,route=...}`).
 
 Imports run one way: the server imports the service, never the reverse; the wire API
 modules import the shared ones (common, checks, errors), and `app.py` imports the APIs.

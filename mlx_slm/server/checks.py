@@ -224,6 +224,44 @@ def check_fields(data: Any, fields: Sequence[str], texts_field: str) -> None:
         raise HTTPError(422, f"{texts_field!r} is missing: give a string or a list of strings", texts_field)
 
 
+def check_name(
+    data: dict[str, Any], fld: str, status: int = 422, choices: Sequence[str] | None = None, what: str = ""
+) -> str | None:
+    """An optional string field of any route (`model`, `user`, `encoding_format`): absent or null
+    is None; anything else that is not a string, or (with `choices`) not one of them, is a
+    `status` error naming the field, never read as a default (`[]`, `""`, `false` and `0` are
+    not "float"); a lone surrogate is refused (it could not be echoed back). `what`: the value's
+    meaning, for the message. The one check behind every route's `model` (chat's reader has the
+    same rule: `text.chat.read_request`)."""
+    v = data.get(fld)
+    if v is None:
+        return None
+    if choices is not None and v not in choices:
+        raise HTTPError(
+            status,
+            f"'{fld}' must be {' or '.join(map(repr, choices))} (or absent), got {v!r}",
+            fld,
+            outcome="invalid",
+        )
+    if not isinstance(v, str):
+        raise HTTPError(status, f"'{fld}' must be a string{what} (or absent), got {_kind(v)}", fld, outcome="invalid")
+    if has_lone_surrogate(v):
+        raise HTTPError(
+            status,
+            f"'{fld}' holds an unpaired surrogate escape (not valid Unicode text): fix it",
+            fld,
+            outcome="invalid",
+        )
+    return v
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return f"a boolean ({str(v).lower()})"
+    names = {int: "an integer", float: "a number", list: "a list", dict: "an object"}
+    return names.get(type(v), type(v).__name__)
+
+
 async def read_body(request: Any, limit: int) -> bytes:
     """The request's body, at most `limit` bytes as sent and as decoded from its Content-Encoding
     (zstd, gzip, deflate: `encoding.decode_body`), else a 413."""

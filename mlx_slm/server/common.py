@@ -49,14 +49,15 @@ class RouteContext:
 
         async def run(request: Any) -> Any:
             t0 = time.perf_counter()
+            route = request.url.path  # a route's own path (only matched routes get here)
             try:
                 resp = await handler(request, t0)
-                m.count(m.requests, "ok")
+                m.count_request(route, "ok")
                 m.observe("mlx_slm_request_seconds", time.perf_counter() - t0)
                 return resp
             except (HTTPError, ServiceError) as e:
                 err = http_error(e)
-                m.count(m.requests, err.outcome)
+                m.count_request(route, err.outcome)
                 return error_response(err, style)
             except Exception as e:  # noqa: BLE001 - a bug of ours: one log line, a counted 500, no ASGI traceback
                 import logging
@@ -64,7 +65,7 @@ class RouteContext:
                 logging.getLogger("mlx_slm.server").error(
                     "%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e
                 )
-                m.count(m.requests, "error")
+                m.count_request(route, "error")
                 return error_response(HTTPError(500, f"internal error ({type(e).__name__}): please report it"), style)
 
         return run

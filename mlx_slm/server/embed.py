@@ -27,6 +27,7 @@ import numpy as np
 from ..classifier.embedder import EmbeddingError, finish
 from ..ground.textfiles import has_lone_surrogate
 from ..service import Invalid, ServeOptions
+from .checks import check_name
 from .common import RouteContext, until_disconnect
 from .errors import HTTPError, json_response
 
@@ -151,9 +152,11 @@ class EmbedRoutes:
         try:
             data = await self.ctx.admit(request)
             _fields(data, OPENAI_FIELDS, "input", 400)
-            fmt = data.get("encoding_format") or "float"
-            if fmt not in ENCODINGS:
-                raise bad(400, f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format")
+            # As chat reads them (`checks.check_name`): a `model` that is not a string is refused,
+            # not echoed; `encoding_format` is "float", "base64" or absent, never a falsy stand-in.
+            model = check_name(data, "model", 400, what=" (any name: the server has one model)")
+            fmt = check_name(data, "encoding_format", 400, ENCODINGS) or "float"
+            check_name(data, "user", 400)
             vectors, tokens, front = await self._embed(request, t0, data, "input", 400, None, False)
         except HTTPError as e:
             if e.status == 422:  # the shared checks' status: OpenAI answers a bad request with 400
@@ -174,7 +177,7 @@ class EmbedRoutes:
             {
                 "object": "list",
                 "data": rows,
-                "model": data.get("model") or self.ctx.served_name(),
+                "model": model or self.ctx.served_name(),
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
         )

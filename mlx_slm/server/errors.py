@@ -1,6 +1,7 @@
 """HTTP errors: our `HTTPError` (a status, the field at fault, headers, the outcome counted
 in /metrics), its JSON body in each API's style, and the one table from the core's errors
-to statuses (`http_error`). A new core error kind needs its line in `_STATUS`."""
+to statuses (`http_error`). A new core error kind needs its line in `_STATUS`, or answers as the
+nearest kind it derives from (its class hierarchy is read: a subclass of `TimedOut` is a 504)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..service import (
     QueueFull,
     ServiceError,
     TimedOut,
+    TooLarge,
 )
 
 
@@ -128,6 +130,7 @@ def _printable(s: str) -> str:
 # The one map from the core's errors to HTTP: (status, outcome counted in /metrics).
 _STATUS: dict[type[ServiceError], tuple[int, str]] = {
     Invalid: (422, "invalid"),
+    TooLarge: (413, "too_large"),
     NotSupported: (400, "invalid"),
     QueueFull: (429, "overloaded"),
     NotReady: (503, "unavailable"),
@@ -136,6 +139,7 @@ _STATUS: dict[type[ServiceError], tuple[int, str]] = {
     TimedOut: (504, "timeout"),
     ClientGone: (499, "client_gone"),
     Failed: (500, "error"),
+    ServiceError: (500, "error"),  # a kind of none of these: a bug of ours, answered as one
 }
 
 
@@ -144,7 +148,7 @@ def http_error(e: ServiceError | HTTPError) -> HTTPError:
     `retry_after`); ours (auth, body, validation) as it is."""
     if isinstance(e, HTTPError):
         return e
-    status, outcome = _STATUS[type(e)]
+    status, outcome = next(_STATUS[k] for k in type(e).__mro__ if k in _STATUS)
     headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
     return HTTPError(status, e.message, e.field, headers, outcome)
 

@@ -156,6 +156,10 @@ class OurRoutes:
             return {"pooling": None, "why": e.message}
 
     async def health(self, request: Any) -> Any:
+        """200 `{"status": "ok"}` only while the server answers: 503 while loading, after a failed
+        load or a dead worker, while draining, and while the worker is stuck on one micro-batch
+        past the request timeout ("stalled", as TEI's /health answers 503 for a backend that
+        does not answer), so that a load balancer or Kubernetes takes it out of rotation."""
         service = self.ctx.service
         if service.load_error:
             return json_response({"status": "failed", "error": service.load_error}, status=503)
@@ -163,6 +167,9 @@ class OurRoutes:
             return json_response({"status": "draining"}, status=503)
         if not service.ready:
             return json_response({"status": "loading"}, status=503)
+        stalled = service.stalled()
+        if stalled is not None:
+            return json_response({"status": "stalled", "error": stalled}, status=503, headers={"Retry-After": "5"})
         return json_response({"status": "ok"})
 
     async def metrics_route(self, request: Any) -> Any:

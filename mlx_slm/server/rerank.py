@@ -23,7 +23,7 @@ from typing import Any
 from ..jobs.rerank import MAX_DOCUMENTS
 from ..kinds.rerank import rerank_order
 from ..service import Answer, ServeOptions, ServiceError, TaskSpec
-from .checks import check_count, check_text_values
+from .checks import check_count, check_name, check_text_values
 from .common import RouteContext
 from .errors import HTTPError, http_error, json_response
 
@@ -130,8 +130,7 @@ def check_cohere(data: Any, opts: ServeOptions) -> tuple[str, list[str], TaskSpe
     unknown = sorted(set(data) - set(COHERE_FIELDS))
     if unknown:
         raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(COHERE_FIELDS[:6])}", unknown[0])
-    if data.get("model") is not None and not isinstance(data["model"], str):
-        raise HTTPError(422, "'model' must be a string (any name: the server has one model)", "model")
+    check_name(data, "model", what=" (any name: the server has one model)")
     for name, why in _UNSUPPORTED.items():
         if data.get(name) is not None:
             raise HTTPError(422, f"'{name}' is not supported: {why}", name)

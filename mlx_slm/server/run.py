@@ -4,11 +4,14 @@ as a drain (new requests 503, accepted ones finished within --drain-timeout, exi
 from __future__ import annotations
 
 import errno
+import os
 import signal
+import sys
 import threading
 from typing import Any
 
 from ..ground.errors import UserError
+from ..ground.notices import notice
 from ..service import Service
 from .app import create_app
 
@@ -62,9 +65,19 @@ def run_server(
 
     service.on_fatal = fatal
     server.run(sockets=[sock])
+    if not service.stop():  # the lifespan stopped it already, unless uvicorn was forced down
+        _exit_now(70 if failed else 0, failed[0] if failed else "the model worker did not stop")
     if failed:
         raise RuntimeError(failed[0])
     return 0
+
+
+def _exit_now(status: int, why: str) -> None:
+    """Leave without the interpreter's shutdown: a worker thread still inside MLX then makes
+    the process abort (SIGABRT, "terminate called without an active exception")."""
+    notice(f"mlx-slm: {why}; exiting without waiting for it")
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def _draining_server(config: Any, service: Service) -> Any:
@@ -87,9 +100,14 @@ def _draining_server(config: Any, service: Service) -> Any:
             super().handle_exit(sig, frame)
 
         def _drain(self) -> None:
+            # The queue is answered `Aborted` at the drain timeout; the micro-batch running then
+            # finishes for whoever waits for it (each request stops waiting at its own timeout),
+            # so every connection is answered before uvicorn closes. Then the lifespan stops the
+            # worker at its next batch boundary and joins it (`Service.stop`): no thread is left
+            # inside MLX when the interpreter exits (that aborted the process, exit 134).
             if not service.wait_idle(service.opts.drain_timeout_s):
                 service.abort_pending()
-                service.wait_idle(2.0)
+                service.wait_idle(service.opts.request_timeout_s)
             self.should_exit = True
 
     return DrainingServer()

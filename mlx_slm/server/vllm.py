@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..service import ServeOptions, TaskSpec
-from .checks import check_fields, check_texts
+from .checks import check_fields, check_name, check_texts
 from .common import RouteContext
 from .errors import HTTPError, error_response, json_response
 
@@ -19,8 +19,7 @@ def check_vllm(data: Any, opts: ServeOptions) -> tuple[list[str], bool, TaskSpec
     """vLLM's classification body: {"model", "input": str | [str], "truncate_prompt_tokens"?}
     (`user`, `priority`, `request_id` are accepted and ignored)."""
     check_fields(data, VLLM_FIELDS, "input")
-    if data.get("model") is not None and not isinstance(data["model"], str):
-        raise HTTPError(422, "'model' must be a string", "model")
+    check_name(data, "model", what=" (any name: the server has one model)")
     texts, single = check_texts(data["input"], "input", opts)
     task = TaskSpec()
     tpt = data.get("truncate_prompt_tokens")

@@ -29,15 +29,17 @@ from .errors import (
     QueueFull,
     ServiceError,
     TimedOut,
+    TooLarge,
 )
 from .metrics import Metrics, RateTracker
 from .scheduler import BATCH_TIME_FRACTION, LOOKAHEAD
-from .tasks import LRU, TaskCache
+from .tasks import LRU, MAX_LABEL_TOKENS, TaskCache
 
 __all__ = [
     "BATCH_TIME_FRACTION",
     "LOOKAHEAD",
     "LRU",
+    "MAX_LABEL_TOKENS",
     "Aborted",
     "Answer",
     "ClientGone",
@@ -56,5 +58,6 @@ __all__ = [
     "TaskCache",
     "TaskSpec",
     "TimedOut",
+    "TooLarge",
     "classifier_loader",
 ]

@@ -7,7 +7,10 @@ worker thread), and the measures (`metrics.Metrics`, `metrics.RateTracker`). It 
 lifecycle (load on the worker thread, warm-up, readiness, stop) and one request's path:
 task -> tokenize -> submit -> wait -> calibrate. Failures are `errors.ServiceError` kinds.
 
-A timed-out request never holds up the next one: see `Scheduler` ("Deadlines").
+A timed-out request never holds up the next one: see `Scheduler` ("Deadlines"). The steps before
+admission (the task built, its choices and the texts tokenized, the worker's classifier for the
+task built) run in threads off the worker, each under the request's deadline (`_in_time`): a
+request whose choices take long to tokenize times out there, and the worker never sees it.
 """
 
 from __future__ import annotations
@@ -23,12 +26,26 @@ from .api import Answer, Loaded, ServeOptions, TaskSpec
 from .decide import DECIDE_KEY
 from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
 from .metrics import Metrics, attention_share
-from .scheduler import Job, Scheduler, post_to
+from .scheduler import Job, Scheduler, post_to, row_work
 from .tasks import TaskCache
 
 
 async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def _in_time(timeout: float, started: float, whole: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a thread, waited for until `started` + `timeout`: then `TimedOut` (the thread
+    finishes on its own; its result, a task in a cache, serves the next request of that task)."""
+    left = timeout - (time.perf_counter() - started)
+    try:
+        return await asyncio.wait_for(_in_thread(fn, *args), timeout=max(0.0, left))
+    except asyncio.TimeoutError:
+        raise TimedOut(
+            f"not answered within the request timeout of {timeout:g} s (preparing the request took it all): "
+            "retry, or send fewer or shorter texts and choices",
+            whole,
+        ) from None
 
 
 class Service:
@@ -56,10 +73,15 @@ class Service:
         self.thread = threading.Thread(target=self._main, name="mlx-slm-worker", daemon=True)
         self.thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop the worker at its next batch boundary and wait for it (None: the request timeout,
+        a micro-batch's bound, plus 10 s); whether it is gone. It must be before the interpreter
+        exits: a thread inside MLX then aborts the process ("terminate called without ...")."""
         self.scheduler.stop()
-        if self.thread is not None:
-            self.thread.join(timeout)
+        if self.thread is None:
+            return True
+        self.thread.join(self.opts.request_timeout_s + 10.0 if timeout is None else timeout)
+        return not self.thread.is_alive()
 
     def _main(self) -> None:
         try:
@@ -176,9 +198,12 @@ class Service:
         `gone()` returns completes: the caller left). `names`: each text's field, for errors;
         `whole`: the field a timeout names; `truncate_hint`: how the caller's API asks for
         truncation (it replaces the CLI's `--truncate ...` in messages)."""
-        key, front = await _in_thread(self.tasks.for_request, spec)
+        key, front = await self._before(started, whole, self.tasks.for_request, spec)
         # Tokenized once, here: the worker runs these very items (`Classifier.run_items`).
-        prepared = await _in_thread(front.prepare, texts)
+        prepared = await self._before(started, whole, front.prepare, texts)
+        # The worker's classifier of a new task (its labels or choices tokenized again, on the
+        # engine's tokenizer) is built here too, never on the worker.
+        await self._before(started, whole, self.tasks.back, key)
         results = await self._run(key, front.kind, prepared, names, whole, truncate_hint, started, gone)
         preds, calib = self.tasks.calibrate(key, spec, front, results)
         return Answer(preds, results, calib, front)
@@ -205,8 +230,10 @@ class Service:
         with `prompt` before it: their `embeddings.Embedded` (the pooled vector, full size, not
         normalized) in input order. Errors, limits and timeouts as `classify`'s."""
         key = self.tasks.embed_key(truncate)
-        front = await _in_thread(self.tasks.front, key)
-        prepared = await _in_thread(front.prepare_ids if token_ids else lambda x: front.prepare(x, prompt), inputs)
+        front = await self._before(started, whole, self.tasks.front, key)
+        prep = front.prepare_ids if token_ids else lambda x: front.prepare(x, prompt)
+        prepared = await self._before(started, whole, prep, inputs)
+        await self._before(started, whole, self.tasks.back, key)
         results = await self._run(key, front, prepared, names, whole, truncate_hint, started, gone)
         return [r[0] for r in results]
 
@@ -215,10 +242,15 @@ class Service:
         (`service.decide`): its `DecisionResult` (a probability array per question; None for one
         refused as over the context). Prepared on the front first, so a request that cannot run
         raises the `Decider`'s `DecisionError` (tokens_exceeded) unqueued. Limits as `classify`'s."""
-        front = await _in_thread(self.tasks.decider, True)
-        item = await _in_thread(front.prepare, request)
+        front = await self._before(started, "state", self.tasks.decider, True)
+        item = await self._before(started, "state", front.prepare, request)
+        await self._before(started, "state", self.tasks.decider, False)  # the worker's, built here, not on it
         got = await self._run(DECIDE_KEY, None, [item], ["state"], "state", "", started, gone, [item.cost], [False])
         return self.metrics.decided(got[0][0].result)
+
+    async def _before(self, started: float, whole: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """A step before admission, off the worker, within what the request has left."""
+        return await _in_time(self.opts.request_timeout_s, started, whole, fn, *args)
 
     async def _run(
         self,
@@ -247,12 +279,16 @@ class Service:
             hits = [prefix_hit(kind, it) for it in prepared]
         if costs is None:
             costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
+        extra = (
+            row_work(kind) if kind is not None else 0
+        )  # what each row runs beyond the plan's count (a trie's other chunks)
+        works = [c + extra for c in costs]
         job = Job(len(prepared), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
         job.names = names
         with self._open_lock:
             self._open.add(job)
         try:
-            self.submit(job, prepared, key, costs, hits)
+            self.submit(job, prepared, key, costs, hits, works)
             try:
                 if self.worker_error:  # died between the readiness check and the queue
                     raise Failed(self.worker_error)
@@ -298,12 +334,17 @@ class Service:
     def draining(self) -> bool:
         return self.scheduler.draining
 
+    def stalled(self) -> str | None:
+        """Why the worker is unhealthy now (one micro-batch past the request timeout), or None."""
+        return self.scheduler.stalled()
+
     @draining.setter
     def draining(self, value: bool) -> None:
         self.scheduler.draining = value
 
-    def submit(self, job: Job, items: Sequence[Any], key: tuple, costs: Sequence[int], hits: Sequence[bool]) -> None:
-        self.scheduler.submit(job, items, key, costs, hits)
+    def submit(self, job: Job, items: Sequence[Any], key: tuple, costs: Sequence[int], *more: Sequence[Any]) -> None:
+        """The scheduler's `submit` (its prefix hits and works after the costs)."""
+        self.scheduler.submit(job, items, key, costs, *more)
 
     def cancel(self, job: Job) -> int:
         return self.scheduler.cancel(job)
@@ -313,14 +354,8 @@ class Service:
 
     # ---------------------------------------------------------------- metrics and drain
     def metrics_text(self) -> str:
-        """The metrics in Prometheus' text format, with the service's gauges."""
-        gauges = {
-            "mlx_slm_queue_items": ("Items waiting in the queue.", self.depth),
-            "mlx_slm_inflight_requests": ("Accepted requests not yet answered.", self.inflight),
-            "mlx_slm_ready": ("1 when the model is loaded and warmed.", 1 if self.ready else 0),
-            "mlx_slm_draining": ("1 after SIGTERM.", 1 if self.draining else 0),
-        }
-        return self.metrics.render(gauges)
+        """The metrics in Prometheus' text format, with the service's gauges (`service_gauges`)."""
+        return self.metrics.render(service_gauges(self))
 
     def begin_drain(self) -> None:
         self.scheduler.begin_drain()
@@ -331,3 +366,24 @@ class Service:
     def abort_pending(self) -> None:
         """The drain timed out: answer what is still waiting with `Aborted` (never computed)."""
         self.scheduler.abort_pending()
+
+
+def service_gauges(svc: Service) -> dict[str, tuple[str, float]]:
+    """The gauges /metrics shows beside the counters: the queue, the requests in flight, the
+    micro-batch the worker computes now (a timed-out request's included: in flight 0 and queue 0
+    while the worker computed for nobody for 40 s said "idle"), readiness, draining."""
+    gauges = {
+        "mlx_slm_queue_items": ("Items waiting in the queue.", svc.depth),
+        "mlx_slm_inflight_requests": ("Accepted requests not yet answered.", svc.inflight),
+        "mlx_slm_running_items": (
+            "Items of the micro-batch the model worker computes now (a timed-out request's included).",
+            len(svc.scheduler.running),
+        ),
+        "mlx_slm_worker_busy_seconds": (
+            "How long the model worker has been computing its current micro-batch (0: idle).",
+            round(svc.scheduler.busy_seconds, 3),
+        ),
+        "mlx_slm_ready": ("1 when the model is loaded and warmed.", 1 if svc.ready else 0),
+        "mlx_slm_draining": ("1 after SIGTERM.", 1 if svc.draining else 0),
+    }
+    return gauges

@@ -18,6 +18,11 @@ class Invalid(ServiceError):
     """The request's task cannot be built, or one of its texts cannot be run (over the context)."""
 
 
+class TooLarge(ServiceError):
+    """The request's work is over a fixed limit, refused before it is queued (the tokens of its
+    labels or choices: `tasks.MAX_LABEL_TOKENS`)."""
+
+
 class NotSupported(ServiceError):
     """The served model cannot answer the route at all (a rerank on a model that is no reranker)."""
 

@@ -59,7 +59,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.requests: dict[str, int] = {}
+        self.requests: dict[tuple[str, str], int] = {}  # (route, outcome): count
         self.items: dict[str, int] = {}
         self.prefix_hits = self.prefix_misses = self.prefix_saved_tokens = self.batches = 0
         self.processed_tokens = self.padding_tokens = 0
@@ -71,6 +71,19 @@ class Metrics:
         with self.lock:
             what[key] = what.get(key, 0) + n
 
+    def count_request(self, route: str, outcome: str) -> None:
+        """One request to a model route (its path) answered with `outcome`."""
+        with self.lock:
+            self.requests[route, outcome] = self.requests.get((route, outcome), 0) + 1
+
+    def requests_by_outcome(self) -> dict[str, int]:
+        """Every route's requests summed per outcome."""
+        out: dict[str, int] = {}
+        with self.lock:
+            for (_, outcome), n in self.requests.items():
+                out[outcome] = out.get(outcome, 0) + n
+        return out
+
     def observe(self, name: str, v: float) -> None:
         with self.lock:
             self.hist[name].observe(v)
@@ -79,13 +92,18 @@ class Metrics:
         out: list[str] = []
         with self.lock:
             out += [
-                "# HELP mlx_slm_requests_total Classify requests (/v1/classify, /classify, /predict, /) by outcome.",
+                "# HELP mlx_slm_requests_total Requests to the model routes (classify, chat completions, embeddings, "
+                "rerank, and the same on TEI's and vLLM's paths) by outcome and route (sum by outcome for the total).",
                 "# TYPE mlx_slm_requests_total counter",
             ]
-            out += [f'mlx_slm_requests_total{{outcome="{k}"}} {v}' for k, v in sorted(self.requests.items())]
             out += [
-                "# HELP mlx_slm_items_total Items by outcome (ok: classified; dropped: client gone or timed "
-                "out before compute).",
+                f'mlx_slm_requests_total{{outcome="{o}",route="{_label(r)}"}} {v}'
+                for (r, o), v in sorted(self.requests.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+            ]
+            out += [
+                "# HELP mlx_slm_items_total Items by outcome (ok: computed; dropped: client gone, timed out or "
+                "shut down before compute; late: computed after its request timed out or left; error: the forward "
+                "failed).",
                 "# TYPE mlx_slm_items_total counter",
             ]
             out += [f'mlx_slm_items_total{{outcome="{k}"}} {v}' for k, v in sorted(self.items.items())]
@@ -131,6 +149,11 @@ class Metrics:
             self.state_misses += cached <= 0
             self.state_cached_tokens += max(0, cached)
         return result
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class RateTracker:

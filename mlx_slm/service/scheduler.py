@@ -9,6 +9,44 @@ One worker thread owns the `Engine` and runs every forward pass through `Classif
 the pipeline `mlx-slm classify` runs (`pipeline.run_items`), on the very token ids the front
 tokenized (each text is tokenized once), so an answer holds the same labels and probabilities.
 Results go back to each request's event loop (`Job`); the scheduler knows no HTTP.
+
+Deadlines: one worker runs every forward pass, and a forward pass cannot be stopped
+once started, so a request that times out must not leave long work behind that the
+next request then waits for. Six rules keep the queue moving:
+
+1. Every job carries its deadline (arrival + --request-timeout). Before each micro-batch
+   the worker drops the waiting items of jobs that are past it or cancelled (client gone,
+   timed out): they are never computed (counted as `dropped` in the metrics).
+2. A micro-batch is bounded in time, not only in items and tokens: its estimated time (a
+   fixed cost plus its padded tokens at the cost per token) stays under
+   `BATCH_TIME_FRACTION` (1/4) of the request timeout (at least one item). So after a
+   timeout, the work still running for it ends within about a quarter of a timeout, and
+   the next request is computed then.
+3. An item whose own estimated compute time is more than its request has left is never
+   started: the request gets its `TimedOut` at once, naming the item, instead of a forward
+   pass that would outlive the request and block the worker.
+4. The estimate (`RateTracker`: a fixed cost per micro-batch and a cost per processed
+   token, fitted by least squares) is measured on the warm-up (a short and a longer item)
+   and on every micro-batch, so it follows the machine and the model. A per-token rate
+   alone would charge the fixed cost to the tokens and refuse long items that fit. Tokens
+   are weighed by their attention (quadratic in a row's length, scaled by the model's
+   shape), so an item far longer than any measured is not priced as a short one.
+5. A micro-batch's batches are taken as each finishes: once no request waits for the items
+   still to run, the rest is abandoned between batches (`run_batch`); so is it once the
+   server stops (`stop`: after SIGTERM's drain, nobody waits for it).
+6. An item is priced with all it runs (`row_work`: every chunk of a label trie, not only the
+   largest one the batch plan holds at once), and one whose estimate alone is over the
+   request timeout is refused at admission (`submit`), before it takes a place in the queue.
+   The request's own steps before admission (its task built and its choices tokenized, its
+   texts tokenized: `Service.classify`) run off the worker, under the request's deadline.
+
+While a micro-batch runs, `running` holds its items and `batch_started` its start: the
+metrics show the work in flight (`mlx_slm_running_items`, `mlx_slm_worker_busy_seconds`)
+and /health answers 503 once one micro-batch has run past the request timeout (`stalled`).
+
+With the default timeout (60 s) rule 2 never binds on the usual budgets (512 tokens on the
+CPU, 4,096 on a GPU); it matters when --request-timeout is short next to a batch's time.
+A single item is the unit that cannot be split: its forward, once started, runs to the end.
 """
 
 from __future__ import annotations
@@ -79,42 +117,38 @@ class WorkItem:
     index: int
     item: Any  # the tokenized `predictions.Item` the front prepared (its ids are what runs)
     key: tuple
-    cost: int  # suffix tokens (after the shared prefix)
+    cost: int  # suffix tokens (after the shared prefix) and the kind's tokens beside the row: the batch budget's
     prefix_hit: bool
     t_enqueued: float
+    work: int | None = None  # tokens its forward runs in all (None: `cost`), for the time estimate (`row_work`)
+
+    @property
+    def tokens_run(self) -> int:
+        return self.cost if self.work is None else max(self.work, self.cost)
+
+
+def row_work(kind: Any) -> int:
+    """Tokens a row of `kind` runs beyond what the batch plan counts (`kind.row_extra`, what is
+    held at once): a label trie of several chunks runs every chunk in turn beside the row (the
+    plan counts the largest), the per-label passes each label's later tokens. 0 for other kinds.
+
+    The time estimate must price them: a chat request of 1,500 choices (115 trie chunks) was
+    priced as one chunk, 1/16 of its 2.4 s on the tiny model, so it was started with its request
+    all but timed out and held the worker long after its 504 (issue 47)."""
+    ls = getattr(kind, "labelset", None)
+    if ls is None or ls.mode != "sequence":
+        return 0
+    extra = int(getattr(kind, "row_extra", 0))
+    if extra > 0:  # the trie: every chunk in turn
+        return sum(len(c) for c in ls.trie) - extra
+    return sum(len(t) - 1 for t in ls.token_ids)
 
 
 class Scheduler:
     """The bounded queue, admission (`submit`), the micro-batching worker loop (`loop`) and
     drain. The options are read live (a test or an operator may change them).
 
-    Deadlines: one worker runs every forward pass, and a forward pass cannot be stopped
-    once started, so a request that times out must not leave long work behind that the
-    next request then waits for. Five rules keep the queue moving:
-
-    1. Every job carries its deadline (arrival + --request-timeout). Before each micro-batch
-       the worker drops the waiting items of jobs that are past it or cancelled (client gone,
-       timed out): they are never computed (counted as `dropped` in the metrics).
-    2. A micro-batch is bounded in time, not only in items and tokens: its estimated time (a
-       fixed cost plus its padded tokens at the cost per token) stays under
-       `BATCH_TIME_FRACTION` (1/4) of the request timeout (at least one item). So after a
-       timeout, the work still running for it ends within about a quarter of a timeout, and
-       the next request is computed then.
-    3. An item whose own estimated compute time is more than its request has left is never
-       started: the request gets its `TimedOut` at once, naming the item, instead of a forward
-       pass that would outlive the request and block the worker.
-    4. The estimate (`RateTracker`: a fixed cost per micro-batch and a cost per processed
-       token, fitted by least squares) is measured on the warm-up (a short and a longer item)
-       and on every micro-batch, so it follows the machine and the model. A per-token rate
-       alone would charge the fixed cost to the tokens and refuse long items that fit. Tokens
-       are weighed by their attention (quadratic in a row's length, scaled by the model's
-       shape), so an item far longer than any measured is not priced as a short one.
-    5. A micro-batch's batches are taken as each finishes: once no request waits for the items
-       still to run, the rest is abandoned between batches (`run_batch`).
-
-    With the default timeout (60 s) rule 2 never binds on the usual budgets (512 tokens on the
-    CPU, 4,096 on a GPU); it matters when --request-timeout is short next to a batch's time.
-    A single item is the unit that cannot be split: its forward, once started, runs to the end.
+    Deadlines and the worker's state: see the module docstring.
     """
 
     def __init__(self, opts: ServeOptions, metrics: Metrics, tasks: TaskCache):
@@ -126,6 +160,26 @@ class Scheduler:
         self.inflight = 0  # accepted requests not yet answered
         self.speed = RateTracker()  # measured compute time per micro-batch: fixed + per token
         self._rate = 0.0  # recent items/s, for Retry-After
+        self.running: list[WorkItem] = []  # the micro-batch the worker computes now
+        self.batch_started: float | None = None  # its start (time.perf_counter()); None: idle
+
+    @property
+    def busy_seconds(self) -> float:
+        """How long the worker has been on its current micro-batch (0 when idle)."""
+        t0 = self.batch_started
+        return 0.0 if t0 is None else max(0.0, time.perf_counter() - t0)
+
+    def stalled(self) -> str | None:
+        """Why the worker is not healthy: one micro-batch has run past the request timeout (no
+        batch should: each is bounded to a share of it, and an item priced over the time its
+        request has left is never started); None when it is healthy."""
+        busy = self.busy_seconds
+        if busy <= self.opts.request_timeout_s:
+            return None
+        return (
+            f"the model worker has been computing one micro-batch ({len(self.running)} item(s)) for {busy:.0f} s, "
+            f"over the request timeout of {self.opts.request_timeout_s:g} s: requests wait behind it"
+        )
 
     def _time_budget(self) -> int | None:
         """Padded tokens one micro-batch may hold so that it takes about `BATCH_TIME_FRACTION`
@@ -133,7 +187,8 @@ class Scheduler:
         return self.speed.tokens_within(BATCH_TIME_FRACTION * self.opts.request_timeout_s)
 
     def stop(self) -> None:
-        """Let the worker loop return once the queue is empty."""
+        """Let the worker loop return at its next batch boundary: what is still queued then is
+        answered `Aborted`, never computed (the drain before it, SIGTERM's, has answered the rest)."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
@@ -143,8 +198,25 @@ class Scheduler:
     def depth(self) -> int:
         return len(self.queue)
 
-    def submit(self, job: Job, items: Sequence[Any], key: tuple, costs: Sequence[int], hits: Sequence[bool]) -> None:
+    def submit(
+        self,
+        job: Job,
+        items: Sequence[Any],
+        key: tuple,
+        costs: Sequence[int],
+        hits: Sequence[bool],
+        works: Sequence[int] | None = None,
+    ) -> None:
+        """Queue a request's items (`works`: each item's tokens run in all, `row_work`; None:
+        its cost), or refuse it whole: `Draining`, `QueueFull`, or `TimedOut` for an item whose
+        estimate alone is over the request timeout (rule 6)."""
         now = time.perf_counter()
+        works = costs if works is None else works
+        for i, (c, w) in enumerate(zip(costs, works)):
+            it = WorkItem(job, i, items[i], key, c, hits[i], now, w)
+            est = self.speed.estimate(it.tokens_run, _longest(it))
+            if est > self.opts.request_timeout_s:
+                raise too_slow(it, est, self.opts.request_timeout_s, self.opts.request_timeout_s)
         with self.cond:
             if self.draining:
                 raise Draining("the server is shutting down: not accepting new requests", retry_after=5)
@@ -154,8 +226,8 @@ class Scheduler:
                     f"the queue holds {len(self.queue)} items (limit {self.opts.max_queue_items}); retry later",
                     retry_after=max(1, math.ceil(wait)),
                 )
-            for i, (t, c, h) in enumerate(zip(items, costs, hits)):
-                self.queue.append(WorkItem(job, i, t, key, c, h, now))
+            for i, (t, c, h, w) in enumerate(zip(items, costs, hits, works)):
+                self.queue.append(WorkItem(job, i, t, key, c, h, now, w))
             self.inflight += 1
             self.cond.notify_all()
 
@@ -249,6 +321,9 @@ class Scheduler:
             got = self.gather()
             if got is None:
                 return
+            if self.stopping:  # shutting down: nothing more is computed (`stop`)
+                self._abort(got + self._take_queue())
+                return
             groups: OrderedDict[tuple, list[WorkItem]] = OrderedDict()
             for it in got:
                 groups.setdefault(it.key, []).append(it)
@@ -271,7 +346,7 @@ class Scheduler:
             if job.deadline <= now:
                 dropped += 1
                 continue
-            est = self.speed.estimate(it.cost, _longest(it))
+            est = self.speed.estimate(it.tokens_run, _longest(it))
             if est > job.deadline - now:
                 refused.append(job)
                 self._refuse(it, est, job.deadline - now)
@@ -287,28 +362,20 @@ class Scheduler:
         """Rule 3: answer the request `TimedOut` now, and drop its waiting items, rather than
         start a forward pass that would outlive it."""
         job = it.job
-        name = job.names[it.index] if job.names else f"texts[{it.index}]"
-        err = TimedOut(
-            f"{name} would take about {est:.2g} s to compute ({it.cost} tokens at the measured rate), more than "
-            f"the {max(0.0, left):.2g} s left of the request timeout of {self.opts.request_timeout_s:g} s: "
-            + self._timeout_advice(it, est),
-            name,
-        )
+        err = too_slow(it, est, left, self.opts.request_timeout_s)
         self.cancel(job)
         post_to(job, job.fail, err)
 
-    def _timeout_advice(self, it: WorkItem, est: float) -> str:
-        """What the client can do about a refused item, from what it sent. An item reaching the
-        worker is within the model's context already, so truncation would not shorten it:
-        either the text alone outlasts the timeout, or it waited behind other work."""
-        timeout = self.opts.request_timeout_s
-        if est > timeout:
-            return f"the text alone takes longer than the server's --request-timeout of {timeout:g} s: shorten it"
-        waited = time.perf_counter() - it.t_enqueued
-        fewer = ", or send fewer texts per request" if len(it.job.results) > 1 else ""
-        return f"it waited {waited:.2g} s in the queue behind other work: retry{fewer}"
-
     def run_batch(self, key: tuple, items: list[WorkItem]) -> None:
+        with self.cond:
+            self.running, self.batch_started = list(items), time.perf_counter()
+        try:
+            self._run_batch(key, items)
+        finally:
+            with self.cond:
+                self.running, self.batch_started = [], None
+
+    def _run_batch(self, key: tuple, items: list[WorkItem]) -> None:
         m = self.metrics
         t0 = time.perf_counter()
         try:
@@ -338,10 +405,17 @@ class Scheduler:
                 post_to(it.job, it.job.deliver, it.index, (preds[i], t0 - it.t_enqueued, infer))
         if len(preds) < len(items):
             m.count(m.items, "dropped", len(items) - len(preds))
+        late = sum(
+            1 for i, it in enumerate(items) if i in preds and (it.job.cancelled or it.job.deadline <= t0 + infer)
+        )
+        if late:  # computed, but its request had timed out or gone by the time its batch ended
+            m.count(m.items, "late", late)
 
-    @staticmethod
-    def _awaited(items: list[WorkItem], done: dict[int, Any]) -> bool:
-        """Whether a request still waits for an item not yet computed (not cancelled, not past its deadline)."""
+    def _awaited(self, items: list[WorkItem], done: dict[int, Any]) -> bool:
+        """Whether a request still waits for an item not yet computed (not cancelled, not past
+        its deadline), and the server is not stopping."""
+        if self.stopping:
+            return False
         now = time.perf_counter()
         return any(not it.job.cancelled and it.job.deadline > now for i, it in enumerate(items) if i not in done)
 
@@ -362,12 +436,46 @@ class Scheduler:
         return True
 
     def abort_pending(self) -> None:
-        """The drain timed out: answer what is still waiting with `Aborted` (never computed)."""
+        """The drain timed out: answer what is still waiting with `Aborted` (never computed). The
+        micro-batch running now finishes for whoever still waits for it (the "one batch" past the
+        drain timeout; no longer than its requests' timeout), unless the server stops first."""
+        self._abort(self._take_queue())
+
+    def _take_queue(self) -> list[WorkItem]:
         with self.cond:
             items, self.queue = list(self.queue), deque()
+        return items
+
+    def _abort(self, items: list[WorkItem]) -> None:
+        """Answer `items` with `Aborted` (never computed: counted dropped)."""
         err = Aborted("the server shut down before this request was computed (drain timeout)")
         for it in items:
             it.job.cancelled = True
             post_to(it.job, it.job.fail, err)
         if items:
             self.metrics.count(self.metrics.items, "dropped", len(items))
+
+
+def too_slow(it: WorkItem, est: float, left: float, timeout: float) -> TimedOut:
+    """The `TimedOut` of an item whose estimate is over the `left` seconds its request has."""
+    job = it.job
+    name = job.names[it.index] if job.names else f"texts[{it.index}]"
+    return TimedOut(
+        f"{name} would take about {est:.2g} s to compute ({it.tokens_run} tokens at the measured rate), more "
+        f"than the {max(0.0, left):.2g} s left of the request timeout of {timeout:g} s: "
+        + _timeout_advice(it, est, timeout),
+        name,
+    )
+
+
+def _timeout_advice(it: WorkItem, est: float, timeout: float) -> str:
+    """What the client can do about a refused item, from what it sent. An item reaching the
+    worker is within the model's context already, so truncation would not shorten it:
+    either the text (and its choices) alone outlast the timeout, or it waited behind other work."""
+    if est > timeout:
+        if it.tokens_run > it.cost:
+            return f"the text and its choices alone take longer than the server's --request-timeout of {timeout:g} s: shorten it, or send fewer choices"
+        return f"the text alone takes longer than the server's --request-timeout of {timeout:g} s: shorten it"
+    waited = time.perf_counter() - it.t_enqueued
+    fewer = ", or send fewer texts per request" if len(it.job.results) > 1 else ""
+    return f"it waited {waited:.2g} s in the queue behind other work: retry{fewer}"

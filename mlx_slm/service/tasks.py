@@ -44,11 +44,16 @@ from ..text.labels import validate as validate_labels
 from ..text.prompts import PromptError, PromptFormat, fill_labels
 from .api import Loaded, TaskSpec
 from .decide import DECIDE_KEY, DecisionTask
-from .errors import Invalid, NotSupported
+from .errors import Invalid, NotSupported, TooLarge
 
 RERANK_TASK = "rerank"  # the first part of the reranker's task key (`TaskCache.rerank_key`)
 CHAT_TASK = "chat"  # the first part of a chat completion's task key (`TaskCache.chat_key`)
 EMBED_TASK = "embed"  # the first part of the embedder's task key (`TaskCache.embed_key`)
+# The most tokens a request's own labels (or a chat request's choices) may hold in all, every
+# label counted whole: each is scored as a continuation of every prompt (a trie of that many
+# nodes beside each row), so the work grows with them. 1,500 choices of ~20 tokens (30,000)
+# held a CPU worker 25-40 s; CLINC150's 150 intents are ~500.
+MAX_LABEL_TOKENS = 8192
 EMBEDS_ONLY = (
     "this model embeds only (a bare backbone without an LM head: a sentence-transformers embedding model); it "
     "cannot classify: POST its texts to /v1/embeddings (OpenAI's API) or /embed (TEI's) for their vectors"
@@ -97,7 +102,8 @@ class TaskCache:
         self.front_engine: Any = None
         self._front: LRU[tuple, Any] = LRU(capacity)  # classifiers on the front tokenizer
         self._front_lock = threading.Lock()
-        self._back: LRU[tuple, Any] = LRU(capacity)  # classifiers on the engine (worker only)
+        self._back: LRU[tuple, Any] = LRU(capacity)  # classifiers on the engine (the worker runs them)
+        self._back_lock = threading.Lock()  # built by request threads before admission, read by the worker
         self._reranker: Any = None  # the model's reranker kind (or why it has none), made on first use
         self._pooling: Any = None  # the model's embedding pooling (or why it has none), read on first use
         self._deciders: dict[bool, Any] = {}  # the decision tasks (front, back), made on first use
@@ -279,7 +285,10 @@ class TaskCache:
             return got
 
     def back(self, key: tuple) -> Any:
-        """The task's classifier on the engine: the worker's only."""
+        """The task's classifier on the engine, which only the worker runs. A request builds
+        its task's before admission (`Service.classify`), off the worker: building tokenizes its
+        labels or choices (1,500 choices: seconds on a real tokenizer), which the worker then
+        never waits for. Two requests of one new task may both build it (one is kept); the engine's lock guards the tokenizer."""
         if key == DECIDE_KEY:
             return self.decider(False)
         engine = self._base.engine
@@ -288,7 +297,12 @@ class TaskCache:
             with engine.lock:
                 return self._build(engine, key)
 
-        return self._back.get(key, make)
+        with self._back_lock:
+            if key in self._back:
+                return self._back.get(key, make)
+        built = make()  # outside the cache's lock: the worker's lookups never wait for a build
+        with self._back_lock:
+            return self._back.get(key, lambda: built)
 
     def for_request(self, spec: TaskSpec) -> tuple[tuple, Any]:
         """(key, front classifier) of a request's task, or `Invalid` naming the request field at
@@ -312,6 +326,8 @@ class TaskCache:
         except ValueError as e:  # PromptError: the fixed prompt is over the context: the part the request set
             fld = "template" if spec.template is not None else "system" if spec.system is not None else "labels"
             raise Invalid(str(e), fld) from None
+        if key != self.default_key:
+            _check_label_tokens(front, "choices" if spec.chat is not None else "labels")
         if spec.min_confidence is not None and not _abstains(front.spec, spec.min_confidence):
             raise Invalid(front.spec.no_calibration.replace("--min-confidence", "min_confidence"), "min_confidence")
         return key, front
@@ -359,6 +375,20 @@ class TaskCache:
             conf = conf if conf is not None and _abstains(front.spec, conf) else None
         calib = front.calibration_run(cal, conf)
         return list(calib(r[0] for r in raw)), calib
+
+
+def _check_label_tokens(front: Any, what: str) -> None:
+    """A request's own labels or choices within `MAX_LABEL_TOKENS` (`TooLarge`, 413, naming it)."""
+    ls = getattr(front.kind, "labelset", None)
+    if ls is None:
+        return
+    n = sum(len(t) for t in ls.token_ids)
+    if n > MAX_LABEL_TOKENS:
+        raise TooLarge(
+            f"the {len(ls.token_ids)} {what} are {n} tokens in all, over this server's limit of {MAX_LABEL_TOKENS} "
+            f"per request (each is scored after the prompt, so the work grows with them): send fewer or shorter {what}",
+            "labels",
+        )
 
 
 def _abstains(kind: Any, min_confidence: float) -> bool:

@@ -400,9 +400,15 @@ def enum_answer(schema: Any, fld: str) -> JsonAnswer:
         raise ChatError(f"{where} has no enum: " + _SHAPE, where)
     if not isinstance(props, dict) or not props:
         raise ChatError(f"{where}.properties must name the object's properties: " + _SHAPE, f"{where}.properties")
+    # Every value read from the schema is checked for its JSON type first (a list or an object
+    # where a name belongs raised TypeError, a 500): a wrong one is a ChatError naming it.
     required = node.get("required", [])
-    if not isinstance(required, list) or any(r not in props for r in required):
-        raise ChatError(f"{where}.required must list properties of {where}.properties", f"{where}.required")
+    if not isinstance(required, list) or any(not isinstance(r, str) or r not in props for r in required):
+        odd = [r for r in required if not isinstance(r, str)] if isinstance(required, list) else [required]
+        got = f" (it holds {_kind(odd[0])})" if odd else ""
+        raise ChatError(
+            f"{where}.required must be a list of the names (strings) of {where}.properties{got}", f"{where}.required"
+        )
     free: list[tuple[str, tuple[str, ...], str]] = []
     fixed: list[tuple[str, Any]] = []
     loose: list[str] = []

@@ -33,6 +33,20 @@ class LabelError(UserError, ValueError):
     pass
 
 
+class NotItsLabels(LabelError):
+    """Labels asked of a classifier that has its own (fine-tuned adapters, a sequence classifier's
+    head). The kind does not know where the labels came from; the command that does (`--labels`, or
+    a task file's `labels` field) says so with `where`."""
+
+    def __init__(self, what: str, own: Sequence[str], asked: Sequence[str], fix: str):
+        self.what, self.own, self.asked, self.fix = what, list(own), list(asked), fix
+        super().__init__(self.where("the labels given", "give its own labels, or none"))
+
+    def where(self, source: str, remedy: str) -> str:
+        """The message with the labels' `source` named and its `remedy`."""
+        return f"{self.what} has its own labels {self.own[:8]}; {source} are {self.asked[:8]}: {remedy} ({self.fix})"
+
+
 # Trie nodes run in one packed pass per batch (a larger trie is split into chunks of at most
 # this many nodes, each closed under ancestors). The pass's transient memory is about
 # rows x nodes x (vocabulary floats for the log-softmax, taken LOGIT_ROWS positions at a time,

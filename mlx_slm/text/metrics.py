@@ -298,6 +298,8 @@ def format_report(rep: dict[str, Any]) -> str:
     for lab in labels:
         r = rep["per_label"][lab]
         lines.append(f"{lab:<{w}}  {r['precision']:>9.3f}  {r['recall']:>6.3f}  {r['f1']:>6.3f}  {r['support']:>7d}")
+    if rep.get("none_label") is not None:
+        lines.append(f'({rep["none_label"]!r} is "none of these": a text answered none is predicted it)')
     lines += ["", "confusion (rows gold, columns predicted; abstained left out)"]
     cm = rep["confusion"]
     cw = max(4, *(len(lab) for lab in labels), *(len(str(v)) for row in cm for v in row))

@@ -58,6 +58,17 @@ def figures(answered: Sequence[str | None], gold: Sequence[str], none_label: str
     return out
 
 
+def none_answer(label: str | None, probs: dict[str, float], none_label: str | None) -> tuple[str | None, float | None]:
+    """One answer as eval scores it, (label, confidence): with a none label, an answer of "none of
+    these" (label None) is the none label, not an abstention; its confidence is the probability
+    that the text is not its likeliest in-scope label (1 - that label's probability), whether the
+    none class won or a threshold found no label sure enough. Without one, None stays an abstention."""
+    if label is None and none_label is not None:
+        inside = [v for k, v in probs.items() if k != none_label]
+        return none_label, float(min(1.0, max(0.0, 1.0 - max(inside)))) if inside else 1.0
+    return label, max(probs.values()) if probs else None
+
+
 def choose_threshold(
     probs: np.ndarray, gold: Sequence[str], labels: Sequence[str], none_label: str, target: float = DEFAULT_TARGET
 ) -> tuple[float | None, dict[str, Any]]:

@@ -16,7 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2.exceptions import TemplateError
+
 from ..ground.errors import UserError
+from ..ground.notices import notice
 from ..ground.textfiles import InputError, has_lone_surrogate, json_error, read_text_file
 from .labels import gold_problem
 
@@ -35,6 +38,11 @@ TRUNCATE_MODES = ("head", "tail", "middle")
 
 class PromptError(UserError, ValueError):
     pass
+
+
+# What a chat template (the model's own program) may raise on our messages: its `raise_exception`, a
+# syntax error, an undefined name (jinja's `TemplateError`s), or a Python error inside an expression.
+TEMPLATE_FAULTS = (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError)
 
 
 @dataclass(frozen=True)
@@ -223,7 +231,78 @@ def check_plain_system(system: str | None, what: str = "--system") -> str | None
 def render(tokenizer: Any, fmt: PromptFormat, text: str, pair: str | None = None) -> str:
     """The prompt string the model sees, ending with the generation prompt (`pair`: the second
     text, where the template has `{pair}`)."""
-    return render_messages(tokenizer, fmt.messages(text, pair))
+    msgs = prompt_messages(tokenizer, fmt, text, pair)
+    try:
+        return render_messages(tokenizer, msgs)
+    except TEMPLATE_FAULTS as e:  # the model's program refused our messages: say so, not a traceback
+        raise PromptError(
+            f"the model's chat template refused the prompt ({e}): give a system message and template it takes "
+            "(--system '' drops the system turn; --template shapes the user turn)"
+        ) from None
+
+
+def prompt_messages(tokenizer: Any, fmt: PromptFormat, text: str, pair: str | None = None) -> list[dict[str, str]]:
+    """The chat messages of one item as the model is given them: `fmt.messages`, with the system
+    text folded into the first user turn when the model's chat template refuses a system role
+    (`refuses_system`). Every path that renders a task's prompt (ours, and the Transformers
+    reference of `parity`) takes its messages here, so both see the same prompt."""
+    msgs = fmt.messages(text, pair)
+    if msgs and msgs[0]["role"] == "system" and refuses_system(tokenizer):
+        return fold_system(msgs)
+    return msgs
+
+
+def fold_system(msgs: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """The messages without their system turn, its text put before the first user turn's (a blank
+    line between), as Transformers' users write a system message for a template that has none."""
+    system, rest = msgs[0]["content"], [dict(m) for m in msgs[1:]]
+    for m in rest:
+        if m["role"] == "user":
+            m["content"] = f"{system}\n\n{m['content']}"
+            break
+    return rest
+
+
+def folds_system(tokenizer: Any, system: str | None) -> bool:
+    """Whether prompts with this system text carry it in the user turn (`refuses_system`): what a
+    task and a manifest record."""
+    return bool(system) and refuses_system(tokenizer)
+
+
+_FOLD_PROBE_SYSTEM = "You classify."
+_NOTED: set[str] = set()  # the chat templates whose refusal was said
+
+
+def refuses_system(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template refuses a system turn that its user turn takes
+    (Mistral-v0.1's "Conversation roles must alternate user/assistant/user/assistant/..."), tried
+    once per tokenizer on a probe conversation; the first time it does, a notice says the system
+    text goes into the user turn. A base model without a chat template refuses nothing."""
+    got = getattr(tokenizer, "_mlx_slm_refuses_system", None)
+    if got is not None:
+        return got
+    got = False
+    if getattr(tokenizer, "chat_template", None):
+        system = [{"role": "system", "content": _FOLD_PROBE_SYSTEM}, {"role": "user", "content": "a"}]
+        try:
+            render_messages(tokenizer, system)
+        except TEMPLATE_FAULTS:
+            try:
+                render_messages(tokenizer, fold_system(system))
+                got = True
+            except TEMPLATE_FAULTS:
+                got = False  # it refuses the user turn too: rendering says so (`render`)
+    if got and tokenizer.chat_template not in _NOTED:  # said once a template, however many tokenizers hold it
+        _NOTED.add(tokenizer.chat_template)
+        notice(
+            "mlx-slm: note: the model's chat template refuses a system message: the system text is put at the "
+            "start of the first user turn (as Transformers' users do); the task and the manifest record it"
+        )
+    try:
+        tokenizer._mlx_slm_refuses_system = got
+    except AttributeError:
+        pass
+    return got
 
 
 def render_messages(tokenizer: Any, msgs: Sequence[Mapping[str, str]]) -> str:

@@ -35,6 +35,7 @@ from ..models import SUPPORTED_ARCHITECTURES, _sanitize, get_model_module, gguf_
 from ..models.base import gguf_hf_name
 from ..text.seqcls import SCORE, SCORE_WEIGHT, SeqClsHead, check_head_tensor
 from .modelfiles import check_gguf, check_model_dir, load_tokenizer
+from .stfolder import backbone_dir, copy_sentence_transformers, module_files
 
 DTYPES = ("float16", "bfloat16", "float32")
 RECORD = "conversion.json"
@@ -116,13 +117,16 @@ def _fingerprint(f: Path) -> dict[str, Any]:
 
 
 def source_files(src: str | Path) -> dict[str, dict[str, Any]]:
-    """The fingerprint of every file a conversion of `src` reads (a GGUF: the file; a folder:
-    `SOURCE_FILES`), by name: what `conversion.json` records and `source_changes` checks."""
+    """The fingerprint of every file a conversion of `src` reads, by its name relative to `src`
+    (a GGUF: the file; a folder: its `SOURCE_FILES`, and a sentence-transformers folder's every
+    module file, subfolders included: `1_Pooling/config.json`, a Transformer's `0_Transformer/*`,
+    `stfolder.module_files`): what `conversion.json` records and `source_changes` checks."""
     p = Path(src).expanduser().resolve()
     if p.is_file():
         return {p.name: _fingerprint(p)}
-    names = sorted({f.name for pattern in SOURCE_FILES for f in p.glob(pattern) if f.is_file()})
-    return {n: _fingerprint(p / n) for n in names if not n.startswith(".")}
+    names = {f.name for pattern in SOURCE_FILES for f in p.glob(pattern) if f.is_file()}
+    names = {n for n in names if not n.startswith(".")} | set(module_files(p))
+    return {n: _fingerprint(p / n) for n in sorted(names)}
 
 
 def source_changes(out: str | Path, src: str | Path) -> list[str]:
@@ -256,7 +260,11 @@ def local_type(src: str | Path) -> str:
             raise ConversionError(f"{src}: no such GGUF file")
         return "gguf"
     if p.is_dir():
-        if not (p / "config.json").is_file():
+        try:
+            found = (backbone_dir(p) / "config.json").is_file()  # a sentence-transformers 0_Transformer/ too
+        except ModelError as e:
+            raise ConversionError(str(e)) from None
+        if not found:
             raise ConversionError(f"no config.json in {src}: not a Hugging Face or MLX model directory")
         return "hf"
     if p.exists():
@@ -298,7 +306,7 @@ def convert(
     out = Path(out)
     source_type = local_type(src)
     if source_type == "hf":
-        check_model_dir(Path(src).expanduser())  # config, tokenizer, whole weights: before any work
+        check_model_dir(backbone_dir(Path(src).expanduser()))  # config, tokenizer, whole weights: before any work
     else:
         check_gguf(Path(src).expanduser())  # its header whole and its tensors as long as it says
     check_out_dir(src, out, force)
@@ -485,6 +493,7 @@ def _read_source(
         hashed = [path]
         stored = None
     else:
+        path = backbone_dir(path)  # a sentence-transformers folder's Transformer module: its root or 0_Transformer/
         config = json.loads((path / "config.json").read_text())
         _check_config(config, str(src))
         try:
@@ -551,7 +560,7 @@ def _convert_into(
         config["quantization_config"] = dict(stored)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(tmp))
-    copy_sentence_transformers(path, tmp)  # a sentence-transformers folder's pooling and prompts (a GGUF has none)
+    st_files = copy_sentence_transformers(path, tmp) if source_type == "hf" else {}  # its pooling and prompts
     for name in DECISION_FILES:  # a decision model's settings, read from the converted folder as from the source
         if path.is_dir() and (path / name).is_file():
             shutil.copyfile(path / name, tmp / name)
@@ -561,7 +570,10 @@ def _convert_into(
         "source": origin or str(src),
         "source_kind": source_type,
         "source_path": str(path),
-        "source_sha256": {p.name: sha256_file(p) for p in hashed},
+        "source_sha256": {
+            (p.relative_to(path).as_posix() if source_type == "hf" else p.name): sha256_file(p) for p in hashed
+        },
+        "sentence_transformers_files": st_files,
         "source_files": recorded,
         "dtype": source_dtype if copied else dtype,
         "source_dtype": source_dtype,
@@ -579,37 +591,6 @@ def _convert_into(
 # Transformers' decision settings (`transformers.decision.DecisionConfig`: labels, temperatures, the
 # decision prompt), copied beside the weights so `classifier.decider.Decider` reads them there.
 DECISION_FILES = ("decision.json", "decision_template.jinja")
-
-# A sentence-transformers folder's own files: which modules run in order, the Transformer
-# module's settings, the named prompts. Each module's folder (`1_Pooling`, `2_Normalize`) holds
-# its config.json. Copied beside the weights, so the converted folder embeds as the source does.
-SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
-
-
-def copy_sentence_transformers(src: Path, out: Path) -> None:
-    """Copy a sentence-transformers folder's configuration (`SENTENCE_TRANSFORMERS_FILES` and the
-    JSON files of every module folder modules.json names) from `src` into the conversion `out`;
-    nothing when `src` has no modules.json (or is a file). Weights in a module's folder (a Dense layer) are not
-    copied: `embeddings.read_pooling` refuses such a module by name."""
-    if not (src / "modules.json").is_file():
-        return
-    for name in SENTENCE_TRANSFORMERS_FILES:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, out / name)
-    try:
-        modules = json.loads((src / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConversionError(f"{src / 'modules.json'} is not valid JSON ({e}): fix or remove it") from None
-    for m in modules if isinstance(modules, list) else []:
-        sub = m.get("path") if isinstance(m, dict) else None
-        if not isinstance(sub, str) or not sub or "/" in sub or "\\" in sub or sub.startswith("."):
-            continue  # the Transformer module (""), or a path that is no plain folder name
-        folder = src / sub
-        if folder.is_dir() and not folder.is_symlink():
-            (out / sub).mkdir(exist_ok=True)
-            for f in folder.glob("*.json"):
-                if f.is_file() and not f.is_symlink():
-                    shutil.copyfile(f, out / sub / f.name)
 
 
 def versions() -> dict[str, str]:

@@ -54,6 +54,14 @@ from .head_starts import centroid, probe, words
 
 SCHEDULES = ("cosine", "linear", "constant")
 HEAD_INITS = ("zeros", "probe", "centroid", "words")
+# Each setting's option on `mlx-slm train --finetune` (the messages name both: a CLI user typed the option).
+OPTIONS = {
+    "objective": "--objective", "layers": "--adapt-layers", "rank": "--rank", "scale": "--lora-scale",
+    "dropout": "--dropout", "epochs": "--epochs", "learning_rate": "--lr", "head_learning_rate": "--head-lr",
+    "schedule": "--schedule", "batch_size": "--train-batch-size", "seed": "--seed", "val_fraction": "--val-fraction",
+    "patience": "--patience", "max_minutes": "--max-minutes", "head_init": "--head-init", "keep": "--keep",
+    "label_smoothing": "--label-smoothing", "contrastive": "--contrastive",
+}  # fmt: skip
 # Which epoch's weights a run keeps: "auto" is the recipe (with a validation split its best epoch,
 # without one, the default, the mean of the later half's epochs).
 KEEPS = ("auto", "average", "best", "last")
@@ -127,7 +135,9 @@ class FinetuneSettings:
         n = len(model.layers)
 
         def bad(name: str, want: str) -> FinetuneError:
-            return FinetuneError(f"{name}={getattr(self, name)!r}: {want}")
+            v = getattr(self, name)
+            flag = f"{name}={v!r} ({OPTIONS[name]} {v})" if name in OPTIONS else f"{name}={v!r}"
+            return FinetuneError(f"{flag}: {want}")
 
         if self.objective not in OBJECTIVES:
             raise bad("objective", f"one of {', '.join(OBJECTIVES)}")
@@ -149,7 +159,7 @@ class FinetuneSettings:
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise bad(name, f"a whole number, at least {lo}")
         if self.layers > n:
-            raise bad("layers", f"the model has {n} blocks: adapt at most {n}")
+            raise bad("layers", f"this model has {n} blocks: adapt at most {n} (the top blocks get adapters)")
         for name, lo, hi in (("scale", 0, None), ("learning_rate", 0, None), ("head_learning_rate", 0, None)):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > lo or (hi is not None and v >= hi):

@@ -38,6 +38,7 @@ from ..ground.safefs import refuse_symlink
 from .convert import convert, is_converted, local_type, source_changes
 from .modelfiles import check_gguf, check_model_dir
 from .registry import BUILTINS, BuiltinModel, cache_dir, cache_lock, say
+from .stfolder import backbone_dir
 
 HUB_EXAMPLE = "Qwen/Qwen2.5-0.5B-Instruct"
 # What a hub snapshot needs for a conversion: config, weights, tokenizer, chat template.
@@ -141,7 +142,7 @@ def materialise(model: str | Path, dtype: str = "float16") -> Path:
         got = fetch(source)
         assert got.path is not None  # fetch always gives local files
         if got.type == "hf":
-            check_model_dir(got.path)  # before the conversion starts
+            check_model_dir(backbone_dir(got.path))  # before the conversion starts (a 0_Transformer/ backbone too)
         else:
             check_gguf(got.path)
         if changed:

@@ -110,3 +110,28 @@ def test_doctor_says_how_a_model_embeds(folder, tiny_arch):
     assert "none (a bare backbone" in r.stdout
     r = run(["doctor", "--model", str(tiny_arch.mlx("qwen2"))])
     assert "embeddings     a causal LM: the last token's final-norm hidden state" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "ids, columns",
+    [
+        ([1, "1", 2], {"id": ["1", "1", "2"], "id_is_int": [True, False, True]}),  # issue 47: both came back "1"
+        ([1, 2, 3], {"id": [1, 2, 3]}),
+        (["a", "b", "c"], {"id": ["a", "b", "c"]}),
+    ],
+)
+def test_parquet_ids_keep_their_type_as_classify_s(folder, tmp_path, ids, columns):
+    """The ids go through classify's writer's typing (`files.output.id_columns`): `1` and "1" stay
+    apart (`id_is_int`), and read back as given (`parquet_records`)."""
+    import pyarrow.parquet as papq
+
+    from mlx_slm.files.output import parquet_records
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "v.parquet"
+    inp.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(ids, TEXTS)))
+    r = run(["embed", str(inp), "--model", str(folder), "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    table = papq.read_table(out)
+    assert {k: table.column(k).to_pylist() for k in columns} == columns
+    assert [rec["id"] for rec in parquet_records(table)] == ids
+    assert str(table.schema.field("embedding").type.value_type) == "float"

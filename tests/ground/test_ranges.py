@@ -43,6 +43,23 @@ def test_every_numeric_option_of_every_command_takes_its_range_from_the_one_tabl
             assert not numeric or getattr(p.type, "range_name", None), (cname, p.opts)
 
 
+def test_every_numeric_options_help_shows_the_range_it_checks():
+    """--help printed --none-target's range as 0.0<x<=1.0 while 1 was refused (issue 47): the bounds
+    click shows are the range's own, each end open or closed as it checks."""
+    for cname, cmd in main.commands.items():
+        for p in cmd.params:
+            name = getattr(p.type, "range_name", None)
+            if not isinstance(p, click.Option) or name is None:
+                continue
+            r = RANGES[name]
+            t = p.type
+            assert (t.min, t.max, t.min_open, t.max_open) == (r.lo, r.hi, r.lo_open, r.hi_open), (cname, p.opts)
+            for end, is_open in ((r.lo, r.lo_open), (r.hi, r.hi_open)):
+                if end is not None:  # the end itself passes the check exactly when --help shows it closed
+                    v = int(end) if r.integer else float(end)
+                    assert (r.problem(v) is None) == (not is_open), (cname, p.opts, v)
+
+
 def _out_of_range(name: str) -> list[str]:
     r = RANGES[name]
     vals = ["nan", "inf", "-inf", "1e309"] if not r.integer else ["nan", "1.5"]

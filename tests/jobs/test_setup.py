@@ -36,8 +36,12 @@ def test_a_task_given_its_own_model_labels_or_prompt_is_not_changed(head_task, t
     for extra in same:
         r = invoke(["classify", data, "--task", head_task, *extra, "-q"])
         assert r.exit_code == 0, (extra, r.output)
-    for extra, flag in ((["--model", tiny_qwen_hf], "--model"), (["--template", "T: {text}"], "--template")):
-        refused_cleanly(invoke(["classify", data, "--task", head_task, *extra, "-q"]), f"with {flag} changed")
+    # Other weights are refused once compared by sha256 (equal weights elsewhere are the task's own: issue 47).
+    refused_cleanly(
+        invoke(["classify", data, "--task", head_task, "--model", tiny_qwen_hf, "-q"]), "does not carry over"
+    )
+    refused_cleanly(invoke(["classify", data, "--task", head_task, "--template", "T: {text}", "-q"]),
+                    "with --template changed")  # fmt: skip
 
 
 @pytest.mark.parametrize(

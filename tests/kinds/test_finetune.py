@@ -246,7 +246,7 @@ def test_estimator_finetune_pickles_with_its_adapters_and_round_trips_a_task(est
         (dict(calibration="fit"), None, "a fine-tuned model's probabilities are fitted"),
         (dict(examples=[("a", "billing")]), None, "method='finetune' learns from X and y"),
         (dict(val_fraction=0.1), "rare", "'rare' has 1.*val_fraction=0.1 holds out at least one example of each label"),
-        (dict(adapt_layers=9), None, "layers=9: the model has 3 blocks"),
+        (dict(adapt_layers=9), None, r"layers=9 \(--adapt-layers 9\): this model has 3 blocks"),
         (dict(learning_rate=0.0), None, "learning_rate"),
     ],
 )

@@ -219,7 +219,7 @@ def test_options_a_model_with_its_own_head_refuses(models, tmp_path):
     for extra, msg in [
         (
             ["--labels", "a,b"],
-            f"its own labels {own}: they are what it scores; got the labels ['a', 'b']: drop --labels",
+            f"has its own labels {own}; the labels of --labels are ['a', 'b']: drop --labels",
         ),
         (["--questions", str(questions)], "(a 3-label score head: negative, neutral, positive) and has no LM head"),
         (["--threshold", "0.3"], "sets which labels a multi-label sequence classifier answers"),

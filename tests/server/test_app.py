@@ -122,7 +122,7 @@ def test_health_model_metrics_openapi(srv):
     _post(srv, {"text": TEXTS[0]})
     text = httpx.get(srv.url + "/metrics").text
     for name in (
-        'mlx_slm_requests_total{outcome="ok"}',
+        'mlx_slm_requests_total{outcome="ok",',
         "mlx_slm_items_total",
         "mlx_slm_queue_items",
         "mlx_slm_batch_items_bucket",
@@ -156,7 +156,7 @@ def test_64_concurrent_single_text_requests(srv, offline):
     jobs = [(f"t{i % len(TEXTS)}", TEXTS[i % len(TEXTS)]) for i in range(64)]
     before = _metric(srv, "mlx_slm_batches_total")
     ok_items = _metric(srv, 'mlx_slm_items_total{outcome="ok"}')
-    ok_requests = _metric(srv, 'mlx_slm_requests_total{outcome="ok"}')
+    ok_requests = _metric(srv, 'mlx_slm_requests_total{outcome="ok",')
 
     def one(k):
         tid, text = jobs[k]
@@ -176,7 +176,7 @@ def test_64_concurrent_single_text_requests(srv, offline):
     batches = _metric(srv, "mlx_slm_batches_total") - before
     assert batches < 64  # items of different requests shared micro-batches
     assert _metric(srv, 'mlx_slm_items_total{outcome="ok"}') - ok_items == 64  # each computed once
-    assert _metric(srv, 'mlx_slm_requests_total{outcome="ok"}') - ok_requests == 64
+    assert _metric(srv, 'mlx_slm_requests_total{outcome="ok",') - ok_requests == 64
 
 
 def test_per_request_task_and_truncation(srv):

@@ -564,3 +564,62 @@ def test_any_json_body_is_a_request_or_a_chat_error():
                 req.json.content(c).encode("utf-8")
 
     check()
+
+
+def test_any_json_schema_is_an_answer_or_a_chat_error():
+    """Hostile round seven: `required` holding a list or an object raised TypeError (a 500).
+    A valid schema with any one of its parts (`type`, `enum`, `const`, `properties`, `required`,
+    `$ref`, `$defs`, or one entry of them) replaced by any JSON value gives an answer or a
+    `ChatError` naming a field, never another exception."""
+    import copy
+    import os
+
+    pytest.importorskip("hypothesis")
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    leaf = st.none() | st.booleans() | st.integers(-2, 3) | st.floats() | st.text(max_size=4)
+    leaf = leaf | st.sampled_from(["a", "category", "object", "string", "#/$defs/C"])
+    anything = st.recursive(
+        leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3)
+    )
+    obj = {
+        "type": "object",
+        "properties": {"category": {"type": "string", "enum": ["a", "b"]}, "kind": {"const": "x"}},
+        "required": ["category", "kind"],
+    }
+    ref = {"$ref": "#/$defs/C", "$defs": {"C": {"type": "string", "enum": ["a", "b"]}}}
+    paths = [
+        (obj, p)
+        for p in [("type",), ("properties",), ("required",), ("required", 0), ("required", 1), ("properties", "category"),
+                  ("properties", "category", "enum"), ("properties", "category", "enum", 1),
+                  ("properties", "category", "type"), ("properties", "kind"), ("properties", "kind", "const"),
+                  ("properties", "category", "$ref"), ("extra",)]
+    ] + [(ref, p) for p in [("$ref",), ("$defs",), ("$defs", "C"), ("$defs", "C", "enum"), ("$defs", "C", "type")]]  # fmt: skip
+
+    @settings(max_examples=int(os.environ.get("MLX_SLM_FUZZ_EXAMPLES", "100")), deadline=None)
+    @given(st.sampled_from(paths), anything, st.sampled_from(["response_format", "guided_json", "structured_outputs"]))
+    def check(where_what, value, field):
+        base, path = where_what
+        sch = copy.deepcopy(base)
+        node = sch
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+        body = {"messages": [{"role": "user", "content": "x"}]}
+        if field == "response_format":
+            body[field] = {"type": "json_schema", "json_schema": {"name": "x", "schema": sch}}
+        elif field == "guided_json":
+            body[field] = sch
+        else:
+            body[field] = {"json": sch}
+        try:
+            req = read_request(body)
+        except ChatError as e:
+            assert isinstance(e.field, str) and str(e)
+            return
+        assert req.choices and len(req.choices) >= 2
+        for c in req.choices:
+            json.loads(req.json.content(c))
+
+    check()

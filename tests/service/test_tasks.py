@@ -46,9 +46,9 @@ def test_server_batches_count_the_label_trie(tiny_qwen_mlx):
     seen: list[list[int]] = []
     submit = service.submit
 
-    def spy(job, texts, key, costs, hits):
+    def spy(job, texts, key, costs, hits, *works):
         seen.append(list(costs))
-        return submit(job, texts, key, costs, hits)
+        return submit(job, texts, key, costs, hits, *works)
 
     service.submit = spy  # type: ignore[method-assign]
     s = ThreadServer(service).start()

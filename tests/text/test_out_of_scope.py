@@ -246,3 +246,62 @@ def test_a_none_label_no_file_carries_exits_2_naming_both(work, tmp_path):
              "--none-label", "nope", "--none-threshold", "auto", "--none-data", held])  # fmt: skip
     assert r.exit_code == 2 and "no row of DATA or of" in r.output and "'nope'" in r.output, r.output
     assert not task.exists()
+
+
+# --------------------------------------------------------------------------- eval scores "none of these" as an answer
+def _perfect(held: Path, out: Path, labels: list[str], none: str) -> Path:
+    """A perfect answer set for `held`: every in-scope text its gold label, every none text none."""
+    rows = [json.loads(x) for x in held.read_text().splitlines()]
+    recs = []
+    for i, r in enumerate(rows):
+        probs = {lab: (0.9 if lab == r["label"] else 0.1 / (len(labels) - 1)) for lab in labels}
+        if r["label"] == none:
+            recs.append({"id": i + 1, "label": None, "probs": probs, "abstained": True})
+        else:
+            recs.append({"id": i + 1, "label": r["label"], "probs": probs})
+    return _jsonl(out, recs)
+
+
+@pytest.mark.parametrize("learned", [True, False], ids=["none-class", "threshold-only"])
+def test_eval_of_a_perfect_answer_set_scores_100_with_the_none_label_right(work, tmp_path, learned):
+    """Issue 47: a gold none answered none was an abstention (78.95 % accuracy, 'oos' an in-scope label
+    with F1 0) while eval's own none section said 100 %: now it is right in every figure."""
+    if learned:
+        task = work.task
+    else:
+        data = _jsonl(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
+        task = tmp_path / "t.json"
+        r = run(["train", data, "--model", work.model, "--save-task", task, "--folds", "2", "--layers", "1",
+                 "--none-label", "oos", "--none-threshold", "auto", "--none-data", work.held, "-q"])  # fmt: skip
+        assert r.exit_code == 0, r.output
+    labels = Task.load(task).labels
+    preds = _perfect(work.held, tmp_path / "p.jsonl", labels, "oos")
+    js = tmp_path / "e.json"
+    r = run(["eval", work.held, "--task", task, "--predictions", preds, "--json", js])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(js.read_text())
+    assert rep["accuracy"] == rep["accuracy_all"] == 1.0 and rep["macro_f1"] == 1.0 and rep["abstained"] == 0
+    assert rep["labels"].count("oos") == 1 and rep["per_label"]["oos"] == {
+        "precision": 1.0, "recall": 1.0, "f1": 1.0, "support": len(OOS)}  # fmt: skip
+    k = rep["labels"].index("oos")
+    assert rep["confusion"][k][k] == len(OOS) and sum(map(sum, rep["confusion"])) == rep["n"] == 12 + len(OOS)
+    f = rep["out_of_scope"]
+    assert f["oos_recall"] == f["oos_precision"] == f["in_scope_accuracy"] == 1.0
+    assert "accuracy 100.00 %" in r.stdout and "none of these" in r.stdout
+
+
+def test_eval_counts_an_in_scope_text_answered_none_in_the_none_column(work, tmp_path):
+    labels = Task.load(work.task).labels
+    preds = _perfect(work.held, tmp_path / "p.jsonl", labels, "oos")
+    recs = [json.loads(x) for x in preds.read_text().splitlines()]
+    recs[0] = {**recs[0], "label": None, "abstained": True}  # an in-scope text answered none: wrong
+    gold0 = json.loads(work.held.read_text().splitlines()[0])["label"]
+    _jsonl(preds, recs)
+    js = tmp_path / "e.json"
+    r = run(["eval", work.held, "--task", work.task, "--predictions", preds, "--json", js])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(js.read_text())
+    n = 12 + len(OOS)
+    assert rep["accuracy"] == pytest.approx((n - 1) / n) and rep["per_label"]["oos"]["precision"] < 1.0
+    assert rep["confusion"][rep["labels"].index(gold0)][rep["labels"].index("oos")] == 1
+    assert rep["out_of_scope"]["in_scope_accuracy"] == round(11 / 12, 4)

@@ -287,8 +287,8 @@ def test_quantized_base_trains_as_qlora(tiny_arch, tmp_path):
         (dict(prompts="vocab"), "outside the model's vocabulary"),
         (dict(gold="rare"), "too few examples for the validation split.*'account' has 1"),
         (dict(gold="absent"), r"no examples of \['account'\]"),
-        (dict(settings=dict(layers=9)), "layers=9: the model has 3 blocks"),
-        (dict(settings=dict(objective="head")), "objective='head': one of score, labels"),
+        (dict(settings=dict(layers=9)), r"layers=9 \(--adapt-layers 9\): this model has 3 blocks"),
+        (dict(settings=dict(objective="head")), r"objective='head' \(--objective head\): one of score, labels"),
         (dict(settings=dict(keys=("self_attn.x_proj",))), "keys=.*projections of a block"),
         (dict(settings=dict(val_fraction=0.6)), "val_fraction=0.6"),
         (dict(settings=dict(max_minutes=0)), "max_minutes=0"),
@@ -423,7 +423,7 @@ def test_default_layers_are_the_top_sixteen_or_every_block_of_a_smaller_model(qw
     FinetuneSettings().check(qwen.model)  # None is a valid setting
     tuned = qwen.train(layers=None, epochs=1)
     assert tuned.lora.layers == tuple(range(n)) and tuned.settings["layers"] == n  # recorded resolved
-    with pytest.raises(FinetuneError, match=f"layers={n + 1}: the model has {n} blocks"):
+    with pytest.raises(FinetuneError, match=rf"layers={n + 1} \(--adapt-layers {n + 1}\): this model has {n} blocks"):
         replace(FinetuneSettings(), layers=n + 1).for_model(qwen.model)
 
 

@@ -57,7 +57,7 @@ from .reader import Record, RecordError, read_records
 from .records import columns_of, csv_columns, question_columns
 from .resume import Written, plan_resume, same_id, scan_output, truncate_to
 from .runfiles import ADAPTERS_SUFFIX, READS, adapters_file, check_run_files, files_read
-from .writers import INT64_MAX, INT64_MIN, ParquetRows, Writer, parquet_records, require_pyarrow
+from .writers import INT64_MAX, INT64_MIN, ParquetRows, Writer, id_columns, parquet_records, require_pyarrow
 
 __all__ = [
     "OutputError",
@@ -98,6 +98,7 @@ __all__ = [
     "csv_columns",
     "Writer",
     "require_pyarrow",
+    "id_columns",
     "INT64_MIN",
     "INT64_MAX",
     "ParquetRows",

@@ -31,11 +31,13 @@ class OutputLock:
     names the holder for the message a second run prints.
 
     `create=False` (Parquet, which appears only when complete): an output that is not
-    there is not created for the lock; the lock file alone keeps a second run out.
+    there is not created for the lock; the lock file alone keeps a second run out (a task
+    file, `--save-task`, is locked so too: `option` names the option in the messages).
     """
 
-    def __init__(self, path: str, create: bool = True):
+    def __init__(self, path: str, create: bool = True, option: str = "-o"):
         self.target = path
+        self.option = option
         self.create = create
         self.path = os.path.realpath(path) + LOCK_SUFFIX
         self.fd: int | None = None
@@ -47,7 +49,7 @@ class OutputLock:
 
         # Nothing of ours is written through a link someone placed beside the output.
         for p, what in (
-            (self.target, "-o"),
+            (self.target, self.option),
             (self.path, "the lock file"),
             (str(manifest_path(self.target)), "the manifest"),
         ):
@@ -55,9 +57,9 @@ class OutputLock:
         try:
             self.created = not os.path.lexists(self.target)
             if self.create or not self.created:
-                self.out_fd = open_nofollow(self.target, os.O_RDWR | (os.O_CREAT if self.create else 0), "-o")
+                self.out_fd = open_nofollow(self.target, os.O_RDWR | (os.O_CREAT if self.create else 0), self.option)
         except OSError as e:
-            raise OutputError(f"-o {self.target}: cannot open it for writing ({e.strerror})") from None
+            raise OutputError(f"{self.option} {self.target}: cannot open it for writing ({e.strerror})") from None
         try:
             if self.out_fd is not None:
                 fcntl.flock(self.out_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,7 +77,9 @@ class OutputLock:
             raise
         except OSError as e:
             self.__exit__(None, None, None)
-            raise OutputError(f"-o {self.target}: cannot write its lock file {self.path} ({e.strerror})") from None
+            raise OutputError(
+                f"{self.option} {self.target}: cannot write its lock file {self.path} ({e.strerror})"
+            ) from None
         return self
 
     def _busy(self) -> OutputError:
@@ -88,7 +92,7 @@ class OutputLock:
             holder = ""
         return OutputError(
             f"{self.target} is being written by another mlx-slm run ({holder or 'another process'}); "
-            "wait for it to finish, or choose another -o"
+            f"wait for it to finish, or choose another {self.option}"
         )
 
     def _note_holder(self) -> None:

@@ -159,13 +159,31 @@ def column_type(c: str) -> str:
     return "int" if c == "line" else "string"
 
 
+def id_columns(ids: Sequence[Any]) -> list[tuple[str, Any]]:
+    """The Parquet columns of a run's ids, typed so each reads back as it was given: `id` int64
+    when every id is an integer int64 holds, string when every id is a string; when both kinds
+    come (or an integer beyond int64: JSON integers have no bound), `id` is a string column and
+    `id_is_int` (bool) says which were integers, so `1` and `"1"` stay apart and every id is
+    exact (`parquet_records` reads them back). Every Parquet output writes its ids here."""
+    pa = require_pyarrow()
+    ints = [isinstance(v, int) and not isinstance(v, bool) for v in ids]
+    strs = [isinstance(v, str) for v in ids]
+    # Not int64 (which would raise at the very end of a run): exact as text, flagged.
+    wide = any(i and not INT64_MIN <= v <= INT64_MAX for v, i in zip(ids, ints))
+    if not any(strs) and not wide:
+        return [("id", pa.array(list(ids), pa.int64()))]
+    if not any(ints):
+        return [("id", pa.array(list(ids), pa.string()))]
+    return [
+        ("id", pa.array([None if v is None else str(v) for v in ids], pa.string())),
+        ("id_is_int", pa.array([i if v is not None else None for v, i in zip(ids, ints)], pa.bool_())),
+    ]
+
+
 class ParquetRows:
     """Output records gathered into typed columns, written as one Parquet table.
 
-    Types: `id` int64 when every id is an integer that int64 holds (line numbers
-    included), string when every id is a string; when a file holds both, or an integer
-    beyond int64 (JSON integers have no bound), `id` is a string column and `id_is_int`
-    (bool) says which were integers, so `1` and `"1"` stay apart and every id is exact. `p_*`/`raw_p_*` float64,
+    Types: the ids as `id_columns` types them (line numbers included); `p_*`/`raw_p_*` float64,
     `truncated`/`abstained` bool, `line` int64 (error rows), a one-output head's `score`
     and `logit` float64, `label`, `labels` (a multi-label head's, joined by ';'), `calibration`,
     `error` string; a missing value is null."""
@@ -188,21 +206,9 @@ class ParquetRows:
         for c in self.columns:
             vals = self.data[c]
             if c == "id":
-                ints = [isinstance(v, int) and not isinstance(v, bool) for v in vals]
-                strs = [isinstance(v, str) for v in vals]
-                # Not int64 (which would raise at the very end of a run): exact as text, flagged.
-                wide = any(i and not INT64_MIN <= v <= INT64_MAX for v, i in zip(vals, ints))
-                if not any(strs) and not wide:
-                    arrays.append(pa.array(vals, pa.int64()))
-                elif not any(ints):
-                    arrays.append(pa.array(vals, pa.string()))
-                else:
-                    arrays.append(pa.array([None if v is None else str(v) for v in vals], pa.string()))
-                    names.append("id")
-                    arrays.append(pa.array([i if v is not None else None for v, i in zip(vals, ints)], pa.bool_()))
-                    names.append("id_is_int")
-                    continue
-                names.append(c)
+                for name, array in id_columns(vals):
+                    names.append(name)
+                    arrays.append(array)
                 continue
             kind = column_type(c)  # a question's columns too: `name.p_<label>`, ... (names hold no dot)
             typ = {"float": pa.float64(), "bool": pa.bool_(), "int": pa.int64()}.get(kind, pa.string())
