@@ -120,30 +120,9 @@ class Service:
     def _load(self) -> None:
         loaded = self.loader()
         self.tasks.load(loaded)
-        clf = loaded.clf
         # Long items are priced with their attention (quadratic in length), from the model's shape.
-        self.scheduler.speed.attention = attention_share(clf.engine.model.args)
-        # Warm up: one item through the whole path (computes the default prompt head's KV, a
-        # one-off cost not measured), then a short and a longer item measured, so that the
-        # time estimate knows both its fixed and its per-token cost from the start. A model
-        # that only embeds warms up its embedder.
-        if self.tasks.classifies:
-            sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
-
-            def run(text: str) -> Any:
-                return clf.run([sample(text)], window=1)
-        else:
-            emb = self.tasks.back(self.tasks.embed_key(False))
-
-            def run(text: str) -> Any:
-                return emb.run_items(emb.prepare([text]))
-
-        list(run("warm-up"))
-        for text in ("warm-up", " ".join(["warm-up"] * 32)):
-            t0 = time.perf_counter()
-            got = run(text)
-            list(got)
-            self._note_speed(time.perf_counter() - t0, got.stats.processed_tokens)
+        self.scheduler.speed.attention = attention_share(loaded.clf.engine.model.args)
+        warm_up(self.tasks, self._note_speed)
 
     def _note_speed(self, seconds: float, tokens: int) -> None:
         """Fold one measured batch into the scheduler's time estimate."""
@@ -279,9 +258,8 @@ class Service:
             hits = [prefix_hit(kind, it) for it in prepared]
         if costs is None:
             costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
-        extra = (
-            row_work(kind) if kind is not None else 0
-        )  # what each row runs beyond the plan's count (a trie's other chunks)
+        # What each row runs beyond the plan's count (a label trie's other chunks); none for decisions.
+        extra = row_work(kind) if kind is not None else 0
         works = [c + extra for c in costs]
         job = Job(len(prepared), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
         job.names = names
@@ -366,6 +344,31 @@ class Service:
     def abort_pending(self) -> None:
         """The drain timed out: answer what is still waiting with `Aborted` (never computed)."""
         self.scheduler.abort_pending()
+
+
+def warm_up(tasks: TaskCache, note_speed: Callable[[float, int], None]) -> None:
+    """One item through the whole path of the loaded model (`tasks`: it computes the default
+    prompt head's KV, a one-off cost not measured), then a short and a longer item measured
+    (`note_speed(seconds, tokens)`), so that the time estimate knows both its fixed and its
+    per-token cost from the start. A model that only embeds warms up its embedder."""
+    if tasks.classifies:
+        clf = tasks.loaded.clf  # type: ignore[union-attr]
+        sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
+
+        def run(text: str) -> Any:
+            return clf.run([sample(text)], window=1)
+    else:
+        emb = tasks.back(tasks.embed_key(False))
+
+        def run(text: str) -> Any:
+            return emb.run_items(emb.prepare([text]))
+
+    list(run("warm-up"))
+    for text in ("warm-up", " ".join(["warm-up"] * 32)):
+        t0 = time.perf_counter()
+        got = run(text)
+        list(got)
+        note_speed(time.perf_counter() - t0, got.stats.processed_tokens)
 
 
 def service_gauges(svc: Service) -> dict[str, tuple[str, float]]:

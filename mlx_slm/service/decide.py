@@ -116,6 +116,18 @@ class DecisionTask:
         return DecisionRun(self.decider, items)
 
 
+def decision_budget(tasks: Any, budget: int, time_budget: int | None) -> int:
+    """The token budget of a micro-batch of decision requests (`DECIDE_KEY`): the worker's
+    `Decider`'s own (it packs their states and questions, and cuts them into its own batches),
+    within the scheduler's time budget (`time_budget`; None: none); `budget`, the classifier's,
+    when `tasks` (the `TaskCache`) has no `Decider` to give."""
+    try:
+        own = int(tasks.decider(False).decider.call_tokens)
+    except Exception:  # noqa: BLE001 - none (a request builds it before admission, so it is rare): the classifier's
+        return budget
+    return min(own, time_budget) if time_budget is not None else own
+
+
 def _estimate(request: Any) -> int:
     """A request's tokens, roughly (4 characters a token): its state once and each question."""
     import json

@@ -62,7 +62,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .api import ServeOptions
-from .decide import DECIDE_KEY
+from .decide import DECIDE_KEY, decision_budget
 from .errors import Aborted, Draining, Failed, QueueFull, ServiceError, TimedOut
 from .metrics import Metrics, RateTracker
 from .tasks import TaskCache
@@ -275,7 +275,7 @@ class Scheduler:
                     self.cond.wait()
                     deadline = time.perf_counter() + o.max_wait_ms / 1000.0
                     continue
-                b = self._budget_of(self.queue[0].key, budget, tb)
+                b = decision_budget(self.tasks, budget, tb) if self.queue[0].key == DECIDE_KEY else budget
                 got, longest = self._select(b)
                 full = len(got) >= o.max_batch_items or (len(got) + 1) * longest > b
                 left = deadline - time.perf_counter()
@@ -284,18 +284,6 @@ class Scheduler:
                     self.queue = deque(it for it in self.queue if id(it) not in chosen)
                     return got
                 self.cond.wait(left)
-
-    def _budget_of(self, key: tuple, budget: int, time_budget: int | None) -> int:
-        """The token budget of a micro-batch of `key`'s items: the classifier's; decision requests
-        (`DECIDE_KEY`) their `Decider`'s own (it packs their states and questions), both within
-        the time budget (rule 2)."""
-        if key != DECIDE_KEY:
-            return budget
-        try:
-            own = int(self.tasks.decider(False).decider.call_tokens)  # it cuts them into its own batches
-        except Exception:  # noqa: BLE001 - no Decider yet (it is made on the first run): the classifier's
-            return budget
-        return min(own, time_budget) if time_budget is not None else own
 
     def _select(self, budget: int) -> tuple[list[WorkItem], int]:
         head = self.queue[0]
