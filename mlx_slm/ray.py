@@ -415,7 +415,9 @@ class DecideBatch:
         cfg = DecisionConfig(**{**config, "labels": {k: tuple(v) for k, v in config["labels"].items()},
                                 "noul_options": tuple(config["noul_options"])})  # fmt: skip
         self.questions = questions_of(questions, cfg)
-        self.decider = Decider(engine, cfg, state_cache=load.get("state_cache", 64), calibration=temperatures or None)
+        # `temperatures` are those that apply to these questions (the caller's `Questions.applied`)
+        self.decider = Decider(engine, cfg, state_cache=load.get("state_cache", 64), calibration=temperatures or None,
+                               calibration_questions=self.questions)  # fmt: skip
 
     def _one(self, state: Any) -> tuple[Any, str | None]:
         from .text.decisions import DecisionError, DecisionRequest

@@ -10,7 +10,11 @@ questions): each request's state once, and each of its questions as a branch aft
 state and its questions in one forward (`kinds.decisions`). Probabilities are Transformers' generic decision path's: the label logits
 at the last position, divided by the question type's temperature (the model folder's
 decision.json), softmaxed; a per-question calibration (a temperature by question key, fitted
-by `eval --decisions --fit`) divides them further, and is off unless given.
+by `eval --decisions --fit`) divides them further, and is off unless given. It applies to a
+question only when the asked question is the one it was fitted for (`calibration_questions`:
+the same key and the same question), so a client reusing a key for another question, or an
+unnamed OpenAI question ("#0"), gets raw answers; `decide`, `--ray` and `serve` all rely on
+this one rule (`Decider.temperature`).
 
 A bounded LRU of recent states' keys and values (`state_cache` entries, `state_cache_bytes`
 at most) lets a state asked again run only its questions: the state part a request shares
@@ -44,7 +48,15 @@ from ..kinds.decisions import (
     encode_states,
 )
 from ..text import batching
-from ..text.decisions import DecisionConfig, DecisionError, DecisionRequest, parse_openai, parse_systemone
+from ..text.decisions import (
+    DecisionConfig,
+    DecisionError,
+    DecisionQuestion,
+    DecisionRequest,
+    parse_openai,
+    parse_systemone,
+    questions_of,
+)
 from ..text.labels import softmax
 from .pipeline import default_max_batch_tokens
 
@@ -140,6 +152,16 @@ class StateCache:
             self._bytes = 0
 
 
+def applied_temperatures(
+    asked: Sequence[DecisionQuestion], fitted: Sequence[DecisionQuestion], temperatures: Mapping[str, float]
+) -> dict[str, float]:
+    """The one rule for a task's temperatures: by key, only for an asked question that is the very
+    question they were fitted for (`fitted`: the same key and the same question). Another question
+    under a fitted key (a client's reuse of a name, an unnamed OpenAI question's "#0") stays raw."""
+    own = {q.key: q for q in fitted}
+    return {q.key: float(temperatures[q.key]) for q in asked if q.key in temperatures and own.get(q.key) == q}
+
+
 def _shared(a: np.ndarray, b: np.ndarray) -> int:
     """How many leading tokens two sequences share."""
     m = min(len(a), len(b))
@@ -158,6 +180,7 @@ class Decider:
         state_cache: int = STATE_CACHE,
         state_cache_bytes: int = STATE_CACHE_BYTES,
         calibration: Mapping[str, float] | None = None,
+        calibration_questions: Any = None,
         batch_size: int = BATCH_SIZE,
         max_batch_tokens: int | None = None,
         max_length: int | None = None,
@@ -178,6 +201,18 @@ class Decider:
                     ("calibration", key), f"question {key!r}'s calibration temperature must be a positive number, "
                     f"got {t!r}",
                 )  # fmt: skip
+        # The questions the temperatures were fitted for (a task's: parsed, or its raw JSON), by key.
+        own = calibration_questions
+        if own is not None and not (
+            isinstance(own, (tuple, list)) and all(isinstance(q, DecisionQuestion) for q in own)
+        ):
+            own = questions_of(own, self.config)
+        if self.calibration and own is None:
+            raise DecisionError(
+                ("calibration",), "calibration temperatures need the questions they were fitted for: "
+                "give calibration_questions (a task's questions)",
+            )  # fmt: skip
+        self._fitted = tuple(own or ())
         # The pipeline's budget (rows x their longest request's tokens): 512 on the CPU, where larger
         # batches measured no faster per token (a batch of 12 four-question requests: 12 s at 512, 20 s at 4,096).
         max_batch_tokens = default_max_batch_tokens() if max_batch_tokens is None else max_batch_tokens
@@ -195,6 +230,14 @@ class Decider:
         self.answer_cache = bool(answer_cache)
         with engine.lock:
             self.planner = DecisionPlanner(engine.tokenizer, self.config, self.max_length)
+
+    def temperature(self, q: DecisionQuestion) -> float:
+        """The calibration temperature of an asked question (`applied_temperatures`), else 1 (raw)."""
+        return self.temperatures((q,)).get(q.key, 1.0)
+
+    def temperatures(self, questions: Sequence[DecisionQuestion]) -> dict[str, float]:
+        """The temperatures that apply to these asked questions, by key (what a run records)."""
+        return applied_temperatures(questions, self._fitted, self.calibration)
 
     @classmethod
     def load(
@@ -327,6 +370,6 @@ class Decider:
                 if s is None:
                     probs.append(None)
                     continue
-                probs.append(softmax(np.asarray(s, dtype=np.float64) / (t * self.calibration.get(q.key, 1.0))))
+                probs.append(softmax(np.asarray(s, dtype=np.float64) / (t * self.temperature(q))))
             out.append(DecisionResult(it.request, tuple(probs), it.input_tokens, c))
         return out

@@ -145,8 +145,6 @@ def serve(
 
     def load() -> Loaded:
         clf = setup.load(embeds_only_ok=True)  # an embedding model serves its embedding routes
-        # A task fitted on decisions (eval --decisions --fit --save-task): its per-question temperatures.
-        temperatures = decision_temperatures(setup.task, setup.weights)
         return Loaded(
             clf,
             setup.calibration,
@@ -155,7 +153,7 @@ def serve(
             model=s.model,
             weights_sha256=setup.weights,
             clf_kwargs={"use_prefix_cache": not s.no_prefix_cache},
-            decision_calibration=temperatures,
+            **task_decisions(setup),
         )
 
     opts = ServeOptions(
@@ -190,3 +188,10 @@ def serve(
     if not s.quiet:
         notice("mlx-slm: server stopped")
     sys.exit(code)
+
+
+def task_decisions(setup: Setup) -> dict[str, Any]:
+    """A task fitted on decisions (eval --decisions --fit --save-task): its per-question temperatures,
+    with its questions (a temperature applies to the very question it was fitted for only)."""
+    temps = decision_temperatures(setup.task, setup.weights)
+    return {"decision_calibration": temps, "decision_questions": setup.task.decisions["questions"] if temps else None}

@@ -25,13 +25,13 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..classifier.decider import Decider
+from ..classifier.decider import Decider, applied_temperatures
 from ..classifier.task import Task, decision_temperatures
 from ..engine import Engine
 from ..files.output import (
@@ -58,9 +58,9 @@ from ..text.decisions import (
     DecisionError,
     DecisionQuestion,
     DecisionRequest,
+    load_questions_file,
     openai_answer,
     questions_of,
-    read_questions_file,
     refusal,
     systemone_answer,
     text,
@@ -110,16 +110,23 @@ class DecideSettings:
 @dataclass(frozen=True)
 class Questions:
     """The questions asked of every state, as read (`raw`: the JSON value, recorded in the manifest
-    and in a saved task), and the temperature of each by key (empty: raw answers)."""
+    and in a saved task), the task's own questions and their fitted temperatures by key (empty:
+    raw answers). Which apply is the `Decider`'s rule (`Decider.temperature`): a task's
+    temperature only for the very question it was fitted for."""
 
     raw: Any
     questions: tuple[DecisionQuestion, ...]
-    temperatures: dict[str, float]
+    own: tuple[DecisionQuestion, ...] = ()
+    temperatures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def applied(self) -> dict[str, float]:
+        """The temperatures that apply to the asked questions (the Decider's rule), by key."""
+        return applied_temperatures(self.questions, self.own, self.temperatures)
 
 
 def read_questions(path: str | None, task: Task | None, config: DecisionConfig) -> Questions:
-    """--questions FILE, or the task's; the task's temperatures apply to the questions that are the
-    task's own (same key, same question), and only there."""
+    """--questions FILE, or the task's (with the task's questions and temperatures)."""
     if path is None and (task is None or not task.decisions):
         raise UsageError("give the questions: --questions Q.json (or a --task saved with eval --decisions --save-task)")
     own: tuple[DecisionQuestion, ...] = ()
@@ -129,12 +136,9 @@ def read_questions(path: str | None, task: Task | None, config: DecisionConfig) 
         assert task is not None and task.decisions
         raw, questions = task.decisions["questions"], own
     else:
-        questions = read_questions_file(path, config)
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        raw = raw["questions"] if isinstance(raw, dict) and isinstance(raw.get("questions"), (dict, list)) else raw
+        raw, questions = load_questions_file(path, config)
     temps = dict((task.decisions or {}).get("temperatures") or {}) if task is not None else {}
-    same = {q.key for q in questions if q in own}
-    return Questions(raw, questions, {k: t for k, t in temps.items() if k in same})
+    return Questions(raw, questions, own, temps)
 
 
 def decision_config(model: str, converted: Any) -> DecisionConfig:
@@ -210,9 +214,10 @@ class DecideJob:
         weights = engine.weights_sha256
         config = decision_config(s.model, engine.path)
         qs = read_questions(s.questions_file, self.task, config)
-        if qs.temperatures:
+        if qs.applied:
             decision_temperatures(self.task, weights)  # a task fitted on other weights: refused
-        decider = Decider(engine, config, state_cache=s.state_cache, calibration=qs.temperatures or None)
+        decider = Decider(engine, config, state_cache=s.state_cache, calibration=qs.temperatures or None,
+                          calibration_questions=qs.own)  # fmt: skip
         shard_info = None
         if self.dist.shard is not None:
             rows, shard_info = self._shard_rows(rows)
@@ -282,7 +287,7 @@ class DecideJob:
             "labels": [],
             "decision_questions": qs.raw,  # (not "questions": a classify run's, read as its columns)
             "shape": s.shape,
-            "temperatures": qs.temperatures,
+            "temperatures": qs.applied,
             "decision_config": _config_record(decider.config),
             "dtype": decider.engine.compute_dtype,
             "input": str(inp) if inp else "-",
@@ -399,7 +404,7 @@ class DecideJob:
         from .. import ray as mray  # lazy: the ray extra is optional
 
         got = mray.decisions(
-            [r.text for r in rows if r.error is None], qs.raw, qs.temperatures,
+            [r.text for r in rows if r.error is None], qs.raw, qs.applied,
             {"model": self.s.model, "dtype": self.s.dtype, "state_cache": self.s.state_cache},
             _config_record(decider.config, whole=True),
             concurrency=self.dist.workers, threads_per_worker=self.dist.worker_threads,
@@ -424,7 +429,7 @@ class DecideJob:
             return
         kept = f"; {self.kept} rows kept from the interrupted run ({self.kept_failed} errors)" if self.kept else ""
         rate = done / seconds if seconds > 0 else 0.0
-        temps = f"temperatures from the task for {len(qs.temperatures)} question(s)" if qs.temperatures else "raw"
+        temps = f"temperatures from the task for {len(qs.applied)} question(s)" if qs.applied else "raw"
         self.say(
             f"mlx-slm: {done} rows ({self.failed - self.kept_failed} errors) in {seconds:.1f} s, {rate:.2f} states/s; "
             f"{len(qs.questions)} question(s) a state, {self.input_tokens:,} input tokens "

@@ -157,7 +157,7 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     golds = gold_pairs(qs.questions, s.gold_fields)
     if s.fit and qs.temperatures:
         qs = replace(qs, temperatures={})  # fitted on the raw probabilities, not on a task's
-    elif qs.temperatures and engine is not None:
+    elif qs.applied and engine is not None:
         decision_temperatures(task, engine.weights_sha256)
     if s.plots:
         for i, q in enumerate(qs.questions):
@@ -184,7 +184,8 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     if s.predictions:
         probs = [p for r, p in zip(rows, got) if r.error is None]
     else:
-        decider = Decider(engine, config, state_cache=0, calibration=qs.temperatures or None)
+        decider = Decider(engine, config, state_cache=0, calibration=qs.temperatures or None,
+                          calibration_questions=qs.own)  # fmt: skip
         for k in range(0, len(ok), s.batch):
             probs += _decide(decider, [r.text for r in ok[k : k + s.batch]], qs.questions)
     out: dict[str, Any] = {}

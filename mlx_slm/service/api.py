@@ -78,6 +78,7 @@ class Loaded:
     clf_kwargs: dict[str, Any] = field(default_factory=dict)  # settings shared by per-request tasks
     # Decisions: a per-question temperature by question key (`serve --task` of a fitted task); None: raw.
     decision_calibration: dict[str, float] | None = None
+    decision_questions: Any = None  # the served task's questions those temperatures were fitted for
 
 
 def classifier_loader(

@@ -275,6 +275,7 @@ class TaskCache:
                             config,
                             state_cache=0 if front else self.state_cache,
                             calibration=ld.decision_calibration if ld is not None else None,
+                            calibration_questions=ld.decision_questions if ld is not None else None,
                         )
                     )
                 except UserError as e:  # no LM head, an mlx-lm architecture, a bad decision.json: said once, kept

@@ -69,7 +69,7 @@ __all__ = [
     "MIN_OPTIONS", "TYPES", "YES_NO", "DecisionConfig", "DecisionError", "DecisionErrors", "DecisionKind",
     "DecisionQuestion", "DecisionRequest", "choice_confidence", "details", "expected_level", "model_matches",
     "openai_answer", "openai_questions", "openai_state", "option_text", "parse_openai", "parse_systemone",
-    "question_text", "questions_of", "read_questions_file", "refusal", "render_user_message", "score_confidence",
+    "question_text", "load_questions_file", "questions_of", "read_questions_file", "refusal", "render_user_message", "score_confidence",
     "systemone_answer", "systemone_questions", "text",
 ]  # fmt: skip
 
@@ -544,6 +544,12 @@ def _openai_levels(x: Any, loc: tuple) -> tuple[tuple[str, ...], tuple]:
 def read_questions_file(path: str, config: DecisionConfig | None = None) -> tuple[DecisionQuestion, ...]:
     """Questions from a JSON file: a System One `questions` object, an OpenAI `questions` list,
     or a whole request body of either. A problem is a `DecisionError` naming the file."""
+    return load_questions_file(path, config)[1]
+
+
+def load_questions_file(path: str, config: DecisionConfig | None = None) -> tuple[Any, tuple[DecisionQuestion, ...]]:
+    """A questions file's questions as JSON (a whole body's `questions` taken out: what a run
+    records) and as read (`read_questions_file`)."""
     config = config or DecisionConfig()
     try:
         raw = read_text_file(path, "--questions")
@@ -553,15 +559,19 @@ def read_questions_file(path: str, config: DecisionConfig | None = None) -> tupl
     except (ValueError, RecursionError) as e:
         raise DecisionError((), f"--questions {path}: not valid JSON ({e}): fix the file") from None
     try:
-        return questions_of(obj, config)
+        return unwrap_questions(obj), questions_of(obj, config)
     except DecisionError as e:
         raise DecisionError(e.loc, f"--questions {path}: {e}", e.type) from None
 
 
+def unwrap_questions(obj: Any) -> Any:
+    """A questions file's questions: a whole request body's `questions`, else the file itself."""
+    return obj["questions"] if isinstance(obj, dict) and isinstance(obj.get("questions"), (dict, list)) else obj
+
+
 def questions_of(obj: Any, config: DecisionConfig) -> tuple[DecisionQuestion, ...]:
     """The questions of a parsed questions file (see `read_questions_file`)."""
-    if isinstance(obj, dict) and isinstance(obj.get("questions"), (dict, list)):
-        obj = obj["questions"]
+    obj = unwrap_questions(obj)
     if isinstance(obj, list):
         return openai_questions(obj, config)
     if isinstance(obj, dict):

@@ -232,11 +232,13 @@ def test_calibration_divides_by_the_question_temperature(tiny):
     from mlx_slm.classifier.decider import Decider
 
     hf_dir, decider = tiny
-    cal = Decider(decider.engine, decider.config, state_cache=0, calibration={"team": 2.0})
     body = {"model": "m", "state": STATES[0], "questions": {k: QUESTIONS[k] for k in ("team", "urgent")}}
+    cal = Decider(decider.engine, decider.config, state_cache=0, calibration={"team": 2.0, "urgent": 2.0},
+                  calibration_questions={"team": QUESTIONS["team"], "urgent": {**QUESTIONS["urgent"], "instructions": "?"}})  # fmt: skip
     (raw,) = decider.decide([parse_systemone(body, decider.config)])
     (got,) = cal.decide([parse_systemone(body, decider.config)])
-    np.testing.assert_allclose(got.probabilities[1], raw.probabilities[1], atol=1e-6)  # other questions as they were
+    # "urgent" was fitted for another question under that key: raw
+    np.testing.assert_allclose(got.probabilities[1], raw.probabilities[1], atol=1e-6)
     want = np.exp(np.log(raw.probabilities[0]) / 2.0)
     np.testing.assert_allclose(got.probabilities[0], want / want.sum(), atol=1e-6)
 

@@ -378,23 +378,40 @@ def test_jevcompat_passes_every_requirement(smollm2_mlx):
 
 def test_a_served_task_calibrates_each_question_and_the_model_route_lists_it(tiny_arch):
     """`serve --task` of a task fitted by `eval --decisions --fit`: its per-question temperatures
-    (`Loaded.decision_calibration`) divide that question's scores; the others stay raw."""
+    (`Loaded.decision_calibration`) divide that question's scores when the very question of the
+    task is asked (`Loaded.decision_questions`); the others stay raw, and so does a request that
+    reuses the task's key for other criteria, or an OpenAI question asked unnamed ("#0")."""
     import dataclasses
 
     path = str(tiny_arch.mlx("qwen2"))
     plain = classifier_loader(path)
-    temps = {"team": 3.0}
+    temps = {"team": 3.0, "#0": 3.0}
+    own = {**QUESTIONS, "#0": QUESTIONS["refund"]}
     srv = ThreadServer(
-        Service(lambda: dataclasses.replace(plain(), decision_calibration=temps), ServeOptions(max_wait_ms=5))
+        Service(
+            lambda: dataclasses.replace(plain(), decision_calibration=temps, decision_questions=own),
+            ServeOptions(max_wait_ms=5),
+        )
     ).start()
+    other = {"team": {**QUESTIONS["team"], "criteria": {"Billing": None, "Technical": None, "Sales": None}}}
     try:
         got = httpx.post(srv.url + "/v1/systemone", json=body(), timeout=120).json()["answers"]
+        reused = httpx.post(srv.url + "/v1/systemone", json=body(other), timeout=120).json()["answers"]
+        unnamed = {
+            "model": "gpt-6-luna",
+            "input": STATE,
+            "questions": [{"type": "predicate", "instructions": "Refund?"}],
+        }
+        oa = httpx.post(srv.url + "/v1/decisions", json=unnamed, timeout=120).json()
         info = httpx.get(srv.url + "/v1/model", timeout=30).json()["decisions"]
         tasks = srv.service.tasks
         req = parse_systemone(body(), tasks.decision_config())
+        req2 = parse_systemone(body(other), tasks.decision_config())
         from mlx_slm.classifier.decider import Decider
 
-        raw = Decider(tasks.decider(False).decider.engine, tasks.decision_config(), state_cache=0).decide([req])[0]
+        raw_decider = Decider(tasks.decider(False).decider.engine, tasks.decision_config(), state_cache=0)
+        raw, raw2 = raw_decider.decide([req, req2])
+        (raw3,) = raw_decider.decide([unnamed])
     finally:
         srv.stop()
     assert info["calibration"] == temps
@@ -403,6 +420,11 @@ def test_a_served_task_calibrates_each_question_and_the_model_route_lists_it(tin
     want = np.exp(np.log(raw.probabilities[keys.index("team")]) / 3.0)
     assert team == pytest.approx(want / want.sum(), abs=1e-5)
     assert got["refund"]["noul"] == pytest.approx(raw.probabilities[keys.index("refund")][0], abs=1e-5)
+    # the same key, other criteria: not the task's question, so raw
+    team2 = np.array([reused["team"]["probabilities"][k] for k in ("Billing", "Technical", "Sales")])
+    assert team2 == pytest.approx(raw2.probabilities[0], abs=1e-5)
+    p_true = raw3.probabilities[0][list(raw3.request.questions[0].options).index("true")]
+    assert oa["answers"][0]["probability"] == pytest.approx(p_true, abs=1e-5), oa
 
 
 def test_concurrent_requests_share_micro_batches_and_answer_as_alone(tiny_arch):
