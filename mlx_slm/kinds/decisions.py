@@ -17,8 +17,9 @@ what the state cache keeps. A long trunk runs on its own first (`encode_states`)
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -51,6 +52,11 @@ from ..text.decisions import (
 from ..text.labels import LabelSet
 from ..text.prompts import PROBES, common_prefix, size_problem
 from .questions import option_scores
+
+# A question's prompt may be this many tokens shorter than the probe question's (`DecisionPlanner.
+# state_tokens`): a state whose probe prompt is over the context by more is over it for every question.
+STATE_SLACK = 64
+LABEL_SETS = 256  # distinct label tuples whose `LabelSet`s a planner keeps (an LRU: a server lives long)
 
 
 @dataclass
@@ -110,12 +116,12 @@ class DecisionPlanner:
 
     def __init__(self, tokenizer: Any, config: DecisionConfig, max_length: int):
         self.tokenizer, self.config, self.max_length = tokenizer, config, max_length
-        self._labels: dict[tuple[str, ...], LabelSet] = {}
+        self._labels: OrderedDict[tuple[str, ...], LabelSet] = OrderedDict()
         self.probe = render_chat(tokenizer, "probe")  # a rendered prompt: what whole labels follow
         # A model folder's own decision template: its prompts encoded as Transformers encodes them.
         self.own = sentinel_tokenizer(tokenizer) if config.chat_template else None
-        probe_q = DecisionQuestion("probe", "noul", "?", tuple(config.noul_options), (None, None), YES_NO)
-        heads = [self.prompts(DecisionRequest(t, (probe_q,)))[0] for t in PROBES]
+        self.probe_q = DecisionQuestion("probe", "noul", "?", tuple(config.noul_options), (None, None), YES_NO)
+        heads = [self.prompts(DecisionRequest(t, (self.probe_q,)))[0] for t in PROBES]
         # Every prompt starts with these tokens (the chat template's head): the shared base KV.
         self.head = common_prefix(heads)
 
@@ -135,7 +141,16 @@ class DecisionPlanner:
         got = self._labels.get(labels)
         if got is None:
             got = self._labels[labels] = label_set(self.tokenizer, labels, self.probe)
+            while len(self._labels) > LABEL_SETS:
+                self._labels.popitem(last=False)
+        else:
+            self._labels.move_to_end(labels)
         return got
+
+    def state_tokens(self, request: DecisionRequest) -> int:
+        """The tokens of the state asked with the shortest question (the probe's "?"): the state
+        tokenized once, before its questions' prompts (each holds the whole state again)."""
+        return len(self.prompts(replace(request, questions=(self.probe_q,)))[0])
 
     def item(self, index: int, request: DecisionRequest) -> DecisionItem:
         """A request tokenized; a `DecisionError` (tokens_exceeded) when a System One request
@@ -145,6 +160,11 @@ class DecisionPlanner:
             # refused before tokenizing (a 100 MB state)
             return self._over(index, request, f"the state is far over the model's context of {self.max_length} "
                               "tokens: shorten it")  # fmt: skip
+        if len(request.questions) > 1:  # the state tokenized once, not once a question, when it cannot fit
+            n = self.state_tokens(request)
+            if n > self.max_length + STATE_SLACK:
+                return self._over(index, request, f"the state needs about {n} tokens, over the model's context of "
+                                  f"{self.max_length}: shorten it")  # fmt: skip
         prompts = self.prompts(request)
         options = [self.labels(tuple(q.labels)) for q in request.questions]
         fits = [len(p) + o.max_len - 1 <= self.max_length for p, o in zip(prompts, options)]

@@ -332,3 +332,38 @@ def test_a_long_state_runs_on_its_own_first_and_stays_exact(tiny):
         ref = transformers_probs(hf_dir, body, TEMPERATURE)
         for q, p in zip(res.request.questions, res.probabilities):
             np.testing.assert_allclose(p, ref[q.key], atol=1e-4, err_msg=q.key)
+
+
+def test_a_state_over_the_context_is_tokenized_once_not_once_a_question(tiny, monkeypatch):
+    """A state far over the context (but under the characters' bound) with many questions is
+    refused after one tokenization of it (the probe question's prompt), not one per question:
+    System One 422 tokens_exceeded, OpenAI every question refused."""
+    hf_dir, decider = tiny
+    planner = decider.planner
+    state = "Consider every word here. " * (planner.max_length // 2)  # ~2.5x the context in tokens
+    seen = []
+    real = planner.prompts
+    monkeypatch.setattr(planner, "prompts", lambda r: seen.append(len(r.questions)) or real(r))
+    qs = {f"q{i}": {"type": "noul", "instructions": f"Question {i}?"} for i in range(40)}
+    with pytest.raises(DecisionError) as e:
+        decider.prepare([parse_systemone({"model": "m", "state": state, "questions": qs})])
+    assert e.value.type == "tokens_exceeded" and seen == [1]
+    seen.clear()
+    oa = [{"type": "predicate", "name": k, "instructions": q["instructions"]} for k, q in qs.items()]
+    (item,) = decider.prepare([parse_openai({"model": "m", "input": state, "questions": oa})])
+    assert item.chains == [None] * 40 and seen == [1]
+
+
+def test_the_planner_keeps_a_bounded_lru_of_label_sets(tiny, monkeypatch):
+    """Beyond 26 options the labels are the option names: a long-lived server sees ever new ones,
+    so the planner keeps at most `LABEL_SETS` label sets, the most recently used."""
+    import mlx_slm.kinds.decisions as kd
+
+    _, decider = tiny
+    monkeypatch.setattr(kd, "LABEL_SETS", 3)
+    planner = kd.DecisionPlanner(decider.tokenizer, decider.config, decider.max_length)
+    first = planner.labels(("Yes", "No"))
+    for i in range(6):
+        planner.labels((f"a{i}", f"b{i}"))
+        assert planner.labels(("Yes", "No")) is first  # used again: kept
+    assert len(planner._labels) == 3
