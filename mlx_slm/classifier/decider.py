@@ -22,11 +22,14 @@ with the cached one that starts the longest way like it (the same state asked wi
 questions, or a conversation grown under one OpenAI `prompt_cache_key`, whose last state is
 tried first) is not run again. A question asked again of a cached state (the same prompt and
 labels, so the same computation) is answered from the cache too (`answer_cache=False` runs it
-again, to measure the KV reuse alone). `DecisionResult.cached_tokens` counts both.
+again, to measure the KV reuse alone): looked up on an exact state hit only, keyed by a
+digest of the question's own tokens and its labels', their bytes counted in the budget, and
+kept when the same state is put again. `DecisionResult.cached_tokens` counts both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -132,8 +135,14 @@ class StateCache:
         if self.entries <= 0 or state.nbytes > self.max_bytes:
             return
         with self._lock:
-            if state.tokens not in self._by_tokens:
-                self._bytes += state.nbytes
+            old = self._by_tokens.get(state.tokens)
+            if old is not None:
+                self._bytes -= old.nbytes
+                if old is not state:  # the same state run again: its questions' answers kept
+                    for k, v in old.scores.items():
+                        if len(state.scores) < MAX_SCORES_PER_STATE:
+                            state.add_score(k, v)
+            self._bytes += state.nbytes
             self._by_tokens[state.tokens] = state
             self._by_tokens.move_to_end(state.tokens)
             if cache_key is not None:
@@ -141,9 +150,22 @@ class StateCache:
                 self._by_key.move_to_end(cache_key)
                 while len(self._by_key) > 4 * self.entries:
                     self._by_key.popitem(last=False)
-            while len(self._by_tokens) > self.entries or self._bytes > self.max_bytes:
-                _, old = self._by_tokens.popitem(last=False)
-                self._bytes -= old.nbytes
+            self._evict()
+
+    def remember(self, state: StateKV, key: bytes, score: np.ndarray) -> None:
+        """A question's answer kept with `state`, counted in the budget when the state is cached."""
+        with self._lock:
+            if len(state.scores) >= MAX_SCORES_PER_STATE:
+                return
+            n = state.add_score(key, score)
+            if self._by_tokens.get(state.tokens) is state:
+                self._bytes += n
+                self._evict()
+
+    def _evict(self) -> None:
+        while len(self._by_tokens) > self.entries or self._bytes > self.max_bytes:
+            _, old = self._by_tokens.popitem(last=False)
+            self._bytes -= old.nbytes
 
     def clear(self) -> None:
         with self._lock:
@@ -301,13 +323,18 @@ class Decider:
         return results  # type: ignore[return-value]
 
     @staticmethod
-    def _question_key(it: DecisionItem, k: int) -> tuple:
-        """A question's whole prompt and its labels: the same key, the same computation."""
-        return (tuple(it.ids) + tuple(it.chains[k]), it.options[k].token_ids)  # type: ignore[union-attr,arg-type]
+    def _question_key(it: DecisionItem, k: int) -> bytes:
+        """A question's own tokens and its labels' as a digest: after the same state (an exact
+        hit), the same key is the same computation."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(np.asarray(it.chains[k], dtype=np.int32).tobytes())
+        for ids in it.options[k].token_ids:  # type: ignore[union-attr]
+            h.update(b"|" + np.asarray(ids, dtype=np.int32).tobytes())
+        return h.digest()
 
     def _known(self, it: DecisionItem, state: StateKV | None) -> dict[int, np.ndarray]:
-        """The questions of `it` a cached state has answered already (the same prompt and labels)."""
-        if state is None or not state.scores or not self.answer_cache:
+        """The questions of `it` the cached state (its very tokens) has answered already."""
+        if state is None or not state.scores or not self.answer_cache or state.tokens != tuple(it.ids):
             return {}
         got = {}
         for k, c in enumerate(it.chains):
@@ -318,11 +345,11 @@ class Decider:
         return got
 
     def _remember(self, it: DecisionItem, state: StateKV | None, scores: list[Any], known: Mapping[int, Any]) -> None:
-        if state is None or self.states.entries <= 0 or not self.answer_cache:
+        if state is None or self.states.entries <= 0 or not self.answer_cache or state.tokens != tuple(it.ids):
             return
         for k, sc in enumerate(scores):
-            if sc is not None and k not in known and len(state.scores) < MAX_SCORES_PER_STATE:
-                state.scores[self._question_key(it, k)] = sc
+            if sc is not None and k not in known:
+                self.states.remember(state, self._question_key(it, k), sc)
 
     def _run_batch(self, items: list[DecisionItem]) -> list[DecisionResult]:
         """One batch: each state from the cache, or run after the longest start the cache holds

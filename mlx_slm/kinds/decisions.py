@@ -89,9 +89,11 @@ class StateKV:
     def __init__(self, tokens: Sequence[int], kv: list[KV]):
         self.tokens: tuple[int, ...] = tuple(int(t) for t in tokens)
         self.kv = kv
-        # Questions answered after this state: (their whole prompt, their labels' tokens) -> option
-        # scores. A question asked again of the same state is the same computation: not run again.
-        self.scores: dict[tuple, np.ndarray] = {}
+        # Questions answered after this very state: a digest of (their own tokens, their labels'
+        # tokens) -> option scores. A question asked again of the same state is the same
+        # computation: not run again. Their bytes count in `nbytes` (the state cache's budget).
+        self.scores: dict[bytes, np.ndarray] = {}
+        self.scores_nbytes = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -105,9 +107,18 @@ class StateKV:
         """Its first `n` tokens' keys and values (a later state that starts the same way)."""
         return StateKV(self.tokens[:n], [(k[:, :, :n], v[:, :, :n]) for k, v in self.kv])
 
+    def add_score(self, key: bytes, score: np.ndarray) -> int:
+        """A question's answer kept (`key`: `answer_key`); the bytes it adds (0 if known)."""
+        if key in self.scores:
+            return 0
+        self.scores[key] = score
+        n = len(key) + np.asarray(score).nbytes
+        self.scores_nbytes += n
+        return n
+
     @property
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.kv)
+        return sum(k.nbytes + v.nbytes for k, v in self.kv) + self.scores_nbytes
 
 
 class DecisionPlanner:

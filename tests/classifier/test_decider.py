@@ -367,3 +367,24 @@ def test_the_planner_keeps_a_bounded_lru_of_label_sets(tiny, monkeypatch):
         planner.labels((f"a{i}", f"b{i}"))
         assert planner.labels(("Yes", "No")) is first  # used again: kept
     assert len(planner._labels) == 3
+
+
+def test_the_answer_cache_counts_in_the_byte_budget_and_survives_a_put(tiny):
+    """Cached answers are keyed by a short digest (not the whole prompt), their bytes count in the
+    state cache's budget, and a state put again (the same tokens) keeps the answers it had."""
+    from mlx_slm.classifier.decider import Decider
+    from mlx_slm.kinds.decisions import StateKV
+
+    _, decider = tiny
+    d = Decider(decider.engine, decider.config, state_cache=4)
+    body = {"model": "m", "state": STATES[0], "questions": {k: QUESTIONS[k] for k in ("team", "urgent")}}
+    d.decide([parse_systemone(body, d.config)])
+    (state,) = d.states._by_tokens.values()
+    assert len(state.scores) == 2 and all(isinstance(k, bytes) and len(k) <= 32 for k in state.scores)
+    kv_bytes = sum(k.nbytes + v.nbytes for k, v in state.kv)
+    assert state.scores_nbytes > 0 and d.states._bytes == kv_bytes + state.scores_nbytes
+    again = StateKV(state.tokens, state.kv)
+    d.states.put(again)
+    assert again.scores == state.scores and d.states._bytes == again.nbytes
+    (res,) = d.decide([parse_systemone(body, d.config)])
+    assert res.cached_tokens == res.input_tokens  # answered from the kept answers
