@@ -17,7 +17,8 @@ the question type's temperature and softmaxed. The state comes first, so every q
 a request shares the state's tokens (`text.branches` runs them once).
 
 Beyond the 26 letters, a choice's labels are its options' own names, scored whole (the label
-trie); Transformers refuses such a question ("this model reads at most 26 options").
+trie); Transformers refuses such a question ("this model reads at most 26 options"). A string
+that writes as a boolean value also given ("true" and true) is labelled as JSON (`option_labels`).
 
 Errors are `DecisionError`s with a `loc` (FastAPI's path to the field, from "body") and a
 `type`, so each route words them in its own shape.
@@ -460,7 +461,7 @@ def openai_question(i: int, q: Any, config: DecisionConfig) -> DecisionQuestion:
     else:
         levels, descriptions = _openai_levels(q.get("levels"), (*loc, "levels"))
         options = tuple(str(k) for k in range(len(levels)))
-    labels = config.labels_for(ours, [option_text(o) for o in options])
+    labels = config.labels_for(ours, option_labels(options))
     key = name if name else f"#{i}"
     return DecisionQuestion(key, ours, instructions, options, descriptions, labels, name, levels)
 
@@ -475,6 +476,13 @@ def _openai_instructions(x: Any, loc: tuple) -> Any:
         raise DecisionError(loc, "instructions are a string or a non-empty list of parts", "type_error")
     parts = [_part(p, (*loc, j), "user") for j, p in enumerate(x)]
     return parts[0] if len(parts) == 1 else "\n\n".join(text(p) for p in parts)
+
+
+def option_labels(options: Sequence[Any]) -> list[str]:
+    """The options' texts as labels (beyond the letters): a string that writes as a boolean value
+    also given ("true" with true) is labelled as JSON (`"true"`), so the two stay distinct."""
+    typed = {option_text(o) for o in options if isinstance(o, bool)}
+    return [json.dumps(o, ensure_ascii=False) if isinstance(o, str) and o in typed else option_text(o) for o in options]
 
 
 def _openai_choices(x: Any, loc: tuple) -> tuple[tuple, tuple]:

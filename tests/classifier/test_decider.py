@@ -388,3 +388,20 @@ def test_the_answer_cache_counts_in_the_byte_budget_and_survives_a_put(tiny):
     assert again.scores == state.scores and d.states._bytes == again.nbytes
     (res,) = d.decide([parse_systemone(body, d.config)])
     assert res.cached_tokens == res.input_tokens  # answered from the kept answers
+
+
+def test_beyond_the_letters_a_string_and_a_boolean_of_the_same_text_stay_distinct(tiny):
+    """OpenAI's typed values "true" and true beyond 26 options: the string is labelled as JSON
+    (`"true"`), the boolean as `true`, so both are answered (not refused as a label given twice)."""
+    _, decider = tiny
+    choices = [{"value": f"team {w}"} for w in "abcdefghijklmnopqrstuvwxy"] + [{"value": "true"}, {"value": True}]
+    body = {
+        "model": "m",
+        "input": STATES[0],
+        "questions": [{"type": "choice", "name": "t", "instructions": "Who?", "choices": choices}],
+    }
+    req = parse_openai(body, decider.config)
+    assert req.questions[0].labels[-2:] == ('"true"', "true")
+    (res,) = decider.decide([req])
+    (p,) = res.probabilities
+    assert p.shape == (27,) and np.isfinite(p).all() and p.sum() == pytest.approx(1.0)
