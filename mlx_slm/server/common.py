@@ -5,6 +5,7 @@ in the route's style), and the hand-off to the core (`compute`). The wire APIs (
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -127,6 +128,26 @@ class RouteContext:
         except OSError:
             pass
         return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%d")
+
+    async def decision_config(self) -> Any:
+        """The served model's decision settings, off the event loop: the first decision request
+        builds the front `Decider` (it takes the front engine's lock and tokenizes)."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.service.tasks.decision_config)
+
+    def check_model(self, model: str, also: str) -> None:
+        """One model per server, under any of its names (`model_names`); another: 404 naming them
+        (`also`: the name that route's client sends by default)."""
+        names = self.model_names()
+        if model not in names:
+            err = HTTPError(
+                404,
+                f"the model {model!r} is not served here: ask for {names[0]!r} (or {also}; GET /v1/models lists "
+                "every name)",
+                "model",
+                outcome="invalid",
+            )
+            err.code = "not_found_error"
+            raise err
 
     def model_names(self) -> list[str]:
         """Every name the decision routes answer to: the served name, each --served-model-name, the

@@ -79,9 +79,10 @@ class DecisionRoutes:
         ctx.service.require_ready()
         data = parse_body(await read_body(request, ctx.opts.max_body_bytes))
         if isinstance(data, dict) and isinstance(data.get("model"), str):
-            self.check_model(data["model"])
+            ctx.check_model(data["model"], "gpt-6-luna")
+        config = await ctx.decision_config()
         try:
-            req = parse_openai(data, ctx.service.tasks.decision_config())
+            req = parse_openai(data, config)
         except DecisionError as e:
             first = e.errors[0] if isinstance(e, DecisionErrors) else e
             raise HTTPError(400, first.msg, param_of(first.loc), outcome="invalid") from None
@@ -93,17 +94,6 @@ class DecisionRoutes:
             # The state alone is over the model's context: no question can be answered.
             result = SimpleNamespace(probabilities=(None,) * len(req.questions), input_tokens=0, cached_tokens=0)
         return json_response(self.answer(req, result))
-
-    def check_model(self, model: str) -> None:
-        names = self.ctx.model_names()
-        if model not in names:
-            raise HTTPError(
-                404,
-                f"the model {model!r} does not exist: this server serves {names[0]!r} (also as gpt-6-luna; "
-                "GET /v1/models lists every name)",
-                "model",
-                outcome="invalid",
-            )
 
     def answer(self, req: Any, result: Any) -> dict[str, Any]:
         """OpenAI's Decision: answers in question order, a refusal where a question had no answer."""

@@ -74,9 +74,10 @@ class SystemOneRoutes:
         if isinstance(data, dict) and data.get("assets"):
             raise _no_images("assets")
         if isinstance(data, dict) and isinstance(data.get("model"), str):
-            self.check_model(data["model"])
+            ctx.check_model(data["model"], "jev-latest")
+        config = await ctx.decision_config()
         try:
-            req = parse_systemone(data, ctx.service.tasks.decision_config())
+            req = parse_systemone(data, config)
         except DecisionError as e:
             raise validation_error(e) from None
         try:
@@ -101,20 +102,6 @@ class SystemOneRoutes:
             ]
             raise err
         return json_response(self.answer(req, result, t0))
-
-    def check_model(self, model: str) -> None:
-        """One model per server, under any of its names (`RouteContext.model_names`); another: 404."""
-        names = self.ctx.model_names()
-        if model not in names:
-            err = HTTPError(
-                404,
-                f"the model {model!r} is not served here: ask for {names[0]!r} (or jev-latest; GET /v1/models lists "
-                "every name)",
-                "model",
-                outcome="invalid",
-            )
-            err.code = "not_found_error"
-            raise err
 
     def answer(self, req: Any, result: Any, t0: float) -> dict[str, Any]:
         """System One's response: one answer per question id, in the request's order."""

@@ -22,8 +22,6 @@ MIN_LEVELS, MAX_LEVELS = 2, 10
 MAX_DEPTH = 32  # nesting of a state or an instruction object (OpenAI's input_json bound)
 LETTERS = tuple(string.ascii_uppercase)
 YES_NO = ("Yes", "No")
-# The model names the two clients send by default; a server answers to them as to its own.
-ALIASES = ("jev-latest", "jev-preview", "gpt-6-luna")
 
 
 class DecisionError(UserError, ValueError):

@@ -46,7 +46,6 @@ from .decision_answers import (
     text,
 )
 from .decision_types import (
-    ALIASES,
     LETTERS,
     MAX_DEPTH,
     MAX_LEVELS,
@@ -66,9 +65,9 @@ from .decision_types import (
 )
 
 __all__ = [
-    "ALIASES", "KINDS", "LETTERS", "MAX_DEPTH", "MAX_LEVELS", "MAX_OPTIONS", "MAX_QUESTIONS", "MIN_LEVELS",
+    "KINDS", "LETTERS", "MAX_DEPTH", "MAX_LEVELS", "MAX_OPTIONS", "MAX_QUESTIONS", "MIN_LEVELS",
     "MIN_OPTIONS", "TYPES", "YES_NO", "DecisionConfig", "DecisionError", "DecisionErrors", "DecisionKind",
-    "DecisionQuestion", "DecisionRequest", "choice_confidence", "details", "expected_level", "model_matches",
+    "DecisionQuestion", "DecisionRequest", "choice_confidence", "details", "expected_level",
     "openai_answer", "openai_questions", "openai_state", "option_text", "parse_openai", "parse_systemone",
     "question_text", "load_questions_file", "questions_of", "read_questions_file", "refusal", "render_user_message", "score_confidence",
     "systemone_answer", "systemone_questions", "text",
@@ -586,8 +585,3 @@ def questions_of(obj: Any, config: DecisionConfig) -> tuple[DecisionQuestion, ..
         return systemone_questions(obj, config)
     raise DecisionError((), "a questions file holds a System One questions object, an OpenAI questions list, "
                         "or a whole request body", "type_error")  # fmt: skip
-
-
-def model_matches(name: str, served: Sequence[str]) -> bool:
-    """Whether a request's model name is one this server answers to (its names and the clients' defaults)."""
-    return name in served or name in ALIASES

@@ -472,3 +472,30 @@ def test_a_model_without_an_lm_head_says_it_cannot_decide(tiny_arch):
         srv.stop()
     assert r.status_code == 400 and "no LM head" in r.json()["detail"]["message"]
     assert o.status_code == 400 and "cannot answer decisions" in o.json()["error"]["message"]
+
+
+def test_the_decision_settings_are_read_off_the_event_loop(tiny_arch, monkeypatch):
+    """The first decision request builds the front Decider (the front engine's lock, tokenizing):
+    both routes read the decision settings in a worker thread, never on the event loop."""
+    import asyncio
+
+    srv = ThreadServer(Service(classifier_loader(str(tiny_arch.mlx("qwen2"))), ServeOptions(max_wait_ms=5))).start()
+    tasks, on_loop = srv.service.tasks, []
+    real = tasks.decision_config
+
+    def spy():
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return real()
+
+    monkeypatch.setattr(tasks, "decision_config", spy)
+    try:
+        assert httpx.post(srv.url + "/v1/systemone", json=body(), timeout=120).status_code == 200
+        oa = {"model": "gpt-6-luna", "input": STATE, "questions": [{"type": "predicate", "instructions": "Refund?"}]}
+        assert httpx.post(srv.url + "/v1/decisions", json=oa, timeout=120).status_code == 200
+    finally:
+        srv.stop()
+    assert on_loop == [False, False]
