@@ -428,6 +428,14 @@ def openai_questions(qs: Any, config: DecisionConfig, given: bool = True) -> tup
         except DecisionError as e:
             errors.append(e)
     _raise(errors)
+    first: dict[str, int] = {}
+    for i, q in enumerate(out):  # answers are found by key: one key twice would lose an answer
+        j = first.setdefault(q.key, i)
+        if j != i:
+            raise DecisionError(
+                (*loc, i, "name"), f"the name {q.key!r} is question {j}'s already: names are unique (an unnamed "
+                "question is known as '#<its index>')", "value_error",
+            )  # fmt: skip
     return tuple(out)
 
 

@@ -173,6 +173,11 @@ BAD = {
         {"questions": [{"type": "choice", "instructions": "?", "choices": [{"value": "a"}, {"value": "a"}]}]},
         "questions[0]",
     ),
+    "duplicate-names": ({"questions": [QUESTIONS[0], {**QUESTIONS[0], "instructions": "Again?"}]}, "questions[1].name"),
+    "name-like-an-index": (
+        {"questions": [{"type": "predicate", "instructions": "?"}, {**QUESTIONS[0], "name": "#0"}]},
+        "questions[1].name",
+    ),
     "one-level": ({"questions": [{"type": "score", "instructions": "?", "levels": [{"label": "a"}]}]}, "questions[0]"),
     "11-levels": (
         {"questions": [{"type": "score", "instructions": "?", "levels": [{"label": str(i)} for i in range(11)]}]},

@@ -348,3 +348,19 @@ def test_an_option_name_with_a_control_token_is_read_as_text(tokenizers):
     ls = label_set(tok, tuple(names), "probe")
     assert ls.mode == "sequence"
     assert tok.convert_tokens_to_ids("<|im_end|>") not in ls.token_ids[-1]
+
+
+def test_a_question_name_used_twice_is_refused(tmp_path):
+    """Answers are found by key: a name used twice, or one like an unnamed question's "#<index>",
+    is refused naming the field (a 400 on the route, exit 2 for a questions file)."""
+    from mlx_slm.ground.errors import UserError
+
+    q = {"type": "predicate", "name": "refund", "instructions": "Refund?"}
+    for qs in ([q, {**q, "instructions": "Again?"}], [{"type": "predicate", "instructions": "?"}, {**q, "name": "#0"}]):
+        with pytest.raises(DecisionError) as e:
+            parse_openai({"model": "m", "input": "x", "questions": qs})
+        assert e.value.loc == ("body", "questions", 1, "name") and "unique" in e.value.msg
+        p = tmp_path / "q.json"
+        p.write_text(json.dumps(qs))
+        with pytest.raises(UserError):
+            read_questions_file(str(p))
