@@ -379,7 +379,9 @@ def _part(p: Any, loc: tuple, role: str) -> Any:
         bad = _json_problem(data, (*loc, "data"), "the JSON data")
         if bad:
             raise bad
-        values, size = _json_values(data), len(json.dumps(data, ensure_ascii=False).encode("utf-8"))
+        # its size as compact JSON in UTF-8 (what a client sends, not our pretty-printing)
+        size = len(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        values = _json_values(data)
         if values > MAX_JSON_VALUES or size > MAX_JSON_BYTES:
             raise DecisionError(
                 (*loc, "data"), f"input_json's data holds {values:,} values in {size:,} bytes: at most "

@@ -320,6 +320,10 @@ def test_openai_input_json_bounds():
         "input": [{"role": "user", "content": [{"type": "input_json", "data": list(range(9_000))}]}],
     }
     assert len(parse_openai(ok).state) == 9_000
+    # 256 KiB measured as compact JSON: 4,000 strings of 62 characters are 260,001 bytes compact
+    # (264,000 with ", " between them), so they fit
+    near = [{"role": "user", "content": [{"type": "input_json", "data": ["x" * 62] * 4_000}]}]
+    assert len(parse_openai({"model": "m", "questions": q, "input": near}).state) == 4_000
 
 
 def test_pack_branches_with_a_trunk_and_rows_of_their_own():
