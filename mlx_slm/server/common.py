@@ -6,8 +6,11 @@ in the route's style), and the hand-off to the core (`compute`). The wire APIs (
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..service import Answer, Service, ServiceError, TaskSpec
@@ -61,8 +64,6 @@ class RouteContext:
                 m.count_request(route, err.outcome)
                 return error_response(err, style)
             except Exception as e:  # noqa: BLE001 - a bug of ours: one log line, a counted 500, no ASGI traceback
-                import logging
-
                 logging.getLogger("mlx_slm.server").error(
                     "%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e
                 )
@@ -115,15 +116,11 @@ class RouteContext:
     def release_date(self) -> str:
         """System One's `release_date` (YYYY-MM-DD) of the served model: the day its weights were
         written (the folder's newest file), else the day the server started."""
-        import datetime as dt
-
         ld = self.service.loaded
         when = float(self.started)
         path = getattr(ld.clf, "path", None) if ld is not None else None
         try:
             if path:
-                from pathlib import Path
-
                 when = max((f.stat().st_mtime for f in Path(path).iterdir() if f.is_file()), default=when)
         except OSError:
             pass

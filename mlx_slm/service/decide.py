@@ -17,6 +17,7 @@ the same OpenAI `prompt_cache_key`) runs only its questions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ class DecisionItem:
 
 @dataclass
 class Decided:
-    """A decision item's answer: its `DecisionResult` (or the `DecisionError` it alone raised), at
+    """A decision item's answer: its `DecisionResult` (or the exception it alone raised), at
     its index in the micro-batch."""
 
     index: int
@@ -69,12 +70,15 @@ class DecisionRun:
     def __iter__(self) -> Iterator[Decided]:
         try:
             results: list[Any] = list(self._run(self.items))
-        except DecisionError as e:
-            # One request the Decider refuses (found only here) must not fail the others of the
-            # micro-batch: each runs alone, and the one at fault gets its error as its answer.
+        except Exception as e:
+            # One request the Decider refuses (found only here), or one that hits a bug, must not
+            # fail the others of the micro-batch: each runs alone, and the one at fault gets its
+            # error as its answer (a DecisionError its 4xx; another its 500, logged by the route).
+            if len(self.items) == 1 and not isinstance(e, DecisionError):
+                raise  # the scheduler's failure of the batch, as a classifier's
             results = [e] if len(self.items) == 1 else [self._alone(it) for it in self.items]
         for it, r in zip(self.items, results):
-            if not isinstance(r, DecisionError):
+            if not isinstance(r, Exception):
                 self.stats.processed_tokens += max(0, int(r.input_tokens) - int(r.cached_tokens))
                 self.stats.prefix_saved_tokens += int(r.cached_tokens)
             yield Decided(it.index, r)
@@ -88,7 +92,7 @@ class DecisionRun:
     def _alone(self, item: DecisionItem) -> Any:
         try:
             return self._run([item])[0]
-        except DecisionError as e:
+        except Exception as e:  # noqa: BLE001 - this request's answer (see __iter__)
             return e
 
 
@@ -130,7 +134,6 @@ def decision_budget(tasks: Any, budget: int, time_budget: int | None) -> int:
 
 def _estimate(request: Any) -> int:
     """A request's tokens, roughly (4 characters a token): its state once and each question."""
-    import json
 
     def size(x: Any) -> int:
         return len(x) if isinstance(x, str) else len(json.dumps(x, ensure_ascii=False, default=str))
