@@ -57,7 +57,7 @@ class DecisionRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
+        from starlette.routing import Route  # lazy: starlette is the serve extra's
 
         run = self.ctx.endpoint(self.decisions, "oai")
         return [Route(p, run, methods=["POST"]) for p in DECISION_PATHS]

@@ -59,7 +59,7 @@ class SystemOneRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
+        from starlette.routing import Route  # lazy: starlette is the serve extra's
 
         return [Route(p, self.ctx.endpoint(self.systemone, "systemone"), methods=["POST"]) for p in SYSTEMONE_PATHS]
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from ..classifier.classifier import Classifier
+from ..classifier.decider import Decider
 from ..classifier.embedder import Embedder, EmbeddingError, pooling_of
 from ..engine.engine import Engine
 from ..ground.errors import UserError
@@ -39,6 +40,7 @@ from ..kinds import chat_spec, request_spec, reranker_spec, scoring_names
 from ..kinds.chat import CHAT_TEMPLATE
 from ..models import embeds_only
 from ..text.calibration import CalibrationSpec
+from ..text.decisions import DecisionConfig
 from ..text.labels import LabelError
 from ..text.labels import validate as validate_labels
 from ..text.prompts import PromptError, PromptFormat, fill_labels
@@ -259,9 +261,6 @@ class TaskCache:
         off the worker) or on the engine (the worker's; it holds the state cache). Both read the
         model folder's decision.json and the served task's per-question calibration. Kept outside
         the task LRU, so the state cache is never evicted with a classifier task."""
-        from ..classifier.decider import Decider
-        from ..text.decisions import DecisionConfig
-
         with self._decider_lock:
             if front not in self._deciders:
                 engine = self.front_engine if front else self._base.engine

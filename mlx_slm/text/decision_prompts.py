@@ -16,12 +16,19 @@ tokenized alone, one token each, the first-token logits); labels that are not on
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from .decision_types import DecisionError
+import jinja2
+import jinja2.meta
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .decision_types import DecisionError, option_text
 from .labels import LabelError, LabelSet, build_labelset
 from .prompts import tokenize
 
@@ -34,9 +41,6 @@ START, END = "\U000f0000", "\U000f0001"
 def _template_literals(template: str) -> str:
     """The literal strings of a chat template (its text and string constants), joined by NULs:
     an added token found there is a control token (Transformers' `_get_template_literal_text`)."""
-    import jinja2
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     try:
@@ -170,9 +174,7 @@ def sentinel_tokenizer(tokenizer: Any) -> Any:
     adds them), for a model folder's own `decision_template.jinja`: its prompts are encoded by
     Transformers' own `apply_chat_template`, and the sentinels dropped from the ids (`read_marks`).
     The engine's tokenizer is never changed: its vocabulary stays the model's."""
-    import copy
-
-    from transformers import AddedToken
+    from transformers import AddedToken  # lazy: transformers takes seconds to import; only a folder's template needs it
 
     tok = copy.deepcopy(tokenizer)
     tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in (MARK, SPLIT)])
@@ -181,8 +183,6 @@ def sentinel_tokenizer(tokenizer: Any) -> Any:
 
 def template_inputs(q: Any) -> dict[str, Any]:
     """A question as Transformers' `asdict(Question)` hands it to a decision template."""
-    from .decision_types import option_text
-
     return {
         "name": q.key, "type": q.type, "instructions": q.instructions,
         "options": [option_text(o) for o in q.options], "labels": list(q.labels), "descriptions": list(q.descriptions),
@@ -194,10 +194,6 @@ def template_prompts(tok: Any, template: str, state: Any, questions: Sequence[An
     cut at the position Transformers reads it (its `<|mark|>`, or the end when the template has
     none): the logits there depend on nothing after it. A template that reads `questions` renders
     them all in one prompt, question i read at its i-th mark."""
-    import json
-
-    from .decision_types import DecisionError
-
     if not sanitize:  # as Transformers: the sentinels dropped from the request, nothing escaped
         state = json.loads(json.dumps(state, ensure_ascii=False).replace(MARK, "").replace(SPLIT, ""))
     together = "questions" in _template_variables(template)
@@ -231,9 +227,6 @@ def template_prompts(tok: Any, template: str, state: Any, questions: Sequence[An
 
 @lru_cache(maxsize=16)
 def _template_variables(template: str) -> frozenset[str]:
-    import jinja2
-    import jinja2.meta
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     try:
