@@ -23,7 +23,7 @@ first `warmup` rows (paid twice), or takes it from a saved task (`mlx-slm classi
 --calibrate batch --save-task task.json` on a sample). `mlx-slm classify --ray`
 instead streams raw scores back to the driver and calibrates there, as a local run.
 
-May import: ground, text, kinds, classifier.
+May import: ground, text, engine, kinds, classifier.
 """
 
 from __future__ import annotations
@@ -386,4 +386,105 @@ def predictions(
         raise RuntimeError(f"Ray returned {expect} rows for {n} inputs")
 
 
-__all__ = ["ClassifyBatch", "classify_dataset", "init", "predictions", "worker_options"]
+class DecideBatch:
+    """`Dataset.map_batches` callable class for `mlx-slm decide --ray`: one `Decider` per actor,
+    loaded once. Each row's `state` column holds a state as JSON text (a string, an object or an
+    array: one Arrow type a column); the columns added are `probs` (JSON text: a list of option
+    probabilities per question, in question order), `error` (null, or why the state has no
+    answers: over the context), `input_tokens` and `cached_tokens`."""
+
+    def __init__(
+        self,
+        questions: Any,
+        temperatures: dict[str, float] | None,
+        load: dict[str, Any],
+        config: dict[str, Any],
+        weights_sha256: str | None = None,
+    ):
+        from .classifier.decider import Decider
+        from .engine import Engine
+        from .text.decisions import DecisionConfig, questions_of
+
+        engine = Engine.load(load["model"], load.get("dtype"))
+        here = engine.weights_sha256
+        if weights_sha256 and here and here != weights_sha256:  # another conversion under the same name
+            raise TaskError(
+                f"this worker's {engine.path} has weights sha256 {here[:12]}..., the run was set up "
+                f"with {weights_sha256[:12]}...: give every node the same converted model"
+            )
+        cfg = DecisionConfig(**{**config, "labels": {k: tuple(v) for k, v in config["labels"].items()},
+                                "noul_options": tuple(config["noul_options"])})  # fmt: skip
+        self.questions = questions_of(questions, cfg)
+        # `temperatures` are those that apply to these questions (the caller's `Questions.applied`)
+        self.decider = Decider(engine, cfg, state_cache=load.get("state_cache", 64), calibration=temperatures or None,
+                               calibration_questions=self.questions)  # fmt: skip
+
+    def _one(self, state: Any) -> tuple[Any, str | None]:
+        from .text.decisions import DecisionError, DecisionRequest
+
+        try:
+            return self.decider.decide([DecisionRequest(state, self.questions)])[0], None
+        except DecisionError as e:
+            return None, str(getattr(e, "msg", e))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import json
+
+        from .text.decisions import DecisionError, DecisionRequest
+
+        states = [json.loads(s) for s in batch.column("state").to_pylist()]
+        try:
+            got = [(r, None) for r in self.decider.decide([DecisionRequest(s, self.questions) for s in states])]
+        except DecisionError:  # one state over the context: each alone, so only its row fails
+            got = [self._one(s) for s in states]
+        probs = [None if r is None else json.dumps([[float(x) for x in p] for p in r.probabilities]) for r, _ in got]
+        out = batch.append_column("probs", pa.array(probs, pa.string()))
+        out = out.append_column("error", pa.array([e for _, e in got], pa.string()))
+        out = out.append_column("input_tokens", pa.array([0 if r is None else r.input_tokens for r, _ in got]))
+        return out.append_column("cached_tokens", pa.array([0 if r is None else r.cached_tokens for r, _ in got]))
+
+
+def decisions(
+    states: Sequence[Any],
+    questions: Any,
+    temperatures: dict[str, float] | None,
+    load: dict[str, Any],
+    config: dict[str, Any],
+    *,
+    concurrency: int = 1,
+    threads_per_worker: int | None = None,
+    weights_sha256: str | None = None,
+) -> Iterator[tuple[list[list[float]] | None, str | None, int, int]]:
+    """Each state's (probabilities per question, error, input tokens, cached tokens), in order,
+    answered on Ray workers (the CLI's `decide --ray`); `questions` as a questions file holds them,
+    `config` the model's decision settings as fields (`text.decisions.DecisionConfig`)."""
+    import json
+
+    n = len(states)
+    if n == 0:
+        return
+    batch_size = max(1, min(256, math.ceil(n / (4 * concurrency))))
+    items = [{"row": i, "state": json.dumps(s, ensure_ascii=False)} for i, s in enumerate(states)]
+    ds = ray.data.from_items(items, override_num_blocks=math.ceil(n / batch_size))
+    out = ds.map_batches(
+        DecideBatch,
+        fn_constructor_args=(questions, temperatures, load, config),
+        fn_constructor_kwargs={"weights_sha256": weights_sha256},
+        batch_format="pyarrow",
+        batch_size=batch_size,
+        compute=ray.data.ActorPoolStrategy(size=concurrency),
+        **worker_options(concurrency, threads_per_worker),
+    )
+    expect = 0
+    for b in out.iter_batches(batch_format="pyarrow", batch_size=None):
+        for r in b.to_pylist():
+            if r["row"] != expect:  # preserve_order is on: anything else is a bug, not data to write
+                raise RuntimeError(f"Ray returned row {r['row']} where row {expect} was due")
+            expect += 1
+            probs = None if r["probs"] is None else json.loads(r["probs"])
+            yield probs, r["error"], int(r["input_tokens"]), int(r["cached_tokens"])
+    if expect != n:
+        raise RuntimeError(f"Ray returned {expect} rows for {n} inputs")
+
+
+__all__ = ["ClassifyBatch", "DecideBatch", "classify_dataset", "decisions", "init", "predictions", "worker_options"]

@@ -13,6 +13,7 @@ cross-validation table, the training data's sha256).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import InitVar, asdict, dataclass, field, replace
 from pathlib import Path
@@ -58,6 +59,11 @@ class Task:
     # label, abstained), "min_confidence": how the task's `min_confidence` was chosen (target and the
     # held-out figures), or null when given}; None for a task that answers every text with a label.
     none: dict[str, Any] | None = field(default=None, compare=False)
+    # Typed decisions (`mlx-slm eval --decisions Q --fit --save-task`): {"questions": the questions as
+    # given (a System One object or an OpenAI list), "temperatures": {question key: T}, "fit": {question
+    # key: what the fit measured}}; `decide --task` and `serve --task` answer with them
+    # (`decision_temperatures`). None for a task without them.
+    decisions: dict[str, Any] | None = field(default=None, compare=False)
     # The model's chat template refuses a system turn, so the system text was put at the start of the
     # first user turn (`prompts.refuses_system`): a record, written when true (rendering finds it again).
     system_in_user_turn: bool = field(default=False, compare=False)
@@ -98,7 +104,14 @@ class Task:
         """What of the task was trained on its own model, labels and prompt ("fine-tuned adapters",
         "learned head": its own or a head question's), or None for a zero-shot task."""
         own = self.section.trained if self.section is not None else None
+        if self.decisions_only:  # no labels, no kind: its decision temperatures pin its weights (`pins_weights`)
+            return own
         return own or ("learned head" if self.heads else None)
+
+    @property
+    def decisions_only(self) -> bool:
+        """A task of typed decisions alone (`eval --decisions --save-task`): no labels and no kind section."""
+        return self.decisions is not None and not self.labels and self.section is None
 
     @property
     def kind(self) -> KindSpec:
@@ -114,7 +127,8 @@ class Task:
     @property
     def pins_weights(self) -> bool:
         """A fitted prior or a learned head means something for the weights it was fitted on only."""
-        return self.calibration.fitted or self.trained is not None  # type: ignore[union-attr]
+        fitted = self.calibration.fitted or self.trained is not None  # type: ignore[union-attr]
+        return fitted or bool((self.decisions or {}).get("temperatures"))
 
     def to_dict(self, path: str | os.PathLike | None = None) -> dict[str, Any]:
         """The task file's JSON object (`path`: where it is saved; a kind names its files beside it)."""
@@ -122,11 +136,14 @@ class Task:
         del d["section"], d["home"]
         if self.none is None:
             del d["none"]
+        if self.decisions is None:
+            del d["decisions"]
         if not self.system_in_user_turn:
             del d["system_in_user_turn"]
         d["labels"] = list(self.labels)
         d["examples"] = [{"text": t, "label": lab} for t, lab in self.examples]
-        d.update(self.kind.to_task(path))  # the kind's own section (a head, questions) goes last
+        if not self.decisions_only:
+            d.update(self.kind.to_task(path))  # the kind's own section (a head, questions) goes last
         d["calibration"] = self.calibration.to_dict()  # type: ignore[union-attr]
         return {"format": FORMAT, "version": VERSION, "created": utc_now(), **d}
 
@@ -140,6 +157,7 @@ class Task:
         spec = _calibration(d, where, labels, warmup)
         section = read_task(d, where, labels, spec)  # the kind's own fields, each checked by the kind
         section["none"] = _none_field(d, where, labels)
+        section["decisions"] = _decisions_field(d, where)
         return cls(
             model=d["model"],
             labels=tuple(labels),
@@ -194,6 +212,9 @@ class Task:
             own = self.section.weights_note() if self.section is not None else None
             if own is not None:
                 what, fix = own
+            elif (self.decisions or {}).get("temperatures") and not self.calibration.fitted:  # type: ignore[union-attr]
+                what = "decision temperatures were fitted"
+                fix = "fit them again (mlx-slm eval GOLD --decisions Q.json --fit --save-task ...)"
             elif not self.calibration.fitted:  # type: ignore[union-attr]
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
@@ -237,6 +258,7 @@ FIELDS = (
     "weights_sha256",
     "versions",
     "none",
+    "decisions",
     "system_in_user_turn",
 )
 
@@ -333,6 +355,44 @@ def _none_field(d: dict[str, Any], where: str, labels: list[str]) -> dict[str, A
     if none["label"] is not None and none["label"] not in labels:
         raise TaskError(f"{where}: field 'none' names the label {none['label']!r}, not one of the task's labels")
     return dict(none)
+
+
+def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """The task's typed decisions: their questions (as given; read by `text.decisions` where they are
+    used) and a temperature per question key, each a positive finite number."""
+    sec = d.get("decisions")
+    if sec is None:
+        return None
+    shape = '{"questions": {...} or [...], "temperatures": {"question key": T, ...}}'
+    if not isinstance(sec, dict) or set(sec) - {"questions", "temperatures", "fit"}:
+        raise bad_field(d, where, "decisions", f"an object {shape}")
+    qs = sec.get("questions")
+    if not isinstance(qs, (dict, list)) or not qs:
+        raise bad_field(d, where, "decisions", f"an object {shape} whose questions are not empty")
+    temps = sec.get("temperatures", {})
+    if not isinstance(temps, dict):
+        raise bad_field(d, where, "decisions", f"an object {shape}")
+    for key, t in temps.items():
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+            raise TaskError(
+                f"{where}: field 'decisions': the temperature of question {str(key)[:60]!r} must be a positive "
+                f"number, got {t!r}: fit it again (mlx-slm eval ... --decisions Q.json --fit --save-task)"
+            )
+    fit = sec.get("fit", {})
+    if not isinstance(fit, dict):
+        raise bad_field(d, where, "decisions", f"an object {shape}")
+    return {"questions": qs, "temperatures": {str(k): float(t) for k, t in temps.items()}, "fit": fit}
+
+
+def decision_temperatures(task: Task | None, weights_sha256: str | None = None) -> dict[str, float] | None:
+    """The per-question temperatures a `Decider` takes (`calibration=`), keyed by question key, from a
+    task saved by `eval --decisions --fit --save-task`; None for a task without them (raw answers).
+    With `weights_sha256` (the loaded model's), a task fitted on other weights is refused (a
+    `TaskError` naming both): a temperature fitted for one set of weights means nothing for another."""
+    if task is None or not task.decisions or not task.decisions.get("temperatures"):
+        return None
+    task.check_weights(weights_sha256)
+    return dict(task.decisions["temperatures"])
 
 
 def _calibration(d: dict[str, Any], where: str, labels: list[str], warmup: int) -> CalibrationSpec:

@@ -20,6 +20,7 @@ import click
 from ..ground.errors import UserError
 from .base import notice
 from .classify import classify, merge
+from .decide import decide
 from .embed import embed
 from .eval import evaluate
 from .export import export
@@ -100,6 +101,7 @@ def main() -> None:
       echo "My card was charged twice" | mlx-slm classify
       mlx-slm classify tickets.jsonl --labels billing,technical,account -o out.jsonl
       mlx-slm train labelled.jsonl --save-task task.json && mlx-slm classify tickets.jsonl --task task.json
+      mlx-slm decide tickets.jsonl --questions Q.json -o answers.jsonl
       mlx-slm rerank --query "card charged twice" docs.jsonl --model RERANKER --top-n 5
       mlx-slm embed tickets.jsonl --model EMBEDDER -o vectors.npy
       mlx-slm parity --model smollm2-135m --reference smollm2-135m --n 10
@@ -112,6 +114,7 @@ def main() -> None:
 for _command in (
     classify,
     merge,
+    decide,
     evaluate,
     rerank,
     embed,

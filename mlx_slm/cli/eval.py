@@ -43,6 +43,19 @@ from .options import TASK_OPTION_NAMES, some_task_options, task_settings
     help="Field (JSONL) or column (CSV) of the gold label. With several questions (--questions or a task "
     "of questions), NAME=FIELD once per question to score (NAME alone: the field of that name).",
 )
+@click.option(
+    "--decisions",
+    "decisions_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Score typed decisions (as `decide` asks them): Q.json's questions, each with --gold-field KEY=FIELD; "
+    "accuracy, Brier, ECE and a reliability plot per question.",
+)
+@click.option(
+    "--fit",
+    is_flag=True,
+    help="--decisions: learn each scored question's temperature on INPUT (by the gold's log-loss); "
+    "--save-task keeps them for decide --task and serve --task.",
+)
 @some_task_options(TASK_OPTION_NAMES - {"gold_field"})
 @click.pass_context
 def evaluate(
@@ -52,6 +65,8 @@ def evaluate(
     json_path: str | None,
     plots: str | None,
     gold_fields: tuple[str, ...],
+    decisions_file: str | None = None,
+    fit: bool = False,
     **o: Any,
 ) -> None:
     """Classify a labelled INPUT and report how right the labels are.
@@ -69,8 +84,19 @@ def evaluate(
       mlx-slm eval tickets.jsonl --calibrate batch --plots eval/ --json eval.json
       mlx-slm eval tickets.jsonl --predictions preds.jsonl   # no model run
 
+    \b
+    Typed decisions (docs/decisions.md), each row a state and a gold answer per question:
+      {"state": "I was charged twice", "team": "billing", "urgent": true}
+      mlx-slm eval gold.jsonl --decisions Q.json --gold-field team --gold-field urgent \\
+          --fit --save-task task.json --plots eval/
+    --fit learns a temperature per question; decide --task and serve --task apply them.
+    --predictions OUT scores a decide output of INPUT instead of running the model.
+
     Docs: docs/labels.md
     """
+    if decisions_file is not None or fit:
+        _evaluate_decisions(ctx, input, decisions_file, fit, predictions, json_path, plots, gold_fields, o)
+        return
 
     o["gold_field"] = gold_fields[-1]
     settings = task_settings(ctx, o)
@@ -122,6 +148,41 @@ def evaluate(
             raise UserError(
                 f"--plots {plots}: cannot write the plots there ({e.strerror or e}): choose another folder"
             ) from None
+
+
+# The task options `eval --decisions` takes (the others describe a labels task: refused there).
+_DECISION_OPTIONS = {"model", "task_file", "save_task", "fmt", "text_field", "id_field", "text_column", "id_column",
+                     "dtype", "quiet"}  # fmt: skip
+
+
+def _evaluate_decisions(
+    ctx: click.Context, input: str, decisions: str | None, fit: bool, predictions: str | None, json_path: str | None,
+    plots: str | None, gold_fields: tuple[str, ...], o: dict[str, Any],
+) -> None:  # fmt: skip
+    """`eval --decisions` (`jobs.evaluate_decisions`), from the command's options."""
+    from ..jobs.evaluate_decisions import DecisionEvalSettings, evaluate_decisions
+
+    typed = {k for k in o if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+    other = sorted(typed - _DECISION_OPTIONS)
+    if other:
+        raise click.UsageError(
+            f"--decisions scores typed decisions: {flag_names(set(other))} is for a labels task; drop it"
+        )
+    if decisions is None and not o.get("task_file"):
+        raise click.UsageError("--fit goes with --decisions Q.json (or a --task holding decisions)")
+    if ctx.get_parameter_source("gold_fields") != click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--decisions: give --gold-field KEY=FIELD (or KEY) for each question to score")
+    if plots:
+        _plots_folder(plots)
+    warn_blas()
+    s = DecisionEvalSettings(
+        input, decisions, gold_fields, model=o["model"], task_file=o.get("task_file"), fit=fit, predictions=predictions,
+        save_task=o.get("save_task"), json_path=json_path, plots=plots, fmt=o.get("fmt"),
+        state_field=o["text_field"] if "text_field" in typed else None, id_field=o["id_field"],
+        state_column=o["text_column"], id_column=o["id_column"], dtype=o.get("dtype"), quiet=o.get("quiet", False),
+        given=frozenset(typed),
+    )  # fmt: skip
+    evaluate_decisions(s, lambda m: click.echo(m) if not m.startswith("mlx-slm:") else notice(m))
 
 
 # What changes the predictions a model run makes: --predictions scores a classify output as it was

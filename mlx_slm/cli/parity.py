@@ -15,6 +15,7 @@ from ..files.readers import read_rows
 from ..ground.errors import UserError
 from ..jobs.setup import read_labels
 from ..parity.chat import format_chat_report, run_chat_parity
+from ..parity.decisions import format_decision_report, run_decision_parity
 from ..parity.embeddings import format_embed_report, run_embed_parity
 from ..parity.finetune import format_finetune_report, run_finetune_parity
 from ..parity.labels import (
@@ -123,6 +124,14 @@ from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
     "encode, each text alone (a causal LM: Transformers' last hidden state at the last token).",
 )
 @click.option("--prompt-name", help="--embeddings: the folder's named prompt before each text.")
+@click.option(
+    "--decisions",
+    "decisions_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Typed decisions (as `decide` asks them): every question of Q.json about each state (--input's state "
+    "or text, else workload tickets, some as JSON objects and arrays) against Transformers' own decision "
+    "path (transformers.decision, float32, one prompt per question); the largest difference reported.",
+)
 def parity(
     model: str,
     reference: str | None,
@@ -144,6 +153,7 @@ def parity(
     chat: bool = False,
     embeddings: bool = False,
     prompt_name: str | None = None,
+    decisions_file: str | None = None,
 ) -> None:
     """Check that the MLX path gives Transformers' labels and logits.
 
@@ -163,6 +173,9 @@ def parity(
 
     warn_blas()
     require_torch()  # the reference runs in a child process: a missing extra is exit 2 here, not a bug there
+    if decisions_file:
+        _decision_parity(model, reference, decisions_file, n, input_path, dtype or "float32", as_json)
+        return
     if task_file:
         _head_parity(task_file, n, input_path, dtype, as_json, keep_quantized)
         return
@@ -220,6 +233,32 @@ def _chat_parity(o: dict[str, Any]) -> None:
     r = run_chat_parity(model, texts, got.labels, system or None, template, dtype=o["dtype"],
                         progress=lambda m: notice(f"mlx-slm: {m}"), dequantize=None if keep is None else not keep)  # fmt: skip
     click.echo(json.dumps(r, indent=2) if o["as_json"] else format_chat_report(r))
+    if not r["ok"]:
+        sys.exit(1)
+
+
+def _decision_parity(
+    model: str, reference: str | None, path: str, n: int, input_path: str | None, dtype: str, as_json: bool
+) -> None:
+    """`parity --decisions` (`parity/decisions.py`): exit 1 past tolerance or on a disagreement."""
+    from ..jobs.decide import decision_config, state_problem
+    from ..text.decisions import read_questions_file
+
+    questions = read_questions_file(path)  # a bad file: exit 2 before any model loads
+    if input_path:
+        rows = [r for r in read_rows(input_path, states=("state", "text")) if r.error is None and not state_problem(r)]
+        states: list[Any] = [r.text for r in rows[:n]]
+        if not states:
+            raise UserError(f"--input {input_path} has no state to ask (no valid rows): give it some")
+    else:  # tickets, every third as a JSON object and every fifth as an array: the state's three types
+        states = [
+            {"ticket": t, "n": i} if i % 3 == 2 else [t, i] if i % 5 == 4 else t for i, t in enumerate(_stratified(n))
+        ]
+    config = decision_config(model, None)  # the model folder's own decision.json, else Transformers' defaults
+    questions = read_questions_file(path, config)
+    r = run_decision_parity(model, states, questions, config, reference=reference, dtype=dtype,
+                            progress=lambda m: notice(f"mlx-slm: {m}"))  # fmt: skip
+    click.echo(json.dumps(r, indent=2) if as_json else format_decision_report(r))
     if not r["ok"]:
         sys.exit(1)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..classifier.task import decision_temperatures
 from ..files.output import check_run_files, files_read
 from ..ground.errors import MissingExtra, UserError
 from ..jobs.setup import Setup
@@ -77,6 +78,21 @@ _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
     help="Per-request tasks (labels/system/template) kept loaded on the one model.",
 )
 @click.option(
+    "--served-model-name",
+    "served_model_names",
+    multiple=True,
+    help="Another name the model answers to (repeatable; the first is the name answers report). The decision "
+    "routes also answer to jev-latest and gpt-6-luna, the names their clients send by default.",
+)
+@click.option(
+    "--state-cache",
+    default=64,
+    show_default=True,
+    type=number("state_cache"),
+    help="Decisions: recent states whose keys and values are kept, so a state asked again runs only its "
+    "questions (0: off).",
+)
+@click.option(
     "--log-level",
     default="warning",
     show_default=True,
@@ -97,12 +113,16 @@ def serve(
     request_timeout: float,
     drain_timeout: float,
     task_cache: int,
+    served_model_names: tuple[str, ...],
+    state_cache: int,
     log_level: str,
     **o: Any,
 ) -> None:
     """Serve the classifier over HTTP: POST /v1/classify, GET /v1/model, /health, /metrics;
     TEI's /predict and vLLM's /classify; /rerank, /v1/rerank, /v2/rerank for a reranker
-    (--reranker, a one-label sequence classifier, or a model named *Reranker*).
+    (--reranker, a one-label sequence classifier, or a model named *Reranker*); typed
+    decisions, System One's POST /v1/systemone and OpenAI's POST /v1/decisions (a task
+    fitted by `eval --decisions --fit` calibrates them per question).
 
     \b
     One model worker gathers queued items into micro-batches (at most
@@ -133,6 +153,7 @@ def serve(
             model=s.model,
             weights_sha256=setup.weights,
             clf_kwargs={"use_prefix_cache": not s.no_prefix_cache},
+            **task_decisions(setup),
         )
 
     opts = ServeOptions(
@@ -146,6 +167,8 @@ def serve(
         drain_timeout_s=drain_timeout,
         api_key=api_key_from_env(api_key),
         task_cache=task_cache,
+        state_cache=state_cache,
+        served_model_names=tuple(served_model_names),
     )
     sock = bind_socket(host, port)  # a port in use is one line and exit 2, before anything starts
     port = sock.getsockname()[1]  # --port 0: the port the system chose
@@ -165,3 +188,10 @@ def serve(
     if not s.quiet:
         notice("mlx-slm: server stopped")
     sys.exit(code)
+
+
+def task_decisions(setup: Setup) -> dict[str, Any]:
+    """A task fitted on decisions (eval --decisions --fit --save-task): its per-question temperatures,
+    with its questions (a temperature applies to the very question it was fitted for only)."""
+    temps = decision_temperatures(setup.task, setup.weights)
+    return {"decision_calibration": temps, "decision_questions": setup.task.decisions["questions"] if temps else None}

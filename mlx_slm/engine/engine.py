@@ -220,6 +220,7 @@ class Engine:
                 mx.array(batch.mask),
                 mx.array(batch.offsets),
                 cache=prefix.kv if prefix else None,
+                cache_mask=getattr(prefix, "mask", None),  # rows continuing heads of their own (`StackedPrefix`)
                 last_only=n not in mean_layers,
                 collect=collect,
             )
@@ -255,11 +256,13 @@ class Engine:
         offsets: np.ndarray | None = None,
         tree: np.ndarray | None = None,
         collect: dict[int, Any] | None = None,
-    ) -> mx.array:
+        return_kv: bool = False,
+    ) -> Any:
         """Hidden states (B, T, D) of tokens `ids` (B, T) run after the rows' KV (prefix + prompt,
         `cache_mask` saying which keys are real): at explicit RoPE `positions` (B, T) under a
         `tree` mask ((T, T) or (B, T, T): which new tokens each sees), or from `offsets` (B,)
-        causally. What label tries, per-label passes and question branches run."""
+        causally. What label tries, per-label passes and question branches run. `return_kv`: also
+        the per-layer KV (cache + these tokens), for tokens whose keys later passes continue."""
         # Only what is asked for is passed: the mlx-lm fallback's model takes offsets alone.
         tree_args: dict[str, Any] = {}
         if positions is not None:
@@ -269,7 +272,7 @@ class Engine:
         if collect is not None:
             tree_args["collect"] = collect
         with self.lock:
-            h, _ = self.model(
+            h, new_kv = self.model(
                 ids if isinstance(ids, mx.array) else mx.array(ids),
                 None,
                 None if offsets is None else mx.array(offsets),
@@ -278,7 +281,7 @@ class Engine:
                 last_only=False,
                 **tree_args,
             )
-            return h
+            return (h, new_kv) if return_kv else h
 
     def vocab_logprob_parts(self, hidden: mx.array, rows: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray]:
         """For hidden states (N, D): the vocabulary's log-sum-exp (N,) and the logits of the

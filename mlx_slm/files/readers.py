@@ -269,12 +269,15 @@ def read_rows(
     id_required: bool = False,
     pair: str | None = None,
     pair_required: bool = False,
+    states: tuple[str, ...] = (),
 ) -> Iterator[Row]:
     """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
     `gold`: the gold label's field (or several fields: each row's gold is then a dict), read once.
     `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present; a
     CSV column named must be in the header, and with `pair_required` (the field was named) a
     Parquet column in the schema and a JSONL row's field in the row (else its error row).
+    `states` (`decide`): a JSONL/Parquet row's text is the first of these fields it has, any JSON
+    value but null (a decision's state, checked by `text.decisions`).
 
     Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
     format, or a CSV header that does not name the text column.
@@ -288,7 +291,7 @@ def read_rows(
     if fmt == "parquet" or (fmt is None and ext == ".parquet"):
         if stdin:
             raise InputError("Parquet cannot be read from standard input: give the file's path")
-        yield from _dedupe(_parquet(str(path), text_field, id_field, gold, pair, pair_required))
+        yield from _dedupe(_parquet(str(path), text_field, id_field, gold, pair, pair_required, states))
         return
     raw = _open_binary(path)
     try:
@@ -300,7 +303,7 @@ def read_rows(
                 head, stream = _peek_lines(stream, text_column)
                 fmt = _sniff(head, text_column)
         if fmt == "jsonl":
-            it = _jsonl(stream, text_field, id_field, gold, pair, pair_required)
+            it = _jsonl(stream, text_field, id_field, gold, pair, pair_required, states)
         elif fmt == "csv":
             it = _csv(
                 stream,
@@ -394,6 +397,7 @@ def _jsonl(
     gold: Gold = None,
     pair: str | None = None,
     pair_required: bool = False,
+    states: tuple[str, ...] = (),
 ) -> Iterator[Row]:
     for n, line, detail in _lines(raw):
         if line is None:
@@ -424,12 +428,14 @@ def _jsonl(
                 error=f'line {n}: expected a JSON object like {{"{text_field}": "..."}}, got {type(obj).__name__}',
             )
             continue
-        yield _record_row(n, obj, text_field, id_field, gold, pair, pair_required)
+        field = next((f for f in states if f in obj), states[0]) if states else text_field  # decide: state, else text
+        yield _record_row(n, obj, field, id_field, gold, pair, pair_required, bool(states))
 
 
 def _parquet(
-    path: str, text_field: str, id_field: str, gold: Gold = None, pair: str | None = None, pair_required: bool = False
-) -> Iterator[Row]:
+    path: str, text_field: str, id_field: str, gold: Gold = None, pair: str | None = None, pair_required: bool = False,
+    states: tuple[str, ...] = (),
+) -> Iterator[Row]:  # fmt: skip
     """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
     try:
         import pyarrow.parquet as pq
@@ -440,6 +446,8 @@ def _parquet(
         names = f.schema_arrow.names
     except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
         raise InputError(f"{path} is not a readable Parquet file ({e})") from None
+    if states:
+        text_field = next((f for f in states if f in names), states[0])
     if text_field not in names:
         raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use --text-field")
     if pair and pair_required and pair not in names:
@@ -463,7 +471,7 @@ def _parquet(
             return
         for obj in records:
             n += 1
-            yield _record_row(n, obj, text_field, id_field, gold, pair)
+            yield _record_row(n, obj, text_field, id_field, gold, pair, any_value=bool(states))
 
 
 def _pair_problem(n: int, v: Any, name: str) -> str | None:
@@ -483,9 +491,10 @@ def _record_row(
     gold: Gold,
     pair: str | None = None,
     pair_required: bool = False,
+    any_value: bool = False,
 ) -> Row:
     """One record (a JSON object, a Parquet row) checked: its Row, or its error row (also when
-    `pair_required` and a JSON object has no `pair` field)."""
+    `pair_required` and a JSON object has no `pair` field); `any_value`: any JSON value but null."""
     explicit = id_field in obj
     rid: Any = obj[id_field] if explicit else n
     if explicit:
@@ -513,18 +522,22 @@ def _record_row(
             )
     if text_field not in obj:
         fields = ", ".join(map(repr, obj)) or "none"
-        return Row(
-            n,
-            rid,
-            error=f"line {n}: missing field {text_field!r} (fields present: {fields}); use --text-field to name it",
-            explicit_id=explicit,
+        fix = (
+            "give the row its state, or name its field with --state-field"
+            if any_value
+            else "use --text-field to name it"
         )
+        why = f"line {n}: missing field {text_field!r} (fields present: {fields}); {fix}"
+        return Row(n, rid, error=why, explicit_id=explicit)
     t = obj[text_field]
+    if any_value and t is not None and not isinstance(t, str):
+        return Row(n, rid, t, explicit_id=explicit, gold=_gold_value(gold, obj.get))
     if not isinstance(t, str):
         return Row(
             n,
             rid,
-            error=f"line {n}: field {text_field!r} must be a string, got {type(t).__name__}",
+            error=f"line {n}: field {text_field!r} must be a string"
+            + (", an object or an array (the state), got null" if any_value else f", got {type(t).__name__}"),
             explicit_id=explicit,
         )
     elif not t.strip():

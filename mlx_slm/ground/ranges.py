@@ -122,6 +122,7 @@ RANGES: dict[str, Range] = {
     "request_timeout": Range("--request-timeout", False, 0.0, DAY_S, lo_open=True, unit="seconds"),
     "drain_timeout": Range("--drain-timeout", False, 0.0, DAY_S, unit="seconds"),
     "task_cache": _count("--task-cache", unit="tasks kept loaded", hi=1024),
+    "state_cache": _count("--state-cache", 0, "recent decision states whose keys and values are kept", hi=1 << 16),
     # a multi-label sequence classifier's answer threshold (--threshold), and a multi question's
     "threshold": Range("--threshold", False, 0.0, 1.0, none_ok=True, unit="a probability"),
     "question_threshold": Range("threshold", False, 0.0, 1.0, unit="a probability"),

@@ -7,6 +7,8 @@
     finetune.py  `train --finetune lora`: a fine-tuned classifier from labelled texts
     choose.py    `train --finetune auto`: the head or a fine-tune, whichever wins on held-out texts
     evaluate.py  figures and plots against gold labels, and predictions read back
+    decide.py    `decide`: a file of states to typed answers (read, shard, resume, a Decider here or on Ray, write)
+    evaluate_decisions.py  `eval --decisions`: per-question figures and plots, `--fit` temperatures, the task
 
 May import: ground, text, files, models, weights, engine, kinds, classifier, parity, ray.
 """

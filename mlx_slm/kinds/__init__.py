@@ -20,6 +20,10 @@ the service and the estimator ask the kind instead of branching on it.
 
 Adding a kind: one module here (a `KindSpec` and its `Kind`) and one line in `KINDS`.
 
+`decisions.py` is no kind of this table: it is what a `classifier.decider.Decider` runs (typed
+decisions, System One's and OpenAI's, each request its own state and questions), on the same
+branch pieces as `questions` (`text.branches.pack_branches`, `questions.option_scores`).
+
 May import: ground, text, models, weights, engine.
 """
 

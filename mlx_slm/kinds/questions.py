@@ -25,6 +25,7 @@ from ..text.batching import Batch
 from ..text.branches import QuestionPlan
 from ..text.calibration import CalibrationSpec
 from ..text.heads import head_input
+from ..text.labels import LabelSet
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import PromptFormat
 from ..text.questions import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, Question, QuestionError, check_questions
@@ -274,26 +275,16 @@ def branch_scores(
     B, L = batch.ids.shape
     cache_mask = engine.cache_mask(batch, prefix_len)
     end = batch.offsets.astype(np.int32) + L  # each row's position after its text part
-    firsts = [np.asarray(b.options.first_ids if b.head is None else [], dtype=np.int64) for b in blocks]
-    rows = np.unique(np.concatenate(firsts))
     layers = sorted({x for b in blocks if b.head is not None for x in b.head.layers})
     collect: dict[int, Any] | None = dict.fromkeys(layers) if layers else None
-    model = engine.model
+    options = [b.options if b.head is None else None for b in blocks]
     with engine.lock:
         h = engine.continue_after(
             kv, cache_mask, pack.ids, positions=end[:, None] + pack.positions, tree=pack.visible, collect=collect
         )
-        D = h.shape[-1]
-        out: list[np.ndarray] = [np.zeros((B, 0))] * len(blocks)
-        if len(rows):
-            at = mx.array(pack.answer_at.astype(np.int32))  # (B, K)
-            ans = mx.take_along_axis(h, at[..., None], axis=1).reshape(-1, D)
-            first = np.array(model.logits(ans, mx.array(rows)).astype(mx.float32), dtype=np.float64)
-            first = first.reshape(B, len(blocks), len(rows))
-            out = [first[:, k, np.searchsorted(rows, f)] for k, f in enumerate(firsts)]
-        if pack.node_at.shape[1]:
-            nodes = mx.take_along_axis(h, mx.array(pack.node_at.astype(np.int32))[..., None], axis=1)
-            _add_trie_scores(engine, nodes.reshape(-1, D), B, blocks, out)
+        got = option_scores(engine, h, pack, [options] * B)
+        out = [np.stack([got[r][k] for r in range(B)]) if o is not None else np.zeros((B, 0)) for k, o in
+               enumerate(options)]  # fmt: skip
         if collect:
             hidden = {layer: np.array(v.astype(mx.float32)) for layer, v in collect.items()}
             for k, b in enumerate(blocks):
@@ -302,20 +293,51 @@ def branch_scores(
     return out
 
 
-def _add_trie_scores(engine: Engine, nodes: mx.array, B: int, blocks: Sequence[Any], out: list[np.ndarray]) -> None:
-    """Adds each option's later-token log-probabilities (its trie edges) to `out` in place;
-    `nodes` (B * N, D) are the pack's trie nodes, block by block, chunk by chunk."""
-    N = nodes.shape[0] // B
-    tokens = np.unique(np.concatenate([c.edge_token for b in blocks for c in b.options.trie]))
-    lse, got = engine.vocab_logprob_parts(nodes, tokens, LOGIT_ROWS)
-    lse, got = lse.reshape(B, N), got.reshape(B, N, len(tokens))
-    base = 0
-    for k, b in enumerate(blocks):
-        for c in b.options.trie:
-            node = base + c.edge_node
-            lp = got[:, node, np.searchsorted(tokens, c.edge_token)] - lse[:, node]  # (B, E)
-            out[k][:, c.labels] += lp @ c.paths
-            base += len(c)
+def option_scores(
+    engine: Engine, h: mx.array, pack: Any, options: Sequence[Sequence[LabelSet | None]]
+) -> list[list[np.ndarray | None]]:
+    """Each branch's option scores from a pass's hidden states `h` (B, T, D): `options[r][k]`
+    is row r's k-th branch's `LabelSet` (None: not scored by tokens). An option's score is its
+    first token's logit at the branch's last question token (label rows only: the normalizer is
+    one per branch, and cancels in its softmax) plus the exact log-probabilities of its later
+    tokens from its trie nodes. Rows asking the same branches are scored together. [r][k]."""
+    B, D = len(options), h.shape[-1]
+    res: list[list[np.ndarray | None]] = [[None] * len(row) for row in options]
+    live = [o for row in options for o in row if o is not None]
+    if not live:
+        return res
+    with engine.lock:
+        rows = np.unique(np.concatenate([np.asarray(o.first_ids, dtype=np.int64) for o in live]))
+        at = mx.array(pack.answer_at.astype(np.int32))  # (B, K)
+        K = pack.answer_at.shape[1]
+        ans = mx.take_along_axis(h, at[..., None], axis=1).reshape(-1, D)
+        first = np.array(engine.model.logits(ans, mx.array(rows)).astype(mx.float32), dtype=np.float64)
+        first = first.reshape(B, K, len(rows))
+        lse = got = tokens = None
+        if pack.node_at.shape[1]:
+            N = pack.node_at.shape[1]
+            nodes = mx.take_along_axis(h, mx.array(pack.node_at.astype(np.int32))[..., None], axis=1).reshape(-1, D)
+            tokens = np.unique(np.concatenate([c.edge_token for o in live for c in o.trie]))
+            lse, got = engine.vocab_logprob_parts(nodes, tokens, LOGIT_ROWS)
+            lse, got = lse.reshape(B, N), got.reshape(B, N, len(tokens))
+    same: dict[tuple[int, ...], list[int]] = {}
+    for r, row in enumerate(options):
+        same.setdefault(tuple(id(o) for o in row), []).append(r)
+    for members in same.values():
+        rr = np.asarray(members)
+        base = 0
+        for k, o in enumerate(options[members[0]]):
+            if o is None:
+                continue
+            s = first[rr, k][:, np.searchsorted(rows, o.first_ids)]  # (G, options)
+            for c in o.trie:  # each option's later tokens: its trie edges
+                node = base + c.edge_node
+                lp = got[rr][:, node, np.searchsorted(tokens, c.edge_token)] - lse[rr][:, node]  # type: ignore[index]
+                s[:, c.labels] += lp @ c.paths
+                base += len(c)
+            for g, r in enumerate(members):
+                res[r][k] = s[g]
+    return res
 
 
 def _head_scores(

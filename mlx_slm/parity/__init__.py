@@ -6,6 +6,7 @@
     finetune.py   a fine-tuned task against Transformers with its adapters merged
     chat.py       the chat route's choices and next-token log-probabilities against classify and Transformers
     embeddings.py an embedding folder's vectors against sentence-transformers' encode
+    decisions.py  `parity --decisions`: typed decisions against `transformers.decision`'s own path
 
 May import: ground, text, models, weights, engine, kinds, classifier.
 """

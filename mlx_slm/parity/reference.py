@@ -377,8 +377,64 @@ def _rerank_child(job: dict[str, Any], out_path: str) -> None:
     np.savez(out_path, scores=scores, logits=two[:, 1] - two[:, 0], seconds=time.perf_counter() - t)
 
 
+def transformers_decisions(src: str, config: dict[str, Any] | None, requests: Sequence[dict[str, Any]]) -> list[Any]:
+    """Transformers' typed-decision path on each System One request ({state, questions}), as its
+    decision pipeline's `_forward` runs it (`parity.decisions` says why it is the reference):
+    {question key: [probability per option]}, or the error text Transformers gave."""
+    torch = _torch()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.decision import DecisionConfig as HFConfig
+    from transformers.decision import label_token_ids, prepare_inputs
+    from transformers.decision.modeling_utils import process_scores
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(src)
+    cfg = HFConfig(**config) if config is not None else HFConfig.from_pretrained(src)
+    out: list[Any] = []
+    for req in requests:
+        try:
+            got: dict[str, list[float]] = {}
+            for inputs, questions in prepare_inputs(cfg, req, tok):
+                inputs = dict(inputs)
+                marks = inputs.pop("marks")
+                with torch.inference_mode():
+                    logits = model(**inputs, use_cache=False, logits_to_keep=marks - 1).logits[0]
+                labels = [logits[i, label_token_ids(tok, tuple(q.labels))] for i, q in enumerate(questions)]
+                scores = process_scores(cfg, inputs["input_ids"], marks, questions, labels)
+                got |= {q.name: s.softmax(-1).tolist() for q, s in zip(questions, scores)}
+            out.append(got)
+        except ValueError as e:  # a label that is not one token, more options than labels, ...
+            out.append(str(e))
+    return out
+
+
+def decisions_in_child(
+    src: str | Path, config: dict[str, Any] | None, requests: Sequence[dict[str, Any]]
+) -> tuple[list[Any], float]:
+    """`transformers_decisions` in a child process (see `run_in_child`): (each request's answers
+    or Transformers' error, seconds). `config`: `transformers.decision.DecisionConfig`'s fields
+    (None: the folder's own decision.json)."""
+    require_torch()
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        spec = {"src": str(src), "decisions": True, "config": config, "requests": list(requests)}
+        job.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+        done = run_in_child(["-m", "mlx_slm.parity.reference", str(job), str(out)])
+        if done.returncode != 0:
+            raise RuntimeError(f"the Transformers decision reference failed on {src} (exit status {done.returncode})")
+        got = json.loads(out.read_text(encoding="utf-8"))
+        return got["answers"], float(got["seconds"])
+
+
 def _child(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
+    if job.get("decisions"):  # typed decisions: Transformers' own decision path
+        t = time.perf_counter()
+        answers = transformers_decisions(job["src"], job["config"], job["requests"])
+        Path(out_path).write_text(json.dumps({"answers": answers, "seconds": time.perf_counter() - t}))
+        return
     if job.get("seqcls"):  # a sequence classifier's head
         _seqcls_child(job, out_path)
         return

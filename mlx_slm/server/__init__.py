@@ -15,6 +15,9 @@ router over its core.
     tei.py       text-embeddings-inference's: /predict, /, /info
     vllm.py      vLLM's: /classify, /v1/models
     rerank.py    /rerank (TEI's, or the Cohere/Jina shape as vLLM), /v1/rerank and /v2/rerank (Cohere's)
+    systemone.py System One's typed decisions: /v1/systemone (its 422 detail lists, {detail: {error_type}})
+    decisions.py OpenAI's Decisions API: /v1/decisions (a refusal per question over the context)
+    encoding.py  request bodies with Content-Encoding zstd/gzip/deflate, capped on their decoded size
     app.py       the Starlette app over all of them (`create_app`)
     run.py       binding, uvicorn, SIGTERM as a drain (`run_server`)
 

@@ -7,11 +7,13 @@ from typing import Any
 
 from ..service import Service
 from .common import RouteContext
+from .decisions import DECISION_PATHS, DecisionRoutes
 from .embed import EmbedRoutes
 from .errors import HTTPError, error_response
 from .openai import CHAT_PATHS, OpenAIRoutes
 from .ours import OurRoutes
 from .rerank import RerankRoutes
+from .systemone import SYSTEMONE_PATHS, SystemOneRoutes
 from .tei import TEI_PATHS, TEIRoutes
 from .vllm import VLLMRoutes
 
@@ -33,7 +35,13 @@ async def starlette_error(request: Any, exc: Any) -> Any:
     else:
         msg = str(getattr(exc, "detail", "")) or "HTTP error"
     err = HTTPError(status, msg, headers=headers)
-    return error_response(err, "tei" if path in TEI_PATHS else "oai" if path in CHAT_PATHS else "ours")
+    if path in SYSTEMONE_PATHS:
+        style = "systemone"
+    elif path in CHAT_PATHS or path in DECISION_PATHS:
+        style = "oai"
+    else:
+        style = "tei" if path in TEI_PATHS else "ours"
+    return error_response(err, style)
 
 
 def create_app(service: Service, *, start_worker: bool = True) -> Any:
@@ -49,6 +57,7 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
     routes = OurRoutes(ctx, vllm).routes() + TEIRoutes(ctx).routes() + vllm.routes() + RerankRoutes(ctx).routes()
     routes += OpenAIRoutes(ctx).routes()
     routes += EmbedRoutes(ctx).routes()
+    routes += SystemOneRoutes(ctx).routes() + DecisionRoutes(ctx).routes()
 
     @asynccontextmanager
     async def lifespan(app: Any):  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ from ..ground.textfiles import has_lone_surrogate
 from ..service import ServeOptions, TaskSpec
 from ..text.labels import LABEL_NOT_STRING, MIN_LABELS, label_problem
 from ..text.prompts import TRUNCATE_MODES
+from .encoding import decode_body
 from .errors import HTTPError
 
 REQUEST_FIELDS = ("text", "texts", "ids", "labels", "system", "template", "truncate", "min_confidence")
@@ -262,6 +263,8 @@ def _kind(v: Any) -> str:
 
 
 async def read_body(request: Any, limit: int) -> bytes:
+    """The request's body, at most `limit` bytes as sent and as decoded from its Content-Encoding
+    (zstd, gzip, deflate: `encoding.decode_body`), else a 413."""
     n = request.headers.get("content-length")
     if n is not None and n.isdigit() and int(n) > limit:
         raise HTTPError(413, f"the body is {n} bytes, over the limit of {limit}", "body")
@@ -276,4 +279,4 @@ async def read_body(request: Any, limit: int) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect:  # the client left mid-upload: counted, nothing logged, nobody to answer
         raise HTTPError(499, "the client closed the connection while sending the body", outcome="client_gone") from None
-    return b"".join(chunks)
+    return decode_body(b"".join(chunks), request.headers.get("content-encoding"), limit)

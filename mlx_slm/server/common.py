@@ -5,14 +5,21 @@ in the route's style), and the hand-off to the core (`compute`). The wire APIs (
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..service import Answer, Service, ServiceError, TaskSpec
 from .auth import check_auth
 from .checks import parse_body, read_body
 from .errors import HTTPError, error_response, http_error
+
+# The model names the decision clients send by default (typesafe-sdk, jev-lite, openai's docs).
+CLIENT_MODEL_NAMES = ("jev-latest", "jev-preview", "gpt-6-luna")
 
 
 async def until_disconnect(request: Any) -> None:
@@ -57,8 +64,6 @@ class RouteContext:
                 m.count_request(route, err.outcome)
                 return error_response(err, style)
             except Exception as e:  # noqa: BLE001 - a bug of ours: one log line, a counted 500, no ASGI traceback
-                import logging
-
                 logging.getLogger("mlx_slm.server").error(
                     "%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e
                 )
@@ -102,5 +107,52 @@ class RouteContext:
             )
 
     def served_name(self) -> str:
+        """The name answers report: the first --served-model-name, else the model as served."""
+        if self.opts.served_model_names:
+            return self.opts.served_model_names[0]
         ld = self.service.loaded
         return (ld.model if ld is not None and ld.model else None) or "mlx-slm"
+
+    def release_date(self) -> str:
+        """System One's `release_date` (YYYY-MM-DD) of the served model: the day its weights were
+        written (the folder's newest file), else the day the server started."""
+        ld = self.service.loaded
+        when = float(self.started)
+        path = getattr(ld.clf, "path", None) if ld is not None else None
+        try:
+            if path:
+                when = max((f.stat().st_mtime for f in Path(path).iterdir() if f.is_file()), default=when)
+        except OSError:
+            pass
+        return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%d")
+
+    async def decision_config(self) -> Any:
+        """The served model's decision settings, off the event loop: the first decision request
+        builds the front `Decider` (it takes the front engine's lock and tokenizes)."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.service.tasks.decision_config)
+
+    def check_model(self, model: str, also: str) -> None:
+        """One model per server, under any of its names (`model_names`); another: 404 naming them
+        (`also`: the name that route's client sends by default)."""
+        names = self.model_names()
+        if model not in names:
+            err = HTTPError(
+                404,
+                f"the model {model!r} is not served here: ask for {names[0]!r} (or {also}; GET /v1/models lists "
+                "every name)",
+                "model",
+                outcome="invalid",
+            )
+            err.code = "not_found_error"
+            raise err
+
+    def model_names(self) -> list[str]:
+        """Every name the decision routes answer to: the served name, each --served-model-name, the
+        model's path, and the names the clients send by default (System One's `jev-latest` and
+        `jev-preview`, OpenAI's `gpt-6-luna`): one model per server, so they are all this one."""
+        ld = self.service.loaded
+        names = [self.served_name(), *self.opts.served_model_names]
+        if ld is not None:
+            names += [ld.model, str(ld.clf.path) if ld.clf.path else ""]
+        names += list(CLIENT_MODEL_NAMES)
+        return [n for i, n in enumerate(names) if n and n not in names[:i]]

@@ -38,6 +38,8 @@ class HTTPError(Exception):
         self.status, self.message, self.field, self.headers = status, message, field, headers or {}
         self.style: str | None = None
         self.code: str | None = None  # OpenAI's error code ("model_not_found"), on the OpenAI routes
+        # System One's validation errors: each (loc after "body", msg, type); None: one from `field`
+        self.details: list[tuple[tuple[Any, ...], str, str]] | None = None
         self.outcome = outcome or {
             401: "unauthorized",
             413: "too_large",
@@ -52,6 +54,8 @@ class HTTPError(Exception):
         TEI's `{"error": message, "error_type"}` (what its clients read); on vLLM's routes ours
         with OpenAI's `type`, `param` and `code` added; on OpenAI's chat routes ("oai") OpenAI's own."""
         msg = _printable(self.message)
+        if style == "systemone":
+            return self._systemone(msg)
         if style == "oai":  # OpenAI's own, on its chat routes: {"error": {"message", "type", "param", "code"}}
             kind = "invalid_request_error" if self.status < 500 else "server_error"
             field = None if self.field is None else _printable(self.field)
@@ -69,6 +73,41 @@ class HTTPError(Exception):
             )
         return {"error": err}
 
+    def _systemone(self, msg: str) -> dict[str, Any]:
+        """System One's (FastAPI's) shapes: a 422 `{"detail": [{"loc": ["body", ...], "msg", "type"}]}`,
+        any other status `{"detail": {"error_type", "message"}}`."""
+        if self.status == 422:
+            details = self.details or [((self.field,) if self.field not in (None, "body") else (), msg, "value_error")]
+            return {
+                "detail": [
+                    {
+                        "loc": ["body", *(_printable(x) if isinstance(x, str) else x for x in loc)],
+                        "msg": _printable(m),
+                        "type": t,
+                    }
+                    for loc, m, t in details
+                ]
+            }
+        kind = self.code or _SYSTEMONE_ERROR_TYPES.get(
+            self.status, "unknown" if self.status >= 500 else "invalid_request_error"
+        )
+        return {"detail": {"error_type": kind, "message": msg}}
+
+
+# System One's error_type by status (its adapter spec names authentication_error, timeout, tokens_exceeded, unknown).
+_SYSTEMONE_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "authentication_error",
+    404: "not_found_error",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limit_error",
+    499: "client_gone",
+    503: "overloaded_error",
+    504: "timeout",
+}
 
 _TEI_ERROR_TYPES = {
     401: "Unauthorized",
@@ -115,7 +154,7 @@ def http_error(e: ServiceError | HTTPError) -> HTTPError:
 
 
 def error_response(e: HTTPError, style: str = "ours") -> Any:
-    """The error as a JSON response in a route's style (ours, "tei", "openai" or "oai")."""
+    """The error as a JSON response in a route's style (ours, "tei", "openai", "oai" or "systemone")."""
     from starlette.responses import JSONResponse
 
     return JSONResponse(e.body(e.style or style), status_code=e.status, headers=e.headers)

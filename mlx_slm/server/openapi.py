@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..text.prompts import TRUNCATE_MODES
+from .decisions import DECISIONS_OPENAPI
 from .openai import CHAT_OPENAPI
+from .systemone import SYSTEMONE_OPENAPI
 
 _STR_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
 _PAIR = {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2, "description": "[text, text_pair]"}
@@ -253,9 +255,13 @@ OPENAPI: dict[str, Any] = {
         "/v2/rerank": {"post": {**_COHERE_RERANK, "summary": "Cohere's v2 rerank: " + _COHERE_SUMMARY}},
         "/v1/chat/completions": {"post": CHAT_OPENAPI},
         "/chat/completions": {"post": CHAT_OPENAPI},
+        "/v1/systemone": {"post": SYSTEMONE_OPENAPI},
+        "/v1/decisions": {"post": DECISIONS_OPENAPI},
+        "/decisions": {"post": DECISIONS_OPENAPI},
         "/v1/models": {
             "get": {
-                "summary": "OpenAI/vLLM model list: the one served model (id, max_model_len, labels).",
+                "summary": "OpenAI/vLLM model list (object, data: the one served model: id, max_model_len, labels) and "
+                "System One's in the same body (models: [{name, description, release_date}], every name it answers to).",
                 "security": [{"bearer": []}],
             }
         },

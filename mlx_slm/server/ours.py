@@ -111,6 +111,13 @@ class OurRoutes:
                 "head": model_head(clf),
                 "reranker": self._reranker(),
                 "embeddings": self._embeddings(),
+                "decisions": {
+                    "routes": ["/v1/systemone", "/v1/decisions"],
+                    "names": self.ctx.model_names(),
+                    # serve --task of a task fitted by eval --decisions --fit: a temperature per question key
+                    "calibration": dict(ld.decision_calibration) if ld.decision_calibration else "none",  # type: ignore[union-attr]
+                    "state_cache": opts.state_cache,
+                },
                 "task": {
                     **clf.spec.info(),  # the kind's: its labels (and questions)
                     "system": clf.format.system,

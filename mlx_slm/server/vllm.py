@@ -89,7 +89,9 @@ class VLLMRoutes:
         )
 
     async def models(self, request: Any) -> Any:
-        """The OpenAI/vLLM model list: the one model this server serves."""
+        """The OpenAI/vLLM model list (`object`, `data`: the one model this server serves) and System
+        One's (`models`: each name the decision routes answer to, with a description and a date)
+        in one body, so that either client reads its own fields."""
         if (e := self.ctx.guard(request)) is not None:
             return error_response(e, "openai")
         clf = self.ctx.service.loaded.clf  # type: ignore[union-attr]
@@ -109,5 +111,15 @@ class VLLMRoutes:
                         "labels": list(clf.labels),
                     }
                 ],
+                "models": [
+                    {"name": n, "description": _describe(n, name), "release_date": self.ctx.release_date()}
+                    for n in self.ctx.model_names()
+                ],
             }
         )
+
+
+def _describe(n: str, served: str) -> str:
+    if n == served:
+        return "the model this server serves (mlx-slm)"
+    return f"{served}, served under the name {n!r}"

@@ -4,6 +4,7 @@
     errors.py     the core's failures (ServiceError and its kinds), each with its field and retry delay
     tasks.py      the task cache: classifiers per task (front and back), their checks, calibration
     scheduler.py  the bounded queue, admission, micro-batching worker, deadlines, drain
+    decide.py     decision requests as queue items: a `Decider` prepares (front) and runs (worker) them
     metrics.py    counters and histograms (Prometheus text), the compute-time estimate
     core.py       `Service`: the facade (lifecycle, one request's path)
 

@@ -26,6 +26,9 @@ class ServeOptions:
     drain_timeout_s: float = 30.0  # SIGTERM: time to finish accepted requests
     api_key: str | None = None  # Bearer key for /v1/*; /health and /metrics stay open
     task_cache: int = 8  # per-request tasks kept (classifiers on the one engine)
+    state_cache: int = 64  # decisions: recent states whose keys and values are kept (0: none)
+    # More names the decision routes (and the model list) answer to; the first is the name answers report.
+    served_model_names: tuple[str, ...] = ()
 
     @property
     def items_limit(self) -> tuple[int, str]:
@@ -73,6 +76,9 @@ class Loaded:
     model: str = ""
     weights_sha256: str | None = None
     clf_kwargs: dict[str, Any] = field(default_factory=dict)  # settings shared by per-request tasks
+    # Decisions: a per-question temperature by question key (`serve --task` of a fitted task); None: raw.
+    decision_calibration: dict[str, float] | None = None
+    decision_questions: Any = None  # the served task's questions those temperatures were fitted for
 
 
 def classifier_loader(

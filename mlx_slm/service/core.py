@@ -23,6 +23,7 @@ from typing import Any
 
 from ..classifier.pipeline import item_cost, prefix_hit
 from .api import Answer, Loaded, ServeOptions, TaskSpec
+from .decide import DECIDE_KEY
 from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
 from .metrics import Metrics, attention_share
 from .scheduler import Job, Scheduler, post_to, row_work
@@ -57,6 +58,7 @@ class Service:
         self.loader, self.opts = loader, options or ServeOptions()
         self.metrics = Metrics()
         self.tasks = TaskCache(self.opts.task_cache)
+        self.tasks.state_cache = self.opts.state_cache
         self.scheduler = Scheduler(self.opts, self.metrics, self.tasks)
         self.ready = False
         self.load_error: str | None = None  # why the service cannot answer (the load failed, or the worker died)
@@ -118,30 +120,9 @@ class Service:
     def _load(self) -> None:
         loaded = self.loader()
         self.tasks.load(loaded)
-        clf = loaded.clf
         # Long items are priced with their attention (quadratic in length), from the model's shape.
-        self.scheduler.speed.attention = attention_share(clf.engine.model.args)
-        # Warm up: one item through the whole path (computes the default prompt head's KV, a
-        # one-off cost not measured), then a short and a longer item measured, so that the
-        # time estimate knows both its fixed and its per-token cost from the start. A model
-        # that only embeds warms up its embedder.
-        if self.tasks.classifies:
-            sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
-
-            def run(text: str) -> Any:
-                return clf.run([sample(text)], window=1)
-        else:
-            emb = self.tasks.back(self.tasks.embed_key(False))
-
-            def run(text: str) -> Any:
-                return emb.run_items(emb.prepare([text]))
-
-        list(run("warm-up"))
-        for text in ("warm-up", " ".join(["warm-up"] * 32)):
-            t0 = time.perf_counter()
-            got = run(text)
-            list(got)
-            self._note_speed(time.perf_counter() - t0, got.stats.processed_tokens)
+        self.scheduler.speed.attention = attention_share(loaded.clf.engine.model.args)
+        warm_up(self.tasks, self._note_speed)
 
     def _note_speed(self, seconds: float, tokens: int) -> None:
         """Fold one measured batch into the scheduler's time estimate."""
@@ -235,6 +216,17 @@ class Service:
         results = await self._run(key, front, prepared, names, whole, truncate_hint, started, gone)
         return [r[0] for r in results]
 
+    async def decide(self, request: Any, *, started: float, gone: Callable[[], Awaitable[Any]] | None = None) -> Any:
+        """One decision request (`text.decisions.DecisionRequest`) as one item of the queue
+        (`service.decide`): its `DecisionResult` (a probability array per question; None for one
+        refused as over the context). Prepared on the front first, so a request that cannot run
+        raises the `Decider`'s `DecisionError` (tokens_exceeded) unqueued. Limits as `classify`'s."""
+        front = await self._before(started, "state", self.tasks.decider, True)
+        item = await self._before(started, "state", front.prepare, request)
+        await self._before(started, "state", self.tasks.decider, False)  # the worker's, built here, not on it
+        got = await self._run(DECIDE_KEY, None, [item], ["state"], "state", "", started, gone, [item.cost], [False])
+        return self.metrics.decided(got[0][0].result)
+
     async def _before(self, started: float, whole: str, fn: Callable[..., Any], *args: Any) -> Any:
         """A step before admission, off the worker, within what the request has left."""
         return await _in_time(self.opts.request_timeout_s, started, whole, fn, *args)
@@ -249,9 +241,12 @@ class Service:
         truncate_hint: str,
         started: float,
         gone: Callable[[], Awaitable[Any]] | None,
+        costs: Sequence[int] | None = None,
+        hits: Sequence[bool] | None = None,
     ) -> list[Any]:
         """Prepared items through the queue and the worker: each item's (result, queue s,
-        inference s), in input order; `Invalid` for the first item that cannot run."""
+        inference s), in input order; `Invalid` for the first item that cannot run. `costs` and
+        `hits`: given by a caller that is no classifier (decisions), else the batch plan's."""
         for it, name in zip(prepared, names):
             if it.error:
                 why = it.error.replace("--truncate head|tail|middle", truncate_hint).replace(
@@ -259,9 +254,12 @@ class Service:
                 )
                 raise Invalid(f"{name}: {why}", name)
         # Each item's cost in the micro-batch budget and the time estimate, by the batch plan's own rule.
-        hits = [prefix_hit(kind, it) for it in prepared]
-        costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
-        extra = row_work(kind)  # what each row runs beyond the plan's count (a label trie's other chunks)
+        if hits is None:
+            hits = [prefix_hit(kind, it) for it in prepared]
+        if costs is None:
+            costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
+        # What each row runs beyond the plan's count (a label trie's other chunks); none for decisions.
+        extra = row_work(kind) if kind is not None else 0
         works = [c + extra for c in costs]
         job = Job(len(prepared), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
         job.names = names
@@ -346,6 +344,31 @@ class Service:
     def abort_pending(self) -> None:
         """The drain timed out: answer what is still waiting with `Aborted` (never computed)."""
         self.scheduler.abort_pending()
+
+
+def warm_up(tasks: TaskCache, note_speed: Callable[[float, int], None]) -> None:
+    """One item through the whole path of the loaded model (`tasks`: it computes the default
+    prompt head's KV, a one-off cost not measured), then a short and a longer item measured
+    (`note_speed(seconds, tokens)`), so that the time estimate knows both its fixed and its
+    per-token cost from the start. A model that only embeds warms up its embedder."""
+    if tasks.classifies:
+        clf = tasks.loaded.clf  # type: ignore[union-attr]
+        sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
+
+        def run(text: str) -> Any:
+            return clf.run([sample(text)], window=1)
+    else:
+        emb = tasks.back(tasks.embed_key(False))
+
+        def run(text: str) -> Any:
+            return emb.run_items(emb.prepare([text]))
+
+    list(run("warm-up"))
+    for text in ("warm-up", " ".join(["warm-up"] * 32)):
+        t0 = time.perf_counter()
+        got = run(text)
+        list(got)
+        note_speed(time.perf_counter() - t0, got.stats.processed_tokens)
 
 
 def service_gauges(svc: Service) -> dict[str, tuple[str, float]]:

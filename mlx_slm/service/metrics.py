@@ -20,6 +20,16 @@ _COUNTERS = (  # (name, attribute, help)
     ("mlx_slm_prefix_cache_saved_tokens_total", "prefix_saved_tokens", "Prompt tokens the prefix cache saved."),
     ("mlx_slm_processed_tokens_total", "processed_tokens", "Tokens the forward ran (padding included)."),
     ("mlx_slm_padding_tokens_total", "padding_tokens", "Padding tokens among them."),
+    ("mlx_slm_decisions_total", "decisions", "Decision requests answered (/v1/systemone, /v1/decisions)."),
+    ("mlx_slm_decision_questions_total", "decision_questions", "Questions of the decision requests answered."),
+    ("mlx_slm_decision_refusals_total", "decision_refusals", "Decision questions refused (over the context)."),
+    (
+        "mlx_slm_state_cache_hits_total",
+        "state_hits",
+        "Decision requests whose state's keys and values came from the state cache.",
+    ),
+    ("mlx_slm_state_cache_misses_total", "state_misses", "Decision requests whose state ran in full."),
+    ("mlx_slm_state_cache_tokens_total", "state_cached_tokens", "State tokens the state cache saved."),
 )
 _HISTOGRAMS = {  # name: (buckets, help)
     "mlx_slm_batch_items": ("batch_items", "Items per micro-batch."),
@@ -53,6 +63,8 @@ class Metrics:
         self.items: dict[str, int] = {}
         self.prefix_hits = self.prefix_misses = self.prefix_saved_tokens = self.batches = 0
         self.processed_tokens = self.padding_tokens = 0
+        self.decisions = self.decision_questions = self.decision_refusals = 0
+        self.state_hits = self.state_misses = self.state_cached_tokens = 0
         self.hist = {name: _Histogram(_BUCKETS[b]) for name, (b, _) in _HISTOGRAMS.items()}
 
     def count(self, what: dict[str, int], key: str, n: int = 1) -> None:
@@ -121,6 +133,22 @@ class Metrics:
             for it in items:
                 self.hist["mlx_slm_queue_seconds"].observe(t0 - it.t_enqueued)
         self.count(self.items, "ok", len(items))
+
+    def decided(self, result: Any) -> Any:
+        """One decision request answered (its `DecisionResult`, returned): its questions, those
+        refused, and the state tokens that came from the state cache (a hit when any did). A
+        `DecisionError` the worker's `Decider` raised for it is raised here, uncounted."""
+        if isinstance(result, Exception):
+            raise result
+        cached = int(result.cached_tokens)
+        with self.lock:
+            self.decisions += 1
+            self.decision_questions += len(result.probabilities)
+            self.decision_refusals += sum(p is None for p in result.probabilities)
+            self.state_hits += cached > 0
+            self.state_misses += cached <= 0
+            self.state_cached_tokens += max(0, cached)
+        return result
 
 
 def _label(value: str) -> str:

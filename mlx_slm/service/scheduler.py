@@ -62,6 +62,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .api import ServeOptions
+from .decide import DECIDE_KEY, decision_budget
 from .errors import Aborted, Draining, Failed, QueueFull, ServiceError, TimedOut
 from .metrics import Metrics, RateTracker
 from .tasks import TaskCache
@@ -102,6 +103,12 @@ def post_to(job: Job, fn: Callable[..., None], *args: Any) -> None:
         job.loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:
         pass
+
+
+def _longest(it: WorkItem) -> int:
+    """An item's longest row, for its attention's cost: the item itself (a text), or what it says
+    (a decision request: its state and its longest question, not all of them in one row)."""
+    return getattr(it.item, "longest", None) or it.cost
 
 
 @dataclass
@@ -207,7 +214,7 @@ class Scheduler:
         works = costs if works is None else works
         for i, (c, w) in enumerate(zip(costs, works)):
             it = WorkItem(job, i, items[i], key, c, hits[i], now, w)
-            est = self.speed.estimate(it.tokens_run, it.cost)
+            est = self.speed.estimate(it.tokens_run, _longest(it))
             if est > self.opts.request_timeout_s:
                 raise too_slow(it, est, self.opts.request_timeout_s, self.opts.request_timeout_s)
         with self.cond:
@@ -268,8 +275,9 @@ class Scheduler:
                     self.cond.wait()
                     deadline = time.perf_counter() + o.max_wait_ms / 1000.0
                     continue
-                got, longest = self._select(budget)
-                full = len(got) >= o.max_batch_items or (len(got) + 1) * longest > budget
+                b = decision_budget(self.tasks, budget, tb) if self.queue[0].key == DECIDE_KEY else budget
+                got, longest = self._select(b)
+                full = len(got) >= o.max_batch_items or (len(got) + 1) * longest > b
                 left = deadline - time.perf_counter()
                 if full or left <= 0 or self.stopping or self.draining:
                     chosen = {id(it) for it in got}
@@ -326,7 +334,7 @@ class Scheduler:
             if job.deadline <= now:
                 dropped += 1
                 continue
-            est = self.speed.estimate(it.tokens_run, it.cost)
+            est = self.speed.estimate(it.tokens_run, _longest(it))
             if est > job.deadline - now:
                 refused.append(job)
                 self._refuse(it, est, job.deadline - now)
@@ -376,7 +384,7 @@ class Scheduler:
             m.count(m.items, "error", len(items))
             return
         infer = time.perf_counter() - t0
-        self.speed.observe(run.stats.processed_tokens, infer, max(it.cost for it in items))
+        self.speed.observe(run.stats.processed_tokens, infer, max(_longest(it) for it in items))
         m.record_batch([it for i, it in enumerate(items) if i in preds], run.stats, t0, infer)
         rate = len(preds) / infer if infer > 0 else 0.0
         self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate

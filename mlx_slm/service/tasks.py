@@ -27,20 +27,25 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from ..classifier.classifier import Classifier
+from ..classifier.decider import Decider
 from ..classifier.embedder import Embedder, EmbeddingError, pooling_of
 from ..engine.engine import Engine
+from ..ground.errors import UserError
 from ..kinds import TaskError as KindRefused
 from ..kinds import chat_spec, request_spec, reranker_spec, scoring_names
 from ..kinds.chat import CHAT_TEMPLATE
 from ..models import embeds_only
 from ..text.calibration import CalibrationSpec
+from ..text.decisions import DecisionConfig
 from ..text.labels import LabelError
 from ..text.labels import validate as validate_labels
 from ..text.prompts import PromptError, PromptFormat, fill_labels
 from .api import Loaded, TaskSpec
+from .decide import DECIDE_KEY, DecisionTask
 from .errors import Invalid, NotSupported, TooLarge
 
 RERANK_TASK = "rerank"  # the first part of the reranker's task key (`TaskCache.rerank_key`)
@@ -103,6 +108,9 @@ class TaskCache:
         self._back_lock = threading.Lock()  # built by request threads before admission, read by the worker
         self._reranker: Any = None  # the model's reranker kind (or why it has none), made on first use
         self._pooling: Any = None  # the model's embedding pooling (or why it has none), read on first use
+        self._deciders: dict[bool, Any] = {}  # the decision tasks (front, back), made on first use
+        self._decider_lock = threading.Lock()
+        self.state_cache = 64  # the back Decider's recent states kept (`ServeOptions.state_cache`)
 
     def load(self, loaded: Loaded) -> None:
         """Take the loader's classifier as the served task, pinned in both caches."""
@@ -244,11 +252,45 @@ class TaskCache:
         with self._front_lock, self.front_engine.lock:  # construction tokenizes too
             return self._front.get(key, lambda: self._build(self.front_engine, key))
 
+    def decision_config(self) -> Any:
+        """The served model's decision settings (its folder's decision.json, else Transformers' defaults)."""
+        return self.decider(True).decider.config
+
+    def decider(self, front: bool) -> DecisionTask:
+        """The decision task (`service.decide`): on the front tokenizer (`front`: preparing requests
+        off the worker) or on the engine (the worker's; it holds the state cache). Both read the
+        model folder's decision.json and the served task's per-question calibration. Kept outside
+        the task LRU, so the state cache is never evicted with a classifier task."""
+        with self._decider_lock:
+            if front not in self._deciders:
+                engine = self.front_engine if front else self._base.engine
+                path = self._base.engine.path
+                ld = self.loaded
+                try:
+                    config = DecisionConfig.from_folder(path if path is not None and Path(path).is_dir() else None)
+                    self._deciders[front] = DecisionTask(
+                        Decider(
+                            engine,
+                            config,
+                            state_cache=0 if front else self.state_cache,
+                            calibration=ld.decision_calibration if ld is not None else None,
+                            calibration_questions=ld.decision_questions if ld is not None else None,
+                        )
+                    )
+                except UserError as e:  # no LM head, an mlx-lm architecture, a bad decision.json: said once, kept
+                    self._deciders[front] = NotSupported(f"this server's model cannot answer decisions: {e}")
+            got = self._deciders[front]
+            if isinstance(got, NotSupported):
+                raise got
+            return got
+
     def back(self, key: tuple) -> Any:
         """The task's classifier on the engine, which only the worker runs. A request builds
         its task's before admission (`Service.classify`), off the worker: building tokenizes its
         labels or choices (1,500 choices: seconds on a real tokenizer), which the worker then
         never waits for. Two requests of one new task may both build it (one is kept); the engine's lock guards the tokenizer."""
+        if key == DECIDE_KEY:
+            return self.decider(False)
         engine = self._base.engine
 
         def make() -> Any:

@@ -144,34 +144,8 @@ class QuestionPlan:
         return [self._pack(g, chains, pad_id) for g in self.groups]
 
     def _pack(self, group: list[int], chains: Sequence[Sequence[Sequence[int]]], pad_id: int) -> Pack:
-        B = len(chains)
-        lens = [[len(chains[r][b]) + self.blocks[b].nodes for b in group] for r in range(B)]
-        T = max(sum(x) for x in lens)
-        ids = np.full((B, T), pad_id, dtype=np.int32)
-        pos = np.zeros((B, T), dtype=np.int32)
-        vis = np.broadcast_to(np.eye(T, dtype=bool), (B, T, T)).copy()
-        answer_at = np.zeros((B, len(group)), dtype=np.int64)
-        chain_len = np.zeros((B, len(group)), dtype=np.int64)
-        node_at = np.zeros((B, sum(self.blocks[b].nodes for b in group)), dtype=np.int64)
-        for r in range(B):
-            at, n_at = 0, 0
-            for k, b in enumerate(group):
-                chain = list(chains[r][b])
-                m, start = len(chain), at
-                ids[r, at : at + m] = chain
-                pos[r, at : at + m] = np.arange(m)
-                vis[r, at : at + m, at : at + m] = np.tril(np.ones((m, m), dtype=bool))
-                answer_at[r, k], chain_len[r, k] = at + m - 1, m
-                at += m
-                for c in self.blocks[b].options.trie:  # nodes see the whole chain and their own ancestors
-                    n = len(c)
-                    ids[r, at : at + n] = c.tokens
-                    pos[r, at : at + n] = m + c.depth
-                    vis[r, at : at + n, start : start + m] = True
-                    vis[r, at : at + n, at : at + n] = c.visible
-                    node_at[r, n_at : n_at + n] = np.arange(at, at + n)
-                    at, n_at = at + n, n_at + n
-        return Pack(group, ids, pos, vis, answer_at, node_at, chain_len)
+        rows = [[(chains[r][b], self.blocks[b].options) for b in group] for r in range(len(chains))]
+        return pack_branches(rows, pad_id, group)
 
     # ------------------------------------------------------------------ scores to answers
     def answers(self, scores: Sequence[np.ndarray]) -> list[dict[str, dict[str, Any]]]:
@@ -184,6 +158,57 @@ class QuestionPlan:
             {q.name: q.answer([scores[i][r] for i in by_q[qi]]) for qi, q in enumerate(self.questions)}
             for r in range(B)
         ]
+
+
+def pack_branches(
+    rows: Sequence[Sequence[tuple[Sequence[int], LabelSet]]],
+    pad_id: int,
+    blocks: Sequence[int] = (),
+    trunks: Sequence[Sequence[int]] | None = None,
+) -> Pack:
+    """One pass of branches: `rows[r]` lists row r's branches (its question tokens, and the
+    options whose trie nodes follow them), each row its own (a row may have fewer, or none:
+    padding). What the questions kind packs (every row the same blocks) and what decisions
+    pack (each request its own questions). `blocks`: the plan's block indices, recorded.
+    `trunks[r]`: tokens row r runs first, causally, that all its branches see (the rest of a
+    state, run in the same pass as its questions); positions count from the trunk's start."""
+    B = len(rows)
+    tl = [len(trunks[r]) if trunks is not None else 0 for r in range(B)]
+    lens = [tl[r] + sum(len(chain) + sum(len(c) for c in ls.trie) for chain, ls in row) for r, row in enumerate(rows)]
+    T = max(max(lens, default=0), 1)
+    K = max((len(row) for row in rows), default=0)
+    N = max((sum(sum(len(c) for c in ls.trie) for _, ls in row) for row in rows), default=0)
+    ids = np.full((B, T), pad_id, dtype=np.int32)
+    pos = np.zeros((B, T), dtype=np.int32)
+    vis = np.broadcast_to(np.eye(T, dtype=bool), (B, T, T)).copy()
+    answer_at = np.zeros((B, K), dtype=np.int64)
+    chain_len = np.zeros((B, K), dtype=np.int64)
+    node_at = np.zeros((B, N), dtype=np.int64)
+    for r, row in enumerate(rows):
+        t = tl[r]
+        if t:
+            ids[r, :t] = trunks[r]  # type: ignore[index]
+            pos[r, :t] = np.arange(t)
+            vis[r, :t, :t] = np.tril(np.ones((t, t), dtype=bool))
+        at, n_at = t, 0
+        for k, (chain, options) in enumerate(row):
+            m, start = len(chain), at
+            ids[r, at : at + m] = chain
+            pos[r, at : at + m] = t + np.arange(m)
+            vis[r, at : at + m, at : at + m] = np.tril(np.ones((m, m), dtype=bool))
+            vis[r, at : at + m, :t] = True
+            answer_at[r, k], chain_len[r, k] = at + m - 1, m
+            at += m
+            for c in options.trie:  # nodes see the trunk, the whole chain and their own ancestors
+                n = len(c)
+                ids[r, at : at + n] = c.tokens
+                pos[r, at : at + n] = t + m + c.depth
+                vis[r, at : at + n, :t] = True
+                vis[r, at : at + n, start : start + m] = True
+                vis[r, at : at + n, at : at + n] = c.visible
+                node_at[r, n_at : n_at + n] = np.arange(at, at + n)
+                at, n_at = at + n, n_at + n
+    return Pack(list(blocks), ids, pos, vis, answer_at, node_at, chain_len)
 
 
 def _groups(sizes: Sequence[int], cap: int = MAX_PASS_TOKENS) -> list[list[int]]:

@@ -20,6 +20,7 @@ Ray's, its structs flattened, are the frame's less `calibration`, plus `n_tokens
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,8 +69,9 @@ class QuestionColumns:
 
 # A record's forms: one label per row ("label"), the labels at or above a threshold of a
 # multi-label head ("multi"), one score of a one-output head ("score"); answers per question
-# are the `questions` shape.
-FORMS = ("label", "multi", "score")
+# are the `questions` shape; a `decide` run's typed answers ("decisions": System One's or OpenAI's
+# answers as they are, a flat row holding them as one JSON text column, `answers`).
+FORMS = ("label", "multi", "score", "decisions")
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ class RecordShape:
             return ["id", "labels", *(f"p_{lab}" for lab in self.labels), "truncated", "line", "error"]
         if self.form == "score":
             return ["id", "label", "score", "logit", "truncated", "line", "error"]
+        if self.form == "decisions":
+            return ["id", "answers", "line", "error"]
         return [
             "id",
             "label",
@@ -333,6 +337,15 @@ def flat_record(rec: dict[str, Any]) -> dict[str, Any]:
     for key, prefix in (("probs", "p_"), ("raw_probs", "raw_p_")):
         for lab, p in (rec.get(key) or {}).items():
             flat[prefix + lab] = p
-    if rec.get("answers"):
-        flat.update(flat_answers(rec["answers"]))
+    ans = rec.get("answers")
+    if isinstance(ans, str):  # a decide run's answers, as one JSON text
+        flat["answers"] = ans
+    elif (
+        isinstance(ans, list)
+        or isinstance(ans, dict)
+        and any(isinstance(a, dict) and "type" in a for a in ans.values())
+    ):
+        flat["answers"] = json.dumps(ans, ensure_ascii=False)  # typed decisions (OpenAI's list, System One's "type")
+    elif ans:
+        flat.update(flat_answers(ans))
     return flat

@@ -561,6 +561,9 @@ def _convert_into(
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(tmp))
     st_files = copy_sentence_transformers(path, tmp) if source_type == "hf" else {}  # its pooling and prompts
+    for name in DECISION_FILES:  # a decision model's settings, read from the converted folder as from the source
+        if path.is_dir() and (path / name).is_file():
+            shutil.copyfile(path / name, tmp / name)
 
     say("  hashing the source")
     record = {
@@ -583,6 +586,11 @@ def _convert_into(
     record["weights_stat"] = _weights_stat(tmp / WEIGHTS)
     record["files"] = sorted([p.name for p in tmp.iterdir()] + [RECORD])  # what a later --out may replace
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+# Transformers' decision settings (`transformers.decision.DecisionConfig`: labels, temperatures, the
+# decision prompt), copied beside the weights so `classifier.decider.Decider` reads them there.
+DECISION_FILES = ("decision.json", "decision_template.jinja")
 
 
 def versions() -> dict[str, str]:

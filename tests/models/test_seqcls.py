@@ -176,7 +176,9 @@ def test_label_scoring_on_a_sequence_classifier_is_a_user_error(tiny_arch):
     engine = Engine(load_model(path), AutoTokenizer.from_pretrained(str(path)))
     # Labels of one's own beside the model's: refused at once, naming the model's labels (the kinds
     # table chooses the model's head for it).
-    with pytest.raises(UserError, match=r"its own labels \['negative', 'neutral', 'positive'\].*give its own labels, or none"):
+    with pytest.raises(
+        UserError, match=r"its own labels \['negative', 'neutral', 'positive'\].*give its own labels, or none"
+    ):
         Classifier(engine, ["a", "b"])
     # Label scoring asked for explicitly (a causal LM's task on this model): no LM head, said so.
     with pytest.raises(UserError, match="no LM head"):

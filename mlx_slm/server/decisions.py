@@ -1,0 +1,149 @@
+"""OpenAI's Decisions API: POST /v1/decisions (and /decisions), as the `openai` SDK's
+`client.decisions.create` sends it and its types (`openai.types.Decision`) read the answer.
+
+    {"model", "input": str | [messages], "questions": [{"type": "predicate"|"choice"|"score", "name"?,
+     "instructions", "choices"? | "levels"?}], "prompt_cache_key"?, ...}
+    -> {"model", "answers": [answer, ...], "usage": {"input_tokens", "input_tokens_details":
+        {"cache_write_tokens", "cached_tokens"}, "output_tokens", "output_tokens_details":
+        {"reasoning_tokens"}, "total_tokens"}}
+
+Read by `text.decisions.parse_openai`, answered through the service's `decide` path as
+/v1/systemone is (the same questions machinery, so the same probabilities), each answer in
+`text.decisions.openai_answer`'s shape, in question order. A question that cannot be answered
+(its prompt, after the state, is over the model's context) gets `{"type": "refusal", "name"}` and
+the others their answers, as OpenAI's types allow; a state alone over the context refuses every
+question. `prompt_cache_key` names the state in the server's bounded cache of recent states'
+keys and values; `usage.input_tokens_details.cached_tokens` says how many tokens came from it.
+Every usage field is an int (the SDK's `DecisionsToolRunner` checks that).
+
+Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: a bad request 400
+(`param` the field's path, e.g. `questions[2].choices`; images: a 400 that says this server reads
+text only), a wrong key 401 `invalid_api_key`, a model this server does not serve 404
+`model_not_found`, 413 over the body limit.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from ..service import ServiceError
+from ..text.decisions import DecisionError, DecisionErrors, openai_answer, parse_openai, refusal
+from .auth import check_auth
+from .checks import parse_body, read_body
+from .common import RouteContext, until_disconnect
+from .errors import HTTPError, http_error, json_response
+
+DECISION_PATHS = ("/v1/decisions", "/decisions")
+# OpenAI's error codes, by status (None: a plain bad request).
+_CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded", 503: "service_unavailable"}
+
+
+def param_of(loc: tuple[Any, ...]) -> str:
+    """A body location as OpenAI names a parameter: ("body", "questions", 2, "choices") ->
+    "questions[2].choices"."""
+    out = ""
+    for x in loc:
+        if x == "body" and not out:
+            continue
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out or "body"
+
+
+class DecisionRoutes:
+    """OpenAI's decision routes over the service."""
+
+    def __init__(self, ctx: RouteContext):
+        self.ctx = ctx
+
+    def routes(self) -> list[Any]:
+        from starlette.routing import Route  # lazy: starlette is the serve extra's
+
+        run = self.ctx.endpoint(self.decisions, "oai")
+        return [Route(p, run, methods=["POST"]) for p in DECISION_PATHS]
+
+    async def decisions(self, request: Any, t0: float) -> Any:
+        """One decision request; every error in OpenAI's shape (a 422 of the shared checks as 400)."""
+        try:
+            return await self._decisions(request, t0)
+        except (HTTPError, ServiceError) as e:
+            err = http_error(e)
+            if err.status == 422:
+                err.status = 400
+            err.code = _CODES.get(err.status)
+            raise err from None
+
+    async def _decisions(self, request: Any, t0: float) -> Any:
+        ctx = self.ctx
+        check_auth(request, ctx.opts.api_key)
+        ctx.service.require_ready()
+        data = parse_body(await read_body(request, ctx.opts.max_body_bytes))
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            ctx.check_model(data["model"], "gpt-6-luna")
+        config = await ctx.decision_config()
+        try:
+            req = parse_openai(data, config)
+        except DecisionError as e:
+            first = e.errors[0] if isinstance(e, DecisionErrors) else e
+            raise HTTPError(400, first.msg, param_of(first.loc), outcome="invalid") from None
+        try:
+            result = await ctx.service.decide(req, started=t0, gone=lambda: until_disconnect(request))
+        except DecisionError as e:
+            if e.type != "tokens_exceeded":
+                raise HTTPError(400, e.msg, param_of(e.loc), outcome="invalid") from None
+            # The state alone is over the model's context: no question can be answered.
+            result = SimpleNamespace(probabilities=(None,) * len(req.questions), input_tokens=0, cached_tokens=0)
+        return json_response(self.answer(req, result))
+
+    def answer(self, req: Any, result: Any) -> dict[str, Any]:
+        """OpenAI's Decision: answers in question order, a refusal where a question had no answer."""
+        answers = [
+            refusal(q) if p is None else openai_answer(q, p) for q, p in zip(req.questions, result.probabilities)
+        ]
+        n, cached = int(result.input_tokens), int(result.cached_tokens)
+        return {
+            "model": self.ctx.served_name(),
+            "answers": answers,
+            "usage": {
+                "input_tokens": n,
+                "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": cached},
+                "output_tokens": 0,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": n,
+            },
+        }
+
+
+DECISIONS_OPENAPI: dict[str, Any] = {
+    "summary": "OpenAI's Decisions API: an input (a string or messages) and 1-400 predicate / choice / score "
+    "questions, answered in order with a probability per option (a refusal for a question over the context). "
+    "Errors: {error: {message, type, param, code}}.",
+    "security": [{"bearer": []}],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["model", "input", "questions"],
+                    "properties": {
+                        "model": {"type": "string", "description": "the served name, gpt-6-luna, or an alias"},
+                        "input": {"description": "a string, or messages (user/system/developer text, input_json)"},
+                        "questions": {"type": "array", "minItems": 1, "maxItems": 400, "items": {"type": "object"}},
+                        "prompt_cache_key": {"type": "string", "nullable": True},
+                    },
+                }
+            }
+        },
+    },
+    "responses": {
+        "200": {"description": "OpenAI's Decision: {model, answers: [...], usage}"},
+        "400": {"description": "a bad field (error.param names it), or images"},
+        "401": {"description": "missing or wrong Bearer key"},
+        "404": {"description": "not a name of the served model (code model_not_found)"},
+        "413": {"description": "body over the limit"},
+        "429": {"description": "queue full; see Retry-After"},
+        "503": {"description": "loading or shutting down"},
+        "504": {"description": "request timeout"},
+    },
+}

@@ -1,0 +1,164 @@
+"""System One's typed decisions (TypeSafe's Jev API): POST /v1/systemone.
+
+    {"model", "state": str | object | array, "questions": {id: {"type": "noul"|"choice"|"score", ...}}}
+    -> {"model", "answers": {id: answer}, "usage": {"input_tokens", "output_tokens"}, "x_...": ...}
+
+The body is read as `text.decisions.parse_systemone` reads it (every bad-input case there, each
+naming its field), and answered by the service's `decide` path: the request is one item of the
+scheduler's queue, so decision requests share its bound, deadlines and micro-batches with every
+other route; the state's tokens run once and each question is a branch after them. Each answer
+is `text.decisions.systemone_answer`'s shape (TypeSafe's confidence formulas).
+
+Errors are System One's (FastAPI's) shapes: validation 422 `{"detail": [{"loc": ["body", ...],
+"msg", "type"}]}` (a state or question over the model's context: type `tokens_exceeded`), any
+other `{"detail": {"error_type", "message"}}`: 401 `authentication_error`, 404 for a model this
+server does not serve, 413 over the body limit (compressed or decoded), 429 / 503 / 504 as every
+route. Unknown top-level fields are ignored (System One's clients add their own); extra answer
+fields would carry the `x_` prefix, as the API asks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..service import ServiceError
+from ..text.decisions import DecisionError, DecisionErrors, parse_systemone, systemone_answer
+from .auth import check_auth
+from .checks import parse_body, read_body
+from .common import RouteContext, until_disconnect
+from .errors import HTTPError, http_error, json_response
+
+SYSTEMONE_PATHS = ("/v1/systemone",)
+
+
+def validation_error(e: DecisionError) -> HTTPError:
+    """A `DecisionError` (or several) as System One's 422, each naming its place in the body."""
+    errs = list(e.errors) if isinstance(e, DecisionErrors) else [e]
+    loc = tuple(x for x in errs[0].loc if x != "body")
+    err = HTTPError(422, errs[0].msg, ".".join(map(str, loc)) or "body", outcome="invalid")
+    err.details = [(tuple(x for i, x in enumerate(d.loc) if not (i == 0 and x == "body")), d.msg, d.type) for d in errs]
+    return err
+
+
+def _no_images(fld: str) -> HTTPError:
+    err = HTTPError(
+        422,
+        "images (assets) are not supported by this server, which reads text only: send the state as text or JSON",
+        fld,
+        outcome="invalid",
+    )
+    err.details = [((fld,) if fld != "body" else (), err.message, "images")]
+    return err
+
+
+class SystemOneRoutes:
+    """POST /v1/systemone over the service."""
+
+    def __init__(self, ctx: RouteContext):
+        self.ctx = ctx
+
+    def routes(self) -> list[Any]:
+        from starlette.routing import Route  # lazy: starlette is the serve extra's
+
+        return [Route(p, self.ctx.endpoint(self.systemone, "systemone"), methods=["POST"]) for p in SYSTEMONE_PATHS]
+
+    async def systemone(self, request: Any, t0: float) -> Any:
+        """One System One request (see the module docstring)."""
+        ctx = self.ctx
+        check_auth(request, ctx.opts.api_key)
+        ctx.service.require_ready()
+        if request.headers.get("content-type", "").lower().startswith("multipart/"):
+            raise _no_images("body")  # typesafe-sdk sends images (assets) as multipart/form-data
+        data = parse_body(await read_body(request, ctx.opts.max_body_bytes))
+        if isinstance(data, dict) and data.get("assets"):
+            raise _no_images("assets")
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            ctx.check_model(data["model"], "jev-latest")
+        config = await ctx.decision_config()
+        try:
+            req = parse_systemone(data, config)
+        except DecisionError as e:
+            raise validation_error(e) from None
+        try:
+            result = await ctx.service.decide(req, started=t0, gone=lambda: until_disconnect(request))
+        except DecisionError as e:  # a state or question over the model's context: tokens_exceeded
+            raise validation_error(e) from None
+        except ServiceError as e:
+            err = http_error(e)
+            if err.status == 422:  # the core's Invalid: the request cannot run (over the context)
+                err.details = [(tuple(str(e.field or "state").split(".")), e.message, "tokens_exceeded")]
+            raise err from None
+        over = [q.key for q, p in zip(req.questions, result.probabilities) if p is None]
+        if over:  # System One answers a request whole or not at all
+            err = HTTPError(422, "over the model's context", "questions", outcome="invalid")
+            err.details = [
+                (
+                    ("questions", k),
+                    "the state and this question are over the model's context: shorten the state or the question",
+                    "tokens_exceeded",
+                )
+                for k in over
+            ]
+            raise err
+        return json_response(self.answer(req, result, t0))
+
+    def answer(self, req: Any, result: Any, t0: float) -> dict[str, Any]:
+        """System One's response: one answer per question id, in the request's order."""
+        answers = {q.key: systemone_answer(q, p) for q, p in zip(req.questions, result.probabilities)}
+        return {
+            "model": self.ctx.served_name(),
+            "answers": answers,
+            "usage": {"input_tokens": int(result.input_tokens), "output_tokens": 0},
+            "x_cached_tokens": int(result.cached_tokens),
+            "x_total_ms": round((time.perf_counter() - t0) * 1000, 3),
+        }
+
+
+SYSTEMONE_OPENAPI: dict[str, Any] = {
+    "summary": "System One's typed decisions (TypeSafe's Jev API): a state and named noul / choice / score "
+    "questions, a probability per option for each, in one pass. Errors: 422 {detail: [{loc, msg, type}]}, "
+    "others {detail: {error_type, message}}. Bodies may be zstd or gzip (Content-Encoding).",
+    "security": [{"bearer": []}],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["model", "state", "questions"],
+                    "properties": {
+                        "model": {"type": "string", "description": "the served name, jev-latest, or an alias"},
+                        "state": {"description": "a string, an object or an array"},
+                        "questions": {
+                            "type": "object",
+                            "minProperties": 1,
+                            "additionalProperties": {
+                                "type": "object",
+                                "required": ["type"],
+                                "properties": {
+                                    "type": {"type": "string", "enum": ["noul", "choice", "score"]},
+                                    "instructions": {"description": "a string, an object or an array"},
+                                    "criteria": {
+                                        "description": "noul: {true?, false?}; choice: {option: description|null} "
+                                        "(2-255); score: a list of 2-10 level descriptions"
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            }
+        },
+    },
+    "responses": {
+        "200": {"description": "{model, answers: {id: answer}, usage: {input_tokens, output_tokens}, x_...}"},
+        "401": {"description": "missing or wrong Bearer key (authentication_error)"},
+        "404": {"description": "not a name of the served model"},
+        "413": {"description": "body over the limit (as sent, or decoded)"},
+        "422": {"description": "a field that is not valid, or over the model's context (tokens_exceeded)"},
+        "429": {"description": "queue full; see Retry-After"},
+        "503": {"description": "loading or shutting down"},
+        "504": {"description": "request timeout"},
+    },
+}

@@ -1,0 +1,163 @@
+"""`mlx-slm decide` and `mlx-slm eval --decisions [--fit --save-task]` through the CLI, on a tiny
+random model: the help teaches, bad input is exit 2 naming the fix, error rows exit 1, a fitted
+task's temperatures reach `decide --task`."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from mlx_slm.cli import main
+from mlx_slm.text.workload import tickets
+
+QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Does it need an answer today?"},
+    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "technical": None}},
+    "anger": {"type": "score", "criteria": ["Calm", "Annoyed", "Furious"]},
+}
+
+
+def run(args, input=None):
+    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from mlx_slm.weights.convert import convert
+    from tests.conftest import make_tiny
+
+    hf = make_tiny(tmp_path_factory.mktemp("hf-cli-decide"), "qwen2", words=("Yes", "No"))
+    return str(convert(hf, tmp_path_factory.mktemp("mlx-cli-decide") / "m", dtype="float32", progress=None))
+
+
+@pytest.fixture()
+def q(tmp_path):
+    p = tmp_path / "q.json"
+    p.write_text(json.dumps({"model": "jev-latest", "state": "x", "questions": QUESTIONS}))  # a whole body
+    return p
+
+
+def test_help_teaches_with_an_example():
+    r = run(["decide", "--help"])
+    assert r.exit_code == 0
+    for part in ("mlx-slm decide tickets.jsonl --questions Q.json", '"type": "noul"', "--shape", "--resume", "--task"):
+        assert part in r.output
+
+
+def test_stdin_to_stdout_error_rows_exit_1(tiny, q):
+    deep: object = "x"
+    for _ in range(40):
+        deep = [deep]
+    lines = [json.dumps({"id": 1, "state": "My card was charged twice"}), json.dumps({"id": 2, "state": 5}),
+             json.dumps({"id": 3, "state": {"deep": deep}})]  # fmt: skip
+    r = run(["decide", "--questions", str(q), "--model", tiny, "-q"], input="\n".join(lines) + "\n")
+    assert r.exit_code == 1
+    recs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert set(recs[0]["answers"]) == set(QUESTIONS)
+    assert recs[1]["id"] == 2 and "line 2" in recs[1]["error"] and "the state" in recs[1]["error"]
+    assert recs[2]["id"] == 3 and "nested" in recs[2]["error"]
+    r2 = run(["decide", "--questions", str(q), "--model", tiny, "-q", "--on-error", "skip"], input=lines[0] + "\n")
+    assert r2.exit_code == 0 and r2.stdout.splitlines()[0] == r.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({}, "questions"),
+        ({"a": {"type": "boolean"}}, "type"),
+        ({"a": {"type": "choice", "criteria": {"x": None}}}, "option"),
+        ({"a": {"type": "score", "criteria": ["one"]}}, "level"),
+        ("not json", "not valid JSON"),
+    ],
+)
+def test_bad_questions_file_exit_2(tiny, tmp_path, body, words):
+    p = tmp_path / "bad.json"
+    p.write_text(body if isinstance(body, str) else json.dumps(body))
+    r = run(["decide", "--questions", str(p), "--model", tiny], input='{"state": "x"}\n')
+    assert r.exit_code == 2, r.output
+    assert "error:" in r.output and words in r.output and "Traceback" not in r.output
+
+
+def test_no_questions_exit_2(tiny):
+    r = run(["decide", "--model", tiny], input='{"state": "x"}\n')
+    assert r.exit_code == 2 and "--questions" in r.output
+
+
+def _gold(tmp_path, n=16):
+    rng = random.Random(0)
+    rows = [{"id": i, "text": t, "team": rng.choice(["billing", "technical"]), "urgent": rng.random() < 0.5,
+             "anger": rng.randint(0, 2)} for i, (t, _) in enumerate(tickets(n))]  # fmt: skip
+    rows.append({"id": 99, "text": "x", "team": "sales", "urgent": "maybe", "anger": 9})
+    p = tmp_path / "gold.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
+    gold = _gold(tmp_path)
+    args = ["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent",
+            "--gold-field", "anger", "--model", tiny]  # fmt: skip
+    r = run([*args, "--json", str(tmp_path / "e.json"), "--plots", str(tmp_path / "plots")])
+    assert r.exit_code == 0, r.output
+    for part in ("== team (choice, gold field 'team')", "Brier", "ECE", "(binary)", "1 row(s) left out"):
+        assert part in r.output
+    figs = json.loads((tmp_path / "e.json").read_text())["questions"]
+    assert set(figs) == {"team", "urgent", "anger"} and figs["urgent"]["n"] == 16
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "plots" / "02-team" / "reliability.png").stat().st_size > 1000
+    r = run([*args, "--fit", "--save-task", str(tmp_path / "t.json")])
+    assert r.exit_code == 0, r.output
+    assert "fitted temperature" in r.output
+    t = json.loads((tmp_path / "t.json").read_text())
+    assert set(t["decisions"]["temperatures"]) == {"team", "urgent", "anger"} and t["weights_sha256"]
+    assert t["decisions"]["questions"] == QUESTIONS
+    r = run(["decide", "--task", str(tmp_path / "t.json"), "-q"], input='{"id": 1, "state": "refund please"}\n')
+    assert r.exit_code == 0, r.output
+    assert set(json.loads(r.stdout)["answers"]) == set(QUESTIONS)
+    # serve --task's load path: the task is a classify task too (default labels), and its temperatures come back
+    from mlx_slm.classifier.task import decision_temperatures
+    from mlx_slm.jobs.setup import Setup, TaskOptions
+
+    setup = Setup(TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})), lambda m: None)
+    setup.load()
+    assert decision_temperatures(setup.task, setup.weights) == t["decisions"]["temperatures"]
+
+
+def test_eval_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path):
+    gold = _gold(tmp_path, 4)
+    base = ["eval", str(gold), "--decisions", str(q), "--model", tiny]
+    r = run(base)
+    assert r.exit_code == 2 and "--gold-field" in r.output
+    r = run([*base, "--gold-field", "nope=team"])
+    assert r.exit_code == 2 and "not a question key" in r.output
+    r = run([*base, "--gold-field", "team", "--labels", "a,b"])
+    assert r.exit_code == 2 and "--labels" in r.output
+    r = run([*base, "--gold-field", "team", "--save-task", str(tmp_path / "t.json")])
+    assert r.exit_code == 2 and "--fit" in r.output
+
+
+def test_eval_decisions_scores_a_decide_output_without_the_model(tiny, q, tmp_path):
+    """eval --decisions --predictions OUT: a decide output (either shape, JSONL or CSV) read back gives
+    the figures of the run that made it; another input's output is refused."""
+    gold = _gold(tmp_path, 8)
+    args = ["--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent", "--gold-field", "anger"]
+    live = run(["eval", str(gold), *args, "--model", tiny, "--json", str(tmp_path / "live.json")])
+    assert live.exit_code == 0, live.output
+    want = json.loads((tmp_path / "live.json").read_text())["questions"]
+    for shape, out in (("systemone", "o.jsonl"), ("openai", "o.csv")):
+        r = run(["decide", str(gold), "--questions", str(q), "--model", tiny, "-q", "--shape", shape,
+                 "-o", str(tmp_path / out), "--on-error", "skip"])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        r = run(["eval", str(gold), *args, "--predictions", str(tmp_path / out), "--json", str(tmp_path / "p.json")])
+        assert r.exit_code == 0, r.output
+        got = json.loads((tmp_path / "p.json").read_text())["questions"]
+        for key in want:
+            assert got[key]["accuracy"] == want[key]["accuracy"]
+            assert got[key]["brier"] == pytest.approx(want[key]["brier"], abs=1e-6)  # other batches: float sums
+    other = tmp_path / "other.jsonl"
+    other.write_text(gold.read_text().replace('"x"', '"y"'))
+    r = run(["eval", str(other), *args, "--predictions", str(tmp_path / "o.jsonl")])
+    assert r.exit_code == 2 and "not the output for this input" in r.output

@@ -1,0 +1,223 @@
+"""jobs/decide.py on a tiny random model: rows in, answers out in input order, error rows, both
+shapes, CSV/Parquet, exact --resume, --shard + merge, a task's temperatures, a state too long."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlx_slm.classifier.decider import Decider
+from mlx_slm.classifier.task import Task
+from mlx_slm.engine import Engine
+from mlx_slm.files.output import manifest_path
+from mlx_slm.files.sharding import merge_parts
+from mlx_slm.jobs.decide import DecideSettings, decide
+from mlx_slm.text.decision_metrics import apply_temperature
+from mlx_slm.text.decisions import DecisionRequest, read_questions_file
+from mlx_slm.text.workload import tickets
+
+QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Does it need an answer today?", "criteria": {"true": "Blocked"}},
+    "team": {"type": "choice", "instructions": "Which team?",
+             "criteria": {"billing": "Payments", "technical": None, "account": {"scope": ["login", "profile"]}}},
+    "anger": {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Annoyed", "Furious"]},
+}  # fmt: skip
+TEXTS = [t for t, _ in tickets(9)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny qwen2 whose tokenizer has Yes and No as tokens, converted to float32 MLX."""
+    from mlx_slm.weights.convert import convert
+    from tests.conftest import make_tiny
+
+    hf = make_tiny(tmp_path_factory.mktemp("hf-decide"), "qwen2", words=("Yes", "No"))
+    return str(convert(hf, tmp_path_factory.mktemp("mlx-decide") / "m", dtype="float32", progress=None))
+
+
+@pytest.fixture()
+def files(tmp_path):
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps(QUESTIONS))
+    rows = [
+        {"id": "a", "state": TEXTS[0]},
+        {"id": "b", "text": TEXTS[1]},  # no state field: its text is the state
+        {"id": "c", "state": {"subject": "refund", "body": TEXTS[2]}},
+        {"id": "d", "state": None},
+        {"id": "e", "state": [TEXTS[3], 2]},
+        {"id": "f", "other": 1},
+    ]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(
+        "\n".join(json.dumps(r) for r in rows[:3]) + "\n{broken\n" + "\n".join(json.dumps(r) for r in rows[3:]) + "\n"
+    )
+    return inp, q
+
+
+def _run(tiny, inp, q, out=None, **kw):
+    s = DecideSettings(input=str(inp), questions_file=str(q), output=None if out is None else str(out), model=tiny,
+                       quiet=True, given=frozenset({"model"}), **kw)  # fmt: skip
+    return decide(s, lambda m: None)
+
+
+def _direct(tiny, states, q, shape="systemone"):
+    """The Decider asked directly: each state's probabilities per question."""
+    d = Decider(Engine.load(tiny), state_cache=0)
+    qs = read_questions_file(str(q), d.config)
+    return [r.probabilities for r in d.decide([DecisionRequest(s, qs) for s in states])], qs
+
+
+def test_rows_in_input_order_error_rows_named(tiny, files, tmp_path):
+    inp, q = files
+    out = tmp_path / "out.jsonl"
+    assert _run(tiny, inp, q, out) == 3
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in recs] == ["a", "b", "c", None, "d", "e", "f"]
+    assert recs[3]["line"] == 4 and "malformed JSON" in recs[3]["error"]
+    assert "line 5: field 'state'" in recs[4]["error"] and "got null" in recs[4]["error"]
+    assert "line 7: missing field 'state'" in recs[6]["error"] and "--state-field" in recs[6]["error"]
+    states = [TEXTS[0], TEXTS[1], {"subject": "refund", "body": TEXTS[2]}, [TEXTS[3], 2]]
+    probs, qs = _direct(tiny, states, q)
+    for rec, ps in zip([recs[i] for i in (0, 1, 2, 5)], probs):
+        a = rec["answers"]
+        assert list(a) == ["urgent", "team", "anger"]
+        assert a["urgent"] == {"type": "noul", "noul": pytest.approx(float(ps[0][0]), abs=1e-12)}
+        assert list(a["team"]["probabilities"]) == ["billing", "technical", "account"]
+        np.testing.assert_allclose(list(a["team"]["probabilities"].values()), ps[1], atol=1e-12)
+        assert a["team"]["choice"] == ["billing", "technical", "account"][int(np.argmax(ps[1]))]
+        assert a["anger"]["legend"] == {"0": "Calm", "1": "Annoyed", "2": "Furious"}
+        assert a["anger"]["score"] == pytest.approx(float(np.dot(np.arange(3), ps[2])))
+    m = json.loads(manifest_path(str(out)).read_text())
+    assert m["complete"] and m["rows"] == 7 and m["settings"]["form"] == "decisions"
+    assert m["settings"]["decision_questions"] == QUESTIONS and m["settings"]["temperatures"] == {}
+
+
+def test_openai_shape_and_csv_parquet(tiny, files, tmp_path):
+    inp, q = files
+    out = tmp_path / "o.jsonl"
+    _run(tiny, inp, q, out, shape="openai")
+    first = json.loads(out.read_text().splitlines()[0])["answers"]
+    assert [a["type"] for a in first] == ["predicate", "choice", "score"]
+    assert [a["name"] for a in first] == ["urgent", "team", "anger"]  # System One keys name OpenAI's answers
+    assert [p["value"] for p in first[2]["probabilities"]] == [0, 1, 2]
+    csv_in = tmp_path / "in.csv"
+    csv_in.write_text("id,text\n1," + TEXTS[0].replace(",", " ") + "\n2,\n")
+    _run(tiny, csv_in, q, tmp_path / "o.csv")
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "o.csv").open()))
+    assert list(rows[0]) == ["id", "answers", "line", "error"]
+    assert json.loads(rows[0]["answers"])["team"]["type"] == "choice" and rows[1]["error"]
+    pq = pytest.importorskip("pyarrow.parquet")
+    _run(tiny, inp, q, tmp_path / "o.parquet")
+    t = pq.read_table(str(tmp_path / "o.parquet")).to_pylist()
+    assert [r["id"] for r in t] == ["a", "b", "c", None, "d", "e", "f"]
+    assert json.loads(t[0]["answers"])["urgent"]["type"] == "noul"
+
+
+def test_resume_is_byte_identical(tiny, files, tmp_path):
+    inp, q = files
+    whole = tmp_path / "whole.jsonl"
+    _run(tiny, inp, q, whole, window=2)
+    part = tmp_path / "part.jsonl"
+    _run(tiny, inp, q, part, window=2)
+    lines = part.read_bytes().splitlines(keepends=True)
+    part.write_bytes(b"".join(lines[:3]) + lines[3][:10])  # interrupted mid-row
+    m = json.loads(manifest_path(str(part)).read_text())
+    m["complete"] = False
+    manifest_path(str(part)).write_text(json.dumps(m))
+    _run(tiny, inp, q, part, window=2, resume=True)
+    assert part.read_bytes() == whole.read_bytes()
+
+
+def test_shards_merge_into_the_single_run(tiny, files, tmp_path):
+    inp, q = files
+    whole = tmp_path / "whole.jsonl"
+    _run(tiny, inp, q, whole, window=1)
+    parts = []
+    for i in range(2):
+        parts.append(str(tmp_path / f"p{i}.jsonl"))
+        _run(tiny, inp, q, parts[-1], window=1, shard=f"{i}/2")
+    merge_parts(parts, str(tmp_path / "merged.jsonl"))
+    assert (tmp_path / "merged.jsonl").read_bytes() == whole.read_bytes()
+    pq = pytest.importorskip("pyarrow.parquet")
+    merge_parts(parts, str(tmp_path / "merged.parquet"))  # the decisions form's columns, typed
+    t = pq.read_table(str(tmp_path / "merged.parquet"))
+    assert t.column_names == ["id", "answers", "line", "error"]
+    want = [json.loads(x) for x in whole.read_text().splitlines()]
+    assert [json.loads(a) if a else None for a in t.column("answers").to_pylist()] == [w.get("answers") for w in want]
+
+
+def test_task_temperatures_apply_to_its_own_questions(tiny, files, tmp_path):
+    inp, q = files
+    engine = Engine.load(tiny)
+    task = Task(model=tiny, labels=("a", "b"), system=None, template="{text}", weights_sha256=engine.weights_sha256,
+                decisions={"questions": QUESTIONS, "temperatures": {"team": 3.0}, "fit": {}})  # fmt: skip
+    task.save(tmp_path / "t.json")
+    raw, cal = tmp_path / "raw.jsonl", tmp_path / "cal.jsonl"
+    _run(tiny, inp, q, raw)
+    s = DecideSettings(input=str(inp), output=str(cal), task_file=str(tmp_path / "t.json"), quiet=True)
+    decide(s, lambda m: None)  # the task's model and questions
+    a, b = (json.loads(x.read_text().splitlines()[0])["answers"] for x in (raw, cal))
+    assert a["urgent"] == b["urgent"] and a["anger"] == b["anger"]  # no temperature: raw, exactly
+    p = np.array(list(a["team"]["probabilities"].values()))
+    np.testing.assert_allclose(list(b["team"]["probabilities"].values()), apply_temperature(p[None], 3.0)[0], atol=1e-9)
+    assert json.loads(manifest_path(str(cal)).read_text())["settings"]["temperatures"] == {"team": 3.0}
+
+
+def test_a_state_too_long_is_an_error_row_or_a_refusal(tiny, files, tmp_path):
+    _, q = files
+    inp = tmp_path / "long.jsonl"
+    inp.write_text(
+        json.dumps({"id": 1, "state": TEXTS[0]}) + "\n" + json.dumps({"id": 2, "state": "word " * 3000}) + "\n"
+    )
+    out = tmp_path / "long-out.jsonl"
+    assert _run(tiny, inp, q, out) == 1
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert "answers" in recs[0] and recs[1]["line"] == 2 and "line 2:" in recs[1]["error"]
+    out2 = tmp_path / "long-openai.jsonl"
+    assert _run(tiny, inp, q, out2, shape="openai") == 0
+    refused = json.loads(out2.read_text().splitlines()[1])["answers"]
+    assert [a["type"] for a in refused] == ["refusal"] * 3 and refused[0]["name"] == "urgent"
+
+
+def test_no_questions_is_a_usage_error(tiny, files):
+    inp, _ = files
+    from mlx_slm.ground.errors import UsageError
+
+    with pytest.raises(UsageError, match="--questions"):
+        decide(DecideSettings(input=str(inp), model=tiny, quiet=True), lambda m: None)
+    assert Path(inp).exists()
+
+
+@pytest.mark.slow
+def test_ray_writes_the_local_output(tiny, files, tmp_path):
+    """decide --ray (a local Ray, two workers, one Decider each) writes the local run's rows."""
+    pytest.importorskip("ray")
+    import ray
+
+    import mlx_slm.ray as mray
+
+    inp, q = files
+    local, spread = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    _run(tiny, inp, q, local)
+    mray.init(num_cpus=2)
+    try:
+        assert _run(tiny, inp, q, spread, ray=True, workers=2) == 3
+    finally:
+        ray.shutdown()
+    a = [json.loads(x) for x in local.read_text().splitlines()]
+    b = [json.loads(x) for x in spread.read_text().splitlines()]
+    assert [r["id"] for r in a] == [r["id"] for r in b]
+    for x, y in zip(a, b):
+        if "error" in x:
+            assert x == y
+            continue
+        for key, ans in x["answers"].items():
+            assert ans["type"] == y["answers"][key]["type"]
+            got = y["answers"][key].get("probabilities") or {"noul": y["answers"][key]["noul"]}
+            want = ans.get("probabilities") or {"noul": ans["noul"]}
+            np.testing.assert_allclose(list(got.values()), list(want.values()), atol=1e-6)
