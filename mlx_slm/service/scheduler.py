@@ -35,8 +35,12 @@ next request then waits for. Six rules keep the queue moving:
    still to run, the rest is abandoned between batches (`run_batch`); so is it once the
    server stops (`stop`: after SIGTERM's drain, nobody waits for it).
 6. An item is priced with all it runs (`row_work`: every chunk of a label trie, not only the
-   largest one the batch plan holds at once), and one whose estimate alone is over the
-   request timeout is refused at admission (`submit`), before it takes a place in the queue.
+   largest one the batch plan holds at once), and one whose estimate alone is over
+   `ITEM_TIME_FRACTION` (1/2) of the request timeout is refused at admission (`submit`),
+   before it takes a place in the queue. An item cannot be split, so it holds the worker to
+   its end: priced up to the whole timeout, one heavy chat of 300 long choices (15 s on a
+   loaded 2-core CPU, a 20 s timeout) left the requests queued behind it without the time
+   to run (the 30-minute soak's 504s); with half, they always keep the other half.
    The request's own steps before admission (its task built and its choices tokenized, its
    texts tokenized: `Service.classify`) run off the worker, under the request's deadline.
 
@@ -69,6 +73,7 @@ from .tasks import TaskCache
 
 LOOKAHEAD = 1024  # waiting items the gatherer looks through for ones of similar length
 BATCH_TIME_FRACTION = 0.25  # a micro-batch's estimated compute time stays under this share of the request timeout
+ITEM_TIME_FRACTION = 0.5  # one item (it cannot be split) may hold the worker for at most this share of it
 
 
 class Job:
@@ -209,13 +214,13 @@ class Scheduler:
     ) -> None:
         """Queue a request's items (`works`: each item's tokens run in all, `row_work`; None:
         its cost), or refuse it whole: `Draining`, `QueueFull`, or `TimedOut` for an item whose
-        estimate alone is over the request timeout (rule 6)."""
+        estimate alone is over `ITEM_TIME_FRACTION` of the request timeout (rule 6)."""
         now = time.perf_counter()
         works = costs if works is None else works
         for i, (c, w) in enumerate(zip(costs, works)):
             it = WorkItem(job, i, items[i], key, c, hits[i], now, w)
             est = self.speed.estimate(it.tokens_run, _longest(it))
-            if est > self.opts.request_timeout_s:
+            if est > ITEM_TIME_FRACTION * self.opts.request_timeout_s:
                 raise too_slow(it, est, self.opts.request_timeout_s, self.opts.request_timeout_s)
         with self.cond:
             if self.draining:
@@ -448,22 +453,21 @@ def too_slow(it: WorkItem, est: float, left: float, timeout: float) -> TimedOut:
     """The `TimedOut` of an item whose estimate is over the `left` seconds its request has."""
     job = it.job
     name = job.names[it.index] if job.names else f"texts[{it.index}]"
-    return TimedOut(
-        f"{name} would take about {est:.2g} s to compute ({it.tokens_run} tokens at the measured rate), more "
-        f"than the {max(0.0, left):.2g} s left of the request timeout of {timeout:g} s: "
-        + _timeout_advice(it, est, timeout),
-        name,
-    )
+    said = f"{name} would take about {est:.2g} s to compute ({it.tokens_run} tokens at the measured rate)"
+    if est > left:
+        said += f", more than the {max(0.0, left):.2g} s left of the request timeout of {timeout:g} s"
+    return TimedOut(f"{said}: " + _timeout_advice(it, est, timeout), name)
 
 
 def _timeout_advice(it: WorkItem, est: float, timeout: float) -> str:
     """What the client can do about a refused item, from what it sent. An item reaching the
     worker is within the model's context already, so truncation would not shorten it:
     either the text (and its choices) alone outlast the timeout, or it waited behind other work."""
-    if est > timeout:
+    if est > ITEM_TIME_FRACTION * timeout:
+        most = f"{ITEM_TIME_FRACTION * timeout:g} s (half the server's --request-timeout of {timeout:g} s: one item holds the worker to its end)"
         if it.tokens_run > it.cost:
-            return f"the text and its choices alone take longer than the server's --request-timeout of {timeout:g} s: shorten it, or send fewer choices"
-        return f"the text alone takes longer than the server's --request-timeout of {timeout:g} s: shorten it"
+            return f"the text and its choices alone take longer than one item may, {most}: shorten it, or send fewer choices"
+        return f"the text alone takes longer than one item may, {most}: shorten it"
     waited = time.perf_counter() - it.t_enqueued
     fewer = ", or send fewer texts per request" if len(it.job.results) > 1 else ""
     return f"it waited {waited:.2g} s in the queue behind other work: retry{fewer}"

@@ -131,6 +131,28 @@ def test_an_item_priced_over_the_timeout_is_refused_at_admission(tiny_qwen_mlx):
         assert svc.metrics.batches == before and svc.depth == 0
 
 
+def test_one_item_may_hold_the_worker_for_half_the_timeout_at_most(tiny_qwen_mlx):
+    """An item cannot be split: one priced over half the request timeout (but under all of it) is
+    refused at admission, so the requests queued behind it keep the other half (the 30-minute
+    soak's 504s came from 15 s chats under a 20 s timeout)."""
+    from mlx_slm.classifier.pipeline import item_cost, prefix_hit
+
+    svc = Service(classifier_loader(str(tiny_qwen_mlx), ["billing", "technical"]), ServeOptions(request_timeout_s=40))
+    with LiveServer(svc) as s:
+        front = svc.front_classifier(svc.default_key)
+        item = front.prepare(["the invoice and the app"])[0]
+        tokens = item_cost(front.kind, item, prefix_hit(front.kind, item))  # what the scheduler prices
+        speed = svc.scheduler.speed
+        speed._by_size = {1: (1.0, 1.0)}
+        speed.fixed, speed.per_token = 0.0, 30.0 / tokens  # about 30 s: over half the 40 s timeout, under all of it
+        assert 20 < speed.estimate(tokens) < 40
+        r = s.post(json.dumps({"text": "the invoice and the app"}).encode())
+        assert r.status_code == 504 and "half the server's --request-timeout of 40 s" in r.text, r.text
+        assert "more than the" not in r.text  # it had the time left: the share is what refuses it
+        speed.per_token = 10.0 / tokens  # about 10 s: under half, admitted and answered
+        assert s.post(json.dumps({"text": "the invoice and the app"}).encode()).status_code == 200
+
+
 def test_the_steps_before_admission_are_under_the_deadline(tiny_qwen_mlx):
     """Building a task and tokenizing run off the worker, and the request times out there."""
     svc = Service(classifier_loader(str(tiny_qwen_mlx), ["billing", "technical"]), ServeOptions(request_timeout_s=1))
