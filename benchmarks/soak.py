@@ -14,6 +14,8 @@ another, each drawn from a seeded mix:
     chat_logprobs  max_tokens 1, logprobs, top_logprobs 5
     embeddings     /v1/embeddings (1-3 texts)
     rerank         /v1/rerank, if the model is a reranker (otherwise skipped, and the run says why)
+    systemone      /v1/systemone: a ticket as the state, a choice, a noul and a score question
+    decisions      /v1/decisions (OpenAI's shape): a predicate and a choice question
     bad            a hostile body (bad JSON, wrong types, a schema's `required` holding a list, too
                    many choices): a 4xx is the expected answer
     disconnect     a classify request that the client abandons after 20-300 ms
@@ -74,11 +76,22 @@ MIX = {  # kind: weight
     "chat_logprobs": 10,
     "embeddings": 15,
     "rerank": 5,
+    "systemone": 8,
+    "decisions": 7,
     "bad": 10,
     "disconnect": 5,
     "heavy": 1,
 }
-MODEL_KINDS = ("classify", "questions", "chat_choice", "chat_logprobs", "embeddings", "rerank")
+MODEL_KINDS = (
+    "classify",
+    "questions",
+    "chat_choice",
+    "chat_logprobs",
+    "embeddings",
+    "rerank",
+    "systemone",
+    "decisions",
+)
 EXPECTED = {k: {200} for k in (*MODEL_KINDS, "disconnect")} | {"bad": {400, 404, 413, 422}, "heavy": {200, 413, 504}}
 RSS_GROWTH, P50_DRIFT = 0.10, 0.20
 
@@ -169,14 +182,21 @@ def bad_bodies(rng: random.Random) -> tuple[str, bytes]:
         ("/v1/classify", json.dumps({"text": "x", "labels": "billing"}).encode()),
         ("/v1/chat/completions", json.dumps({"messages": user, "guided_choice": "yes"}).encode()),
         ("/v1/chat/completions", json.dumps({"messages": user, "guided_choice": many}).encode()),
-        ("/v1/chat/completions", json.dumps({"messages": user, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}).encode()),
+        (
+            "/v1/chat/completions",
+            json.dumps(
+                {
+                    "messages": user,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+                }
+            ).encode(),
+        ),
         ("/v1/chat/completions", json.dumps({"messages": user, "max_tokens": 5}).encode()),
         ("/v1/embeddings", json.dumps({"input": "x", "encoding_format": []}).encode()),
         ("/v1/embeddings", json.dumps({"input": "x", "model": ["m"]}).encode()),
         ("/v1/embeddings", json.dumps({"input": []}).encode()),
         ("/v1/rerank", json.dumps({"query": "", "documents": ["a"]}).encode()),
-    ]  # fmt: skip
+    ]
     return rng.choice(bodies)
 
 
@@ -198,6 +218,28 @@ def request(kind: str, rng: random.Random, pool: list[str]) -> tuple[str, bytes]
         path, body = "/v1/embeddings", {"input": some}
     elif kind == "rerank":
         path, body = "/v1/rerank", {"query": one, "documents": rng.sample(pool, 4)}
+    elif kind == "systemone":  # typed decisions: System One's shape, the state's tokens once per request
+        qs = {
+            "team": {"type": "choice", "instructions": "Which team handles it?", "criteria": dict.fromkeys(LABELS)},
+            "urgent": {"type": "noul", "instructions": "Must it be answered today?"},
+            "anger": {
+                "type": "score",
+                "instructions": "How angry is the customer?",
+                "criteria": ["calm", "upset", "furious"],
+            },
+        }
+        path, body = "/v1/systemone", {"model": "jev-latest", "state": one, "questions": qs}
+    elif kind == "decisions":  # OpenAI's shape; a state asked again sometimes (the state cache)
+        qs = [
+            {"type": "predicate", "name": "refund", "instructions": "The customer asks for money back."},
+            {
+                "type": "choice",
+                "name": "team",
+                "instructions": "Which team?",
+                "choices": [{"value": x} for x in LABELS],
+            },
+        ]
+        path, body = "/v1/decisions", {"model": "gpt-6-luna", "input": one, "questions": qs}
     elif kind == "heavy":
         choices = [f"{i}: " + " ".join(rng.sample(pool, 1)[0].split()[:12]) for i in range(300)]
         path, body = "/v1/chat/completions", {"messages": msgs, "guided_choice": list(dict.fromkeys(choices))}
@@ -332,19 +374,37 @@ def checks(res: dict[str, Any], log: list[dict[str, Any]], samples: list[dict[st
     gone = sum(1 for r in log if r["status"] in ("disconnected", 504))
     late = final.get("items_late", 0)  # computed after its request had gone: at most its batch (3 texts)
     return {
-        "rss": {"ok": growth is not None and growth < RSS_GROWTH, "after_warmup_mb": after, "end_mb": end,
-                "growth": None if growth is None else round(growth, 4), "limit": RSS_GROWTH},
-        "p50": {"ok": drift is not None and drift < P50_DRIFT, "first_half_ms": _pct(first, 50),
-                "second_half_ms": _pct(second, 50), "drift": None if drift is None else round(drift, 4),
-                "limit": P50_DRIFT},
+        "rss": {
+            "ok": growth is not None and growth < RSS_GROWTH,
+            "after_warmup_mb": after,
+            "end_mb": end,
+            "growth": None if growth is None else round(growth, 4),
+            "limit": RSS_GROWTH,
+        },
+        "p50": {
+            "ok": drift is not None and drift < P50_DRIFT,
+            "first_half_ms": _pct(first, 50),
+            "second_half_ms": _pct(second, 50),
+            "drift": None if drift is None else round(drift, 4),
+            "limit": P50_DRIFT,
+        },
         "no_5xx": {"ok": not bad_5xx, "count": len(bad_5xx), "examples": bad_5xx[:5]},
-        "no_lost": {"ok": not lost and not unexpected, "lost": len(lost), "unexpected_status": len(unexpected),
-                    "examples": (lost + unexpected)[:5]},
-        "dropped": {"ok": stalled == 0 and res["idle_after_s"] is not None and late <= 3 * gone,
-                    "stalled_samples": stalled, "idle_after_s": res["idle_after_s"], "requests_gone": gone,
-                    "items_dropped": final.get("items_dropped", 0), "items_late": final.get("items_late", 0)},
+        "no_lost": {
+            "ok": not lost and not unexpected,
+            "lost": len(lost),
+            "unexpected_status": len(unexpected),
+            "examples": (lost + unexpected)[:5],
+        },
+        "dropped": {
+            "ok": stalled == 0 and res["idle_after_s"] is not None and late <= 3 * gone,
+            "stalled_samples": stalled,
+            "idle_after_s": res["idle_after_s"],
+            "requests_gone": gone,
+            "items_dropped": final.get("items_dropped", 0),
+            "items_late": final.get("items_late", 0),
+        },
         "shutdown": {"ok": res["shutdown"]["exit_status"] == 0 and not res["shutdown"]["aborted"], **res["shutdown"]},
-    }  # fmt: skip
+    }
 
 
 # ----------------------------------------------------------------------------- the run
