@@ -174,8 +174,10 @@ def test_readme_python_blocks_run(tiny_qwen_mlx, tmp_path, monkeypatch, capsys):
     )
     assert r.exit_code == 0, r.output
     # The Ray Data block runs in tests/test_ray.py, the scikit-learn walk-through (its CSV, its
-    # joblib file) in tests/sklearn/test_estimator.py, OpenAI's SDK against a server in tests/server/test_openai.py.
-    skip = ("import ray", "import joblib", "openai.OpenAI(")
+    # joblib file) in tests/sklearn/test_estimator.py, OpenAI's SDK against a server in tests/server/test_openai.py,
+    # the decision clients (openai's decisions.create, typesafe-sdk) against a server in tests/server/test_decisions.py
+    # and tests/server/test_systemone.py.
+    skip = ("import ray", "import joblib", "openai.OpenAI(", "decisions.create(", "TypeSafeClient(")
     blocks = [(page, b) for page, b in _python_blocks() if not any(x in b for x in skip)]
     assert blocks, "the manual has no Python block"
     assert "docs/classify.md" in {page for page, _ in blocks}, "docs/classify.md holds the API block"
