@@ -162,6 +162,10 @@ def _evaluate_decisions(
     """`eval --decisions` (`jobs.evaluate_decisions`), from the command's options."""
     from ..jobs.evaluate_decisions import DecisionEvalSettings, evaluate_decisions
 
+    reads = files_read(o, ("INPUT", input), ("--decisions", decisions), ("--predictions", predictions))
+    check_run_files(reads, [("--json", json_path), ("--save-task", o.get("save_task"))])  # before any is read
+    if o.get("save_task"):  # one writer of a task at a time (held to the end)
+        ctx.with_resource(OutputLock(o["save_task"], create=False, option="--save-task"))
     typed = {k for k in o if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
     other = sorted(typed - _DECISION_OPTIONS)
     if other:

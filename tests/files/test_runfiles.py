@@ -35,7 +35,7 @@ CASES = [(c, r, o) for c in OUTPUTS for r in [POSITIONAL[c], *_reading_options(c
 def test_the_table_names_every_option_that_reads_a_file():
     table = {flag for _, flag in READS}
     for command in ("classify", "eval", "serve", "train", "rerank"):
-        own = {"--predictions"} if command == "eval" else set()
+        own = {"--predictions", "--decisions"} if command == "eval" else set()  # eval's own, checked with INPUT
         assert set(_reading_options(command)) - table - own == set(), command
 
 
