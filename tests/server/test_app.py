@@ -324,7 +324,9 @@ def test_no_504_for_an_item_that_fits_and_a_refusal_says_what_helps():
     assert _refused(svc, 300) is None
     err = _refused(svc, 3000, n_items=2)  # about 9 s: more than the whole timeout
     assert err is not None and err.field == "texts[0]" and "truncate" not in err.message
-    assert "half the server's --request-timeout of 5 s: one item holds the worker to its end): shorten it" in err.message
+    assert (
+        "half the server's --request-timeout of 5 s: one item holds the worker to its end): shorten it" in err.message
+    )
     err = _refused(svc, 300, n_items=2, waited=4.0, left=1.0)  # 2 s, but 1 s left after the queue
     assert err is not None and "truncate" not in err.message
     assert "in the queue behind other work: retry, or send fewer texts per request" in err.message
