@@ -94,6 +94,7 @@ MODEL_KINDS = (
 )
 EXPECTED = {k: {200} for k in (*MODEL_KINDS, "disconnect")} | {"bad": {400, 404, 413, 422}, "heavy": {200, 413, 504}}
 RSS_GROWTH, P50_DRIFT = 0.10, 0.20
+STATE_CACHE = 16  # the server's --state-cache (see Server)
 
 
 # ----------------------------------------------------------------------------- the server
@@ -124,6 +125,11 @@ class Server:
         self.url = f"http://{HOST}:{self.port}"
         self.args = ["serve", "--model", model, "--questions", str(questions), "--host", HOST]
         self.args += ["--port", str(self.port), "--request-timeout", f"{timeout:g}", "--drain-timeout", "5"]
+        # The decision routes keep recent states' keys and values (a cache bounded by count and bytes):
+        # STATE_CACHE states, few enough that the warm-up fills it, so RSS growth after the warm-up
+        # measures leaks, not a bounded cache still filling (at the default 64 states, 512 MiB, the
+        # first 30-minute run with decisions grew in steps to a plateau: +17 % after a 3-minute warm-up).
+        self.args += ["--state-cache", str(STATE_CACHE)]
         self.log = log
         env = {k: v for k, v in os.environ.items() if k != "MLX_SLM_API_KEY"}
         with open(log, "w") as f:
