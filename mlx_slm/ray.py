@@ -339,8 +339,12 @@ def predictions(
     if batch_size is None:  # a few batches per worker, so that workers finish together
         batch_size = max(1, min(1024, math.ceil(n / (4 * concurrency))))
     # A (text, pair) item: its second text in a column of its own (one Arrow type a column).
-    items = [{"row": i, "text": t[0], "text_pair": t[1]} if isinstance(t, tuple) else {"row": i, "text": t, "text_pair": None}
-             for i, t in enumerate(texts)]  # fmt: skip
+    items = [
+        {"row": i, "text": t[0], "text_pair": t[1]}
+        if isinstance(t, tuple)
+        else {"row": i, "text": t, "text_pair": None}
+        for i, t in enumerate(texts)
+    ]
     ds = ray.data.from_items(items, override_num_blocks=math.ceil(n / batch_size))
     out = ds.map_batches(
         ClassifyBatch,
@@ -366,12 +370,18 @@ def predictions(
                 continue
             if "score" in r:  # a one-output head: its score, and the raw logit
                 lab = r["label"]
-                yield Prediction(r["row"], lab, {lab: r["score"]}, {lab: r["logit"]}, r["n_tokens"], r["truncated"],
-                                 value=r["score"])  # fmt: skip
+                yield Prediction(
+                    r["row"], lab, {lab: r["score"]}, {lab: r["logit"]}, r["n_tokens"], r["truncated"], value=r["score"]
+                )
                 continue
             if "labels" in r:  # a multi-label head: the labels at or above its threshold
-                yield Prediction(r["row"], probs=dict(r["probs"]), n_tokens=r["n_tokens"], truncated=r["truncated"],
-                                 labels=list(r["labels"]))  # fmt: skip
+                yield Prediction(
+                    r["row"],
+                    probs=dict(r["probs"]),
+                    n_tokens=r["n_tokens"],
+                    truncated=r["truncated"],
+                    labels=list(r["labels"]),
+                )
                 continue
             labels = labels or tuple(r["probs"])
             yield Prediction(
@@ -412,12 +422,22 @@ class DecideBatch:
                 f"this worker's {engine.path} has weights sha256 {here[:12]}..., the run was set up "
                 f"with {weights_sha256[:12]}...: give every node the same converted model"
             )
-        cfg = DecisionConfig(**{**config, "labels": {k: tuple(v) for k, v in config["labels"].items()},
-                                "noul_options": tuple(config["noul_options"])})  # fmt: skip
+        cfg = DecisionConfig(
+            **{
+                **config,
+                "labels": {k: tuple(v) for k, v in config["labels"].items()},
+                "noul_options": tuple(config["noul_options"]),
+            }
+        )
         self.questions = questions_of(questions, cfg)
         # `temperatures` are those that apply to these questions (the caller's `Questions.applied`)
-        self.decider = Decider(engine, cfg, state_cache=load.get("state_cache", 64), calibration=temperatures or None,
-                               calibration_questions=self.questions)  # fmt: skip
+        self.decider = Decider(
+            engine,
+            cfg,
+            state_cache=load.get("state_cache", 64),
+            calibration=temperatures or None,
+            calibration_questions=self.questions,
+        )
 
     def _one(self, state: Any) -> tuple[Any, str | None]:
         from .text.decisions import DecisionError, DecisionRequest

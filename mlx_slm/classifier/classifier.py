@@ -306,8 +306,9 @@ class Classifier:
     ) -> CalibrationSpec:
         """Calibration fitted on labelled texts (`calibrate.fit_calibration`; `kind=`: `method`'s old name)."""
         method = method if kind is None else kind
-        return fit_calibration(self, texts, labels, method, window=window, progress=progress, source=source,
-                               lines=lines)  # fmt: skip
+        return fit_calibration(
+            self, texts, labels, method, window=window, progress=progress, source=source, lines=lines
+        )
 
     def run(self, texts: Iterable[str], window: int = 1024, *, ordered: bool = True) -> Run:
         """A run over `texts`: iterate it for raw predictions in input order; `.stats` counts it.

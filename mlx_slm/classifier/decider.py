@@ -220,9 +220,9 @@ class Decider:
         for key, t in self.calibration.items():
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and np.isfinite(t)):
                 raise DecisionError(
-                    ("calibration", key), f"question {key!r}'s calibration temperature must be a positive number, "
-                    f"got {t!r}",
-                )  # fmt: skip
+                    ("calibration", key),
+                    f"question {key!r}'s calibration temperature must be a positive number, got {t!r}",
+                )
         # The questions the temperatures were fitted for (a task's: parsed, or its raw JSON), by key.
         own = calibration_questions
         if own is not None and not (
@@ -231,9 +231,10 @@ class Decider:
             own = questions_of(own, self.config)
         if self.calibration and own is None:
             raise DecisionError(
-                ("calibration",), "calibration temperatures need the questions they were fitted for: "
+                ("calibration",),
+                "calibration temperatures need the questions they were fitted for: "
                 "give calibration_questions (a task's questions)",
-            )  # fmt: skip
+            )
         self._fitted = tuple(own or ())
         # The pipeline's budget (rows x their longest request's tokens): 512 on the CPU, where larger
         # batches measured no faster per token (a batch of 12 four-question requests: 12 s at 512, 20 s at 4,096).

@@ -90,8 +90,9 @@ class Task:
         own = self.section.named(self.home) if self.section is not None else {}
         if self.none is not None:
             own["none_label"] = self.none["label"]
-        return arguments(ModelFacts(loaded=False), labels=self.labels, scoring=self.scoring, examples=self.examples,
-                         **own)  # fmt: skip
+        return arguments(
+            ModelFacts(loaded=False), labels=self.labels, scoring=self.scoring, examples=self.examples, **own
+        )
 
     @property
     def finetune(self) -> dict[str, Any] | None:

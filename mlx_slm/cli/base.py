@@ -85,7 +85,7 @@ SECTIONS = {
             "fused",
         ),
         "Fine-tuning",
-    ),  # fmt: skip
+    ),
     **dict.fromkeys(("host", "port", "api_key", "log_level"), "Server"),
     **dict.fromkeys(("max_batch_items", "max_wait_ms", "max_queue_items", "max_items_per_request"), "Limits"),
     **dict.fromkeys(("max_body_bytes", "request_timeout", "drain_timeout", "task_cache"), "Limits"),

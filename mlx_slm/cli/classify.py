@@ -103,11 +103,19 @@ def classify(
     warn_blas()
     failed = classify_job(
         ClassifySettings(
-            input, output, output_format, resume, shard, use_ray, ray_address, workers, worker_threads,
+            input,
+            output,
+            output_format,
+            resume,
+            shard,
+            use_ray,
+            ray_address,
+            workers,
+            worker_threads,
             task=task_settings(ctx, o),
         ),
         notice,
-    )  # fmt: skip
+    )
     if failed and on_error == "fail":
         notice(f"mlx-slm: {failed} row(s) failed; see their error rows (use --on-error skip to exit 0)")
         sys.exit(1)

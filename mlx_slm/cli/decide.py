@@ -15,8 +15,16 @@ from ..weights.registry import DEFAULT_MODEL
 from .base import Command, given, notice, number, warn_blas
 
 
-@click.command(cls=Command, sections={"questions_file": "Task and model", "shape": "Output",
-                                     "state_field": "Input", "state_column": "Input", "state_cache": "Batching"})  # fmt: skip
+@click.command(
+    cls=Command,
+    sections={
+        "questions_file": "Task and model",
+        "shape": "Output",
+        "state_field": "Input",
+        "state_column": "Input",
+        "state_cache": "Batching",
+    },
+)
 @click.argument("input", required=False, default="-")
 @click.option(
     "--questions",

@@ -28,9 +28,21 @@ from .options import some_task_options
 
 OUTPUTS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".npy": "npy"}
 _OPTIONS = {
-    "model", "fmt", "text_field", "id_field", "text_column", "id_column", "batch_size", "max_batch_tokens",
-    "window", "no_sort", "no_prefix_cache", "dtype", "keep_quantized", "quiet",
-}  # fmt: skip
+    "model",
+    "fmt",
+    "text_field",
+    "id_field",
+    "text_column",
+    "id_column",
+    "batch_size",
+    "max_batch_tokens",
+    "window",
+    "no_sort",
+    "no_prefix_cache",
+    "dtype",
+    "keep_quantized",
+    "quiet",
+}
 _SECTIONS = {"prompt_name": "Labels and prompt", "prompt": "Labels and prompt", "dimensions": "Output"}
 _SECTIONS |= {"normalize": "Output", "truncate": "Labels and prompt"}
 

@@ -151,14 +151,31 @@ def evaluate(
 
 
 # The task options `eval --decisions` takes (the others describe a labels task: refused there).
-_DECISION_OPTIONS = {"model", "task_file", "save_task", "fmt", "text_field", "id_field", "text_column", "id_column",
-                     "dtype", "quiet"}  # fmt: skip
+_DECISION_OPTIONS = {
+    "model",
+    "task_file",
+    "save_task",
+    "fmt",
+    "text_field",
+    "id_field",
+    "text_column",
+    "id_column",
+    "dtype",
+    "quiet",
+}
 
 
 def _evaluate_decisions(
-    ctx: click.Context, input: str, decisions: str | None, fit: bool, predictions: str | None, json_path: str | None,
-    plots: str | None, gold_fields: tuple[str, ...], o: dict[str, Any],
-) -> None:  # fmt: skip
+    ctx: click.Context,
+    input: str,
+    decisions: str | None,
+    fit: bool,
+    predictions: str | None,
+    json_path: str | None,
+    plots: str | None,
+    gold_fields: tuple[str, ...],
+    o: dict[str, Any],
+) -> None:
     """`eval --decisions` (`jobs.evaluate_decisions`), from the command's options."""
     from ..jobs.evaluate_decisions import DecisionEvalSettings, evaluate_decisions
 
@@ -180,22 +197,50 @@ def _evaluate_decisions(
         _plots_folder(plots)
     warn_blas()
     s = DecisionEvalSettings(
-        input, decisions, gold_fields, model=o["model"], task_file=o.get("task_file"), fit=fit, predictions=predictions,
-        save_task=o.get("save_task"), json_path=json_path, plots=plots, fmt=o.get("fmt"),
-        state_field=o["text_field"] if "text_field" in typed else None, id_field=o["id_field"],
-        state_column=o["text_column"], id_column=o["id_column"], dtype=o.get("dtype"), quiet=o.get("quiet", False),
+        input,
+        decisions,
+        gold_fields,
+        model=o["model"],
+        task_file=o.get("task_file"),
+        fit=fit,
+        predictions=predictions,
+        save_task=o.get("save_task"),
+        json_path=json_path,
+        plots=plots,
+        fmt=o.get("fmt"),
+        state_field=o["text_field"] if "text_field" in typed else None,
+        id_field=o["id_field"],
+        state_column=o["text_column"],
+        id_column=o["id_column"],
+        dtype=o.get("dtype"),
+        quiet=o.get("quiet", False),
         given=frozenset(typed),
-    )  # fmt: skip
+    )
     evaluate_decisions(s, lambda m: click.echo(m) if not m.startswith("mlx-slm:") else notice(m))
 
 
 # What changes the predictions a model run makes: --predictions scores a classify output as it was
 # written, so these would be ignored there (classify again with them instead).
 _RUN_OPTIONS = (
-    "calibrate", "calibration_data", "min_confidence", "threshold", "warmup", "save_task", "scoring", "truncate",
-    "examples_file", "system", "template", "dtype", "keep_quantized", "batch_size", "max_batch_tokens", "window",
-    "no_sort", "no_prefix_cache",
-)  # fmt: skip
+    "calibrate",
+    "calibration_data",
+    "min_confidence",
+    "threshold",
+    "warmup",
+    "save_task",
+    "scoring",
+    "truncate",
+    "examples_file",
+    "system",
+    "template",
+    "dtype",
+    "keep_quantized",
+    "batch_size",
+    "max_batch_tokens",
+    "window",
+    "no_sort",
+    "no_prefix_cache",
+)
 
 
 def _refuse_run_options(given: frozenset[str]) -> None:
@@ -317,9 +362,14 @@ def _gold_pairs(setup: Setup, pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 def _evaluate_questions(
-    setup: Setup, input: str, predictions: str | None, json_path: str | None, plots: str | None,
-    pairs: tuple[str, ...], inputs: list[Any],
-) -> None:  # fmt: skip
+    setup: Setup,
+    input: str,
+    predictions: str | None,
+    json_path: str | None,
+    plots: str | None,
+    pairs: tuple[str, ...],
+    inputs: list[Any],
+) -> None:
     """One report per question named by --gold-field NAME=FIELD, from one run over the texts
     (read once, every gold field with it), calibrated and abstaining as classify's would be."""
     from dataclasses import replace
@@ -357,8 +407,14 @@ def _evaluate_questions(
         if predictions:  # a classify --questions output, read back per question (no model run)
             answers = read_predictions(predictions, q_rows, input, question=name)
         else:
-            answers = [None if p is None else {"label": p.answers[name]["label"], "probs": p.answers[name]["probs"],
-                       "error": p.error} if p.ok else {"error": p.error} for p in preds]  # fmt: skip
+            answers = [
+                None
+                if p is None
+                else {"label": p.answers[name]["label"], "probs": p.answers[name]["probs"], "error": p.error}
+                if p.ok
+                else {"error": p.error}
+                for p in preds
+            ]
         rep, errors = _report(q_rows, answers, list(q.labels), fld, input, report)
         out[name] = rep
         click.echo(f"== {name} ({q.type.name}, gold field {fld!r})\n" + format_report(rep))

@@ -55,10 +55,16 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
     if model.compute_dtype != mx.float32:  # merged in float32, whatever the device computes in
         model = load_model(engine.path, dtype=mx.float32)
     out = write(
-        spec.tuned, model, engine.tokenizer, engine.path, output,
-        prompt={"system": t.system, "template": t.template}, base_name=t.model, dtype=dtype,
+        spec.tuned,
+        model,
+        engine.tokenizer,
+        engine.path,
+        output,
+        prompt={"system": t.system, "template": t.template},
+        base_name=t.model,
+        dtype=dtype,
         none={"label": t.none["label"], "min_confidence": t.min_confidence} if t.none else None,
         sha256=engine.weights_sha256,
-    )  # fmt: skip
+    )
     if not quiet:
         notice(f"mlx-slm: exported to {out} ({len(spec.labels)} labels); load it with --model {out}")

@@ -195,13 +195,7 @@ def parity(
         return
     if threshold is not None or instruction is not None:
         raise click.UsageError("--threshold and --instruction go with a sequence classifier or --reranker")
-    if reference is None:
-        if model in BUILTINS:
-            reference = model
-        elif is_quantized_dir(model):
-            reference = default_reference(model)
-        else:
-            raise click.UsageError("--reference is needed unless --model is a built-in name or a quantized directory")
+    reference = _reference_for(model, reference)
     if questions_file:
         _question_parity(model, reference, questions_file, n, input_path, system, template, dtype, as_json)
         return
@@ -211,27 +205,55 @@ def parity(
     # As typed: every {word} checked, {{ }} literal braces (before any work).
     system, template = got.fill(system) or "", check_template(template)
     texts = _input_texts(input_path, n) if input_path else _workload_sample(model, n, system, template)
-    r = run_parity(model, reference, texts, labels, system or None, template, dtype=dtype,
-                   progress=lambda m: notice(f"mlx-slm: {m}"),
-                   dequantize=None if keep_quantized is None else not keep_quantized)  # fmt: skip
+    r = run_parity(
+        model,
+        reference,
+        texts,
+        labels,
+        system or None,
+        template,
+        dtype=dtype,
+        progress=lambda m: notice(f"mlx-slm: {m}"),
+        dequantize=None if keep_quantized is None else not keep_quantized,
+    )
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
     if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
         sys.exit(1)
+
+
+def _reference_for(model: str, reference: str | None) -> str:
+    """--reference, or the one a built-in name or a quantized directory implies."""
+    if reference is not None:
+        return reference
+    if model in BUILTINS:
+        return model
+    if is_quantized_dir(model):
+        return default_reference(model)
+    raise click.UsageError("--reference is needed unless --model is a built-in name or a quantized directory")
 
 
 def _chat_parity(o: dict[str, Any]) -> None:
     """`parity --chat`, from the command's options by name (`chat_parity.py`)."""
 
     if o["reranker"] or o["questions_file"] or o["reference"] or o["threshold"] is not None or o["task_file"]:
-        raise click.UsageError("--chat checks the chat route on --model: drop --reranker, --questions, --reference, "
-                               "--threshold and --task")  # fmt: skip
+        raise click.UsageError(
+            "--chat checks the chat route on --model: drop --reranker, --questions, --reference, --threshold and --task"
+        )
     got = read_labels(o["labels_csv"], o["labels_file"])
     assert got.labels is not None  # --labels has a default
     system, template = got.fill(o["system"]) or "", check_template(o["template"])
     n, model, keep = o["n"], o["model"], o["keep_quantized"]
     texts = _input_texts(o["input_path"], n) if o["input_path"] else _workload_sample(model, n, system, template)
-    r = run_chat_parity(model, texts, got.labels, system or None, template, dtype=o["dtype"],
-                        progress=lambda m: notice(f"mlx-slm: {m}"), dequantize=None if keep is None else not keep)  # fmt: skip
+    r = run_chat_parity(
+        model,
+        texts,
+        got.labels,
+        system or None,
+        template,
+        dtype=o["dtype"],
+        progress=lambda m: notice(f"mlx-slm: {m}"),
+        dequantize=None if keep is None else not keep,
+    )
     click.echo(json.dumps(r, indent=2) if o["as_json"] else format_chat_report(r))
     if not r["ok"]:
         sys.exit(1)
@@ -256,8 +278,9 @@ def _decision_parity(
         ]
     config = decision_config(model, None)  # the model folder's own decision.json, else Transformers' defaults
     questions = read_questions_file(path, config)
-    r = run_decision_parity(model, states, questions, config, reference=reference, dtype=dtype,
-                            progress=lambda m: notice(f"mlx-slm: {m}"))  # fmt: skip
+    r = run_decision_parity(
+        model, states, questions, config, reference=reference, dtype=dtype, progress=lambda m: notice(f"mlx-slm: {m}")
+    )
     click.echo(json.dumps(r, indent=2) if as_json else format_decision_report(r))
     if not r["ok"]:
         sys.exit(1)
@@ -270,24 +293,42 @@ def _sentence_transformers(model: str) -> bool:
 
 
 def _embed_parity(
-    model: str, reference: str | None, n: int, input_path: str | None, prompt_name: str | None, dtype: str | None,
+    model: str,
+    reference: str | None,
+    n: int,
+    input_path: str | None,
+    prompt_name: str | None,
+    dtype: str | None,
     as_json: bool,
-) -> None:  # fmt: skip
+) -> None:
 
     texts = _input_texts(input_path, n) if input_path else _stratified(n)
     if any(not isinstance(t, str) for t in texts):
         raise click.UsageError("--embeddings embeds texts: --input's rows have a text_pair; give texts alone")
-    r = run_embed_parity(model, texts, prompt_name=prompt_name, reference=reference, dtype=dtype,
-                         progress=lambda m: notice(f"mlx-slm: {m}"))  # fmt: skip
+    r = run_embed_parity(
+        model,
+        texts,
+        prompt_name=prompt_name,
+        reference=reference,
+        dtype=dtype,
+        progress=lambda m: notice(f"mlx-slm: {m}"),
+    )
     click.echo(json.dumps(r, indent=2) if as_json else format_embed_report(r))
     if not r["forward_ok"]:
         sys.exit(1)
 
 
 def _question_parity(
-    model: str, reference: str | None, path: str, n: int, input_path: str | None, system: str, template: str,
-    dtype: str | None, as_json: bool,
-) -> None:  # fmt: skip
+    model: str,
+    reference: str | None,
+    path: str,
+    n: int,
+    input_path: str | None,
+    system: str,
+    template: str,
+    dtype: str | None,
+    as_json: bool,
+) -> None:
 
     questions = read_questions(path)
     system = Q_SYSTEM if system == DEFAULT_SYSTEM else system
@@ -296,8 +337,16 @@ def _question_parity(
         texts = _input_texts(input_path, n)
     else:
         texts = _stratified(n)
-    r = run_question_parity(model, reference, texts, questions, system or None, template, dtype=dtype,
-                            progress=lambda m: notice(f"mlx-slm: {m}"))  # fmt: skip
+    r = run_question_parity(
+        model,
+        reference,
+        texts,
+        questions,
+        system or None,
+        template,
+        dtype=dtype,
+        progress=lambda m: notice(f"mlx-slm: {m}"),
+    )
     click.echo(json.dumps(r, indent=2) if as_json else format_question_report(r))
     if not r["forward_ok"]:
         sys.exit(1)
@@ -332,9 +381,12 @@ def _finetune_parity(
 
     texts = _input_texts(input_path, n) if input_path else _workload_sample(t.model, n, t.system or "", t.template)
     r = run_finetune_parity(
-        t, texts, dtype=dtype or "float32", progress=lambda m: notice(f"mlx-slm: {m}"),
+        t,
+        texts,
+        dtype=dtype or "float32",
+        progress=lambda m: notice(f"mlx-slm: {m}"),
         dequantize=None if keep_quantized is None else not keep_quantized,
-    )  # fmt: skip
+    )
     click.echo(json.dumps(r, indent=2) if as_json else format_finetune_report(r))
     if not r["forward_ok"]:
         sys.exit(1)

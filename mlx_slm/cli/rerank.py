@@ -18,10 +18,26 @@ from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
 _OPTIONS = {
-    "task_file", "model", "system", "template", "reranker", "instruction", "fmt", "text_field", "id_field",
-    "text_column", "id_column", "batch_size", "max_batch_tokens", "no_sort", "no_prefix_cache", "truncate",
-    "dtype", "keep_quantized", "quiet",
-}  # fmt: skip
+    "task_file",
+    "model",
+    "system",
+    "template",
+    "reranker",
+    "instruction",
+    "fmt",
+    "text_field",
+    "id_field",
+    "text_column",
+    "id_column",
+    "batch_size",
+    "max_batch_tokens",
+    "no_sort",
+    "no_prefix_cache",
+    "truncate",
+    "dtype",
+    "keep_quantized",
+    "quiet",
+}
 
 
 @click.command(cls=Command)

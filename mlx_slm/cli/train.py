@@ -18,19 +18,57 @@ from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
 # The fine-tuning options (`--finetune lora`), as FinetuneSettings names them where they differ.
-TUNING = {"finetune", "objective", "epochs", "learning_rate", "head_learning_rate", "schedule", "adapt_layers",
-          "rank", "lora_scale", "dropout", "train_batch_size", "val_fraction", "patience", "max_minutes",
-          "head_init", "fused", "keep", "label_smoothing", "contrastive"}  # fmt: skip
+TUNING = {
+    "finetune",
+    "objective",
+    "epochs",
+    "learning_rate",
+    "head_learning_rate",
+    "schedule",
+    "adapt_layers",
+    "rank",
+    "lora_scale",
+    "dropout",
+    "train_batch_size",
+    "val_fraction",
+    "patience",
+    "max_minutes",
+    "head_init",
+    "fused",
+    "keep",
+    "label_smoothing",
+    "contrastive",
+}
 # Which of the two wins depends on the data (docs/finetune.md): said after either, never chosen silently.
-COMPARE = ("mlx-slm: a learned head or fine-tuning: which classifies better depends on the data (the head won on "
-           "the 355 tickets, fine-tuning on BANKING77); `--finetune auto` measures both on held-out texts of "
-           "yours and keeps the better")  # fmt: skip
+COMPARE = (
+    "mlx-slm: a learned head or fine-tuning: which classifies better depends on the data (the head won on "
+    "the 355 tickets, fine-tuning on BANKING77); `--finetune auto` measures both on held-out texts of "
+    "yours and keeps the better"
+)
 NONE = ("none_label", "none_threshold", "none_target", "none_data")  # "none of these" (`_check_none`)
 _TRAIN_TASK_OPTIONS = {
-    "model", "labels_csv", "labels_file", "system", "template", "examples_file", "fmt", "text_field", "id_field",
-    "text_column", "id_column", "pair_field", "pair_column", "batch_size", "max_batch_tokens", "window", "no_prefix_cache",
-    "truncate", "dtype", "keep_quantized", "quiet",
-}  # fmt: skip
+    "model",
+    "labels_csv",
+    "labels_file",
+    "system",
+    "template",
+    "examples_file",
+    "fmt",
+    "text_field",
+    "id_field",
+    "text_column",
+    "id_column",
+    "pair_field",
+    "pair_column",
+    "batch_size",
+    "max_batch_tokens",
+    "window",
+    "no_prefix_cache",
+    "truncate",
+    "dtype",
+    "keep_quantized",
+    "quiet",
+}
 
 
 @click.command(cls=Command)
@@ -86,50 +124,127 @@ _TRAIN_TASK_OPTIONS = {
     help="--finetune: a score head at the last position (as *ForSequenceClassification), or the labels' tokens.",
 )
 @click.option("--epochs", default=8, show_default=True, type=number("epochs"), help="--finetune: epochs at most.")
-@click.option("--lr", "learning_rate", default=2e-5, show_default=True, type=number("learning_rate"),
-              help="--finetune: the adapters' peak learning rate (warm-up, then --schedule down to 0).")  # fmt: skip
-@click.option("--head-lr", "head_learning_rate", default=1e-4, show_default=True,
-              type=number("head_learning_rate"), help="--finetune: the score head's peak learning rate.")  # fmt: skip
-@click.option("--schedule", type=click.Choice(["cosine", "linear", "constant"]), default="cosine", show_default=True,
-              help="--finetune: how the learning rate falls after the warm-up.")  # fmt: skip
-@click.option("--adapt-layers", type=number("adapt_layers"),
-              help="--finetune: LoRA adapters on this many top blocks (the ones below run once per text) "
-                   "[default: 16, or every block of a smaller model].")  # fmt: skip
+@click.option(
+    "--lr",
+    "learning_rate",
+    default=2e-5,
+    show_default=True,
+    type=number("learning_rate"),
+    help="--finetune: the adapters' peak learning rate (warm-up, then --schedule down to 0).",
+)
+@click.option(
+    "--head-lr",
+    "head_learning_rate",
+    default=1e-4,
+    show_default=True,
+    type=number("head_learning_rate"),
+    help="--finetune: the score head's peak learning rate.",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(["cosine", "linear", "constant"]),
+    default="cosine",
+    show_default=True,
+    help="--finetune: how the learning rate falls after the warm-up.",
+)
+@click.option(
+    "--adapt-layers",
+    type=number("adapt_layers"),
+    help="--finetune: LoRA adapters on this many top blocks (the ones below run once per text) "
+    "[default: 16, or every block of a smaller model].",
+)
 @click.option("--rank", default=8, show_default=True, type=number("rank"), help="--finetune: the LoRA rank.")
-@click.option("--lora-scale", default=20.0, show_default=True, type=number("lora_scale"),
-              help="--finetune: the LoRA scale (the delta is scale * x A B, mlx-lm's convention).")  # fmt: skip
+@click.option(
+    "--lora-scale",
+    default=20.0,
+    show_default=True,
+    type=number("lora_scale"),
+    help="--finetune: the LoRA scale (the delta is scale * x A B, mlx-lm's convention).",
+)
 @click.option("--dropout", default=0.0, show_default=True, type=number("dropout"), help="--finetune: LoRA dropout.")
-@click.option("--train-batch-size", default=16, show_default=True, type=number("train_batch_size"),
-              help="--finetune: texts per step.")  # fmt: skip
-@click.option("--val-fraction", default=0.0, show_default=True, type=number("val_fraction"),
-              help="--finetune: each label's share held out for validation (0: every example trains).")  # fmt: skip
-@click.option("--keep", type=click.Choice(["auto", "average", "best", "last"]), default="auto", show_default=True,
-              help="--finetune: the weights kept: the mean of the later half's epochs (average), the epoch with "
-                   "the lowest validation loss (best: needs --val-fraction), the last; auto: best with "
-                   "--val-fraction, else average (the recipe measured in docs/finetune.md).")  # fmt: skip
-@click.option("--patience", default=2, show_default=True, type=number("patience"),
-              help="--finetune --keep best: stop after this many epochs without a better validation loss.")  # fmt: skip
-@click.option("--max-minutes", type=number("max_minutes"),
-              help="--finetune: stop after this many minutes (the best epoch so far is kept).")  # fmt: skip
-@click.option("--head-init", type=click.Choice(["zeros", "probe", "centroid", "words"]), default="zeros",
-              show_default=True, help="--finetune: the score head starts at zero, fitted on the base model's "
-              "features (probe), at their class means (centroid), or as the LM head's rows of each label's "
-              "first token (words).")  # fmt: skip
-@click.option("--label-smoothing", default=0.0, show_default=True, type=number("label_smoothing"),
-              help="--finetune: this share of each example's target spread over the other labels.")  # fmt: skip
-@click.option("--contrastive", default=0.0, show_default=True, type=number("contrastive"),
-              help="--finetune: weight of a supervised contrastive loss on the features beside the cross-entropy.")  # fmt: skip
+@click.option(
+    "--train-batch-size",
+    default=16,
+    show_default=True,
+    type=number("train_batch_size"),
+    help="--finetune: texts per step.",
+)
+@click.option(
+    "--val-fraction",
+    default=0.0,
+    show_default=True,
+    type=number("val_fraction"),
+    help="--finetune: each label's share held out for validation (0: every example trains).",
+)
+@click.option(
+    "--keep",
+    type=click.Choice(["auto", "average", "best", "last"]),
+    default="auto",
+    show_default=True,
+    help="--finetune: the weights kept: the mean of the later half's epochs (average), the epoch with "
+    "the lowest validation loss (best: needs --val-fraction), the last; auto: best with "
+    "--val-fraction, else average (the recipe measured in docs/finetune.md).",
+)
+@click.option(
+    "--patience",
+    default=2,
+    show_default=True,
+    type=number("patience"),
+    help="--finetune --keep best: stop after this many epochs without a better validation loss.",
+)
+@click.option(
+    "--max-minutes",
+    type=number("max_minutes"),
+    help="--finetune: stop after this many minutes (the best epoch so far is kept).",
+)
+@click.option(
+    "--head-init",
+    type=click.Choice(["zeros", "probe", "centroid", "words"]),
+    default="zeros",
+    show_default=True,
+    help="--finetune: the score head starts at zero, fitted on the base model's "
+    "features (probe), at their class means (centroid), or as the LM head's rows of each label's "
+    "first token (words).",
+)
+@click.option(
+    "--label-smoothing",
+    default=0.0,
+    show_default=True,
+    type=number("label_smoothing"),
+    help="--finetune: this share of each example's target spread over the other labels.",
+)
+@click.option(
+    "--contrastive",
+    default=0.0,
+    show_default=True,
+    type=number("contrastive"),
+    help="--finetune: weight of a supervised contrastive loss on the features beside the cross-entropy.",
+)
 @click.option("--fused", is_flag=True, help="--finetune: run the adapters merged into the weights (see docs).")
-@click.option("--none-label", help="Rows with this label are out-of-scope examples: the task learns them as a class "
-              "and answers them 'none of these' (label null, abstained true). With --none-threshold auto it also "
-              "marks --none-data's out-of-scope texts; if DATA has none, the threshold alone answers 'none'.")  # fmt: skip
-@click.option("--none-threshold", help="Also answer 'none of these' when no label reaches this probability: a number "
-              "from 0 to 1, or auto (chosen on --none-data to --none-target).")  # fmt: skip
-@click.option("--none-target", default=0.02, show_default=True, type=number("none_target"),
-              help="--none-threshold auto: the share of in-scope accuracy the threshold may cost on --none-data.")  # fmt: skip
-@click.option("--none-data", type=click.Path(exists=True, dir_okay=False),
-              help="--none-threshold auto: held-out labelled texts (read as DATA; out-of-scope ones labelled "
-                   "--none-label) to choose the threshold on.")  # fmt: skip
+@click.option(
+    "--none-label",
+    help="Rows with this label are out-of-scope examples: the task learns them as a class "
+    "and answers them 'none of these' (label null, abstained true). With --none-threshold auto it also "
+    "marks --none-data's out-of-scope texts; if DATA has none, the threshold alone answers 'none'.",
+)
+@click.option(
+    "--none-threshold",
+    help="Also answer 'none of these' when no label reaches this probability: a number "
+    "from 0 to 1, or auto (chosen on --none-data to --none-target).",
+)
+@click.option(
+    "--none-target",
+    default=0.02,
+    show_default=True,
+    type=number("none_target"),
+    help="--none-threshold auto: the share of in-scope accuracy the threshold may cost on --none-data.",
+)
+@click.option(
+    "--none-data",
+    type=click.Path(exists=True, dir_okay=False),
+    help="--none-threshold auto: held-out labelled texts (read as DATA; out-of-scope ones labelled "
+    "--none-label) to choose the threshold on.",
+)
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
 def train(
@@ -171,8 +286,17 @@ def train(
     tune = {k: o.pop(k) for k in TUNING}  # the fine-tuning options (checked in _finetune)
     if tune["finetune"] is not None or TUNING & given(ctx, tune) - {"finetune"}:
         head = {"layers_spec": layers_spec, "layer": layer, "folds": folds, "pooling": pooling}
-        _finetune(ctx, data, save_task, gold_fields, seed, tune, head, o, _none_finish(ctx, none, threshold,
-                                                                                    gold_fields[0], o))  # fmt: skip
+        _finetune(
+            ctx,
+            data,
+            save_task,
+            gold_fields,
+            seed,
+            tune,
+            head,
+            o,
+            _none_finish(ctx, none, threshold, gold_fields[0], o),
+        )
         return
     if len(gold_fields) > 1:
         _train_fields(ctx, data, save_task, gold_fields, layers_spec, layer, folds, pooling, seed, o)
@@ -210,9 +334,17 @@ def train(
 
 
 def _train_fields(
-    ctx: click.Context, data: str, save_task: str, fields: tuple[str, ...], layers_spec: str, layer: int | None,
-    folds: int, pooling: str, seed: int, o: dict[str, Any],
-) -> None:  # fmt: skip
+    ctx: click.Context,
+    data: str,
+    save_task: str,
+    fields: tuple[str, ...],
+    layers_spec: str,
+    layer: int | None,
+    folds: int,
+    pooling: str,
+    seed: int,
+    o: dict[str, Any],
+) -> None:
     """Several gold fields: one head per field, one pass over the texts, a task of questions."""
 
     typed = given(ctx, o)
@@ -224,32 +356,34 @@ def _train_fields(
         )
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
     _, table = run_train_fields(
-        data, save_task, list(fields), model=o["model"],
+        data,
+        save_task,
+        list(fields),
+        model=o["model"],
         system=(o["system"] or None) if "system" in typed else None,
         template=o["template"] if "template" in typed else None,
-        read={**{k: o[k] for k in keys}, **task_settings(ctx, o).read_pair(data)}, layers=layers_spec, layer=layer, folds=folds, seed=seed,
-        poolings=("last", "mean") if pooling == "auto" else (pooling,), window=o["window"],
+        read={**{k: o[k] for k in keys}, **task_settings(ctx, o).read_pair(data)},
+        layers=layers_spec,
+        layer=layer,
+        folds=folds,
+        seed=seed,
+        poolings=("last", "mean") if pooling == "auto" else (pooling,),
+        window=o["window"],
         **run_settings(task_settings(ctx, o)),
         progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
-    )  # fmt: skip
+    )
     click.echo(table)
     if not o["quiet"]:
-        notice(f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
-            f"INPUT --task {save_task} (add zero-shot questions with --questions)")  # fmt: skip
+        notice(
+            f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
+            f"INPUT --task {save_task} (add zero-shot questions with --questions)"
+        )
 
 
-def _finetune(
-    ctx: click.Context, data: str, save_task: str, gold_fields: tuple[str, ...], seed: int, tune: dict[str, Any],
-    head: dict[str, Any], o: dict[str, Any], finish: Any = None,
-) -> Any:  # fmt: skip
-    """`train --finetune lora`: check the options, fine-tune, print the epochs, say where the task went."""
-
-    if tune["finetune"] is None:
-        named = sorted(TUNING & given(ctx, tune))
-        flag = next(p.opts[0] for p in ctx.command.params if p.name == named[0])  # --lr, not --learning-rate
-        raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
+def _refuse_head_options(ctx: click.Context, head: dict[str, Any]) -> None:
+    """A learned head's options typed with --finetune lora: refused by name (they choose hidden states)."""
     head_opts = sorted(k for k in head if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE)
-    if head_opts and tune["finetune"] == "lora":
+    if head_opts:
         flag = {"layers_spec": "--layers", "layer": "--layer", "folds": "--folds", "pooling": "--pooling"}
         first = head_opts[0]
         if first == "folds":
@@ -261,19 +395,54 @@ def _finetune(
             f"{flag[first]} chooses a learned head's hidden states; --finetune trains adapters and a head "
             "of their own (--adapt-layers sets how many top blocks): drop it"
         )
+
+
+def _finetune(
+    ctx: click.Context,
+    data: str,
+    save_task: str,
+    gold_fields: tuple[str, ...],
+    seed: int,
+    tune: dict[str, Any],
+    head: dict[str, Any],
+    o: dict[str, Any],
+    finish: Any = None,
+) -> Any:
+    """`train --finetune lora`: check the options, fine-tune, print the epochs, say where the task went."""
+
+    if tune["finetune"] is None:
+        named = sorted(TUNING & given(ctx, tune))
+        flag = next(p.opts[0] for p in ctx.command.params if p.name == named[0])  # --lr, not --learning-rate
+        raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
+    if tune["finetune"] == "lora":
+        _refuse_head_options(ctx, head)
     if len(gold_fields) > 1:
         raise click.UsageError("--finetune trains one classifier: give one --gold-field")
     if o["examples_file"]:
-        raise click.UsageError("--examples goes with zero-shot labels and heads; a fine-tuned classifier learns "
-                               "from DATA itself: drop --examples")  # fmt: skip
+        raise click.UsageError(
+            "--examples goes with zero-shot labels and heads; a fine-tuned classifier learns "
+            "from DATA itself: drop --examples"
+        )
     settings = FinetuneSettings(
-        objective=tune["objective"], layers=tune["adapt_layers"], rank=tune["rank"], scale=tune["lora_scale"],
-        dropout=tune["dropout"], epochs=tune["epochs"], learning_rate=tune["learning_rate"],
-        head_learning_rate=tune["head_learning_rate"], schedule=tune["schedule"], batch_size=tune["train_batch_size"],
-        seed=seed, val_fraction=tune["val_fraction"], patience=tune["patience"], max_minutes=tune["max_minutes"],
-        head_init=tune["head_init"], keep=tune["keep"], label_smoothing=tune["label_smoothing"],
+        objective=tune["objective"],
+        layers=tune["adapt_layers"],
+        rank=tune["rank"],
+        scale=tune["lora_scale"],
+        dropout=tune["dropout"],
+        epochs=tune["epochs"],
+        learning_rate=tune["learning_rate"],
+        head_learning_rate=tune["head_learning_rate"],
+        schedule=tune["schedule"],
+        batch_size=tune["train_batch_size"],
+        seed=seed,
+        val_fraction=tune["val_fraction"],
+        patience=tune["patience"],
+        max_minutes=tune["max_minutes"],
+        head_init=tune["head_init"],
+        keep=tune["keep"],
+        label_smoothing=tune["label_smoothing"],
         contrastive=tune["contrastive"],
-    )  # fmt: skip
+    )
     _check_recipe(ctx, tune)
     labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
     got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
@@ -283,13 +452,22 @@ def _finetune(
     update, close = progress_bar(o["quiet"])
     try:
         task, tuned = run_finetune(
-            data, save_task, model=o["model"], settings=settings, labels=got.labels, descriptions=got.descriptions,
-            system=o["system"] or None, template=o["template"],
+            data,
+            save_task,
+            model=o["model"],
+            settings=settings,
+            labels=got.labels,
+            descriptions=got.descriptions,
+            system=o["system"] or None,
+            template=o["template"],
             read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0], **task_settings(ctx, o).read_pair(data)},
-            fused=tune["fused"], progress=update,
-            say=(lambda m: None) if o["quiet"] else notice, reads=files_read(o, ("DATA", data)), finish=finish,
+            fused=tune["fused"],
+            progress=update,
+            say=(lambda m: None) if o["quiet"] else notice,
+            reads=files_read(o, ("DATA", data)),
+            finish=finish,
             **run_settings(task_settings(ctx, o)),
-        )  # fmt: skip
+        )
     finally:
         close()
     click.echo(history_table(tuned))
@@ -303,30 +481,53 @@ def _finetune(
 
 
 def _choose(
-    ctx: click.Context, data: str, save_task: str, gold_field: str, settings: FinetuneSettings, tune: dict[str, Any],
-    head: dict[str, Any], got: Any, o: dict[str, Any], finish: Any,
-) -> Any:  # fmt: skip
+    ctx: click.Context,
+    data: str,
+    save_task: str,
+    gold_field: str,
+    settings: FinetuneSettings,
+    tune: dict[str, Any],
+    head: dict[str, Any],
+    got: Any,
+    o: dict[str, Any],
+    finish: Any,
+) -> Any:
     """`train --finetune auto`: a head and a fine-tune measured on held-out texts, the winner kept."""
     keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
     pooling = head["pooling"]
     update, close = progress_bar(o["quiet"])
     try:
         task, choice, table = run_choose(
-            data, save_task, model=o["model"], settings=settings, labels=got.labels, descriptions=got.descriptions,
-            system=o["system"] or None, template=o["template"],
+            data,
+            save_task,
+            model=o["model"],
+            settings=settings,
+            labels=got.labels,
+            descriptions=got.descriptions,
+            system=o["system"] or None,
+            template=o["template"],
             read={**{k: o[k] for k in keys}, "gold_field": gold_field, **task_settings(ctx, o).read_pair(data)},
-            layers=head["layers_spec"], layer=head["layer"], folds=head["folds"],
-            poolings=("last", "mean") if pooling == "auto" else (pooling,), window=o["window"], fused=tune["fused"],
-            progress=update, say=(lambda m: None) if o["quiet"] else notice, reads=files_read(o, ("DATA", data)),
-            finish=finish, **run_settings(task_settings(ctx, o)),
-        )  # fmt: skip
+            layers=head["layers_spec"],
+            layer=head["layer"],
+            folds=head["folds"],
+            poolings=("last", "mean") if pooling == "auto" else (pooling,),
+            window=o["window"],
+            fused=tune["fused"],
+            progress=update,
+            say=(lambda m: None) if o["quiet"] else notice,
+            reads=files_read(o, ("DATA", data)),
+            finish=finish,
+            **run_settings(task_settings(ctx, o)),
+        )
     finally:
         close()
     click.echo(choice.table())
     click.echo(table)
     if not o["quiet"]:
-        notice(f"mlx-slm: kept the {choice.winner}; task saved to {save_task}; "
-               f"classify with: mlx-slm classify INPUT --task {save_task}")  # fmt: skip
+        notice(
+            f"mlx-slm: kept the {choice.winner}; task saved to {save_task}; "
+            f"classify with: mlx-slm classify INPUT --task {save_task}"
+        )
     return task
 
 
@@ -335,12 +536,16 @@ def _check_recipe(ctx: click.Context, tune: dict[str, Any]) -> None:
     typed = given(ctx, tune)
     held = tune["val_fraction"] > 0
     if tune["keep"] == "best" and not held:
-        raise click.UsageError("--keep best keeps the epoch with the lowest validation loss: add --val-fraction "
-                               "(e.g. 0.1), or drop --keep best (the default averages the later epochs)")  # fmt: skip
+        raise click.UsageError(
+            "--keep best keeps the epoch with the lowest validation loss: add --val-fraction "
+            "(e.g. 0.1), or drop --keep best (the default averages the later epochs)"
+        )
     best = tune["keep"] == "best" or (tune["keep"] == "auto" and held)
     if "patience" in typed and not best:
-        raise click.UsageError("--patience stops on the validation loss, which only --keep best watches: add "
-                               "--val-fraction 0.1 (and --keep best), or drop --patience")  # fmt: skip
+        raise click.UsageError(
+            "--patience stops on the validation loss, which only --keep best watches: add "
+            "--val-fraction 0.1 (and --keep best), or drop --patience"
+        )
 
 
 def _check_none(ctx: click.Context, none: dict[str, Any], gold_fields: tuple[str, ...]) -> float | str | None:
@@ -407,8 +612,15 @@ def _none_finish(
             return task
         keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
         read = {**{k: o[k] for k in keys}, "gold_field": gold_field}
-        return choose_none_threshold(task, engine, none["none_data"], target=none["none_target"], read=read,
-                                     say=(lambda m: None) if o["quiet"] else notice, marked=label,
-                                     **run_settings(task_settings(ctx, o)))  # fmt: skip
+        return choose_none_threshold(
+            task,
+            engine,
+            none["none_data"],
+            target=none["none_target"],
+            read=read,
+            say=(lambda m: None) if o["quiet"] else notice,
+            marked=label,
+            **run_settings(task_settings(ctx, o)),
+        )
 
     return finish

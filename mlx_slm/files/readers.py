@@ -67,13 +67,12 @@ from typing import IO, Any
 from ..ground.textfiles import (
     BOM,
     InputError,
-    check_json_text,
     has_lone_surrogate,
     json_error,
     open_problem,
-    read_text_file,
 )
 from ..text.labels import gold_problem as label_problem
+from .labelfiles import read_label_descriptions, read_labels_file  # noqa: F401 (their old home)
 
 FORMATS = ("jsonl", "csv", "text", "parquet")
 SNIFF_BYTES = 64 * 1024  # how much of stdin (or a file of unknown type) the format sniffer may buffer
@@ -207,55 +206,6 @@ def _open_binary(path: str | None) -> IO[bytes]:
         return open(str(path), "rb")
     except OSError as e:
         raise InputError(open_problem(str(path), e, "the input")) from None
-
-
-def read_labels_file(path: str) -> list[str]:
-    """Labels from a file, one a line (only ``\\n`` or ``\\r\\n`` ends a line; blank lines and the
-    whitespace around each label are dropped); bad UTF-8 is a `UserError` naming the line.
-    Descriptions, if the file has them, are left out (see `read_label_descriptions`)."""
-    return list(read_label_descriptions(path))
-
-
-def read_label_descriptions(path: str) -> dict[str, str]:
-    """Labels and their descriptions, in file order: `label<TAB>description` (or a bare label)
-    a line, or JSONL objects `{"label": ..., "description": ...}` (description optional).
-
-    A label without a description maps to "". Descriptions are for the prompt (the
-    `{label_descriptions}` placeholder): scoring stays on the names."""
-    what = "--labels-file"
-    lines = read_text_file(path, what).split("\n")
-    first = next((x.strip() for x in lines if x.strip()), "")
-    out: dict[str, str] = {}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if first.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError):
-                raise InputError(f"{what} {path} line {n}: malformed JSON: fix the line") from None
-            check_json_text(obj, f"{what} {path}", line, n)
-            if (
-                not isinstance(obj, dict)
-                or not isinstance(obj.get("label"), str)
-                or not isinstance(obj.get("description", ""), str)
-            ):
-                raise InputError(
-                    f'{what} {path} line {n}: a JSONL label is an object with a string "label" and an optional '
-                    'string "description", e.g. {"label": "card arrival", "description": "the card has not come"}'
-                )
-            label, desc = obj["label"].strip(), obj.get("description", "").strip()
-        else:
-            label, _, desc = line.partition("\t")
-            label, desc = label.strip(), desc.strip()
-        if not label:
-            raise InputError(f"{what} {path} line {n}: the label is empty: give it a name, or drop the line")
-        if label in out:
-            raise InputError(f"{what} {path} line {n}: label {label!r} is given twice")
-        out[label] = desc
-    if not out:
-        raise InputError(f"{what} {path} holds no labels: give one label a line (label<TAB>description optional)")
-    return out
 
 
 def read_rows(
@@ -433,9 +383,14 @@ def _jsonl(
 
 
 def _parquet(
-    path: str, text_field: str, id_field: str, gold: Gold = None, pair: str | None = None, pair_required: bool = False,
+    path: str,
+    text_field: str,
+    id_field: str,
+    gold: Gold = None,
+    pair: str | None = None,
+    pair_required: bool = False,
     states: tuple[str, ...] = (),
-) -> Iterator[Row]:  # fmt: skip
+) -> Iterator[Row]:
     """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
     try:
         import pyarrow.parquet as pq

@@ -98,7 +98,7 @@ RANGES: dict[str, Range] = {
         lo_open=True,
         hi_open=True,
         unit="the share of in-scope accuracy the threshold may cost on the held-out data",
-    ),  # fmt: skip
+    ),
     # scale-out
     "workers": _count("--workers", unit="Ray workers"),
     "worker_threads": _count("--worker-threads", unit="CPU threads per worker", none_ok=True, hi=4096),

@@ -62,13 +62,25 @@ class Choice:
 
     def record(self) -> dict[str, Any]:
         """The figures as the saved head or adapters keep them."""
-        return {"kept": self.winner, "held_out": self.held_out, "trained_on": self.trained_on,
-                **{t.method: {"accuracy": round(t.accuracy, 4), "macro_f1": round(t.macro_f1, 4),
-                              "train_seconds": round(t.seconds, 1)} for t in self.trials}}  # fmt: skip
+        return {
+            "kept": self.winner,
+            "held_out": self.held_out,
+            "trained_on": self.trained_on,
+            **{
+                t.method: {
+                    "accuracy": round(t.accuracy, 4),
+                    "macro_f1": round(t.macro_f1, 4),
+                    "train_seconds": round(t.seconds, 1),
+                }
+                for t in self.trials
+            },
+        }
 
     def table(self) -> str:
-        lines = [f"held out {self.held_out} texts (trained on the other {self.trained_on}):",
-                 "method    accuracy  macro-F1  train s"]  # fmt: skip
+        lines = [
+            f"held out {self.held_out} texts (trained on the other {self.trained_on}):",
+            "method    accuracy  macro-F1  train s",
+        ]
         for t in self.trials:
             mark = "  <- kept" if t.method == self.winner else ""
             lines.append(f"{t.method:<8}  {t.accuracy:>8.3f}  {t.macro_f1:>8.3f}  {t.seconds:>7.0f}{mark}")
@@ -89,8 +101,9 @@ def held_out_split(gold: np.ndarray, labels: Sequence[str], seed: int) -> tuple[
     return validation_split(gold, labels, HOLDOUT, seed)
 
 
-def score(task: Task, engine: Any, texts: Sequence[Any], gold: np.ndarray, where: Callable[[int], str],
-          **clf_kwargs: Any) -> tuple[float, float]:  # fmt: skip
+def score(
+    task: Task, engine: Any, texts: Sequence[Any], gold: np.ndarray, where: Callable[[int], str], **clf_kwargs: Any
+) -> tuple[float, float]:
     """Accuracy and macro-F1 of `task` on `texts`, classified as `classify --task` would; a text
     that cannot run is a `TrainError` naming it (`where(i)`), as it is in training."""
     preds = Classifier.from_task(task, engine=engine, **clf_kwargs).classify(list(texts))
@@ -133,10 +146,19 @@ class HeadWay:
     def fit(self, s: _Setup, rows: np.ndarray, minutes: float | None) -> Any:
         d = s.data
         folds = min(s.head["folds"], int(np.bincount(d.gold[rows], minlength=len(d.labels)).min()))
-        return train_head(s.engine, [d.texts[i] for i in rows], [d.labels[i] for i in d.gold[rows]],
-                          classes=d.labels, system=s.system, template=s.template, **{**s.head, "folds": folds},
-                          seed=s.settings.seed, source=d.path, lines=[d.lines[i] for i in rows],
-                          **s.clf_kwargs)  # fmt: skip
+        return train_head(
+            s.engine,
+            [d.texts[i] for i in rows],
+            [d.labels[i] for i in d.gold[rows]],
+            classes=d.labels,
+            system=s.system,
+            template=s.template,
+            **{**s.head, "folds": folds},
+            seed=s.settings.seed,
+            source=d.path,
+            lines=[d.lines[i] for i in rows],
+            **s.clf_kwargs,
+        )
 
     def section(self, s: _Setup, head: Any) -> Any:
         return HeadSettings(head)
@@ -161,9 +183,18 @@ class FinetuneWay:
 
     def fit(self, s: _Setup, rows: np.ndarray, minutes: float | None) -> Any:
         d = s.data
-        return finetune_texts(s.engine, [d.texts[i] for i in rows], [d.labels[i] for i in d.gold[rows]], d.labels,
-                              s.system, s.template, replace(s.settings, max_minutes=minutes), where=s.where(rows),
-                              progress=s.progress, **s.clf_kwargs)  # fmt: skip
+        return finetune_texts(
+            s.engine,
+            [d.texts[i] for i in rows],
+            [d.labels[i] for i in d.gold[rows]],
+            d.labels,
+            s.system,
+            s.template,
+            replace(s.settings, max_minutes=minutes),
+            where=s.where(rows),
+            progress=s.progress,
+            **s.clf_kwargs,
+        )
 
     def section(self, s: _Setup, tuned: Any) -> Any:
         return FineTunedSettings(in_memory(tuned, s.fused))
@@ -211,18 +242,29 @@ def run_choose(
     winner's own table: the head's layers, or the fine-tune's epochs). `finish(task, engine)`: the task as it is to be
     saved, before anything is written (e.g. "none of these")."""
 
-    need = (3, "--finetune auto holds out some of each label's texts to compare the head and fine-tuning, "
-            "and the head cross-validates on the rest (2 folds at least), so each label needs 3: add examples "
-            f"of those labels to {data_path}, or choose one method (drop --finetune, or --finetune lora)")  # fmt: skip
+    need = (
+        3,
+        "--finetune auto holds out some of each label's texts to compare the head and fine-tuning, "
+        "and the head cross-validates on the rest (2 folds at least), so each label needs 3: add examples "
+        f"of those labels to {data_path}, or choose one method (drop --finetune, or --finetune lora)",
+    )
     data = read_training_data(data_path, labels, need=need, what="--finetune auto", **(read or {}))
     tr, te = held_out_split(data.gold, data.labels, settings.seed)
     if np.bincount(data.gold[tr], minlength=len(data.labels)).min() < min_per_label(2):
         raise TrainError(f"{data_path}: {need[1]}")
     say(f"mlx-slm: loading {model}")
-    s = _Setup(Engine.load(model, dtype, dequantize), model, data, fill_system(system or None, data.labels,
-               descriptions), check_template(template), settings,
-               {"layers": layers, "layer": layer, "folds": folds, "poolings": poolings, "window": window}, fused,
-               progress, clf_kwargs)  # fmt: skip
+    s = _Setup(
+        Engine.load(model, dtype, dequantize),
+        model,
+        data,
+        fill_system(system or None, data.labels, descriptions),
+        check_template(template),
+        settings,
+        {"layers": layers, "layer": layer, "folds": folds, "poolings": poolings, "window": window},
+        fused,
+        progress,
+        clf_kwargs,
+    )
     deadline = None if settings.max_minutes is None else time.perf_counter() + settings.max_minutes * 60
     trials = []
     for way in WAYS:
@@ -231,8 +273,14 @@ def run_choose(
         # The trial fine-tune may take half the time left; the final run what is left after it.
         learned = way.fit(s, tr, None if deadline is None else max((deadline - t0) / 120, 0.01))
         seconds = time.perf_counter() - t0
-        acc, f1 = score(s.task(way.section(s, learned)), s.engine, [data.texts[i] for i in te], data.gold[te],
-                        s.where(te), **clf_kwargs)  # fmt: skip
+        acc, f1 = score(
+            s.task(way.section(s, learned)),
+            s.engine,
+            [data.texts[i] for i in te],
+            data.gold[te],
+            s.where(te),
+            **clf_kwargs,
+        )
         trials.append(Trial(way.name, acc, f1, seconds))
     choice = Choice(tuple(trials), winner(trials), len(te), len(tr))
     way = next(w for w in WAYS if w.name == choice.winner)

@@ -162,8 +162,13 @@ def answers(qs: Sequence[DecisionQuestion], probs: Sequence[np.ndarray], shape: 
     """One state's answers in `shape`: System One's {key: answer}, or OpenAI's list in question order
     (`keyed`: the questions are a System One object, so each answer's `name` is its key)."""
     if shape == "openai":  # a question the state leaves no room for is OpenAI's refusal (the Decider gives None)
-        return [{**(refusal(q) if p is None else openai_answer(q, p)), **({"name": q.key} if keyed and q.name is None else {})}
-                for q, p in zip(qs, probs)]  # fmt: skip
+        return [
+            {
+                **(refusal(q) if p is None else openai_answer(q, p)),
+                **({"name": q.key} if keyed and q.name is None else {}),
+            }
+            for q, p in zip(qs, probs)
+        ]
     return {q.key: systemone_answer(q, p) for q, p in zip(qs, probs)}
 
 
@@ -174,8 +179,11 @@ def decide(s: DecideSettings, say: Say) -> int:
     out_fmt = output_format_of(s.output, s.output_format)
     file_out = is_plain_file_target(s.output)
     _check_io(s, out_fmt, file_out)
-    reads = [(flag, p) for flag, p in (("INPUT", s.input), ("--questions", s.questions_file),
-                                       ("--task", s.task_file)) if p is not None]  # fmt: skip
+    reads = [
+        (flag, p)
+        for flag, p in (("INPUT", s.input), ("--questions", s.questions_file), ("--task", s.task_file))
+        if p is not None
+    ]
     check_run_files(reads, [("-o", s.output if file_out else None)])
     dist = Distribution(s.shard, s.ray or s.ray_address is not None, s.ray_address, s.workers, s.worker_threads)
     if dist.shard is not None and not file_out:
@@ -216,8 +224,9 @@ class DecideJob:
         qs = read_questions(s.questions_file, self.task, config)
         if qs.applied:
             decision_temperatures(self.task, weights)  # a task fitted on other weights: refused
-        decider = Decider(engine, config, state_cache=s.state_cache, calibration=qs.temperatures or None,
-                          calibration_questions=qs.own)  # fmt: skip
+        decider = Decider(
+            engine, config, state_cache=s.state_cache, calibration=qs.temperatures or None, calibration_questions=qs.own
+        )
         shard_info = None
         if self.dist.shard is not None:
             rows, shard_info = self._shard_rows(rows)
@@ -276,9 +285,14 @@ class DecideJob:
 
     # ------------------------------------------------------------------ the manifest and --resume
     def _manifest_settings(
-        self, weights: str | None, qs: Questions, decider: Any, sha: str | None, not_hashed: str | None,
+        self,
+        weights: str | None,
+        qs: Questions,
+        decider: Any,
+        sha: str | None,
+        not_hashed: str | None,
         shard_info: dict[str, Any] | None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         s = self.s
         inp = Path(s.input).resolve() if s.input != "-" else None
         return {
@@ -343,8 +357,11 @@ class DecideJob:
         try:
             for rec in self._records(rows, decider, qs):
                 self.failed += "error" in rec
-                writer.write(rec if self.out_fmt == "jsonl" or "error" in rec else
-                             {**rec, "answers": json.dumps(rec["answers"], ensure_ascii=False)})  # fmt: skip
+                writer.write(
+                    rec
+                    if self.out_fmt == "jsonl" or "error" in rec
+                    else {**rec, "answers": json.dumps(rec["answers"], ensure_ascii=False)}
+                )
                 progress.tick()
             finished = True
         finally:
@@ -404,12 +421,15 @@ class DecideJob:
         from .. import ray as mray  # lazy: the ray extra is optional
 
         got = mray.decisions(
-            [r.text for r in rows if r.error is None], qs.raw, qs.applied,
+            [r.text for r in rows if r.error is None],
+            qs.raw,
+            qs.applied,
             {"model": self.s.model, "dtype": self.s.dtype, "state_cache": self.s.state_cache},
             _config_record(decider.config, whole=True),
-            concurrency=self.dist.workers, threads_per_worker=self.dist.worker_threads,
+            concurrency=self.dist.workers,
+            threads_per_worker=self.dist.worker_threads,
             weights_sha256=self.settings.get("weights_sha256"),
-        )  # fmt: skip
+        )
         for r in rows:
             if r.error is not None:
                 yield error_record(r, r.error)

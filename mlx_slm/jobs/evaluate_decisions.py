@@ -170,8 +170,9 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
                 check_run_files(reads, [("--plots", str(p)) for p in plot_paths(where)])
     states = (s.state_field,) if s.state_field else STATE_FIELDS
     fields = tuple(dict.fromkeys(golds.values()))
-    rows = list(read_rows(s.input, s.fmt, states[0], s.id_field, s.state_column, s.id_column, gold=fields,
-                          states=states))  # fmt: skip
+    rows = list(
+        read_rows(s.input, s.fmt, states[0], s.id_field, s.state_column, s.id_column, gold=fields, states=states)
+    )
     rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in rows]
     if s.predictions:  # a decide output: its answers read back, row i of it input row i
         got = read_decisions(s.predictions, rows, qs.questions, s.input)
@@ -184,8 +185,9 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     if s.predictions:
         probs = [p for r, p in zip(rows, got) if r.error is None]
     else:
-        decider = Decider(engine, config, state_cache=0, calibration=qs.temperatures or None,
-                          calibration_questions=qs.own)  # fmt: skip
+        decider = Decider(
+            engine, config, state_cache=0, calibration=qs.temperatures or None, calibration_questions=qs.own
+        )
         for k in range(0, len(ok), s.batch):
             probs += _decide(decider, [r.text for r in ok[k : k + s.batch]], qs.questions)
     out: dict[str, Any] = {}
@@ -200,15 +202,25 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
             for p in plot(out[key]["report"], Path(s.plots) / _folder(index[key], key)):
                 say(f"mlx-slm: wrote {p}")
     if s.json_path:
-        atomic_write(s.json_path, json.dumps({"questions": {k: v["report"] for k, v in out.items()}}, indent=2) + "\n",
-                     "--json")  # fmt: skip
+        atomic_write(
+            s.json_path, json.dumps({"questions": {k: v["report"] for k, v in out.items()}}, indent=2) + "\n", "--json"
+        )
     if s.save_task:
         temps = {k: v["report"]["temperature"]["value"] for k, v in out.items() if "temperature" in v["report"]}
-        fit = {k: {x: v["report"]["temperature"][x] for x in ("n", "nll_raw", "nll_fitted", "ece_raw", "ece_fitted")}
-               for k, v in out.items() if "temperature" in v["report"]}  # fmt: skip
-        Task(model=model, labels=tuple(DEFAULT_LABELS), system=DEFAULT_SYSTEM, template=DEFAULT_TEMPLATE,
-             weights_sha256=engine.weights_sha256 if engine else None, versions=versions(),
-             decisions={"questions": qs.raw, "temperatures": temps, "fit": fit}).save(s.save_task)  # fmt: skip
+        fit = {
+            k: {x: v["report"]["temperature"][x] for x in ("n", "nll_raw", "nll_fitted", "ece_raw", "ece_fitted")}
+            for k, v in out.items()
+            if "temperature" in v["report"]
+        }
+        Task(
+            model=model,
+            labels=tuple(DEFAULT_LABELS),
+            system=DEFAULT_SYSTEM,
+            template=DEFAULT_TEMPLATE,
+            weights_sha256=engine.weights_sha256 if engine else None,
+            versions=versions(),
+            decisions={"questions": qs.raw, "temperatures": temps, "fit": fit},
+        ).save(s.save_task)
         say(f"mlx-slm: task saved to {s.save_task} (a temperature for {len(temps)} question(s))")
     return {k: v["report"] for k, v in out.items()}
 
@@ -227,8 +239,15 @@ def _question(
     q: DecisionQuestion, fld: str, ok: list[Any], probs: list[Any], i: int, fit: bool, rows: list[Any]
 ) -> dict[str, Any]:
     """One question's report (and fitted temperature), from the rows with an answer and a gold option."""
-    got, gold, left = [], [], [f"line {r.line}: {r.error}" if not r.error.startswith("line ") else r.error
-                                for r in rows if r.error is not None]  # fmt: skip
+    got, gold, left = (
+        [],
+        [],
+        [
+            f"line {r.line}: {r.error}" if not r.error.startswith("line ") else r.error
+            for r in rows
+            if r.error is not None
+        ],
+    )
     for r, p in zip(ok, probs):
         g = gold_index(q, (r.gold or {}).get(fld))
         if isinstance(p, str):
@@ -239,8 +258,10 @@ def _question(
             got.append(np.asarray(p[i], dtype=np.float64))
             gold.append(g)
     if not got:
-        raise UserError(f"question {q.key!r}: no row has both an answer and a gold option in field {fld!r}; "
-                        f"first problem: {left[0] if left else 'none'}")  # fmt: skip
+        raise UserError(
+            f"question {q.key!r}: no row has both an answer and a gold option in field {fld!r}; "
+            f"first problem: {left[0] if left else 'none'}"
+        )
     names = [option_text(o) for o in q.options]
     pr, g = np.stack(got), np.asarray(gold, dtype=np.int64)
     rep = question_report(pr, g, names, binary=q.type == "noul")
@@ -251,8 +272,14 @@ def _question(
         hot = apply_temperature(pr, t)
         top_raw, top_fit = pr.max(1), hot.max(1)
         right = pr.argmax(1) == g  # a temperature keeps every argmax
-        rep["temperature"] = {"value": t, **info, "ece_raw": ece(top_raw, right), "ece_fitted": ece(top_fit, right),
-                              "brier_raw": rep["brier"], "brier_fitted": brier_score(hot, g, q.type == "noul")}  # fmt: skip
+        rep["temperature"] = {
+            "value": t,
+            **info,
+            "ece_raw": ece(top_raw, right),
+            "ece_fitted": ece(top_fit, right),
+            "brier_raw": rep["brier"],
+            "brier_fitted": brier_score(hot, g, q.type == "noul"),
+        }
     return {"report": rep}
 
 
@@ -283,8 +310,10 @@ def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuest
     for i, (rec, row) in enumerate(zip(recs, rows)):
         f = rec.fields if rec.problem is None else {}
         if rec.problem is not None or not same_id(f.get("id"), row.id, fmt):
-            raise UserError(f"{where}: row {i + 1} is not input line {row.line}'s answers (id {f.get('id')!r}, "
-                            f"expected {row.id!r}): give the decide output of this input")  # fmt: skip
+            raise UserError(
+                f"{where}: row {i + 1} is not input line {row.line}'s answers (id {f.get('id')!r}, "
+                f"expected {row.id!r}): give the decide output of this input"
+            )
         if f.get("error"):
             out.append(str(f["error"]))
             continue
@@ -293,8 +322,10 @@ def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuest
             ans = json.loads(ans) if isinstance(ans, str) else ans
             out.append(tuple(_probabilities(q, ans, k) for k, q in enumerate(questions)))
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise UserError(f"{where}: row {i + 1} has no answer to every question ({type(e).__name__}: {e}): "
-                            "give the decide output of these questions") from None  # fmt: skip
+            raise UserError(
+                f"{where}: row {i + 1} has no answer to every question ({type(e).__name__}: {e}): "
+                "give the decide output of these questions"
+            ) from None
     return out
 
 

@@ -57,12 +57,18 @@ def run_finetune(
     `reads`: the files the run reads (`output.files_read`), none of which the adapters may be.
     `finish(task, engine)`: the task as it is to be saved (its adapters in memory), before anything is written."""
 
-    need = (1, "A fine-tuned classifier learns each label from its examples: add examples of those labels to "
-            f"{data_path}, or leave them out of --labels (or --labels-file)")  # fmt: skip
+    need = (
+        1,
+        "A fine-tuned classifier learns each label from its examples: add examples of those labels to "
+        f"{data_path}, or leave them out of --labels (or --labels-file)",
+    )
     if settings.val_fraction > 0:  # one example of each label held out, one trained on
-        need = (2, f"--val-fraction {settings.val_fraction:g} holds out at least one example of each label for "
-                "validation and trains on the rest, so each needs 2: add examples of those labels, leave them out "
-                "of --labels and the data, or set --val-fraction 0 (no early stopping)")  # fmt: skip
+        need = (
+            2,
+            f"--val-fraction {settings.val_fraction:g} holds out at least one example of each label for "
+            "validation and trains on the rest, so each needs 2: add examples of those labels, leave them out "
+            "of --labels and the data, or set --val-fraction 0 (no early stopping)",
+        )
     data = read_training_data(data_path, labels, need=need, what="a fine-tuned classifier", **(read or {}))
     system = fill_system(system or None, data.labels, descriptions)
     template = check_template(template)
@@ -70,9 +76,17 @@ def run_finetune(
     engine = Engine.load(model, dtype, dequantize)
     t0 = time.perf_counter()
     tuned = finetune_texts(
-        engine, data.texts, data.gold, data.labels, system, template, settings,
-        where=lambda i: f"{data_path}: line {data.lines[i]}", progress=progress, **clf_kwargs,
-    )  # fmt: skip
+        engine,
+        data.texts,
+        data.gold,
+        data.labels,
+        system,
+        template,
+        settings,
+        where=lambda i: f"{data_path}: line {data.lines[i]}",
+        progress=progress,
+        **clf_kwargs,
+    )
     say(
         f"mlx-slm: fine-tuned in {time.perf_counter() - t0:.0f} s ({tuned.stopped} after {len(tuned.history)} "
         f"epochs; {kept(tuned)})"
@@ -103,8 +117,14 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
             )
 
         atomic_write(path, data, "the adapters file")
-    section = {"adapters": path.name, "sha256": sha, "fused": fused, "objective": tuned.objective,
-               "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
+    section = {
+        "adapters": path.name,
+        "sha256": sha,
+        "fused": fused,
+        "objective": tuned.objective,
+        "layers": list(tuned.lora.layers),
+        "rank": tuned.lora.rank,
+    }
     task = replace(
         task, section=FineTunedSettings(section), home=str(path.resolve().parent)
     )  # named relative to the task's folder
@@ -166,9 +186,16 @@ def finetune_texts(
     elif settings.head_init == "words":
         label_tokens = [list(t) for t in labelset_for(engine, clf.format, labels).token_ids]
     return finetune(
-        engine.model, [it.ids for it in items], list(gold), list(labels), settings, label_tokens=label_tokens,
-        base_sha256=engine.weights_sha256, prompt={"system": system, "template": template}, progress=progress,
-    )  # fmt: skip
+        engine.model,
+        [it.ids for it in items],
+        list(gold),
+        list(labels),
+        settings,
+        label_tokens=label_tokens,
+        base_sha256=engine.weights_sha256,
+        prompt={"system": system, "template": template},
+        progress=progress,
+    )
 
 
 def history_table(tuned: Any) -> str:

@@ -298,8 +298,15 @@ class Setup:
             named.update(self.task.section.named(self.task.home))
         if self.task is not None and self.task.none is not None and self.labels is not None:
             named["none_label"] = self.task.none["label"]  # the task's "none of these", its labels kept
-        named.update(labels=tuple(self.labels or ()), scoring=o.scoring, examples=tuple(self.examples),
-                     truncate=o.truncate, threshold=o.threshold, questions=self.questions, **self._reranker())  # fmt: skip
+        named.update(
+            labels=tuple(self.labels or ()),
+            scoring=o.scoring,
+            examples=tuple(self.examples),
+            truncate=o.truncate,
+            threshold=o.threshold,
+            questions=self.questions,
+            **self._reranker(),
+        )
         # A system message or template typed here: a sequence classifier takes it as a chat prompt.
         named.update({k: getattr(o, k) for k in ("system", "template") if k in self.given and k not in named})
         return arguments(**named)

@@ -478,14 +478,27 @@ def head_classifier(engine: Any, labels: Sequence[str], system: str | None, temp
 
 
 def trained_task(
-    model: str, engine: Any, labels: Sequence[str], system: str | None, template: str, section: Any,
+    model: str,
+    engine: Any,
+    labels: Sequence[str],
+    system: str | None,
+    template: str,
+    section: Any,
     examples: Sequence[tuple[str, str]] = (),
-) -> Task:  # fmt: skip
+) -> Task:
     """The task a training run saves: its model (as named, pinned to these weights), prompt and
     labels, and what was learned (`section`: a head, or fine-tuned adapters)."""
-    return Task(model=model, labels=tuple(labels), system=system, template=template, examples=tuple(examples),
-                weights_sha256=engine.weights_sha256, versions=versions(), section=section,
-                system_in_user_turn=folds_system(engine.tokenizer, system))  # fmt: skip
+    return Task(
+        model=model,
+        labels=tuple(labels),
+        system=system,
+        template=template,
+        examples=tuple(examples),
+        weights_sha256=engine.weights_sha256,
+        versions=versions(),
+        section=section,
+        system_in_user_turn=folds_system(engine.tokenizer, system),
+    )
 
 
 def run_train(
@@ -542,6 +555,17 @@ def run_train(
     return task, format_table(head)
 
 
+def _check_fields(fields: Sequence[str]) -> None:
+    """Before any work: each --label-field given once, each a question's name (it names its head)."""
+    if len(set(fields)) != len(fields):
+        raise TrainError(f"--label-field {sorted(f for f in fields if fields.count(f) > 1)[0]!r} is given twice")
+    for f in fields:
+        try:
+            check_name(f)
+        except QuestionError as e:
+            raise TrainError(f"--label-field {f!r}: {e}; rename the field in the data") from None
+
+
 def run_train_fields(
     data_path: str,
     save_task: str,
@@ -570,13 +594,7 @@ def run_train_fields(
     {text}`): the heads read the text's own prompt, which zero-shot questions continue."""
 
     check_folds(folds)  # before the one feature pass, as the single head's entry checks it
-    if len(set(fields)) != len(fields):
-        raise TrainError(f"--label-field {sorted(f for f in fields if fields.count(f) > 1)[0]!r} is given twice")
-    for f in fields:  # before any work: each field names its head's question
-        try:
-            check_name(f)
-        except QuestionError as e:
-            raise TrainError(f"--label-field {f!r}: {e}; rename the field in the data") from None
+    _check_fields(fields)
     datas = [read_training_data(data_path, None, folds=folds, **{**(read or {}), "gold_field": f}) for f in fields]
     system = Q_SYSTEM if system is None else check_plain_system(system)
     template = Q_TEMPLATE if template is None else check_template(template, placeholders=("text", "question"))
@@ -585,8 +603,13 @@ def run_train_fields(
     clf = head_classifier(engine, datas[0].labels, system, template, **clf_kwargs)
     n = len(clf.model.layers)
     spec = parse_layers(layers, n) if layers is None or isinstance(layers, str) else list(layers)
-    every = sorted({x for c in candidates(sorted(set(spec) | ({layer} if layer else set())), n, poolings=poolings)
-                    for x in c.layers})  # fmt: skip
+    every = sorted(
+        {
+            x
+            for c in candidates(sorted(set(spec) | ({layer} if layer else set())), n, poolings=poolings)
+            for x in c.layers
+        }
+    )
     progress(
         f"features: {len(datas[0].texts)} texts, layers {', '.join(map(str, every))}, once for {len(fields)} heads"
     )
@@ -599,18 +622,38 @@ def run_train_fields(
     heads = []
     for f, data in zip(fields, datas):
         progress(f"head for {f!r}: {len(data.labels)} labels")
-        head = train_head(clf, data.texts, [data.labels[i] for i in data.gold], classes=data.labels, layers=spec,
-                          layer=layer, folds=folds, seed=seed, window=window, poolings=poolings, log=progress,
-                          source=data.path, lines=data.lines, extract=cached)  # fmt: skip
+        head = train_head(
+            clf,
+            data.texts,
+            [data.labels[i] for i in data.gold],
+            classes=data.labels,
+            layers=spec,
+            layer=layer,
+            folds=folds,
+            seed=seed,
+            window=window,
+            poolings=poolings,
+            log=progress,
+            source=data.path,
+            lines=data.lines,
+            extract=cached,
+        )
         head.info.update({"data": Path(data.path).name, "data_sha256": data.sha256, "gold_field": f})
         heads.append(head)
     try:
         qs = check_questions([Question(f, "", "head", h.labels, head=h) for f, h in zip(fields, heads)])
     except QuestionError as e:
         raise TrainError(f"--label-field: {e} (the field names the head's question: rename the field)") from None
-    task = Task(model=model, labels=(), system=system, template=template, weights_sha256=engine.weights_sha256,
-                versions=versions(), section=QuestionsSettings(tuple(qs)),
-                system_in_user_turn=folds_system(engine.tokenizer, system))  # fmt: skip
+    task = Task(
+        model=model,
+        labels=(),
+        system=system,
+        template=template,
+        weights_sha256=engine.weights_sha256,
+        versions=versions(),
+        section=QuestionsSettings(tuple(qs)),
+        system_in_user_turn=folds_system(engine.tokenizer, system),
+    )
     task.save(save_task)
     return task, "\n\n".join(f"== {f}\n{format_table(h)}" for f, h in zip(fields, heads))
 

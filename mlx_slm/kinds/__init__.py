@@ -56,8 +56,18 @@ BY_NAME: dict[str, type[KindSpec]] = {k.name: k for k in KINDS}
 
 
 # The labels kind's arguments (`KindArgs`' own fields); every other kind's are its `Settings.NAMES`.
-COMMON = ("labels", "scoring", "examples", "label_descriptions", "keep_logits", "label_pass", "none_label", "truncate",
-          "system", "template")  # fmt: skip
+COMMON = (
+    "labels",
+    "scoring",
+    "examples",
+    "label_descriptions",
+    "keep_logits",
+    "label_pass",
+    "none_label",
+    "truncate",
+    "system",
+    "template",
+)
 
 
 def scoring_names() -> set[str]:

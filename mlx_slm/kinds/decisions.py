@@ -169,13 +169,17 @@ class DecisionPlanner:
         openai = request.api == "openai"
         if size_problem(self.tokenizer, text(request.state), self.max_length) is not None:
             # refused before tokenizing (a 100 MB state)
-            return self._over(index, request, f"the state is far over the model's context of {self.max_length} "
-                              "tokens: shorten it")  # fmt: skip
+            return self._over(
+                index, request, f"the state is far over the model's context of {self.max_length} tokens: shorten it"
+            )
         if len(request.questions) > 1:  # the state tokenized once, not once a question, when it cannot fit
             n = self.state_tokens(request)
             if n > self.max_length + STATE_SLACK:
-                return self._over(index, request, f"the state needs about {n} tokens, over the model's context of "
-                                  f"{self.max_length}: shorten it")  # fmt: skip
+                return self._over(
+                    index,
+                    request,
+                    f"the state needs about {n} tokens, over the model's context of {self.max_length}: shorten it",
+                )
         prompts = self.prompts(request)
         options = [self.labels(tuple(q.labels)) for q in request.questions]
         fits = [len(p) + o.max_len - 1 <= self.max_length for p, o in zip(prompts, options)]
@@ -196,9 +200,15 @@ class DecisionPlanner:
         own = sum(len(c) for c in chains if c is not None)
         nodes = sum(sum(len(c) for c in o.trie) for o, ok in zip(options, fits) if ok)
         return DecisionItem(
-            index, request, live[0][:cut], chains, [o if ok else None for o, ok in zip(options, fits)], temps,
-            input_tokens=cut + own, cost=cut + own + nodes,
-        )  # fmt: skip
+            index,
+            request,
+            live[0][:cut],
+            chains,
+            [o if ok else None for o, ok in zip(options, fits)],
+            temps,
+            input_tokens=cut + own,
+            cost=cut + own + nodes,
+        )
 
     def _over(self, index: int, request: DecisionRequest, why: str) -> DecisionItem:
         """A request none of whose questions fits: System One refuses it, OpenAI refuses each question."""

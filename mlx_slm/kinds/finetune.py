@@ -53,8 +53,15 @@ NO_CALIBRATION = (
 def in_memory(tuned: Any, fused: bool = False) -> dict[str, Any]:
     """A task's 'finetune' section holding the adapters themselves (the kind takes
     either), until `to_task` saves them."""
-    return {"tuned": tuned, "adapters": None, "sha256": None, "fused": fused, "objective": tuned.objective,
-            "layers": list(tuned.lora.layers), "rank": tuned.lora.rank}  # fmt: skip
+    return {
+        "tuned": tuned,
+        "adapters": None,
+        "sha256": None,
+        "fused": fused,
+        "objective": tuned.objective,
+        "layers": list(tuned.lora.layers),
+        "rank": tuned.lora.rank,
+    }
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,12 @@ class FinetuneSpec(KindSpec):
 
     def manifest(self, mode: str) -> dict[str, Any]:
         s = self._section()
-        return {"labels": list(self.labels), "scoring": mode, "examples": [], "finetune": {"sha256": s["sha256"], "objective": s["objective"]}}  # fmt: skip
+        return {
+            "labels": list(self.labels),
+            "scoring": mode,
+            "examples": [],
+            "finetune": {"sha256": s["sha256"], "objective": s["objective"]},
+        }
 
     def to_task(self, path: Any = None) -> dict[str, Any]:
         if self.file is None:

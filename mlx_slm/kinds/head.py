@@ -168,8 +168,9 @@ class HeadSpec(KindSpec):
             return None
         if same_prompt:
             return self
-        return LabelsSpec.from_args(KindArgs(labels, examples=self.examples, label_descriptions=self.descriptions,
-                                             none_label=self.none_label))  # fmt: skip
+        return LabelsSpec.from_args(
+            KindArgs(labels, examples=self.examples, label_descriptions=self.descriptions, none_label=self.none_label)
+        )
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
         return {"labels": self.labels, "examples": self.examples, "section": HeadSettings(self.head)}

@@ -90,10 +90,14 @@ class QuestionsSpec(KindSpec):
     @classmethod
     def from_args(cls, args: KindArgs) -> QuestionsSpec:
         refuse(
-            labels=bool(args.labels), head=args.get(HeadSettings) is not None, examples=bool(args.examples),
-            label_descriptions=bool(args.label_descriptions), keep_logits=args.keep_logits,
-            scoring=args.scoring != "auto", truncate=bool(args.truncate),
-        )  # fmt: skip
+            labels=bool(args.labels),
+            head=args.get(HeadSettings) is not None,
+            examples=bool(args.examples),
+            label_descriptions=bool(args.label_descriptions),
+            keep_logits=args.keep_logits,
+            scoring=args.scoring != "auto",
+            truncate=bool(args.truncate),
+        )
         own = args.get(QuestionsSettings)
         assert own is not None
         qs = tuple(q if isinstance(q, Question) else Question.from_dict(q) for q in own.questions)
@@ -245,10 +249,11 @@ class QuestionsKind(Kind):
             ran += pack.tokens
         count(st, batch, ran)
         return [
-            Prediction(item.index, n_tokens=len(item.ids) + sum(map(len, item.chains)), truncated=item.truncated,
-                       answers=ans)
+            Prediction(
+                item.index, n_tokens=len(item.ids) + sum(map(len, item.chains)), truncated=item.truncated, answers=ans
+            )
             for item, ans in zip(items, plan.answers(scores))
-        ]  # fmt: skip
+        ]
 
 
 # --------------------------------------------------------------------------- one pass of branches
@@ -283,8 +288,10 @@ def branch_scores(
             kv, cache_mask, pack.ids, positions=end[:, None] + pack.positions, tree=pack.visible, collect=collect
         )
         got = option_scores(engine, h, pack, [options] * B)
-        out = [np.stack([got[r][k] for r in range(B)]) if o is not None else np.zeros((B, 0)) for k, o in
-               enumerate(options)]  # fmt: skip
+        out = [
+            np.stack([got[r][k] for r in range(B)]) if o is not None else np.zeros((B, 0))
+            for k, o in enumerate(options)
+        ]
         if collect:
             hidden = {layer: np.array(v.astype(mx.float32)) for layer, v in collect.items()}
             for k, b in enumerate(blocks):

@@ -96,8 +96,12 @@ class RerankSettings(KindSettings):
         return cls(named["reranker"], named.get("instruction"), named.get("system"), named.get("template"))
 
     def named(self, home: str | None = None) -> dict[str, Any]:
-        out = {"reranker": self.scorer, "instruction": self.instruction, "system": self.system,
-               "template": self.template}  # fmt: skip
+        out = {
+            "reranker": self.scorer,
+            "instruction": self.instruction,
+            "system": self.system,
+            "template": self.template,
+        }
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -206,8 +210,10 @@ class RerankSpec(KindSpec):
 
     def task_kwargs(self, mode: str) -> dict[str, Any]:
         r = self._section()["rerank"]
-        return {"labels": self.labels, "section": RerankSettings(r["scorer"], r.get("instruction"), r.get("system"),
-                                                                  r.get("template"))}  # fmt: skip
+        return {
+            "labels": self.labels,
+            "section": RerankSettings(r["scorer"], r.get("instruction"), r.get("system"), r.get("template")),
+        }
 
     @classmethod
     def read_task(

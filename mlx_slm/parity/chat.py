@@ -57,8 +57,9 @@ def run_chat_parity(
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    clf, path, q = _loaded(model, progress, labels=labels, system=system, template=template, dtype=dtype,
-                           dequantize=dequantize)  # fmt: skip
+    clf, path, q = _loaded(
+        model, progress, labels=labels, system=system, template=template, dtype=dtype, dequantize=dequantize
+    )
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     convs = conversations(texts, clf.format)
     next_clf = Classifier(clf.engine, system=None, template="{text}", kind=chat_spec(()))

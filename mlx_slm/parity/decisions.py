@@ -38,8 +38,11 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 def systemone_question(q: DecisionQuestion) -> tuple[dict[str, Any] | None, str | None]:
     """`q` as System One's question object, which is what Transformers' path reads, or (None, why not)."""
     if q.type == "noul":
-        return {"type": "noul", "instructions": q.instructions,
-                "criteria": {str(o): d for o, d in zip(q.options, q.descriptions)}}, None  # fmt: skip
+        return {
+            "type": "noul",
+            "instructions": q.instructions,
+            "criteria": {str(o): d for o, d in zip(q.options, q.descriptions)},
+        }, None
     if q.type == "score":
         return {"type": "score", "instructions": q.instructions, "criteria": list(q.descriptions)}, None
     names = [option_text(o) for o in q.options]
@@ -92,13 +95,22 @@ def run_decision_parity(
 
 
 def compare(
-    questions: Sequence[DecisionQuestion], compared: Sequence[DecisionQuestion], skipped: dict[str, Any],
-    ours: Sequence[Any], theirs: Sequence[Any], dtype: str, our_s: float, ref_s: float, model: str, src: str,
-) -> dict[str, Any]:  # fmt: skip
+    questions: Sequence[DecisionQuestion],
+    compared: Sequence[DecisionQuestion],
+    skipped: dict[str, Any],
+    ours: Sequence[Any],
+    theirs: Sequence[Any],
+    dtype: str,
+    our_s: float,
+    ref_s: float,
+    model: str,
+    src: str,
+) -> dict[str, Any]:
     """The figures of `run_decision_parity` from both sides' probabilities."""
     index = {q.key: i for i, q in enumerate(questions)}
-    per: dict[str, dict[str, Any]] = {q.key: {"type": q.type, "options": len(q.options), "max_abs_dprob": 0.0,
-                                              "disagreements": []} for q in compared}  # fmt: skip
+    per: dict[str, dict[str, Any]] = {
+        q.key: {"type": q.type, "options": len(q.options), "max_abs_dprob": 0.0, "disagreements": []} for q in compared
+    }
     errors: list[str] = []
     for i, (mine, ref) in enumerate(zip(ours, theirs)):
         if isinstance(ref, str):

@@ -76,8 +76,16 @@ def run_finetune_parity(
             progress("reference: the merged weights as a causal LM, each label's tokens scored, one text at a time")
             theirs, seconds = _causal_reference(clf, base, out, ids)
         else:
-            export(tuned, base, engine.tokenizer, engine.path, out, prompt={"system": t.system, "template": t.template},
-                   base_name=t.model, sha256=engine.weights_sha256)  # fmt: skip
+            export(
+                tuned,
+                base,
+                engine.tokenizer,
+                engine.path,
+                out,
+                prompt={"system": t.system, "template": t.template},
+                base_name=t.model,
+                sha256=engine.weights_sha256,
+            )
             progress("reference: AutoModelForSequenceClassification on the export, our prompt ids, one at a time")
             got = seqcls_in_child(out, prompts=ids)
             theirs, seconds = got["probs"], float(got["seconds"])
@@ -96,7 +104,7 @@ def run_finetune_parity(
             "adapters": spec.file,
             "layers": list(tuned.lora.layers),
             "rank": tuned.lora.rank,
-        },  # fmt: skip
+        },
         "model": str(engine.path),
         "n": len(texts),
         "reference": "AutoModelForCausalLM, label scoring" if long else "AutoModelForSequenceClassification",

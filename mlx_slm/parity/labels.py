@@ -275,8 +275,9 @@ def run_question_parity(
 
     path = materialise(model)
     progress(f"ours: MLX on {path}, {len(questions)} question(s) in one pass")
-    clf = Classifier.load(str(path), system=system, template=template, dtype=dtype, questions=questions,
-                          batch_size=batch_size)  # fmt: skip
+    clf = Classifier.load(
+        str(path), system=system, template=template, dtype=dtype, questions=questions, batch_size=batch_size
+    )
     plan = clf.kind.plan
     assert plan is not None
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
@@ -336,8 +337,10 @@ def format_question_report(r: dict[str, Any]) -> str:
         lines.append(f"(b) conversion drift: ours vs Transformers on {r['reference']}")
         for name, x in r["conversion_drift"].items():
             lines.append(f"    {name:<16} labels {x['agree']}/{x['total']}  max |dprob| {x['max_abs_dprob']:.2e}")
-    lines.append(f"forward {'OK' if r['forward_ok'] else 'FAILED'}; seconds: ours {r['seconds']['ours']}, "
-                 f"reference {r['seconds']['reference']}")  # fmt: skip
+    lines.append(
+        f"forward {'OK' if r['forward_ok'] else 'FAILED'}; seconds: ours {r['seconds']['ours']}, "
+        f"reference {r['seconds']['reference']}"
+    )
     return "\n".join(lines)
 
 

@@ -221,10 +221,14 @@ def score_blocks_in_child(
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.npz"
         spec = [
-            {"prompts": [list(map(int, p)) for p in prompts], "labels": list(ls.labels),
-             "token_ids": [list(t) for t in ls.token_ids], "mode": ls.mode}
+            {
+                "prompts": [list(map(int, p)) for p in prompts],
+                "labels": list(ls.labels),
+                "token_ids": [list(t) for t in ls.token_ids],
+                "mode": ls.mode,
+            }
             for prompts, ls in blocks
-        ]  # fmt: skip
+        ]
         job.write_text(json.dumps({"src": str(src), "blocks": spec}))
         done = run_in_child(["-m", "mlx_slm.parity.reference", str(job), str(out)])
         if done.returncode != 0:
@@ -328,9 +332,14 @@ def rerank_in_child(
     require_torch()
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.npz"
-        spec: dict[str, Any] = {"src": str(src), "rerank": scorer, "queries": list(queries),
-                                "documents": list(documents), "instruction": instruction,
-                                "prompts": None if prompts is None else [list(map(int, p)) for p in prompts]}  # fmt: skip
+        spec: dict[str, Any] = {
+            "src": str(src),
+            "rerank": scorer,
+            "queries": list(queries),
+            "documents": list(documents),
+            "instruction": instruction,
+            "prompts": None if prompts is None else [list(map(int, p)) for p in prompts],
+        }
         job.write_text(json.dumps(spec))
         done = run_in_child(["-m", "mlx_slm.parity.reference", str(job), str(out)])
         if done.returncode != 0:
@@ -358,8 +367,7 @@ def _rerank_child(job: dict[str, Any], out_path: str) -> None:
         ref = SeqClsReference(job["src"])
         t = time.perf_counter()
         _, logits, probs = ref.classify(queries, docs)
-        np.savez(out_path, scores=probs[:, 0], logits=logits[:, 0].astype(np.float64),
-                 seconds=time.perf_counter() - t)  # fmt: skip
+        np.savez(out_path, scores=probs[:, 0], logits=logits[:, 0].astype(np.float64), seconds=time.perf_counter() - t)
         return
     from transformers import AutoTokenizer
 

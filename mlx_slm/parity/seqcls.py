@@ -109,8 +109,9 @@ def run_seqcls_parity(
     `reference` (the original checkpoint), (b) Transformers on it against (a)'s."""
 
     extra = {} if prompt is None else {"system": prompt[0], "template": prompt[1]}
-    clf, path, q = _loaded(model, progress, dtype=dtype, batch_size=batch_size, dequantize=dequantize,
-                           threshold=threshold, **extra)  # fmt: skip
+    clf, path, q = _loaded(
+        model, progress, dtype=dtype, batch_size=batch_size, dequantize=dequantize, threshold=threshold, **extra
+    )
     spec = clf.spec
     if spec.name != "seqcls":
         raise UserError(f"{model} is not a sequence classifier (*ForSequenceClassification): parity checks it without")
@@ -158,7 +159,7 @@ def run_seqcls_parity(
         "forward_ok": a["agree"] == a["total"] and a["max_abs_dprob"] <= tol and a["encodings_equal"] == a["total"],
         "drift_ok": b is None or b["agree"] == b["total"],
         "seconds": {"ours": round(t_ours, 2), "reference": round(float(same["seconds"]), 2)},
-    }  # fmt: skip
+    }
 
 
 def _prompt_said(chat: bool, typed: bool) -> str:
@@ -188,8 +189,16 @@ def run_rerank_parity(
     tokens processed against the floor (each query's tokens once, each document's own)."""
 
     extra = {} if prompt is None else {"system": prompt[0], "template": prompt[1]}
-    clf, path, q = _loaded(model, progress, dtype=dtype, batch_size=batch_size, dequantize=dequantize,
-                           reranker=reranker, instruction=instruction, **extra)  # fmt: skip
+    clf, path, q = _loaded(
+        model,
+        progress,
+        dtype=dtype,
+        batch_size=batch_size,
+        dequantize=dequantize,
+        reranker=reranker,
+        instruction=instruction,
+        **extra,
+    )
     spec = clf.spec
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     items = list(zip(queries, documents))
@@ -206,8 +215,11 @@ def run_rerank_parity(
     by_query: dict[str, list[int]] = {}
     for i, x in enumerate(queries):
         by_query.setdefault(x, []).append(i)
-    same_order = [qi for qi, rows in enumerate(by_query.values())
-                  if rerank_order(ours[rows].tolist()) == rerank_order(theirs[rows].tolist())]  # fmt: skip
+    same_order = [
+        qi
+        for qi, rows in enumerate(by_query.values())
+        if rerank_order(ours[rows].tolist()) == rerank_order(theirs[rows].tolist())
+    ]
     heads = {it.prefix for it in clf.prepare(items)}
     floor = sum(len(h) for h in heads if h) + sum(
         len(x) - len(it.prefix or ()) for x, it in zip(ids, clf.prepare(items))
@@ -234,7 +246,7 @@ def run_rerank_parity(
             "floor": floor,
             "ratio": round(stats.processed_tokens / floor, 4) if floor else None,
             "unbatched": stats.prompt_tokens,
-        },  # fmt: skip
+        },
         "forward_ok": d <= tol and len(same_order) == len(by_query),
         "seconds": {"ours": round(t_ours, 2), "reference": round(float(got["seconds"]), 2)},
     }

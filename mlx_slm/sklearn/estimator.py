@@ -143,8 +143,10 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         if self.none_label is not None:  # "none of these": one of the classes, saved as the task's none label
             name = str(label_key(self.none_label))
             if name not in task.labels:
-                raise ValueError(f"none_label={self.none_label!r} is not one of the classes {list(task.labels)[:8]}: "
-                                 "label the out-of-scope examples in y with it, or leave none_label unset")  # fmt: skip
+                raise ValueError(
+                    f"none_label={self.none_label!r} is not one of the classes {list(task.labels)[:8]}: "
+                    "label the out-of-scope examples in y with it, or leave none_label unset"
+                )
             task = replace(task, none={"label": name, "min_confidence": None})
         self.task_ = task
         self.__dict__.pop("_clf_cache", None)
@@ -276,8 +278,14 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         if method is None:
             raise ValueError(f"the task scores with {kind.name!r}; the estimator fits {', '.join(METHOD_OF_KIND)}")
         t, params = METHODS[method].adopt(t, kind, params)  # the task as held, and its parameters
-        est = cls(model=t.model, method=method, labels=list(t.labels), examples=[tuple(e) for e in t.examples] or None,
-                  calibration=t.calibration.method, **params)  # fmt: skip
+        est = cls(
+            model=t.model,
+            method=method,
+            labels=list(t.labels),
+            examples=[tuple(e) for e in t.examples] or None,
+            calibration=t.calibration.method,
+            **params,
+        )
         est.task_ = t
         est.classes_ = np.asarray(t.labels)
         return est

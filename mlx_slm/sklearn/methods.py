@@ -31,9 +31,16 @@ from .engines import FEATURES, shared_engine
 DEFAULT_SYSTEM = "Classify the text. Answer with exactly one of: {labels}."
 DEFAULT_TEMPLATE = "Text: {text}\nLabel:"
 # The estimator's fine-tuning parameters, as `finetune.FinetuneSettings` names them.
-TUNING = {"epochs": "epochs", "learning_rate": "learning_rate", "head_learning_rate": "head_learning_rate",
-          "adapt_layers": "layers", "rank": "rank", "val_fraction": "val_fraction", "max_minutes": "max_minutes",
-          "random_state": "seed"}  # fmt: skip
+TUNING = {
+    "epochs": "epochs",
+    "learning_rate": "learning_rate",
+    "head_learning_rate": "head_learning_rate",
+    "adapt_layers": "layers",
+    "rank": "rank",
+    "val_fraction": "val_fraction",
+    "max_minutes": "max_minutes",
+    "random_state": "seed",
+}
 
 
 class Method:
@@ -81,8 +88,17 @@ class PromptMethod(Method):
         engine = shared_engine(est.model, est.dtype)
         prompt = (names, system, template, examples)
         section, spec = self.train(est, engine, texts, gold, prompt, CalibrationSpec.of(est.calibration))
-        task = Task(model=str(est.model), labels=tuple(names), system=system, template=template, examples=examples,
-                    calibration=spec, weights_sha256=engine.weights_sha256, versions=versions(), section=section)  # fmt: skip
+        task = Task(
+            model=str(est.model),
+            labels=tuple(names),
+            system=system,
+            template=template,
+            examples=examples,
+            calibration=spec,
+            weights_sha256=engine.weights_sha256,
+            versions=versions(),
+            section=section,
+        )
         return task, classes
 
     def train(
@@ -109,10 +125,22 @@ class HeadMethod(PromptMethod):
         log = (lambda m: notice(f"mlx-slm: {m}")) if est.verbose > 1 else None
         layers = est.layers if isinstance(est.layers, str) else [int(x) for x in est.layers]
         head = train_head(
-            engine, texts, gold, classes=names, system=system, template=template, examples=examples, layers=layers,
-            folds=est.folds, seed=est.random_state, poolings=("last", "mean") if est.pooling == "auto" else (est.pooling,),
-            progress=est.verbose > 0, log=log, extract=FEATURES.features, **est.batching(),
-        )  # fmt: skip
+            engine,
+            texts,
+            gold,
+            classes=names,
+            system=system,
+            template=template,
+            examples=examples,
+            layers=layers,
+            folds=est.folds,
+            seed=est.random_state,
+            poolings=("last", "mean") if est.pooling == "auto" else (est.pooling,),
+            progress=est.verbose > 0,
+            log=log,
+            extract=FEATURES.features,
+            **est.batching(),
+        )
         return HeadSettings(head), spec
 
 
@@ -159,8 +187,18 @@ class FinetuneMethod(PromptMethod):
             )
         update, close = progress_bar(est.verbose == 0)
         try:
-            tuned = finetune_texts(engine, texts, gold, names, system, template, settings,
-                                   where=lambda i: f"X row {i}", progress=update, **est.batching())  # fmt: skip
+            tuned = finetune_texts(
+                engine,
+                texts,
+                gold,
+                names,
+                system,
+                template,
+                settings,
+                where=lambda i: f"X row {i}",
+                progress=update,
+                **est.batching(),
+            )
         finally:
             close()
         return FineTunedSettings(in_memory(tuned)), spec
@@ -196,8 +234,11 @@ class ModelMethod(Method):
         spec = CalibrationSpec.of(est.calibration)
         clf = Classifier(engine, **est.batching())
         if clf.spec.record_shape().form != "label":
-            what = "a multi-label head (a sigmoid per label: several labels a text)" if head.multi_label else (
-                "a one-output head (a score, not a class)")  # fmt: skip
+            what = (
+                "a multi-label head (a sigmoid per label: several labels a text)"
+                if head.multi_label
+                else ("a one-output head (a score, not a class)")
+            )
             raise ValueError(
                 f"method='model': {est.model} is {what}, and a scikit-learn classifier gives one class a text: use "
                 "mlx_slm.Classifier for its predictions"
@@ -222,8 +263,15 @@ class ModelMethod(Method):
         if spec.needs_data:
             assert gold is not None
             spec = clf.fit_calibration(texts, gold, spec, progress=est.verbose > 0)
-        task = Task(model=str(est.model), system=None, template="{text}", calibration=spec,
-                    weights_sha256=engine.weights_sha256, versions=versions(), **clf.spec.task_kwargs(clf.mode))  # fmt: skip
+        task = Task(
+            model=str(est.model),
+            system=None,
+            template="{text}",
+            calibration=spec,
+            weights_sha256=engine.weights_sha256,
+            versions=versions(),
+            **clf.spec.task_kwargs(clf.mode),
+        )
         return task, np.asarray(names)
 
     def adopt(self, task: Task, kind: Any, params: dict[str, Any]) -> tuple[Task, dict[str, Any]]:

@@ -43,18 +43,55 @@ ANSWERS = (
 # Fields taken and ignored: the answer is always the most probable (as at temperature 0), one choice.
 IGNORED = frozenset(
     {
-        "model", "temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty", "presence_penalty",
-        "repetition_penalty", "stop", "stop_token_ids", "user", "metadata", "store", "service_tier",
-        "prompt_cache_key", "safety_identifier", "priority", "request_id", "parallel_tool_calls", "stream_options",
-        "reasoning_effort", "verbosity", "skip_special_tokens", "spaces_between_special_tokens",
-        "include_stop_str_in_output", "ignore_eos", "min_tokens", "cache_salt", "guided_decoding_backend",
-        "guided_whitespace_pattern", "length_penalty",
+        "model",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "stop",
+        "stop_token_ids",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "priority",
+        "request_id",
+        "parallel_tool_calls",
+        "stream_options",
+        "reasoning_effort",
+        "verbosity",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "include_stop_str_in_output",
+        "ignore_eos",
+        "min_tokens",
+        "cache_salt",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
+        "length_penalty",
     }
-)  # fmt: skip
+)
 _ANSWER_FIELDS = frozenset(
-    {"messages", "guided_choice", "guided_json", "structured_outputs", "response_format", "max_tokens",
-     "max_completion_tokens", "logprobs", "top_logprobs", "n", "stream"}
-)  # fmt: skip
+    {
+        "messages",
+        "guided_choice",
+        "guided_json",
+        "structured_outputs",
+        "response_format",
+        "max_tokens",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "n",
+        "stream",
+    }
+)
 
 
 def _unset(v: Any) -> bool:

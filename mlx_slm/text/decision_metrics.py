@@ -80,8 +80,9 @@ def question_report(
     if g.size == 0:
         raise EvaluationError("no item has both an answer and a gold option: nothing to score")
     top = np.argmax(p, axis=1)
-    rep = report([options[i] for i in g], [options[i] for i in top], p[np.arange(g.size), top].tolist(), options,
-                 bins=bins)  # fmt: skip
+    rep = report(
+        [options[i] for i in g], [options[i] for i in top], p[np.arange(g.size), top].tolist(), options, bins=bins
+    )
     rep["brier"] = brier(p, g, binary)
     rep["brier_form"] = "binary" if binary else "multi-class"
     rep["log_loss"] = log_loss(p, g)

@@ -184,9 +184,13 @@ def sentinel_tokenizer(tokenizer: Any) -> Any:
 def template_inputs(q: Any) -> dict[str, Any]:
     """A question as Transformers' `asdict(Question)` hands it to a decision template."""
     return {
-        "name": q.key, "type": q.type, "instructions": q.instructions,
-        "options": [option_text(o) for o in q.options], "labels": list(q.labels), "descriptions": list(q.descriptions),
-    }  # fmt: skip
+        "name": q.key,
+        "type": q.type,
+        "instructions": q.instructions,
+        "options": [option_text(o) for o in q.options],
+        "labels": list(q.labels),
+        "descriptions": list(q.descriptions),
+    }
 
 
 def template_prompts(tok: Any, template: str, state: Any, questions: Sequence[Any], sanitize: bool) -> list[list[int]]:
@@ -205,9 +209,15 @@ def template_prompts(tok: Any, template: str, state: Any, questions: Sequence[An
         if together:
             kwargs["questions"] = [template_inputs(q) for q in group]
         ids = tok.apply_chat_template(
-            [{"role": "user", "content": ""}], chat_template=template, add_generation_prompt=True,
-            enable_thinking=False, sanitize_control_tokens=sanitize, tokenize=True, return_dict=False, **kwargs,
-        )  # fmt: skip
+            [{"role": "user", "content": ""}],
+            chat_template=template,
+            add_generation_prompt=True,
+            enable_thinking=False,
+            sanitize_control_tokens=sanitize,
+            tokenize=True,
+            return_dict=False,
+            **kwargs,
+        )
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
         kept = [t for t in ids if t not in (mark, split)]
         marks, n = [], 0
@@ -219,8 +229,10 @@ def template_prompts(tok: Any, template: str, state: Any, questions: Sequence[An
         if not marks:
             marks = [len(kept)]
         if len(marks) < len(group):
-            raise DecisionError(("body", "questions"), f"the model's decision template marks {len(marks)} places "
-                                f"to read for {len(group)} questions")  # fmt: skip
+            raise DecisionError(
+                ("body", "questions"),
+                f"the model's decision template marks {len(marks)} places to read for {len(group)} questions",
+            )
         out += [kept[: marks[i]] for i in range(len(group))]
     return out
 

@@ -97,12 +97,14 @@ class DecisionConfig:
             raise DecisionError((), "decision.json 'temperature' maps a question type to a number")
         return cls(
             labels={k: tuple(v) for k, v in labels.items()},
-            temperature={k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-                         for k, v in temperature.items()},
+            temperature={
+                k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                for k, v in temperature.items()
+            },
             chat_template=chat_template if chat_template is not None else d.get("chat_template"),
             noul_options=tuple(d.get("noul_options") or ("true", "false")),  # type: ignore[arg-type]
             sanitize_control_tokens=bool(d.get("sanitize_control_tokens", True)),
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_folder(cls, path: str | Path | None) -> DecisionConfig:

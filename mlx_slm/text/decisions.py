@@ -65,13 +65,42 @@ from .decision_types import (
 )
 
 __all__ = [
-    "KINDS", "LETTERS", "MAX_DEPTH", "MAX_LEVELS", "MAX_OPTIONS", "MAX_QUESTIONS", "MIN_LEVELS",
-    "MIN_OPTIONS", "TYPES", "YES_NO", "DecisionConfig", "DecisionError", "DecisionErrors", "DecisionKind",
-    "DecisionQuestion", "DecisionRequest", "choice_confidence", "details", "expected_level",
-    "openai_answer", "openai_questions", "openai_state", "option_text", "parse_openai", "parse_systemone",
-    "question_text", "load_questions_file", "questions_of", "read_questions_file", "refusal", "render_user_message", "score_confidence",
-    "systemone_answer", "systemone_questions", "text",
-]  # fmt: skip
+    "KINDS",
+    "LETTERS",
+    "MAX_DEPTH",
+    "MAX_LEVELS",
+    "MAX_OPTIONS",
+    "MAX_QUESTIONS",
+    "MIN_LEVELS",
+    "MIN_OPTIONS",
+    "TYPES",
+    "YES_NO",
+    "DecisionConfig",
+    "DecisionError",
+    "DecisionErrors",
+    "DecisionKind",
+    "DecisionQuestion",
+    "DecisionRequest",
+    "choice_confidence",
+    "details",
+    "expected_level",
+    "openai_answer",
+    "openai_questions",
+    "openai_state",
+    "option_text",
+    "parse_openai",
+    "parse_systemone",
+    "question_text",
+    "load_questions_file",
+    "questions_of",
+    "read_questions_file",
+    "refusal",
+    "render_user_message",
+    "score_confidence",
+    "systemone_answer",
+    "systemone_questions",
+    "text",
+]
 
 # --------------------------------------------------------------------------- reading requests: shared checks
 
@@ -117,8 +146,15 @@ def _json_problem(x: Any, loc: tuple, what: str) -> DecisionError | None:
 
 
 def _json_type(x: Any) -> str:
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-            dict: "an object", type(None): "null"}.get(type(x), type(x).__name__)  # fmt: skip
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(x), type(x).__name__)
 
 
 def _check_model(body: Mapping[str, Any]) -> str:
@@ -188,8 +224,9 @@ def systemone_questions(qs: Any, config: DecisionConfig, given: bool = True) -> 
     """System One's `questions` object ({id: question}) as questions in its order."""
     loc = ("body", "questions")
     if not given:
-        raise DecisionError(loc, "field required: questions maps ids to questions, e.g. {\"urgent\": "
-                            + NOUL_EXAMPLE + "}", "missing")  # fmt: skip
+        raise DecisionError(
+            loc, 'field required: questions maps ids to questions, e.g. {"urgent": ' + NOUL_EXAMPLE + "}", "missing"
+        )
     if not isinstance(qs, dict):
         why = "the old list form" if isinstance(qs, list) else _json_type(qs)
         raise DecisionError(loc, f"questions is an object of id -> question, got {why}", "type_error")
@@ -267,9 +304,10 @@ def _systemone_criteria(kind: str, q: dict, loc: tuple, config: DecisionConfig) 
         return tuple(criteria), tuple(criteria.values())
     if isinstance(criteria, dict):
         raise DecisionError(
-            loc, f'a score\'s criteria is a list of levels, lowest first, not the old map form {{"0": ...}}{example}',
+            loc,
+            f'a score\'s criteria is a list of levels, lowest first, not the old map form {{"0": ...}}{example}',
             "type_error",
-        )  # fmt: skip
+        )
     if not isinstance(criteria, list):
         raise DecisionError(loc, f"a score's criteria is a list of level descriptions{example}", "type_error")
     bad = _count_problem(len(criteria), MIN_LEVELS, MAX_LEVELS, loc, "levels")
@@ -339,9 +377,10 @@ def openai_state(body: Mapping[str, Any]) -> Any:
             raise DecisionError(mloc, "a message is an object {role, content}", "type_error")
         if m.get("type", "message") != "message":
             raise DecisionError(
-                (*mloc, "type"), f"input items of type {m.get('type')!r} are not supported here: send messages",
+                (*mloc, "type"),
+                f"input items of type {m.get('type')!r} are not supported here: send messages",
                 "value_error",
-            )  # fmt: skip
+            )
         role = m.get("role")
         if role not in _ROLES:
             raise DecisionError((*mloc, "role"), f"the role is one of {', '.join(_ROLES)}, got {role!r}", "value_error")
@@ -384,9 +423,11 @@ def _part(p: Any, loc: tuple, role: str) -> Any:
         values = _json_values(data)
         if values > MAX_JSON_VALUES or size > MAX_JSON_BYTES:
             raise DecisionError(
-                (*loc, "data"), f"input_json's data holds {values:,} values in {size:,} bytes: at most "
-                f"{MAX_JSON_VALUES:,} values and {MAX_JSON_BYTES // 1024} KiB (OpenAI's limits)", "too_long",
-            )  # fmt: skip
+                (*loc, "data"),
+                f"input_json's data holds {values:,} values in {size:,} bytes: at most "
+                f"{MAX_JSON_VALUES:,} values and {MAX_JSON_BYTES // 1024} KiB (OpenAI's limits)",
+                "too_long",
+            )
         return data
     if kind == "input_image":
         raise DecisionError(loc, "images are not supported by this model: send text (input_text, input_json)", "images")
@@ -435,9 +476,11 @@ def openai_questions(qs: Any, config: DecisionConfig, given: bool = True) -> tup
         j = first.setdefault(q.key, i)
         if j != i:
             raise DecisionError(
-                (*loc, i, "name"), f"the name {q.key!r} is question {j}'s already: names are unique (an unnamed "
-                "question is known as '#<its index>')", "value_error",
-            )  # fmt: skip
+                (*loc, i, "name"),
+                f"the name {q.key!r} is question {j}'s already: names are unique (an unnamed "
+                "question is known as '#<its index>')",
+                "value_error",
+            )
     return tuple(out)
 
 
@@ -451,9 +494,10 @@ def openai_question(i: int, q: Any, config: DecisionConfig) -> DecisionQuestion:
     kind = q.get("type")
     if kind not in _OPENAI_TYPES:
         raise DecisionError(
-            (*loc, "type"), f"the type is one of {', '.join(_OPENAI_TYPES)}, got {kind!r}",
+            (*loc, "type"),
+            f"the type is one of {', '.join(_OPENAI_TYPES)}, got {kind!r}",
             "missing" if "type" not in q else "literal_error",
-        )  # fmt: skip
+        )
     name = q.get("name")
     if name is not None and (not isinstance(name, str) or not_utf8(name)):
         raise DecisionError((*loc, "name"), "a question's name is a string", "type_error")
@@ -497,9 +541,10 @@ def option_labels(options: Sequence[Any]) -> list[str]:
 def _openai_choices(x: Any, loc: tuple) -> tuple[tuple, tuple]:
     if not isinstance(x, list):
         raise DecisionError(
-            loc, 'field required: choices is a list of {"value": ..., "description"?: ...}',
+            loc,
+            'field required: choices is a list of {"value": ..., "description"?: ...}',
             "missing" if x is None else "type_error",
-        )  # fmt: skip
+        )
     bad = _count_problem(len(x), MIN_OPTIONS, MAX_OPTIONS, loc, "choices")
     if bad:
         raise bad
@@ -512,8 +557,9 @@ def _openai_choices(x: Any, loc: tuple) -> tuple[tuple, tuple]:
             )
         v = c["value"]
         if not isinstance(v, (str, bool)):
-            raise DecisionError((*cloc, "value"), f"a choice's value is a string or a boolean, got {_json_type(v)}",
-                                "type_error")  # fmt: skip
+            raise DecisionError(
+                (*cloc, "value"), f"a choice's value is a string or a boolean, got {_json_type(v)}", "type_error"
+            )
         if isinstance(v, str) and (not v.strip() or not_utf8(v)):
             raise DecisionError((*cloc, "value"), "a choice's value is non-empty text", "value_error")
         if (type(v), v) in seen:
@@ -533,8 +579,11 @@ def _openai_choices(x: Any, loc: tuple) -> tuple[tuple, tuple]:
 def _openai_levels(x: Any, loc: tuple) -> tuple[tuple[str, ...], tuple]:
     """A score's levels: each shown to the model as its label (and ": description" when given)."""
     if not isinstance(x, list):
-        raise DecisionError(loc, 'field required: levels is a list of {"label": ..., "description"?: ...}',
-                            "missing" if x is None else "type_error")  # fmt: skip
+        raise DecisionError(
+            loc,
+            'field required: levels is a list of {"label": ..., "description"?: ...}',
+            "missing" if x is None else "type_error",
+        )
     bad = _count_problem(len(x), MIN_LEVELS, MAX_LEVELS, loc, "levels")
     if bad:
         raise bad
@@ -593,5 +642,8 @@ def questions_of(obj: Any, config: DecisionConfig) -> tuple[DecisionQuestion, ..
         return openai_questions(obj, config)
     if isinstance(obj, dict):
         return systemone_questions(obj, config)
-    raise DecisionError((), "a questions file holds a System One questions object, an OpenAI questions list, "
-                        "or a whole request body", "type_error")  # fmt: skip
+    raise DecisionError(
+        (),
+        "a questions file holds a System One questions object, an OpenAI questions list, or a whole request body",
+        "type_error",
+    )

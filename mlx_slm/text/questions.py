@@ -228,9 +228,15 @@ class Question:
             raise QuestionError(f"{where} ({name!r}): 'threshold' {bad}")
         try:
             return cls(
-                name, d["question"], kind, tuple(str(x) for x in labels), descriptions, none, float(threshold),
+                name,
+                d["question"],
+                kind,
+                tuple(str(x) for x in labels),
+                descriptions,
+                none,
+                float(threshold),
                 (answers[0], answers[1]),
-            )  # fmt: skip
+            )
         except QuestionError as e:
             raise QuestionError(f"{where}: {e}") from None
 
@@ -312,8 +318,14 @@ class Question:
         """What a run's manifest records: the question, a head by its sha256 and parts (not its weights)."""
         if isinstance(self.type, HeadQuestion):
             h = self.head
-            return {"name": self.name, "kind": "head", "labels": list(self.labels), "sha256": h.sha256,
-                    "layers": list(h.layers), "poolings": list(h.poolings)}  # fmt: skip
+            return {
+                "name": self.name,
+                "kind": "head",
+                "labels": list(self.labels),
+                "sha256": h.sha256,
+                "layers": list(h.layers),
+                "poolings": list(h.poolings),
+            }
         return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:

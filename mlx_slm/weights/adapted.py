@@ -65,8 +65,9 @@ def encode(model: Model, seqs: list[list[int]], start: int, lt: LabelTokens | No
     prefix, kvs = None, None
     if P:
         h = model.embed(mx.array([seqs[0][:P]], dtype=mx.int32))
-        ctx = Context(model, mx.ones((1, P), dtype=mx.bool_), None, 0, mx.zeros((1,), dtype=mx.int32), False,
-                      n_layers=start)  # fmt: skip
+        ctx = Context(
+            model, mx.ones((1, P), dtype=mx.bool_), None, 0, mx.zeros((1,), dtype=mx.int32), False, n_layers=start
+        )
         kvs = []
         for blk in frozen:
             h, kv = blk(h, ctx, None, False)

@@ -298,8 +298,9 @@ class FineTuned:
             replace = {}
             for k in self.lora.keys:
                 name = f"model.layers.{i}.{k}"
-                replace[k] = make(module_at(model.layers[i], k), self.adapters[name + ".lora_a"], self.adapters[
-                    name + ".lora_b"])  # fmt: skip
+                replace[k] = make(
+                    module_at(model.layers[i], k), self.adapters[name + ".lora_a"], self.adapters[name + ".lora_b"]
+                )
             blocks[i] = swap(model.layers[i], replace)
         return with_blocks(model, blocks)
 
@@ -392,8 +393,12 @@ class FineTuned:
             if int(meta.get("version", 0)) > FORMAT_VERSION:
                 raise ValueError(f"version {meta.get('version')} is newer than this mlx-slm reads")
             doc = json.loads(meta["finetuned"])
-            lora = LoraLayout(tuple(doc["lora"]["layers"]), tuple(doc["lora"]["keys"]), int(doc["lora"]["rank"]),
-                              float(doc["lora"]["scale"]))  # fmt: skip
+            lora = LoraLayout(
+                tuple(doc["lora"]["layers"]),
+                tuple(doc["lora"]["keys"]),
+                int(doc["lora"]["rank"]),
+                float(doc["lora"]["scale"]),
+            )
             head = arrays.pop("score.weight", None)
             missing = [n + s for n in lora.names() for s in (".lora_a", ".lora_b") if n + s not in arrays]
             if missing or len(arrays) != 2 * len(lora.names()):
@@ -473,10 +478,15 @@ def predict(
             B, L = b.ids.shape
             end = b.offsets.astype(np.int32) + L
             nodes, _ = model(
-                mx.broadcast_to(mx.array(lt.trie.tokens)[None], (B, T)), None, None, cache=kv,
+                mx.broadcast_to(mx.array(lt.trie.tokens)[None], (B, T)),
+                None,
+                None,
+                cache=kv,
                 cache_mask=mx.array(np.concatenate([np.ones((B, P), dtype=bool), b.mask], axis=1)),
-                last_only=False, positions=mx.array(end[:, None] + lt.trie.depth[None]), tree=mx.array(lt.trie.visible),
-            )  # fmt: skip
+                last_only=False,
+                positions=mx.array(end[:, None] + lt.trie.depth[None]),
+                tree=mx.array(lt.trie.visible),
+            )
         s = ft.scores(model, last, nodes)
         s = s - mx.logsumexp(s, axis=-1, keepdims=True)
         out[idx] = np.array(s, dtype=np.float64)

@@ -84,9 +84,12 @@ def _check_head(config: dict[str, Any], weights: dict[str, Any], where: str) -> 
     w = weights.get(SCORE_WEIGHT)
     try:
         check_head_tensor(
-            SeqClsHead.from_config(config), None if w is None else w.shape, text.get("hidden_size"), where,
+            SeqClsHead.from_config(config),
+            None if w is None else w.shape,
+            text.get("hidden_size"),
+            where,
             names=list(weights),
-        )  # fmt: skip
+        )
     except ModelError as e:
         raise ConversionError(str(e)) from None
 

@@ -54,9 +54,13 @@ def score_weight(ft: FineTuned, model: Model) -> mx.array:
 
 
 def config_for(
-    ft: FineTuned, base: dict[str, Any], pad_token_id: int, dtype: str, prompt: dict[str, Any] | None,
+    ft: FineTuned,
+    base: dict[str, Any],
+    pad_token_id: int,
+    dtype: str,
+    prompt: dict[str, Any] | None,
     none: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The base's config.json made a sequence classifier's."""
     cfg = {k: v for k, v in base.items() if k not in ("quantization", "quantization_config", "torch_dtype")}
     cfg["architectures"] = [ARCHITECTURES[base["model_type"]]]
@@ -74,7 +78,7 @@ def config_for(
             "keys": list(ft.lora.keys),
             "rank": ft.lora.rank,
             "scale": ft.lora.scale,
-        },  # fmt: skip
+        },
         "base_sha256": ft.base.get("sha256"),
         "best_epoch": ft.best_epoch,
         "history": [e.__dict__ for e in ft.history],
@@ -193,9 +197,12 @@ def export(
         raise FinetuneError(
             f"the merged weights hold non-finite values (NaN or infinity) in {', '.join(bad[:3])}"
             f"{' ...' if len(bad) > 3 else ''} as {dtype}: nothing is written; "
-            + ("export as float32 or bfloat16 (--dtype), whose range holds them" if dtype == "float16" else
-               "fine-tune again with lower learning rates (--lr, --head-lr)")
-        )  # fmt: skip
+            + (
+                "export as float32 or bfloat16 (--dtype), whose range holds them"
+                if dtype == "float16"
+                else "fine-tune again with lower learning rates (--lr, --head-lr)"
+            )
+        )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     cfg = config_for(ft, base, int(pad), dtype, prompt, none)
     tmp = temp_dir(out, "the export folder")

@@ -56,12 +56,25 @@ SCHEDULES = ("cosine", "linear", "constant")
 HEAD_INITS = ("zeros", "probe", "centroid", "words")
 # Each setting's option on `mlx-slm train --finetune` (the messages name both: a CLI user typed the option).
 OPTIONS = {
-    "objective": "--objective", "layers": "--adapt-layers", "rank": "--rank", "scale": "--lora-scale",
-    "dropout": "--dropout", "epochs": "--epochs", "learning_rate": "--lr", "head_learning_rate": "--head-lr",
-    "schedule": "--schedule", "batch_size": "--train-batch-size", "seed": "--seed", "val_fraction": "--val-fraction",
-    "patience": "--patience", "max_minutes": "--max-minutes", "head_init": "--head-init", "keep": "--keep",
-    "label_smoothing": "--label-smoothing", "contrastive": "--contrastive",
-}  # fmt: skip
+    "objective": "--objective",
+    "layers": "--adapt-layers",
+    "rank": "--rank",
+    "scale": "--lora-scale",
+    "dropout": "--dropout",
+    "epochs": "--epochs",
+    "learning_rate": "--lr",
+    "head_learning_rate": "--head-lr",
+    "schedule": "--schedule",
+    "batch_size": "--train-batch-size",
+    "seed": "--seed",
+    "val_fraction": "--val-fraction",
+    "patience": "--patience",
+    "max_minutes": "--max-minutes",
+    "head_init": "--head-init",
+    "keep": "--keep",
+    "label_smoothing": "--label-smoothing",
+    "contrastive": "--contrastive",
+}
 # Which epoch's weights a run keeps: "auto" is the recipe (with a validation split its best epoch,
 # without one, the default, the mean of the later half's epochs).
 KEEPS = ("auto", "average", "best", "last")
@@ -148,13 +161,21 @@ class FinetuneSettings:
         if self.keep not in KEEPS:
             raise bad("keep", f"one of {', '.join(KEEPS)}")
         if self.keep == "best" and not self.val_fraction:
-            raise bad("keep", "the best epoch is chosen on held-out examples: set val_fraction (e.g. 0.1), "
-                      "or keep 'average'")  # fmt: skip
+            raise bad(
+                "keep", "the best epoch is chosen on held-out examples: set val_fraction (e.g. 0.1), or keep 'average'"
+            )
         if self.layers is None:
             self.for_model(model)  # checks the settings with `layers` resolved
             return
-        for name, lo in (("layers", 1), ("rank", 1), ("epochs", 1), ("batch_size", 1), ("max_tokens", 1),
-                         ("patience", 1), ("seed", 0)):  # fmt: skip
+        for name, lo in (
+            ("layers", 1),
+            ("rank", 1),
+            ("epochs", 1),
+            ("batch_size", 1),
+            ("max_tokens", 1),
+            ("patience", 1),
+            ("seed", 0),
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise bad(name, f"a whole number, at least {lo}")
@@ -164,8 +185,14 @@ class FinetuneSettings:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > lo or (hi is not None and v >= hi):
                 raise bad(name, "a number above 0")
-        for name, hi in (("dropout", 1.0), ("warmup", 1.0), ("val_fraction", 0.5), ("weight_decay", 1.0),
-                         ("label_smoothing", 1.0), ("contrastive", 10.0)):  # fmt: skip
+        for name, hi in (
+            ("dropout", 1.0),
+            ("warmup", 1.0),
+            ("val_fraction", 0.5),
+            ("weight_decay", 1.0),
+            ("label_smoothing", 1.0),
+            ("contrastive", 10.0),
+        ):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < hi:
                 raise bad(name, f"a number from 0 up to (not including) {hi}")
@@ -431,10 +458,72 @@ class _Run:
             self.bad += 1
 
 
+@dataclass
+class _Loop:
+    """What every step of one training run reads: the model's top, the encoded texts and their
+    gold, the settings, the optimizer, the clock and where progress goes."""
+
+    top: Top
+    enc: Encoded
+    y: np.ndarray
+    s: FinetuneSettings
+    opt: _Optimizer
+    step_fn: Callable[..., Any]
+    progress: Callable[[Progress], None]
+    clock: tuple[float, float, float]  # (the run's start, its deadline, the first step's start)
+    total: int
+
+    def report(self, run: _Run, epoch: int, loss: float, last: Epoch | None) -> None:
+        """One progress line: the steps so far, this epoch's mean loss, the last epoch's validation."""
+        t0, _, train0 = self.clock
+        now = time.perf_counter()
+        eta = (now - train0) / max(run.step, 1) * (self.total - run.step)
+        self.progress(
+            Progress(
+                "train",
+                run.step,
+                self.total,
+                epoch,
+                self.s.epochs,
+                loss,
+                last and last.val_loss,
+                last and last.val_accuracy,
+                now - t0,
+                eta,
+                last and last.epoch,
+            )
+        )
+
+    def steps(self, run: _Run, params: dict[str, mx.array], epoch: int, batches: list) -> tuple:
+        """One epoch's steps on the training part: (params, steps, items seen, loss sum, complete),
+        `complete` False when the time limit stopped it part way."""
+        steps, seen, loss_sum = 0, 0, 0.0
+        self.top.keys.training = True
+        for idx in batches:
+            loss, grads = self.step_fn(params, mx.array(idx))
+            params = self.opt.apply(grads, params)
+            mx.eval(params, self.opt.state, loss)
+            run.step, steps, seen = run.step + 1, steps + 1, seen + len(idx)
+            if not np.isfinite(loss.item()):  # NaN or inf: every later step would be too
+                raise diverged(epoch, "training loss", loss.item(), self.s)
+            loss_sum += loss.item() * len(idx)
+            self.report(run, epoch, loss_sum / seen, run.history[-1] if run.history else None)
+            if time.perf_counter() > self.clock[1]:
+                self.top.keys.training = False
+                return params, steps, seen, loss_sum, False
+        self.top.keys.training = False
+        return params, steps, seen, loss_sum, True
+
+
 def _train(
-    top: Top, enc: Encoded, y: np.ndarray, split: tuple[np.ndarray, np.ndarray], s: FinetuneSettings,
-    clock: tuple[float, float], progress: Callable[[Progress], None],
-) -> _Run:  # fmt: skip
+    top: Top,
+    enc: Encoded,
+    y: np.ndarray,
+    split: tuple[np.ndarray, np.ndarray],
+    s: FinetuneSettings,
+    clock: tuple[float, float],
+    progress: Callable[[Progress], None],
+) -> _Run:
     """The epochs: steps on the training part, the validation loss after each epoch, early
     stopping, the time limit and Ctrl-C (the best epoch so far is kept; before any epoch, the
     interruption goes on up)."""
@@ -443,9 +532,7 @@ def _train(
     rng = np.random.default_rng([s.seed, 1])
     lengths = np.array([len(o) for o in enc.own])
     T = top.lt.nodes if top.lt is not None else 0
-    per_epoch = len(_batches(lengths, tr, s, np.random.default_rng(0), T, y))
-    total = per_epoch * s.epochs
-    opt = _Optimizer(s, total)
+    total = len(_batches(lengths, tr, s, np.random.default_rng(0), T, y)) * s.epochs
     gold = mx.array(y)
 
     def loss_fn(params: dict[str, mx.array], idx: mx.array) -> mx.array:
@@ -456,10 +543,10 @@ def _train(
             loss = loss + s.contrastive * _supcon(last, gold[idx], s.contrastive_temperature)
         return loss
 
-    step_fn = mx.value_and_grad(loss_fn)
+    opt = _Optimizer(s, total)
+    loop = _Loop(top, enc, y, s, opt, mx.value_and_grad(loss_fn), progress, (t0, deadline, time.perf_counter()), total)
     params = dict(top.params)
     run = _Run()
-    train0 = time.perf_counter()
     try:
         for epoch in range(1, s.epochs + 1):
             if run.history and time.perf_counter() > deadline:  # the first epoch takes one step at least
@@ -467,39 +554,19 @@ def _train(
                 break
             e0 = time.perf_counter()
             mx.reset_peak_memory()
-            steps, seen, loss_sum, complete = 0, 0, 0.0, True
-            top.keys.training = True
-            for idx in _batches(lengths, tr, s, rng, T, y):
-                loss, grads = step_fn(params, mx.array(idx))
-                params = opt.apply(grads, params)
-                mx.eval(params, opt.state, loss)
-                run.step += 1
-                steps += 1
-                seen += len(idx)
-                if not np.isfinite(loss.item()):  # NaN or inf: every later step would be too
-                    raise diverged(epoch, "training loss", loss.item(), s)
-                loss_sum += loss.item() * len(idx)
-                now = time.perf_counter()
-                last = run.history[-1] if run.history else None
-                progress(Progress("train", run.step, total, epoch, s.epochs, loss_sum / seen,
-                                  last and last.val_loss, last and last.val_accuracy, now - t0,
-                                  (now - train0) / run.step * (total - run.step), last and last.epoch))  # fmt: skip
-                if now > deadline:
-                    complete = False
-                    break
-            top.keys.training = False
+            params, steps, seen, loss_sum, complete = loop.steps(
+                run, params, epoch, _batches(lengths, tr, s, rng, T, y)
+            )
             top.assign(params)
             if not _finite(params):  # the last step's update overflowed
                 raise diverged(epoch, "adapters' or head's weights", float("nan"), s)
             vl, va_acc = _evaluate(top, enc, y, va, s) if len(va) else (None, None)
             if vl is not None and not np.isfinite(vl):
                 raise diverged(epoch, "validation loss", vl, s)
-            run.keep(params, Epoch(epoch, steps, complete, loss_sum / max(seen, 1), vl, va_acc,
-                                   round(time.perf_counter() - e0, 3), round(mx.get_peak_memory() / 1e6, 1)),
-                     s.kept == "best")  # fmt: skip
-            now = time.perf_counter()  # the epoch's own validation figures, as it ends
-            progress(Progress("train", run.step, total, epoch, s.epochs, loss_sum / max(seen, 1), vl, va_acc,
-                              now - t0, (now - train0) / max(run.step, 1) * (total - run.step), epoch))  # fmt: skip
+            took, peak = round(time.perf_counter() - e0, 3), round(mx.get_peak_memory() / 1e6, 1)
+            ep = Epoch(epoch, steps, complete, loss_sum / max(seen, 1), vl, va_acc, took, peak)
+            run.keep(params, ep, s.kept == "best")
+            loop.report(run, epoch, loss_sum / max(seen, 1), ep)  # the epoch's own validation figures, as it ends
             if s.kept == "average" and complete and epoch > s.epochs // 2:
                 run.add(params)
                 run.added.append(epoch)

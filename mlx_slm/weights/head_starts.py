@@ -118,6 +118,7 @@ def words(top: Top, lt: LabelTokens) -> mx.array:
     """A score head that starts as the LM head's rows of each label's tokens (their mean), minus
     their mean over the labels: the model's own reading of the label words at step 0."""
     table = top.model.head_weight()
-    w = mx.stack([mx.take(table, mx.array(list(ids), dtype=mx.int32), axis=0).astype(mx.float32).mean(0)
-                  for ids in lt.token_ids])  # fmt: skip
+    w = mx.stack(
+        [mx.take(table, mx.array(list(ids), dtype=mx.int32), axis=0).astype(mx.float32).mean(0) for ids in lt.token_ids]
+    )
     return w - w.mean(0, keepdims=True)

@@ -96,8 +96,11 @@ def model_dir_problems(path: Path) -> list[str]:
         except (OSError, ValueError, AttributeError):
             named = set()
             problems.append("model.safetensors.index.json is not valid JSON")
-        problems += [f"{name} (named by model.safetensors.index.json) is missing" for name in sorted(named)
-                     if isinstance(name, str) and not (path / name).is_file()]  # fmt: skip
+        problems += [
+            f"{name} (named by model.safetensors.index.json) is missing"
+            for name in sorted(named)
+            if isinstance(name, str) and not (path / name).is_file()
+        ]
     problems += [p for p in map(safetensors_problem, weights) if p]
     return problems
 
@@ -201,8 +204,11 @@ def gguf_problem(path: str | Path) -> str | None:
         with open(p, "rb") as f:
             magic = f.read(4)
             if magic != GGUF_MAGIC:
-                return f"it is {size:,} bytes and does not start with GGUF's magic bytes" if size >= 4 else (
-                    f"it is {size} bytes, too short to be a GGUF file")  # fmt: skip
+                return (
+                    f"it is {size:,} bytes and does not start with GGUF's magic bytes"
+                    if size >= 4
+                    else (f"it is {size} bytes, too short to be a GGUF file")
+                )
             raw = f.read(4)
             if len(raw) < 4:
                 return f"it ends at byte {size}, inside its version"
