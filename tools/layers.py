@@ -310,6 +310,32 @@ def kind_branches(package: Path = PACKAGE) -> list[str]:
     return out
 
 
+# The rule for an import inside a function (ARCHITECTURE.md): it says why on its line, after
+# `# lazy:` (an optional extra, a heavy library only some paths need, a cycle it breaks).
+LAZY_REASON = re.compile(r"#.*\blazy:\s*\S")
+
+
+def lazy_imports(package: Path = PACKAGE) -> tuple[list[str], list[str]]:
+    """(every import inside a function, those of them without a `# lazy: why` comment on one of
+    the statement's lines), each as "file:line: the statement"."""
+    every, silent = [], []
+    for path in sorted(package.rglob("*.py")):
+        src = path.read_text(encoding="utf-8")
+        lines = src.splitlines()
+        seen: set[int] = set()
+        for fn in ast.walk(ast.parse(src)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in seen:
+                    seen.add(id(node))
+                    where = f"mlx_slm/{path.relative_to(package).as_posix()}:{node.lineno}: {ast.unparse(node)}"
+                    every.append(where)
+                    if not any(LAZY_REASON.search(ln) for ln in lines[node.lineno - 1 : node.end_lineno]):
+                        silent.append(where)
+    return sorted(every), sorted(silent)
+
+
 def main() -> int:
     declared, _ = floors()
     tiers, _ = order(declared)
@@ -324,6 +350,13 @@ def main() -> int:
     if "-v" in sys.argv[1:]:
         print("\n".join(branches))
     print(f"{len(branches)} branch(es) on the scoring kind outside kinds/ (-v lists them)", file=sys.stderr)
+    every, silent = lazy_imports()
+    if "-v" in sys.argv[1:]:
+        print("\n".join(f"no '# lazy:' reason: {s}" for s in silent))
+    print(
+        f"{len(every)} import(s) inside functions, {len(silent)} without a '# lazy:' reason (-v lists them)",
+        file=sys.stderr,
+    )
     return 1 if problems else 0
 
 

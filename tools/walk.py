@@ -36,7 +36,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from _common import free_port, tiny_model, wait_healthy  # noqa: E402
-from layers import FLOOR_OF, FLOORS  # noqa: E402
+from layers import floors, order  # noqa: E402
+
+# Each floor's height (floors on one line share it), from the 'May import' lines.
+FLOOR_OF = {name: i for i, tier in enumerate(order(floors()[0])[0]) for name in tier}
 
 
 def _room(frame) -> str | None:  # type: ignore[no-untyped-def]
@@ -133,12 +136,11 @@ def main() -> int:
     workdir = Path(args[0] if args else "/tmp/mlx-slm-walk")
     workdir.mkdir(parents=True, exist_ok=True)
     rep = walk(workdir)
-    floors = {i: name for i, (name, _) in enumerate(FLOORS)}
     print(f"climbs back up a floor: {len(rep['climbs'])}")
     for c in rep["climbs"]:
         a, b = c["from"], c["to"]
-        fa, fb = floors[_floor(a.split(".")[0])], floors[_floor(b.split(".")[0])]
-        print(f"  {a} ({fa}) -> {b} ({fb})  x{c['times']}")
+        fa, fb = _floor(a.split(".")[0]), _floor(b.split(".")[0])
+        print(f"  {a} (floor {fa}) -> {b} (floor {fb})  x{c['times']}")
     print(f"returns to a room left open: {len(rep['returns_to_rooms'])}")
     for c in rep["returns_to_rooms"]:
         print(f"  {c['from']} -> {c['to']}  x{c['times']}")
