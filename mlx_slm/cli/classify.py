@@ -1,4 +1,4 @@
-"""`classify` (a file-to-file run, `job.classify`) and `merge` (the parts of a sharded run)."""
+"""`classify` (a file-to-file run, `jobs.classify`) and `merge` (the parts of a sharded run)."""
 
 from __future__ import annotations
 

@@ -233,7 +233,7 @@ def _reference_for(model: str, reference: str | None) -> str:
 
 
 def _chat_parity(o: dict[str, Any]) -> None:
-    """`parity --chat`, from the command's options by name (`chat_parity.py`)."""
+    """`parity --chat`, from the command's options by name (`parity/chat.py`)."""
 
     if o["reranker"] or o["questions_file"] or o["reference"] or o["threshold"] is not None or o["task_file"]:
         raise click.UsageError(
@@ -394,7 +394,7 @@ def _finetune_parity(
 
 @dataclass(frozen=True)
 class _Trained:
-    """Parity of a sequence classifier or a reranker (`seqcls_parity.py`): its items and reports."""
+    """Parity of a sequence classifier or a reranker (`parity/seqcls.py`): its items and reports."""
 
     n: int
     input_path: str | None
@@ -504,7 +504,7 @@ def _stratified(n: int) -> list[str]:
 
 
 def _input_texts(input_path: str, n: int, rows: Any = None) -> list[Any]:
-    """The first `n` readable texts of --input (`rows`: as `io.read_rows` reads them, its pairs
+    """The first `n` readable texts of --input (`rows`: as `readers.read_rows` reads them, its pairs
     as (text, pair)); the rows that cannot be read are skipped, and a notice on stderr says how
     many and on which lines (the report covers only the rest)."""
 

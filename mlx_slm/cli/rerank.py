@@ -1,4 +1,4 @@
-"""`rerank`: each query's documents, best first (`reranking.py` does the work)."""
+"""`rerank`: each query's documents, best first (`jobs/rerank.py` does the work)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reading items: JSONL, CSV, plain text, from files or stdin (writing is in `output.py`).
+"""Reading items: JSONL, CSV, plain text, from files or stdin (writing is in `files/output/`).
 
 Every input row becomes exactly one `Row`: either with text, or with an `error` that
 names the line and the fix. Nothing is dropped or reordered here; the CLI writes one

@@ -2,7 +2,7 @@
 dropped, a bad byte or an unreadable path named with the fix, JSON errors worded with their place.
 
 This sits on the ground floor, below the pure pieces (`prompts`, `questions`, `task`) that read their
-files through it, and below `io.py`, whose row readers share these rules.
+files through it, and below `files/readers.py`, whose row readers share these rules.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def read_predictions(
     path: str, rows: Sequence[Any], input_path: str | None = None, question: str | None = None
 ) -> list[dict[str, Any]]:
     """A classify output (JSONL, CSV, TSV or Parquet, by its extension) read back row by row
-    (`output.read_records`) and checked against the input's rows (`io.Row`: row i of the
+    (`output.read_records`) and checked against the input's rows (`readers.Row`: row i of the
     output is input row i, same id).
 
     Each row becomes {"id", "label", "probs", "error"}. Every problem (the file cannot be

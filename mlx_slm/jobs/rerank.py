@@ -68,7 +68,7 @@ def query_problem(query: Any, documents: Any, top_n: Any = None) -> str | None:
 
 
 def read_queries(path: str, id_field: str = "id") -> Iterator[Query]:
-    """A JSONL file of queries, read as `classify` reads a JSONL input (`io.read_rows`, the query
+    """A JSONL file of queries, read as `classify` reads a JSONL input (`readers.read_rows`, the query
     its text): the same line errors, and the same ids (a string or an integer, unique; none: the
     line's number), a bad or duplicate one making the line an error row whose id is null. A line
     that cannot run is a `Query` with its error."""
@@ -89,7 +89,7 @@ def read_queries(path: str, id_field: str = "id") -> Iterator[Query]:
 
 
 def documents_query(query: str, rows: Sequence[Any]) -> Query:
-    """`--query TEXT` over a file's rows (`io.Row`s): one query, a document per row."""
+    """`--query TEXT` over a file's rows (`readers.Row`s): one query, a document per row."""
     why = query_problem(query, ["x"])
     if why:
         raise RerankError(f"--query: {why}")

@@ -1,6 +1,6 @@
 """`mlx-slm train`: labelled texts in, a task with a learned head out.
 
-    labelled file -> rows (io.read_rows, gold labels checked) -> prompts (the Classifier's
+    labelled file -> rows (readers.read_rows, gold labels checked) -> prompts (the Classifier's
     own render, prefix cache and batch plan) -> hidden states of every candidate layer in
     one forward pass per batch (Engine.features) -> cross-validation and fit (heads.fit)
     -> task file (task.Task with its head)

@@ -100,7 +100,7 @@ class ModelArgs:
     # (num_labels x hidden) in place of the LM head. None: a causal LM.
     seqcls: SeqClsHead | None = None
     # A bare backbone (`Qwen3Model`, a sentence-transformers folder's weights without the `model.`
-    # prefix): the final norm's hidden states and no LM head at all (`is_backbone`).
+    # prefix): the final norm's hidden states and no LM head at all (`backbone`).
     backbone: bool = False
 
     def __post_init__(self) -> None:

@@ -83,7 +83,7 @@ def _documents(data: dict[str, Any], fld: str, opts: ServeOptions, objects: bool
     if not isinstance(docs, list) or not docs:
         what = "missing" if fld not in data else "empty" if docs == [] else type(docs).__name__
         raise HTTPError(422, f"'{fld}' must be a non-empty list of documents (got {what}): give at least one", fld)
-    # at most the items-per-request limit (`ServeOptions.items_limit`), and `reranking.MAX_DOCUMENTS`
+    # at most the items-per-request limit (`ServeOptions.items_limit`), and `jobs.rerank.MAX_DOCUMENTS`
     check_count(
         len(docs), fld, opts, "documents", (MAX_DOCUMENTS, "the most one query may rank"), "rerank them in parts"
     )

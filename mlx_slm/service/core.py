@@ -206,7 +206,7 @@ class Service:
         gone: Callable[[], Awaitable[Any]] | None = None,
     ) -> list[Any]:
         """One request's texts (or lists of token ids, `token_ids`) embedded on the worker, each
-        with `prompt` before it: their `embeddings.Embedded` (the pooled vector, full size, not
+        with `prompt` before it: their `embedder.Embedded` (the pooled vector, full size, not
         normalized) in input order. Errors, limits and timeouts as `classify`'s."""
         key = self.tasks.embed_key(truncate)
         front = await self._before(started, whole, self.tasks.front, key)

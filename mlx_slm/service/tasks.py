@@ -15,7 +15,7 @@ document) pairs, so documents of concurrent rerank requests share micro-batches 
 query's tokens run once (the item's head, `pipeline.head_of`).
 
 The embedding routes run the model's embedder (`embed_key`): `("embed", truncate)`, an
-`embeddings.Embedder` with the model folder's pooling (a causal LM's last token when it has
+`classifier.Embedder` with the model folder's pooling (a causal LM's last token when it has
 none), in the same two caches and through the same queue; its items carry their prompt's head,
 so texts of different prompts share micro-batches. A model that does not embed (a sequence
 classifier) answers `NotSupported`; a served model that only embeds (`classifies` false)
@@ -190,7 +190,7 @@ class TaskCache:
         return (EMBED_TASK, bool(truncate))
 
     def pooling(self) -> Any:
-        """The model's embedding pooling (`embeddings.pooling_of`), read once; `NotSupported` says
+        """The model's embedding pooling (`embedder.pooling_of`), read once; `NotSupported` says
         why a model does not embed (a sequence classifier)."""
 
         if self._pooling is None:

@@ -55,7 +55,7 @@ class FinetuneError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class LabelTokens:
-    """How objective (b) scores the labels from hidden states, as label scoring does (`scoring.py`).
+    """How objective (b) scores the labels from hidden states, as label scoring does (`kinds/labels.py`).
 
     A label's score is its first token's logit at the last prompt position (the label rows only:
     the vocabulary's normalizer is one per row and cancels in the softmax over labels) plus the

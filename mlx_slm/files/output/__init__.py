@@ -23,7 +23,7 @@ output), `manifest` (the lock and the manifest), `records`
 `resume` (`plan_resume`). Every name is importable from `mlx_slm.files.output`.
 """
 
-# job.py takes OutputError from here, as it could before the split.
+# jobs/classify.py takes OutputError from here, as it could before the split.
 from ...ground.errors import OutputError
 from ...text.records import answer_record, flat_answers, flat_record, result_record
 from .manifest import (
