@@ -748,6 +748,20 @@ def test_the_words_are_read_where_they_are():
     assert resolve_bare("labelset_gone_for") is not None and resolve_bare("read_rows") is None
 
 
+def test_architecture_names_every_module():
+    """ARCHITECTURE.md says where things are: every module of mlx_slm is named there (in backticks,
+    by its name or path), so a new room is put on the map when it is built."""
+    text = re.sub(r"^```.*?^```", "", (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8"), flags=re.S | re.M)
+    named = {w for span in SPAN.findall(text) for w in re.split(r"\W+", span)}
+    named |= set(re.findall(r"\*\*(\w+)", text))  # the floors' headings: **ground/**, **ray.py**
+    missing = [
+        p.relative_to(ROOT).as_posix()
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name != "__main__.py" and (p.parent.name if p.stem == "__init__" else p.stem) not in named
+    ]
+    assert not missing, f"ARCHITECTURE.md does not name {missing}"
+
+
 def _layers():
     spec = importlib.util.spec_from_file_location("mlx_slm_layers_for_names", ROOT / "tools" / "layers.py")
     mod = importlib.util.module_from_spec(spec)
