@@ -103,6 +103,7 @@ class Symbol:
     target: str = ""  # for an import: "module" or "module.name"
     attrs: set[str] = field(default_factory=set)  # for a class: its own attributes
     bases: list[str] = field(default_factory=list)  # for a class: its bases as written
+    returns: dict[str, str] = field(default_factory=dict)  # for a class: its methods' return types
 
 
 @dataclass(eq=False)
@@ -137,7 +138,10 @@ def _resolve_from(me: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 def _class_symbol(module: str, node: ast.ClassDef) -> Symbol:
     attrs: set[str] = set()
+    returns: dict[str, str] = {}
     for sub in node.body:
+        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.returns is not None:
+            returns[sub.name] = ast.unparse(sub.returns).strip("'\"")
         if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             attrs.add(sub.name)
         elif isinstance(sub, ast.Assign):
@@ -151,7 +155,7 @@ def _class_symbol(module: str, node: ast.ClassDef) -> Symbol:
         elif isinstance(sub, ast.Call) and ast.unparse(sub.func).endswith("__setattr__") and len(sub.args) >= 2:
             if isinstance(sub.args[1], ast.Constant) and isinstance(sub.args[1].value, str):
                 attrs.add(sub.args[1].value)
-    return Symbol("class", module, attrs=attrs, bases=[ast.unparse(b) for b in node.bases])
+    return Symbol("class", module, attrs=attrs, bases=[ast.unparse(b) for b in node.bases], returns=returns)
 
 
 @cache
@@ -632,12 +636,69 @@ def refs_in_module(path: Path) -> list[Ref]:
     return out
 
 
+def _returned(cls: str, method: str | None, pkg: Package) -> str | None:
+    """The class `cls(...)` (method None) or `cls.method(...)` gives, where the source says so."""
+    if method is None:
+        return cls
+    for sym in pkg.classes.get(cls, []):
+        ann = sym.returns.get(method, "").split("|")[0].strip()
+        if ann in ("Self", f"type[{cls}]") or ann == cls:
+            return cls
+        if ann in pkg.classes:
+            return ann
+    return None
+
+
+def imported_classes(text: str, pkg: Package) -> dict[str, str]:
+    """The classes of mlx_slm a page's examples import by name (`from mlx_slm import Classifier`)."""
+    found = re.finditer(r"from mlx_slm(?:\.[\w.]+)? import \(?([\w, ]+)", text)
+    names = {n.strip() for m in found for n in m.group(1).split(",")}
+    return {n: n for n in names if n in pkg.classes}
+
+
+def bind(line: str, types: dict[str, str], pkg: Package) -> None:
+    """What an example's line binds to a class of mlx_slm, by what it is given: `clf =
+    Classifier.load(...)` (clf: Classifier), `run = clf.run(texts)` (run: Run, the method's
+    return annotation); any other assignment forgets the name. The page's `clf.classify_frame`
+    is then `Classifier.classify_frame`."""
+    m = re.match(r"\s*(\w+) = (\w+)(?:\.(\w+))?(\()?", line)
+    if not m:
+        return
+    var, head, method, call = m.groups()
+    cls = types.get(head)
+    got = _returned(cls, None if head == cls else method, pkg) if cls and call else None
+    if head == cls and method and method not in _constructors(cls, pkg):
+        got = None  # a class's other attribute: not known here
+    if got is None:
+        types.pop(var, None)
+    else:
+        types[var] = got
+
+
+def _constructors(cls: str, pkg: Package) -> set[str]:
+    """The class methods of `cls` that return one (`load`, `from_task`), by their annotation."""
+    return {
+        m
+        for s in pkg.classes.get(cls, [])
+        for m, ann in s.returns.items()
+        if ann.split("|")[0].strip() in (cls, "Self")
+    }
+
+
+def _typed(name: str, types: dict[str, str]) -> str:
+    first, dot, rest = name.partition(".")
+    return f"{types[first]}.{rest}" if dot and first in types and types[first] != first else name
+
+
 def refs_in_page(path: Path) -> list[Ref]:
     """A page's names: in its prose, backticked names, `mlx_slm.` paths and `.py` files; in its
-    Python blocks, what they import from mlx_slm."""
+    Python blocks, what they import from mlx_slm and the attributes they use of its classes (a
+    variable's class from `example_types`), which the prose's backticked names use too."""
     text = path.read_text(encoding="utf-8")
-    rel = path.relative_to(ROOT).as_posix()
+    rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
     alias = aliases(text)
+    pkg = package()
+    types = imported_classes(text, pkg)
     out: list[Ref] = []
     in_code, lang = False, ""
     for n, line in enumerate(text.splitlines(), 1):
@@ -651,9 +712,14 @@ def refs_in_page(path: Path) -> list[Ref]:
                 out += [Ref(f"{rel}:{n}", f"{m.group(1)}.{a.split(' as ')[0].strip()}") for a in m.group(2).split(",")]
             out += [Ref(f"{rel}:{n}", p) for p in re.findall(r"(?<![\w.])(mlx_slm(?:\.\w+)+)", line)]
             out += [Ref(f"{rel}:{n}", p) for p in PATHS.findall(line) if lang in ("bash", "sh", "shell", "console")]
+            if lang in ("python", "py"):
+                code = re.sub(r"#.*|\"[^\"]*\"|'[^']*'", "", line)
+                uses = re.findall(r"(?<![\w.])(\w+)\.(\w+)", code)
+                out += [Ref(f"{rel}:{n}", f"{types[v]}.{a}") for v, a in uses if v in types]
+                bind(line, types, pkg)
             continue
         for _, name, bare in names_in(line, code_only=True):
-            out.append(Ref(f"{rel}:{n}", _unalias(name, alias), None, bare))
+            out.append(Ref(f"{rel}:{n}", _typed(_unalias(name, alias), types), None, bare))
     return out
 
 
@@ -732,6 +798,21 @@ def test_a_stale_name_does_not_resolve(name):
 )
 def test_a_name_that_exists_resolves(name):
     assert resolve(name) is None, resolve(name)
+
+
+def test_a_page_example_is_read_with_its_classes(tmp_path):
+    """An example's variables take their class from what they are given, so a method gone from
+    `Classifier` fails where the page calls it, in the example and in the prose after it."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Before: `clf.gone_before` (no example yet: not checked).\n\n```python\nfrom mlx_slm import Classifier\n\n"
+        'clf = Classifier.load("m", labels=["a"])\nrun = clf.run(["t"])\nclf.classify_gone(["t"])  # clf.in_a_comment\n'
+        "print(run.stats, run.gone_too)\n```\n\nThen `clf.classify_frame` and `clf.gone_after`.\n"
+    )
+    refs = {r.name: r.where for r in refs_in_page(page)}
+    bad = sorted(n for n in refs if resolve(n) is not None)
+    assert bad == ["Classifier.classify_gone", "Classifier.gone_after", "Run.gone_too"], bad
+    assert refs["Classifier.classify_gone"] == "page.md:8" and "Classifier.classify_frame" in refs
 
 
 def test_the_words_are_read_where_they_are():
