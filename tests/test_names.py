@@ -1,6 +1,6 @@
 """Names that resolve: every code name the words of the house give -- a docstring or comment in
-mlx_slm/, a docs/ page, README.md, ARCHITECTURE.md -- names a module, file, function, class or
-attribute that exists now (issue 48, point 8). A rename that leaves `io.read_rows` in a
+mlx_slm/ or tools/, a docs/ page, README.md, ARCHITECTURE.md -- names a module, file, function,
+class or attribute that exists now (issue 48, point 8). A rename that leaves `io.read_rows` in a
 docstring fails here, with the file and line, instead of sending the next reader looking.
 
 What counts as a code name (strict where the words look like code, silent on prose):
@@ -8,22 +8,27 @@ What counts as a code name (strict where the words look like code, silent on pro
 - a file `x.py` or `folder/x.py` (a line number after it allowed): some file under mlx_slm/,
   tests/, tools/, benchmarks/ or the root ends with that path;
 - a dotted name `a.b.c` in a docstring or comment, or inside backticks on a page: `a` is a
-  module of the package (by its last parts: `records`, `output.writers`, `text.records`), a
-  class or function defined in it (`Classifier.load`), a standard-library module (resolved by
-  importing it: `io.read_rows` fails), `self` inside a class (its attributes), or a name some
-  code binds (a variable: `clf.run` is not checked further). A first part that is none of
-  these is a module that is gone. Other libraries (`mx.`, `np.`, `torch.`, ...) are skipped by
-  name (`FOREIGN`);
-- a bare `CamelCase` name in backticks in ARCHITECTURE.md or in mlx_slm's words: some class or
-  name the package (or a library in `FOREIGN_NAMES`) defines.
+  module of the package (by its last parts: `records`, `output.writers`, `text.records`; a plain
+  module's own names, a folder's public ones), a class or function defined in it
+  (`Classifier.load`), Python's builtins or standard library (imported and checked: `io.read_rows`
+  fails), `self` inside a class (its attributes), a file of tests/, tools/ or benchmarks/
+  (`conftest.make_tiny`), or a name some code binds (a variable: `clf.run` is not checked
+  further, unless its name is a module's one letter off: `job.classify`). A first part that is
+  none of these is a module that is gone. Other libraries (`mx.`, `np.`, `torch.`, ...), data
+  keys (`score.weight`) and prose (`e.g.`) are skipped by name (`FOREIGN`, `NOT_CODE`, `PROSE`);
+- a bare `CamelCase` or `snake_case` name in backticks: some name the package binds, or a word of
+  its strings (a field, an option), or another library's (`FOREIGN_NAMES`, `FOREIGN_WORDS`);
+- on a page, the Python examples' imports from mlx_slm and the attributes they use of its
+  classes: `clf = Classifier.load(...)` makes `clf.classify_frame` mean
+  `Classifier.classify_frame`, there and in the prose after it.
 
-The package is read, not imported (ast): no model, no MLX, a second or two. The attributes of
-a class are its methods, its class-level names and annotations, the `self.x` it assigns and
-those of its bases; past a value whose type the source does not say (a constant, an attribute),
-the rest of a path is not checked.
+The package is read, not imported (ast): no model, no MLX, a few seconds. The attributes of a
+class are its methods, its class-level names and annotations, the `self.x` it assigns and those
+of its bases; past a value whose type the source does not say, the rest of a path is not checked.
 
-It also holds the rule ARCHITECTURE.md states for imports inside a function: each carries a
-trailing comment saying why (`# lazy: ...`). See `test_every_import_inside_a_function_says_why`.
+It also holds two claims of ARCHITECTURE.md: its map names every module, and an import inside a
+function says why on its line (`# lazy: ...`; `test_every_import_inside_a_function_says_why`,
+off until the lead turns it on). `python tests/test_names.py` lists what does not resolve.
 """
 
 from __future__ import annotations
@@ -729,7 +734,8 @@ GOING = {"mlx_slm/jobs/setup.py"}
 
 
 def all_refs() -> list[Ref]:
-    mine = [p for p in sorted(PACKAGE.rglob("*.py")) if p.relative_to(ROOT).as_posix() not in GOING]
+    code = [*sorted(PACKAGE.rglob("*.py")), *sorted((ROOT / "tools").glob("*.py"))]
+    mine = [p for p in code if p.relative_to(ROOT).as_posix() not in GOING]
     refs = [r for p in mine for r in refs_in_module(p)]
     return refs + [r for p in PAGES for r in refs_in_page(p)]
 
