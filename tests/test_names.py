@@ -92,7 +92,6 @@ NOT_CODE = {
 }
 # Prose that looks dotted: abbreviations and such.
 PROSE = {"e.g", "i.e", "etc", "vs", "cf", "approx", "a.k.a", "llama.cpp"}
-FILE_EXTS = {"py"}  # `x.py` names a file of the repository; `x.json`, `x.md`... are data, not checked
 
 
 # -- the package, read ---------------------------------------------------------------------------
@@ -617,6 +616,8 @@ def _class_at(nodes: list[ast.AST]) -> dict[int, str]:
 
 
 def refs_in_module(path: Path) -> list[Ref]:
+    """A module's names: in its docstrings (the module's, each class's and function's) and its
+    comments (a `noqa` code is no name), each with its line and the class it sits in."""
     src, tree, nodes = _parsed(path)
     rel = path.relative_to(ROOT).as_posix()
     cls_at = _class_at(nodes)
@@ -633,9 +634,7 @@ def refs_in_module(path: Path) -> list[Ref]:
             out.append(Ref(f"{rel}:{doc.lineno + i}", _unalias(name, alias), cls, bare))
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.COMMENT:
-            text = tok.string.lstrip("#")
-            if re.match(r"\s*(noqa|type:|fmt:|pragma)", text):
-                text = re.sub(r"^\s*noqa(:\s*[A-Z0-9, ]+)?", "", text)
+            text = re.sub(r"^\s*noqa(:\s*[A-Z0-9, ]+)?", "", tok.string.lstrip("#"))
             for _, name, bare in names_in(text, code_only=False):
                 out.append(Ref(f"{rel}:{tok.start[0]}", name, cls_at.get(tok.start[0]), bare))
     return out
