@@ -352,25 +352,6 @@ def _walk(sym: Symbol | None, rest: list[str], pkg: Package) -> bool:
     return True  # a value: its type is not read here
 
 
-def _stdlib(parts: list[str]) -> bool | None:
-    """Whether a standard-library path resolves (None: not the standard library)."""
-    if parts[0] not in sys.stdlib_module_names:
-        return None
-    try:
-        obj = importlib.import_module(parts[0])
-    except ImportError:
-        return None
-    for i, p in enumerate(parts[1:], 1):
-        if hasattr(obj, p):
-            obj = getattr(obj, p)
-            continue
-        try:
-            obj = importlib.import_module(".".join(parts[: i + 1]))
-        except ImportError:
-            return False
-    return True
-
-
 def resolve(name: str, pkg: Package | None = None, cls: str | None = None) -> str | None:
     """None when the dotted `name` (or file path) names something that exists, else why not.
     `cls` is the class a docstring or comment sits in (for `self.x`)."""
@@ -476,8 +457,8 @@ def _python(parts: list[str]) -> bool | None:
     """Whether a path in Python's builtins or standard library resolves (None: neither)."""
     if hasattr(builtins, parts[0]):
         return _has_chain(getattr(builtins, parts[0]), parts[1:])
-    if parts[0] not in sys.stdlib_module_names:
-        return None
+    if parts[0] not in sys.stdlib_module_names or parts[0] in ("antigravity", "this", "turtle", "tkinter"):
+        return None  # not Python's, or a module that acts when imported (a browser, a print, a window)
     try:
         obj = importlib.import_module(parts[0])
     except ImportError:
