@@ -7,7 +7,8 @@ Every architecture module provides
   last_only) -> (hidden, kv)`, `logits(hidden, rows)`, `head_weight()`, `args`),
 * `sanitize(weights, args)` (checkpoint tensors -> the names `Model` loads) and
   `flops_per_token(args)` (matmul FLOPs per token), only where they differ from `base`'s,
-* `HF_ARCHITECTURE` and, for GGUF conversion, `GGUF_ARCH`, `GGUF_LAYER_NAMES`,
+* `HF_ARCHITECTURE`, `SEQCLS_ARCHITECTURE` where fine-tuning exports a sequence classifier of it
+  (`exportable`), and, for GGUF conversion, `GGUF_ARCH`, `GGUF_LAYER_NAMES`,
   `gguf_config(meta, shapes)` and `gguf_tensor(name, array, config)`.
 
 Adding an architecture is one file here and one line in `ARCHITECTURES`.
@@ -82,6 +83,17 @@ def get_model_class(model_type: str | None) -> tuple[type[Model], type[ModelArgs
         return mlxlm.get_model_class(model_type)  # type: ignore[return-value]
     m = get_model_module(model_type)
     return m.Model, m.ModelArgs
+
+
+def exportable() -> dict[str, str]:
+    """model_type -> the Transformers sequence-classifier class `weights.export` writes for it:
+    the architectures whose module names one (`SEQCLS_ARCHITECTURE`)."""
+    out = {}
+    for model_type in ARCHITECTURES:
+        seqcls = getattr(get_model_module(model_type), "SEQCLS_ARCHITECTURE", None)
+        if seqcls is not None:
+            out[model_type] = seqcls
+    return out
 
 
 def gguf_module(gguf_arch: str | None) -> ModuleType:
@@ -264,6 +276,7 @@ __all__ = [
     "choose_ops",
     "default_compute_dtype",
     "embeds_only",
+    "exportable",
     "flops_per_token",
     "get_model_class",
     "get_model_module",

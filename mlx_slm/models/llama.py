@@ -14,6 +14,7 @@ from . import base
 from .base import ModelArgs as BaseArgs
 
 HF_ARCHITECTURE = "LlamaForCausalLM"
+SEQCLS_ARCHITECTURE = "LlamaForSequenceClassification"  # what `weights.export` writes
 GGUF_ARCH = "llama"
 
 

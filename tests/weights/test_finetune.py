@@ -342,12 +342,12 @@ def test_export_gives_transformers_the_same_probabilities(tiny_arch, arch, tmp_p
     pytest.importorskip("torch")
     import json
 
-    from mlx_slm.weights.export import export
+    from mlx_slm.weights.export import Described, export
 
     data = Data(tiny_arch.mlx(arch), n=24)
     ft = data.train(epochs=2)
-    out = export(ft, data.model, data.tok, data.path, tmp_path / "cls", prompt={"system": data.fmt.system,
-                 "template": data.fmt.template}, base_name="tiny")  # fmt: skip
+    out = export(ft, data.model, data.tok, data.path, tmp_path / "cls", described=Described(prompt={"system":
+                 data.fmt.system, "template": data.fmt.template}, base_name="tiny"))  # fmt: skip
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == [{"qwen2": "Qwen2", "llama": "Llama", "qwen3": "Qwen3"}[arch]
                                     + "ForSequenceClassification"]  # fmt: skip
