@@ -36,7 +36,7 @@ from mlx import nn
 
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
-from ..models import Model, quant
+from ..models import Model, Tree, quant
 from ..text import batching
 from ..text.labels import TrieChunk, build_trie
 
@@ -484,8 +484,7 @@ def predict(
                 cache=kv,
                 cache_mask=mx.array(np.concatenate([np.ones((B, P), dtype=bool), b.mask], axis=1)),
                 last_only=False,
-                positions=mx.array(end[:, None] + lt.trie.depth[None]),
-                tree=mx.array(lt.trie.visible),
+                tree=Tree(mx.array(end[:, None] + lt.trie.depth[None]), mx.array(lt.trie.visible)),
             )
         s = ft.scores(model, last, nodes)
         s = s - mx.logsumexp(s, axis=-1, keepdims=True)
