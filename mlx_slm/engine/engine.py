@@ -151,7 +151,7 @@ class Engine:
             cache.states = np.array(h[0].astype(mx.float32))
             return cache.states, True
 
-    def classify(self, batch: batching.Batch, prefix: PrefixCache | None = None) -> np.ndarray:
+    def sequence_logits(self, batch: batching.Batch, prefix: PrefixCache | None = None) -> np.ndarray:
         """A sequence classifier's score-head logits at each row's last position (B, num_labels)
         float32 (`models.sequence_logits`; rows hold `model.seqcls.prompt_ids`). A causal LM:
         a ModelError (it has no score head)."""

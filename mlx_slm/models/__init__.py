@@ -254,13 +254,13 @@ def sequence_logits(
     Transformers reads `score` at each row's last token that is not `pad_token_id`; in a
     left-padded batch (the arguments of `Model.__call__`) every row's last column is real,
     so this is `score(norm(hidden[:, -1]))`: the forward with `last_only`, then
-    `model.classify`. Rows must hold `model.seqcls.prompt_ids(ids)` (trailing pad-id tokens
+    `model.score_logits`. Rows must hold `model.seqcls.prompt_ids(ids)` (trailing pad-id tokens
     dropped, as Transformers reads past them). A causal LM is a ModelError (it has no score head).
     """
     if getattr(model, "seqcls", None) is None:
         raise ModelError(NO_SCORE_HEAD)
     hidden, _ = model(ids, attention_mask, offsets, cache=cache, cache_mask=cache_mask, last_only=True)
-    return model.classify(hidden)
+    return model.score_logits(hidden)
 
 
 __all__ = [

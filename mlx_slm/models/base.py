@@ -628,7 +628,7 @@ class Model(nn.Module):
 
     @property
     def has_lm_head(self) -> bool:
-        """False for a sequence classifier (`logits`, label tokens, is refused; `classify` scores)
+        """False for a sequence classifier (`logits`, label tokens, is refused; `score_logits` scores)
         and for a bare backbone (it embeds only)."""
         return self.args.seqcls is None and not self.args.backbone
 
@@ -641,7 +641,7 @@ class Model(nn.Module):
             raise ModelError(BACKBONE_NO_LM_HEAD)
         return self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
 
-    def classify(self, hidden: mx.array) -> mx.array:
+    def score_logits(self, hidden: mx.array) -> mx.array:
         """The score head on final hidden states (B, D) (the forward's `last_only` output):
         (B, num_labels) float32 logits, computed in float32 (Transformers' `score`)."""
         return score_logits(self.score if self.args.seqcls is not None else None, hidden)

@@ -414,8 +414,8 @@ class MlxLmModel(nn.Module):
     def has_lm_head(self) -> bool:
         return self.seqcls is None
 
-    def classify(self, hidden: mx.array) -> mx.array:
-        """The score head on final hidden states (B, D): (B, num_labels) float32 (see `base.Model.classify`)."""
+    def score_logits(self, hidden: mx.array) -> mx.array:
+        """The score head on final hidden states (B, D): (B, num_labels) float32 (see `base.Model.score_logits`)."""
         return score_logits(self.lm[SCORE] if self.seqcls is not None else None, hidden)
 
     @property
@@ -585,11 +585,11 @@ def self_check(model: MlxLmModel, tol: float | None = None) -> float:
 
         def own(seq: list[int]) -> mx.array:  # mlx-lm's own forward, one prompt, no cache
             if not lm_head:
-                return model.classify(model.inner(mx.array([seq]), cache=None)[:, -1])[0]
+                return model.score_logits(model.inner(mx.array([seq]), cache=None)[:, -1])[0]
             return model.lm(mx.array([seq]))[0, -1].astype(mx.float32)
 
         def head(h: mx.array) -> mx.array:
-            return model.logits(h) if lm_head else model.classify(h)
+            return model.logits(h) if lm_head else model.score_logits(h)
 
         p = 4
         want = [own(a), own(b), own(a[:p] + b)]
