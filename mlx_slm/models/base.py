@@ -20,6 +20,7 @@ scoring-specific parts live here, once:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -146,21 +147,20 @@ class ModelArgs:
         """Refuse a field of the wrong type before anything computes with it (`"hidden_size": "64"`
         failed deep in the model's construction): sizes are whole numbers of at least 1, the
         other numbers finite and above 0, flags true or false, names strings."""
-        import math
 
         for f in fields(cls):
             v = cfg.get(f.name)
-            kind = str(f.type).split(" ")[0].split("[")[0]
-            if v is None or kind not in ("int", "float", "bool", "str", "list"):
+            type_name = str(f.type).split(" ")[0].split("[")[0]
+            if v is None or type_name not in ("int", "float", "bool", "str", "list"):
                 continue
-            if kind == "int":
+            if type_name == "int":
                 ok, want = isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number of at least 1"
-            elif kind == "float":
+            elif type_name == "float":
                 ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                 want = "a finite number above 0"
-            elif kind == "bool":
+            elif type_name == "bool":
                 ok, want = isinstance(v, bool), "true or false"
-            elif kind == "str":
+            elif type_name == "str":
                 ok, want = isinstance(v, str), "a string"
             else:
                 ok, want = isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"

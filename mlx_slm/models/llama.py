@@ -43,12 +43,6 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (the inverse of `unpermute`)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def gguf_tensor(name: str, w: np.ndarray, config: dict[str, Any]) -> np.ndarray:
     """llama.cpp stores Llama's q and k rows permuted for its interleaved RoPE: undo it."""
     if name.endswith(("q_proj.weight", "q_proj.bias")):

@@ -28,7 +28,6 @@ import numpy as np
 
 from ..classifier.decider import Decider
 from ..engine import Engine
-from ..ground.errors import UserError
 from ..text.decisions import DecisionConfig, DecisionQuestion, DecisionRequest, option_text
 from .reference import decisions_in_child
 
@@ -176,8 +175,3 @@ def format_decision_report(r: dict[str, Any]) -> str:
         "" if r["ok"] else "FAIL: " + ("nothing compared" if not r["compared"] else "past tolerance or a disagreement")
     )
     return "\n".join(lines).rstrip() + "\n"
-
-
-def check_states(states: Sequence[Any]) -> None:
-    if not states:
-        raise UserError("parity --decisions has no state to ask: give --input with some rows")

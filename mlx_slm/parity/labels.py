@@ -110,7 +110,7 @@ class MlxLmForward(Reference):
     float16 quantized matmuls far too slowly for a check (SmolLM2-135M: 37 s for 8 tokens)."""
 
     def __init__(self, path: str | Path, dtype: mx.Dtype | None = None):  # not super().__init__: Transformers
-        from mlx_lm import load
+        from mlx_lm import load  # lazy: mlx-lm loads only here
 
         self.model, _ = load(str(path))
         if dtype is not None:

@@ -7,6 +7,7 @@ are exactly ours) or the original `.gguf` (dequantized by Transformers).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ from ..text.prompts import (
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # lazy: optional, heavy
     except ImportError as e:  # the reference path is an extra
         raise MissingExtra("the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'") from e
     return torch
@@ -42,7 +43,6 @@ def _torch() -> Any:
 def require_torch() -> None:
     """Raise `MissingExtra` (exit 2, naming the pip command) when PyTorch is not installed,
     checked here (without importing it) before a child process is started for it."""
-    import importlib.util
 
     if importlib.util.find_spec("torch") is None:
         raise MissingExtra("the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'")
@@ -51,8 +51,8 @@ def require_torch() -> None:
 class Reference:
     def __init__(self, src: str | Path, dtype: str = "float32", threads: int | None = None):
         torch = _torch()
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+        from transformers import AutoModelForCausalLM  # lazy: a slow import
+        from transformers.utils import logging as hf_logging  # lazy: a slow import
 
         hf_logging.disable_progress_bar()
         torch.set_num_threads(threads or os.cpu_count() or 1)
@@ -103,8 +103,12 @@ class SeqClsReference:
 
     def __init__(self, src: str | Path, dtype: str = "float32", threads: int | None = None):
         torch = _torch()
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer, TextClassificationPipeline
-        from transformers.utils import logging as hf_logging
+        from transformers import (
+            AutoModelForSequenceClassification,
+            AutoTokenizer,
+            TextClassificationPipeline,
+        )  # lazy: a slow import
+        from transformers.utils import logging as hf_logging  # lazy: a slow import
 
         hf_logging.disable_progress_bar()
         torch.set_num_threads(threads or os.cpu_count() or 1)
@@ -411,11 +415,11 @@ def transformers_decisions(src: str, config: dict[str, Any] | None, requests: Se
     decision pipeline's `_forward` runs it (`parity.decisions` says why it is the reference):
     {question key: [probability per option]}, or the error text Transformers gave."""
     torch = _torch()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.decision import DecisionConfig as HFConfig
-    from transformers.decision import label_token_ids, prepare_inputs
-    from transformers.decision.modeling_utils import process_scores
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: a slow import
+    from transformers.decision import DecisionConfig as HFConfig  # lazy: a slow import
+    from transformers.decision import label_token_ids, prepare_inputs  # lazy: a slow import
+    from transformers.decision.modeling_utils import process_scores  # lazy: a slow import
+    from transformers.utils import logging as hf_logging  # lazy: a slow import
 
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()

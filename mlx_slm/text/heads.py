@@ -84,7 +84,7 @@ class Head:
                 f"{list(self.layers)}: train the head again"
             )
         if self.estimator not in ESTIMATORS:
-            raise HeadError(f"head kind {self.estimator!r} is not one of {list(ESTIMATORS)}: train the head again")
+            raise HeadError(f"head estimator {self.estimator!r} is not one of {list(ESTIMATORS)}: train the head again")
         k, f = len(self.labels), self.mean.shape[0]
         if self.coef.shape != (k, f) or self.scale.shape != (f,) or self.intercept.shape != (k,):
             raise HeadError(
@@ -161,8 +161,8 @@ class Head:
             raise HeadError(f"{where} must be an object (a trained head): train the head again (mlx-slm train)")
         pooling = d.get("pooling", "last")
         names = [pooling] if isinstance(pooling, str) else pooling
-        # A missing or mistyped field is damage (train again); only a well-formed kind or pooling
-        # this version does not know is a newer head (upgrade).
+        # A missing or mistyped field is damage (train again); only a well-formed estimator (the
+        # file's "kind") or pooling this version does not know is a newer head (upgrade).
         if not isinstance(d.get("kind"), str):
             raise bad("kind", f"one of {', '.join(map(repr, ESTIMATORS))}")
         if not isinstance(names, list) or not names or not all(isinstance(x, str) for x in names):
@@ -269,12 +269,12 @@ def _two_rows(coef: np.ndarray, intercept: np.ndarray, k: int) -> tuple[np.ndarr
 def fit_linear(
     x: np.ndarray, y: np.ndarray, k: int, estimator: str = "logistic", C: float = LAYER_C, seed: int = 0
 ) -> tuple[np.ndarray, ...]:
-    """(mean, scale, coef (k, F), intercept (k,)): standardise, then fit `kind`: "lda"
+    """(mean, scale, coef (k, F), intercept (k,)): standardise, then fit `estimator`: "lda"
     (`_lda`; `C` unused) or "logistic" (multinomial,
     L2, strength 1/C). Every label 0..k-1 must occur in `y`."""
     _sklearn()
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.exceptions import ConvergenceWarning  # lazy: optional, slow
+    from sklearn.linear_model import LogisticRegression  # lazy: optional, slow
 
     mean, scale = standardiser(x)
     z = (np.asarray(x, dtype=np.float64) - mean) / scale
@@ -283,7 +283,7 @@ def fit_linear(
     if estimator == "logistic":
         est = LogisticRegression(C=C, max_iter=MAX_ITER, random_state=seed)
     else:
-        raise HeadError(f"head kind {estimator!r} is not one of {list(ESTIMATORS)}")
+        raise HeadError(f"head estimator {estimator!r} is not one of {list(ESTIMATORS)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.fit(z, y)
@@ -301,7 +301,7 @@ def _lda(z: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     -means.coef/2 + log prior. (With ~10 examples a label, each a_c is large: the strong
     shrinkage that few examples need. scikit-learn builds every label's F x F matrix; the
     weighted sum below builds one.)"""
-    from sklearn.covariance import ledoit_wolf_shrinkage
+    from sklearn.covariance import ledoit_wolf_shrinkage  # lazy: optional, slow
 
     counts = np.bincount(y, minlength=k)
     if counts.min() == 0:
@@ -327,14 +327,9 @@ def _lda(z: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return coef, intercept
 
 
-def fit_logistic(x: np.ndarray, y: np.ndarray, k: int, C: float, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """`fit_linear` with logistic regression."""
-    return fit_linear(x, y, k, "logistic", C, seed)
-
-
 def folds_of(y: np.ndarray, folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Stratified k-fold (train, test) index pairs, shuffled with `seed`."""
-    from sklearn.model_selection import StratifiedKFold
+    from sklearn.model_selection import StratifiedKFold  # lazy: optional, slow
 
     skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
     return list(skf.split(np.zeros(len(y)), y))
@@ -371,7 +366,6 @@ def cross_validate(
 
 
 def _scores(z: np.ndarray, y: np.ndarray, k: int) -> dict[str, Any]:
-
     lp = log_softmax(z, axis=-1)
     pred = lp.argmax(axis=1)
     return {

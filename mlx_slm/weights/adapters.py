@@ -33,6 +33,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx import nn
+from mlx.utils import tree_flatten
 
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
@@ -196,7 +197,7 @@ def with_blocks(model: Model, blocks: dict[int, nn.Module]) -> Model:
 
 def lora_layer(linear: nn.Module, a: mx.array, b: mx.array, scale: float) -> nn.Module:
     """mlx-lm's LoRALinear over `linear` with the given A (in, r) and B (r, out)."""
-    from mlx_lm.tuner.lora import LoRALinear
+    from mlx_lm.tuner.lora import LoRALinear  # lazy: mlx-lm loads only here
 
     layer = LoRALinear.from_base(linear, r=a.shape[1], dropout=0.0, scale=scale)
     layer.lora_a, layer.lora_b = a, b
@@ -500,7 +501,6 @@ def adapter_init(key: mx.array, in_dims: int, out_dims: int, rank: int) -> tuple
 
 def dense_weights(model: Model) -> dict[str, mx.array]:
     """Every weight of `model` by its (Hugging Face) name, quantized ones dequantized."""
-    from mlx.utils import tree_flatten
 
     out: dict[str, mx.array] = {}
     for name, m in model.named_modules():

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import mlx.core as mx
+import mlx.optimizers as optim
 import numpy as np
 
 from ..models import Model
@@ -320,8 +321,6 @@ class _Optimizer:
     Each rate is warmed up linearly over `warmup` of the steps, then decayed to 0 by `schedule`."""
 
     def __init__(self, s: FinetuneSettings, total: int):
-        import mlx.optimizers as optim
-
         warm = int(round(s.warmup * total))
 
         def rate(lr: float) -> Any:

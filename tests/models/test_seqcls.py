@@ -376,4 +376,4 @@ def test_engine_classify_is_the_model_level_read(tiny_arch):
         _check("qwen3-engine", got[r], tiny.ref(head + rows[i][20:]))
     lm = Engine(load_model(tiny_arch.mlx("qwen2")), engine.tokenizer)
     with pytest.raises(ModelError, match="causal LM"):
-        lm.classify(pad(rows, np.arange(1), 0))
+        lm.sequence_logits(pad(rows, np.arange(1), 0))

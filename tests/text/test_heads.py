@@ -21,7 +21,6 @@ from mlx_slm.text.heads import (
     candidate_name,
     fit,
     fit_linear,
-    fit_logistic,
     format_table,
     head_input,
     min_per_label,
@@ -42,7 +41,7 @@ def _data(seed: int, n: int, f: int, k: int, signal: float = 2.0):
 
 
 def _head(x, y, k, C=0.1, layers=(1,)):
-    mean, scale, coef, intercept = fit_logistic(x, y, k, C)
+    mean, scale, coef, intercept = fit_linear(x, y, k, "logistic", C)
     return Head(tuple(f"l{i}" for i in range(k)), tuple(layers), mean, scale, coef, intercept, C=C)
 
 
@@ -287,7 +286,7 @@ def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
     got, errors, _ = head_classifier(engine, LABELS, SYSTEM, TEMPLATE).features(texts, [1])
     f = got["last"]
     assert errors == [None] * len(texts) and f.shape == (len(texts), 1, 64)
-    head = Head(LABELS, (1,), *fit_logistic(f[:, 0], np.arange(len(texts)) % 3, 3, 1.0))
+    head = Head(LABELS, (1,), *fit_linear(f[:, 0], np.arange(len(texts)) % 3, 3, "logistic", 1.0))
     clf = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head)
     assert clf.mode == "head" and clf.labelset.row_tokens == 0 and clf.kind.label_extra == 0
     m = engine.model
