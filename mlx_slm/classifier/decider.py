@@ -33,7 +33,7 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +191,27 @@ def _shared(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else m
 
 
+@dataclass(frozen=True)
+class DeciderSettings:
+    """A `Decider`'s settings, the keywords `Decider(...)` takes, resolved once into one value.
+
+    state_cache / state_cache_bytes: recent states whose keys and values are kept, and at most
+    this much of them; calibration: a temperature per question key, with calibration_questions
+    the questions they were fitted for (a task's: parsed, or its raw JSON); batch_size,
+    max_batch_tokens (None: `pipeline.default_max_batch_tokens`) and max_length (None: the
+    engine's) bound a forward; answer_cache False runs a cached state's questions again (to
+    measure the KV reuse alone)."""
+
+    state_cache: int = STATE_CACHE
+    state_cache_bytes: int = STATE_CACHE_BYTES
+    calibration: Mapping[str, float] | None = None
+    calibration_questions: Any = None
+    batch_size: int = BATCH_SIZE
+    max_batch_tokens: int | None = None
+    max_length: int | None = None
+    answer_cache: bool = True
+
+
 class Decider:
     """Decision requests answered on an engine (see the module docstring)."""
 
@@ -198,16 +219,12 @@ class Decider:
         self,
         engine: Engine,
         config: DecisionConfig | None = None,
-        *,
-        state_cache: int = STATE_CACHE,
-        state_cache_bytes: int = STATE_CACHE_BYTES,
-        calibration: Mapping[str, float] | None = None,
-        calibration_questions: Any = None,
-        batch_size: int = BATCH_SIZE,
-        max_batch_tokens: int | None = None,
-        max_length: int | None = None,
-        answer_cache: bool = True,
+        settings: DeciderSettings | None = None,
+        **options: Any,
     ):
+        """`options`: any `DeciderSettings` field by name (`Decider(engine, state_cache=0)`), over
+        `settings` when both are given; a name it does not have is a TypeError that says so."""
+        s = replace(settings or DeciderSettings(), **options)
         require_lm_head(engine)  # the labels' logits: a model with a score head of its own refuses, saying so
         if not getattr(engine.model, "supports_tree", False):
             raise ModelError(
@@ -216,7 +233,7 @@ class Decider:
             )
         self.engine = engine
         self.config = config or DecisionConfig()
-        self.calibration = dict(calibration or {})
+        self.calibration = dict(s.calibration or {})
         for key, t in self.calibration.items():
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and np.isfinite(t)):
                 raise DecisionError(
@@ -224,7 +241,7 @@ class Decider:
                     f"question {key!r}'s calibration temperature must be a positive number, got {t!r}",
                 )
         # The questions the temperatures were fitted for (a task's: parsed, or its raw JSON), by key.
-        own = calibration_questions
+        own = s.calibration_questions
         if own is not None and not (
             isinstance(own, (tuple, list)) and all(isinstance(q, DecisionQuestion) for q in own)
         ):
@@ -238,7 +255,8 @@ class Decider:
         self._fitted = tuple(own or ())
         # The pipeline's budget (rows x their longest request's tokens): 512 on the CPU, where larger
         # batches measured no faster per token (a batch of 12 four-question requests: 12 s at 512, 20 s at 4,096).
-        max_batch_tokens = default_max_batch_tokens() if max_batch_tokens is None else max_batch_tokens
+        batch_size = s.batch_size
+        max_batch_tokens = default_max_batch_tokens() if s.max_batch_tokens is None else s.max_batch_tokens
         if int(batch_size) < 1 or int(max_batch_tokens) < 1:
             raise DecisionError(
                 (), f"batch_size and max_batch_tokens are at least 1, got {batch_size}, {max_batch_tokens}"
@@ -247,10 +265,9 @@ class Decider:
         # What one `decide` call is meant to take (a service gathering requests for it): it cuts
         # them into batches of `max_batch_tokens` itself.
         self.call_tokens = max(self.max_batch_tokens, CALL_TOKENS)
-        self.max_length = int(max_length or engine.max_length)
-        self.states = StateCache(state_cache, state_cache_bytes)
-        # False: a cached state's questions run again (to measure the KV reuse alone)
-        self.answer_cache = bool(answer_cache)
+        self.max_length = int(s.max_length or engine.max_length)
+        self.states = StateCache(s.state_cache, s.state_cache_bytes)
+        self.answer_cache = bool(s.answer_cache)
         with engine.lock:
             self.planner = DecisionPlanner(engine.tokenizer, self.config, self.max_length)
 
@@ -361,7 +378,7 @@ class Decider:
         cached = [0] * len(items)
         known: list[dict[int, np.ndarray]] = [{} for _ in items]
         bare: list[int] = []  # rows with no cached start at all (a model without a chat template head)
-        head = base_of(self.engine, self.planner.head)
+        template_head = base_of(self.engine, self.planner.head)  # the chat template's start, its KV
         for r, it in enumerate(items):
             entry, n = self.states.get(it.ids, it.request.cache_key, len(self.planner.head))
             known[r] = self._known(it, entry)
@@ -372,8 +389,12 @@ class Decider:
             cached[r] = n + own
             if entry is not None:
                 base: Any = entry if n == len(it.ids) else entry.head(n)
-            elif head is not None and len(it.ids) >= len(head) and tuple(it.ids[: len(head)]) == head.tokens:
-                base = StateKV(head.tokens, head.kv)
+            elif (
+                template_head is not None
+                and len(it.ids) >= len(template_head)
+                and tuple(it.ids[: len(template_head)]) == template_head.tokens
+            ):
+                base = StateKV(template_head.tokens, template_head.kv)
             else:
                 bare.append(r)
                 continue

@@ -10,6 +10,7 @@ from ..files.output import check_new_folder
 from ..kinds.finetune import FinetuneSpec
 from ..models import load_model
 from ..weights.adapters import FinetuneError
+from ..weights.export import Described
 from ..weights.export import export as write
 from .base import Command, notice, warn_blas
 
@@ -60,10 +61,12 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
         engine.tokenizer,
         engine.path,
         output,
-        prompt={"system": t.system, "template": t.template},
-        base_name=t.model,
+        described=Described(
+            prompt={"system": t.system, "template": t.template},
+            none={"label": t.none["label"], "min_confidence": t.min_confidence} if t.none else None,
+            base_name=t.model,
+        ),
         dtype=dtype,
-        none={"label": t.none["label"], "min_confidence": t.min_confidence} if t.none else None,
         sha256=engine.weights_sha256,
     )
     if not quiet:

@@ -19,6 +19,7 @@ from ..parity.decisions import format_decision_report, run_decision_parity
 from ..parity.embeddings import format_embed_report, run_embed_parity
 from ..parity.finetune import format_finetune_report, run_finetune_parity
 from ..parity.labels import (
+    Ours,
     default_reference,
     format_head_report,
     format_question_report,
@@ -212,9 +213,11 @@ def parity(
         labels,
         system or None,
         template,
-        dtype=dtype,
-        progress=lambda m: notice(f"mlx-slm: {m}"),
-        dequantize=None if keep_quantized is None else not keep_quantized,
+        Ours(
+            dtype=dtype,
+            progress=lambda m: notice(f"mlx-slm: {m}"),
+            dequantize=None if keep_quantized is None else not keep_quantized,
+        ),
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
     if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
@@ -344,8 +347,7 @@ def _question_parity(
         questions,
         system or None,
         template,
-        dtype=dtype,
-        progress=lambda m: notice(f"mlx-slm: {m}"),
+        Ours(dtype=dtype, progress=lambda m: notice(f"mlx-slm: {m}")),
     )
     click.echo(json.dumps(r, indent=2) if as_json else format_question_report(r))
     if not r["forward_ok"]:
@@ -409,9 +411,11 @@ class _Trained:
     def run_kwargs(self) -> dict[str, Any]:
         chat = {"system", "template"} & self.typed
         return {
-            "dtype": self.dtype,
-            "dequantize": None if self.keep_quantized is None else not self.keep_quantized,
-            "progress": lambda m: notice(f"mlx-slm: {m}"),
+            "ours": Ours(
+                dtype=self.dtype,
+                dequantize=None if self.keep_quantized is None else not self.keep_quantized,
+                progress=lambda m: notice(f"mlx-slm: {m}"),
+            ),
             "prompt": self.chat_prompt if chat else None,
         }
 

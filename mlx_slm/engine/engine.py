@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..ground.errors import ModelError
-from ..models import KV, Model, load_model, sequence_logits
+from ..models import KV, Model, Tree, load_model, sequence_logits
 from ..text import batching
 from ..weights.convert import weights_sha256
 from ..weights.modelfiles import load_tokenizer
@@ -151,7 +151,7 @@ class Engine:
             cache.states = np.array(h[0].astype(mx.float32))
             return cache.states, True
 
-    def classify(self, batch: batching.Batch, prefix: PrefixCache | None = None) -> np.ndarray:
+    def sequence_logits(self, batch: batching.Batch, prefix: PrefixCache | None = None) -> np.ndarray:
         """A sequence classifier's score-head logits at each row's last position (B, num_labels)
         float32 (`models.sequence_logits`; rows hold `model.seqcls.prompt_ids`). A causal LM:
         a ModelError (it has no score head)."""
@@ -265,10 +265,10 @@ class Engine:
         the per-layer KV (cache + these tokens), for tokens whose keys later passes continue."""
         # Only what is asked for is passed: the mlx-lm fallback's model takes offsets alone.
         tree_args: dict[str, Any] = {}
-        if positions is not None:
-            tree_args["positions"] = mx.array(positions)
-        if tree is not None:
-            tree_args["tree"] = mx.array(tree)
+        if positions is not None or tree is not None:
+            tree_args["tree"] = Tree(
+                None if positions is None else mx.array(positions), None if tree is None else mx.array(tree)
+            )
         if collect is not None:
             tree_args["collect"] = collect
         with self.lock:

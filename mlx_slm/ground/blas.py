@@ -18,6 +18,7 @@ import glob
 import os
 import platform
 import sys
+import time
 
 #: Path of the CBLAS library we loaded, or None.
 LOADED: str | None = None
@@ -91,10 +92,9 @@ def matmul_peak(sizes: tuple[int, ...] = (1024, 2048), reps: int = 4) -> dict[st
 
     What `mlx-slm doctor` prints and what the benchmark divides by: one routine, so the two
     never disagree about the peak."""
-    import time
 
-    import mlx.core as mx
-    import numpy as np
+    import mlx.core as mx  # lazy: after the BLAS preload
+    import numpy as np  # lazy: after the BLAS preload
 
     best = {"mlx": 0.0, "numpy": 0.0}
     for n in sizes:

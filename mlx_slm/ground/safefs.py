@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
@@ -92,26 +93,11 @@ def open_nofollow(path: str | os.PathLike, flags: int, what: str | None = None) 
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePathError(f"{_name(path, what)} is not a regular file: remove it or choose another path")
         if _NONBLOCK:  # a regular file: back to ordinary blocking I/O
-            import fcntl
-
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise
     return fd
-
-
-def open_exclusive(path: str | os.PathLike, mode: str = "wb", what: str | None = None, **kw: Any) -> IO[Any]:
-    """A new file, created here and now (`O_CREAT | O_EXCL | O_NOFOLLOW`): an existing file
-    or link at `path` is refused, never opened."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, FILE_MODE)
-    except FileExistsError:
-        refuse_symlink(path, what)
-        raise OutputError(f"{_name(path, what)} already exists: remove it or choose another path") from None
-    except OSError as e:
-        raise _refused(path, what, e) from None
-    return os.fdopen(fd, mode, **kw)
 
 
 def _check_destination(p: Path, what: str | None) -> None:
@@ -197,8 +183,6 @@ class FileLock:
         self.fd: int | None = None
 
     def __enter__(self) -> FileLock:
-        import fcntl
-
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, "lock file")

@@ -29,7 +29,7 @@ from ..kinds.labels import labelset_for
 from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
 from ..weights.adapters import FinetuneError
 from ..weights.convert import sha256_file
-from ..weights.finetune import finetune
+from ..weights.finetune import Provenance, finetune
 from .train import TrainError, read_training_data, trained_task
 
 
@@ -192,8 +192,7 @@ def finetune_texts(
         list(labels),
         settings,
         label_tokens=label_tokens,
-        base_sha256=engine.weights_sha256,
-        prompt={"system": system, "template": template},
+        provenance=Provenance(engine.weights_sha256, {"system": system, "template": template}),
         progress=progress,
     )
 

@@ -28,7 +28,17 @@ from ..ground.errors import UserError
 from ..ground.textfiles import has_lone_surrogate
 from ..kinds.head import HeadSettings
 from ..kinds.questions import QuestionsSettings
-from ..text.heads import DEFAULT_FOLDS, POOLINGS, Candidate, Head, candidate_name, fit, format_table, min_per_label
+from ..text.heads import (
+    DEFAULT_FOLDS,
+    POOLINGS,
+    Candidate,
+    Head,
+    Search,
+    candidate_name,
+    fit,
+    format_table,
+    min_per_label,
+)
 from ..text.inputs import missing as _missing
 from ..text.labels import GOLD_MISSING, GOLD_NOT_STRING, GOLD_SPACES, MIN_LABELS, gold_problem, validate
 from ..text.prompts import (
@@ -312,9 +322,7 @@ def _fit_timed(
         y,
         classes,
         cands,
-        forced=forced,
-        folds=folds,
-        seed=seed,
+        Search(forced=forced, folds=folds, seed=seed),
         seconds_per_item=secs,
         progress=note,
     )

@@ -4,7 +4,7 @@ An item is a (query, document) pair. Three scorers (`RERANKERS`):
 
 * `seqcls`: a one-label sequence-classification checkpoint (a cross-encoder, a
   `Qwen3-Reranker-*-seq-cls` conversion): the pair as its tokenizer encodes a pair, the
-  sigmoid of its one logit (`Engine.classify`);
+  sigmoid of its one logit (`Engine.sequence_logits`);
 * `qwen3`: a causal LM asked as Qwen3-Reranker asks (the model card's exact prompt,
   `prompts.qwen3_reranker_ids`): P(yes), the softmax over the `no` and `yes` logits at the
   last position, the instruction settable;
@@ -338,7 +338,7 @@ class RerankKind(OnePrompt):
 
     def score(self, batch: Batch, items: list[Item], prefix: Any, st: Stats) -> list[Prediction]:
         if self.spec.scorer == "seqcls":
-            logits = self.engine.classify(batch, prefix).astype(np.float64)[:, 0]  # (B,)
+            logits = self.engine.sequence_logits(batch, prefix).astype(np.float64)[:, 0]  # (B,)
             scores = self.spec.head.probabilities(logits[:, None])[:, 0]
         else:
             first, _, _ = self.engine.forward(batch, prefix, mx.array(self.answer_rows, dtype=mx.int32))

@@ -2,7 +2,7 @@
 
 A `*ForSequenceClassification` model (a fine-tuned classifier, an NLI or reward model, a
 reranker converted to one label) has no LM head: it scores its own labels (`id2label`) with
-`score(norm(hidden[last]))` (`Engine.classify`), and its probabilities are what Transformers'
+`score(norm(hidden[last]))` (`Engine.sequence_logits`), and its probabilities are what Transformers'
 text-classification pipeline gives (`seqcls.SeqClsHead.probabilities`): a softmax over the
 labels, a sigmoid per label (multi-label: the labels at or above `threshold` are the answer),
 or one output (a sigmoid score; a regression head's raw value), the raw logit kept.
@@ -278,7 +278,7 @@ class SeqClsKind(OnePrompt):
 
     def score(self, batch: Batch, items: list[Item], prefix: PrefixCache | None, st: Stats) -> list[Prediction]:
         spec = self.spec
-        logits = self.engine.classify(batch, prefix).astype(np.float64)  # (B, k)
+        logits = self.engine.sequence_logits(batch, prefix).astype(np.float64)  # (B, k)
         probs = spec.head.probabilities(logits)
         count(st, batch, 0)
         labels = spec.labels

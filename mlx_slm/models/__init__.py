@@ -7,7 +7,8 @@ Every architecture module provides
   last_only) -> (hidden, kv)`, `logits(hidden, rows)`, `head_weight()`, `args`),
 * `sanitize(weights, args)` (checkpoint tensors -> the names `Model` loads) and
   `flops_per_token(args)` (matmul FLOPs per token), only where they differ from `base`'s,
-* `HF_ARCHITECTURE` and, for GGUF conversion, `GGUF_ARCH`, `GGUF_LAYER_NAMES`,
+* `HF_ARCHITECTURE`, `SEQCLS_ARCHITECTURE` where fine-tuning exports a sequence classifier of it
+  (`exportable`), and, for GGUF conversion, `GGUF_ARCH`, `GGUF_LAYER_NAMES`,
   `gguf_config(meta, shapes)` and `gguf_tensor(name, array, config)`.
 
 Adding an architecture is one file here and one line in `ARCHITECTURES`.
@@ -37,6 +38,7 @@ from .base import (
     Model,
     ModelArgs,
     Ops,
+    Tree,
     build_mask,
     check_score,
     choose_ops,
@@ -82,6 +84,17 @@ def get_model_class(model_type: str | None) -> tuple[type[Model], type[ModelArgs
         return mlxlm.get_model_class(model_type)  # type: ignore[return-value]
     m = get_model_module(model_type)
     return m.Model, m.ModelArgs
+
+
+def exportable() -> dict[str, str]:
+    """model_type -> the Transformers sequence-classifier class `weights.export` writes for it:
+    the architectures whose module names one (`SEQCLS_ARCHITECTURE`)."""
+    out = {}
+    for model_type in ARCHITECTURES:
+        seqcls = getattr(get_model_module(model_type), "SEQCLS_ARCHITECTURE", None)
+        if seqcls is not None:
+            out[model_type] = seqcls
+    return out
 
 
 def gguf_module(gguf_arch: str | None) -> ModuleType:
@@ -241,13 +254,13 @@ def sequence_logits(
     Transformers reads `score` at each row's last token that is not `pad_token_id`; in a
     left-padded batch (the arguments of `Model.__call__`) every row's last column is real,
     so this is `score(norm(hidden[:, -1]))`: the forward with `last_only`, then
-    `model.classify`. Rows must hold `model.seqcls.prompt_ids(ids)` (trailing pad-id tokens
+    `model.score_logits`. Rows must hold `model.seqcls.prompt_ids(ids)` (trailing pad-id tokens
     dropped, as Transformers reads past them). A causal LM is a ModelError (it has no score head).
     """
     if getattr(model, "seqcls", None) is None:
         raise ModelError(NO_SCORE_HEAD)
     hidden, _ = model(ids, attention_mask, offsets, cache=cache, cache_mask=cache_mask, last_only=True)
-    return model.classify(hidden)
+    return model.score_logits(hidden)
 
 
 __all__ = [
@@ -260,10 +273,12 @@ __all__ = [
     "Model",
     "ModelArgs",
     "Ops",
+    "Tree",
     "build_mask",
     "choose_ops",
     "default_compute_dtype",
     "embeds_only",
+    "exportable",
     "flops_per_token",
     "get_model_class",
     "get_model_module",

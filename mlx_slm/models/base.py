@@ -20,6 +20,7 @@ scoring-specific parts live here, once:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -146,21 +147,20 @@ class ModelArgs:
         """Refuse a field of the wrong type before anything computes with it (`"hidden_size": "64"`
         failed deep in the model's construction): sizes are whole numbers of at least 1, the
         other numbers finite and above 0, flags true or false, names strings."""
-        import math
 
         for f in fields(cls):
             v = cfg.get(f.name)
-            kind = str(f.type).split(" ")[0].split("[")[0]
-            if v is None or kind not in ("int", "float", "bool", "str", "list"):
+            type_name = str(f.type).split(" ")[0].split("[")[0]
+            if v is None or type_name not in ("int", "float", "bool", "str", "list"):
                 continue
-            if kind == "int":
+            if type_name == "int":
                 ok, want = isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number of at least 1"
-            elif kind == "float":
+            elif type_name == "float":
                 ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                 want = "a finite number above 0"
-            elif kind == "bool":
+            elif type_name == "bool":
                 ok, want = isinstance(v, bool), "true or false"
-            elif kind == "str":
+            elif type_name == "str":
                 ok, want = isinstance(v, str), "a string"
             else:
                 ok, want = isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"
@@ -273,6 +273,18 @@ def key_positions(cache_mask: mx.array | None, cache_len: int) -> mx.array:
     return mx.cumsum(cache_mask.astype(mx.int32), axis=1) - 1
 
 
+@dataclass(frozen=True)
+class Tree:
+    """New tokens laid out as a tree rather than one run per row (a label trie's nodes, questions'
+    branches): `positions` (B, L), their explicit RoPE positions, replacing `offsets` (siblings
+    share one); `visible` (L, L) or (B, L, L) bool, which new tokens each new token sees, replacing
+    the causal pattern (a subset of it, ancestors first, as the attention kernels assume). Built
+    once per forward by the caller; None in either field keeps the row's default."""
+
+    positions: mx.array | None = None
+    visible: mx.array | None = None
+
+
 def build_mask(
     attention_mask: mx.array,
     cache_mask: mx.array | None,
@@ -280,22 +292,23 @@ def build_mask(
     last_only: bool,
     offsets: mx.array | None = None,
     window: int | None = None,
-    positions: mx.array | None = None,
-    tree: mx.array | None = None,
+    tree: Tree | None = None,
 ) -> mx.array:
     """Boolean (B, 1, Lq, C+L) mask: a query sees real cached keys and real earlier new keys.
 
     Every query also sees itself, so a padding row never has all keys masked: a fully
     masked softmax gives NaN, and NaN times a zero weight is still NaN in the next layer.
     With a sliding `window`, a query at RoPE position p sees only keys at positions
-    > p - window; new tokens are at `positions` (default `offsets + column`), cached keys
-    at their rank among the real cached keys (`key_positions`). `tree` (L, L) replaces
+    > p - window; new tokens are at `tree.positions` (default `offsets + column`), cached keys
+    at their rank among the real cached keys (`key_positions`). `tree.visible` (L, L) replaces
     the causal pattern among the new tokens (a label trie: each node sees its ancestors).
     """
+    positions = None if tree is None else tree.positions
+    visible = None if tree is None else tree.visible
     B, L = attention_mask.shape
     real = attention_mask.astype(mx.bool_)
     idx = mx.arange(L)
-    causal = tree.astype(mx.bool_) if tree is not None else idx[:, None] >= idx[None, :]  # (L, L) or (B, L, L)
+    causal = visible.astype(mx.bool_) if visible is not None else idx[:, None] >= idx[None, :]  # (L, L) or (B, L, L)
     if causal.ndim == 2:
         causal = causal[None]
     new = (causal & real[:, None, :]) | (idx[:, None] == idx[None, :])[None]  # (B, L, L)
@@ -327,7 +340,7 @@ class Context:
 
     Masks are built once per forward (not per layer), one per (window, last-only) pair the
     layers need, and already in the form the ops take. Positions are a contiguous run per
-    row (`offsets`), or explicit per token (`positions`, (B, L): a label trie's nodes sit at
+    row (`offsets`), or explicit per token (`tree.positions`, (B, L): a label trie's nodes sit at
     prompt end + depth, so siblings share a position).
     """
 
@@ -339,12 +352,11 @@ class Context:
         cache_len: int,
         offsets: mx.array,
         last_only: bool,
-        positions: mx.array | None = None,
-        tree: mx.array | None = None,
+        tree: Tree | None = None,
         n_layers: int | None = None,
     ):
         self.ops: Ops = model.ops
-        self.offsets, self.positions = offsets, positions
+        self.offsets, self.positions = offsets, None if tree is None else tree.positions
         args = model.args
         L = attention_mask.shape[1]
         types = [layer.layer_type for layer in model.layers][:n_layers]  # the layers this forward runs
@@ -360,7 +372,7 @@ class Context:
                 window = None  # nothing is far enough away to fall outside it
             if (window, last) not in built:
                 built[(window, last)] = self.ops.mask(
-                    build_mask(attention_mask, cache_mask, cache_len, last, offsets, window, positions, tree)
+                    build_mask(attention_mask, cache_mask, cache_len, last, offsets, window, tree)
                 )
             self._masks[(t, last)] = built[(window, last)]
 
@@ -528,8 +540,7 @@ class Model(nn.Module):
         cache: list[KV] | None = None,
         cache_mask: mx.array | None = None,
         last_only: bool = True,
-        positions: mx.array | None = None,
-        tree: mx.array | None = None,
+        tree: Tree | None = None,
         collect: dict[int, Any] | None = None,
     ) -> tuple[mx.array, list[KV]]:
         """Run token ids (B, L) after an optional cache; return normed hidden states and KV.
@@ -540,9 +551,8 @@ class Model(nn.Module):
         cache: per-layer (K, V) with batch B or 1 (a shared prefix, broadcast).
         cache_mask: (B or 1, C) real cached keys (default: all real); the real cached keys
             are taken to be the tokens before the new ones, in order (sliding windows count on it).
-        positions: (B, L) explicit RoPE positions, replacing `offsets` (a label trie).
-        tree: (L, L) or (B, L, L) bool, which new tokens each new token sees (default causal);
-            must be a subset of the causal pattern (ancestors first), as the attention kernels assume.
+        tree: the new tokens' explicit RoPE positions, replacing `offsets`, and which new tokens
+            each sees (default causal): a label trie, question branches (`Tree`).
         collect: {layer: None, ...}: filled with the hidden states (B, L, D) after those layers
             (Transformers' `hidden_states[l]` numbering; layer n after the final norm), what a
             learned head reads; layer n needs `last_only=False`.
@@ -550,7 +560,7 @@ class Model(nn.Module):
         the per-layer KV of cache + these tokens (to extend with label tokens).
         """
         cache_len, attention_mask, offsets = _defaults(ids, attention_mask, offsets, cache)
-        ctx = Context(self, attention_mask, cache_mask, cache_len, offsets, last_only, positions, tree)
+        ctx = Context(self, attention_mask, cache_mask, cache_len, offsets, last_only, tree)
         h = self.embed(ids)
         n = len(self.layers)
         new_cache: list[KV] = []
@@ -618,7 +628,7 @@ class Model(nn.Module):
 
     @property
     def has_lm_head(self) -> bool:
-        """False for a sequence classifier (`logits`, label tokens, is refused; `classify` scores)
+        """False for a sequence classifier (`logits`, label tokens, is refused; `score_logits` scores)
         and for a bare backbone (it embeds only)."""
         return self.args.seqcls is None and not self.args.backbone
 
@@ -631,7 +641,7 @@ class Model(nn.Module):
             raise ModelError(BACKBONE_NO_LM_HEAD)
         return self.model.embed_tokens if self.args.tie_word_embeddings else self.lm_head
 
-    def classify(self, hidden: mx.array) -> mx.array:
+    def score_logits(self, hidden: mx.array) -> mx.array:
         """The score head on final hidden states (B, D) (the forward's `last_only` output):
         (B, num_labels) float32 logits, computed in float32 (Transformers' `score`)."""
         return score_logits(self.score if self.args.seqcls is not None else None, hidden)

@@ -14,6 +14,7 @@ from . import base
 from .base import ModelArgs as BaseArgs
 
 HF_ARCHITECTURE = "LlamaForCausalLM"
+SEQCLS_ARCHITECTURE = "LlamaForSequenceClassification"  # what `weights.export` writes
 GGUF_ARCH = "llama"
 
 
@@ -40,12 +41,6 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (interleaved RoPE) back to Hugging Face's halves."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (the inverse of `unpermute`)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def gguf_tensor(name: str, w: np.ndarray, config: dict[str, Any]) -> np.ndarray:

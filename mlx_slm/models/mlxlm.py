@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import mlx.core as mx
 from mlx import nn
+from mlx.utils import tree_flatten
 
 from ..ground.errors import ModelError
 from ..ground.notices import notice
@@ -80,7 +81,7 @@ def _refusal(config: dict[str, Any]) -> str | None:
 
 
 # Caches mlx-lm makes for layers our per-row KV cache can stand in for (plain and sliding-window
-# attention); any other kind (recurrent or state-space state, chunked attention) is refused.
+# attention); any other sort (recurrent or state-space state, chunked attention) is refused.
 _KV_CACHES = ("KVCache", "RotatingKVCache", "ConcatenateKVCache")
 _INNER = ("model", "transformer")  # the attribute holding the embedding, the layers and the final norm
 
@@ -100,9 +101,9 @@ def normalize_config(config: dict[str, Any]) -> dict[str, Any]:
         cfg.setdefault("rope_theta", rp["rope_theta"])
         if "partial_rotary_factor" in rp:
             cfg.setdefault("partial_rotary_factor", rp["partial_rotary_factor"])
-        kind = rp.get("rope_type", rp.get("type")) or "default"
-        if kind != "default" and not cfg.get("rope_scaling"):
-            cfg["rope_scaling"] = {**rp, "rope_type": kind, "type": kind}
+        rope_type = rp.get("rope_type", rp.get("type")) or "default"
+        if rope_type != "default" and not cfg.get("rope_scaling"):
+            cfg["rope_scaling"] = {**rp, "rope_type": rope_type, "type": rope_type}
     aliases = (("rotary_emb_base", "rope_theta"), ("rotary_pct", "partial_rotary_factor"), ("n_ctx", "n_positions"))
     for alias, name in aliases:
         if alias not in cfg and name in cfg:
@@ -116,7 +117,7 @@ def get_classes(config: dict[str, Any]) -> tuple[type[nn.Module], type]:
     if model_type in UNSUPPORTED:
         raise ModelError(f"architecture {model_type!r} is not supported: {UNSUPPORTED[model_type]}")
     try:
-        from mlx_lm.utils import _get_classes
+        from mlx_lm.utils import _get_classes  # lazy: mlx-lm loads only here
     except ImportError as e:  # pragma: no cover - mlx-lm is a dependency
         raise ModelError(f"architecture {model_type!r} needs mlx-lm ({e})") from None
     try:
@@ -414,14 +415,13 @@ class MlxLmModel(nn.Module):
     def has_lm_head(self) -> bool:
         return self.seqcls is None
 
-    def classify(self, hidden: mx.array) -> mx.array:
-        """The score head on final hidden states (B, D): (B, num_labels) float32 (see `base.Model.classify`)."""
+    def score_logits(self, hidden: mx.array) -> mx.array:
+        """The score head on final hidden states (B, D): (B, num_labels) float32 (see `base.Model.score_logits`)."""
         return score_logits(self.lm[SCORE] if self.seqcls is not None else None, hidden)
 
     @property
     def compute_dtype(self) -> mx.Dtype:
         """The dtype the forward computes in (that of the floating-point weights, quantized or not)."""
-        from mlx.utils import tree_flatten
 
         return next(v.dtype for _, v in tree_flatten(self.lm.parameters()) if mx.issubdtype(v.dtype, mx.floating))
 
@@ -430,8 +430,8 @@ class MlxLmModel(nn.Module):
         if self.seqcls is not None:
             raise ModelError(self.seqcls.no_lm_head())
         for owner in (self.lm, self.inner):
-            kinds = _LINEARS if owner is self.lm else _EMBEDDINGS
-            found = [m for k, m in owner.items() if isinstance(m, kinds)]
+            classes = _LINEARS if owner is self.lm else _EMBEDDINGS
+            found = [m for k, m in owner.items() if isinstance(m, classes)]
             if found:
                 return found[0]
         raise ModelError(f"{type(self.lm).__module__}: no LM head (a Linear, or a tied embedding) found")
@@ -516,8 +516,8 @@ def load(
     `models.default_compute_dtype`). An MLX-quantized directory is dequantized as
     `models.load_model` says (by default on the CPU only). `check` runs `self_check`.
     """
-    from mlx_lm.utils import dequantize_model
-    from mlx_lm.utils import load_model as mlx_lm_load
+    from mlx_lm.utils import dequantize_model  # lazy: mlx-lm loads only here
+    from mlx_lm.utils import load_model as mlx_lm_load  # lazy: mlx-lm loads only here
 
     path = Path(path)
     model_type = config.get("model_type")
@@ -585,11 +585,11 @@ def self_check(model: MlxLmModel, tol: float | None = None) -> float:
 
         def own(seq: list[int]) -> mx.array:  # mlx-lm's own forward, one prompt, no cache
             if not lm_head:
-                return model.classify(model.inner(mx.array([seq]), cache=None)[:, -1])[0]
+                return model.score_logits(model.inner(mx.array([seq]), cache=None)[:, -1])[0]
             return model.lm(mx.array([seq]))[0, -1].astype(mx.float32)
 
         def head(h: mx.array) -> mx.array:
-            return model.logits(h) if lm_head else model.classify(h)
+            return model.logits(h) if lm_head else model.score_logits(h)
 
         p = 4
         want = [own(a), own(b), own(a[:p] + b)]

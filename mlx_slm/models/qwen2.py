@@ -15,6 +15,7 @@ from . import base
 from .base import ModelArgs as BaseArgs
 
 HF_ARCHITECTURE = "Qwen2ForCausalLM"
+SEQCLS_ARCHITECTURE = "Qwen2ForSequenceClassification"  # what `weights.export` writes
 GGUF_ARCH = "qwen2"
 
 

@@ -17,6 +17,7 @@ from . import base
 from .base import ModelArgs as BaseArgs
 
 HF_ARCHITECTURE = "Qwen3ForCausalLM"
+SEQCLS_ARCHITECTURE = "Qwen3ForSequenceClassification"  # what `weights.export` writes
 GGUF_ARCH = "qwen3"
 
 

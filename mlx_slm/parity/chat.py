@@ -55,7 +55,7 @@ def run_chat_parity(
     progress: Callable[[str], None] = lambda _m: None,
     dequantize: bool | None = None,
 ) -> dict[str, Any]:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: a slow import
 
     clf, path, q = _loaded(
         model, progress, labels=labels, system=system, template=template, dtype=dtype, dequantize=dequantize

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ import numpy as np
 
 from ..classifier.decider import Decider
 from ..engine import Engine
-from ..ground.errors import UserError
 from ..text.decisions import DecisionConfig, DecisionQuestion, DecisionRequest, option_text
 from .reference import decisions_in_child
 
@@ -91,7 +91,19 @@ def run_decision_parity(
     progress(f"Transformers' decision path on {src} (float32, one prompt per question, in a child process)")
     reqs = [{"state": s, "questions": {q.key: asked[q.key][0] for q in compared}} for s in states]
     theirs, ref_s = decisions_in_child(src, hf_config(config), reqs) if compared else ([{}] * len(states), 0.0)
-    return compare(questions, compared, skipped, ours, theirs, dtype, our_s, ref_s, model, src)
+    return compare(questions, compared, skipped, ours, theirs, Sides(model, src, dtype, our_s, ref_s))
+
+
+@dataclass(frozen=True)
+class Sides:
+    """What the report says of the two runs compared: our `model` at `dtype`, Transformers on
+    `reference`, and the seconds each took."""
+
+    model: str
+    reference: str
+    dtype: str
+    ours_seconds: float
+    reference_seconds: float
 
 
 def compare(
@@ -100,11 +112,7 @@ def compare(
     skipped: dict[str, Any],
     ours: Sequence[Any],
     theirs: Sequence[Any],
-    dtype: str,
-    our_s: float,
-    ref_s: float,
-    model: str,
-    src: str,
+    sides: Sides,
 ) -> dict[str, Any]:
     """The figures of `run_decision_parity` from both sides' probabilities."""
     index = {q.key: i for i, q in enumerate(questions)}
@@ -124,13 +132,13 @@ def compare(
             r["max_abs_dprob"] = max(r["max_abs_dprob"], d)
             if a.shape != b.shape or int(np.argmax(a)) != int(np.argmax(b)):
                 r["disagreements"].append(i)
-    tol = TOLERANCE.get(dtype, TOLERANCE["float32"])
+    tol = TOLERANCE.get(sides.dtype, TOLERANCE["float32"])
     worst = max((r["max_abs_dprob"] for r in per.values()), default=0.0)
     agree = not any(r["disagreements"] for r in per.values())
     return {
-        "model": model,
-        "reference": src,
-        "dtype": dtype,
+        "model": sides.model,
+        "reference": sides.reference,
+        "dtype": sides.dtype,
         "states": len(ours),
         "questions": len(questions),
         "compared": [q.key for q in compared],
@@ -140,8 +148,8 @@ def compare(
         "tolerance": tol,
         "top_option_agrees": agree,
         "reference_errors": errors,
-        "ours_seconds": our_s,
-        "reference_seconds": ref_s,
+        "ours_seconds": sides.ours_seconds,
+        "reference_seconds": sides.reference_seconds,
         "ok": bool(compared) and worst <= tol and agree and not errors,
     }
 
@@ -167,8 +175,3 @@ def format_decision_report(r: dict[str, Any]) -> str:
         "" if r["ok"] else "FAIL: " + ("nothing compared" if not r["compared"] else "past tolerance or a disagreement")
     )
     return "\n".join(lines).rstrip() + "\n"
-
-
-def check_states(states: Sequence[Any]) -> None:
-    if not states:
-        raise UserError("parity --decisions has no state to ask: give --input with some rows")

@@ -17,6 +17,7 @@ import json
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,15 +55,14 @@ def reference_in_child(src: str | Path, texts: Sequence[str], prompt: str, st: b
 
 def _child(job: dict[str, Any]) -> dict[str, Any]:
     """The reference itself (in the child): each text alone, float32 on the CPU."""
-    import warnings
 
-    import torch
+    import torch  # lazy: optional, heavy
 
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
     vecs, ids = [], []
     if job["st"]:
-        from sentence_transformers import SentenceTransformer
+        from sentence_transformers import SentenceTransformer  # lazy: optional
 
         model = SentenceTransformer(job["src"], device="cpu", model_kwargs={"dtype": torch.float32})
         for t in job["texts"]:
@@ -70,7 +70,7 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
             feats = model.preprocess([t], prompt=job["prompt"] or None)
             ids.append(feats["input_ids"][0].tolist())
     else:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel, AutoTokenizer  # lazy: a slow import
 
         model = AutoModel.from_pretrained(job["src"], dtype=torch.float32).eval()
         tok = AutoTokenizer.from_pretrained(job["src"])

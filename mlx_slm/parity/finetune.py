@@ -34,7 +34,7 @@ from ..kinds.finetune import FinetuneSpec
 from ..models import load_model
 from ..text.labels import log_softmax
 from ..weights.adapters import dense_weights
-from ..weights.export import export
+from ..weights.export import Described, export
 from .labels import _label_list
 from .reference import score_in_child, seqcls_in_child
 from .seqcls import SEQCLS_TOLERANCE, _ours
@@ -82,8 +82,7 @@ def run_finetune_parity(
                 engine.tokenizer,
                 engine.path,
                 out,
-                prompt={"system": t.system, "template": t.template},
-                base_name=t.model,
+                described=Described(prompt={"system": t.system, "template": t.template}, base_name=t.model),
                 sha256=engine.weights_sha256,
             )
             progress("reference: AutoModelForSequenceClassification on the export, our prompt ids, one at a time")

@@ -36,7 +36,7 @@ from ..classifier.classifier import Classifier
 from ..classifier.task import Task
 from ..ground.errors import UserError
 from ..models.quant import describe, quantization_of
-from ..text.heads import head_input
+from ..text.heads import Head, head_input
 from ..text.labels import LabelSet, softmax
 from ..text.prompts import render, tokenize
 from ..weights.convert import dequantized_copy
@@ -45,6 +45,23 @@ from .reference import Reference, hidden_in_child, score_blocks_in_child, score_
 
 # Max |delta logit| allowed in (a), by compute dtype. float16's is from measurement (docs/parity.md).
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.1}
+
+
+def _silent(_message: str) -> None:
+    """The default progress: say nothing."""
+
+
+@dataclass(frozen=True)
+class Ours:
+    """How our side of a parity report loads and runs, the same in every report that takes it:
+    the compute `dtype` (None: the model's default), `batch_size`, `dequantize` (a quantized
+    model's, as `Classifier.load`: None dequantizes at load on the CPU only) and `progress`,
+    which hears each step's line."""
+
+    dtype: str | None = None
+    batch_size: int = 8
+    dequantize: bool | None = None
+    progress: Callable[[str], None] = _silent
 
 
 @dataclass
@@ -93,7 +110,7 @@ class MlxLmForward(Reference):
     float16 quantized matmuls far too slowly for a check (SmolLM2-135M: 37 s for 8 tokens)."""
 
     def __init__(self, path: str | Path, dtype: mx.Dtype | None = None):  # not super().__init__: Transformers
-        from mlx_lm import load
+        from mlx_lm import load  # lazy: mlx-lm loads only here
 
         self.model, _ = load(str(path))
         if dtype is not None:
@@ -141,13 +158,11 @@ def run_parity(
     labels: Sequence[str],
     system: str | None,
     template: str,
-    dtype: str | None = None,
-    batch_size: int = 8,
-    progress: Callable[[str], None] = lambda _m: None,
-    dequantize: bool | None = None,
+    ours: Ours = Ours(),
 ) -> dict[str, Any]:
     """reference: the original checkpoint for (b); None skips (b) (allowed for a quantized model).
-    dequantize: for a quantized model, as `Classifier.load` (None: at load on the CPU only)."""
+    ours: how our side loads and runs (`Ours`)."""
+    progress = ours.progress
 
     path = materialise(model)
     q = quantization_of(json.loads((path / "config.json").read_text()))
@@ -156,7 +171,14 @@ def run_parity(
     src = str(local(reference).path) if reference is not None else None
     progress(f"ours: MLX on {path}")
     clf = Classifier.load(
-        str(path), labels, system, template, dtype=dtype, keep_logits=True, batch_size=batch_size, dequantize=dequantize
+        str(path),
+        labels,
+        system,
+        template,
+        dtype=ours.dtype,
+        keep_logits=True,
+        batch_size=ours.batch_size,
+        dequantize=ours.dequantize,
     )
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     mine, ids, t_ours = _ours_scored(clf, texts)
@@ -264,40 +286,43 @@ def run_question_parity(
     questions: Sequence[Any],
     system: str | None,
     template: str,
-    dtype: str | None = None,
-    batch_size: int = 8,
-    progress: Callable[[str], None] = lambda _m: None,
+    ours: Ours = Ours(),
 ) -> dict[str, Any]:
     """Several questions per text: our one-pass answers against Transformers scoring every
     question's full prompt afresh, one at a time, on the same weights (and on `reference`,
     the original checkpoint, when given: conversion drift). Per question: labels equal and
-    the largest difference of its answer's probabilities."""
+    the largest difference of its answer's probabilities. `ours.dequantize` is not read: a
+    quantized model loads as `Classifier.load` decides."""
 
+    progress = ours.progress
     path = materialise(model)
     progress(f"ours: MLX on {path}, {len(questions)} question(s) in one pass")
     clf = Classifier.load(
-        str(path), system=system, template=template, dtype=dtype, questions=questions, batch_size=batch_size
+        str(path), system=system, template=template, dtype=ours.dtype, questions=questions, batch_size=ours.batch_size
     )
     plan = clf.kind.plan
     assert plan is not None
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     t0 = time.perf_counter()
-    ours = clf.classify(texts)
+    answered = clf.classify(texts)
     t_ours = time.perf_counter() - t0
-    bad = [p for p in ours if not p.ok]
+    bad = [p for p in answered if not p.ok]
     if bad:
         raise UserError(f"item {bad[0].index}: {bad[0].error}")
     tok = clf.engine.tokenizer
     blocks = [(tokenize(tok, [render(tok, b.fmt, t) for t in texts]), b.options) for b in plan.blocks]
+    of_question: list[list[int]] = [[] for _ in plan.questions]  # each question's blocks, in order
+    for i, b in enumerate(plan.blocks):
+        of_question[b.question].append(i)
 
     def compare_with(where: str) -> tuple[dict[str, Any], float]:
         progress(f"reference: Transformers float32, every question's prompt alone, on {where}")
         scores, seconds = score_blocks_in_child(where, blocks)
         out = {}
         for qi, q in enumerate(plan.questions):
-            mine = [i for i, b in enumerate(plan.blocks) if b.question == qi]
+            mine = of_question[qi]
             agree, dprob = 0, 0.0
-            for r, p in enumerate(ours):
+            for r, p in enumerate(answered):
                 want = q.answer([scores[i][r] for i in mine])
                 got = p.answers[q.name]
                 agree += want.get("label") == got.get("label") and want.get("labels") == got.get("labels")
@@ -366,9 +391,9 @@ def run_head_parity(
     (and from `classify`). `task`: a task file or `Task` with a head."""
 
     t = task if isinstance(task, Task) else Task.load(task)
-    if t.head is None:
-        raise UserError("the task has no learned head (train one: mlx-slm train DATA --save-task TASK)")
     head = t.head
+    if not isinstance(head, Head):  # the argument's precondition: this report reads a head's parts
+        raise UserError("the task has no learned head (train one: mlx-slm train DATA --save-task TASK)")
     progress(f"ours: MLX, {t.model}, the head's layer(s) {list(head.layers)}")
     clf = Classifier.from_task(t, dtype=dtype, batch_size=batch_size, dequantize=dequantize)
     path = clf.path

@@ -7,6 +7,7 @@ are exactly ours) or the original `.gguf` (dequantized by Transformers).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ from ..text.prompts import (
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # lazy: optional, heavy
     except ImportError as e:  # the reference path is an extra
         raise MissingExtra("the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'") from e
     return torch
@@ -42,7 +43,6 @@ def _torch() -> Any:
 def require_torch() -> None:
     """Raise `MissingExtra` (exit 2, naming the pip command) when PyTorch is not installed,
     checked here (without importing it) before a child process is started for it."""
-    import importlib.util
 
     if importlib.util.find_spec("torch") is None:
         raise MissingExtra("the Transformers reference path needs PyTorch: pip install 'mlx-slm[reference]'")
@@ -51,8 +51,8 @@ def require_torch() -> None:
 class Reference:
     def __init__(self, src: str | Path, dtype: str = "float32", threads: int | None = None):
         torch = _torch()
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+        from transformers import AutoModelForCausalLM  # lazy: a slow import
+        from transformers.utils import logging as hf_logging  # lazy: a slow import
 
         hf_logging.disable_progress_bar()
         torch.set_num_threads(threads or os.cpu_count() or 1)
@@ -103,8 +103,12 @@ class SeqClsReference:
 
     def __init__(self, src: str | Path, dtype: str = "float32", threads: int | None = None):
         torch = _torch()
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer, TextClassificationPipeline
-        from transformers.utils import logging as hf_logging
+        from transformers import (
+            AutoModelForSequenceClassification,
+            AutoTokenizer,
+            TextClassificationPipeline,
+        )  # lazy: a slow import
+        from transformers.utils import logging as hf_logging  # lazy: a slow import
 
         hf_logging.disable_progress_bar()
         torch.set_num_threads(threads or os.cpu_count() or 1)
@@ -362,27 +366,48 @@ def _qwen3_card_ids(tokenizer: Any, query: str, document: str, instruction: str 
 
 
 def _rerank_child(job: dict[str, Any], out_path: str) -> None:
-    queries, docs = job["queries"], job["documents"]
-    if job["rerank"] == "seqcls":
-        ref = SeqClsReference(job["src"])
-        t = time.perf_counter()
-        _, logits, probs = ref.classify(queries, docs)
-        np.savez(out_path, scores=probs[:, 0], logits=logits[:, 0].astype(np.float64), seconds=time.perf_counter() - t)
-        return
-    from transformers import AutoTokenizer
+    """A reranker's reference scores, by its scorer (`_RERANK_REFERENCES`)."""
+    _RERANK_REFERENCES[job["rerank"]](job, out_path)
 
-    ref = Reference(job["src"])
-    tok = AutoTokenizer.from_pretrained(job["src"])
+
+def _seqcls_pairs_child(job: dict[str, Any], out_path: str) -> None:
+    """A sequence-classifier reranker: each (query, document) as the text-classification pipeline encodes a pair."""
+    ref = SeqClsReference(job["src"])
+    t = time.perf_counter()
+    _, logits, probs = ref.classify(job["queries"], job["documents"])
+    np.savez(out_path, scores=probs[:, 0], logits=logits[:, 0].astype(np.float64), seconds=time.perf_counter() - t)
+
+
+def _qwen3_card_child(job: dict[str, Any], out_path: str) -> None:
+    """The Qwen3-Reranker card's prompt for each pair, P(yes) against "no"."""
+    tok = _tokenizer(job["src"])
+    prompts = [_qwen3_card_ids(tok, q, d, job["instruction"]) for q, d in zip(job["queries"], job["documents"])]
+    _yes_no_child(job["src"], tok, prompts, out_path)
+
+
+def _question_child(job: dict[str, Any], out_path: str) -> None:
+    """A question prompt of ours: the token ids we ran, P(yes) against "no"."""
+    _yes_no_child(job["src"], _tokenizer(job["src"]), job["prompts"], out_path)
+
+
+def _tokenizer(src: str) -> Any:
+    from transformers import AutoTokenizer  # lazy: the reference's child process alone loads Transformers' models
+
+    return AutoTokenizer.from_pretrained(src)
+
+
+def _yes_no_child(src: str, tok: Any, prompts: Sequence[Sequence[int]], out_path: str) -> None:
+    ref = Reference(src)
     no, yes = tok.convert_tokens_to_ids("no"), tok.convert_tokens_to_ids("yes")  # as the card finds them
     t = time.perf_counter()
-    if job["rerank"] == "qwen3":
-        prompts = [_qwen3_card_ids(tok, q, d, job["instruction"]) for q, d in zip(queries, docs)]
-    else:
-        prompts = job["prompts"]
     two = np.array([ref.last_logits(p)[[no, yes]] for p in prompts], dtype=np.float64).reshape(len(prompts), 2)
     e = np.exp(two - two.max(axis=1, keepdims=True))
     scores = e[:, 1] / e.sum(axis=1)
     np.savez(out_path, scores=scores, logits=two[:, 1] - two[:, 0], seconds=time.perf_counter() - t)
+
+
+# A reranker's reference, by its scorer (kinds.rerank.RERANKERS): one entry each.
+_RERANK_REFERENCES = {"seqcls": _seqcls_pairs_child, "qwen3": _qwen3_card_child, "question": _question_child}
 
 
 def transformers_decisions(src: str, config: dict[str, Any] | None, requests: Sequence[dict[str, Any]]) -> list[Any]:
@@ -390,11 +415,11 @@ def transformers_decisions(src: str, config: dict[str, Any] | None, requests: Se
     decision pipeline's `_forward` runs it (`parity.decisions` says why it is the reference):
     {question key: [probability per option]}, or the error text Transformers gave."""
     torch = _torch()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.decision import DecisionConfig as HFConfig
-    from transformers.decision import label_token_ids, prepare_inputs
-    from transformers.decision.modeling_utils import process_scores
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: a slow import
+    from transformers.decision import DecisionConfig as HFConfig  # lazy: a slow import
+    from transformers.decision import label_token_ids, prepare_inputs  # lazy: a slow import
+    from transformers.decision.modeling_utils import process_scores  # lazy: a slow import
+    from transformers.utils import logging as hf_logging  # lazy: a slow import
 
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()

@@ -29,19 +29,31 @@ from ..kinds.rerank import rerank_order
 from ..models.quant import describe, quantization_of
 from ..weights.convert import dequantized_copy
 from ..weights.sources import local, materialise
-from .labels import _label_list
+from .labels import Ours, _label_list
 from .reference import rerank_in_child, seqcls_in_child
 
 # Max |delta prob| of a sequence classifier's probabilities or a reranker's scores, by compute dtype.
 SEQCLS_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 
 
-def _loaded(model: str, progress: Callable[[str], None], **kwargs: Any) -> tuple[Any, Path, Any]:
-    """(our classifier on `model`'s converted directory, that directory, its quantization or None)."""
+def _loaded(
+    model: str, ours: Ours, prompt: tuple[str | None, str] | None, **kind_options: Any
+) -> tuple[Any, Path, Any]:
+    """(our classifier on `model`'s converted directory, that directory, its quantization or None).
+    `prompt`: (system, template) of a chat prompt, or None; `kind_options`: the kind's own
+    keywords (`threshold`, `reranker`, `instruction`), passed to `Classifier.load` as given."""
 
     path = materialise(model)
-    progress(f"ours: MLX on {path}")
-    clf = Classifier.load(str(path), **kwargs)
+    ours.progress(f"ours: MLX on {path}")
+    chat = {} if prompt is None else {"system": prompt[0], "template": prompt[1]}
+    clf = Classifier.load(
+        str(path),
+        dtype=ours.dtype,
+        batch_size=ours.batch_size,
+        dequantize=ours.dequantize,
+        **chat,
+        **kind_options,
+    )
     return clf, path, quantization_of(json.loads((path / "config.json").read_text()))
 
 
@@ -93,10 +105,7 @@ def run_seqcls_parity(
     *,
     prompt: tuple[str | None, str] | None = None,
     threshold: float | None = None,
-    dtype: str | None = None,
-    batch_size: int = 8,
-    progress: Callable[[str], None] = lambda _m: None,
-    dequantize: bool | None = None,
+    ours: Ours = Ours(),
 ) -> dict[str, Any]:
     """A sequence-classification checkpoint: our answers (batched, padded) against
     `AutoModelForSequenceClassification` in float32, each item alone, on the same weight
@@ -106,14 +115,13 @@ def run_seqcls_parity(
     our token ids the pipeline's. `items`: texts or (text, pair) tuples. `prompt`: (system,
     template) to run the chat prompt instead; a chat prompt (that one, or the one an export
     records) is the reference's too, encoded by the tokenizer's chat template. With
-    `reference` (the original checkpoint), (b) Transformers on it against (a)'s."""
+    `reference` (the original checkpoint), (b) Transformers on it against (a)'s. `ours`: how
+    our side loads and runs."""
 
-    extra = {} if prompt is None else {"system": prompt[0], "template": prompt[1]}
-    clf, path, q = _loaded(
-        model, progress, dtype=dtype, batch_size=batch_size, dequantize=dequantize, threshold=threshold, **extra
-    )
+    progress = ours.progress
+    clf, path, q = _loaded(model, ours, prompt, threshold=threshold)
     spec = clf.spec
-    if spec.name != "seqcls":
+    if getattr(clf.model, "seqcls", None) is None:  # the model's fact: no score head of its own
         raise UserError(f"{model} is not a sequence classifier (*ForSequenceClassification): parity checks it without")
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     t0 = time.perf_counter()
@@ -176,29 +184,18 @@ def run_rerank_parity(
     reranker: str = "auto",
     instruction: str | None = None,
     prompt: tuple[str | None, str] | None = None,
-    dtype: str | None = None,
-    batch_size: int = 8,
-    progress: Callable[[str], None] = lambda _m: None,
-    dequantize: bool | None = None,
+    ours: Ours = Ours(),
 ) -> dict[str, Any]:
     """A reranker: our scores of every (query, document) (batched, each query's tokens run
     once, several queries per batch) against Transformers scoring each pair alone in float32
     on the same weight values (`reference.rerank_in_child`: the seqcls pair; the
     Qwen3-Reranker card's prompt on `AutoModelForCausalLM`, P(yes); a question prompt on our
     token ids): scores within `SEQCLS_TOLERANCE`, each query's order the same; and the
-    tokens processed against the floor (each query's tokens once, each document's own)."""
+    tokens processed against the floor (each query's tokens once, each document's own).
+    `ours`: how our side loads and runs."""
 
-    extra = {} if prompt is None else {"system": prompt[0], "template": prompt[1]}
-    clf, path, q = _loaded(
-        model,
-        progress,
-        dtype=dtype,
-        batch_size=batch_size,
-        dequantize=dequantize,
-        reranker=reranker,
-        instruction=instruction,
-        **extra,
-    )
+    progress = ours.progress
+    clf, path, q = _loaded(model, ours, prompt, reranker=reranker, instruction=instruction)
     spec = clf.spec
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     items = list(zip(queries, documents))

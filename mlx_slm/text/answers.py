@@ -114,7 +114,7 @@ class QuestionCalibration:
         return replace(p, answers=answers)
 
     def result(self) -> CalibrationSpec:
-        """What a saved task keeps: the kind and warm-up (each input fits its own priors)."""
+        """What a saved task keeps: the method and warm-up (each input fits its own priors)."""
         return self.spec
 
     def record(self) -> dict[str, Any]:

@@ -307,14 +307,14 @@ def _content(c: Any, fld: str) -> str:
     parts = []
     for j, part in enumerate(c):
         pf = f"{fld}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _NOT_TEXT:
+        part_type = part.get("type") if isinstance(part, dict) else None
+        if part_type in _NOT_TEXT:
             raise ChatError(
-                f"{pf} is {_NOT_TEXT[kind]} ({kind!r}): the model reads text only; send text parts "
+                f"{pf} is {_NOT_TEXT[part_type]} ({part_type!r}): the model reads text only; send text parts "
                 '{"type": "text", "text": "..."}',
                 pf,
             )
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if part_type != "text" or not isinstance(part.get("text"), str):
             raise ChatError(f'{pf} must be a text part {{"type": "text", "text": "..."}}', pf)
         parts.append(_text(part["text"], f"{pf}.text"))
     return "\n".join(parts)
@@ -397,18 +397,20 @@ def _response_format(rf: Any) -> Any:
         raise ChatError(
             '\'response_format\' must be an object with a "type": "json_schema" (or "text")', "response_format"
         )
-    kind = rf["type"]
-    if kind == "text":
+    format_type = rf["type"]
+    if format_type == "text":
         return None
-    if kind == "json_object":
+    if format_type == "json_object":
         raise ChatError(
             'response_format {"type": "json_object"} asks for any JSON, which needs free generation: give '
             '{"type": "json_schema", "json_schema": {"name": ..., "schema": ...}} whose one free value is an enum '
             "of strings",
             "response_format.type",
         )
-    if kind != "json_schema":
-        raise ChatError(f'response_format.type must be "json_schema" or "text", got {kind!r}', "response_format.type")
+    if format_type != "json_schema":
+        raise ChatError(
+            f'response_format.type must be "json_schema" or "text", got {format_type!r}', "response_format.type"
+        )
     js = rf.get("json_schema")
     if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
         raise ChatError(

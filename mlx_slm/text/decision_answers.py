@@ -41,9 +41,9 @@ def question_text(q: DecisionQuestion) -> str:
     out = "\n".join(x for x in lines if x) + "\n"
     if q.type == "noul":
         return out + f"Answer {labels[0]} or {labels[1]} only."
-    kind = "letter" if labels == list(LETTERS[: len(labels)]) else "label"
+    answer_word = "letter" if labels == list(LETTERS[: len(labels)]) else "label"
     what = "option" if q.type == "choice" else "level"
-    return out + f"Answer with the {kind} of the {what} that fits best ({labels[0]} to {labels[-1]}) only."
+    return out + f"Answer with the {answer_word} of the {what} that fits best ({labels[0]} to {labels[-1]}) only."
 
 
 def render_user_message(state: Any, q: DecisionQuestion) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .labels import log_softmax
-from .metrics import DEFAULT_BINS, EvaluationError, report
+from .metrics import DEFAULT_BINS, EvaluationError, format_report, report
 
 T_BOUNDS = (1e-2, 1e2)  # a fitted temperature stays in here (a separable sample would send it to 0)
 _FLOOR = -1e3  # log-probabilities below this (a 0 probability) are clipped for fitting
@@ -155,13 +155,12 @@ def fit_temperature(probs: Any, gold: Any, max_iter: int = 100) -> tuple[float, 
     return T, info
 
 
-def format_question_report(name: str, kind: str, field: str, rep: dict[str, Any]) -> str:
+def format_question_report(name: str, qtype: str, field: str, rep: dict[str, Any]) -> str:
     """A question's headline figures in a few lines (the per-option table and the confusion follow
     from `metrics.format_report`)."""
-    from .metrics import format_report
 
     head = (
-        f"== {name} ({kind}, gold field {field!r})\n"
+        f"== {name} ({qtype}, gold field {field!r})\n"
         f"accuracy {100 * rep['accuracy']:.2f} %  Brier {rep['brier']:.4f} ({rep['brier_form']})  "
         f"ECE {rep['ece']:.4f}  log-loss {rep['log_loss']:.4f}  n {rep['n']}"
     )

@@ -78,9 +78,9 @@ class DecisionConfig:
     def __post_init__(self) -> None:
         if sorted(self.noul_options) != ["false", "true"]:
             raise DecisionError((), f"noul_options must order 'true' and 'false', got {list(self.noul_options)!r}")
-        for kind, t in self.temperature.items():
+        for qtype, t in self.temperature.items():
             if not isinstance(t, (int, float)) or isinstance(t, bool) or not (t > 0 and math.isfinite(t)):
-                raise DecisionError((), f"temperature.{kind} must be a positive number, got {t!r}")
+                raise DecisionError((), f"temperature.{qtype} must be a positive number, got {t!r}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], chat_template: str | None = None) -> DecisionConfig:
@@ -124,13 +124,13 @@ class DecisionConfig:
             raise DecisionError((), f"{folder / 'decision.json'}: not valid JSON ({e}): fix the file") from None
         return cls.from_dict(d, template)
 
-    def temperature_of(self, kind: str) -> float:
-        return float(self.temperature.get(kind, 1.0))
+    def temperature_of(self, qtype: str) -> float:
+        return float(self.temperature.get(qtype, 1.0))
 
-    def labels_for(self, kind: str, options: Sequence[str]) -> tuple[str, ...]:
-        """The labels the model reads for `options` of a `kind` question: the config's or
+    def labels_for(self, qtype: str, options: Sequence[str]) -> tuple[str, ...]:
+        """The labels the model reads for `options` of a `qtype` question: the config's or
         Transformers' default (Yes/No, A..Z); beyond them, the options' own names (scored whole)."""
-        labels = tuple(self.labels.get(kind) or (YES_NO if kind == "noul" else LETTERS))
+        labels = tuple(self.labels.get(qtype) or (YES_NO if qtype == "noul" else LETTERS))
         if len(labels) >= len(options):
             return labels[: len(options)]
         return tuple(options)

@@ -251,29 +251,29 @@ def systemone_question(key: str, q: Any, config: DecisionConfig) -> DecisionQues
         raise DecisionError(loc, "a question id is a non-empty string of valid Unicode", "value_error")
     if not isinstance(q, dict):
         raise DecisionError(loc, f"a question is an object, e.g. {NOUL_EXAMPLE}; got {_json_type(q)}", "type_error")
-    kind = q.get("type")
+    qtype = q.get("type")
     if "type" not in q:
         raise DecisionError((*loc, "type"), f"field required: one of {', '.join(TYPES)}", "missing")
-    if kind not in TYPES:
-        raise DecisionError((*loc, "type"), f"the type is one of {', '.join(TYPES)}, got {kind!r}", "literal_error")
+    if qtype not in TYPES:
+        raise DecisionError((*loc, "type"), f"the type is one of {', '.join(TYPES)}, got {qtype!r}", "literal_error")
     errors = []
     instructions = q.get("instructions")
     bad = _content_problem(instructions, (*loc, "instructions"), "the instructions")
     if bad:
         errors.append(bad)
     try:
-        options, descriptions = _systemone_criteria(kind, q, (*loc, "criteria"), config)
+        options, descriptions = _systemone_criteria(qtype, q, (*loc, "criteria"), config)
     except DecisionError as e:
         errors.append(e)
     _raise(errors)
-    labels = config.labels_for(kind, options)
-    return DecisionQuestion(key, kind, instructions, options, descriptions, labels)
+    labels = config.labels_for(qtype, options)
+    return DecisionQuestion(key, qtype, instructions, options, descriptions, labels)
 
 
-def _systemone_criteria(kind: str, q: dict, loc: tuple, config: DecisionConfig) -> tuple[tuple, tuple]:
+def _systemone_criteria(qtype: str, q: dict, loc: tuple, config: DecisionConfig) -> tuple[tuple, tuple]:
     criteria = q.get("criteria")
-    example = f" (a {kind} question looks like {EXAMPLES[kind]})"
-    if kind == "noul":
+    example = f" (a {qtype} question looks like {EXAMPLES[qtype]})"
+    if qtype == "noul":
         if criteria is None:
             criteria = {}
         if not isinstance(criteria, dict):
@@ -288,8 +288,8 @@ def _systemone_criteria(kind: str, q: dict, loc: tuple, config: DecisionConfig) 
         options = tuple(config.noul_options)
         return options, tuple(criteria.get(o) for o in options)
     if criteria is None:
-        raise DecisionError(loc, f"field required: a {kind} question needs its criteria{example}", "missing")
-    if kind == "choice":
+        raise DecisionError(loc, f"field required: a {qtype} question needs its criteria{example}", "missing")
+    if qtype == "choice":
         if not isinstance(criteria, dict):
             raise DecisionError(loc, f"a choice's criteria maps each option to its description{example}", "type_error")
         bad = _count_problem(len(criteria), MIN_OPTIONS, MAX_OPTIONS, loc, "options")
@@ -405,13 +405,13 @@ def _message_parts(content: Any, loc: tuple, role: str) -> list[Any]:
 
 def _part(p: Any, loc: tuple, role: str) -> Any:
     """One content part: input_text's text, input_json's data; an image refused (type "images")."""
-    kind = p.get("type") if isinstance(p, dict) else None
-    if kind == "input_text" and isinstance(p.get("text"), str):
+    part_type = p.get("type") if isinstance(p, dict) else None
+    if part_type == "input_text" and isinstance(p.get("text"), str):
         bad = _json_problem(p["text"], (*loc, "text"), "the text")
         if bad:
             raise bad
         return p["text"]
-    if kind == "input_json" and role == "user":
+    if part_type == "input_json" and role == "user":
         data = p.get("data")
         if not isinstance(data, (dict, list)):
             raise DecisionError((*loc, "data"), "input_json's data is an object or an array of objects", "type_error")
@@ -429,7 +429,7 @@ def _part(p: Any, loc: tuple, role: str) -> Any:
                 "too_long",
             )
         return data
-    if kind == "input_image":
+    if part_type == "input_image":
         raise DecisionError(loc, "images are not supported by this model: send text (input_text, input_json)", "images")
     raise DecisionError(
         loc, "a part is {type: input_text, text} or (in a user message) {type: input_json, data}", "type_error"
@@ -491,11 +491,11 @@ def openai_question(i: int, q: Any, config: DecisionConfig) -> DecisionQuestion:
     loc = ("body", "questions", i)
     if not isinstance(q, dict):
         raise DecisionError(loc, "a question is an object {type, instructions, ...}", "type_error")
-    kind = q.get("type")
-    if kind not in _OPENAI_TYPES:
+    qtype = q.get("type")
+    if qtype not in _OPENAI_TYPES:
         raise DecisionError(
             (*loc, "type"),
-            f"the type is one of {', '.join(_OPENAI_TYPES)}, got {kind!r}",
+            f"the type is one of {', '.join(_OPENAI_TYPES)}, got {qtype!r}",
             "missing" if "type" not in q else "literal_error",
         )
     name = q.get("name")
@@ -504,7 +504,7 @@ def openai_question(i: int, q: Any, config: DecisionConfig) -> DecisionQuestion:
     if "instructions" not in q:
         raise DecisionError((*loc, "instructions"), "field required: what is asked, as a string", "missing")
     instructions = _openai_instructions(q["instructions"], (*loc, "instructions"))
-    ours = _OPENAI_TYPES[kind]
+    ours = _OPENAI_TYPES[qtype]
     levels: tuple[str, ...] = ()
     if ours == "noul":
         options: tuple = tuple(config.noul_options)

@@ -84,7 +84,7 @@ class Head:
                 f"{list(self.layers)}: train the head again"
             )
         if self.estimator not in ESTIMATORS:
-            raise HeadError(f"head kind {self.estimator!r} is not one of {list(ESTIMATORS)}: train the head again")
+            raise HeadError(f"head estimator {self.estimator!r} is not one of {list(ESTIMATORS)}: train the head again")
         k, f = len(self.labels), self.mean.shape[0]
         if self.coef.shape != (k, f) or self.scale.shape != (f,) or self.intercept.shape != (k,):
             raise HeadError(
@@ -161,8 +161,8 @@ class Head:
             raise HeadError(f"{where} must be an object (a trained head): train the head again (mlx-slm train)")
         pooling = d.get("pooling", "last")
         names = [pooling] if isinstance(pooling, str) else pooling
-        # A missing or mistyped field is damage (train again); only a well-formed kind or pooling
-        # this version does not know is a newer head (upgrade).
+        # A missing or mistyped field is damage (train again); only a well-formed estimator (the
+        # file's "kind") or pooling this version does not know is a newer head (upgrade).
         if not isinstance(d.get("kind"), str):
             raise bad("kind", f"one of {', '.join(map(repr, ESTIMATORS))}")
         if not isinstance(names, list) or not names or not all(isinstance(x, str) for x in names):
@@ -269,12 +269,12 @@ def _two_rows(coef: np.ndarray, intercept: np.ndarray, k: int) -> tuple[np.ndarr
 def fit_linear(
     x: np.ndarray, y: np.ndarray, k: int, estimator: str = "logistic", C: float = LAYER_C, seed: int = 0
 ) -> tuple[np.ndarray, ...]:
-    """(mean, scale, coef (k, F), intercept (k,)): standardise, then fit `kind`: "lda"
+    """(mean, scale, coef (k, F), intercept (k,)): standardise, then fit `estimator`: "lda"
     (`_lda`; `C` unused) or "logistic" (multinomial,
     L2, strength 1/C). Every label 0..k-1 must occur in `y`."""
     _sklearn()
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.exceptions import ConvergenceWarning  # lazy: optional, slow
+    from sklearn.linear_model import LogisticRegression  # lazy: optional, slow
 
     mean, scale = standardiser(x)
     z = (np.asarray(x, dtype=np.float64) - mean) / scale
@@ -283,7 +283,7 @@ def fit_linear(
     if estimator == "logistic":
         est = LogisticRegression(C=C, max_iter=MAX_ITER, random_state=seed)
     else:
-        raise HeadError(f"head kind {estimator!r} is not one of {list(ESTIMATORS)}")
+        raise HeadError(f"head estimator {estimator!r} is not one of {list(ESTIMATORS)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.fit(z, y)
@@ -301,7 +301,7 @@ def _lda(z: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     -means.coef/2 + log prior. (With ~10 examples a label, each a_c is large: the strong
     shrinkage that few examples need. scikit-learn builds every label's F x F matrix; the
     weighted sum below builds one.)"""
-    from sklearn.covariance import ledoit_wolf_shrinkage
+    from sklearn.covariance import ledoit_wolf_shrinkage  # lazy: optional, slow
 
     counts = np.bincount(y, minlength=k)
     if counts.min() == 0:
@@ -327,14 +327,9 @@ def _lda(z: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return coef, intercept
 
 
-def fit_logistic(x: np.ndarray, y: np.ndarray, k: int, C: float, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """`fit_linear` with logistic regression."""
-    return fit_linear(x, y, k, "logistic", C, seed)
-
-
 def folds_of(y: np.ndarray, folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Stratified k-fold (train, test) index pairs, shuffled with `seed`."""
-    from sklearn.model_selection import StratifiedKFold
+    from sklearn.model_selection import StratifiedKFold  # lazy: optional, slow
 
     skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
     return list(skf.split(np.zeros(len(y)), y))
@@ -371,7 +366,6 @@ def cross_validate(
 
 
 def _scores(z: np.ndarray, y: np.ndarray, k: int) -> dict[str, Any]:
-
     lp = log_softmax(z, axis=-1)
     pred = lp.argmax(axis=1)
     return {
@@ -463,60 +457,67 @@ def _best(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     )
 
 
+@dataclass(frozen=True)
+class Search:
+    """How `fit` chooses a head, resolved once by the caller and read by both stages.
+
+    `forced` restricts the choice to the candidates reading exactly those layers; `folds`
+    and `seed` make the stratified splits; stage 1 scores every candidate with the first of
+    `estimators`, with `combine` the best last-position candidate joined with the best
+    mean-pooled one too; stage 2 scores every estimator (logistic regression at each of `Cs`)."""
+
+    forced: tuple[int, ...] | None = None
+    folds: int = DEFAULT_FOLDS
+    Cs: Sequence[float] = C_GRID
+    estimators: Sequence[str] = ESTIMATORS
+    combine: bool = True
+    seed: int = 0
+
+
 def fit(
     features: dict[str, np.ndarray],
     feature_layers: Sequence[int],
     y: np.ndarray,
     labels: Sequence[str],
     candidates: Sequence[Candidate],
+    search: Search = Search(),
     *,
-    forced: tuple[int, ...] | None = None,
-    folds: int = DEFAULT_FOLDS,
-    Cs: Sequence[float] = C_GRID,
-    estimators: Sequence[str] = ESTIMATORS,
-    combine: bool = True,
-    seed: int = 0,
     seconds_per_item: Callable[[Candidate], float] | None = None,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> Head:
-    """Choose the parts and the estimator by stratified `folds`-fold cross-validation, then
-    fit on all rows.
+    """Choose the parts and the estimator by stratified cross-validation (`search` says how),
+    then fit on all rows.
 
     features: {pooling: (N, len(feature_layers), D)} hidden states; y: gold label indices.
-    Stage 1 scores every candidate with the first of `kinds` (the shrinkage LDA by
-    default); with `combine`, the best last-position candidate joined with the best
-    mean-pooled one is scored too. The best wins (`_best`); `forced` restricts the choice
-    to the candidates reading exactly those layers. Stage 2 scores every kind (logistic
-    regression at each of `Cs`) on the winner. `seconds_per_item` goes into the table.
+    Stage 1 scores every candidate (`_candidate_table`); the best wins (`_best`). Stage 2
+    scores every estimator on the winner (`_estimator_table`). `seconds_per_item` goes into
+    the table.
     """
     t0 = time.perf_counter()
     labels = tuple(labels)
-    k = len(labels)
     y = np.asarray(y, dtype=np.int64)
-    counts = _label_counts(y, labels, folds)
-    splits = folds_of(y, folds, seed)
-
-    def x_of(cand: Candidate) -> np.ndarray:
-        return head_input(features, feature_layers, cand).reshape(len(y), -1)
-
-    table = _candidate_table(
-        x_of, y, k, candidates, splits, seed, estimators[0], folds, forced, combine, seconds_per_item, progress
+    counts = _label_counts(y, labels, search.folds)
+    data = _Folds(
+        features, tuple(feature_layers), y, len(labels), folds_of(y, search.folds, search.seed), search, progress
     )
+    forced = search.forced
+    table = _candidate_table(data, candidates, seconds_per_item)
     pool = table if forced is None else [r for r in table if tuple(r["layers"]) == tuple(forced)]
     if not pool:
         raise HeadError(f"layer {candidate_name(forced or ())} is not among the candidates: add it to --layers")
     best = _best(pool)
     chosen = Candidate(tuple(zip(best["layers"], best["poolings"])))
-    x = x_of(chosen)
-    reg, logits, i_won = _estimator_table(x, y, k, estimators, Cs, splits, seed, chosen, progress)
-    estimator, C = reg[i_won]["kind"], reg[i_won]["C"]
+    x = data.x_of(chosen)
+    stage2 = _estimator_table(data, x, chosen)
+    won = stage2.rows[stage2.won]
+    estimator, C = won["kind"], won["C"]
     # One temperature for the head's logits, fitted on its out-of-fold logits: accuracy is
     # untouched, and --min-confidence reads probabilities that mean what they say.
-    T = temperature(logits[i_won], y)
+    T = temperature(stage2.logits[stage2.won], y)
     progress(f"fitting the head on all {len(y)} examples ({chosen.name}, {_estimator(estimator, C)}, T={T:.3g})")
-    mean, scale, coef, intercept = fit_linear(x, y, k, estimator, C, seed)
+    mean, scale, coef, intercept = fit_linear(x, y, len(labels), estimator, C, search.seed)
     coef, intercept = coef / T, intercept / T
-    info = _fit_info(labels, y, counts, folds, seed, forced, table, estimators[0], reg, chosen, i_won, T, logits, t0)
+    info = _fit_info(data, labels, counts, table, stage2, chosen, T, t0)
     return Head(
         labels,
         chosen.layers,
@@ -529,6 +530,33 @@ def fit(
         poolings=chosen.poolings,
         estimator=estimator,
     )
+
+
+@dataclass(frozen=True)
+class _Folds:
+    """What both stages of one `fit` read: the features, the gold labels, the splits, the
+    search settings and the progress printer, built once per fit."""
+
+    features: dict[str, np.ndarray]
+    feature_layers: tuple[int, ...]
+    y: np.ndarray
+    k: int
+    splits: list[tuple[np.ndarray, np.ndarray]]
+    search: Search
+    progress: Callable[[str], None]
+
+    def x_of(self, cand: Candidate) -> np.ndarray:
+        """(N, F): the parts `cand` reads, side by side."""
+        return head_input(self.features, self.feature_layers, cand).reshape(len(self.y), -1)
+
+
+@dataclass(frozen=True)
+class _Stage2:
+    """`_estimator_table`'s result: a row per estimator, their out-of-fold logits, the winner's index."""
+
+    rows: list[dict[str, Any]]
+    logits: list[np.ndarray]
+    won: int
 
 
 def _label_counts(y: np.ndarray, labels: tuple[str, ...], folds: int) -> np.ndarray:
@@ -545,29 +573,22 @@ def _label_counts(y: np.ndarray, labels: tuple[str, ...], folds: int) -> np.ndar
 
 
 def _candidate_table(
-    x_of: Callable[[Candidate], np.ndarray],
-    y: np.ndarray,
-    k: int,
+    d: _Folds,
     candidates: Sequence[Candidate],
-    splits: Sequence[tuple[np.ndarray, np.ndarray]],
-    seed: int,
-    first: str,
-    folds: int,
-    forced: tuple[int, ...] | None,
-    combine: bool,
     seconds_per_item: Callable[[Candidate], float] | None,
-    progress: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """Stage 1 of `fit`: one row per candidate, scored with the estimator `first`; with
+    """Stage 1 of `fit`: one row per candidate, scored with the first estimator; with
     `combine`, the best last-position and best mean-pooled candidates side by side too."""
     table: list[dict[str, Any]] = []
+    s = d.search
+    first = s.estimators[0]
 
     def score(cand: Candidate) -> None:
-        progress(f"cross-validating {cand.name} ({folds} folds)")
+        d.progress(f"cross-validating {cand.name} ({s.folds} folds)")
         row = {
             "layers": list(cand.layers),
             "poolings": list(cand.poolings),
-            **cross_validate(x_of(cand), y, k, LAYER_C, splits, seed, first),
+            **cross_validate(d.x_of(cand), d.y, d.k, LAYER_C, d.splits, s.seed, first),
         }
         if seconds_per_item is not None:
             row["seconds_per_item"] = seconds_per_item(cand)
@@ -577,65 +598,51 @@ def _candidate_table(
         score(cand)
     # one layer each: a pair on each side would double the features (and the cost) again
     pure = {p: [r for r in table if r["poolings"] == [p]] for p in POOLINGS}
-    if combine and all(pure.values()):  # greedy: the best of each pooling, side by side
+    if s.combine and all(pure.values()):  # greedy: the best of each pooling, side by side
         both = Candidate.of(_best(pure["last"])["layers"]) + Candidate.of(_best(pure["mean"])["layers"], "mean")
-        if forced is None or both.layers == tuple(forced):
+        if s.forced is None or both.layers == tuple(s.forced):
             score(both)
     return table
 
 
-def _estimator_table(
-    x: np.ndarray,
-    y: np.ndarray,
-    k: int,
-    estimators: Sequence[str],
-    Cs: Sequence[float],
-    splits: Sequence[tuple[np.ndarray, np.ndarray]],
-    seed: int,
-    chosen: Candidate,
-    progress: Callable[[str], None],
-) -> tuple[list[dict[str, Any]], list[np.ndarray], int]:
-    """Stage 2 of `fit`: every kind (logistic at each of `Cs`) cross-validated on the chosen
-    parts; the rows, their out-of-fold logits and the winner's index."""
+def _estimator_table(d: _Folds, x: np.ndarray, chosen: Candidate) -> _Stage2:
+    """Stage 2 of `fit`: every estimator (logistic at each of `Cs`) cross-validated on the
+    chosen parts `x`."""
     reg, logits = [], []
-    for estimator in estimators:
-        for C in Cs if estimator == "logistic" else (LAYER_C,):
-            progress(f"cross-validating {_estimator(estimator, C)} on {chosen.name}")
-            logits.append(oof_logits(x, y, k, C, splits, seed, estimator))
-            reg.append({"kind": estimator, "C": C, **_scores(logits[-1], y, k)})
+    s = d.search
+    for estimator in s.estimators:
+        for C in s.Cs if estimator == "logistic" else (LAYER_C,):
+            d.progress(f"cross-validating {_estimator(estimator, C)} on {chosen.name}")
+            logits.append(oof_logits(x, d.y, d.k, C, d.splits, s.seed, estimator))
+            reg.append({"kind": estimator, "C": C, **_scores(logits[-1], d.y, d.k)})
     i_won = max(
         range(len(reg)), key=lambda i: (round(reg[i]["accuracy"], 9), round(reg[i]["macro_f1"], 9), -reg[i]["log_loss"])
     )
-    return reg, logits, i_won
+    return _Stage2(reg, logits, i_won)
 
 
 def _fit_info(
+    d: _Folds,
     labels: tuple[str, ...],
-    y: np.ndarray,
     counts: np.ndarray,
-    folds: int,
-    seed: int,
-    forced: tuple[int, ...] | None,
     table: list[dict[str, Any]],
-    first: str,
-    reg: list[dict[str, Any]],
+    stage2: _Stage2,
     chosen: Candidate,
-    i_won: int,
     T: float,
-    logits: list[np.ndarray],
     t0: float,
 ) -> dict[str, Any]:
-    """The head's `info`: the data, both stages' tables and the choice (`t0`: when fit began)."""
-    won = reg[i_won]
+    """The head's `info`: the data, both stages' tables and the choice (`t0`: when fit began).
+    The saved key names ("kind" for the estimator) are the task file's and stay."""
+    won = stage2.rows[stage2.won]
     return {
-        "n": int(len(y)),
+        "n": int(len(d.y)),
         "per_label": {lab: int(c) for lab, c in zip(labels, counts)},
-        "folds": folds,
-        "seed": seed,
-        "forced": forced is not None,
+        "folds": d.search.folds,
+        "seed": d.search.seed,
+        "forced": d.search.forced is not None,
         "table": table,
-        "table_estimator": first,
-        "regularisation": reg,
+        "table_estimator": d.search.estimators[0],
+        "regularisation": stage2.rows,
         "chosen": {
             "layers": list(chosen.layers),
             "poolings": list(chosen.poolings),
@@ -645,7 +652,7 @@ def _fit_info(
             "accuracy": won["accuracy"],
             "macro_f1": won["macro_f1"],
             "log_loss": won["log_loss"],
-            "log_loss_at_temperature": _scores(logits[i_won] / T, y, k=len(labels))["log_loss"],
+            "log_loss_at_temperature": _scores(stage2.logits[stage2.won] / T, d.y, k=len(labels))["log_loss"],
         },
         "fit_seconds": round(time.perf_counter() - t0, 3),
     }

@@ -9,6 +9,7 @@ settings and its public methods.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -77,10 +78,9 @@ def with_progress(preds: Iterator[Prediction], total: int | None) -> Iterator[Pr
 def progress_bar(total: int | None, desc: str = "mlx-slm") -> Any:
     """A tqdm bar on stderr (tqdm.auto: a widget in a notebook), counting items."""
     try:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # lazy: only for a bar
     except ImportError:
         raise MissingExtra("progress=True needs tqdm: pip install tqdm") from None
-    import sys
 
     return tqdm(total=total, unit="item", file=sys.stderr, desc=desc)
 

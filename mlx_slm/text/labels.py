@@ -202,13 +202,13 @@ def validate(labels: Sequence[str]) -> list[str]:
     if len(labels) < MIN_LABELS:
         raise LabelError(f"need at least two labels to choose from, got {labels!r}")
     for i, lab in enumerate(labels):
-        kind = label_problem(lab)
-        if kind == LABEL_NOT_STRING:
+        problem = label_problem(lab)
+        if problem == LABEL_NOT_STRING:
             raise LabelError(
                 f'label {i + 1} is {type(lab).__name__} {lab!r}: labels must be strings, e.g. "{lab}" '
                 f"(labels: {labels!r})"
             )
-        if kind == LABEL_EMPTY:
+        if problem == LABEL_EMPTY:
             raise LabelError(f"label {i + 1} is empty: remove it or give it a name (labels: {labels!r})")
     seen: dict[str, int] = {}  # by the label without surrounding whitespace
     for i, lab in enumerate(labels):
@@ -236,7 +236,7 @@ def gold_problem(gold: Any, labels: Sequence[str] | None = None) -> str | None:
     always fine; else, in order: missing (None or blank), not a string, spaces around it, not one
     of the labels. `labels=None` checks the form only (before the label set is known).
 
-    It returns a kind, not a message: callers (task files, eval and calibration data, train,
+    It returns a problem code, not a message: callers (task files, eval and calibration data, train,
     `gold_indices`) name the item their own way (file and line, item index) and say how to fix it."""
     if gold is None:
         return GOLD_MISSING

@@ -10,6 +10,8 @@ it simply runs without the cache.
 
 from __future__ import annotations
 
+import difflib
+import json
 import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -159,7 +161,6 @@ def _fill_typed(
     one pass; a `{word}` not in `values` is a `PromptError` (`elsewhere`: placeholders that
     belong to another part, and where). `no_literal`: names whose literal `{name}`, made by
     escapes, would be filled (or refused) by a later step: refused here."""
-    import difflib
 
     known = ", ".join("{" + k + "}" for k in values)
 
@@ -386,7 +387,6 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
     Every problem (the file cannot be read, a byte that is not UTF-8, a line that is not a
     JSON object with string fields `text` and `label`, an unknown label) is a `PromptError`
     naming the file, the line and the fix."""
-    import json
 
     try:
         text = read_text_file(path, "--examples")
@@ -491,25 +491,6 @@ def encode_texts(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | No
     return out
 
 
-def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """One text as the tokenizer encodes it, with its special tokens (no chat template)."""
-    return encode_texts(tokenizer, [text])[0]
-
-
-def encode_pair(tokenizer: Any, text: str, pair: str) -> list[int]:
-    """A (text, text_pair) as the tokenizer encodes a pair (its pair template, or the two
-    encodings one after the other when it has none)."""
-    return encode_texts(tokenizer, [text], [pair])[0]
-
-
-def pair_is_concatenation(tokenizer: Any) -> bool:
-    """Whether the tokenizer joins a pair with nothing around or between the two texts (each
-    encoded alone, one after the other: Qwen2's and SmolLM2's), so a model can tell where the
-    second text starts only from the texts themselves (a template with `{pair}` marks it)."""
-    a, b = "Query text.", "Document text."
-    return encode_pair(tokenizer, a, b) == sum(tokenize(tokenizer, [a, b]), [])
-
-
 # --------------------------------------------------------------------------- Qwen3-Reranker
 #
 # The Qwen3-Reranker model card's prompt (a causal LM asked yes or no): the system line, the
@@ -540,11 +521,6 @@ def qwen3_reranker_query(query: str, instruction: str | None = None) -> str:
 def qwen3_reranker_document(document: str) -> str:
     """The prompt from the document on: the document and the opened assistant turn."""
     return f"<Document>: {document}{_QWEN3_SUFFIX}"
-
-
-def qwen3_reranker_prompt(query: str, document: str, instruction: str | None = None) -> str:
-    """The whole prompt string of the model card for one (query, document)."""
-    return qwen3_reranker_query(query, instruction) + qwen3_reranker_document(document)
 
 
 def qwen3_reranker_ids(

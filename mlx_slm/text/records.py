@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .calibration import PROB_DIGITS, written
@@ -72,13 +72,17 @@ class QuestionColumns:
 # are the `questions` shape; a `decide` run's typed answers ("decisions": System One's or OpenAI's
 # answers as they are, a flat row holding them as one JSON text column, `answers`).
 FORMS = ("label", "multi", "score", "decisions")
+TAIL = ("truncated", "line", "error")  # every flat row's last columns but a decide run's
 
 
 @dataclass(frozen=True)
 class RecordShape:
     """A run's output shape: labels, or `questions` (then labels are unused); `calibrated`:
     raw probabilities kept; `abstains`: a confidence threshold given; `scores`: Ray also
-    returns the raw label log-scores (a list in label order); `form`: see `FORMS`."""
+    returns the raw label log-scores (a list in label order); `form`: see `FORMS`.
+
+    The form's layout (`_Layout`: its columns, its frame cells, its Arrow fields and values) is
+    chosen once, when the shape is made: every method below reads it, none asks the form again."""
 
     labels: tuple[str, ...] = ()
     questions: tuple[QuestionColumns, ...] | None = None
@@ -86,6 +90,15 @@ class RecordShape:
     abstains: bool = False
     scores: bool = False
     form: str = "label"
+    _layout: _Layout = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.questions is not None:  # the one choice: answers per question, else one of the label forms
+            object.__setattr__(self, "questions", tuple(QuestionColumns.of(q) for q in self.questions))
+            layout: _Layout = _QUESTIONS
+        else:
+            layout = _LABEL_FORMS.get(self.form, _LABEL)
+        object.__setattr__(self, "_layout", layout)
 
     @classmethod
     def of(
@@ -98,9 +111,9 @@ class RecordShape:
         scores: bool = False,
         form: str = "label",
     ) -> RecordShape:
-        """The shape of a run on `labels`, or on `questions` when they are given."""
-        qs = None if questions is None else tuple(QuestionColumns.of(q) for q in questions)
-        return cls(tuple(labels), qs, calibrated, abstains, scores, form)
+        """The shape of a run on `labels`, or on `questions` (`questions.Question`s, or anything
+        with their name, type, labels and none) when they are given."""
+        return cls(tuple(labels), questions, calibrated, abstains, scores, form)  # type: ignore[arg-type]
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> RecordShape:
@@ -117,26 +130,7 @@ class RecordShape:
     def columns(self) -> list[str]:
         """The flat (CSV/TSV/Parquet) header: calibrated runs add the raw probabilities,
         abstaining runs a flag; with questions, each question's columns."""
-        if self.questions is not None:
-            per = [c for q in self.questions for c in q.columns(self.calibrated, self.abstains)]
-            return ["id", *per, "truncated", "line", "error"]
-        if self.form == "multi":
-            return ["id", "labels", *(f"p_{lab}" for lab in self.labels), "truncated", "line", "error"]
-        if self.form == "score":
-            return ["id", "label", "score", "logit", "truncated", "line", "error"]
-        if self.form == "decisions":
-            return ["id", "answers", "line", "error"]
-        return [
-            "id",
-            "label",
-            *(f"p_{lab}" for lab in self.labels),
-            *(f"raw_p_{lab}" for lab in self.labels if self.calibrated),
-            *(["calibration"] if self.calibrated else []),
-            *(["abstained"] if self.abstains else []),
-            "truncated",
-            "line",
-            "error",
-        ]
+        return self._layout.columns(self)
 
     @property
     def frame_columns(self) -> list[str]:
@@ -160,10 +154,7 @@ class RecordShape:
         the calibration of a calibrated run (None on an error row)."""
         nan = float("nan")
         row: dict[str, Any] = {"label": p.label, "truncated": bool(p.truncated), "error": p.error}
-        if self.form == "multi":
-            row["labels"] = None if p.labels is None else ";".join(p.labels)
-        if self.form == "score":
-            row["score"], row["logit"] = _score(p)
+        row.update(self._layout.frame_cells(p))
         for lab in self.labels:
             row[f"p_{lab}"] = p.probs.get(lab, nan)
             if self.calibrated:
@@ -189,28 +180,16 @@ class RecordShape:
         """The (name, pyarrow type) of each column Ray appends: `label` and a `probs` struct (one
         field per label; `raw_probs` when calibrated, `abstained` with a threshold), or one
         `answers` struct; `n_tokens`, `truncated`, `error`; `scores` on request (labels only)."""
-        import pyarrow as pa
+        import pyarrow as pa  # lazy: pyarrow is an optional extra, read by the Arrow methods only
 
         tail = [("n_tokens", pa.int64()), ("truncated", pa.bool_()), ("error", pa.string())]
-        if self.questions is not None:  # several questions: one typed struct of answers
-            return [("answers", self.answers_type()), *tail]
-        if self.form == "score":
-            return [("label", pa.string()), ("score", pa.float64()), ("logit", pa.float64()), *tail]
-        prob = pa.struct([(lab, pa.float64()) for lab in self.labels])
-        if self.form == "multi":
-            return [("labels", pa.list_(pa.string())), ("probs", prob), *tail]
-        fields: list[tuple[str, Any]] = [("label", pa.string()), ("probs", prob)]
-        fields += [("raw_probs", prob)] if self.calibrated else []
-        fields += [("abstained", pa.bool_())] if self.abstains else []
-        fields += tail
-        fields += [("scores", pa.list_(pa.float64()))] if self.scores else []
-        return fields
+        return self._layout.arrow_fields(self, pa, tail)
 
     def answers_type(self) -> Any:
         """The `answers` column: a struct with one field per question, as JSONL writes them
         (`label` or a multi question's `labels`, `probs` one field per option, a scale's
         `expected`, a none option's `abstain`; calibrated: `raw_probs`; with a threshold: `abstained`)."""
-        import pyarrow as pa
+        import pyarrow as pa  # lazy: pyarrow is an optional extra, read by the Arrow methods only
 
         per = []
         for q in self.questions or ():
@@ -227,28 +206,15 @@ class RecordShape:
     def arrow_row(self, p: Prediction) -> dict[str, Any]:
         """One prediction's values for `arrow_fields`, unrounded; an error row's are null but
         `n_tokens`, `truncated` and `error`."""
-        ok = p.ok
-        if self.questions is not None:
-            row: dict[str, Any] = {"answers": p.answers if ok else None}
-        elif self.form == "score":
-            score, logit = _score(p)
-            row = {"label": p.label, "score": score if ok else None, "logit": logit if ok else None}
-        elif self.form == "multi":
-            row = {"labels": p.labels if ok else None, "probs": p.probs if ok else None}
-        else:
-            row = {"label": p.label, "probs": p.probs if ok else None}
-            if self.calibrated:
-                row["raw_probs"] = p.raw_probs if ok else None
-            if self.abstains:
-                row["abstained"] = p.abstained if ok else None
+        layout = self._layout
+        row = layout.arrow_row(self, p, p.ok)
         row.update(n_tokens=p.n_tokens, truncated=p.truncated, error=p.error)
-        if self.scores and self.questions is None and self.form == "label":
-            row["scores"] = [p.scores[lab] for lab in self.labels] if ok else None
+        row.update(layout.arrow_after(self, p, p.ok))
         return row
 
     def arrow_columns(self, preds: Iterable[Prediction]) -> list[tuple[Any, Any]]:
         """The predictions as the Arrow columns Ray appends: (pyarrow field, array) pairs."""
-        import pyarrow as pa
+        import pyarrow as pa  # lazy: pyarrow is an optional extra, read by the Arrow methods only
 
         fields = self.arrow_fields()
         cols: dict[str, list[Any]] = {name: [] for name, _ in fields}
@@ -256,6 +222,138 @@ class RecordShape:
             for name, v in self.arrow_row(p).items():
                 cols[name].append(v)
         return [(pa.field(name, typ), pa.array(cols[name], type=typ)) for name, typ in fields]
+
+
+# ---------------------------------------------------------------------------- the forms' layouts
+class _Layout:
+    """One form's layout, as `RecordShape` reads it: one label per row (this class), and the
+    forms below it. `s` is the shape (its labels, questions and flags); `pa` is pyarrow."""
+
+    def columns(self, s: RecordShape) -> list[str]:
+        return [
+            "id",
+            "label",
+            *(f"p_{lab}" for lab in s.labels),
+            *(f"raw_p_{lab}" for lab in s.labels if s.calibrated),
+            *(["calibration"] if s.calibrated else []),
+            *(["abstained"] if s.abstains else []),
+            *TAIL,
+        ]
+
+    def frame_cells(self, p: Prediction) -> dict[str, Any]:
+        """The form's own cells of `classify_frame`'s row (the shared ones are `frame_row`'s)."""
+        return {}
+
+    def arrow_fields(self, s: RecordShape, pa: Any, tail: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        prob = pa.struct([(lab, pa.float64()) for lab in s.labels])
+        fields: list[tuple[str, Any]] = [("label", pa.string()), ("probs", prob)]
+        fields += [("raw_probs", prob)] if s.calibrated else []
+        fields += [("abstained", pa.bool_())] if s.abstains else []
+        fields += tail
+        fields += [("scores", pa.list_(pa.float64()))] if s.scores else []
+        return fields
+
+    def arrow_row(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        row = {"label": p.label, "probs": p.probs if ok else None}
+        if s.calibrated:
+            row["raw_probs"] = p.raw_probs if ok else None
+        if s.abstains:
+            row["abstained"] = p.abstained if ok else None
+        return row
+
+    def arrow_after(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        """Values after the shared tail: the raw label scores Ray returns on request."""
+        if not s.scores:
+            return {}
+        return {"scores": [p.scores[lab] for lab in s.labels] if ok else None}
+
+
+class _Decisions(_Layout):
+    """A `decide` run's typed answers: one JSON text column in a flat row."""
+
+    def columns(self, s: RecordShape) -> list[str]:
+        return ["id", "answers", "line", "error"]
+
+    def arrow_after(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        return {}
+
+
+class _Multi(_Layout):
+    """A multi-label head: the labels at or above its threshold, and every label's probability."""
+
+    def columns(self, s: RecordShape) -> list[str]:
+        return ["id", "labels", *(f"p_{lab}" for lab in s.labels), *TAIL]
+
+    def frame_cells(self, p: Prediction) -> dict[str, Any]:
+        return {"labels": None if p.labels is None else ";".join(p.labels)}
+
+    def arrow_fields(self, s: RecordShape, pa: Any, tail: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        prob = pa.struct([(lab, pa.float64()) for lab in s.labels])
+        return [("labels", pa.list_(pa.string())), ("probs", prob), *tail]
+
+    def arrow_row(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        return {"labels": p.labels if ok else None, "probs": p.probs if ok else None}
+
+    def arrow_after(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        return {}
+
+
+class _Score(_Layout):
+    """A one-output head: its label, its score and the raw logit."""
+
+    def columns(self, s: RecordShape) -> list[str]:
+        return ["id", "label", "score", "logit", *TAIL]
+
+    def frame_cells(self, p: Prediction) -> dict[str, Any]:
+        score, logit = _score(p)
+        return {"score": score, "logit": logit}
+
+    def arrow_fields(self, s: RecordShape, pa: Any, tail: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        return [("label", pa.string()), ("score", pa.float64()), ("logit", pa.float64()), *tail]
+
+    def arrow_row(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        score, logit = _score(p)
+        return {"label": p.label, "score": score if ok else None, "logit": logit if ok else None}
+
+    def arrow_after(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        return {}
+
+
+class _Questions(_Layout):
+    """Answers per question: each question's columns, one typed `answers` struct for Ray."""
+
+    def columns(self, s: RecordShape) -> list[str]:
+        per = [c for q in s.questions or () for c in q.columns(s.calibrated, s.abstains)]
+        return ["id", *per, *TAIL]
+
+    def arrow_fields(self, s: RecordShape, pa: Any, tail: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        return [("answers", s.answers_type()), *tail]
+
+    def arrow_row(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        return {"answers": p.answers if ok else None}
+
+    def arrow_after(self, s: RecordShape, p: Prediction, ok: bool) -> dict[str, Any]:
+        return {}
+
+
+_LABEL, _QUESTIONS = _Layout(), _Questions()
+_LABEL_FORMS: dict[str, _Layout] = {"label": _LABEL, "multi": _Multi(), "score": _Score(), "decisions": _Decisions()}
+
+
+def question_columns(questions: Sequence[Any], raw: bool = False, abstain: bool = False) -> list[str]:
+    """CSV/TSV/Parquet header of a run that asks several questions (see `flat_answers`): with
+    calibration each question's raw probabilities too, with a confidence threshold its flag."""
+    return RecordShape.of(questions=questions, calibrated=raw, abstains=abstain).columns
+
+
+def columns_of(settings: dict[str, Any]) -> list[str]:
+    """The flat columns of a run, from its manifest's settings (labels, or questions as recorded)."""
+    return RecordShape.from_settings(settings).columns
+
+
+def csv_columns(labels: Sequence[str], raw: bool = False, abstain: bool = False) -> list[str]:
+    """CSV/TSV header: calibrated runs add the raw probabilities, abstaining runs a flag."""
+    return RecordShape.of(labels, calibrated=raw, abstains=abstain).columns
 
 
 def result_record(row: Any, pred: Any | None, calibration: str = "none") -> dict[str, Any]:

@@ -16,7 +16,7 @@ import numpy as np
 from mlx import nn
 
 from ..models import Model
-from ..models.base import NATIVE, Context
+from ..models.base import NATIVE, Context, Tree
 from ..text import batching
 from .adapters import LabelTokens, adapter_init, head_scores, linear_dims, lora_layer, module_at, shared_head, swap
 
@@ -28,13 +28,13 @@ class View:
         self.ops, self.args, self.layers = ops, model.args, model.layers
 
 
-def layout(b: batching.Batch, lt: LabelTokens | None) -> tuple[mx.array, mx.array | None, mx.array | None]:
-    """(mask, positions, tree) of a batch's rows, with objective (b)'s trie nodes after each
+def layout(b: batching.Batch, lt: LabelTokens | None) -> tuple[mx.array, Tree | None]:
+    """(mask, tree) of a batch's rows, with objective (b)'s trie nodes after each
     row's own tokens: a node sees the prefix, the row's real tokens and its own ancestors, at
     RoPE position (row end + depth), as label scoring runs them."""
     T = lt.nodes if lt is not None else 0
     if not T:
-        return mx.array(b.mask), None, None
+        return mx.array(b.mask), None
     assert lt is not None and lt.trie is not None
     B, L = b.ids.shape
     mask = np.concatenate([b.mask, np.ones((B, T), dtype=bool)], axis=1)
@@ -44,7 +44,7 @@ def layout(b: batching.Batch, lt: LabelTokens | None) -> tuple[mx.array, mx.arra
     tree[:L, :L] = np.tril(np.ones((L, L), dtype=bool))
     tree[L:, :L] = True
     tree[L:, L:] = lt.trie.visible
-    return mx.array(mask), mx.array(np.concatenate([own, nodes], axis=1)), mx.array(tree)
+    return mx.array(mask), Tree(mx.array(np.concatenate([own, nodes], axis=1)), mx.array(tree))
 
 
 @dataclass
@@ -80,14 +80,14 @@ def encode(model: Model, seqs: list[list[int]], start: int, lt: LabelTokens | No
     done = 0
     for idx in batching.plan([len(o) for o in own], s.batch_size * 2, s.max_tokens * 2, row_extra=T):
         b = batching.pad(own, idx, 0, P)
-        mask, positions, tree = layout(b, lt)
+        mask, tree = layout(b, lt)
         ids = mx.array(b.ids)
         if T:
             assert lt is not None and lt.trie is not None
             ids = mx.concatenate([ids, mx.broadcast_to(mx.array(lt.trie.tokens)[None], (len(idx), T))], axis=1)
         h = model.embed(ids)
         if start:
-            ctx = Context(model, mask, None, P, mx.array(b.offsets), False, positions, tree, n_layers=start)
+            ctx = Context(model, mask, None, P, mx.array(b.offsets), False, tree, n_layers=start)
             for i, blk in enumerate(frozen):
                 h, _ = blk(h, ctx, None if kvs is None else kvs[i], False)
         mx.eval(h)
@@ -185,9 +185,9 @@ class Top:
         h = mx.stack(
             [mx.concatenate([mx.zeros((L + T - r.shape[0], D), dtype=r.dtype), r]) for r in (enc.rows[i] for i in idx)]
         )
-        mask, positions, tree = layout(b, self.lt)
+        mask, tree = layout(b, self.lt)
         last_only = not T
-        ctx = Context(self.view, mask, None, P, mx.array(b.offsets), last_only, positions, tree)
+        ctx = Context(self.view, mask, None, P, mx.array(b.offsets), last_only, tree)
         for j, blk in enumerate(self.blocks):
             h, _ = blk(h, ctx, kvs[j], last_only and j == n - 1)
         h = self.model.model.norm(h)

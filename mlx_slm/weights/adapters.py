@@ -33,10 +33,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx import nn
+from mlx.utils import tree_flatten
 
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
-from ..models import Model, quant
+from ..models import Model, Tree, quant
 from ..text import batching
 from ..text.labels import TrieChunk, build_trie
 
@@ -196,7 +197,7 @@ def with_blocks(model: Model, blocks: dict[int, nn.Module]) -> Model:
 
 def lora_layer(linear: nn.Module, a: mx.array, b: mx.array, scale: float) -> nn.Module:
     """mlx-lm's LoRALinear over `linear` with the given A (in, r) and B (r, out)."""
-    from mlx_lm.tuner.lora import LoRALinear
+    from mlx_lm.tuner.lora import LoRALinear  # lazy: mlx-lm loads only here
 
     layer = LoRALinear.from_base(linear, r=a.shape[1], dropout=0.0, scale=scale)
     layer.lora_a, layer.lora_b = a, b
@@ -484,8 +485,7 @@ def predict(
                 cache=kv,
                 cache_mask=mx.array(np.concatenate([np.ones((B, P), dtype=bool), b.mask], axis=1)),
                 last_only=False,
-                positions=mx.array(end[:, None] + lt.trie.depth[None]),
-                tree=mx.array(lt.trie.visible),
+                tree=Tree(mx.array(end[:, None] + lt.trie.depth[None]), mx.array(lt.trie.visible)),
             )
         s = ft.scores(model, last, nodes)
         s = s - mx.logsumexp(s, axis=-1, keepdims=True)
@@ -501,7 +501,6 @@ def adapter_init(key: mx.array, in_dims: int, out_dims: int, rank: int) -> tuple
 
 def dense_weights(model: Model) -> dict[str, mx.array]:
     """Every weight of `model` by its (Hugging Face) name, quantized ones dequantized."""
-    from mlx.utils import tree_flatten
 
     out: dict[str, mx.array] = {}
     for name, m in model.named_modules():

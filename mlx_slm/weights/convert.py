@@ -22,9 +22,11 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from ..ground.errors import ModelError, OutputError, UserError
@@ -189,7 +191,7 @@ def _gguf_arch(reader: Any) -> Any:
 
 def gguf_config(reader: Any) -> dict[str, Any]:
     """A Hugging Face config dict from GGUF metadata, as the architecture's module reads it."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: a slow import
 
     module = _gguf_arch(reader)
     arch = module.GGUF_ARCH
@@ -220,8 +222,8 @@ def gguf_config(reader: Any) -> dict[str, Any]:
 
 def iter_gguf_tensors(path: Path, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, float32 array) for every tensor, dequantized and un-permuted."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
+    from gguf import GGUFReader  # lazy: GGUF input only
+    from gguf.quants import dequantize  # lazy: GGUF input only
 
     reader = GGUFReader(str(path))
     module = get_model_module(config["model_type"])
@@ -240,8 +242,6 @@ def iter_gguf_tensors(path: Path, config: dict[str, Any]) -> Iterator[tuple[str,
 
 
 def iter_hf_tensors(path: Path) -> Iterator[tuple[str, np.ndarray | Any]]:
-    import mlx.core as mx
-
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ConversionError(f"{path}: no *.safetensors files (PyTorch .bin checkpoints are not read)")
@@ -433,7 +433,6 @@ def check_quantize(bits: int | None, group_size: int | None) -> None:
 def _quantizable(config: dict[str, Any], weights: dict[str, Any], group_size: int) -> tuple[list[str], list[str]]:
     """(names to pack, names left in floating point): the weight of every Linear and Embedding
     of the model, packed when its input size is a multiple of the group size (mlx-lm's rule)."""
-    import mlx.core as mx
 
     try:
         module = get_model_module(config["model_type"])
@@ -462,7 +461,6 @@ def _quantizable(config: dict[str, Any], weights: dict[str, Any], group_size: in
 def _quantize_weights(
     weights: dict[str, Any], config: dict[str, Any], bits: int, group_size: int, say: Progress
 ) -> dict[str, Any]:
-    import mlx.core as mx
 
     packed, left = _quantizable(config, weights, group_size)
     if not packed:
@@ -488,7 +486,7 @@ def _read_source(
     """(config, its tensors, tokenizer, the files hashed as the source, the quantization it is stored in) of a
     GGUF or a Hugging Face folder, its config checked."""
     if source_type == "gguf":
-        from gguf import GGUFReader
+        from gguf import GGUFReader  # lazy: GGUF input only
 
         config = gguf_config(GGUFReader(str(path)))
         tensors = iter_gguf_tensors(path, config)
@@ -525,7 +523,6 @@ def _convert_into(
     group_size: int = quant.DEFAULT_GROUP_SIZE,
     origin: str | None = None,
 ) -> None:
-    import mlx.core as mx
 
     recorded = source_files(src)  # before anything is read: an edit made during the conversion converts again
     path = Path(src).expanduser().resolve()
@@ -598,7 +595,6 @@ DECISION_FILES = ("decision.json", "decision_template.jinja")
 
 def versions() -> dict[str, str]:
     """Versions of the libraries that decide what a file we write means."""
-    from importlib.metadata import PackageNotFoundError, version
 
     got = {}
     for pkg in ("mlx-slm", "mlx", "transformers", "gguf", "numpy"):
@@ -640,7 +636,6 @@ def dequantized_copy(path: str | Path, out: str | Path) -> Path:
     """A float32 Hugging Face directory holding the values of an MLX-quantized directory's
     weights, for Transformers (which cannot read mlx-lm's packing): the reference of a parity
     check on a quantized model. The values are those `load_model` dequantizes to."""
-    import mlx.core as mx
 
     src, out = Path(path), Path(out)
     config = json.loads((src / "config.json").read_text())

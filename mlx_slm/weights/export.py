@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
 from ..ground.safefs import DIR_MODE, temp_dir
-from ..models import Model
+from ..models import Model, exportable
 from .adapters import FineTuned, FinetuneError, dense_weights
 
-ARCHITECTURES = {
-    "qwen2": "Qwen2ForSequenceClassification",
-    "qwen3": "Qwen3ForSequenceClassification",
-    "llama": "LlamaForSequenceClassification",
-}
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -63,7 +59,7 @@ def config_for(
 ) -> dict[str, Any]:
     """The base's config.json made a sequence classifier's."""
     cfg = {k: v for k, v in base.items() if k not in ("quantization", "quantization_config", "torch_dtype")}
-    cfg["architectures"] = [ARCHITECTURES[base["model_type"]]]
+    cfg["architectures"] = [exportable()[base["model_type"]]]
     cfg["id2label"] = {str(i): lab for i, lab in enumerate(ft.labels)}
     cfg["label2id"] = {lab: i for i, lab in enumerate(ft.labels)}
     cfg["num_labels"] = len(ft.labels)
@@ -155,6 +151,17 @@ def model_card(ft: FineTuned, cfg: dict[str, Any], base_name: str | None) -> str
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Described:
+    """What an export writes beside the weights, in config.json's `mlx_slm` and the model card:
+    `prompt`, the prompt to record (None: the one the adapters recorded); `none`, the task's
+    "none of these" rule ({"label", "min_confidence"}); `base_name`, the base model's name."""
+
+    prompt: dict[str, Any] | None = None
+    none: dict[str, Any] | None = None
+    base_name: str | None = None
+
+
 def export(
     ft: FineTuned,
     model: Model,
@@ -162,25 +169,23 @@ def export(
     source: str | Path,
     out: str | Path,
     *,
-    prompt: dict[str, Any] | None = None,
-    none: dict[str, Any] | None = None,
-    base_name: str | None = None,
+    described: Described = Described(),
     dtype: str = "float32",
     sha256: str | None = None,
 ) -> Path:
     """Write `ft` on `model` (the base it was trained on; `source`: its directory, whose
     config.json is the base config) as a Transformers sequence classifier in `out`, a new or
-    empty folder. `prompt`: the prompt to record (default: the one `ft` recorded); `dtype`: of
-    the written weights (float32 keeps the merged values exactly); `sha256`: the base weights'
-    hash, checked against the adapters' record."""
+    empty folder. `described`: the prompt, rule and name recorded; `dtype`: of the written
+    weights (float32 keeps the merged values exactly); `sha256`: the base weights' hash, checked
+    against the adapters' record."""
 
     out = Path(out)
     if dtype not in DTYPES:
         raise FinetuneError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     mt = model.args.model_type
-    if mt not in ARCHITECTURES:
+    if mt not in exportable():
         raise FinetuneError(
-            f"export writes {', '.join(sorted(ARCHITECTURES))} sequence classifiers; this model is {mt!r}"
+            f"export writes {', '.join(sorted(exportable()))} sequence classifiers; this model is {mt!r}"
         )
     if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
         raise FinetuneError(f"{out} exists and is not an empty folder: choose a new or empty folder for the export")
@@ -204,13 +209,13 @@ def export(
             )
         )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    cfg = config_for(ft, base, int(pad), dtype, prompt, none)
+    cfg = config_for(ft, base, int(pad), dtype, described.prompt, described.none)
     tmp = temp_dir(out, "the export folder")
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, {"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         tokenizer.save_pretrained(str(tmp))
-        (tmp / "README.md").write_text(model_card(ft, cfg, base_name), encoding="utf-8")
+        (tmp / "README.md").write_text(model_card(ft, cfg, described.base_name), encoding="utf-8")
         tmp.chmod(DIR_MODE)
         if out.exists():
             out.rmdir()  # empty (checked above)

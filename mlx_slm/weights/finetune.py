@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import mlx.core as mx
+import mlx.optimizers as optim
 import numpy as np
 
 from ..models import Model
@@ -320,8 +321,6 @@ class _Optimizer:
     Each rate is warmed up linearly over `warmup` of the steps, then decayed to 0 by `schedule`."""
 
     def __init__(self, s: FinetuneSettings, total: int):
-        import mlx.optimizers as optim
-
         warm = int(round(s.warmup * total))
 
         def rate(lr: float) -> Any:
@@ -599,6 +598,16 @@ def _label_tokens(label_tokens: Sequence[Sequence[int]] | None, labels: tuple[st
     return LabelTokens(ids)
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """What the adapters record of where they came from, untouched by training: `base_sha256`,
+    the model's weights hash (so the adapters refuse other weights later), and `prompt`, what the
+    caller records of the prompt (system, template, examples), kept as is."""
+
+    base_sha256: str | None = None
+    prompt: dict[str, Any] | None = None
+
+
 def finetune(
     model: Model,
     prompts: Sequence[Sequence[int]],
@@ -607,8 +616,7 @@ def finetune(
     settings: FinetuneSettings | None = None,
     *,
     label_tokens: Sequence[Sequence[int]] | None = None,
-    base_sha256: str | None = None,
-    prompt: dict[str, Any] | None = None,
+    provenance: Provenance = Provenance(),
     progress: Callable[[Progress], None] | None = None,
 ) -> FineTuned:
     """Fine-tune a classifier on `model` (left unchanged) and return its adapters and head.
@@ -617,8 +625,7 @@ def finetune(
         `prompts.render` and `prompts.tokenize`); gold: label indices or label strings.
     label_tokens: objective "labels" only: each label's token ids as label scoring tokenizes them
         (`labels.build_labelset(...).token_ids`).
-    base_sha256: the model's weights hash, recorded so the adapters refuse other weights later.
-    prompt: what the caller records of the prompt (system, template, examples), kept as is.
+    provenance: the base weights' hash and the prompt, recorded in the adapters as given.
     progress: called after each text batch of the frozen pass and after each step.
     A quantized model kept packed trains as QLoRA (mlx-lm's LoRA layers over the packed layers).
     Ctrl-C returns the best finished epoch so far (`stopped == "interrupted"`), or goes on up
@@ -661,7 +668,7 @@ def finetune(
         adapters={k: v for k, v in best.items() if k != "score.weight"},
         head=best.get("score.weight"),
         label_tokens=lt.token_ids if lt is not None else None,
-        base=base_of(model, base_sha256),
+        base=base_of(model, provenance.base_sha256),
         settings={
             **asdict(s),
             "keep": s.kept,
@@ -675,5 +682,5 @@ def finetune(
         stopped=run.stopped,
         encode_seconds=round(encoded - t0, 3),
         train_seconds=round(time.perf_counter() - encoded, 3),
-        prompt=prompt,
+        prompt=provenance.prompt,
     )

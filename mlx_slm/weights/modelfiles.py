@@ -120,7 +120,7 @@ def load_tokenizer(path: str | Path, **kwargs: Any) -> Any:
     """transformers' tokenizer of a model folder (or GGUF, `gguf_file=`). It reads config.json too,
     and its config class fails on values it cannot take with an exception of its own: any such
     failure is a `ModelError` naming the folder and the fix, not a traceback."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: a slow import
 
     try:
         return AutoTokenizer.from_pretrained(str(path), **kwargs)
@@ -196,7 +196,7 @@ def gguf_problem(path: str | Path) -> str | None:
     know, metadata or tensor table cut short or impossible, tensor data shorter than the table
     says), or None. It walks the header only (the tensor table's sizes come from each tensor's
     type and shape) and reads no tensor data."""
-    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.constants import GGML_QUANT_SIZES  # lazy: GGUF input only
 
     p = Path(path)
     try:

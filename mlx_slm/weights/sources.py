@@ -192,7 +192,7 @@ def hub_snapshot(repo: str) -> Path:
     Offline (`hub_offline`), only the hub's local cache is read. Any failure (no network,
     no such repository, a gated one, not in the cache) is a `ModelError` that names the
     fix: a local folder or a built-in name work without a network."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # lazy: downloads only
 
     offline = hub_offline()
     if not offline:

@@ -291,11 +291,15 @@ def test_sliding_window_matters(tiny):
 # --------------------------------------------------------------------------- GGUF
 
 
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (the inverse of `models.llama.unpermute`)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def _write_gguf(tiny: Tiny, path) -> None:
     """The tiny HF model as llama.cpp's convert_hf_to_gguf writes it (float32 tensors)."""
     import gguf
-
-    from mlx_slm.models.llama import permute
 
     cfg = tiny.config
     n_layers = cfg["num_hidden_layers"]

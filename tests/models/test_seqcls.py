@@ -162,7 +162,7 @@ def test_no_lm_head_refuses_label_scoring(tiny_arch, tiny_seqcls_mlx):
     with pytest.raises(ModelError, match="causal LM .* no sequence-classification head"):
         sequence_logits(lm, mx.array([[5, 6, 7]]))
     with pytest.raises(ModelError, match="causal LM"):
-        lm.classify(h)
+        lm.score_logits(h)
 
 
 def test_label_scoring_on_a_sequence_classifier_is_a_user_error(tiny_arch):
@@ -353,7 +353,7 @@ def test_a_multimodal_gemma3_sequence_classifier(tmp_path):
 
 
 def test_engine_classify_is_the_model_level_read(tiny_arch):
-    """`Engine.classify` (the one engine primitive a sequence-classification kind needs): a
+    """`Engine.sequence_logits` (the one engine primitive a sequence-classification kind needs): a
     batch from `batching.pad`, after a prefix from the engine's LRU too."""
     from transformers import AutoTokenizer
 
@@ -364,16 +364,16 @@ def test_engine_classify_is_the_model_level_read(tiny_arch):
     tiny = Tiny(("qwen3", 4, MULTI, False), tiny_arch)
     engine = Engine(load_model(path), AutoTokenizer.from_pretrained(str(path)))
     rows = [engine.model.seqcls.prompt_ids(p) for p in tiny.prompts]
-    got = engine.classify(pad(rows, np.arange(len(rows)), engine.pad_id))
+    got = engine.sequence_logits(pad(rows, np.arange(len(rows)), engine.pad_id))
     assert got.shape == (4, 4) and got.dtype == np.float32
     for r, p in enumerate(tiny.prompts):
         _check("qwen3-engine", got[r], tiny.ref(p))
     head = rows[0][:20]
     prefix, _ = engine.prefix(head)
     tails = [rows[0][20:], rows[3][20:]]
-    got = engine.classify(pad(tails, np.arange(2), engine.pad_id, cache_len=len(head)), prefix)
+    got = engine.sequence_logits(pad(tails, np.arange(2), engine.pad_id, cache_len=len(head)), prefix)
     for r, i in enumerate([0, 3]):
         _check("qwen3-engine", got[r], tiny.ref(head + rows[i][20:]))
     lm = Engine(load_model(tiny_arch.mlx("qwen2")), engine.tokenizer)
     with pytest.raises(ModelError, match="causal LM"):
-        lm.classify(pad(rows, np.arange(1), 0))
+        lm.sequence_logits(pad(rows, np.arange(1), 0))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mlx_slm.parity.decisions import compare, format_decision_report, systemone_question
+from mlx_slm.parity.decisions import Sides, compare, format_decision_report, systemone_question
 from mlx_slm.text.decisions import DecisionConfig, questions_of
 
 QUESTIONS = {
@@ -50,12 +50,12 @@ def test_compare_reports_the_largest_difference_and_disagreements():
         {"spam": [0.6, 0.4], "team": [0.5, 0.3, 0.2]},
         {"spam": [0.2 + 3e-5, 0.8 - 3e-5], "team": [0.1, 0.7, 0.2]},
     ]
-    r = compare(qs, qs, {}, ours, theirs, "float32", 0.1, 1.0, "m", "ref")
+    r = compare(qs, qs, {}, ours, theirs, Sides("m", "ref", "float32", 0.1, 1.0))
     assert r["per_question"]["spam"]["max_abs_dprob"] == pytest.approx(3e-5)
     assert r["per_question"]["team"]["disagreements"] == [1] and not r["ok"]
     assert "DISAGREES" in format_decision_report(r) and "FAIL" in format_decision_report(r)
     theirs[1]["team"] = [0.1, 0.2, 0.7]
-    r = compare(qs, qs, {"x": "why"}, ours, theirs, "float32", 0.1, 1.0, "m", "ref")
+    r = compare(qs, qs, {"x": "why"}, ours, theirs, Sides("m", "ref", "float32", 0.1, 1.0))
     assert r["ok"] and r["max_abs_dprob"] == pytest.approx(3e-5)
     assert "x" in format_decision_report(r) and "not compared: why" in format_decision_report(r)
 

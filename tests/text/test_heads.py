@@ -16,11 +16,11 @@ from mlx_slm.text.heads import (
     Candidate,
     Head,
     HeadError,
+    Search,
     _two_rows,
     candidate_name,
     fit,
     fit_linear,
-    fit_logistic,
     format_table,
     head_input,
     min_per_label,
@@ -41,7 +41,7 @@ def _data(seed: int, n: int, f: int, k: int, signal: float = 2.0):
 
 
 def _head(x, y, k, C=0.1, layers=(1,)):
-    mean, scale, coef, intercept = fit_logistic(x, y, k, C)
+    mean, scale, coef, intercept = fit_linear(x, y, k, "logistic", C)
     return Head(tuple(f"l{i}" for i in range(k)), tuple(layers), mean, scale, coef, intercept, C=C)
 
 
@@ -114,26 +114,36 @@ def test_fit_chooses_the_informative_layer_by_cv():
     noise = rng.normal(size=(n, dim))
     useful = np.eye(k, dim)[y] * 3 + rng.normal(size=(n, dim))
     feats = {"last": np.stack([noise, useful, noise[::-1]], axis=1)}  # layers 1, 2, 3
-    h = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2), _c(3), _c(1, 3)], folds=3)
+    h = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2), _c(3), _c(1, 3)], Search(folds=3))
     assert h.layers == (2,) and h.poolings == ("last",) and h.info["chosen"]["accuracy"] > 0.9
     rows = {tuple(r["layers"]): r for r in h.info["table"]}
     assert rows[(1,)]["accuracy"] < 0.6 and set(rows) == {(1,), (2,), (3,), (1, 3)}
     same = fit(
-        {"last": np.stack([useful, useful], axis=1)}, [1, 2], y, ["a", "b", "c"], [_c(2), _c(1), _c(1, 2)], folds=3
+        {"last": np.stack([useful, useful], axis=1)},
+        [1, 2],
+        y,
+        ["a", "b", "c"],
+        [_c(2), _c(1), _c(1, 2)],
+        Search(folds=3),
     )
     assert same.layers == (1,)  # a tie goes to the earlier (cheaper) layer
     assert [(r["kind"], r["C"]) for r in h.info["regularisation"]] == [("lda", 0.1), ("logistic", 0.1)]
     assert h.estimator == h.info["chosen"]["kind"] and h.estimator in ("lda", "logistic")
     lr = fit(
-        feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], estimators=("logistic",), Cs=(0.01, 0.1, 1.0), folds=3
+        feats,
+        [1, 2, 3],
+        y,
+        ["a", "b", "c"],
+        [_c(1), _c(2)],
+        Search(estimators=("logistic",), Cs=(0.01, 0.1, 1.0), folds=3),
     )
     assert lr.estimator == "logistic" and [r["C"] for r in lr.info["regularisation"]] == [0.01, 0.1, 1.0]
     assert h.info["chosen"]["log_loss_at_temperature"] <= h.info["chosen"]["log_loss"] + 1e-9
 
-    forced = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], forced=(1,), folds=3)
+    forced = fit(feats, [1, 2, 3], y, ["a", "b", "c"], [_c(1), _c(2)], Search(forced=(1,), folds=3))
     assert forced.layers == (1,) and forced.info["forced"]
     with pytest.raises(HeadError, match="at least 3 examples per label"):
-        fit({"last": feats["last"][:7]}, [1, 2, 3], y[:7], ["a", "b", "c"], [_c(1)], folds=3)
+        fit({"last": feats["last"][:7]}, [1, 2, 3], y[:7], ["a", "b", "c"], [_c(1)], Search(folds=3))
 
 
 @pytest.mark.parametrize("k", [2, 5])
@@ -168,13 +178,13 @@ def test_fit_chooses_the_pooling_by_cv_and_a_tie_goes_to_the_last_position():
     noise = rng.normal(size=(n, 2, dim))
     useful = (np.eye(k, dim)[y] * 3 + rng.normal(size=(n, dim)))[:, None].repeat(2, axis=1)
     cands = [_c(1), _c(2), _c(1, pooling="mean"), _c(2, pooling="mean")]
-    h = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3, combine=False)
+    h = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, Search(folds=3, combine=False))
     assert (h.layers, h.poolings) == ((1,), ("mean",)) and h.info["chosen"]["poolings"] == ["mean"]
     assert Head.from_dict(h.to_dict()).poolings == ("mean",)
     assert "mean 1" in format_table(h) and "<- chosen" in format_table(h)
-    tie = fit({"last": useful, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, folds=3, combine=False)
+    tie = fit({"last": useful, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, Search(folds=3, combine=False))
     assert (tie.layers, tie.poolings) == ((1,), ("last",))
-    forced = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, forced=(2,), folds=3)
+    forced = fit({"last": noise, "mean": useful}, [1, 2], y, ["a", "b", "c"], cands, Search(forced=(2,), folds=3))
     assert (forced.layers, forced.poolings) == ((2,), ("mean",))  # --layer fixes the layer; CV picks the pooling
     with pytest.raises(HeadError, match="pooling"):
         Head.from_dict(dict(h.to_dict(), pooling="max"))
@@ -193,7 +203,7 @@ def test_fit_joins_the_best_last_and_mean_parts_when_each_holds_half_the_signal(
     mean[:, 0, 1] += 6 * (y % 2)  # layer 1, mean: {0, 2} vs {1, 3}
     feats = {"last": last, "mean": mean}
     cands = [_c(1), _c(2), _c(1, pooling="mean"), _c(2, pooling="mean")]
-    h = fit(feats, [1, 2], y, list("abcd"), cands, folds=4)
+    h = fit(feats, [1, 2], y, list("abcd"), cands, Search(folds=4))
     assert h.parts == ((2, "last"), (1, "mean")) and h.name == "2+mean 1"
     assert h.info["chosen"]["accuracy"] > 0.9
     assert max(r["accuracy"] for r in h.info["table"][:4]) < 0.8  # neither half alone
@@ -276,7 +286,7 @@ def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
     got, errors, _ = head_classifier(engine, LABELS, SYSTEM, TEMPLATE).features(texts, [1])
     f = got["last"]
     assert errors == [None] * len(texts) and f.shape == (len(texts), 1, 64)
-    head = Head(LABELS, (1,), *fit_logistic(f[:, 0], np.arange(len(texts)) % 3, 3, 1.0))
+    head = Head(LABELS, (1,), *fit_linear(f[:, 0], np.arange(len(texts)) % 3, 3, "logistic", 1.0))
     clf = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head)
     assert clf.mode == "head" and clf.labelset.row_tokens == 0 and clf.kind.label_extra == 0
     m = engine.model

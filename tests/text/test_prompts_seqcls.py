@@ -13,16 +13,36 @@ from transformers import AutoTokenizer
 from mlx_slm.text import prompts
 from mlx_slm.text.prompts import (
     QWEN3_RERANKER_INSTRUCTION,
-    encode_pair,
-    encode_text,
     encode_texts,
-    pair_is_concatenation,
     qwen3_reranker_document,
     qwen3_reranker_ids,
-    qwen3_reranker_prompt,
     qwen3_reranker_query,
+    tokenize,
 )
 from tests.conftest import make_tokenizer
+
+
+def encode_pair(tokenizer, text, pair):
+    """A (text, text_pair) as the tokenizer encodes a pair (its pair template, or the two
+    encodings one after the other when it has none)."""
+    return encode_texts(tokenizer, [text], [pair])[0]
+
+
+def encode_text(tokenizer, text):
+    """One text as the tokenizer encodes it, with its special tokens (no chat template)."""
+    return encode_texts(tokenizer, [text])[0]
+
+
+def pair_is_concatenation(tokenizer):
+    """Whether the tokenizer joins a pair with nothing around or between the two texts (each
+    encoded alone, one after the other: Qwen2's and SmolLM2's)."""
+    a, b = "Query text.", "Document text."
+    return encode_pair(tokenizer, a, b) == sum(tokenize(tokenizer, [a, b]), [])
+
+
+def qwen3_reranker_prompt(query, document, instruction=None):
+    """The whole prompt string of the model card for one (query, document): its two parts joined."""
+    return qwen3_reranker_query(query, instruction) + qwen3_reranker_document(document)
 
 
 @pytest.fixture(scope="module")

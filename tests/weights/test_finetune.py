@@ -13,7 +13,7 @@ import pytest
 import mlx_slm  # noqa: F401  (BLAS before mlx)
 from mlx_slm.ground.errors import UserError
 from mlx_slm.weights.adapters import FineTuned, FinetuneError
-from mlx_slm.weights.finetune import FinetuneSettings, finetune, validation_split
+from mlx_slm.weights.finetune import FinetuneSettings, Provenance, finetune, validation_split
 
 LABELS = ("billing", "technical", "account")
 FAST = dict(
@@ -44,7 +44,9 @@ class Data:
         self.label_tokens = build_labelset(self.tok, LABELS, render(self.tok, self.fmt, "x")).token_ids
 
     def train(self, **kw):
-        extra = {k: kw.pop(k) for k in ("progress", "base_sha256") if k in kw}
+        extra = {k: kw.pop(k) for k in ("progress",) if k in kw}
+        if "base_sha256" in kw:
+            extra["provenance"] = Provenance(base_sha256=kw.pop("base_sha256"))
         s = FinetuneSettings(**{**FAST, **kw})
         return finetune(self.model, self.prompts, self.gold, LABELS, s, label_tokens=self.label_tokens, **extra)
 
@@ -342,12 +344,12 @@ def test_export_gives_transformers_the_same_probabilities(tiny_arch, arch, tmp_p
     pytest.importorskip("torch")
     import json
 
-    from mlx_slm.weights.export import export
+    from mlx_slm.weights.export import Described, export
 
     data = Data(tiny_arch.mlx(arch), n=24)
     ft = data.train(epochs=2)
-    out = export(ft, data.model, data.tok, data.path, tmp_path / "cls", prompt={"system": data.fmt.system,
-                 "template": data.fmt.template}, base_name="tiny")  # fmt: skip
+    out = export(ft, data.model, data.tok, data.path, tmp_path / "cls", described=Described(prompt={"system":
+                 data.fmt.system, "template": data.fmt.template}, base_name="tiny"))  # fmt: skip
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == [{"qwen2": "Qwen2", "llama": "Llama", "qwen3": "Qwen3"}[arch]
                                     + "ForSequenceClassification"]  # fmt: skip

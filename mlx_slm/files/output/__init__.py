@@ -18,14 +18,23 @@ to an uninterrupted one, error rows included.
 
 The package, one module per concern, each importing only the ones before it: `paths` (the
 output's format, never over an input), `runfiles` (the table of the files a run reads, none an
-output), `manifest` (the lock and the manifest), `records`
-(records and columns), `writers` (`Writer`, `ParquetRows`), `reader` (`read_records`),
-`resume` (`plan_resume`). Every name is importable from `mlx_slm.files.output`.
+output), `manifest` (the lock and the manifest), `writers` (`Writer`, `ParquetRows`), `reader`
+(`read_records`), `resume` (`plan_resume`). A record's shape and its columns are `text.records`'
+(one records module); they, too, are importable from here. Every name is importable from
+`mlx_slm.files.output`.
 """
 
 # jobs/classify.py takes OutputError from here, as it could before the split.
 from ...ground.errors import OutputError
-from ...text.records import answer_record, flat_answers, flat_record, result_record
+from ...text.records import (
+    answer_record,
+    columns_of,
+    csv_columns,
+    flat_answers,
+    flat_record,
+    question_columns,
+    result_record,
+)
 from .manifest import (
     LOCK_SUFFIX,
     MANIFEST_SUFFIX,
@@ -54,7 +63,6 @@ from .paths import (
     refuse_input_as_output,
 )
 from .reader import Record, RecordError, read_records
-from .records import columns_of, csv_columns, question_columns
 from .resume import Written, plan_resume, same_id, scan_output, truncate_to
 from .runfiles import ADAPTERS_SUFFIX, READS, adapters_file, check_run_files, files_read
 from .writers import INT64_MAX, INT64_MIN, ParquetRows, Writer, id_columns, parquet_records, require_pyarrow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -255,26 +256,34 @@ def _check_labelled(
     return support
 
 
+@dataclass(frozen=True)
+class _LabelledFit:
+    """`fit_labelled`'s settings, checked once and read by the cross-validation and the final fit."""
+
+    temperature: bool | str
+    folds: int
+    seed: int
+    l2: float
+    max_iter: int
+
+
 def _cross_validate(
     lpf: np.ndarray,
     gold: np.ndarray,
     labels: tuple[str, ...],
     support: np.ndarray,
-    temperature: bool | str,
-    folds: int,
-    seed: int,
-    l2: float,
-    max_iter: int,
+    how: _LabelledFit,
     info: dict[str, Any],
 ) -> bool:
     """Stratified k-fold figures into `info`; returns whether to fit a temperature
     ("auto": only if it lowers the cross-validated log-loss)."""
     k, n = len(labels), len(gold)
+    temperature, l2, max_iter = how.temperature, how.l2, how.max_iter
     variants = {"auto": [False, True], True: [True], False: [False]}[temperature]
-    nf = int(min(folds, support.min()))
+    nf = int(min(how.folds, support.min()))
     cv: dict[bool, tuple[float, float]] = {}
     if nf >= 2:
-        fold = _stratified_folds(gold, k, nf, seed)
+        fold = _stratified_folds(gold, k, nf, how.seed)
         raw_nll, raw_ok = _score(lpf, gold, np.zeros(k), 1.0)
         for v in variants:
             tot_nll = tot_ok = 0.0
@@ -352,7 +361,7 @@ def fit_labelled(
         "l2": l2,
         "temperature_mode": temperature,
     }
-    use_temp = _cross_validate(lpf, gold, labels, support, temperature, folds, seed, l2, max_iter, info)
+    use_temp = _cross_validate(lpf, gold, labels, support, _LabelledFit(temperature, folds, seed, l2, max_iter), info)
     b, a, it, conv = _newton(lpf, gold, k, use_temp, l2, max_iter)
     info.update(temperature_fitted=use_temp, iterations=it, converged=conv)
     return Calibrator("fit", labels, tuple((-b).tolist()), 1.0 / a, n, info)
