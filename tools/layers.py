@@ -42,7 +42,7 @@ ROOT = "(root)"
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
-    """`mlx_slm/files/output/lock.py` -> "files.output.lock"; the package root is ""."""
+    """`mlx_slm/files/output/writers.py` -> "files.output.writers"; the package root is ""."""
     parts = list(path.relative_to(package).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
