@@ -34,7 +34,8 @@ from ..text.metrics import accuracy, confusion, macro_f1
 from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
 from ..weights.finetune import validation_split
 from .finetune import finetune_texts, history_table, save_finetuned
-from .train import TrainError, read_training_data, train_head, trained_task
+from .labelled import TrainError, read_training_data
+from .train import train_head, trained_task
 
 HOLDOUT = 0.2  # each label's share held out to compare the two (at least one text a label)
 METHODS = ("head", "finetune")

@@ -30,7 +30,8 @@ from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fil
 from ..weights.adapters import FinetuneError
 from ..weights.convert import sha256_file
 from ..weights.finetune import finetune
-from .train import TrainError, read_training_data, trained_task
+from .labelled import TrainError, read_training_data
+from .train import trained_task
 
 
 def run_finetune(

@@ -10,21 +10,68 @@ threshold (in-scope accuracy, the share answered, out-of-scope recall and precis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..classifier.classifier import Classifier
 from ..classifier.task import Task
+from ..ground.errors import UsageError
 from ..text.out_of_scope import DEFAULT_TARGET, choose_threshold
-from .train import TrainError, read_training_data
+from .labelled import TrainError, read_training_data
 
 
 def none_section(label: str | None, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
     """A task's "none of these" section: its none label and how its `min_confidence` was chosen."""
     return {"label": label, "min_confidence": chosen}
+
+
+@dataclass(frozen=True)
+class NoneRule:
+    """ "None of these" as `train` was asked it (--none-label, --none-threshold, --none-target,
+    --none-data), checked by the front end and applied by the job itself to the trained task,
+    before anything is written. `threshold`: a probability, "auto" (chosen on `data` to
+    `target`), or None; `read`: how `data` is read (as DATA is, with its gold field)."""
+
+    label: str | None = None
+    threshold: float | str | None = None
+    target: float = DEFAULT_TARGET
+    data: str | None = None
+    read: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def asked(self) -> bool:
+        return self.label is not None or self.threshold is not None
+
+    def check(self, data_path: str, labels: Sequence[str] | None) -> None:
+        """With "auto": `data` read and checked now, before any training (`check_none_data`)."""
+        if self.threshold == "auto" and self.data is not None:
+            check_none_data(self.data, data_path, self.label, labels=labels, read=dict(self.read))
+
+    def apply(self, task: Task, engine: Any, say: Any = lambda _m: None, **clf_kwargs: Any) -> Task:
+        """`task` as it is to be saved: its none label (one of its labels) and its min_confidence as
+        given or chosen on `data` (`clf_kwargs`: how the held-out texts are batched); unchanged when
+        nothing was asked."""
+        if not self.asked:
+            return task
+        learned = self.label if self.label in task.labels else None  # else it marks `data`'s out-of-scope texts
+        if self.label is not None and learned is None and self.threshold != "auto":
+            raise UsageError(
+                f"--none-label {self.label!r}: no row of DATA is labelled {self.label!r} (the labels: "
+                f"{list(task.labels)[:8]}): label the out-of-scope examples with it, or add --none-threshold auto "
+                "--none-data FILE to mark out-of-scope texts there only, or drop --none-label"
+            )
+        auto = self.threshold == "auto"
+        task = replace(task, none=none_section(learned), min_confidence=None if auto else self.threshold)
+        if not auto:
+            return task
+        assert self.data is not None  # the front end asks --none-data with auto
+        read = dict(self.read)
+        return choose_none_threshold(
+            task, engine, self.data, target=self.target, read=read, say=say, marked=self.label, **clf_kwargs
+        )
 
 
 def check_none_data(

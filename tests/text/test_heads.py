@@ -255,13 +255,13 @@ def _labelled(n_per: int = 8):
 def tiny_head(tiny_qwen_mlx):
     """A head trained on the tiny model (random weights: what matters is the path, not accuracy)."""
     from mlx_slm.engine.engine import Engine
-    from mlx_slm.jobs.train import TrainingData, head_classifier, train
+    from mlx_slm.jobs.train import HeadOptions, TrainingData, head_classifier, train
 
     engine = Engine.load(str(tiny_qwen_mlx))
     data = _labelled()
     clf = head_classifier(engine, LABELS, SYSTEM, TEMPLATE)
     td = TrainingData("x.jsonl", [t for t, _ in data], np.array([LABELS.index(g) for _, g in data]), LABELS, [], "0")
-    head = train(clf, td, layers="1,2", folds=3)
+    head = train(clf, td, HeadOptions(layers="1,2", folds=3))
     return engine, head
 
 
