@@ -9,13 +9,13 @@ model loads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..files.readers import read_rows
+from ..files.readers import ReadSpec, read_rows
 from ..ground.errors import UserError
 from ..ground.textfiles import has_lone_surrogate
 from ..text.heads import DEFAULT_FOLDS, min_per_label
@@ -71,41 +71,25 @@ def read_training_data(
     path: str,
     labels: Sequence[str] | None = None,
     *,
-    fmt: str | None = None,
-    text_field: str = "text",
-    id_field: str = "id",
-    text_column: str = "text",
-    id_column: str | None = "id",
-    gold_field: str = "label",
-    pair: str | None = None,
-    pair_required: bool = False,
+    spec: ReadSpec | None = None,
     folds: int = DEFAULT_FOLDS,
     need: tuple[int, str] | None = None,
     what: str = "a head",
 ) -> TrainingData:
-    """Every row must hold a text and a gold label; `pair`: the field (JSONL, Parquet) or column
-    (CSV) of a second text, read as classify reads it (`TaskOptions.read_pair`): a row that has
-    one is a (text, pair) item, which the prompt takes ({pair} in the template) or refuses by
-    its line. `labels`: the label set (None: the data's
-    own labels, sorted); a label in the data outside it, a label with fewer than
-    `min_per_label(folds)` examples (`need`: another minimum, and why), an empty file: a
-    `TrainError` naming the fix. `what` is trained (the messages' words)."""
+    """Every row must hold a text and a gold label, read as `spec` says (its format, fields and
+    second text, as classify reads them: a row with a pair is a (text, pair) item, which the
+    prompt takes ({pair} in the template) or refuses by its line; the gold label from
+    `spec.gold`, else `spec.gold_field`). `labels`: the label set (None: the data's own labels,
+    sorted); a label in the data outside it, a label with fewer than `min_per_label(folds)`
+    examples (`need`: another minimum, and why), an empty file: a `TrainError` naming the fix.
+    `what` is trained (the messages' words)."""
 
+    spec = spec or ReadSpec()
+    gold_field = spec.gold if isinstance(spec.gold, str) else spec.gold_field
+    text_field = spec.text_field
     if path in ("-", None):
         raise TrainError("train reads a file (its sha256 goes into the task): give the labelled data's path")
-    rows = list(
-        read_rows(
-            path,
-            fmt,
-            text_field,
-            id_field,
-            text_column,
-            id_column,
-            gold=gold_field,
-            pair=pair,
-            pair_required=pair_required,
-        )
-    )
+    rows = list(read_rows(path, replace(spec, gold=gold_field)))
     if not rows:
         raise TrainError(
             f"{path} is empty: give it labelled texts, one a row (a {text_field!r} and a {gold_field!r} field)"

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..classifier.classifier import Classifier
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..engine.engine import Engine
+from ..kinds import KindArgs, arguments
 from ..kinds.head import HeadSettings
 from ..kinds.questions import QuestionsSettings
 from ..text.heads import DEFAULT_FOLDS, POOLINGS, Candidate, Head, candidate_name, fit, format_table, min_per_label
@@ -33,15 +35,13 @@ from ..text.prompts import (
     DEFAULT_TEMPLATE,
     check_plain_system,
     check_template,
-    fill_system,
     folds_system,
     read_examples,
 )
-from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
-from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
 from ..text.questions import Question, QuestionError, check_name, check_questions
 from ..weights.convert import versions
 from .labelled import TrainError, TrainingData, check_folds, read_training_data
+from .out_of_scope import NoneRule
 
 
 def default_layers(n: int) -> list[int]:
@@ -391,71 +391,97 @@ def head_classifier(engine: Any, labels: Sequence[str], system: str | None, temp
     return Classifier(engine, labels, system, template, features_only=True, **kwargs)
 
 
-def trained_task(
-    model: str,
-    engine: Any,
-    labels: Sequence[str],
-    system: str | None,
-    template: str,
-    section: Any,
-    examples: Sequence[tuple[str, str]] = (),
-) -> Task:
-    """The task a training run saves: its model (as named, pinned to these weights), prompt and
-    labels, and what was learned (`section`: a head, or fine-tuned adapters)."""
+def classify_options(plan: Plan) -> dict[str, Any]:
+    """How a trained task's classifier batches, as the plan says: what scores held-out texts
+    (`--finetune auto`'s comparison, `--none-threshold auto`'s choice) on the loaded engine."""
+    return {
+        "batch_size": plan.batch_size,
+        "max_batch_tokens": plan.max_batch_tokens,
+        "use_prefix_cache": plan.use_prefix_cache,
+        "truncate": plan.truncate,
+    }
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """One `train` run as its front end resolved it, read by every way of training (a head,
+    several heads, a fine-tune, `--finetune auto`): DATA's path; the plan (the model, the prompt
+    as typed with its labels still to fill, the batching, how DATA is read, where the task is
+    saved); the labels given (None: the data's own) and their descriptions; the few-shot
+    examples' file; how a head is chosen; "none of these"; the files the run reads (none of
+    which an output may be)."""
+
+    data: str
+    plan: Plan
+    labels: tuple[str, ...] | None = None
+    descriptions: Mapping[str, str] | None = None
+    examples_file: str | None = None
+    head: HeadOptions = HeadOptions()
+    none: NoneRule = NoneRule()
+    reads: tuple[tuple[str, str], ...] = ()
+
+    def read(self, need: tuple[int, str] | None = None, what: str = "a head") -> TrainingData:
+        """DATA read and checked (`read_training_data`), before the model loads."""
+        return read_training_data(
+            self.data, self.labels, spec=self.plan.read, folds=self.head.folds, need=need, what=what
+        )
+
+    def prompt(self, data: TrainingData) -> Plan:
+        """The plan with DATA's labels filled into its system message as typed (`Plan.with_labels`,
+        the one place a system message gets its labels) and its template checked as typed (every
+        {word}, {{ }} literal braces)."""
+        plan = self.plan.with_labels(data.labels, self.descriptions, typed=True)
+        return replace(plan, template=check_template(plan.template))
+
+
+def labelled_plan(plan: Plan, labels: Sequence[str], examples: Sequence[Any] = (), features_only: bool = False) -> Plan:
+    """`plan` scoring `labels` (with few-shot `examples`): a features-only classifier's for a
+    head (its hidden states, no label tokens run), and the labels a trained task saves."""
+    kind = arguments(labels=tuple(labels), examples=examples, features_only=features_only, truncate=plan.truncate)
+    return plan.with_kind(kind)
+
+
+def trained_task(plan: Plan, engine: Any, section: Any) -> Task:
+    """The task a training run saves: the plan's model (as named, pinned to these weights),
+    prompt, labels and examples, and what was learned (`section`: a head, fine-tuned adapters,
+    or heads as questions)."""
+    assert plan.model is not None  # a training run names its model
     return Task(
-        model=model,
-        labels=tuple(labels),
-        system=system,
-        template=template,
-        examples=tuple(examples),
+        model=plan.model.name,
+        labels=plan.labels,
+        system=plan.system,
+        template=plan.template,
+        examples=plan.examples,
         weights_sha256=engine.weights_sha256,
         versions=versions(),
         section=section,
-        system_in_user_turn=folds_system(engine.tokenizer, system),
+        system_in_user_turn=folds_system(engine.tokenizer, plan.system),
     )
 
 
-def run_train(
-    data_path: str,
-    save_task: str,
-    *,
-    model: str,
-    labels: Sequence[str] | None = None,
-    descriptions: Mapping[str, str] | None = None,
-    system: str | None = DEFAULT_SYSTEM,
-    template: str = DEFAULT_TEMPLATE,
-    examples_file: str | None = None,
-    read: Mapping[str, Any] | None = None,
-    layers: str | None = "auto",
-    layer: int | None = None,
-    folds: int = DEFAULT_FOLDS,
-    seed: int = 0,
-    dtype: str | None = None,
-    dequantize: bool | None = None,
-    window: int = 1024,
-    poolings: Sequence[str] = POOLINGS,
-    progress: Callable[[str], None] = lambda _m: None,
-    finish: Callable[[Any, Any], Any] | None = None,
-    **clf_kwargs: Any,
-) -> tuple[Any, str]:
-    """The `train` command: read the data (before the model loads: its problems fail first),
-    fit the head, save the task. Returns (the `Task`, the per-layer table as text).
-    `read`: read_training_data's field options (fmt, text_field, gold_field, ...)."""
+def _prefixed(say: Callable[[str], None]) -> Callable[[str], None]:
+    """A step's message as the CLI says it (`mlx-slm: ...`)."""
+    return lambda m: say(f"mlx-slm: {m}")
 
-    check_folds(folds)
-    data = read_training_data(data_path, labels, folds=folds, **(read or {}))
-    # As typed (--system, --template): every {word} checked, {{ }} literal braces.
-    system = fill_system(system or None, data.labels, descriptions)
-    template = check_template(template)
-    examples = read_examples(examples_file, data.labels) if examples_file else ()
-    progress(f"loading {model}")
-    engine = Engine.load(model, dtype, dequantize)
-    clf = head_classifier(engine, data.labels, system, template, examples=examples, **clf_kwargs)
-    head = train(clf, data, HeadOptions(layers, layer, folds, seed, window, tuple(poolings)), progress)
-    task = trained_task(model, engine, data.labels, system, template, HeadSettings(head), clf.format.examples)
-    if finish is not None:  # e.g. "none of these": its threshold chosen on held-out data, before anything is written
-        task = finish(task, engine)
-    task.save(save_task)
+
+def run_train(run: TrainRun, say: Callable[[str], None] = _silent) -> tuple[Any, str]:
+    """The `train` command: read the data (before the model loads: its problems fail first),
+    fit the head, apply "none of these", save the task. Returns (the `Task`, the per-layer
+    table as text); `say` takes each step's message."""
+
+    check_folds(run.head.folds)
+    data = run.read()
+    plan = run.prompt(data)
+    examples = read_examples(run.examples_file, data.labels) if run.examples_file else ()
+    plan = labelled_plan(plan, data.labels, examples, features_only=True)
+    progress = _prefixed(say)
+    progress(f"loading {plan.model}")
+    engine = Engine.load(plan.model)
+    head = train(Classifier(engine, plan=plan), data, run.head, progress)
+    task = trained_task(plan, engine, HeadSettings(head))
+    # "None of these": its threshold chosen on held-out data, before anything is written.
+    task = run.none.apply(task, engine, say, **classify_options(plan))
+    task.save(plan.save_task)
     return task, format_table(head)
 
 
@@ -470,54 +496,50 @@ def _check_fields(fields: Sequence[str]) -> None:
             raise TrainError(f"--label-field {f!r}: {e}; rename the field in the data") from None
 
 
-def run_train_fields(
-    data_path: str,
-    save_task: str,
-    fields: Sequence[str],
-    *,
-    model: str,
-    system: str | None = None,
-    template: str | None = None,
-    read: Mapping[str, Any] | None = None,
-    layers: str | None = "auto",
-    layer: int | None = None,
-    folds: int = DEFAULT_FOLDS,
-    seed: int = 0,
-    dtype: str | None = None,
-    dequantize: bool | None = None,
-    window: int = 1024,
-    poolings: Sequence[str] = POOLINGS,
-    progress: Callable[[str], None] = lambda _m: None,
-    **clf_kwargs: Any,
-) -> tuple[Any, str]:
+def run_train_fields(run: TrainRun, fields: Sequence[str], say: Callable[[str], None] = _silent) -> tuple[Any, str]:
     """`train --label-field A --label-field B ...`: one head per gold field, from one pass over
     the texts (every head's candidate layers together, the forward stopped at the deepest),
     saved as a task of questions (each head a question named by its field) that `classify
     --task` runs, and that `--questions` can add zero-shot questions to. The prompt is the
-    questions' (default system "You answer questions about a text ...", template `Text:
-    {text}`): the heads read the text's own prompt, which zero-shot questions continue."""
+    plan's, a questions' prompt (the front end gives the default system "You answer questions
+    about a text ...", template `Text: {text}`, unless typed): the heads read the text's own
+    prompt, which zero-shot questions continue."""
 
-    check_folds(folds)  # before the one feature pass, as the single head's entry checks it
+    check_folds(run.head.folds)  # before the one feature pass, as the single head's entry checks it
     _check_fields(fields)
-    datas = [read_training_data(data_path, None, folds=folds, **{**(read or {}), "gold_field": f}) for f in fields]
-    system = Q_SYSTEM if system is None else check_plain_system(system)
-    template = Q_TEMPLATE if template is None else check_template(template, placeholders=("text", "question"))
-    progress(f"loading {model}")
-    engine = Engine.load(model, dtype, dequantize)
-    clf = head_classifier(engine, datas[0].labels, system, template, **clf_kwargs)
-    n = len(clf.model.layers)
-    spec = parse_layers(layers, n) if layers is None or isinstance(layers, str) else list(layers)
-    every = sorted(
-        {
-            x
-            for c in candidates(sorted(set(spec) | ({layer} if layer else set())), n, poolings=poolings)
-            for x in c.layers
-        }
+    datas = [read_training_data(run.data, None, spec=run.plan.read.with_gold(f), folds=run.head.folds) for f in fields]
+    plan = replace(
+        run.plan,
+        system=check_plain_system(run.plan.system),
+        template=check_template(run.plan.template, placeholders=("text", "question")),
     )
+    progress = _prefixed(say)
+    progress(f"loading {plan.model}")
+    engine = Engine.load(plan.model)
+    clf = Classifier(engine, plan=labelled_plan(plan, datas[0].labels, features_only=True))
+    heads = _field_heads(clf, fields, datas, run.head, progress)
+    try:
+        qs = check_questions([Question(f, "", "head", h.labels, head=h) for f, h in zip(fields, heads)])
+    except QuestionError as e:
+        raise TrainError(f"--label-field: {e} (the field names the head's question: rename the field)") from None
+    task = trained_task(plan.with_kind(KindArgs()), engine, QuestionsSettings(tuple(qs)))
+    task.save(plan.save_task)
+    return task, "\n\n".join(f"== {f}\n{format_table(h)}" for f, h in zip(fields, heads))
+
+
+def _field_heads(
+    clf: Any, fields: Sequence[str], datas: list[TrainingData], head: HeadOptions, progress: Callable[[str], None]
+) -> list[Head]:
+    """One head per field (`datas`: each field's gold labels of the same texts), from one
+    feature pass over the texts to the deepest layer any head's candidates need."""
+    n = len(clf.model.layers)
+    spec = parse_layers(head.layers, n) if head.layers is None or isinstance(head.layers, str) else list(head.layers)
+    wanted = sorted(set(spec) | ({head.layer} if head.layer else set()))
+    every = sorted({x for c in candidates(wanted, n, poolings=head.poolings) for x in c.layers})
     progress(
         f"features: {len(datas[0].texts)} texts, layers {', '.join(map(str, every))}, once for {len(fields)} heads"
     )
-    feats, errors, st = clf.features(datas[0].texts, every, window=window, poolings=poolings)
+    feats, errors, st = clf.features(datas[0].texts, every, window=head.window, poolings=head.poolings)
 
     def cached(_clf: Any, texts: Sequence[str], want: Sequence[int], pools: Sequence[str], *_: Any) -> Any:
         cols = [every.index(x) for x in want]  # the one pass's layers, as each head asks for them
@@ -526,54 +548,33 @@ def run_train_fields(
     heads = []
     for f, data in zip(fields, datas):
         progress(f"head for {f!r}: {len(data.labels)} labels")
-        head = train_head(
-            clf,
-            data.texts,
-            [data.labels[i] for i in data.gold],
-            classes=data.labels,
-            layers=spec,
-            layer=layer,
-            folds=folds,
-            seed=seed,
-            window=window,
-            poolings=poolings,
-            log=progress,
-            source=data.path,
-            lines=data.lines,
-            extract=cached,
-        )
-        head.info.update({"data": Path(data.path).name, "data_sha256": data.sha256, "gold_field": f})
-        heads.append(head)
-    try:
-        qs = check_questions([Question(f, "", "head", h.labels, head=h) for f, h in zip(fields, heads)])
-    except QuestionError as e:
-        raise TrainError(f"--label-field: {e} (the field names the head's question: rename the field)") from None
-    task = Task(
-        model=model,
-        labels=(),
-        system=system,
-        template=template,
-        weights_sha256=engine.weights_sha256,
-        versions=versions(),
-        section=QuestionsSettings(tuple(qs)),
-        system_in_user_turn=folds_system(engine.tokenizer, system),
-    )
-    task.save(save_task)
-    return task, "\n\n".join(f"== {f}\n{format_table(h)}" for f, h in zip(fields, heads))
+        trace = Trace(source=data.path, lines=data.lines, log=progress, extract=cached)
+        gold = [data.labels[i] for i in data.gold]
+        learned = learn_head(clf, data.texts, gold, data.labels, replace(head, layers=spec), trace)
+        learned.info.update({"data": Path(data.path).name, "data_sha256": data.sha256, "gold_field": f})
+        heads.append(learned)
+    return heads
 
 
 __all__ = [
+    "HeadOptions",
     "TrainError",
+    "TrainRun",
     "TrainingData",
-    "check_folds",
+    "Trace",
     "candidate_name",
     "candidates",
+    "check_folds",
     "default_layers",
+    "fit_head",
     "head_classifier",
+    "labelled_plan",
+    "learn_head",
     "parse_layers",
     "read_training_data",
     "run_train",
     "run_train_fields",
     "train",
     "train_head",
+    "trained_task",
 ]

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..classifier.classifier import Classifier
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..ground.notices import notice
 from ..jobs.finetune import finetune_texts, progress_bar
@@ -187,18 +188,8 @@ class FinetuneMethod(PromptMethod):
             )
         update, close = progress_bar(est.verbose == 0)
         try:
-            tuned = finetune_texts(
-                engine,
-                texts,
-                gold,
-                names,
-                system,
-                template,
-                settings,
-                where=lambda i: f"X row {i}",
-                progress=update,
-                **est.batching(),
-            )
+            plan = Plan.of(names, system, template, **est.batching())
+            tuned = finetune_texts(engine, plan, texts, gold, settings, where=lambda i: f"X row {i}", progress=update)
         finally:
             close()
         return FineTunedSettings(in_memory(tuned)), spec
