@@ -10,11 +10,12 @@ from typing import Any
 
 import click
 
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..files.readers import read_rows
 from ..ground.errors import UserError
 from ..jobs.decide import decision_config, state_problem
-from ..jobs.setup import read_labels
+from ..jobs.setup import CommandLabels, read_labels
 from ..parity.chat import format_chat_report, run_chat_parity
 from ..parity.decisions import format_decision_report, run_decision_parity
 from ..parity.embeddings import format_embed_report, run_embed_parity
@@ -231,16 +232,16 @@ def _report(r: dict[str, Any], as_json: bool, text: Any, ok: bool) -> None:
 
 @dataclass(frozen=True)
 class _Parity:
-    """One `parity` run's options, read once (`of`): the model as the MLX path loads it
-    (`ModelRef`: --model, --dtype, --keep-quantized/--dequantize), the --reference, the items
-    (--n, --input), the prompt (--system, --template) and which of the prompt and label options
-    were typed, the report's form and a multi-label answer threshold; each check is a method."""
+    """One `parity` run's options, read once (`of`): the plan (the model as the MLX path loads
+    it, `ModelRef`: --model, --dtype, --keep-quantized/--dequantize; the prompt: --system,
+    --template), the --reference, the items (--n, --input), which of the prompt and label
+    options were typed, the report's form and a multi-label answer threshold; each check is a
+    method."""
 
-    model: ModelRef
+    plan: Plan
     reference: str | None
     n: int
     input_path: str | None
-    prompt: tuple[str, str]  # (system, template), used where typed (`typed`) by a chat prompt
     typed: frozenset[str]
     as_json: bool
     threshold: float | None
@@ -255,8 +256,18 @@ class _Parity:
         )
         keep = p["keep_quantized"]
         model = ModelRef(p["model"], p["dtype"], None if keep is None else not keep)
-        prompt = (p["system"], p["template"])
-        return cls(model, p["reference"], p["n"], p["input_path"], prompt, typed, p["as_json"], p["threshold"])
+        plan = Plan(model=model, system=p["system"], template=p["template"])
+        return cls(plan, p["reference"], p["n"], p["input_path"], typed, p["as_json"], p["threshold"])
+
+    @property
+    def model(self) -> ModelRef:
+        assert self.plan.model is not None  # `of` names it
+        return self.plan.model
+
+    @property
+    def prompt(self) -> tuple[str, str]:
+        """(system, template) as given, used where typed (`typed`) by a chat prompt."""
+        return self.plan.system or "", self.plan.template
 
     @property
     def run_kwargs(self) -> dict[str, Any]:
@@ -289,7 +300,7 @@ class _Parity:
         labels = got.labels
         assert labels is not None  # --labels has a default
         # As typed: every {word} checked, {{ }} literal braces (before any work).
-        system, template = got.fill(self.prompt[0]) or "", check_template(self.prompt[1])
+        system, template = self._filled(got), check_template(self.prompt[1])
         texts = self.texts(self.model.name, system, template)
         m = self.model
         r = run_parity(
@@ -299,12 +310,16 @@ class _Parity:
             labels,
             system or None,
             template,
-            m.dtype,
+            dtype=m.dtype,
             progress=_say,
             dequantize=m.dequantize,
         )
         ok = r["forward_ok"] and r.get("mlxlm_ok", True) and not (strict and not r["drift_ok"])
         _report(r, self.as_json, format_report, ok)
+
+    def _filled(self, got: CommandLabels) -> str:
+        """The system message with the labels filled in as typed (`Plan.with_labels`)."""
+        return self.plan.with_labels(got.labels or [], got.descriptions, typed=True).system or ""
 
     def chat(self, o: dict[str, Any]) -> None:
         """`parity --chat` (`parity/chat.py`), with the command's options by name."""
@@ -315,7 +330,7 @@ class _Parity:
             )
         got = read_labels(o["labels_csv"], o["labels_file"])
         assert got.labels is not None  # --labels has a default
-        system, template = got.fill(self.prompt[0]) or "", check_template(self.prompt[1])
+        system, template = self._filled(got), check_template(self.prompt[1])
         texts = self.texts(self.model.name, system, template)
         m = self.model
         r = run_chat_parity(
