@@ -347,7 +347,7 @@ def _take_task(o: TaskOptions, t: Task) -> _Taken:
         calibration=t.calibration if "calibrate" not in given else CalibrationSpec.of(o.calibrate),
         options=replace(o, **filled),
         labels=list(t.labels) if not ({"labels_csv", "labels_file"} & given) else None,
-        questions=tuple(t.questions) if t.questions else None,
+        questions=tuple(t.questions or ()) or None,
         examples=t.examples if "examples_file" not in given else (),
         origin="task" if t.calibration.fitted and "calibrate" not in given else "here",
     )
@@ -405,12 +405,10 @@ def _read_questions(o: TaskOptions, task: Task | None, asked: Any) -> tuple[str 
     questions = asked
     if o.questions_file:
         more = read_questions(o.questions_file)  # its own problems name the file and line
-        if questions:
-            try:
-                more = check_questions([*questions, *more])
-            except QuestionError as e:
-                raise QuestionError(f"--questions {o.questions_file} with the task's questions: {e}") from None
-        questions = more
+        try:  # with the task's own, if any (`more` alone was checked as it was read)
+            questions = check_questions([*(asked or ()), *more])
+        except QuestionError as e:
+            raise QuestionError(f"--questions {o.questions_file} with the task's questions: {e}") from None
     # As typed: every {word} checked ({text} and {question} in the template), {{ }} literal braces;
     # otherwise the task's, or the defaults for questions.
     system, template = o.system, o.template
@@ -479,7 +477,7 @@ def load(plan: Plan, embeds_only_ok: bool = False) -> Classifier:
         clf = Classifier.from_plan(plan)
     except (ModelError, NotItsLabels) as e:
         raise _load_error(e, plan) from None
-    if embeds_only(clf.engine.model) and clf.head is None and not embeds_only_ok:
+    if embeds_only(clf.engine.model) and not clf.spec.classifies and not embeds_only_ok:  # no head given
         raise ModelError(BACKBONE_NO_LM_HEAD)
     task = plan.task
     if task is not None and (plan.origin == "task" or task.trained is not None):  # same weights only

@@ -6,12 +6,14 @@ parameters it cannot use (`check`) and fits a `Task` (`fit`); the estimator asks
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..classifier.classifier import Classifier
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..ground.notices import notice
 from ..jobs.finetune import finetune_texts, progress_bar
@@ -20,7 +22,8 @@ from ..kinds.base import KindSettings
 from ..kinds.finetune import FineTunedSettings, in_memory
 from ..kinds.head import HeadSettings
 from ..text.calibration import CalibrationSpec
-from ..text.prompts import PromptFormat, check_examples, fill_labels
+from ..text.heads import head_input
+from ..text.prompts import PromptFormat, check_examples
 from ..weights.convert import versions
 from ..weights.finetune import FinetuneSettings
 from .data import classes_of, label_key, targets
@@ -73,6 +76,15 @@ class Method:
         the estimator holds it, and the estimator's parameters (its prompt, then `params`)."""
         return task, {"system": task.system or "", "template": task.template, **params}
 
+    def log_proba(self, est: Any, clf: Any, texts: list[str]) -> np.ndarray | None:
+        """The log-probabilities (N, k) this method computes itself, or None: the classifier's."""
+        return None
+
+    def features(self, est: Any, clf_of: Callable[[], Any], texts: list[str]) -> np.ndarray:
+        """The features a fitted task's predictions read (`transform`; `clf_of` gives the classifier,
+        loaded only when used): a learned head's only."""
+        raise ValueError("transform gives a learned head's features: fit with method='head'")
+
 
 class PromptMethod(Method):
     """A method on a prompt of the estimator's (system, template, examples), over labels from `y`."""
@@ -81,7 +93,7 @@ class PromptMethod(Method):
 
     def fit(self, est: Any, texts: list[str], y: Any) -> tuple[Task, np.ndarray]:
         classes, names, gold = classes_of(y, len(texts), est.labels, self.zero_shot, est.calibration)
-        system = fill_labels(DEFAULT_SYSTEM if est.system is None else (est.system or None), names)
+        system = Plan(system=DEFAULT_SYSTEM if est.system is None else (est.system or None)).with_labels(names).system
         template = DEFAULT_TEMPLATE if est.template is None else est.template
         examples = check_examples(est.examples, names)  # as the CLI's --examples: pairs, known labels
         PromptFormat(system, template, examples)  # a template without {text} is refused now, not at predict
@@ -142,6 +154,21 @@ class HeadMethod(PromptMethod):
             **est.batching(),
         )
         return HeadSettings(head), spec
+
+    def log_proba(self, est: Any, clf: Any, texts: list[str]) -> np.ndarray | None:
+        """The head's maths on its features (cached), as the head kind does it."""
+        return clf.head.log_probs(self.features(est, lambda: clf, texts))
+
+    def features(self, est: Any, clf_of: Callable[[], Any], texts: list[str]) -> np.ndarray:
+        """(N, parts, D): the head's parts of each text's hidden states, from the feature cache."""
+        clf = clf_of()
+        head = clf.head
+        layers, poolings = sorted(set(head.layers)), tuple(sorted(set(head.poolings)))
+        feats, errors, _ = FEATURES.features(clf, texts, layers, poolings, progress=est.verbose > 0)
+        for i, e in enumerate(errors):
+            if e is not None:
+                raise ValueError(f"X row {i}: {e}")
+        return head_input(feats, layers, head)
 
 
 class LabelsMethod(PromptMethod):
