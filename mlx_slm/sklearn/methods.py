@@ -252,8 +252,8 @@ class ModelMethod(Method):
 
     def fit(self, est: Any, texts: list[str], y: Any) -> tuple[Task, np.ndarray]:
         engine = shared_engine(est.model, est.dtype)
-        head = getattr(engine.model, "seqcls", None)
-        if head is None:
+        score_head = getattr(engine.model, "seqcls", None)  # the checkpoint's own, if it is a sequence classifier
+        if score_head is None:
             raise ValueError(
                 f"method='model' uses a sequence-classification checkpoint's own head, but {est.model} is a causal "
                 "LM (no score head): use method='labels' (zero-shot) or 'head' (a learned head)"
@@ -263,14 +263,14 @@ class ModelMethod(Method):
         if clf.spec.record_shape().form != "label":
             what = (
                 "a multi-label head (a sigmoid per label: several labels a text)"
-                if head.multi_label
+                if score_head.multi_label
                 else ("a one-output head (a score, not a class)")
             )
             raise ValueError(
                 f"method='model': {est.model} is {what}, and a scikit-learn classifier gives one class a text: use "
                 "mlx_slm.Classifier for its predictions"
             )
-        own = list(head.labels)
+        own = list(score_head.labels)
         names = own if est.labels is None else [str(label_key(c)) for c in est.labels]
         if sorted(names) != sorted(own):
             raise ValueError(
