@@ -76,9 +76,12 @@ class Task:
 
     def __post_init__(self, head: Head | None, questions: tuple[Question, ...] | None) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
-        if head is None and not questions:
+        # Read by the one translator (`kinds.arguments`), as `Classifier(head=..., questions=...)` is;
+        # given both, the head is the section, as it always was (the table lists its settings last).
+        given = arguments(head=head, questions=questions or None).own
+        if not given:
             return
-        own = HeadSettings(head) if head is not None else QuestionsSettings(tuple(questions or ()))
+        own = given[-1]
         if self.section is None:
             object.__setattr__(self, "section", own)
         elif self.section != own:  # (`dataclasses.replace` passes them back as they are read: the same)

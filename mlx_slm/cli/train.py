@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -14,12 +14,11 @@ from ..files.readers import ReadSpec
 from ..jobs.choose import run_choose
 from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.out_of_scope import NoneRule
-from ..jobs.setup import CommandLabels, read_labels
+from ..jobs.plan import CommandLabels, read_labels
 from ..jobs.train import HeadOptions, TrainRun, run_train, run_train_fields
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
 from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
 from ..weights.finetune import FinetuneSettings
-from ..weights.registry import ModelRef
 from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
@@ -344,21 +343,10 @@ def _train_run(
     if untyped is not None:
         system = (system if "system" in settings.given else None) or untyped[0]
         template = template if "template" in settings.given else untyped[1]
-    read = ReadSpec(
-        fmt=settings.fmt,
-        text_field=settings.text_field,
-        id_field=settings.id_field,
-        text_column=settings.text_column,
-        id_column=settings.id_column,
-        pair_field=settings.pair_field,
-        pair_column=settings.pair_column,
-        pair_typed=frozenset({"pair_field", "pair_column"} & settings.given),
-        gold_field=settings.gold_field,
-    )
+    # As train has always read DATA: an --id-column named need not exist (ids are not saved).
+    read = replace(settings.read_spec(), id_required=False).for_input(data)
     plan = Plan(
-        model=ModelRef(
-            settings.model, settings.dtype, None if o["keep_quantized"] is None else not o["keep_quantized"]
-        ),
+        model=settings.model_ref(),
         system=system,
         template=template,
         batch_size=settings.batch_size or DEFAULT_BATCH_SIZE,
@@ -366,9 +354,10 @@ def _train_run(
         use_prefix_cache=not settings.no_prefix_cache,
         truncate=settings.truncate,
         window=settings.window,
-        read=read.for_input(data),
+        read=read,
         save_task=settings.save_task,
         quiet=settings.quiet,
+        given=settings.given,
     )
     named = None if labels is None or labels.labels is None else tuple(labels.labels)
     descriptions = None if labels is None else labels.descriptions

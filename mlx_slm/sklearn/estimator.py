@@ -19,12 +19,11 @@ from ..classifier.task import Task
 from ..ground.ranges import check_all
 from ..jobs.finetune import save_finetuned
 from ..kinds.finetune import FineTunedSettings
-from ..text.heads import head_input
 from ..text.labels import log_softmax
 from ..weights.adapters import FineTuned
 from ..weights.registry import DEFAULT_MODEL
 from .data import label_key, texts_of
-from .engines import FEATURES, shared_engine
+from .engines import shared_engine
 from .methods import METHOD_OF_KIND, METHODS, Method
 
 
@@ -200,8 +199,8 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "task_")
         texts = texts_of(X)
         clf = self._clf()
-        if clf.head is not None:  # the head's maths on its features (cached), as the head kind does it
-            lp = clf.head.log_probs(self._head_input(clf, texts))
+        lp = METHODS[self.method].log_proba(self, clf, texts)  # a head's maths on its cached features
+        if lp is not None:
             return np.exp(lp), lp
         names = [str(c) for c in self.classes_.tolist()]  # the columns in classes_ order (the task's labels)
         preds = clf.classify(texts, progress=self.verbose > 0)
@@ -240,20 +239,8 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         them, side by side: (N, parts x hidden size) float32, to feed another model."""
 
         check_is_fitted(self, "task_")
-        if self.task_.head is None:
-            raise ValueError("transform gives a learned head's features: fit with method='head'")
         texts = texts_of(X)
-        return self._head_input(self._clf(), texts).reshape(len(texts), -1).astype(np.float32)
-
-    def _head_input(self, clf: Any, texts: list[str]) -> np.ndarray:
-        """(N, parts, D): the head's parts of each text's hidden states, from the feature cache."""
-        head = clf.head
-        layers, poolings = sorted(set(head.layers)), tuple(sorted(set(head.poolings)))
-        feats, errors, _ = FEATURES.features(clf, texts, layers, poolings, progress=self.verbose > 0)
-        for i, e in enumerate(errors):
-            if e is not None:
-                raise ValueError(f"X row {i}: {e}")
-        return head_input(feats, layers, head)
+        return METHODS[self.method].features(self, self._clf, texts).reshape(len(texts), -1).astype(np.float32)
 
     # ------------------------------------------------------------------ tasks and pickles
     def to_task(self, path: str | Path) -> Path:
