@@ -478,7 +478,7 @@ def _stratified(n: int) -> list[str]:
 
 
 def _input_texts(input_path: str, n: int, rows: Any = None) -> list[Any]:
-    """The first `n` readable texts of --input (`rows`: as `io.read_rows` reads them, its pairs
+    """The first `n` readable texts of --input (`rows`: as `files.readers.read_rows` reads them, its pairs
     as (text, pair)); the rows that cannot be read are skipped, and a notice on stderr says how
     many and on which lines (the report covers only the rest)."""
 

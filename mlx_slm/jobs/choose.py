@@ -117,7 +117,7 @@ def score(
 
 
 @dataclass(frozen=True)
-class _Setup:
+class _Shared:
     """What both methods train with: the run, the loaded model, the data, the plan with the data's
     labels (filled into its system message), the fine-tuning settings and how its progress is shown."""
 
@@ -141,7 +141,7 @@ class HeadWay:
 
     name = "head"
 
-    def fit(self, s: _Setup, rows: np.ndarray, minutes: float | None) -> Any:
+    def fit(self, s: _Shared, rows: np.ndarray, minutes: float | None) -> Any:
         d = s.data
         folds = min(s.run.head.folds, int(np.bincount(d.gold[rows], minlength=len(d.labels)).min()))
         head = replace(s.run.head, folds=folds, seed=s.settings.seed)
@@ -150,15 +150,15 @@ class HeadWay:
         prompt = (s.plan.system, s.plan.template, ())
         return learn_head(s.engine, texts, gold, d.labels, head, trace, prompt, classify_options(s.plan))
 
-    def section(self, s: _Setup, head: Any) -> Any:
+    def section(self, s: _Shared, head: Any) -> Any:
         return HeadSettings(head)
 
-    def record(self, s: _Setup, head: Any, choice: Choice) -> Any:
+    def record(self, s: _Shared, head: Any, choice: Choice) -> Any:
         """The head with its data and what `--finetune auto` measured in its info (saved with it)."""
         head.info.update({"data": Path(s.data.path).name, "data_sha256": s.data.sha256, "compared": choice.record()})
         return head
 
-    def save(self, s: _Setup, task: Task, head: Any) -> Task:
+    def save(self, s: _Shared, task: Task, head: Any) -> Task:
         task.save(s.plan.save_task)
         return task
 
@@ -171,20 +171,20 @@ class FinetuneWay:
 
     name = "finetune"
 
-    def fit(self, s: _Setup, rows: np.ndarray, minutes: float | None) -> Any:
+    def fit(self, s: _Shared, rows: np.ndarray, minutes: float | None) -> Any:
         d = s.data
         texts, gold = [d.texts[i] for i in rows], [d.labels[i] for i in d.gold[rows]]
         tuning = replace(s.settings, max_minutes=minutes)
         return finetune_texts(s.engine, s.plan, texts, gold, tuning, where=s.where(rows), progress=s.progress)
 
-    def section(self, s: _Setup, tuned: Any) -> Any:
+    def section(self, s: _Shared, tuned: Any) -> Any:
         return FineTunedSettings(in_memory(tuned, s.fused))
 
-    def record(self, s: _Setup, tuned: Any, choice: Choice) -> Any:
+    def record(self, s: _Shared, tuned: Any, choice: Choice) -> Any:
         """The adapters with what `--finetune auto` measured in their settings (saved with them)."""
         return replace(tuned, settings={**tuned.settings, "compared": choice.record()})
 
-    def save(self, s: _Setup, task: Task, tuned: Any) -> Task:
+    def save(self, s: _Shared, task: Task, tuned: Any) -> Task:
         reads = [("DATA", s.data.path), *s.run.reads]
         return save_finetuned(task, tuned, s.plan.save_task, s.fused, reads=reads)
 
@@ -219,7 +219,7 @@ def run_choose(
         raise TrainError(f"{run.data}: {need[1]}")
     plan = labelled_plan(run.prompt(data), data.labels)
     say(f"mlx-slm: loading {plan.model}")
-    s = _Setup(run, Engine.load(plan.model), data, plan, settings, fused, progress)
+    s = _Shared(run, Engine.load(plan.model), data, plan, settings, fused, progress)
     deadline = None if settings.max_minutes is None else time.perf_counter() + settings.max_minutes * 60
     trials = []
     for way in WAYS:

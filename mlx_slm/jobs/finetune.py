@@ -2,8 +2,8 @@
 
 Read the data first (its problems fail before the model loads), render and tokenize every
 text with the task's prompt exactly as `classify` will (the fine-tuned kind's own items), fine-
-tune (`finetune.finetune`: LoRA adapters on the top blocks and a score head, or the labels' own
-tokens), then write the adapters beside the task (`output.adapters_file`: `TASK.<sha256>.adapters.
+tune (`weights.finetune.finetune`: LoRA adapters on the top blocks and a score head, or the labels' own
+tokens), then write the adapters beside the task (`files.output.adapters_file`: `TASK.<sha256>.adapters.
 safetensors`, a new name for new adapters, its sha256 in the task) and then the task. Ctrl-C or
 `--max-minutes` keep the best finished epoch as a complete task; with no finished epoch nothing is
 written. Either file is written whole or not at all (a temporary file renamed into place); a task
@@ -142,7 +142,7 @@ def finetune_texts(
     where: Callable[[int], str] = lambda i: f"text {i}",
     progress: Callable[[Any], None] | None = None,
 ) -> Any:
-    """`finetune.finetune` on `texts` (each one's gold label, or its index in the plan's labels)
+    """`weights.finetune.finetune` on `texts` (each one's gold label, or its index in the plan's labels)
     rendered and tokenized as `classify` renders them with the plan's prompt, labels and
     batching (the labels kind's items: chat template, truncation); a text that cannot run is a
     `TrainError` naming it (`where(i)`: its file and line). `train --finetune` and the

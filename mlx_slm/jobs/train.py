@@ -1,13 +1,18 @@
 """`mlx-slm train`: labelled texts in, a task with a learned head out.
 
-    labelled file -> rows (io.read_rows, gold labels checked) -> prompts (the Classifier's
-    own render, prefix cache and batch plan) -> hidden states of every candidate layer in
-    one forward pass per batch (Engine.features) -> cross-validation and fit (heads.fit)
-    -> task file (task.Task with its head)
+    labelled file -> rows (`labelled.read_training_data`: `files.readers.read_rows`, gold
+    labels checked) -> the plan's prompt with the data's labels (`Plan.with_labels`) ->
+    prompts (the Classifier's own render, prefix cache and batch plan) -> hidden states of
+    every candidate layer in one forward pass per batch (`Engine.features`) ->
+    cross-validation and fit (`text.heads.fit`) -> task file (`classifier.Task` with its head)
 
-The forward runs once per text, to the deepest candidate layer; the per-layer table then
-sets each layer's cross-validated accuracy against the seconds per item a forward
-stopped there costs (measured for the deepest, scaled by the blocks run for the rest).
+Every way of training (a head, several heads, `finetune.py`, `choose.py`) reads one `TrainRun`:
+DATA, the `Plan` the front end resolved (the model, the prompt as typed, the batching, how DATA
+is read, where the task goes), the labels given, `HeadOptions` and "none of these" (a
+`NoneRule` the job applies itself). The forward runs once per text, to the deepest candidate
+layer; the per-layer table then sets each layer's cross-validated accuracy against the
+seconds per item a forward stopped there costs (measured for the deepest, scaled by the
+blocks run for the rest).
 """
 
 from __future__ import annotations
