@@ -146,10 +146,6 @@ class Classifier:
 
         Pass `engine` to share loaded weights between tasks of the same model."""
         t = task if isinstance(task, Task) else Task.load(task)
-        engine = engine or Engine.load(ModelRef(t.model, dtype, dequantize))
-        # A saved prior or a head was fitted on these weights' scores: the same weights only.
-        if engine.path is not None and t.pins_weights:
-            t.check_weights(engine.weights_sha256, str(engine.path))
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
         if clash:
@@ -159,12 +155,16 @@ class Classifier:
             )
         # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
         own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass") if k in kwargs}
-        args = replace(t.kind_args(), **own)
-        if kwargs.pop("features_only", False) and args.get(FeaturesSettings) is None:
+        features = kwargs.pop("features_only", False)
+        plan = t.plan(ModelRef(t.model, dtype, dequantize), **kwargs)  # run settings overridden, as classify's can be
+        engine = engine or Engine.load(plan.model)
+        # A saved prior or a head was fitted on these weights' scores: the same weights only.
+        if engine.path is not None and t.pins_weights:
+            t.check_weights(engine.weights_sha256, str(engine.path))
+        args = replace(plan.kind, **own)
+        if features and args.get(FeaturesSettings) is None:
             args = replace(args, own=(*args.own, FeaturesSettings()))
-        # Run settings may be overridden, as classify's own arguments can.
-        run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
-        return cls(engine, system=t.system, template=t.template, kind=args, **run)
+        return cls(engine, plan=plan.with_kind(args))
 
     # ------------------------------------------------------------------ views of the settings
     @property

@@ -7,7 +7,7 @@ service request, a Ray worker from the driver's plan) and everything after reads
 learns something (calibration fitted on labelled data, a resumed run's prior, the labels filled
 into the system message) returns a new plan (`with_calibration`, `with_labels`).
 
-What it holds: the model (`ModelRef`: name, dtype, dequantize), the prompt (system message,
+What it holds: the model (`ModelRef`: its name and how it loads), the prompt (system message,
 template; the examples and labels in the kind's settings), the kind's settings (`KindArgs`, or
 a `KindSpec` made already), the calibration (`CalibrationSpec`) with `min_confidence` and
 `warmup`, the run and batch settings, how inputs are read (`files.readers.ReadSpec`), where it

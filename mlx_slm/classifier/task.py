@@ -32,6 +32,8 @@ from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec
 from ..text.heads import Head
 from ..text.labels import MODES, label_problem
 from ..text.questions import Question
+from ..weights.registry import ModelRef
+from .plan import Plan
 
 FORMAT = "mlx-slm.task"
 VERSION = 1
@@ -86,6 +88,14 @@ class Task:
             object.__setattr__(self, "section", own)
         elif self.section != own:  # (`dataclasses.replace` passes them back as they are read: the same)
             raise TypeError("give the task's head or questions, or its section, not both")
+
+    def plan(self, model: ModelRef | None = None, **run: Any) -> Plan:
+        """The run this task defines, resolved (`Plan.of`): its prompt, kind, calibration and
+        threshold, on `model` (default: the task's own, as named) with the run settings `run`
+        (`batch_size`, `truncate`, ...) as `Classifier` takes them."""
+        cal = {"calibration": self.calibration, "min_confidence": self.min_confidence, "warmup": self.warmup}
+        plan = Plan.of(system=self.system, template=self.template, kind=self.kind_args(), **{**cal, **run})
+        return replace(plan, model=model or ModelRef(self.model), task=self)
 
     def kind_args(self) -> KindArgs:
         """What the task says about how it scores, as the kinds table reads it (`kinds.arguments`,

@@ -108,7 +108,7 @@ def embed(
     if prompt is not None and prompt_name is not None:
         raise UsageError("give --prompt-name or --prompt, not both")
     read = ReadSpec(o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"])
-    engine = Engine.load(ModelRef(o["model"], o["dtype"], _dequantize(o)))
+    engine = Engine.load(ModelRef.typed(o["model"], o["dtype"], o.get("keep_quantized")))
     emb = Embedder(
         engine,
         truncate=truncate,
@@ -134,11 +134,6 @@ def embed(
     if failed:
         notice(f"mlx-slm: {failed} row(s) failed; see their error rows")
         sys.exit(1)
-
-
-def _dequantize(o: dict[str, Any]) -> bool | None:
-    keep = o.get("keep_quantized")
-    return None if keep is None else not keep
 
 
 def run(

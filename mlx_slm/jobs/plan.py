@@ -109,8 +109,8 @@ class TaskOptions:
         )
 
     def model_ref(self) -> ModelRef:
-        """The model these options name, and how to load it (--dtype, --keep-quantized/--dequantize)."""
-        return ModelRef(self.model, self.dtype, None if self.keep_quantized is None else not self.keep_quantized)
+        """The model these options name, and how to load it (--dtype, --keep-quantized)."""
+        return ModelRef.typed(self.model, self.dtype, self.keep_quantized)
 
     def read_pair(self, path: str | None) -> dict[str, Any]:
         """`read_rows`' old `pair` and `pair_required` keywords for `path` (`ReadSpec.for_input`)."""

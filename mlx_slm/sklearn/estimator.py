@@ -15,13 +15,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..classifier.classifier import Classifier
 from ..classifier.pipeline import DEFAULT_BATCH_SIZE
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..ground.ranges import check_all
 from ..jobs.finetune import save_finetuned
 from ..kinds.finetune import FineTunedSettings
 from ..text.labels import log_softmax
 from ..weights.adapters import FineTuned
-from ..weights.registry import DEFAULT_MODEL
+from ..weights.registry import DEFAULT_MODEL, ModelRef
 from .data import label_key, texts_of
 from .engines import shared_engine
 from .methods import METHOD_OF_KIND, METHODS, Method
@@ -149,6 +150,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             task = replace(task, none={"label": name, "min_confidence": None})
         self.task_ = task
         self.__dict__.pop("_clf_cache", None)
+        self.plan_ = self._plan()  # resolved once: what every prediction runs
         return self
 
     def _check_params(self) -> Method:
@@ -180,17 +182,23 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             "truncate": self.truncate,
         }
 
+    def _plan(self) -> Plan:
+        """The run the fitted task defines with the estimator's model, dtype and batching (`Task.plan`)."""
+        return self.task_.plan(ModelRef(str(self.model), self.dtype), **self.batching())
+
     # ------------------------------------------------------------------ predict
     def _clf(self) -> Any:
-        """The classifier the fitted task defines, on the shared engine (made once per engine)."""
+        """The classifier the fitted plan defines, on the shared engine (made once per engine)."""
         check_is_fitted(self, "task_")
-        engine = shared_engine(self.model, self.dtype)
+        plan = self.__dict__.get("plan_") or self._plan()  # a pickle or `from_task` made it anew
+        assert plan.model is not None
+        engine = shared_engine(plan.model.name, plan.model.dtype)
         clf = self.__dict__.get("_clf_cache")
         if clf is None or clf.engine is not engine:
-            # from_task refuses a fitted head or prior on other weights, naming both sha256.
+            # A fitted head or prior on other weights is refused, naming both sha256.
             if self.task_.weights_sha256 and self.task_.pins_weights:
                 self.task_.check_weights(engine.weights_sha256, str(self.model))
-            clf = Classifier.from_task(self.task_, engine=engine, **self.batching())
+            clf = Classifier.from_plan(plan, engine)
             self._clf_cache = clf
         return clf
 
@@ -288,6 +296,7 @@ def _pickled(state: dict[str, Any]) -> dict[str, Any]:
     """The estimator's state as its pickle holds it: no weights (the task names them), the task
     as its dict, a fine-tuned task's adapters as their bytes (as their file holds them)."""
     state.pop("_clf_cache", None)
+    state.pop("plan_", None)  # made again from the task (it holds the task, adapters and all)
     if "task_" in state:
         t = state["task_"]
         if t.finetune is not None:

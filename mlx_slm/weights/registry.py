@@ -75,6 +75,12 @@ class ModelRef:
         return cls(str(model), dtype, dequantize)
 
     @classmethod
+    def typed(cls, model: str, dtype: str | None, keep_quantized: bool | None) -> ModelRef:
+        """The reference a command's options give: --model, --dtype and --keep-quantized (None:
+        not typed; the engine's word is its opposite)."""
+        return cls(model, dtype, None if keep_quantized is None else not keep_quantized)
+
+    @classmethod
     def take(cls, named: dict[str, Any]) -> tuple[ModelRef, dict[str, Any]]:
         """The reference `Classifier.load`'s keywords give (`model`, a name, path or `ModelRef`, and
         each of this class's fields by name), and the keywords left for the classifier."""
