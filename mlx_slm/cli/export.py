@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+import mlx.core as mx
 
 from ..classifier.task import Task
 from ..engine.engine import Engine
@@ -12,6 +13,7 @@ from ..models import load_model
 from ..weights.adapters import FinetuneError
 from ..weights.export import Described
 from ..weights.export import export as write
+from ..weights.registry import ModelRef
 from .base import Command, notice, warn_blas
 
 
@@ -41,15 +43,13 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
 
     Docs: docs/finetune.md
     """
-    import mlx.core as mx
-
     warn_blas()
     check_new_folder(output)  # a new or empty folder, as --help says (no input can be in one)
     t = Task.load(task_file)
     spec = t.kind
     if not isinstance(spec, FinetuneSpec):
         raise click.UsageError(f"{task_file} is a {spec.name} task: export writes fine-tuned tasks (train --finetune)")
-    engine = Engine.load(t.model)  # the conversion the adapters were trained on
+    engine = Engine.load(ModelRef(t.model))  # the conversion the adapters were trained on
     if engine.path is None:
         raise FinetuneError(f"{t.model} has no converted folder to read its config from")
     model = engine.model

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..files.readers import read_rows
 from ..ground.errors import UserError
-from ..jobs.setup import read_labels
+from ..jobs.decide import decision_config, state_problem
+from ..jobs.plan import CommandLabels, read_labels
 from ..parity.chat import format_chat_report, run_chat_parity
 from ..parity.decisions import format_decision_report, run_decision_parity
 from ..parity.embeddings import format_embed_report, run_embed_parity
@@ -31,13 +33,14 @@ from ..parity.labels import (
 )
 from ..parity.reference import require_torch
 from ..parity.seqcls import format_rerank_report, format_seqcls_report, run_rerank_parity, run_seqcls_parity
+from ..text.decisions import read_questions_file
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, check_template
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
 from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
 from ..text.questions import read_questions
 from ..text.seqcls import SeqClsHead
 from ..text.workload import sample, tickets
-from ..weights.registry import BUILTINS, DEFAULT_MODEL
+from ..weights.registry import BUILTINS, DEFAULT_MODEL, ModelRef
 from ..weights.sources import materialise
 from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
 
@@ -174,54 +177,30 @@ def parity(
 
     warn_blas()
     require_torch()  # the reference runs in a child process: a missing extra is exit 2 here, not a bug there
+    ctx = click.get_current_context()
+    run = _Parity.of(ctx)
     if decisions_file:
-        _decision_parity(model, reference, decisions_file, n, input_path, dtype or "float32", as_json)
+        run.decisions(decisions_file)
         return
     if task_file:
-        _head_parity(task_file, n, input_path, dtype, as_json, keep_quantized)
+        run.task(task_file)
         return
     if chat:  # the chat route: Transformers on the weights we run (no --reference)
-        return _chat_parity(click.get_current_context().params)
-    ctx = click.get_current_context()
-    typed = {
-        k for k in ("system", "template", "labels_csv", "labels_file") if ctx.get_parameter_source(k).name != "DEFAULT"
-    }
+        return run.chat(ctx.params)
     if embeddings or prompt_name is not None or _sentence_transformers(model):
-        return _embed_parity(model, reference, n, input_path, prompt_name, dtype, as_json)
-    trained = _Trained(n, input_path, (system, template), typed, dtype, as_json, keep_quantized, threshold)
+        return run.embed(prompt_name)
     if reranker is not None:
-        trained.rerank(model, reranker, instruction, questions_file)
+        run.rerank(reranker, instruction, questions_file)
         return
-    if trained.seqcls(model, reference, questions_file, strict):
+    if run.seqcls(questions_file, strict):
         return
     if threshold is not None or instruction is not None:
         raise click.UsageError("--threshold and --instruction go with a sequence classifier or --reranker")
-    reference = _reference_for(model, reference)
+    run = replace(run, reference=_reference_for(model, reference))
     if questions_file:
-        _question_parity(model, reference, questions_file, n, input_path, system, template, dtype, as_json)
+        run.questions(questions_file)
         return
-    got = read_labels(labels_csv, labels_file)
-    labels = got.labels
-    assert labels is not None  # --labels has a default
-    # As typed: every {word} checked, {{ }} literal braces (before any work).
-    system, template = got.fill(system) or "", check_template(template)
-    texts = _input_texts(input_path, n) if input_path else _workload_sample(model, n, system, template)
-    r = run_parity(
-        model,
-        reference,
-        texts,
-        labels,
-        system or None,
-        template,
-        Ours(
-            dtype=dtype,
-            progress=lambda m: notice(f"mlx-slm: {m}"),
-            dequantize=None if keep_quantized is None else not keep_quantized,
-        ),
-    )
-    click.echo(json.dumps(r, indent=2) if as_json else format_report(r))
-    if not r["forward_ok"] or not r.get("mlxlm_ok", True) or (strict and not r["drift_ok"]):
-        sys.exit(1)
+    run.labels(labels_csv, labels_file, strict)
 
 
 def _reference_for(model: str, reference: str | None) -> str:
@@ -235,187 +214,66 @@ def _reference_for(model: str, reference: str | None) -> str:
     raise click.UsageError("--reference is needed unless --model is a built-in name or a quantized directory")
 
 
-def _chat_parity(o: dict[str, Any]) -> None:
-    """`parity --chat`, from the command's options by name (`parity/chat.py`)."""
-
-    if o["reranker"] or o["questions_file"] or o["reference"] or o["threshold"] is not None or o["task_file"]:
-        raise click.UsageError(
-            "--chat checks the chat route on --model: drop --reranker, --questions, --reference, --threshold and --task"
-        )
-    got = read_labels(o["labels_csv"], o["labels_file"])
-    assert got.labels is not None  # --labels has a default
-    system, template = got.fill(o["system"]) or "", check_template(o["template"])
-    n, model, keep = o["n"], o["model"], o["keep_quantized"]
-    texts = _input_texts(o["input_path"], n) if o["input_path"] else _workload_sample(model, n, system, template)
-    r = run_chat_parity(
-        model,
-        texts,
-        got.labels,
-        system or None,
-        template,
-        dtype=o["dtype"],
-        progress=lambda m: notice(f"mlx-slm: {m}"),
-        dequantize=None if keep is None else not keep,
-    )
-    click.echo(json.dumps(r, indent=2) if o["as_json"] else format_chat_report(r))
-    if not r["ok"]:
-        sys.exit(1)
-
-
-def _decision_parity(
-    model: str, reference: str | None, path: str, n: int, input_path: str | None, dtype: str, as_json: bool
-) -> None:
-    """`parity --decisions` (`parity/decisions.py`): exit 1 past tolerance or on a disagreement."""
-    from ..jobs.decide import decision_config, state_problem
-    from ..text.decisions import read_questions_file
-
-    questions = read_questions_file(path)  # a bad file: exit 2 before any model loads
-    if input_path:
-        rows = [r for r in read_rows(input_path, states=("state", "text")) if r.error is None and not state_problem(r)]
-        states: list[Any] = [r.text for r in rows[:n]]
-        if not states:
-            raise UserError(f"--input {input_path} has no state to ask (no valid rows): give it some")
-    else:  # tickets, every third as a JSON object and every fifth as an array: the state's three types
-        states = [
-            {"ticket": t, "n": i} if i % 3 == 2 else [t, i] if i % 5 == 4 else t for i, t in enumerate(_stratified(n))
-        ]
-    config = decision_config(model, None)  # the model folder's own decision.json, else Transformers' defaults
-    questions = read_questions_file(path, config)
-    r = run_decision_parity(
-        model, states, questions, config, reference=reference, dtype=dtype, progress=lambda m: notice(f"mlx-slm: {m}")
-    )
-    click.echo(json.dumps(r, indent=2) if as_json else format_decision_report(r))
-    if not r["ok"]:
-        sys.exit(1)
-
-
 def _sentence_transformers(model: str) -> bool:
     """Whether `model` is a sentence-transformers folder (its modules.json; converted, it keeps it)."""
 
     return model not in BUILTINS and (materialise(model) / "modules.json").is_file()
 
 
-def _embed_parity(
-    model: str,
-    reference: str | None,
-    n: int,
-    input_path: str | None,
-    prompt_name: str | None,
-    dtype: str | None,
-    as_json: bool,
-) -> None:
-
-    texts = _input_texts(input_path, n) if input_path else _stratified(n)
-    if any(not isinstance(t, str) for t in texts):
-        raise click.UsageError("--embeddings embeds texts: --input's rows have a text_pair; give texts alone")
-    r = run_embed_parity(
-        model,
-        texts,
-        prompt_name=prompt_name,
-        reference=reference,
-        dtype=dtype,
-        progress=lambda m: notice(f"mlx-slm: {m}"),
-    )
-    click.echo(json.dumps(r, indent=2) if as_json else format_embed_report(r))
-    if not r["forward_ok"]:
-        sys.exit(1)
+def _say(m: str) -> None:
+    notice(f"mlx-slm: {m}")
 
 
-def _question_parity(
-    model: str,
-    reference: str | None,
-    path: str,
-    n: int,
-    input_path: str | None,
-    system: str,
-    template: str,
-    dtype: str | None,
-    as_json: bool,
-) -> None:
-
-    questions = read_questions(path)
-    system = Q_SYSTEM if system == DEFAULT_SYSTEM else system
-    template = Q_TEMPLATE if template == DEFAULT_TEMPLATE else template
-    if input_path:
-        texts = _input_texts(input_path, n)
-    else:
-        texts = _stratified(n)
-    r = run_question_parity(
-        model,
-        reference,
-        texts,
-        questions,
-        system or None,
-        template,
-        Ours(dtype=dtype, progress=lambda m: notice(f"mlx-slm: {m}")),
-    )
-    click.echo(json.dumps(r, indent=2) if as_json else format_question_report(r))
-    if not r["forward_ok"]:
-        sys.exit(1)
-
-
-def _head_parity(
-    task_file: str, n: int, input_path: str | None, dtype: str | None, as_json: bool, keep_quantized: bool | None
-) -> None:
-
-    t = Task.load(task_file)
-    if t.finetune is not None:
-        _finetune_parity(t, n, input_path, dtype, as_json, keep_quantized)
-        return
-    if t.head is None:
-        raise click.UsageError(f"--task {task_file} has no learned head: parity --task checks heads (mlx-slm train)")
-    texts = _input_texts(input_path, n) if input_path else _workload_sample(t.model, n, t.system or "", t.template)
-    r = run_head_parity(
-        t,
-        texts,
-        dtype=dtype,
-        progress=lambda m: notice(f"mlx-slm: {m}"),
-        dequantize=None if keep_quantized is None else not keep_quantized,
-    )
-    click.echo(json.dumps(r, indent=2) if as_json else format_head_report(r))
-    if not r["forward_ok"]:
-        sys.exit(1)
-
-
-def _finetune_parity(
-    t: Any, n: int, input_path: str | None, dtype: str | None, as_json: bool, keep_quantized: bool | None
-) -> None:
-
-    texts = _input_texts(input_path, n) if input_path else _workload_sample(t.model, n, t.system or "", t.template)
-    r = run_finetune_parity(
-        t,
-        texts,
-        dtype=dtype or "float32",
-        progress=lambda m: notice(f"mlx-slm: {m}"),
-        dequantize=None if keep_quantized is None else not keep_quantized,
-    )
-    click.echo(json.dumps(r, indent=2) if as_json else format_finetune_report(r))
-    if not r["forward_ok"]:
+def _report(r: dict[str, Any], as_json: bool, text: Any, ok: bool) -> None:
+    """The report printed (JSON, or `text(r)`); exit 1 unless `ok`."""
+    click.echo(json.dumps(r, indent=2) if as_json else text(r))
+    if not ok:
         sys.exit(1)
 
 
 @dataclass(frozen=True)
-class _Trained:
-    """Parity of a sequence classifier or a reranker (`parity/seqcls.py`): its items and reports."""
+class _Parity:
+    """One `parity` run's options, read once (`of`): the plan (the model as the MLX path loads
+    it, `ModelRef`: --model, --dtype, --keep-quantized/--dequantize; the prompt: --system,
+    --template), the --reference, the items (--n, --input), which of the prompt and label
+    options were typed, the report's form and a multi-label answer threshold; each check is a
+    method."""
 
+    plan: Plan
+    reference: str | None
     n: int
     input_path: str | None
-    prompt: tuple[str, str]  # (system, template), used where typed (`typed`): a chat prompt
-    typed: set[str]
-    dtype: str | None
+    typed: frozenset[str]
     as_json: bool
-    keep_quantized: bool | None
     threshold: float | None
+
+    @classmethod
+    def of(cls, ctx: click.Context) -> _Parity:
+        p = ctx.params
+        typed = frozenset(
+            k
+            for k in ("system", "template", "labels_csv", "labels_file")
+            if ctx.get_parameter_source(k).name != "DEFAULT"
+        )
+        model = ModelRef.typed(p["model"], p["dtype"], p["keep_quantized"])
+        plan = Plan(model=model, system=p["system"], template=p["template"])
+        return cls(plan, p["reference"], p["n"], p["input_path"], typed, p["as_json"], p["threshold"])
+
+    @property
+    def model(self) -> ModelRef:
+        assert self.plan.model is not None  # `of` names it
+        return self.plan.model
+
+    @property
+    def prompt(self) -> tuple[str, str]:
+        """(system, template) as given, used where typed (`typed`) by a chat prompt."""
+        return self.plan.system or "", self.plan.template
 
     @property
     def run_kwargs(self) -> dict[str, Any]:
         chat = {"system", "template"} & self.typed
         return {
-            "ours": Ours(
-                dtype=self.dtype,
-                dequantize=None if self.keep_quantized is None else not self.keep_quantized,
-                progress=lambda m: notice(f"mlx-slm: {m}"),
-            ),
+            "ours": Ours(dtype=self.model.dtype, dequantize=self.model.dequantize, progress=_say),
             "prompt": self.chat_prompt if chat else None,
         }
 
@@ -426,9 +284,121 @@ class _Trained:
         system = (self.prompt[0] or None) if "system" in self.typed else None
         return system, check_template(self.prompt[1], placeholders=("text", "pair", "query"))
 
-    def seqcls(self, model: str, reference: str | None, questions_file: str | None, strict: bool) -> bool:
-        """Parity of `model` if it is a sequence classifier (False: it is not; nothing ran)."""
+    def texts(self, model: str, system: str, template: str) -> list[Any]:
+        """--input's first texts, or a length-stratified workload sample in this prompt."""
+        return (
+            _input_texts(self.input_path, self.n)
+            if self.input_path
+            else _workload_sample(model, self.n, system, template)
+        )
 
+    def labels(self, labels_csv: str, labels_file: str | None, strict: bool) -> None:
+        """Zero-shot labels (`parity/labels.py`): exit 1 on a disagreement or past tolerance."""
+        got = read_labels(labels_csv, labels_file)
+        labels = got.labels
+        assert labels is not None  # --labels has a default
+        # As typed: every {word} checked, {{ }} literal braces (before any work).
+        system, template = self._filled(got), check_template(self.prompt[1])
+        texts = self.texts(self.model.name, system, template)
+        m = self.model
+        r = run_parity(
+            m.name,
+            self.reference,
+            texts,
+            labels,
+            system or None,
+            template,
+            Ours(dtype=m.dtype, dequantize=m.dequantize, progress=_say),
+        )
+        ok = r["forward_ok"] and r.get("mlxlm_ok", True) and not (strict and not r["drift_ok"])
+        _report(r, self.as_json, format_report, ok)
+
+    def _filled(self, got: CommandLabels) -> str:
+        """The system message with the labels filled in as typed (`Plan.with_labels`)."""
+        return self.plan.with_labels(got.labels or [], got.descriptions, typed=True).system or ""
+
+    def chat(self, o: dict[str, Any]) -> None:
+        """`parity --chat` (`parity/chat.py`), with the command's options by name."""
+
+        if o["reranker"] or o["questions_file"] or o["reference"] or o["threshold"] is not None or o["task_file"]:
+            raise click.UsageError(
+                "--chat checks the chat route on --model: drop --reranker, --questions, --reference, --threshold and --task"
+            )
+        got = read_labels(o["labels_csv"], o["labels_file"])
+        assert got.labels is not None  # --labels has a default
+        system, template = self._filled(got), check_template(self.prompt[1])
+        texts = self.texts(self.model.name, system, template)
+        m = self.model
+        r = run_chat_parity(
+            m.name, texts, got.labels, system or None, template, dtype=m.dtype, progress=_say, dequantize=m.dequantize
+        )
+        _report(r, self.as_json, format_chat_report, r["ok"])
+
+    def decisions(self, path: str) -> None:
+        """`parity --decisions` (`parity/decisions.py`): exit 1 past tolerance or on a disagreement."""
+        questions = read_questions_file(path)  # a bad file: exit 2 before any model loads
+        if self.input_path:
+            rows = read_rows(self.input_path, states=("state", "text"))
+            states: list[Any] = [r.text for r in rows if r.error is None and not state_problem(r)][: self.n]
+            if not states:
+                raise UserError(f"--input {self.input_path} has no state to ask (no valid rows): give it some")
+        else:  # tickets, every third as a JSON object and every fifth as an array: the state's three types
+            states = [
+                {"ticket": t, "n": i} if i % 3 == 2 else [t, i] if i % 5 == 4 else t
+                for i, t in enumerate(_stratified(self.n))
+            ]
+        m = self.model
+        config = decision_config(m.name, None)  # the model folder's own decision.json, else Transformers' defaults
+        questions = read_questions_file(path, config)
+        dtype = m.dtype or "float32"
+        r = run_decision_parity(m.name, states, questions, config, reference=self.reference, dtype=dtype, progress=_say)
+        _report(r, self.as_json, format_decision_report, r["ok"])
+
+    def embed(self, prompt_name: str | None) -> None:
+        """Embeddings (`parity/embeddings.py`) against sentence-transformers' encode."""
+        texts = _input_texts(self.input_path, self.n) if self.input_path else _stratified(self.n)
+        if any(not isinstance(t, str) for t in texts):
+            raise click.UsageError("--embeddings embeds texts: --input's rows have a text_pair; give texts alone")
+        m = self.model
+        r = run_embed_parity(
+            m.name, texts, prompt_name=prompt_name, reference=self.reference, dtype=m.dtype, progress=_say
+        )
+        _report(r, self.as_json, format_embed_report, r["forward_ok"])
+
+    def questions(self, path: str) -> None:
+        """Several questions (`parity/labels.py`): every answer of the one pass against each
+        question's full prompt scored afresh."""
+        questions = read_questions(path)
+        system = Q_SYSTEM if self.prompt[0] == DEFAULT_SYSTEM else self.prompt[0]
+        template = Q_TEMPLATE if self.prompt[1] == DEFAULT_TEMPLATE else self.prompt[1]
+        texts = _input_texts(self.input_path, self.n) if self.input_path else _stratified(self.n)
+        m = self.model
+        r = run_question_parity(
+            m.name, self.reference, texts, questions, system or None, template, Ours(dtype=m.dtype, progress=_say)
+        )
+        _report(r, self.as_json, format_question_report, r["forward_ok"])
+
+    def task(self, task_file: str) -> None:
+        """A task's learned head (its features and labels), or its fine-tuned adapters merged
+        (`parity/finetune.py`); the model and prompt are the task's."""
+        t = Task.load(task_file)
+        m = self.model
+        if t.finetune is None and t.head is None:
+            raise click.UsageError(
+                f"--task {task_file} has no learned head: parity --task checks heads (mlx-slm train)"
+            )
+        texts = self.texts(t.model, t.system or "", t.template)
+        if t.finetune is not None:
+            r = run_finetune_parity(t, texts, dtype=m.dtype or "float32", progress=_say, dequantize=m.dequantize)
+            _report(r, self.as_json, format_finetune_report, r["forward_ok"])
+            return
+        r = run_head_parity(t, texts, dtype=m.dtype, progress=_say, dequantize=m.dequantize)
+        _report(r, self.as_json, format_head_report, r["forward_ok"])
+
+    def seqcls(self, questions_file: str | None, strict: bool) -> bool:
+        """Parity of the model if it is a sequence classifier (False: it is not; nothing ran)."""
+
+        model = self.model.name
         if model in BUILTINS:
             return False
         head = SeqClsHead.from_config(json.loads((materialise(model) / "config.json").read_text()))
@@ -437,10 +407,8 @@ class _Trained:
         if questions_file or {"labels_csv", "labels_file"} & self.typed:
             raise click.UsageError(f"--labels/--labels-file/--questions: {head.no_lm_head()}")
         items = self.items(pairs=True) if self.input_path else _seqcls_sample(self.n, self._takes_pairs(head))
-        r = run_seqcls_parity(model, reference, items, threshold=self.threshold, **self.run_kwargs)
-        click.echo(json.dumps(r, indent=2) if self.as_json else format_seqcls_report(r))
-        if not r["forward_ok"] or (strict and not r["drift_ok"]):
-            sys.exit(1)
+        r = run_seqcls_parity(model, self.reference, items, threshold=self.threshold, **self.run_kwargs)
+        _report(r, self.as_json, format_seqcls_report, r["forward_ok"] and not (strict and not r["drift_ok"]))
         return True
 
     def _takes_pairs(self, head: Any) -> bool:
@@ -453,7 +421,7 @@ class _Trained:
         typed = chat[1] if chat is not None and "template" in self.typed else None
         return "{pair}" in (typed or (head.prompt or {}).get("template") or DEFAULT_TEMPLATE)
 
-    def rerank(self, model: str, reranker: str, instruction: str | None, questions_file: str | None) -> None:
+    def rerank(self, reranker: str, instruction: str | None, questions_file: str | None) -> None:
 
         if questions_file or {"labels_csv", "labels_file"} & self.typed or self.threshold is not None:
             raise click.UsageError("--reranker scores (query, document) pairs: drop --labels, --questions, --threshold")
@@ -469,10 +437,8 @@ class _Trained:
         kw = self.run_kwargs
         if reranker != "question" and kw["prompt"] is not None:
             raise click.UsageError("--system/--template go with --reranker question (a yes/no prompt of your own)")
-        r = run_rerank_parity(model, *zip(*pairs), reranker=reranker, instruction=instruction, **kw)
-        click.echo(json.dumps(r, indent=2) if self.as_json else format_rerank_report(r))
-        if not r["forward_ok"]:
-            sys.exit(1)
+        r = run_rerank_parity(self.model.name, *zip(*pairs), reranker=reranker, instruction=instruction, **kw)
+        _report(r, self.as_json, format_rerank_report, r["forward_ok"])
 
     def items(self, pairs: bool) -> list[Any]:
         """The first `n` readable items of --input: a text, or (text, text_pair) where a JSONL or
@@ -508,7 +474,7 @@ def _stratified(n: int) -> list[str]:
 
 
 def _input_texts(input_path: str, n: int, rows: Any = None) -> list[Any]:
-    """The first `n` readable texts of --input (`rows`: as `readers.read_rows` reads them, its pairs
+    """The first `n` readable texts of --input (`rows`: as `files.readers.read_rows` reads them, its pairs
     as (text, pair)); the rows that cannot be read are skipped, and a notice on stderr says how
     many and on which lines (the report covers only the rest)."""
 
@@ -533,7 +499,7 @@ def _input_texts(input_path: str, n: int, rows: Any = None) -> list[Any]:
 
 
 def _workload_sample(model: str, n: int, system: str, template: str) -> list[str]:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers is slow to import, and only a workload sample needs it
 
     tok = AutoTokenizer.from_pretrained(str(materialise(model)))
     return sample(tok, n, PromptFormat(system or None, template))[1]

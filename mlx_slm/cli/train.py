@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
 
+from ..classifier.pipeline import DEFAULT_BATCH_SIZE
+from ..classifier.plan import Plan
 from ..files.output import OutputLock, check_run_files, files_read
+from ..files.readers import ReadSpec
 from ..jobs.choose import run_choose
 from ..jobs.finetune import history_table, progress_bar, run_finetune
-from ..jobs.out_of_scope import check_none_data, choose_none_threshold, none_section
-from ..jobs.setup import read_labels, run_settings
-from ..jobs.train import run_train, run_train_fields
+from ..jobs.out_of_scope import NoneRule
+from ..jobs.plan import CommandLabels, read_labels
+from ..jobs.train import HeadOptions, TrainRun, run_train, run_train_fields
+from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
+from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
 from ..weights.finetune import FinetuneSettings
 from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
@@ -275,116 +280,117 @@ def train(
     """
 
     warn_blas()
-    none = {k: o.pop(k) for k in NONE}  # "none of these": checked here, applied to the saved task
+    none = {k: o.pop(k) for k in NONE}  # "none of these": checked here, applied by the job to the saved task
     reads = files_read(o, ("DATA", data), *(("--none-data", none["none_data"]),) * bool(none["none_data"]))
     check_run_files(reads, [("--save-task", save_task)])
     # One writer of a task at a time: a second run saving to it stops now, naming this one (held to the end).
     ctx.with_resource(OutputLock(save_task, create=False, option="--save-task"))
-    threshold = _check_none(ctx, none, gold_fields)
-    if threshold == "auto":  # the held-out data read and checked now, not after the training
-        _check_none_data(ctx, data, none, gold_fields[0], o)
+    o["gold_field"], o["save_task"] = gold_fields[0], save_task
+    rule = _none_rule(ctx, data, none, gold_fields, o)
     tune = {k: o.pop(k) for k in TUNING}  # the fine-tuning options (checked in _finetune)
+    poolings = ("last", "mean") if pooling == "auto" else (pooling,)
+    head = HeadOptions(layers_spec, layer, folds, seed, o["window"], poolings)
     if tune["finetune"] is not None or TUNING & given(ctx, tune) - {"finetune"}:
-        head = {"layers_spec": layers_spec, "layer": layer, "folds": folds, "pooling": pooling}
-        _finetune(
-            ctx,
-            data,
-            save_task,
-            gold_fields,
-            seed,
-            tune,
-            head,
-            o,
-            _none_finish(ctx, none, threshold, gold_fields[0], o),
-        )
+        _finetune(ctx, data, gold_fields, tune, _Given(head, rule, o))
         return
     if len(gold_fields) > 1:
-        _train_fields(ctx, data, save_task, gold_fields, layers_spec, layer, folds, pooling, seed, o)
+        _train_fields(ctx, data, gold_fields, _Given(head, rule, o))
         return
-    o["gold_field"] = gold_fields[0]
     # Neither --labels nor --labels-file: the data's own labels (not classify's default ones).
-    labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
-    got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
-    keys = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold_field")
-    settings = task_settings(ctx, o)
-    task, table = run_train(
-        data,
-        save_task,
-        model=o["model"],
-        labels=got.labels,
-        descriptions=got.descriptions,
-        system=o["system"] or None,
-        template=o["template"],
-        examples_file=o["examples_file"],
-        read={**{k: o[k] for k in keys}, **settings.read_pair(data)},
-        layers=layers_spec,
-        layer=layer,
-        folds=folds,
-        seed=seed,
-        poolings=("last", "mean") if pooling == "auto" else (pooling,),
-        window=o["window"],
-        **run_settings(settings),
-        progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
-        finish=_none_finish(ctx, none, threshold, gold_fields[0], o),
-    )
+    run = _train_run(ctx, data, _Given(head, rule, o), _labels(ctx, o, say=True))
+    task, table = run_train(run, _say(o))
     click.echo(table)
     if not o["quiet"]:
         notice(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
         notice(COMPARE)
 
 
-def _train_fields(
+@dataclass(frozen=True)
+class _Given:
+    """What every way of training was given beside its own options: how a head is chosen, "none
+    of these", and the task options (the command's parameters by name)."""
+
+    head: HeadOptions
+    none: NoneRule
+    o: dict[str, Any]
+
+
+def _say(o: dict[str, Any]) -> Any:
+    """Where a run's notes go: stderr, or nowhere with --quiet."""
+    return (lambda _m: None) if o["quiet"] else notice
+
+
+def _labels(ctx: click.Context, o: dict[str, Any], say: bool = False) -> CommandLabels:
+    """--labels or --labels-file as typed (neither: None, the data's own labels), with the note
+    (`say`) when their descriptions would not reach the model."""
+    labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
+    return read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] or not say else notice)
+
+
+def _train_run(
     ctx: click.Context,
     data: str,
-    save_task: str,
-    fields: tuple[str, ...],
-    layers_spec: str,
-    layer: int | None,
-    folds: int,
-    pooling: str,
-    seed: int,
-    o: dict[str, Any],
-) -> None:
+    g: _Given,
+    labels: CommandLabels | None = None,
+    untyped: tuple[str, str] | None = None,
+) -> TrainRun:
+    """The run the options describe, resolved once: the plan (the model, the prompt as typed,
+    the batching, how DATA is read, where the task goes), the labels, how a head is chosen and
+    "none of these". `untyped`: the (system, template) a run takes where none was typed, if
+    not the command's defaults (several heads take the questions')."""
+    o, settings = g.o, task_settings(ctx, g.o)
+    system, template = o["system"] or None, o["template"]
+    if untyped is not None:
+        system = (system if "system" in settings.given else None) or untyped[0]
+        template = template if "template" in settings.given else untyped[1]
+    # As train has always read DATA: an --id-column named need not exist (ids are not saved).
+    read = replace(settings.read_spec(), id_required=False).for_input(data)
+    plan = Plan(
+        model=settings.model_ref(),
+        system=system,
+        template=template,
+        batch_size=settings.batch_size or DEFAULT_BATCH_SIZE,
+        max_batch_tokens=settings.max_batch_tokens or "auto",
+        use_prefix_cache=not settings.no_prefix_cache,
+        truncate=settings.truncate,
+        window=settings.window,
+        read=read,
+        save_task=settings.save_task,
+        quiet=settings.quiet,
+        given=settings.given,
+    )
+    named = None if labels is None or labels.labels is None else tuple(labels.labels)
+    descriptions = None if labels is None else labels.descriptions
+    reads = tuple(files_read(o, ("DATA", data)))
+    return TrainRun(data, plan, named, descriptions, o["examples_file"], g.head, g.none, reads)
+
+
+def _train_fields(ctx: click.Context, data: str, fields: tuple[str, ...], g: _Given) -> None:
     """Several gold fields: one head per field, one pass over the texts, a task of questions."""
 
-    typed = given(ctx, o)
-    clash = {"labels_csv", "labels_file", "examples_file"} & typed
+    clash = {"labels_csv", "labels_file", "examples_file"} & given(ctx, g.o)
     if clash:
         names = {"labels_csv": "--labels", "labels_file": "--labels-file", "examples_file": "--examples"}
         raise click.UsageError(
             f"{names[sorted(clash)[0]]} goes with one --label-field: with several, each head takes its field's own labels"
         )
-    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
-    _, table = run_train_fields(
-        data,
-        save_task,
-        list(fields),
-        model=o["model"],
-        system=(o["system"] or None) if "system" in typed else None,
-        template=o["template"] if "template" in typed else None,
-        read={**{k: o[k] for k in keys}, **task_settings(ctx, o).read_pair(data)},
-        layers=layers_spec,
-        layer=layer,
-        folds=folds,
-        seed=seed,
-        poolings=("last", "mean") if pooling == "auto" else (pooling,),
-        window=o["window"],
-        **run_settings(task_settings(ctx, o)),
-        progress=(lambda m: None) if o["quiet"] else (lambda m: notice(f"mlx-slm: {m}")),
-    )
+    _, table = run_train_fields(_train_run(ctx, data, g, untyped=(Q_SYSTEM, Q_TEMPLATE)), list(fields), _say(g.o))
     click.echo(table)
-    if not o["quiet"]:
+    if not g.o["quiet"]:
+        save_task = g.o["save_task"]
         notice(
             f"mlx-slm: task of {len(fields)} questions saved to {save_task}; classify with: mlx-slm classify "
             f"INPUT --task {save_task} (add zero-shot questions with --questions)"
         )
 
 
-def _refuse_head_options(ctx: click.Context, head: dict[str, Any]) -> None:
+HEAD_FLAGS = {"layers_spec": "--layers", "layer": "--layer", "folds": "--folds", "pooling": "--pooling"}
+
+
+def _refuse_head_options(ctx: click.Context) -> None:
     """A learned head's options typed with --finetune lora: refused by name (they choose hidden states)."""
-    head_opts = sorted(k for k in head if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE)
+    head_opts = sorted(k for k in HEAD_FLAGS if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE)
     if head_opts:
-        flag = {"layers_spec": "--layers", "layer": "--layer", "folds": "--folds", "pooling": "--pooling"}
         first = head_opts[0]
         if first == "folds":
             raise click.UsageError(
@@ -392,33 +398,23 @@ def _refuse_head_options(ctx: click.Context, head: dict[str, Any]) -> None:
                 "validation instead: drop --folds"
             )
         raise click.UsageError(
-            f"{flag[first]} chooses a learned head's hidden states; --finetune trains adapters and a head "
+            f"{HEAD_FLAGS[first]} chooses a learned head's hidden states; --finetune trains adapters and a head "
             "of their own (--adapt-layers sets how many top blocks): drop it"
         )
 
 
-def _finetune(
-    ctx: click.Context,
-    data: str,
-    save_task: str,
-    gold_fields: tuple[str, ...],
-    seed: int,
-    tune: dict[str, Any],
-    head: dict[str, Any],
-    o: dict[str, Any],
-    finish: Any = None,
-) -> Any:
-    """`train --finetune lora`: check the options, fine-tune, print the epochs, say where the task went."""
+def _finetune(ctx: click.Context, data: str, gold_fields: tuple[str, ...], tune: dict[str, Any], g: _Given) -> Any:
+    """`train --finetune lora` (or auto): check the options, fine-tune, print the epochs, say where the task went."""
 
     if tune["finetune"] is None:
         named = sorted(TUNING & given(ctx, tune))
         flag = next(p.opts[0] for p in ctx.command.params if p.name == named[0])  # --lr, not --learning-rate
         raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
     if tune["finetune"] == "lora":
-        _refuse_head_options(ctx, head)
+        _refuse_head_options(ctx)
     if len(gold_fields) > 1:
         raise click.UsageError("--finetune trains one classifier: give one --gold-field")
-    if o["examples_file"]:
+    if g.o["examples_file"]:
         raise click.UsageError(
             "--examples goes with zero-shot labels and heads; a fine-tuned classifier learns "
             "from DATA itself: drop --examples"
@@ -434,7 +430,7 @@ def _finetune(
         head_learning_rate=tune["head_learning_rate"],
         schedule=tune["schedule"],
         batch_size=tune["train_batch_size"],
-        seed=seed,
+        seed=g.head.seed,
         val_fraction=tune["val_fraction"],
         patience=tune["patience"],
         max_minutes=tune["max_minutes"],
@@ -444,34 +440,18 @@ def _finetune(
         contrastive=tune["contrastive"],
     )
     _check_recipe(ctx, tune)
-    labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
-    got = read_labels(labels_csv, o["labels_file"], o["system"], None if o["quiet"] else notice)
-    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
+    run = _train_run(ctx, data, g, _labels(ctx, g.o, say=True))
+    quiet = g.o["quiet"]
     if tune["finetune"] == "auto":
-        return _choose(ctx, data, save_task, gold_fields[0], settings, tune, head, got, o, finish)
-    update, close = progress_bar(o["quiet"])
+        return _choose(run, settings, tune["fused"], quiet)
+    update, close = progress_bar(quiet)
     try:
-        task, tuned = run_finetune(
-            data,
-            save_task,
-            model=o["model"],
-            settings=settings,
-            labels=got.labels,
-            descriptions=got.descriptions,
-            system=o["system"] or None,
-            template=o["template"],
-            read={**{k: o[k] for k in keys}, "gold_field": gold_fields[0], **task_settings(ctx, o).read_pair(data)},
-            fused=tune["fused"],
-            progress=update,
-            say=(lambda m: None) if o["quiet"] else notice,
-            reads=files_read(o, ("DATA", data)),
-            finish=finish,
-            **run_settings(task_settings(ctx, o)),
-        )
+        task, tuned = run_finetune(run, settings, fused=tune["fused"], progress=update, say=_say(g.o))
     finally:
         close()
     click.echo(history_table(tuned))
-    if not o["quiet"]:
+    if not quiet:
+        save_task = run.plan.save_task
         notice(
             f"mlx-slm: task saved to {save_task} (adapters: {task.finetune['adapters']}); classify with: "
             f"mlx-slm classify INPUT --task {save_task}"
@@ -480,50 +460,18 @@ def _finetune(
     return task
 
 
-def _choose(
-    ctx: click.Context,
-    data: str,
-    save_task: str,
-    gold_field: str,
-    settings: FinetuneSettings,
-    tune: dict[str, Any],
-    head: dict[str, Any],
-    got: Any,
-    o: dict[str, Any],
-    finish: Any,
-) -> Any:
+def _choose(run: TrainRun, settings: FinetuneSettings, fused: bool, quiet: bool) -> Any:
     """`train --finetune auto`: a head and a fine-tune measured on held-out texts, the winner kept."""
-    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
-    pooling = head["pooling"]
-    update, close = progress_bar(o["quiet"])
+    update, close = progress_bar(quiet)
     try:
-        task, choice, table = run_choose(
-            data,
-            save_task,
-            model=o["model"],
-            settings=settings,
-            labels=got.labels,
-            descriptions=got.descriptions,
-            system=o["system"] or None,
-            template=o["template"],
-            read={**{k: o[k] for k in keys}, "gold_field": gold_field, **task_settings(ctx, o).read_pair(data)},
-            layers=head["layers_spec"],
-            layer=head["layer"],
-            folds=head["folds"],
-            poolings=("last", "mean") if pooling == "auto" else (pooling,),
-            window=o["window"],
-            fused=tune["fused"],
-            progress=update,
-            say=(lambda m: None) if o["quiet"] else notice,
-            reads=files_read(o, ("DATA", data)),
-            finish=finish,
-            **run_settings(task_settings(ctx, o)),
-        )
+        say = (lambda _m: None) if quiet else notice
+        task, choice, table = run_choose(run, settings, fused=fused, progress=update, say=say)
     finally:
         close()
     click.echo(choice.table())
     click.echo(table)
-    if not o["quiet"]:
+    if not quiet:
+        save_task = run.plan.save_task
         notice(
             f"mlx-slm: kept the {choice.winner}; task saved to {save_task}; "
             f"classify with: mlx-slm classify INPUT --task {save_task}"
@@ -546,6 +494,25 @@ def _check_recipe(ctx: click.Context, tune: dict[str, Any]) -> None:
             "--patience stops on the validation loss, which only --keep best watches: add "
             "--val-fraction 0.1 (and --keep best), or drop --patience"
         )
+
+
+def _none_rule(
+    ctx: click.Context, data: str, none: dict[str, Any], gold_fields: tuple[str, ...], o: dict[str, Any]
+) -> NoneRule:
+    """ "None of these" as asked, checked before any work (`_check_none`); with --none-threshold
+    auto, --none-data read and checked now, as the threshold's choice will read it after training."""
+    threshold = _check_none(ctx, none, gold_fields)
+    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
+    read = ReadSpec(**{k: o[k] for k in keys}, gold=gold_fields[0])
+    rule = NoneRule(none["none_label"], threshold, none["none_target"], none["none_data"], read)
+    if threshold == "auto":  # the held-out data read and checked now, not after the training
+        named = _labels(ctx, o).labels if _labels_given(ctx, o) else None
+        rule.check(data, named)
+    return rule
+
+
+def _labels_given(ctx: click.Context, o: dict[str, Any]) -> bool:
+    return bool((o["labels_csv"] if "labels_csv" in given(ctx, o) else None) or o["labels_file"])
 
 
 def _check_none(ctx: click.Context, none: dict[str, Any], gold_fields: tuple[str, ...]) -> float | str | None:
@@ -577,50 +544,3 @@ def _check_none(ctx: click.Context, none: dict[str, Any], gold_fields: tuple[str
     if "none_data" in typed or "none_target" in typed:
         raise click.UsageError("--none-data and --none-target choose --none-threshold auto's threshold: drop them")
     return value
-
-
-def _check_none_data(ctx: click.Context, data: str, none: dict[str, Any], gold_field: str, o: dict[str, Any]) -> None:
-    """--none-data read as the threshold's choice will read it after training (`check_none_data`)."""
-    keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
-    read = {**{k: o[k] for k in keys}, "gold_field": gold_field}
-    labels_csv = o["labels_csv"] if "labels_csv" in given(ctx, o) else None
-    named = (
-        read_labels(labels_csv, o["labels_file"], o["system"], None).labels if labels_csv or o["labels_file"] else None
-    )
-    check_none_data(none["none_data"], data, none["none_label"], labels=named, read=read)
-
-
-def _none_finish(
-    ctx: click.Context, none: dict[str, Any], threshold: float | str | None, gold_field: str, o: dict[str, Any]
-) -> Any:
-    """What "none of these" does to a trained task before it is saved (None: nothing asked): its none
-    label (one of its labels), and its min_confidence as given or chosen on --none-data."""
-    label = none["none_label"]
-    if label is None and threshold is None:
-        return None
-
-    def finish(task: Any, engine: Any) -> Any:
-        learned = label if label in task.labels else None  # else it marks --none-data's out-of-scope texts only
-        if label is not None and learned is None and threshold != "auto":
-            raise click.UsageError(
-                f"--none-label {label!r}: no row of DATA is labelled {label!r} (the labels: {list(task.labels)[:8]}): "
-                "label the out-of-scope examples with it, or add --none-threshold auto --none-data FILE to mark "
-                "out-of-scope texts there only, or drop --none-label"
-            )
-        task = replace(task, none=none_section(learned), min_confidence=threshold if threshold != "auto" else None)
-        if threshold != "auto":
-            return task
-        keys = ("fmt", "text_field", "id_field", "text_column", "id_column")
-        read = {**{k: o[k] for k in keys}, "gold_field": gold_field}
-        return choose_none_threshold(
-            task,
-            engine,
-            none["none_data"],
-            target=none["none_target"],
-            read=read,
-            say=(lambda m: None) if o["quiet"] else notice,
-            marked=label,
-            **run_settings(task_settings(ctx, o)),
-        )
-
-    return finish

@@ -60,10 +60,11 @@ import os
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from ..ground.errors import UsageError
 from ..ground.textfiles import (
     BOM,
     InputError,
@@ -208,30 +209,75 @@ def _open_binary(path: str | None) -> IO[bytes]:
         raise InputError(open_problem(str(path), e, "the input")) from None
 
 
-def read_rows(
-    path: str | None,
-    fmt: str | None = None,
-    text_field: str = "text",
-    id_field: str = "id",
-    text_column: str = "text",
-    id_column: str | None = "id",
-    gold: Gold = None,
-    id_required: bool = False,
-    pair: str | None = None,
-    pair_required: bool = False,
-    states: tuple[str, ...] = (),
-) -> Iterator[Row]:
-    """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
-    `gold`: the gold label's field (or several fields: each row's gold is then a dict), read once.
-    `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present; a
-    CSV column named must be in the header, and with `pair_required` (the field was named) a
-    Parquet column in the schema and a JSONL row's field in the row (else its error row).
-    `states` (`decide`): a JSONL/Parquet row's text is the first of these fields it has, any JSON
-    value but null (a decision's state, checked by `text.decisions`).
+@dataclass(frozen=True)
+class ReadSpec:
+    """How a command reads its inputs, resolved once from its options (`--format`, the text, id
+    and pair fields and columns, the gold field): the one value `read_rows` takes.
 
-    Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
-    format, or a CSV header that does not name the text column.
-    """
+    `gold`: the gold label's field (or several: each row's gold is then a dict), read once
+    (`with_gold`). `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where
+    present; a CSV column named must be in the header, and with `pair_required` (the field was
+    named) a Parquet column in the schema and a JSONL row's field in the row (else its error row);
+    `for_input` resolves both for one input from `pair_field`/`pair_column` and `pair_typed`.
+    `id_required`: an id column named on the command line must exist. `states` (`decide`): a
+    JSONL/Parquet row's text is the first of these fields it has, any JSON value but null."""
+
+    fmt: str | None = None
+    text_field: str = "text"
+    id_field: str = "id"
+    text_column: str = "text"
+    id_column: str | None = "id"
+    gold: Gold = None
+    id_required: bool = False
+    pair: str | None = None
+    pair_required: bool = False
+    states: tuple[str, ...] = ()
+    pair_field: str = "text_pair"  # JSONL/Parquet: a second text, read where a row has it
+    pair_column: str | None = None  # CSV/TSV: the column of a second text (none unless named)
+    pair_typed: frozenset[str] = frozenset()  # which of pair_field, pair_column were typed
+    gold_field: str = "label"  # the gold label's field a command reads (eval, --calibration-data)
+
+    def with_gold(self, gold: Gold = None) -> ReadSpec:
+        """This spec reading the gold field(s) too (none given: `gold_field`)."""
+        return replace(self, gold=self.gold_field if gold is None else gold)
+
+    def for_input(self, path: str | None) -> ReadSpec:
+        """`pair` and `pair_required` for `path`, the one rule of every command that reads a
+        second text: the CSV/TSV column named by --pair-column, else the JSONL/Parquet field
+        (--pair-field, default text_pair, read where a row has it). A field or column typed must be
+        there (a CSV header's or Parquet schema's column, each JSONL row's field, as the readers
+        check); an option the input's format cannot use is refused by name."""
+        fmt = self.fmt or (guess_format(path, b"", self.text_column) if path not in (None, "-") else None)
+        typed = sorted(self.pair_typed)
+        flags = ", ".join("--" + k.replace("_", "-") for k in typed)
+        if fmt == "text" and typed:
+            raise UsageError(f"{flags}: a text file holds one text a line, no second text: drop it")
+        if fmt in ("csv", "tsv") and "pair_field" in typed:
+            raise UsageError("--pair-field names a JSONL/Parquet field; a CSV/TSV's second text is its --pair-column")
+        if fmt in ("csv", "tsv"):
+            return replace(self, pair=self.pair_column, pair_required=True)
+        return replace(self, pair=self.pair_column or self.pair_field, pair_required=bool(typed))
+
+
+# `read_rows`' arguments before `ReadSpec`, in their order (a caller may still give them one by one).
+_OLD_ARGS = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold", "id_required", "pair")
+_OLD_ARGS += ("pair_required", "states")
+
+
+def read_rows(path: str | None, spec: ReadSpec | str | None = None, *old: Any, **named: Any) -> Iterator[Row]:
+    """Stream rows from a file or stdin ('-' or None), read as `spec` says (its fields one by one
+    still work), checking each one; never raises on bad rows. `InputError` (a `ValueError`) for the
+    input as a whole: an unknown format, or a CSV header that does not name the text column."""
+    if not isinstance(spec, ReadSpec):  # the old arguments (format, fields, ...), one by one
+        spec = ReadSpec(**dict(zip(_OLD_ARGS, (spec, *old), strict=False)), **named)
+    elif old or named:
+        raise TypeError("read_rows(path, spec): the reading options are the spec's (ReadSpec), not beside it")
+    return _read(path, spec)
+
+
+def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
+    fmt, text_column = spec.fmt, spec.text_column
+    fields = (spec.text_field, spec.id_field, spec.gold, spec.pair, spec.pair_required, spec.states)
     if fmt is not None and fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
     stdin = path in (None, "-")
@@ -241,7 +287,7 @@ def read_rows(
     if fmt == "parquet" or (fmt is None and ext == ".parquet"):
         if stdin:
             raise InputError("Parquet cannot be read from standard input: give the file's path")
-        yield from _dedupe(_parquet(str(path), text_field, id_field, gold, pair, pair_required, states))
+        yield from _dedupe(_parquet(str(path), *fields))
         return
     raw = _open_binary(path)
     try:
@@ -253,17 +299,9 @@ def read_rows(
                 head, stream = _peek_lines(stream, text_column)
                 fmt = _sniff(head, text_column)
         if fmt == "jsonl":
-            it = _jsonl(stream, text_field, id_field, gold, pair, pair_required, states)
+            it = _jsonl(stream, *fields)
         elif fmt == "csv":
-            it = _csv(
-                stream,
-                text_column,
-                id_column,
-                delimiter={".csv": ",", ".tsv": "\t"}.get(ext),
-                gold=gold,
-                id_required=id_required,
-                pair=pair,
-            )
+            it = _csv(stream, spec, {".csv": ",", ".tsv": "\t"}.get(ext))
         else:
             it = _text(stream)
         yield from _dedupe(it)
@@ -617,16 +655,9 @@ def _next_record(src: _Source, delimiter: str) -> _Record | None:
     return _Record(n, taken[-1][0], [f.replace(_CR, "\r") for f in rec])
 
 
-def _csv(
-    raw: Iterable[bytes],
-    text_column: str,
-    id_column: str | None,
-    delimiter: str | None = ",",
-    gold: Gold = None,
-    id_required: bool = False,
-    pair: str | None = None,
-) -> Iterator[Row]:
-    """CSV rows; `delimiter` None: comma or tab, whichever makes the header name `text_column`."""
+def _csv(raw: Iterable[bytes], spec: ReadSpec, delimiter: str | None = ",") -> Iterator[Row]:
+    """CSV rows; `delimiter` None: comma or tab, whichever makes the header name the text column."""
+    text_column, id_column, gold, pair = spec.text_column, spec.id_column, spec.gold, spec.pair
     if csv.field_size_limit() < CSV_MAX_RECORD_CHARS:  # the csv module's default is 128 KiB
         csv.field_size_limit(CSV_MAX_RECORD_CHARS)
     src = _Source(raw)
@@ -641,7 +672,7 @@ def _csv(
     if head.fields is None:
         raise InputError(f"malformed CSV header: {head.error}")
     header = head.fields
-    ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, id_required)
+    ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, spec.id_required)
     if pair and pair not in header:
         raise InputError(
             f"CSV header has no column {pair!r} (columns: {', '.join(map(repr, header))}): fix --pair-column"
@@ -658,7 +689,7 @@ def _csv(
         src.push_back([nxt])
         r = _next_record(src, delimiter)
         assert r is not None
-        row = _csv_row(n, r, len(header), ti, ii, gi, text_column, id_column, gold)
+        row = _csv_row(n, r, len(header), (ti, ii, gi), spec)
         if pi is not None and row.error is None and r.fields is not None:
             row.pair = r.fields[pi] or None
         yield row
@@ -691,19 +722,11 @@ def _csv_columns(
     return ti, ii, gi
 
 
-def _csv_row(
-    n: int,
-    r: _Record,
-    width: int,
-    ti: int,
-    ii: int | None,
-    gi: dict[str, int],
-    text_column: str,
-    id_column: str | None,
-    gold: Gold = None,
-) -> Row:
+def _csv_row(n: int, r: _Record, width: int, columns: tuple[int, int | None, dict[str, int]], spec: ReadSpec) -> Row:
     """One CSV record starting at line `n` (`r`, from `_next_record`) as a `Row`, or an error
-    row naming its line; `width`: the header's number of columns."""
+    row naming its line; `width`: the header's number of columns; `columns`: the text's, the
+    id's and each gold field's index (`_csv_columns`)."""
+    (ti, ii, gi), text_column, id_column = columns, spec.text_column, spec.id_column
     span = f"line {n}" if r.last_line == n else f"lines {n}-{r.last_line}"
     if r.fields is None:
         return Row(n, None, error=r.error, last_line=r.last_line)
@@ -739,7 +762,7 @@ def _csv_row(
             explicit_id=explicit,
             last_line=r.last_line,
         )
-    gold_of = _gold_value(gold, lambda g: rec[gi[g]] if g in gi else None)
+    gold_of = _gold_value(spec.gold, lambda g: rec[gi[g]] if g in gi else None)
     return Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=gold_of)
 
 
@@ -747,7 +770,6 @@ def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:
     """Why a labelled row cannot be used (eval, calibration data), or None if it can: the
     gold-label rule of `labels.gold_problem`, on the gold as text, worded with the row's line.
     Only a gold that is absent is "no gold label"; a blank or spaced one is named by its repr."""
-
     if label_problem(None if row.gold is None else str(row.gold), labels) is None:
         return None
     if row.gold is None:

@@ -17,7 +17,7 @@ Which of the two is better depends on the data: on BANKING77 at 10 per intent fi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,16 +25,17 @@ from typing import Any
 import numpy as np
 
 from ..classifier.classifier import Classifier
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..engine.engine import Engine
 from ..kinds.finetune import FineTunedSettings, in_memory
 from ..kinds.head import HeadSettings
-from ..text.heads import DEFAULT_FOLDS, POOLINGS, format_table, min_per_label
+from ..text.heads import format_table, min_per_label
 from ..text.metrics import accuracy, confusion, macro_f1
-from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
-from ..weights.finetune import validation_split
+from ..weights.finetune import FinetuneSettings, validation_split
 from .finetune import finetune_texts, history_table, save_finetuned
-from .train import TrainError, read_training_data, train_head, trained_task
+from .labelled import TrainError, TrainingData
+from .train import Trace, TrainRun, classify_options, labelled_plan, learn_head, trained_task
 
 HOLDOUT = 0.2  # each label's share held out to compare the two (at least one text a label)
 METHODS = ("head", "finetune")
@@ -116,26 +117,23 @@ def score(
 
 
 @dataclass(frozen=True)
-class _Setup:
-    """What both methods train with: the loaded model, the data, the prompt and the options."""
+class _Shared:
+    """What both methods train with: the run, the loaded model, the data, the plan with the data's
+    labels (filled into its system message), the fine-tuning settings and how its progress is shown."""
 
+    run: TrainRun
     engine: Any
-    model: str
-    data: Any  # TrainingData
-    system: str | None
-    template: str
-    settings: Any  # FinetuneSettings
-    head: dict[str, Any]  # train_head's options: layers, layer, folds, poolings, window
+    data: TrainingData
+    plan: Plan
+    settings: FinetuneSettings
     fused: bool
     progress: Callable[[Any], None] | None
-    clf_kwargs: dict[str, Any]
 
     def where(self, rows: np.ndarray) -> Callable[[int], str]:
         return lambda i: f"{self.data.path}: line {self.data.lines[rows[i]]}"
 
     def task(self, section: Any) -> Task:
-        d = self.data
-        return trained_task(self.model, self.engine, d.labels, self.system, self.template, section)
+        return trained_task(self.plan, self.engine, section)
 
 
 class HeadWay:
@@ -143,33 +141,25 @@ class HeadWay:
 
     name = "head"
 
-    def fit(self, s: _Setup, rows: np.ndarray, minutes: float | None) -> Any:
+    def fit(self, s: _Shared, rows: np.ndarray, minutes: float | None) -> Any:
         d = s.data
-        folds = min(s.head["folds"], int(np.bincount(d.gold[rows], minlength=len(d.labels)).min()))
-        return train_head(
-            s.engine,
-            [d.texts[i] for i in rows],
-            [d.labels[i] for i in d.gold[rows]],
-            classes=d.labels,
-            system=s.system,
-            template=s.template,
-            **{**s.head, "folds": folds},
-            seed=s.settings.seed,
-            source=d.path,
-            lines=[d.lines[i] for i in rows],
-            **s.clf_kwargs,
-        )
+        folds = min(s.run.head.folds, int(np.bincount(d.gold[rows], minlength=len(d.labels)).min()))
+        head = replace(s.run.head, folds=folds, seed=s.settings.seed)
+        trace = Trace(source=d.path, lines=[d.lines[i] for i in rows])
+        texts, gold = [d.texts[i] for i in rows], [d.labels[i] for i in d.gold[rows]]
+        prompt = (s.plan.system, s.plan.template, ())
+        return learn_head(s.engine, texts, gold, d.labels, head, trace, prompt, classify_options(s.plan))
 
-    def section(self, s: _Setup, head: Any) -> Any:
+    def section(self, s: _Shared, head: Any) -> Any:
         return HeadSettings(head)
 
-    def record(self, s: _Setup, head: Any, choice: Choice) -> Any:
+    def record(self, s: _Shared, head: Any, choice: Choice) -> Any:
         """The head with its data and what `--finetune auto` measured in its info (saved with it)."""
         head.info.update({"data": Path(s.data.path).name, "data_sha256": s.data.sha256, "compared": choice.record()})
         return head
 
-    def save(self, s: _Setup, task: Task, head: Any, save_task: str, reads: Sequence[Any]) -> Task:
-        task.save(save_task)
+    def save(self, s: _Shared, task: Task, head: Any) -> Task:
+        task.save(s.plan.save_task)
         return task
 
     def table(self, head: Any) -> str:
@@ -181,30 +171,22 @@ class FinetuneWay:
 
     name = "finetune"
 
-    def fit(self, s: _Setup, rows: np.ndarray, minutes: float | None) -> Any:
+    def fit(self, s: _Shared, rows: np.ndarray, minutes: float | None) -> Any:
         d = s.data
-        return finetune_texts(
-            s.engine,
-            [d.texts[i] for i in rows],
-            [d.labels[i] for i in d.gold[rows]],
-            d.labels,
-            s.system,
-            s.template,
-            replace(s.settings, max_minutes=minutes),
-            where=s.where(rows),
-            progress=s.progress,
-            **s.clf_kwargs,
-        )
+        texts, gold = [d.texts[i] for i in rows], [d.labels[i] for i in d.gold[rows]]
+        tuning = replace(s.settings, max_minutes=minutes)
+        return finetune_texts(s.engine, s.plan, texts, gold, tuning, where=s.where(rows), progress=s.progress)
 
-    def section(self, s: _Setup, tuned: Any) -> Any:
+    def section(self, s: _Shared, tuned: Any) -> Any:
         return FineTunedSettings(in_memory(tuned, s.fused))
 
-    def record(self, s: _Setup, tuned: Any, choice: Choice) -> Any:
+    def record(self, s: _Shared, tuned: Any, choice: Choice) -> Any:
         """The adapters with what `--finetune auto` measured in their settings (saved with them)."""
         return replace(tuned, settings={**tuned.settings, "compared": choice.record()})
 
-    def save(self, s: _Setup, task: Task, tuned: Any, save_task: str, reads: Sequence[Any]) -> Task:
-        return save_finetuned(task, tuned, save_task, s.fused, reads=[("DATA", s.data.path), *reads])
+    def save(self, s: _Shared, task: Task, tuned: Any) -> Task:
+        reads = [("DATA", s.data.path), *s.run.reads]
+        return save_finetuned(task, tuned, s.plan.save_task, s.fused, reads=reads)
 
     def table(self, tuned: Any) -> str:
         return history_table(tuned)
@@ -214,57 +196,30 @@ WAYS = (HeadWay(), FinetuneWay())  # in the order a tie is settled: the head fir
 
 
 def run_choose(
-    data_path: str,
-    save_task: str,
+    run: TrainRun,
+    settings: FinetuneSettings,
     *,
-    model: str,
-    settings: Any,
-    labels: Sequence[str] | None = None,
-    descriptions: Mapping[str, str] | None = None,
-    system: str | None = DEFAULT_SYSTEM,
-    template: str = DEFAULT_TEMPLATE,
-    read: Mapping[str, Any] | None = None,
-    layers: str | None = "auto",
-    layer: int | None = None,
-    folds: int = DEFAULT_FOLDS,
-    poolings: Sequence[str] = POOLINGS,
-    window: int = 1024,
-    dtype: str | None = None,
-    dequantize: bool | None = None,
     fused: bool = False,
     progress: Callable[[Any], None] | None = None,
     say: Callable[[str], None] = lambda _m: None,
-    reads: Sequence[Any] = (),
-    finish: Callable[[Any, Any], Any] | None = None,
-    **clf_kwargs: Any,
 ) -> tuple[Task, Choice, str]:
     """The `train --finetune auto` command: returns (the saved `Task`, the `Choice`, the
-    winner's own table: the head's layers, or the fine-tune's epochs). `finish(task, engine)`: the task as it is to be
-    saved, before anything is written (e.g. "none of these")."""
+    winner's own table: the head's layers, or the fine-tune's epochs). "None of these"
+    (`run.none`) is applied to the winner's task before anything is written."""
 
     need = (
         3,
         "--finetune auto holds out some of each label's texts to compare the head and fine-tuning, "
         "and the head cross-validates on the rest (2 folds at least), so each label needs 3: add examples "
-        f"of those labels to {data_path}, or choose one method (drop --finetune, or --finetune lora)",
+        f"of those labels to {run.data}, or choose one method (drop --finetune, or --finetune lora)",
     )
-    data = read_training_data(data_path, labels, need=need, what="--finetune auto", **(read or {}))
+    data = run.read(need=need, what="--finetune auto")
     tr, te = held_out_split(data.gold, data.labels, settings.seed)
     if np.bincount(data.gold[tr], minlength=len(data.labels)).min() < min_per_label(2):
-        raise TrainError(f"{data_path}: {need[1]}")
-    say(f"mlx-slm: loading {model}")
-    s = _Setup(
-        Engine.load(model, dtype, dequantize),
-        model,
-        data,
-        fill_system(system or None, data.labels, descriptions),
-        check_template(template),
-        settings,
-        {"layers": layers, "layer": layer, "folds": folds, "poolings": poolings, "window": window},
-        fused,
-        progress,
-        clf_kwargs,
-    )
+        raise TrainError(f"{run.data}: {need[1]}")
+    plan = labelled_plan(run.prompt(data), data.labels)
+    say(f"mlx-slm: loading {plan.model}")
+    s = _Shared(run, Engine.load(plan.model), data, plan, settings, fused, progress)
     deadline = None if settings.max_minutes is None else time.perf_counter() + settings.max_minutes * 60
     trials = []
     for way in WAYS:
@@ -273,21 +228,15 @@ def run_choose(
         # The trial fine-tune may take half the time left; the final run what is left after it.
         learned = way.fit(s, tr, None if deadline is None else max((deadline - t0) / 120, 0.01))
         seconds = time.perf_counter() - t0
-        acc, f1 = score(
-            s.task(way.section(s, learned)),
-            s.engine,
-            [data.texts[i] for i in te],
-            data.gold[te],
-            s.where(te),
-            **clf_kwargs,
-        )
+        task = s.task(way.section(s, learned))
+        held = [data.texts[i] for i in te]
+        acc, f1 = score(task, s.engine, held, data.gold[te], s.where(te), **classify_options(plan))
         trials.append(Trial(way.name, acc, f1, seconds))
     choice = Choice(tuple(trials), winner(trials), len(te), len(tr))
     way = next(w for w in WAYS if w.name == choice.winner)
     say(f"mlx-slm: --finetune auto kept the {way.name}; training it on all {len(data.texts)} texts")
     left = None if deadline is None else max((deadline - time.perf_counter()) / 60, 0.01)
     learned = way.record(s, way.fit(s, np.arange(len(data.texts)), left), choice)
-    task = s.task(way.section(s, learned))
-    if finish is not None:  # e.g. "none of these": its threshold chosen on held-out data, before anything is written
-        task = finish(task, s.engine)
-    return way.save(s, task, learned, save_task, reads), choice, way.table(learned)
+    # "None of these": its threshold chosen on held-out data, before anything is written.
+    task = run.none.apply(s.task(way.section(s, learned)), s.engine, say, **classify_options(plan))
+    return way.save(s, task, learned), choice, way.table(learned)

@@ -2,8 +2,8 @@
 
 Read the data first (its problems fail before the model loads), render and tokenize every
 text with the task's prompt exactly as `classify` will (the fine-tuned kind's own items), fine-
-tune (`finetune.finetune`: LoRA adapters on the top blocks and a score head, or the labels' own
-tokens), then write the adapters beside the task (`output.adapters_file`: `TASK.<sha256>.adapters.
+tune (`weights.finetune.finetune`: LoRA adapters on the top blocks and a score head, or the labels' own
+tokens), then write the adapters beside the task (`files.output.adapters_file`: `TASK.<sha256>.adapters.
 safetensors`, a new name for new adapters, its sha256 in the task) and then the task. Ctrl-C or
 `--max-minutes` keep the best finished epoch as a complete task; with no finished epoch nothing is
 written. Either file is written whole or not at all (a temporary file renamed into place); a task
@@ -14,53 +14,44 @@ adapters file is removed if the task cannot be written (never one an older task 
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..classifier.classifier import Classifier
+from ..classifier.plan import Plan
 from ..engine.engine import Engine
 from ..files.output import adapters_file, check_run_files
 from ..ground.safefs import atomic_write
 from ..kinds.finetune import FineTunedSettings, in_memory
 from ..kinds.labels import labelset_for
-from ..text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE, check_template, fill_system
 from ..weights.adapters import FinetuneError
 from ..weights.convert import sha256_file
-from ..weights.finetune import Provenance, finetune
-from .train import TrainError, read_training_data, trained_task
+from ..weights.finetune import FinetuneSettings, Provenance, finetune
+from .labelled import TrainError
+from .train import TrainRun, classify_options, labelled_plan, trained_task
 
 
 def run_finetune(
-    data_path: str,
-    save_task: str,
+    run: TrainRun,
+    settings: FinetuneSettings,
     *,
-    model: str,
-    settings: Any,
-    labels: Sequence[str] | None = None,
-    descriptions: Mapping[str, str] | None = None,
-    system: str | None = DEFAULT_SYSTEM,
-    template: str = DEFAULT_TEMPLATE,
-    read: Mapping[str, Any] | None = None,
-    dtype: str | None = None,
-    dequantize: bool | None = None,
     fused: bool = False,
     progress: Callable[[Any], None] | None = None,
     say: Callable[[str], None] = lambda _m: None,
-    reads: Sequence[Any] = (),
-    finish: Callable[[Any, Any], Any] | None = None,
-    **clf_kwargs: Any,
 ) -> tuple[Any, Any]:
-    """The `train --finetune lora` command: returns (the saved `Task`, the `FineTuned`).
-    `reads`: the files the run reads (`output.files_read`), none of which the adapters may be.
-    `finish(task, engine)`: the task as it is to be saved (its adapters in memory), before anything is written."""
+    """The `train --finetune lora` command: returns (the saved `Task`, the `FineTuned`). `fused`:
+    the task runs the adapters merged; `progress` takes the training's `Progress`, `say` each
+    step's message. "None of these" (`run.none`) is applied to the task, its adapters in memory,
+    before anything is written; the adapters may be none of the files the run reads (`run.reads`)."""
 
     need = (
         1,
         "A fine-tuned classifier learns each label from its examples: add examples of those labels to "
-        f"{data_path}, or leave them out of --labels (or --labels-file)",
+        f"{run.data}, or leave them out of --labels (or --labels-file)",
     )
     if settings.val_fraction > 0:  # one example of each label held out, one trained on
         need = (
@@ -69,32 +60,20 @@ def run_finetune(
             "validation and trains on the rest, so each needs 2: add examples of those labels, leave them out "
             "of --labels and the data, or set --val-fraction 0 (no early stopping)",
         )
-    data = read_training_data(data_path, labels, need=need, what="a fine-tuned classifier", **(read or {}))
-    system = fill_system(system or None, data.labels, descriptions)
-    template = check_template(template)
-    say(f"mlx-slm: loading {model}")
-    engine = Engine.load(model, dtype, dequantize)
+    data = run.read(need=need, what="a fine-tuned classifier")
+    plan = labelled_plan(run.prompt(data), data.labels)
+    say(f"mlx-slm: loading {plan.model}")
+    engine = Engine.load(plan.model)
     t0 = time.perf_counter()
-    tuned = finetune_texts(
-        engine,
-        data.texts,
-        data.gold,
-        data.labels,
-        system,
-        template,
-        settings,
-        where=lambda i: f"{data_path}: line {data.lines[i]}",
-        progress=progress,
-        **clf_kwargs,
-    )
+    where = lambda i: f"{run.data}: line {data.lines[i]}"  # noqa: E731
+    tuned = finetune_texts(engine, plan, data.texts, data.gold, settings, where=where, progress=progress)
     say(
         f"mlx-slm: fine-tuned in {time.perf_counter() - t0:.0f} s ({tuned.stopped} after {len(tuned.history)} "
         f"epochs; {kept(tuned)})"
     )
-    task = trained_task(model, engine, data.labels, system, template, FineTunedSettings(in_memory(tuned, fused)))
-    if finish is not None:  # e.g. "none of these": its threshold chosen on held-out data, the adapters in memory
-        task = finish(task, engine)
-    return save_finetuned(task, tuned, save_task, fused, reads=[("DATA", data_path), *reads]), tuned
+    task = trained_task(plan, engine, FineTunedSettings(in_memory(tuned, fused)))
+    task = run.none.apply(task, engine, say, **classify_options(plan))
+    return save_finetuned(task, tuned, plan.save_task, fused, reads=[("DATA", run.data), *run.reads]), tuned
 
 
 def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = False, reads: Sequence[Any] = ()) -> Any:
@@ -102,8 +81,6 @@ def save_finetuned(task: Any, tuned: Any, save_task: str | Path, fused: bool = F
     from their sha256), then `task` there naming them: a whole new pair, or the old one as it
     was. The adapters file is checked with the outputs (none of `reads`, not the task), and an
     existing file of that name is used only if it holds these very bytes. Returns the saved `Task`."""
-    import hashlib
-
     data = reproducible(tuned).to_bytes()
     sha = hashlib.sha256(data).hexdigest()
     path = adapters_file(save_task, sha)
@@ -157,23 +134,22 @@ def reproducible(tuned: Any) -> Any:
 
 def finetune_texts(
     engine: Any,
-    texts: Sequence[str],
-    gold: Sequence[str],
-    labels: Sequence[str],
-    system: str | None,
-    template: str,
-    settings: Any,
+    plan: Plan,
+    texts: Sequence[Any],
+    gold: Sequence[Any],
+    settings: FinetuneSettings,
     *,
     where: Callable[[int], str] = lambda i: f"text {i}",
     progress: Callable[[Any], None] | None = None,
-    **clf_kwargs: Any,
 ) -> Any:
-    """`finetune.finetune` on `texts` rendered and tokenized as `classify` renders them with this
-    prompt (the labels kind's items: chat template, truncation); a text that cannot run is a
+    """`weights.finetune.finetune` on `texts` (each one's gold label, or its index in the plan's labels)
+    rendered and tokenized as `classify` renders them with the plan's prompt, labels and
+    batching (the labels kind's items: chat template, truncation); a text that cannot run is a
     `TrainError` naming it (`where(i)`: its file and line). `train --finetune` and the
     estimator's method="finetune" fine-tune here."""
 
-    clf = Classifier(engine, labels, system, template, features_only=settings.objective == "score", **clf_kwargs)
+    labels = plan.labels
+    clf = Classifier(engine, plan=labelled_plan(plan, labels, features_only=settings.objective == "score"))
     items = clf.prepare(list(texts))
     for i, it in enumerate(items):
         if it.error:
@@ -192,7 +168,7 @@ def finetune_texts(
         list(labels),
         settings,
         label_tokens=label_tokens,
-        provenance=Provenance(engine.weights_sha256, {"system": system, "template": template}),
+        provenance=Provenance(engine.weights_sha256, {"system": plan.system, "template": plan.template}),
         progress=progress,
     )
 
@@ -227,7 +203,7 @@ def progress_bar(quiet: bool) -> tuple[Callable[[Any], None], Callable[[], None]
     and the function that closes it."""
     if quiet:
         return (lambda _p: None), (lambda: None)
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: a bar only (tqdm comes with transformers, not a dependency of ours)
 
     bars: dict[str, Any] = {}
 

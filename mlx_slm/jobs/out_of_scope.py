@@ -11,15 +11,17 @@ threshold (in-scope accuracy, the share answered, out-of-scope recall and precis
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..classifier.classifier import Classifier
 from ..classifier.task import Task
+from ..files.readers import ReadSpec
+from ..ground.errors import UsageError
 from ..text.out_of_scope import DEFAULT_TARGET, choose_threshold
-from .train import TrainError, read_training_data
+from .labelled import TrainError, read_training_data
 
 
 def none_section(label: str | None, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -27,20 +29,64 @@ def none_section(label: str | None, chosen: dict[str, Any] | None = None) -> dic
     return {"label": label, "min_confidence": chosen}
 
 
+@dataclass(frozen=True)
+class NoneRule:
+    """ "None of these" as `train` was asked it (--none-label, --none-threshold, --none-target,
+    --none-data), checked by the front end and applied by the job itself to the trained task,
+    before anything is written. `threshold`: a probability, "auto" (chosen on `data` to
+    `target`), or None; `read`: how `data` is read (as DATA is, its gold field named)."""
+
+    label: str | None = None
+    threshold: float | str | None = None
+    target: float = DEFAULT_TARGET
+    data: str | None = None
+    read: ReadSpec = ReadSpec()
+
+    @property
+    def asked(self) -> bool:
+        return self.label is not None or self.threshold is not None
+
+    def check(self, data_path: str, labels: Sequence[str] | None) -> None:
+        """With "auto": `data` read and checked now, before any training (`check_none_data`)."""
+        if self.threshold == "auto" and self.data is not None:
+            check_none_data(self.data, data_path, self.label, labels=labels, read=self.read)
+
+    def apply(self, task: Task, engine: Any, say: Any = lambda _m: None, **clf_kwargs: Any) -> Task:
+        """`task` as it is to be saved: its none label (one of its labels) and its min_confidence as
+        given or chosen on `data` (`clf_kwargs`: how the held-out texts are batched); unchanged when
+        nothing was asked."""
+        if not self.asked:
+            return task
+        learned = self.label if self.label in task.labels else None  # else it marks `data`'s out-of-scope texts
+        if self.label is not None and learned is None and self.threshold != "auto":
+            raise UsageError(
+                f"--none-label {self.label!r}: no row of DATA is labelled {self.label!r} (the labels: "
+                f"{list(task.labels)[:8]}): label the out-of-scope examples with it, or add --none-threshold auto "
+                "--none-data FILE to mark out-of-scope texts there only, or drop --none-label"
+            )
+        auto = self.threshold == "auto"
+        task = replace(task, none=none_section(learned), min_confidence=None if auto else self.threshold)
+        if not auto:
+            return task
+        assert self.data is not None  # the front end asks --none-data with auto
+        return choose_none_threshold(
+            task, engine, self.data, target=self.target, read=self.read, say=say, marked=self.label, **clf_kwargs
+        )
+
+
 def check_none_data(
     path: str,
     data_path: str,
     none_label: str | None,
     labels: Sequence[str] | None = None,
-    read: dict[str, Any] | None = None,
+    read: ReadSpec | None = None,
 ) -> None:
     """`--none-data` read and checked before any training, as `choose_none_threshold` will read it
     after: every row a text and a gold label among the task's labels (`labels`, else DATA's own) and
     `none_label`. A bad row is a `TrainError` naming its line now, not after the whole fine-tune."""
-    read = read or {}
-    own = list(labels) if labels else list(read_training_data(data_path, None, **read, need=(0, "")).labels)
+    own = list(labels) if labels else list(read_training_data(data_path, None, spec=read, need=(0, "")).labels)
     names = own + ([none_label] if none_label is not None and none_label not in own else [])
-    read_training_data(path, names, **read, need=(0, ""), what="the held-out data")
+    read_training_data(path, names, spec=read, need=(0, ""), what="the held-out data")
 
 
 def choose_none_threshold(
@@ -49,7 +95,7 @@ def choose_none_threshold(
     data_path: str,
     *,
     target: float = DEFAULT_TARGET,
-    read: dict[str, Any] | None = None,
+    read: ReadSpec | None = None,
     say: Any = lambda _m: None,
     marked: str | None = None,
     **clf_kwargs: Any,
@@ -61,7 +107,7 @@ def choose_none_threshold(
     none_label = task.none["label"] if task.none else None
     marked = marked if none_label is None else None
     names = list(task.labels) + ([marked] if marked is not None else [])
-    data = read_training_data(data_path, names, **(read or {}), need=(0, ""), what="the held-out data")
+    data = read_training_data(data_path, names, spec=read, need=(0, ""), what="the held-out data")
     if not len(data.gold):
         raise TrainError(f"{data_path}: no labelled texts to choose the threshold on")
     if marked is not None and names.index(marked) not in set(data.gold.tolist()):

@@ -31,6 +31,7 @@ LABELS = ("account", "billing", "technical")
 @pytest.fixture(scope="module")
 def tuned(engine):
     """Two different fine-tunes of the tiny model (seeds 0 and 1) and the task they belong to."""
+    from mlx_slm.classifier.plan import Plan
     from mlx_slm.jobs.finetune import finetune_texts
     from mlx_slm.weights.convert import versions
     from mlx_slm.weights.finetune import FinetuneSettings
@@ -40,7 +41,7 @@ def tuned(engine):
 
     def one(seed: int):
         s = FinetuneSettings(layers=1, epochs=1, val_fraction=0.0, learning_rate=1e-3, seed=seed)
-        return finetune_texts(engine, texts, gold, LABELS, system, template, s)
+        return finetune_texts(engine, Plan.of(LABELS, system, template), texts, gold, s)
 
     task = Task(model=str(engine.path), labels=LABELS, system=system, template=template,
                 weights_sha256=engine.weights_sha256, versions=versions())  # fmt: skip

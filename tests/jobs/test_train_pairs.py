@@ -30,13 +30,15 @@ def data(tmp_path):
 
 
 def test_read_training_data_keeps_each_rows_pair(data, tmp_path):
+    from mlx_slm.files.readers import ReadSpec
     from mlx_slm.jobs.train import read_training_data
 
-    got = read_training_data(str(data), pair="text_pair", folds=2)
+    got = read_training_data(str(data), spec=ReadSpec(pair="text_pair"), folds=2)
     assert got.texts[0] == (ROWS[0][0], f"about {ROWS[0][1]}")
     csv = tmp_path / "pairs.csv"
     csv.write_text("text,other,label\n" + "".join(f'"{t}",x {g},{g}\n' for t, g in ROWS))
-    assert read_training_data(str(csv), pair="other", folds=2).texts[1] == (ROWS[1][0], f"x {ROWS[1][1]}")
+    got = read_training_data(str(csv), spec=ReadSpec(pair="other"), folds=2)
+    assert got.texts[1] == (ROWS[1][0], f"x {ROWS[1][1]}")
 
 
 @pytest.mark.parametrize("how", [[], FT], ids=["head", "finetune"])

@@ -33,14 +33,18 @@ def _probs(preds, labels) -> np.ndarray:
 @pytest.fixture(scope="module")
 def ft(tmp_path_factory, tiny_qwen_mlx):
     """A task fine-tuned by `tuning.run_finetune` (what the CLI runs), and its classifier's answers."""
+    from mlx_slm.classifier.plan import Plan
     from mlx_slm.jobs.finetune import run_finetune
+    from mlx_slm.jobs.train import TrainRun
     from mlx_slm.weights.finetune import FinetuneSettings
+    from mlx_slm.weights.registry import ModelRef
 
     d = tmp_path_factory.mktemp("ft-kind")
     data = d / "train.jsonl"
     data.write_text("".join(json.dumps({"text": t, "label": g}) + "\n" for t, g in ROWS))
     s = FinetuneSettings(layers=2, epochs=3, learning_rate=1e-3, head_learning_rate=1e-2, val_fraction=0.2)
-    task, tuned = run_finetune(str(data), str(d / "task.json"), model=str(tiny_qwen_mlx), settings=s)
+    plan = Plan(model=ModelRef(str(tiny_qwen_mlx)), save_task=str(d / "task.json"))
+    task, tuned = run_finetune(TrainRun(str(data), plan), s)
     engine = Engine.load(str(tiny_qwen_mlx))
     clf = Classifier.from_task(d / "task.json", engine=engine)
     return SimpleNamespace(d=d, path=d / "task.json", task=task, tuned=tuned, engine=engine, clf=clf,
@@ -86,16 +90,17 @@ def served(ft):
     pytest.importorskip("starlette")
     pytest.importorskip("uvicorn")
     httpx = pytest.importorskip("httpx")
-    from mlx_slm.jobs.setup import Setup, TaskOptions
+    from mlx_slm.jobs import plan as plans
+    from mlx_slm.jobs.plan import TaskOptions
     from mlx_slm.server import Loaded, ServeOptions, Service
     from tests.server.test_app import ThreadServer
 
-    setup = Setup(TaskOptions(task_file=str(ft.path), given=frozenset({"task_file"})), lambda _m: None)
+    plan = plans.resolve(TaskOptions(task_file=str(ft.path), given=frozenset({"task_file"})), lambda _m: None)
 
     def load():  # as `mlx-slm serve --task` loads
-        clf = setup.load()
-        return Loaded(clf, setup.calibration, setup.o.min_confidence, setup.o.warmup, model=setup.o.model,
-                      weights_sha256=setup.weights, clf_kwargs={"use_prefix_cache": True})  # fmt: skip
+        p, clf = plans.load_fitted(plan, lambda _m: None)
+        return Loaded(clf, p.calibration, p.min_confidence, p.warmup, model=p.model.name,
+                      weights_sha256=clf.engine.weights_sha256, clf_kwargs={"use_prefix_cache": True})  # fmt: skip
 
     srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
     yield srv, httpx

@@ -229,17 +229,18 @@ def _write_csv(path, rows, header=("text", "category")):
 
 
 def test_training_data_problems_name_the_fix(tmp_path):
+    from mlx_slm.files.readers import ReadSpec
     from mlx_slm.jobs.train import TrainError, read_training_data
 
     good = [(f"text {i}", "ab"[i % 2]) for i in range(10)]
-    d = read_training_data(_write_csv(tmp_path / "ok.csv", good), gold_field="category")
+    d = read_training_data(_write_csv(tmp_path / "ok.csv", good), spec=ReadSpec(gold_field="category"))
     assert d.labels == ("a", "b") and list(d.gold[:4]) == [0, 1, 0, 1] and len(d.sha256) == 64
     with pytest.raises(TrainError, match=r"'b' has 4.*at least 5 examples per label"):
-        read_training_data(_write_csv(tmp_path / "few.csv", good[:9]), gold_field="category")
+        read_training_data(_write_csv(tmp_path / "few.csv", good[:9]), spec=ReadSpec(gold_field="category"))
     with pytest.raises(TrainError, match=r"not in --labels: 'b' \(line 3\)"):
-        read_training_data(str(tmp_path / "ok.csv"), ["a", "c"], gold_field="category")
+        read_training_data(str(tmp_path / "ok.csv"), ["a", "c"], spec=ReadSpec(gold_field="category"))
     with pytest.raises(TrainError, match=r"'c' has 0"):
-        read_training_data(str(tmp_path / "ok.csv"), ["a", "b", "c"], gold_field="category")
+        read_training_data(str(tmp_path / "ok.csv"), ["a", "b", "c"], spec=ReadSpec(gold_field="category"))
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(TrainError, match="is empty"):
         read_training_data(str(tmp_path / "empty.jsonl"))
@@ -265,13 +266,13 @@ def _labelled(n_per: int = 8):
 def tiny_head(tiny_qwen_mlx):
     """A head trained on the tiny model (random weights: what matters is the path, not accuracy)."""
     from mlx_slm.engine.engine import Engine
-    from mlx_slm.jobs.train import TrainingData, head_classifier, train
+    from mlx_slm.jobs.train import HeadOptions, TrainingData, head_classifier, train
 
     engine = Engine.load(str(tiny_qwen_mlx))
     data = _labelled()
     clf = head_classifier(engine, LABELS, SYSTEM, TEMPLATE)
     td = TrainingData("x.jsonl", [t for t, _ in data], np.array([LABELS.index(g) for _, g in data]), LABELS, [], "0")
-    head = train(clf, td, layers="1,2", folds=3)
+    head = train(clf, td, HeadOptions(layers="1,2", folds=3))
     return engine, head
 
 
@@ -579,10 +580,14 @@ def test_training_gold_labels_with_spaces_around_them(tmp_path):
 @pytest.mark.parametrize("folds", [1, 0, True, 2.5])
 def test_every_training_entry_refuses_too_few_folds_before_any_work(folds, tmp_path):
     """The folds are checked first, by each entry: no data read, no model loaded (neither exists here)."""
-    from mlx_slm.jobs.train import TrainError, run_train, run_train_fields
+    from mlx_slm.classifier.plan import Plan
+    from mlx_slm.jobs.train import HeadOptions, TrainError, TrainRun, run_train, run_train_fields
+    from mlx_slm.weights.registry import ModelRef
 
     missing = str(tmp_path / "no-such.jsonl")
+    plan = Plan(model=ModelRef("no-such-model"), save_task=str(tmp_path / "t.json"))
+    run = TrainRun(missing, plan, head=HeadOptions(folds=folds))
     with pytest.raises(TrainError, match="at least 2 folds"):
-        run_train(missing, str(tmp_path / "t.json"), model="no-such-model", folds=folds)
+        run_train(run)
     with pytest.raises(TrainError, match="at least 2 folds"):
-        run_train_fields(missing, str(tmp_path / "t.json"), ["a", "b"], model="no-such-model", folds=folds)
+        run_train_fields(run, ["a", "b"])

@@ -55,6 +55,7 @@ def test_a_diverging_fine_tune_stops_naming_the_epoch_and_the_fix_and_saves_noth
 
 
 def test_the_python_api_refuses_a_diverging_run_too(tiny_qwen_mlx):
+    from mlx_slm.classifier.plan import Plan
     from mlx_slm.engine.engine import Engine
     from mlx_slm.jobs.finetune import finetune_texts
     from mlx_slm.weights.adapters import FinetuneError
@@ -63,8 +64,8 @@ def test_the_python_api_refuses_a_diverging_run_too(tiny_qwen_mlx):
     engine = Engine.load(str(tiny_qwen_mlx), dtype="float16")
     s = FinetuneSettings(layers=2, epochs=2, learning_rate=1.0, head_learning_rate=1.0, val_fraction=0.2)
     with pytest.raises(FinetuneError, match=r"diverged in epoch \d+: the .* is (nan|inf)"):
-        finetune_texts(engine, [t for t, _ in ROWS], [g for _, g in ROWS], ("account", "billing", "technical"),
-                       None, "Text: {text}\nLabel:", s)  # fmt: skip
+        plan = Plan.of(("account", "billing", "technical"), None, "Text: {text}\nLabel:")
+        finetune_texts(engine, plan, [t for t, _ in ROWS], [g for _, g in ROWS], s)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,7 @@ def nan_task(tmp_path_factory, engine):
 
     import mlx.core as mx
 
+    from mlx_slm.classifier.plan import Plan
     from mlx_slm.classifier.task import Task
     from mlx_slm.jobs.finetune import finetune_texts
     from mlx_slm.weights.convert import versions
@@ -82,7 +84,8 @@ def nan_task(tmp_path_factory, engine):
     d = tmp_path_factory.mktemp("nan-task")
     labels = ("account", "billing", "technical")
     s = FinetuneSettings(layers=1, epochs=1, val_fraction=0.0, learning_rate=1e-3)
-    tuned = finetune_texts(engine, [t for t, _ in ROWS], [g for _, g in ROWS], labels, None, "T: {text}\nL:", s)
+    plan = Plan.of(labels, None, "T: {text}\nL:")
+    tuned = finetune_texts(engine, plan, [t for t, _ in ROWS], [g for _, g in ROWS], s)
     head = np.array(tuned.head)
     head[0, 0] = np.nan
     bad = replace(tuned, head=mx.array(head))
@@ -181,6 +184,7 @@ def test_serve_answers_a_non_finite_probability_as_an_error_in_json(nan_seqcls):
 
 def test_the_progress_bar_names_the_epoch_of_its_validation_figures(tiny_qwen_mlx, capsys):
     """The bar showed the previous epoch's val_acc as if it were the current one's."""
+    from mlx_slm.classifier.plan import Plan
     from mlx_slm.engine.engine import Engine
     from mlx_slm.jobs.finetune import finetune_texts, progress_bar
     from mlx_slm.weights.finetune import FinetuneSettings
@@ -194,8 +198,8 @@ def test_the_progress_bar_names_the_epoch_of_its_validation_figures(tiny_qwen_ml
 
     engine = Engine.load(str(tiny_qwen_mlx))
     s = FinetuneSettings(layers=1, epochs=2, learning_rate=1e-3, val_fraction=0.2, patience=5)
-    finetune_texts(engine, [t for t, _ in ROWS], [g for _, g in ROWS], ("account", "billing", "technical"),
-                   None, "T: {text}\nL:", s, progress=both)  # fmt: skip
+    plan = Plan.of(("account", "billing", "technical"), None, "T: {text}\nL:")
+    finetune_texts(engine, plan, [t for t, _ in ROWS], [g for _, g in ROWS], s, progress=both)
     close()
     steps2 = [p for p in seen if p.phase == "train" and p.epoch == 2 and p.val_epoch != 2]
     assert steps2 and all(p.val_epoch == 1 and p.val_accuracy is not None for p in steps2)
