@@ -152,7 +152,6 @@ def serve(
             s.warmup,
             model=s.model,
             weights_sha256=setup.weights,
-            clf_kwargs={"use_prefix_cache": not s.no_prefix_cache},
             **task_decisions(setup),
         )
 

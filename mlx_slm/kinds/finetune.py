@@ -144,10 +144,6 @@ class FinetuneSpec(KindSpec):
     def mode(self) -> str:
         return f"finetune ({self.tuned.objective})"
 
-    def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
-        if spec.applies:
-            raise LabelError(NO_CALIBRATION)
-
     def _section(self) -> dict[str, Any]:
         t = self.tuned
         return {

@@ -23,8 +23,8 @@ from typing import Any
 
 from ..classifier.pipeline import item_cost, prefix_hit
 from .api import Answer, Loaded, ServeOptions, TaskSpec
-from .decide import DECIDE_KEY
 from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
+from .keys import DECIDE_KEY, TaskKey
 from .metrics import Metrics, attention_share
 from .scheduler import Job, Scheduler, post_to, row_work
 from .tasks import TaskCache
@@ -145,19 +145,19 @@ class Service:
         return self.tasks.loaded
 
     @property
-    def default_key(self) -> tuple:
+    def default_key(self) -> TaskKey:
         return self.tasks.default_key
 
-    def task_key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> tuple:
+    def task_key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> TaskKey:
         return self.tasks.key(labels, system, template, truncate)
 
-    def front_classifier(self, key: tuple) -> Any:
+    def front_classifier(self, key: TaskKey) -> Any:
         return self.tasks.front(key)
 
-    def _back_classifier(self, key: tuple) -> Any:
+    def _back_classifier(self, key: TaskKey) -> Any:
         return self.tasks.back(key)
 
-    def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
+    def calibration_for(self, key: TaskKey) -> tuple[Any, float | None]:
         return self.tasks.calibration_for(key)
 
     # ---------------------------------------------------------------- one request
@@ -233,7 +233,7 @@ class Service:
 
     async def _run(
         self,
-        key: tuple,
+        key: TaskKey,
         kind: Any,
         prepared: Sequence[Any],
         names: list[str],
@@ -320,7 +320,7 @@ class Service:
     def draining(self, value: bool) -> None:
         self.scheduler.draining = value
 
-    def submit(self, job: Job, items: Sequence[Any], key: tuple, costs: Sequence[int], *more: Sequence[Any]) -> None:
+    def submit(self, job: Job, items: Sequence[Any], key: TaskKey, costs: Sequence[int], *more: Sequence[Any]) -> None:
         """The scheduler's `submit` (its prefix hits and works after the costs)."""
         self.scheduler.submit(job, items, key, costs, *more)
 

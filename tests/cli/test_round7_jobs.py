@@ -340,7 +340,7 @@ def test_fine_tune_and_serve_on_such_a_model(tmp_path, data, mistral_style):
     def load():  # as `mlx-slm serve --model` loads
         clf = setup.load()
         return Loaded(clf, setup.calibration, setup.o.min_confidence, setup.o.warmup, model=setup.o.model,
-                      weights_sha256=setup.weights, clf_kwargs={"use_prefix_cache": True})  # fmt: skip
+                      weights_sha256=setup.weights)  # fmt: skip
 
     srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
     try:

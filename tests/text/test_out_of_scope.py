@@ -196,7 +196,7 @@ def test_serve_answers_none_of_these_as_abstained(work, tuned):
     def load():  # as `mlx-slm serve --task` loads
         clf = setup.load()
         return Loaded(clf, setup.calibration, setup.o.min_confidence, setup.o.warmup, model=setup.o.model,
-                      weights_sha256=setup.weights, clf_kwargs={"use_prefix_cache": True})  # fmt: skip
+                      weights_sha256=setup.weights)  # fmt: skip
 
     srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
     try:
