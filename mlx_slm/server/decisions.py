@@ -27,16 +27,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from ..service import ServiceError
 from ..text.decisions import DecisionError, DecisionErrors, openai_answer, parse_openai, refusal
 from .auth import check_auth
 from .checks import parse_body, read_body
 from .common import RouteContext, until_disconnect
-from .errors import HTTPError, http_error, json_response
+from .errors import HTTPError, Style, json_response
 
 DECISION_PATHS = ("/v1/decisions", "/decisions")
-# OpenAI's error codes, by status (None: a plain bad request).
-_CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded", 503: "service_unavailable"}
 
 
 def param_of(loc: tuple[Any, ...]) -> str:
@@ -57,23 +54,11 @@ class DecisionRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route  # lazy: starlette is the serve extra's
-
-        run = self.ctx.endpoint(self.decisions, "oai")
-        return [Route(p, run, methods=["POST"]) for p in DECISION_PATHS]
+        return [self.ctx.post(p, self.decisions, Style.OPENAI) for p in DECISION_PATHS]
 
     async def decisions(self, request: Any, t0: float) -> Any:
-        """One decision request; every error in OpenAI's shape (a 422 of the shared checks as 400)."""
-        try:
-            return await self._decisions(request, t0)
-        except (HTTPError, ServiceError) as e:
-            err = http_error(e)
-            if err.status == 422:
-                err.status = 400
-            err.code = _CODES.get(err.status)
-            raise err from None
-
-    async def _decisions(self, request: Any, t0: float) -> Any:
+        """One decision request; every error in OpenAI's shape (`Style.OPENAI`: a 422 of the
+        shared checks as 400, its code by status)."""
         ctx = self.ctx
         check_auth(request, ctx.opts.api_key)
         ctx.service.require_ready()

@@ -29,7 +29,7 @@ from ..ground.textfiles import has_lone_surrogate
 from ..service import Invalid, ServeOptions
 from .checks import check_name
 from .common import RouteContext, until_disconnect
-from .errors import HTTPError, json_response
+from .errors import HTTPError, Style, json_response
 
 OPENAI_FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 TEI_EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions")
@@ -106,13 +106,11 @@ class EmbedRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
-        openai = self.ctx.endpoint(self.openai, "openai")
+        ctx = self.ctx
         return [
-            Route("/v1/embeddings", openai, methods=["POST"]),
-            Route("/embeddings", openai, methods=["POST"]),
-            Route("/embed", self.ctx.endpoint(self.tei, "tei"), methods=["POST"]),
+            ctx.post("/v1/embeddings", self.openai, Style.VLLM),
+            ctx.post("/embeddings", self.openai, Style.VLLM),
+            ctx.post("/embed", self.tei, Style.TEI),
         ]
 
     async def _embed(

@@ -29,11 +29,9 @@ from ..service import Answer, ServiceError, TaskSpec
 from ..text.chat import ChatError, ChatRequest, read_request
 from ..text.labels import log_softmax
 from .common import RouteContext
-from .errors import HTTPError, http_error, json_response
+from .errors import HTTPError, Style, json_response
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
-# OpenAI's error codes, by status (None: OpenAI's `code` is null for a plain bad request).
-_CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded", 503: "service_unavailable"}
 
 
 class OpenAIRoutes:
@@ -43,24 +41,11 @@ class OpenAIRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
-        run = self.ctx.endpoint(self.chat, "oai")
-        return [Route(path, run, methods=["POST"]) for path in CHAT_PATHS]
+        return [self.ctx.post(path, self.chat, Style.OPENAI) for path in CHAT_PATHS]
 
     async def chat(self, request: Any, t0: float) -> Any:
-        """One chat completion; every error in OpenAI's shape, a 422 of the shared checks as
-        OpenAI's 400."""
-        try:
-            return await self._chat(request, t0)
-        except (HTTPError, ServiceError) as e:
-            err = http_error(e)
-            if err.status == 422:
-                err.status = 400
-            err.code = _CODES.get(err.status)
-            raise err from None
-
-    async def _chat(self, request: Any, t0: float) -> Any:
+        """One chat completion; every error in OpenAI's shape (`Style.OPENAI`: a 422 of the
+        shared checks as OpenAI's 400, its code by status)."""
         data = await self.ctx.admit(request)
         try:
             req = read_request(data)

@@ -25,7 +25,7 @@ from ..kinds.rerank import rerank_order
 from ..service import Answer, ServeOptions, ServiceError, TaskSpec
 from .checks import check_count, check_name, check_text_values
 from .common import RouteContext
-from .errors import HTTPError, http_error, json_response
+from .errors import HTTPError, Style, http_error, json_response
 
 TEI_RERANK_FIELDS = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction")
 # Cohere's (v1 and v2), Jina's and vLLM's request fields. Those this server cannot honour are
@@ -167,12 +167,11 @@ class RerankRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
+        ctx = self.ctx
         return [
-            Route("/rerank", self.ctx.endpoint(self.rerank, "tei"), methods=["POST"]),
-            Route("/v1/rerank", self.ctx.endpoint(self.cohere_v1, "openai"), methods=["POST"]),
-            Route("/v2/rerank", self.ctx.endpoint(self.cohere_v2, "openai"), methods=["POST"]),
+            ctx.post("/rerank", self.rerank, Style.TEI),
+            ctx.post("/v1/rerank", self.cohere_v1, Style.VLLM),
+            ctx.post("/v2/rerank", self.cohere_v2, Style.VLLM),
         ]
 
     async def _score(self, request: Any, t0: float, query: str, docs: list[str], task: TaskSpec, fld: str) -> Answer:
@@ -188,9 +187,7 @@ class RerankRoutes:
             try:
                 return await self.cohere(request, t0, data, "1")
             except (HTTPError, ServiceError) as e:
-                err = http_error(e)
-                err.style = "openai"
-                raise err from None
+                raise http_error(e, Style.VLLM) from None
         query, texts, task, raw, return_text = check_tei_rerank(data, self.ctx.opts)
         ans = await self._score(request, t0, query, texts, task, "texts")
         scores = _scores(ans, raw)

@@ -12,7 +12,7 @@ from ..service import ServeOptions, TaskSpec
 from ..text.predictions import Prediction
 from .checks import check_fields, check_texts
 from .common import RouteContext
-from .errors import HTTPError, error_response, json_response
+from .errors import HTTPError, Style, json_response
 
 TEI_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction", "parameters")
 
@@ -103,13 +103,11 @@ class TEIRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
-        predict = self.ctx.endpoint(self.predict, "tei")
+        ctx = self.ctx
         return [
-            Route("/predict", predict, methods=["POST"]),
-            Route("/", predict, methods=["POST"]),
-            Route("/info", self.info, methods=["GET"]),
+            ctx.post("/predict", self.predict, Style.TEI),
+            ctx.post("/", self.predict, Style.TEI),
+            ctx.get("/info", self.info, Style.TEI),
         ]
 
     async def predict(self, request: Any, t0: float) -> Any:
@@ -131,8 +129,6 @@ class TEIRoutes:
     async def info(self, request: Any) -> Any:
         """text-embeddings-inference's /info, for a sequence classifier."""
 
-        if (e := self.ctx.guard(request)) is not None:
-            return error_response(e, "tei")
         ld, opts = self.ctx.service.loaded, self.ctx.opts
         clf = ld.clf  # type: ignore[union-attr]
         labels = list(clf.labels)

@@ -10,7 +10,7 @@ from typing import Any
 from ..service import ServeOptions, TaskSpec
 from .checks import check_fields, check_name, check_texts
 from .common import RouteContext
-from .errors import HTTPError, error_response, json_response
+from .errors import HTTPError, Style, json_response
 
 VLLM_FIELDS = ("model", "input", "truncate_prompt_tokens", "user", "priority", "request_id")
 
@@ -42,11 +42,9 @@ class VLLMRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
         return [
-            Route("/classify", self.ctx.endpoint(self.classify, "openai"), methods=["POST"]),
-            Route("/v1/models", self.models, methods=["GET"]),
+            self.ctx.post("/classify", self.classify, Style.VLLM),
+            self.ctx.get("/v1/models", self.models, Style.VLLM),
         ]
 
     async def classify(self, request: Any, t0: float) -> Any:
@@ -92,8 +90,6 @@ class VLLMRoutes:
         """The OpenAI/vLLM model list (`object`, `data`: the one model this server serves) and System
         One's (`models`: each name the decision routes answer to, with a description and a date)
         in one body, so that either client reads its own fields."""
-        if (e := self.ctx.guard(request)) is not None:
-            return error_response(e, "openai")
         clf = self.ctx.service.loaded.clf  # type: ignore[union-attr]
         name = self.ctx.served_name()
         return json_response(
