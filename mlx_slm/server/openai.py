@@ -57,7 +57,7 @@ class OpenAIRoutes:
             ans = await self.ctx.compute(request, t0, [req.conversation], task, ["messages"], "messages", "")
         except ServiceError as e:
             if e.field == "labels":  # the choices, as this request named them
-                e.field = req.source
+                raise type(e)(e.message, req.source, e.retry_after) from None
             raise
         return json_response(self.completion(req, ans))
 
