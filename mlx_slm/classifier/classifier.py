@@ -31,23 +31,23 @@ import numpy as np
 
 from ..engine.engine import Engine
 from ..engine.prefix_cache import PrefixCache
-from ..kinds import Kind, KindArgs, KindSpec, ModelFacts, RunSettings, arguments, spec_of
+from ..kinds import Kind, KindArgs, KindSpec, ModelFacts, spec_of
 from ..kinds.head import FeaturesSettings, HeadSettings
 from ..models import Model, embeds_only
-from ..text.calibration import DEFAULT_WARMUP, Calibration, CalibrationSpec, Calibrator
+from ..text.calibration import Calibration, CalibrationSpec, Calibrator
 from ..text.heads import Head
 from ..text.inputs import as_texts as _as_texts
 from ..text.inputs import check_window as _check_window
 from ..text.inputs import with_progress as _with_progress
 from ..text.labels import LabelSet
 from ..text.predictions import Item, Prediction, Stats
-from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, TRUNCATE_MODES, PromptFormat
+from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat
 from ..text.questions import Question
-from ..weights.registry import DEFAULT_MODEL
+from ..weights.registry import DEFAULT_MODEL, ModelRef
 from . import pipeline
 from .calibrate import fit_calibration
 from .frames import classify_frame
-from .pipeline import BatchSettings
+from .plan import Plan
 from .task import Task
 
 
@@ -82,44 +82,49 @@ class Classifier:
         system: str | None = DEFAULT_SYSTEM,
         template: str = DEFAULT_TEMPLATE,
         *,
-        batch_size: int = pipeline.DEFAULT_BATCH_SIZE,
-        max_batch_tokens: int | None | str = "auto",
-        sort: bool = True,
-        use_prefix_cache: bool = True,
-        truncate: str | None = None,
-        max_length: int | None = None,
-        calibration: str | Calibrator | CalibrationSpec = "none",
-        min_confidence: float | None = None,
-        warmup: int = DEFAULT_WARMUP,
-        kind: KindSpec | KindArgs | None = None,
-        **scoring: Any,
+        plan: Plan | None = None,
+        **options: Any,
     ):
+        """`options`: the run settings (`batch_size`, `max_batch_tokens`, `sort`, `use_prefix_cache`,
+        `truncate`, `max_length`, `calibration`, `min_confidence`, `warmup`, `kind`) and the scoring
+        arguments, resolved once into a `Plan` (`Plan.of`); or a `plan` resolved already."""
         if not isinstance(engine, Engine):
             raise TypeError(
                 f"Classifier takes an Engine (Engine.load(name), or Engine(model, tokenizer)), not "
                 f"{type(engine).__name__}; Classifier.load(name, ...) loads one"
             )
-        if truncate is not None and truncate not in TRUNCATE_MODES:
-            raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")
-        if kind is None:
-            kind = _arguments(labels, system, template, truncate, scoring)
-        elif scoring:
-            raise TypeError(f"give the scoring arguments in `kind`, not beside it: {', '.join(sorted(scoring))}")
+        if plan is None:
+            plan = Plan.of(labels, system, template, **options)
+        elif options:
+            raise TypeError(f"give {', '.join(sorted(options))} in the plan, not beside it")
+        kind = plan.kind
         if isinstance(kind, KindArgs):  # chosen here, once, where the model (and any score head of its own) is known
             kind = spec_of(_on_model(kind, engine))
+        kind.check_calibration(plan.calibration, plan.min_confidence)  # a head's, a question's: refused if not
+        filled = kind.prompt_labels()
+        if filled is not None and not plan.labels_filled:
+            plan = plan.with_labels(*filled)
+        self.plan: Plan = plan.with_kind(kind)
         self.engine = engine
-        self.calibration = CalibrationSpec.of(calibration, warmup=warmup)
-        self.min_confidence, self.warmup = min_confidence, warmup
-        kind.check_calibration(self.calibration, min_confidence)  # a head's, a question's: refused if it does not apply
-        self.batching = BatchSettings.of(batch_size, max_batch_tokens, sort)
-        run = RunSettings(truncate, max_length or engine.max_length, use_prefix_cache)
-        self.kind: Kind = kind.bind(engine, kind.prompt(system, template), run)
+        self.calibration, self.min_confidence, self.warmup = plan.calibration, plan.min_confidence, plan.warmup
+        self.batching = plan.batching()
+        run = plan.run_settings(engine.max_length)
+        self.kind: Kind = kind.bind(engine, kind.prompt(plan.system, plan.template), run)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, engine: Engine | None = None) -> Classifier:
+        """The classifier `plan` says, on `engine` (shared), or on the plan's model loaded."""
+        if engine is None:
+            if plan.model is None:
+                raise TypeError("this plan names no model (it was made for an engine): pass engine=")
+            engine = Engine.load(plan.model)
+        return cls(engine, plan=plan)
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def load(
         cls,
-        model: str | Path = DEFAULT_MODEL,
+        model: str | Path | ModelRef = DEFAULT_MODEL,
         labels: Sequence[str] = DEFAULT_LABELS,
         system: str | None = DEFAULT_SYSTEM,
         template: str = DEFAULT_TEMPLATE,
@@ -130,7 +135,7 @@ class Classifier:
         """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
         dequantize: an MLX-quantized model's weights are dequantized at load on the CPU (None,
         the default), kept packed on a GPU; True or False decides."""
-        return cls(Engine.load(model, dtype, dequantize), labels, system, template, **kwargs)
+        return cls(Engine.load(ModelRef.of(model, dtype, dequantize)), labels, system, template, **kwargs)
 
     @classmethod
     def from_task(
@@ -145,7 +150,7 @@ class Classifier:
 
         Pass `engine` to share loaded weights between tasks of the same model."""
         t = task if isinstance(task, Task) else Task.load(task)
-        engine = engine or Engine.load(t.model, dtype, dequantize)
+        engine = engine or Engine.load(ModelRef(t.model, dtype, dequantize))
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
         if engine.path is not None and t.pins_weights:
             t.check_weights(engine.weights_sha256, str(engine.path))
@@ -359,25 +364,6 @@ class Classifier:
         poolings = tuple(poolings or ("last",))
         texts = list(_as_texts(texts, None))
         return pipeline.features(self.kind, texts, list(layers), window, poolings, self.batching, progress)
-
-
-def _arguments(
-    labels: Sequence[str], system: str | None, template: str, truncate: str | None, scoring: dict[str, Any]
-) -> KindArgs:
-    """`Classifier`'s arguments to the kinds' (`kinds.arguments`): the labels read once (a
-    generator would be empty the second time), none when only questions are asked, and the
-    prompt passed on only where it is one's own (a sequence classifier takes it as a chat prompt;
-    a reranker takes it or refuses it)."""
-    if not isinstance(labels, (str, bytes)):
-        try:
-            labels = tuple(labels)
-        except TypeError:
-            pass  # the labels kind names what it got
-    given = isinstance(labels, (str, bytes)) or labels not in ((), DEFAULT_LABELS)
-    own = {"system": system, "template": template}
-    typed = {k: v for k, v in own.items() if v is not (DEFAULT_SYSTEM if k == "system" else DEFAULT_TEMPLATE)}
-    questions = scoring.get("questions")
-    return arguments(labels=labels if (questions is None or given) else (), truncate=truncate, **typed, **scoring)
 
 
 class Run:

@@ -27,6 +27,7 @@ from ..models import KV, Model, load_model, sequence_logits
 from ..text import batching
 from ..weights.convert import weights_sha256
 from ..weights.modelfiles import load_tokenizer
+from ..weights.registry import ModelRef
 from ..weights.sources import materialise
 from .prefix_cache import PrefixCache
 
@@ -45,17 +46,17 @@ class Engine:
         self.lock = threading.RLock()
 
     @classmethod
-    def load(cls, model: str | Path, dtype: str | None = None, dequantize: bool | None = None) -> Engine:
-        """A built-in name, converted dir, HF dir, `.gguf` or hub id: resolved, fetched and converted
-        once into the cache by `sources.materialise`, then loaded by `models.load_model`.
+    def load(cls, model: str | Path | ModelRef, dtype: str | None = None, dequantize: bool | None = None) -> Engine:
+        """A built-in name, converted dir, HF dir, `.gguf` or hub id (or a `ModelRef`, the one
+        value the plan carries): resolved, fetched and converted once into the cache by
+        `sources.materialise`, then loaded by `models.load_model`.
 
         dequantize: for an MLX-quantized model, see `models.load_model` (None: on the CPU only)."""
-
+        ref = ModelRef.of(model, dtype, dequantize)
         # Converted once in the asked dtype (float16 by default), so float32 compute asked for
         # explicitly gets the source's float32 values, not float16 ones cast back up.
-        path = materialise(model, dtype=dtype or "float16")
-        m = load_model(path, dtype=getattr(mx, dtype) if dtype else None, dequantize=dequantize)
-
+        path = materialise(ref.name, dtype=ref.dtype or "float16")
+        m = load_model(path, dtype=getattr(mx, ref.dtype) if ref.dtype else None, dequantize=ref.dequantize)
         return cls(m, load_tokenizer(path), path)
 
     @cached_property

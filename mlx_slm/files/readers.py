@@ -60,10 +60,11 @@ import os
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from ..ground.errors import UsageError
 from ..ground.textfiles import (
     BOM,
     InputError,
@@ -208,19 +209,66 @@ def _open_binary(path: str | None) -> IO[bytes]:
         raise InputError(open_problem(str(path), e, "the input")) from None
 
 
-def read_rows(
-    path: str | None,
-    fmt: str | None = None,
-    text_field: str = "text",
-    id_field: str = "id",
-    text_column: str = "text",
-    id_column: str | None = "id",
-    gold: Gold = None,
-    id_required: bool = False,
-    pair: str | None = None,
-    pair_required: bool = False,
-    states: tuple[str, ...] = (),
-) -> Iterator[Row]:
+@dataclass(frozen=True)
+class ReadSpec:
+    """How a command reads its inputs, resolved once from its options (`--format`, the text, id
+    and pair fields and columns, the gold field): the one value `read_rows` takes.
+
+    `pair`/`pair_required` are the second text as read (`for_input` resolves them for one input
+    from `pair_field`/`pair_column` and which of them were typed, `pair_typed`); `gold`: the
+    gold field(s) read with each row (`with_gold`); `id_required`: an id column named on the
+    command line must exist; `states` (`decide`): the fields a decision's state may be in."""
+
+    fmt: str | None = None
+    text_field: str = "text"
+    id_field: str = "id"
+    text_column: str = "text"
+    id_column: str | None = "id"
+    gold: Gold = None
+    id_required: bool = False
+    pair: str | None = None
+    pair_required: bool = False
+    states: tuple[str, ...] = ()
+    pair_field: str = "text_pair"  # JSONL/Parquet: a second text, read where a row has it
+    pair_column: str | None = None  # CSV/TSV: the column of a second text (none unless named)
+    pair_typed: frozenset[str] = frozenset()  # which of pair_field, pair_column were typed
+    gold_field: str = "label"  # the gold label's field a command reads (eval, --calibration-data)
+
+    def with_gold(self, gold: Gold = None) -> ReadSpec:
+        """This spec reading the gold field(s) too (none given: `gold_field`)."""
+        return replace(self, gold=self.gold_field if gold is None else gold)
+
+    def for_input(self, path: str | None) -> ReadSpec:
+        """`pair` and `pair_required` for `path`, the one rule of every command that reads a
+        second text: the CSV/TSV column named by --pair-column, else the JSONL/Parquet field
+        (--pair-field, default text_pair, read where a row has it). A field or column typed must be
+        there (a CSV header's or Parquet schema's column, each JSONL row's field, as the readers
+        check); an option the input's format cannot use is refused by name."""
+        fmt = self.fmt or (guess_format(path, b"", self.text_column) if path not in (None, "-") else None)
+        typed = sorted(self.pair_typed)
+        if fmt == "text" and typed:
+            flags = ", ".join("--" + k.replace("_", "-") for k in typed)
+            raise UsageError(f"{flags}: a text file holds one text a line, no second text: drop it")
+        if fmt in ("csv", "tsv"):
+            if "pair_field" in typed:
+                raise UsageError(
+                    "--pair-field names a JSONL/Parquet field; a CSV/TSV's second text is its --pair-column"
+                )
+            return replace(self, pair=self.pair_column, pair_required=True)
+        return replace(self, pair=self.pair_column or self.pair_field, pair_required=bool(typed))
+
+    @classmethod
+    def of(cls, *args: Any, **named: Any) -> ReadSpec:
+        """A spec from `read_rows`' old positional and keyword arguments (fmt, text_field,
+        id_field, text_column, id_column, gold, id_required, pair, pair_required, states)."""
+        names = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold", "id_required")
+        names += ("pair", "pair_required", "states")
+        if len(args) > len(names):
+            raise TypeError(f"read_rows takes at most {len(names) + 1} positional arguments")
+        return cls(**dict(zip(names, args)), **named)
+
+
+def read_rows(path: str | None, spec: ReadSpec | str | None = None, *old: Any, **named: Any) -> Iterator[Row]:
     """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
     `gold`: the gold label's field (or several fields: each row's gold is then a dict), read once.
     `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present; a
@@ -232,6 +280,16 @@ def read_rows(
     Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
     format, or a CSV header that does not name the text column.
     """
+    if not isinstance(spec, ReadSpec):  # the old arguments (format, fields, ...), one by one
+        spec = ReadSpec.of(spec, *old, **named)
+    elif old or named:
+        raise TypeError("read_rows(path, spec): the reading options are the spec's (ReadSpec), not beside it")
+    return _read(path, spec)
+
+
+def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
+    fmt, text_column = spec.fmt, spec.text_column
+    fields = (spec.text_field, spec.id_field, spec.gold, spec.pair, spec.pair_required, spec.states)
     if fmt is not None and fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
     stdin = path in (None, "-")
@@ -241,7 +299,7 @@ def read_rows(
     if fmt == "parquet" or (fmt is None and ext == ".parquet"):
         if stdin:
             raise InputError("Parquet cannot be read from standard input: give the file's path")
-        yield from _dedupe(_parquet(str(path), text_field, id_field, gold, pair, pair_required, states))
+        yield from _dedupe(_parquet(str(path), *fields))
         return
     raw = _open_binary(path)
     try:
@@ -253,16 +311,16 @@ def read_rows(
                 head, stream = _peek_lines(stream, text_column)
                 fmt = _sniff(head, text_column)
         if fmt == "jsonl":
-            it = _jsonl(stream, text_field, id_field, gold, pair, pair_required, states)
+            it = _jsonl(stream, *fields)
         elif fmt == "csv":
             it = _csv(
                 stream,
                 text_column,
-                id_column,
+                spec.id_column,
                 delimiter={".csv": ",", ".tsv": "\t"}.get(ext),
-                gold=gold,
-                id_required=id_required,
-                pair=pair,
+                gold=spec.gold,
+                id_required=spec.id_required,
+                pair=spec.pair,
             )
         else:
             it = _text(stream)

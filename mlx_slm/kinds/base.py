@@ -204,8 +204,14 @@ class KindSpec(ABC):
         return None
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
-        """The prompt format of this kind's prompts (labels filled in, examples checked)."""
+        """The prompt format of this kind's prompts (examples checked); `system` comes with its
+        labels filled in already (`classifier.Plan.with_labels`, the one place)."""
         return PromptFormat(system, template)
+
+    def prompt_labels(self) -> tuple[Sequence[str], Mapping[str, str] | None] | None:
+        """The labels and descriptions this kind's system message has filled in (`{labels}`,
+        `{label_descriptions}`: `Plan.with_labels` fills them); None: its prompt names no labels."""
+        return None
 
     def record_shape(self, *, calibrated: bool = False, abstains: bool = False, scores: bool = False) -> RecordShape:
         """The output shape of a run of this kind (columns, records, Ray's fields)."""

@@ -23,7 +23,7 @@ from ..text.heads import Head, HeadError, head_input
 from ..text.labels import LabelError, check_none_label
 from ..text.labels import validate as validate_labels
 from ..text.predictions import Item, Prediction, Stats
-from ..text.prompts import PromptFormat, check_examples, fill_labels
+from ..text.prompts import PromptFormat, check_examples
 from .base import KindArgs, KindSettings, KindSpec, OnePrompt, RunSettings, TaskError, count, prediction, task_examples
 from .labels import LabelsSpec
 
@@ -152,7 +152,10 @@ class HeadSpec(KindSpec):
         return sorted(set(self.head.layers)), tuple(sorted(set(self.head.poolings)))
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
-        return PromptFormat(fill_labels(system, self.labels, self.descriptions), template, self.examples)
+        return PromptFormat(system, template, self.examples)  # its labels filled by the plan
+
+    def prompt_labels(self) -> tuple[Sequence[str], Mapping[str, str] | None]:
+        return self.labels, self.descriptions
 
     def to_task(self, path: Any = None) -> dict[str, Any]:
         return {
@@ -269,7 +272,10 @@ class FeaturesSpec(KindSpec):
         """Nothing to refuse yet: asking for labels at all is what a features-only classifier refuses."""
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
-        return PromptFormat(fill_labels(system, self.names, self.descriptions), template, self.examples)
+        return PromptFormat(system, template, self.examples)  # its labels filled by the plan
+
+    def prompt_labels(self) -> tuple[Sequence[str], Mapping[str, str] | None]:
+        return self.names, self.descriptions
 
     def bind(self, engine: Engine, fmt: PromptFormat, run: RunSettings) -> FeaturesKind:
         return FeaturesKind(self, engine, fmt, run)

@@ -29,7 +29,7 @@ from ..text.calibration import CalibrationSpec
 from ..text.labels import MODES, LabelError, LabelSet, TrieChunk, build_labelset, check_none_label, softmax
 from ..text.labels import validate as validate_labels
 from ..text.predictions import Item, Prediction, Stats
-from ..text.prompts import PromptFormat, check_examples, fill_labels, render
+from ..text.prompts import PromptFormat, check_examples, render
 from .base import KindArgs, KindSpec, OnePrompt, RunSettings, count, prediction, require_lm_head, task_examples
 
 LABEL_PASSES = ("trie", "per-label")
@@ -71,8 +71,11 @@ class LabelsSpec(KindSpec):
         return self.names
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
-        # `{labels}` / `{label_descriptions}` in the system message: filled once, here.
-        return PromptFormat(fill_labels(system, self.names, self.descriptions), template, self.examples)
+        # `{labels}` / `{label_descriptions}` filled once, by the plan (`prompt_labels` says with what).
+        return PromptFormat(system, template, self.examples)
+
+    def prompt_labels(self) -> tuple[Sequence[str], Mapping[str, str] | None]:
+        return self.names, self.descriptions
 
     def to_task(self, path: Any = None) -> dict[str, Any]:
         return {

@@ -15,7 +15,7 @@ the others say they are waiting, wait, and then load the finished result.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..ground.notices import notice
@@ -50,6 +50,31 @@ BUILTINS: dict[str, BuiltinModel] = {
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The one value that names the weights to load and how: a built-in name, converted dir,
+    HF dir, `.gguf` or hub id (`name`), the compute `dtype` (None: the model's own, float16 when
+    converted) and, for MLX-quantized weights, whether to `dequantize` them at load (None: on the
+    CPU only). Every loader takes it whole, so an option that reaches the engine is added here,
+    where the command line and the plan resolve it, and where `Engine.load` reads it: nowhere else."""
+
+    name: str = DEFAULT_MODEL
+    dtype: str | None = None
+    dequantize: bool | None = None
+
+    @classmethod
+    def of(cls, model: str | Path | ModelRef, dtype: str | None = None, dequantize: bool | None = None) -> ModelRef:
+        """`model` as a reference: one given whole is kept (a dtype or dequantize given beside it
+        overrides its own), a name or path gets the dtype and dequantize given."""
+        if isinstance(model, ModelRef):
+            over = {k: v for k, v in (("dtype", dtype), ("dequantize", dequantize)) if v is not None}
+            return replace(model, **over) if over else model
+        return cls(str(model), dtype, dequantize)
+
+    def __str__(self) -> str:
+        return self.name
 
 
 def cache_dir() -> Path:
