@@ -29,6 +29,7 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -217,21 +218,21 @@ class TaskCache:
         )
 
     def classifier(self, engine: Any, parts: TaskParts) -> Classifier:
-        """A classifier task on `engine`: its kind, prompt and truncation (`parts`), the served
-        task's batching, context and prefix caching (a request changes none of these)."""
-        b = self.base
-        return Classifier(
-            engine,
+        """A classifier task on `engine`: the served task's plan (`Classifier.plan`: its batching,
+        context and prefix caching, which a request changes none of) with the task's kind, prompt
+        and truncation (`parts`), its labels filled into that prompt (the plan's `with_labels`, in
+        the classifier), and no calibration of its own (a request's is `calibrate`'s, per request)."""
+        plan = replace(
+            self.base.plan,
             system=parts.system,
             template=parts.template,
             kind=parts.spec,
-            batch_size=b.batching.batch_size,
-            max_batch_tokens=b.batching.max_batch_tokens,
-            sort=b.batching.sort,
-            use_prefix_cache=b.kind.run.use_prefix_cache,
+            labels_filled=False,
             truncate=parts.truncate,
-            max_length=b.kind.run.max_length,
+            calibration=CalibrationSpec(),
+            min_confidence=None,
         )
+        return Classifier(engine, plan=plan)
 
     def _build(self, engine: Any, key: TaskKey) -> Any:
         """The task of `key` on `engine` (the key says what it is made of: `service.keys`); a kind
