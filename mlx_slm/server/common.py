@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..service import Answer, Service, ServiceError, TaskSpec
+from ..service import Answer, Call, Service, ServiceError, TaskSpec
 from .auth import check_auth
 from .checks import parse_body, read_body
 from .errors import HTTPError, Style, error_response, http_error
@@ -125,15 +125,11 @@ class RouteContext:
     ) -> Answer:
         """The core's answer to one request's texts (strings, or (text, pair) tuples). `names`: each text's field, for errors;
         `whole`: the field a timeout names; `hint`: how this API asks for truncation."""
-        return await self.service.classify(
-            texts,
-            task,
-            names=names,
-            whole=whole,
-            truncate_hint=hint,
-            started=t0,
-            gone=lambda: until_disconnect(request),
-        )
+        return await self.service.classify(texts, task, self.call(request, t0, names, whole, hint))
+
+    def call(self, request: Any, t0: float, names: list[str], whole: str, hint: str = "") -> Call:
+        """The request as the core sees it (`service.Call`): it is gone when the client disconnects."""
+        return Call(tuple(names), whole, t0, hint, lambda: until_disconnect(request))
 
     def one_question(self, route: str, fld: str) -> None:
         """TEI's and vLLM's answers hold one label per text: a served task of several questions

@@ -28,7 +28,7 @@ from ..classifier.embedder import EmbeddingError, finish
 from ..ground.textfiles import has_lone_surrogate
 from ..service import Invalid, ServeOptions
 from .checks import check_name
-from .common import RouteContext, until_disconnect
+from .common import RouteContext
 from .errors import HTTPError, Style, json_response
 
 OPENAI_FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
@@ -125,18 +125,9 @@ class EmbedRoutes:
             front = await run_in_threadpool(self.ctx.service.embedder, truncate)
             prompt = "" if token_ids else front.pooling.prompt_text(prompt_name, None, "prompt_name")
             dims = front.check_dimensions(data.get("dimensions"), "dimensions")
-            got = await self.ctx.service.embed(
-                items,
-                prompt=prompt,
-                truncate=truncate,
-                token_ids=token_ids,
-                names=names,
-                whole=fld,
-                truncate_hint='"truncate": true'
-                + ("" if status == 422 else " to TEI's /embed (OpenAI's API does not truncate)"),
-                started=t0,
-                gone=lambda: until_disconnect(request),
-            )
+            hint = '"truncate": true' + ("" if status == 422 else " to TEI's /embed (OpenAI's API does not truncate)")
+            call = self.ctx.call(request, t0, names, fld, hint)
+            got = await self.ctx.service.embed(items, call, prompt=prompt, truncate=truncate, token_ids=token_ids)
         except EmbeddingError as e:
             why = str(e)
             raise bad(status, why, "dimensions" if why.startswith("dimensions") else "prompt_name") from None

@@ -16,7 +16,7 @@ May import: ground, text, models, weights, engine, kinds, classifier.
 
 from __future__ import annotations
 
-from .api import Answer, Loaded, ServeOptions, TaskSpec, classifier_loader
+from .api import Answer, Call, Loaded, ServeOptions, TaskSpec, classifier_loader
 from .core import Service
 from .errors import (
     Aborted,
@@ -42,6 +42,7 @@ __all__ = [
     "MAX_LABEL_TOKENS",
     "Aborted",
     "Answer",
+    "Call",
     "ClientGone",
     "Draining",
     "Failed",

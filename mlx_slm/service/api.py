@@ -3,7 +3,7 @@ a request's own task, and a request's answer. Plain values, no behaviour beyond 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,6 +136,21 @@ class TaskSpec:
     # A chat completion (`TaskCache.chat_key`): items are `chat.Conversation`s, scored for these
     # choices (as labels), or for their next token when empty.
     chat: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request as the core sees it beside its items, made once by the route: each item's
+    field (`names`, for errors), the field a timeout names (`whole`), when it started
+    (`time.perf_counter()`; the request timeout counts from it), how the caller's API asks for
+    truncation (`truncate_hint`: it replaces the CLI's `--truncate ...` in messages), and
+    `gone()`, whose completion says the caller left (None: not watched)."""
+
+    names: tuple[str, ...]
+    whole: str
+    started: float
+    truncate_hint: str = ""
+    gone: Callable[[], Awaitable[Any]] | None = None
 
 
 @dataclass
