@@ -164,6 +164,17 @@ class RouteContext:
             pass
         return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%d")
 
+    async def decision_settings(self, data: Any, also: str) -> Any:
+        """A decision request's `model` checked (`check_model`; `also`: the name its client sends
+        by default), then the served model's decision settings (`decision_config`)."""
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            self.check_model(data["model"], also)
+        return await self.decision_config()
+
+    async def decide(self, request: Any, t0: float, req: Any) -> Any:
+        """The core's answer to one decision request (`text.decisions.DecisionRequest`)."""
+        return await self.service.decide(req, started=t0, gone=lambda: until_disconnect(request))
+
     async def decision_config(self) -> Any:
         """The served model's decision settings, off the event loop: the first decision request
         builds the front `Decider` (it takes the front engine's lock and tokenizes)."""

@@ -26,7 +26,7 @@ from ..service import ServiceError
 from ..text.decisions import DecisionError, DecisionErrors, parse_systemone, systemone_answer
 from .auth import check_auth
 from .checks import parse_body, read_body
-from .common import RouteContext, until_disconnect
+from .common import RouteContext
 from .errors import HTTPError, Style, http_error, json_response
 
 SYSTEMONE_PATHS = ("/v1/systemone",)
@@ -64,15 +64,13 @@ class SystemOneRoutes:
         data = parse_body(await read_body(request, ctx.opts.max_body_bytes))
         if isinstance(data, dict) and data.get("assets"):
             raise _no_images("assets")
-        if isinstance(data, dict) and isinstance(data.get("model"), str):
-            ctx.check_model(data["model"], "jev-latest")
-        config = await ctx.decision_config()
+        config = await ctx.decision_settings(data, "jev-latest")
         try:
             req = parse_systemone(data, config)
         except DecisionError as e:
             raise validation_error(e) from None
         try:
-            result = await ctx.service.decide(req, started=t0, gone=lambda: until_disconnect(request))
+            result = await ctx.decide(request, t0, req)
         except DecisionError as e:  # a state or question over the model's context: tokens_exceeded
             raise validation_error(e) from None
         except ServiceError as e:
@@ -98,52 +96,3 @@ class SystemOneRoutes:
             "x_cached_tokens": int(result.cached_tokens),
             "x_total_ms": round((time.perf_counter() - t0) * 1000, 3),
         }
-
-
-SYSTEMONE_OPENAPI: dict[str, Any] = {
-    "summary": "System One's typed decisions (TypeSafe's Jev API): a state and named noul / choice / score "
-    "questions, a probability per option for each, in one pass. Errors: 422 {detail: [{loc, msg, type}]}, "
-    "others {detail: {error_type, message}}. Bodies may be zstd or gzip (Content-Encoding).",
-    "security": [{"bearer": []}],
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["model", "state", "questions"],
-                    "properties": {
-                        "model": {"type": "string", "description": "the served name, jev-latest, or an alias"},
-                        "state": {"description": "a string, an object or an array"},
-                        "questions": {
-                            "type": "object",
-                            "minProperties": 1,
-                            "additionalProperties": {
-                                "type": "object",
-                                "required": ["type"],
-                                "properties": {
-                                    "type": {"type": "string", "enum": ["noul", "choice", "score"]},
-                                    "instructions": {"description": "a string, an object or an array"},
-                                    "criteria": {
-                                        "description": "noul: {true?, false?}; choice: {option: description|null} "
-                                        "(2-255); score: a list of 2-10 level descriptions"
-                                    },
-                                },
-                            },
-                        },
-                    },
-                }
-            }
-        },
-    },
-    "responses": {
-        "200": {"description": "{model, answers: {id: answer}, usage: {input_tokens, output_tokens}, x_...}"},
-        "401": {"description": "missing or wrong Bearer key (authentication_error)"},
-        "404": {"description": "not a name of the served model"},
-        "413": {"description": "body over the limit (as sent, or decoded)"},
-        "422": {"description": "a field that is not valid, or over the model's context (tokens_exceeded)"},
-        "429": {"description": "queue full; see Retry-After"},
-        "503": {"description": "loading or shutting down"},
-        "504": {"description": "request timeout"},
-    },
-}
