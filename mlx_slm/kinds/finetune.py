@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from ..engine.engine import Engine
@@ -278,8 +279,6 @@ class FinetuneKind(OnePrompt):
     def score(self, batch: Batch, items: list[Item], prefix: Any, st: Stats) -> list[Prediction]:
         if self.inner is not None:
             return self.inner.score(batch, items, prefix, st)
-        import mlx.core as mx
-
         hidden = self.engine.last_hidden(batch, prefix)
         logits = np.array(self.spec.tuned.scores(self.engine.model, hidden).astype(mx.float32), dtype=np.float64)
         count(st, batch, 0)

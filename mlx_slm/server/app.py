@@ -21,10 +21,9 @@ from .vllm import VLLMRoutes
 
 def create_app(service: Service, *, start_worker: bool = True) -> Any:
     """The Starlette app over `service` (its lifespan starts and stops the worker)."""
-    # lazy: starlette is the serve extra's
-    from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.applications import Starlette  # lazy: starlette is the serve extra's
+    from starlette.concurrency import run_in_threadpool  # lazy: as above
+    from starlette.exceptions import HTTPException as StarletteHTTPException  # lazy: as above
 
     ctx = RouteContext(service)
     vllm = VLLMRoutes(ctx)

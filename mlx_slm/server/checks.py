@@ -268,7 +268,7 @@ async def read_body(request: Any, limit: int) -> bytes:
     n = request.headers.get("content-length")
     if n is not None and n.isdigit() and int(n) > limit:
         raise HTTPError(413, f"the body is {n} bytes, over the limit of {limit}", "body")
-    from starlette.requests import ClientDisconnect
+    from starlette.requests import ClientDisconnect  # lazy: starlette is the serve extra's
 
     chunks, size = [], 0
     try:

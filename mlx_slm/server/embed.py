@@ -118,7 +118,7 @@ class EmbedRoutes:
     ) -> tuple[np.ndarray, int, Any]:
         """The request's vectors (N, D) float32 (pooled, not yet cut or normalized), its tokens and
         the embedder; every failure an `HTTPError` of `status` naming its field."""
-        from starlette.concurrency import run_in_threadpool
+        from starlette.concurrency import run_in_threadpool  # lazy: starlette is the serve extra's
 
         items, names, token_ids = check_inputs(data[fld], fld, self.ctx.opts, status)
         try:

@@ -7,6 +7,8 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import mlx.core as mx
+
 from ..files.output import result_record
 from ..service import ServiceError
 from .checks import check_request
@@ -89,8 +91,6 @@ class OurRoutes:
         )
 
     async def model_info(self, request: Any) -> Any:
-        import mlx.core as mx
-
         service, opts = self.ctx.service, self.ctx.opts
         ld = service.loaded
         clf = ld.clf  # type: ignore[union-attr]
@@ -168,7 +168,7 @@ class OurRoutes:
         return json_response({"status": "ok"})
 
     async def metrics_route(self, request: Any) -> Any:
-        from starlette.responses import PlainTextResponse
+        from starlette.responses import PlainTextResponse  # lazy: starlette is the serve extra's
 
         return PlainTextResponse(self.ctx.service.metrics_text(), media_type="text/plain; version=0.0.4")
 

@@ -5,6 +5,7 @@ which `ours.py` hands here) and GET /v1/models; errors are ours with OpenAI's `t
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from ..service import ServeOptions, TaskSpec
@@ -55,8 +56,6 @@ class VLLMRoutes:
         "created", "model", "data": [{"index", "label", "probs", "num_classes"}], "usage"}`; `probs`
         in the task's label order. `model` is accepted as any name (one model per server) and the
         answer names the served one."""
-        import uuid
-
         self.ctx.one_question("vLLM's /classify", "input")
         texts, single, task = check_vllm(data, self.ctx.opts)
         names = ["input"] if single else [f"input[{i}]" for i in range(len(texts))]

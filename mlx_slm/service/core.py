@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -100,8 +101,6 @@ class Service:
     def _worker_died(self, e: BaseException) -> None:
         """The worker loop raised (a bug): /health turns 503 naming it, every waiting request is
         answered at once, and the front end is told to stop (the CLI exits 70)."""
-        import traceback
-
         traceback.print_exception(e)  # into the server's log
         self.ready = False
         self.worker_error = self.load_error = (
