@@ -111,6 +111,16 @@ def spec_of(args: KindArgs | None = None, **kw: Any) -> KindSpec:
     raise AssertionError("the labels kind takes any arguments")  # pragma: no cover
 
 
+def section_of(**named: Any) -> KindSettings | None:
+    """The one kind section the Python API's names give a task (`Task(head=...)`,
+    `Task(questions=...)`: a kind's own settings, read by the kind that owns each name), or None
+    when they ask for no kind of their own; a `TypeError` when they ask for two."""
+    own = arguments(**named).own
+    if len(own) > 1:
+        raise TypeError(f"give one kind's section, not {len(own)}: {', '.join(type(s).__name__ for s in own)}")
+    return own[0] if own else None
+
+
 def read_task(d: dict[str, Any], where: str, labels: list[str], calibration: Any) -> dict[str, Any]:
     """The scoring section of a task file's JSON object, read by the kind it belongs to."""
     for kind in KINDS:
@@ -180,6 +190,7 @@ __all__ = [
     "ModelFacts",
     "arguments",
     "scoring_names",
+    "section_of",
     "KindSpec",
     "LabelsSpec",
     "OnePrompt",
