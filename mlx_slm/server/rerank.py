@@ -108,7 +108,7 @@ def check_tei_rerank(data: Any, opts: ServeOptions) -> tuple[str, list[str], Tas
     if unknown:
         raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(TEI_RERANK_FIELDS)}", unknown[0])
     query, texts = _query(data), _documents(data, "texts", opts, objects=False)
-    task = TaskSpec(rerank=True)
+    truncate: str | bool | None = None
     direction = data.get("truncation_direction") or "Right"
     if not isinstance(direction, str) or direction.lower() not in ("right", "left"):
         raise HTTPError(422, '\'truncation_direction\' must be "Right" or "Left"', "truncation_direction")
@@ -116,7 +116,8 @@ def check_tei_rerank(data: Any, opts: ServeOptions) -> tuple[str, list[str], Tas
         if not isinstance(data["truncate"], bool):
             raise HTTPError(422, "'truncate' must be true or false", "truncate")
         # TEI cuts the end off ("Right", keeping the head) unless told "Left" (keeping the tail).
-        task.truncate = ("head" if direction.lower() == "right" else "tail") if data["truncate"] else False
+        truncate = ("head" if direction.lower() == "right" else "tail") if data["truncate"] else False
+    task = TaskSpec(truncate=truncate, rerank=True)
     return query, texts, task, _bool(data, "raw_scores", False), _bool(data, "return_text", False)
 
 
@@ -145,7 +146,6 @@ def check_cohere(data: Any, opts: ServeOptions) -> tuple[str, list[str], TaskSpe
         raise HTTPError(
             422, f"'top_n' must be a whole number of 1 or more (0 or absent: every document), got {top_n!r}", "top_n"
         )
-    task = TaskSpec(rerank=True)
     tpt = data.get("truncate_prompt_tokens")
     if tpt is not None:
         if isinstance(tpt, bool) or not isinstance(tpt, int) or tpt != -1:
@@ -155,7 +155,7 @@ def check_cohere(data: Any, opts: ServeOptions) -> tuple[str, list[str], TaskSpe
                 "its end, as vLLM does) or null; a token count is not supported",
                 "truncate_prompt_tokens",
             )
-        task.truncate = "tail"
+    task = TaskSpec(truncate=None if tpt is None else "tail", rerank=True)
     raw = not all(_bool(data, k, True) for k in ("use_activation", "activation", "softmax"))
     return query, docs, task, top_n or None, _bool(data, "return_documents", True), raw
 

@@ -30,7 +30,7 @@ def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec,
     the raw scores; see `tei_scores`), top k)."""
     check_fields(data, TEI_FIELDS, "inputs")
     texts, single = check_texts(data["inputs"], "inputs", opts, pairs=True)
-    task = TaskSpec()
+    truncate: str | bool | None = None
     raw_scores = data.get("raw_scores", False)
     if raw_scores is None:
         raw_scores = False
@@ -44,7 +44,8 @@ def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec,
         if not isinstance(tr, bool):
             raise HTTPError(422, "'truncate' must be true or false", "truncate")
         # TEI cuts the end off ("Right", keeping the head) unless told "Left" (keeping the tail).
-        task.truncate = ("head" if direction.lower() == "right" else "tail") if tr else False
+        truncate = ("head" if direction.lower() == "right" else "tail") if tr else False
+    task = TaskSpec(truncate=truncate)
     top_k, fn = None, None
     params = data.get("parameters")
     if params is not None:

@@ -22,7 +22,6 @@ def check_vllm(data: Any, opts: ServeOptions) -> tuple[list[str], bool, TaskSpec
     check_fields(data, VLLM_FIELDS, "input")
     check_name(data, "model", what=" (any name: the server has one model)")
     texts, single = check_texts(data["input"], "input", opts)
-    task = TaskSpec()
     tpt = data.get("truncate_prompt_tokens")
     if tpt is not None:
         if isinstance(tpt, bool) or not isinstance(tpt, int) or tpt != -1:
@@ -32,8 +31,7 @@ def check_vllm(data: Any, opts: ServeOptions) -> tuple[list[str], bool, TaskSpec
                 "does) or null; a token count is not supported",
                 "truncate_prompt_tokens",
             )
-        task.truncate = "tail"
-    return texts, single, task
+    return texts, single, TaskSpec(truncate=None if tpt is None else "tail")
 
 
 class VLLMRoutes:

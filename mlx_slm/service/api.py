@@ -122,10 +122,10 @@ def _sha(clf: Any) -> str | None:
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskSpec:
-    """A request's own task settings; None: the served task's (its labels, prompt, truncation).
-    `rerank`: the reranker's task instead (its truncation only)."""
+    """A request's own task settings, made once by its route; None: the served task's (its labels,
+    prompt, truncation). `rerank`: the reranker's task instead (its truncation only)."""
 
     labels: list[str] | None = None
     system: str | None = None  # "": no system message
