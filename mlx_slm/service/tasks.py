@@ -332,11 +332,8 @@ class TaskCache:
         """The checks a classifier runs on its task's parts, one part at a time, so that a
         failure names its field: the labels alone, the labels against their descriptions,
         then the template."""
-        served = self.base.spec
         if key.labels == self.base.labels and not key.labels:  # a kind without labels of its own: asked as served
-            if key.truncate is not None and not served.truncates:
-                raise Invalid(served.no_truncation, "truncate")
-            return
+            return  # (a truncation it cannot take is refused as its kind is chosen: `kinds.request_spec`)
         descriptions = self.loaded.label_descriptions  # type: ignore[union-attr]
         for fld, check in (
             ("labels", lambda: validate_labels(key.labels)),
