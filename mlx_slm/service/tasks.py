@@ -45,7 +45,7 @@ from ..text.calibration import CalibrationSpec
 from ..text.decisions import DecisionConfig
 from ..text.labels import LabelError
 from ..text.labels import validate as validate_labels
-from ..text.prompts import PromptError, PromptFormat, fill_labels
+from ..text.prompts import PromptError, PromptFormat
 from .api import Loaded, TaskSpec
 from .decide import DecisionTask
 from .errors import Invalid, NotSupported, TooLarge
@@ -337,7 +337,8 @@ class TaskCache:
         descriptions = self.loaded.label_descriptions  # type: ignore[union-attr]
         for fld, check in (
             ("labels", lambda: validate_labels(key.labels)),
-            ("labels", lambda: fill_labels(key.system, key.labels, descriptions)),
+            # The labels filled into the system message as the task will fill them (`Plan.with_labels`).
+            ("labels", lambda: replace(self.base.plan, system=key.system).with_labels(key.labels, descriptions)),
             ("template", lambda: PromptFormat(key.system, key.template)),
         ):
             try:
