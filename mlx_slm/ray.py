@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is installed in the test env
     raise MissingExtra(f"mlx_slm.ray needs Ray Data ({e.name} is missing): pip install 'mlx-slm[ray]'") from None
 from .classifier.classifier import Classifier
+from .classifier.plan import Plan
 from .classifier.task import Task
 from .kinds.base import TaskError
 from .text.calibration import DEFAULT_WARMUP, CalibrationSpec
@@ -52,21 +54,24 @@ from .text.labels import log_softmax
 from .text.predictions import Prediction
 
 OUTPUT_COLUMNS = ("label", "probs", "raw_probs", "abstained", "n_tokens", "truncated", "error")
+# `classify_dataset`'s own options (the rest are `Classifier.load`'s, or a task's overrides).
+RUN_OPTIONS = ("text_column", "calibrate", "warmup", "min_confidence", "scores")
 
 
-def _load_classifier(task: dict[str, Any] | None, load: dict[str, Any] | None) -> Any:
-
+def _load_classifier(task: dict[str, Any] | None, load: Plan | dict[str, Any] | None) -> Any:
+    """A worker's classifier: the task's, or the plan's (the driver resolved it once; a dict of
+    `Classifier.load` keywords is resolved into one here)."""
     if task is not None:
         return Classifier.from_task(Task.from_dict(task), **(load or {}))
-    return Classifier.load(**(load or {}))
+    return Classifier.from_plan(load if isinstance(load, Plan) else Plan.loading(**(load or {})))
 
 
 class ClassifyBatch:
     """`Dataset.map_batches` callable class (use `batch_format="pyarrow"`).
 
     task: a task as `Task.to_dict()` gives it (a dict, so that remote nodes need no
-    file), or None with `load` holding `Classifier.load` keyword arguments (model,
-    labels, system, template, examples, scoring, truncate, dtype, batch_size, ...).
+    file), or None with `load` the `classifier.Plan` to run (the driver's, resolved once) or
+    `Classifier.load` keyword arguments (model, labels, system, template, dtype, batch_size, ...).
     calibrator: a fitted `Calibrator` as a dict (`to_dict()`), applied to every row;
     "none" for raw scores; None applies the task's own fitted prior, if it has one. scores: also return the
     raw label log-scores (`scores`, a list in label order) for a caller that calibrates.
@@ -81,7 +86,7 @@ class ClassifyBatch:
     def __init__(
         self,
         task: dict[str, Any] | None = None,
-        load: dict[str, Any] | None = None,
+        load: Plan | dict[str, Any] | None = None,
         *,
         text_column: str = "text",
         calibrator: dict[str, Any] | str | None = None,
@@ -243,28 +248,28 @@ def classify_dataset(
     ds: ray.data.Dataset,
     task: str | os.PathLike | dict[str, Any] | Any | None = None,
     *,
-    text_column: str = "text",
     concurrency: int = 1,
     threads_per_worker: int | None = None,
     batch_size: int = 256,
-    calibrate: str | Any | None = None,
-    warmup: int | None = None,
-    min_confidence: float | None = None,
-    scores: bool = False,
-    **load: Any,
+    **options: Any,
 ) -> ray.data.Dataset:
     """`ds` with each row classified (lazy: write or iterate the result to run it).
 
     task: a task file, `Task`, or its dict; or None with `Classifier.load` keywords in
-    `load` (model=..., labels=..., system=..., template=...). concurrency: the number
-    of workers (actors), each loading the model once and using `threads_per_worker`
-    CPU threads (default: the cluster's CPUs split evenly). batch_size: rows per call;
-    each batch is sorted and bucketed by length inside the worker, so larger batches pad
-    less, smaller ones spread better over workers. calibrate: None (the task's own),
-    "none", "batch"/"em" (a prior fitted here on the first `warmup` rows, a first pass
-    over them), or a fitted `Calibrator`.
+    `options` (model=..., labels=..., system=..., template=...), resolved once into the plan
+    every worker runs. concurrency: the number of workers (actors), each loading the model
+    once and using `threads_per_worker` CPU threads (default: the cluster's CPUs split
+    evenly). batch_size: rows per call; each batch is sorted and bucketed by length inside
+    the worker, so larger batches pad less, smaller ones spread better over workers.
+    The run's own options: `text_column` ("text"); `calibrate`: None (the task's own),
+    "none", "batch"/"em" (a prior fitted here on the first `warmup` rows, a first pass over
+    them), or a fitted `Calibrator`; `min_confidence`; `scores` (also the raw label scores).
     """
-
+    run_options = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
+    text_column, calibrate = run_options.get("text_column", "text"), run_options.get("calibrate")
+    warmup, min_confidence = run_options.get("warmup"), run_options.get("min_confidence")
+    scores = run_options.get("scores", False)
+    load: Any = Plan.loading(**options) if task is None else options
     if task is not None and not isinstance(task, dict):
         task = (task if isinstance(task, Task) else Task.load(task)).to_dict()
     t = Task.from_dict(task) if task is not None else None
@@ -283,7 +288,7 @@ def classify_dataset(
     def run(src: ray.data.Dataset, calibrator: Any, want_scores: bool, conf: Any) -> Any:
         return src.map_batches(
             ClassifyBatch,
-            fn_constructor_args=(task, load or None),
+            fn_constructor_args=(task, load or None),  # a task's overrides, or the plan
             fn_constructor_kwargs={
                 "text_column": text_column,
                 "calibrator": calibrator,
@@ -319,7 +324,7 @@ def classify_dataset(
 
 def predictions(
     texts: Sequence[str],
-    load: dict[str, Any],
+    plan: Plan,
     *,
     concurrency: int = 1,
     threads_per_worker: int | None = None,
@@ -330,8 +335,10 @@ def predictions(
 
     Yields `Prediction`s as a local `Classifier.run` would (index = position in
     `texts`, raw scores kept), so the caller calibrates and writes as for a local run.
-    A text may be a (text, pair) tuple.
+    A text may be a (text, pair) tuple. Every worker runs `plan` (picklable; its task
+    file's object is left here), uncalibrated: the driver calibrates and abstains.
     """
+    plan = replace(plan.portable(), calibration=CalibrationSpec(), min_confidence=None)
 
     n = len(texts)
     if n == 0:
@@ -348,7 +355,7 @@ def predictions(
     ds = ray.data.from_items(items, override_num_blocks=math.ceil(n / batch_size))
     out = ds.map_batches(
         ClassifyBatch,
-        fn_constructor_args=(None, load),
+        fn_constructor_args=(None, plan),
         fn_constructor_kwargs={"scores": True, "weights_sha256": weights_sha256},
         batch_format="pyarrow",
         batch_size=batch_size,

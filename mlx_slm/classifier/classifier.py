@@ -47,7 +47,7 @@ from ..weights.registry import DEFAULT_MODEL, ModelRef
 from . import pipeline
 from .calibrate import fit_calibration
 from .frames import classify_frame
-from .plan import Plan
+from .plan import Plan, resolved
 from .task import Task
 
 
@@ -67,13 +67,13 @@ class Classifier:
     It holds settings only; what a run counts comes back with that run (`run()`), so one
     classifier (and one engine under many classifiers) can serve concurrent callers.
 
-    Scoring arguments (keywords, `**scoring`; `kinds.arguments` reads them): `scoring`
+    Everything it runs with is one `Plan`, resolved once from the keywords (`Plan.of`) or given
+    (`plan=`, `from_plan`). Scoring arguments (keywords; `kinds.arguments` reads them): `scoring`
     ("auto", "first-token", "sequence"), `examples` ((text, label) pairs), `label_descriptions`,
     `keep_logits`, `label_pass`; `head` (a learned `Head`); `questions` (several per text);
     `features_only`; `threshold` (a multi-label sequence classifier's); `reranker` and
     `instruction`; `finetuned` (a `FineTuned`) and `fused`. Or `kind`: a `KindArgs` or a
-    `KindSpec` made already.
-    """
+    `KindSpec` made already."""
 
     def __init__(
         self,
@@ -85,18 +85,13 @@ class Classifier:
         plan: Plan | None = None,
         **options: Any,
     ):
-        """`options`: the run settings (`batch_size`, `max_batch_tokens`, `sort`, `use_prefix_cache`,
-        `truncate`, `max_length`, `calibration`, `min_confidence`, `warmup`, `kind`) and the scoring
-        arguments, resolved once into a `Plan` (`Plan.of`); or a `plan` resolved already."""
+        """`options`: the run settings (`plan.RUN_OPTIONS`) and the scoring arguments."""
         if not isinstance(engine, Engine):
             raise TypeError(
                 f"Classifier takes an Engine (Engine.load(name), or Engine(model, tokenizer)), not "
                 f"{type(engine).__name__}; Classifier.load(name, ...) loads one"
             )
-        if plan is None:
-            plan = Plan.of(labels, system, template, **options)
-        elif options:
-            raise TypeError(f"give {', '.join(sorted(options))} in the plan, not beside it")
+        plan = resolved(plan, labels, system, template, options)
         kind = plan.kind
         if isinstance(kind, KindArgs):  # chosen here, once, where the model (and any score head of its own) is known
             kind = spec_of(_on_model(kind, engine))
@@ -135,7 +130,8 @@ class Classifier:
         """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
         dequantize: an MLX-quantized model's weights are dequantized at load on the CPU (None,
         the default), kept packed on a GPU; True or False decides."""
-        return cls(Engine.load(ModelRef.of(model, dtype, dequantize)), labels, system, template, **kwargs)
+        ref = ModelRef.of(model, dtype, dequantize)
+        return cls.from_plan(Plan.loading(model=ref, labels=labels, system=system, template=template, **kwargs))
 
     @classmethod
     def from_task(
@@ -150,10 +146,6 @@ class Classifier:
 
         Pass `engine` to share loaded weights between tasks of the same model."""
         t = task if isinstance(task, Task) else Task.load(task)
-        engine = engine or Engine.load(ModelRef(t.model, dtype, dequantize))
-        # A saved prior or a head was fitted on these weights' scores: the same weights only.
-        if engine.path is not None and t.pins_weights:
-            t.check_weights(engine.weights_sha256, str(engine.path))
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
         if clash:
@@ -163,12 +155,16 @@ class Classifier:
             )
         # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
         own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass") if k in kwargs}
-        args = replace(t.kind_args(), **own)
-        if kwargs.pop("features_only", False) and args.get(FeaturesSettings) is None:
+        features = kwargs.pop("features_only", False)
+        plan = t.plan(ModelRef(t.model, dtype, dequantize), **kwargs)  # run settings overridden, as classify's can be
+        engine = engine or Engine.load(plan.model)
+        # A saved prior or a head was fitted on these weights' scores: the same weights only.
+        if engine.path is not None and t.pins_weights:
+            t.check_weights(engine.weights_sha256, str(engine.path))
+        args = replace(plan.kind, **own)
+        if features and args.get(FeaturesSettings) is None:
             args = replace(args, own=(*args.own, FeaturesSettings()))
-        # Run settings may be overridden, as classify's own arguments can.
-        run = {"calibration": t.calibration, "min_confidence": t.min_confidence, "warmup": t.warmup, **kwargs}
-        return cls(engine, system=t.system, template=t.template, kind=args, **run)
+        return cls(engine, plan=plan.with_kind(args))
 
     # ------------------------------------------------------------------ views of the settings
     @property

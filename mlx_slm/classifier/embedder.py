@@ -51,7 +51,7 @@ from ..ground.textfiles import has_lone_surrogate
 from ..text.inputs import as_texts, is_frame
 from ..text.predictions import Item, Stats
 from ..text.prompts import common_prefix, max_token_chars, size_problem
-from ..weights.registry import cache_dir
+from ..weights.registry import ModelRef, cache_dir
 from ..weights.stfolder import MODULES as MODULES_FILE
 from ..weights.stfolder import SETTINGS, TRANSFORMER_CONFIG, module_dir, user_folder
 from . import pipeline
@@ -451,7 +451,7 @@ class Embedder:
     ) -> Embedder:
         """A built-in name, a model folder (a sentence-transformers folder, a causal LM), a hub id or
         a `.gguf`, converted once into the cache (`Engine.load`)."""
-        return cls(Engine.load(model, dtype=dtype, dequantize=dequantize), **kwargs)
+        return cls(Engine.load(ModelRef.of(model, dtype, dequantize)), **kwargs)
 
     @property
     def dimension(self) -> int:

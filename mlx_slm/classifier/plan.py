@@ -7,7 +7,7 @@ service request, a Ray worker from the driver's plan) and everything after reads
 learns something (calibration fitted on labelled data, a resumed run's prior, the labels filled
 into the system message) returns a new plan (`with_calibration`, `with_labels`).
 
-What it holds: the model (`ModelRef`: name, dtype, dequantize), the prompt (system message,
+What it holds: the model (`ModelRef`: its name and how it loads), the prompt (system message,
 template; the examples and labels in the kind's settings), the kind's settings (`KindArgs`, or
 a `KindSpec` made already), the calibration (`CalibrationSpec`) with `min_confidence` and
 `warmup`, the run and batch settings, how inputs are read (`files.readers.ReadSpec`), where it
@@ -72,6 +72,8 @@ class Plan:
     origin: str = "here"  # where the calibration's prior comes from: one of ORIGINS
     save_task: str | None = None
     quiet: bool = False  # the run's notes (descriptions unseen, a fit, the task saved) are not said
+    calibration_data: str | None = None  # the labelled texts `fit`/`em` are fitted on (--calibration-data)
+    given: frozenset[str] = frozenset()  # the options a person typed (a load's error names where it came from)
 
     # ------------------------------------------------------------------ the Python API's resolution
     @classmethod
@@ -102,6 +104,13 @@ class Plan:
         calibration = CalibrationSpec.of(run.pop("calibration", "none"), warmup=warmup)
         return cls(None, system, template, kind, calibration=calibration, warmup=warmup, **run)
 
+    @classmethod
+    def loading(cls, **options: Any) -> Plan:
+        """The plan `Classifier.load(**options)` runs: the model to load (`ModelRef.take`: its
+        name, dtype and the rest of how it loads), and `of`'s for every other keyword."""
+        ref, rest = ModelRef.take(options)
+        return replace(cls.of(**rest), model=ref)
+
     # ------------------------------------------------------------------ new plans
     def with_labels(
         self, labels: Sequence[str], descriptions: Mapping[str, str] | None = None, typed: bool = False
@@ -114,10 +123,12 @@ class Plan:
 
     def with_calibration(self, spec: CalibrationSpec | Calibrator | str, origin: str = "here") -> Plan:
         """This plan calibrating as `spec` says (fitted on --calibration-data, or a resumed run's
-        prior: `origin` says which, for `describe`), at the plan's warm-up."""
+        prior: `origin` says which, for `describe`); a prior or a method runs at the plan's warm-up."""
         if origin not in ORIGINS:
             raise ValueError(f"origin must be one of {', '.join(ORIGINS)}, not {origin!r}")
-        return replace(self, calibration=CalibrationSpec.of(spec, warmup=self.warmup), origin=origin)
+        if not isinstance(spec, CalibrationSpec):
+            spec = CalibrationSpec.of(spec, warmup=self.warmup)
+        return replace(self, calibration=spec, origin=origin)
 
     def with_kind(self, kind: KindArgs | KindSpec) -> Plan:
         """This plan scoring as `kind` says (a `KindSpec` once chosen on the model)."""
@@ -160,6 +171,18 @@ class Plan:
         return RunSettings(self.truncate, self.max_length or max_length, self.use_prefix_cache)
 
 
+def resolved(
+    given: Plan | None, labels: Sequence[str], system: str | None, template: str, options: dict[str, Any]
+) -> Plan:
+    """The plan a `Classifier` runs: the one `given`, or the one its arguments say (`Plan.of`);
+    keywords beside a plan given are refused (its settings are all in it)."""
+    if given is None:
+        return Plan.of(labels, system, template, **options)
+    if options:
+        raise TypeError(f"give {', '.join(sorted(options))} in the plan, not beside it")
+    return given
+
+
 def _arguments(
     labels: Sequence[str], system: str | None, template: str, truncate: str | None, scoring: dict[str, Any]
 ) -> KindArgs:
@@ -179,4 +202,4 @@ def _arguments(
     return arguments(labels=labels if (questions is None or given) else (), truncate=truncate, **typed, **scoring)
 
 
-__all__ = ["ORIGINS", "RUN_OPTIONS", "Plan"]
+__all__ = ["ORIGINS", "RUN_OPTIONS", "Plan", "resolved"]

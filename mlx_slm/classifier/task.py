@@ -32,6 +32,8 @@ from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec
 from ..text.heads import Head
 from ..text.labels import MODES, label_problem
 from ..text.questions import Question
+from ..weights.registry import ModelRef
+from .plan import Plan
 
 FORMAT = "mlx-slm.task"
 VERSION = 1
@@ -76,13 +78,24 @@ class Task:
 
     def __post_init__(self, head: Head | None, questions: tuple[Question, ...] | None) -> None:
         object.__setattr__(self, "calibration", CalibrationSpec.of(self.calibration, warmup=self.warmup))
-        if head is None and not questions:
+        # Read by the one translator (`kinds.arguments`), as `Classifier(head=..., questions=...)` is;
+        # given both, the head is the section, as it always was (the table lists its settings last).
+        given = arguments(head=head, questions=questions or None).own
+        if not given:
             return
-        own = HeadSettings(head) if head is not None else QuestionsSettings(tuple(questions or ()))
+        own = given[-1]
         if self.section is None:
             object.__setattr__(self, "section", own)
         elif self.section != own:  # (`dataclasses.replace` passes them back as they are read: the same)
             raise TypeError("give the task's head or questions, or its section, not both")
+
+    def plan(self, model: ModelRef | None = None, **run: Any) -> Plan:
+        """The run this task defines, resolved (`Plan.of`): its prompt, kind, calibration and
+        threshold, on `model` (default: the task's own, as named) with the run settings `run`
+        (`batch_size`, `truncate`, ...) as `Classifier` takes them."""
+        cal = {"calibration": self.calibration, "min_confidence": self.min_confidence, "warmup": self.warmup}
+        plan = Plan.of(system=self.system, template=self.template, kind=self.kind_args(), **{**cal, **run})
+        return replace(plan, model=model or ModelRef(self.model), task=self)
 
     def kind_args(self) -> KindArgs:
         """What the task says about how it scores, as the kinds table reads it (`kinds.arguments`,

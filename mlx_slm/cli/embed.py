@@ -20,9 +20,10 @@ import numpy as np
 from ..classifier.embedder import Embedder, Embeddings
 from ..engine.engine import Engine
 from ..files.output import check_run_files, files_read, id_columns, require_pyarrow
-from ..files.readers import read_rows
+from ..files.readers import ReadSpec, read_rows
 from ..ground.errors import UsageError
 from ..ground.safefs import atomic_writer
+from ..weights.registry import ModelRef
 from .base import Command, notice, number, warn_blas
 from .options import some_task_options
 
@@ -106,8 +107,8 @@ def embed(
     check_run_files(files_read(o, ("INPUT", input)), [("-o", output)])
     if prompt is not None and prompt_name is not None:
         raise UsageError("give --prompt-name or --prompt, not both")
-    read_args = (o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"])
-    engine = Engine.load(o["model"], dtype=o["dtype"], dequantize=_dequantize(o))
+    read = ReadSpec(o["fmt"], o["text_field"], o["id_field"], o["text_column"], o["id_column"])
+    engine = Engine.load(ModelRef.typed(o["model"], o["dtype"], o.get("keep_quantized")))
     emb = Embedder(
         engine,
         truncate=truncate,
@@ -119,7 +120,7 @@ def embed(
     text = emb.pooling.prompt_text(prompt_name, prompt, "--prompt-name")
     dims = emb.check_dimensions(dimensions)
     norm = (emb.pooling.normalize or dims is not None) if normalize is None else normalize
-    rows, got = run(emb, input, read_args, text, norm, dims, o["window"])
+    rows, got = run(emb, input, read, text, norm, dims, o["window"])
     write(kind, output, rows, got)
     failed = sum(1 for r, e in zip(rows, got.errors) if r.error or e)
     if not o.get("quiet"):
@@ -135,17 +136,12 @@ def embed(
         sys.exit(1)
 
 
-def _dequantize(o: dict[str, Any]) -> bool | None:
-    keep = o.get("keep_quantized")
-    return None if keep is None else not keep
-
-
 def run(
-    emb: Embedder, path: str, read_args: tuple, prompt: str, normalize: bool, dims: int | None, window: int
+    emb: Embedder, path: str, read: ReadSpec, prompt: str, normalize: bool, dims: int | None, window: int
 ) -> tuple[list[Any], Embeddings]:
-    """Every row of `path` (`io.read_rows`) and their vectors (a row the reader refused: NaN and its error)."""
-
-    rows = list(read_rows(path, *read_args))
+    """Every row of `path` (`files.readers.read_rows`) and their vectors (a row the reader refused: NaN
+    and its error)."""
+    rows = list(read_rows(path, read))
     texts = [r.text if r.error is None else None for r in rows]
     got = emb.embed(texts, prompt=prompt, normalize=normalize, dimensions=dims, window=window)
     for i, r in enumerate(rows):

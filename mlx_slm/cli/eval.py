@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ..classifier.plan import Plan
 from ..files.output import OutputLock, check_run_files, files_read
 from ..files.readers import gold_problem, read_rows
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
+from ..jobs import plan as plans
 from ..jobs.evaluate import form_problem, plot, plot_paths, read_predictions
-from ..jobs.setup import Setup, flag_names
+from ..jobs.plan import flag_names
 from ..text.metrics import format_report, report
 from ..text.out_of_scope import figures as oos_figures
 from ..text.out_of_scope import none_answer
@@ -95,7 +98,7 @@ def evaluate(
     Docs: docs/labels.md
     """
     if decisions_file is not None or fit:
-        _evaluate_decisions(ctx, input, decisions_file, fit, predictions, json_path, plots, gold_fields, o)
+        _evaluate_decisions(ctx, (input, decisions_file, predictions), fit, (json_path, plots), gold_fields, o)
         return
 
     o["gold_field"] = gold_fields[-1]
@@ -108,10 +111,9 @@ def evaluate(
         _refuse_run_options(settings.given)
     if settings.save_task:  # one writer of a task at a time (held to the end)
         ctx.with_resource(OutputLock(settings.save_task, create=False, option="--save-task"))
-    setup = Setup(settings, notice)
-    s = setup.o
-    if setup.questions is not None:
-        _evaluate_questions(setup, input, predictions, json_path, plots, gold_fields, inputs)
+    plan = plans.resolve(settings, notice)
+    if plan.questions is not None:
+        _evaluate_questions(plan, input, (predictions, json_path, plots), gold_fields, inputs)
         return
     if len(gold_fields) > 1 or "=" in gold_fields[0]:
         raise click.UsageError(
@@ -122,17 +124,15 @@ def evaluate(
         check_run_files(inputs, [("--plots", plots)])
         # The files in it too (a link placed at confusion.png): refused now, not after the report.
         check_run_files(inputs, [("--plots", str(p)) for p in plot_paths(plots)])
-    rows = list(
-        read_rows(input, *s.read_args(), gold=s.gold_field, id_required=setup.id_required, **s.read_pair(input))
-    )
-    labels = setup.labels
+    rows = list(read_rows(input, plan.read.with_gold().for_input(input)))
+    labels = plan.labels
     if predictions:
         preds = read_predictions(predictions, rows, input)
     else:
         warn_blas()
-        labels, preds = _predict(setup, rows)
-    none = _none_label(setup.task)
-    rep, errors = _report(rows, preds, labels, s.gold_field, input, report, none)
+        labels, preds = _predict(plan, rows)
+    none = _none_label(plan.task)
+    rep, errors = _report(rows, preds, labels, plan.read.gold_field, input, report, none)
     click.echo(format_report(rep))
     if "out_of_scope" in rep:
         click.echo("\n" + format_oos(rep["out_of_scope"], none))
@@ -167,16 +167,15 @@ _DECISION_OPTIONS = {
 
 def _evaluate_decisions(
     ctx: click.Context,
-    input: str,
-    decisions: str | None,
+    given: tuple[str, str | None, str | None],
     fit: bool,
-    predictions: str | None,
-    json_path: str | None,
-    plots: str | None,
+    outputs: tuple[str | None, str | None],
     gold_fields: tuple[str, ...],
     o: dict[str, Any],
 ) -> None:
-    """`eval --decisions` (`jobs.evaluate_decisions`), from the command's options."""
+    """`eval --decisions` (`jobs.evaluate_decisions`), from the command's options: `given` holds INPUT,
+    --decisions and --predictions, `outputs` --json and --plots."""
+    (input, decisions, predictions), (json_path, plots) = given, outputs
     from ..jobs.evaluate_decisions import DecisionEvalSettings, evaluate_decisions
 
     reads = files_read(o, ("INPUT", input), ("--decisions", decisions), ("--predictions", predictions))
@@ -253,16 +252,15 @@ def _refuse_run_options(given: frozenset[str]) -> None:
         )
 
 
-def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, Any] | None]]:
+def _predict(plan: Plan, rows: list[Any]) -> tuple[list[str], list[dict[str, Any] | None]]:
     """Run the model on the rows with a text: the labels, and one prediction (or None) a row."""
-
-    clf = setup.load()
+    plan, clf = plans.load_fitted(plan, notice)
     why = form_problem(clf.spec.record_shape().form)  # a multi-label or one-output head: refused, before any work
     if why:
         raise UserError(why)
-    calib = setup.calibration_run()
+    calib = plans.calibration_run(plan, clf)
     ok = [r for r in rows if r.error is None]
-    run = clf.run([r.item for r in ok], window=setup.o.window)
+    run = clf.run([r.item for r in ok], window=plan.window)
     got = iter(calib(run))
     preds: list[dict[str, Any] | None] = []
     for r in rows:
@@ -270,10 +268,12 @@ def _predict(setup: Setup, rows: list[Any]) -> tuple[list[str], list[dict[str, A
         preds.append(None if p is None else {"label": p.label, "probs": p.probs, "error": p.error})
     for _ in got:  # finish the run (nothing is left but its figures): the summary counts every item
         pass
-    setup.save_task(calib)
-    if not setup.o.quiet:
+    plans.save_task(plan, clf, calib, notice)
+    if not plan.quiet:
         s = run.stats
-        notice(f"mlx-slm: {len(ok)} items in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; {setup.describe(calib)}")
+        notice(
+            f"mlx-slm: {len(ok)} items in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; {plans.describe(plan, calib)}"
+        )
     return list(clf.labels), preds
 
 
@@ -339,9 +339,9 @@ def format_oos(f: dict[str, Any], none: str) -> str:
     )
 
 
-def _gold_pairs(setup: Setup, pairs: tuple[str, ...]) -> dict[str, str]:
+def _gold_pairs(plan: Plan, pairs: tuple[str, ...]) -> dict[str, str]:
     """--gold-field NAME=FIELD (or NAME) once per question to score: {question: field}."""
-    qs = {q.name: q for q in setup.questions}
+    qs = {q.name: q for q in plan.questions or ()}
     golds: dict[str, str] = {}
     for pair in pairs:
         name, _, fld = pair.partition("=")
@@ -362,43 +362,41 @@ def _gold_pairs(setup: Setup, pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 def _evaluate_questions(
-    setup: Setup,
+    plan: Plan,
     input: str,
-    predictions: str | None,
-    json_path: str | None,
-    plots: str | None,
+    outputs: tuple[str | None, str | None, str | None],
     pairs: tuple[str, ...],
     inputs: list[Any],
 ) -> None:
     """One report per question named by --gold-field NAME=FIELD, from one run over the texts
-    (read once, every gold field with it), calibrated and abstaining as classify's would be."""
-    from dataclasses import replace
-
-    qs = {q.name: q for q in setup.questions}
-    golds = _gold_pairs(setup, pairs)
-    s = setup.o
+    (read once, every gold field with it), calibrated and abstaining as classify's would be.
+    `outputs`: --predictions, --json and --plots."""
+    predictions, json_path, plots = outputs
+    qs = {q.name: q for q in plan.questions or ()}
+    golds = _gold_pairs(plan, pairs)
     if plots:
         for name in golds:
             _plots_folder(str(Path(plots) / name))
             check_run_files(inputs, [("--plots", str(p)) for p in plot_paths(str(Path(plots) / name))])
     fields = tuple(dict.fromkeys(golds.values()))
-    rows = list(read_rows(input, *s.read_args(), gold=fields, id_required=setup.id_required))  # stdin read once
+    rows = list(read_rows(input, plan.read.with_gold(fields)))  # stdin read once
     preds: list[Any] = []
     if not predictions:  # one run for every question
         warn_blas()
-        clf = setup.load()
-        calib = setup.calibration_run()  # --calibrate batch and --min-confidence per question, as classify
+        plan, clf = plans.load_fitted(plan, notice)
+        calib = plans.calibration_run(plan, clf)  # --calibrate batch and --min-confidence per question, as classify
         ok = [r for r in rows if r.error is None]
-        run = clf.run([r.text for r in ok], window=s.window)
+        run = clf.run([r.text for r in ok], window=plan.window)
         got = iter(calib(run))
         preds = [next(got) if r.error is None else None for r in rows]
         for _ in got:
             pass
-        setup.save_task(calib)
-        if not s.quiet:
+        plans.save_task(plan, clf, calib, notice)
+        if not plan.quiet:
             st = run.stats
             notice(
-                f"mlx-slm: {len(ok)} items in {st.seconds:.1f} s, {st.items_per_s:.2f} items/s; {setup.describe(calib)}"
+                f"mlx-slm: {len(ok)} items in {st.seconds:.1f} s, {st.items_per_s:.2f} items/s; "
+                f"{plans.describe(plan, calib)}"
             )
     out: dict[str, Any] = {}
     for name, fld in golds.items():

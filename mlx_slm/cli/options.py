@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..jobs.setup import TaskOptions
+from ..jobs.plan import TaskOptions
 from ..text.calibration import DEFAULT_WARMUP
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.registry import DEFAULT_MODEL

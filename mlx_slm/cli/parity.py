@@ -13,7 +13,7 @@ import click
 from ..classifier.task import Task
 from ..files.readers import read_rows
 from ..ground.errors import UserError
-from ..jobs.setup import read_labels
+from ..jobs.plan import read_labels
 from ..parity.chat import format_chat_report, run_chat_parity
 from ..parity.decisions import format_decision_report, run_decision_parity
 from ..parity.embeddings import format_embed_report, run_embed_parity

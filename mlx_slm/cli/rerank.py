@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -11,9 +12,10 @@ import click
 from ..files.output import check_run_files, files_read
 from ..files.readers import read_rows
 from ..ground.safefs import atomic_write
+from ..jobs import plan as plans
+from ..jobs.plan import flag_names
 from ..jobs.rerank import check_output, documents_query, read_queries
 from ..jobs.rerank import rerank as run_rerank
-from ..jobs.setup import Setup, flag_names
 from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
@@ -82,10 +84,9 @@ def rerank(
     check_output(output)
     o["reranker"] = o.get("reranker") or "auto"
     settings = task_settings(ctx, o)
-    setup = Setup(settings, notice)
-    if query is not None:
-        s = setup.o
-        queries = [documents_query(query, list(read_rows(input, *s.read_args())))]
+    plan = plans.resolve(settings, notice)
+    if query is not None:  # the documents file: its format and fields as typed, its ids as found
+        queries = [documents_query(query, list(read_rows(input, replace(plan.read, id_required=False))))]
     else:
         if input == "-":
             raise click.UsageError("give a queries file (JSONL), or --query TEXT with a documents file")
@@ -96,7 +97,7 @@ def rerank(
                 'file is JSONL, "query", "documents" and --id-field on each line: drop it'
             )
         queries = list(read_queries(input, settings.id_field))
-    clf = setup.load()
+    plan, clf = plans.load_fitted(plan, notice)
     rows, stats = run_rerank(clf, queries, top_n, return_documents)
     out = sys.stdout if output in (None, "-") else None
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
@@ -104,7 +105,7 @@ def rerank(
         out.write(text)
     else:
         atomic_write(output, text, "-o")
-    if not setup.o.quiet:
+    if not plan.quiet:
         errors = sum(1 for r in rows if "error" in r)
         notice(
             f"mlx-slm: {len(queries)} queries, {stats.items} documents ({errors} errors) in {stats.seconds:.1f} s, "

@@ -7,10 +7,11 @@ from typing import Any
 
 import click
 
+from ..classifier.plan import Plan
 from ..classifier.task import decision_temperatures
 from ..files.output import check_run_files, files_read
 from ..ground.errors import MissingExtra, UserError
-from ..jobs.setup import Setup
+from ..jobs import plan as plans
 from ..server import Loaded, ServeOptions, Service, api_key_from_env, bind_socket, run_server
 from .base import Command, notice, number, warn_blas
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
@@ -139,25 +140,27 @@ def serve(
         raise MissingExtra("mlx-slm serve needs Starlette and uvicorn: pip install 'mlx-slm[serve]'") from None
 
     warn_blas()
-    setup = Setup(task_settings(ctx, o), notice)
-    s = setup.o
+    s = task_settings(ctx, o)
+    plan = plans.resolve(s, notice)
     check_run_files(files_read(s), [])  # the files it reads: there, readable, not links to trouble
 
     def load() -> Loaded:
-        clf = setup.load(embeds_only_ok=True)  # an embedding model serves its embedding routes
+        # an embedding model serves its embedding routes
+        ready, clf = plans.load_fitted(plan, notice, embeds_only_ok=True)
+        weights = clf.engine.weights_sha256
         return Loaded(
             clf,
-            setup.calibration,
-            s.min_confidence,
-            s.warmup,
-            model=s.model,
-            weights_sha256=setup.weights,
-            **task_decisions(setup),
+            ready.calibration,
+            ready.min_confidence,
+            ready.warmup,
+            model=ready.model.name if ready.model is not None else "",
+            weights_sha256=weights,
+            **task_decisions(ready, weights),
         )
 
     opts = ServeOptions(
         max_batch_items=max_batch_items,
-        max_batch_tokens=s.max_batch_tokens,
+        max_batch_tokens=s.max_batch_tokens,  # as typed (None: the service's own default)
         max_wait_ms=max_wait_ms,
         max_queue_items=max_queue_items,
         max_items_per_request=max_items_per_request,  # the lower of it and the queue applies: items_limit
@@ -173,7 +176,7 @@ def serve(
     port = sock.getsockname()[1]  # --port 0: the port the system chose
     if not s.quiet:
         notice(
-            f"mlx-slm: serving on http://{host}:{port} (loading {s.model}; /health says 200 when ready)"
+            f"mlx-slm: serving on http://{host}:{port} (loading {plan.model}; /health says 200 when ready)"
             + ("; Bearer key required on /v1/*" if opts.api_key else "")
         )
     service = Service(load, opts)
@@ -189,8 +192,8 @@ def serve(
     sys.exit(code)
 
 
-def task_decisions(setup: Setup) -> dict[str, Any]:
+def task_decisions(plan: Plan, weights_sha256: str | None) -> dict[str, Any]:
     """A task fitted on decisions (eval --decisions --fit --save-task): its per-question temperatures,
     with its questions (a temperature applies to the very question it was fitted for only)."""
-    temps = decision_temperatures(setup.task, setup.weights)
-    return {"decision_calibration": temps, "decision_questions": setup.task.decisions["questions"] if temps else None}
+    temps = decision_temperatures(plan.task, weights_sha256)
+    return {"decision_calibration": temps, "decision_questions": plan.task.decisions["questions"] if temps else None}

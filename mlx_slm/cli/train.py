@@ -11,7 +11,7 @@ from ..files.output import OutputLock, check_run_files, files_read
 from ..jobs.choose import run_choose
 from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.out_of_scope import check_none_data, choose_none_threshold, none_section
-from ..jobs.setup import read_labels, run_settings
+from ..jobs.plan import read_labels, run_settings
 from ..jobs.train import run_train, run_train_fields
 from ..weights.finetune import FinetuneSettings
 from .base import Command, given, notice, number, warn_blas

@@ -1,4 +1,4 @@
-"""Reading items: JSONL, CSV, plain text, from files or stdin (writing is in `output.py`).
+"""Reading items: JSONL, CSV, plain text, Parquet, from files or stdin (writing is `output/`'s).
 
 Every input row becomes exactly one `Row`: either with text, or with an `error` that
 names the line and the fix. Nothing is dropped or reordered here; the CLI writes one
@@ -214,10 +214,13 @@ class ReadSpec:
     """How a command reads its inputs, resolved once from its options (`--format`, the text, id
     and pair fields and columns, the gold field): the one value `read_rows` takes.
 
-    `pair`/`pair_required` are the second text as read (`for_input` resolves them for one input
-    from `pair_field`/`pair_column` and which of them were typed, `pair_typed`); `gold`: the
-    gold field(s) read with each row (`with_gold`); `id_required`: an id column named on the
-    command line must exist; `states` (`decide`): the fields a decision's state may be in."""
+    `gold`: the gold label's field (or several: each row's gold is then a dict), read once
+    (`with_gold`). `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where
+    present; a CSV column named must be in the header, and with `pair_required` (the field was
+    named) a Parquet column in the schema and a JSONL row's field in the row (else its error row);
+    `for_input` resolves both for one input from `pair_field`/`pair_column` and `pair_typed`.
+    `id_required`: an id column named on the command line must exist. `states` (`decide`): a
+    JSONL/Parquet row's text is the first of these fields it has, any JSON value but null."""
 
     fmt: str | None = None
     text_field: str = "text"
@@ -246,42 +249,27 @@ class ReadSpec:
         check); an option the input's format cannot use is refused by name."""
         fmt = self.fmt or (guess_format(path, b"", self.text_column) if path not in (None, "-") else None)
         typed = sorted(self.pair_typed)
+        flags = ", ".join("--" + k.replace("_", "-") for k in typed)
         if fmt == "text" and typed:
-            flags = ", ".join("--" + k.replace("_", "-") for k in typed)
             raise UsageError(f"{flags}: a text file holds one text a line, no second text: drop it")
+        if fmt in ("csv", "tsv") and "pair_field" in typed:
+            raise UsageError("--pair-field names a JSONL/Parquet field; a CSV/TSV's second text is its --pair-column")
         if fmt in ("csv", "tsv"):
-            if "pair_field" in typed:
-                raise UsageError(
-                    "--pair-field names a JSONL/Parquet field; a CSV/TSV's second text is its --pair-column"
-                )
             return replace(self, pair=self.pair_column, pair_required=True)
         return replace(self, pair=self.pair_column or self.pair_field, pair_required=bool(typed))
 
-    @classmethod
-    def of(cls, *args: Any, **named: Any) -> ReadSpec:
-        """A spec from `read_rows`' old positional and keyword arguments (fmt, text_field,
-        id_field, text_column, id_column, gold, id_required, pair, pair_required, states)."""
-        names = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold", "id_required")
-        names += ("pair", "pair_required", "states")
-        if len(args) > len(names):
-            raise TypeError(f"read_rows takes at most {len(names) + 1} positional arguments")
-        return cls(**dict(zip(names, args)), **named)
+
+# `read_rows`' arguments before `ReadSpec`, in their order (a caller may still give them one by one).
+_OLD_ARGS = ("fmt", "text_field", "id_field", "text_column", "id_column", "gold", "id_required", "pair")
+_OLD_ARGS += ("pair_required", "states")
 
 
 def read_rows(path: str | None, spec: ReadSpec | str | None = None, *old: Any, **named: Any) -> Iterator[Row]:
-    """Stream rows from a file or stdin ('-' or None), checking each one; never raises on bad rows.
-    `gold`: the gold label's field (or several fields: each row's gold is then a dict), read once.
-    `pair`: the field (JSONL, Parquet) or column (CSV) of a second text, read where present; a
-    CSV column named must be in the header, and with `pair_required` (the field was named) a
-    Parquet column in the schema and a JSONL row's field in the row (else its error row).
-    `states` (`decide`): a JSONL/Parquet row's text is the first of these fields it has, any JSON
-    value but null (a decision's state, checked by `text.decisions`).
-
-    Raises `InputError` (a `ValueError`) for problems with the input as a whole: an unknown
-    format, or a CSV header that does not name the text column.
-    """
+    """Stream rows from a file or stdin ('-' or None), read as `spec` says (its fields one by one
+    still work), checking each one; never raises on bad rows. `InputError` (a `ValueError`) for the
+    input as a whole: an unknown format, or a CSV header that does not name the text column."""
     if not isinstance(spec, ReadSpec):  # the old arguments (format, fields, ...), one by one
-        spec = ReadSpec.of(spec, *old, **named)
+        spec = ReadSpec(**dict(zip(_OLD_ARGS, (spec, *old), strict=False)), **named)
     elif old or named:
         raise TypeError("read_rows(path, spec): the reading options are the spec's (ReadSpec), not beside it")
     return _read(path, spec)
@@ -313,15 +301,7 @@ def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
         if fmt == "jsonl":
             it = _jsonl(stream, *fields)
         elif fmt == "csv":
-            it = _csv(
-                stream,
-                text_column,
-                spec.id_column,
-                delimiter={".csv": ",", ".tsv": "\t"}.get(ext),
-                gold=spec.gold,
-                id_required=spec.id_required,
-                pair=spec.pair,
-            )
+            it = _csv(stream, spec, {".csv": ",", ".tsv": "\t"}.get(ext))
         else:
             it = _text(stream)
         yield from _dedupe(it)
@@ -675,16 +655,9 @@ def _next_record(src: _Source, delimiter: str) -> _Record | None:
     return _Record(n, taken[-1][0], [f.replace(_CR, "\r") for f in rec])
 
 
-def _csv(
-    raw: Iterable[bytes],
-    text_column: str,
-    id_column: str | None,
-    delimiter: str | None = ",",
-    gold: Gold = None,
-    id_required: bool = False,
-    pair: str | None = None,
-) -> Iterator[Row]:
-    """CSV rows; `delimiter` None: comma or tab, whichever makes the header name `text_column`."""
+def _csv(raw: Iterable[bytes], spec: ReadSpec, delimiter: str | None = ",") -> Iterator[Row]:
+    """CSV rows; `delimiter` None: comma or tab, whichever makes the header name the text column."""
+    text_column, id_column, gold, pair = spec.text_column, spec.id_column, spec.gold, spec.pair
     if csv.field_size_limit() < CSV_MAX_RECORD_CHARS:  # the csv module's default is 128 KiB
         csv.field_size_limit(CSV_MAX_RECORD_CHARS)
     src = _Source(raw)
@@ -699,7 +672,7 @@ def _csv(
     if head.fields is None:
         raise InputError(f"malformed CSV header: {head.error}")
     header = head.fields
-    ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, id_required)
+    ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, spec.id_required)
     if pair and pair not in header:
         raise InputError(
             f"CSV header has no column {pair!r} (columns: {', '.join(map(repr, header))}): fix --pair-column"
@@ -716,7 +689,7 @@ def _csv(
         src.push_back([nxt])
         r = _next_record(src, delimiter)
         assert r is not None
-        row = _csv_row(n, r, len(header), ti, ii, gi, text_column, id_column, gold)
+        row = _csv_row(n, r, len(header), (ti, ii, gi), spec)
         if pi is not None and row.error is None and r.fields is not None:
             row.pair = r.fields[pi] or None
         yield row
@@ -749,19 +722,11 @@ def _csv_columns(
     return ti, ii, gi
 
 
-def _csv_row(
-    n: int,
-    r: _Record,
-    width: int,
-    ti: int,
-    ii: int | None,
-    gi: dict[str, int],
-    text_column: str,
-    id_column: str | None,
-    gold: Gold = None,
-) -> Row:
+def _csv_row(n: int, r: _Record, width: int, columns: tuple[int, int | None, dict[str, int]], spec: ReadSpec) -> Row:
     """One CSV record starting at line `n` (`r`, from `_next_record`) as a `Row`, or an error
-    row naming its line; `width`: the header's number of columns."""
+    row naming its line; `width`: the header's number of columns; `columns`: the text's, the
+    id's and each gold field's index (`_csv_columns`)."""
+    (ti, ii, gi), text_column, id_column = columns, spec.text_column, spec.id_column
     span = f"line {n}" if r.last_line == n else f"lines {n}-{r.last_line}"
     if r.fields is None:
         return Row(n, None, error=r.error, last_line=r.last_line)
@@ -797,7 +762,7 @@ def _csv_row(
             explicit_id=explicit,
             last_line=r.last_line,
         )
-    gold_of = _gold_value(gold, lambda g: rec[gi[g]] if g in gi else None)
+    gold_of = _gold_value(spec.gold, lambda g: rec[gi[g]] if g in gi else None)
     return Row(n, rid, rec[ti], explicit_id=explicit, last_line=r.last_line, gold=gold_of)
 
 
@@ -805,7 +770,6 @@ def gold_problem(row: Row, labels: Sequence[str], field: str) -> str | None:
     """Why a labelled row cannot be used (eval, calibration data), or None if it can: the
     gold-label rule of `labels.gold_problem`, on the gold as text, worded with the row's line.
     Only a gold that is absent is "no gold label"; a blank or spaced one is named by its repr."""
-
     if label_problem(None if row.gold is None else str(row.gold), labels) is None:
         return None
     if row.gold is None:

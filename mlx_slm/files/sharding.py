@@ -37,7 +37,7 @@ from .output import (
     same_id,
 )
 from .output.writers import column_type
-from .readers import read_rows
+from .readers import ReadSpec, read_rows
 
 
 class ShardError(UserError, ValueError):
@@ -415,9 +415,8 @@ def _check_ids(inp: str, settings: dict[str, Any], ids: list[Any], fmt: str) -> 
         raise ShardError(f"merge: the parts' manifests give no valid 'fields' ({fields!r}): the manifests were changed")
     text_field, id_field, text_column, id_column = fields
     n = 0
-    for n, row in enumerate(
-        read_rows(inp, settings.get("input_format"), text_field, id_field, text_column, id_column), 1
-    ):
+    read = ReadSpec(settings.get("input_format"), text_field, id_field, text_column, id_column)
+    for n, row in enumerate(read_rows(inp, read), 1):
         if n > len(ids):
             raise ShardError(f"merge: the input {inp} has more rows than the parts ({len(ids)})")
         if not same_id(ids[n - 1], row.id, fmt):

@@ -1,6 +1,6 @@
 """The work behind each command, without click: the CLI parses options and calls one of these.
 
-    setup.py     one task set-up for every command that loads a model (options + a task file)
+    plan.py      the options and a task file resolved once into a `classifier.Plan`, and what reads it
     classify.py  a file-to-file classify run (read, shard, resume, classify here or on Ray, write)
     rerank.py    queries and their documents in, each query's documents best first out
     train.py     a learned head from labelled texts

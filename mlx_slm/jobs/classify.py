@@ -1,11 +1,12 @@
 """A classify job: one input file to one output, as `mlx-slm classify` runs it.
 
-The task's set-up (`TaskOptions`, `Setup`) is `setup.py`'s, shared with every command;
-here is only the file-to-file run: `ClassifyJob` reads, plans (shard, resume), classifies
-(here or on Ray workers), calibrates, writes, and keeps the manifest and summary. Nothing
-here knows about click: user errors are `UserError`s (`UsageError` for options that do not
-go together); notes and the summary go to the setup's `say` (the CLI's `cli.base.notice`),
-and only the live progress line on a terminal is written here.
+The options are resolved once into a `classifier.Plan` (`plan.resolve`, shared with every
+command); here is only the file-to-file run: `ClassifyJob` reads, plans (shard, resume),
+classifies (here or on Ray workers), calibrates, writes, and keeps the manifest and summary.
+It reads the plan and never changes it: a prior a resumed run keeps is a new plan
+(`Plan.with_calibration`). Nothing here knows about click: user errors are `UserError`s
+(`UsageError` for options that do not go together); notes and the summary go to `say` (the
+CLI's `cli.base.notice`), and only the live progress line on a terminal is written here.
 """
 
 from __future__ import annotations
@@ -40,11 +41,10 @@ from ..files.output import output_format as output_format_of
 from ..files.readers import read_rows
 from ..files.sharding import check_shard_count, parse_shard, shard_range, shard_settings
 from ..ground.errors import UsageError, UserError
-from ..text.calibration import CalibrationSpec, Calibrator
+from ..text.calibration import Calibrator
 from ..text.predictions import Stats
-
-# The set-up moved to setup.py; its names stay importable from here.
-from .setup import Say, Setup, TaskOptions, flag_names  # noqa: F401
+from . import plan as plans
+from .plan import Plan, Say, TaskOptions, flag_names  # noqa: F401 (their old home)
 
 RAY_INIT_TIMEOUT_S = 60  # joining (or starting) Ray: past this, exit 2 rather than wait on Ray's retries
 
@@ -143,15 +143,11 @@ def classify(s: ClassifySettings, say: Say) -> int:
         raise UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
-    setup = Setup(s.task, say)
-    why = (
-        next(filter(None, (own.no_resume(setup.calibration) for own in setup.kind_args.own)), None)
-        if s.resume
-        else None
-    )
+    plan = plans.resolve(s.task, say)
+    why = next(filter(None, (own.no_resume(plan.calibration) for own in plan.kind.own)), None) if s.resume else None
     if why:
         raise UsageError(why)
-    if dist.shard is not None and setup.calibration.per_input:
+    if dist.shard is not None and plan.calibration.per_input:
         raise UsageError(
             "--shard with batch/em calibration would fit a different prior on each shard: fit one prior first "
             "(mlx-slm classify SAMPLE --calibrate batch --save-task task.json) and give every shard --task task.json"
@@ -164,7 +160,8 @@ def classify(s: ClassifySettings, say: Say) -> int:
             stack.enter_context(OutputLock(s.output, create=out_fmt != "parquet"))
         if s.task.save_task:  # one writer of a task at a time, as of an output
             stack.enter_context(OutputLock(s.task.save_task, create=False, option="--save-task"))
-        return ClassifyJob(setup, s.input, s.output if file_out else None, s.output, out_fmt, s.resume, dist).run()
+        where = Where(s.input, s.output if file_out else None, s.output, out_fmt, s.resume)
+        return ClassifyJob(plan, say, where, dist).run()
 
 
 def _check_io(s: ClassifySettings, out_fmt: str, file_out: bool) -> None:
@@ -185,23 +182,29 @@ def _check_io(s: ClassifySettings, out_fmt: str, file_out: bool) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Where:
+    """A run's files: the input, the regular file written (with its manifest) or None, where
+    rows go when it is None (`stream`: stdout, /dev/null, a FIFO), the output's format, and
+    whether an interrupted output is continued."""
+
+    input: str
+    output: str | None
+    stream: str | None
+    out_fmt: str
+    resume: bool = False
+
+
 class ClassifyJob:
     """One file-to-file run with its output locked: `run` returns the number of error rows in
-    the whole output. `output` is the regular file written (with its manifest), or None;
-    `stream` is where rows go when it is None (stdout, /dev/null, a FIFO)."""
+    the whole output. It reads `plan`; what the run learns (the classifier, a resumed prior)
+    is its own, the plan given is never changed."""
 
-    def __init__(
-        self,
-        setup: Setup,
-        input: str,
-        output: str | None,
-        stream: str | None,
-        out_fmt: str,
-        resume: bool = False,
-        dist: Distribution | None = None,
-    ):
-        self.setup, self.input, self.output, self.stream = setup, input, output, stream
-        self.out_fmt, self.resume, self.dist = out_fmt, resume, dist or Distribution()
+    def __init__(self, plan: Plan, say: Say, where: Where, dist: Distribution | None = None):
+        self.plan, self.say, self.where = plan, say, where
+        self.input, self.output, self.stream = where.input, where.output, where.stream
+        self.out_fmt, self.resume, self.dist = where.out_fmt, where.resume, dist or Distribution()
+        self.clf: Any = None
         self.settings: dict[str, Any] = {}
         self.fitted: dict[str, Any] = {}  # the prior fitted on this input (a resumed run keeps it)
         self.failed = self.kept = self.kept_failed = self.abstained = 0
@@ -210,20 +213,20 @@ class ClassifyJob:
 
     def run(self) -> int:
 
-        setup, o = self.setup, self.setup.o
         # The input's sha256 for the manifest, hashed while the model loads.
         digest = InputDigest(self.input) if self.output is not None else None
         previous = self._previous()
         rows = self._rows()
-        clf = setup.load()
+        self.plan, clf = plans.load_fitted(self.plan, self.say)
+        self.clf = clf
         if digest is not None:
             self.input_sha256, self.input_not_hashed = digest.result()
         shard_info = None
         if self.dist.shard is not None:
             rows, shard_info = self._shard_rows(rows, self.dist.shard)
-        extra = setup.settings()
+        extra = plans.settings(self.plan, clf)
         calibrated = extra["calibration"] != "none"
-        shape = clf.spec.record_shape(calibrated=calibrated, abstains=o.min_confidence is not None)
+        shape = clf.spec.record_shape(calibrated=calibrated, abstains=self.plan.min_confidence is not None)
         columns = shape.columns
         if self.output is not None:
             self.settings = self._manifest_settings(extra, shard_info)
@@ -232,14 +235,14 @@ class ClassifyJob:
             rows = self._plan_resume(previous, columns, rows)
         if self.output is not None:
             write_manifest(self.output, self.settings, complete=False, fitted=self.fitted or None)
-        calib = setup.calibration_run(self._on_fit)
+        calib = plans.calibration_run(self.plan, clf, self._on_fit)
         run, progress = self._write(rows, columns, append, calib)
         if self.output is not None:
             write_manifest(
                 self.output, self.settings, complete=True, rows=self.kept + progress.n, fitted=self.fitted or None
             )
-        setup.save_task(calib)
-        if not o.quiet:
+        plans.save_task(self.plan, clf, calib, self.say)
+        if not self.plan.quiet:
             self._summary(run, calib, progress.n)
         return self.failed
 
@@ -261,10 +264,7 @@ class ClassifyJob:
         """The input's rows. The first one settles its format and header (a CSV without the text
         column raises here), before the model loads and before the output is touched."""
 
-        o = self.setup.o
-        rows = iter(
-            read_rows(self.input, *o.read_args(), id_required=self.setup.id_required, **o.read_pair(self.input))
-        )
+        rows = iter(read_rows(self.input, self.plan.read.for_input(self.input)))
         first = next(rows, None)
         rows = itertools.chain([first] if first is not None else [], rows)
         if self.dist.shard is not None:  # before the model loads: too many shards fail at once
@@ -277,7 +277,7 @@ class ClassifyJob:
         """The rows of one shard, and what the part's manifest records about it."""
 
         all_rows = list(rows)
-        tok = self.setup.clf.engine.tokenizer
+        tok = self.clf.engine.tokenizer
         counts: list[int | None] = [None] * len(all_rows)
         valid = [i for i, r in enumerate(all_rows) if r.error is None]
         for k in range(0, len(valid), 4096):  # batched: the fast tokenizer's own threads
@@ -286,22 +286,23 @@ class ClassifyJob:
             for i, x in zip(chunk, ids):
                 counts[i] = len(x)
         i, n = shard
-        start, end = shard_range(counts, self.setup.o.window, n, i)  # O(rows) whatever N is
-        if not self.setup.o.quiet:
+        start, end = shard_range(counts, self.plan.window, n, i)  # O(rows) whatever N is
+        if not self.plan.quiet:
             what = f"input rows {start + 1}..{end}" if end > start else "no rows (fewer windows than shards)"
-            self.setup.say(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
+            self.say(f"mlx-slm: shard {i}/{n}: {what} of {len(all_rows)}")
         return iter(all_rows[start:end]), shard_settings(i, n, (start, end), len(all_rows))
 
     def _manifest_settings(self, extra: dict[str, Any], shard_info: dict[str, Any] | None) -> dict[str, Any]:
         """What the output's manifest records: --resume and merge accept only the same."""
-        o, clf = self.setup.o, self.setup.clf
+        p, r, clf = self.plan, self.plan.read, self.clf
+        assert p.model is not None
         inp = Path(self.input).resolve() if self.input != "-" else None
         return {
-            "weights_sha256": self.setup.weights,
-            "system": o.system or None,
-            "template": o.template,
+            "weights_sha256": clf.engine.weights_sha256,
+            "system": p.system or None,
+            "template": p.template,
             **extra,  # the kind's settings (labels, scoring, examples, ...) and the calibration
-            "truncate": o.truncate,
+            "truncate": p.truncate,
             "dtype": clf.engine.compute_dtype,
             **({"quantized": clf.model.quantized} if getattr(clf.model, "quantized", None) else {}),
             "input": str(inp) if inp else "-",
@@ -309,15 +310,15 @@ class ClassifyJob:
             # The input's content: --resume, merge and eval --predictions refuse another.
             "input_sha256": self.input_sha256,
             **({"input_not_hashed": self.input_not_hashed} if self.input_not_hashed else {}),
-            "input_format": o.fmt,
-            "fields": [o.text_field, o.id_field, o.text_column, o.id_column],
+            "input_format": r.fmt,
+            "fields": [r.text_field, r.id_field, r.text_column, r.id_column],
             "output_format": self.out_fmt,
             "batch_size": clf.batching.batch_size,
             "max_batch_tokens": clf.batching.max_batch_tokens,
-            "window": o.window,
-            "sort": not o.no_sort,
-            "prefix_cache": not o.no_prefix_cache,
-            "model": o.model,
+            "window": p.window,
+            "sort": p.sort,
+            "prefix_cache": p.use_prefix_cache,
+            "model": p.model.name,
             **({"shard": shard_info} if shard_info else {}),
         }
 
@@ -347,16 +348,14 @@ class ClassifyJob:
                 "run with the same options, or start again without --resume"
             )
         complete_rows = previous.get("rows") if previous.get("complete") else None
-        window = self.setup.o.window
+        window = self.plan.window
         keep_bytes, self.kept, self.failed, redo = plan_resume(out, self.out_fmt, columns, rows, window, complete_rows)
         self.kept_failed = self.failed
         truncate_to(out, keep_bytes)
         if previous.get("fitted_calibrator") and self.kept > 0:
             # The rows kept were calibrated with this prior: the rest must be too.
             self.fitted = previous["fitted_calibrator"]
-            prior = Calibrator.from_dict(self.fitted)
-            self.setup.calibration = CalibrationSpec.of(prior, warmup=self.setup.o.warmup)
-            self.setup.origin = "resume"
+            self.plan = self.plan.with_calibration(Calibrator.from_dict(self.fitted), "resume")
         return itertools.chain(redo, rows)
 
     def _on_fit(self, cal: Calibrator) -> None:
@@ -368,10 +367,9 @@ class ClassifyJob:
     def _write(self, rows: Iterator[Any], columns: list[str], append: bool, calib: Any) -> tuple[Any, Progress]:
         """Classify, calibrate and write every row in input order, error rows in their places."""
 
-        o = self.setup.o
         writer = Writer(self.output or self.stream, columns, self.out_fmt, append=append)
         pending: deque = deque()
-        progress = Progress(o.quiet)
+        progress = Progress(self.plan.quiet)
 
         def texts() -> Iterator[str]:
             for row in rows:
@@ -385,8 +383,8 @@ class ClassifyJob:
                 self.failed += 1
                 progress.tick()
 
-        clf = self.setup.clf
-        run = self._ray_run(list(texts())) if self.dist.ray else clf.run(texts(), window=o.window)
+        clf = self.clf
+        run = self._ray_run(list(texts())) if self.dist.ray else clf.run(texts(), window=self.plan.window)
         finished = False
         try:
             for pred in calib(run):
@@ -407,15 +405,17 @@ class ClassifyJob:
         """Raw predictions computed by Ray workers, in input order, as a `Run` (stats included)."""
         from .. import ray as mray  # lazy: the ray extra is optional
 
-        stats, setup, dist = Stats(), self.setup, self.dist
+        stats, dist = Stats(), self.dist
+        # The workers get the plan (its task file's object left here: what it says is in the plan).
+        plan = self.plan.portable()
 
         def gen() -> Iterator[Any]:
             for p in mray.predictions(
                 texts,
-                setup.load_kwargs,
+                plan,
                 concurrency=dist.workers,
                 threads_per_worker=dist.worker_threads,
-                weights_sha256=setup.weights,
+                weights_sha256=self.clf.engine.weights_sha256,
             ):
                 stats.items += 1
                 stats.errors += not p.ok
@@ -425,8 +425,7 @@ class ClassifyJob:
         return Run(gen(), stats)
 
     def _summary(self, run: Any, calib: Any, done: int) -> None:
-        setup, clf, kept, kept_failed = self.setup, self.setup.clf, self.kept, self.kept_failed
-        say = setup.say
+        clf, kept, kept_failed, say = self.clf, self.kept, self.kept_failed, self.say
         if kept and done == 0:
             say(
                 f"mlx-slm: {self.output} was complete already: {kept} rows ({kept_failed} errors) kept, "
@@ -437,19 +436,19 @@ class ClassifyJob:
         s = run.stats
         head = (
             f"mlx-slm: {done} rows ({self.failed - kept_failed} errors"
-            + (f", {self.abstained} abstained" if setup.o.min_confidence is not None else "")
+            + (f", {self.abstained} abstained" if self.plan.min_confidence is not None else "")
             + f") in {s.seconds:.1f} s, {s.items_per_s:.2f} items/s; "
         )
         if self.dist.ray:
             where = self.dist.address or "a local Ray"
             say(
                 head + f"{self.dist.workers} Ray worker(s) on {where}, {s.prompt_tokens:,} prompt tokens; "
-                f"{clf.mode} scoring; {setup.describe(calib)}" + kept_note
+                f"{clf.mode} scoring; {plans.describe(self.plan, calib)}" + kept_note
             )
             return
         say(
             head + f"{s.processed_tokens:,} tokens processed, padding {s.padding_pct:.1f} %, "
             f"prefix {len(clf.prefix) if clf.prefix else 0} tokens, cache saved {s.prefix_saved_tokens:,} tokens "
-            f"({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); {clf.mode} scoring; {setup.describe(calib)}"
+            f"({s.prefix_saved_pct:.1f} % of {s.prompt_tokens:,}); {clf.mode} scoring; {plans.describe(self.plan, calib)}"
             + kept_note
         )

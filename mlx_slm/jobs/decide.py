@@ -49,7 +49,7 @@ from ..files.output import (
     write_manifest,
 )
 from ..files.output import output_format as output_format_of
-from ..files.readers import Row, read_rows
+from ..files.readers import ReadSpec, Row, read_rows
 from ..files.sharding import check_shard_count, shard_range, shard_settings
 from ..ground.errors import UsageError, UserError
 from ..ground.textfiles import InputError
@@ -68,9 +68,9 @@ from ..text.decisions import (
 from ..text.decisions import (
     state_problem as decision_state_problem,
 )
-from ..weights.registry import DEFAULT_MODEL
+from ..weights.registry import DEFAULT_MODEL, ModelRef
 from .classify import Distribution, Progress, _check_io, ray_init
-from .setup import Say
+from .plan import Say
 
 SHAPES = ("systemone", "openai")
 DEFAULT_WINDOW = 64  # states handed to the Decider at once (and the unit --resume restarts at)
@@ -218,7 +218,7 @@ class DecideJob:
         digest = InputDigest(s.input) if self.output is not None else None
         previous = self._previous()
         rows = self._rows()
-        engine = Engine.load(s.model, s.dtype)
+        engine = Engine.load(ModelRef(s.model, s.dtype))
         weights = engine.weights_sha256
         config = decision_config(s.model, engine.path)
         qs = read_questions(s.questions_file, self.task, config)
@@ -255,13 +255,13 @@ class DecideJob:
         states = (s.state_field,) if s.state_field else STATE_FIELDS
         column = s.state_column or "state"
         try:
-            it = read_rows(s.input, s.fmt, states[0], s.id_field, column, s.id_column, states=states)
+            it = read_rows(s.input, ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, states=states))
             first = next(it, None)
         except InputError:
             if s.state_column is not None or s.input == "-":
                 raise
             column = "text"  # a CSV whose header names no state column: its text column is the state
-            it = read_rows(s.input, s.fmt, states[0], s.id_field, column, s.id_column, states=states)
+            it = read_rows(s.input, ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, states=states))
             first = next(it, None)
         self.fields = [states[0], s.id_field, column, s.id_column]
         every = itertools.chain([first] if first is not None else [], it)
@@ -424,7 +424,7 @@ class DecideJob:
             [r.text for r in rows if r.error is None],
             qs.raw,
             qs.applied,
-            {"model": self.s.model, "dtype": self.s.dtype, "state_cache": self.s.state_cache},
+            {"model": ModelRef(self.s.model, self.s.dtype), "state_cache": self.s.state_cache},
             _config_record(decider.config, whole=True),
             concurrency=self.dist.workers,
             threads_per_worker=self.dist.worker_threads,

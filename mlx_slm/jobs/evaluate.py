@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,7 @@ def read_predictions(
         raise EvaluationError(f"{where} {what}: {fix}") from None
     out: list[dict[str, Any]] = []
     header: list[str] | None = None
+    answers = _Answers() if question is None else _QuestionAnswers(question, f"{question}.p_", question)
     try:
         for rec in read_records(path, fmt, data, lenient=True):
             n = rec.line
@@ -133,22 +135,19 @@ def read_predictions(
                     raise EvaluationError(
                         f"{where}: the header names no 'id' column (it has {header or 'nothing'}): {fix}"
                     )
-                _check_form(header, question, where)
+                answers.check_form(header, where)
                 continue
             r = rec.fields
             if fmt == "parquet" and rec.row == 1:
-                _check_form(list(r), question, where)
+                answers.check_form(list(r), where)
             if fmt == "jsonl":
                 if "error" not in r:
-                    _check_form(list(r), question, where)
-                if question is not None:  # one question's answer of a --questions output
-                    a = _answer(r, question, where, n)
-                    out.append(_prediction(r.get("id"), a.get("label"), a.get("probs"), r.get("error"), where, n))
-                    continue
-                out.append(_prediction(r.get("id"), r.get("label"), r.get("probs"), r.get("error"), where, n))
+                    answers.check_form(list(r), where)
+                a = answers.of(r, where, n)
+                out.append(_prediction(r.get("id"), a.get("label"), a.get("probs"), r.get("error"), where, n))
                 continue
             probs: dict[str, Any] = {}
-            col, pre = (question, f"{question}.p_") if question is not None else ("label", "p_")
+            col, pre = answers.column, answers.prefix
             for k, v in r.items():
                 if k and k.startswith(pre) and v not in ("", None):
                     try:
@@ -176,28 +175,50 @@ def read_predictions(
     return out
 
 
-def _check_form(fields: list[str], question: str | None, where: str) -> None:
-    """Refuse the records of a multi-label (`labels`) or one-output (`score`) head, named by
-    their fields, where a label per row is read (see `form_problem`)."""
-    if question is not None or "label" in fields and "score" not in fields:
-        return
-    form = "score" if "score" in fields else "multi" if "labels" in fields else None
-    why = form_problem(form)
-    if why:
-        raise EvaluationError(f"{where}: {why}")
+@dataclass(frozen=True)
+class _Answers:
+    """Where a classify output's rows hold their answer: one label a row (CSV/TSV/Parquet: the
+    `label` column and `p_<label>` ones; JSONL: `label` and `probs`)."""
+
+    column: str = "label"
+    prefix: str = "p_"
+
+    def check_form(self, fields: list[str], where: str) -> None:
+        """Refuse the records of a multi-label (`labels`) or one-output (`score`) head, named by
+        their fields, where a label per row is read (see `form_problem`)."""
+        if "label" in fields and "score" not in fields:
+            return
+        form = "score" if "score" in fields else "multi" if "labels" in fields else None
+        why = form_problem(form)
+        if why:
+            raise EvaluationError(f"{where}: {why}")
+
+    def of(self, r: dict[str, Any], where: str, n: int) -> dict[str, Any]:
+        """A JSONL row's answer: its `label` and `probs`."""
+        return r
 
 
-def _answer(r: dict[str, Any], question: str, where: str, n: int) -> dict[str, Any]:
-    """Question `question`'s answer in a JSONL row of a --questions output ({} for an error row)."""
-    if r.get("error") is not None:
-        return {}
-    answers = r.get("answers")
-    if not isinstance(answers, dict) or not isinstance(answers.get(question), dict):
-        raise EvaluationError(
-            f"{where}: line {n} has no answer to question {question!r}: give the output of "
-            "mlx-slm classify --questions with that question"
-        )
-    return answers[question]
+@dataclass(frozen=True)
+class _QuestionAnswers(_Answers):
+    """One question's answers of a --questions output (its `NAME` and `NAME.p_<label>` columns; in
+    JSONL, `answers[NAME]`): its own columns, so no other form to refuse."""
+
+    name: str = ""
+
+    def check_form(self, fields: list[str], where: str) -> None:
+        return None
+
+    def of(self, r: dict[str, Any], where: str, n: int) -> dict[str, Any]:
+        """The question's answer in a JSONL row ({} for an error row)."""
+        if r.get("error") is not None:
+            return {}
+        answers = r.get("answers")
+        if not isinstance(answers, dict) or not isinstance(answers.get(self.name), dict):
+            raise EvaluationError(
+                f"{where}: line {n} has no answer to question {self.name!r}: give the output of "
+                "mlx-slm classify --questions with that question"
+            )
+        return answers[self.name]
 
 
 def _prediction(rid: Any, label: Any, probs: Any, error: Any, where: str, n: int) -> dict[str, Any]:

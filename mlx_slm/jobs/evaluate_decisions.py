@@ -42,7 +42,7 @@ from ..files.output import (
     read_records,
     same_id,
 )
-from ..files.readers import read_rows
+from ..files.readers import ReadSpec, read_rows
 from ..ground.errors import UsageError, UserError
 from ..ground.safefs import atomic_write
 from ..text.decision_metrics import apply_temperature, fit_temperature, format_question_report, question_report
@@ -51,10 +51,10 @@ from ..text.decisions import DecisionError, DecisionQuestion, DecisionRequest, o
 from ..text.metrics import ece
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
-from ..weights.registry import DEFAULT_MODEL
+from ..weights.registry import DEFAULT_MODEL, ModelRef
 from .decide import STATE_FIELDS, decision_config, read_questions, state_problem
 from .evaluate import plot, plot_paths
-from .setup import Say
+from .plan import Say
 
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
@@ -151,7 +151,7 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     check_run_files(reads, writes)
     task = Task.load(s.task_file) if s.task_file else None
     model = task.model if task is not None and "model" not in s.given else s.model
-    engine = None if s.predictions else Engine.load(model, s.dtype)
+    engine = None if s.predictions else Engine.load(ModelRef(model, s.dtype))
     config = decision_config(model, None if engine is None else engine.path)
     qs = read_questions(s.questions_file, task, config)
     golds = gold_pairs(qs.questions, s.gold_fields)
@@ -170,9 +170,8 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
                 check_run_files(reads, [("--plots", str(p)) for p in plot_paths(where)])
     states = (s.state_field,) if s.state_field else STATE_FIELDS
     fields = tuple(dict.fromkeys(golds.values()))
-    rows = list(
-        read_rows(s.input, s.fmt, states[0], s.id_field, s.state_column, s.id_column, gold=fields, states=states)
-    )
+    read = ReadSpec(s.fmt, states[0], s.id_field, s.state_column, s.id_column, gold=fields, states=states)
+    rows = list(read_rows(s.input, read))
     rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in rows]
     if s.predictions:  # a decide output: its answers read back, row i of it input row i
         got = read_decisions(s.predictions, rows, qs.questions, s.input)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files.output import is_plain_file_target, output_format
-from ..files.readers import read_rows
+from ..files.readers import ReadSpec, read_rows
 from ..ground.errors import OutputError, UserError
 from ..ground.textfiles import has_lone_surrogate
 from ..kinds.rerank import rerank_order
@@ -74,7 +74,7 @@ def read_queries(path: str, id_field: str = "id") -> Iterator[Query]:
     that cannot run is a `Query` with its error."""
 
     n = 0
-    for r in read_rows(path, "jsonl", "query", id_field, gold="documents"):
+    for r in read_rows(path, ReadSpec("jsonl", "query", id_field, gold="documents")):
         n += 1
         if r.error is not None:
             yield Query(None, [], r.id, r.line, r.error)

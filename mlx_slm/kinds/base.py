@@ -147,6 +147,7 @@ class KindSpec(ABC):
     name: ClassVar[str]  # its name in task files and manifests
     Settings: ClassVar[type[KindSettings] | None] = None  # its own typed settings (None: the labels kind's fields)
     task_fields: ClassVar[tuple[str, ...]] = ()  # the fields of its section in a task file
+    classifies: ClassVar[bool] = True  # does it give labels (a features-only classifier: hidden states only)?
     # What a kind takes beside its own settings, said here once and asked by every caller (the
     # classifier, the CLI's set-up, `fit_calibration`, the service): never guessed from its name.
     calibrates: ClassVar[bool] = True  # does label calibration (batch, fit, em) apply?

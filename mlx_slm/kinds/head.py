@@ -248,6 +248,7 @@ class FeaturesSpec(KindSpec):
 
     name = "features"  # type: ignore[misc]
     Settings = FeaturesSettings
+    classifies = False  # type: ignore[misc]
     calibrates = False  # type: ignore[misc]
     no_calibration = "a features-only classifier gives no labels to calibrate"  # type: ignore[misc]
 

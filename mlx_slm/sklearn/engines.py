@@ -13,6 +13,7 @@ import numpy as np
 
 from ..engine.engine import Engine
 from ..text.predictions import Stats
+from ..weights.registry import ModelRef
 
 _ENGINES: dict[tuple[str, str | None], Any] = {}  # (model as given, dtype) -> Engine
 _LOCK = threading.Lock()
@@ -29,7 +30,7 @@ def shared_engine(model: str | Path, dtype: str | None = None) -> Any:
     with _LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
-            engine = Engine.load(model, dtype)
+            engine = Engine.load(ModelRef(str(model), dtype))
             same = [
                 e
                 for e in _ENGINES.values()

@@ -15,16 +15,16 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..classifier.classifier import Classifier
 from ..classifier.pipeline import DEFAULT_BATCH_SIZE
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..ground.ranges import check_all
 from ..jobs.finetune import save_finetuned
 from ..kinds.finetune import FineTunedSettings
-from ..text.heads import head_input
 from ..text.labels import log_softmax
 from ..weights.adapters import FineTuned
-from ..weights.registry import DEFAULT_MODEL
+from ..weights.registry import DEFAULT_MODEL, ModelRef
 from .data import label_key, texts_of
-from .engines import FEATURES, shared_engine
+from .engines import shared_engine
 from .methods import METHOD_OF_KIND, METHODS, Method
 
 
@@ -150,6 +150,7 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             task = replace(task, none={"label": name, "min_confidence": None})
         self.task_ = task
         self.__dict__.pop("_clf_cache", None)
+        self.plan_ = self._plan()  # resolved once: what every prediction runs
         return self
 
     def _check_params(self) -> Method:
@@ -181,17 +182,23 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
             "truncate": self.truncate,
         }
 
+    def _plan(self) -> Plan:
+        """The run the fitted task defines with the estimator's model, dtype and batching (`Task.plan`)."""
+        return self.task_.plan(ModelRef(str(self.model), self.dtype), **self.batching())
+
     # ------------------------------------------------------------------ predict
     def _clf(self) -> Any:
-        """The classifier the fitted task defines, on the shared engine (made once per engine)."""
+        """The classifier the fitted plan defines, on the shared engine (made once per engine)."""
         check_is_fitted(self, "task_")
-        engine = shared_engine(self.model, self.dtype)
+        plan = self.__dict__.get("plan_") or self._plan()  # a pickle or `from_task` made it anew
+        assert plan.model is not None
+        engine = shared_engine(plan.model.name, plan.model.dtype)
         clf = self.__dict__.get("_clf_cache")
         if clf is None or clf.engine is not engine:
-            # from_task refuses a fitted head or prior on other weights, naming both sha256.
+            # A fitted head or prior on other weights is refused, naming both sha256.
             if self.task_.weights_sha256 and self.task_.pins_weights:
                 self.task_.check_weights(engine.weights_sha256, str(self.model))
-            clf = Classifier.from_task(self.task_, engine=engine, **self.batching())
+            clf = Classifier.from_plan(plan, engine)
             self._clf_cache = clf
         return clf
 
@@ -200,8 +207,8 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         check_is_fitted(self, "task_")
         texts = texts_of(X)
         clf = self._clf()
-        if clf.head is not None:  # the head's maths on its features (cached), as the head kind does it
-            lp = clf.head.log_probs(self._head_input(clf, texts))
+        lp = METHODS[self.method].log_proba(self, clf, texts)  # a head's maths on its cached features
+        if lp is not None:
             return np.exp(lp), lp
         names = [str(c) for c in self.classes_.tolist()]  # the columns in classes_ order (the task's labels)
         preds = clf.classify(texts, progress=self.verbose > 0)
@@ -240,20 +247,8 @@ class SLMClassifier(ClassifierMixin, BaseEstimator):
         them, side by side: (N, parts x hidden size) float32, to feed another model."""
 
         check_is_fitted(self, "task_")
-        if self.task_.head is None:
-            raise ValueError("transform gives a learned head's features: fit with method='head'")
         texts = texts_of(X)
-        return self._head_input(self._clf(), texts).reshape(len(texts), -1).astype(np.float32)
-
-    def _head_input(self, clf: Any, texts: list[str]) -> np.ndarray:
-        """(N, parts, D): the head's parts of each text's hidden states, from the feature cache."""
-        head = clf.head
-        layers, poolings = sorted(set(head.layers)), tuple(sorted(set(head.poolings)))
-        feats, errors, _ = FEATURES.features(clf, texts, layers, poolings, progress=self.verbose > 0)
-        for i, e in enumerate(errors):
-            if e is not None:
-                raise ValueError(f"X row {i}: {e}")
-        return head_input(feats, layers, head)
+        return METHODS[self.method].features(self, self._clf, texts).reshape(len(texts), -1).astype(np.float32)
 
     # ------------------------------------------------------------------ tasks and pickles
     def to_task(self, path: str | Path) -> Path:
@@ -301,6 +296,7 @@ def _pickled(state: dict[str, Any]) -> dict[str, Any]:
     """The estimator's state as its pickle holds it: no weights (the task names them), the task
     as its dict, a fine-tuned task's adapters as their bytes (as their file holds them)."""
     state.pop("_clf_cache", None)
+    state.pop("plan_", None)  # made again from the task (it holds the task, adapters and all)
     if "task_" in state:
         t = state["task_"]
         if t.finetune is not None:

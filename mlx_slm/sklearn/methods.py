@@ -6,12 +6,14 @@ parameters it cannot use (`check`) and fits a `Task` (`fit`); the estimator asks
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..classifier.classifier import Classifier
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..ground.notices import notice
 from ..jobs.finetune import finetune_texts, progress_bar
@@ -20,7 +22,8 @@ from ..kinds.base import KindSettings
 from ..kinds.finetune import FineTunedSettings, in_memory
 from ..kinds.head import HeadSettings
 from ..text.calibration import CalibrationSpec
-from ..text.prompts import PromptFormat, check_examples, fill_labels
+from ..text.heads import head_input
+from ..text.prompts import PromptFormat, check_examples
 from ..weights.convert import versions
 from ..weights.finetune import FinetuneSettings
 from .data import classes_of, label_key, targets
@@ -73,6 +76,15 @@ class Method:
         the estimator holds it, and the estimator's parameters (its prompt, then `params`)."""
         return task, {"system": task.system or "", "template": task.template, **params}
 
+    def log_proba(self, est: Any, clf: Any, texts: list[str]) -> np.ndarray | None:
+        """The log-probabilities (N, k) this method computes itself, or None: the classifier's."""
+        return None
+
+    def features(self, est: Any, clf_of: Callable[[], Any], texts: list[str]) -> np.ndarray:
+        """The features a fitted task's predictions read (`transform`; `clf_of` gives the classifier,
+        loaded only when used): a learned head's only."""
+        raise ValueError("transform gives a learned head's features: fit with method='head'")
+
 
 class PromptMethod(Method):
     """A method on a prompt of the estimator's (system, template, examples), over labels from `y`."""
@@ -81,7 +93,7 @@ class PromptMethod(Method):
 
     def fit(self, est: Any, texts: list[str], y: Any) -> tuple[Task, np.ndarray]:
         classes, names, gold = classes_of(y, len(texts), est.labels, self.zero_shot, est.calibration)
-        system = fill_labels(DEFAULT_SYSTEM if est.system is None else (est.system or None), names)
+        system = Plan(system=DEFAULT_SYSTEM if est.system is None else (est.system or None)).with_labels(names).system
         template = DEFAULT_TEMPLATE if est.template is None else est.template
         examples = check_examples(est.examples, names)  # as the CLI's --examples: pairs, known labels
         PromptFormat(system, template, examples)  # a template without {text} is refused now, not at predict
@@ -142,6 +154,21 @@ class HeadMethod(PromptMethod):
             **est.batching(),
         )
         return HeadSettings(head), spec
+
+    def log_proba(self, est: Any, clf: Any, texts: list[str]) -> np.ndarray | None:
+        """The head's maths on its features (cached), as the head kind does it."""
+        return clf.head.log_probs(self.features(est, lambda: clf, texts))
+
+    def features(self, est: Any, clf_of: Callable[[], Any], texts: list[str]) -> np.ndarray:
+        """(N, parts, D): the head's parts of each text's hidden states, from the feature cache."""
+        clf = clf_of()
+        head = clf.head
+        layers, poolings = sorted(set(head.layers)), tuple(sorted(set(head.poolings)))
+        feats, errors, _ = FEATURES.features(clf, texts, layers, poolings, progress=est.verbose > 0)
+        for i, e in enumerate(errors):
+            if e is not None:
+                raise ValueError(f"X row {i}: {e}")
+        return head_input(feats, layers, head)
 
 
 class LabelsMethod(PromptMethod):
@@ -225,8 +252,8 @@ class ModelMethod(Method):
 
     def fit(self, est: Any, texts: list[str], y: Any) -> tuple[Task, np.ndarray]:
         engine = shared_engine(est.model, est.dtype)
-        head = getattr(engine.model, "seqcls", None)
-        if head is None:
+        score_head = getattr(engine.model, "seqcls", None)  # the checkpoint's own, if it is a sequence classifier
+        if score_head is None:
             raise ValueError(
                 f"method='model' uses a sequence-classification checkpoint's own head, but {est.model} is a causal "
                 "LM (no score head): use method='labels' (zero-shot) or 'head' (a learned head)"
@@ -236,14 +263,14 @@ class ModelMethod(Method):
         if clf.spec.record_shape().form != "label":
             what = (
                 "a multi-label head (a sigmoid per label: several labels a text)"
-                if head.multi_label
+                if score_head.multi_label
                 else ("a one-output head (a score, not a class)")
             )
             raise ValueError(
                 f"method='model': {est.model} is {what}, and a scikit-learn classifier gives one class a text: use "
                 "mlx_slm.Classifier for its predictions"
             )
-        own = list(head.labels)
+        own = list(score_head.labels)
         names = own if est.labels is None else [str(label_key(c)) for c in est.labels]
         if sorted(names) != sorted(own):
             raise ValueError(

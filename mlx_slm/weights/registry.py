@@ -15,8 +15,9 @@ the others say they are waiting, wait, and then load the finished result.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from ..ground.notices import notice
 from ..ground.safefs import FileLock
@@ -72,6 +73,20 @@ class ModelRef:
             over = {k: v for k, v in (("dtype", dtype), ("dequantize", dequantize)) if v is not None}
             return replace(model, **over) if over else model
         return cls(str(model), dtype, dequantize)
+
+    @classmethod
+    def typed(cls, model: str, dtype: str | None, keep_quantized: bool | None) -> ModelRef:
+        """The reference a command's options give: --model, --dtype and --keep-quantized (None:
+        not typed; the engine's word is its opposite)."""
+        return cls(model, dtype, None if keep_quantized is None else not keep_quantized)
+
+    @classmethod
+    def take(cls, named: dict[str, Any]) -> tuple[ModelRef, dict[str, Any]]:
+        """The reference `Classifier.load`'s keywords give (`model`, a name, path or `ModelRef`, and
+        each of this class's fields by name), and the keywords left for the classifier."""
+        own = {f.name for f in fields(cls)} - {"name"}
+        ref = cls.of(named.get("model", DEFAULT_MODEL), **{k: named[k] for k in own if k in named})
+        return ref, {k: v for k, v in named.items() if k not in own | {"model"}}
 
     def __str__(self) -> str:
         return self.name

@@ -119,11 +119,14 @@ def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
     assert set(json.loads(r.stdout)["answers"]) == set(QUESTIONS)
     # serve --task's load path: the task is a classify task too (default labels), and its temperatures come back
     from mlx_slm.classifier.task import decision_temperatures
-    from mlx_slm.jobs.setup import Setup, TaskOptions
+    from mlx_slm.jobs import plan as plans
+    from mlx_slm.jobs.plan import TaskOptions
 
-    setup = Setup(TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})), lambda m: None)
-    setup.load()
-    assert decision_temperatures(setup.task, setup.weights) == t["decisions"]["temperatures"]
+    plan = plans.resolve(
+        TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})), lambda m: None
+    )
+    clf = plans.load(plan)
+    assert decision_temperatures(plan.task, clf.engine.weights_sha256) == t["decisions"]["temperatures"]
 
 
 def test_eval_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path):

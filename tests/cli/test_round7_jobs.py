@@ -331,16 +331,17 @@ def test_fine_tune_and_serve_on_such_a_model(tmp_path, data, mistral_style):
     r = run(["train", data, "--model", mistral_style, "--save-task", task, *FT])
     assert r.exit_code == 0, r.output
     assert json.loads(task.read_text())["system_in_user_turn"] is True
-    from mlx_slm.jobs.setup import Setup, TaskOptions
+    from mlx_slm.jobs import plan as plans
+    from mlx_slm.jobs.plan import TaskOptions
     from mlx_slm.server import Loaded, ServeOptions, Service
     from tests.server.test_app import ThreadServer
 
-    setup = Setup(TaskOptions(model=str(mistral_style), given=frozenset({"model"})), lambda _m: None)
+    plan = plans.resolve(TaskOptions(model=str(mistral_style), given=frozenset({"model"})), lambda _m: None)
 
     def load():  # as `mlx-slm serve --model` loads
-        clf = setup.load()
-        return Loaded(clf, setup.calibration, setup.o.min_confidence, setup.o.warmup, model=setup.o.model,
-                      weights_sha256=setup.weights)  # fmt: skip
+        p, clf = plans.load_fitted(plan, lambda _m: None)
+        return Loaded(clf, p.calibration, p.min_confidence, p.warmup, model=p.model.name,
+                      weights_sha256=clf.engine.weights_sha256)  # fmt: skip
 
     srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
     try:

@@ -77,7 +77,7 @@ def test_a_link_to_a_read_file_is_that_file(tmp_path):
 def test_serve_checks_its_read_files_too(tmp_path):
     """serve writes no file, but its reads go through the same table (a folder given is named)."""
     from mlx_slm.files.output import files_read
-    from mlx_slm.jobs.setup import TaskOptions
+    from mlx_slm.jobs.plan import TaskOptions
 
     o = TaskOptions(labels_file="l.txt", questions_file="q.jsonl", calibration_data="c.jsonl", task_file="t.json")
     got = dict(files_read(o, ("INPUT", "in.jsonl")))

@@ -107,7 +107,7 @@ def test_the_serve_command_refuses_a_wait_as_long_as_the_timeout(tmp_path):
 
 
 def test_python_apis_refuse_the_same_numbers(engine):
-    from mlx_slm.jobs.setup import TaskOptions
+    from mlx_slm.jobs.plan import TaskOptions
     from tests.hostile import task_clf
 
     with pytest.raises(RangeError, match="--window"):

@@ -187,16 +187,17 @@ def test_a_fine_tuned_task_records_its_none_and_answers_it(work, tuned):
 def test_serve_answers_none_of_these_as_abstained(work, tuned):
     pytest.importorskip("starlette")
     httpx = pytest.importorskip("httpx")
-    from mlx_slm.jobs.setup import Setup, TaskOptions
+    from mlx_slm.jobs import plan as plans
+    from mlx_slm.jobs.plan import TaskOptions
     from mlx_slm.server import Loaded, ServeOptions, Service
     from tests.server.test_app import ThreadServer
 
-    setup = Setup(TaskOptions(task_file=str(tuned.task), given=frozenset({"task_file"})), lambda _m: None)
+    plan = plans.resolve(TaskOptions(task_file=str(tuned.task), given=frozenset({"task_file"})), lambda _m: None)
 
     def load():  # as `mlx-slm serve --task` loads
-        clf = setup.load()
-        return Loaded(clf, setup.calibration, setup.o.min_confidence, setup.o.warmup, model=setup.o.model,
-                      weights_sha256=setup.weights)  # fmt: skip
+        p, clf = plans.load_fitted(plan, lambda _m: None)
+        return Loaded(clf, p.calibration, p.min_confidence, p.warmup, model=p.model.name,
+                      weights_sha256=clf.engine.weights_sha256)  # fmt: skip
 
     srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
     try:

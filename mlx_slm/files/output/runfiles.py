@@ -3,7 +3,7 @@
 `classify in.jsonl --questions q.jsonl -o q.jsonl` replaced the questions with the output: the
 "output may not be an input" rule listed the input and a few options, by hand, in each command,
 and each list left out another file. Here every option that reads a file is named once (`READS`,
-by the parameter name `setup.TaskOptions` and the commands share), and `check_run_files` refuses
+by the parameter name `jobs.plan.TaskOptions` and the commands share), and `check_run_files` refuses
 any output (`-o`, `--save-task`, `--json`, a plot) that is any of them, through any path, symlink,
 hard link or redirected stdin, before anything is opened. A file a run writes beside an output
 is named here too (`adapters_file`: a fine-tuned task's adapters), and checked with the outputs.
