@@ -155,7 +155,6 @@ def serve(
             ready.warmup,
             model=ready.model.name if ready.model is not None else "",
             weights_sha256=weights,
-            clf_kwargs={"use_prefix_cache": ready.use_prefix_cache},
             **task_decisions(ready, weights),
         )
 

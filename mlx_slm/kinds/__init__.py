@@ -33,7 +33,7 @@ from typing import Any
 
 from ..ground.errors import UserError
 from .base import Kind, KindArgs, KindSettings, KindSpec, ModelFacts, OnePrompt, RunSettings, TaskError
-from .chat import ChatChoiceSpec, ChatSettings, NextTokenSpec, chat_spec
+from .chat import ChatChoiceSpec, ChatSettings, NextTokenSpec
 from .finetune import FineTunedSettings, FinetuneSpec
 from .head import FeaturesSettings, FeaturesSpec, HeadSettings, HeadSpec
 from .labels import LabelsSpec
@@ -111,6 +111,16 @@ def spec_of(args: KindArgs | None = None, **kw: Any) -> KindSpec:
     raise AssertionError("the labels kind takes any arguments")  # pragma: no cover
 
 
+def section_of(**named: Any) -> KindSettings | None:
+    """The one kind section the Python API's names give a task (`Task(head=...)`,
+    `Task(questions=...)`: a kind's own settings, read by the kind that owns each name), or None
+    when they ask for no kind of their own; a `TypeError` when they ask for two."""
+    own = arguments(**named).own
+    if len(own) > 1:
+        raise TypeError(f"give one kind's section, not {len(own)}: {', '.join(type(s).__name__ for s in own)}")
+    return own[0] if own else None
+
+
 def read_task(d: dict[str, Any], where: str, labels: list[str], calibration: Any) -> dict[str, Any]:
     """The scoring section of a task file's JSON object, read by the kind it belongs to."""
     for kind in KINDS:
@@ -120,27 +130,34 @@ def read_task(d: dict[str, Any], where: str, labels: list[str], calibration: Any
     raise AssertionError("the labels kind reads any task file")  # pragma: no cover
 
 
-def request_spec(
-    served: KindSpec, labels: tuple[str, ...], same_prompt: bool, truncate: str | None, descriptions: Any = None
-) -> KindSpec:
-    """The kind of a service request on the served task (`served`): the served kind where it holds
-    for the request's labels and prompt (`KindSpec.for_request`), else zero-shot labels.
-    A `TaskError` when the served kind cannot truncate and the request asks it to."""
-    own = served.for_request(tuple(labels), same_prompt)
-    if own is not None and truncate is not None and not own.truncates:
+def request_spec(served: KindSpec, args: KindArgs, same_prompt: bool = True) -> KindSpec:
+    """The kind a service request runs beside the served task (`served`), chosen from the
+    request's own arguments (`arguments`) by the table (`spec_of`), as every front end chooses.
+    A request for a kind of its own (a reranker, a chat completion: its settings in `args.own`)
+    runs the served kind when that is the kind asked (`serve --reranker`); a request of labels
+    runs the served kind where it holds for those labels and that prompt (`for_request`), else
+    zero-shot labels. A `TaskError` when the served kind cannot truncate and the request asks it to."""
+    if args.own:
+        return served if all(served.uses(s) for s in args.own) else spec_of(args)
+    own = served.for_request(tuple(args.labels), same_prompt)
+    if own is None:
+        return spec_of(args)
+    if args.truncate is not None and not own.truncates:
         raise TaskError(own.no_truncation)
-    if own is not None:
-        return own
-    return LabelsSpec.from_args(arguments(labels=tuple(labels), label_descriptions=descriptions))
+    return own
 
 
 def reranker_spec(served: KindSpec | None, model_head: Any, model_name: str) -> KindSpec:
     """The reranker a service's rerank routes run: the served kind when it is one (`serve
     --reranker`), else the one the model says it is (`--reranker auto`: a one-label sequence
     classifier, or a causal LM named *Reranker*). A `LabelError` says why the model is none."""
-    if isinstance(served, RerankSpec):
-        return served
-    return RerankSpec.from_args(arguments(ModelFacts(model_head, model_name), reranker="auto"))
+    args = arguments(ModelFacts(model_head, model_name), reranker="auto")
+    return spec_of(args) if served is None else request_spec(served, args)
+
+
+def chat_spec(choices: tuple[str, ...]) -> KindSpec:
+    """The kind of a chat completion: its choices scored as labels, or (none) its next token."""
+    return spec_of(arguments(labels=tuple(choices), conversation=True))
 
 
 def kind_named(name: str) -> type[KindSpec]:
@@ -173,6 +190,7 @@ __all__ = [
     "ModelFacts",
     "arguments",
     "scoring_names",
+    "section_of",
     "KindSpec",
     "LabelsSpec",
     "OnePrompt",

@@ -148,8 +148,11 @@ class KindSpec(ABC):
     Settings: ClassVar[type[KindSettings] | None] = None  # its own typed settings (None: the labels kind's fields)
     task_fields: ClassVar[tuple[str, ...]] = ()  # the fields of its section in a task file
     classifies: ClassVar[bool] = True  # does it give labels (a features-only classifier: hidden states only)?
+    # What a kind takes beside its own settings, said here once and asked by every caller (the
+    # classifier, the CLI's set-up, `fit_calibration`, the service): never guessed from its name.
     calibrates: ClassVar[bool] = True  # does label calibration (batch, fit, em) apply?
-    no_calibration: ClassVar[str] = ""  # why not, when it does not
+    abstains: ClassVar[bool] = True  # does a confidence threshold (min_confidence) apply?
+    no_calibration: ClassVar[str] = ""  # why not (calibration, or the threshold), when one does not
     truncates: ClassVar[bool] = True  # can an over-long prompt be cut (--truncate)?
     no_truncation: ClassVar[str] = ""  # why not, when it cannot
 
@@ -223,8 +226,9 @@ class KindSpec(ABC):
         return spec.run(self.labels, min_confidence, on_fit, self.none_label)
 
     def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
-        """Refuses a calibration this kind cannot apply, before any work."""
-        if spec.applies and not self.calibrates:
+        """Refuses a calibration or a confidence threshold this kind cannot apply, before any
+        work: the one rule, read from what the kind says it takes (`calibrates`, `abstains`)."""
+        if (spec.applies and not self.calibrates) or (min_confidence is not None and not self.abstains):
             raise LabelError(self.no_calibration)
 
     def to_task(self, path: Any = None) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from ..engine.prefix_cache import PrefixCache
 from ..text.batching import Batch
 from ..text.calibration import CalibrationSpec
 from ..text.chat import MAX_TOP_LOGPROBS, Conversation, token_bytes
-from ..text.labels import LabelError, log_softmax
+from ..text.labels import log_softmax
 from ..text.predictions import Item, Prediction, Stats
 from ..text.prompts import PROBES, PromptFormat, common_prefix, render_messages, tokenize
 from .base import KindArgs, KindSettings, KindSpec, OnePrompt, RunSettings, count, require_lm_head
@@ -98,7 +98,7 @@ class ChatChoiceSpec(LabelsSpec):
 
     name = "chat"  # type: ignore[misc]
     Settings = ChatSettings
-    calibrates = False  # type: ignore[misc]
+    calibrates = abstains = False  # type: ignore[misc]
     no_calibration = NO_CALIBRATION  # type: ignore[misc]
     truncates = False  # type: ignore[misc]
     no_truncation = NO_TRUNCATION  # type: ignore[misc]
@@ -111,10 +111,6 @@ class ChatChoiceSpec(LabelsSpec):
     def from_args(cls, args: KindArgs) -> ChatChoiceSpec:
         s = LabelsSpec.from_args(replace(args, examples=(), label_descriptions=None, keep_logits=False))
         return cls(s.names, s.scoring, label_pass=s.label_pass)
-
-    def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
-        if spec.applies or min_confidence is not None:
-            raise LabelError(self.no_calibration)
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         return PromptFormat(None, CHAT_TEMPLATE)
@@ -144,7 +140,7 @@ class NextTokenSpec(KindSpec):
 
     name = "next-token"  # type: ignore[misc]
     Settings = ChatSettings
-    calibrates = False  # type: ignore[misc]
+    calibrates = abstains = False  # type: ignore[misc]
     no_calibration = NO_CALIBRATION  # type: ignore[misc]
     truncates = False  # type: ignore[misc]
     no_truncation = NO_TRUNCATION  # type: ignore[misc]
@@ -160,10 +156,6 @@ class NextTokenSpec(KindSpec):
     @property
     def labels(self) -> tuple[str, ...]:
         return ()
-
-    def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
-        if spec.applies or min_confidence is not None:
-            raise LabelError(self.no_calibration)
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         return PromptFormat(None, CHAT_TEMPLATE)
@@ -221,10 +213,4 @@ def top_ids(row: np.ndarray, k: int) -> np.ndarray:
     return cand[np.lexsort((cand, -row[cand]))][:k]
 
 
-def chat_spec(choices: tuple[str, ...]) -> KindSpec:
-    """The kind of a chat completion: its choices scored as labels, or (none) its next token."""
-    args = KindArgs(labels=tuple(choices), own=(ChatSettings(),))
-    return ChatChoiceSpec.from_args(args) if choices else NextTokenSpec.from_args(args)
-
-
-__all__ = ["ChatChoiceKind", "ChatChoiceSpec", "ChatSettings", "NextTokenKind", "NextTokenSpec", "chat_spec", "top_ids"]
+__all__ = ["ChatChoiceKind", "ChatChoiceSpec", "ChatSettings", "NextTokenKind", "NextTokenSpec", "top_ids"]

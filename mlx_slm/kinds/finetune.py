@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from ..engine.engine import Engine
@@ -143,10 +144,6 @@ class FinetuneSpec(KindSpec):
     @property
     def mode(self) -> str:
         return f"finetune ({self.tuned.objective})"
-
-    def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
-        if spec.applies:
-            raise LabelError(NO_CALIBRATION)
 
     def _section(self) -> dict[str, Any]:
         t = self.tuned
@@ -282,8 +279,6 @@ class FinetuneKind(OnePrompt):
     def score(self, batch: Batch, items: list[Item], prefix: Any, st: Stats) -> list[Prediction]:
         if self.inner is not None:
             return self.inner.score(batch, items, prefix, st)
-        import mlx.core as mx
-
         hidden = self.engine.last_hidden(batch, prefix)
         logits = np.array(self.spec.tuned.scores(self.engine.model, hidden).astype(mx.float32), dtype=np.float64)
         count(st, batch, 0)

@@ -62,6 +62,12 @@ class QuestionsSettings(KindSettings):
     def named(self, home: str | None = None) -> dict[str, Any]:
         return {"questions": self.questions}
 
+    @property
+    def trained(self) -> str | None:  # type: ignore[override]
+        """A head question's head was trained on the task's own model, labels and prompt."""
+        asked = (q if isinstance(q, Question) else Question.from_dict(q) for q in self.questions)
+        return "learned head" if any(q.head is not None for q in asked) else None
+
     def no_resume(self, calibration: CalibrationSpec) -> str | None:
         if calibration.per_input:  # the priors per question are not recorded in the manifest
             return (

@@ -120,7 +120,7 @@ class RerankSpec(KindSpec):
     name = "rerank"  # type: ignore[misc]
     Settings = RerankSettings
     task_fields = ("rerank",)
-    calibrates = False  # type: ignore[misc]
+    calibrates = abstains = False  # type: ignore[misc]
     no_calibration = "calibration and --min-confidence do not apply to relevance scores: drop them"  # type: ignore[misc]
 
     @classmethod
@@ -173,10 +173,6 @@ class RerankSpec(KindSpec):
         if self.head is not None:
             return (self.head.labels[0],)
         return self.named if self.scorer in ("auto", "seqcls") and self.named else ("yes",)
-
-    def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
-        if spec.applies or min_confidence is not None:
-            raise LabelError(self.no_calibration)
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         return PromptFormat(None, "{text}")  # the scorer's own prompt (see `RerankKind.encode_query`)

@@ -153,6 +153,10 @@ class SeqClsSpec(KindSpec):
         return self.form == "label"  # a softmax over labels: its log-probabilities calibrate as label scores
 
     @property
+    def abstains(self) -> bool:  # type: ignore[override]
+        return self.calibrates  # a threshold on the top label's probability: a single-label head's only
+
+    @property
     def no_calibration(self) -> str:  # type: ignore[override]
         what = "a multi-label head (a sigmoid per label)" if self.form == "multi" else "a one-output head (a score)"
         return f"calibration and --min-confidence apply to a single-label head; this model's is {what}: drop them" + (
@@ -162,10 +166,6 @@ class SeqClsSpec(KindSpec):
     @property
     def mode(self) -> str:
         return "seqcls"
-
-    def check_calibration(self, spec: CalibrationSpec, min_confidence: float | None = None) -> None:
-        if (spec.applies or min_confidence is not None) and not self.calibrates:
-            raise LabelError(self.no_calibration)
 
     def prompt(self, system: str | None, template: str) -> PromptFormat:
         if not self.chat:  # the text as the tokenizer encodes it: the format only records that

@@ -7,10 +7,11 @@ router over its core.
     answer in the route's shape      <--  mapped to statuses here in one table (`http_error`)
 
     checks.py    the body (size, JSON) and our request's fields; what every wire API shares
-    errors.py    `HTTPError`, the error bodies in each API's style, the core's errors to statuses
+    errors.py    `HTTPError`, each API's error `Style` (an enum) and its bodies, the core's errors to statuses
     auth.py      the Bearer key
-    openapi.py   the OpenAPI document
-    common.py    `RouteContext`: the steps every route shares (guard, admit, endpoint, compute)
+    openapi.py   the OpenAPI document (every route's entry)
+    common.py    `RouteContext`: the steps every route shares (post/get with its style, guard, admit,
+                 endpoint, compute, decide)
     ours.py      our API: /v1/classify, /v1/model, /health, /metrics, /openapi.json
     tei.py       text-embeddings-inference's: /predict, /, /info
     vllm.py      vLLM's: /classify, /v1/models

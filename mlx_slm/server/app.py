@@ -1,56 +1,29 @@
 """The Starlette app: the routes of every wire API over one `Service`, its lifespan (the
-worker starts and stops with it) and Starlette's own errors (404, 405) in our JSON shape."""
+worker starts and stops with it) and Starlette's own errors (404, 405) in our JSON shape, in
+the style of the path's route (`RouteContext.framework_error`)."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import Any
 
 from ..service import Service
 from .common import RouteContext
-from .decisions import DECISION_PATHS, DecisionRoutes
+from .decisions import DecisionRoutes
 from .embed import EmbedRoutes
-from .errors import HTTPError, error_response
-from .openai import CHAT_PATHS, OpenAIRoutes
+from .openai import OpenAIRoutes
 from .ours import OurRoutes
 from .rerank import RerankRoutes
-from .systemone import SYSTEMONE_PATHS, SystemOneRoutes
-from .tei import TEI_PATHS, TEIRoutes
+from .systemone import SystemOneRoutes
+from .tei import TEIRoutes
 from .vllm import VLLMRoutes
-
-
-async def starlette_error(request: Any, exc: Any) -> Any:
-    """Unknown routes (404), wrong methods (405) and any other HTTP error Starlette raises:
-    the same JSON error shape as everywhere else."""
-    status = getattr(exc, "status_code", 500)
-    path = request.url.path
-    headers = dict(getattr(exc, "headers", None) or {})
-    if status == 404:
-        msg = f"no route {path}: see /openapi.json for the routes this server has"
-    elif status == 405:
-        # Starlette builds Allow from a set: its order changes with the hash seed, so sort it.
-        allow = ", ".join(sorted(m.strip() for m in headers.get("Allow", "").split(",") if m.strip()))
-        if allow:
-            headers["Allow"] = allow
-        msg = f"{request.method} is not allowed on {path}" + (f": use {allow}" if allow else "")
-    else:
-        msg = str(getattr(exc, "detail", "")) or "HTTP error"
-    err = HTTPError(status, msg, headers=headers)
-    if path in SYSTEMONE_PATHS:
-        style = "systemone"
-    elif path in CHAT_PATHS or path in DECISION_PATHS:
-        style = "oai"
-    else:
-        style = "tei" if path in TEI_PATHS else "ours"
-    return error_response(err, style)
 
 
 def create_app(service: Service, *, start_worker: bool = True) -> Any:
     """The Starlette app over `service` (its lifespan starts and stops the worker)."""
-    from contextlib import asynccontextmanager
-
-    from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.applications import Starlette  # lazy: starlette is the serve extra's
+    from starlette.concurrency import run_in_threadpool  # lazy: as above
+    from starlette.exceptions import HTTPException as StarletteHTTPException  # lazy: as above
 
     ctx = RouteContext(service)
     vllm = VLLMRoutes(ctx)
@@ -71,5 +44,5 @@ def create_app(service: Service, *, start_worker: bool = True) -> Any:
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={StarletteHTTPException: starlette_error},
+        exception_handlers={StarletteHTTPException: ctx.framework_error},
     )

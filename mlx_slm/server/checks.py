@@ -150,12 +150,12 @@ def _check_ids(data: dict[str, Any], n: int) -> list[Any]:
 
 def _check_task(data: dict[str, Any]) -> TaskSpec:
     """The request's own task: `min_confidence`, `labels`, `system`, `template`, `truncate`."""
-    task = TaskSpec()
+    own: dict[str, Any] = {}
     if "min_confidence" in data and data["min_confidence"] is not None:
         mc = data["min_confidence"]
         if RANGES["min_confidence"].problem(mc):  # the CLI's range: NaN and Infinity (JSON extensions) fail
             raise HTTPError(422, "'min_confidence' must be a number from 0 to 1 (or null)", "min_confidence")
-        task.min_confidence = float(mc)
+        own["min_confidence"] = float(mc)
     if "labels" in data:
         lab = data["labels"]
         # the shape only (blank labels and twins are the service's `labels.validate`'s, after the strip)
@@ -163,26 +163,26 @@ def _check_task(data: dict[str, Any]) -> TaskSpec:
             raise HTTPError(422, "'labels' must be a list of at least two strings", "labels")
         if any(has_lone_surrogate(x) for x in lab):
             raise HTTPError(422, "'labels' holds an unpaired surrogate escape (not valid Unicode text)", "labels")
-        task.labels = [x.strip() for x in lab]
+        own["labels"] = [x.strip() for x in lab]
     if "system" in data:
         if data["system"] is not None and not isinstance(data["system"], str):
             raise HTTPError(422, "'system' must be a string or null", "system")
         if data["system"] and has_lone_surrogate(data["system"]):
             raise HTTPError(422, "'system' holds an unpaired surrogate escape (not valid Unicode text)", "system")
-        task.system = data["system"] or ""
+        own["system"] = data["system"] or ""
     if "template" in data:
         tpl = data["template"]
         if not isinstance(tpl, str) or "{text}" not in tpl:
             raise HTTPError(422, "'template' must be a string with a {text} placeholder", "template")
         if has_lone_surrogate(tpl):
             raise HTTPError(422, "'template' holds an unpaired surrogate escape (not valid Unicode text)", "template")
-        task.template = tpl
+        own["template"] = tpl
     if "truncate" in data:
         tr = data["truncate"]
         if tr is not None and tr is not False and tr not in TRUNCATE_MODES:
             raise HTTPError(422, f"'truncate' must be one of {', '.join(TRUNCATE_MODES)}, false or null", "truncate")
-        task.truncate = tr or False
-    return task
+        own["truncate"] = tr or False
+    return TaskSpec(**own)
 
 
 def check_texts(value: Any, fld: str, opts: ServeOptions, pairs: bool = False) -> tuple[list[Any], bool]:
@@ -268,7 +268,7 @@ async def read_body(request: Any, limit: int) -> bytes:
     n = request.headers.get("content-length")
     if n is not None and n.isdigit() and int(n) > limit:
         raise HTTPError(413, f"the body is {n} bytes, over the limit of {limit}", "body")
-    from starlette.requests import ClientDisconnect
+    from starlette.requests import ClientDisconnect  # lazy: starlette is the serve extra's
 
     chunks, size = [], 0
     try:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..service import Answer, Service, ServiceError, TaskSpec
+from ..service import Answer, Call, Service, ServiceError, TaskSpec
 from .auth import check_auth
 from .checks import parse_body, read_body
-from .errors import HTTPError, error_response, http_error
+from .errors import HTTPError, Style, error_response, http_error
 
 # The model names the decision clients send by default (typesafe-sdk, jev-lite, openai's docs).
 CLIENT_MODEL_NAMES = ("jev-latest", "jev-preview", "gpt-6-luna")
@@ -31,11 +31,53 @@ async def until_disconnect(request: Any) -> None:
 
 class RouteContext:
     """The service, its options and metrics, and the app's start time, with the shared steps.
-    Errors, ours and the core's (`http_error`), become JSON bodies in the route's style."""
+    Errors, ours and the core's (`http_error`), become JSON bodies in the route's style: each
+    route's `Style` is chosen once, where `post` or `get` declares it, and kept by its path
+    (`styles`) for Starlette's own errors on it (`framework_error`)."""
 
     def __init__(self, service: Service):
         self.service, self.opts, self.metrics = service, service.opts, service.metrics
         self.started = int(time.time())
+        self.styles: dict[str, Style] = {}  # each route's path: its errors' style
+
+    def post(self, path: str, handler: Callable[..., Any], style: Style = Style.OURS) -> Any:
+        """A POST route whose `handler(request, t0)` runs inside `endpoint` (counted; errors in `style`)."""
+        from starlette.routing import Route  # lazy: starlette is the serve extra's
+
+        self.styles[path] = style
+        return Route(path, self.endpoint(handler, style), methods=["POST"])
+
+    def get(self, path: str, handler: Callable[..., Any], style: Style = Style.OURS, guarded: bool = True) -> Any:
+        """A GET route; `guarded`: auth and readiness first (`guard`), its refusal in `style`."""
+        from starlette.routing import Route  # lazy: starlette is the serve extra's
+
+        self.styles[path] = style
+
+        async def run(request: Any) -> Any:
+            if guarded and (e := self.guard(request)) is not None:
+                return error_response(e, style)
+            return await handler(request)
+
+        return Route(path, run if guarded else handler, methods=["GET"])
+
+    async def framework_error(self, request: Any, exc: Any) -> Any:
+        """Unknown routes (404), wrong methods (405) and any other HTTP error Starlette raises:
+        the same JSON error shape as everywhere else, in the style of the path's route."""
+        status = getattr(exc, "status_code", 500)
+        path = request.url.path
+        headers = dict(getattr(exc, "headers", None) or {})
+        if status == 404:
+            msg = f"no route {path}: see /openapi.json for the routes this server has"
+        elif status == 405:
+            # Starlette builds Allow from a set: its order changes with the hash seed, so sort it.
+            allow = ", ".join(sorted(m.strip() for m in headers.get("Allow", "").split(",") if m.strip()))
+            if allow:
+                headers["Allow"] = allow
+            msg = f"{request.method} is not allowed on {path}" + (f": use {allow}" if allow else "")
+        else:
+            msg = str(getattr(exc, "detail", "")) or "HTTP error"
+        style = self.styles.get(path, Style.OURS).of_framework
+        return error_response(HTTPError(status, msg, headers=headers), style)
 
     def guard(self, request: Any) -> HTTPError | None:
         """Auth and readiness for the read-only model routes; None when they pass."""
@@ -46,9 +88,9 @@ class RouteContext:
             return http_error(e)
         return None
 
-    def endpoint(self, handler: Callable[..., Any], style: str = "ours") -> Callable[..., Any]:
-        """A classifying route: every outcome counted in /metrics, every error a JSON body in the
-        route's style (ours, TEI's, or OpenAI/vLLM's), a bug of ours one log line and a 500."""
+    def endpoint(self, handler: Callable[..., Any], style: Style = Style.OURS) -> Callable[..., Any]:
+        """A working route: every outcome counted in /metrics, every error a JSON body in the
+        route's `style`, a bug of ours one log line and a 500."""
         m = self.metrics
 
         async def run(request: Any) -> Any:
@@ -83,15 +125,11 @@ class RouteContext:
     ) -> Answer:
         """The core's answer to one request's texts (strings, or (text, pair) tuples). `names`: each text's field, for errors;
         `whole`: the field a timeout names; `hint`: how this API asks for truncation."""
-        return await self.service.classify(
-            texts,
-            task,
-            names=names,
-            whole=whole,
-            truncate_hint=hint,
-            started=t0,
-            gone=lambda: until_disconnect(request),
-        )
+        return await self.service.classify(texts, task, self.call(request, t0, names, whole, hint))
+
+    def call(self, request: Any, t0: float, names: list[str], whole: str, hint: str = "") -> Call:
+        """The request as the core sees it (`service.Call`): it is gone when the client disconnects."""
+        return Call(tuple(names), whole, t0, hint, lambda: until_disconnect(request))
 
     def one_question(self, route: str, fld: str) -> None:
         """TEI's and vLLM's answers hold one label per text: a served task of several questions
@@ -126,6 +164,17 @@ class RouteContext:
             pass
         return dt.datetime.fromtimestamp(when, dt.timezone.utc).strftime("%Y-%m-%d")
 
+    async def decision_settings(self, data: Any, also: str) -> Any:
+        """A decision request's `model` checked (`check_model`; `also`: the name its client sends
+        by default), then the served model's decision settings (`decision_config`)."""
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            self.check_model(data["model"], also)
+        return await self.decision_config()
+
+    async def decide(self, request: Any, t0: float, req: Any) -> Any:
+        """The core's answer to one decision request (`text.decisions.DecisionRequest`)."""
+        return await self.service.decide(req, started=t0, gone=lambda: until_disconnect(request))
+
     async def decision_config(self) -> Any:
         """The served model's decision settings, off the event loop: the first decision request
         builds the front `Decider` (it takes the front engine's lock and tokenizes)."""
@@ -136,15 +185,14 @@ class RouteContext:
         (`also`: the name that route's client sends by default)."""
         names = self.model_names()
         if model not in names:
-            err = HTTPError(
+            raise HTTPError(
                 404,
                 f"the model {model!r} is not served here: ask for {names[0]!r} (or {also}; GET /v1/models lists "
                 "every name)",
                 "model",
                 outcome="invalid",
+                code="not_found_error",
             )
-            err.code = "not_found_error"
-            raise err
 
     def model_names(self) -> list[str]:
         """Every name the decision routes answer to: the served name, each --served-model-name, the

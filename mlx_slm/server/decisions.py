@@ -27,16 +27,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from ..service import ServiceError
 from ..text.decisions import DecisionError, DecisionErrors, openai_answer, parse_openai, refusal
-from .auth import check_auth
-from .checks import parse_body, read_body
-from .common import RouteContext, until_disconnect
-from .errors import HTTPError, http_error, json_response
+from .common import RouteContext
+from .errors import HTTPError, Style, json_response
 
 DECISION_PATHS = ("/v1/decisions", "/decisions")
-# OpenAI's error codes, by status (None: a plain bad request).
-_CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded", 503: "service_unavailable"}
 
 
 def param_of(loc: tuple[Any, ...]) -> str:
@@ -57,37 +52,20 @@ class DecisionRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route  # lazy: starlette is the serve extra's
-
-        run = self.ctx.endpoint(self.decisions, "oai")
-        return [Route(p, run, methods=["POST"]) for p in DECISION_PATHS]
+        return [self.ctx.post(p, self.decisions, Style.OPENAI) for p in DECISION_PATHS]
 
     async def decisions(self, request: Any, t0: float) -> Any:
-        """One decision request; every error in OpenAI's shape (a 422 of the shared checks as 400)."""
-        try:
-            return await self._decisions(request, t0)
-        except (HTTPError, ServiceError) as e:
-            err = http_error(e)
-            if err.status == 422:
-                err.status = 400
-            err.code = _CODES.get(err.status)
-            raise err from None
-
-    async def _decisions(self, request: Any, t0: float) -> Any:
-        ctx = self.ctx
-        check_auth(request, ctx.opts.api_key)
-        ctx.service.require_ready()
-        data = parse_body(await read_body(request, ctx.opts.max_body_bytes))
-        if isinstance(data, dict) and isinstance(data.get("model"), str):
-            ctx.check_model(data["model"], "gpt-6-luna")
-        config = await ctx.decision_config()
+        """One decision request; every error in OpenAI's shape (`Style.OPENAI`: a 422 of the
+        shared checks as 400, its code by status)."""
+        data = await self.ctx.admit(request)
+        config = await self.ctx.decision_settings(data, "gpt-6-luna")
         try:
             req = parse_openai(data, config)
         except DecisionError as e:
             first = e.errors[0] if isinstance(e, DecisionErrors) else e
             raise HTTPError(400, first.msg, param_of(first.loc), outcome="invalid") from None
         try:
-            result = await ctx.service.decide(req, started=t0, gone=lambda: until_disconnect(request))
+            result = await self.ctx.decide(request, t0, req)
         except DecisionError as e:
             if e.type != "tokens_exceeded":
                 raise HTTPError(400, e.msg, param_of(e.loc), outcome="invalid") from None
@@ -112,38 +90,3 @@ class DecisionRoutes:
                 "total_tokens": n,
             },
         }
-
-
-DECISIONS_OPENAPI: dict[str, Any] = {
-    "summary": "OpenAI's Decisions API: an input (a string or messages) and 1-400 predicate / choice / score "
-    "questions, answered in order with a probability per option (a refusal for a question over the context). "
-    "Errors: {error: {message, type, param, code}}.",
-    "security": [{"bearer": []}],
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["model", "input", "questions"],
-                    "properties": {
-                        "model": {"type": "string", "description": "the served name, gpt-6-luna, or an alias"},
-                        "input": {"description": "a string, or messages (user/system/developer text, input_json)"},
-                        "questions": {"type": "array", "minItems": 1, "maxItems": 400, "items": {"type": "object"}},
-                        "prompt_cache_key": {"type": "string", "nullable": True},
-                    },
-                }
-            }
-        },
-    },
-    "responses": {
-        "200": {"description": "OpenAI's Decision: {model, answers: [...], usage}"},
-        "400": {"description": "a bad field (error.param names it), or images"},
-        "401": {"description": "missing or wrong Bearer key"},
-        "404": {"description": "not a name of the served model (code model_not_found)"},
-        "413": {"description": "body over the limit"},
-        "429": {"description": "queue full; see Retry-After"},
-        "503": {"description": "loading or shutting down"},
-        "504": {"description": "request timeout"},
-    },
-}

@@ -28,8 +28,8 @@ from ..classifier.embedder import EmbeddingError, finish
 from ..ground.textfiles import has_lone_surrogate
 from ..service import Invalid, ServeOptions
 from .checks import check_name
-from .common import RouteContext, until_disconnect
-from .errors import HTTPError, json_response
+from .common import RouteContext
+from .errors import HTTPError, Style, json_response
 
 OPENAI_FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 TEI_EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions")
@@ -106,13 +106,11 @@ class EmbedRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
-        openai = self.ctx.endpoint(self.openai, "openai")
+        ctx = self.ctx
         return [
-            Route("/v1/embeddings", openai, methods=["POST"]),
-            Route("/embeddings", openai, methods=["POST"]),
-            Route("/embed", self.ctx.endpoint(self.tei, "tei"), methods=["POST"]),
+            ctx.post("/v1/embeddings", self.openai, Style.VLLM),
+            ctx.post("/embeddings", self.openai, Style.VLLM),
+            ctx.post("/embed", self.tei, Style.TEI),
         ]
 
     async def _embed(
@@ -120,25 +118,16 @@ class EmbedRoutes:
     ) -> tuple[np.ndarray, int, Any]:
         """The request's vectors (N, D) float32 (pooled, not yet cut or normalized), its tokens and
         the embedder; every failure an `HTTPError` of `status` naming its field."""
-        from starlette.concurrency import run_in_threadpool
+        from starlette.concurrency import run_in_threadpool  # lazy: starlette is the serve extra's
 
         items, names, token_ids = check_inputs(data[fld], fld, self.ctx.opts, status)
         try:
             front = await run_in_threadpool(self.ctx.service.embedder, truncate)
             prompt = "" if token_ids else front.pooling.prompt_text(prompt_name, None, "prompt_name")
             dims = front.check_dimensions(data.get("dimensions"), "dimensions")
-            got = await self.ctx.service.embed(
-                items,
-                prompt=prompt,
-                truncate=truncate,
-                token_ids=token_ids,
-                names=names,
-                whole=fld,
-                truncate_hint='"truncate": true'
-                + ("" if status == 422 else " to TEI's /embed (OpenAI's API does not truncate)"),
-                started=t0,
-                gone=lambda: until_disconnect(request),
-            )
+            hint = '"truncate": true' + ("" if status == 422 else " to TEI's /embed (OpenAI's API does not truncate)")
+            call = self.ctx.call(request, t0, names, fld, hint)
+            got = await self.ctx.service.embed(items, call, prompt=prompt, truncate=truncate, token_ids=token_ids)
         except EmbeddingError as e:
             why = str(e)
             raise bad(status, why, "dimensions" if why.startswith("dimensions") else "prompt_name") from None

@@ -42,7 +42,7 @@ def _zstd() -> Callable[[bytes, int], bytes] | None:
 
         return dec
     try:
-        import zstandard
+        import zstandard  # lazy: optional, the last of three zstd decoders tried (none: zstd bodies refused)
     except ImportError:
         return None
 

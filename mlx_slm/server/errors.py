@@ -1,10 +1,13 @@
 """HTTP errors: our `HTTPError` (a status, the field at fault, headers, the outcome counted
-in /metrics), its JSON body in each API's style, and the one table from the core's errors
-to statuses (`http_error`). A new core error kind needs its line in `_STATUS`, or answers as the
-nearest kind it derives from (its class hierarchy is read: a subclass of `TimedOut` is a 504)."""
+in /metrics), its JSON body in each API's `Style` (an enum a route chooses once), and the one
+table from the core's errors to statuses (`http_error`). A new core error kind needs its line in
+`_STATUS`, or answers as the nearest kind it derives from (its class hierarchy is read: a
+subclass of `TimedOut` is a 504)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 from ..service import (
@@ -22,9 +25,39 @@ from ..service import (
 )
 
 
+class Style(Enum):
+    """How a route writes its errors: chosen once, where the route is declared
+    (`RouteContext.post`/`get`), and read by every error the route answers (its handler's, the
+    core's, Starlette's own 404 and 405 on its path)."""
+
+    OURS = "ours"  # {"error": {"status", "message", "field"}}
+    TEI = "tei"  # text-embeddings-inference's {"error": message, "error_type"} (what its clients read)
+    VLLM = "vllm"  # ours with OpenAI's `type`, `param` and `code` added (vLLM's /classify, rerank, embeddings)
+    OPENAI = "openai"  # OpenAI's own {"error": {"message", "type", "param", "code"}}: a 422 as its 400
+    SYSTEMONE = "systemone"  # System One's (FastAPI's) {"detail": ...}
+
+    @property
+    def of_framework(self) -> Style:
+        """The style of Starlette's own errors (404, 405) on a path of this style: vLLM's routes
+        answer them in ours, as they always have."""
+        return Style.OURS if self is Style.VLLM else self
+
+    def status(self, e: HTTPError) -> int:
+        """The status the error answers with: OpenAI's routes say a request they cannot take
+        (our 422: a field's value) with OpenAI's 400."""
+        return 400 if self is Style.OPENAI and e.status == 422 else e.status
+
+    def body(self, e: HTTPError) -> dict[str, Any]:
+        """The error's JSON body in this style."""
+        return _BODIES[self](e, _printable(e.message))
+
+
 class HTTPError(Exception):
     """An HTTP error answer: status, message, the field at fault, headers, the outcome counted in
-    /metrics, and the body style when it differs from the route's (a vLLM body on /v1/classify)."""
+    /metrics; `style` when it answers in another style than its route's (a vLLM body on
+    /v1/classify: `http_error(e, Style.VLLM)`), `code` (the client's error code: System One's
+    error_type, `not_found_error`) and `details` (System One's validation errors: each (loc after
+    "body", msg, type); None: one from `field`). Made whole, never changed after."""
 
     def __init__(
         self,
@@ -33,13 +66,13 @@ class HTTPError(Exception):
         field: str | None = None,
         headers: dict[str, str] | None = None,
         outcome: str | None = None,
+        style: Style | None = None,
+        code: str | None = None,
+        details: list[tuple[tuple[Any, ...], str, str]] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.field, self.headers = status, message, field, headers or {}
-        self.style: str | None = None
-        self.code: str | None = None  # OpenAI's error code ("model_not_found"), on the OpenAI routes
-        # System One's validation errors: each (loc after "body", msg, type); None: one from `field`
-        self.details: list[tuple[tuple[Any, ...], str, str]] | None = None
+        self.style, self.code, self.details = style, code, details
         self.outcome = outcome or {
             401: "unauthorized",
             413: "too_large",
@@ -49,50 +82,70 @@ class HTTPError(Exception):
             504: "timeout",
         }.get(status, "error")
 
-    def body(self, style: str = "ours") -> dict[str, Any]:
-        """The JSON error: ours, `{"error": {"status", "message", "field"}}`; on the TEI routes
-        TEI's `{"error": message, "error_type"}` (what its clients read); on vLLM's routes ours
-        with OpenAI's `type`, `param` and `code` added; on OpenAI's chat routes ("oai") OpenAI's own."""
-        msg = _printable(self.message)
-        if style == "systemone":
-            return self._systemone(msg)
-        if style == "oai":  # OpenAI's own, on its chat routes: {"error": {"message", "type", "param", "code"}}
-            kind = "invalid_request_error" if self.status < 500 else "server_error"
-            field = None if self.field is None else _printable(self.field)
-            return {"error": {"message": msg, "type": kind, "param": field, "code": self.code}}
-        if style == "tei":
-            return {"error": msg, "error_type": _TEI_ERROR_TYPES.get(self.status, "Backend")}
-        err: dict[str, Any] = {"status": self.status, "message": msg}
-        if self.field is not None:
-            err["field"] = _printable(self.field)
-        if style == "openai":
-            err.update(
-                type="invalid_request_error" if 400 <= self.status < 500 else "server_error",
-                param=err.get("field"),
-                code=self.status,
-            )
-        return {"error": err}
+    def body(self, style: Style | str = Style.OURS) -> dict[str, Any]:
+        """The JSON error in `style` (a `Style`, or its value)."""
+        return Style(style).body(self)
 
-    def _systemone(self, msg: str) -> dict[str, Any]:
-        """System One's (FastAPI's) shapes: a 422 `{"detail": [{"loc": ["body", ...], "msg", "type"}]}`,
-        any other status `{"detail": {"error_type", "message"}}`."""
-        if self.status == 422:
-            details = self.details or [((self.field,) if self.field not in (None, "body") else (), msg, "value_error")]
-            return {
-                "detail": [
-                    {
-                        "loc": ["body", *(_printable(x) if isinstance(x, str) else x for x in loc)],
-                        "msg": _printable(m),
-                        "type": t,
-                    }
-                    for loc, m, t in details
-                ]
-            }
-        kind = self.code or _SYSTEMONE_ERROR_TYPES.get(
-            self.status, "unknown" if self.status >= 500 else "invalid_request_error"
+    def restyled(self, style: Style) -> HTTPError:
+        """This error answered in `style` instead of its route's (a new error; this one unchanged)."""
+        return HTTPError(
+            self.status, self.message, self.field, self.headers, self.outcome, style, self.code, self.details
         )
-        return {"detail": {"error_type": kind, "message": msg}}
 
+
+def _ours(e: HTTPError, msg: str, extra: bool = False) -> dict[str, Any]:
+    err: dict[str, Any] = {"status": e.status, "message": msg}
+    if e.field is not None:
+        err["field"] = _printable(e.field)
+    if extra:  # vLLM's: OpenAI's type, param and code beside ours
+        err.update(
+            type="invalid_request_error" if 400 <= e.status < 500 else "server_error",
+            param=err.get("field"),
+            code=e.status,
+        )
+    return {"error": err}
+
+
+def _openai(e: HTTPError, msg: str) -> dict[str, Any]:
+    status = Style.OPENAI.status(e)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    field = None if e.field is None else _printable(e.field)
+    return {"error": {"message": msg, "type": kind, "param": field, "code": _OPENAI_CODES.get(status)}}
+
+
+def _tei(e: HTTPError, msg: str) -> dict[str, Any]:
+    return {"error": msg, "error_type": _TEI_ERROR_TYPES.get(e.status, "Backend")}
+
+
+def _systemone(e: HTTPError, msg: str) -> dict[str, Any]:
+    """System One's (FastAPI's) shapes: a 422 `{"detail": [{"loc": ["body", ...], "msg", "type"}]}`,
+    any other status `{"detail": {"error_type", "message"}}`."""
+    if e.status == 422:
+        details = e.details or [((e.field,) if e.field not in (None, "body") else (), msg, "value_error")]
+        return {
+            "detail": [
+                {
+                    "loc": ["body", *(_printable(x) if isinstance(x, str) else x for x in loc)],
+                    "msg": _printable(m),
+                    "type": t,
+                }
+                for loc, m, t in details
+            ]
+        }
+    kind = e.code or _SYSTEMONE_ERROR_TYPES.get(e.status, "unknown" if e.status >= 500 else "invalid_request_error")
+    return {"detail": {"error_type": kind, "message": msg}}
+
+
+_BODIES: dict[Style, Callable[[HTTPError, str], dict[str, Any]]] = {
+    Style.OURS: _ours,
+    Style.VLLM: lambda e, msg: _ours(e, msg, extra=True),
+    Style.OPENAI: _openai,
+    Style.TEI: _tei,
+    Style.SYSTEMONE: _systemone,
+}
+
+# OpenAI's error codes, by status (None: OpenAI's `code` is null for a plain bad request).
+_OPENAI_CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded", 503: "service_unavailable"}
 
 # System One's error_type by status (its adapter spec names authentication_error, timeout, tokens_exceeded, unknown).
 _SYSTEMONE_ERROR_TYPES = {
@@ -143,24 +196,27 @@ _STATUS: dict[type[ServiceError], tuple[int, str]] = {
 }
 
 
-def http_error(e: ServiceError | HTTPError) -> HTTPError:
-    """The HTTP answer to an error: the core's mapped by `_STATUS` (Retry-After from its
-    `retry_after`); ours (auth, body, validation) as it is."""
+def http_error(e: ServiceError | HTTPError, style: Style | None = None) -> HTTPError:
+    """The HTTP answer to an error: the core's mapped by `_STATUS` through its class hierarchy
+    (the nearest class with a line: a subclass of `TimedOut` is a 504; Retry-After from its
+    `retry_after`); ours (auth, body, validation) as it is. `style`: answered in that style
+    instead of the route's."""
     if isinstance(e, HTTPError):
-        return e
+        return e if style is None else e.restyled(style)
     status, outcome = next(_STATUS[k] for k in type(e).__mro__ if k in _STATUS)
     headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
-    return HTTPError(status, e.message, e.field, headers, outcome)
+    return HTTPError(status, e.message, e.field, headers, outcome, style)
 
 
-def error_response(e: HTTPError, style: str = "ours") -> Any:
-    """The error as a JSON response in a route's style (ours, "tei", "openai", "oai" or "systemone")."""
-    from starlette.responses import JSONResponse
+def error_response(e: HTTPError, style: Style = Style.OURS) -> Any:
+    """The error as a JSON response in its route's `style` (or its own, `HTTPError.style`)."""
+    from starlette.responses import JSONResponse  # lazy: starlette is the serve extra's
 
-    return JSONResponse(e.body(e.style or style), status_code=e.status, headers=e.headers)
+    style = e.style or style
+    return JSONResponse(style.body(e), status_code=style.status(e), headers=e.headers)
 
 
 def json_response(content: Any, headers: dict[str, str] | None = None, status: int = 200) -> Any:
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse  # lazy: starlette is the serve extra's
 
     return JSONResponse(content, status_code=status, headers=headers)

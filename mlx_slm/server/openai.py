@@ -29,11 +29,9 @@ from ..service import Answer, ServiceError, TaskSpec
 from ..text.chat import ChatError, ChatRequest, read_request
 from ..text.labels import log_softmax
 from .common import RouteContext
-from .errors import HTTPError, http_error, json_response
+from .errors import HTTPError, Style, json_response
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
-# OpenAI's error codes, by status (None: OpenAI's `code` is null for a plain bad request).
-_CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded", 503: "service_unavailable"}
 
 
 class OpenAIRoutes:
@@ -43,24 +41,11 @@ class OpenAIRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
-        run = self.ctx.endpoint(self.chat, "oai")
-        return [Route(path, run, methods=["POST"]) for path in CHAT_PATHS]
+        return [self.ctx.post(path, self.chat, Style.OPENAI) for path in CHAT_PATHS]
 
     async def chat(self, request: Any, t0: float) -> Any:
-        """One chat completion; every error in OpenAI's shape, a 422 of the shared checks as
-        OpenAI's 400."""
-        try:
-            return await self._chat(request, t0)
-        except (HTTPError, ServiceError) as e:
-            err = http_error(e)
-            if err.status == 422:
-                err.status = 400
-            err.code = _CODES.get(err.status)
-            raise err from None
-
-    async def _chat(self, request: Any, t0: float) -> Any:
+        """One chat completion; every error in OpenAI's shape (`Style.OPENAI`: a 422 of the
+        shared checks as OpenAI's 400, its code by status)."""
         data = await self.ctx.admit(request)
         try:
             req = read_request(data)
@@ -72,7 +57,7 @@ class OpenAIRoutes:
             ans = await self.ctx.compute(request, t0, [req.conversation], task, ["messages"], "messages", "")
         except ServiceError as e:
             if e.field == "labels":  # the choices, as this request named them
-                e.field = req.source
+                raise type(e)(e.message, req.source, e.retry_after) from None
             raise
         return json_response(self.completion(req, ans))
 
@@ -151,42 +136,3 @@ def _token_answer(req: ChatRequest, ans: Answer) -> tuple[str, dict[str, Any] | 
         logprobs = {"content": [{**_entry(text, lp, raw), "top_logprobs": top}], "refusal": None}
     finish = "stop" if tid in ans.classifier.kind.eos_ids else "length"
     return p.label or "", logprobs, 1, finish
-
-
-CHAT_OPENAPI: dict[str, Any] = {
-    "summary": "OpenAI's chat completion, constrained: the most probable of guided_choice (or "
-    "structured_outputs.choice), the enum value of a response_format json_schema, or the next token with "
-    "max_tokens 1 (logprobs, top_logprobs <= 20). Errors: {error: {message, type, param, code}}.",
-    "security": [{"bearer": []}],
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["messages"],
-                    "properties": {
-                        "model": {"type": "string", "description": "the served model (GET /v1/models), or absent"},
-                        "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
-                        "guided_choice": {"type": "array", "items": {"type": "string"}, "minItems": 2},
-                        "structured_outputs": {"type": "object", "description": "{choice: [...]} or {json: schema}"},
-                        "response_format": {"type": "object", "description": "{type: json_schema, json_schema}"},
-                        "max_tokens": {"type": "integer", "minimum": 1},
-                        "logprobs": {"type": "boolean"},
-                        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-                    },
-                }
-            }
-        },
-    },
-    "responses": {
-        "200": {"description": "OpenAI's ChatCompletion (one choice; usage counts the prompt's tokens)"},
-        "400": {"description": "a field this server cannot answer, or a bad one (error.param names it)"},
-        "401": {"description": "missing or wrong Bearer key"},
-        "404": {"description": "not the served model (code model_not_found)"},
-        "413": {"description": "body over the limit"},
-        "429": {"description": "queue full; see Retry-After"},
-        "503": {"description": "loading or shutting down"},
-        "504": {"description": "request timeout"},
-    },
-}

@@ -7,9 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..text.prompts import TRUNCATE_MODES
-from .decisions import DECISIONS_OPENAPI
-from .openai import CHAT_OPENAPI
-from .systemone import SYSTEMONE_OPENAPI
 
 _STR_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
 _PAIR = {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2, "description": "[text, text_pair]"}
@@ -42,6 +39,107 @@ def _json_body(properties: dict[str, Any], required: Sequence[str] = ()) -> dict
     if required:
         schema["required"] = list(required)
     return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+# What every route the worker answers may say beside its own statuses (`_post`).
+_BUSY = {
+    "429": {"description": "queue full; see Retry-After"},
+    "503": {"description": "loading or shutting down"},
+    "504": {"description": "request timeout"},
+}
+_OPENAI_AUTH = {"401": {"description": "missing or wrong Bearer key"}}
+_OPENAI_SIZE = {"413": {"description": "body over the limit"}}
+
+
+def _post(summary: str, required: Sequence[str], properties: dict[str, Any], responses: dict[str, Any]) -> Any:
+    """An OpenAPI POST of OpenAI's or System One's routes: a Bearer key, a required JSON object
+    (`required` names its required fields), the route's own responses, then `_BUSY`."""
+    schema = {"type": "object", "required": list(required), "properties": properties}
+    return {
+        "summary": summary,
+        "security": [{"bearer": []}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+        "responses": dict(sorted({**responses, **_BUSY}.items())),
+    }
+
+
+_CHAT = _post(
+    "OpenAI's chat completion, constrained: the most probable of guided_choice (or "
+    "structured_outputs.choice), the enum value of a response_format json_schema, or the next token with "
+    "max_tokens 1 (logprobs, top_logprobs <= 20). Errors: {error: {message, type, param, code}}.",
+    ["messages"],
+    {
+        "model": {"type": "string", "description": "the served model (GET /v1/models), or absent"},
+        "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+        "guided_choice": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+        "structured_outputs": {"type": "object", "description": "{choice: [...]} or {json: schema}"},
+        "response_format": {"type": "object", "description": "{type: json_schema, json_schema}"},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+    },
+    {
+        "200": {"description": "OpenAI's ChatCompletion (one choice; usage counts the prompt's tokens)"},
+        "400": {"description": "a field this server cannot answer, or a bad one (error.param names it)"},
+        **_OPENAI_AUTH,
+        "404": {"description": "not the served model (code model_not_found)"},
+        **_OPENAI_SIZE,
+    },
+)
+
+_DECISIONS = _post(
+    "OpenAI's Decisions API: an input (a string or messages) and 1-400 predicate / choice / score "
+    "questions, answered in order with a probability per option (a refusal for a question over the context). "
+    "Errors: {error: {message, type, param, code}}.",
+    ["model", "input", "questions"],
+    {
+        "model": {"type": "string", "description": "the served name, gpt-6-luna, or an alias"},
+        "input": {"description": "a string, or messages (user/system/developer text, input_json)"},
+        "questions": {"type": "array", "minItems": 1, "maxItems": 400, "items": {"type": "object"}},
+        "prompt_cache_key": {"type": "string", "nullable": True},
+    },
+    {
+        "200": {"description": "OpenAI's Decision: {model, answers: [...], usage}"},
+        "400": {"description": "a bad field (error.param names it), or images"},
+        **_OPENAI_AUTH,
+        "404": {"description": "not a name of the served model (code model_not_found)"},
+        **_OPENAI_SIZE,
+    },
+)
+
+_SYSTEMONE = _post(
+    "System One's typed decisions (TypeSafe's Jev API): a state and named noul / choice / score "
+    "questions, a probability per option for each, in one pass. Errors: 422 {detail: [{loc, msg, type}]}, "
+    "others {detail: {error_type, message}}. Bodies may be zstd or gzip (Content-Encoding).",
+    ["model", "state", "questions"],
+    {
+        "model": {"type": "string", "description": "the served name, jev-latest, or an alias"},
+        "state": {"description": "a string, an object or an array"},
+        "questions": {
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": {
+                "type": "object",
+                "required": ["type"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["noul", "choice", "score"]},
+                    "instructions": {"description": "a string, an object or an array"},
+                    "criteria": {
+                        "description": "noul: {true?, false?}; choice: {option: description|null} "
+                        "(2-255); score: a list of 2-10 level descriptions"
+                    },
+                },
+            },
+        },
+    },
+    {
+        "200": {"description": "{model, answers: {id: answer}, usage: {input_tokens, output_tokens}, x_...}"},
+        "401": {"description": "missing or wrong Bearer key (authentication_error)"},
+        "404": {"description": "not a name of the served model"},
+        "413": {"description": "body over the limit (as sent, or decoded)"},
+        "422": {"description": "a field that is not valid, or over the model's context (tokens_exceeded)"},
+    },
+)
 
 
 _TEI_PREDICT: dict[str, Any] = {
@@ -253,11 +351,11 @@ OPENAPI: dict[str, Any] = {
         "/rerank": {"post": _TEI_RERANK},
         "/v1/rerank": {"post": {**_COHERE_RERANK, "summary": "Cohere's v1 rerank (and Jina's): " + _COHERE_SUMMARY}},
         "/v2/rerank": {"post": {**_COHERE_RERANK, "summary": "Cohere's v2 rerank: " + _COHERE_SUMMARY}},
-        "/v1/chat/completions": {"post": CHAT_OPENAPI},
-        "/chat/completions": {"post": CHAT_OPENAPI},
-        "/v1/systemone": {"post": SYSTEMONE_OPENAPI},
-        "/v1/decisions": {"post": DECISIONS_OPENAPI},
-        "/decisions": {"post": DECISIONS_OPENAPI},
+        "/v1/chat/completions": {"post": _CHAT},
+        "/chat/completions": {"post": _CHAT},
+        "/v1/systemone": {"post": _SYSTEMONE},
+        "/v1/decisions": {"post": _DECISIONS},
+        "/decisions": {"post": _DECISIONS},
         "/v1/models": {
             "get": {
                 "summary": "OpenAI/vLLM model list (object, data: the one served model: id, max_model_len, labels) and "

@@ -7,11 +7,13 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import mlx.core as mx
+
 from ..files.output import result_record
 from ..service import ServiceError
 from .checks import check_request
 from .common import RouteContext
-from .errors import HTTPError, error_response, http_error, json_response
+from .errors import HTTPError, Style, http_error, json_response
 from .openapi import OPENAPI
 from .vllm import VLLMRoutes
 
@@ -32,14 +34,13 @@ class OurRoutes:
         self.ctx, self.vllm = ctx, vllm
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
+        ctx = self.ctx
         return [
-            Route("/v1/classify", self.ctx.endpoint(self.classify), methods=["POST"]),
-            Route("/v1/model", self.model_info, methods=["GET"]),
-            Route("/health", self.health, methods=["GET"]),
-            Route("/metrics", self.metrics_route, methods=["GET"]),
-            Route("/openapi.json", self.openapi, methods=["GET"]),
+            ctx.post("/v1/classify", self.classify),
+            ctx.get("/v1/model", self.model_info),
+            ctx.get("/health", self.health, guarded=False),
+            ctx.get("/metrics", self.metrics_route, guarded=False),
+            ctx.get("/openapi.json", self.openapi, guarded=False),
         ]
 
     async def classify(self, request: Any, t0: float) -> Any:
@@ -49,9 +50,7 @@ class OurRoutes:
             try:
                 return await self.vllm.answer(request, t0, data)
             except (HTTPError, ServiceError) as e:
-                err = http_error(e)
-                err.style = "openai"
-                raise err from None
+                raise http_error(e, Style.VLLM) from None
         if isinstance(data, dict) and "inputs" in data and not {"text", "texts"} & set(data):
             raise HTTPError(
                 422,
@@ -92,10 +91,6 @@ class OurRoutes:
         )
 
     async def model_info(self, request: Any) -> Any:
-        if (e := self.ctx.guard(request)) is not None:
-            return error_response(e)
-        import mlx.core as mx
-
         service, opts = self.ctx.service, self.ctx.opts
         ld = service.loaded
         clf = ld.clf  # type: ignore[union-attr]
@@ -173,7 +168,7 @@ class OurRoutes:
         return json_response({"status": "ok"})
 
     async def metrics_route(self, request: Any) -> Any:
-        from starlette.responses import PlainTextResponse
+        from starlette.responses import PlainTextResponse  # lazy: starlette is the serve extra's
 
         return PlainTextResponse(self.ctx.service.metrics_text(), media_type="text/plain; version=0.0.4")
 

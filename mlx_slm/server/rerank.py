@@ -25,7 +25,7 @@ from ..kinds.rerank import rerank_order
 from ..service import Answer, ServeOptions, ServiceError, TaskSpec
 from .checks import check_count, check_name, check_text_values
 from .common import RouteContext
-from .errors import HTTPError, http_error, json_response
+from .errors import HTTPError, Style, http_error, json_response
 
 TEI_RERANK_FIELDS = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction")
 # Cohere's (v1 and v2), Jina's and vLLM's request fields. Those this server cannot honour are
@@ -108,7 +108,7 @@ def check_tei_rerank(data: Any, opts: ServeOptions) -> tuple[str, list[str], Tas
     if unknown:
         raise HTTPError(422, f"unknown field {unknown[0]!r}: use {', '.join(TEI_RERANK_FIELDS)}", unknown[0])
     query, texts = _query(data), _documents(data, "texts", opts, objects=False)
-    task = TaskSpec(rerank=True)
+    truncate: str | bool | None = None
     direction = data.get("truncation_direction") or "Right"
     if not isinstance(direction, str) or direction.lower() not in ("right", "left"):
         raise HTTPError(422, '\'truncation_direction\' must be "Right" or "Left"', "truncation_direction")
@@ -116,7 +116,8 @@ def check_tei_rerank(data: Any, opts: ServeOptions) -> tuple[str, list[str], Tas
         if not isinstance(data["truncate"], bool):
             raise HTTPError(422, "'truncate' must be true or false", "truncate")
         # TEI cuts the end off ("Right", keeping the head) unless told "Left" (keeping the tail).
-        task.truncate = ("head" if direction.lower() == "right" else "tail") if data["truncate"] else False
+        truncate = ("head" if direction.lower() == "right" else "tail") if data["truncate"] else False
+    task = TaskSpec(truncate=truncate, rerank=True)
     return query, texts, task, _bool(data, "raw_scores", False), _bool(data, "return_text", False)
 
 
@@ -145,7 +146,6 @@ def check_cohere(data: Any, opts: ServeOptions) -> tuple[str, list[str], TaskSpe
         raise HTTPError(
             422, f"'top_n' must be a whole number of 1 or more (0 or absent: every document), got {top_n!r}", "top_n"
         )
-    task = TaskSpec(rerank=True)
     tpt = data.get("truncate_prompt_tokens")
     if tpt is not None:
         if isinstance(tpt, bool) or not isinstance(tpt, int) or tpt != -1:
@@ -155,7 +155,7 @@ def check_cohere(data: Any, opts: ServeOptions) -> tuple[str, list[str], TaskSpe
                 "its end, as vLLM does) or null; a token count is not supported",
                 "truncate_prompt_tokens",
             )
-        task.truncate = "tail"
+    task = TaskSpec(truncate=None if tpt is None else "tail", rerank=True)
     raw = not all(_bool(data, k, True) for k in ("use_activation", "activation", "softmax"))
     return query, docs, task, top_n or None, _bool(data, "return_documents", True), raw
 
@@ -167,12 +167,11 @@ class RerankRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
+        ctx = self.ctx
         return [
-            Route("/rerank", self.ctx.endpoint(self.rerank, "tei"), methods=["POST"]),
-            Route("/v1/rerank", self.ctx.endpoint(self.cohere_v1, "openai"), methods=["POST"]),
-            Route("/v2/rerank", self.ctx.endpoint(self.cohere_v2, "openai"), methods=["POST"]),
+            ctx.post("/rerank", self.rerank, Style.TEI),
+            ctx.post("/v1/rerank", self.cohere_v1, Style.VLLM),
+            ctx.post("/v2/rerank", self.cohere_v2, Style.VLLM),
         ]
 
     async def _score(self, request: Any, t0: float, query: str, docs: list[str], task: TaskSpec, fld: str) -> Answer:
@@ -188,9 +187,7 @@ class RerankRoutes:
             try:
                 return await self.cohere(request, t0, data, "1")
             except (HTTPError, ServiceError) as e:
-                err = http_error(e)
-                err.style = "openai"
-                raise err from None
+                raise http_error(e, Style.VLLM) from None
         query, texts, task, raw, return_text = check_tei_rerank(data, self.ctx.opts)
         ans = await self._score(request, t0, query, texts, task, "texts")
         scores = _scores(ans, raw)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Any
@@ -20,8 +21,6 @@ def bind_socket(host: str, port: int) -> Any:
     """The listening socket, bound before anything starts (as uvicorn would bind it), so that a
     port in use or an address that is not ours is one `UserError` line (exit 2), not uvicorn's
     log and exit 3 after the model thread has started."""
-    import socket
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family=family)
     try:
@@ -48,7 +47,7 @@ def run_server(
     """Serve until SIGINT, or SIGTERM then drain; returns the exit status (0 after a drain).
 
     `sock`: a socket from `bind_socket` (else one is bound here, before the worker starts)."""
-    import uvicorn
+    import uvicorn  # lazy: uvicorn is the serve extra's
 
     if sock is None:
         sock = bind_socket(host, port)
@@ -84,7 +83,7 @@ def _draining_server(config: Any, service: Service) -> Any:
     """uvicorn's server with SIGTERM as a drain: 503 to new requests, accepted ones finished
     within the drain timeout, then a normal exit (status 0: the signal is not re-raised).
     A second SIGTERM, or SIGINT, is uvicorn's own shutdown."""
-    import uvicorn
+    import uvicorn  # lazy: uvicorn is the serve extra's
 
     class DrainingServer(uvicorn.Server):
         def __init__(self) -> None:

@@ -26,8 +26,8 @@ from ..service import ServiceError
 from ..text.decisions import DecisionError, DecisionErrors, parse_systemone, systemone_answer
 from .auth import check_auth
 from .checks import parse_body, read_body
-from .common import RouteContext, until_disconnect
-from .errors import HTTPError, http_error, json_response
+from .common import RouteContext
+from .errors import HTTPError, Style, http_error, json_response
 
 SYSTEMONE_PATHS = ("/v1/systemone",)
 
@@ -36,20 +36,13 @@ def validation_error(e: DecisionError) -> HTTPError:
     """A `DecisionError` (or several) as System One's 422, each naming its place in the body."""
     errs = list(e.errors) if isinstance(e, DecisionErrors) else [e]
     loc = tuple(x for x in errs[0].loc if x != "body")
-    err = HTTPError(422, errs[0].msg, ".".join(map(str, loc)) or "body", outcome="invalid")
-    err.details = [(tuple(x for i, x in enumerate(d.loc) if not (i == 0 and x == "body")), d.msg, d.type) for d in errs]
-    return err
+    details = [(tuple(x for i, x in enumerate(d.loc) if not (i == 0 and x == "body")), d.msg, d.type) for d in errs]
+    return HTTPError(422, errs[0].msg, ".".join(map(str, loc)) or "body", outcome="invalid", details=details)
 
 
 def _no_images(fld: str) -> HTTPError:
-    err = HTTPError(
-        422,
-        "images (assets) are not supported by this server, which reads text only: send the state as text or JSON",
-        fld,
-        outcome="invalid",
-    )
-    err.details = [((fld,) if fld != "body" else (), err.message, "images")]
-    return err
+    msg = "images (assets) are not supported by this server, which reads text only: send the state as text or JSON"
+    return HTTPError(422, msg, fld, outcome="invalid", details=[((fld,) if fld != "body" else (), msg, "images")])
 
 
 class SystemOneRoutes:
@@ -59,9 +52,7 @@ class SystemOneRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route  # lazy: starlette is the serve extra's
-
-        return [Route(p, self.ctx.endpoint(self.systemone, "systemone"), methods=["POST"]) for p in SYSTEMONE_PATHS]
+        return [self.ctx.post(p, self.systemone, Style.SYSTEMONE) for p in SYSTEMONE_PATHS]
 
     async def systemone(self, request: Any, t0: float) -> Any:
         """One System One request (see the module docstring)."""
@@ -73,34 +64,26 @@ class SystemOneRoutes:
         data = parse_body(await read_body(request, ctx.opts.max_body_bytes))
         if isinstance(data, dict) and data.get("assets"):
             raise _no_images("assets")
-        if isinstance(data, dict) and isinstance(data.get("model"), str):
-            ctx.check_model(data["model"], "jev-latest")
-        config = await ctx.decision_config()
+        config = await ctx.decision_settings(data, "jev-latest")
         try:
             req = parse_systemone(data, config)
         except DecisionError as e:
             raise validation_error(e) from None
         try:
-            result = await ctx.service.decide(req, started=t0, gone=lambda: until_disconnect(request))
+            result = await ctx.decide(request, t0, req)
         except DecisionError as e:  # a state or question over the model's context: tokens_exceeded
             raise validation_error(e) from None
         except ServiceError as e:
             err = http_error(e)
             if err.status == 422:  # the core's Invalid: the request cannot run (over the context)
-                err.details = [(tuple(str(e.field or "state").split(".")), e.message, "tokens_exceeded")]
+                details = [(tuple(str(e.field or "state").split(".")), e.message, "tokens_exceeded")]
+                err = HTTPError(422, err.message, err.field, err.headers, err.outcome, details=details)
             raise err from None
         over = [q.key for q, p in zip(req.questions, result.probabilities) if p is None]
         if over:  # System One answers a request whole or not at all
-            err = HTTPError(422, "over the model's context", "questions", outcome="invalid")
-            err.details = [
-                (
-                    ("questions", k),
-                    "the state and this question are over the model's context: shorten the state or the question",
-                    "tokens_exceeded",
-                )
-                for k in over
-            ]
-            raise err
+            why = "the state and this question are over the model's context: shorten the state or the question"
+            details = [(("questions", k), why, "tokens_exceeded") for k in over]
+            raise HTTPError(422, "over the model's context", "questions", outcome="invalid", details=details)
         return json_response(self.answer(req, result, t0))
 
     def answer(self, req: Any, result: Any, t0: float) -> dict[str, Any]:
@@ -113,52 +96,3 @@ class SystemOneRoutes:
             "x_cached_tokens": int(result.cached_tokens),
             "x_total_ms": round((time.perf_counter() - t0) * 1000, 3),
         }
-
-
-SYSTEMONE_OPENAPI: dict[str, Any] = {
-    "summary": "System One's typed decisions (TypeSafe's Jev API): a state and named noul / choice / score "
-    "questions, a probability per option for each, in one pass. Errors: 422 {detail: [{loc, msg, type}]}, "
-    "others {detail: {error_type, message}}. Bodies may be zstd or gzip (Content-Encoding).",
-    "security": [{"bearer": []}],
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["model", "state", "questions"],
-                    "properties": {
-                        "model": {"type": "string", "description": "the served name, jev-latest, or an alias"},
-                        "state": {"description": "a string, an object or an array"},
-                        "questions": {
-                            "type": "object",
-                            "minProperties": 1,
-                            "additionalProperties": {
-                                "type": "object",
-                                "required": ["type"],
-                                "properties": {
-                                    "type": {"type": "string", "enum": ["noul", "choice", "score"]},
-                                    "instructions": {"description": "a string, an object or an array"},
-                                    "criteria": {
-                                        "description": "noul: {true?, false?}; choice: {option: description|null} "
-                                        "(2-255); score: a list of 2-10 level descriptions"
-                                    },
-                                },
-                            },
-                        },
-                    },
-                }
-            }
-        },
-    },
-    "responses": {
-        "200": {"description": "{model, answers: {id: answer}, usage: {input_tokens, output_tokens}, x_...}"},
-        "401": {"description": "missing or wrong Bearer key (authentication_error)"},
-        "404": {"description": "not a name of the served model"},
-        "413": {"description": "body over the limit (as sent, or decoded)"},
-        "422": {"description": "a field that is not valid, or over the model's context (tokens_exceeded)"},
-        "429": {"description": "queue full; see Retry-After"},
-        "503": {"description": "loading or shutting down"},
-        "504": {"description": "request timeout"},
-    },
-}

@@ -12,7 +12,7 @@ from ..service import ServeOptions, TaskSpec
 from ..text.predictions import Prediction
 from .checks import check_fields, check_texts
 from .common import RouteContext
-from .errors import HTTPError, error_response, json_response
+from .errors import HTTPError, Style, json_response
 
 TEI_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction", "parameters")
 
@@ -30,7 +30,7 @@ def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec,
     the raw scores; see `tei_scores`), top k)."""
     check_fields(data, TEI_FIELDS, "inputs")
     texts, single = check_texts(data["inputs"], "inputs", opts, pairs=True)
-    task = TaskSpec()
+    truncate: str | bool | None = None
     raw_scores = data.get("raw_scores", False)
     if raw_scores is None:
         raw_scores = False
@@ -44,7 +44,8 @@ def check_tei(data: Any, opts: ServeOptions) -> tuple[list[Any], bool, TaskSpec,
         if not isinstance(tr, bool):
             raise HTTPError(422, "'truncate' must be true or false", "truncate")
         # TEI cuts the end off ("Right", keeping the head) unless told "Left" (keeping the tail).
-        task.truncate = ("head" if direction.lower() == "right" else "tail") if tr else False
+        truncate = ("head" if direction.lower() == "right" else "tail") if tr else False
+    task = TaskSpec(truncate=truncate)
     top_k, fn = None, None
     params = data.get("parameters")
     if params is not None:
@@ -103,13 +104,11 @@ class TEIRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
-        predict = self.ctx.endpoint(self.predict, "tei")
+        ctx = self.ctx
         return [
-            Route("/predict", predict, methods=["POST"]),
-            Route("/", predict, methods=["POST"]),
-            Route("/info", self.info, methods=["GET"]),
+            ctx.post("/predict", self.predict, Style.TEI),
+            ctx.post("/", self.predict, Style.TEI),
+            ctx.get("/info", self.info, Style.TEI),
         ]
 
     async def predict(self, request: Any, t0: float) -> Any:
@@ -131,8 +130,6 @@ class TEIRoutes:
     async def info(self, request: Any) -> Any:
         """text-embeddings-inference's /info, for a sequence classifier."""
 
-        if (e := self.ctx.guard(request)) is not None:
-            return error_response(e, "tei")
         ld, opts = self.ctx.service.loaded, self.ctx.opts
         clf = ld.clf  # type: ignore[union-attr]
         labels = list(clf.labels)

@@ -5,12 +5,13 @@ which `ours.py` hands here) and GET /v1/models; errors are ours with OpenAI's `t
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from ..service import ServeOptions, TaskSpec
 from .checks import check_fields, check_name, check_texts
 from .common import RouteContext
-from .errors import HTTPError, error_response, json_response
+from .errors import HTTPError, Style, json_response
 
 VLLM_FIELDS = ("model", "input", "truncate_prompt_tokens", "user", "priority", "request_id")
 
@@ -21,7 +22,6 @@ def check_vllm(data: Any, opts: ServeOptions) -> tuple[list[str], bool, TaskSpec
     check_fields(data, VLLM_FIELDS, "input")
     check_name(data, "model", what=" (any name: the server has one model)")
     texts, single = check_texts(data["input"], "input", opts)
-    task = TaskSpec()
     tpt = data.get("truncate_prompt_tokens")
     if tpt is not None:
         if isinstance(tpt, bool) or not isinstance(tpt, int) or tpt != -1:
@@ -31,8 +31,7 @@ def check_vllm(data: Any, opts: ServeOptions) -> tuple[list[str], bool, TaskSpec
                 "does) or null; a token count is not supported",
                 "truncate_prompt_tokens",
             )
-        task.truncate = "tail"
-    return texts, single, task
+    return texts, single, TaskSpec(truncate=None if tpt is None else "tail")
 
 
 class VLLMRoutes:
@@ -42,11 +41,9 @@ class VLLMRoutes:
         self.ctx = ctx
 
     def routes(self) -> list[Any]:
-        from starlette.routing import Route
-
         return [
-            Route("/classify", self.ctx.endpoint(self.classify, "openai"), methods=["POST"]),
-            Route("/v1/models", self.models, methods=["GET"]),
+            self.ctx.post("/classify", self.classify, Style.VLLM),
+            self.ctx.get("/v1/models", self.models, Style.VLLM),
         ]
 
     async def classify(self, request: Any, t0: float) -> Any:
@@ -57,8 +54,6 @@ class VLLMRoutes:
         "created", "model", "data": [{"index", "label", "probs", "num_classes"}], "usage"}`; `probs`
         in the task's label order. `model` is accepted as any name (one model per server) and the
         answer names the served one."""
-        import uuid
-
         self.ctx.one_question("vLLM's /classify", "input")
         texts, single, task = check_vllm(data, self.ctx.opts)
         names = ["input"] if single else [f"input[{i}]" for i in range(len(texts))]
@@ -92,8 +87,6 @@ class VLLMRoutes:
         """The OpenAI/vLLM model list (`object`, `data`: the one model this server serves) and System
         One's (`models`: each name the decision routes answer to, with a description and a date)
         in one body, so that either client reads its own fields."""
-        if (e := self.ctx.guard(request)) is not None:
-            return error_response(e, "openai")
         clf = self.ctx.service.loaded.clf  # type: ignore[union-attr]
         name = self.ctx.served_name()
         return json_response(

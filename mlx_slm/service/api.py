@@ -3,8 +3,8 @@ a request's own task, and a request's answer. Plain values, no behaviour beyond 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..classifier.classifier import Classifier
@@ -75,7 +75,9 @@ class Loaded:
     warmup: int = 512
     model: str = ""
     weights_sha256: str | None = None
-    clf_kwargs: dict[str, Any] = field(default_factory=dict)  # settings shared by per-request tasks
+    # The served labels' descriptions a request's own labels are checked and prompted with (the
+    # Python API's `label_descriptions`); a request's task takes everything else from `clf`.
+    label_descriptions: Mapping[str, str] | None = None
     # Decisions: a per-question temperature by question key (`serve --task` of a fitted task); None: raw.
     decision_calibration: dict[str, float] | None = None
     decision_questions: Any = None  # the served task's questions those temperatures were fitted for
@@ -107,7 +109,7 @@ def classifier_loader(
             min_confidence,
             model=str(model),
             weights_sha256=_sha(clf),
-            clf_kwargs={k: v for k, v in kwargs.items() if k not in ("dtype", "dequantize")},
+            label_descriptions=kwargs.get("label_descriptions"),
         )
 
     return load
@@ -120,10 +122,10 @@ def _sha(clf: Any) -> str | None:
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskSpec:
-    """A request's own task settings; None: the served task's (its labels, prompt, truncation).
-    `rerank`: the reranker's task instead (its truncation only)."""
+    """A request's own task settings, made once by its route; None: the served task's (its labels,
+    prompt, truncation). `rerank`: the reranker's task instead (its truncation only)."""
 
     labels: list[str] | None = None
     system: str | None = None  # "": no system message
@@ -134,6 +136,21 @@ class TaskSpec:
     # A chat completion (`TaskCache.chat_key`): items are `chat.Conversation`s, scored for these
     # choices (as labels), or for their next token when empty.
     chat: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request as the core sees it beside its items, made once by the route: each item's
+    field (`names`, for errors), the field a timeout names (`whole`), when it started
+    (`time.perf_counter()`; the request timeout counts from it), how the caller's API asks for
+    truncation (`truncate_hint`: it replaces the CLI's `--truncate ...` in messages), and
+    `gone()`, whose completion says the caller left (None: not watched)."""
+
+    names: tuple[str, ...]
+    whole: str
+    started: float
+    truncate_hint: str = ""
+    gone: Callable[[], Awaitable[Any]] | None = None
 
 
 @dataclass

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..classifier.pipeline import item_cost, prefix_hit
-from .api import Answer, Loaded, ServeOptions, TaskSpec
-from .decide import DECIDE_KEY
+from .api import Answer, Call, Loaded, ServeOptions, TaskSpec
 from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
+from .keys import DECIDE_KEY, TaskKey
 from .metrics import Metrics, attention_share
 from .scheduler import Job, Scheduler, post_to, row_work
 from .tasks import TaskCache
@@ -100,8 +101,6 @@ class Service:
     def _worker_died(self, e: BaseException) -> None:
         """The worker loop raised (a bug): /health turns 503 naming it, every waiting request is
         answered at once, and the front end is told to stop (the CLI exits 70)."""
-        import traceback
-
         traceback.print_exception(e)  # into the server's log
         self.ready = False
         self.worker_error = self.load_error = (
@@ -145,45 +144,33 @@ class Service:
         return self.tasks.loaded
 
     @property
-    def default_key(self) -> tuple:
+    def default_key(self) -> TaskKey:
         return self.tasks.default_key
 
-    def task_key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> tuple:
+    def task_key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> TaskKey:
         return self.tasks.key(labels, system, template, truncate)
 
-    def front_classifier(self, key: tuple) -> Any:
+    def front_classifier(self, key: TaskKey) -> Any:
         return self.tasks.front(key)
 
-    def _back_classifier(self, key: tuple) -> Any:
+    def _back_classifier(self, key: TaskKey) -> Any:
         return self.tasks.back(key)
 
-    def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
+    def calibration_for(self, key: TaskKey) -> tuple[Any, float | None]:
         return self.tasks.calibration_for(key)
 
     # ---------------------------------------------------------------- one request
-    async def classify(
-        self,
-        texts: list[Any],
-        spec: TaskSpec,
-        *,
-        names: list[str],
-        whole: str,
-        truncate_hint: str,
-        started: float,
-        gone: Callable[[], Awaitable[Any]] | None = None,
-    ) -> Answer:
+    async def classify(self, texts: list[Any], spec: TaskSpec, call: Call) -> Answer:
         """Run one request's texts (strings, or (text, pair) tuples; a rerank's (query, document))
-        on the worker and wait for them (until `started` plus the request timeout, or until what
-        `gone()` returns completes: the caller left). `names`: each text's field, for errors;
-        `whole`: the field a timeout names; `truncate_hint`: how the caller's API asks for
-        truncation (it replaces the CLI's `--truncate ...` in messages)."""
-        key, front = await self._before(started, whole, self.tasks.for_request, spec)
+        on the worker and wait for them (until the call's start plus the request timeout, or until
+        `call.gone()` completes: the caller left)."""
+        key, front = await self._before(call, self.tasks.for_request, spec)
         # Tokenized once, here: the worker runs these very items (`Classifier.run_items`).
-        prepared = await self._before(started, whole, front.prepare, texts)
+        prepared = await self._before(call, front.prepare, texts)
         # The worker's classifier of a new task (its labels or choices tokenized again, on the
         # engine's tokenizer) is built here too, never on the worker.
-        await self._before(started, whole, self.tasks.back, key)
-        results = await self._run(key, front.kind, prepared, names, whole, truncate_hint, started, gone)
+        await self._before(call, self.tasks.back, key)
+        results = await self._run(key, front.kind, prepared, call)
         preds, calib = self.tasks.calibrate(key, spec, front, results)
         return Answer(preds, results, calib, front)
 
@@ -192,28 +179,16 @@ class Service:
         route's checks); `NotSupported` when the model does not embed."""
         return self.tasks.front(self.tasks.embed_key(truncate))
 
-    async def embed(
-        self,
-        inputs: list[Any],
-        *,
-        prompt: str,
-        truncate: bool,
-        token_ids: bool,
-        names: list[str],
-        whole: str,
-        truncate_hint: str,
-        started: float,
-        gone: Callable[[], Awaitable[Any]] | None = None,
-    ) -> list[Any]:
+    async def embed(self, inputs: list[Any], call: Call, *, prompt: str, truncate: bool, token_ids: bool) -> list[Any]:
         """One request's texts (or lists of token ids, `token_ids`) embedded on the worker, each
         with `prompt` before it: their `embedder.Embedded` (the pooled vector, full size, not
         normalized) in input order. Errors, limits and timeouts as `classify`'s."""
         key = self.tasks.embed_key(truncate)
-        front = await self._before(started, whole, self.tasks.front, key)
+        front = await self._before(call, self.tasks.front, key)
         prep = front.prepare_ids if token_ids else lambda x: front.prepare(x, prompt)
-        prepared = await self._before(started, whole, prep, inputs)
-        await self._before(started, whole, self.tasks.back, key)
-        results = await self._run(key, front, prepared, names, whole, truncate_hint, started, gone)
+        prepared = await self._before(call, prep, inputs)
+        await self._before(call, self.tasks.back, key)
+        results = await self._run(key, front, prepared, call)
         return [r[0] for r in results]
 
     async def decide(self, request: Any, *, started: float, gone: Callable[[], Awaitable[Any]] | None = None) -> Any:
@@ -221,37 +196,33 @@ class Service:
         (`service.decide`): its `DecisionResult` (a probability array per question; None for one
         refused as over the context). Prepared on the front first, so a request that cannot run
         raises the `Decider`'s `DecisionError` (tokens_exceeded) unqueued. Limits as `classify`'s."""
-        front = await self._before(started, "state", self.tasks.decider, True)
-        item = await self._before(started, "state", front.prepare, request)
-        await self._before(started, "state", self.tasks.decider, False)  # the worker's, built here, not on it
-        got = await self._run(DECIDE_KEY, None, [item], ["state"], "state", "", started, gone, [item.cost], [False])
+        call = Call(("state",), "state", started, "", gone)
+        front = await self._before(call, self.tasks.decider, True)
+        item = await self._before(call, front.prepare, request)
+        await self._before(call, self.tasks.decider, False)  # the worker's, built here, not on it
+        got = await self._run(DECIDE_KEY, None, [item], call, [item.cost], [False])
         return self.metrics.decided(got[0][0].result)
 
-    async def _before(self, started: float, whole: str, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _before(self, call: Call, fn: Callable[..., Any], *args: Any) -> Any:
         """A step before admission, off the worker, within what the request has left."""
-        return await _in_time(self.opts.request_timeout_s, started, whole, fn, *args)
+        return await _in_time(self.opts.request_timeout_s, call.started, call.whole, fn, *args)
 
     async def _run(
         self,
-        key: tuple,
+        key: TaskKey,
         kind: Any,
         prepared: Sequence[Any],
-        names: list[str],
-        whole: str,
-        truncate_hint: str,
-        started: float,
-        gone: Callable[[], Awaitable[Any]] | None,
+        call: Call,
         costs: Sequence[int] | None = None,
         hits: Sequence[bool] | None = None,
     ) -> list[Any]:
         """Prepared items through the queue and the worker: each item's (result, queue s,
         inference s), in input order; `Invalid` for the first item that cannot run. `costs` and
         `hits`: given by a caller that is no classifier (decisions), else the batch plan's."""
-        for it, name in zip(prepared, names):
+        hint = call.truncate_hint
+        for it, name in zip(prepared, call.names):
             if it.error:
-                why = it.error.replace("--truncate head|tail|middle", truncate_hint).replace(
-                    "--truncate", truncate_hint
-                )
+                why = it.error.replace("--truncate head|tail|middle", hint).replace("--truncate", hint)
                 raise Invalid(f"{name}: {why}", name)
         # Each item's cost in the micro-batch budget and the time estimate, by the batch plan's own rule.
         if hits is None:
@@ -261,8 +232,8 @@ class Service:
         # What each row runs beyond the plan's count (a label trie's other chunks); none for decisions.
         extra = row_work(kind) if kind is not None else 0
         works = [c + extra for c in costs]
-        job = Job(len(prepared), asyncio.get_running_loop(), deadline=started + self.opts.request_timeout_s)
-        job.names = names
+        job = Job(len(prepared), asyncio.get_running_loop(), deadline=call.started + self.opts.request_timeout_s)
+        job.names = list(call.names)
         with self._open_lock:
             self._open.add(job)
         try:
@@ -270,7 +241,7 @@ class Service:
             try:
                 if self.worker_error:  # died between the readiness check and the queue
                     raise Failed(self.worker_error)
-                await self._wait(job, started, whole, gone)
+                await self._wait(job, call)
             finally:
                 self.finished()
         finally:
@@ -278,11 +249,11 @@ class Service:
                 self._open.discard(job)
         return job.results
 
-    async def _wait(self, job: Job, started: float, whole: str, gone: Callable[[], Awaitable[Any]] | None) -> None:
+    async def _wait(self, job: Job, call: Call) -> None:
         """Until the job is answered; its error, `ClientGone` or `TimedOut` (its items dropped)."""
         waiter = asyncio.ensure_future(job.done.wait())
-        left_f = asyncio.ensure_future(gone()) if gone is not None else None
-        left = self.opts.request_timeout_s - (time.perf_counter() - started)
+        left_f = asyncio.ensure_future(call.gone()) if call.gone is not None else None
+        left = self.opts.request_timeout_s - (time.perf_counter() - call.started)
         futs = {waiter} | ({left_f} if left_f is not None else set())
         await asyncio.wait(futs, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED)
         for f in futs:
@@ -294,7 +265,7 @@ class Service:
             raise TimedOut(
                 f"not answered within the request timeout of {self.opts.request_timeout_s:g} s: "
                 "retry, or send fewer texts",
-                whole,
+                call.whole,
             )
         if job.error is not None:
             raise job.error
@@ -320,7 +291,7 @@ class Service:
     def draining(self, value: bool) -> None:
         self.scheduler.draining = value
 
-    def submit(self, job: Job, items: Sequence[Any], key: tuple, costs: Sequence[int], *more: Sequence[Any]) -> None:
+    def submit(self, job: Job, items: Sequence[Any], key: TaskKey, costs: Sequence[int], *more: Sequence[Any]) -> None:
         """The scheduler's `submit` (its prefix hits and works after the costs)."""
         self.scheduler.submit(job, items, key, costs, *more)
 

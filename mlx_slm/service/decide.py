@@ -24,8 +24,6 @@ from typing import Any
 
 from ..text.decisions import DecisionError
 
-DECIDE_KEY = ("decide",)
-
 
 @dataclass
 class DecisionItem:

@@ -66,8 +66,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .api import ServeOptions
-from .decide import DECIDE_KEY, decision_budget
+from .decide import decision_budget
 from .errors import Aborted, Draining, Failed, QueueFull, ServiceError, TimedOut
+from .keys import DECIDE_KEY, TaskKey
 from .metrics import Metrics, RateTracker
 from .tasks import TaskCache
 
@@ -121,7 +122,7 @@ class WorkItem:
     job: Job
     index: int
     item: Any  # the tokenized `predictions.Item` the front prepared (its ids are what runs)
-    key: tuple
+    key: TaskKey
     cost: int  # suffix tokens (after the shared prefix) and the kind's tokens beside the row: the batch budget's
     prefix_hit: bool
     t_enqueued: float
@@ -207,7 +208,7 @@ class Scheduler:
         self,
         job: Job,
         items: Sequence[Any],
-        key: tuple,
+        key: TaskKey,
         costs: Sequence[int],
         hits: Sequence[bool],
         works: Sequence[int] | None = None,
@@ -359,7 +360,7 @@ class Scheduler:
         self.cancel(job)
         post_to(job, job.fail, err)
 
-    def run_batch(self, key: tuple, items: list[WorkItem]) -> None:
+    def run_batch(self, key: TaskKey, items: list[WorkItem]) -> None:
         with self.cond:
             self.running, self.batch_started = list(items), time.perf_counter()
         try:
@@ -368,7 +369,7 @@ class Scheduler:
             with self.cond:
                 self.running, self.batch_started = [], None
 
-    def _run_batch(self, key: tuple, items: list[WorkItem]) -> None:
+    def _run_batch(self, key: TaskKey, items: list[WorkItem]) -> None:
         m = self.metrics
         t0 = time.perf_counter()
         try:

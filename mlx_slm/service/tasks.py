@@ -7,14 +7,16 @@ use to check and tokenize while the worker runs a forward pass, and a *back* one
 engine, which only the worker uses. A new task's parts are checked one by one first, so a
 failure names the request field at fault (`Invalid`). The served task is pinned in both.
 
-The rerank routes run the model's reranker (`rerank_key`): the served task when it is one
-(`serve --reranker`), else a task of its own, `("rerank", truncate)`, whose kind is the one
-the model says it is (`kinds.reranker_spec`: a one-label sequence classifier, a causal LM
-named *Reranker*); a model that is none answers `NotSupported`. Its items are (query,
+A task's key is a frozen value (`service.keys`) that builds its own task, its kind chosen by
+the kinds table from the request's arguments (`kinds.arguments`, `kinds.request_spec`), as the
+CLI and the Python API choose. The rerank routes run the model's reranker (`rerank_key`): the
+served task when it is one (`serve --reranker`), else a task of its own, `RerankTask(truncate)`,
+whose kind is the one the model says it is (`--reranker auto`: a one-label sequence classifier,
+a causal LM named *Reranker*); a model that is none answers `NotSupported`. Its items are (query,
 document) pairs, so documents of concurrent rerank requests share micro-batches and each
 query's tokens run once (the item's head, `pipeline.head_of`).
 
-The embedding routes run the model's embedder (`embed_key`): `("embed", truncate)`, an
+The embedding routes run the model's embedder (`embed_key`): `EmbedTask(truncate)`, an
 `classifier.Embedder` with the model folder's pooling (a causal LM's last token when it has
 none), in the same two caches and through the same queue; its items carry their prompt's head,
 so texts of different prompts share micro-batches. A model that does not embed (a sequence
@@ -27,6 +29,7 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -35,22 +38,19 @@ from ..classifier.decider import Decider
 from ..classifier.embedder import Embedder, EmbeddingError, pooling_of
 from ..engine.engine import Engine
 from ..ground.errors import UserError
+from ..kinds import ModelFacts, arguments, request_spec
 from ..kinds import TaskError as KindRefused
-from ..kinds import chat_spec, request_spec, reranker_spec, scoring_names
-from ..kinds.chat import CHAT_TEMPLATE
 from ..models import embeds_only
 from ..text.calibration import CalibrationSpec
 from ..text.decisions import DecisionConfig
 from ..text.labels import LabelError
 from ..text.labels import validate as validate_labels
-from ..text.prompts import PromptError, PromptFormat, fill_labels
+from ..text.prompts import PromptError, PromptFormat
 from .api import Loaded, TaskSpec
-from .decide import DECIDE_KEY, DecisionTask
+from .decide import DecisionTask
 from .errors import Invalid, NotSupported, TooLarge
+from .keys import DECIDE_KEY, ChatTask, ClassifyTask, EmbedTask, RerankTask, TaskKey, TaskParts
 
-RERANK_TASK = "rerank"  # the first part of the reranker's task key (`TaskCache.rerank_key`)
-CHAT_TASK = "chat"  # the first part of a chat completion's task key (`TaskCache.chat_key`)
-EMBED_TASK = "embed"  # the first part of the embedder's task key (`TaskCache.embed_key`)
 # The most tokens a request's own labels (or a chat request's choices) may hold in all, every
 # label counted whole: each is scored as a continuation of every prompt (a trie of that many
 # nodes beside each row), so the work grows with them. 1,500 choices of ~20 tokens (30,000)
@@ -100,11 +100,11 @@ class TaskCache:
 
     def __init__(self, capacity: int):
         self.loaded: Loaded | None = None
-        self.default_key: tuple = ()
+        self.default_key: TaskKey = TaskKey()
         self.front_engine: Any = None
-        self._front: LRU[tuple, Any] = LRU(capacity)  # classifiers on the front tokenizer
+        self._front: LRU[TaskKey, Any] = LRU(capacity)  # classifiers on the front tokenizer
         self._front_lock = threading.Lock()
-        self._back: LRU[tuple, Any] = LRU(capacity)  # classifiers on the engine (the worker runs them)
+        self._back: LRU[TaskKey, Any] = LRU(capacity)  # classifiers on the engine (the worker runs them)
         self._back_lock = threading.Lock()  # built by request threads before admission, read by the worker
         self._reranker: Any = None  # the model's reranker kind (or why it has none), made on first use
         self._pooling: Any = None  # the model's embedding pooling (or why it has none), read on first use
@@ -126,49 +126,51 @@ class TaskCache:
         self._front.get(self.default_key, lambda: self._build(self.front_engine, self.default_key))
 
     @property
-    def _base(self) -> Any:
+    def base(self) -> Any:
+        """The served task's classifier (the loader's)."""
         return self.loaded.clf  # type: ignore[union-attr]
 
-    def key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> tuple:
+    def key(self, labels: Sequence[str] | None, system: Any, template: str | None, truncate: Any) -> ClassifyTask:
         """A task's identity: the served task's parts where the request gives none."""
-        c = self._base
+        c = self.base
         t = c.truncate if truncate is None else (truncate or None)
-        return (
+        return ClassifyTask(
             tuple(labels) if labels is not None else c.labels,
             c.format.system if system is None else (system or None),
             c.format.template if template is None else template,
             t,
         )
 
-    def rerank_key(self, truncate: Any) -> tuple:
-        """The reranker's task: the served task (`key`) when it is the reranker, else its own key
-        ("rerank", truncate); `NotSupported` when the model is no reranker."""
+    def rerank_key(self, truncate: Any) -> TaskKey:
+        """The reranker's task: the served task (`key`) when it is the reranker, else its own
+        `RerankTask`; `NotSupported` when the model is no reranker."""
         spec = self.reranker()
-        if spec is self._base.spec:
+        if spec is self.base.spec:
             return self.key(None, None, None, truncate)
-        return (RERANK_TASK, self._base.truncate if truncate is None else (truncate or None))
+        return RerankTask(self.base.truncate if truncate is None else (truncate or None))
 
-    def chat_key(self, choices: tuple[str, ...]) -> tuple:
-        """A chat completion's task: ("chat", its choices; () for the next token), the kinds of
+    def chat_key(self, choices: tuple[str, ...]) -> ChatTask:
+        """A chat completion's task: its choices (() for the next token), the kinds of
         `kinds/chat.py`; `NotSupported` on a model without an LM head."""
-        seqcls = getattr(self._base.engine.model, "seqcls", None)
-        if not getattr(self._base.engine.model, "has_lm_head", True):
+        seqcls = getattr(self.base.engine.model, "seqcls", None)
+        if not getattr(self.base.engine.model, "has_lm_head", True):
             what = f"a {seqcls.architecture}: its own score head" if seqcls is not None else "no LM head"
             raise NotSupported(
                 f"this model has {what}, and a chat completion scores the LM head's tokens: POST the texts to "
                 "/v1/classify (or /classify) for its answers, or serve a causal LM"
             )
-        return (CHAT_TASK, tuple(choices))
+        return ChatTask(tuple(choices))
 
     def reranker(self) -> Any:
-        """The kind the rerank routes run (`kinds.reranker_spec`), made once; `NotSupported` says
-        how to serve a reranker when the model is none."""
-
+        """The kind the rerank routes run, asked of the kinds table as `--reranker auto` (the
+        served kind when it is a reranker), made once; `NotSupported` says how to serve a
+        reranker when the model is none."""
         if self._reranker is None:
-            base = self._base
+            base = self.base
             name = self.loaded.model or str(base.engine.path or "")  # type: ignore[union-attr]
+            model = ModelFacts(getattr(base.engine.model, "seqcls", None), name)
             try:
-                self._reranker = reranker_spec(base.spec, getattr(base.engine.model, "seqcls", None), name)
+                self._reranker = request_spec(base.spec, arguments(model, reranker="auto"))
             except LabelError as e:  # the command line's advice, as the service takes it
                 why = str(e).replace("pass --reranker", "start mlx-slm serve with --reranker")
                 why = why.replace(
@@ -182,12 +184,12 @@ class TaskCache:
     @property
     def classifies(self) -> bool:
         """False when the served model embeds only (no LM head, no score head, no learned head)."""
-        return not (embeds_only(self._base.engine.model) and self._base.head is None)
+        return not (embeds_only(self.base.engine.model) and self.base.head is None)
 
-    def embed_key(self, truncate: bool) -> tuple:
-        """The embedder's task: ("embed", truncate); `NotSupported` when the model does not embed."""
+    def embed_key(self, truncate: bool) -> EmbedTask:
+        """The embedder's task; `NotSupported` when the model does not embed."""
         self.pooling()
-        return (EMBED_TASK, bool(truncate))
+        return EmbedTask(bool(truncate))
 
     def pooling(self) -> Any:
         """The model's embedding pooling (`embedder.pooling_of`), read once; `NotSupported` says
@@ -195,16 +197,16 @@ class TaskCache:
 
         if self._pooling is None:
             try:
-                self._pooling = pooling_of(self._base.engine)
+                self._pooling = pooling_of(self.base.engine)
             except EmbeddingError as e:
                 self._pooling = NotSupported(str(e))
         if isinstance(self._pooling, NotSupported):
             raise self._pooling
         return self._pooling
 
-    def _embedder(self, engine: Any, truncate: bool) -> Any:
-
-        b = self._base
+    def embedder(self, engine: Any, truncate: bool) -> Embedder:
+        """The model's embedder on `engine` (`EmbedTask`), batched as the served task."""
+        b = self.base
         return Embedder(
             engine,
             self.pooling(),
@@ -212,41 +214,35 @@ class TaskCache:
             batch_size=b.batching.batch_size,
             max_batch_tokens=b.batching.max_batch_tokens,
             sort=b.batching.sort,
-            use_prefix_cache=self.loaded.clf_kwargs.get("use_prefix_cache", True),  # type: ignore[union-attr]
+            use_prefix_cache=b.kind.run.use_prefix_cache,
         )
 
-    def _build(self, engine: Any, key: tuple) -> Any:
-
-        if key[0] == EMBED_TASK:  # the model's embedder beside the served task (see `embed_key`)
-            return self._embedder(engine, key[1])
-        base = self._base
-        kw = dict(self.loaded.clf_kwargs)  # type: ignore[union-attr]
-        if key[0] == RERANK_TASK:  # the model's reranker beside the served task (see `rerank_key`)
-            spec, (system, template, truncate) = self.reranker(), (base.format.system, base.format.template, key[1])
-        elif key[0] == CHAT_TASK:  # a chat completion: the conversation is the whole prompt (see `chat_key`)
-            spec, (system, template, truncate) = chat_spec(key[1]), (None, CHAT_TEMPLATE, None)
-        else:
-            labels, system, template, truncate = key
-            same_prompt = (system, template) == (base.format.system, base.format.template)
-            try:  # the served kind answers for its own labels (and prompt); other labels: a zero-shot labels task
-                if not self.classifies:  # an embedding model's served task: features only (never asked to classify)
-                    spec = base.spec
-                else:
-                    spec = request_spec(base.spec, labels, same_prompt, truncate, kw.get("label_descriptions"))
-            except KindRefused as e:
-                raise Invalid(str(e), "truncate") from None
-        kw.update(
-            batch_size=base.batching.batch_size,
-            max_batch_tokens=base.batching.max_batch_tokens,
-            sort=base.batching.sort,
-            use_prefix_cache=kw.get("use_prefix_cache", True),
-            truncate=truncate,
+    def classifier(self, engine: Any, parts: TaskParts) -> Classifier:
+        """A classifier task on `engine`: the served task's plan (`Classifier.plan`: its batching,
+        context and prefix caching, which a request changes none of) with the task's kind, prompt
+        and truncation (`parts`), its labels filled into that prompt (the plan's `with_labels`, in
+        the classifier), and no calibration of its own (a request's is `calibrate`'s, per request)."""
+        plan = replace(
+            self.base.plan,
+            system=parts.system,
+            template=parts.template,
+            kind=parts.spec,
+            labels_filled=False,
+            truncate=parts.truncate,
+            calibration=CalibrationSpec(),
+            min_confidence=None,
         )
-        for k in ("calibration", "min_confidence", "warmup", *(scoring_names() - {"truncate"})):
-            kw.pop(k, None)  # the kind holds the scoring ones; truncate is the run's (set above)
-        return Classifier(engine, system=system, template=template, kind=spec, **kw)
+        return Classifier(engine, plan=plan)
 
-    def front(self, key: tuple) -> Any:
+    def _build(self, engine: Any, key: TaskKey) -> Any:
+        """The task of `key` on `engine` (the key says what it is made of: `service.keys`); a kind
+        the served task cannot be asked for (truncation) is the request's `truncate` at fault."""
+        try:
+            return key.build(self, engine)
+        except KindRefused as e:
+            raise Invalid(str(e), "truncate") from None
+
+    def front(self, key: TaskKey) -> Any:
         """The task's classifier on the front tokenizer (validation and token counts); a task
         that cannot be built raises the classifier's `LabelError` / `PromptError`."""
         with self._front_lock, self.front_engine.lock:  # construction tokenizes too
@@ -263,8 +259,8 @@ class TaskCache:
         the task LRU, so the state cache is never evicted with a classifier task."""
         with self._decider_lock:
             if front not in self._deciders:
-                engine = self.front_engine if front else self._base.engine
-                path = self._base.engine.path
+                engine = self.front_engine if front else self.base.engine
+                path = self.base.engine.path
                 ld = self.loaded
                 try:
                     config = DecisionConfig.from_folder(path if path is not None and Path(path).is_dir() else None)
@@ -284,14 +280,14 @@ class TaskCache:
                 raise got
             return got
 
-    def back(self, key: tuple) -> Any:
+    def back(self, key: TaskKey) -> Any:
         """The task's classifier on the engine, which only the worker runs. A request builds
         its task's before admission (`Service.classify`), off the worker: building tokenizes its
         labels or choices (1,500 choices: seconds on a real tokenizer), which the worker then
         never waits for. Two requests of one new task may both build it (one is kept); the engine's lock guards the tokenizer."""
         if key == DECIDE_KEY:
             return self.decider(False)
-        engine = self._base.engine
+        engine = self.base.engine
 
         def make() -> Any:
             with engine.lock:
@@ -304,7 +300,7 @@ class TaskCache:
         with self._back_lock:
             return self._back.get(key, lambda: built)
 
-    def for_request(self, spec: TaskSpec) -> tuple[tuple, Any]:
+    def for_request(self, spec: TaskSpec) -> tuple[TaskKey, Any]:
         """(key, front classifier) of a request's task, or `Invalid` naming the request field at
         fault, taken from the check that failed (`check`; then a `LabelError` from building
         is the labels', a `PromptError` the prompt's: over the context)."""
@@ -328,33 +324,29 @@ class TaskCache:
             raise Invalid(str(e), fld) from None
         if key != self.default_key:
             _check_label_tokens(front, "choices" if spec.chat is not None else "labels")
-        if spec.min_confidence is not None and not _abstains(front.spec, spec.min_confidence):
+        if spec.min_confidence is not None and not front.spec.abstains:
             raise Invalid(front.spec.no_calibration.replace("--min-confidence", "min_confidence"), "min_confidence")
         return key, front
 
-    def check(self, key: tuple) -> None:
+    def check(self, key: ClassifyTask) -> None:
         """The checks a classifier runs on its task's parts, one part at a time, so that a
         failure names its field: the labels alone, the labels against their descriptions,
         then the template."""
-
-        labels, system, template, truncate = key
-        served = self._base.spec
-        if labels == self._base.labels and not labels:  # a kind without labels of its own: asked as served
-            if truncate is not None and not served.truncates:
-                raise Invalid(served.no_truncation, "truncate")
-            return
-        descriptions = self.loaded.clf_kwargs.get("label_descriptions")  # type: ignore[union-attr]
+        if key.labels == self.base.labels and not key.labels:  # a kind without labels of its own: asked as served
+            return  # (a truncation it cannot take is refused as its kind is chosen: `kinds.request_spec`)
+        descriptions = self.loaded.label_descriptions  # type: ignore[union-attr]
         for fld, check in (
-            ("labels", lambda: validate_labels(labels)),
-            ("labels", lambda: fill_labels(system, labels, descriptions)),
-            ("template", lambda: PromptFormat(system, template)),
+            ("labels", lambda: validate_labels(key.labels)),
+            # The labels filled into the system message as the task will fill them (`Plan.with_labels`).
+            ("labels", lambda: replace(self.base.plan, system=key.system).with_labels(key.labels, descriptions)),
+            ("template", lambda: PromptFormat(key.system, key.template)),
         ):
             try:
                 check()
             except (LabelError, PromptError) as e:
                 raise Invalid(str(e), fld) from None
 
-    def calibration_for(self, key: tuple) -> tuple[Any, float | None]:
+    def calibration_for(self, key: TaskKey) -> tuple[Any, float | None]:
         """(CalibrationSpec, min_confidence) for a task: a fitted prior applies only to the
         default task (other labels or prompt: it means nothing there); 'batch' applies per request."""
 
@@ -364,7 +356,7 @@ class TaskCache:
             spec = CalibrationSpec(warmup=spec.warmup)
         return spec, ld.min_confidence  # type: ignore[union-attr]
 
-    def calibrate(self, key: tuple, spec: TaskSpec, front: Any, raw: list[Any]) -> tuple[list[Any], Any]:
+    def calibrate(self, key: TaskKey, spec: TaskSpec, front: Any, raw: list[Any]) -> tuple[list[Any], Any]:
         """A request's predictions through its task's calibration (one `Calibration` per request)."""
 
         cal, conf = self.calibration_for(key)
@@ -372,7 +364,7 @@ class TaskCache:
             conf = spec.min_confidence
         if not front.spec.calibrates:  # a head's, relevance, multi-label or one-output scores: never label-calibrated
             cal = CalibrationSpec(warmup=cal.warmup)
-            conf = conf if conf is not None and _abstains(front.spec, conf) else None
+            conf = conf if front.spec.abstains else None
         calib = front.calibration_run(cal, conf)
         return list(calib(r[0] for r in raw)), calib
 
@@ -389,14 +381,3 @@ def _check_label_tokens(front: Any, what: str) -> None:
             f"per request (each is scored after the prompt, so the work grows with them): send fewer or shorter {what}",
             "labels",
         )
-
-
-def _abstains(kind: Any, min_confidence: float) -> bool:
-    """Whether `kind` takes a confidence threshold (a learned head's or fine-tuned classifier's
-    probabilities do, as on the command line; relevance and multi-label scores do not)."""
-
-    try:
-        kind.check_calibration(CalibrationSpec(), min_confidence)
-    except LabelError:
-        return False
-    return True

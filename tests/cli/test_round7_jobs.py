@@ -341,7 +341,7 @@ def test_fine_tune_and_serve_on_such_a_model(tmp_path, data, mistral_style):
     def load():  # as `mlx-slm serve --model` loads
         p, clf = plans.load_fitted(plan, lambda _m: None)
         return Loaded(clf, p.calibration, p.min_confidence, p.warmup, model=p.model.name,
-                      weights_sha256=clf.engine.weights_sha256, clf_kwargs={"use_prefix_cache": True})  # fmt: skip
+                      weights_sha256=clf.engine.weights_sha256)  # fmt: skip
 
     srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
     try:
