@@ -14,6 +14,7 @@ May import: ground, text, files, models, weights, engine, kinds.
 
 from .classifier import Classifier, Run
 from .embedder import Embedder
+from .plan import Plan
 from .task import Task
 
-__all__ = ["Classifier", "Embedder", "Run", "Task"]
+__all__ = ["Classifier", "Embedder", "Plan", "Run", "Task"]

@@ -1,6 +1,6 @@
-"""`embed`: every text's vector, in input order (`embeddings.Embedder` does the work).
+"""`embed`: every text's vector, in input order (`classifier.Embedder` does the work).
 
-INPUT is read as classify reads it (JSONL, CSV/TSV, text lines, Parquet: `io.read_rows`); the
+INPUT is read as classify reads it (JSONL, CSV/TSV, text lines, Parquet: `readers.read_rows`); the
 output's format is its extension: JSONL (`{"id", "embedding": [...]}` per row, an error row
 `{"id", "line", "error"}` as classify writes one; stdout when there is no -o), Parquet (columns
 id, embedding (a list of float32), line, error) or `.npy` (one (N, D) float32 array in input

@@ -200,8 +200,8 @@ class _Answers:
 
 @dataclass(frozen=True)
 class _QuestionAnswers(_Answers):
-    """One question's answers of a --questions output (its `NAME` and `NAME.p_<label>` columns; in
-    JSONL, `answers[NAME]`): its own columns, so no other form to refuse."""
+    """One question's answers of a --questions output (its own column and its per-label
+    probability columns; in JSONL, `answers[NAME]`): its own columns, so no other form to refuse."""
 
     name: str = ""
 

@@ -282,7 +282,7 @@ def _fit_timed(
 
 def _check_items(texts: Sequence[str], labels: Sequence[str], trace: Trace) -> tuple[list[str], list[str]]:
     """learn_head's first checks, before any model work: one text and one non-empty gold label
-    per item (`trace.where(i)` names item i in messages)."""
+    per item (`Trace.where(i)` names item i in messages)."""
 
     if isinstance(texts, (str, bytes)) or isinstance(labels, (str, bytes)):
         raise TrainError("texts and labels are sequences (one text and one gold label per item), not one string")
