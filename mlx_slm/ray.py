@@ -53,7 +53,6 @@ from .text.calibration import DEFAULT_WARMUP, CalibrationSpec
 from .text.labels import log_softmax
 from .text.predictions import Prediction
 
-OUTPUT_COLUMNS = ("label", "probs", "raw_probs", "abstained", "n_tokens", "truncated", "error")
 # `classify_dataset`'s own options (the rest are `Classifier.load`'s, or a task's overrides).
 RUN_OPTIONS = ("text_column", "calibrate", "warmup", "min_confidence", "scores")
 

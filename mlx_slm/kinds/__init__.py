@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ground.errors import UserError
 from .base import Kind, KindArgs, KindSettings, KindSpec, ModelFacts, OnePrompt, RunSettings, TaskError
 from .chat import ChatChoiceSpec, ChatSettings, NextTokenSpec
 from .finetune import FineTunedSettings, FinetuneSpec
@@ -160,14 +159,6 @@ def chat_spec(choices: tuple[str, ...]) -> KindSpec:
     return spec_of(arguments(labels=tuple(choices), conversation=True))
 
 
-def kind_named(name: str) -> type[KindSpec]:
-    """The kind a task file or manifest names."""
-    try:
-        return BY_NAME[name]
-    except KeyError:
-        raise UserError(f"unknown scoring kind {name!r}; this mlx-slm knows {', '.join(BY_NAME)}") from None
-
-
 __all__ = [
     "BY_NAME",
     "KINDS",
@@ -202,6 +193,5 @@ __all__ = [
     "read_task",
     "request_spec",
     "reranker_spec",
-    "kind_named",
     "spec_of",
 ]

@@ -123,10 +123,6 @@ class KindArgs:
                 return s
         return None
 
-    def others(self, cls: type[KindSettings]) -> list[KindSettings]:
-        """The settings these arguments hold of any kind but `cls`'s (what that kind may refuse)."""
-        return [s for s in self.own if not isinstance(s, cls)]
-
 
 S = TypeVar("S", bound=KindSettings)
 

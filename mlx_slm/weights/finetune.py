@@ -82,7 +82,6 @@ KEEPS = ("auto", "average", "best", "last")
 # The top blocks adapted by default: on BANKING77 at 10 per intent (benchmarks/finetune.py,
 # qwen2.5-coder-0.5b's 24 blocks) 16 gave 0.840, 8 gave 0.806 and all 24 0.827.
 DEFAULT_LAYERS = 16
-STOPS = ("finished", "early_stopping", "max_minutes", "interrupted")
 
 
 @dataclass(frozen=True)

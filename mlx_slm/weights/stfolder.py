@@ -27,7 +27,6 @@ MODULES = "modules.json"
 # folder), sentence-transformers' settings and named prompts (at the root).
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
 SETTINGS = "config_sentence_transformers.json"
-SENTENCE_TRANSFORMERS_FILES = (MODULES, TRANSFORMER_CONFIG, SETTINGS)
 RECORD = "conversion.json"  # convert.RECORD (not imported: convert imports this module)
 
 
