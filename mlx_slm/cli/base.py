@@ -15,6 +15,30 @@ from ..ground.notices import notice as _notice
 from ..ground.ranges import RANGES, advice
 from ..ground.textfiles import not_utf8
 
+# The fine-tuning options (`train --finetune lora`), as FinetuneSettings names them where they differ:
+# their own --help section, and refused without --finetune.
+TUNING = (
+    "finetune",
+    "objective",
+    "epochs",
+    "learning_rate",
+    "head_learning_rate",
+    "schedule",
+    "adapt_layers",
+    "rank",
+    "lora_scale",
+    "dropout",
+    "train_batch_size",
+    "val_fraction",
+    "patience",
+    "max_minutes",
+    "head_init",
+    "keep",
+    "label_smoothing",
+    "contrastive",
+    "fused",
+)
+
 # Help sections, in the order --help shows them; an option's section is in SECTIONS (by
 # parameter name), or in the command's own `sections=` where the same option means
 # something else there.
@@ -62,30 +86,7 @@ SECTIONS = {
     **dict.fromkeys(("batch_size", "max_batch_tokens", "window", "no_sort", "no_prefix_cache"), "Batching"),
     **dict.fromkeys(("shard", "use_ray", "ray_address", "workers", "worker_threads"), "Scale-out"),
     **dict.fromkeys(("layers_spec", "layer", "folds", "pooling", "seed"), "Head"),
-    **dict.fromkeys(
-        (
-            "finetune",
-            "objective",
-            "epochs",
-            "learning_rate",
-            "head_learning_rate",
-            "schedule",
-            "adapt_layers",
-            "rank",
-            "lora_scale",
-            "dropout",
-            "train_batch_size",
-            "val_fraction",
-            "patience",
-            "max_minutes",
-            "head_init",
-            "keep",
-            "label_smoothing",
-            "contrastive",
-            "fused",
-        ),
-        "Fine-tuning",
-    ),
+    **dict.fromkeys(TUNING, "Fine-tuning"),
     **dict.fromkeys(("host", "port", "api_key", "log_level"), "Server"),
     **dict.fromkeys(("max_batch_items", "max_wait_ms", "max_queue_items", "max_items_per_request"), "Limits"),
     **dict.fromkeys(("max_body_bytes", "request_timeout", "drain_timeout", "task_cache"), "Limits"),

@@ -19,31 +19,9 @@ from ..jobs.train import HeadOptions, TrainRun, run_train, run_train_fields
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
 from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
 from ..weights.finetune import FinetuneSettings
-from .base import Command, given, notice, number, warn_blas
+from .base import TUNING, Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
-# The fine-tuning options (`--finetune lora`), as FinetuneSettings names them where they differ.
-TUNING = {
-    "finetune",
-    "objective",
-    "epochs",
-    "learning_rate",
-    "head_learning_rate",
-    "schedule",
-    "adapt_layers",
-    "rank",
-    "lora_scale",
-    "dropout",
-    "train_batch_size",
-    "val_fraction",
-    "patience",
-    "max_minutes",
-    "head_init",
-    "fused",
-    "keep",
-    "label_smoothing",
-    "contrastive",
-}
 # Which of the two wins depends on the data (docs/finetune.md): said after either, never chosen silently.
 COMPARE = (
     "mlx-slm: a learned head or fine-tuning: which classifies better depends on the data (the head won on "
@@ -290,7 +268,7 @@ def train(
     tune = {k: o.pop(k) for k in TUNING}  # the fine-tuning options (checked in _finetune)
     poolings = ("last", "mean") if pooling == "auto" else (pooling,)
     head = HeadOptions(layers_spec, layer, folds, seed, o["window"], poolings)
-    if tune["finetune"] is not None or TUNING & given(ctx, tune) - {"finetune"}:
+    if tune["finetune"] is not None or set(TUNING) & given(ctx, tune) - {"finetune"}:
         _finetune(ctx, data, gold_fields, tune, _Given(head, rule, o))
         return
     if len(gold_fields) > 1:
@@ -407,7 +385,7 @@ def _finetune(ctx: click.Context, data: str, gold_fields: tuple[str, ...], tune:
     """`train --finetune lora` (or auto): check the options, fine-tune, print the epochs, say where the task went."""
 
     if tune["finetune"] is None:
-        named = sorted(TUNING & given(ctx, tune))
+        named = sorted(set(TUNING) & given(ctx, tune))
         flag = next(p.opts[0] for p in ctx.command.params if p.name == named[0])  # --lr, not --learning-rate
         raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
     if tune["finetune"] == "lora":
