@@ -1,6 +1,7 @@
 """mlx-slm: fast, verified text classification with small language models on MLX."""
 
 import logging as _logging
+from importlib import import_module as _import_module
 
 from .ground import blas as _blas  # noqa: F401  (must load an optimized CBLAS before mlx.core)
 from .ground.version import __version__  # noqa: F401
@@ -46,7 +47,5 @@ def __dir__() -> list[str]:
 
 def __getattr__(name: str):
     if name in _HOMES:
-        from importlib import import_module
-
-        return getattr(import_module(f".{_HOMES[name]}", __name__), name)
+        return getattr(_import_module(f".{_HOMES[name]}", __name__), name)
     raise AttributeError(f"module 'mlx_slm' has no attribute {name!r}")

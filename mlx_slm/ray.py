@@ -28,8 +28,11 @@ May import: ground, text, engine, kinds, classifier.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -46,10 +49,13 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is installed in the test env
     raise MissingExtra(f"mlx_slm.ray needs Ray Data ({e.name} is missing): pip install 'mlx-slm[ray]'") from None
 from .classifier.classifier import Classifier
+from .classifier.decider import Decider
 from .classifier.plan import Plan
 from .classifier.task import Task
+from .engine import Engine
 from .kinds.base import TaskError
 from .text.calibration import DEFAULT_WARMUP, CalibrationSpec
+from .text.decisions import DecisionConfig, DecisionError, DecisionRequest, questions_of
 from .text.labels import log_softmax
 from .text.predictions import Prediction
 
@@ -186,8 +192,6 @@ def _host_port(address: str) -> tuple[str, int] | None:
 def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Raise ConnectionError, within `timeout` seconds, if nothing accepts a TCP connection at
     the address of a Ray cluster (Ray itself retries an absent cluster for minutes)."""
-    import socket
-
     hp = _host_port(address)
     if hp is None:
         return
@@ -213,8 +217,6 @@ def init(address: str | None = None, connect_timeout: float = CONNECT_TIMEOUT_S,
         kwargs.setdefault("logging_level", "WARNING")
         kwargs.setdefault("configure_logging", True)
         ray.init(address=address, **kwargs)
-    import logging
-
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # per-dataset INFO lines: mlx-slm reports progress
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # output rows in input order
@@ -417,10 +419,6 @@ class DecideBatch:
         config: dict[str, Any],
         weights_sha256: str | None = None,
     ):
-        from .classifier.decider import Decider
-        from .engine import Engine
-        from .text.decisions import DecisionConfig, questions_of
-
         engine = Engine.load(load["model"], load.get("dtype"))
         here = engine.weights_sha256
         if weights_sha256 and here and here != weights_sha256:  # another conversion under the same name
@@ -446,18 +444,12 @@ class DecideBatch:
         )
 
     def _one(self, state: Any) -> tuple[Any, str | None]:
-        from .text.decisions import DecisionError, DecisionRequest
-
         try:
             return self.decider.decide([DecisionRequest(state, self.questions)])[0], None
         except DecisionError as e:
             return None, str(getattr(e, "msg", e))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        import json
-
-        from .text.decisions import DecisionError, DecisionRequest
-
         states = [json.loads(s) for s in batch.column("state").to_pylist()]
         try:
             got = [(r, None) for r in self.decider.decide([DecisionRequest(s, self.questions) for s in states])]
@@ -484,8 +476,6 @@ def decisions(
     """Each state's (probabilities per question, error, input tokens, cached tokens), in order,
     answered on Ray workers (the CLI's `decide --ray`); `questions` as a questions file holds them,
     `config` the model's decision settings as fields (`text.decisions.DecisionConfig`)."""
-    import json
-
     n = len(states)
     if n == 0:
         return

@@ -136,7 +136,7 @@ def test_architecture_names_every_module():
 
 # ARCHITECTURE.md's rule: an import inside a function says why on its line (`# lazy: ...`). Each
 # owner adds the reasons in its files; the lead turns this on (True) once those branches are merged.
-LAZY_REASONS_REQUIRED = False
+LAZY_REASONS_REQUIRED = True
 
 
 def test_every_import_inside_a_function_says_why():

@@ -12,6 +12,7 @@ cross-validation table, the training data's sha256).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -284,8 +285,6 @@ def fields() -> tuple[str, ...]:
 
 def _check_format(d: Any, where: str) -> None:
     """An mlx-slm task object of a version this reads, with no field it does not know."""
-    import difflib
-
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise TaskError(f'{where} is not an mlx-slm task file (no "format": "{FORMAT}")')
     version = d.get("version", VERSION)

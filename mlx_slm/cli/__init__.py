@@ -12,7 +12,9 @@ May import: ground, text, files, models, weights, engine, kinds, classifier, par
 from __future__ import annotations
 
 import errno
+import os
 import sys
+import traceback
 from typing import Any
 
 import click
@@ -74,8 +76,6 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _silence_stdout() -> None:
-    import os
-
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):
@@ -84,8 +84,6 @@ def _silence_stdout() -> None:
 
 def _bug() -> None:
     """Any other exception: a bug in mlx-slm, its traceback shown (exit 70)."""
-    import traceback
-
     traceback.print_exc()
     notice(BUG_REPORT)
     sys.exit(70)  # EX_SOFTWARE

@@ -176,7 +176,7 @@ def write(kind: str, output: str | None, rows: list[Any], got: Embeddings) -> No
                 notice(f"mlx-slm: row {r.id!r}: {_error(r, e)}")
         return
     pa = require_pyarrow()
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow is optional (the ray extra) and slow to import
 
     columns = id_columns([r.id for r in rows])  # typed as classify's: `1` and "1" stay apart (`id_is_int`)
     columns += [

@@ -17,6 +17,7 @@ from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
 from ..jobs import plan as plans
 from ..jobs.evaluate import form_problem, plot, plot_paths, read_predictions
+from ..jobs.evaluate_decisions import DecisionEvalSettings, evaluate_decisions
 from ..jobs.plan import flag_names
 from ..text.metrics import format_report, report
 from ..text.out_of_scope import figures as oos_figures
@@ -176,8 +177,6 @@ def _evaluate_decisions(
     """`eval --decisions` (`jobs.evaluate_decisions`), from the command's options: `given` holds INPUT,
     --decisions and --predictions, `outputs` --json and --plots."""
     (input, decisions, predictions), (json_path, plots) = given, outputs
-    from ..jobs.evaluate_decisions import DecisionEvalSettings, evaluate_decisions
-
     reads = files_read(o, ("INPUT", input), ("--decisions", decisions), ("--predictions", predictions))
     check_run_files(reads, [("--json", json_path), ("--save-task", o.get("save_task"))])  # before any is read
     if o.get("save_task"):  # one writer of a task at a time (held to the end)

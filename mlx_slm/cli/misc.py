@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import platform
+import runpy
 import sys
 from pathlib import Path
 
 import click
+import mlx.core as mx
 
 from ..classifier.embedder import EmbeddingError, read_pooling
 from ..ground import blas as _blas
@@ -83,10 +87,6 @@ def doctor(model: str | None) -> None:
 
     Docs: docs/parity.md
     """
-    import platform
-
-    import mlx.core as mx
-
     peak = _blas.matmul_peak()
     g_mlx, g_np = peak["mlx"], peak["numpy"]
     click.echo(f"platform       {platform.platform()} ({platform.machine()})")
@@ -110,8 +110,6 @@ def doctor(model: str | None) -> None:
 def model_head_lines(model: str) -> list[tuple[str, str]]:
     """What `doctor --model` says of a model: where it is, its head, and what reranks with it
     (as `serve`'s rerank routes and `--reranker auto` choose)."""
-    import json
-
     path = materialise(model)
     config = json.loads((path / "config.json").read_text())
     own = SeqClsHead.from_config(config)
@@ -170,7 +168,5 @@ def bench(ctx: click.Context) -> None:
             "the benchmark harness lives in the repository's benchmarks/ folder, not in the installed "
             "package: run `python benchmarks/run.py` from a checkout"
         )
-    import runpy
-
     sys.argv = [str(runner), *ctx.args]
     runpy.run_path(str(runner), run_name="__main__")

@@ -134,8 +134,8 @@ def serve(
     Docs: docs/serving.md
     """
     try:
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
+        import starlette  # noqa: F401  # lazy: the serve extra's, checked here to name the pip command
+        import uvicorn  # noqa: F401  # lazy: the serve extra's, checked here to name the pip command
     except ImportError:
         raise MissingExtra("mlx-slm serve needs Starlette and uvicorn: pip install 'mlx-slm[serve]'") from None
 

@@ -431,7 +431,7 @@ def _parquet(
 ) -> Iterator[Row]:
     """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow is optional (the ray extra) and slow to import
     except ImportError:
         raise InputError("reading Parquet needs pyarrow: pip install 'mlx-slm[ray]' (or pyarrow)") from None
     try:

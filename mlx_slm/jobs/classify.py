@@ -12,10 +12,13 @@ CLI's `cli.base.notice`), and only the live progress line on a terminal is writt
 from __future__ import annotations
 
 import itertools
+import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,9 +92,6 @@ class Distribution:
 
 def ray_init(address: str | None, say: Say) -> None:
     """Join (or start) Ray, or a `UserError`; a cluster silent for a minute ends the process (exit 2)."""
-    import os
-    import threading
-
     from .. import ray as mray  # lazy: the ray extra is optional (MissingExtra, exit 2, names the pip command)
 
     where = f"the Ray cluster at {address}" if address else "a local Ray"
@@ -130,8 +130,6 @@ class ClassifySettings:
 def classify(s: ClassifySettings, say: Say) -> int:
     """Check the settings, lock the output and run; the number of error rows in the whole output.
     Notes and the summary go to `say`."""
-    from contextlib import ExitStack
-
     out_fmt = output_format_of(s.output, s.output_format)
     file_out = is_plain_file_target(s.output)
     _check_io(s, out_fmt, file_out)

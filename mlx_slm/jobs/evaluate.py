@@ -14,6 +14,7 @@ reliability) and if one can read off what each threshold buys (the coverage curv
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -256,8 +257,8 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
     Uses matplotlib's object API with the Agg canvas, so no display and no pyplot state.
     """
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
-        from matplotlib.figure import Figure  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401  # lazy: optional (bench extra), slow
+        from matplotlib.figure import Figure  # noqa: F401  # lazy: as above
     except ImportError:
         raise MissingExtra("plots need matplotlib: pip install 'mlx-slm[bench]'") from None
 
@@ -274,8 +275,8 @@ def plot(rep: dict[str, Any], outdir: str | Path) -> list[Path]:
 
 
 def _figure(size: tuple[float, float]) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib is optional and slow
+    from matplotlib.figure import Figure  # lazy: matplotlib is optional and slow
 
     fig = Figure(figsize=size)
     FigureCanvasAgg(fig)
@@ -348,8 +349,6 @@ def _reliability_figure(rep: dict[str, Any]) -> Any:
 
 def _save(fig: Any, path: Path) -> None:
     """A figure as PNG, through an exclusive temporary file and a rename (never through a link)."""
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, dpi=120, format="png")
     atomic_write(path, buf.getvalue(), "--plots")

@@ -254,7 +254,7 @@ def standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _sklearn() -> Any:
     try:
-        import sklearn  # noqa: F401
+        import sklearn  # noqa: F401  # lazy: the train extra's, checked here to name the pip command
     except ImportError:
         raise MissingExtra("training a head needs scikit-learn: pip install 'mlx-slm[train]'") from None
 

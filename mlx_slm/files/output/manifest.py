@@ -3,10 +3,13 @@ decide the rows, the input's sha256 (hashed while the model loads), whether the 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import socket
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +48,6 @@ class OutputLock:
         self.created = False
 
     def __enter__(self) -> OutputLock:
-        import fcntl
-
         # Nothing of ours is written through a link someone placed beside the output.
         for p, what in (
             (self.target, self.option),
@@ -96,8 +97,6 @@ class OutputLock:
         )
 
     def _note_holder(self) -> None:
-        import fcntl
-
         while True:
             fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, "the lock file")
             try:
@@ -183,8 +182,6 @@ def input_sha256(path: str | None) -> tuple[str | None, str | None]:
     """(sha256 of an input file's bytes, None), streamed in 4 MiB blocks; (None, why not) for
     standard input or a stream that cannot be read twice. The manifest pins it, so `--resume`,
     `eval --predictions` and `merge` notice an input edited in place, at the same size too."""
-    import hashlib
-
     if path in (None, "-"):
         return None, NOT_HASHED_STDIN
     try:
@@ -204,8 +201,6 @@ class InputDigest:
     over the file, overlapped with other work; a daemon, so Ctrl-C does not wait for it)."""
 
     def __init__(self, path: str | None):
-        import threading
-
         self._result: tuple[str | None, str | None] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(path,), daemon=True, name="mlx-slm input sha256")
@@ -240,8 +235,6 @@ def input_changed(path: str, recorded: dict[str, Any], current: tuple[str | None
 
 def output_sha256(output: str) -> str:
     """sha256 of an output file's bytes (header and rows), read without following a link."""
-    import hashlib
-
     h = hashlib.sha256()
     try:
         with os.fdopen(open_nofollow(output, os.O_RDONLY, "-o"), "rb") as f:

@@ -145,7 +145,7 @@ def _csv_records(path: str, data: bytes, delim: str, lenient: bool, strict: bool
 
 def _parquet_records(path: str, data: bytes) -> Iterator[Record]:
     require_pyarrow()
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow is optional (the ray extra) and slow to import
 
     try:
         recs = parquet_records(pq.read_table(io.BytesIO(data)))

@@ -11,6 +11,7 @@ is named here too (`adapters_file`: a fine-tuned task's adapters), and checked w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,6 @@ def task_files(task_file: str) -> list[Read]:
     """The files a task file names that a run reads with it: a fine-tuned task's adapters
     (relative to the task's folder). Read leniently: a task that cannot be read names nothing
     here (the task's own reader says what is wrong with it)."""
-    import json
-
     try:
         with open(task_file, "rb") as f:
             section = json.loads(f.read(1 << 24)).get("finetune")

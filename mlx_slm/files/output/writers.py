@@ -130,8 +130,8 @@ class Writer:
 
 def require_pyarrow() -> Any:
     try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow  # lazy: optional (the ray extra), slow to import; missing: MissingExtra names the pip command
+        import pyarrow.parquet  # noqa: F401  # lazy: as above
     except ImportError:
         raise MissingExtra(
             "Parquet output needs pyarrow: pip install 'mlx-slm[ray]' (or pyarrow), or write .jsonl/.csv"
@@ -219,7 +219,7 @@ class ParquetRows:
         return pa.Table.from_arrays(arrays, names=names)
 
     def write(self, f: Any) -> None:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow is optional (the ray extra) and slow to import
 
         pq.write_table(self.table(), f)
 
