@@ -245,7 +245,7 @@ def run_finetune(engine, labels, fmt, train, test, settings, speed_n: int, extra
 
     from mlx_slm.text.labels import build_labelset
     from mlx_slm.text.prompts import render, tokenize
-    from mlx_slm.weights.finetune import finetune
+    from mlx_slm.weights.finetune import Provenance, finetune
 
     tok = engine.tokenizer
     (xtr, ytr), (xte, yte) = train, test
@@ -264,8 +264,8 @@ def run_finetune(engine, labels, fmt, train, test, settings, speed_n: int, extra
             print(f"  {p.elapsed:.0f} s: epoch {p.epoch} starts; last val loss {p.val_loss}, val acc {p.val_accuracy}, "
                   f"about {p.eta or 0:.0f} s left", flush=True)  # fmt: skip
 
-    ft = finetune(engine.model, ptr, list(ytr), labels, settings, label_tokens=lt, base_sha256=engine.weights_sha256,
-                  prompt={"system": fmt.system, "template": fmt.template}, progress=progress)  # fmt: skip
+    ft = finetune(engine.model, ptr, list(ytr), labels, settings, label_tokens=lt, progress=progress,
+                  provenance=Provenance(engine.weights_sha256, {"system": fmt.system, "template": fmt.template}))  # fmt: skip
     for e in ft.history:
         print(f"  epoch {e.epoch}: train loss {e.train_loss:.3f}, val loss {e.val_loss}, val acc {e.val_accuracy}, "
               f"{e.seconds:.0f} s, peak {e.peak_memory_mb:.0f} MB{'' if e.complete else ' (cut short)'}", flush=True)  # fmt: skip

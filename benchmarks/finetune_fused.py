@@ -5,7 +5,7 @@ adapters merged into the adapted projections), on the same adapters and texts.
         [--adapt-layers 2] [--max-minutes 2] [--rounds 4]
         [--out benchmarks/results/finetune-fused.json]
 
-`train --finetune lora`'s own code (`tuning.run_finetune`) fine-tunes the top `--adapt-layers`
+`train --finetune lora`'s own code (`jobs.finetune.run_finetune`) fine-tunes the top `--adapt-layers`
 blocks on `--n-train` workload tickets for at most `--max-minutes` (a few steps: what is timed
 is inference, not accuracy); the task is then run twice on one loaded engine, its "fused" field
 false and true (`Classifier.from_task`): each made once (the merge's cost is the fused side's
@@ -42,11 +42,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="benchmarks/results/finetune-fused.json")
     a = ap.parse_args(argv)
     from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.plan import Plan
     from mlx_slm.classifier.task import Task
     from mlx_slm.engine.engine import Engine
+    from mlx_slm.files.readers import ReadSpec
     from mlx_slm.jobs.finetune import run_finetune
+    from mlx_slm.jobs.train import TrainRun
+    from mlx_slm.text.prompts import DEFAULT_SYSTEM, DEFAULT_TEMPLATE
     from mlx_slm.text.workload import tickets
     from mlx_slm.weights.finetune import FinetuneSettings
+    from mlx_slm.weights.registry import ModelRef
 
     peak0 = matmul_peak()["mlx"]
     every = tickets(a.n_train + a.n)
@@ -56,7 +61,10 @@ def main(argv: list[str] | None = None) -> None:
         (d / "train.jsonl").write_text("".join(json.dumps({"text": t, "label": g}) + "\n" for t, g in train))
         s = FinetuneSettings(layers=a.adapt_layers, epochs=2, max_minutes=a.max_minutes)
         t0 = time.perf_counter()
-        _, tuned = run_finetune(str(d / "train.jsonl"), str(d / "task.json"), model=a.model, settings=s)
+        data = str(d / "train.jsonl")
+        plan = Plan(ModelRef(a.model), DEFAULT_SYSTEM, DEFAULT_TEMPLATE, read=ReadSpec().for_input(data),
+                    save_task=str(d / "task.json"))  # fmt: skip
+        _, tuned = run_finetune(TrainRun(data, plan), s)
         train_s = time.perf_counter() - t0
         task = Task.load(d / "task.json")
         engine = Engine.load(a.model)

@@ -24,10 +24,10 @@ import mlx.nn as nn
 from transformers import AutoTokenizer
 
 import mlx_slm  # noqa: F401  (optimized BLAS before mlx.core)
-from mlx_slm import model as model_mod
 from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.engine.engine import Engine
 from mlx_slm.ground.blas import matmul_peak
+from mlx_slm.models import base as model_mod
 from mlx_slm.models import fastmath, flops_per_token, load_model
 from mlx_slm.text.workload import stratified_sample, tickets
 from mlx_slm.weights.sources import materialise

@@ -24,12 +24,13 @@ import mlx.core as mx
 import numpy as np
 
 from ..classifier.classifier import Classifier
+from ..classifier.pipeline import DEFAULT_BATCH_SIZE
 from ..ground.errors import UserError
 from ..kinds import chat_spec
 from ..text.chat import Conversation
 from ..text.labels import log_softmax, softmax
 from ..text.prompts import PromptFormat
-from .labels import TOLERANCE, _label_list
+from .labels import TOLERANCE, Ours, _label_list
 from .reference import score_in_child
 from .seqcls import SEQCLS_TOLERANCE, _loaded, _same_values
 
@@ -57,9 +58,8 @@ def run_chat_parity(
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer  # lazy: a slow import
 
-    clf, path, q = _loaded(
-        model, progress, labels=labels, system=system, template=template, dtype=dtype, dequantize=dequantize
-    )
+    ours = Ours(dtype=dtype, batch_size=DEFAULT_BATCH_SIZE, dequantize=dequantize, progress=progress)
+    clf, path, q = _loaded(model, ours, None, labels=labels, system=system, template=template)
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     convs = conversations(texts, clf.format)
     next_clf = Classifier(clf.engine, system=None, template="{text}", kind=chat_spec(()))
