@@ -143,7 +143,7 @@ def ours(model: str, requests: dict[int, list[dict[str, Any]]], batch: int) -> d
     """Per count: one-at-a-time latencies (state cache off), batched throughput, the second of two
     identical requests with the state cache on, each request's probabilities and tokens."""
     from mlx_slm.classifier.decider import Decider
-    from mlx_slm.text.decisions import parse_systemone
+    from mlx_slm.text.decisions.systemone import parse_systemone
 
     cold = Decider.load(model, state_cache=0)
     warm = Decider(cold.engine, cold.config, state_cache=64, answer_cache=False)  # its questions run again

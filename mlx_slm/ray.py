@@ -49,13 +49,14 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is installed in the test env
     raise MissingExtra(f"mlx_slm.ray needs Ray Data ({e.name} is missing): pip install 'mlx-slm[ray]'") from None
 from .classifier.classifier import Classifier
-from .classifier.decider import Decider
+from .classifier.decider import DecisionResult
 from .classifier.plan import Plan
 from .classifier.task import Task
 from .engine import Engine
 from .kinds.base import TaskError
 from .text.calibration import DEFAULT_WARMUP, CalibrationSpec
-from .text.decisions import DecisionConfig, DecisionError, DecisionRequest, questions_of
+from .text.decisions.errors import DecisionError
+from .text.decisions.questions import DecisionRequest
 from .text.labels import log_softmax
 from .text.predictions import Prediction
 
@@ -406,76 +407,64 @@ def predictions(
 
 class DecideBatch:
     """`Dataset.map_batches` callable class for `mlx-slm decide --ray`: one `Decider` per actor,
-    loaded once. Each row's `state` column holds a state as JSON text (a string, an object or an
-    array: one Arrow type a column); the columns added are `probs` (JSON text: a list of option
-    probabilities per question, in question order), `error` (null, or why the state has no
-    answers: over the context), `input_tokens` and `cached_tokens`."""
+    made once from the run's `DecisionPlan` (resolved and loaded on the driver: its questions,
+    decision settings and methods travel whole, nothing is read again) and the run's batch
+    priors. Each row's `state` column holds a state as JSON text (a string, an object or an
+    array: one Arrow type a column); the column added, `result`, is JSON text: the probabilities,
+    raw probabilities and what was applied per question (`DecisionResult`'s), the input and
+    cached tokens, or the error that left the state unanswered (over the context)."""
 
-    def __init__(
-        self,
-        questions: Any,
-        temperatures: dict[str, float] | None,
-        load: dict[str, Any],
-        config: dict[str, Any],
-        weights_sha256: str | None = None,
-    ):
-        engine = Engine.load(load["model"], load.get("dtype"))
+    def __init__(self, plan: Any, priors: dict[str, Any], weights_sha256: str | None = None):
+        engine = Engine.load(plan.model)
         here = engine.weights_sha256
         if weights_sha256 and here and here != weights_sha256:  # another conversion under the same name
             raise TaskError(
                 f"this worker's {engine.path} has weights sha256 {here[:12]}..., the run was set up "
                 f"with {weights_sha256[:12]}...: give every node the same converted model"
             )
-        cfg = DecisionConfig(
-            **{
-                **config,
-                "labels": {k: tuple(v) for k, v in config["labels"].items()},
-                "noul_options": tuple(config["noul_options"]),
-            }
-        )
-        self.questions = questions_of(questions, cfg)
-        # `temperatures` are those that apply to these questions (the caller's `Questions.applied`)
-        self.decider = Decider(
-            engine,
-            cfg,
-            state_cache=load.get("state_cache", 64),
-            calibration=temperatures or None,
-            calibration_questions=self.questions,
-        )
+        self.plan, self.priors = plan, priors
+        self.decider = plan.decider(engine)
 
-    def _one(self, state: Any) -> tuple[Any, str | None]:
+    def _answer(self, states: list[Any]) -> list[dict[str, Any]]:
+        reqs = [DecisionRequest(s, self.plan.questions, "", None, self.plan.refusal) for s in states]
         try:
-            return self.decider.decide([DecisionRequest(state, self.questions)])[0], None
+            return [_result_json(r) for r in self.decider.decide(reqs, self.priors)]
         except DecisionError as e:
-            return None, str(getattr(e, "msg", e))
+            if len(states) == 1:
+                return [{"error": str(getattr(e, "msg", e))}]
+            return [got for s in states for got in self._answer([s])]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         states = [json.loads(s) for s in batch.column("state").to_pylist()]
-        try:
-            got = [(r, None) for r in self.decider.decide([DecisionRequest(s, self.questions) for s in states])]
-        except DecisionError:  # one state over the context: each alone, so only its row fails
-            got = [self._one(s) for s in states]
-        probs = [None if r is None else json.dumps([[float(x) for x in p] for p in r.probabilities]) for r, _ in got]
-        out = batch.append_column("probs", pa.array(probs, pa.string()))
-        out = out.append_column("error", pa.array([e for _, e in got], pa.string()))
-        out = out.append_column("input_tokens", pa.array([0 if r is None else r.input_tokens for r, _ in got]))
-        return out.append_column("cached_tokens", pa.array([0 if r is None else r.cached_tokens for r, _ in got]))
+        self.decider.states.clear()  # a batch's answers depend on the batch alone
+        got = [json.dumps(r) for r in self._answer(states)]
+        return batch.append_column("result", pa.array(got, pa.string()))
+
+
+def _result_json(r: DecisionResult) -> dict[str, Any]:
+    def arrays(ps: Any) -> list[Any]:
+        return [None if p is None else [float(x) for x in p] for p in ps]
+
+    return {
+        "probs": arrays(r.probabilities),
+        "raw": arrays(r.raw),
+        "applied": list(r.applied),
+        "input_tokens": int(r.input_tokens),
+        "cached_tokens": int(r.cached_tokens),
+    }
 
 
 def decisions(
     states: Sequence[Any],
-    questions: Any,
-    temperatures: dict[str, float] | None,
-    load: dict[str, Any],
-    config: dict[str, Any],
+    plan: Any,
+    priors: dict[str, Any],
     *,
     concurrency: int = 1,
     threads_per_worker: int | None = None,
     weights_sha256: str | None = None,
-) -> Iterator[tuple[list[list[float]] | None, str | None, int, int]]:
-    """Each state's (probabilities per question, error, input tokens, cached tokens), in order,
-    answered on Ray workers (the CLI's `decide --ray`); `questions` as a questions file holds them,
-    `config` the model's decision settings as fields (`text.decisions.DecisionConfig`)."""
+) -> Iterator[tuple[Any, str | None]]:
+    """Each state's (`DecisionResult`, None) or (None, error), in order, answered on Ray workers
+    (the CLI's `decide --ray`) from the run's loaded `DecisionPlan` and its batch `priors`."""
     n = len(states)
     if n == 0:
         return
@@ -484,7 +473,7 @@ def decisions(
     ds = ray.data.from_items(items, override_num_blocks=math.ceil(n / batch_size))
     out = ds.map_batches(
         DecideBatch,
-        fn_constructor_args=(questions, temperatures, load, config),
+        fn_constructor_args=(plan, priors),
         fn_constructor_kwargs={"weights_sha256": weights_sha256},
         batch_format="pyarrow",
         batch_size=batch_size,
@@ -497,8 +486,17 @@ def decisions(
             if r["row"] != expect:  # preserve_order is on: anything else is a bug, not data to write
                 raise RuntimeError(f"Ray returned row {r['row']} where row {expect} was due")
             expect += 1
-            probs = None if r["probs"] is None else json.loads(r["probs"])
-            yield probs, r["error"], int(r["input_tokens"]), int(r["cached_tokens"])
+            got = json.loads(r["result"])
+            if "error" in got:
+                yield None, got["error"]
+                continue
+            arr = [[None if p is None else np.asarray(p, dtype=np.float64) for p in got[k]] for k in ("probs", "raw")]
+            yield (
+                DecisionResult(
+                    None, tuple(arr[0]), got["input_tokens"], got["cached_tokens"], tuple(arr[1]), tuple(got["applied"])
+                ),
+                None,
+            )  # type: ignore[arg-type]
     if expect != n:
         raise RuntimeError(f"Ray returned {expect} rows for {n} inputs")
 

@@ -77,7 +77,7 @@ FOREIGN_NAMES = {
 FOREIGN_WORDS = {"mark_control_tokens", "raise_exception", "to_csv", "ernie4_5", "seed_oss", "qwen2_moe"}
 FOREIGN_WORDS |= {"min_confidance"}
 # Other projects' files named in the words (Transformers' modelling code, llama.cpp's converter).
-FOREIGN_FILES = {"modeling_gemma3.py", "convert_hf_to_gguf.py"}
+FOREIGN_FILES = {"modeling_gemma3.py", "convert_hf_to_gguf.py", "confidence_metrics.py"}
 # Dotted names that are not code: keys in a checkpoint, a GGUF header or a saved config, fields of
 # a JSON answer or of another API's client, a file's name pattern, maths. A name equal to one of
 # these, or under it (`usage.prompt_tokens`), is skipped.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 from dataclasses import InitVar, asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..kinds.finetune import FineTunedSettings
 from ..kinds.head import HeadSettings
 from ..kinds.questions import QuestionsSettings
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
+from ..text.decisions.settings import temperature_problem
 from ..text.heads import Head
 from ..text.labels import MODES, label_problem
 from ..text.questions import Question
@@ -62,10 +62,11 @@ class Task:
     # label, abstained), "min_confidence": how the task's `min_confidence` was chosen (target and the
     # held-out figures), or null when given}; None for a task that answers every text with a label.
     none: dict[str, Any] | None = field(default=None, compare=False)
-    # Typed decisions (`mlx-slm eval --decisions Q --fit --save-task`): {"questions": the questions as
-    # given (a System One object or an OpenAI list), "temperatures": {question key: T}, "fit": {question
-    # key: what the fit measured}}; `decide --task` and `serve --task` answer with them
-    # (`decision_temperatures`). None for a task without them.
+    # Typed decisions (`eval --decisions Q --fit --save-task`, `train --decisions`): {"questions": the
+    # questions as given (a System One object or an OpenAI list), "methods": each fitted or trained
+    # question's method bound to its digest (`text.decisions.methods.Method.to_dict`), and, in tasks of
+    # before, "temperatures": {question key: T}}; `decide --task` and `serve --task` answer with them
+    # (`classifier.decision_plan.task_methods`). None for a task without them.
     decisions: dict[str, Any] | None = field(default=None, compare=False)
     # The model's chat template refuses a system turn, so the system text was put at the start of the
     # first user turn (`prompts.refuses_system`): a record, written when true (rendering finds it again).
@@ -124,6 +125,12 @@ class Task:
         return own or ("learned head" if self.heads else None)
 
     @property
+    def decisions_fitted(self) -> bool:
+        """The task holds decision questions fitted or trained on its weights."""
+        sec = self.decisions or {}
+        return bool(sec.get("temperatures") or sec.get("methods"))
+
+    @property
     def decisions_only(self) -> bool:
         """A task of typed decisions alone (`eval --decisions --save-task`): no labels and no kind section."""
         return self.decisions is not None and not self.labels and self.section is None
@@ -143,7 +150,7 @@ class Task:
     def pins_weights(self) -> bool:
         """A fitted prior or a learned head means something for the weights it was fitted on only."""
         fitted = self.calibration.fitted or self.trained is not None  # type: ignore[union-attr]
-        return fitted or bool((self.decisions or {}).get("temperatures"))
+        return fitted or self.decisions_fitted
 
     def to_dict(self, path: str | os.PathLike | None = None) -> dict[str, Any]:
         """The task file's JSON object (`path`: where it is saved; a kind names its files beside it)."""
@@ -227,8 +234,8 @@ class Task:
             own = self.section.weights_note() if self.section is not None else None
             if own is not None:
                 what, fix = own
-            elif (self.decisions or {}).get("temperatures") and not self.calibration.fitted:  # type: ignore[union-attr]
-                what = "decision temperatures were fitted"
+            elif self.decisions_fitted and not self.calibration.fitted:  # type: ignore[union-attr]
+                what = "decision questions were fitted"
                 fix = "fit them again (mlx-slm eval GOLD --decisions Q.json --fit --save-task ...)"
             elif not self.calibration.fitted:  # type: ignore[union-attr]
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
@@ -372,40 +379,32 @@ def _none_field(d: dict[str, Any], where: str, labels: list[str]) -> dict[str, A
 
 def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
     """The task's typed decisions: their questions (as given; read by `text.decisions` where they are
-    used) and a temperature per question key, each a positive finite number."""
+    used), each fitted question's method (read with the model's decision settings by
+    `decision_plan.task_methods`), and a task of before's temperatures per question key."""
     sec = d.get("decisions")
     if sec is None:
         return None
-    shape = '{"questions": {...} or [...], "temperatures": {"question key": T, ...}}'
-    if not isinstance(sec, dict) or set(sec) - {"questions", "temperatures", "fit"}:
+    shape = '{"questions": {...} or [...], "methods": [...]}'
+    if not isinstance(sec, dict) or set(sec) - {"questions", "methods", "temperatures", "fit"}:
         raise bad_field(d, where, "decisions", f"an object {shape}")
     qs = sec.get("questions")
     if not isinstance(qs, (dict, list)) or not qs:
         raise bad_field(d, where, "decisions", f"an object {shape} whose questions are not empty")
-    temps = sec.get("temperatures", {})
-    if not isinstance(temps, dict):
+    temps, methods = sec.get("temperatures", {}), sec.get("methods", [])
+    if not isinstance(temps, dict) or not isinstance(methods, list):
         raise bad_field(d, where, "decisions", f"an object {shape}")
     for key, t in temps.items():
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+        why = temperature_problem(t)
+        if why is not None:
             raise TaskError(
-                f"{where}: field 'decisions': the temperature of question {str(key)[:60]!r} must be a positive "
-                f"number, got {t!r}: fit it again (mlx-slm eval ... --decisions Q.json --fit --save-task)"
+                f"{where}: field 'decisions': the temperature of question {str(key)[:60]!r} {why}: fit it again "
+                "(mlx-slm eval ... --decisions Q.json --fit --save-task)"
             )
     fit = sec.get("fit", {})
     if not isinstance(fit, dict):
         raise bad_field(d, where, "decisions", f"an object {shape}")
-    return {"questions": qs, "temperatures": {str(k): float(t) for k, t in temps.items()}, "fit": fit}
-
-
-def decision_temperatures(task: Task | None, weights_sha256: str | None = None) -> dict[str, float] | None:
-    """The per-question temperatures a `Decider` takes (`calibration=`), keyed by question key, from a
-    task saved by `eval --decisions --fit --save-task`; None for a task without them (raw answers).
-    With `weights_sha256` (the loaded model's), a task fitted on other weights is refused (a
-    `TaskError` naming both): a temperature fitted for one set of weights means nothing for another."""
-    if task is None or not task.decisions or not task.decisions.get("temperatures"):
-        return None
-    task.check_weights(weights_sha256)
-    return dict(task.decisions["temperatures"])
+    out = {"questions": qs, "methods": methods, "temperatures": {str(k): float(t) for k, t in temps.items()}}
+    return {**out, "fit": fit} if fit else out
 
 
 def _calibration(d: dict[str, Any], where: str, labels: list[str], warmup: int) -> CalibrationSpec:

@@ -7,12 +7,59 @@ from typing import Any
 
 import click
 
+from ..engine.state_cache import STATE_CACHE
 from ..files.output import OUTPUT_FORMATS
 from ..files.readers import FORMATS
 from ..jobs.decide import DEFAULT_WINDOW, SHAPES, DecideSettings
 from ..jobs.decide import decide as decide_job
+from ..text.calibration import DEFAULT_WARMUP
+from ..text.decisions.methods import PERMUTES, PRIORS
+from ..text.decisions.prompt import STYLES
+from ..text.decisions.questions import REFUSALS
 from ..weights.registry import DEFAULT_MODEL
 from .base import Command, given, notice, number, warn_blas
+
+
+def method_options(prefix: str = "", priors: tuple[str, ...] = PRIORS) -> Any:
+    """How each question is answered beyond the raw letters, as options (decide's, and serve's
+    with the `decision-` prefix): --style, --permute and --calibrate (`priors`: those the
+    command can find)."""
+    names = {"style": f"--{prefix}style", "permute": f"--{prefix}permute", "calibrate": f"--{prefix}calibrate"}
+    dest = {k: (prefix.replace("-", "_") + k) for k in names}
+
+    def wrap(f: Any) -> Any:
+        f = click.option(
+            names["calibrate"],
+            dest["calibrate"],
+            type=click.Choice(priors),
+            default="none",
+            show_default=True,
+            help="Divide each answer by the model's own bias: "
+            + ("batch: the mean answer over the first --warmup states; " if "batch" in priors else "")
+            + "contextual: the answer to content-free states (several fillers averaged). A task's fitted "
+            "questions keep their fit. Raw probabilities stay in x_raw_probabilities.",
+        )(f)
+        f = click.option(
+            names["permute"],
+            dest["permute"],
+            type=click.Choice([str(p) for p in PERMUTES]),
+            default="1",
+            show_default=True,
+            callback=lambda _c, _p, v: int(v),
+            help="2: ask each choice with its options in both orders and average (cancels a preference for the "
+            "first option; costs a second branch per choice).",
+        )(f)
+        return click.option(
+            names["style"],
+            dest["style"],
+            type=click.Choice(STYLES),
+            default="letters",
+            show_default=True,
+            help="letters: Transformers' decision prompt, exact; names: the options listed and read by their own "
+            "names, scored whole (often more right on a small model).",
+        )(f)
+
+    return wrap
 
 
 @click.command(
@@ -23,6 +70,11 @@ from .base import Command, given, notice, number, warn_blas
         "state_field": "Input",
         "state_column": "Input",
         "state_cache": "Batching",
+        "style": "Answers",
+        "permute": "Answers",
+        "calibrate": "Answers",
+        "warmup": "Answers",
+        "refuse": "Answers",
     },
 )
 @click.argument("input", required=False, default="-")
@@ -49,10 +101,17 @@ from .base import Command, given, notice, number, warn_blas
     "--task",
     "task_file",
     type=click.Path(exists=True, dir_okay=False),
-    help="A task saved by `eval --decisions --fit --save-task`: its model, questions and per-question "
-    "temperatures (without one, answers are the model's raw probabilities).",
+    help="A task saved by `eval --decisions --fit --save-task` or `train --decisions`: its model, questions "
+    "and each fitted or trained question's method (applied to that very question only).",
 )
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype.")
+@click.option(
+    "--keep-quantized/--dequantize",
+    "keep_quantized",
+    default=None,
+    help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
+    "(default: dequantize on the CPU, where MLX's quantized matmuls are slow; keep on a GPU).",
+)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format (default: from the extension).")
 @click.option("--state-field", help="JSONL/Parquet: the state's field (default: state, else text).")
 @click.option("--id-field", default="id", show_default=True, help="JSONL/Parquet: the id's field.")
@@ -75,10 +134,24 @@ from .base import Command, given, notice, number, warn_blas
 )
 @click.option(
     "--state-cache",
-    default=64,
+    default=STATE_CACHE,
     show_default=True,
     type=number("state_cache"),
-    help="Recent states whose keys and values are kept for a state asked again (0: off).",
+    help="Recent states whose keys and values are kept for a state asked again within a window (0: off).",
+)
+@method_options()
+@click.option(
+    "--warmup",
+    default=DEFAULT_WARMUP,
+    show_default=True,
+    type=number("warmup"),
+    help="--calibrate batch: the states the prior is found on (the run's first; recorded for --resume).",
+)
+@click.option(
+    "--refuse",
+    type=click.Choice(REFUSALS),
+    help="A question over the model's context: refuse it alone (OpenAI's refusal; --shape openai) or its "
+    "whole row (an error row). Default: question for --shape openai, else request.",
 )
 @click.option("--shard", metavar="I/N", help="Answer only shard I of N (0-based); join the parts with `mlx-slm merge`.")
 @click.option("--ray", "use_ray", is_flag=True, help="Answer on Ray workers (a local Ray started for this run).")
@@ -107,10 +180,14 @@ def decide(ctx: click.Context, input: str, on_error: str, use_ray: bool, **o: An
                  "probabilities": {"billing": 0.87, "technical": 0.13}}, "anger": {...}}}
       {"id": 7, "line": 7, "error": "line 7: field 'state' is empty: ..."}
     --shape openai writes OpenAI's answer list instead; CSV/Parquet hold the answers
-    as one JSON text column. Answers are the model's own probabilities unless a
-    --task fitted by `mlx-slm eval GOLD --decisions Q.json --fit --save-task T` gives
-    a temperature per question. --resume, --shard and --ray work as for classify.
-    Exit status: 0 every row answered, 1 some error rows, 2 a usage error.
+    as one JSON text column. Answers are the model's own probabilities (Transformers'
+    decision path) unless asked otherwise: --calibrate batch|contextual divides out
+    the model's bias, --style names and --permute 2 ask differently, and a --task
+    fitted (`eval GOLD --decisions Q.json --fit --save-task T`) or trained (`train
+    GOLD --decisions Q.json --save-task T`) answers its own questions its way; such
+    answers carry x_method and x_raw_probabilities. --resume, --shard and --ray work
+    as for classify. Exit status: 0 every row answered, 1 some error rows, 2 a
+    usage error.
 
     Docs: docs/decisions.md
     """

@@ -19,6 +19,7 @@ from ..jobs import plan as plans
 from ..jobs.evaluate import form_problem, plot, plot_paths, read_predictions
 from ..jobs.evaluate_decisions import DecisionEvalSettings, evaluate_decisions
 from ..jobs.plan import flag_names
+from ..text.decisions.prompt import STYLES
 from ..text.metrics import format_report, report
 from ..text.out_of_scope import figures as oos_figures
 from ..text.out_of_scope import none_answer
@@ -57,8 +58,31 @@ from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 @click.option(
     "--fit",
     is_flag=True,
-    help="--decisions: learn each scored question's temperature on INPUT (by the gold's log-loss); "
-    "--save-task keeps them for decide --task and serve --task.",
+    help="--decisions: learn each scored question's bias per option and temperature on INPUT (by the gold's "
+    "log-loss, cross-validated), and the prompt style and option orders that answer it best; --save-task keeps "
+    "them for decide --task and serve --task.",
+)
+@click.option(
+    "--fit-prior",
+    is_flag=True,
+    help="--decisions: learn each question's prior from INPUT's states alone (no gold needed: the mean answer of "
+    "the first --warmup states), saved with --save-task; a question with --gold-field and --fit is fitted instead.",
+)
+@click.option(
+    "--style",
+    type=click.Choice(STYLES),
+    default="letters",
+    show_default=True,
+    help="--decisions: ask the questions in this prompt style (letters: Transformers' prompt; names: the options' "
+    "own names).",
+)
+@click.option(
+    "--permute",
+    type=click.Choice(["1", "2"]),
+    default="1",
+    show_default=True,
+    callback=lambda _c, _p, v: int(v),
+    help="--decisions: 2 asks each choice in both option orders and averages.",
 )
 @some_task_options(TASK_OPTION_NAMES - {"gold_field"})
 @click.pass_context
@@ -93,13 +117,16 @@ def evaluate(
       {"state": "I was charged twice", "team": "billing", "urgent": true}
       mlx-slm eval gold.jsonl --decisions Q.json --gold-field team --gold-field urgent \\
           --fit --save-task task.json --plots eval/
-    --fit learns a temperature per question; decide --task and serve --task apply them.
-    --predictions OUT scores a decide output of INPUT instead of running the model.
+    Answers are scored raw and with a batch or contextual prior, side by side; --fit
+    learns each question's bias, temperature, style and orders (cross-validated) for
+    decide --task and serve --task. --predictions OUT scores a decide output.
 
     Docs: docs/labels.md
     """
-    if decisions_file is not None or fit:
-        _evaluate_decisions(ctx, (input, decisions_file, predictions), fit, (json_path, plots), gold_fields, o)
+    how = {"fit": fit, **{k: o.pop(k) for k in ("fit_prior", "style", "permute")}}
+    _decisions_only(ctx, decisions_file is not None or fit or how["fit_prior"])
+    if decisions_file is not None or fit or how["fit_prior"]:
+        _evaluate_decisions(ctx, (input, decisions_file, predictions), how, (json_path, plots), gold_fields, o)
         return
 
     o["gold_field"] = gold_fields[-1]
@@ -151,6 +178,13 @@ def evaluate(
             ) from None
 
 
+def _decisions_only(ctx: click.Context, decisions: bool) -> None:
+    """--style and --permute ask typed decisions: without --decisions they would change nothing."""
+    asked = [n for n in ("style", "permute") if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    if asked and not decisions:
+        raise click.UsageError(f"--{asked[0]} asks typed decisions: it goes with --decisions Q.json")
+
+
 # The task options `eval --decisions` takes (the others describe a labels task: refused there).
 _DECISION_OPTIONS = {
     "model",
@@ -162,6 +196,7 @@ _DECISION_OPTIONS = {
     "text_column",
     "id_column",
     "dtype",
+    "warmup",
     "quiet",
 }
 
@@ -169,7 +204,7 @@ _DECISION_OPTIONS = {
 def _evaluate_decisions(
     ctx: click.Context,
     given: tuple[str, str | None, str | None],
-    fit: bool,
+    how: dict[str, Any],
     outputs: tuple[str | None, str | None],
     gold_fields: tuple[str, ...],
     o: dict[str, Any],
@@ -188,19 +223,28 @@ def _evaluate_decisions(
             f"--decisions scores typed decisions: {flag_names(set(other))} is for a labels task; drop it"
         )
     if decisions is None and not o.get("task_file"):
-        raise click.UsageError("--fit goes with --decisions Q.json (or a --task holding decisions)")
-    if ctx.get_parameter_source("gold_fields") != click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--fit and --fit-prior go with --decisions Q.json (or a --task holding decisions)")
+    gold_typed = ctx.get_parameter_source("gold_fields") == click.core.ParameterSource.COMMANDLINE
+    if not gold_typed and not how["fit_prior"]:
         raise click.UsageError("--decisions: give --gold-field KEY=FIELD (or KEY) for each question to score")
+    for name in ("style", "permute"):
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            typed.add(name)
+
     if plots:
         _plots_folder(plots)
     warn_blas()
     s = DecisionEvalSettings(
         input,
         decisions,
-        gold_fields,
+        gold_fields if gold_typed else (),
         model=o["model"],
         task_file=o.get("task_file"),
-        fit=fit,
+        fit=how["fit"],
+        fit_prior=how["fit_prior"],
+        style=how["style"],
+        permute=how["permute"],
+        warmup=o["warmup"],
         predictions=predictions,
         save_task=o.get("save_task"),
         json_path=json_path,

@@ -14,8 +14,8 @@ from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..files.readers import read_rows
 from ..ground.errors import UserError
-from ..jobs.decide import decision_config, state_problem
-from ..jobs.plan import CommandLabels, read_labels
+from ..jobs.decide import state_problem
+from ..jobs.plan import CommandLabels, DecisionOptions, read_labels, resolve_decisions
 from ..parity.chat import format_chat_report, run_chat_parity
 from ..parity.decisions import format_decision_report, run_decision_parity
 from ..parity.embeddings import format_embed_report, run_embed_parity
@@ -33,7 +33,6 @@ from ..parity.labels import (
 )
 from ..parity.reference import require_torch
 from ..parity.seqcls import format_rerank_report, format_seqcls_report, run_rerank_parity, run_seqcls_parity
-from ..text.decisions import read_questions_file
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, PromptFormat, check_template
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
 from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
@@ -336,7 +335,10 @@ class _Parity:
 
     def decisions(self, path: str) -> None:
         """`parity --decisions` (`parity/decisions.py`): exit 1 past tolerance or on a disagreement."""
-        questions = read_questions_file(path)  # a bad file: exit 2 before any model loads
+        m = self.model
+        keep = None if m.dequantize is None else not m.dequantize
+        opts = DecisionOptions(m.name, m.dtype or "float32", keep, questions_file=path, given=frozenset({"model"}))
+        plan = resolve_decisions(opts)  # a bad questions file: exit 2 before any model loads
         if self.input_path:
             rows = read_rows(self.input_path, states=("state", "text"))
             states: list[Any] = [r.text for r in rows if r.error is None and not state_problem(r)][: self.n]
@@ -347,11 +349,7 @@ class _Parity:
                 {"ticket": t, "n": i} if i % 3 == 2 else [t, i] if i % 5 == 4 else t
                 for i, t in enumerate(_stratified(self.n))
             ]
-        m = self.model
-        config = decision_config(m.name, None)  # the model folder's own decision.json, else Transformers' defaults
-        questions = read_questions_file(path, config)
-        dtype = m.dtype or "float32"
-        r = run_decision_parity(m.name, states, questions, config, reference=self.reference, dtype=dtype, progress=_say)
+        r = run_decision_parity(plan, states, reference=self.reference, progress=_say)
         _report(r, self.as_json, format_decision_report, r["ok"])
 
     def embed(self, prompt_name: str | None) -> None:

@@ -7,13 +7,13 @@ from typing import Any
 
 import click
 
-from ..classifier.plan import Plan
-from ..classifier.task import decision_temperatures
+from ..engine.state_cache import STATE_CACHE
 from ..files.output import check_run_files, files_read
 from ..ground.errors import MissingExtra, UserError
 from ..jobs import plan as plans
 from ..server import Loaded, ServeOptions, Service, api_key_from_env, bind_socket, run_server
 from .base import Command, notice, number, warn_blas
+from .decide import method_options
 from .options import TASK_OPTION_NAMES, some_task_options, task_settings
 
 # classify's task options, less those about input and output files and the window (the
@@ -85,9 +85,10 @@ _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
     help="Another name the model answers to (repeatable; the first is the name answers report). The decision "
     "routes also answer to jev-latest and gpt-6-luna, the names their clients send by default.",
 )
+@method_options("decision-", priors=("none", "contextual"))
 @click.option(
     "--state-cache",
-    default=64,
+    default=STATE_CACHE,
     show_default=True,
     type=number("state_cache"),
     help="Decisions: recent states whose keys and values are kept, so a state asked again runs only its "
@@ -122,8 +123,8 @@ def serve(
     """Serve the classifier over HTTP: POST /v1/classify, GET /v1/model, /health, /metrics;
     TEI's /predict and vLLM's /classify; /rerank, /v1/rerank, /v2/rerank for a reranker
     (--reranker, a one-label sequence classifier, or a model named *Reranker*); typed
-    decisions, System One's POST /v1/systemone and OpenAI's POST /v1/decisions (a task
-    fitted by `eval --decisions --fit` calibrates them per question).
+    decisions, System One's POST /v1/systemone and OpenAI's POST /v1/decisions (raw
+    unless --decision-* or a --task fitted or trained on decisions says otherwise).
 
     \b
     One model worker gathers queued items into micro-batches (at most
@@ -140,22 +141,23 @@ def serve(
         raise MissingExtra("mlx-slm serve needs Starlette and uvicorn: pip install 'mlx-slm[serve]'") from None
 
     warn_blas()
+    method = (o.pop("decision_style"), o.pop("decision_permute"), o.pop("decision_calibrate"), state_cache)
     s = task_settings(ctx, o)
     plan = plans.resolve(s, notice)
     check_run_files(files_read(s), [])  # the files it reads: there, readable, not links to trouble
+    decisions = _decision_plan(plan, s.task_file, method)
 
     def load() -> Loaded:
         # an embedding model serves its embedding routes
         ready, clf = plans.load_fitted(plan, notice, embeds_only_ok=True)
-        weights = clf.engine.weights_sha256
         return Loaded(
             clf,
             ready.calibration,
             ready.min_confidence,
             ready.warmup,
             model=ready.model.name if ready.model is not None else "",
-            weights_sha256=weights,
-            **task_decisions(ready, weights),
+            weights_sha256=clf.engine.weights_sha256,
+            decision_plan=decisions.loaded(clf.engine),
         )
 
     opts = ServeOptions(
@@ -192,8 +194,19 @@ def serve(
     sys.exit(code)
 
 
-def task_decisions(plan: Plan, weights_sha256: str | None) -> dict[str, Any]:
-    """A task fitted on decisions (eval --decisions --fit --save-task): its per-question temperatures,
-    with its questions (a temperature applies to the very question it was fitted for only)."""
-    temps = decision_temperatures(plan.task, weights_sha256)
-    return {"decision_calibration": temps, "decision_questions": plan.task.decisions["questions"] if temps else None}
+def _decision_plan(plan: Any, task_file: str | None, method: tuple[str, int, str, int]) -> Any:
+    """How the decision routes answer: the served model, the task's fitted or trained questions, and
+    the server's own --decision-style, --decision-permute and --decision-calibrate (no batch prior:
+    a server answers one request at a time)."""
+    style, permute, calibrate, state_cache = method
+    opts = plans.DecisionOptions(
+        plan.model.name,
+        plan.model.dtype,
+        task_file=task_file,
+        style=style,
+        permute=permute,
+        calibrate=calibrate,
+        state_cache=state_cache,
+        given=frozenset({"model"}),
+    )
+    return plans.resolve_decisions(opts, need_questions=False, batch_ok=False)

@@ -12,10 +12,12 @@ from ..classifier.plan import Plan
 from ..files.output import OutputLock, check_run_files, files_read
 from ..files.readers import ReadSpec
 from ..jobs.choose import run_choose
+from ..jobs.decide import STATE_FIELDS
 from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.out_of_scope import NoneRule
-from ..jobs.plan import CommandLabels, read_labels
+from ..jobs.plan import CommandLabels, DecisionOptions, flag_names, read_labels, resolve_decisions
 from ..jobs.train import HeadOptions, TrainRun, run_train, run_train_fields
+from ..jobs.train_decisions import DecisionTrainRun, run_train_decisions
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
 from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
 from ..weights.finetune import FinetuneSettings
@@ -228,6 +230,14 @@ _TRAIN_TASK_OPTIONS = {
     help="--none-threshold auto: held-out labelled texts (read as DATA; out-of-scope ones labelled "
     "--none-label) to choose the threshold on.",
 )
+@click.option(
+    "--decisions",
+    "decisions_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Train typed decision questions (Q.json, as `decide` asks them): a head per question given "
+    "--gold-field KEY=FIELD, on the hidden states where its answer is read; decide --task and serve --task "
+    "answer those questions with it, on both routes.",
+)
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
 def train(
@@ -240,6 +250,7 @@ def train(
     pooling: str,
     seed: int,
     gold_fields: tuple[str, ...],
+    decisions_file: str | None,
     **o: Any,
 ) -> None:
     """Train a learned head on labelled DATA (text and --gold-field) and save it in a task.
@@ -258,6 +269,9 @@ def train(
     """
 
     warn_blas()
+    if decisions_file is not None:
+        _train_decisions(ctx, (data, decisions_file, save_task), gold_fields, (layers_spec, layer, folds, seed), o)
+        return
     none = {k: o.pop(k) for k in NONE}  # "none of these": checked here, applied by the job to the saved task
     reads = files_read(o, ("DATA", data), *(("--none-data", none["none_data"]),) * bool(none["none_data"]))
     check_run_files(reads, [("--save-task", save_task)])
@@ -281,6 +295,48 @@ def train(
     if not o["quiet"]:
         notice(f"mlx-slm: task saved to {save_task}; classify with: mlx-slm classify INPUT --task {save_task}")
         notice(COMPARE)
+
+
+# What `train --decisions` takes beside its own: the model, how DATA is read, --quiet.
+_DECISION_OPTIONS = {
+    "model",
+    "dtype",
+    "keep_quantized",
+    "fmt",
+    "text_field",
+    "id_field",
+    "text_column",
+    "id_column",
+    "quiet",
+}
+_DECISION_OWN = {"data", "layers_spec", "layer", "folds", "seed", "gold_fields", "decisions_file", "save_task"}
+
+
+def _train_decisions(
+    ctx: click.Context, files: tuple[str, str, str], gold_fields: tuple[str, ...], head: tuple, o: dict[str, Any]
+) -> None:
+    """`train --decisions Q.json` (`jobs.train_decisions`): a head per labelled question."""
+    data, questions, save_task = files
+    check_run_files(files_read(o, ("DATA", data), ("--decisions", questions)), [("--save-task", save_task)])
+    ctx.with_resource(OutputLock(save_task, create=False, option="--save-task"))
+    typed = {k for k in ctx.params if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+    other = sorted(typed - _DECISION_OPTIONS - _DECISION_OWN)
+    if other:
+        raise click.UsageError(
+            f"--decisions trains a head per decision question: {flag_names({other[0]})} is for a labels "
+            "task (a decision question's prompt and options are its own); drop it"
+        )
+    if ctx.get_parameter_source("gold_fields") != click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--decisions: give --gold-field KEY=FIELD for each question to train")
+    settings = DecisionOptions(o["model"], o.get("dtype"), o.get("keep_quantized"), questions_file=questions)
+    plan = resolve_decisions(settings)
+    states = (o["text_field"],) if "text_field" in typed else STATE_FIELDS
+    read = ReadSpec(o.get("fmt"), states[0], o["id_field"], o["text_column"], o["id_column"], states=states)
+    run = DecisionTrainRun(data, plan, gold_fields, save_task, HeadOptions(*head, poolings=("last",)), read)
+    _task, table = run_train_decisions(run, _say(o))
+    click.echo(table)
+    if not o["quiet"]:
+        notice(f"mlx-slm: task saved to {save_task}; answer with: mlx-slm decide INPUT --task {save_task}")
 
 
 @dataclass(frozen=True)

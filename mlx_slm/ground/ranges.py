@@ -139,6 +139,8 @@ RANGES: dict[str, Range] = {
     "patience": _count("--patience", unit="epochs without a better validation loss", hi=10_000),
     "label_smoothing": Range("--label-smoothing", False, 0.0, 0.99, unit="a share of the target"),
     "contrastive": Range("--contrastive", False, 0.0, 9.99, unit="the contrastive loss's weight"),
+    # a decision question type's temperature (decision.json) or a fitted one (a task's decisions)
+    "temperature": Range("temperature", False, 0.0, 1e6, lo_open=True, unit="a temperature"),
     "max_minutes": Range("--max-minutes", False, 0.0, 60 * 24 * 30, lo_open=True, none_ok=True, unit="minutes"),
 }
 # ServeOptions spells two of them with their unit.

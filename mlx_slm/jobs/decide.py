@@ -8,14 +8,22 @@ row per input row, in input order: `{"id", "answers": {...}}` in System One's sh
 OpenAI's answer list (`--shape openai`); a row that cannot be answered is an error row as
 `classify` writes it (`{"id", "line", "error"}`, naming the row and the field).
 
+The run is one `DecisionPlan` (`plan.resolve_decisions`): the model, the questions, how each is
+answered (a task's fitted or trained questions by digest; the run's `--style`, `--permute` and
+`--calibrate`), the state cache and what is refused (`--refuse`: a question alone, which only
+OpenAI's shape can say, or its whole row). Raw answers are the default and stay exact; any
+other answer carries what made it (`x_method`) and its raw probabilities (`x_raw_...`).
+`--calibrate batch` finds each question's prior on the run's first `--warmup` states (those
+windows are answered, the prior fitted, then they are written), records it in the manifest,
+and a resumed run applies the recorded prior.
+
 The rest is `classify`'s machinery, reused: the readers, the output writers and their lock
 and manifest (`--resume` continues an output of the same input and settings, byte for
-byte: requests go to the Decider in windows of `window` states, and a resumed run starts
-again at the last unfinished window), `--shard I/N` (a slice of about 1/N of the states'
+byte: requests go to the Decider in windows of `window` states, the state cache starts empty
+at every window, and a resumed run starts again at the last unfinished window, so each row's
+bytes depend only on its window), `--shard I/N` (a slice of about 1/N of the states'
 characters, cut where a window starts; `mlx-slm merge` joins the parts) and `--ray`
-(`ray.decisions`: one Decider per worker). A task saved by `eval --decisions --fit
---save-task` gives the model, the questions and a temperature per question; raw answers
-are the default and stay exact (no temperature is applied unless a task gives one).
+(`ray.decisions`: one Decider per worker, the plan and the priors shipped whole).
 """
 
 from __future__ import annotations
@@ -23,17 +31,16 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..classifier.decider import Decider, applied_temperatures
-from ..classifier.task import Task, decision_temperatures
-from ..engine import Engine
+from ..classifier.decision_plan import DecisionPlan, asked
+from ..engine.state_cache import STATE_CACHE
 from ..files.output import (
     InputDigest,
     OutputError,
@@ -53,24 +60,14 @@ from ..files.readers import ReadSpec, Row, read_rows
 from ..files.sharding import check_shard_count, shard_range, shard_settings
 from ..ground.errors import UsageError, UserError
 from ..ground.textfiles import InputError
-from ..text.decisions import (
-    DecisionConfig,
-    DecisionError,
-    DecisionQuestion,
-    DecisionRequest,
-    load_questions_file,
-    openai_answer,
-    questions_of,
-    refusal,
-    systemone_answer,
-    text,
-)
-from ..text.decisions import (
-    state_problem as decision_state_problem,
-)
-from ..weights.registry import DEFAULT_MODEL, ModelRef
+from ..text.calibration import DEFAULT_WARMUP, CalibrationError, Calibrator, fit_batch
+from ..text.decisions.answers import RAW_METHOD, answer
+from ..text.decisions.checks import state_problem as decision_state_problem
+from ..text.decisions.errors import DecisionError
+from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
+from ..weights.registry import DEFAULT_MODEL
 from .classify import Distribution, Progress, _check_io, ray_init
-from .plan import Say
+from .plan import DecisionOptions, Say, resolve_decisions
 
 SHAPES = ("systemone", "openai")
 DEFAULT_WINDOW = 64  # states handed to the Decider at once (and the unit --resume restarts at)
@@ -79,8 +76,9 @@ STATE_FIELDS = ("state", "text")  # a row's state: the first of these it has
 
 @dataclass
 class DecideSettings:
-    """One decide run: the states, the questions, where the answers go, and how the work is spread.
-    `given`: the parameter names set on the command line (a --task fills in the model and questions)."""
+    """One decide run: the states, the questions, where the answers go, how they are made and how
+    the work is spread. `given`: the parameter names set on the command line (a --task fills in
+    the model and questions)."""
 
     input: str = "-"
     questions_file: str | None = None
@@ -101,54 +99,22 @@ class DecideSettings:
     state_column: str | None = None  # CSV/TSV: None: "state" if the header has it, else "text"
     id_column: str = "id"
     window: int = DEFAULT_WINDOW
-    state_cache: int = 64
+    state_cache: int = STATE_CACHE
     dtype: str | None = None
+    keep_quantized: bool | None = None
+    style: str = "letters"
+    permute: int = 1
+    calibrate: str = "none"
+    warmup: int = DEFAULT_WARMUP
+    refuse: str | None = None
     quiet: bool = False
     given: frozenset[str] = frozenset()
 
-
-@dataclass(frozen=True)
-class Questions:
-    """The questions asked of every state, as read (`raw`: the JSON value, recorded in the manifest
-    and in a saved task), the task's own questions and their fitted temperatures by key (empty:
-    raw answers). Which apply is the `Decider`'s rule (`Decider.temperature`): a task's
-    temperature only for the very question it was fitted for."""
-
-    raw: Any
-    questions: tuple[DecisionQuestion, ...]
-    own: tuple[DecisionQuestion, ...] = ()
-    temperatures: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def applied(self) -> dict[str, float]:
-        """The temperatures that apply to the asked questions (the Decider's rule), by key."""
-        return applied_temperatures(self.questions, self.own, self.temperatures)
-
-
-def read_questions(path: str | None, task: Task | None, config: DecisionConfig) -> Questions:
-    """--questions FILE, or the task's (with the task's questions and temperatures)."""
-    if path is None and (task is None or not task.decisions):
-        raise UsageError("give the questions: --questions Q.json (or a --task saved with eval --decisions --save-task)")
-    own: tuple[DecisionQuestion, ...] = ()
-    if task is not None and task.decisions:
-        own = questions_of(task.decisions["questions"], config)
-    if path is None:
-        assert task is not None and task.decisions
-        raw, questions = task.decisions["questions"], own
-    else:
-        raw, questions = load_questions_file(path, config)
-    temps = dict((task.decisions or {}).get("temperatures") or {}) if task is not None else {}
-    return Questions(raw, questions, own, temps)
-
-
-def decision_config(model: str, converted: Any) -> DecisionConfig:
-    """The model's decision settings: the folder given's `decision.json` (+ template) where it has
-    one (a Hugging Face folder keeps them beside its weights), else the converted folder's, else
-    Transformers' defaults."""
-    own = Path(str(model)).expanduser()
-    if own.is_dir() and any((own / f).is_file() for f in ("decision.json", "decision_template.jinja")):
-        return DecisionConfig.from_folder(own)
-    return DecisionConfig.from_folder(converted if converted is not None and Path(converted).is_dir() else None)
+    def options(self) -> DecisionOptions:
+        """The options that define the run's plan (`plan.resolve_decisions`)."""
+        names = ("model", "dtype", "keep_quantized", "task_file", "questions_file", "style", "permute")
+        own = {k: getattr(self, k) for k in (*names, "calibrate", "warmup", "state_cache", "refuse")}
+        return DecisionOptions(**own, given=self.given)
 
 
 def state_problem(row: Row) -> str | None:
@@ -158,18 +124,34 @@ def state_problem(row: Row) -> str | None:
     return None if bad is None else f"line {row.line}: {bad}"
 
 
-def answers(qs: Sequence[DecisionQuestion], probs: Sequence[np.ndarray], shape: str, keyed: bool = False) -> Any:
+def answers(
+    qs: Sequence[DecisionQuestion],
+    probs: Sequence[np.ndarray | None],
+    shape: str,
+    keyed: bool = False,
+    raw: Sequence[np.ndarray | None] = (),
+    applied: Sequence[Mapping[str, Any]] = (),
+) -> Any:
     """One state's answers in `shape`: System One's {key: answer}, or OpenAI's list in question order
-    (`keyed`: the questions are a System One object, so each answer's `name` is its key)."""
-    if shape == "openai":  # a question the state leaves no room for is OpenAI's refusal (the Decider gives None)
-        return [
-            {
-                **(refusal(q) if p is None else openai_answer(q, p)),
-                **({"name": q.key} if keyed and q.name is None else {}),
-            }
-            for q, p in zip(qs, probs)
-        ]
-    return {q.key: systemone_answer(q, p) for q, p in zip(qs, probs)}
+    (`keyed`: the questions are a System One object, so each answer's `name` is its key); with what
+    made each answer where anything beyond the raw letters did (`text.decisions.answers.answer`)."""
+    raw = raw or [None] * len(qs)
+    applied = applied or [None] * len(qs)  # type: ignore[list-item]
+    got = [answer(q, p, shape, r, a) for q, p, r, a in zip(qs, probs, raw, applied)]
+    if shape == "openai":
+        return [{**a, **({"name": q.key} if keyed and q.name is None else {})} for q, a in zip(qs, got)]
+    return {q.key: a for q, a in zip(qs, got)}
+
+
+def refusal_of(s: DecideSettings) -> str:
+    """What the run refuses when a question does not fit (--refuse), by default what its output
+    shape can say: OpenAI's shape a question alone (its refusal), System One's the whole row."""
+    if s.refuse == "question" and s.shape != "openai":
+        raise UsageError(
+            "--refuse question needs --shape openai: System One's answers have no refusal, a row is answered "
+            "whole or is an error row (--refuse request)"
+        )
+    return s.refuse or ("question" if s.shape == "openai" else "request")
 
 
 def decide(s: DecideSettings, say: Say) -> int:
@@ -190,60 +172,54 @@ def decide(s: DecideSettings, say: Say) -> int:
         raise UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
-    task = Task.load(s.task_file) if s.task_file else None
-    if task is not None and "model" not in s.given:
-        s = replace(s, model=task.model)
-    read_questions(s.questions_file, task, DecisionConfig())  # a bad questions file: exit 2 before the model loads
+    plan = replace(resolve_decisions(s.options()), refusal=refusal_of(s))  # a bad questions file: exit 2 now
     if dist.ray:
         ray_init(dist.address, say)
     with ExitStack() as stack:
         if file_out:
             stack.enter_context(OutputLock(s.output, create=out_fmt != "parquet"))  # type: ignore[arg-type]
-        return DecideJob(s, task, s.output if file_out else None, out_fmt, dist, say).run()
+        return DecideJob(s, plan, s.output if file_out else None, out_fmt, dist, say).run()
 
 
 class DecideJob:
     """One file-to-file run with its output locked (see the module's docstring)."""
 
     def __init__(
-        self, s: DecideSettings, task: Task | None, output: str | None, out_fmt: str, dist: Distribution, say: Say
+        self, s: DecideSettings, plan: DecisionPlan, output: str | None, out_fmt: str, dist: Distribution, say: Say
     ):
-        self.s, self.task, self.output, self.out_fmt, self.dist, self.say = s, task, output, out_fmt, dist, say
+        self.s, self.plan, self.output, self.out_fmt, self.dist, self.say = s, plan, output, out_fmt, dist, say
         self.failed = self.kept = self.kept_failed = 0
         self.input_tokens = self.cached_tokens = 0
         self.settings: dict[str, Any] = {}
+        self.priors: dict[str, Calibrator] = {}
 
     def run(self) -> int:
         s = self.s
         digest = InputDigest(s.input) if self.output is not None else None
         previous = self._previous()
         rows = self._rows()
-        engine = Engine.load(ModelRef(s.model, s.dtype))
-        weights = engine.weights_sha256
-        config = decision_config(s.model, engine.path)
-        qs = read_questions(s.questions_file, self.task, config)
-        if qs.applied:
-            decision_temperatures(self.task, weights)  # a task fitted on other weights: refused
-        decider = Decider(
-            engine, config, state_cache=s.state_cache, calibration=qs.temperatures or None, calibration_questions=qs.own
-        )
+        engine = self.plan.engine()
+        self.plan = self.plan.loaded(engine)
+        decider = self.plan.decider(engine)
         shard_info = None
         if self.dist.shard is not None:
             rows, shard_info = self._shard_rows(rows)
+        if previous is not None:
+            self.priors = _recorded_priors(previous, self.output)
         if self.output is not None:
             sha, not_hashed = digest.result() if digest is not None else (None, None)
-            self.settings = self._manifest_settings(weights, qs, decider, sha, not_hashed, shard_info)
+            self.settings = self._manifest_settings(engine, sha, not_hashed, shard_info)
         columns = ["id", "answers", "line", "error"]
         if previous is not None:
             rows = self._plan_resume(previous, columns, rows)
         if self.output is not None:
             write_manifest(self.output, self.settings, complete=False)
         t0 = time.perf_counter()
-        done = self._write(rows, columns, previous is not None, decider, qs)
+        done = self._write(rows, columns, previous is not None, decider)
         if self.output is not None:
             write_manifest(self.output, self.settings, complete=True, rows=self.kept + done)
         if not s.quiet:
-            self._summary(done, time.perf_counter() - t0, qs)
+            self._summary(done, time.perf_counter() - t0)
         return self.failed
 
     # ------------------------------------------------------------------ rows in
@@ -285,25 +261,20 @@ class DecideJob:
 
     # ------------------------------------------------------------------ the manifest and --resume
     def _manifest_settings(
-        self,
-        weights: str | None,
-        qs: Questions,
-        decider: Any,
-        sha: str | None,
-        not_hashed: str | None,
-        shard_info: dict[str, Any] | None,
+        self, engine: Any, sha: str | None, not_hashed: str | None, shard_info: dict[str, Any] | None
     ) -> dict[str, Any]:
-        s = self.s
+        s, plan = self.s, self.plan
         inp = Path(s.input).resolve() if s.input != "-" else None
         return {
-            "weights_sha256": weights,
+            "weights_sha256": engine.weights_sha256,
             "form": "decisions",
             "labels": [],
-            "decision_questions": qs.raw,  # (not "questions": a classify run's, read as its columns)
+            "decision_questions": plan.raw_questions,  # (not "questions": a classify run's, read as its columns)
             "shape": s.shape,
-            "temperatures": qs.applied,
-            "decision_config": _config_record(decider.config),
-            "dtype": decider.engine.compute_dtype,
+            "refusal": plan.refusal,
+            **plan.record(self.priors),
+            "decision_config": plan.config.to_record(template=False),
+            "dtype": engine.compute_dtype,
             "input": str(inp) if inp else "-",
             "input_size": inp.stat().st_size if inp else None,
             "input_sha256": sha,
@@ -335,7 +306,7 @@ class DecideJob:
         changed = input_changed(self.s.input, old, (self.settings["input_sha256"], self.settings["input_size"]))
         if changed:
             raise OutputError(f"cannot --resume {out}: {changed}; start again without --resume")
-        diff = [k for k in changed_settings(old, self.settings) if k != "model"]
+        diff = [k for k in changed_settings(old, self.settings) if k not in ("model", "priors")]
         if diff:
             detail = "; ".join(f"{k}: was {old.get(k)!r}, now {self.settings.get(k)!r}" for k in diff[:3])
             raise OutputError(
@@ -349,13 +320,13 @@ class DecideJob:
         return itertools.chain(redo, rows)
 
     # ------------------------------------------------------------------ answering and writing
-    def _write(self, rows: Iterator[Row], columns: list[str], append: bool, decider: Any, qs: Questions) -> int:
+    def _write(self, rows: Iterator[Row], columns: list[str], append: bool, decider: Any) -> int:
         """Answer and write every row in input order, error rows in their places; the rows written."""
         writer = Writer(self.output or self.s.output, columns, self.out_fmt, append=append)
         progress = Progress(self.s.quiet)
         finished = False
         try:
-            for rec in self._records(rows, decider, qs):
+            for rec in self._records(rows, decider):
                 self.failed += "error" in rec
                 writer.write(
                     rec
@@ -369,63 +340,103 @@ class DecideJob:
             progress.done()
         return progress.n
 
-    def _records(self, rows: Iterator[Row], decider: Any, qs: Questions) -> Iterator[dict[str, Any]]:
-        """Each row's record, windows of `window` states answered at once (Ray: every state, spread)."""
-        if self.dist.ray:
-            yield from self._ray_records(list(rows), decider, qs)
-            return
+    def _windows(self, rows: Iterator[Row]) -> Iterator[list[Row]]:
+        """The rows in windows of `window` states (error rows ride along in their places)."""
         pending: list[Row] = []
         for row in rows:
             pending.append(row)
             if sum(r.error is None for r in pending) == self.s.window:
-                yield from self._window(pending, decider, qs)
+                yield pending
                 pending = []
-        yield from self._window(pending, decider, qs)
+        if pending:
+            yield pending
 
-    def _window(self, rows: list[Row], decider: Any, qs: Questions) -> Iterator[dict[str, Any]]:
+    def _records(self, rows: Iterator[Row], decider: Any) -> Iterator[dict[str, Any]]:
+        """Each row's record, windows of `window` states answered at once (Ray: every state, spread);
+        with a batch prior to find, the first windows are answered, the prior fitted, then written."""
+        if self.plan.prior == "batch" and not self.priors:
+            rows = yield from self._warm_up(rows, decider)
+        if self.dist.ray:
+            yield from self._ray_records(list(rows))
+            return
+        for window in self._windows(rows):
+            yield from self._window(window, decider)
+
+    def _warm_up(self, rows: Iterator[Row], decider: Any) -> Any:
+        """Answer windows until `warmup` states are answered, fit each question's batch prior on
+        their raw answers, record it in the manifest, then yield those windows' records; the rows
+        left (an iterator). The windows are those of an uninterrupted run: the bytes do not move."""
+        done: list[tuple[list[Row], list[Any]]] = []
+        n = 0
+        windows = self._windows(rows)
+        for window in windows:
+            ok = [r for r in window if r.error is None]
+            done.append((window, self._results(ok, decider)))
+            n += len(ok)
+            if n >= self.plan.warmup:
+                break
+        results = [res for _, got in done for res in got if not isinstance(res, str)]
+        self.priors = batch_priors(self.plan.questions, results, self.plan.warmup)
+        if self.output is not None:
+            self.settings.update(self.plan.record(self.priors))
+            write_manifest(self.output, self.settings, complete=False)
+        for window, got in done:
+            yield from self._window_records(window, got)
+        return itertools.chain.from_iterable(windows)
+
+    def _window(self, rows: list[Row], decider: Any) -> Iterator[dict[str, Any]]:
         ok = [r for r in rows if r.error is None]
-        got = dict(zip((id(r) for r in ok), self._answer(ok, decider, qs)))
-        for r in rows:
-            yield error_record(r, r.error) if r.error is not None else got[id(r)]
+        yield from self._window_records(rows, self._results(ok, decider))
 
-    def _answer(self, rows: list[Row], decider: Any, qs: Questions) -> list[dict[str, Any]]:
-        """The records of rows whose states are fine; a request the Decider refuses (a state too long
-        for the model) is run again alone, so only its own row is an error row."""
+    def _window_records(self, rows: list[Row], results: list[Any]) -> Iterator[dict[str, Any]]:
+        ok = [r for r in rows if r.error is None]
+        got = dict(zip((id(r) for r in ok), results))
+        for r in rows:
+            if r.error is not None:
+                yield error_record(r, r.error)
+                continue
+            res = got[id(r)]
+            yield error_record(r, res) if isinstance(res, str) else self._record(r, res)
+
+    def _results(self, rows: list[Row], decider: Any) -> list[Any]:
+        """The results of rows whose states are fine (a window: the state cache starts empty, so a
+        row's answer depends on its window alone); a request the Decider refuses (a state too long
+        for the model) is run again alone, so only its own row is an error (its message)."""
         if not rows:
             return []
-        requests = [DecisionRequest(r.text, qs.questions, self.s.model, None, self.s.shape) for r in rows]
+        decider.states.clear()
+        requests = [DecisionRequest(r.text, self.plan.questions, self.s.model, None, self.plan.refusal) for r in rows]
         try:
-            results = decider.decide(requests)
+            return decider.decide(requests, self.priors)
         except DecisionError:
             if len(rows) == 1:
                 raise
-            out = []
+            out: list[Any] = []
             for r in rows:
                 try:
-                    out += self._answer([r], decider, qs)
+                    out += self._results([r], decider)
                 except DecisionError as e:
-                    out.append(error_record(r, f"line {r.line}: {e.msg if hasattr(e, 'msg') else e}"))
+                    out.append(f"line {r.line}: {e.msg if hasattr(e, 'msg') else e}")
             return out
-        return [self._record(r, res, qs) for r, res in zip(rows, results)]
 
-    def _record(self, row: Row, res: Any, qs: Questions) -> dict[str, Any]:
+    def _record(self, row: Row, res: Any) -> dict[str, Any]:
         self.input_tokens += res.input_tokens
         self.cached_tokens += res.cached_tokens
+        qs = self.plan.questions
+        keyed = isinstance(self.plan.raw_questions, dict)
         return {
             "id": row.id,
-            "answers": answers(qs.questions, res.probabilities, self.s.shape, isinstance(qs.raw, dict)),
+            "answers": answers(qs, res.probabilities, self.s.shape, keyed, res.raw, res.applied),
         }
 
-    def _ray_records(self, rows: list[Row], decider: Any, qs: Questions) -> Iterator[dict[str, Any]]:
-        """Every state answered on Ray workers (one Decider each), in input order."""
+    def _ray_records(self, rows: list[Row]) -> Iterator[dict[str, Any]]:
+        """Every state answered on Ray workers (one Decider each, from the plan), in input order."""
         from .. import ray as mray  # lazy: the ray extra is optional
 
         got = mray.decisions(
             [r.text for r in rows if r.error is None],
-            qs.raw,
-            qs.applied,
-            {"model": ModelRef(self.s.model, self.s.dtype), "state_cache": self.s.state_cache},
-            _config_record(decider.config, whole=True),
+            self.plan,
+            self.priors,
             concurrency=self.dist.workers,
             threads_per_worker=self.dist.worker_threads,
             weights_sha256=self.settings.get("weights_sha256"),
@@ -434,27 +445,75 @@ class DecideJob:
             if r.error is not None:
                 yield error_record(r, r.error)
                 continue
-            probs, err, n_in, n_cached = next(got)
-            if err is not None:
-                yield error_record(r, f"line {r.line}: {err}")
-                continue
-            self.input_tokens += n_in
-            self.cached_tokens += n_cached
-            ps = [np.asarray(p, dtype=np.float64) for p in probs]
-            yield {"id": r.id, "answers": answers(qs.questions, ps, self.s.shape, isinstance(qs.raw, dict))}
+            res, err = next(got)
+            yield error_record(r, f"line {r.line}: {err}") if err is not None else self._record(r, res)
 
-    def _summary(self, done: int, seconds: float, qs: Questions) -> None:
+    def _summary(self, done: int, seconds: float) -> None:
         if self.kept and done == 0:
             self.say(f"mlx-slm: {self.output} was complete already: {self.kept} rows ({self.kept_failed} errors) kept")
             return
         kept = f"; {self.kept} rows kept from the interrupted run ({self.kept_failed} errors)" if self.kept else ""
         rate = done / seconds if seconds > 0 else 0.0
-        temps = f"temperatures from the task for {len(qs.applied)} question(s)" if qs.applied else "raw"
         self.say(
             f"mlx-slm: {done} rows ({self.failed - self.kept_failed} errors) in {seconds:.1f} s, {rate:.2f} states/s; "
-            f"{len(qs.questions)} question(s) a state, {self.input_tokens:,} input tokens "
-            f"({self.cached_tokens:,} from the state cache); answers {temps}" + kept
+            f"{len(self.plan.questions)} question(s) a state, {self.input_tokens:,} input tokens "
+            f"({self.cached_tokens:,} from the state cache); answers {describe_methods(self.plan, self.priors)}" + kept
         )
+
+
+def describe_methods(plan: DecisionPlan, priors: Mapping[str, Calibrator]) -> str:
+    """How the run's answers were made, in words: raw, or what applied to which questions."""
+    rows = asked(plan.questions, plan.methods)
+    if all(r == {"key": r["key"], **RAW_METHOD} for r in rows):
+        return "raw"
+    parts = []
+    for r in rows:
+        what = [] if r["style"] == "letters" else [f"{r['style']} style"]
+        what += [] if r["permute"] == 1 else [f"{r['permute']} orders"]
+        cal = r["calibration"]
+        if cal != "none":
+            src = (
+                "fitted"
+                if r.get("fitted_as")
+                else f"prior from the first {plan.warmup} states"
+                if cal == "batch"
+                else ""
+            )
+            what.append(f"{cal} calibration" + (f" ({src})" if src else ""))
+        what += ["trained head"] if r.get("trained") else []
+        what += ["NOT the task's fitted settings: the question changed"] if "note" in r else []
+        parts.append(f"{r['key']}: {', '.join(what) or 'raw'}")
+    return "; ".join(parts)
+
+
+def batch_priors(questions: Sequence[DecisionQuestion], results: Sequence[Any], warmup: int) -> dict[str, Calibrator]:
+    """Each question's batch prior (`fit_batch`: the mean raw answer) over the first `warmup`
+    results that answered it, by digest; a question answered by fewer states than its options
+    is refused, naming it and the fix."""
+    out: dict[str, Calibrator] = {}
+    for k, q in enumerate(questions):
+        got = [r.raw[k] for r in results[:warmup] if r.raw and r.raw[k] is not None]
+        if len(got) < len(q.options):
+            raise UserError(
+                f"--calibrate batch: question {q.key!r} has {len(q.options)} options but only {len(got)} state(s) "
+                "answered it to find its prior in: give more states (or --warmup), or drop --calibrate batch"
+            )
+        with np.errstate(divide="ignore"):
+            lp = np.log(np.stack(got))
+        try:
+            out[q.digest] = fit_batch(np.maximum(lp, -1e4), q.answer_names())
+        except CalibrationError as e:
+            raise UserError(f"--calibrate batch: question {q.key!r}: {e}") from None
+    return out
+
+
+def _recorded_priors(previous: Mapping[str, Any], output: str | None) -> dict[str, Calibrator]:
+    """The batch priors an interrupted run recorded in its manifest (a resumed run applies them)."""
+    got = (previous.get("settings") or {}).get("priors") or {}
+    try:
+        return {k: Calibrator.from_dict(v) for k, v in got.items()}
+    except CalibrationError as e:
+        raise OutputError(f"cannot --resume {output}: its recorded prior cannot be read ({e}); start again") from None
 
 
 def error_record(row: Row, error: str | None) -> dict[str, Any]:
@@ -463,17 +522,4 @@ def error_record(row: Row, error: str | None) -> dict[str, Any]:
     return {"id": row.id, "line": row.line, "error": err if err.startswith("line ") else f"line {row.line}: {err}"}
 
 
-def _config_record(config: DecisionConfig, whole: bool = False) -> dict[str, Any]:
-    """The decision settings that change answers, as JSON: for the manifest (--resume and merge
-    compare them; a template by its presence), or `whole` (a Ray worker's DecisionConfig fields)."""
-    template: Any = config.chat_template if whole else config.chat_template is not None
-    return {
-        "labels": {k: list(v) for k, v in config.labels.items()},
-        "temperature": dict(config.temperature),
-        "noul_options": list(config.noul_options),
-        "chat_template": template,
-        "sanitize_control_tokens": config.sanitize_control_tokens,
-    }
-
-
-__all__ = ["DecideSettings", "Questions", "SHAPES", "UserError", "answers", "decide", "read_questions"]
+__all__ = ["DecideSettings", "SHAPES", "UserError", "answers", "batch_priors", "decide"]

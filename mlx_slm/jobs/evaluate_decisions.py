@@ -1,20 +1,24 @@
 """`eval GOLD --decisions Q.json`: how right and how calibrated each decision question is on
-labelled states, and (`--fit`) a temperature per question learned from them.
+labelled states, every way of answering it side by side, and (`--fit`, `--fit-prior`) the way
+that is best on the user's own rows, saved in a task that `decide --task` and `serve --task`
+apply to that very question (by its digest, on either route).
 
 GOLD holds a state per row (`state`, else `text`, as `decide` reads it) and a gold answer
 per question to score (`--gold-field KEY=FIELD`): a noul's true/false (a JSON boolean, or
 true/false/yes/no/1/0 as text), a choice's option (its name; an OpenAI choice's value, typed:
 `true` and `"true"` are different options, text matching where the value is unambiguous),
 a score's level (its number 0..n-1, or its description). Every state is asked every question
-in one pass (a `Decider`, the raw probabilities: a task's temperatures are applied only to
-score that task, `--task T` without `--fit`); per question, `text.decision_metrics` gives
-accuracy, the Brier score, ECE, the log-loss, and `evaluate.plot` a reliability diagram.
+in one pass (a `Decider`). Per question, `text.decisions.metrics` gives accuracy, the Brier
+score, ECE, the log-loss and a reliability plot of the answers as the run makes them (raw, or
+a `--task`'s methods as applied), and `text.decisions.fitting.corrected` the same answers
+divided by a batch prior (the first `--warmup` states', what `decide --calibrate batch` does)
+and by a contextual one (content-free states), side by side.
 
-`--fit` learns each question's temperature by the gold's NLL (`fit_temperature`, on the raw
-probabilities) and reports its figures before and after, measured on the same states (so
-optimistic: evaluate the saved task on held-out states, `eval HELDOUT --decisions Q --task
-T`); `--save-task T` saves the questions, the temperatures and the model's weights sha256 in
-a task that `decide --task` and `serve --task` apply. Raw answers stay the default.
+`--fit` learns a bias per option and a temperature per question (by the gold's log-loss,
+cross-validated: each state scored by a fit that never saw it), on each way of asking it
+(letters or names, one or both option orders), and keeps the way with the best cross-validated
+accuracy; `--fit-prior` learns only a prior, from the states alone (no gold). `--save-task T`
+saves the questions and each one's method with the model's weights sha256.
 """
 
 from __future__ import annotations
@@ -29,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ..classifier.decider import Decider
-from ..classifier.task import Task, decision_temperatures
-from ..engine import Engine
+from ..classifier.decision_plan import DecisionPlan
+from ..classifier.task import Task
 from ..files.output import (
     RecordError,
     check_run_files,
@@ -45,18 +48,20 @@ from ..files.output import (
 from ..files.readers import ReadSpec, read_rows
 from ..ground.errors import UsageError, UserError
 from ..ground.safefs import atomic_write
-from ..text.decision_metrics import apply_temperature, fit_temperature, format_question_report, question_report
-from ..text.decision_metrics import brier as brier_score
-from ..text.decisions import DecisionError, DecisionQuestion, DecisionRequest, option_text, text
-from ..text.metrics import ece
+from ..text.calibration import DEFAULT_WARMUP
+from ..text.decisions.errors import DecisionError
+from ..text.decisions.fitting import Way, corrected, figures, fit_question, prior_of
+from ..text.decisions.gold import gold_index, gold_pairs
+from ..text.decisions.methods import Method, Methods
+from ..text.decisions.metrics import format_question_report, question_report
+from ..text.decisions.prompt import STYLES
+from ..text.decisions.questions import DecisionQuestion, DecisionRequest
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
-from ..weights.registry import DEFAULT_MODEL, ModelRef
-from .decide import STATE_FIELDS, decision_config, read_questions, state_problem
+from ..weights.registry import DEFAULT_MODEL
+from .decide import STATE_FIELDS, state_problem
 from .evaluate import plot, plot_paths
-from .plan import Say
-
-_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+from .plan import DecisionOptions, Say, resolve_decisions
 
 
 @dataclass
@@ -69,6 +74,7 @@ class DecisionEvalSettings:
     model: str = DEFAULT_MODEL
     task_file: str | None = None
     fit: bool = False
+    fit_prior: bool = False
     predictions: str | None = None  # a decide output, scored without running the model
     save_task: str | None = None
     json_path: str | None = None
@@ -79,54 +85,12 @@ class DecisionEvalSettings:
     state_column: str = "text"
     id_column: str = "id"
     dtype: str | None = None
+    style: str = "letters"
+    permute: int = 1
+    warmup: int = DEFAULT_WARMUP
     batch: int = 32
     quiet: bool = False
     given: frozenset[str] = field(default_factory=frozenset)
-
-
-def gold_pairs(questions: Sequence[DecisionQuestion], pairs: Sequence[str]) -> dict[str, str]:
-    """--gold-field KEY=FIELD (or KEY: the field of that name) once per question to score: {key: field}."""
-    keys = {q.key for q in questions}
-    golds: dict[str, str] = {}
-    for pair in pairs:
-        key, _, fld = pair.partition("=")
-        if key not in keys:
-            raise UsageError(
-                f"--gold-field {pair}: {key!r} is not a question key (the questions: {', '.join(keys)}); give "
-                "KEY=FIELD for each question to score"
-            )
-        if key in golds:
-            raise UsageError(f"--gold-field {pair}: question {key!r} is given twice: one KEY=FIELD per question")
-        golds[key] = fld or key
-    return golds
-
-
-def gold_index(q: DecisionQuestion, value: Any) -> int | None:
-    """The option a gold value names (see the module docstring), or None when it names none."""
-    if value is None:
-        return None
-    if q.type == "noul":
-        if isinstance(value, bool):
-            return list(q.options).index("true" if value else "false")
-        word = str(value).strip().lower()
-        side = "true" if word in _TRUE else "false" if word in _FALSE else None
-        return None if side is None else list(q.options).index(side)
-    if q.type == "score":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value if 0 <= value < len(q.options) else None
-        if isinstance(value, str) and value.strip().isdigit():
-            i = int(value.strip())
-            return i if 0 <= i < len(q.options) else None
-        names = [text(d) for d in q.descriptions] + list(q.levels)
-        hits = [i % len(q.options) for i, n in enumerate(names) if n == value]
-        return hits[0] if len(set(hits)) == 1 else None
-    exact = [i for i, o in enumerate(q.options) if type(o) is type(value) and o == value]
-    if exact:
-        return exact[0]
-    loose = [
-        i for i, o in enumerate(q.options) if option_text(o) == (value if isinstance(value, str) else json.dumps(value))
-    ]
-    return loose[0] if len(loose) == 1 else None
 
 
 def _folder(i: int, key: str) -> str:
@@ -134,158 +98,263 @@ def _folder(i: int, key: str) -> str:
     return f"{i + 1:02d}-" + (re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:48] or "question")
 
 
+def _check(s: DecisionEvalSettings) -> None:
+    if s.save_task and not (s.fit or s.fit_prior):
+        raise UsageError("--save-task with --decisions saves what was fitted: add --fit (or --fit-prior)")
+    if s.predictions and (s.save_task or s.task_file or s.dtype or s.fit or s.fit_prior):
+        raise UsageError(
+            "--predictions scores a decide output as written: drop --task, --save-task, --fit, --fit-prior and --dtype"
+        )
+    if s.fit and ({"style", "permute"} & s.given):
+        raise UsageError("--fit chooses the style and the option orders itself (by cross-validation): drop them")
+    if "warmup" in s.given and s.predictions:
+        raise UsageError("--warmup sets the batch prior's states of a model run: drop it with --predictions")
+
+
 def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     """Run the eval (see the module docstring); the figures per question, also printed by `say`'s caller."""
-    if s.save_task and not s.fit:
-        raise UsageError("--save-task with --decisions saves the fitted temperatures: add --fit")
-    if s.predictions and (s.save_task or s.task_file or s.dtype):
-        raise UsageError("--predictions scores a decide output as written: drop --task, --save-task and --dtype")
-    files = (
-        ("INPUT", s.input),
-        ("--questions", s.questions_file),
-        ("--task", s.task_file),
-        ("--predictions", s.predictions),
-    )
-    reads = [(f, p) for f, p in files if p]
-    writes = [("--json", s.json_path), ("--save-task", s.save_task)]
-    check_run_files(reads, writes)
-    task = Task.load(s.task_file) if s.task_file else None
-    model = task.model if task is not None and "model" not in s.given else s.model
-    engine = None if s.predictions else Engine.load(ModelRef(model, s.dtype))
-    config = decision_config(model, None if engine is None else engine.path)
-    qs = read_questions(s.questions_file, task, config)
-    golds = gold_pairs(qs.questions, s.gold_fields)
-    if s.fit and qs.temperatures:
-        qs = replace(qs, temperatures={})  # fitted on the raw probabilities, not on a task's
-    elif qs.applied and engine is not None:
-        decision_temperatures(task, engine.weights_sha256)
-    if s.plots:
-        for i, q in enumerate(qs.questions):
-            if q.key in golds:  # each question's folder made now: an unwritable place fails before the model runs
-                where = Path(s.plots) / _folder(i, q.key)
-                try:
-                    where.mkdir(parents=True, exist_ok=True)
-                except OSError as e:
-                    raise UserError(f"--plots {s.plots}: cannot create {where} ({e.strerror or e})") from None
-                check_run_files(reads, [("--plots", str(p)) for p in plot_paths(where)])
+    _check(s)
+    files = (("INPUT", s.input), ("--questions", s.questions_file), ("--task", s.task_file))
+    reads = [(f, p) for f, p in (*files, ("--predictions", s.predictions)) if p]
+    check_run_files(reads, [("--json", s.json_path), ("--save-task", s.save_task)])
+    opts = DecisionOptions(s.model, s.dtype, None, s.task_file, s.questions_file, s.style, s.permute, given=s.given)
+    plan = resolve_decisions(replace(opts, warmup=s.warmup, given=s.given - {"warmup"}))
+    engine = None if s.predictions else plan.engine()
+    if engine is not None:
+        plan = plan.loaded(engine)
+    golds = gold_pairs(plan.questions, s.gold_fields)
+    if not golds and not s.fit_prior:
+        raise UsageError("--decisions: give --gold-field KEY=FIELD (or KEY) for each question to score")
+    _plot_folders(s, plan.questions, golds, reads)
+    rows = _rows(s, golds)
+    if s.predictions:  # a decide output: its answers read back, row i of it input row i
+        got = read_decisions(s.predictions, rows, plan.questions, s.input)
+        rows = [r if p is None or isinstance(p, tuple) else replace(r, error=p) for r, p in zip(rows, got)]
+        runs = {ways_of(plan, False)[0]: [p for r, p in zip(rows, got) if r.error is None]}
+    else:
+        runs = _runs(plan, engine, [r for r in rows if r.error is None], s)
+    return _report(s, plan, engine, golds, rows, runs, say)
+
+
+def _plot_folders(s: DecisionEvalSettings, questions: Sequence[DecisionQuestion], golds: dict, reads: list) -> None:
+    """Each scored question's plot folder made now: an unwritable place fails before the model runs."""
+    if not s.plots:
+        return
+    for i, q in enumerate(questions):
+        if q.key in golds:
+            where = Path(s.plots) / _folder(i, q.key)
+            try:
+                where.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"--plots {s.plots}: cannot create {where} ({e.strerror or e})") from None
+            check_run_files(reads, [("--plots", str(p)) for p in plot_paths(where)])
+
+
+def _rows(s: DecisionEvalSettings, golds: dict[str, str]) -> list[Any]:
     states = (s.state_field,) if s.state_field else STATE_FIELDS
     fields = tuple(dict.fromkeys(golds.values()))
     read = ReadSpec(s.fmt, states[0], s.id_field, s.state_column, s.id_column, gold=fields, states=states)
-    rows = list(read_rows(s.input, read))
-    rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in rows]
-    if s.predictions:  # a decide output: its answers read back, row i of it input row i
-        got = read_decisions(s.predictions, rows, qs.questions, s.input)
-        rows = [r if p is None or isinstance(p, tuple) else replace(r, error=p) for r, p in zip(rows, got)]
-    ok = [r for r in rows if r.error is None]
-    if not ok:
+    rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in read_rows(s.input, read)]
+    if not rows or (not any(r.error is None for r in rows) and not s.predictions):
         first = rows[0].error if rows else "the input is empty"
         raise UserError(f"{s.input}: no row has a state to ask; first problem: {first}")
-    probs: list[tuple[np.ndarray, ...] | str] = []
-    if s.predictions:
-        probs = [p for r, p in zip(rows, got) if r.error is None]
-    else:
-        decider = Decider(
-            engine, config, state_cache=0, calibration=qs.temperatures or None, calibration_questions=qs.own
-        )
+    return rows
+
+
+def ways_of(plan: DecisionPlan, fit: bool) -> list[Way]:
+    """The ways of asking the questions a run compares: every style and order count `--fit` may
+    choose from (orders only where a question is a choice), else the plan's own."""
+    if not fit:
+        return [(plan.methods.default.style, plan.methods.default.permute)]
+    orders = (1, 2) if any(q.type == "choice" for q in plan.questions) else (1,)
+    return [(st, n) for n in orders for st in STYLES]
+
+
+def _runs(plan: DecisionPlan, engine: Any, ok: list[Any], s: DecisionEvalSettings) -> dict[Way, list[Any]]:
+    """Each way's results for every row with a state (a result, or why it has none)."""
+    out = {}
+    for style, permute in ways_of(plan, s.fit):
+        methods = Methods(plan.methods.saved, replace(plan.methods.default, style=style, permute=permute))
+        decider = replace(plan, methods=methods).decider(engine, state_cache=0)
+        got: list[Any] = []
         for k in range(0, len(ok), s.batch):
-            probs += _decide(decider, [r.text for r in ok[k : k + s.batch]], qs.questions)
-    out: dict[str, Any] = {}
-    index = {q.key: i for i, q in enumerate(qs.questions)}
-    for key, fld in golds.items():
-        q = qs.questions[index[key]]
-        out[key] = _question(q, fld, ok, probs, index[key], s.fit, rows)
-        rep = out[key]["report"]
-        left = f"{rep['left_out']} row(s) left out: " + "; ".join(rep["left_out_examples"]) if rep["left_out"] else ""
-        say(format_question_report(key, q.type, fld, rep) + left)
-        if s.plots:
-            for p in plot(out[key]["report"], Path(s.plots) / _folder(index[key], key)):
-                say(f"mlx-slm: wrote {p}")
-    if s.json_path:
-        atomic_write(
-            s.json_path, json.dumps({"questions": {k: v["report"] for k, v in out.items()}}, indent=2) + "\n", "--json"
-        )
-    if s.save_task:
-        temps = {k: v["report"]["temperature"]["value"] for k, v in out.items() if "temperature" in v["report"]}
-        fit = {
-            k: {x: v["report"]["temperature"][x] for x in ("n", "nll_raw", "nll_fitted", "ece_raw", "ece_fitted")}
-            for k, v in out.items()
-            if "temperature" in v["report"]
-        }
-        Task(
-            model=model,
-            labels=tuple(DEFAULT_LABELS),
-            system=DEFAULT_SYSTEM,
-            template=DEFAULT_TEMPLATE,
-            weights_sha256=engine.weights_sha256 if engine else None,
-            versions=versions(),
-            decisions={"questions": qs.raw, "temperatures": temps, "fit": fit},
-        ).save(s.save_task)
-        say(f"mlx-slm: task saved to {s.save_task} (a temperature for {len(temps)} question(s))")
-    return {k: v["report"] for k, v in out.items()}
+            got += _decide(decider, [r.text for r in ok[k : k + s.batch]], plan.questions)
+        out[(style, permute)] = got
+    return out
 
 
 def _decide(decider: Any, states: list[Any], questions: tuple[DecisionQuestion, ...]) -> list[Any]:
-    """Each state's probabilities per question, or why it has none (a state over the context)."""
+    """Each state's result, or why it has none (a state over the context)."""
     try:
-        return [r.probabilities for r in decider.decide([DecisionRequest(st, questions) for st in states])]
+        return decider.decide([DecisionRequest(st, questions) for st in states])
     except DecisionError as e:
         if len(states) == 1:
             return [str(getattr(e, "msg", e))]
         return [p for st in states for p in _decide(decider, [st], questions)]
 
 
-def _question(
-    q: DecisionQuestion, fld: str, ok: list[Any], probs: list[Any], i: int, fit: bool, rows: list[Any]
+def _report(
+    s: DecisionEvalSettings,
+    plan: DecisionPlan,
+    engine: Any,
+    golds: dict[str, str],
+    rows: list[Any],
+    runs: dict[Way, list[Any]],
+    say: Say,
 ) -> dict[str, Any]:
-    """One question's report (and fitted temperature), from the rows with an answer and a gold option."""
-    got, gold, left = (
-        [],
-        [],
-        [
-            f"line {r.line}: {r.error}" if not r.error.startswith("line ") else r.error
-            for r in rows
-            if r.error is not None
-        ],
-    )
-    for r, p in zip(ok, probs):
+    """Every scored question's figures printed, plotted and written; the fitted methods saved."""
+    ok = [r for r in rows if r.error is None]
+    main = ways_of(plan, False)[0]
+    decider = None if engine is None else plan.decider(engine, state_cache=0)
+    out: dict[str, Any] = {}
+    saved: list[Method] = []
+    for i, q in enumerate(plan.questions):
+        if q.key in golds:
+            out[q.key] = _question(q, i, golds[q.key], ok, rows, runs, main, s, decider)
+            say(_format(q, golds[q.key], out[q.key]))
+            if s.plots:
+                for p in plot(out[q.key], Path(s.plots) / _folder(i, q.key)):
+                    say(f"mlx-slm: wrote {p}")
+            fitted = out[q.key].get("fit")
+            if fitted is not None:
+                saved.append(fitted.pop("method"))
+        elif s.fit_prior:
+            saved.append(_prior_method(q, i, ok, runs[main], s.warmup))
+    if s.json_path:
+        atomic_write(s.json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
+    if s.save_task:
+        _save(s, plan, engine, saved, say)
+    return out
+
+
+def _question(
+    q: DecisionQuestion,
+    i: int,
+    fld: str,
+    ok: list[Any],
+    rows: list[Any],
+    runs: dict[Way, list[Any]],
+    main: Way,
+    s: DecisionEvalSettings,
+    decider: Any,
+) -> dict[str, Any]:
+    """One question's report: its answers' figures, the corrected ones beside them, and its fit."""
+    keep, gold, left = _gold_rows(q, fld, ok, rows, runs[main], i)
+    labels = q.answer_names()
+    final = np.stack([_final(runs[main][j], i) for j in keep])
+    raw = np.stack([_raw(runs[main][j], i) for j in keep])
+    rep = question_report(final, gold, labels, binary=q.type == "noul")
+    rep["left_out"], rep["left_out_examples"] = len(left), left[:5]
+    applied = [getattr(runs[main][j], "applied", None) for j in keep]
+    rep["applied"] = applied[0][i] if applied[0] else {"as": "written by decide"}
+    method = None if decider is None else decider.method(q)[0]
+    if method is not None and method.head is not None:  # a trained head's answer: no prior to divide out
+        rep["corrected"] = {"raw": figures(raw, gold, q.type == "noul")}
+    else:
+        contextual = None if method is None else decider.contextual_prior(q, method)
+        rep["corrected"] = corrected(raw, gold, labels, s.warmup, contextual, q.type == "noul")
+    if s.fit:
+        per_way = {w: np.stack([_raw(runs[w][j], i) for j in keep]) for w in runs}
+        fitted = fit_question(per_way, gold, labels, q.key)
+        method = Method(fitted.style, fitted.permute, "none", fitted.calibrator, None, q.key, q.digest, fitted.report())
+        rep["fit"] = {**fitted.report(), "method": method}
+    elif s.fit_prior:
+        rep["fit_prior"] = True
+    return rep
+
+
+def _gold_rows(
+    q: DecisionQuestion, fld: str, ok: list[Any], rows: list[Any], results: list[Any], i: int
+) -> tuple[list[int], np.ndarray, list[str]]:
+    """The rows scored (indices into `ok`), their gold options, and why the others are left out."""
+    left = [f"line {r.line}: {r.error}" if not r.error.startswith("line ") else r.error for r in rows if r.error]
+    keep, gold = [], []
+    for j, (r, res) in enumerate(zip(ok, results)):
         g = gold_index(q, (r.gold or {}).get(fld))
-        if isinstance(p, str):
-            left.append(f"line {r.line}: {p}")
+        if isinstance(res, str):
+            left.append(f"line {r.line}: {res}")
+        elif _raw(res, i) is None:
+            left.append(f"line {r.line}: question {q.key!r} was refused (over the model's context)")
         elif g is None:
             left.append(f"line {r.line}: field {fld!r} is {(r.gold or {}).get(fld)!r}, not an option of {q.key!r}")
         else:
-            got.append(np.asarray(p[i], dtype=np.float64))
+            keep.append(j)
             gold.append(g)
-    if not got:
+    if not keep:
         raise UserError(
             f"question {q.key!r}: no row has both an answer and a gold option in field {fld!r}; "
             f"first problem: {left[0] if left else 'none'}"
         )
-    names = [option_text(o) for o in q.options]
-    pr, g = np.stack(got), np.asarray(gold, dtype=np.int64)
-    rep = question_report(pr, g, names, binary=q.type == "noul")
-    rep["left_out"] = len(left)
-    rep["left_out_examples"] = left[:5]
-    if fit:
-        t, info = fit_temperature(pr, g)
-        hot = apply_temperature(pr, t)
-        top_raw, top_fit = pr.max(1), hot.max(1)
-        right = pr.argmax(1) == g  # a temperature keeps every argmax
-        rep["temperature"] = {
-            "value": t,
-            **info,
-            "ece_raw": ece(top_raw, right),
-            "ece_fitted": ece(top_fit, right),
-            "brier_raw": rep["brier"],
-            "brier_fitted": brier_score(hot, g, q.type == "noul"),
-        }
-    return {"report": rep}
+    return keep, np.asarray(gold, dtype=np.int64), left
+
+
+def _final(res: Any, i: int) -> np.ndarray:
+    return np.asarray(res[i] if isinstance(res, tuple) else res.probabilities[i], dtype=np.float64)
+
+
+def _raw(res: Any, i: int) -> np.ndarray | None:
+    """A result's raw answer to question i (a decide output read back: as written)."""
+    if isinstance(res, tuple):
+        return np.asarray(res[i], dtype=np.float64)
+    got = res.raw[i] if res.raw else res.probabilities[i]
+    return None if got is None else np.asarray(got, dtype=np.float64)
+
+
+def _prior_method(q: DecisionQuestion, i: int, ok: list[Any], results: list[Any], warmup: int) -> Method:
+    """`--fit-prior` for a question without gold: the batch prior of the states' raw answers."""
+    got = [_raw(r, i) for r in results if not isinstance(r, str)]
+    probs = np.stack([p for p in got if p is not None]) if got else np.zeros((0, len(q.options)))
+    cal = prior_of(probs, q.answer_names(), q.key, warmup)
+    return Method(calibrator=cal, key=q.key, digest=q.digest, report={"prior_from_states": cal.n})
+
+
+def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
+    """A question's report: its headline and table, the corrected figures side by side, its fit."""
+    out = format_question_report(q.key, q.type, fld, rep)
+    lines = ["", "way                 accuracy  macro-F1     ECE   Brier  log-loss"]
+    for name, f in rep["corrected"].items():
+        what = {
+            "raw": "raw" if "trained" not in rep["applied"] else "trained head",
+            "batch": "batch prior",
+            "contextual": "contextual prior",
+        }[name]
+        lines.append(
+            f"{what:<18} {100 * f['accuracy']:8.2f} % {f['macro_f1']:8.4f} {f['ece']:7.4f} {f['brier']:7.4f}"
+            f" {f['log_loss']:9.4f}"
+        )
+    fit = rep.get("fit")
+    if fit is not None:
+        for w in fit["ways"]:
+            cv = "n/a" if w["cv_accuracy"] is None else f"{100 * w['cv_accuracy']:.2f} %"
+            lines.append(f"fit {w['style']}, {w['permute']} order(s): cross-validated accuracy {cv}")
+        ch = fit["chosen"]
+        lines.append(f"fit: chose {ch['style']}, {ch['permute']} order(s); temperature {fit['temperature']:.4f}")
+        if fit.get("note"):
+            lines.append(f"fit: {fit['note']}")
+    if rep.get("left_out"):
+        lines.append(f"{rep['left_out']} row(s) left out: " + "; ".join(rep["left_out_examples"]))
+    return out + "\n".join(lines)
+
+
+def _save(s: DecisionEvalSettings, plan: DecisionPlan, engine: Any, saved: list[Method], say: Say) -> None:
+    Task(
+        model=plan.model.name,
+        labels=tuple(DEFAULT_LABELS),
+        system=DEFAULT_SYSTEM,
+        template=DEFAULT_TEMPLATE,
+        weights_sha256=engine.weights_sha256 if engine else None,
+        versions=versions(),
+        decisions={"questions": plan.raw_questions, "methods": [m.to_dict() for m in saved]},
+    ).save(s.save_task)
+    say(
+        f"mlx-slm: task saved to {s.save_task} ({len(saved)} fitted question(s): decide --task and serve --task apply them)"
+    )
 
 
 def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuestion], input_path: str) -> list[Any]:
     """A decide output read back row by row: each row's probabilities per question (a tuple, in
-    question order), its error text, or None for an input row that had none to read. Its rows
-    must be the input's (count and ids, and the content its manifest recorded)."""
+    question order), or its error text. Its rows must be the input's (count and ids, and the
+    content its manifest recorded), its questions these."""
     where = f"--predictions {path}"
     m = read_manifest(path)
     if m is not None:
@@ -317,27 +386,31 @@ def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuest
             out.append(str(f["error"]))
             continue
         ans = f.get("answers")
-        try:
-            ans = json.loads(ans) if isinstance(ans, str) else ans
-            out.append(tuple(_probabilities(q, ans, k) for k, q in enumerate(questions)))
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise UserError(
-                f"{where}: row {i + 1} has no answer to every question ({type(e).__name__}: {e}): "
-                "give the decide output of these questions"
-            ) from None
+        ans = json.loads(ans) if isinstance(ans, str) else ans
+        out.append(tuple(_probabilities(q, ans, k, where, i + 1) for k, q in enumerate(questions)))
     return out
 
 
-def _probabilities(q: DecisionQuestion, answers: Any, k: int) -> np.ndarray:
-    """A question's probabilities in its option order, from its answer in either shape."""
-    a = answers[k] if isinstance(answers, list) else answers[q.key]
-    if isinstance(answers, list):
-        if a["type"] == "predicate":
-            p = float(a["probability"])
+def _probabilities(q: DecisionQuestion, answers: Any, k: int, where: str, row: int) -> np.ndarray:
+    """A question's probabilities in its option order, from its answer in either shape; an answer
+    that is not this question's (another question, other options) says which and what to do."""
+    fix = "give the decide output of these questions (--decisions must be the questions decide was asked)"
+    try:
+        a = answers[k] if isinstance(answers, list) else answers[q.key]
+        if isinstance(answers, list):
+            if a["type"] == "predicate":
+                p = float(a["probability"])
+                return np.array([p if o == "true" else 1 - p for o in q.options])
+            got = [float(x["probability"]) for x in a["probabilities"]]
+            if len(got) != len(q.options):
+                raise KeyError(f"{len(got)} options")
+            return np.array(got)
+        if a["type"] == "noul":
+            p = float(a["noul"])
             return np.array([p if o == "true" else 1 - p for o in q.options])
-        return np.array([float(x["probability"]) for x in a["probabilities"]])
-    if a["type"] == "noul":
-        p = float(a["noul"])
-        return np.array([p if o == "true" else 1 - p for o in q.options])
-    names = [option_text(o) for o in q.options] if q.type == "choice" else [str(i) for i in range(len(q.options))]
-    return np.array([float(a["probabilities"][n]) for n in names])
+        names = q.answer_names() if q.type == "choice" else tuple(str(i) for i in range(len(q.options)))
+        return np.array([float(a["probabilities"][n]) for n in names])
+    except KeyError as e:
+        raise UserError(f"{where}: row {row}: question {q.key!r} has no answer for {e.args[0]!r}: {fix}") from None
+    except (IndexError, TypeError, ValueError) as e:
+        raise UserError(f"{where}: row {row}: question {q.key!r}'s answer cannot be read ({e}): {fix}") from None

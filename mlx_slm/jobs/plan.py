@@ -18,15 +18,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..classifier.classifier import Classifier
+from ..classifier.decider import DeciderSettings
+from ..classifier.decision_plan import DecisionPlan, task_methods
 from ..classifier.pipeline import DEFAULT_BATCH_SIZE
 from ..classifier.plan import Plan
 from ..classifier.task import Task
+from ..engine.state_cache import STATE_CACHE
 from ..files.readers import ReadSpec, gold_problem, read_label_descriptions, read_rows
 from ..ground.errors import ModelError, UsageError
 from ..ground.ranges import check_all
 from ..kinds import FineTunedSettings, KindArgs, arguments
 from ..models import BACKBONE_NO_LM_HEAD, embeds_only
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
+from ..text.decisions.errors import DecisionError
+from ..text.decisions.files import load_questions_file, questions_of
+from ..text.decisions.methods import Method, Methods
+from ..text.decisions.settings import DecisionConfig
 from ..text.labels import NotItsLabels, parse_labels
 from ..text.prompts import (
     DEFAULT_LABELS,
@@ -594,3 +601,67 @@ def save_task(plan: Plan, clf: Classifier, run: Any, say: Say) -> None:
     t.save(path)
     if not plan.quiet:
         say(f"mlx-slm: task saved to {path} ({run.method + ' prior' if cal.applies else 'no calibration'})")
+
+
+# --------------------------------------------------------------------------- typed decisions
+
+
+@dataclass(frozen=True)
+class DecisionOptions:
+    """What `decide`, `eval --decisions` and `serve` take for typed decisions, as typed (the CLI's
+    parameter names): the model, a task, the questions (none for `serve`), how each question is
+    answered beyond the raw letters (`style`, `permute`, `calibrate` and its `warmup`), the state
+    cache and what is refused. `given`: the names set on the command line (a task fills the model)."""
+
+    model: str = DEFAULT_MODEL
+    dtype: str | None = None
+    keep_quantized: bool | None = None
+    task_file: str | None = None
+    questions_file: str | None = None
+    style: str = "letters"
+    permute: int = 1
+    calibrate: str = "none"
+    warmup: int = DEFAULT_WARMUP
+    state_cache: int = STATE_CACHE
+    refuse: str | None = None
+    given: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        check_all({k: v for k, v in vars(self).items() if k in ("warmup", "state_cache")})
+
+
+def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok: bool = True) -> DecisionPlan:
+    """The options and a task resolved once into a `DecisionPlan` (its questions read with the
+    default decision settings: `DecisionPlan.loaded` reads them again only for a model whose own
+    decision.json changes how they read). Options that would change nothing are refused, not
+    ignored: --warmup without --calibrate batch, --permute 2 with no choice question to reorder.
+    `batch_ok`: whether the front end can find a batch prior (a file run can; a server, whose
+    requests come one by one, answers with a task's fitted prior instead)."""
+    task = Task.load(o.task_file) if o.task_file else None
+    model = task.model if task is not None and "model" not in o.given else o.model
+    if o.calibrate == "batch" and not batch_ok:
+        raise UsageError(
+            "--calibrate batch needs a run of many states to find the prior in; a server answers one request at a "
+            "time: fit the prior on a sample of your states (mlx-slm eval STATES.jsonl --decisions Q.json "
+            "--fit-prior --save-task T) and serve --task T, or use --calibrate contextual"
+        )
+    if "warmup" in o.given and o.calibrate != "batch":
+        raise UsageError("--warmup sets how many states the batch prior is found on: it needs --calibrate batch")
+    try:
+        default = Method(style=o.style, permute=o.permute, prior=o.calibrate)
+    except DecisionError as e:
+        raise UsageError(str(e)) from None
+    raw, questions = None, ()
+    if o.questions_file is not None:
+        raw, questions = load_questions_file(o.questions_file, DecisionConfig())
+    elif task is not None and task.decisions:
+        raw = task.decisions["questions"]
+        questions = questions_of(raw, DecisionConfig())
+    elif need_questions:
+        raise UsageError("give the questions: --questions Q.json (or a --task saved with eval --decisions --save-task)")
+    if o.permute != 1 and questions and not any(q.type == "choice" for q in questions):
+        raise UsageError("--permute 2 reorders a choice's options: none of these questions is a choice; drop it")
+    methods = task_methods(task, DecisionConfig(), Methods(default=default))
+    ref = ModelRef.typed(model, o.dtype, o.keep_quantized)
+    settings = DeciderSettings(state_cache=o.state_cache)
+    return DecisionPlan(ref, DecisionConfig(), questions, raw, methods, o.warmup, settings, o.refuse, task)

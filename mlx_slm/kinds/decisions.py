@@ -1,26 +1,32 @@
 """Decisions on an engine: a request's questions as branches after its state, several requests
 (different states, different questions) in one batch.
 
-Every question's full prompt (`text.decision_prompts.prompt_ids`: Transformers' generic decision
-prompt as the one user message) is tokenized whole; the tokens all of a request's prompts share
-(capped so that each question keeps at least its last token) are its *state part*, and what is
-left of each prompt is that question's branch. Each row of a batch continues a base whose keys
-and values are cached (the chat template's head, or the longest start of the state the
-decider's state cache holds); the rest of its state (its *trunk*) runs causally at the start of
-the first pass, and every question runs as a branch of the row's tree after it
-(`branch_answers`: `branches.pack_branches`, then `questions.option_scores`, the very pieces the
-questions kind runs), seeing the state and its own tokens only. So each question's scores are
-exactly those of its prompt run alone, whatever else shares the batch. The trunk's keys and
-values come back from that pass (`StateKV`): what later passes of many questions continue, and
-what the state cache keeps. A long trunk runs on its own first (`encode_states`).
+Every question is asked as one or more *variants* (`Variant`): its method (`text.decisions.
+methods`) says in which style (the letters of Transformers' generic prompt, or the options' own
+names) and in how many option orders (1, or 2: forward and reversed), or that a trained head
+reads it. Each variant's full prompt (`prompt_tokens.prompt_ids`) is tokenized whole; the tokens
+all of a request's prompts share (capped so that each keeps at least its last token) are its
+*state part*, and what is left of each prompt is that variant's branch. Each row of a batch
+continues a base whose keys and values are cached (the chat template's head, or the longest
+start of the state the decider's state cache holds); the rest of its state (its *trunk*) runs
+causally at the start of the first pass, and every variant runs as a branch of the row's tree
+after it (`branch_answers`: `branches.pack_branches`, then `questions.option_scores`, the very
+pieces the questions kind runs; a head variant reads its branch's hidden states), seeing the
+state and its own tokens only. So each variant's scores are exactly those of its prompt run
+alone, whatever else shares the batch. The trunk's keys and values come back from that pass
+(`StateKV`): what later passes continue, and what the state cache keeps. A long trunk runs on
+its own first (`encode_states`).
+
+A question that does not fit the model's context after its state is refused as the request
+says (`DecisionRequest.refusal`, the route's or the run's choice): the whole request (a
+`DecisionError` of type tokens_exceeded) or that question alone (its answer None).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from functools import cached_property
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -28,28 +34,24 @@ import numpy as np
 
 from ..engine.engine import Engine
 from ..engine.prefix_cache import PrefixCache, StackedPrefix
-from ..models import KV
+from ..engine.state_cache import StateKV
 from ..text import batching
 from ..text.branches import MAX_PASS_TOKENS, _groups, pack_branches
-from ..text.decision_prompts import (
-    MARK,
-    SPLIT,
+from ..text.decisions.errors import DecisionError
+from ..text.decisions.methods import Method, orders, permuted
+from ..text.decisions.prompt import render_user_message, styled
+from ..text.decisions.prompt_tokens import (
+    drop_sentinels,
     label_set,
     prompt_ids,
     render_chat,
     sentinel_tokenizer,
     template_prompts,
 )
-from ..text.decisions import (
-    YES_NO,
-    DecisionConfig,
-    DecisionError,
-    DecisionQuestion,
-    DecisionRequest,
-    render_user_message,
-    text,
-)
-from ..text.labels import LabelSet
+from ..text.decisions.questions import YES_NO, DecisionQuestion, DecisionRequest, text
+from ..text.decisions.settings import DecisionConfig
+from ..text.heads import Head, head_input
+from ..text.labels import LabelSet, softmax
 from ..text.prompts import PROBES, common_prefix, size_problem
 from .questions import option_scores
 
@@ -59,18 +61,42 @@ STATE_SLACK = 64
 LABEL_SETS = 256  # distinct label tuples whose `LabelSet`s a planner keeps (an LRU: a server lives long)
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One branch of a request's tree: question `question` asked with its options shown in
+    `order` (`order[i]`: the option shown i-th), read on `labels` (its label tokens, or a head's
+    placeholder), or by a trained `head`, at the question type's `temperature`."""
+
+    question: int
+    order: tuple[int, ...]
+    labels: LabelSet
+    head: Head | None = None
+    temperature: float = 1.0
+
+    def probabilities(self, scores: np.ndarray) -> np.ndarray:
+        """The variant's answer from its scores: the labels' softmax at the question type's
+        temperature, or a head's own log-probabilities exponentiated."""
+        return np.exp(scores) if self.head is not None else softmax(scores / self.temperature)
+
+    def reader(self) -> bytes:
+        """How the variant is read, as bytes (its labels' tokens, or its head): with its own
+        tokens, what makes a cached answer the same computation."""
+        own = [b"head:" + self.head.sha256.encode()] if self.head is not None else []
+        return b"|".join([*own, *(np.asarray(t, dtype=np.int32).tobytes() for t in self.labels.token_ids)])
+
+
 @dataclass
 class DecisionItem:
-    """One request, tokenized: its state part (`ids`), each question's own tokens (`chains`,
-    None for a question over the context: an OpenAI refusal) and labels as the model reads
-    them, and the token counts the usage reports."""
+    """One request, tokenized: its state part (`ids`), each variant's own tokens (`chains`, None
+    for a variant over the context) and how it is read (`variants`), each question's method
+    (`methods`), and the token counts the usage reports."""
 
     index: int
     request: DecisionRequest
     ids: list[int]
     chains: list[list[int] | None]
-    options: list[LabelSet | None]
-    temperatures: list[float]
+    variants: list[Variant]
+    methods: list[Method]
     input_tokens: int
     cost: int = 0  # tokens the request runs (its state part and its branches): the batch budget
 
@@ -78,52 +104,37 @@ class DecisionItem:
     def key(self) -> tuple[int, ...]:
         return tuple(self.ids)
 
+    def refused(self, k: int) -> bool:
+        """Question k did not fit (one of its variants is over the context): no answer."""
+        return any(self.chains[j] is None for j, v in enumerate(self.variants) if v.question == k)
 
-class StateKV:
-    """A state part's keys and values (batch 1, every key real), as a `PrefixCache` holds a
-    prompt head's: what rows continue (`StackedPrefix`) and what the state cache keeps."""
 
-    mask = None
-    states = None
+@dataclass(frozen=True)
+class FeatureTap:
+    """A head that reads nothing: a variant read by it gives its branch's hidden states after
+    `layers` at its last token (len(layers), D), what a decision question's head is trained on
+    (`Decider.features`): the very states a trained head reads when it answers."""
 
-    def __init__(self, tokens: Sequence[int], kv: list[KV]):
-        self.tokens: tuple[int, ...] = tuple(int(t) for t in tokens)
-        self.kv = kv
-        # Questions answered after this very state: a digest of (their own tokens, their labels'
-        # tokens) -> option scores. A question asked again of the same state is the same
-        # computation: not run again. Their bytes count in `nbytes` (the state cache's budget).
-        self.scores: dict[bytes, np.ndarray] = {}
-        self.scores_nbytes = 0
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @cached_property
-    def array(self) -> np.ndarray:
-        """Its tokens as an array (the state cache compares states by their start)."""
-        return np.asarray(self.tokens, dtype=np.int64)
-
-    def head(self, n: int) -> StateKV:
-        """Its first `n` tokens' keys and values (a later state that starts the same way)."""
-        return StateKV(self.tokens[:n], [(k[:, :, :n], v[:, :, :n]) for k, v in self.kv])
-
-    def add_score(self, key: bytes, score: np.ndarray) -> int:
-        """A question's answer kept (`key`: `answer_key`); the bytes it adds (0 if known)."""
-        if key in self.scores:
-            return 0
-        self.scores[key] = score
-        n = len(key) + np.asarray(score).nbytes
-        self.scores_nbytes += n
-        return n
+    layers: tuple[int, ...]
+    labels: tuple[str, ...] = ("features",)
+    sha256: str = "feature-tap"
 
     @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.kv) + self.scores_nbytes
+    def parts(self) -> tuple[tuple[int, str], ...]:
+        return tuple((x, "last") for x in self.layers)
+
+    def log_probs(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+
+def head_labels(head: Head) -> LabelSet:
+    """A head variant's placeholder labels (no trie: nothing scored by tokens)."""
+    return LabelSet(tuple(head.labels), tuple((0,) for _ in head.labels), "first-token")
 
 
 class DecisionPlanner:
-    """Requests to `DecisionItem`s on one tokenizer: each question's prompt, the split, the
-    labels (one `LabelSet` per distinct label tuple, kept), the context checked."""
+    """Requests to `DecisionItem`s on one tokenizer: each variant's prompt, the split, the labels
+    (one `LabelSet` per distinct label tuple, kept), the context checked."""
 
     def __init__(self, tokenizer: Any, config: DecisionConfig, max_length: int):
         self.tokenizer, self.config, self.max_length = tokenizer, config, max_length
@@ -132,20 +143,19 @@ class DecisionPlanner:
         # A model folder's own decision template: its prompts encoded as Transformers encodes them.
         self.own = sentinel_tokenizer(tokenizer) if config.chat_template else None
         self.probe_q = DecisionQuestion("probe", "noul", "?", tuple(config.noul_options), (None, None), YES_NO)
-        heads = [self.prompts(DecisionRequest(t, (self.probe_q,)))[0] for t in PROBES]
+        heads = [self.prompts(t, [self.probe_q], ["letters"])[0] for t in PROBES]
         # Every prompt starts with these tokens (the chat template's head): the shared base KV.
         self.head = common_prefix(heads)
 
-    def prompts(self, request: DecisionRequest) -> list[list[int]]:
-        """Each question's prompt, up to where its answer is read."""
+    def prompts(self, state: Any, questions: Sequence[DecisionQuestion], styles: Sequence[str]) -> list[list[int]]:
+        """Each question's prompt after `state`, in its style, up to where its answer is read (a
+        model's own decision template renders every question its own way)."""
         cfg = self.config
         if self.own is not None:
-            return template_prompts(
-                self.own, cfg.chat_template, request.state, request.questions, cfg.sanitize_control_tokens
-            )
-        users = [render_user_message(request.state, q) for q in request.questions]
+            return template_prompts(self.own, cfg.chat_template, state, questions, cfg.sanitize_control_tokens)
+        users = [render_user_message(state, q, s) for q, s in zip(questions, styles)]
         if not cfg.sanitize_control_tokens:  # as Transformers: the sentinels dropped, nothing else
-            users = [u.replace(MARK, "").replace(SPLIT, "") for u in users]
+            users = [drop_sentinels(u) for u in users]
         return prompt_ids(self.tokenizer, users, cfg.sanitize_control_tokens)
 
     def labels(self, labels: tuple[str, ...]) -> LabelSet:
@@ -158,64 +168,76 @@ class DecisionPlanner:
             self._labels.move_to_end(labels)
         return got
 
-    def state_tokens(self, request: DecisionRequest) -> int:
+    def state_tokens(self, state: Any) -> int:
         """The tokens of the state asked with the shortest question (the probe's "?"): the state
         tokenized once, before its questions' prompts (each holds the whole state again)."""
-        return len(self.prompts(replace(request, questions=(self.probe_q,)))[0])
+        return len(self.prompts(state, [self.probe_q], ["letters"])[0])
 
-    def item(self, index: int, request: DecisionRequest) -> DecisionItem:
-        """A request tokenized; a `DecisionError` (tokens_exceeded) when a System One request
-        does not fit the context (an OpenAI one refuses the questions that do not)."""
-        openai = request.api == "openai"
+    def variants(self, q: DecisionQuestion, k: int, method: Method) -> list[tuple[DecisionQuestion, str, Variant]]:
+        """Question k as it is asked: each variant's question (its options in the variant's order,
+        its labels the style's), style and `Variant`."""
+        style, n = method.asks(q)
+        if self.own is not None:
+            style = "letters"  # a model's own template asks its way
+        base = styled(q, style)
+
+        def relabel(qtype: str, names: Sequence[str]) -> tuple[str, ...]:
+            return tuple(names) if style == "names" else self.config.labels_for(qtype, names)
+
+        temp = self.config.temperature_of(q.type)
+        out = []
+        for order in orders(base, n):
+            vq = permuted(base, order, relabel)
+            labels = head_labels(method.head) if method.head is not None else self.labels(tuple(vq.labels))
+            out.append((vq, style, Variant(k, order, labels, method.head, temp)))
+        return out
+
+    def item(self, index: int, request: DecisionRequest, methods: Sequence[Method] | None = None) -> DecisionItem:
+        """A request tokenized, each question asked as its method says (default: the letters,
+        once); a question that does not fit is refused as `request.refusal` says."""
+        methods = list(methods) if methods is not None else [Method()] * len(request.questions)
+        whole = request.refusal == "request"
         if size_problem(self.tokenizer, text(request.state), self.max_length) is not None:
             # refused before tokenizing (a 100 MB state)
-            return self._over(
-                index, request, f"the state is far over the model's context of {self.max_length} tokens: shorten it"
-            )
+            why = f"the state is far over the model's context of {self.max_length} tokens: shorten it"
+            return self._over(index, request, methods, why)
         if len(request.questions) > 1:  # the state tokenized once, not once a question, when it cannot fit
-            n = self.state_tokens(request)
+            n = self.state_tokens(request.state)
             if n > self.max_length + STATE_SLACK:
-                return self._over(
-                    index,
-                    request,
-                    f"the state needs about {n} tokens, over the model's context of {self.max_length}: shorten it",
-                )
-        prompts = self.prompts(request)
-        options = [self.labels(tuple(q.labels)) for q in request.questions]
-        fits = [len(p) + o.max_len - 1 <= self.max_length for p, o in zip(prompts, options)]
-        if not all(fits) and not openai:
-            n = max(len(p) + o.max_len - 1 for p, o in zip(prompts, options))
+                why = f"the state needs about {n} tokens, over the model's context of {self.max_length}: shorten it"
+                return self._over(index, request, methods, why)
+        asked = [v for k, q in enumerate(request.questions) for v in self.variants(q, k, methods[k])]
+        prompts = self.prompts(request.state, [vq for vq, _, _ in asked], [s for _, s, _ in asked])
+        variants = [v for _, _, v in asked]
+        fits = [len(p) + v.labels.max_len - 1 <= self.max_length for p, v in zip(prompts, variants)]
+        if not all(fits) and whole:
+            n = max(len(p) + v.labels.max_len - 1 for p, v in zip(prompts, variants))
             raise DecisionError(
                 ("body", "state"),
                 f"the request needs {n} tokens (the state and its longest question), over the model's context of "
                 f"{self.max_length}: shorten the state or the question",
                 "tokens_exceeded",
             )
+        bad = {v.question for v, ok in zip(variants, fits) if not ok}
+        fits = [ok and v.question not in bad for v, ok in zip(variants, fits)]
         if not any(fits):
-            return self._over(index, request, "")
+            return self._over(index, request, methods, "")
         live = [p for p, ok in zip(prompts, fits) if ok]
         cut = min(len(common_prefix(live)), min(len(p) for p in live) - 1)
         chains = [p[cut:] if ok else None for p, ok in zip(prompts, fits)]
-        temps = [self.config.temperature_of(q.type) for q in request.questions]
         own = sum(len(c) for c in chains if c is not None)
-        nodes = sum(sum(len(c) for c in o.trie) for o, ok in zip(options, fits) if ok)
+        nodes = sum(sum(len(c) for c in v.labels.trie) for v, ok in zip(variants, fits) if ok)
         return DecisionItem(
-            index,
-            request,
-            live[0][:cut],
-            chains,
-            [o if ok else None for o, ok in zip(options, fits)],
-            temps,
-            input_tokens=cut + own,
-            cost=cut + own + nodes,
+            index, request, live[0][:cut], chains, variants, methods, input_tokens=cut + own, cost=cut + own + nodes
         )
 
-    def _over(self, index: int, request: DecisionRequest, why: str) -> DecisionItem:
-        """A request none of whose questions fits: System One refuses it, OpenAI refuses each question."""
-        if request.api != "openai":
+    def _over(self, index: int, request: DecisionRequest, methods: list[Method], why: str) -> DecisionItem:
+        """A request none of whose questions fits: refused whole, or each question refused."""
+        if request.refusal == "request":
             raise DecisionError(("body", "state"), why or "over the model's context: shorten it", "tokens_exceeded")
-        n = len(request.questions)
-        return DecisionItem(index, request, [], [None] * n, [None] * n, [1.0] * n, input_tokens=0, cost=1)
+        variants = [Variant(k, (), LabelSet(("x",), ((0,),), "first-token")) for k in range(len(request.questions))]
+        n = len(variants)
+        return DecisionItem(index, request, [], [None] * n, variants, methods, input_tokens=0, cost=1)
 
 
 # --------------------------------------------------------------------------- running
@@ -262,13 +284,14 @@ def branch_answers(
     known: Sequence[Mapping[int, np.ndarray]] | None = None,
     trunks: Sequence[Sequence[int]] | None = None,
 ) -> tuple[list[list[Any]], list[StateKV | None]]:
-    """Each item's option scores per question (None for a refused one) from its questions run
-    as branches after its state KV, every item a row of one batch, in passes of at most
-    `MAX_PASS_TOKENS` branch tokens a row. `known[r]`: row r's questions already answered
-    (the state cache's), by index: not run again. `trunks[r]`: the rest of row r's state
-    after the KV `states[r]` holds (a base: the chat template's head, a cached start), run
-    in the first pass before its branches (one forward, not two); its keys and values come
-    back as row r's whole state (second value; None for a row that ran no trunk)."""
+    """Each item's scores per variant (its options' label scores, or a head variant's
+    log-probabilities; None for a refused one) from its variants run as branches after its
+    state KV, every item a row of one batch, in passes of at most `MAX_PASS_TOKENS` branch
+    tokens a row. `known[r]`: row r's variants already answered (the state cache's), by index:
+    not run again. `trunks[r]`: the rest of row r's state after the KV `states[r]` holds (a
+    base: the chat template's head, a cached start), run in the first pass before its branches
+    (one forward, not two); its keys and values come back as row r's whole state (second value;
+    None for a row that ran no trunk)."""
     out: list[list[Any]] = [[None] * len(it.chains) for it in items]
     whole: list[StateKV | None] = [None] * len(items)
     todo: list[list[int]] = []
@@ -283,16 +306,19 @@ def branch_answers(
     groups = []
     for r in rows_run:
         it, ks = items[r], todo[r]
-        sizes = [len(it.chains[k]) + sum(len(c) for c in it.options[k].trie) for k in ks]  # type: ignore[arg-type]
+        sizes = [len(it.chains[k]) + sum(len(c) for c in it.variants[k].labels.trie) for k in ks]  # type: ignore[arg-type]
         groups.append([[ks[j] for j in g] for g in _groups(sizes, MAX_PASS_TOKENS)])
     bases = [states[r] for r in rows_run]
     run_trunks = [list(trunks[r]) if trunks is not None else [] for r in rows_run]
     for p in range(max(len(g) for g in groups)):
         stacked = StackedPrefix(bases)
         mine = [g[p] if p < len(g) else [] for g in groups]
-        rows = [[(items[r].chains[k], items[r].options[k]) for k in ks] for r, ks in zip(rows_run, mine)]
+        variants = [[items[r].variants[k] for k in ks] for r, ks in zip(rows_run, mine)]
+        rows = [[(items[r].chains[k], v.labels) for k, v in zip(ks, vs)] for r, ks, vs in zip(rows_run, mine, variants)]
         first = p == 0 and any(run_trunks)
         pack = pack_branches(rows, engine.pad_id, trunks=run_trunks if first else None)  # type: ignore[arg-type]
+        layers = sorted({x for vs in variants for v in vs if v.head is not None for x in v.head.layers})
+        collect: dict[int, Any] | None = dict.fromkeys(layers) if layers else None
         with engine.lock:
             got_h = engine.continue_after(
                 stacked.kv,
@@ -300,10 +326,15 @@ def branch_answers(
                 pack.ids,
                 positions=stacked.lengths[:, None] + pack.positions,
                 tree=pack.visible,
+                collect=collect,
                 return_kv=first,
             )
             h, kv = got_h if first else (got_h, None)
-            got = option_scores(engine, h, pack, [[items[r].options[k] for k in ks] for r, ks in zip(rows_run, mine)])
+            got = option_scores(
+                engine, h, pack, [[v.labels if v.head is None else None for v in vs] for vs in variants]
+            )
+            if collect:
+                _head_answers(collect, pack, variants, got)
             if first:  # each row's whole state: its base's keys, then its trunk's
                 bases = _states_after(bases, run_trunks, kv, len(stacked))
                 for i, r in enumerate(rows_run):
@@ -312,6 +343,21 @@ def branch_answers(
             for j, k in enumerate(ks):
                 out[r][k] = got[i][j]
     return out, whole
+
+
+def _head_answers(
+    collect: dict[int, Any], pack: Any, variants: Sequence[Sequence[Variant]], got: list[list[Any]]
+) -> None:
+    """Each head variant's log-probabilities, from the hidden states after its layers at its
+    branch's last token (what the head was trained on: `Decider.features`), into `got[i][j]`."""
+    hidden = {layer: np.array(v.astype(mx.float32)) for layer, v in collect.items()}
+    for i, vs in enumerate(variants):
+        for j, v in enumerate(vs):
+            if v.head is not None:
+                at = int(pack.answer_at[i, j])
+                layers = sorted(set(v.head.layers))
+                feats = {"last": np.stack([hidden[x][i, at] for x in layers])[None]}
+                got[i][j] = v.head.log_probs(head_input(feats, layers, v.head))[0]
 
 
 def _states_after(bases: Sequence[Any], trunks: Sequence[Sequence[int]], kv: Any, C: int) -> list[Any]:

@@ -20,22 +20,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..classifier.decider import Decider
-from ..engine import Engine
-from ..text.decisions import DecisionConfig, DecisionQuestion, DecisionRequest, option_text
+from ..classifier.decision_plan import DecisionPlan
+from ..text.decisions.methods import Methods
+from ..text.decisions.questions import DecisionQuestion, DecisionRequest, option_text
 from .reference import decisions_in_child
 
 # Largest |delta p| allowed, by compute dtype: the issue's goal (1e-4 in float32; 2e-3 with float16 weights).
 TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 
 
-def systemone_question(q: DecisionQuestion) -> tuple[dict[str, Any] | None, str | None]:
+def as_systemone(q: DecisionQuestion) -> tuple[dict[str, Any] | None, str | None]:
     """`q` as System One's question object, which is what Transformers' path reads, or (None, why not)."""
     if q.type == "noul":
         return {
@@ -54,43 +54,33 @@ def systemone_question(q: DecisionQuestion) -> tuple[dict[str, Any] | None, str 
 
 
 # ---------------------------------------------------------------------------- the report
-def hf_config(config: DecisionConfig) -> dict[str, Any]:
-    """Our decision settings as Transformers' `DecisionConfig` fields (both read the same decision.json)."""
-    return {
-        "labels": {k: list(v) for k, v in config.labels.items()},
-        "temperature": dict(config.temperature),
-        "chat_template": config.chat_template,
-        "noul_options": list(config.noul_options),
-        "sanitize_control_tokens": config.sanitize_control_tokens,
-    }
-
-
 def run_decision_parity(
-    model: str,
+    plan: DecisionPlan,
     states: Sequence[Any],
-    questions: Sequence[DecisionQuestion],
-    config: DecisionConfig,
     *,
     reference: str | None = None,
-    dtype: str = "float32",
     progress: Callable[[str], None] = lambda m: None,
 ) -> dict[str, Any]:
-    """Every state's answers, ours (a `Decider` on `model`) against Transformers' (on `reference`:
-    by default the model's own folder when it is a Hugging Face one, else the converted weights
-    we run, so both hold the same values). The report is JSON-safe; `ok` is whether every
-    compared probability is within `TOLERANCE[dtype]` and every top option agrees."""
-    engine = Engine.load(model, dtype)
+    """Every state's raw answers, ours (the plan's `Decider`: the letters, each question once, as
+    Transformers asks them) against Transformers' (on `reference`: by default the model's own
+    folder when it is a Hugging Face one, else the converted weights we run, so both hold the
+    same values). The report is JSON-safe; `ok` is whether every compared probability is within
+    `TOLERANCE[dtype]` and every top option agrees."""
+    engine = plan.engine()
+    plan = replace(plan.loaded(engine), methods=Methods())  # the raw letters: Transformers' path
+    model, dtype = plan.model.name, engine.compute_dtype
+    questions, config = plan.questions, plan.config
     src = reference or (model if (Path(model).expanduser() / "config.json").is_file() else str(engine.path))
-    asked = {q.key: systemone_question(q) for q in questions}
+    asked = {q.key: as_systemone(q) for q in questions}
     compared = [q for q in questions if asked[q.key][0] is not None]
     skipped = {q.key: asked[q.key][1] for q in questions if asked[q.key][0] is None}
     progress(f"ours: {len(states)} state(s) x {len(questions)} question(s) on {model} ({dtype})")
     t = time.perf_counter()
-    ours = Decider(engine, config, state_cache=0).decide([DecisionRequest(s, tuple(questions)) for s in states])
+    ours = plan.decider(engine, state_cache=0).decide([DecisionRequest(s, tuple(questions)) for s in states])
     our_s = time.perf_counter() - t
     progress(f"Transformers' decision path on {src} (float32, one prompt per question, in a child process)")
     reqs = [{"state": s, "questions": {q.key: asked[q.key][0] for q in compared}} for s in states]
-    theirs, ref_s = decisions_in_child(src, hf_config(config), reqs) if compared else ([{}] * len(states), 0.0)
+    theirs, ref_s = decisions_in_child(src, config.to_record(), reqs) if compared else ([{}] * len(states), 0.0)
     return compare(questions, compared, skipped, ours, theirs, Sides(model, src, dtype, our_s, ref_s))
 
 

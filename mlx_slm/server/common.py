@@ -172,7 +172,7 @@ class RouteContext:
         return await self.decision_config()
 
     async def decide(self, request: Any, t0: float, req: Any) -> Any:
-        """The core's answer to one decision request (`text.decisions.DecisionRequest`)."""
+        """The core's answer to one decision request (`text.decisions.questions.DecisionRequest`)."""
         return await self.service.decide(req, started=t0, gone=lambda: until_disconnect(request))
 
     async def decision_config(self) -> Any:

@@ -7,9 +7,10 @@
         {"cache_write_tokens", "cached_tokens"}, "output_tokens", "output_tokens_details":
         {"reasoning_tokens"}, "total_tokens"}}
 
-Read by `text.decisions.parse_openai`, answered through the service's `decide` path as
+Read by `text.decisions.openai.parse_openai`, answered through the service's `decide` path as
 /v1/systemone is (the same questions machinery, so the same probabilities), each answer in
-`text.decisions.openai_answer`'s shape, in question order. A question that cannot be answered
+`text.decisions.answers.answer`'s OpenAI shape (with `x_method` and `x_raw_...` where a method
+made it), in question order. A question that cannot be answered
 (its prompt, after the state, is over the model's context) gets `{"type": "refusal", "name"}` and
 the others their answers, as OpenAI's types allow; a state alone over the context refuses every
 question. `prompt_cache_key` names the state in the server's bounded cache of recent states'
@@ -27,7 +28,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from ..text.decisions import DecisionError, DecisionErrors, openai_answer, parse_openai, refusal
+from ..text.decisions.answers import answer
+from ..text.decisions.errors import DecisionError, DecisionErrors
+from ..text.decisions.openai import parse_openai
 from .common import RouteContext
 from .errors import HTTPError, Style, json_response
 
@@ -70,13 +73,17 @@ class DecisionRoutes:
             if e.type != "tokens_exceeded":
                 raise HTTPError(400, e.msg, param_of(e.loc), outcome="invalid") from None
             # The state alone is over the model's context: no question can be answered.
-            result = SimpleNamespace(probabilities=(None,) * len(req.questions), input_tokens=0, cached_tokens=0)
+            result = SimpleNamespace(
+                probabilities=(None,) * len(req.questions), input_tokens=0, cached_tokens=0, raw=(), applied=()
+            )
         return json_response(self.answer(req, result))
 
     def answer(self, req: Any, result: Any) -> dict[str, Any]:
         """OpenAI's Decision: answers in question order, a refusal where a question had no answer."""
+        raw = result.raw or (None,) * len(req.questions)
+        applied = result.applied or (None,) * len(req.questions)
         answers = [
-            refusal(q) if p is None else openai_answer(q, p) for q, p in zip(req.questions, result.probabilities)
+            answer(q, p, "openai", r, a) for q, p, r, a in zip(req.questions, result.probabilities, raw, applied)
         ]
         n, cached = int(result.input_tokens), int(result.cached_tokens)
         return {

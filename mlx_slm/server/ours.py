@@ -27,6 +27,20 @@ def model_head(clf: Any) -> dict[str, Any]:
     return {"kind": "seqcls", **own.to_dict()}
 
 
+def decision_methods(plan: Any) -> Any:
+    """What `GET /v1/model` says of how decisions are answered: "none" (the raw letters), or the
+    server's default method and each saved one, with the rule that applies it."""
+    if plan is None or plan.methods.is_raw:
+        return "none"
+    saved = [{"key": m.key, "digest": m.digest, **m.record()} for m in plan.methods.saved.values()]
+    return {
+        "default": plan.methods.default.record(),
+        "questions": saved,
+        "applies_to": "a question asked with the same type, instructions, options and descriptions (its digest), "
+        "on either route and under any id; another question gets the default",
+    }
+
+
 class OurRoutes:
     """Our routes over the service; `vllm` answers a vLLM body sent to /v1/classify."""
 
@@ -109,8 +123,9 @@ class OurRoutes:
                 "decisions": {
                     "routes": ["/v1/systemone", "/v1/decisions"],
                     "names": self.ctx.model_names(),
-                    # serve --task of a task fitted by eval --decisions --fit: a temperature per question key
-                    "calibration": dict(ld.decision_calibration) if ld.decision_calibration else "none",  # type: ignore[union-attr]
+                    # how the routes answer beyond the raw letters: "none", or the served task's fitted and
+                    # trained questions (by digest) and the server's own style, orders and prior
+                    "calibration": decision_methods(ld.decision_plan),  # type: ignore[union-attr]
                     "state_cache": opts.state_cache,
                 },
                 "task": {

@@ -3,11 +3,13 @@
     {"model", "state": str | object | array, "questions": {id: {"type": "noul"|"choice"|"score", ...}}}
     -> {"model", "answers": {id: answer}, "usage": {"input_tokens", "output_tokens"}, "x_...": ...}
 
-The body is read as `text.decisions.parse_systemone` reads it (every bad-input case there, each
+The body is read as `text.decisions.systemone.parse_systemone` reads it (every bad-input case there, each
 naming its field), and answered by the service's `decide` path: the request is one item of the
 scheduler's queue, so decision requests share its bound, deadlines and micro-batches with every
 other route; the state's tokens run once and each question is a branch after them. Each answer
-is `text.decisions.systemone_answer`'s shape (TypeSafe's confidence formulas).
+is `text.decisions.answers.answer`'s System One shape (TypeSafe's confidence formulas); an answer
+that a served task's fitted method or the server's own (`--decision-style`, `--decision-permute`,
+`--decision-calibrate`) made carries `x_method` and `x_raw_probabilities` (or `x_raw_noul`).
 
 Errors are System One's (FastAPI's) shapes: validation 422 `{"detail": [{"loc": ["body", ...],
 "msg", "type"}]}` (a state or question over the model's context: type `tokens_exceeded`), any
@@ -23,7 +25,9 @@ import time
 from typing import Any
 
 from ..service import ServiceError
-from ..text.decisions import DecisionError, DecisionErrors, parse_systemone, systemone_answer
+from ..text.decisions.answers import answer
+from ..text.decisions.errors import DecisionError, DecisionErrors
+from ..text.decisions.systemone import parse_systemone
 from .auth import check_auth
 from .checks import parse_body, read_body
 from .common import RouteContext
@@ -88,7 +92,12 @@ class SystemOneRoutes:
 
     def answer(self, req: Any, result: Any, t0: float) -> dict[str, Any]:
         """System One's response: one answer per question id, in the request's order."""
-        answers = {q.key: systemone_answer(q, p) for q, p in zip(req.questions, result.probabilities)}
+        raw = result.raw or (None,) * len(req.questions)
+        applied = result.applied or (None,) * len(req.questions)
+        answers = {
+            q.key: answer(q, p, "systemone", r, a)
+            for q, p, r, a in zip(req.questions, result.probabilities, raw, applied)
+        }
         return {
             "model": self.ctx.served_name(),
             "answers": answers,

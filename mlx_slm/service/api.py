@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..classifier.classifier import Classifier
+from ..engine.state_cache import STATE_CACHE
 from ..ground.errors import UsageError
 from ..ground.ranges import check_all, check_waits
 from ..ground.textfiles import has_lone_surrogate
@@ -26,7 +27,7 @@ class ServeOptions:
     drain_timeout_s: float = 30.0  # SIGTERM: time to finish accepted requests
     api_key: str | None = None  # Bearer key for /v1/*; /health and /metrics stay open
     task_cache: int = 8  # per-request tasks kept (classifiers on the one engine)
-    state_cache: int = 64  # decisions: recent states whose keys and values are kept (0: none)
+    state_cache: int = STATE_CACHE  # decisions: recent states whose keys and values are kept (0: none)
     # More names the decision routes (and the model list) answer to; the first is the name answers report.
     served_model_names: tuple[str, ...] = ()
 
@@ -78,9 +79,9 @@ class Loaded:
     # The served labels' descriptions a request's own labels are checked and prompted with (the
     # Python API's `label_descriptions`); a request's task takes everything else from `clf`.
     label_descriptions: Mapping[str, str] | None = None
-    # Decisions: a per-question temperature by question key (`serve --task` of a fitted task); None: raw.
-    decision_calibration: dict[str, float] | None = None
-    decision_questions: Any = None  # the served task's questions those temperatures were fitted for
+    # Decisions: how the routes answer (`classifier.decision_plan.DecisionPlan`: a task's fitted or trained
+    # questions by digest, the server's style, orders and prior); None: the raw letters.
+    decision_plan: Any = None
 
 
 def classifier_loader(

@@ -192,7 +192,7 @@ class Service:
         return [r[0] for r in results]
 
     async def decide(self, request: Any, *, started: float, gone: Callable[[], Awaitable[Any]] | None = None) -> Any:
-        """One decision request (`text.decisions.DecisionRequest`) as one item of the queue
+        """One decision request (`text.decisions.questions.DecisionRequest`) as one item of the queue
         (`service.decide`): its `DecisionResult` (a probability array per question; None for one
         refused as over the context). Prepared on the front first, so a request that cannot run
         raises the `Decider`'s `DecisionError` (tokens_exceeded) unqueued. Limits as `classify`'s."""

@@ -1,7 +1,7 @@
 """Decisions through the scheduler: what the worker runs for a decision request, and how the
 front prepares it.
 
-A decision request (`text.decisions.DecisionRequest`: a state and its questions) is ONE item of
+A decision request (`text.decisions.questions.DecisionRequest`: a state and its questions) is ONE item of
 the scheduler's bounded queue, under the task key `DECIDE_KEY`. So decision requests share
 admission (429 beyond --max-queue-items), deadlines, cancellation (a client gone: its item is
 dropped before it runs) and the drain with every other route, and the worker gathers several
@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..text.decisions import DecisionError
+from ..text.decisions.errors import DecisionError
 
 
 @dataclass

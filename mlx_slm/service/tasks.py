@@ -30,22 +30,22 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from ..classifier.classifier import Classifier
-from ..classifier.decider import Decider
+from ..classifier.decision_plan import DecisionPlan
 from ..classifier.embedder import Embedder, EmbeddingError, pooling_of
 from ..engine.engine import Engine
+from ..engine.state_cache import STATE_CACHE
 from ..ground.errors import UserError
 from ..kinds import ModelFacts, arguments, request_spec
 from ..kinds import TaskError as KindRefused
 from ..models import embeds_only
 from ..text.calibration import CalibrationSpec
-from ..text.decisions import DecisionConfig
 from ..text.labels import LabelError
 from ..text.labels import validate as validate_labels
 from ..text.prompts import PromptError, PromptFormat
+from ..weights.registry import ModelRef
 from .api import Loaded, TaskSpec
 from .decide import DecisionTask
 from .errors import Invalid, NotSupported, TooLarge
@@ -110,7 +110,7 @@ class TaskCache:
         self._pooling: Any = None  # the model's embedding pooling (or why it has none), read on first use
         self._deciders: dict[bool, Any] = {}  # the decision tasks (front, back), made on first use
         self._decider_lock = threading.Lock()
-        self.state_cache = 64  # the back Decider's recent states kept (`ServeOptions.state_cache`)
+        self.state_cache = STATE_CACHE  # the back Decider's recent states kept (`ServeOptions.state_cache`)
 
     def load(self, loaded: Loaded) -> None:
         """Take the loader's classifier as the served task, pinned in both caches."""
@@ -260,19 +260,13 @@ class TaskCache:
         with self._decider_lock:
             if front not in self._deciders:
                 engine = self.front_engine if front else self.base.engine
-                path = self.base.engine.path
                 ld = self.loaded
                 try:
-                    config = DecisionConfig.from_folder(path if path is not None and Path(path).is_dir() else None)
-                    self._deciders[front] = DecisionTask(
-                        Decider(
-                            engine,
-                            config,
-                            state_cache=0 if front else self.state_cache,
-                            calibration=ld.decision_calibration if ld is not None else None,
-                            calibration_questions=ld.decision_questions if ld is not None else None,
-                        )
-                    )
+                    plan = ld.decision_plan if ld is not None and ld.decision_plan is not None else None
+                    served = ld.model if ld is not None and ld.model else str(self.base.engine.path)
+                    plan = (plan or DecisionPlan(ModelRef(served))).loaded(self.base.engine)
+                    state_cache = 0 if front else self.state_cache
+                    self._deciders[front] = DecisionTask(plan.decider(engine, state_cache=state_cache))
                 except UserError as e:  # no LM head, an mlx-lm architecture, a bad decision.json: said once, kept
                     self._deciders[front] = NotSupported(f"this server's model cannot answer decisions: {e}")
             got = self._deciders[front]

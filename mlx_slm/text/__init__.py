@@ -14,13 +14,10 @@ Everything here is plain data and rules the floors above share, testable without
     heads.py        a learned linear head on hidden states (numpy)
     seqcls.py       a `*ForSequenceClassification` checkpoint's head, as its config says
     metrics.py      accuracy, P/R/F1, confusion, calibration error, coverage
-    decision_metrics.py  a decision question's Brier, log-loss, ECE report; its fitted temperature
     workload.py     the benchmark's 600 tickets
     chat.py         an OpenAI chat-completions request read: messages, choices, a JSON-schema enum
-    decisions.py    typed decisions (System One, OpenAI): requests read and checked, with
-                    decision_types.py (errors, `DecisionConfig`, question, request), decision_answers.py
-                    (DECISION_PROMPT's text, each API's answer) and decision_prompts.py (the prompt ids
-                    as Transformers encodes them, the labels)
+    decisions/      typed decisions (System One, OpenAI): requests read and checked, the prompt
+                    and its tokens, each API's answer, the methods that make answers right, metrics
     calibration/    the `Calibrator`, its fitters, `CalibrationSpec` and the per-run `Calibration`
 
 May import: ground.

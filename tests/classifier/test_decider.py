@@ -8,7 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_slm.text.decisions import DecisionConfig, DecisionError, parse_openai, parse_systemone
+from mlx_slm.text.decisions.errors import DecisionError
+from mlx_slm.text.decisions.openai import parse_openai
+from mlx_slm.text.decisions.settings import DecisionConfig
+from mlx_slm.text.decisions.systemone import parse_systemone
 
 QUESTIONS = {
     "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today", "false": "Can wait"}},
@@ -287,7 +290,7 @@ def test_a_model_without_tree_masks_is_refused_by_name():
 
 
 def test_bodies_as_dicts_and_an_empty_request(tiny):
-    from mlx_slm.text.decisions import DecisionRequest
+    from mlx_slm.text.decisions.questions import DecisionRequest
 
     _, decider = tiny
     body = {"state": STATES[0], "questions": {"team": QUESTIONS["team"]}}
@@ -295,7 +298,7 @@ def test_bodies_as_dicts_and_an_empty_request(tiny):
     (b,) = decider.decide([parse_systemone({"model": "m", **body}, decider.config)])
     np.testing.assert_allclose(a.probabilities[0], b.probabilities[0], atol=1e-12)
     (c,) = decider.decide([{"input": STATES[0], "questions": [{"type": "predicate", "instructions": "Urgent?"}]}])
-    assert c.request.api == "openai" and len(c.probabilities) == 1
+    assert c.request.refusal == "question" and len(c.probabilities) == 1
     with pytest.raises(DecisionError):
         decider.decide([DecisionRequest(STATES[0], ())])
 
@@ -343,7 +346,7 @@ def test_a_state_over_the_context_is_tokenized_once_not_once_a_question(tiny, mo
     state = "Consider every word here. " * (planner.max_length // 2)  # ~2.5x the context in tokens
     seen = []
     real = planner.prompts
-    monkeypatch.setattr(planner, "prompts", lambda r: seen.append(len(r.questions)) or real(r))
+    monkeypatch.setattr(planner, "prompts", lambda st, qs, styles: seen.append(len(qs)) or real(st, qs, styles))
     qs = {f"q{i}": {"type": "noul", "instructions": f"Question {i}?"} for i in range(40)}
     with pytest.raises(DecisionError) as e:
         decider.prepare([parse_systemone({"model": "m", "state": state, "questions": qs})])

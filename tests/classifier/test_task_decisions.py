@@ -1,5 +1,6 @@
 """A task's `decisions` section (eval --decisions --fit --save-task): saved, read back, checked, and
-the per-question temperatures a Decider takes (`decision_temperatures`), pinned to the weights."""
+read into the methods a Decider takes (`decision_plan.task_methods`: a task of before's temperatures
+by key as temperature-only fits of those questions), pinned to the weights."""
 
 from __future__ import annotations
 
@@ -7,8 +8,18 @@ import json
 
 import pytest
 
-from mlx_slm.classifier.task import Task, decision_temperatures
+from mlx_slm.classifier.decision_plan import DecisionPlan, task_methods
+from mlx_slm.classifier.task import Task
 from mlx_slm.kinds.base import TaskError
+from mlx_slm.text.decisions.files import questions_of
+from mlx_slm.text.decisions.settings import DecisionConfig
+from mlx_slm.weights.registry import ModelRef
+
+
+def temperatures(t):
+    """Each saved method's temperature, by the key of the question it was fitted for."""
+    return {m.key: m.calibrator.temperature for m in task_methods(t, DecisionConfig()).saved.values()}
+
 
 SHA = "ab" * 32
 QUESTIONS = {"spam": {"type": "noul", "instructions": "Is it spam?"},
@@ -28,28 +39,33 @@ def test_saved_and_read_back(tmp_path):
     assert d["decisions"]["questions"] == QUESTIONS and d["weights_sha256"] == SHA
     t = Task.load(p)
     assert t.decisions_only and t.pins_weights and t.trained is None
-    assert decision_temperatures(t, SHA) == {"spam": 1.7, "team": 0.8}
-    assert decision_temperatures(t) == {"spam": 1.7, "team": 0.8}
+    assert temperatures(t) == {"spam": 1.7, "team": 0.8}
+    by_digest = task_methods(t, DecisionConfig()).saved
+    assert set(by_digest) == {q.digest for q in questions_of(QUESTIONS, DecisionConfig())}
 
 
 def test_no_section_no_temperatures(tmp_path):
     t = Task(model="tiny", labels=("a", "b"), system=None, template="{text}")
-    assert decision_temperatures(t) is None and decision_temperatures(None) is None
+    assert temperatures(t) == {} and task_methods(None, DecisionConfig()).is_raw
     assert "decisions" not in t.to_dict()
 
 
 def test_other_weights_refused():
-    with pytest.raises(TaskError, match="decision temperatures were fitted on weights sha256 abab"):
-        decision_temperatures(_task(), "cd" * 32)
+    class Engine:
+        path, weights_sha256 = None, "cd" * 32
+
+    plan = DecisionPlan(ModelRef("tiny"), task=_task(), methods=task_methods(_task(), DecisionConfig()))
+    with pytest.raises(TaskError, match="decision questions were fitted on weights sha256 abab.* tiny has cdcd"):
+        plan.loaded(Engine())
 
 
 @pytest.mark.parametrize(
     "section, match",
     [
         ({"questions": {}, "temperatures": {}}, "not empty"),
-        ({"questions": QUESTIONS, "temperatures": {"spam": 0}}, "positive number"),
-        ({"questions": QUESTIONS, "temperatures": {"spam": True}}, "positive number"),
-        ({"questions": QUESTIONS, "temperatures": {"spam": float("inf")}}, "positive number"),
+        ({"questions": QUESTIONS, "temperatures": {"spam": 0}}, "above 0|positive number"),
+        ({"questions": QUESTIONS, "temperatures": {"spam": True}}, "above 0|positive number"),
+        ({"questions": QUESTIONS, "temperatures": {"spam": float("inf")}}, "above 0|positive number"),
         ({"questions": QUESTIONS, "temperatures": [1.0]}, "decisions"),
         ({"questions": QUESTIONS, "extra": 1}, "decisions"),
         ("spam", "decisions"),

@@ -110,23 +110,24 @@ def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
     assert (tmp_path / "plots" / "02-team" / "reliability.png").stat().st_size > 1000
     r = run([*args, "--fit", "--save-task", str(tmp_path / "t.json")])
     assert r.exit_code == 0, r.output
-    assert "fitted temperature" in r.output
+    assert "fit: chose" in r.output and "cross-validated accuracy" in r.output
     t = json.loads((tmp_path / "t.json").read_text())
-    assert set(t["decisions"]["temperatures"]) == {"team", "urgent", "anger"} and t["weights_sha256"]
+    assert {m["key"] for m in t["decisions"]["methods"]} == {"team", "urgent", "anger"} and t["weights_sha256"]
     assert t["decisions"]["questions"] == QUESTIONS
     r = run(["decide", "--task", str(tmp_path / "t.json"), "-q"], input='{"id": 1, "state": "refund please"}\n')
     assert r.exit_code == 0, r.output
     assert set(json.loads(r.stdout)["answers"]) == set(QUESTIONS)
-    # serve --task's load path: the task is a classify task too (default labels), and its temperatures come back
-    from mlx_slm.classifier.task import decision_temperatures
+    # serve --task's load path: the task is a classify task too (default labels), and its methods come back
     from mlx_slm.jobs import plan as plans
-    from mlx_slm.jobs.plan import TaskOptions
+    from mlx_slm.jobs.plan import DecisionOptions, TaskOptions
 
     plan = plans.resolve(
         TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})), lambda m: None
     )
     clf = plans.load(plan)
-    assert decision_temperatures(plan.task, clf.engine.weights_sha256) == t["decisions"]["temperatures"]
+    opts = DecisionOptions(plan.model.name, task_file=str(tmp_path / "t.json"), given=frozenset({"model"}))
+    served = plans.resolve_decisions(opts, need_questions=False, batch_ok=False).loaded(clf.engine)
+    assert {m.key for m in served.methods.saved.values()} == {"team", "urgent", "anger"}
 
 
 def test_eval_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path):

@@ -15,8 +15,9 @@ from mlx_slm.engine import Engine
 from mlx_slm.files.output import manifest_path
 from mlx_slm.files.sharding import merge_parts
 from mlx_slm.jobs.decide import DecideSettings, decide
-from mlx_slm.text.decision_metrics import apply_temperature
-from mlx_slm.text.decisions import DecisionRequest, read_questions_file
+from mlx_slm.text.decisions.files import read_questions_file
+from mlx_slm.text.decisions.metrics import apply_temperature
+from mlx_slm.text.decisions.questions import DecisionRequest
 from mlx_slm.text.workload import tickets
 
 QUESTIONS = {
@@ -92,7 +93,8 @@ def test_rows_in_input_order_error_rows_named(tiny, files, tmp_path):
         assert a["anger"]["score"] == pytest.approx(float(np.dot(np.arange(3), ps[2])))
     m = json.loads(manifest_path(str(out)).read_text())
     assert m["complete"] and m["rows"] == 7 and m["settings"]["form"] == "decisions"
-    assert m["settings"]["decision_questions"] == QUESTIONS and m["settings"]["temperatures"] == {}
+    assert m["settings"]["decision_questions"] == QUESTIONS and m["settings"]["methods"]["saved"] == []
+    assert m["settings"]["methods"]["default"] == {"style": "letters", "permute": 1, "calibration": "none"}
 
 
 def test_openai_shape_and_csv_parquet(tiny, files, tmp_path):
@@ -165,7 +167,16 @@ def test_task_temperatures_apply_to_its_own_questions(tiny, files, tmp_path):
     assert a["urgent"] == b["urgent"] and a["anger"] == b["anger"]  # no temperature: raw, exactly
     p = np.array(list(a["team"]["probabilities"].values()))
     np.testing.assert_allclose(list(b["team"]["probabilities"].values()), apply_temperature(p[None], 3.0)[0], atol=1e-9)
-    assert json.loads(manifest_path(str(cal)).read_text())["settings"]["temperatures"] == {"team": 3.0}
+    assert b["team"]["x_raw_probabilities"] == a["team"]["probabilities"]  # the raw answer kept, exactly
+    assert b["team"]["x_method"] == {
+        "style": "letters",
+        "permute": 1,
+        "calibration": "fit",
+        "fitted": True,
+        "fitted_as": "team",
+    }
+    team = read_questions_file(str(q))[1]  # the questions file's second question
+    assert json.loads(manifest_path(str(cal)).read_text())["settings"]["methods"]["saved"] == [team.digest]
 
 
 def test_a_state_too_long_is_an_error_row_or_a_refusal(tiny, files, tmp_path):

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mlx_slm.parity.decisions import Sides, compare, format_decision_report, systemone_question
-from mlx_slm.text.decisions import DecisionConfig, questions_of
+from mlx_slm.parity.decisions import Sides, as_systemone, compare, format_decision_report
+from mlx_slm.text.decisions.files import questions_of
+from mlx_slm.text.decisions.settings import DecisionConfig
 
 QUESTIONS = {
     "spam": {"type": "noul", "instructions": "Is it spam?", "criteria": {"false": "A real message"}},
@@ -21,9 +22,9 @@ QUESTIONS = {
 }  # fmt: skip
 
 
-def test_systemone_question_round_trips_and_names_what_it_cannot_ask():
+def test_as_systemone_round_trips_and_names_what_it_cannot_ask():
     qs = questions_of(QUESTIONS, DecisionConfig())
-    asked = {q.key: systemone_question(q) for q in qs}
+    asked = {q.key: as_systemone(q) for q in qs}
     assert asked["spam"][0]["criteria"] == {"true": None, "false": "A real message"}
     assert asked["team"][0] == {
         "type": "choice",
@@ -35,7 +36,7 @@ def test_systemone_question_round_trips_and_names_what_it_cannot_ask():
     typed = questions_of(
         [{"type": "choice", "instructions": "?", "choices": [{"value": "true"}, {"value": True}]}], DecisionConfig()
     )
-    assert systemone_question(typed[0])[0] is None
+    assert as_systemone(typed[0])[0] is None
 
 
 class _Res:

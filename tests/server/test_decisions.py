@@ -19,7 +19,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
-from mlx_slm.text.decisions import parse_openai  # noqa: E402
+from mlx_slm.text.decisions.openai import parse_openai  # noqa: E402
 from tests.server.test_app import ThreadServer  # noqa: E402
 
 KEY = "k"

@@ -23,7 +23,8 @@ pytest.importorskip("uvicorn")
 zstandard = pytest.importorskip("zstandard")
 
 from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
-from mlx_slm.text.decisions import choice_confidence, parse_systemone, score_confidence  # noqa: E402
+from mlx_slm.text.decisions.confidence import choice_confidence, score_confidence  # noqa: E402
+from mlx_slm.text.decisions.systemone import parse_systemone  # noqa: E402
 from tests.server.test_app import ThreadServer, _free_port  # noqa: E402
 
 KEY = "k"
@@ -377,21 +378,26 @@ def test_jevcompat_passes_every_requirement(smollm2_mlx):
 
 
 def test_a_served_task_calibrates_each_question_and_the_model_route_lists_it(tiny_arch):
-    """`serve --task` of a task fitted by `eval --decisions --fit`: its per-question temperatures
-    (`Loaded.decision_calibration`) divide that question's scores when the very question of the
-    task is asked (`Loaded.decision_questions`); the others stay raw, and so does a request that
-    reuses the task's key for other criteria, or an OpenAI question asked unnamed ("#0")."""
+    """`serve --task` of a task fitted by `eval --decisions --fit`: a fitted question's method
+    (here temperature-only fits, as a task of before saved them) applies to the very question it
+    was fitted for, on either route and under any id (its digest): System One's `team` and
+    `refund`, and the same `refund` asked on /v1/decisions unnamed; the others stay raw, and so
+    does a request that reuses the key `team` for other criteria, whose answer says so. A changed
+    answer keeps the raw probabilities beside it (`x_raw_...`)."""
     import dataclasses
+
+    from mlx_slm.classifier.decision_plan import DecisionPlan
+    from mlx_slm.text.decisions.files import questions_of
+    from mlx_slm.text.decisions.methods import Methods
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.weights.registry import ModelRef
 
     path = str(tiny_arch.mlx("qwen2"))
     plain = classifier_loader(path)
-    temps = {"team": 3.0, "#0": 3.0}
-    own = {**QUESTIONS, "#0": QUESTIONS["refund"]}
+    methods = Methods.from_record(None, {"team": 3.0, "refund": 3.0}, questions_of(QUESTIONS, DecisionConfig()), "t")
+    plan = DecisionPlan(ModelRef(path), methods=methods)
     srv = ThreadServer(
-        Service(
-            lambda: dataclasses.replace(plain(), decision_calibration=temps, decision_questions=own),
-            ServeOptions(max_wait_ms=5),
-        )
+        Service(lambda: dataclasses.replace(plain(), decision_plan=plan), ServeOptions(max_wait_ms=5))
     ).start()
     other = {"team": {**QUESTIONS["team"], "criteria": {"Billing": None, "Technical": None, "Sales": None}}}
     try:
@@ -400,7 +406,7 @@ def test_a_served_task_calibrates_each_question_and_the_model_route_lists_it(tin
         unnamed = {
             "model": "gpt-6-luna",
             "input": STATE,
-            "questions": [{"type": "predicate", "instructions": "Refund?"}],
+            "questions": [{"type": "predicate", "instructions": QUESTIONS["refund"]["instructions"]}],
         }
         oa = httpx.post(srv.url + "/v1/decisions", json=unnamed, timeout=120).json()
         info = httpx.get(srv.url + "/v1/model", timeout=30).json()["decisions"]
@@ -411,20 +417,30 @@ def test_a_served_task_calibrates_each_question_and_the_model_route_lists_it(tin
 
         raw_decider = Decider(tasks.decider(False).decider.engine, tasks.decision_config(), state_cache=0)
         raw, raw2 = raw_decider.decide([req, req2])
-        (raw3,) = raw_decider.decide([unnamed])
     finally:
         srv.stop()
-    assert info["calibration"] == temps
-    team = np.array([got["team"]["probabilities"][k] for k in ("Billing", "Technical", "Sales")])
+    assert {q["key"] for q in info["calibration"]["questions"]} == {"team", "refund"}
     keys = [q.key for q in req.questions]
-    want = np.exp(np.log(raw.probabilities[keys.index("team")]) / 3.0)
-    assert team == pytest.approx(want / want.sum(), abs=1e-5)
-    assert got["refund"]["noul"] == pytest.approx(raw.probabilities[keys.index("refund")][0], abs=1e-5)
-    # the same key, other criteria: not the task's question, so raw
+
+    def tempered(p: np.ndarray) -> np.ndarray:
+        w = np.exp(np.log(p) / 3.0)
+        return w / w.sum()
+
+    team = np.array([got["team"]["probabilities"][k] for k in ("Billing", "Technical", "Sales")])
+    assert team == pytest.approx(tempered(raw.probabilities[keys.index("team")]), abs=1e-5)
+    assert got["team"]["x_method"]["fitted_as"] == "team"
+    assert list(got["team"]["x_raw_probabilities"].values()) == pytest.approx(raw.probabilities[keys.index("team")])
+    p_refund = tempered(raw.probabilities[keys.index("refund")])[0]
+    assert got["refund"]["noul"] == pytest.approx(p_refund, abs=1e-5)
+    assert got["urgent"]["noul"] == pytest.approx(raw.probabilities[keys.index("urgent")][0], abs=1e-5)
+    assert "x_method" not in got["urgent"] and "x_method" not in got["anger"]  # raw answers: as before
+    # the same key, other criteria: not the task's question, so raw, and the answer says why
     team2 = np.array([reused["team"]["probabilities"][k] for k in ("Billing", "Technical", "Sales")])
     assert team2 == pytest.approx(raw2.probabilities[0], abs=1e-5)
-    p_true = raw3.probabilities[0][list(raw3.request.questions[0].options).index("true")]
-    assert oa["answers"][0]["probability"] == pytest.approx(p_true, abs=1e-5), oa
+    assert "differs from the one fitted" in reused["team"]["x_method"]["note"]
+    # the task's own question on the other route, unnamed: the same question, so its fit applies
+    assert oa["answers"][0]["probability"] == pytest.approx(p_refund, abs=1e-5), oa
+    assert oa["answers"][0]["x_method"]["fitted_as"] == "refund"
 
 
 def test_concurrent_requests_share_micro_batches_and_answer_as_alone(tiny_arch):

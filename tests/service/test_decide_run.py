@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlx_slm.service.decide import DecisionItem, DecisionRun
-from mlx_slm.text.decisions import DecisionError
+from mlx_slm.text.decisions.errors import DecisionError
 
 
 class FakeDecider:

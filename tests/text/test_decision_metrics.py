@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mlx_slm.text.decision_metrics import (
+from mlx_slm.text.decisions.metrics import (
     T_BOUNDS,
     apply_temperature,
     brier,

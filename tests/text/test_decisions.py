@@ -8,20 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from mlx_slm.text.decisions import (
-    DecisionConfig,
-    DecisionError,
-    DecisionErrors,
-    choice_confidence,
-    details,
-    openai_answer,
-    parse_openai,
-    parse_systemone,
-    read_questions_file,
-    render_user_message,
-    score_confidence,
-    systemone_answer,
-)
+from mlx_slm.text.decisions.answers import openai_answer, systemone_answer
+from mlx_slm.text.decisions.confidence import choice_confidence, score_confidence
+from mlx_slm.text.decisions.errors import DecisionError, DecisionErrors, details
+from mlx_slm.text.decisions.files import read_questions_file
+from mlx_slm.text.decisions.openai import parse_openai
+from mlx_slm.text.decisions.prompt import render_user_message
+from mlx_slm.text.decisions.settings import DecisionConfig
+from mlx_slm.text.decisions.systemone import parse_systemone
 
 QUESTIONS = {
     "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today"}},
@@ -130,7 +124,7 @@ def test_openai_request_and_answers():
         ],
     }  # fmt: skip
     r = parse_openai(body)
-    assert r.state == {"msg": "hi"} and r.cache_key == "k1" and r.api == "openai"
+    assert r.state == {"msg": "hi"} and r.cache_key == "k1" and r.refusal == "question"
     pred, choice, score = r.questions
     assert (pred.type, pred.key, choice.key, choice.name) == ("noul", "refund", "#1", None)
     assert choice.options == ("true", True) and choice.labels == ("A", "B")
@@ -275,7 +269,7 @@ def test_prompt_ids_equal_transformers_prepare_inputs(tokenizers, state):
     from transformers.decision import DecisionConfig as TC
     from transformers.decision import prepare_inputs
 
-    from mlx_slm.text.decision_prompts import prompt_ids
+    from mlx_slm.text.decisions.prompt_tokens import prompt_ids
 
     ours_tok, their_tok = tokenizers
     questions = {**QUESTIONS, "ctl": {"type": "choice", "instructions": "<|im_end|> which?",
@@ -291,7 +285,7 @@ def test_prompt_ids_equal_transformers_prepare_inputs(tokenizers, state):
 def test_label_sets_as_transformers_label_token_ids(tokenizers):
     from transformers.decision import label_token_ids
 
-    from mlx_slm.text.decision_prompts import label_set
+    from mlx_slm.text.decisions.prompt_tokens import label_set
 
     tok = tokenizers[0]
     for labels in (("A", "B", "C"), ("Yes", "No")):
@@ -345,7 +339,7 @@ def test_pack_branches_with_a_trunk_and_rows_of_their_own():
 
 
 def test_an_option_name_with_a_control_token_is_read_as_text(tokenizers):
-    from mlx_slm.text.decision_prompts import label_set
+    from mlx_slm.text.decisions.prompt_tokens import label_set
 
     tok = tokenizers[0]
     names = [f"opt{i}" for i in range(27)] + ["end <|im_end|> here"]

@@ -26,6 +26,7 @@ READS: tuple[tuple[str, str], ...] = (
     ("questions_file", "--questions"),
     ("calibration_data", "--calibration-data"),
     ("none_data", "--none-data"),  # train --none-threshold auto's held-out texts
+    ("decisions_file", "--decisions"),  # train --decisions' questions (eval reads its own with INPUT)
 )
 
 

@@ -25,6 +25,9 @@ def written(probs: dict[str, float]) -> dict[str, float]:
 
 
 METHODS = ("none", "batch", "em", "fit")
+# What a `Calibrator` may say it is: a run's methods, and a typed decision's contextual prior (the
+# answer to content-free states, `text.decisions.methods`), which classify does not offer.
+ESTIMATES = (*METHODS, "contextual")
 DEFAULT_WARMUP = 512
 FORMAT = "mlx-slm.calibration"
 VERSION = 1
@@ -160,8 +163,8 @@ class Calibrator:
     info: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise CalibrationError(f"calibration method {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.method not in ESTIMATES:
+            raise CalibrationError(f"calibration method {self.method!r} is not one of {', '.join(ESTIMATES)}")
         labels = _check_labels(self.labels)
         try:
             prior = tuple(float(v) for v in self.log_prior)

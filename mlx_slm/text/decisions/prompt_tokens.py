@@ -28,13 +28,20 @@ import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .decision_types import DecisionError, option_text
-from .labels import LabelError, LabelSet, build_labelset
-from .prompts import tokenize
+from ..labels import LabelError, LabelSet, build_labelset
+from ..prompts import tokenize
+from .errors import DecisionError
+from .questions import option_text
 
 MARK, SPLIT = "<|mark|>", "<|split|>"  # Transformers' decision sentinels (added to its tokenizer as special tokens)
 # The private-use characters Transformers wraps a user's control tokens in (`mark_control_tokens`).
 START, END = "\U000f0000", "\U000f0001"
+
+
+def drop_sentinels(s: str) -> str:
+    """`s` without Transformers' decision sentinels: what it does to user text when control
+    tokens are not sanitized (`sanitize_control_tokens: false`), here and in a model's own template."""
+    return s.replace(MARK, "").replace(SPLIT, "")
 
 
 @lru_cache(maxsize=16)
@@ -199,7 +206,7 @@ def template_prompts(tok: Any, template: str, state: Any, questions: Sequence[An
     none): the logits there depend on nothing after it. A template that reads `questions` renders
     them all in one prompt, question i read at its i-th mark."""
     if not sanitize:  # as Transformers: the sentinels dropped from the request, nothing escaped
-        state = json.loads(json.dumps(state, ensure_ascii=False).replace(MARK, "").replace(SPLIT, ""))
+        state = json.loads(drop_sentinels(json.dumps(state, ensure_ascii=False)))
     together = "questions" in _template_variables(template)
     groups = [list(questions)] if together else [[q] for q in questions]
     mark, split = tok.convert_tokens_to_ids([MARK, SPLIT])

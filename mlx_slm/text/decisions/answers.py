@@ -1,80 +1,21 @@
-"""A decision question's prompt (Transformers' DECISION_PROMPT, exactly) and its answer in each
-API's shape, with TypeSafe's confidences (see `text.decisions`). Pure: no model."""
+"""A question's answer in each API's shape, from its options' probabilities (in `q.options`
+order), with TypeSafe's confidences (`confidence`). What varies between question types (their
+names in each API, their answers' shapes) is one object per type (`KINDS`).
+
+System One keys a choice's probabilities by the options' names as text; an OpenAI question may
+hold a string and a boolean of the same text (`"true"` and `true`), so those keys are
+`DecisionQuestion.answer_names` (the string written as JSON, `"\\"true\\""`): no option is ever
+lost to another of the same text. OpenAI's shape keeps the typed values themselves."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from .decision_types import LETTERS, YES_NO, DecisionQuestion
-
-# --------------------------------------------------------------------------- the prompt
-
-
-def text(x: Any) -> str:
-    """DECISION_PROMPT's `text` macro: nothing for null, a string as it is, anything else as
-    JSON the way Transformers' `tojson` writes it (non-ASCII kept, default separators)."""
-    if x is None:
-        return ""
-    if isinstance(x, str):
-        return x
-    return json.dumps(x, ensure_ascii=False)
-
-
-def question_text(q: DecisionQuestion) -> str:
-    """DECISION_PROMPT after the state: the instructions, the labelled options and the answer line."""
-    labels = list(q.labels)
-    lines = [text(q.instructions)]
-    for option, label, description in zip(q.option_names(), labels, q.descriptions):
-        answer = text(description)
-        if q.type == "noul":
-            answer = answer or (option if labels != list(YES_NO) else "")
-            if answer:
-                lines.append(f"{label}: {answer}")
-        else:
-            if q.type == "choice":
-                answer = f"{option}: {answer}" if answer else option
-            lines.append(f"{label}. {answer}")
-    out = "\n".join(x for x in lines if x) + "\n"
-    if q.type == "noul":
-        return out + f"Answer {labels[0]} or {labels[1]} only."
-    answer_word = "letter" if labels == list(LETTERS[: len(labels)]) else "label"
-    what = "option" if q.type == "choice" else "level"
-    return out + f"Answer with the {answer_word} of the {what} that fits best ({labels[0]} to {labels[-1]}) only."
-
-
-def render_user_message(state: Any, q: DecisionQuestion) -> str:
-    """Exactly DECISION_PROMPT's text for `state` and `q`: the user message Transformers sends."""
-    return text(state) + "\n\n" + question_text(q)
-
-
-# --------------------------------------------------------------------------- answers
-
-
-def choice_confidence(p: Sequence[float]) -> float:
-    """TypeSafe's: (p_max - 1/n) / (1 - 1/n), 1 for one option, never below 0."""
-    p = np.asarray(p, dtype=np.float64)
-    n = len(p)
-    return 1.0 if n == 1 else float(max(0.0, (p.max() - 1 / n) / (1 - 1 / n)))
-
-
-def score_confidence(p: Sequence[float]) -> float:
-    """TypeSafe's: 1 - sum p_i |i - mode| / D, D the same for a uniform distribution; never below 0."""
-    p = np.asarray(p, dtype=np.float64)
-    n = len(p)
-    if n == 1:
-        return 1.0
-    mode = int(np.argmax(p))
-    distance = float(sum(pi * abs(i - mode) for i, pi in enumerate(p)))
-    uniform = sum(abs(i - (n - 1) / 2) for i in range(n)) / n
-    return max(0.0, 1 - distance / uniform)
-
-
-def expected_level(p: Sequence[float]) -> float:
-    return float(sum(i * float(pi) for i, pi in enumerate(p)))
+from .confidence import choice_confidence, expected_level, score_confidence
+from .questions import DecisionQuestion, text
 
 
 class DecisionKind:
@@ -90,7 +31,7 @@ class DecisionKind:
         raise NotImplementedError
 
 
-class Noul(DecisionKind):
+class NoulAnswer(DecisionKind):
     name, openai_name = "noul", "predicate"
 
     @staticmethod
@@ -104,11 +45,11 @@ class Noul(DecisionKind):
         return {"type": "predicate", "name": q.name, "probability": self.p_true(q, p)}
 
 
-class Choice(DecisionKind):
+class ChoiceAnswer(DecisionKind):
     name = openai_name = "choice"
 
     def systemone(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
-        names = q.option_names()
+        names = q.answer_names()
         return {
             "type": "choice",
             "choice": names[int(np.argmax(p))],
@@ -126,7 +67,7 @@ class Choice(DecisionKind):
         }
 
 
-class Score(DecisionKind):
+class ScoreAnswer(DecisionKind):
     name = openai_name = "score"
 
     def systemone(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
@@ -151,7 +92,7 @@ class Score(DecisionKind):
         }
 
 
-KINDS: dict[str, DecisionKind] = {k.name: k for k in (Noul(), Choice(), Score())}
+KINDS: dict[str, DecisionKind] = {k.name: k for k in (NoulAnswer(), ChoiceAnswer(), ScoreAnswer())}
 
 
 def systemone_answer(q: DecisionQuestion, probs: np.ndarray) -> dict[str, Any]:
@@ -167,3 +108,34 @@ def openai_answer(q: DecisionQuestion, probs: np.ndarray) -> dict[str, Any]:
 def refusal(q: DecisionQuestion) -> dict[str, Any]:
     """OpenAI's per-question refusal (a question that cannot be answered, e.g. its prompt over the context)."""
     return {"type": "refusal", "name": q.name}
+
+
+RAW_FIELDS = {"noul": "noul", "predicate": "probability", "choice": "probabilities", "score": "probabilities"}
+
+
+def answer(
+    q: DecisionQuestion,
+    probs: np.ndarray | None,
+    shape: str,
+    raw: np.ndarray | None = None,
+    applied: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`q`'s answer in `shape` ("systemone" or "openai"; None probabilities: OpenAI's refusal),
+    and, when anything beyond the raw letters made it (`applied`, a `Method.record` that is not
+    the raw one), what did (`x_method`) and the raw answer's probabilities in the same form
+    (`x_raw_<field>`: `x_raw_probabilities`, System One's `x_raw_noul`, OpenAI's
+    `x_raw_probability`): extra fields carry the `x_` prefix, as System One asks."""
+    if probs is None:
+        return refusal(q)
+    shaped = openai_answer if shape == "openai" else systemone_answer
+    out = shaped(q, probs)
+    if not applied or dict(applied) == RAW_METHOD:
+        return out
+    out["x_method"] = dict(applied)
+    if raw is not None and raw is not probs:
+        fld = RAW_FIELDS[out["type"]]
+        out[f"x_raw_{fld}"] = shaped(q, raw)[fld]
+    return out
+
+
+RAW_METHOD = {"style": "letters", "permute": 1, "calibration": "none"}  # `Method().record()`: nothing applied

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .labels import log_softmax
-from .metrics import DEFAULT_BINS, EvaluationError, format_report, report
+from ..labels import log_softmax
+from ..metrics import DEFAULT_BINS, EvaluationError, format_report, report
 
 T_BOUNDS = (1e-2, 1e2)  # a fitted temperature stays in here (a separable sample would send it to 0)
 _FLOOR = -1e3  # log-probabilities below this (a 0 probability) are clipped for fitting

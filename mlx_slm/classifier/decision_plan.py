@@ -1,0 +1,122 @@
+"""`DecisionPlan`: a decision run's settings, resolved once (`jobs.plan.resolve_decisions` for
+the CLI, `service.tasks` for `serve`), then taken whole by `decide`, `eval --decisions`, `serve`
+and Ray's workers: nothing after it reads an option or a task file again.
+
+It holds the model (`ModelRef`), the model's decision settings (`DecisionConfig.of_model`, the
+one loader with one precedence: the folder given, else the converted one, else Transformers'
+defaults), the questions asked (parsed once, with those settings; none for the service, where
+each request brings its own) and their JSON as read, how each question is answered (`Methods`:
+a task's saved methods by question digest, and the run's own style, option orders and prior),
+the batch prior's warm-up, the state cache and batching (`DeciderSettings`), what is refused
+when a question does not fit (`refusal`: None lets each front end choose: a route by its API,
+`decide` by what its output shape can say), and the task it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..engine.engine import Engine
+from ..text.calibration import DEFAULT_WARMUP, Calibrator
+from ..text.decisions.errors import DecisionError
+from ..text.decisions.files import questions_of
+from ..text.decisions.methods import Methods
+from ..text.decisions.questions import REFUSALS, DecisionQuestion
+from ..text.decisions.settings import DecisionConfig
+from ..weights.registry import ModelRef
+from .decider import Decider, DeciderSettings
+from .task import Task, TaskError
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """A decision run, resolved once (see the module docstring)."""
+
+    model: ModelRef
+    config: DecisionConfig = field(default_factory=DecisionConfig)  # what the questions were read with
+    questions: tuple[DecisionQuestion, ...] = ()
+    raw_questions: Any = None
+    methods: Methods = field(default_factory=Methods)
+    warmup: int = DEFAULT_WARMUP
+    settings: DeciderSettings = field(default_factory=DeciderSettings)
+    refusal: str | None = None
+    task: Task | None = None
+    model_config: bool = False  # `config` is the model's own (`loaded`), not the defaults it starts with
+
+    def __post_init__(self) -> None:
+        if self.refusal is not None and self.refusal not in REFUSALS:
+            raise DecisionError(("refuse",), f"--refuse is one of {', '.join(REFUSALS)}, got {self.refusal!r}")
+
+    @property
+    def prior(self) -> str:
+        """The run's prior for questions without a fitted method: none, batch or contextual."""
+        return self.methods.default.prior
+
+    def engine(self) -> Engine:
+        return Engine.load(self.model)
+
+    def loaded(self, engine: Engine) -> DecisionPlan:
+        """This plan on a loaded model: its decision settings read (`DecisionConfig.of_model`), the
+        questions and the task's methods read with them where they differ from the defaults they
+        were first read with, and a task's saved methods checked against the model's weights."""
+        config = DecisionConfig.of_model(self.model.name, engine.path)
+        plan = self if config == self.config else self.with_config(config)
+        if plan.methods.saved and plan.task is not None:
+            plan.task.check_weights(engine.weights_sha256, self.model.name)  # fitted on other weights: refused
+        return replace(plan, model_config=True)
+
+    def with_config(self, config: DecisionConfig) -> DecisionPlan:
+        """The plan under another model's decision settings (which order a noul's options and
+        name its labels): the questions and the task's methods read again under them."""
+        questions = questions_of(self.raw_questions, config) if self.raw_questions is not None else ()
+        methods = task_methods(self.task, config, self.methods) if self.task is not None else self.methods
+        return replace(self, config=config, questions=questions, methods=methods)
+
+    def decider(self, engine: Engine, **options: Any) -> Decider:
+        """The `Decider` this plan runs (on a loaded plan's engine); `options` override settings."""
+        if not self.model_config:
+            raise DecisionError((), "the plan's decision settings are not the model's yet: call loaded(engine) first")
+        return Decider(engine, self.config, replace(self.settings, methods=self.methods, **options))
+
+    def record(self, priors: Mapping[str, Calibrator] | None = None) -> dict[str, Any]:
+        """What a run's manifest records of how its answers are made (a resumed run must match)."""
+        return {
+            "methods": {
+                "default": self.methods.default.record(),
+                "prior": self.prior,
+                "warmup": self.warmup if self.prior == "batch" else None,
+                "saved": sorted(self.methods.saved),
+            },
+            "priors": {k: c.to_dict() for k, c in sorted((priors or {}).items())},
+        }
+
+
+def task_methods(task: Task | None, config: DecisionConfig, base: Methods | None = None) -> Methods:
+    """A task's saved methods (its `decisions` section: `methods`, or a task of before's
+    `temperatures` by key), read with the model's decision settings, over `base`'s default."""
+    base = base or Methods()
+    if task is None or not task.decisions:
+        return base
+    sec = task.decisions
+    try:
+        own = questions_of(sec["questions"], config)
+        got = Methods.from_record(sec.get("methods"), sec.get("temperatures") or {}, own, "the task's decisions")
+    except DecisionError as e:
+        raise TaskError(f"{e}: fit or train the questions again") from None
+    return Methods(got.saved, base.default)
+
+
+def task_questions(task: Task | None) -> Any:
+    """A task's questions as saved (raw JSON), or None."""
+    return task.decisions["questions"] if task is not None and task.decisions else None
+
+
+def asked(questions: Sequence[DecisionQuestion], methods: Methods) -> list[dict[str, Any]]:
+    """Each asked question's method as a run's summary says it (with a note where it changed)."""
+    out = []
+    for q in questions:
+        m, note = methods.for_question(q)
+        out.append({"key": q.key, **m.record(), **({"note": note} if note else {})})
+    return out

@@ -1,0 +1,178 @@
+"""A decision question's method learned from the user's own rows, and every way of answering it
+scored side by side (what `eval --decisions` reports). Pure numpy on raw answers: `probs` (n, k),
+one row per state, in the question's option order, and `gold` (n,), each state's gold option.
+
+* `corrected`: the raw answers divided by a batch prior (the mean raw answer over the first
+  `warmup` states, as `decide --calibrate batch` finds it) or a contextual one (the answer to
+  content-free states), scored beside the raw ones;
+* `fit_question`: a bias per option and a temperature (`calibration.fit_labelled`: the gold's
+  log-loss, L2-regularised, stratified k-fold figures), fitted on each way of asking the question
+  (prompt style x option orders) the caller ran; the way chosen is the one with the best
+  cross-validated accuracy (then log-loss; then the plainer way), so the figure reported for it
+  is honest: each state scored by a fit that never saw it;
+* `prior_of`: the batch prior of a sample of the user's states (no gold): `eval --fit-prior`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...ground.errors import UserError
+from ..calibration import CalibrationError, Calibrator, fit_batch, fit_labelled
+from ..metrics import confusion, ece, macro_f1
+from .metrics import brier, log_loss
+
+Way = tuple[str, int]  # how a question is asked: (prompt style, option orders)
+PLAIN_FIRST = (("letters", 1), ("names", 1), ("letters", 2), ("names", 2))  # ties go to the plainer way
+
+
+class FitError(UserError, ValueError):
+    """A question that cannot be fitted on the rows given; the message names the question and the fix."""
+
+
+def log_of(probs: Any) -> np.ndarray:
+    """Log-probabilities, a 0 floored (a calibrator's input)."""
+    with np.errstate(divide="ignore"):
+        return np.maximum(np.log(np.asarray(probs, dtype=np.float64)), -1e4)
+
+
+def apply(cal: Calibrator | None, probs: np.ndarray) -> np.ndarray:
+    """`probs` with `cal` applied (None: as they are)."""
+    return probs if cal is None else np.exp(cal.apply(log_of(probs)))
+
+
+def figures(probs: np.ndarray, gold: np.ndarray, binary: bool = False) -> dict[str, float]:
+    """Accuracy, macro-F1, the top probability's ECE, Brier and log-loss of answers against gold."""
+    p, g = np.asarray(probs, dtype=np.float64), np.asarray(gold, dtype=np.int64)
+    top = p.argmax(axis=1)
+    k = p.shape[1]
+    return {
+        "accuracy": float(np.mean(top == g)),
+        "macro_f1": float(macro_f1(confusion(g, top, k))),
+        "ece": float(ece(p.max(axis=1), top == g)),
+        "brier": float(brier(p, g, binary)),
+        "log_loss": float(log_loss(p, g)),
+    }
+
+
+def batch_prior(probs: np.ndarray, labels: Sequence[str], warmup: int, what: str = "") -> Calibrator:
+    """The batch prior of the first `warmup` answers (at least as many as the options)."""
+    p = np.asarray(probs, dtype=np.float64)[:warmup]
+    if len(p) < len(labels):
+        raise FitError(
+            f"{what}a prior over {len(labels)} options needs at least {len(labels)} states, got {len(p)}: "
+            "give more states"
+        )
+    try:
+        return fit_batch(log_of(p), labels)
+    except CalibrationError as e:
+        raise FitError(f"{what}{e}") from None
+
+
+def corrected(
+    probs: np.ndarray,
+    gold: np.ndarray,
+    labels: Sequence[str],
+    warmup: int,
+    contextual: Calibrator | None = None,
+    binary: bool = False,
+) -> dict[str, dict[str, float]]:
+    """The raw answers' figures beside those of the same answers divided by a batch prior (the
+    first `warmup` states') and by `contextual` (when given)."""
+    out = {"raw": figures(probs, gold, binary)}
+    if len(probs) >= len(labels):
+        out["batch"] = figures(apply(batch_prior(probs, labels, warmup), probs), gold, binary)
+    if contextual is not None:
+        out["contextual"] = figures(apply(contextual, probs), gold, binary)
+    return out
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A question's fit: the way chosen (`style`, `permute`), its calibrator (fitted on every row),
+    and the table of every way tried (`table`: raw and cross-validated figures), or a `note` where
+    the ways could not be compared (too few rows of an option for cross-validation)."""
+
+    style: str
+    permute: int
+    calibrator: Calibrator
+    table: list[dict[str, Any]] = field(default_factory=list)
+    note: str | None = None
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "chosen": {"style": self.style, "permute": self.permute},
+            "cv_accuracy": self.calibrator.info.get("cv_accuracy_calibrated"),
+            "cv_log_loss": self.calibrator.info.get("cv_logloss_calibrated"),
+            "temperature": self.calibrator.temperature,
+            "n": self.calibrator.n,
+            "ways": self.table,
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+def fit_question(
+    runs: Mapping[Way, np.ndarray],
+    gold: np.ndarray,
+    labels: Sequence[str],
+    key: str,
+    folds: int = 5,
+    seed: int = 0,
+) -> Fitted:
+    """Fit a bias per option and a temperature on each way's raw answers, and keep the way with
+    the best cross-validated accuracy (see the module docstring). Every option needs a gold row
+    (two, for the ways to be compared by cross-validation)."""
+    gold = np.asarray(gold, dtype=np.int64)
+    k = len(labels)
+    support = np.bincount(gold, minlength=k)
+    if len(gold) < k or support.min() == 0:
+        missing = [labels[c] for c in range(k) if support[c] == 0]
+        raise FitError(
+            f"--fit: question {key!r} has {k} options and {len(gold)} labelled row(s)"
+            + (f"; no row's gold answer is {', '.join(map(repr, missing[:5]))}" if missing else "")
+            + ": a bias per option is learned from rows of every option. Label more states (two or more per "
+            "option), or learn only a prior from unlabelled states (--fit-prior)"
+        )
+    fits: dict[Way, Calibrator] = {}
+    table = []
+    for way, probs in runs.items():
+        try:
+            cal = fit_labelled(log_of(probs), gold, labels, temperature="auto", folds=folds, seed=seed)
+        except CalibrationError as e:
+            raise FitError(f"--fit: question {key!r}: {e}") from None
+        fits[way] = cal
+        info = cal.info
+        table.append(
+            {
+                "style": way[0],
+                "permute": way[1],
+                "raw_accuracy": float(np.mean(np.asarray(probs).argmax(axis=1) == gold)),
+                "cv_accuracy": info.get("cv_accuracy_calibrated"),
+                "cv_log_loss": info.get("cv_logloss_calibrated"),
+            }
+        )
+    order = {w: i for i, w in enumerate(PLAIN_FIRST)}
+    comparable = all(fits[w].info.get("cv_accuracy_calibrated") is not None for w in fits)
+    if comparable:
+
+        def rank(w: Way) -> tuple[float, float, int]:
+            info = fits[w].info
+            return (-info["cv_accuracy_calibrated"], info["cv_logloss_calibrated"], order.get(w, 99))
+
+        best = min(fits, key=rank)
+        note = None
+    else:
+        best = min(fits, key=lambda w: order.get(w, 99))
+        note = next(c.info.get("cv_note") for c in fits.values() if c.info.get("cv_note")) + (
+            f": the ways could not be compared; kept {best[0]}, {best[1]} order(s)" if len(fits) > 1 else ""
+        )
+    return Fitted(best[0], best[1], fits[best], table, note)
+
+
+def prior_of(probs: np.ndarray, labels: Sequence[str], key: str, warmup: int) -> Calibrator:
+    """`eval --fit-prior`: the batch prior of the user's own states (no gold), saved in a task."""
+    return batch_prior(probs, labels, warmup, f"--fit-prior: question {key!r}: ")

@@ -1,0 +1,239 @@
+"""How a decision question is answered beyond its raw letters, and the one rule that binds a
+saved method to the question it was made for.
+
+Exact is not right: on the seed's tickets the generic prompt's raw letters were 64.7 % right
+(every ticket got about 0.36 / 0.27 / 0.36), and the same probabilities divided by their mean
+over the run 90.0 %. So a question's *method* may change its answer, each step opt-in and said:
+
+* ``style``: how it is asked: "letters" (Transformers' DECISION_PROMPT, exact; the default) or
+  "names" (the options listed and read by their own names, scored whole: `prompt.styled`);
+* ``permute``: 1, or 2 (the options asked in both orders, forward and reversed, and the two
+  answers' probabilities averaged, which cancels a preference for the first option);
+* ``prior``: what the raw answer is divided by (`Calibrator.apply`: log p - log prior, then
+  renormalised): none; "batch" (the mean answer over the run's first N states, or a prior a
+  task fitted from a sample of the user's states: `eval --fit-prior`); "contextual" (the
+  answer to content-free states, several fillers averaged); "fit" (a bias per option and a
+  temperature fitted on gold answers, `eval --fit`);
+* ``head``: a head trained on the question's own prompt (`train --decisions`): its answer
+  replaces the letters'.
+
+The raw answer (the style's, order-averaged) is kept beside the final one (`x_raw_probabilities`
+on the routes, `raw` in a `DecisionResult`): it stays exact. A saved method is bound to its
+question by `DecisionQuestion.digest` (the question itself, whatever the route, file form or
+id it came in); a question asked under a fitted question's id but worded otherwise is answered
+without the fitted method, and the answer says so (`Methods.for_question`'s note).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..calibration import CalibrationError, Calibrator
+from ..heads import Head, HeadError
+from .errors import DecisionError
+from .prompt import STYLES, names
+from .questions import DecisionQuestion
+from .settings import temperature_problem
+
+PRIORS = ("none", "batch", "contextual")  # what a run may divide its answers by (`--calibrate`)
+PERMUTES = (1, 2)
+# Content-free states for the contextual prior (Zhao et al. 2021 used "N/A", "[MASK]" and ""): the
+# answer to each is a guess at the model's bias; one filler alone moved the seed's tickets from 44 %
+# to 83 % right, so several are averaged.
+FILLERS = ("N/A", "...", "[empty]", "-", "none")
+
+
+@dataclass(frozen=True)
+class Method:
+    """How one question is answered (see the module docstring). `calibrator` is a fitted one
+    (a task's: "fit" or a fitted "batch" prior) over the question's `answer_names`; `prior` is
+    what a run divides by when there is none ("batch" and "contextual" are found per run);
+    `head` a trained head. `key` and `digest` name the question a saved method was made for
+    (None: the run's own settings, for any question); `report` its fit's figures."""
+
+    style: str = "letters"
+    permute: int = 1
+    prior: str = "none"
+    calibrator: Calibrator | None = None
+    head: Head | None = None
+    key: str | None = None
+    digest: str | None = None
+    report: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise DecisionError(("style",), f"the prompt style is one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.permute not in PERMUTES:
+            raise DecisionError(("permute",), f"permute is 1 or 2 (both orders averaged), got {self.permute!r}")
+        if self.prior not in PRIORS:
+            raise DecisionError(("calibrate",), f"the prior is one of {', '.join(PRIORS)}, got {self.prior!r}")
+
+    @property
+    def is_raw(self) -> bool:
+        """Nothing beyond Transformers' decision path: the letters, one order, no prior, no head."""
+        return self == Method()
+
+    def asks(self, q: DecisionQuestion) -> tuple[str, int]:
+        """(style, orders) as `q` is asked: order averaging applies to a choice's options (a
+        score's levels keep their order); the names style to the questions it applies to
+        (`prompt.names`). A trained head's method asks as the head was trained (letters, one order)."""
+        style = self.style if names(q) is not None else "letters"
+        return style, (self.permute if q.type == "choice" else 1)
+
+    def check(self, q: DecisionQuestion) -> None:
+        """A saved method fits the question it is applied to: its calibrator's or head's options
+        are the question's (`answer_names`), in order."""
+        want = tuple(q.answer_names())
+        for what, labels in (("calibration", self.calibrator), ("head", self.head)):
+            got = getattr(labels, "labels", None)
+            if got is not None and tuple(got) != want:
+                raise DecisionError(
+                    (what,),
+                    f"question {q.key!r}'s saved {what} was made for the options {list(got)}, not {list(want)}: "
+                    "fit it again",
+                )
+
+    def answer(self, raw: np.ndarray, prior: Calibrator | None = None) -> np.ndarray:
+        """The final probabilities from the raw ones (the style's, order-averaged; a head's own):
+        the fitted calibrator where there is one, else the run's `prior` (batch or contextual:
+        the decider gives one only to a method that asks for it, never to a saved one), else the
+        raw answer itself (the same array: exact)."""
+        cal = self.calibrator or prior
+        if cal is None:
+            return raw
+        with np.errstate(divide="ignore"):
+            lp = np.log(np.asarray(raw, dtype=np.float64))
+        return np.exp(cal.apply(np.maximum(lp, -1e4)))
+
+    def record(self, prior: Calibrator | None = None) -> dict[str, Any]:
+        """What was applied, as an answer's `x_method` and a run's summary say it."""
+        cal = self.calibrator or prior
+        out: dict[str, Any] = {"style": self.style, "permute": self.permute}
+        out["calibration"] = "none" if cal is None else cal.method
+        if cal is not None and self.calibrator is not None:
+            out["fitted"] = True
+        if self.head is not None:
+            out["trained"] = "head"
+        if self.key is not None:
+            out["fitted_as"] = self.key
+        return out
+
+    # ------------------------------------------------------------------ saved in a task
+    def to_dict(self) -> dict[str, Any]:
+        """A saved method (a task's `decisions.methods` entry): `from_dict` reads it back."""
+        out: dict[str, Any] = {"key": self.key, "digest": self.digest, "style": self.style, "permute": self.permute}
+        if self.calibrator is not None:
+            out["calibrator"] = self.calibrator.to_dict()
+        if self.head is not None:
+            out["head"] = self.head.to_dict()
+        if self.report:
+            out["report"] = dict(self.report)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Method:
+        """A saved method; a bad field is a `DecisionError` naming `where` and the field."""
+        if not isinstance(d, dict) or not isinstance(d.get("digest"), str) or not isinstance(d.get("key"), str):
+            raise DecisionError((), f"{where}: a method is an object with its question's 'key' and 'digest'")
+        try:
+            cal = Calibrator.from_dict(d["calibrator"]) if d.get("calibrator") is not None else None
+            head = Head.from_dict(d["head"], f"{where}: head") if d.get("head") is not None else None
+        except (CalibrationError, HeadError) as e:
+            raise DecisionError((), f"{where}: {e}") from None
+        report = d.get("report") or {}
+        return cls(d.get("style", "letters"), d.get("permute", 1), "none", cal, head, d["key"], d["digest"], report)
+
+
+@dataclass(frozen=True)
+class Methods:
+    """Every saved method by the digest of its question, and the run's own settings (`default`,
+    for any other question): which applies to an asked question is `for_question`'s rule."""
+
+    saved: Mapping[str, Method] = field(default_factory=dict)
+    default: Method = Method()
+
+    @classmethod
+    def of(cls, saved: Iterable[Method] = (), default: Method | None = None) -> Methods:
+        return cls({m.digest: m for m in saved if m.digest is not None}, default or Method())
+
+    @property
+    def is_raw(self) -> bool:
+        return not self.saved and self.default.is_raw
+
+    def for_question(self, q: DecisionQuestion) -> tuple[Method, str | None]:
+        """(the method for `q`, a note or None): its saved method where its digest has one (whatever
+        its id or route), else the run's default; the note says when `q` goes by the id of a
+        fitted question but is not that question (changed wording or options: answered without it)."""
+        got = self.saved.get(q.digest)
+        if got is not None:
+            return got, None
+        if any(m.key == q.key for m in self.saved.values()):
+            return self.default, (
+                f"question {q.key!r} differs from the one fitted under that id (its wording, options or "
+                "descriptions changed): answered without the fitted settings; fit it again to use them"
+            )
+        return self.default, None
+
+    @property
+    def heads(self) -> list[Head]:
+        """The trained heads of the saved methods (each checked against the model it runs on)."""
+        return [m.head for m in self.saved.values() if m.head is not None]
+
+    def with_default(self, **changes: Any) -> Methods:
+        return replace(self, default=replace(self.default, **changes))
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [m.to_dict() for m in self.saved.values()]
+
+    @classmethod
+    def from_record(
+        cls, methods: Any, temperatures: Mapping[str, Any], questions: Sequence[DecisionQuestion], where: str
+    ) -> Methods:
+        """A task's saved methods: its `methods` list, and (tasks of before) its `temperatures` by
+        key, each read as a temperature-only fit of the task's question of that key."""
+        got: list[Method] = []
+        if methods is not None:
+            if not isinstance(methods, list):
+                raise DecisionError((), f"{where}: 'methods' is a list of fitted questions")
+            got += [Method.from_dict(m, f"{where}: method {i}") for i, m in enumerate(methods, 1)]
+        by_key = {q.key: q for q in questions}
+        for key, t in (temperatures or {}).items():
+            why = temperature_problem(t)
+            if why is not None:
+                raise DecisionError((), f"{where}: the temperature of question {str(key)[:60]!r} {why}: fit it again")
+            q = by_key.get(key)
+            if q is None:
+                raise DecisionError((), f"{where}: a temperature for {key!r}, which is none of the task's questions")
+            labels = q.answer_names()
+            cal = Calibrator("fit", labels, (0.0,) * len(labels), float(t), 0, {"from": "temperatures"})
+            got.append(Method(calibrator=cal, key=key, digest=q.digest))
+        return cls.of(got)
+
+
+def order_back(p: np.ndarray, order: Sequence[int]) -> np.ndarray:
+    """Probabilities read in a permuted order (`order[i]`: the option shown i-th) back in the
+    question's own order."""
+    out = np.empty_like(np.asarray(p, dtype=np.float64))
+    out[np.asarray(order)] = p
+    return out
+
+
+def orders(q: DecisionQuestion, n: int) -> list[tuple[int, ...]]:
+    """The option orders `q` is asked in: its own, and (n = 2) reversed."""
+    k = len(q.options)
+    return [tuple(range(k)), tuple(reversed(range(k)))][:n]
+
+
+def permuted(q: DecisionQuestion, order: Sequence[int], relabel: Any) -> DecisionQuestion:
+    """`q` with its options shown in `order` (labels from `relabel(type, names)`: the letters
+    follow the shown order, names move with their options)."""
+    if list(order) == list(range(len(q.options))):
+        return q
+    options = tuple(q.options[i] for i in order)
+    descriptions = tuple(q.descriptions[i] for i in order)
+    moved = replace(q, options=options, descriptions=descriptions, levels=q.levels)
+    return replace(moved, labels=relabel(q.type, moved.answer_names()))

@@ -1,0 +1,61 @@
+"""Each API's answer shape: no option lost to another of the same text, and what made an answer
+(`x_method`, `x_raw_...`) only where anything beyond the raw letters did."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlx_slm.text.decisions.answers import RAW_METHOD, answer
+from mlx_slm.text.decisions.methods import Method
+from mlx_slm.text.decisions.openai import openai_questions
+from mlx_slm.text.decisions.settings import DecisionConfig
+from mlx_slm.text.decisions.systemone import systemone_questions
+
+CFG = DecisionConfig()
+
+
+def test_the_raw_record_is_what_a_plain_method_says():
+    assert Method().record() == RAW_METHOD
+
+
+def test_a_string_and_a_boolean_of_one_text_are_both_answered_in_system_ones_shape():
+    """decide --shape systemone of an OpenAI list holding "true" and true: both options keep their
+    probability (the string keyed as JSON), the probabilities sum to 1 (issue 53's lost option)."""
+    (q,) = openai_questions(
+        [{"type": "choice", "instructions": "?", "choices": [{"value": "true"}, {"value": True}, {"value": "no"}]}], CFG
+    )
+    p = np.array([0.3, 0.5, 0.2])
+    got = answer(q, p, "systemone")
+    assert got["probabilities"] == {'"true"': 0.3, "true": 0.5, "no": 0.2}
+    assert sum(got["probabilities"].values()) == pytest.approx(1.0) and got["choice"] == "true"
+    oa = answer(q, p, "openai")
+    assert [x["value"] for x in oa["probabilities"]] == ["true", True, "no"] and oa["choice"] is True
+
+
+@pytest.mark.parametrize("shape, field", [("systemone", "probabilities"), ("openai", "probabilities")])
+def test_a_changed_answer_carries_its_method_and_raw_probabilities(shape, field):
+    (q,) = systemone_questions({"t": {"type": "choice", "instructions": "?", "criteria": {"a": None, "b": None}}}, CFG)
+    raw, final = np.array([0.7, 0.3]), np.array([0.4, 0.6])
+    plain = answer(q, raw, shape, raw, RAW_METHOD)
+    assert "x_method" not in plain and "x_raw_probabilities" not in plain
+    applied = {**RAW_METHOD, "calibration": "batch"}
+    got = answer(q, final, shape, raw, applied)
+    assert got["x_method"] == applied
+    assert got["x_raw_probabilities"] == answer(q, raw, shape)[field]
+
+
+def test_a_noul_keeps_its_raw_answer_in_its_own_field():
+    (q,) = systemone_questions({"u": {"type": "noul", "instructions": "?"}}, CFG)
+    got = answer(
+        q, np.array([0.2, 0.8]), "systemone", np.array([0.6, 0.4]), {**RAW_METHOD, "calibration": "contextual"}
+    )
+    assert got["noul"] == 0.2 and got["x_raw_noul"] == 0.6
+    (p,) = openai_questions([{"type": "predicate", "instructions": "?"}], CFG)
+    got = answer(p, np.array([0.2, 0.8]), "openai", np.array([0.6, 0.4]), {**RAW_METHOD, "calibration": "fit"})
+    assert got["probability"] == 0.2 and got["x_raw_probability"] == 0.6
+
+
+def test_a_refused_question_is_openais_refusal():
+    (q,) = openai_questions([{"type": "predicate", "name": "n", "instructions": "?"}], CFG)
+    assert answer(q, None, "openai") == {"type": "refusal", "name": "n"}

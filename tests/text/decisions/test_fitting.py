@@ -1,0 +1,76 @@
+"""A question's method fitted on the user's rows: every way scored side by side, the way with the
+best cross-validated accuracy kept, and too few rows refused with the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlx_slm.text.decisions.fitting import FitError, apply, batch_prior, corrected, figures, fit_question, prior_of
+
+LABELS = ("billing", "technical", "account")
+
+
+def _data(n=90, seed=0):
+    """Gold balanced over three options; the "letters" answers biased to billing and barely
+    informative, the "names" ones informative: the fit must prefer names."""
+    rng = np.random.default_rng(seed)
+    gold = np.arange(n) % 3
+    letters = np.tile([0.6, 0.15, 0.25], (n, 1)) + rng.normal(0, 0.02, (n, 3))
+    letters[np.arange(n), gold] += 0.05
+    names = np.full((n, 3), 0.2) + rng.normal(0, 0.05, (n, 3))
+    names[np.arange(n), gold] += 0.4
+    norm = lambda p: np.abs(p) / np.abs(p).sum(axis=1, keepdims=True)  # noqa: E731
+    return norm(letters), norm(names), gold
+
+
+def test_the_way_with_the_best_cross_validated_accuracy_is_chosen():
+    letters, names, gold = _data()
+    fitted = fit_question({("letters", 1): letters, ("names", 1): names}, gold, LABELS, "team")
+    assert (fitted.style, fitted.permute) == ("names", 1)
+    rows = {r["style"]: r for r in fitted.table}
+    assert rows["names"]["cv_accuracy"] > rows["letters"]["cv_accuracy"]
+    assert fitted.report()["cv_accuracy"] == rows["names"]["cv_accuracy"]
+    assert fitted.calibrator.labels == LABELS and fitted.calibrator.n == len(gold)
+
+
+def test_a_bias_fit_beats_the_raw_answer_of_a_biased_model():
+    letters, _, gold = _data()
+    fitted = fit_question({("letters", 1): letters}, gold, LABELS, "team")
+    raw_acc = figures(letters, gold)["accuracy"]
+    assert raw_acc < 0.5 and fitted.report()["cv_accuracy"] > raw_acc
+
+
+def test_ties_go_to_the_plainer_way():
+    _, names, gold = _data()
+    fitted = fit_question({("names", 2): names, ("letters", 1): names}, gold, LABELS, "team")
+    assert (fitted.style, fitted.permute) == ("letters", 1)
+
+
+def test_too_few_rows_or_an_option_never_gold_is_refused_with_the_fix():
+    letters, _, gold = _data(9)
+    with pytest.raises(FitError, match="no row's gold answer is 'account'.*--fit-prior"):
+        fit_question({("letters", 1): letters[gold != 2]}, gold[gold != 2], LABELS, "team")
+    with pytest.raises(FitError, match="3 options and 2 labelled row"):
+        fit_question({("letters", 1): letters[:2]}, gold[:2], LABELS, "team")
+
+
+def test_one_row_an_option_fits_without_comparing_ways_and_says_so():
+    letters, names, gold = _data(6)
+    fitted = fit_question({("letters", 1): letters[:3], ("names", 1): names[:3]}, gold[:3], LABELS, "team")
+    assert (fitted.style, fitted.permute) == ("letters", 1) and "could not be compared" in fitted.note
+
+
+def test_corrected_figures_side_by_side():
+    letters, _, gold = _data()
+    got = corrected(letters, gold, LABELS, warmup=512)
+    assert set(got) == {"raw", "batch"} and got["batch"]["accuracy"] > got["raw"]["accuracy"]
+    prior = batch_prior(letters, LABELS, 512)
+    np.testing.assert_allclose(apply(prior, letters).mean(axis=0), np.full(3, 1 / 3), atol=0.05)
+
+
+def test_a_prior_from_fewer_states_than_options_is_refused():
+    letters, _, _ = _data()
+    with pytest.raises(FitError, match="--fit-prior: question 'team'.*at least 3 states, got 2"):
+        prior_of(letters[:2], LABELS, "team", 512)
+    assert prior_of(letters, LABELS, "team", 16).n == 16

@@ -1,0 +1,66 @@
+"""A decision question's digest: the question itself, the same whatever the route, the file form
+or the id it came in, and another for any change the model would be shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlx_slm.text.decisions.openai import openai_questions
+from mlx_slm.text.decisions.questions import DecisionRequest, option_labels
+from mlx_slm.text.decisions.settings import DecisionConfig
+from mlx_slm.text.decisions.systemone import systemone_questions
+
+CFG = DecisionConfig()
+S1 = {
+    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "Payments", "sales": None}},
+    "urgent": {"type": "noul", "instructions": "Urgent?"},
+    "anger": {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Mad"]},
+}
+OA = [
+    {"type": "choice", "name": "x", "instructions": "Which team?",
+     "choices": [{"value": "billing", "description": "Payments"}, {"value": "sales"}]},
+    {"type": "predicate", "instructions": "Urgent?"},
+    {"type": "score", "name": "y", "instructions": "How angry?", "levels": [{"label": "Calm"}, {"label": "Mad"}]},
+]  # fmt: skip
+
+
+def digests(qs):
+    return [q.digest for q in qs]
+
+
+def test_the_same_question_on_either_route_under_any_id_has_one_digest():
+    a, b = systemone_questions(S1, CFG), openai_questions(OA, CFG)
+    assert digests(a) == digests(b)
+    assert [q.key for q in a] != [q.key for q in b]  # ids differ, digests do not
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda q: q["team"].update(instructions="Which team now?"),
+        lambda q: q["team"].update(criteria={"billing": "Payments!", "sales": None}),
+        lambda q: q["team"].update(criteria={"sales": None, "billing": "Payments"}),  # another order
+        lambda q: q["team"].update(criteria={"billing": "Payments", "sales": None, "support": None}),
+        lambda q: q["team"].update(type="choice", criteria={"Billing": "Payments", "sales": None}),
+    ],
+)
+def test_any_change_the_model_would_see_gives_another_digest(change):
+    import copy
+
+    other = copy.deepcopy(S1)
+    change(other)
+    assert systemone_questions(other, CFG)[0].digest != systemone_questions(S1, CFG)[0].digest
+
+
+def test_a_string_and_a_boolean_of_one_text_stay_apart_as_answer_names():
+    (q,) = openai_questions(
+        [{"type": "choice", "instructions": "?", "choices": [{"value": "true"}, {"value": True}]}], CFG
+    )
+    assert q.answer_names() == ('"true"', "true") and len(set(q.answer_names())) == 2
+    assert option_labels(["true", "false"]) == ["true", "false"]  # no boolean beside them: as they are
+
+
+def test_a_request_says_what_it_refuses():
+    assert DecisionRequest("s", ()).refusal == "request"
+    with pytest.raises(ValueError, match="refusal"):
+        DecisionRequest("s", (), refusal="never")
