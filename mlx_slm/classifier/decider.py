@@ -245,16 +245,23 @@ class Decider:
         self, it: DecisionItem, scores: tuple[list[Any], int] | list[Any], cached: int, priors: Mapping[str, Calibrator]
     ) -> DecisionResult:
         raw = self.raw_answers(it, scores)
+        return self.finish(DecisionResult(it.request, tuple(raw), it.input_tokens, cached, tuple(raw)), priors)
+
+    def finish(self, result: DecisionResult, priors: Mapping[str, Calibrator] | None = None) -> DecisionResult:
+        """`result`'s final answers from its raw ones: each question's method applied (with the run's
+        batch `priors` by digest, or the question's contextual prior where its method asks), and what
+        was applied said. A run that finds its batch prior after answering its first states (`decide
+        --calibrate batch`) finishes those results again once the prior is known."""
         probs, applied = [], []
-        for q, m, p in zip(it.request.questions, it.methods, raw):
-            prior = priors.get(q.digest) if m.prior == "batch" else None
+        for q, p in zip(result.request.questions, result.raw):
+            m, note = self.method(q)
+            prior = (priors or {}).get(q.digest) if m.prior == "batch" else None
             if m.prior == "contextual" and p is not None:  # a saved method's prior is "none": it keeps its own
                 prior = self.contextual_prior(q, m)
             probs.append(None if p is None else m.answer(p, prior))
             rec = m.record(prior)
-            note = self.method(q)[1]
             applied.append({**rec, "note": note} if note else rec)
-        return DecisionResult(it.request, tuple(probs), it.input_tokens, cached, tuple(raw), tuple(applied))
+        return replace(result, probabilities=tuple(probs), applied=tuple(applied))
 
     def features(self, states: Sequence[Any], q: DecisionQuestion, layers: Sequence[int]) -> list[np.ndarray | None]:
         """Each state's hidden states after `layers` at `q`'s answer position ((len(layers), D);

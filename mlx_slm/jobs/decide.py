@@ -380,8 +380,10 @@ class DecideJob:
         if self.output is not None:
             self.settings.update(self.plan.record(self.priors))
             write_manifest(self.output, self.settings, complete=False)
-        for window, got in done:
-            yield from self._window_records(window, got)
+        for window, got in done:  # answered before the prior was known: finished with it now
+            yield from self._window_records(
+                window, [r if isinstance(r, str) else decider.finish(r, self.priors) for r in got]
+            )
         return itertools.chain.from_iterable(windows)
 
     def _window(self, rows: list[Row], decider: Any) -> Iterator[dict[str, Any]]:

@@ -165,3 +165,79 @@ def test_eval_decisions_scores_a_decide_output_without_the_model(tiny, q, tmp_pa
     other.write_text(gold.read_text().replace('"x"', '"y"'))
     r = run(["eval", str(other), *args, "--predictions", str(tmp_path / "o.jsonl")])
     assert r.exit_code == 2 and "not the output for this input" in r.output
+
+
+def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
+    """train --decisions: a head for the labelled question, saved in a task that decide --task
+    answers that question with (x_method says "trained"), the others raw; eval --task scores it."""
+    gold = _gold(tmp_path, 24)
+    rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]  # the bad last row left out
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = tmp_path / "head.json"
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
+             "--save-task", str(task), "--folds", "2", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "== team" in r.stdout and "chosen:" in r.stdout
+    t = json.loads(task.read_text())
+    (m,) = t["decisions"]["methods"]
+    assert m["key"] == "team" and "head" in m and t["weights_sha256"]
+    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "I was charged twice"}\n')
+    assert r.exit_code == 0, r.output
+    a = json.loads(r.stdout)["answers"]
+    assert a["team"]["x_method"]["trained"] == "head" and "x_method" not in a["urgent"]
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(task)])
+    assert r.exit_code == 0, r.output
+    assert "trained head" in r.output
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--labels", "a,b"], "--labels is for a labels task"),
+        (["--pooling", "mean"], "--pooling is for a labels task"),
+        (["--finetune", "lora"], "--finetune is for a labels task"),
+    ],
+)
+def test_train_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path, args, words):
+    gold = _gold(tmp_path, 8)
+    r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
+             "--save-task", str(tmp_path / "t.json"), *args])  # fmt: skip
+    assert r.exit_code == 2 and words in r.output, r.output
+
+
+def test_train_decisions_names_a_gold_value_that_is_no_option(tiny, q, tmp_path):
+    gold = _gold(tmp_path, 8)  # its last row's team is "sales"
+    r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
+             "--save-task", str(tmp_path / "t.json"), "--folds", "2"])  # fmt: skip
+    assert r.exit_code == 2 and "line 9: field 'team' is 'sales', not an option of question 'team'" in r.output
+
+
+def test_eval_fit_prior_learns_a_prior_from_states_alone(tiny, q, tmp_path):
+    gold = _gold(tmp_path, 12)
+    task = tmp_path / "prior.json"
+    r = run(["eval", str(gold), "--decisions", str(q), "--model", tiny, "--fit-prior", "--save-task", str(task)])
+    assert r.exit_code == 0, r.output
+    methods = json.loads(task.read_text())["decisions"]["methods"]
+    assert {m["key"] for m in methods} == set(QUESTIONS)
+    assert all(m["calibrator"]["method"] == "batch" for m in methods)
+    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "refund please"}\n')
+    assert r.exit_code == 0 and json.loads(r.stdout)["answers"]["team"]["x_method"]["calibration"] == "batch"
+
+
+def test_eval_scores_a_string_and_a_boolean_of_one_text_apart(tiny, tmp_path):
+    """An OpenAI choice of "true" and true: eval --decisions takes it (issue 53: "labels must be
+    distinct") and a gold value names the right one."""
+    q = tmp_path / "typed.json"
+    q.write_text(json.dumps([{"type": "choice", "name": "t", "instructions": "?",
+                              "choices": [{"value": "true"}, {"value": True}, {"value": "no"}]}]))  # fmt: skip
+    gold = tmp_path / "g.jsonl"
+    gold.write_text(
+        "".join(
+            json.dumps({"id": i, "text": t, "t": [True, "true", "no"][i % 3]}) + "\n"
+            for i, (t, _) in enumerate(tickets(6))
+        )
+    )
+    r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "t", "--model", tiny])
+    assert r.exit_code == 0, r.output
+    assert "n 6" in r.output

@@ -253,3 +253,57 @@ def test_the_sdks_decisions_tool_runner_reads_our_answers(served):
     result = runner.run(client, {"model": "gpt-6-luna", "input": INPUT}, max_steps=3)
     assert result["status"] == "unverified" and len(result["decisions"]) == 1
     assert result["decisions"][0].answers[0].name == "next_action"
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"prompt_cache_kye": "k"}, "prompt_cache_kye"),
+        ({"prompt_cache_options": {"mode": "forever"}}, "prompt_cache_options.mode"),
+        ({"questions": [{**QUESTIONS[0], "descripton": "typo"}]}, "questions[0].descripton"),
+    ],
+)
+def test_an_unknown_or_misspelt_parameter_is_400_not_ignored(served, extra, param):
+    """OpenAI refuses parameters it does not know (our chat route does too): a misspelt one would
+    otherwise be ignored without a word (issue 53)."""
+    srv, _, _ = served
+    body = {"model": "gpt-6-luna", "input": INPUT, "questions": QUESTIONS, **extra}
+    r = httpx.post(srv.url + "/v1/decisions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_a_servers_own_method_answers_both_routes_and_says_so(tiny_arch):
+    """serve --decision-style names --decision-calibrate contextual: every answer of both routes
+    carries its method and its raw probabilities; GET /v1/model lists the default."""
+    import dataclasses
+
+    from mlx_slm.classifier.decision_plan import DecisionPlan
+    from mlx_slm.text.decisions.methods import Method, Methods
+    from mlx_slm.weights.registry import ModelRef
+
+    path = str(tiny_arch.mlx("qwen2"))
+    plan = DecisionPlan(ModelRef(path), methods=Methods(default=Method(style="names", prior="contextual")))
+    plain = classifier_loader(path)
+    srv = ThreadServer(Service(lambda: dataclasses.replace(plain(), decision_plan=plan), ServeOptions(max_wait_ms=5)))
+    srv.start()
+    try:
+        oa = httpx.post(
+            srv.url + "/v1/decisions", json={"model": "gpt-6-luna", "input": INPUT, "questions": QUESTIONS}, timeout=120
+        ).json()
+        s1 = httpx.post(
+            srv.url + "/v1/systemone",
+            json={"model": "jev-latest", "state": INPUT, "questions": {"team": {"type": "choice", "instructions": "?",
+                  "criteria": {"billing": None, "shipping": None}}}},
+            timeout=120,
+        ).json()  # fmt: skip
+        info = httpx.get(srv.url + "/v1/model", timeout=30).json()["decisions"]["calibration"]
+    finally:
+        srv.stop()
+    team = oa["answers"][1]
+    assert team["x_method"] == {"style": "names", "permute": 1, "calibration": "contextual"}
+    assert [x["value"] for x in team["x_raw_probabilities"]] == ["billing", "shipping", "true", True]
+    assert sum(x["probability"] for x in team["probabilities"]) == pytest.approx(1.0)
+    assert s1["answers"]["team"]["x_method"]["calibration"] == "contextual"
+    assert set(s1["answers"]["team"]["x_raw_probabilities"]) == {"billing", "shipping"}
+    assert info["default"] == {"style": "names", "permute": 1, "calibration": "contextual"}

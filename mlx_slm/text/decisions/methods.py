@@ -113,7 +113,7 @@ class Method:
         """What was applied, as an answer's `x_method` and a run's summary say it."""
         cal = self.calibrator or prior
         out: dict[str, Any] = {"style": self.style, "permute": self.permute}
-        out["calibration"] = "none" if cal is None else cal.method
+        out["calibration"] = self.prior if cal is None else cal.method  # (a run's prior not found yet: its kind)
         if cal is not None and self.calibrator is not None:
             out["fitted"] = True
         if self.head is not None:
