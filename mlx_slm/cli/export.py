@@ -47,6 +47,13 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
     check_new_folder(output)  # a new or empty folder, as --help says (no input can be in one)
     t = Task.load(task_file)
     spec = t.kind
+    if t.decisions and not isinstance(spec, FinetuneSpec):  # its heads read where a decision prompt's answer is
+        raise click.UsageError(
+            f"{task_file} holds typed decision questions (eval --decisions --fit, train --decisions): export writes "
+            "a fine-tuned classify task as a sequence classifier, whose one score head cannot hold a head read in "
+            "the middle of a decision prompt; serve it with mlx-slm serve --task, or check it with "
+            "mlx-slm parity --decisions Q.json --task"
+        )
     if not isinstance(spec, FinetuneSpec):
         raise click.UsageError(f"{task_file} is a {spec.name} task: export writes fine-tuned tasks (train --finetune)")
     engine = Engine.load(ModelRef(t.model))  # the conversion the adapters were trained on

@@ -84,7 +84,8 @@ from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
     type=click.Path(exists=True, dir_okay=False),
     help="A task with a learned head (mlx-slm train): check its features and labels against Transformers' "
     "hidden_states at the head's layer (model and prompt from the task). A fine-tuned task (train --finetune): "
-    "its labels and probabilities against Transformers with the adapters merged (float32 unless --dtype).",
+    "its labels and probabilities against Transformers with the adapters merged (float32 unless --dtype). With "
+    "--decisions: a task fitted or trained on decisions (its trained questions checked too).",
 )
 @click.option(
     "--questions",
@@ -179,7 +180,7 @@ def parity(
     ctx = click.get_current_context()
     run = _Parity.of(ctx)
     if decisions_file:
-        run.decisions(decisions_file)
+        run.decisions(decisions_file, task_file)
         return
     if task_file:
         run.task(task_file)
@@ -251,7 +252,7 @@ class _Parity:
         p = ctx.params
         typed = frozenset(
             k
-            for k in ("system", "template", "labels_csv", "labels_file")
+            for k in ("system", "template", "labels_csv", "labels_file", "model")
             if ctx.get_parameter_source(k).name != "DEFAULT"
         )
         model = ModelRef.typed(p["model"], p["dtype"], p["keep_quantized"])
@@ -333,11 +334,15 @@ class _Parity:
         )
         _report(r, self.as_json, format_chat_report, r["ok"])
 
-    def decisions(self, path: str) -> None:
-        """`parity --decisions` (`parity/decisions.py`): exit 1 past tolerance or on a disagreement."""
+    def decisions(self, path: str, task_file: str | None = None) -> None:
+        """`parity --decisions` (`parity/decisions.py`): exit 1 past tolerance or on a disagreement.
+        With `--task` (fitted or trained on decisions), its trained questions are checked too."""
         m = self.model
         keep = None if m.dequantize is None else not m.dequantize
-        opts = DecisionOptions(m.name, m.dtype or "float32", keep, questions_file=path, given=frozenset({"model"}))
+        given = frozenset({"model"} & self.typed)
+        # float32 weights unless a task pins others (its fits were made on the weights it names)
+        dtype = m.dtype or (None if task_file else "float32")
+        opts = DecisionOptions(m.name, dtype, keep, task_file, path, given=given)
         plan = resolve_decisions(opts)  # a bad questions file: exit 2 before any model loads
         if self.input_path:
             rows = read_rows(self.input_path, states=("state", "text"))

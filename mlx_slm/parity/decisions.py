@@ -29,7 +29,8 @@ import numpy as np
 from ..classifier.decision_plan import DecisionPlan
 from ..text.decisions.methods import Methods
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, option_text
-from .reference import decisions_in_child
+from ..text.heads import head_input
+from .reference import decisions_in_child, hidden_in_child
 
 # Largest |delta p| allowed, by compute dtype: the issue's goal (1e-4 in float32; 2e-3 with float16 weights).
 TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
@@ -67,7 +68,9 @@ def run_decision_parity(
     same values). The report is JSON-safe; `ok` is whether every compared probability is within
     `TOLERANCE[dtype]` and every top option agrees."""
     engine = plan.engine()
-    plan = replace(plan.loaded(engine), methods=Methods())  # the raw letters: Transformers' path
+    plan = plan.loaded(engine)
+    trained = plan.methods
+    plan = replace(plan, methods=Methods())  # the raw letters: Transformers' path
     model, dtype = plan.model.name, engine.compute_dtype
     questions, config = plan.questions, plan.config
     src = reference or (model if (Path(model).expanduser() / "config.json").is_file() else str(engine.path))
@@ -81,7 +84,40 @@ def run_decision_parity(
     progress(f"Transformers' decision path on {src} (float32, one prompt per question, in a child process)")
     reqs = [{"state": s, "questions": {q.key: asked[q.key][0] for q in compared}} for s in states]
     theirs, ref_s = decisions_in_child(src, config.to_record(), reqs) if compared else ([{}] * len(states), 0.0)
-    return compare(questions, compared, skipped, ours, theirs, Sides(model, src, dtype, our_s, ref_s))
+    report = compare(questions, compared, skipped, ours, theirs, Sides(model, src, dtype, our_s, ref_s))
+    heads = [(q, m.head) for q in questions for m in [trained.for_question(q)[0]] if m.head is not None]
+    if heads:
+        report = _with_heads(report, replace(plan, methods=trained), engine, states, heads, src, progress)
+    return report
+
+
+def _with_heads(
+    report: dict[str, Any], plan: DecisionPlan, engine: Any, states: Sequence[Any], heads: list, src: str, progress: Any
+) -> dict[str, Any]:
+    """A task's trained questions checked too: our answers (the head on the branch's hidden states,
+    in the pass that answers every question) against the head applied to Transformers'
+    `hidden_states` at the end of each question's whole prompt, one prompt at a time."""
+    decider = plan.decider(engine, state_cache=0)
+    ours = decider.decide([DecisionRequest(s, plan.questions) for s in states])
+    index = {q.key: i for i, q in enumerate(plan.questions)}
+    out = dict(report)
+    for q, head in heads:
+        prompts = [decider.planner.prompts(s, [q], ["letters"])[0] for s in states]
+        progress(f"trained question {q.key!r}: Transformers' hidden states at layers {list(head.layers)}")
+        hs, _ = hidden_in_child(src, prompts, sorted(set(head.layers)))
+        want = np.exp(head.log_probs(head_input({"last": hs}, sorted(set(head.layers)), head)))
+        got = np.stack([np.asarray(r.probabilities[index[q.key]], dtype=np.float64) for r in ours])
+        d = float(np.max(np.abs(got - want)))
+        dis = [i for i in range(len(states)) if int(np.argmax(got[i])) != int(np.argmax(want[i]))]
+        out["per_question"] = {
+            **out["per_question"],
+            f"{q.key} (trained)": {"type": q.type, "options": len(q.options), "max_abs_dprob": d, "disagreements": dis},
+        }
+        out["compared"] = [*out["compared"], f"{q.key} (trained)"]
+        out["max_abs_dprob"] = max(out["max_abs_dprob"], d)
+        out["top_option_agrees"] = out["top_option_agrees"] and not dis
+    out["ok"] = out["max_abs_dprob"] <= out["tolerance"] and out["top_option_agrees"] and not out["reference_errors"]
+    return out
 
 
 @dataclass(frozen=True)

@@ -241,3 +241,16 @@ def test_eval_scores_a_string_and_a_boolean_of_one_text_apart(tiny, tmp_path):
     r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "t", "--model", tiny])
     assert r.exit_code == 0, r.output
     assert "n 6" in r.output
+
+
+def test_export_refuses_a_decisions_task_saying_what_to_do(tiny, q, tmp_path):
+    gold = _gold(tmp_path, 12)
+    task = tmp_path / "prior.json"
+    assert (
+        run(
+            ["eval", str(gold), "--decisions", str(q), "--model", tiny, "--fit-prior", "--save-task", str(task)]
+        ).exit_code
+        == 0
+    )
+    r = run(["export", str(task), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "typed decision questions" in r.output and "serve --task" in r.output

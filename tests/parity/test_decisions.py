@@ -65,18 +65,38 @@ def test_compare_reports_the_largest_difference_and_disagreements():
 def test_parity_against_transformers_decision_path(tmp_path):
     """A tiny qwen2 (Yes and No as tokens): every type, state shapes, descriptions as strings, objects,
     arrays and null, within 1e-4 in float32; the 30-option question left out and named; the CLI's exit 0."""
+    from dataclasses import replace
+
+    from mlx_slm.classifier.decision_plan import DecisionPlan
     from mlx_slm.cli import main
+    from mlx_slm.engine import Engine
     from mlx_slm.parity.decisions import run_decision_parity
+    from mlx_slm.text.decisions.methods import Method, Methods
+    from mlx_slm.text.heads import Head
     from mlx_slm.weights.convert import convert
+    from mlx_slm.weights.registry import ModelRef
     from tests.conftest import make_tiny
 
     hf = make_tiny(tmp_path / "hf", "qwen2", words=("Yes", "No"))
     mlx = convert(hf, tmp_path / "mlx", dtype="float32", progress=None)
     qs = questions_of(QUESTIONS, DecisionConfig())
     states = ["I was charged twice", {"subject": "login", "tries": 3}, ["a", {"b": None}], "Ünïcode ✓ <|im_end|>"]
-    r = run_decision_parity(str(mlx), states, qs, DecisionConfig(), reference=str(hf), dtype="float32")
+    plan = DecisionPlan(ModelRef(str(mlx), "float32"), questions=qs, raw_questions=QUESTIONS)
+    r = run_decision_parity(plan, states, reference=str(hf))
     assert r["ok"], r
     assert r["max_abs_dprob"] < 1e-4 and r["compared"] == ["spam", "team", "urgency"] and "many" in r["skipped"]
+    # a trained question (a head on the hidden states where its answer is read) against the head on
+    # Transformers' hidden_states at the end of its whole prompt
+    team = next(x for x in qs if x.key == "team")
+    rng = np.random.default_rng(0)
+    n_layers = Engine.load(str(mlx)).model.args.num_hidden_layers
+    dim = 2 * 64
+    head = Head(
+        team.answer_names(), (1, n_layers), np.zeros(dim), np.ones(dim), rng.normal(0, 0.3, (3, dim)), np.zeros(3)
+    )
+    trained = Methods.of([Method(head=head, key="team", digest=team.digest)])
+    r = run_decision_parity(replace(plan, methods=trained), states, reference=str(hf))
+    assert r["ok"] and r["per_question"]["team (trained)"]["max_abs_dprob"] < 1e-4, r
     q = tmp_path / "q.json"
     q.write_text(json.dumps({k: QUESTIONS[k] for k in ("spam", "team")}))
     res = CliRunner().invoke(main, ["parity", "--model", str(hf), "--decisions", str(q), "--n", "3", "--json"],
