@@ -46,11 +46,12 @@ from ..text import batching
 from ..text.calibration import Calibrator
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
-from ..text.decisions.methods import FILLERS, Method, Methods, order_back
+from ..text.decisions.methods import FILLERS, Method, Methods, order_back, tuned_prompt
 from ..text.decisions.openai import parse_openai
-from ..text.decisions.questions import DecisionQuestion, DecisionRequest
+from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.decisions.settings import DecisionConfig
 from ..text.decisions.systemone import parse_systemone
+from .classifier import Classifier
 from .pipeline import default_max_batch_tokens
 
 # A state's rest (after its cached start) up to this many tokens runs in the same forward as its
@@ -145,6 +146,7 @@ class Decider:
         self.states = StateCache(s.state_cache, s.state_cache_bytes)
         self.answer_cache = bool(s.answer_cache)
         self._contextual: OrderedDict[tuple[str, str, int], Calibrator] = OrderedDict()
+        self._classifiers: dict[str, tuple[Any, tuple[str, ...]]] = {}  # tuned questions' classifiers, by task file
         self._contextual_lock = threading.Lock()
         with engine.lock:
             self.planner = DecisionPlanner(engine.tokenizer, self.config, self.max_length)
@@ -210,7 +212,44 @@ class Decider:
         """Prepared items run in batches: their states once (from the state cache where it has
         them), then every question's variants as branches; results in the items' order."""
         scores = self.scores(items)
-        return [self._result(it, sc, c, priors or {}) for it, (sc, c) in zip(items, scores)]
+        raws = [self.raw_answers(it, sc) for it, (sc, _) in zip(items, scores)]
+        self.tuned_answers(items, raws)
+        return [
+            self.finish(DecisionResult(it.request, tuple(raw), it.input_tokens, c, tuple(raw)), priors)
+            for it, raw, (_, c) in zip(items, raws, scores)
+        ]
+
+    def tuned_answers(self, items: Sequence[DecisionItem], raws: list[list[np.ndarray | None]]) -> None:
+        """The questions a tuned classifier answers (`Method.tuned`), into `raws`: each classifier
+        run once over the states that ask its question (its own pass: the question is its cached
+        prompt head, the state its text); a state it cannot answer stays unanswered (None)."""
+        asked: dict[str, list[tuple[int, int]]] = {}
+        for r, it in enumerate(items):
+            for k, m in enumerate(it.methods):
+                if m.tuned is not None and it.ids:
+                    asked.setdefault(m.tuned, []).append((r, k))
+        for path, where in asked.items():
+            clf, labels = self._tuned(path, items[where[0][0]].request.questions[where[0][1]])
+            preds = clf.classify([text(items[r].request.state) for r, _ in where])
+            for (r, k), p in zip(where, preds):
+                raws[r][k] = None if p.error is not None else np.array([p.probs[x] for x in labels], dtype=np.float64)
+
+    def _tuned(self, path: str, q: DecisionQuestion) -> tuple[Any, tuple[str, ...]]:
+        """The tuned classifier of a question (its task file), made once on this engine, and its labels."""
+        with self._contextual_lock:
+            got = self._classifiers.get(path)
+        if got is None:
+            clf = Classifier.from_task(path, engine=self.engine)
+            labels = tuned_prompt(q)[1]
+            if tuple(clf.labels) != labels:
+                raise DecisionError(
+                    ("tuned",),
+                    f"{path} answers {list(clf.labels)}, not question {q.key!r}'s {list(labels)}: train it again",
+                )
+            got = (clf, labels)
+            with self._contextual_lock:
+                self._classifiers[path] = got
+        return got
 
     def scores(self, items: Sequence[DecisionItem]) -> list[tuple[list[Any], int]]:
         """Each item's scores per variant (None: refused) and its tokens from the state cache."""
@@ -240,12 +279,6 @@ class Decider:
             None if it.refused(k) or not ps else (ps[0] if len(ps) == 1 else np.mean(ps, axis=0))
             for k, ps in enumerate(per)
         ]
-
-    def _result(
-        self, it: DecisionItem, scores: tuple[list[Any], int] | list[Any], cached: int, priors: Mapping[str, Calibrator]
-    ) -> DecisionResult:
-        raw = self.raw_answers(it, scores)
-        return self.finish(DecisionResult(it.request, tuple(raw), it.input_tokens, cached, tuple(raw)), priors)
 
     def finish(self, result: DecisionResult, priors: Mapping[str, Calibrator] | None = None) -> DecisionResult:
         """`result`'s final answers from its raw ones: each question's method applied (with the run's

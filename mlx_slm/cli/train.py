@@ -235,8 +235,9 @@ _TRAIN_TASK_OPTIONS = {
     "decisions_file",
     type=click.Path(exists=True, dir_okay=False),
     help="Train typed decision questions (Q.json, as `decide` asks them): a head per question given "
-    "--gold-field KEY=FIELD, on the hidden states where its answer is read; decide --task and serve --task "
-    "answer those questions with it, on both routes.",
+    "--gold-field KEY=FIELD, on the hidden states where its answer is read (--finetune lora|auto: a "
+    "classifier per question, the question its prompt); decide --task and serve --task answer those "
+    "questions with it, on both routes.",
 )
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
@@ -320,7 +321,7 @@ def _train_decisions(
     check_run_files(files_read(o, ("DATA", data), ("--decisions", questions)), [("--save-task", save_task)])
     ctx.with_resource(OutputLock(save_task, create=False, option="--save-task"))
     typed = {k for k in ctx.params if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
-    other = sorted(typed - _DECISION_OPTIONS - _DECISION_OWN)
+    other = sorted(typed - _DECISION_OPTIONS - _DECISION_OWN - set(TUNING))
     if other:
         raise click.UsageError(
             f"--decisions trains a head per decision question: {flag_names({other[0]})} is for a labels "
@@ -332,7 +333,16 @@ def _train_decisions(
     plan = resolve_decisions(settings)
     states = (o["text_field"],) if "text_field" in typed else STATE_FIELDS
     read = ReadSpec(o.get("fmt"), states[0], o["id_field"], o["text_column"], o["id_column"], states=states)
-    run = DecisionTrainRun(data, plan, gold_fields, save_task, HeadOptions(*head, poolings=("last",)), read)
+    tune = {k: o[k] for k in TUNING}
+    tuning = None
+    if tune["finetune"] is not None:
+        _check_recipe(ctx, tune)
+        tuning = (tune["finetune"], _finetune_settings(tune, head[3]), tune["fused"])
+    elif typed & set(TUNING):
+        name = sorted(typed & set(TUNING))[0]
+        flag = next(p.opts[0] for p in ctx.command.params if p.name == name)  # --lr, not --learning-rate
+        raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
+    run = DecisionTrainRun(data, plan, gold_fields, save_task, HeadOptions(*head, poolings=("last",)), read, tuning)
     _task, table = run_train_decisions(run, _say(o))
     click.echo(table)
     if not o["quiet"]:
@@ -453,26 +463,7 @@ def _finetune(ctx: click.Context, data: str, gold_fields: tuple[str, ...], tune:
             "--examples goes with zero-shot labels and heads; a fine-tuned classifier learns "
             "from DATA itself: drop --examples"
         )
-    settings = FinetuneSettings(
-        objective=tune["objective"],
-        layers=tune["adapt_layers"],
-        rank=tune["rank"],
-        scale=tune["lora_scale"],
-        dropout=tune["dropout"],
-        epochs=tune["epochs"],
-        learning_rate=tune["learning_rate"],
-        head_learning_rate=tune["head_learning_rate"],
-        schedule=tune["schedule"],
-        batch_size=tune["train_batch_size"],
-        seed=g.head.seed,
-        val_fraction=tune["val_fraction"],
-        patience=tune["patience"],
-        max_minutes=tune["max_minutes"],
-        head_init=tune["head_init"],
-        keep=tune["keep"],
-        label_smoothing=tune["label_smoothing"],
-        contrastive=tune["contrastive"],
-    )
+    settings = _finetune_settings(tune, g.head.seed)
     _check_recipe(ctx, tune)
     run = _train_run(ctx, data, g, _labels(ctx, g.o, say=True))
     quiet = g.o["quiet"]
@@ -511,6 +502,30 @@ def _choose(run: TrainRun, settings: FinetuneSettings, fused: bool, quiet: bool)
             f"classify with: mlx-slm classify INPUT --task {save_task}"
         )
     return task
+
+
+def _finetune_settings(tune: dict[str, Any], seed: int) -> FinetuneSettings:
+    """The fine-tuning options as the settings `run_finetune` and `run_choose` take."""
+    return FinetuneSettings(
+        objective=tune["objective"],
+        layers=tune["adapt_layers"],
+        rank=tune["rank"],
+        scale=tune["lora_scale"],
+        dropout=tune["dropout"],
+        epochs=tune["epochs"],
+        learning_rate=tune["learning_rate"],
+        head_learning_rate=tune["head_learning_rate"],
+        schedule=tune["schedule"],
+        batch_size=tune["train_batch_size"],
+        seed=seed,
+        val_fraction=tune["val_fraction"],
+        patience=tune["patience"],
+        max_minutes=tune["max_minutes"],
+        head_init=tune["head_init"],
+        keep=tune["keep"],
+        label_smoothing=tune["label_smoothing"],
+        contrastive=tune["contrastive"],
+    )
 
 
 def _check_recipe(ctx: click.Context, tune: dict[str, Any]) -> None:

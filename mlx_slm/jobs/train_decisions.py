@@ -12,30 +12,45 @@ cross-validation (`--layers`, `--layer`, `--folds`, `--seed`). DATA holds a stat
 without a question's gold field is left out of that question's head (said); a gold value that
 names no option is an error naming its line and field; every option needs `min_per_label(folds)`
 rows. The task records the model's weights sha256: another model refuses it.
+
+`--finetune lora` (or `auto`) trains a classifier per question instead, with classify's own
+machinery (`finetune.run_finetune`, `choose.run_choose`): the question as its system message (its
+options listed by name, `methods.tuned_prompt`), each state as its text, the options' names as its
+labels. Each classifier is a task file beside the decision task (`<task>.<question>.json`, with its
+adapters); the decision task's method names it, and `decide`, `serve` and Ray answer the question
+with it in the same call as the other questions (its own pass: the question is its cached prompt
+head, so each state costs its own tokens).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..classifier.decision_plan import DecisionPlan
+from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..files.readers import ReadSpec, read_rows
 from ..ground.errors import UserError
 from ..text.decisions.gold import gold_index, gold_pairs
-from ..text.decisions.methods import Method
-from ..text.decisions.questions import DecisionQuestion
+from ..text.decisions.methods import Method, tuned_prompt
+from ..text.decisions.questions import DecisionQuestion, text
 from ..text.heads import Head, format_table
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
+from .choose import run_choose
 from .decide import STATE_FIELDS, state_problem
+from .finetune import history_table, run_finetune
 from .labelled import check_folds
-from .train import HeadOptions, Trace, TrainError, _candidate_parts, _fit_timed, _gold_indices
+from .train import HeadOptions, Trace, TrainError, TrainRun, _candidate_parts, _fit_timed, _gold_indices
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,7 @@ class DecisionTrainRun:
     save_task: str
     head: HeadOptions = HeadOptions()
     read: ReadSpec | None = None
+    tuning: tuple[str, Any, bool] | None = None  # ("lora" | "auto", FinetuneSettings, fused)
 
 
 @dataclass
@@ -140,8 +156,14 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
             say(
                 f"mlx-slm: {q.key!r}: {len(rows) - len(keep)} row(s) without field {golds[q.key]!r} left out of its head"
             )
+        states = [rows[i].text for i in keep]
+        if run.tuning is not None:
+            method, table = tune_question(run, plan, q, states, gold, say)
+            methods.append(method)
+            tables.append(f"== {q.key}\n{table}")
+            continue
         trace = Trace(source=run.data, lines=lines, log=lambda m: say(f"mlx-slm: {m}"))
-        head = train_question(decider, q, [rows[i].text for i in keep], gold, run.head, trace)
+        head = train_question(decider, q, states, gold, run.head, trace)
         head.info.update({"gold_field": golds[q.key], "question": q.key})
         chosen = head.info.get("chosen", {})
         report = {"cv_accuracy": chosen.get("accuracy"), "cv_macro_f1": chosen.get("macro_f1"), "n": len(keep)}
@@ -158,3 +180,44 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
     )
     task.save(run.save_task)
     return task, "\n\n".join(tables)
+
+
+def tuned_task_name(save_task: str, key: str) -> str:
+    """The file name of question `key`'s classifier beside the decision task (a safe name)."""
+    stem = Path(save_task).name.removesuffix(".json")
+    return f"{stem}.{re.sub(r'[^A-Za-z0-9_.-]', '_', key)[:48] or 'question'}.json"
+
+
+def tune_question(
+    run: DecisionTrainRun, plan: DecisionPlan, q: DecisionQuestion, states: list[Any], gold: list[str], say: Any
+) -> tuple[Method, str]:
+    """Question `q`'s classifier (`run.tuning`: "lora" fine-tunes, "auto" measures a head against a
+    fine-tune on held-out states and keeps the better), trained by classify's own jobs on the
+    states as texts and the options' names as labels, saved beside the decision task."""
+    mode, settings, fused = run.tuning  # type: ignore[misc]
+    system, labels = tuned_prompt(q)
+    by_name = dict(zip(q.answer_names(), labels))
+    name = tuned_task_name(run.save_task, q.key)
+    target = str(Path(run.save_task).resolve().parent / name)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data.jsonl"
+        data.write_text(
+            "".join(
+                json.dumps({"text": text(st), "label": by_name[g]}, ensure_ascii=False) + "\n"
+                for st, g in zip(states, gold)
+            ),
+            encoding="utf-8",
+        )
+        tplan = Plan(model=plan.model, system=system, template="{text}", read=ReadSpec(), save_task=target, quiet=True)
+        trun = TrainRun(str(data), tplan, labels=labels, head=replace(run.head, poolings=("last",)))
+        say(
+            f"mlx-slm: {q.key!r}: {'fine-tuning' if mode == 'lora' else 'a head or a fine-tune'} on {len(states)} states"
+        )
+        if mode == "lora":
+            task, tuned = run_finetune(trun, settings, fused=fused, say=say)
+            table, trained = history_table(tuned), "fine-tuned"
+        else:
+            task, choice, table = run_choose(trun, settings, fused=fused, say=say)
+            trained = "fine-tuned" if task.trained == "fine-tuned adapters" else "learned head"
+    report = {"trained": trained, "n": len(states), "classifier": name}
+    return Method(key=q.key, digest=q.digest, report=report, tuned=name), table

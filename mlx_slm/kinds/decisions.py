@@ -175,7 +175,10 @@ class DecisionPlanner:
 
     def variants(self, q: DecisionQuestion, k: int, method: Method) -> list[tuple[DecisionQuestion, str, Variant]]:
         """Question k as it is asked: each variant's question (its options in the variant's order,
-        its labels the style's), style and `Variant`."""
+        its labels the style's), style and `Variant`; none for a question a tuned classifier
+        answers (its own pass, `Decider.tuned_answers`)."""
+        if method.tuned is not None:
+            return []
         style, n = method.asks(q)
         if self.own is not None:
             style = "letters"  # a model's own template asks its way

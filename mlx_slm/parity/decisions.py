@@ -86,6 +86,8 @@ def run_decision_parity(
     theirs, ref_s = decisions_in_child(src, config.to_record(), reqs) if compared else ([{}] * len(states), 0.0)
     report = compare(questions, compared, skipped, ours, theirs, Sides(model, src, dtype, our_s, ref_s))
     heads = [(q, m.head) for q in questions for m in [trained.for_question(q)[0]] if m.head is not None]
+    tuned = {q.key: m.tuned for q in questions for m in [trained.for_question(q)[0]] if m.tuned is not None}
+    report["tuned"] = {k: f"a classifier of its own: mlx-slm parity --task {path}" for k, path in tuned.items()}
     if heads:
         report = _with_heads(report, replace(plan, methods=trained), engine, states, heads, src, progress)
     return report
@@ -194,7 +196,7 @@ def format_decision_report(r: dict[str, Any]) -> str:
     for key, q in r["per_question"].items():
         dis = ", ".join(map(str, q["disagreements"][:8])) or "-"
         lines.append(f"{key[:24]:<24} {q['type']:<7} {q['options']:>7} {q['max_abs_dprob']:>10.3g}  {dis}")
-    for key, why in r["skipped"].items():
+    for key, why in {**r["skipped"], **{f"{k} (trained)": why for k, why in r.get("tuned", {}).items()}}.items():
         lines.append(f"{key[:24]:<24} not compared: {why}")
     lines += [f"error: {e}" for e in r["reference_errors"][:5]]
     lines.append(

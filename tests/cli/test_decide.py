@@ -196,7 +196,6 @@ def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     [
         (["--labels", "a,b"], "--labels is for a labels task"),
         (["--pooling", "mean"], "--pooling is for a labels task"),
-        (["--finetune", "lora"], "--finetune is for a labels task"),
     ],
 )
 def test_train_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path, args, words):
@@ -254,3 +253,39 @@ def test_export_refuses_a_decisions_task_saying_what_to_do(tiny, q, tmp_path):
     )
     r = run(["export", str(task), "-o", str(tmp_path / "out")])
     assert r.exit_code == 2 and "typed decision questions" in r.output and "serve --task" in r.output
+
+
+@pytest.mark.parametrize("mode", ["lora", "auto"])
+def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_answers_with(tiny, q, tmp_path, mode):
+    """--finetune lora|auto with --decisions: classify's own fine-tune (or choice) per labelled question,
+    the question as its prompt, saved beside the decision task; decide --task answers that question with
+    it (x_method says how it was trained) and the others raw."""
+    gold = _gold(tmp_path, 24)
+    rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = tmp_path / "tuned.json"
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
+             "--save-task", str(task), "--finetune", mode, "--epochs", "1", "--folds", "2", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    (m,) = json.loads(task.read_text())["decisions"]["methods"]
+    assert m["tuned"] == "tuned.team.json" and (tmp_path / "tuned.team.json").is_file()
+    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "I was charged twice"}\n')
+    assert r.exit_code == 0, r.output
+    a = json.loads(r.stdout)["answers"]
+    assert a["team"]["x_method"]["trained"] in ("fine-tuned", "learned head") and "x_method" not in a["urgent"]
+    assert sum(a["team"]["probabilities"].values()) == pytest.approx(1.0)
+    from mlx_slm.classifier.classifier import Classifier
+
+    clf = Classifier.from_task(str(tmp_path / "tuned.team.json"))
+    (p,) = clf.classify(["I was charged twice"])
+    assert [a["team"]["probabilities"][k] for k in ("billing", "technical")] == pytest.approx(
+        [p.probs["billing"], p.probs["technical"]], abs=1e-6
+    )
+
+
+def test_a_fine_tuning_option_without_finetune_is_refused_with_decisions(tiny, q, tmp_path):
+    gold = _gold(tmp_path, 8)
+    r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
+             "--save-task", str(tmp_path / "t.json"), "--lr", "1e-4"])  # fmt: skip
+    assert r.exit_code == 2 and "--lr is a fine-tuning option" in r.output

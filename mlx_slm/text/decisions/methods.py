@@ -15,7 +15,10 @@ over the run 90.0 %. So a question's *method* may change its answer, each step o
   answer to content-free states, several fillers averaged); "fit" (a bias per option and a
   temperature fitted on gold answers, `eval --fit`);
 * ``head``: a head trained on the question's own prompt (`train --decisions`): its answer
-  replaces the letters'.
+  replaces the letters';
+* ``tuned``: a classifier trained for the question (`train --decisions --finetune lora|auto`: the
+  question as its system message, the state as its text; LoRA adapters or a head, classify's
+  own), a task file beside the decision task: its answer replaces the letters' (`tuned_prompt`).
 
 The raw answer (the style's, order-averaged) is kept beside the final one (`x_raw_probabilities`
 on the routes, `raw` in a `DecisionResult`): it stays exact. A saved method is bound to its
@@ -26,6 +29,7 @@ without the fitted method, and the answer says so (`Methods.for_question`'s note
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,7 +39,7 @@ import numpy as np
 from ..calibration import CalibrationError, Calibrator
 from ..heads import Head, HeadError
 from .errors import DecisionError
-from .prompt import STYLES, names
+from .prompt import STYLES, names, names_text, styled
 from .questions import DecisionQuestion
 from .settings import temperature_problem
 
@@ -63,6 +67,7 @@ class Method:
     key: str | None = None
     digest: str | None = None
     report: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    tuned: str | None = None  # a classify task answering the question (its path, once read with the task)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -118,6 +123,8 @@ class Method:
             out["fitted"] = True
         if self.head is not None:
             out["trained"] = "head"
+        if self.tuned is not None:
+            out["trained"] = str(self.report.get("trained", "classifier"))
         if self.key is not None:
             out["fitted_as"] = self.key
         return out
@@ -130,6 +137,8 @@ class Method:
             out["calibrator"] = self.calibrator.to_dict()
         if self.head is not None:
             out["head"] = self.head.to_dict()
+        if self.tuned is not None:
+            out["tuned"] = self.tuned
         if self.report:
             out["report"] = dict(self.report)
         return out
@@ -145,7 +154,11 @@ class Method:
         except (CalibrationError, HeadError) as e:
             raise DecisionError((), f"{where}: {e}") from None
         report = d.get("report") or {}
-        return cls(d.get("style", "letters"), d.get("permute", 1), "none", cal, head, d["key"], d["digest"], report)
+        tuned = d.get("tuned")
+        if tuned is not None and (not isinstance(tuned, str) or not tuned or "/" in tuned or "\\" in tuned):
+            raise DecisionError((), f"{where}: 'tuned' names a task file beside this one, got {tuned!r}")
+        style, permute = d.get("style", "letters"), d.get("permute", 1)
+        return cls(style, permute, "none", cal, head, d["key"], d["digest"], report, tuned)
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,11 @@ class Methods:
                 "descriptions changed): answered without the fitted settings; fit it again to use them"
             )
         return self.default, None
+
+    def beside(self, home: str) -> Methods:
+        """These methods with each tuned classifier's task file found in `home` (the decision task's folder)."""
+        saved = {k: replace(m, tuned=os.path.join(home, m.tuned)) if m.tuned else m for k, m in self.saved.items()}
+        return replace(self, saved=saved)
 
     @property
     def heads(self) -> list[Head]:
@@ -212,6 +230,14 @@ class Methods:
             cal = Calibrator("fit", labels, (0.0,) * len(labels), float(t), 0, {"from": "temperatures"})
             got.append(Method(calibrator=cal, key=key, digest=q.digest))
         return cls.of(got)
+
+
+def tuned_prompt(q: DecisionQuestion) -> tuple[str, tuple[str, ...]]:
+    """A tuned classifier's system message and labels for `q`: the question as the names style asks
+    it (its options listed by name; a noul's Yes/No), and the names it answers with, in `q`'s
+    option order (braces doubled: the message is filled as typed)."""
+    named = styled(q, "names")
+    return names_text(named).replace("{", "{{").replace("}", "}}"), tuple(named.labels)
 
 
 def order_back(p: np.ndarray, order: Sequence[int]) -> np.ndarray:
