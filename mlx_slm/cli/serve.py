@@ -83,7 +83,7 @@ _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
     "served_model_names",
     multiple=True,
     help="Another name the model answers to (repeatable; the first is the name answers report). The decision "
-    "routes also answer to jev-latest and gpt-6-luna, the names their clients send by default.",
+    "and chat routes also answer to jev-latest and gpt-6-luna, the names the decision clients send by default.",
 )
 @click.option(
     "--state-cache",

@@ -1,0 +1,66 @@
+"""Hostile round eight (issue 53), the server's part: every --served-model-name answers every route
+that checks `model` (one list: `RouteContext.model_names`), a blank or padded name is refused as
+`--api-key` is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from mlx_slm.ground.errors import UsageError  # noqa: E402
+from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
+from tests.hostile import LiveServer  # noqa: E402
+
+MSGS = [{"role": "user", "content": "I was charged twice"}]
+NAMES = ("tickets-v1", "tickets-v2")
+
+
+@pytest.fixture(scope="module")
+def live(tiny_qwen_mlx):
+    opts = ServeOptions(max_wait_ms=5, served_model_names=NAMES, max_body_bytes=8192)
+    with LiveServer(Service(classifier_loader(str(tiny_qwen_mlx)), opts)) as srv:
+        yield srv
+
+
+# ----------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("name", [*NAMES, "jev-latest", None])
+def test_every_name_answers_chat_completions_as_the_decision_routes(live, name):
+    body = {"messages": MSGS, "guided_choice": ["yes", "no"], **({"model": name} if name else {})}
+    r = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == NAMES[0]  # the first is the name answers report
+
+
+def test_an_unknown_name_is_the_same_404_on_chat_and_decisions(live):
+    body = {"model": "gpt-4o", "messages": MSGS, "guided_choice": ["yes", "no"]}
+    r = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+    assert "'gpt-4o'" in r.json()["error"]["message"] and repr(NAMES[0]) in r.json()["error"]["message"]
+
+
+def test_the_model_lists_name_every_alias(live):
+    names = [m["name"] for m in httpx.get(live.url + "/v1/models").json()["models"]]
+    assert set(NAMES) <= set(names)
+
+
+@pytest.mark.parametrize("name, says", [("", "blank"), ("   ", "blank"), (" a ", "'a'"), ("a\x00", "control")])
+def test_a_blank_or_padded_name_is_refused_as_api_key_is(name, says):
+    with pytest.raises(UsageError) as e:
+        ServeOptions(served_model_names=("ok", name))
+    assert "--served-model-name" in str(e.value) and says in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["", " a "])
+def test_serve_refuses_the_name_before_loading(tiny_qwen_mlx, name):
+    # a child process: a name taken would serve until killed
+    cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", str(tiny_qwen_mlx), "--port", "0"]
+    r = subprocess.run([*cmd, "--served-model-name", name], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--served-model-name" in r.stderr and "Traceback" not in r.stderr, r.stderr
