@@ -206,14 +206,11 @@ class Task:
             raise TaskError(str(e)) from None
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, an over-long integer, nesting too deep
             raise TaskError(
                 f"task file {path} is not valid JSON ({json_error(e, line=True)}): fix it, "
                 "or save the task again (--save-task)"
             ) from None
-        except (ValueError, RecursionError) as e:
-            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-            raise TaskError(f"task file {path} is not valid JSON ({why}): fix it, or save the task again") from None
         try:  # every string of it UTF-8 text (questions' wordings, descriptions, ...): named by its line
             check_json_text(d, f"task file {path}", text)
         except InputError as e:

@@ -400,14 +400,8 @@ def _jsonl(
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, an over-long integer, nesting too deep
             yield Row(n, None, error=f"line {n}: malformed JSON ({json_error(e)}): fix the line")
-            continue
-        except ValueError as e:  # e.g. an integer of more digits than Python converts
-            yield Row(n, None, error=f"line {n}: malformed JSON ({e}): fix the line")
-            continue
-        except RecursionError:
-            yield Row(n, None, error=f"line {n}: malformed JSON (nested too deeply): fix the line")
             continue
         if not isinstance(obj, dict):
             yield Row(

@@ -6,12 +6,11 @@ checked in their modules (`tei.py`, `vllm.py`)."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ..ground.ranges import RANGES
-from ..ground.textfiles import has_lone_surrogate
+from ..ground.textfiles import has_lone_surrogate, json_error
 from ..service import ServeOptions, TaskSpec
 from ..text.labels import LABEL_NOT_STRING, MIN_LABELS, label_problem
 from ..text.prompts import TRUNCATE_MODES
@@ -30,13 +29,8 @@ def parse_body(raw: bytes) -> Any:
         raise HTTPError(422, "the body is JSON nested too deeply: send a flat JSON object", "body") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HTTPError(422, f"the body is not valid JSON ({str(e)[:200]})", "body") from None
-    except ValueError:  # the one other: an integer of more digits than Python converts
-        raise HTTPError(
-            422,
-            f"the body holds a number too long to read (over {sys.get_int_max_str_digits()} digits): "
-            "send a shorter number, or the value as a string",
-            "body",
-        ) from None
+    except ValueError as e:  # the one other: an integer of more digits than Python converts
+        raise HTTPError(422, f"the body holds {json_error(e)}", "body") from None
 
 
 def validate_request(raw: bytes, opts: ServeOptions) -> tuple[list[Any], list[Any], TaskSpec]:
