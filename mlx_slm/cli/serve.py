@@ -141,6 +141,7 @@ def serve(
 
     warn_blas()
     s = task_settings(ctx, o)
+    plans.check_data_fields(s, (*_CAL_DATA_FIELDS, "pair_field", "pair_column"))  # requests carry their own texts
     plan = plans.resolve(s, notice)
     check_run_files(files_read(s), [])  # the files it reads: there, readable, not links to trouble
 

@@ -141,6 +141,7 @@ def classify(s: ClassifySettings, say: Say) -> int:
         raise UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
+    plans.check_data_fields(s.task, ("gold_field",))  # classify reads no gold but --calibration-data's
     plan = plans.resolve(s.task, say)
     why = next(filter(None, (own.no_resume(plan.calibration) for own in plan.kind.own)), None) if s.resume else None
     if why:

@@ -13,7 +13,7 @@ gives (the CLI's `cli.base.notice`), so nothing here prints.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -258,11 +258,12 @@ def resolve(options: TaskOptions, say: Say) -> Plan:
     if o.questions_file or taken.questions is not None:
         system, template, questions = _read_questions(o, task, taken.questions)
         prompt = _Prompt(system, template, taken.labels, taken.examples, questions)
-        calibration = taken.calibration
+        calibration = CalibrationSpec.of(taken.calibration, warmup=o.warmup)  # batch: a prior per question
     else:
         prompt = _labels_prompt(o, taken, say)
         calibration = CalibrationSpec.of(taken.calibration, warmup=o.warmup)
         _check_calibration_data(o, calibration)
+    _check_warmup(o, calibration)
     return Plan(
         model=o.model_ref(),
         system=prompt.system or None,
@@ -380,6 +381,32 @@ def _check_calibration_data(o: TaskOptions, calibration: CalibrationSpec) -> Non
         raise UsageError(
             f"--calibration-data is fitted by --calibrate fit or em only (here: {calibration.method}): add --calibrate "
             "fit|em, or drop --calibration-data"
+        )
+
+
+def _check_warmup(o: TaskOptions, calibration: CalibrationSpec) -> None:
+    """--warmup is how many items --calibrate batch|em fits each input's prior on: with any other
+    calibration (none, fit, a task's fitted prior) nothing reads it, so it is refused as
+    --calibration-data is, not ignored."""
+    if "warmup" in o.given and not calibration.per_input:
+        what = "the task's fitted prior" if calibration.fitted and "calibrate" not in o.given else calibration.method
+        raise UsageError(
+            f"--warmup sets how many items --calibrate batch or em fits its prior on; this run's calibration "
+            f"({what}) has no warm-up: add --calibrate batch|em, or drop --warmup"
+        )
+
+
+def check_data_fields(o: TaskOptions, fields: Collection[str]) -> None:
+    """The field options that, on the command run, only say where --calibration-data holds its
+    texts and gold labels (`fields`: classify's --gold-field; serve's text, pair and gold fields):
+    without --calibration-data nothing reads them, so they are refused, not ignored."""
+    typed = set(fields) & o.given
+    if typed and not o.calibration_data:
+        names = flag_names(typed)
+        raise UsageError(
+            f"{names} {'names' if len(typed) == 1 else 'name'} where --calibration-data holds its texts and gold "
+            f"labels, and this run has no --calibration-data: drop {names}, or add --calibration-data FILE "
+            "(with --calibrate fit|em)"
         )
 
 

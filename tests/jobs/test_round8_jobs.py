@@ -4,14 +4,22 @@ advice, which no user of a file or an HTTP client can follow)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
 import pytest
 
 from mlx_slm.classifier.task import Task
 from mlx_slm.files.labelfiles import read_label_descriptions
 from mlx_slm.files.readers import read_rows
 from mlx_slm.ground.errors import UserError
+from mlx_slm.jobs.plan import TaskOptions, resolve
+from mlx_slm.text.calibration import Calibrator
 from mlx_slm.text.prompts import read_examples
 from mlx_slm.text.questions import read_questions
+from tests.hostile import invoke, refused_cleanly
 
 HUGE = "9" * 5000
 
@@ -42,3 +50,91 @@ def test_every_json_reader_says_a_number_is_too_long(tmp_path, name, line, read)
     p.write_text(line + "\n")
     said = read(p)
     assert "number too long" in said and "set_int_max_str_digits" not in said, said
+
+
+# ----------------------------------------------------------------------------- options nothing reads
+
+
+def _input(tmp_path):
+    p = tmp_path / "in.jsonl"
+    rows = [{"id": i, "text": f"ticket {i}", "label": ("billing", "tech")[i % 2]} for i in range(4)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+@pytest.mark.parametrize("command", ["classify", "eval"])
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        ((), "(none)"),
+        (("--calibrate", "fit", "--calibration-data", "CAL"), "(fit)"),
+    ],
+)
+def test_warmup_without_a_warm_up_calibration_is_refused(tmp_path, tiny_qwen_mlx, command, extra, says):
+    inp = _input(tmp_path)
+    extra = [str(inp) if x == "CAL" else x for x in extra]
+    r = invoke([command, inp, "--model", tiny_qwen_mlx, "--labels", "billing,tech", "--warmup", "3", *extra, "-q"])
+    refused_cleanly(r, "--warmup", says, "--calibrate batch|em")
+
+
+def test_serve_refuses_warmup_without_a_warm_up_calibration(tiny_qwen_mlx):
+    # a child process: an option taken would serve until killed
+    cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", str(tiny_qwen_mlx), "--port", "0", "--warmup", "3"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--warmup" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_warmup_is_taken_where_a_prior_is_fitted_on_the_input():
+    for calibrate in ("batch", "em"):
+        o = TaskOptions(calibrate=calibrate, warmup=7, given=frozenset({"calibrate", "warmup"}))
+        if calibrate == "em":
+            o = replace(o, calibration_data=__file__, given=o.given | {"calibration_data"})
+        assert resolve(o, print).calibration.warmup == 7
+
+
+def test_warmup_reaches_the_questions_batch_prior(tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"name": "topic", "question": "Which?", "labels": ["a", "b"]}\n')
+    o = TaskOptions(
+        questions_file=str(q), calibrate="batch", warmup=5, given=frozenset({"questions_file", "calibrate", "warmup"})
+    )
+    assert resolve(o, print).calibration.warmup == 5  # was the default 512: --warmup ignored with --questions
+    with pytest.raises(UserError, match="--warmup"):
+        resolve(replace(o, calibrate="none", given=o.given - {"calibrate"}), print)
+
+
+def test_warmup_with_a_task_of_a_fitted_prior_is_refused(tmp_path):
+    t = tmp_path / "t.json"
+    prior = Calibrator("batch", ("billing", "tech"), (-0.5, -0.9))
+    Task(model="m", labels=["billing", "tech"], system="Route.", template="{text}", calibration=prior).save(t)
+    with pytest.raises(UserError, match="the task's fitted prior"):
+        resolve(TaskOptions(task_file=str(t), warmup=5, given=frozenset({"task_file", "warmup"})), print)
+    resolve(
+        TaskOptions(
+            task_file=str(t), calibrate="batch", warmup=5, given=frozenset({"task_file", "calibrate", "warmup"})
+        ),
+        print,
+    )
+
+
+def test_ray_refuses_warmup_without_a_warm_up_calibration(tiny_qwen_mlx):
+    mray = pytest.importorskip("mlx_slm.ray")
+    with pytest.raises(ValueError, match="warmup"):
+        mray.classify_dataset(None, model=str(tiny_qwen_mlx), calibrate="none", warmup=5)
+
+
+@pytest.mark.parametrize("option", ["--gold-field", "--gold-column"])
+def test_classify_refuses_a_gold_field_nothing_reads(tmp_path, tiny_qwen_mlx, option):
+    inp = _input(tmp_path)
+    r = invoke(["classify", inp, "--model", tiny_qwen_mlx, "--labels", "billing,tech", option, "label", "-q"])
+    refused_cleanly(r, "--gold-field", "--calibration-data")
+    ok = invoke(["classify", inp, "--model", tiny_qwen_mlx, "--labels", "billing,tech", "--calibrate", "fit",
+                 "--calibration-data", inp, option, "label", "-q"])  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+
+
+@pytest.mark.parametrize("option", ["--text-field", "--gold-field", "--pair-column"])
+def test_serve_refuses_calibration_data_fields_without_calibration_data(tiny_qwen_mlx, option):
+    cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", str(tiny_qwen_mlx), "--port", "0", option, "x"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and option in r.stderr and "--calibration-data" in r.stderr, r.stderr
