@@ -218,7 +218,9 @@ class Task:
         return replace(cls.from_dict(d, f"task file {path}"), home=str(Path(path).resolve().parent))
 
     def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:
-        """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
+        """The task's prior (or head) was fitted on its weights: refuse to apply it to others.
+        `model`: the name of the model loaded (the one whose `weights_sha256` it is); without it,
+        "the model loaded" (never the task's own `model`, whose weights are the other sha256)."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
             what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
             own = self.section.weights_note() if self.section is not None else None
@@ -230,8 +232,9 @@ class Task:
             elif not self.calibration.fitted:  # type: ignore[union-attr]
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
-                f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
-                f"has {weights_sha256[:12]}...: it does not carry over; {fix}"
+                f"the task's {what} on weights sha256 {self.weights_sha256[:12]}... ({self.model}), but "
+                f"{'the model loaded' + (f' ({model})' if model else '')} has {weights_sha256[:12]}...: "
+                f"it does not carry over; {fix}"
             )
 
 
@@ -394,14 +397,17 @@ def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
     return {"questions": qs, "temperatures": {str(k): float(t) for k, t in temps.items()}, "fit": fit}
 
 
-def decision_temperatures(task: Task | None, weights_sha256: str | None = None) -> dict[str, float] | None:
+def decision_temperatures(
+    task: Task | None, weights_sha256: str | None = None, model: str | None = None
+) -> dict[str, float] | None:
     """The per-question temperatures a `Decider` takes (`calibration=`), keyed by question key, from a
     task saved by `eval --decisions --fit --save-task`; None for a task without them (raw answers).
     With `weights_sha256` (the loaded model's), a task fitted on other weights is refused (a
-    `TaskError` naming both): a temperature fitted for one set of weights means nothing for another."""
+    `TaskError` naming both, and `model`, the name of the model loaded): a temperature fitted for one
+    set of weights means nothing for another."""
     if task is None or not task.decisions or not task.decisions.get("temperatures"):
         return None
-    task.check_weights(weights_sha256)
+    task.check_weights(weights_sha256, model)
     return dict(task.decisions["temperatures"])
 
 

@@ -196,5 +196,5 @@ def serve(
 def task_decisions(plan: Plan, weights_sha256: str | None) -> dict[str, Any]:
     """A task fitted on decisions (eval --decisions --fit --save-task): its per-question temperatures,
     with its questions (a temperature applies to the very question it was fitted for only)."""
-    temps = decision_temperatures(plan.task, weights_sha256)
+    temps = decision_temperatures(plan.task, weights_sha256, plan.model.name if plan.model is not None else None)
     return {"decision_calibration": temps, "decision_questions": plan.task.decisions["questions"] if temps else None}

@@ -106,7 +106,7 @@ def ray_init(address: str | None, say: Say) -> None:
     try:
         mray.init(address)
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
-        raise UserError(f"cannot start or join {where} ({type(e).__name__}: {e})") from None
+        raise UserError(f"cannot start or join {where}: {str(e) or 'Ray gave no reason'}") from None
     finally:
         watchdog.cancel()
 

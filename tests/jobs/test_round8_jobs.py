@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from mlx_slm.classifier.task import Task
+from mlx_slm.classifier.task import Task, decision_temperatures
 from mlx_slm.files.labelfiles import read_label_descriptions
 from mlx_slm.files.readers import read_rows
 from mlx_slm.ground.errors import UserError
@@ -138,3 +138,22 @@ def test_serve_refuses_calibration_data_fields_without_calibration_data(tiny_qwe
     cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", str(tiny_qwen_mlx), "--port", "0", option, "x"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and option in r.stderr and "--calibration-data" in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------- the weights check
+
+
+def test_a_task_from_other_weights_names_the_model_loaded_beside_its_sha256():
+    sec = {"questions": {"spam": {"type": "noul", "instructions": "Spam?"}}, "temperatures": {"spam": 1.5}}
+    t = Task(model="/models/a", labels=(), system=None, template="{text}", weights_sha256="ab" * 32, decisions=sec)
+    with pytest.raises(UserError) as e:  # serve, decide and eval call it without the model's name, or with it
+        decision_temperatures(t, "cd" * 32)
+    said = str(e.value)
+    assert (
+        "/models/a has cdcd" not in said
+        and "abababababab... (/models/a)" in said
+        and "the model loaded has cdcd" in said
+    )
+    with pytest.raises(UserError) as e:
+        decision_temperatures(t, "cd" * 32, "/models/b")
+    assert "the model loaded (/models/b) has cdcdcdcdcdcd" in str(e.value) and "/models/a has" not in str(e.value)

@@ -119,3 +119,32 @@ def test_every_413_names_max_body_bytes_on_every_route(live, how):
 def test_the_embeddings_413_names_the_items_option(live):
     r = httpx.post(live.url + "/v1/embeddings", json={"input": ["a"] * 300}, timeout=30)
     assert r.status_code == 413 and "--max-items-per-request" in r.text, r.text
+
+
+# ----------------------------------------------------------------------------- no class names
+
+
+def test_a_load_refused_for_the_users_reason_shows_no_class_name():
+    from mlx_slm.kinds.base import TaskError
+
+    def load():
+        raise TaskError("the task's prior was fitted on weights sha256 abab..., but the model loaded has cdcd...")
+
+    service = Service(load, ServeOptions())
+    service._main()  # the worker's start: the load fails, the worker returns
+    assert service.load_error.startswith("the task's prior") and "TaskError" not in service.load_error
+
+
+def test_serve_with_a_task_of_other_weights_says_so_without_a_class_name(tmp_path, tiny_qwen_mlx):
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.text.calibration import Calibrator
+
+    t = tmp_path / "t.json"
+    prior = Calibrator("fit", ("billing", "tech"), (-0.5, -0.9), n=10)
+    Task(model=str(tiny_qwen_mlx), labels=["billing", "tech"], system="Route.", template="{text}",
+         calibration=prior, weights_sha256="ab" * 32).save(t)  # fmt: skip
+    cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--task", str(t), "--port", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2 and "does not carry over" in r.stderr, r.stderr
+    assert "TaskError" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert f"the model loaded ({tiny_qwen_mlx}) has" in r.stderr, r.stderr
