@@ -157,3 +157,35 @@ def test_a_task_from_other_weights_names_the_model_loaded_beside_its_sha256():
     with pytest.raises(UserError) as e:
         decision_temperatures(t, "cd" * 32, "/models/b")
     assert "the model loaded (/models/b) has cdcdcdcdcdcd" in str(e.value) and "/models/a has" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- eval --predictions
+
+
+def _gold_and_predictions(tmp_path, preds):
+    g, p = tmp_path / "gold.jsonl", tmp_path / "preds.jsonl"
+    g.write_text('{"id": 1, "text": "a", "label": "billing"}\n{"id": 2, "text": "b", "label": "tech"}\n')
+    p.write_text("".join(json.dumps(x) + "\n" for x in preds))
+    return g, p
+
+
+def test_an_unknown_predicted_label_counts_wrong_and_is_named(tmp_path):
+    g, p = _gold_and_predictions(
+        tmp_path,
+        [{"id": 1, "label": "sales", "probs": {"sales": 0.9, "billing": 0.1}},
+         {"id": 2, "label": "tech", "probs": {"tech": 0.8, "billing": 0.2}}],
+    )  # fmt: skip
+    out = tmp_path / "rep.json"
+    r = invoke(["eval", g, "--predictions", p, "--labels", "billing,tech", "--json", out])
+    assert r.exit_code == 0, r.output
+    assert "accuracy 50.00 %" in r.output and "not among the labels, counted wrong: 'sales' (1)" in r.output
+    rep = json.loads(out.read_text())
+    assert rep["accuracy"] == 0.5 and rep["unknown_labels"] == {"sales": 1} and "sales" in rep["labels"]
+
+
+def test_a_label_without_probabilities_is_named_by_its_line(tmp_path):
+    g, p = _gold_and_predictions(
+        tmp_path, [{"id": 1, "label": "billing", "probs": {"billing": 1.0}}, {"id": 2, "label": "tech"}]
+    )
+    r = invoke(["eval", g, "--predictions", p, "--labels", "billing,tech"])
+    refused_cleanly(r, "line 2", "'tech'", "probs")
