@@ -148,3 +148,23 @@ def test_serve_with_a_task_of_other_weights_says_so_without_a_class_name(tmp_pat
     assert r.returncode == 2 and "does not carry over" in r.stderr, r.stderr
     assert "TaskError" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert f"the model loaded ({tiny_qwen_mlx}) has" in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------- System One's 422
+
+
+def test_a_question_named_body_keeps_its_place_in_the_422():
+    from mlx_slm.server.systemone import validation_error
+    from mlx_slm.text.decisions import DecisionError
+
+    e = validation_error(DecisionError(("body", "questions", "body", "type"), "type must be noul", "value_error"))
+    assert e.status == 422 and e.field == "questions.body.type"  # was "questions.type": the id dropped
+    assert e.details == [(("questions", "body", "type"), "type must be noul", "value_error")]
+    assert validation_error(DecisionError(("body",), "a JSON object", "type_error")).field == "body"
+
+
+def test_the_systemone_route_names_a_question_called_body(live):
+    body = {"model": NAMES[0], "state": "hi", "questions": {"body": {"type": "bogus", "instructions": "?"}}}
+    r = httpx.post(live.url + "/v1/systemone", json=body, timeout=60)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"][:3] == ["body", "questions", "body"], r.text
