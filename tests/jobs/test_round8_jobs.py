@@ -13,7 +13,7 @@ import pytest
 
 from mlx_slm.classifier.task import Task, decision_temperatures
 from mlx_slm.files.labelfiles import read_label_descriptions
-from mlx_slm.files.readers import read_rows
+from mlx_slm.files.readers import STATE_OPTIONS, TEXT_OPTIONS, ReadSpec, read_rows
 from mlx_slm.ground.errors import UserError
 from mlx_slm.jobs.plan import TaskOptions, resolve
 from mlx_slm.text.calibration import Calibrator
@@ -189,3 +189,41 @@ def test_a_label_without_probabilities_is_named_by_its_line(tmp_path):
     )
     r = invoke(["eval", g, "--predictions", p, "--labels", "billing,tech"])
     refused_cleanly(r, "line 2", "'tech'", "probs")
+
+
+# ----------------------------------------------------------------------------- the option a reader names
+
+
+def test_decide_names_its_own_option_for_a_csv_without_a_state_column(tmp_path, tiny_qwen_mlx):
+    inp, q = tmp_path / "s.csv", tmp_path / "q.json"
+    inp.write_text("id,body\n1,hello\n")
+    q.write_text('{"spam": {"type": "noul", "instructions": "Spam?"}}')
+    r = invoke(["decide", inp, "--questions", q, "--model", tiny_qwen_mlx, "-q"])
+    refused_cleanly(r, "--state-column")
+    assert "--text-column" not in r.output
+
+
+@pytest.mark.parametrize(
+    "states, options", [((), TEXT_OPTIONS), (("state", "text"), STATE_OPTIONS), (("text",), TEXT_OPTIONS)]
+)
+def test_every_reader_names_the_commands_own_option(tmp_path, states, options):
+    """decide's states (--state-field/--state-column), eval --decisions' (its --text-field/--text-column)
+    and every other command's texts: each format's missing text names the option of the command run."""
+    spec = ReadSpec(text_field=(states or ("text",))[0], states=states, text_options=options)
+    csv, jsonl = tmp_path / "in.csv", tmp_path / "in.jsonl"
+    csv.write_text("id,body\n1,hello\n")
+    jsonl.write_text('{"id": 1, "body": "hello"}\n')
+    with pytest.raises(UserError) as e:
+        list(read_rows(str(csv), spec))
+    assert options[1] in str(e.value) and ({*TEXT_OPTIONS, *STATE_OPTIONS} - {options[1]}).isdisjoint(
+        str(e.value).split()
+    )
+    row = next(iter(read_rows(str(jsonl), spec)))
+    assert options[0] in row.error and (STATE_OPTIONS if options == TEXT_OPTIONS else TEXT_OPTIONS)[0] not in row.error
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1], "body": ["hello"]}), tmp_path / "in.parquet")
+    with pytest.raises(UserError) as e:
+        list(read_rows(str(tmp_path / "in.parquet"), spec))
+    assert f"use {options[0]}" in str(e.value)
