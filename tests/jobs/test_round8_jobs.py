@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from mlx_slm.classifier.task import Task, decision_temperatures
@@ -227,3 +228,40 @@ def test_every_reader_names_the_commands_own_option(tmp_path, states, options):
     with pytest.raises(UserError) as e:
         list(read_rows(str(tmp_path / "in.parquet"), spec))
     assert f"use {options[0]}" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- little data
+
+
+def test_lda_with_one_example_a_label_or_a_feature_constant_within_labels():
+    """The shared covariance is singular there: the least-squares solve scikit-learn's lsqr solver uses
+    answers (a feature that varies within no label weighs nothing), where `solve` raised LinAlgError."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    from mlx_slm.text.heads import fit_linear
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(2, 16)), np.array([0, 1])  # one example a label: every feature constant within it
+    mean, scale, coef, intercept = fit_linear(x, y, 2, "lda")
+    assert np.isfinite(coef).all() and np.isfinite(intercept).all()
+    y = np.repeat([0, 1, 2], 4)
+    x = rng.normal(size=(12, 8))
+    x[:, 3] = y * 2.0  # constant within every label
+    mean, scale, coef, intercept = fit_linear(x, y, 3, "lda")
+    z = (x - mean) / scale
+    sk = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto").fit(z, y)
+    np.testing.assert_allclose(coef, sk.coef_, atol=1e-8)
+    np.testing.assert_allclose(intercept, sk.intercept_, atol=1e-8)
+
+
+def test_train_on_four_rows_with_two_folds(tmp_path, tiny_qwen_mlx):
+    data = tmp_path / "t.jsonl"
+    rows = [
+        ("refund please", "billing"),
+        ("charged twice", "billing"),
+        ("app crashes", "tech"),
+        ("login error", "tech"),
+    ]
+    data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in rows))
+    r = invoke(["train", data, "--model", tiny_qwen_mlx, "--folds", "2", "--save-task", tmp_path / "task.json", "-q"])
+    assert r.exit_code == 0 and (tmp_path / "task.json").exists(), (r.exit_code, r.output, r.exception)
