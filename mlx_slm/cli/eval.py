@@ -107,6 +107,7 @@ def evaluate(
     if ctx.get_parameter_source("gold_fields") == click.core.ParameterSource.COMMANDLINE:
         settings = type(settings)(**{**settings.__dict__, "given": settings.given | {"gold_field"}})
     inputs = files_read(settings, ("INPUT", input), ("--predictions", predictions))  # every file the run reads
+    plans.check_format_fields(settings, (input, settings.calibration_data))  # a field option no file has
     check_run_files(inputs, [("--json", json_path), ("--save-task", settings.save_task)])  # before any is read
     if predictions:
         _refuse_run_options(settings.given)

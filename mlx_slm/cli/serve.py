@@ -141,7 +141,7 @@ def serve(
 
     warn_blas()
     s = task_settings(ctx, o)
-    plans.check_data_fields(s, (*_CAL_DATA_FIELDS, "pair_field", "pair_column"))  # requests carry their own texts
+    _refuse_unread_fields(s)
     plan = plans.resolve(s, notice)
     check_run_files(files_read(s), [])  # the files it reads: there, readable, not links to trouble
 
@@ -191,6 +191,13 @@ def serve(
     if not s.quiet:
         notice("mlx-slm: server stopped")
     sys.exit(code)
+
+
+def _refuse_unread_fields(s: Any) -> None:
+    """Serve reads no input but --calibration-data (requests carry their own texts): its field
+    options without it, or for a format it does not have, are refused, not ignored."""
+    plans.check_data_fields(s, (*_CAL_DATA_FIELDS, "pair_field", "pair_column"))
+    plans.check_format_fields(s, (s.calibration_data,))
 
 
 def task_decisions(plan: Plan, weights_sha256: str | None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from ..files.readers import ReadSpec
 from ..jobs.choose import run_choose
 from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.out_of_scope import NoneRule
-from ..jobs.plan import CommandLabels, read_labels
+from ..jobs.plan import CommandLabels, check_format_fields, read_labels
 from ..jobs.train import HeadOptions, TrainRun, run_train, run_train_fields
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
 from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
@@ -317,6 +317,7 @@ def _train_run(
     "none of these". `untyped`: the (system, template) a run takes where none was typed, if
     not the command's defaults (several heads take the questions')."""
     o, settings = g.o, task_settings(ctx, g.o)
+    check_format_fields(settings, (data, g.none.data))  # a field option DATA's format has not
     system, template = o["system"] or None, o["template"]
     if untyped is not None:
         system = (system if "system" in settings.given else None) or untyped[0]

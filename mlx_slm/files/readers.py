@@ -309,7 +309,7 @@ def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
     try:
         stream: Iterator[bytes] = iter(raw)
         if fmt is None:
-            if ext in _KNOWN_EXT:
+            if ext in KNOWN_EXTENSIONS:
                 fmt = guess_format(path, b"", text_column)
             else:
                 head, stream = _peek_lines(stream, text_column)
@@ -326,7 +326,7 @@ def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
             raw.close()
 
 
-_KNOWN_EXT = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text", ".parquet")
+KNOWN_EXTENSIONS = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text", ".parquet")
 
 
 def _peek_lines(stream: Iterator[bytes], text_column: str) -> tuple[list[tuple[int, str]], Iterator[bytes]]:

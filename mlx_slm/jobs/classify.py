@@ -142,6 +142,7 @@ def classify(s: ClassifySettings, say: Say) -> int:
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
     plans.check_data_fields(s.task, ("gold_field",))  # classify reads no gold but --calibration-data's
+    plans.check_format_fields(s.task, (s.input, s.task.calibration_data))
     plan = plans.resolve(s.task, say)
     why = next(filter(None, (own.no_resume(plan.calibration) for own in plan.kind.own)), None) if s.resume else None
     if why:

@@ -13,15 +13,16 @@ gives (the CLI's `cli.base.notice`), so nothing here prints.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ..classifier.classifier import Classifier
 from ..classifier.pipeline import DEFAULT_BATCH_SIZE
 from ..classifier.plan import Plan
 from ..classifier.task import Task
-from ..files.readers import ReadSpec, gold_problem, read_label_descriptions, read_rows
+from ..files.readers import KNOWN_EXTENSIONS, ReadSpec, gold_problem, guess_format, read_label_descriptions, read_rows
 from ..ground.errors import ModelError, UsageError
 from ..ground.ranges import check_all
 from ..kinds import FineTunedSettings, KindArgs, arguments
@@ -408,6 +409,40 @@ def check_data_fields(o: TaskOptions, fields: Collection[str]) -> None:
             f"labels, and this run has no --calibration-data: drop {names}, or add --calibration-data FILE "
             "(with --calibrate fit|em)"
         )
+
+
+# The field options each format reads: JSONL and Parquet name fields, CSV/TSV columns, text neither.
+_FORMAT_FIELDS = {
+    "text_field": ("jsonl", "parquet"),
+    "id_field": ("jsonl", "parquet"),
+    "text_column": ("csv",),
+    "id_column": ("csv",),
+}
+_FORMAT_NAMES = {"jsonl": "JSONL", "csv": "CSV/TSV", "parquet": "Parquet", "text": "plain text"}
+
+
+def check_format_fields(o: TaskOptions, paths: Sequence[str | None]) -> None:
+    """A field option typed for a format that no file of the run has (`paths`: the files read
+    with these options, INPUT and --calibration-data): --text-column on JSONL reads nothing, as
+    --text-field on a CSV does, so it is refused naming the option that does, not ignored. A file
+    whose format shows only in its bytes (stdin, an unknown extension) is not judged."""
+    typed = sorted(set(_FORMAT_FIELDS) & o.given)
+    if not typed:
+        return
+    fmts = set()
+    for p in filter(None, paths):
+        ext = "" if p == "-" else Path(p).suffix.lower()
+        if not o.fmt and ext not in KNOWN_EXTENSIONS:
+            return
+        fmts.add(o.fmt or guess_format(p))
+    for name in typed:
+        if fmts & set(_FORMAT_FIELDS[name]):
+            continue
+        flag, what = flag_names({name}), "a CSV/TSV column" if name.endswith("column") else "a JSONL/Parquet field"
+        other = name.replace("_column", "_field") if name.endswith("column") else name.replace("_field", "_column")
+        fix = "drop it" if fmts == {"text"} else f"use {flag_names({other})}, or drop {flag}"
+        said = " and ".join(_FORMAT_NAMES[f] for f in sorted(fmts))
+        raise UsageError(f"{flag} names {what}, and this run reads {said} only: {fix}")
 
 
 def _read_questions(o: TaskOptions, task: Task | None, asked: Any) -> tuple[str | None, str, Any]:

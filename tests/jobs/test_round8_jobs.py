@@ -265,3 +265,47 @@ def test_train_on_four_rows_with_two_folds(tmp_path, tiny_qwen_mlx):
     data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in rows))
     r = invoke(["train", data, "--model", tiny_qwen_mlx, "--folds", "2", "--save-task", tmp_path / "task.json", "-q"])
     assert r.exit_code == 0 and (tmp_path / "task.json").exists(), (r.exit_code, r.output, r.exception)
+
+
+@pytest.mark.parametrize(
+    "command, suffix, option, says",
+    [
+        ("classify", ".jsonl", "--id-column", "use --id-field"),
+        ("classify", ".jsonl", "--text-column", "use --text-field"),
+        ("classify", ".csv", "--text-field", "use --text-column"),
+        ("classify", ".txt", "--id-field", "plain text only: drop it"),
+        ("eval", ".jsonl", "--id-column", "use --id-field"),
+        ("train", ".jsonl", "--text-column", "use --text-field"),
+    ],
+)
+def test_a_field_option_no_input_format_reads_is_refused(tmp_path, tiny_qwen_mlx, command, suffix, option, says):
+    inp = tmp_path / f"in{suffix}"
+    rows = [
+        ("refund please", "billing"),
+        ("charged twice", "billing"),
+        ("app crashes", "tech"),
+        ("login error", "tech"),
+    ]
+    if suffix == ".jsonl":
+        inp.write_text(
+            "".join(json.dumps({"id": i, "text": t, "label": lab}) + "\n" for i, (t, lab) in enumerate(rows))
+        )
+    elif suffix == ".csv":
+        inp.write_text("id,text,label\n" + "".join(f"{i},{t},{lab}\n" for i, (t, lab) in enumerate(rows)))
+    else:
+        inp.write_text("".join(t + "\n" for t, _ in rows))
+    extra = ["--save-task", tmp_path / "t.json"] if command == "train" else ["--labels", "billing,tech"]
+    r = invoke([command, inp, "--model", tiny_qwen_mlx, option, "x", *extra, "-q"])
+    refused_cleanly(r, option, says)
+
+
+def test_field_options_of_either_file_are_taken(tmp_path, tiny_qwen_mlx):
+    """--text-column reads the CSV INPUT while --calibration-data is JSONL: taken (each file its own)."""
+    inp, cal = tmp_path / "in.csv", tmp_path / "cal.jsonl"
+    inp.write_text("id,body\n1,refund please\n2,app crashes\n")
+    cal.write_text(
+        "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in [("a", "billing"), ("b", "tech")] * 2)
+    )
+    r = invoke(["classify", inp, "--model", tiny_qwen_mlx, "--labels", "billing,tech", "--text-column", "body",
+                "--calibrate", "fit", "--calibration-data", cal, "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
