@@ -284,6 +284,11 @@ def classify_dataset(
         spec = t.calibration  # the task's own base, re-estimated on this input
     if spec.method == "em" and spec.needs_data:
         raise ValueError("calibrate='em' needs a base: a task saved with --calibrate em, or a fitted Calibrator")
+    if run_options.get("warmup") is not None and not spec.per_input:  # as the CLI's --warmup (`jobs.plan`)
+        raise ValueError(
+            f"warmup is how many rows calibrate='batch' or 'em' fits its prior on; this run's calibration "
+            f"({'a fitted prior' if spec.fitted else spec.method}) has no warm-up: pass calibrate='batch', or drop warmup"
+        )
     spec = CalibrationSpec.of(spec, warmup=warmup)
     opts = worker_options(concurrency, threads_per_worker)
 

@@ -213,14 +213,11 @@ class Task:
             raise TaskError(str(e)) from None
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, an over-long integer, nesting too deep
             raise TaskError(
                 f"task file {path} is not valid JSON ({json_error(e, line=True)}): fix it, "
                 "or save the task again (--save-task)"
             ) from None
-        except (ValueError, RecursionError) as e:
-            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-            raise TaskError(f"task file {path} is not valid JSON ({why}): fix it, or save the task again") from None
         try:  # every string of it UTF-8 text (questions' wordings, descriptions, ...): named by its line
             check_json_text(d, f"task file {path}", text)
         except InputError as e:
@@ -228,7 +225,9 @@ class Task:
         return replace(cls.from_dict(d, f"task file {path}"), home=str(Path(path).resolve().parent))
 
     def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:
-        """The task's prior (or head) was fitted on its weights: refuse to apply it to others."""
+        """The task's prior (or head) was fitted on its weights: refuse to apply it to others.
+        `model`: the name of the model loaded (the one whose `weights_sha256` it is); without it,
+        "the model loaded" (never the task's own `model`, whose weights are the other sha256)."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
             what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
             own = self.section.weights_note() if self.section is not None else None
@@ -240,8 +239,9 @@ class Task:
             elif not self.calibration.fitted:  # type: ignore[union-attr]
                 what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
             raise TaskError(
-                f"the task's {what} on weights sha256 {self.weights_sha256[:12]}..., but {model or self.model} "
-                f"has {weights_sha256[:12]}...: it does not carry over; {fix}"
+                f"the task's {what} on weights sha256 {self.weights_sha256[:12]}... ({self.model}), but "
+                f"{'the model loaded' + (f' ({model})' if model else '')} has {weights_sha256[:12]}...: "
+                f"it does not carry over; {fix}"
             )
 
 

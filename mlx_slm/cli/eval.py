@@ -124,8 +124,7 @@ def evaluate(
     Docs: docs/labels.md
     """
     how = {"fit": fit, **{k: o.pop(k) for k in ("fit_prior", "style", "permute")}}
-    _decisions_only(ctx, decisions_file is not None or fit or how["fit_prior"])
-    if decisions_file is not None or fit or how["fit_prior"]:
+    if _decisions_only(ctx, decisions_file is not None or fit or how["fit_prior"]):
         _evaluate_decisions(ctx, (input, decisions_file, predictions), how, (json_path, plots), gold_fields, o)
         return
 
@@ -134,6 +133,7 @@ def evaluate(
     if ctx.get_parameter_source("gold_fields") == click.core.ParameterSource.COMMANDLINE:
         settings = type(settings)(**{**settings.__dict__, "given": settings.given | {"gold_field"}})
     inputs = files_read(settings, ("INPUT", input), ("--predictions", predictions))  # every file the run reads
+    plans.check_format_fields(settings, (input, settings.calibration_data))  # a field option no file has
     check_run_files(inputs, [("--json", json_path), ("--save-task", settings.save_task)])  # before any is read
     if predictions:
         _refuse_run_options(settings.given)
@@ -161,7 +161,7 @@ def evaluate(
         labels, preds = _predict(plan, rows)
     none = _none_label(plan.task)
     rep, errors = _report(rows, preds, labels, plan.read.gold_field, input, report, none)
-    click.echo(format_report(rep))
+    click.echo(format_report(rep) + format_unknown(rep))
     if "out_of_scope" in rep:
         click.echo("\n" + format_oos(rep["out_of_scope"], none))
     if errors:
@@ -178,11 +178,13 @@ def evaluate(
             ) from None
 
 
-def _decisions_only(ctx: click.Context, decisions: bool) -> None:
-    """--style and --permute ask typed decisions: without --decisions they would change nothing."""
+def _decisions_only(ctx: click.Context, decisions: bool) -> bool:
+    """Whether the run scores typed decisions; --style and --permute ask them, so without
+    --decisions they would change nothing: refused."""
     asked = [n for n in ("style", "permute") if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
     if asked and not decisions:
         raise click.UsageError(f"--{asked[0]} asks typed decisions: it goes with --decisions Q.json")
+    return decisions
 
 
 # The task options `eval --decisions` takes (the others describe a labels task: refused there).
@@ -361,12 +363,31 @@ def _report(
             f"{input}: no row has both a text and a gold label among {scored}; first problem: "
             f"{errors[0] if errors else 'the input is empty'}"
         )
-    rep = report(gold, pred_labels, conf, scored)
+    # A prediction that is none of the labels (a --predictions file of another label set) is wrong, as
+    # any other wrong answer: its label is one more column (support 0), and the report names it.
+    unknown = {
+        lab: pred_labels.count(lab) for lab in dict.fromkeys(pred_labels) if lab is not None and lab not in scored
+    }
+    rep = report(gold, pred_labels, conf, [*scored, *unknown])
     rep["errors"] = len(errors)
+    if unknown:
+        rep["unknown_labels"] = unknown
     if none is not None:
         rep["none_label"] = none
         rep["out_of_scope"] = oos_figures(every[1], every[0], none)
     return rep, errors
+
+
+def format_unknown(rep: dict[str, Any]) -> str:
+    """The report's line on predicted labels that are none of the labels (counted wrong), or ""."""
+    unknown = rep.get("unknown_labels") or {}
+    if not unknown:
+        return ""
+    said = ", ".join(f"{lab!r} ({n})" for lab, n in unknown.items())
+    return (
+        f"\n{sum(unknown.values())} prediction(s) are not among the labels, counted wrong: {said}; "
+        "check that the predictions were made with these labels"
+    )
 
 
 def format_oos(f: dict[str, Any], none: str) -> str:
@@ -458,7 +479,7 @@ def _evaluate_questions(
             ]
         rep, errors = _report(q_rows, answers, list(q.labels), fld, input, report)
         out[name] = rep
-        click.echo(f"== {name} ({q.type.name}, gold field {fld!r})\n" + format_report(rep))
+        click.echo(f"== {name} ({q.type.name}, gold field {fld!r})\n" + format_report(rep) + format_unknown(rep))
         if errors:
             click.echo(f"{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
         click.echo("")

@@ -83,7 +83,7 @@ _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
     "served_model_names",
     multiple=True,
     help="Another name the model answers to (repeatable; the first is the name answers report). The decision "
-    "routes also answer to jev-latest and gpt-6-luna, the names their clients send by default.",
+    "and chat routes also answer to jev-latest and gpt-6-luna, the names the decision clients send by default.",
 )
 @method_options("decision-", priors=("none", "contextual"))
 @click.option(
@@ -143,7 +143,7 @@ def serve(
     warn_blas()
     method = (o.pop("decision_style"), o.pop("decision_permute"), o.pop("decision_calibrate"), state_cache)
     s = task_settings(ctx, o)
-    plan = plans.resolve(s, notice)
+    plan = plans.resolve(_refuse_unread_fields(s), notice)
     check_run_files(files_read(s), [])  # the files it reads: there, readable, not links to trouble
     decisions = _decision_plan(plan, s.task_file, method)
 
@@ -210,3 +210,11 @@ def _decision_plan(plan: Any, task_file: str | None, method: tuple[str, int, str
         given=frozenset({"model"}),
     )
     return plans.resolve_decisions(opts, need_questions=False, batch_ok=False)
+
+
+def _refuse_unread_fields(s: Any) -> Any:
+    """Serve reads no input but --calibration-data (requests carry their own texts): its field
+    options without it, or for a format it does not have, are refused, not ignored. `s`, checked."""
+    plans.check_data_fields(s, (*_CAL_DATA_FIELDS, "pair_field", "pair_column"))
+    plans.check_format_fields(s, (s.calibration_data,))
+    return s

@@ -15,7 +15,7 @@ from ..jobs.choose import run_choose
 from ..jobs.decide import STATE_FIELDS
 from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.out_of_scope import NoneRule
-from ..jobs.plan import CommandLabels, DecisionOptions, flag_names, read_labels, resolve_decisions
+from ..jobs.plan import CommandLabels, DecisionOptions, check_format_fields, flag_names, read_labels, resolve_decisions
 from ..jobs.train import HeadOptions, TrainRun, run_train, run_train_fields
 from ..jobs.train_decisions import DecisionTrainRun, run_train_decisions
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
@@ -383,6 +383,7 @@ def _train_run(
     "none of these". `untyped`: the (system, template) a run takes where none was typed, if
     not the command's defaults (several heads take the questions')."""
     o, settings = g.o, task_settings(ctx, g.o)
+    check_format_fields(settings, (data, g.none.data))  # a field option DATA's format has not
     system, template = o["system"] or None, o["template"]
     if untyped is not None:
         system = (system if "system" in settings.given else None) or untyped[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from ..ground.textfiles import InputError, check_json_text, read_text_file
+from ..ground.textfiles import InputError, check_json_text, json_error, read_text_file
 
 
 def read_labels_file(path: str) -> list[str]:
@@ -33,8 +33,8 @@ def read_label_descriptions(path: str) -> dict[str, str]:
         if first.startswith("{"):
             try:
                 obj = json.loads(line)
-            except (ValueError, RecursionError):
-                raise InputError(f"{what} {path} line {n}: malformed JSON: fix the line") from None
+            except (ValueError, RecursionError) as e:
+                raise InputError(f"{what} {path} line {n}: malformed JSON ({json_error(e)}): fix the line") from None
             check_json_text(obj, f"{what} {path}", line, n)
             if (
                 not isinstance(obj, dict)

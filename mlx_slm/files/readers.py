@@ -209,6 +209,12 @@ def _open_binary(path: str | None) -> IO[bytes]:
         raise InputError(open_problem(str(path), e, "the input")) from None
 
 
+# The options that name the text's field and column, as the command run calls them: most commands'
+# (--text-field, --text-column), and decide's, whose texts are states (`ReadSpec.text_options`).
+TEXT_OPTIONS = ("--text-field", "--text-column")
+STATE_OPTIONS = ("--state-field", "--state-column")
+
+
 @dataclass(frozen=True)
 class ReadSpec:
     """How a command reads its inputs, resolved once from its options (`--format`, the text, id
@@ -220,7 +226,8 @@ class ReadSpec:
     named) a Parquet column in the schema and a JSONL row's field in the row (else its error row);
     `for_input` resolves both for one input from `pair_field`/`pair_column` and `pair_typed`.
     `id_required`: an id column named on the command line must exist. `states` (`decide`): a
-    JSONL/Parquet row's text is the first of these fields it has, any JSON value but null."""
+    JSONL/Parquet row's text is the first of these fields it has, any JSON value but null.
+    `text_options`: the command's options for the text's field and column, which its messages name."""
 
     fmt: str | None = None
     text_field: str = "text"
@@ -236,6 +243,7 @@ class ReadSpec:
     pair_column: str | None = None  # CSV/TSV: the column of a second text (none unless named)
     pair_typed: frozenset[str] = frozenset()  # which of pair_field, pair_column were typed
     gold_field: str = "label"  # the gold label's field a command reads (eval, --calibration-data)
+    text_options: tuple[str, str] = TEXT_OPTIONS  # decide: STATE_OPTIONS
 
     def with_gold(self, gold: Gold = None) -> ReadSpec:
         """This spec reading the gold field(s) too (none given: `gold_field`)."""
@@ -277,7 +285,15 @@ def read_rows(path: str | None, spec: ReadSpec | str | None = None, *old: Any, *
 
 def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
     fmt, text_column = spec.fmt, spec.text_column
-    fields = (spec.text_field, spec.id_field, spec.gold, spec.pair, spec.pair_required, spec.states)
+    fields = (
+        spec.text_field,
+        spec.id_field,
+        spec.gold,
+        spec.pair,
+        spec.pair_required,
+        spec.states,
+        spec.text_options[0],
+    )
     if fmt is not None and fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
     stdin = path in (None, "-")
@@ -293,7 +309,7 @@ def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
     try:
         stream: Iterator[bytes] = iter(raw)
         if fmt is None:
-            if ext in _KNOWN_EXT:
+            if ext in KNOWN_EXTENSIONS:
                 fmt = guess_format(path, b"", text_column)
             else:
                 head, stream = _peek_lines(stream, text_column)
@@ -310,7 +326,7 @@ def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
             raw.close()
 
 
-_KNOWN_EXT = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text", ".parquet")
+KNOWN_EXTENSIONS = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text", ".parquet")
 
 
 def _peek_lines(stream: Iterator[bytes], text_column: str) -> tuple[list[tuple[int, str]], Iterator[bytes]]:
@@ -386,6 +402,7 @@ def _jsonl(
     pair: str | None = None,
     pair_required: bool = False,
     states: tuple[str, ...] = (),
+    option: str = TEXT_OPTIONS[0],
 ) -> Iterator[Row]:
     for n, line, detail in _lines(raw):
         if line is None:
@@ -400,14 +417,8 @@ def _jsonl(
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, an over-long integer, nesting too deep
             yield Row(n, None, error=f"line {n}: malformed JSON ({json_error(e)}): fix the line")
-            continue
-        except ValueError as e:  # e.g. an integer of more digits than Python converts
-            yield Row(n, None, error=f"line {n}: malformed JSON ({e}): fix the line")
-            continue
-        except RecursionError:
-            yield Row(n, None, error=f"line {n}: malformed JSON (nested too deeply): fix the line")
             continue
         if not isinstance(obj, dict):
             yield Row(
@@ -417,7 +428,7 @@ def _jsonl(
             )
             continue
         field = next((f for f in states if f in obj), states[0]) if states else text_field  # decide: state, else text
-        yield _record_row(n, obj, field, id_field, gold, pair, pair_required, bool(states))
+        yield _record_row(n, obj, field, id_field, gold, pair, pair_required, bool(states), option)
 
 
 def _parquet(
@@ -428,6 +439,7 @@ def _parquet(
     pair: str | None = None,
     pair_required: bool = False,
     states: tuple[str, ...] = (),
+    option: str = TEXT_OPTIONS[0],
 ) -> Iterator[Row]:
     """Parquet rows (the fields as in JSONL; "line" is the 1-based row number), streamed."""
     try:
@@ -442,7 +454,7 @@ def _parquet(
     if states:
         text_field = next((f for f in states if f in names), states[0])
     if text_field not in names:
-        raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use --text-field")
+        raise InputError(f"{path} has no column {text_field!r} (it has {', '.join(names)}): use {option}")
     if pair and pair_required and pair not in names:
         raise InputError(f"{path} has no column {pair!r} (it has {', '.join(names)}): fix --pair-field")
     golds = (gold,) if isinstance(gold, str) else (gold or ())
@@ -457,14 +469,14 @@ def _parquet(
             records = None if batch is None else batch.to_pylist()
         except Exception as e:  # noqa: BLE001 - OSError, ArrowInvalid, ArrowException, ...
             raise InputError(
-                f"{path}: rows from row {n + 1} on cannot be read ({type(e).__name__}: {e}): "
+                f"{path}: rows from row {n + 1} on cannot be read ({str(e) or 'pyarrow gave no reason'}): "
                 "the Parquet file is damaged; write it again"
             ) from None
         if records is None:
             return
         for obj in records:
             n += 1
-            yield _record_row(n, obj, text_field, id_field, gold, pair, any_value=bool(states))
+            yield _record_row(n, obj, text_field, id_field, gold, pair, any_value=bool(states), option=option)
 
 
 def _pair_problem(n: int, v: Any, name: str) -> str | None:
@@ -485,9 +497,11 @@ def _record_row(
     pair: str | None = None,
     pair_required: bool = False,
     any_value: bool = False,
+    option: str = TEXT_OPTIONS[0],
 ) -> Row:
     """One record (a JSON object, a Parquet row) checked: its Row, or its error row (also when
-    `pair_required` and a JSON object has no `pair` field); `any_value`: any JSON value but null."""
+    `pair_required` and a JSON object has no `pair` field); `any_value`: any JSON value but null;
+    `option`: the command's option naming the text's field."""
     explicit = id_field in obj
     rid: Any = obj[id_field] if explicit else n
     if explicit:
@@ -515,11 +529,7 @@ def _record_row(
             )
     if text_field not in obj:
         fields = ", ".join(map(repr, obj)) or "none"
-        fix = (
-            "give the row its state, or name its field with --state-field"
-            if any_value
-            else "use --text-field to name it"
-        )
+        fix = f"give the row its state, or name its field with {option}" if any_value else f"use {option} to name it"
         why = f"line {n}: missing field {text_field!r} (fields present: {fields}); {fix}"
         return Row(n, rid, error=why, explicit_id=explicit)
     t = obj[text_field]
@@ -672,7 +682,7 @@ def _csv(raw: Iterable[bytes], spec: ReadSpec, delimiter: str | None = ",") -> I
     if head.fields is None:
         raise InputError(f"malformed CSV header: {head.error}")
     header = head.fields
-    ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, spec.id_required)
+    ti, ii, gi = _csv_columns(header, delimiter, text_column, id_column, gold, spec.id_required, spec.text_options[1])
     if pair and pair not in header:
         raise InputError(
             f"CSV header has no column {pair!r} (columns: {', '.join(map(repr, header))}): fix --pair-column"
@@ -696,16 +706,24 @@ def _csv(raw: Iterable[bytes], spec: ReadSpec, delimiter: str | None = ",") -> I
 
 
 def _csv_columns(
-    header: list[str], delimiter: str, text_column: str, id_column: str | None, gold: Gold, id_required: bool
+    header: list[str],
+    delimiter: str,
+    text_column: str,
+    id_column: str | None,
+    gold: Gold,
+    id_required: bool,
+    option: str = TEXT_OPTIONS[1],
 ) -> tuple[int, int | None, dict[str, int]]:
     """The text, id and gold columns' indices in a CSV header (id and gold None when absent);
-    a header that cannot be read this way is an `InputError` naming the fix."""
+    a header that cannot be read this way is an `InputError` naming the fix (`option`: the
+    command's option naming the text's column)."""
     if any(has_lone_surrogate(c) for c in header):
         raise InputError(_utf8_error(1) + " (in the CSV header)")
     if text_column not in header:
         raise InputError(
             f"CSV header has no column {text_column!r} (columns: {', '.join(map(repr, header)) or 'none'}, "
-            f"read as {'tab' if delimiter == chr(9) else 'comma'}-separated); use --text-column"
+            f"read as {'tab' if delimiter == chr(9) else 'comma'}-separated); use {option}"
+            + (" (decide reads a 'state' column, else 'text')" if option == STATE_OPTIONS[1] else "")
         )
     for col in (text_column, id_column):
         if col and header.count(col) > 1:

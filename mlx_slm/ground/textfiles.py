@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 from .errors import UserError
 
@@ -113,8 +114,18 @@ def read_text_file(path: str, what: str) -> str:
         ) from None
 
 
-def json_error(e: json.JSONDecodeError, line: bool = False) -> str:
-    """A JSON parse error and where it is: "Expecting value at column 3". Some of the json
-    module's messages end in "at" ("Unterminated string starting at"): no "at at" then."""
-    where = f"line {e.lineno}, column {e.colno}" if line else f"column {e.colno}"
-    return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
+def json_error(e: BaseException, line: bool = False) -> str:
+    """What `json.loads` refused, in words for a person, and where: "Expecting value at column 3"
+    (some of the json module's messages end in "at": no "at at" then); the other faults it raises:
+    text that is not UTF-8, nesting too deep, or an integer of more digits than Python converts
+    (said as a number too long, not as Python's advice to call `sys.set_int_max_str_digits`)."""
+    if isinstance(e, json.JSONDecodeError):
+        where = f"line {e.lineno}, column {e.colno}" if line else f"column {e.colno}"
+        return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 (byte 0x{e.object[e.start]:02x} at byte {e.start})"
+    return (
+        f"a number too long to read (over {sys.get_int_max_str_digits()} digits): shorten it, or write it as a string"
+    )

@@ -106,7 +106,7 @@ def ray_init(address: str | None, say: Say) -> None:
     try:
         mray.init(address)
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
-        raise UserError(f"cannot start or join {where} ({type(e).__name__}: {e})") from None
+        raise UserError(f"cannot start or join {where}: {str(e) or 'Ray gave no reason'}") from None
     finally:
         watchdog.cancel()
 
@@ -141,6 +141,8 @@ def classify(s: ClassifySettings, say: Say) -> int:
         raise UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
     if dist.shard is not None and s.input == "-":
         raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
+    plans.check_data_fields(s.task, ("gold_field",))  # classify reads no gold but --calibration-data's
+    plans.check_format_fields(s.task, (s.input, s.task.calibration_data))
     plan = plans.resolve(s.task, say)
     why = next(filter(None, (own.no_resume(plan.calibration) for own in plan.kind.own)), None) if s.resume else None
     if why:

@@ -56,7 +56,7 @@ from ..files.output import (
     write_manifest,
 )
 from ..files.output import output_format as output_format_of
-from ..files.readers import ReadSpec, Row, read_rows
+from ..files.readers import STATE_OPTIONS, ReadSpec, Row, read_rows
 from ..files.sharding import check_shard_count, shard_range, shard_settings
 from ..ground.errors import UsageError, UserError
 from ..ground.textfiles import InputError
@@ -229,15 +229,15 @@ class DecideJob:
         loads (a CSV without the state column fails here)."""
         s = self.s
         states = (s.state_field,) if s.state_field else STATE_FIELDS
-        column = s.state_column or "state"
+        column, opts = s.state_column or "state", {"states": states, "text_options": STATE_OPTIONS}
         try:
-            it = read_rows(s.input, ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, states=states))
+            it = read_rows(s.input, ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, **opts))
             first = next(it, None)
         except InputError:
             if s.state_column is not None or s.input == "-":
                 raise
             column = "text"  # a CSV whose header names no state column: its text column is the state
-            it = read_rows(s.input, ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, states=states))
+            it = read_rows(s.input, ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, **opts))
             first = next(it, None)
         self.fields = [states[0], s.id_field, column, s.id_column]
         every = itertools.chain([first] if first is not None else [], it)

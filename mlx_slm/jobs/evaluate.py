@@ -240,6 +240,11 @@ def _prediction(rid: Any, label: Any, probs: Any, error: Any, where: str, n: int
             raise EvaluationError(
                 f"{where}: line {n}, field 'probs', label {k!r}: {v!r} is not a probability (a number from 0 to 1): {fix}"
             )
+    if label is not None and not probs and error is None:  # a confidence is what ECE and coverage read
+        raise EvaluationError(
+            f"{where}: line {n}: the label {label!r} comes without its probabilities (field 'probs', or the "
+            f"p_<label> columns): {fix}"
+        )
     return {"id": rid, "label": label, "probs": {k: float(v) for k, v in probs.items()}, "error": error}
 
 

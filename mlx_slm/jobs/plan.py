@@ -13,8 +13,9 @@ gives (the CLI's `cli.base.notice`), so nothing here prints.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ..classifier.classifier import Classifier
@@ -24,7 +25,7 @@ from ..classifier.pipeline import DEFAULT_BATCH_SIZE
 from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..engine.state_cache import STATE_CACHE
-from ..files.readers import ReadSpec, gold_problem, read_label_descriptions, read_rows
+from ..files.readers import KNOWN_EXTENSIONS, ReadSpec, gold_problem, guess_format, read_label_descriptions, read_rows
 from ..ground.errors import ModelError, UsageError
 from ..ground.ranges import check_all
 from ..kinds import FineTunedSettings, KindArgs, arguments
@@ -265,11 +266,12 @@ def resolve(options: TaskOptions, say: Say) -> Plan:
     if o.questions_file or taken.questions is not None:
         system, template, questions = _read_questions(o, task, taken.questions)
         prompt = _Prompt(system, template, taken.labels, taken.examples, questions)
-        calibration = taken.calibration
+        calibration = CalibrationSpec.of(taken.calibration, warmup=o.warmup)  # batch: a prior per question
     else:
         prompt = _labels_prompt(o, taken, say)
         calibration = CalibrationSpec.of(taken.calibration, warmup=o.warmup)
         _check_calibration_data(o, calibration)
+    _check_warmup(o, calibration)
     return Plan(
         model=o.model_ref(),
         system=prompt.system or None,
@@ -388,6 +390,66 @@ def _check_calibration_data(o: TaskOptions, calibration: CalibrationSpec) -> Non
             f"--calibration-data is fitted by --calibrate fit or em only (here: {calibration.method}): add --calibrate "
             "fit|em, or drop --calibration-data"
         )
+
+
+def _check_warmup(o: TaskOptions, calibration: CalibrationSpec) -> None:
+    """--warmup is how many items --calibrate batch|em fits each input's prior on: with any other
+    calibration (none, fit, a task's fitted prior) nothing reads it, so it is refused as
+    --calibration-data is, not ignored."""
+    if "warmup" in o.given and not calibration.per_input:
+        what = "the task's fitted prior" if calibration.fitted and "calibrate" not in o.given else calibration.method
+        raise UsageError(
+            f"--warmup sets how many items --calibrate batch or em fits its prior on; this run's calibration "
+            f"({what}) has no warm-up: add --calibrate batch|em, or drop --warmup"
+        )
+
+
+def check_data_fields(o: TaskOptions, fields: Collection[str]) -> None:
+    """The field options that, on the command run, only say where --calibration-data holds its
+    texts and gold labels (`fields`: classify's --gold-field; serve's text, pair and gold fields):
+    without --calibration-data nothing reads them, so they are refused, not ignored."""
+    typed = set(fields) & o.given
+    if typed and not o.calibration_data:
+        names = flag_names(typed)
+        raise UsageError(
+            f"{names} {'names' if len(typed) == 1 else 'name'} where --calibration-data holds its texts and gold "
+            f"labels, and this run has no --calibration-data: drop {names}, or add --calibration-data FILE "
+            "(with --calibrate fit|em)"
+        )
+
+
+# The field options each format reads: JSONL and Parquet name fields, CSV/TSV columns, text neither.
+_FORMAT_FIELDS = {
+    "text_field": ("jsonl", "parquet"),
+    "id_field": ("jsonl", "parquet"),
+    "text_column": ("csv",),
+    "id_column": ("csv",),
+}
+_FORMAT_NAMES = {"jsonl": "JSONL", "csv": "CSV/TSV", "parquet": "Parquet", "text": "plain text"}
+
+
+def check_format_fields(o: TaskOptions, paths: Sequence[str | None]) -> None:
+    """A field option typed for a format that no file of the run has (`paths`: the files read
+    with these options, INPUT and --calibration-data): --text-column on JSONL reads nothing, as
+    --text-field on a CSV does, so it is refused naming the option that does, not ignored. A file
+    whose format shows only in its bytes (stdin, an unknown extension) is not judged."""
+    typed = sorted(set(_FORMAT_FIELDS) & o.given)
+    if not typed:
+        return
+    fmts = set()
+    for p in filter(None, paths):
+        ext = "" if p == "-" else Path(p).suffix.lower()
+        if not o.fmt and ext not in KNOWN_EXTENSIONS:
+            return
+        fmts.add(o.fmt or guess_format(p))
+    for name in typed:
+        if fmts & set(_FORMAT_FIELDS[name]):
+            continue
+        flag, what = flag_names({name}), "a CSV/TSV column" if name.endswith("column") else "a JSONL/Parquet field"
+        other = name.replace("_column", "_field") if name.endswith("column") else name.replace("_field", "_column")
+        fix = "drop it" if fmts == {"text"} else f"use {flag_names({other})}, or drop {flag}"
+        said = " and ".join(_FORMAT_NAMES[f] for f in sorted(fmts))
+        raise UsageError(f"{flag} names {what}, and this run reads {said} only: {fix}")
 
 
 def _read_questions(o: TaskOptions, task: Task | None, asked: Any) -> tuple[str | None, str, Any]:

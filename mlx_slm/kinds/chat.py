@@ -65,7 +65,7 @@ class ChatPrompts:
                 try:
                     prompts = [render_messages(tok, conv.messages(p)) for p in (None, *probes)]
                 except Exception as e:  # noqa: BLE001 - the template is the model's program: what it raises on these messages is the request's answer
-                    it.error = f"the model's chat template refused the messages ({type(e).__name__}: {e})"
+                    it.error = f"the model's chat template refused the messages ({str(e) or 'it gave no reason'})"
                     continue
                 ids, *heads = tokenize(tok, prompts)
                 it.ids, it.prefix = ids, tuple(common_prefix(heads)) if heads else ()

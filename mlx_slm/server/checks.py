@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..ground.ranges import RANGES
-from ..ground.textfiles import has_lone_surrogate
+from ..ground.textfiles import has_lone_surrogate, json_error
 from ..service import ServeOptions, TaskSpec
 from ..text.labels import LABEL_NOT_STRING, MIN_LABELS, label_problem
 from ..text.prompts import TRUNCATE_MODES
-from .encoding import decode_body
+from .encoding import BODY_FIX, decode_body
 from .errors import HTTPError
 
 REQUEST_FIELDS = ("text", "texts", "ids", "labels", "system", "template", "truncate", "min_confidence")
@@ -27,8 +27,10 @@ def parse_body(raw: bytes) -> Any:
         return json.loads(raw)
     except RecursionError:
         raise HTTPError(422, "the body is JSON nested too deeply: send a flat JSON object", "body") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HTTPError(422, f"the body is not valid JSON ({str(e)[:200]})", "body") from None
+    except ValueError as e:  # the one other: an integer of more digits than Python converts
+        raise HTTPError(422, f"the body holds {json_error(e)}", "body") from None
 
 
 def validate_request(raw: bytes, opts: ServeOptions) -> tuple[list[Any], list[Any], TaskSpec]:
@@ -267,7 +269,7 @@ async def read_body(request: Any, limit: int) -> bytes:
     (zstd, gzip, deflate: `encoding.decode_body`), else a 413."""
     n = request.headers.get("content-length")
     if n is not None and n.isdigit() and int(n) > limit:
-        raise HTTPError(413, f"the body is {n} bytes, over the limit of {limit}", "body")
+        raise HTTPError(413, f"the body is {n} bytes, over the limit of {limit}: {BODY_FIX}", "body")
     from starlette.requests import ClientDisconnect  # lazy: starlette is the serve extra's
 
     chunks, size = [], 0
@@ -275,7 +277,7 @@ async def read_body(request: Any, limit: int) -> bytes:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise HTTPError(413, f"the body is over the limit of {limit} bytes", "body")
+                raise HTTPError(413, f"the body is over the limit of {limit} bytes: {BODY_FIX}", "body")
             chunks.append(chunk)
     except ClientDisconnect:  # the client left mid-upload: counted, nothing logged, nobody to answer
         raise HTTPError(499, "the client closed the connection while sending the body", outcome="client_gone") from None

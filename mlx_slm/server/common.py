@@ -180,22 +180,25 @@ class RouteContext:
         builds the front `Decider` (it takes the front engine's lock and tokenizes)."""
         return await asyncio.get_running_loop().run_in_executor(None, self.service.tasks.decision_config)
 
-    def check_model(self, model: str, also: str) -> None:
-        """One model per server, under any of its names (`model_names`); another: 404 naming them
-        (`also`: the name that route's client sends by default)."""
+    def check_model(self, model: str, also: str = "") -> None:
+        """One model per server, under any of its names (`model_names`, the one list every route
+        that checks `model` answers to); another: 404 naming them (`also`: the name that route's
+        client sends by default)."""
         names = self.model_names()
         if model not in names:
             raise HTTPError(
                 404,
-                f"the model {model!r} is not served here: ask for {names[0]!r} (or {also}; GET /v1/models lists "
-                "every name)",
+                f"the model {model!r} is not served here: ask for {names[0]!r} ("
+                + (f"or {also}; " if also else "")
+                + "GET /v1/models lists every name)",
                 "model",
                 outcome="invalid",
                 code="not_found_error",
             )
 
     def model_names(self) -> list[str]:
-        """Every name the decision routes answer to: the served name, each --served-model-name, the
+        """Every name the routes that check `model` answer to (the decision routes, chat
+        completions): the served name, each --served-model-name, the
         model's path, and the names the clients send by default (System One's `jev-latest` and
         `jev-preview`, OpenAI's `gpt-6-luna`): one model per server, so they are all this one."""
         ld = self.service.loaded

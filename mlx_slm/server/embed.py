@@ -27,7 +27,7 @@ import numpy as np
 from ..classifier.embedder import EmbeddingError, finish
 from ..ground.textfiles import has_lone_surrogate
 from ..service import Invalid, ServeOptions
-from .checks import check_name
+from .checks import check_count, check_name
 from .common import RouteContext
 from .errors import HTTPError, Style, json_response
 
@@ -59,12 +59,7 @@ def check_inputs(value: Any, fld: str, opts: ServeOptions, status: int) -> tuple
         items, names = value, [f"{fld}[{i}]" for i in range(len(value))]
     else:
         raise bad(status, f"'{fld}' must be a string or a list of strings (or of token ids)", fld)
-    if len(items) > opts.max_items_per_request:
-        raise bad(
-            413,
-            f"'{fld}' has {len(items)} items, over the limit of {opts.max_items_per_request} per request: split it",
-            fld,
-        )
+    check_count(len(items), fld, opts)  # 413 naming the limit that applied (the option that sets it)
     token_ids = not isinstance(items[0], str)
     for name, x in zip(names, items):
         if token_ids and not isinstance(x, list):

@@ -16,6 +16,9 @@ from collections.abc import Callable
 
 from .errors import HTTPError
 
+# What every 413 over the body limit says, as sent (`checks.read_body`) or decoded (`decode_body`).
+BODY_FIX = "send less, or raise --max-body-bytes"
+
 ENCODINGS = ("zstd", "gzip", "x-gzip", "deflate", "identity")
 
 
@@ -120,8 +123,7 @@ def decode_body(raw: bytes, content_encoding: str | None, limit: int) -> bytes:
         if len(raw) > limit:
             raise HTTPError(
                 413,
-                f"the body decodes ({coding}) to more than the limit of {limit} bytes: send less, or raise "
-                "--max-body-bytes",
+                f"the body decodes ({coding}) to more than the limit of {limit} bytes: {BODY_FIX}",
                 "body",
             )
     return raw

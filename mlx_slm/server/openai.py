@@ -62,19 +62,10 @@ class OpenAIRoutes:
         return json_response(self.completion(req, ans))
 
     def _check_model(self, model: str | None) -> None:
-        """vLLM's rule: no model is the served one; another name is a 404 naming the served one."""
-        name = self.ctx.served_name()
-        ld = self.ctx.service.loaded
-        path = str(ld.clf.path) if ld is not None and ld.clf.path else None
-        if model is None or model in (name, path):
-            return
-        raise HTTPError(
-            404,
-            f"the model {model!r} does not exist: this server serves {name!r} (GET /v1/models lists it); "
-            "ask for it by that name",
-            "model",
-            outcome="invalid",
-        )
+        """vLLM's rule: no model is the served one; another is one of the names every route that
+        checks `model` answers to (`RouteContext.check_model`), else a 404 naming the served one."""
+        if model is not None:
+            self.ctx.check_model(model)
 
     def completion(self, req: ChatRequest, ans: Answer) -> dict[str, Any]:
         """OpenAI's ChatCompletion for the request's one answer."""

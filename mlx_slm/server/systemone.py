@@ -39,9 +39,12 @@ SYSTEMONE_PATHS = ("/v1/systemone",)
 def validation_error(e: DecisionError) -> HTTPError:
     """A `DecisionError` (or several) as System One's 422, each naming its place in the body."""
     errs = list(e.errors) if isinstance(e, DecisionErrors) else [e]
-    loc = tuple(x for x in errs[0].loc if x != "body")
-    details = [(tuple(x for i, x in enumerate(d.loc) if not (i == 0 and x == "body")), d.msg, d.type) for d in errs]
-    return HTTPError(422, errs[0].msg, ".".join(map(str, loc)) or "body", outcome="invalid", details=details)
+
+    def after_body(loc: tuple[Any, ...]) -> tuple[Any, ...]:  # the leading "body" only: a question may be named body
+        return loc[1:] if loc[:1] == ("body",) else loc
+
+    details = [(after_body(d.loc), d.msg, d.type) for d in errs]
+    return HTTPError(422, errs[0].msg, ".".join(map(str, details[0][0])) or "body", outcome="invalid", details=details)
 
 
 def _no_images(fld: str) -> HTTPError:

@@ -47,6 +47,7 @@ class ServeOptions:
         check_waits(self.max_wait_ms, self.request_timeout_s)
         if self.api_key is not None:
             self.api_key = check_api_key(self.api_key)
+        self.served_model_names = tuple(check_served_name(n) for n in self.served_model_names)
 
 
 def check_api_key(key: Any) -> str:
@@ -64,6 +65,28 @@ def check_api_key(key: Any) -> str:
     if has_lone_surrogate(key) or any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise UsageError("--api-key holds control characters or bytes that are not UTF-8: give a key of visible text")
     return key
+
+
+def check_served_name(name: Any) -> str:
+    """A --served-model-name a client can send: not blank (a request's `model` of "" would be
+    this model), no spaces around it (" a " is not the `a` a client types), no control characters,
+    and UTF-8 text; refused as `--api-key` is, before anything starts."""
+
+    if not isinstance(name, str) or not name.strip():
+        raise UsageError(
+            f"--served-model-name {name!r} is blank: no client would ask for it; give a name of visible "
+            "characters (or leave the option out to serve under the model's own name)"
+        )
+    if name != name.strip():
+        raise UsageError(
+            f"--served-model-name {name!r} has spaces around it, which a client's `model` would not: "
+            f"give {name.strip()!r}"
+        )
+    if has_lone_surrogate(name) or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise UsageError(
+            "--served-model-name holds control characters or bytes that are not UTF-8: give a name of visible text"
+        )
+    return name
 
 
 @dataclass

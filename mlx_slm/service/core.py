@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..classifier.pipeline import item_cost, prefix_hit
+from ..ground.errors import UserError
 from .api import Answer, Call, Loaded, ServeOptions, TaskSpec
 from .errors import ClientGone, Draining, Failed, Invalid, NotReady, TimedOut
 from .keys import DECIDE_KEY, TaskKey
@@ -88,7 +89,8 @@ class Service:
         try:
             self._load()
         except BaseException as e:  # noqa: BLE001 - reported on /health and by the CLI
-            self.load_error = f"{type(e).__name__}: {e}"
+            # a user's error is its message (no class name: the CLI and /health show it as it is)
+            self.load_error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
             if self.on_fatal is not None:
                 self.on_fatal(self.load_error)
             return

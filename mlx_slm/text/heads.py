@@ -296,8 +296,9 @@ def fit_linear(
 def _lda(z: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Shrinkage LDA on standardised z, as scikit-learn's (solver "lsqr", shrinkage "auto")
     computes it, in one pass: the shared covariance is the prior-weighted mean of each
-    label's covariance shrunk by its own Ledoit-Wolf amount a_c toward its diagonal,
-    sum_c p_c ((1 - a_c) S_c + a_c diag(S_c)); coef = means @ inv(cov), intercept =
+    label's covariance shrunk by its own Ledoit-Wolf amount a_c toward mu_c I in standardised
+    units, sum_c p_c ((1 - a_c) S_c + a_c mu_c D_c^2), D_c the label's standard deviations (1 where
+    one is 0) and mu_c the share of features that vary in it; coef = means @ inv(cov), intercept =
     -means.coef/2 + log prior. (With ~10 examples a label, each a_c is large: the strong
     shrinkage that few examples need. scikit-learn builds every label's F x F matrix; the
     weighted sum below builds one.)"""
@@ -316,13 +317,27 @@ def _lda(z: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     for c in range(k):
         rows = zc[y == c]
         var = (rows**2).mean(axis=0)  # diag(S_c)
-        sd = np.sqrt(np.where(var > 0, var, 1.0))
-        a = float(ledoit_wolf_shrinkage(rows / sd, assume_centered=True)) if len(rows) > 1 else 1.0
+        sd2 = np.where(var > 0, var, 1.0)  # scikit-learn's StandardScaler: a scale of 1 where var is 0
+        a = float(ledoit_wolf_shrinkage(rows / np.sqrt(sd2), assume_centered=True)) if len(rows) > 1 else 1.0
         w[y == c] = prior[c] * (1 - a) / len(rows)
-        diag += prior[c] * a * var
+        # Ledoit-Wolf's target is mu I in standardised units, mu the mean standardised variance: 1 for
+        # a feature that varies in the label, 0 for one that does not (then mu < 1, and the target
+        # still gives that feature a * mu, in its unit scale)
+        diag += prior[c] * a * float(np.mean(var > 0)) * sd2
     cov = zc.T @ (zc * w[:, None])
     cov[np.diag_indices_from(cov)] += diag
-    coef = np.linalg.solve(cov, means.T).T  # (k, F); cov is positive definite (a_c > 0 or S_c full rank)
+    # cov is positive definite only where every feature varies within some label: with one example a
+    # label (a fold of --folds on little data) or a feature constant within every label it is
+    # singular, and the least-squares solve scikit-learn's "lsqr" solver itself uses answers (the
+    # least-norm coef: such a feature weighs nothing), where `solve` would raise.
+    try:
+        coef = np.linalg.solve(cov, means.T).T  # (k, F)
+    except np.linalg.LinAlgError:
+        coef = None
+    if coef is None or not np.isfinite(coef).all():
+        from scipy import linalg  # lazy: scikit-learn's own dependency, loaded with it
+
+        coef = linalg.lstsq(cov, means.T)[0].T
     intercept = -0.5 * np.einsum("kf,kf->k", means, coef) + np.log(prior)
     return coef, intercept
 

@@ -398,11 +398,8 @@ def read_examples(path: str, labels: Sequence[str]) -> tuple[tuple[str, str], ..
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, an over-long integer, nesting too deep
             raise PromptError(f"--examples {path} line {n}: malformed JSON ({json_error(e)}): fix the line") from None
-        except (ValueError, RecursionError) as e:  # an over-long integer, nesting too deep
-            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-            raise PromptError(f"--examples {path} line {n}: malformed JSON ({why}): fix the line") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not isinstance(obj.get("label"), str):
             raise PromptError(
                 f'--examples {path} line {n}: an example is a JSON object with string fields "text" and "label", '

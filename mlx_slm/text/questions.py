@@ -36,7 +36,7 @@ import numpy as np
 
 from ..ground.errors import UserError
 from ..ground.ranges import RANGES
-from ..ground.textfiles import InputError, check_json_text, read_text_file
+from ..ground.textfiles import InputError, check_json_text, json_error, read_text_file
 from .heads import Head, HeadError
 from .labels import LabelError, softmax, validate
 
@@ -409,7 +409,9 @@ def read_questions(path: str) -> tuple[Question, ...]:
         try:
             items = json.loads(text)
         except (ValueError, RecursionError) as e:
-            raise QuestionError(f"--questions {path}: not valid JSON ({e}): fix the file") from None
+            raise QuestionError(
+                f"--questions {path}: not valid JSON ({json_error(e, line=True)}): fix the file"
+            ) from None
         objs = [(f"--questions {path} entry {i}", x) for i, x in enumerate(items, 1)]
     else:
         for n, line in enumerate(text.split("\n"), 1):
@@ -419,7 +421,9 @@ def read_questions(path: str) -> tuple[Question, ...]:
                 objs.append((f"--questions {path} line {n}", json.loads(line)))
                 lines.append(n)
             except (ValueError, RecursionError) as e:
-                raise QuestionError(f"--questions {path} line {n}: malformed JSON ({e}): fix the line") from None
+                raise QuestionError(
+                    f"--questions {path} line {n}: malformed JSON ({json_error(e)}): fix the line"
+                ) from None
     if not objs:
         raise QuestionError(f"--questions {path} holds no questions: one JSON object a line, or a JSON list")
     try:  # a lone surrogate escape in a question's wording or labels: the file's line, not a bug later

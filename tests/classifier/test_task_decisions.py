@@ -55,7 +55,9 @@ def test_other_weights_refused():
         path, weights_sha256 = None, "cd" * 32
 
     plan = DecisionPlan(ModelRef("tiny"), task=_task(), methods=task_methods(_task(), DecisionConfig()))
-    with pytest.raises(TaskError, match="decision questions were fitted on weights sha256 abab.* tiny has cdcd"):
+    with pytest.raises(
+        TaskError, match=r"decision questions were fitted on weights sha256 abab.*the model loaded \(tiny\) has cdcd"
+    ):
         plan.loaded(Engine())
 
 
