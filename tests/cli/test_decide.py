@@ -289,3 +289,23 @@ def test_a_fine_tuning_option_without_finetune_is_refused_with_decisions(tiny, q
     r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
              "--save-task", str(tmp_path / "t.json"), "--lr", "1e-4"])  # fmt: skip
     assert r.exit_code == 2 and "--lr is a fine-tuning option" in r.output
+
+
+def test_eval_predictions_of_other_questions_names_the_question_and_option(tiny, q, tmp_path):
+    """A decide output of other questions scored with --predictions: the question and the option it
+    lacks are named, with the fix (issue 53: `KeyError: 'sales'`)."""
+    gold = _gold(tmp_path, 6)
+    out = tmp_path / "answers.jsonl"
+    assert (
+        run(
+            ["decide", str(gold), "--questions", str(q), "--model", tiny, "-o", str(out), "-q", "--on-error", "skip"]
+        ).exit_code
+        == 0
+    )
+    other = tmp_path / "other.json"
+    other.write_text(
+        json.dumps({**QUESTIONS, "team": {**QUESTIONS["team"], "criteria": {"billing": None, "sales": None}}})
+    )
+    r = run(["eval", str(gold), "--decisions", str(other), "--gold-field", "team", "--predictions", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "question 'team' has no answer for 'sales'" in r.output and "KeyError" not in r.output
