@@ -292,7 +292,7 @@ class Decider:
             if m.prior == "contextual" and p is not None:  # a saved method's prior is "none": it keeps its own
                 prior = self.contextual_prior(q, m)
             probs.append(None if p is None else m.answer(p, prior))
-            rec = m.record(prior)
+            rec = m.record(prior, q)
             applied.append({**rec, "note": note} if note else rec)
         return replace(result, probabilities=tuple(probs), applied=tuple(applied))
 

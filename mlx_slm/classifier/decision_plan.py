@@ -120,5 +120,5 @@ def asked(questions: Sequence[DecisionQuestion], methods: Methods) -> list[dict[
     out = []
     for q in questions:
         m, note = methods.for_question(q)
-        out.append({"key": q.key, **m.record(), **({"note": note} if note else {})})
+        out.append({"key": q.key, **m.record(q=q), **({"note": note} if note else {})})
     return out

@@ -50,6 +50,7 @@ ORDER = (
     "Calibration",
     "Calibration data",
     "Batching",
+    "Answers",
     "Scale-out",
     "Head",
     "Fine-tuning",

@@ -85,7 +85,7 @@ _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
     help="Another name the model answers to (repeatable; the first is the name answers report). The decision "
     "and chat routes also answer to jev-latest and gpt-6-luna, the names the decision clients send by default.",
 )
-@method_options("decision-", priors=("none", "contextual"))
+@method_options("decision-")
 @click.option(
     "--state-cache",
     default=STATE_CACHE,

@@ -217,7 +217,9 @@ def _report(
                     say(f"mlx-slm: wrote {p}")
             fitted = out[q.key].get("fit")
             if fitted is not None:
-                saved.append(fitted.pop("method"))
+                method = fitted.pop("method")
+                if fitted["kept"]:  # a fit no better than the raw answers is not saved: the question stays raw
+                    saved.append(method)
         elif s.fit_prior:
             saved.append(_prior_method(q, i, ok, runs[main], s.warmup))
     if s.json_path:
@@ -320,7 +322,7 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
         }[name]
         lines.append(
             f"{what:<18} {100 * f['accuracy']:8.2f} % {f['macro_f1']:8.4f} {f['ece']:7.4f} {f['brier']:7.4f}"
-            f" {f['log_loss']:9.4f}"
+            f" {max(0.0, f['log_loss']):9.4f}"
         )
     fit = rep.get("fit")
     if fit is not None:
@@ -328,7 +330,10 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
             cv = "n/a" if w["cv_accuracy"] is None else f"{100 * w['cv_accuracy']:.2f} %"
             lines.append(f"fit {w['style']}, {w['permute']} order(s): cross-validated accuracy {cv}")
         ch = fit["chosen"]
-        lines.append(f"fit: chose {ch['style']}, {ch['permute']} order(s); temperature {fit['temperature']:.4f}")
+        lines.append(
+            f"fit: chose {ch['style']}, {ch['permute']} order(s); temperature {fit['temperature']:.4f}"
+            + ("" if fit["kept"] else " (not kept)")
+        )
         if fit.get("note"):
             lines.append(f"fit: {fit['note']}")
     if rep.get("left_out"):

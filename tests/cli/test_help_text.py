@@ -51,3 +51,15 @@ def test_every_recorded_help_is_a_command() -> None:
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     for p in commands():
         golden(p).write_text(help_text(p), encoding="utf-8")
+
+
+@pytest.mark.parametrize("path", commands(), ids=lambda p: " ".join(p) or "mlx-slm")
+def test_every_option_is_in_its_commands_help(path):
+    """An option in a section the help does not print would be there and unseen (decide's Answers
+    options once were): every option's first flag shows."""
+    cmd = main
+    for name in path:
+        cmd = cmd.commands[name]  # type: ignore[attr-defined]
+    text = help_text(path)
+    missing = [p.opts[0] for p in cmd.params if isinstance(p, click.Option) and not p.hidden and p.opts[0] not in text]
+    assert not missing, missing

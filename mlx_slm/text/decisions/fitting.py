@@ -102,10 +102,20 @@ class Fitted:
     calibrator: Calibrator
     table: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None
+    raw_accuracy: float | None = None  # the plain way's raw answers, unfitted (no fit: an honest figure as it is)
+
+    @property
+    def beats_raw(self) -> bool:
+        """Whether the fit's cross-validated accuracy is above the raw answers' (a fit that is not is
+        not kept: the question stays raw, and the report says so)."""
+        cv = self.calibrator.info.get("cv_accuracy_calibrated")
+        return self.raw_accuracy is None or cv is None or cv > self.raw_accuracy
 
     def report(self) -> dict[str, Any]:
         return {
             "chosen": {"style": self.style, "permute": self.permute},
+            "raw_accuracy": self.raw_accuracy,
+            "kept": self.beats_raw,
             "cv_accuracy": self.calibrator.info.get("cv_accuracy_calibrated"),
             "cv_log_loss": self.calibrator.info.get("cv_logloss_calibrated"),
             "temperature": self.calibrator.temperature,
@@ -170,7 +180,13 @@ def fit_question(
         note = next(c.info.get("cv_note") for c in fits.values() if c.info.get("cv_note")) + (
             f": the ways could not be compared; kept {best[0]}, {best[1]} order(s)" if len(fits) > 1 else ""
         )
-    return Fitted(best[0], best[1], fits[best], table, note)
+    plain = ("letters", 1) if ("letters", 1) in runs else next(iter(runs))
+    raw_acc = float(np.mean(np.asarray(runs[plain]).argmax(axis=1) == gold))
+    got = Fitted(best[0], best[1], fits[best], table, note, raw_acc)
+    if not got.beats_raw:
+        why = f"no fitted way beat the raw answers ({raw_acc:.4f} right, unfitted): the question is kept raw"
+        got = Fitted(best[0], best[1], fits[best], table, f"{note}; {why}" if note else why, raw_acc)
+    return got
 
 
 def prior_of(probs: np.ndarray, labels: Sequence[str], key: str, warmup: int) -> Calibrator:

@@ -114,10 +114,12 @@ class Method:
             lp = np.log(np.asarray(raw, dtype=np.float64))
         return np.exp(cal.apply(np.maximum(lp, -1e4)))
 
-    def record(self, prior: Calibrator | None = None) -> dict[str, Any]:
-        """What was applied, as an answer's `x_method` and a run's summary say it."""
+    def record(self, prior: Calibrator | None = None, q: DecisionQuestion | None = None) -> dict[str, Any]:
+        """What was applied, as an answer's `x_method` and a run's summary say it (`q`: the question
+        it answered: the style and orders it was really asked in, `asks`)."""
         cal = self.calibrator or prior
-        out: dict[str, Any] = {"style": self.style, "permute": self.permute}
+        style, permute = self.asks(q) if q is not None and self.tuned is None else (self.style, self.permute)
+        out: dict[str, Any] = {"style": style, "permute": permute}
         out["calibration"] = self.prior if cal is None else cal.method  # (a run's prior not found yet: its kind)
         if cal is not None and self.calibrator is not None:
             out["fitted"] = True

@@ -162,7 +162,7 @@ def format_question_report(name: str, qtype: str, field: str, rep: dict[str, Any
     head = (
         f"== {name} ({qtype}, gold field {field!r})\n"
         f"accuracy {100 * rep['accuracy']:.2f} %  Brier {rep['brier']:.4f} ({rep['brier_form']})  "
-        f"ECE {rep['ece']:.4f}  log-loss {rep['log_loss']:.4f}  n {rep['n']}"
+        f"ECE {rep['ece']:.4f}  log-loss {max(0.0, rep['log_loss']):.4f}  n {rep['n']}"
     )
     if "temperature" in rep:
         t = rep["temperature"]

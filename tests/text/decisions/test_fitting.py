@@ -74,3 +74,14 @@ def test_a_prior_from_fewer_states_than_options_is_refused():
     with pytest.raises(FitError, match="--fit-prior: question 'team'.*at least 3 states, got 2"):
         prior_of(letters[:2], LABELS, "team", 512)
     assert prior_of(letters, LABELS, "team", 16).n == 16
+
+
+def test_a_fit_no_better_than_the_raw_answers_is_not_kept():
+    """Answers already right (an informative "letters" way): fitting cannot beat them cross-validated,
+    so the question stays raw and the report says so."""
+    _, names, gold = _data()
+    sharp = np.eye(3)[gold] * 0.9 + 0.1 / 3
+    fitted = fit_question({("letters", 1): sharp}, gold, LABELS, "team")
+    assert fitted.raw_accuracy == 1.0 and not fitted.beats_raw and "kept raw" in fitted.note
+    assert fitted.report()["kept"] is False
+    assert fit_question({("letters", 1): _data()[0]}, gold, LABELS, "team").beats_raw
