@@ -60,7 +60,6 @@ FUSED_TRUNK = 512
 CALL_TOKENS = 4096  # the requests' tokens one decide call takes (`Decider.call_tokens`)
 BATCH_SIZE = 16  # requests a forward runs at once
 CONTEXTUAL_PRIORS = 1024  # questions whose contextual prior a decider keeps
-RAW = Method().record()  # what `DecisionResult.applied` says of a raw answer
 
 
 @dataclass(frozen=True)
@@ -78,11 +77,6 @@ class DecisionResult:
     cached_tokens: int = 0
     raw: tuple[np.ndarray | None, ...] = ()
     applied: tuple[dict[str, Any], ...] = ()
-
-    @property
-    def changed(self) -> bool:
-        """Whether anything beyond the raw letters was applied (or noted) to any answer."""
-        return any(a != RAW for a in self.applied)
 
 
 @dataclass(frozen=True)
