@@ -428,7 +428,7 @@ def _jsonl(
             )
             continue
         field = next((f for f in states if f in obj), states[0]) if states else text_field  # decide: state, else text
-        yield _record_row(n, obj, field, id_field, gold, pair, pair_required, bool(states), option)
+        yield _record_row(n, obj, _Fields(field, id_field, gold, pair, pair_required, bool(states), option))
 
 
 def _parquet(
@@ -476,7 +476,7 @@ def _parquet(
             return
         for obj in records:
             n += 1
-            yield _record_row(n, obj, text_field, id_field, gold, pair, any_value=bool(states), option=option)
+            yield _record_row(n, obj, _Fields(text_field, id_field, gold, pair, any_value=bool(states), option=option))
 
 
 def _pair_problem(n: int, v: Any, name: str) -> str | None:
@@ -488,20 +488,26 @@ def _pair_problem(n: int, v: Any, name: str) -> str | None:
     return f"line {n}: field {name!r} (the second text of a pair) must be a string, got {type(v).__name__}"
 
 
-def _record_row(
-    n: int,
-    obj: dict[str, Any],
-    text_field: str,
-    id_field: str,
-    gold: Gold,
-    pair: str | None = None,
-    pair_required: bool = False,
-    any_value: bool = False,
-    option: str = TEXT_OPTIONS[0],
-) -> Row:
+@dataclass(frozen=True)
+class _Fields:
+    """How a record's fields are read: the text's and the id's, the gold, a second text (`pair`,
+    and whether a JSON object must have it), `any_value` (decide's states: any JSON value but null)
+    and `option`, the command's option naming the text's field."""
+
+    text_field: str
+    id_field: str
+    gold: Gold
+    pair: str | None = None
+    pair_required: bool = False
+    any_value: bool = False
+    option: str = TEXT_OPTIONS[0]
+
+
+def _record_row(n: int, obj: dict[str, Any], f: _Fields) -> Row:
     """One record (a JSON object, a Parquet row) checked: its Row, or its error row (also when
-    `pair_required` and a JSON object has no `pair` field); `any_value`: any JSON value but null;
-    `option`: the command's option naming the text's field."""
+    `f.pair_required` and a JSON object has no `pair` field)."""
+    text_field, id_field, gold, pair = f.text_field, f.id_field, f.gold, f.pair
+    pair_required, any_value, option = f.pair_required, f.any_value, f.option
     explicit = id_field in obj
     rid: Any = obj[id_field] if explicit else n
     if explicit:

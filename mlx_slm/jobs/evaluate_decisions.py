@@ -203,14 +203,14 @@ def _report(
     say: Say,
 ) -> dict[str, Any]:
     """Every scored question's figures printed, plotted and written; the fitted methods saved."""
-    ok = [r for r in rows if r.error is None]
-    main = ways_of(plan, False)[0]
     decider = None if engine is None else plan.decider(engine, state_cache=0)
+    scored = _Scored(s, rows, [r for r in rows if r.error is None], runs, ways_of(plan, False)[0], decider)
+    ok, main = scored.ok, scored.main
     out: dict[str, Any] = {}
     saved: list[Method] = []
     for i, q in enumerate(plan.questions):
         if q.key in golds:
-            out[q.key] = _question(q, i, golds[q.key], ok, rows, runs, main, s, decider)
+            out[q.key] = _question(q, i, golds[q.key], scored)
             say(_format(q, golds[q.key], out[q.key]))
             if s.plots:
                 for p in plot(out[q.key], Path(s.plots) / _folder(i, q.key)):
@@ -229,19 +229,24 @@ def _report(
     return out
 
 
-def _question(
-    q: DecisionQuestion,
-    i: int,
-    fld: str,
-    ok: list[Any],
-    rows: list[Any],
-    runs: dict[Way, list[Any]],
-    main: Way,
-    s: DecisionEvalSettings,
-    decider: Any,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Scored:
+    """What every question's report reads: the run's settings, the input's rows and those with a
+    state (`ok`), each way's results for `ok` (`runs`), the way the run answers with (`main`) and
+    its decider (None: a decide output scored as written)."""
+
+    s: DecisionEvalSettings
+    rows: list[Any]
+    ok: list[Any]
+    runs: dict[Way, list[Any]]
+    main: Way
+    decider: Any
+
+
+def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[str, Any]:
     """One question's report: its answers' figures, the corrected ones beside them, and its fit."""
-    keep, gold, left = _gold_rows(q, fld, ok, rows, runs[main], i)
+    s, runs, main, decider = scored.s, scored.runs, scored.main, scored.decider
+    keep, gold, left = _gold_rows(q, fld, scored.ok, scored.rows, runs[main], i)
     labels = q.answer_names()
     final = np.stack([_final(runs[main][j], i) for j in keep])
     raw = np.stack([_raw(runs[main][j], i) for j in keep])
@@ -250,7 +255,7 @@ def _question(
     applied = [getattr(runs[main][j], "applied", None) for j in keep]
     rep["applied"] = applied[0][i] if applied[0] else {"as": "written by decide"}
     method = None if decider is None else decider.method(q)[0]
-    if method is not None and method.head is not None:  # a trained head's answer: no prior to divide out
+    if method is not None and method.trained:  # a trained question's answer: no prior to divide out
         rep["corrected"] = {"raw": figures(raw, gold, q.type == "noul")}
     else:
         contextual = None if method is None else decider.contextual_prior(q, method)

@@ -82,6 +82,11 @@ class Method:
         """Nothing beyond Transformers' decision path: the letters, one order, no prior, no head."""
         return self == Method()
 
+    @property
+    def trained(self) -> bool:
+        """Answered by a model trained for the question (a head, or a tuned classifier), not by letters."""
+        return self.head is not None or self.tuned is not None
+
     def asks(self, q: DecisionQuestion) -> tuple[str, int]:
         """(style, orders) as `q` is asked: order averaging applies to a choice's options (a
         score's levels keep their order); the names style to the questions it applies to
