@@ -1,6 +1,6 @@
 """A question's answer in each API's shape, from its options' probabilities (in `q.options`
 order), with TypeSafe's confidences (`confidence`). What varies between question types (their
-names in each API, their answers' shapes) is one object per type (`KINDS`).
+names in each API, their answers' shapes) is one object per type (`SHAPES`).
 
 System One keys a choice's probabilities by the options' names as text; an OpenAI question may
 hold a string and a boolean of the same text (`"true"` and `true`), so those keys are
@@ -18,7 +18,7 @@ from .confidence import choice_confidence, expected_level, score_confidence
 from .questions import DecisionQuestion, text
 
 
-class DecisionKind:
+class AnswerShape:
     """What varies between question types: their names in each API and their answers' shapes."""
 
     name = ""
@@ -31,7 +31,7 @@ class DecisionKind:
         raise NotImplementedError
 
 
-class NoulAnswer(DecisionKind):
+class NoulAnswer(AnswerShape):
     name, openai_name = "noul", "predicate"
 
     @staticmethod
@@ -45,7 +45,7 @@ class NoulAnswer(DecisionKind):
         return {"type": "predicate", "name": q.name, "probability": self.p_true(q, p)}
 
 
-class ChoiceAnswer(DecisionKind):
+class ChoiceAnswer(AnswerShape):
     name = openai_name = "choice"
 
     def systemone(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
@@ -67,7 +67,7 @@ class ChoiceAnswer(DecisionKind):
         }
 
 
-class ScoreAnswer(DecisionKind):
+class ScoreAnswer(AnswerShape):
     name = openai_name = "score"
 
     def systemone(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
@@ -92,17 +92,17 @@ class ScoreAnswer(DecisionKind):
         }
 
 
-KINDS: dict[str, DecisionKind] = {k.name: k for k in (NoulAnswer(), ChoiceAnswer(), ScoreAnswer())}
+SHAPES: dict[str, AnswerShape] = {k.name: k for k in (NoulAnswer(), ChoiceAnswer(), ScoreAnswer())}
 
 
 def systemone_answer(q: DecisionQuestion, probs: np.ndarray) -> dict[str, Any]:
     """System One's answer to `q` from its options' probabilities (in `q.options` order)."""
-    return KINDS[q.type].systemone(q, np.asarray(probs, dtype=np.float64))
+    return SHAPES[q.type].systemone(q, np.asarray(probs, dtype=np.float64))
 
 
 def openai_answer(q: DecisionQuestion, probs: np.ndarray) -> dict[str, Any]:
     """OpenAI's answer to `q` (`name` null for an unnamed question)."""
-    return KINDS[q.type].openai(q, np.asarray(probs, dtype=np.float64))
+    return SHAPES[q.type].openai(q, np.asarray(probs, dtype=np.float64))
 
 
 def refusal(q: DecisionQuestion) -> dict[str, Any]:
