@@ -150,7 +150,8 @@ def plan_group_resume(
             valid += 1
         seen.append(unit)
         ends.append(r)
-    if complete:
+    last_alone = bool(seen) and unit_of(seen[-1])[1]  # an error's one row: it is whole
+    if complete or (last_alone and valid % window == 0):  # every window found finished
         keep_units = len(seen)
     else:  # the last unit found may be unfinished: its window runs again
         keep_units = max((s for s in starts if s <= len(seen) - 1), default=0)
