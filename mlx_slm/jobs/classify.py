@@ -1,8 +1,10 @@
 """A classify job: one input file to one output, as `mlx-slm classify` runs it.
 
 The options are resolved once into a `classifier.Plan` (`plan.resolve`, shared with every
-command); here is only the file-to-file run: `ClassifyJob` reads, plans (shard, resume),
-classifies (here or on Ray workers), calibrates, writes, and keeps the manifest and summary.
+command); here is only the file-to-file run: `ClassifyJob` gives the file run (`jobs.filerun`:
+the manifest, shard and resume plan and the writer loop) classify's pieces: how the rows are
+read, what the manifest records, a resumed prior, the rows classified (here or on Ray workers)
+and calibrated; then the task saved and the summary.
 It reads the plan and never changes it: a prior a resumed run keeps is a new plan
 (`Plan.with_calibration`). Nothing here knows about click: user errors are `UserError`s
 (`UsageError` for options that do not go together); notes and the summary go to `say` (the

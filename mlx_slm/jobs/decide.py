@@ -17,8 +17,8 @@ other answer carries what made it (`x_method`) and its raw probabilities (`x_raw
 windows are answered, the prior fitted, then they are written), records it in the manifest,
 and a resumed run applies the recorded prior.
 
-The rest is `classify`'s machinery, reused: the readers, the output writers and their lock
-and manifest (`--resume` continues an output of the same input and settings, byte for
+The rest is the file run `classify`, `embed` and `rerank` share (`jobs.filerun`): the output's
+lock and manifest (`--resume` continues an output of the same input and settings, byte for
 byte: requests go to the Decider in windows of `window` states, the state cache starts empty
 at every window, and a resumed run starts again at the last unfinished window, so each row's
 bytes depend only on its window), `--shard I/N` (a slice of about 1/N of the states'

@@ -8,6 +8,11 @@ is one item of a reranker kind (`kinds/rerank.py`), so each query's tokens run o
 documents of several queries share batches. The output, JSONL, is per query best first:
 `{"query_id"?, "index", "score", "rank"}` (`document` on request); a bad document row or a bad
 query line gives an error row naming its line, after the query's ranked documents.
+
+A file is ranked on the file run (`jobs.filerun`, `RerankJob`): the queries of a window (`--window`
+queries that run) are scored together, and each query's rows are its unit, so with -o FILE
+`--resume` continues query by query (`files.output.plan_group_resume`) and `--shard I/N` writes a
+part of whole windows of queries that `mlx-slm merge` checks query by query (its `grouped_by`).
 """
 
 from __future__ import annotations
@@ -280,6 +285,7 @@ class RerankJob:
     def settings(self) -> dict[str, Any]:
         """What the output's manifest records: --resume and merge accept only the same."""
         p, r, clf, s = self.plan, self.plan.read, self.clf, self.s
+        assert p.model is not None
         fields = (
             [r.text_field, r.id_field, r.text_column, r.id_column]
             if s.query is not None
