@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import replace
 from typing import Any
 
 import click
 
 from ..files.output import check_run_files, files_read
-from ..files.readers import read_rows
-from ..ground.safefs import atomic_write
 from ..jobs import plan as plans
 from ..jobs.plan import flag_names
-from ..jobs.rerank import check_output, documents_query, read_queries
-from ..jobs.rerank import rerank as run_rerank
+from ..jobs.rerank import DEFAULT_WINDOW, RerankSettings, check_output, rerank_file
 from .base import Command, given, notice, number, warn_blas
 from .options import some_task_options, task_settings
 
@@ -48,6 +43,24 @@ _OPTIONS = {
 @click.option("--top-n", type=number("top_n"), help="Keep only each query's N best documents.")
 @click.option("--return-documents", is_flag=True, help="Repeat each document's text in its output row.")
 @click.option("-o", "--output", help="Output JSONL file, named .jsonl (default: stdout).")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted run into the same -o file (same input and settings), query by query.",
+)
+@click.option(
+    "--shard",
+    metavar="I/N",
+    help="Rerank only shard I of N (0-based) of a queries file: a contiguous slice with about 1/N of its text, "
+    "cut where a window starts. Write each to its own -o part and join them with `mlx-slm merge`.",
+)
+@click.option(
+    "--window",
+    default=DEFAULT_WINDOW,
+    show_default=True,
+    type=number("window"),
+    help="Queries whose documents are sorted and batched together (and where --resume and --shard may cut).",
+)
 @some_task_options(_OPTIONS)
 @click.pass_context
 def rerank(
@@ -57,6 +70,9 @@ def rerank(
     top_n: int | None,
     return_documents: bool,
     output: str | None,
+    resume: bool,
+    shard: str | None,
+    window: int,
     **o: Any,
 ) -> None:
     """Score each document's relevance to its query and list them best first.
@@ -85,9 +101,7 @@ def rerank(
     o["reranker"] = o.get("reranker") or "auto"
     settings = task_settings(ctx, o)
     plan = plans.resolve(settings, notice)
-    if query is not None:  # the documents file: its format and fields as typed, its ids as found
-        queries = [documents_query(query, list(read_rows(input, replace(plan.read, id_required=False))))]
-    else:
+    if query is None:
         if input == "-":
             raise click.UsageError("give a queries file (JSONL), or --query TEXT with a documents file")
         unused = {"fmt", "text_field", "text_column", "id_column"} & given(ctx, o)
@@ -96,22 +110,6 @@ def rerank(
                 f"{flag_names(unused).replace('--fmt', '--format')} read a documents file (with --query); a queries "
                 'file is JSONL, "query", "documents" and --id-field on each line: drop it'
             )
-        queries = list(read_queries(input, settings.id_field))
-    plan, clf = plans.load_fitted(plan, notice)
-    rows, stats = run_rerank(clf, queries, top_n, return_documents)
-    out = sys.stdout if output in (None, "-") else None
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    if out is not None:
-        out.write(text)
-    else:
-        atomic_write(output, text, "-o")
-    if not plan.quiet:
-        errors = sum(1 for r in rows if "error" in r)
-        notice(
-            f"mlx-slm: {len(queries)} queries, {stats.items} documents ({errors} errors) in {stats.seconds:.1f} s, "
-            f"{stats.items_per_s:.2f} documents/s; {stats.processed_tokens:,} tokens processed, padding "
-            f"{stats.padding_pct:.1f} %, query heads saved {stats.prefix_saved_tokens:,} tokens "
-            f"({stats.prefix_saved_pct:.1f} % of {stats.prompt_tokens:,}); {clf.mode}"
-        )
-    if any("error" in r for r in rows):
+    s = RerankSettings(input, query, output, top_n, return_documents, resume, shard, window)
+    if rerank_file(s, plan, notice):
         sys.exit(1)

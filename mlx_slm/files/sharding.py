@@ -167,11 +167,12 @@ def merge_parts(parts: Sequence[str], output: str, check_input: bool = True) -> 
     found, common, count = _read_parts(parts)
     fmt, out_fmt = _formats(common, output)
     table_rows = _parquet_rows(common) if out_fmt == "parquet" else None
+    group = common.get("grouped_by")  # several rows an input row (a rerank query's), each naming it here
     # A prior fitted on each shard's own warm-up would give each part other labels than one run.
     priors = {json.dumps(found[i][1]["fitted"], sort_keys=True) for i in found}
     if len(priors) > 1:
         raise ShardError("merge: the parts were calibrated with different fitted priors: they are not of one run")
-    header, pieces, ids, errors = _join_parts(found, count, fmt, table_rows)
+    header, pieces, ids, errors = _join_parts(found, count, fmt, table_rows, group)
     checked = check_input and _check_input(common, ids, fmt)
     with atomic_writer(output, "wb", "-o") as f:
         if table_rows is not None:
@@ -281,6 +282,13 @@ def _formats(common: dict[str, Any], output: str) -> tuple[str, str]:
 def _parquet_rows(common: dict[str, Any]) -> Any:
     """An empty `ParquetRows` with the columns of the parts' run."""
 
+    form = common.get("form")
+    if form in ("embeddings", "rerank"):
+        what = "embed" if form == "embeddings" else "rerank"
+        raise ShardError(
+            f"merge: the parts are of `mlx-slm {what}`, which writes Parquet only whole (or not at all): "
+            "join them into .jsonl"
+        )
     require_pyarrow()
     labels, questions = common.get("labels"), common.get("questions")
     if questions is not None:
@@ -293,9 +301,12 @@ def _parquet_rows(common: dict[str, Any]) -> Any:
     return ParquetRows(columns_of(common))
 
 
-def _join_parts(found: _Parts, count: int, fmt: str, table_rows: Any) -> tuple[bytes, list[bytes], list[Any], int]:
+def _join_parts(
+    found: _Parts, count: int, fmt: str, table_rows: Any, group: str | None = None
+) -> tuple[bytes, list[bytes], list[Any], int]:
     """The parts' rows in input order, each part checked (its range, row count, checksum and
-    records): (the header, each row's bytes, the ids, the number of error rows)."""
+    records): (the header, each row's bytes, the ids (`group`: the field naming each row's
+    input row), the number of error rows)."""
     expect_start, errors, header = 0, 0, b""
     pieces: list[bytes] = []
     ids: list[Any] = []
@@ -305,7 +316,7 @@ def _join_parts(found: _Parts, count: int, fmt: str, table_rows: Any) -> tuple[b
         start, end = sh["rows"]
         if start != expect_start or sh["input_rows"] != total:
             raise ShardError(f"merge: {p} covers input rows {start}..{end} where {expect_start}.. was due")
-        h, recs = _checked_part(p, sh, i, count, fmt)
+        h, recs = _checked_part(p, sh, (i, count), fmt, group)
         if fmt != "jsonl":
             if header and h and h != header:
                 raise ShardError(f"merge: {p} has another header than the first part")
@@ -316,7 +327,7 @@ def _join_parts(found: _Parts, count: int, fmt: str, table_rows: Any) -> tuple[b
                     f"merge: {p} row {r.row} is not an mlx-slm output record ({r.problem[:120]}): "
                     "the part was changed by something else; run that shard again"
                 )
-            ids.append(r.fields.get("id"))
+            ids.append(r.fields.get(group or "id"))
             errors += bool(r.fields.get("error"))
             if table_rows is not None:
                 table_rows.add(r.fields if fmt not in ("csv", "tsv") else _typed_csv_record(r.fields))
@@ -327,15 +338,24 @@ def _join_parts(found: _Parts, count: int, fmt: str, table_rows: Any) -> tuple[b
     return header, pieces, ids, errors
 
 
-def _checked_part(p: str, sh: dict[str, Any], i: int, count: int, fmt: str) -> tuple[bytes, list[Any]]:
-    """A part's header and rows, once its row count and its bytes' sha256 match its record."""
+def _checked_part(
+    p: str, sh: dict[str, Any], shard: tuple[int, int], fmt: str, group: str | None
+) -> tuple[bytes, list[Any]]:
+    """A part's header and rows, once its row count and its bytes' sha256 match its record (a
+    grouped part: the rows its run recorded writing)."""
     start, end = sh["rows"]
+    i, count = shard
     try:
         data = Path(p).read_bytes()
     except OSError as e:
         raise ShardError(f"merge: cannot read {p} ({e.strerror})") from None
-    h, recs = _part_records(p, fmt, data)
-    if len(recs) != end - start:
+    h, recs = _part_records(p, fmt, data, lenient=group is not None)
+    if group is not None and len(recs) != sh["rows_written"]:
+        raise ShardError(
+            f"merge: {p} holds {len(recs)} rows where its run wrote {sh['rows_written']}: "
+            "it was changed or cut; run that shard again"
+        )
+    if group is None and len(recs) != end - start:
         raise ShardError(
             f"merge: {p} holds {len(recs)} rows for input rows {start}..{end - 1} ({end - start}): "
             "it was changed or cut; run that shard again with --resume"
@@ -372,7 +392,7 @@ def _check_input(common: dict[str, Any], ids: list[Any], fmt: str) -> bool:
     return True
 
 
-def _part_records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[Any]]:
+def _part_records(path: str, fmt: str, data: bytes, lenient: bool = False) -> tuple[bytes, list[Any]]:
     """A part's header (CSV/TSV) and its rows (`output.Record`: exact bytes, fields), split
     but not yet checked: merge checks the row count and the checksum first."""
 
@@ -380,7 +400,7 @@ def _part_records(path: str, fmt: str, data: bytes) -> tuple[bytes, list[Any]]:
     if fmt != "parquet" and data and not data.endswith(b"\n"):
         raise ShardError(f"merge: {path}: the last row is cut short (an interrupted part): finish it with --resume")
     try:
-        recs = list(read_records(path, fmt, data, strict_csv=True))
+        recs = list(read_records(path, fmt, data, lenient=lenient, strict_csv=True))
     except RecordError as e:
         raise ShardError(f"merge: {path} is not an mlx-slm {name} output ({e.why}): run that shard again") from None
     if any(r.torn for r in recs):  # a row ending inside quotes
@@ -416,6 +436,9 @@ def _check_ids(inp: str, settings: dict[str, Any], ids: list[Any], fmt: str) -> 
     text_field, id_field, text_column, id_column = fields
     n = 0
     read = ReadSpec(settings.get("input_format"), text_field, id_field, text_column, id_column)
+    if settings.get("grouped_by"):
+        _check_group_ids(inp, read, ids, settings["grouped_by"])
+        return
     for n, row in enumerate(read_rows(inp, read), 1):
         if n > len(ids):
             raise ShardError(f"merge: the input {inp} has more rows than the parts ({len(ids)})")
@@ -425,3 +448,21 @@ def _check_ids(inp: str, settings: dict[str, Any], ids: list[Any], fmt: str) -> 
             )
     if n != len(ids):
         raise ShardError(f"merge: the parts hold {len(ids)} rows but the input {inp} has {n}")
+
+
+def _check_group_ids(inp: str, read: ReadSpec, ids: list[Any], key: str) -> None:
+    """Every input row's id, in order, on its rows: a row with an id on every row of a run of it
+    (ids are unique), a row without one (an error) on one row alone."""
+    r = 0
+    for row in read_rows(inp, read):
+        if r >= len(ids):
+            raise ShardError(f"merge: the input {inp} has more rows than the parts hold (input line {row.line})")
+        if not same_id(ids[r], row.id, "jsonl"):
+            raise ShardError(
+                f"merge: row {r + 1} of the parts has {key} {ids[r]!r} where input line {row.line} has id {row.id!r}"
+            )
+        r += 1
+        while row.id is not None and r < len(ids) and same_id(ids[r], row.id, "jsonl"):
+            r += 1
+    if r != len(ids):
+        raise ShardError(f"merge: the parts hold {len(ids) - r} rows past the input {inp}'s last row")

@@ -1,8 +1,10 @@
 """The work behind each command, without click: the CLI parses options and calls one of these.
 
     plan.py      the options and a task file resolved once into a `classifier.Plan`, and what reads it
+    filerun.py   the one file run every file-to-file job plugs into (manifest, resume, shards, the writer loop)
     classify.py  a file-to-file classify run (read, shard, resume, classify here or on Ray, write)
-    rerank.py    queries and their documents in, each query's documents best first out
+    rerank.py    queries and their documents in, each query's documents best first out (on the file run)
+    embed.py     `embed`: every text's vector (JSONL on the file run; Parquet and .npy written whole)
     labelled.py  the one reader of labelled texts (a file of texts and gold labels) for training
     train.py     a learned head from labelled texts (`TrainRun`: what every way of training reads)
     finetune.py  `train --finetune lora`: a fine-tuned classifier from labelled texts

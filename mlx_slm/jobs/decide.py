@@ -17,8 +17,8 @@ other answer carries what made it (`x_method`) and its raw probabilities (`x_raw
 windows are answered, the prior fitted, then they are written), records it in the manifest,
 and a resumed run applies the recorded prior.
 
-The rest is `classify`'s machinery, reused: the readers, the output writers and their lock
-and manifest (`--resume` continues an output of the same input and settings, byte for
+The rest is the file run `classify`, `embed` and `rerank` share (`jobs.filerun`): the output's
+lock and manifest (`--resume` continues an output of the same input and settings, byte for
 byte: requests go to the Decider in windows of `window` states, the state cache starts empty
 at every window, and a resumed run starts again at the last unfinished window, so each row's
 bytes depend only on its window), `--shard I/N` (a slice of about 1/N of the states'
@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,22 +40,13 @@ import numpy as np
 from ..classifier.decision_plan import DecisionPlan, asked
 from ..engine.state_cache import STATE_CACHE
 from ..files.output import (
-    InputDigest,
     OutputError,
     OutputLock,
-    Writer,
-    changed_settings,
     check_run_files,
-    input_changed,
     is_plain_file_target,
-    plan_resume,
-    read_manifest,
-    truncate_to,
-    write_manifest,
 )
 from ..files.output import output_format as output_format_of
 from ..files.readers import STATE_OPTIONS, ReadSpec, Row, read_rows
-from ..files.sharding import check_shard_count, shard_range, shard_settings
 from ..ground.errors import UsageError, UserError
 from ..ground.textfiles import InputError
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, Calibrator, fit_batch
@@ -66,7 +55,7 @@ from ..text.decisions.checks import state_problem as decision_state_problem
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..weights.registry import DEFAULT_MODEL
-from .classify import Distribution, Progress, _check_io, ray_init
+from .filerun import Distribution, FileRun, Where, check_io, ray_init, windows
 from .plan import DecisionOptions, Say, resolve_decisions
 
 SHAPES = ("systemone", "openai")
@@ -160,7 +149,7 @@ def decide(s: DecideSettings, say: Say) -> int:
         raise UsageError(f"--shape {s.shape!r}: one of {', '.join(SHAPES)}")
     out_fmt = output_format_of(s.output, s.output_format)
     file_out = is_plain_file_target(s.output)
-    _check_io(s, out_fmt, file_out)
+    check_io(s.input, s.output, s.resume, out_fmt, file_out)
     reads = [
         (flag, p)
         for flag, p in (("INPUT", s.input), ("--questions", s.questions_file), ("--task", s.task_file))
@@ -168,10 +157,7 @@ def decide(s: DecideSettings, say: Say) -> int:
     ]
     check_run_files(reads, [("-o", s.output if file_out else None)])
     dist = Distribution(s.shard, s.ray or s.ray_address is not None, s.ray_address, s.workers, s.worker_threads)
-    if dist.shard is not None and not file_out:
-        raise UsageError("--shard needs -o FILE: each shard writes its own part (joined by `mlx-slm merge`)")
-    if dist.shard is not None and s.input == "-":
-        raise UsageError("--shard needs an input file: every shard reads the whole input to find its slice")
+    dist.check(s.input, file_out)
     plan = replace(resolve_decisions(s.options()), refusal=refusal_of(s))  # a bad questions file: exit 2 now
     if dist.ray:
         ray_init(dist.address, say)
@@ -182,48 +168,32 @@ def decide(s: DecideSettings, say: Say) -> int:
 
 
 class DecideJob:
-    """One file-to-file run with its output locked (see the module's docstring)."""
+    """One file-to-file run with its output locked (a `FileRun` with decide's pieces; see the
+    module's docstring)."""
+
+    command = "decide"
+    changed_input = "; start again without --resume"
+    loose = ("model", "priors")  # the same weights by another name; the priors are checked where they apply
+    all_rows = False
+    group = None
 
     def __init__(
         self, s: DecideSettings, plan: DecisionPlan, output: str | None, out_fmt: str, dist: Distribution, say: Say
     ):
         self.s, self.plan, self.output, self.out_fmt, self.dist, self.say = s, plan, output, out_fmt, dist, say
-        self.failed = self.kept = self.kept_failed = 0
         self.input_tokens = self.cached_tokens = 0
-        self.settings: dict[str, Any] = {}
         self.priors: dict[str, Calibrator] = {}
+        where = Where(s.input, output, s.output, out_fmt, s.resume)
+        self.file = FileRun(self, where, s.window, dist, say, s.quiet)
 
     def run(self) -> int:
-        s = self.s
-        digest = InputDigest(s.input) if self.output is not None else None
-        previous = self._previous()
-        rows = self._rows()
-        engine = self.plan.engine()
-        self.plan = self.plan.loaded(engine)
-        decider = self.plan.decider(engine)
-        shard_info = None
-        if self.dist.shard is not None:
-            rows, shard_info = self._shard_rows(rows)
-        if previous is not None:
-            self.priors = _recorded_priors(previous, self.output)
-        if self.output is not None:
-            sha, not_hashed = digest.result() if digest is not None else (None, None)
-            self.settings = self._manifest_settings(engine, sha, not_hashed, shard_info)
-        columns = ["id", "answers", "line", "error"]
-        if previous is not None:
-            rows = self._plan_resume(previous, columns, rows)
-        if self.output is not None:
-            write_manifest(self.output, self.settings, complete=False)
-        t0 = time.perf_counter()
-        done = self._write(rows, columns, previous is not None, decider)
-        if self.output is not None:
-            write_manifest(self.output, self.settings, complete=True, rows=self.kept + done)
-        if not s.quiet:
-            self._summary(done, time.perf_counter() - t0)
-        return self.failed
+        done = self.file.run()
+        if not self.s.quiet:
+            self._summary(done, self.file.seconds)
+        return self.file.failed
 
     # ------------------------------------------------------------------ rows in
-    def _rows(self) -> Iterator[Row]:
+    def rows(self) -> Iterator[Row]:
         """The input's rows, each state checked (a state the decision reader refuses is an error row
         here, so windows count the same states in every run); the first read now, before the model
         loads (a CSV without the state column fails here)."""
@@ -241,30 +211,23 @@ class DecideJob:
             first = next(it, None)
         self.fields = [states[0], s.id_field, column, s.id_column]
         every = itertools.chain([first] if first is not None else [], it)
-        checked = (r if r.error is not None else replace(r, error=state_problem(r)) for r in every)
-        if self.dist.shard is not None:
-            listed = list(checked)
-            check_shard_count(self.dist.shard[1], len(listed), f"the input {s.input}")
-            return iter(listed)
-        return checked
+        return (r if r.error is not None else replace(r, error=state_problem(r)) for r in every)
 
-    def _shard_rows(self, rows: Iterator[Row]) -> tuple[Iterator[Row], dict[str, Any]]:
-        """The rows of one shard (cut by the states' characters, where a window starts)."""
-        every = list(rows)
-        counts = [None if r.error is not None else len(text(r.text)) for r in every]
-        i, n = self.dist.shard  # type: ignore[misc]
-        start, end = shard_range(counts, self.s.window, n, i)
-        if not self.s.quiet:
-            what = f"input rows {start + 1}..{end}" if end > start else "no rows (fewer windows than shards)"
-            self.say(f"mlx-slm: shard {i}/{n}: {what} of {len(every)}")
-        return iter(every[start:end]), shard_settings(i, n, (start, end), len(every))
+    def load(self) -> None:
+        self.engine = self.plan.engine()
+        self.plan = self.plan.loaded(self.engine)
+        self.decider = self.plan.decider(self.engine)
+
+    def sizes(self, rows: list[Row]) -> list[int | None]:
+        """Each state's characters (None: an error row)."""
+        return [None if r.error is not None else len(text(r.text)) for r in rows]
 
     # ------------------------------------------------------------------ the manifest and --resume
-    def _manifest_settings(
-        self, engine: Any, sha: str | None, not_hashed: str | None, shard_info: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        s, plan = self.s, self.plan
-        inp = Path(s.input).resolve() if s.input != "-" else None
+    def columns(self) -> list[str]:
+        return ["id", "answers", "line", "error"]
+
+    def settings(self) -> dict[str, Any]:
+        s, plan, engine = self.s, self.plan, self.engine
         return {
             "weights_sha256": engine.weights_sha256,
             "form": "decisions",
@@ -275,81 +238,28 @@ class DecideJob:
             **plan.record(self.priors),
             "decision_config": plan.config.to_record(template=False),
             "dtype": engine.compute_dtype,
-            "input": str(inp) if inp else "-",
-            "input_size": inp.stat().st_size if inp else None,
-            "input_sha256": sha,
-            **({"input_not_hashed": not_hashed} if not_hashed else {}),
+            **self.file.input_record(),
             "input_format": s.fmt,
             "fields": self.fields,
             "output_format": self.out_fmt,
             "window": s.window,
             "model": s.model,
-            **({"shard": shard_info} if shard_info else {}),
         }
 
-    def _previous(self) -> dict[str, Any] | None:
-        out = self.output
-        if not (self.s.resume and out is not None and Path(out).exists()):
-            return None
-        previous = read_manifest(out)
-        if previous is None and Path(out).stat().st_size > 0:
-            raise OutputError(
-                f"{out} has no {Path(out).name}.mlx-slm.json record, so it was not written by mlx-slm decide: "
-                "not resuming into it, and it is left untouched (start again without --resume, or choose another -o)"
+    def restore(self, previous: dict[str, Any], kept: int) -> None:
+        """The batch priors the interrupted run recorded: the rest is answered with them."""
+        self.priors = _recorded_priors(previous, self.output)
+        self.file.settings.update(self.plan.record(self.priors))
+
+    # ------------------------------------------------------------------ answering
+    def records(self, rows: Iterator[Row]) -> Iterator[dict[str, Any]]:
+        """Every row's record as written (a CSV/TSV output holds the answers as JSON text)."""
+        for rec in self._records(rows, self.decider):
+            yield (
+                rec
+                if self.out_fmt == "jsonl" or "error" in rec
+                else {**rec, "answers": json.dumps(rec["answers"], ensure_ascii=False)}
             )
-        return previous
-
-    def _plan_resume(self, previous: dict[str, Any], columns: list[str], rows: Iterator[Row]) -> Iterator[Row]:
-        out = self.output
-        assert out is not None
-        old = previous["settings"]
-        changed = input_changed(self.s.input, old, (self.settings["input_sha256"], self.settings["input_size"]))
-        if changed:
-            raise OutputError(f"cannot --resume {out}: {changed}; start again without --resume")
-        diff = [k for k in changed_settings(old, self.settings) if k not in ("model", "priors")]
-        if diff:
-            detail = "; ".join(f"{k}: was {old.get(k)!r}, now {self.settings.get(k)!r}" for k in diff[:3])
-            raise OutputError(
-                f"cannot --resume {out}: it was made with other settings ({detail}); "
-                "run with the same options, or start again without --resume"
-            )
-        complete = previous.get("rows") if previous.get("complete") else None
-        keep, self.kept, self.failed, redo = plan_resume(out, self.out_fmt, columns, rows, self.s.window, complete)
-        self.kept_failed = self.failed
-        truncate_to(out, keep)
-        return itertools.chain(redo, rows)
-
-    # ------------------------------------------------------------------ answering and writing
-    def _write(self, rows: Iterator[Row], columns: list[str], append: bool, decider: Any) -> int:
-        """Answer and write every row in input order, error rows in their places; the rows written."""
-        writer = Writer(self.output or self.s.output, columns, self.out_fmt, append=append)
-        progress = Progress(self.s.quiet)
-        finished = False
-        try:
-            for rec in self._records(rows, decider):
-                self.failed += "error" in rec
-                writer.write(
-                    rec
-                    if self.out_fmt == "jsonl" or "error" in rec
-                    else {**rec, "answers": json.dumps(rec["answers"], ensure_ascii=False)}
-                )
-                progress.tick()
-            finished = True
-        finally:
-            writer.close(complete=finished)
-            progress.done()
-        return progress.n
-
-    def _windows(self, rows: Iterator[Row]) -> Iterator[list[Row]]:
-        """The rows in windows of `window` states (error rows ride along in their places)."""
-        pending: list[Row] = []
-        for row in rows:
-            pending.append(row)
-            if sum(r.error is None for r in pending) == self.s.window:
-                yield pending
-                pending = []
-        if pending:
-            yield pending
 
     def _records(self, rows: Iterator[Row], decider: Any) -> Iterator[dict[str, Any]]:
         """Each row's record, windows of `window` states answered at once (Ray: every state, spread);
@@ -359,7 +269,7 @@ class DecideJob:
         if self.dist.ray:
             yield from self._ray_records(list(rows))
             return
-        for window in self._windows(rows):
+        for window in windows(rows, self.s.window):
             yield from self._window(window, decider)
 
     def _warm_up(self, rows: Iterator[Row], decider: Any) -> Any:
@@ -368,8 +278,8 @@ class DecideJob:
         left (an iterator). The windows are those of an uninterrupted run: the bytes do not move."""
         done: list[tuple[list[Row], list[Any]]] = []
         n = 0
-        windows = self._windows(rows)
-        for window in windows:
+        every = windows(rows, self.s.window)
+        for window in every:
             ok = [r for r in window if r.error is None]
             done.append((window, self._results(ok, decider)))
             n += len(ok)
@@ -377,14 +287,13 @@ class DecideJob:
                 break
         results = [res for _, got in done for res in got if not isinstance(res, str)]
         self.priors = batch_priors(self.plan.questions, results, self.plan.warmup)
-        if self.output is not None:
-            self.settings.update(self.plan.record(self.priors))
-            write_manifest(self.output, self.settings, complete=False)
+        self.file.settings.update(self.plan.record(self.priors))
+        self.file.write_manifest(complete=False)
         for window, got in done:  # answered before the prior was known: finished with it now
             yield from self._window_records(
                 window, [r if isinstance(r, str) else decider.finish(r, self.priors) for r in got]
             )
-        return itertools.chain.from_iterable(windows)
+        return itertools.chain.from_iterable(every)
 
     def _window(self, rows: list[Row], decider: Any) -> Iterator[dict[str, Any]]:
         ok = [r for r in rows if r.error is None]
@@ -441,7 +350,7 @@ class DecideJob:
             self.priors,
             concurrency=self.dist.workers,
             threads_per_worker=self.dist.worker_threads,
-            weights_sha256=self.settings.get("weights_sha256"),
+            weights_sha256=self.file.settings.get("weights_sha256"),
         )
         for r in rows:
             if r.error is not None:
@@ -451,13 +360,14 @@ class DecideJob:
             yield error_record(r, f"line {r.line}: {err}") if err is not None else self._record(r, res)
 
     def _summary(self, done: int, seconds: float) -> None:
-        if self.kept and done == 0:
-            self.say(f"mlx-slm: {self.output} was complete already: {self.kept} rows ({self.kept_failed} errors) kept")
+        f = self.file
+        if f.kept and done == 0:
+            self.say(f"mlx-slm: {self.output} was complete already: {f.kept} rows ({f.kept_failed} errors) kept")
             return
-        kept = f"; {self.kept} rows kept from the interrupted run ({self.kept_failed} errors)" if self.kept else ""
+        kept = f"; {f.kept} rows kept from the interrupted run ({f.kept_failed} errors)" if f.kept else ""
         rate = done / seconds if seconds > 0 else 0.0
         self.say(
-            f"mlx-slm: {done} rows ({self.failed - self.kept_failed} errors) in {seconds:.1f} s, {rate:.2f} states/s; "
+            f"mlx-slm: {done} rows ({f.failed - f.kept_failed} errors) in {seconds:.1f} s, {rate:.2f} states/s; "
             f"{len(self.plan.questions)} question(s) a state, {self.input_tokens:,} input tokens "
             f"({self.cached_tokens:,} from the state cache); answers {describe_methods(self.plan, self.priors)}" + kept
         )

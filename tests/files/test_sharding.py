@@ -399,3 +399,37 @@ def test_merge_names_the_part_made_from_other_input_content(two_parts, tiny_qwen
     r = _merge(p0, p1, "-o", str(tmp_path / "m.jsonl"), "--no-input-check")
     assert r.exit_code == 2 and f"{p1} was made from other input content than {p0}" in r.output
     assert "run every shard again" in r.output and not (tmp_path / "m.jsonl").exists()
+
+
+def test_merge_checks_a_grouped_part_query_by_query(tmp_path):
+    """Parts whose rows are grouped by their input row (`grouped_by`: a rerank query's ranking): each
+    part holds the rows its run recorded, and each input row's id is on its run of rows."""
+    from mlx_slm.files.output import write_manifest
+    from mlx_slm.files.sharding import merge_parts, shard_settings
+
+    inp = tmp_path / "q.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "query": "q", "documents": ["a", "b"]}) + "\n" for i in range(4)))
+    rows = [[{"query_id": i, "index": k, "rank": k + 1} for k in range(2)] for i in range(4)]
+    common = {"form": "rerank", "grouped_by": "query_id", "input": str(inp), "input_format": "jsonl"}
+    common["fields"] = ["query", "id", None, None]
+
+    def part(i, units, lines=None):
+        p = tmp_path / f"p{i}.jsonl"
+        got = lines if lines is not None else [r for u in units for r in rows[u]]
+        p.write_text("".join(json.dumps(r) + "\n" for r in got))
+        shard = shard_settings(i, 2, (units[0], units[-1] + 1), 4)
+        write_manifest(str(p), {**common, "shard": shard}, complete=True, rows=len(got))
+        return str(p)
+
+    parts = [part(0, [0, 1]), part(1, [2, 3])]
+    got = merge_parts(parts, str(tmp_path / "all.jsonl"))
+    assert got["rows"] == 8 and got["ids_checked"]
+    assert (tmp_path / "all.jsonl").read_text() == "".join(json.dumps(r) + "\n" for u in rows for r in u)
+    wrong = [*rows[2][:1], {"query_id": 9, "index": 1, "rank": 2}, *rows[3]]
+    with pytest.raises(ShardError, match="row 6 of the parts has query_id 9 where input line 4 has id 3"):
+        merge_parts([parts[0], part(1, [2, 3], wrong)], str(tmp_path / "all.jsonl"))
+    p1 = part(1, [2, 3])
+    with open(p1, "a") as f:
+        f.write(json.dumps(rows[3][0]) + "\n")
+    with pytest.raises(ShardError, match="holds 5 rows where its run wrote 4"):
+        merge_parts([parts[0], p1], str(tmp_path / "all.jsonl"))

@@ -63,7 +63,7 @@ from .paths import (
     refuse_input_as_output,
 )
 from .reader import Record, RecordError, read_records
-from .resume import Written, plan_resume, same_id, scan_output, truncate_to
+from .resume import Written, plan_group_resume, plan_resume, same_id, scan_output, truncate_to
 from .runfiles import ADAPTERS_SUFFIX, READS, adapters_file, check_run_files, files_read
 from .writers import INT64_MAX, INT64_MIN, ParquetRows, Writer, id_columns, parquet_records, require_pyarrow
 
@@ -118,5 +118,6 @@ __all__ = [
     "scan_output",
     "same_id",
     "plan_resume",
+    "plan_group_resume",
     "truncate_to",
 ]
