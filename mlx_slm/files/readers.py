@@ -490,9 +490,8 @@ def _pair_problem(n: int, v: Any, name: str) -> str | None:
 
 @dataclass(frozen=True)
 class _Fields:
-    """How a record's fields are read: the text's and the id's, the gold, a second text (`pair`,
-    and whether a JSON object must have it), `any_value` (decide's states: any JSON value but null)
-    and `option`, the command's option naming the text's field."""
+    """How a record's fields are read: the text's and id's, the gold, a second text (`pair`, needed or
+    not), `any_value` (decide's states: any JSON value but null), the option naming the text's field."""
 
     text_field: str
     id_field: str
