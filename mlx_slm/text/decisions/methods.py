@@ -40,7 +40,7 @@ from ..calibration import CalibrationError, Calibrator
 from ..heads import Head, HeadError
 from .errors import DecisionError
 from .prompt import STYLES, names, names_text, styled
-from .questions import DecisionQuestion
+from .questions import DecisionQuestion, text
 from .settings import temperature_problem
 
 PRIORS = ("none", "batch", "contextual")  # what a run may divide its answers by (`--calibrate`)
@@ -239,12 +239,18 @@ class Methods:
         return cls.of(got)
 
 
+TUNED_LISTED = 26  # a tuned classifier's prompt lists the options up to this many (its score head reads them)
+
+
 def tuned_prompt(q: DecisionQuestion) -> tuple[str, tuple[str, ...]]:
     """A tuned classifier's system message and labels for `q`: the question as the names style asks
     it (its options listed by name; a noul's Yes/No), and the names it answers with, in `q`'s
-    option order (braces doubled: the message is filled as typed)."""
+    option order (braces doubled: the message is filled as typed). Beyond `TUNED_LISTED` options
+    the message is the instructions alone: the classifier's score head learns the options, and a
+    prompt listing 77 of them would cost every training step and every answer hundreds of tokens."""
     named = styled(q, "names")
-    return names_text(named).replace("{", "{{").replace("}", "}}"), tuple(named.labels)
+    message = names_text(named) if len(q.options) <= TUNED_LISTED else text(q.instructions) or "Which option fits?"
+    return message.replace("{", "{{").replace("}", "}}"), tuple(named.labels)
 
 
 def order_back(p: np.ndarray, order: Sequence[int]) -> np.ndarray:
