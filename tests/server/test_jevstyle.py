@@ -101,6 +101,24 @@ def test_jev_style_eval_of_a_served_task_equals_mlx_slm_eval(tiny_arch, tmp_path
     task, ours_json, theirs_json = tmp_path / "t.json", tmp_path / "ours.json", tmp_path / "jev.json"
     golds = ["--gold-field", "team", "--gold-field", "urgent"]
 
+    # The tiny random model answers near-constantly, so a fit on honest gold cannot beat its raw answers
+    # (and a fit that does not is not kept). Gold skewed to the option its raw answers pick least gives a
+    # bias per option something to learn: the kept fit is then what the rest of the test serves.
+    raw_json = tmp_path / "raw.json"
+    _cli(["eval", str(fit), "--decisions", str(q), *golds, "--model", model, "--json", str(raw_json)])
+    raw = json.loads(raw_json.read_text())["questions"]
+    skewed = []
+    for i, r in enumerate(rows[:24]):
+        r = dict(r)
+        for key in QUESTIONS:
+            labels, picked = raw[key]["labels"], [sum(col) for col in zip(*raw[key]["confusion"])]
+            rare = labels[picked.index(min(picked))]
+            others = [x for x in labels if x != rare]
+            value = others[i % len(others)] if i < 2 * len(others) else rare
+            r[key] = {"true": True, "false": False}.get(value, value)
+        skewed.append(r)
+    _write(fit, skewed)
+
     # label -> fit (cross-validated: the way, a bias per option, a temperature) -> the held-out figures
     out = _cli(["eval", str(fit), "--decisions", str(q), *golds, "--model", model, "--fit", "--save-task", str(task)])
     assert "fit: chose" in out
