@@ -317,11 +317,16 @@ class Service:
         self.scheduler.abort_pending()
 
 
+WARM_UP_LONG = 128  # words of the warm-up's long item (about 400 tokens)
+
+
 def warm_up(tasks: TaskCache, note_speed: Callable[[float, int], None]) -> None:
     """One item through the whole path of the loaded model (`tasks`: it computes the default
-    prompt head's KV, a one-off cost not measured), then a short and a longer item measured
-    (`note_speed(seconds, tokens)`), so that the time estimate knows both its fixed and its
-    per-token cost from the start. A model that only embeds warms up its embedder."""
+    prompt head's KV, a one-off cost not measured), then a short, a longer and a long item
+    measured (`note_speed(seconds, tokens)`), so that the time estimate knows both its fixed and
+    its per-token cost from the start, the latter as long items pay it (a token of a 100-token
+    item costs up to twice one of a 400-token item: small products, per-layer overheads). A
+    model that only embeds warms up its embedder."""
     if tasks.classifies:
         clf = tasks.loaded.clf  # type: ignore[union-attr]
         sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
@@ -335,7 +340,7 @@ def warm_up(tasks: TaskCache, note_speed: Callable[[float, int], None]) -> None:
             return emb.run_items(emb.prepare([text]))
 
     list(run("warm-up"))
-    for text in ("warm-up", " ".join(["warm-up"] * 32)):
+    for text in ("warm-up", " ".join(["warm-up"] * 32), " ".join(["warm-up"] * WARM_UP_LONG)):
         t0 = time.perf_counter()
         got = run(text)
         list(got)
