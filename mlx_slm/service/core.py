@@ -199,8 +199,8 @@ class Service:
         call = Call(("state",), "state", started, "", gone)
         front = await self._before(call, self.tasks.decider, True)
         item = await self._before(call, front.prepare, request)
-        await self._before(call, self.tasks.decider, False)  # the worker's, built here, not on it
-        got = await self._run(DECIDE_KEY, None, [item], call, [item.cost], [False])
+        back = await self._before(call, self.tasks.decider, False)  # the worker's, built here, not on it
+        got = await self._run(DECIDE_KEY, None, [item], call, [item.cost], [False], [back.work(item)])
         return self.metrics.decided(got[0][0].result)
 
     async def _before(self, call: Call, fn: Callable[..., Any], *args: Any) -> Any:
@@ -215,10 +215,12 @@ class Service:
         call: Call,
         costs: Sequence[int] | None = None,
         hits: Sequence[bool] | None = None,
+        works: Sequence[int] | None = None,
     ) -> list[Any]:
         """Prepared items through the queue and the worker: each item's (result, queue s,
-        inference s), in input order; `Invalid` for the first item that cannot run. `costs` and
-        `hits`: given by a caller that is no classifier (decisions), else the batch plan's."""
+        inference s), in input order; `Invalid` for the first item that cannot run. `costs`,
+        `hits` and `works` (the tokens each runs, for the time estimate): given by a caller that
+        is no classifier (decisions), else the batch plan's."""
         hint = call.truncate_hint
         for it, name in zip(prepared, call.names):
             if it.error:
@@ -229,9 +231,9 @@ class Service:
             hits = [prefix_hit(kind, it) for it in prepared]
         if costs is None:
             costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
-        # What each row runs beyond the plan's count (a label trie's other chunks); none for decisions.
-        extra = row_work(kind) if kind is not None else 0
-        works = [c + extra for c in costs]
+        if works is None:  # what each row runs beyond the plan's count (a label trie's other chunks)
+            extra = row_work(kind) if kind is not None else 0
+            works = [c + extra for c in costs]
         job = Job(len(prepared), asyncio.get_running_loop(), deadline=call.started + self.opts.request_timeout_s)
         job.names = list(call.names)
         with self._open_lock:

@@ -132,7 +132,9 @@ class WorkItem:
 
     @property
     def tokens_run(self) -> int:
-        return self.cost if self.work is None else max(self.work, self.cost)
+        """The tokens its forward runs: its cost and a trie's other chunks (`row_work`), or, for a
+        decision request, its cost less the start of its state the state cache holds."""
+        return self.cost if self.work is None else self.work
 
 
 def row_work(kind: Any) -> int:

@@ -159,3 +159,36 @@ def test_the_warm_up_measures_a_long_item_too(tiny_qwen_mlx):
     seen: list[int] = []
     warm_up(tasks, lambda seconds, tokens: seen.append(tokens))
     assert len(seen) == 3 and seen[0] < seen[1] < seen[2] and seen[2] >= 3 * seen[1], seen
+
+
+def test_a_decision_request_is_priced_without_the_start_its_state_cache_holds():
+    """jevcompat's ladder asks 128 options, then 255 of which the first 127 are the same: the
+    worker's state cache holds that start, so the 255-option request runs (and is priced at)
+    the rest only; with the cache off, or nothing prepared, its whole cost."""
+    from mlx_slm.service.decide import DecisionTask
+
+    class States:
+        def __init__(self, entries, held):
+            self.entries, self.held, self.asked = entries, held, []
+
+        def get(self, tokens, cache_key=None, floor=0):
+            self.asked.append((len(tokens), cache_key, floor))
+            return object(), self.held
+
+    class Decider:
+        def __init__(self, states):
+            self.states, self.planner = states, type("Planner", (), {"head": [1, 2, 3]})()
+
+    class Request:
+        cache_key = "conversation-1"
+
+    prepared = type("Prepared", (), {"ids": list(range(5610))})()
+    item = DecisionItem(Request(), prepared, cost=5642, longest=5610)
+    on = States(64, 2751)
+    assert DecisionTask(Decider(on)).work(item) == 5642 - 2751 and on.asked == [(5610, "conversation-1", 3)]
+    assert DecisionTask(Decider(States(0, 2751))).work(item) == 5642  # the cache is off
+    assert DecisionTask(Decider(on)).work(DecisionItem(Request(), None, cost=90)) == 90  # nothing prepared
+    s = scheduler()
+    j = job(1, ("state",))
+    s.submit(j, [item], DECIDE_KEY, [5642], [False], [5642 - 2751])
+    assert s.queue[0].tokens_run == 2891 and s.queue[0].cost == 5642  # priced on what runs; budgeted whole
