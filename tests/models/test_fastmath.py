@@ -165,3 +165,23 @@ def test_query_spans_equal_the_whole_attention_in_the_forward(tiny_arch, arch, m
             a, b, c = a[real], b[real], c[real]
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5, err_msg=f"{arch}: {name}, spans vs whole")
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=5e-5, err_msg=f"{arch}: {name}, spans vs MLX's own")
+
+
+def test_room_raises_the_buffer_cache_for_a_long_forward_and_puts_it_back():
+    """A long forward gets a buffer cache roomy enough to reuse its layers' buffers; afterwards the
+    limit is what it was (a server keeps no long prompt's buffers), and a user's roomier limit stays."""
+    before = mx.set_cache_limit(fastmath.ROOMY_FROM)
+    try:
+        with fastmath.room(4096, 4096, 896, 4864):
+            inside = mx.set_cache_limit(0)
+            mx.set_cache_limit(inside)
+        assert inside > fastmath.ROOMY_FROM
+        assert mx.set_cache_limit(fastmath.ROOMY_FROM) == fastmath.ROOMY_FROM
+        with fastmath.room(16, 16, 896, 4864):  # short: nothing changes
+            assert mx.set_cache_limit(fastmath.ROOMY_FROM) == fastmath.ROOMY_FROM
+        mx.set_cache_limit(1 << 40)
+        with fastmath.room(4096, 4096, 896, 4864):
+            assert mx.set_cache_limit(1 << 40) == 1 << 40
+        assert mx.set_cache_limit(before) == 1 << 40
+    finally:
+        mx.set_cache_limit(before)
