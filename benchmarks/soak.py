@@ -5,8 +5,11 @@
     python -m benchmarks.soak --model DIR --minutes 3 --minute-seconds 20   # a tiny model, 1 minute in all
 
 The server serves a task of two questions (`--questions questions.jsonl`, written from
-`QUESTIONS` here), so a plain /v1/classify body is answered with both answers. A fixed number of clients (`--clients`) send requests one after
-another, each drawn from a seeded mix:
+`QUESTIONS` here), so a plain /v1/classify body is answered with both answers; every other
+option is the server's default (`--request-timeout` and `--state-cache` are passed only when given
+here). Before the clients start, the decision routes' state cache is filled to its bound (`prime`;
+`--no-prime` skips it), so that RSS after the warm-up measures leaks, not a bounded cache filling.
+A fixed number of clients (`--clients`) send requests one after another, each drawn from a seeded mix:
 
     classify       /v1/classify with the request's own labels (1-3 texts)
     questions      /v1/classify on the served questions task
@@ -19,8 +22,9 @@ another, each drawn from a seeded mix:
     bad            a hostile body (bad JSON, wrong types, a schema's `required` holding a list, too
                    many choices): a 4xx is the expected answer
     disconnect     a classify request that the client abandons after 20-300 ms
-    heavy          a chat request of 300 long choices: answered 200, or 504 within the request
-                   timeout (priced over it: refused at admission)
+    heavy          a chat request of 300 long choices: answered 200; or refused at admission, 504
+                   while other work waits or runs (priced over half the request timeout) or 413
+                   (priced over all of it)
 
 Every `--sample-seconds` the sampler reads the server's RSS (`ps`), /health and the /metrics
 gauges. The results are kept per minute: RSS, p50 and p99 latency of the answered model requests,
@@ -31,7 +35,7 @@ The checks:
 
 * rss: RSS grows less than 10 % from the end of the warm-up to the end of the run;
 * p50: the p50 of the second half of the post-warm-up minutes is less than 20 % above the first half's;
-* no_5xx: no 5xx except a `heavy` request's 504, its expected answer;
+* no_5xx: no 5xx except a `heavy` request's 504, one of its expected answers;
 * no_lost: every request gets an answer, or the 4xx its kind expects (a `disconnect` excepted);
 * dropped: the work of timed-out and abandoned requests is dropped: /health never says
   "stalled", the worker is idle within one request timeout of the last request, and the items
@@ -39,8 +43,8 @@ The checks:
   batch running when it left) are at most 3 per gone request (a request holds up to 3 texts);
 * shutdown: SIGTERM exits 0, with no "terminate called" in the log.
 
-Results go to `--out` as soak.json, soak.md (the table) and soak.png (the plot), with the
-machine and the command. Only 127.0.0.1 is contacted. The latencies are the machine's: on a
+Results go to `--out` as NAME.json, NAME.md (the table) and NAME.png (the plot) (`--name`,
+default soak), with the machine and the command. Only 127.0.0.1 is contacted. The latencies are the machine's: on a
 shared CPU they are noisy, which is why the p50 check compares halves rather than single minutes.
 """
 
@@ -94,7 +98,6 @@ MODEL_KINDS = (
 )
 EXPECTED = {k: {200} for k in (*MODEL_KINDS, "disconnect")} | {"bad": {400, 404, 413, 422}, "heavy": {200, 413, 504}}
 RSS_GROWTH, P50_DRIFT = 0.10, 0.20
-STATE_CACHE = 16  # the server's --state-cache (see Server)
 
 
 # ----------------------------------------------------------------------------- the server
@@ -118,18 +121,17 @@ def rss_mb(pid: int) -> float | None:
 class Server:
     """`mlx-slm serve` in a child process on a free loopback port, its log in a file."""
 
-    def __init__(self, model: str, questions: Path, timeout: float, log: Path, startup_timeout: float = 900):
+    def __init__(
+        self, model: str, questions: Path, log: Path, options: list[str] | None = None, startup_timeout: float = 900
+    ):
         import httpx
 
         self.port = _free_port()
         self.url = f"http://{HOST}:{self.port}"
+        # The served task (two questions) and the socket; every other option at the server's
+        # default unless `options` names it (--request-timeout, --state-cache: `main`'s own flags).
         self.args = ["serve", "--model", model, "--questions", str(questions), "--host", HOST]
-        self.args += ["--port", str(self.port), "--request-timeout", f"{timeout:g}", "--drain-timeout", "5"]
-        # The decision routes keep recent states' keys and values (a cache bounded by count and bytes):
-        # STATE_CACHE states, few enough that the warm-up fills it, so RSS growth after the warm-up
-        # measures leaks, not a bounded cache still filling (at the default 64 states, 512 MiB, the
-        # first 30-minute run with decisions grew in steps to a plateau: +17 % after a 3-minute warm-up).
-        self.args += ["--state-cache", str(STATE_CACHE)]
+        self.args += ["--port", str(self.port), *(options or [])]
         self.log = log
         env = {k: v for k, v in os.environ.items() if k != "MLX_SLM_API_KEY"}
         with open(log, "w") as f:
@@ -416,6 +418,33 @@ def checks(res: dict[str, Any], log: list[dict[str, Any]], samples: list[dict[st
 # ----------------------------------------------------------------------------- the run
 
 
+def prime(url: str, mix: dict[str, int], timeout: float) -> dict[str, Any]:
+    """Fill the decision routes' state cache to its bound before the clients start: every state
+    of the pool once through each decision route in the mix (the cache keeps recent states' keys
+    and values, at most `--state-cache` states and 512 MiB; the pool holds more). A bounded cache
+    filling is no leak: filled first, RSS after the warm-up measures what grows without bound
+    (the first 30-minute run with decisions grew in steps to a plateau, +17 % after its warm-up,
+    as the default 64-state cache filled)."""
+    import httpx
+
+    kinds = [k for k in ("systemone", "decisions") if k in mix]
+    t0, n, statuses = time.perf_counter(), 0, {}
+    with httpx.Client(base_url=url, timeout=timeout) as http:
+        for text in texts():
+            for kind in kinds:
+                path, body = request(kind, random.Random(0), [text] * 3)  # its state: this text
+                code = http.post(path, content=body, headers={"content-type": "application/json"}).status_code
+                statuses[str(code)] = statuses.get(str(code), 0) + 1
+                n += 1
+    state_cache = httpx.get(url + "/v1/model", timeout=30).json().get("decisions", {}).get("state_cache")
+    return {
+        "requests": n,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "statuses": statuses,
+        "state_cache": state_cache,
+    }
+
+
 def rerank_support(url: str) -> str | None:
     """None when the served model reranks, else why not (its /v1/model "reranker" entry)."""
     import httpx
@@ -425,12 +454,18 @@ def rerank_support(url: str) -> str | None:
 
 
 def soak(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from mlx_slm.service import ServeOptions  # the server's defaults
+
     qfile = tmp / "questions.jsonl"
     qfile.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    srv = Server(a.model, qfile, a.request_timeout, tmp / "server.log")
+    options = [] if a.request_timeout is None else ["--request-timeout", f"{a.request_timeout:g}"]
+    options += [] if a.state_cache is None else ["--state-cache", str(a.state_cache)]
+    srv = Server(a.model, qfile, tmp / "server.log", options)
+    timeout_s = ServeOptions().request_timeout_s if a.request_timeout is None else a.request_timeout
     try:
         skipped = rerank_support(srv.url)
         mix = {k: w for k, w in MIX.items() if not (k == "rerank" and skipped)}
+        primed = prime(srv.url, mix, timeout_s + 60) if a.prime else None
         log: list[dict[str, Any]] = []
         samples: list[dict[str, Any]] = []
         span = a.minute_seconds
@@ -439,13 +474,13 @@ def soak(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         async def run() -> None:
             kinds, weights = list(mix), list(mix.values())
-            timeout = a.request_timeout + 60  # the server must answer first
+            timeout = timeout_s + 60  # the server must answer first
             jobs = [client(k, srv.url, kinds, weights, end, timeout, log) for k in range(a.clients)]
             await asyncio.gather(sampler(srv, end, a.sample_seconds, samples), *jobs)
 
         asyncio.run(run())
         t_end = time.time()
-        idle = wait_idle(srv.url, a.request_timeout + 10)
+        idle = wait_idle(srv.url, timeout_s + 10)
         import httpx
 
         final = gauges(httpx.get(srv.url + "/metrics", timeout=30).text)
@@ -459,8 +494,9 @@ def soak(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "minute_seconds": span,
         "warmup_minutes": a.warmup_minutes,
         "clients": a.clients,
-        "request_timeout_s": a.request_timeout,
+        "request_timeout_s": timeout_s,
         "mix": mix,
+        "primed": primed,
         "rerank_skipped": skipped,
         "t0": t0,
         "t_end": t_end,
@@ -494,7 +530,8 @@ def table(res: dict[str, Any]) -> str:
         "",
         f"Server: `{res['server_command']}` (ready in {res['startup_s']} s); {res['clients']} clients, one request "
         f"at a time each; warm-up: the first {res['warmup_minutes']} minute(s). Rerank: "
-        + ("in the mix." if not res["rerank_skipped"] else f"skipped ({res['rerank_skipped']})."),
+        + ("in the mix." if not res["rerank_skipped"] else f"skipped ({res['rerank_skipped']}).")
+        + _primed(res.get("primed")),
         "",
         "| minute | RSS MB | p50 ms | p99 ms | answered/s | requests | statuses |",
         "|---|---|---|---|---|---|---|",
@@ -514,6 +551,16 @@ def table(res: dict[str, Any]) -> str:
         shown = {k: v for k, v in c.items() if k not in ("ok", "examples", "log_tail")}
         lines.append(f"| {name} | {'yes' if c['ok'] else '**no**'} | {json.dumps(shown)} |")
     return "\n".join(lines) + "\n"
+
+
+def _primed(p: dict[str, Any] | None) -> str:
+    if not p:
+        return ""
+    st = ", ".join(f"{k}: {v}" for k, v in p["statuses"].items())
+    return (
+        f" Before the clients, the state cache ({p['state_cache']} states) was filled: {p['requests']} decision "
+        f"requests, one per state of the pool and route, in {p['seconds']} s ({st})."
+    )
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
@@ -556,7 +603,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minute-seconds", type=float, default=60.0, help="a 'minute' of the table (shorter for tests)")
     ap.add_argument("--warmup-minutes", type=int, default=None, help="default: a tenth of the run, at least 1")
     ap.add_argument("--clients", type=int, default=3)
-    ap.add_argument("--request-timeout", type=float, default=20.0)
+    ap.add_argument("--request-timeout", type=float, default=None, help="the server's (default: its own, 60 s)")
+    ap.add_argument("--state-cache", type=int, default=None, help="the server's (default: its own, 64 states)")
+    ap.add_argument(
+        "--no-prime", dest="prime", action="store_false", help="do not fill the state cache before the clients start"
+    )
+    ap.add_argument("--name", default="soak", help="the result files' name (NAME.json, NAME.md, NAME.png)")
     ap.add_argument("--sample-seconds", type=float, default=5.0)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args(argv)
@@ -573,9 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     res = {**run_record("benchmarks.soak", a.model, argv, peak0, matmul_peak()["mlx"]), **res}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(res, indent=2) + "\n")
-    (out / "soak.md").write_text(table(res))
-    plot(res, out / "soak.png")
+    (out / f"{a.name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / f"{a.name}.md").write_text(table(res))
+    plot(res, out / f"{a.name}.png")
     print(table(res))
     return 0 if all(c["ok"] for c in res["checks"].values()) else 1
 

@@ -20,6 +20,7 @@ scoring-specific parts live here, once:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -123,8 +124,7 @@ class ModelArgs:
     def from_dict(cls, config: dict[str, Any]) -> ModelArgs:
         """Build from a Hugging Face `config.json` dict (transformers 4 or 5 layout).
 
-        On this base class the architecture's own `ModelArgs` is looked up by `model_type`.
-        """
+        On this base class the architecture's own `ModelArgs` is looked up by `model_type`."""
         if cls is ModelArgs:
             from . import get_model_module  # lazy: the registry imports every architecture, which imports this
 
@@ -194,8 +194,7 @@ class ModelArgs:
 class Ops:
     """The attention and gated-activation kernels of one forward: MLX's native fused ops.
 
-    Chosen once when the model is loaded (`choose_ops`); assign `model.ops` to override.
-    """
+    Chosen once when the model is loaded (`choose_ops`); assign `model.ops` to override."""
 
     name = "native"
 
@@ -212,6 +211,10 @@ class Ops:
     def gelu_tanh_mul(self, gate: mx.array, up: mx.array) -> mx.array:
         return nn.gelu_approx(gate) * up
 
+    def room(self, tokens: int, keys: int, args: Any) -> Any:
+        """A context for one forward of `tokens` rows x positions over `keys` keys (`fastmath.room`)."""
+        return contextlib.nullcontext()
+
     def __repr__(self) -> str:
         return f"<ops {self.name}>"
 
@@ -220,8 +223,7 @@ class FastmathOps(Ops):
     """numpy's vectorized exp for the softmax and the gated activations (CPU, float32 only).
 
     `q` and `up` must be fresh arrays (the forward's own RoPE output and projection): the
-    kernels write into their buffers.
-    """
+    kernels write into their buffers."""
 
     name = "fastmath"
 
@@ -236,6 +238,9 @@ class FastmathOps(Ops):
 
     def gelu_tanh_mul(self, gate: mx.array, up: mx.array) -> mx.array:
         return fastmath.gelu_tanh_mul(gate, up)
+
+    def room(self, tokens: int, keys: int, args: Any) -> Any:
+        return fastmath.room(tokens, keys, args.hidden_size, args.intermediate_size)
 
 
 NATIVE = Ops()
@@ -564,11 +569,12 @@ class Model(nn.Module):
         h = self.embed(ids)
         n = len(self.layers)
         new_cache: list[KV] = []
-        for i, layer in enumerate(self.layers):
-            h, kv = layer(h, ctx, None if cache is None else cache[i], last_only and i == n - 1)
-            new_cache.append(kv)
-            if collect is not None and i + 1 in collect and i + 1 < n:
-                collect[i + 1] = h
+        with self.ops.room(ids.shape[0] * ids.shape[1], cache_len + ids.shape[1], self.args):  # its buffers
+            for i, layer in enumerate(self.layers):
+                h, kv = layer(h, ctx, None if cache is None else cache[i], last_only and i == n - 1)
+                new_cache.append(kv)
+                if collect is not None and i + 1 in collect and i + 1 < n:
+                    collect[i + 1] = h
         h = self.model.norm(h)
         if collect is not None and n in collect:
             collect[n] = h

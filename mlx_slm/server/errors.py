@@ -22,6 +22,7 @@ from ..service import (
     ServiceError,
     TimedOut,
     TooLarge,
+    TooSlow,
 )
 
 
@@ -184,6 +185,7 @@ def _printable(s: str) -> str:
 _STATUS: dict[type[ServiceError], tuple[int, str]] = {
     Invalid: (422, "invalid"),
     TooLarge: (413, "too_large"),
+    TooSlow: (413, "too_large"),  # cannot finish within --request-timeout even alone: never the 504 clients retry
     NotSupported: (400, "invalid"),
     QueueFull: (429, "overloaded"),
     NotReady: (503, "unavailable"),

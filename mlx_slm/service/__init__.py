@@ -31,6 +31,7 @@ from .errors import (
     ServiceError,
     TimedOut,
     TooLarge,
+    TooSlow,
 )
 from .metrics import Metrics, RateTracker
 from .scheduler import BATCH_TIME_FRACTION, LOOKAHEAD
@@ -61,5 +62,6 @@ __all__ = [
     "TaskSpec",
     "TimedOut",
     "TooLarge",
+    "TooSlow",
     "classifier_loader",
 ]

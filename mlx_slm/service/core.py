@@ -201,8 +201,8 @@ class Service:
         call = Call(("state",), "state", started, "", gone)
         front = await self._before(call, self.tasks.decider, True)
         item = await self._before(call, front.prepare, request)
-        await self._before(call, self.tasks.decider, False)  # the worker's, built here, not on it
-        got = await self._run(DECIDE_KEY, None, [item], call, [item.cost], [False])
+        back = await self._before(call, self.tasks.decider, False)  # the worker's, built here, not on it
+        got = await self._run(DECIDE_KEY, None, [item], call, [item.cost], [False], [back.work(item)])
         return self.metrics.decided(got[0][0].result)
 
     async def _before(self, call: Call, fn: Callable[..., Any], *args: Any) -> Any:
@@ -217,10 +217,12 @@ class Service:
         call: Call,
         costs: Sequence[int] | None = None,
         hits: Sequence[bool] | None = None,
+        works: Sequence[int] | None = None,
     ) -> list[Any]:
         """Prepared items through the queue and the worker: each item's (result, queue s,
-        inference s), in input order; `Invalid` for the first item that cannot run. `costs` and
-        `hits`: given by a caller that is no classifier (decisions), else the batch plan's."""
+        inference s), in input order; `Invalid` for the first item that cannot run. `costs`,
+        `hits` and `works` (the tokens each runs, for the time estimate): given by a caller that
+        is no classifier (decisions), else the batch plan's."""
         hint = call.truncate_hint
         for it, name in zip(prepared, call.names):
             if it.error:
@@ -231,9 +233,9 @@ class Service:
             hits = [prefix_hit(kind, it) for it in prepared]
         if costs is None:
             costs = [item_cost(kind, it, h) for it, h in zip(prepared, hits)]
-        # What each row runs beyond the plan's count (a label trie's other chunks); none for decisions.
-        extra = row_work(kind) if kind is not None else 0
-        works = [c + extra for c in costs]
+        if works is None:  # what each row runs beyond the plan's count (a label trie's other chunks)
+            extra = row_work(kind) if kind is not None else 0
+            works = [c + extra for c in costs]
         job = Job(len(prepared), asyncio.get_running_loop(), deadline=call.started + self.opts.request_timeout_s)
         job.names = list(call.names)
         with self._open_lock:
@@ -319,11 +321,16 @@ class Service:
         self.scheduler.abort_pending()
 
 
+WARM_UP_LONG = 128  # words of the warm-up's long item (about 400 tokens)
+
+
 def warm_up(tasks: TaskCache, note_speed: Callable[[float, int], None]) -> None:
     """One item through the whole path of the loaded model (`tasks`: it computes the default
-    prompt head's KV, a one-off cost not measured), then a short and a longer item measured
-    (`note_speed(seconds, tokens)`), so that the time estimate knows both its fixed and its
-    per-token cost from the start. A model that only embeds warms up its embedder."""
+    prompt head's KV, a one-off cost not measured), then a short, a longer and a long item
+    measured (`note_speed(seconds, tokens)`), so that the time estimate knows both its fixed and
+    its per-token cost from the start, the latter as long items pay it (a token of a 100-token
+    item costs up to twice one of a 400-token item: small products, per-layer overheads). A
+    model that only embeds warms up its embedder."""
     if tasks.classifies:
         clf = tasks.loaded.clf  # type: ignore[union-attr]
         sample = clf.spec.example_input  # a text, or a (query, document) pair for a reranker
@@ -337,7 +344,7 @@ def warm_up(tasks: TaskCache, note_speed: Callable[[float, int], None]) -> None:
             return emb.run_items(emb.prepare([text]))
 
     list(run("warm-up"))
-    for text in ("warm-up", " ".join(["warm-up"] * 32)):
+    for text in ("warm-up", " ".join(["warm-up"] * 32), " ".join(["warm-up"] * WARM_UP_LONG)):
         t0 = time.perf_counter()
         got = run(text)
         list(got)

@@ -117,6 +117,18 @@ class DecisionTask:
     def run_items(self, items: Sequence[DecisionItem], ordered: bool = False) -> DecisionRun:
         return DecisionRun(self.decider, items)
 
+    def work(self, item: DecisionItem) -> int:
+        """The tokens `item` will run on this (the worker's) `Decider`: its cost less the start of
+        its state that the state cache holds now (the same state, or one sharing its longest start:
+        jevcompat's 255-option choice shares 2,751 of its 5,642 tokens with the 128-option one asked
+        before it). What the time estimate prices, as the run's processed tokens are measured."""
+        d, p = self.decider, item.prepared
+        states = getattr(d, "states", None)
+        if p is None or states is None or getattr(states, "entries", 0) <= 0:
+            return item.cost
+        _, held = states.get(p.ids, item.request.cache_key, len(d.planner.head))
+        return max(1, item.cost - int(held))
+
 
 def decision_budget(tasks: Any, budget: int, time_budget: int | None) -> int:
     """The token budget of a micro-batch of decision requests (`DECIDE_KEY`): the worker's

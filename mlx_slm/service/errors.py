@@ -23,6 +23,12 @@ class TooLarge(ServiceError):
     labels or choices: `tasks.MAX_LABEL_TOKENS`)."""
 
 
+class TooSlow(TooLarge):
+    """An item whose estimated compute time is over the request timeout even with nothing else
+    to run: no retry can help, so it is no `TimedOut` (a 504, which clients retry) but the
+    request's work over a limit (the server's --request-timeout)."""
+
+
 class NotSupported(ServiceError):
     """The served model cannot answer the route at all (a rerank on a model that is no reranker)."""
 

@@ -156,6 +156,12 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+# Attention's time per multiply-add against the other products' (the weights' matmuls): its score
+# products are small and its softmax passes memory-bound. Measured on the 2-core x86 CPU (the
+# fastmath kernel, Qwen2.5-0.5B, 4,096 tokens, instrumented forward): 1.4.
+ATTENTION_TIME = 1.4
+
+
 class RateTracker:
     """A micro-batch's compute time as `fixed + per_token * tokens`, fitted on measured batches.
 
@@ -171,10 +177,16 @@ class RateTracker:
     Attention grows with the square of a row's length, the rest linearly: a line fitted on the
     warm-up's short items priced an 8,161-token text at under the 60 s timeout, and it took 100 s
     (the request got its 504 after the full minute, and the worker ran 41 s more for nobody). So
-    each batch's tokens are weighed by `1 + attention * longest`, where `attention` is the
-    model's own ratio of attention work per token per position to the rest of a layer's work
-    (`attention_share`, from its shape): the fit stays a line in those weighted tokens, and an
-    item far longer than any measured is priced with its attention."""
+    each batch's tokens are weighed by `1 + ATTENTION_TIME * attention * keys`, where `attention`
+    is the model's own ratio of attention work per token per position to the rest of a layer's
+    work (`attention_share`, from its shape) and `keys` the positions a token attends on average
+    (causal: half its own row, all of a cached start): the fit stays a line in those weighted
+    tokens, and an item far longer than any measured is priced with its attention.
+
+    The line's slope is the cost of a token in a long row: a short item's tokens cost more each
+    (small products, per-layer overheads), so a slope measured on short items alone priced
+    jevcompat's 255-option choice (5,642 tokens) at 43 s on SmolLM2-135M when it ran in about
+    20 s, and refused it. The warm-up measures a long item too (`core.warm_up`)."""
 
     ALPHA = 0.3  # weight of a new batch in its size class's moving average
 
@@ -185,8 +197,13 @@ class RateTracker:
         self.attention = attention  # extra work per token per position of the row, relative to one token's
 
     def weighted(self, tokens: int, longest: int | None = None) -> float:
-        """A batch's tokens weighed by its attention (`longest`: its longest row; None: one row)."""
-        return tokens * (1.0 + self.attention * (tokens if longest is None else longest))
+        """A batch's tokens weighed by its attention (`longest`: its longest row, a cached start
+        included; None: one row of `tokens`). A token attends the keys before it: on average half
+        of a row's own (the causal square's lower half), and all of a cached start (a row of `n`
+        new tokens after `c` cached ones: `longest` c + n, keys c + n / 2 each)."""
+        row = tokens if longest is None else longest
+        keys = row - min(tokens, row) / 2
+        return tokens * (1.0 + ATTENTION_TIME * self.attention * keys)
 
     @property
     def known(self) -> bool:
@@ -219,7 +236,8 @@ class RateTracker:
         if self.per_token <= 0:
             return None
         w = (seconds - self.fixed) / self.per_token  # weighted tokens; raw ones, as if one row held them all
-        raw = w if self.attention <= 0 else (math.sqrt(1 + 4 * self.attention * max(w, 0.0)) - 1) / (2 * self.attention)
+        c = ATTENTION_TIME * self.attention  # w = t (1 + c t / 2)
+        raw = w if c <= 0 else (math.sqrt(1 + 2 * c * max(w, 0.0)) - 1) / c
         return max(1, int(raw))
 
 

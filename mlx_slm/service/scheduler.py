@@ -35,12 +35,14 @@ next request then waits for. Six rules keep the queue moving:
    still to run, the rest is abandoned between batches (`run_batch`); so is it once the
    server stops (`stop`: after SIGTERM's drain, nobody waits for it).
 6. An item is priced with all it runs (`row_work`: every chunk of a label trie, not only the
-   largest one the batch plan holds at once), and one whose estimate alone is over
-   `ITEM_TIME_FRACTION` (1/2) of the request timeout is refused at admission (`submit`),
-   before it takes a place in the queue. An item cannot be split, so it holds the worker to
-   its end: priced up to the whole timeout, one heavy chat of 300 long choices (15 s on a
-   loaded 2-core CPU, a 20 s timeout) left the requests queued behind it without the time
-   to run (the 30-minute soak's 504s); with half, they always keep the other half.
+   largest one the batch plan holds at once) and admitted by `admission` (`submit`), before it
+   takes a place in the queue. An item cannot be split, so it holds the worker to its end:
+   priced up to the whole timeout, one heavy chat of 300 long choices (15 s on a loaded
+   2-core CPU, a 20 s timeout) left the requests queued behind it without the time to run
+   (the 30-minute soak's 504s). So an item estimated over `ITEM_TIME_FRACTION` (1/2) of the
+   request timeout is admitted only when nothing else is queued or running (it delays no one;
+   refused 504 otherwise, worth a retry), and one estimated over the whole timeout is refused
+   `TooSlow` (413: it cannot finish even alone, and a 504 would be retried in vain).
    The request's own steps before admission (its task built and its choices tokenized, its
    texts tokenized: `Service.classify`) run off the worker, under the request's deadline.
 
@@ -67,7 +69,7 @@ from typing import Any
 
 from .api import ServeOptions
 from .decide import decision_budget
-from .errors import Aborted, Draining, Failed, QueueFull, ServiceError, TimedOut
+from .errors import Aborted, Draining, Failed, QueueFull, ServiceError, TimedOut, TooSlow
 from .keys import DECIDE_KEY, TaskKey
 from .metrics import Metrics, RateTracker
 from .tasks import TaskCache
@@ -130,7 +132,9 @@ class WorkItem:
 
     @property
     def tokens_run(self) -> int:
-        return self.cost if self.work is None else max(self.work, self.cost)
+        """The tokens its forward runs: its cost and a trie's other chunks (`row_work`), or, for a
+        decision request, its cost less the start of its state the state cache holds."""
+        return self.cost if self.work is None else self.work
 
 
 def row_work(kind: Any) -> int:
@@ -168,6 +172,7 @@ class Scheduler:
         self._rate = 0.0  # recent items/s, for Retry-After
         self.running: list[WorkItem] = []  # the micro-batch the worker computes now
         self.batch_started: float | None = None  # its start (time.perf_counter()); None: idle
+        self.busy = False  # a micro-batch has left the queue and is not done (admission's "idle")
 
     @property
     def busy_seconds(self) -> float:
@@ -214,26 +219,25 @@ class Scheduler:
         works: Sequence[int] | None = None,
     ) -> None:
         """Queue a request's items (`works`: each item's tokens run in all, `row_work`; None:
-        its cost), or refuse it whole: `Draining`, `QueueFull`, or `TimedOut` for an item whose
-        estimate alone is over `ITEM_TIME_FRACTION` of the request timeout (rule 6)."""
+        its cost), or refuse it whole: `Draining`, `QueueFull`, or by `admission` (rule 6)."""
         now = time.perf_counter()
         works = costs if works is None else works
-        for i, (c, w) in enumerate(zip(costs, works)):
-            it = WorkItem(job, i, items[i], key, c, hits[i], now, w)
-            est = self.speed.estimate(it.tokens_run, _longest(it))
-            if est > ITEM_TIME_FRACTION * self.opts.request_timeout_s:
-                raise too_slow(it, est, self.opts.request_timeout_s, self.opts.request_timeout_s)
+        new = [WorkItem(job, i, items[i], key, c, hits[i], now, w) for i, (c, w) in enumerate(zip(costs, works))]
         with self.cond:
             if self.draining:
                 raise Draining("the server is shutting down: not accepting new requests", retry_after=5)
+            idle = not self.queue and not self.busy and not self.running
+            for it in new:
+                err = admission(it, self.speed.estimate(it.tokens_run, _longest(it)), self.opts.request_timeout_s, idle)
+                if err is not None:
+                    raise err
             if len(self.queue) + len(items) > self.opts.max_queue_items:
                 wait = len(self.queue) / self._rate if self._rate > 0 else 1.0
                 raise QueueFull(
                     f"the queue holds {len(self.queue)} items (limit {self.opts.max_queue_items}); retry later",
                     retry_after=max(1, math.ceil(wait)),
                 )
-            for i, (t, c, h, w) in enumerate(zip(items, costs, hits, works)):
-                self.queue.append(WorkItem(job, i, t, key, c, h, now, w))
+            self.queue.extend(new)
             self.inflight += 1
             self.cond.notify_all()
 
@@ -288,6 +292,7 @@ class Scheduler:
                 if full or left <= 0 or self.stopping or self.draining:
                     chosen = {id(it) for it in got}
                     self.queue = deque(it for it in self.queue if id(it) not in chosen)
+                    self.busy = True
                     return got
                 self.cond.wait(left)
 
@@ -321,10 +326,14 @@ class Scheduler:
             groups: OrderedDict[tuple, list[WorkItem]] = OrderedDict()
             for it in got:
                 groups.setdefault(it.key, []).append(it)
-            for key, items in groups.items():
-                items = self.runnable(items)
-                if items:
-                    self.run_batch(key, items)
+            try:
+                for key, items in groups.items():
+                    items = self.runnable(items)
+                    if items:
+                        self.run_batch(key, items)
+            finally:
+                with self.cond:
+                    self.busy = False
 
     def runnable(self, items: list[WorkItem]) -> list[WorkItem]:
         """The items still worth computing now (rules 1 and 3 in the class docstring)."""
@@ -341,9 +350,10 @@ class Scheduler:
                 dropped += 1
                 continue
             est = self.speed.estimate(it.tokens_run, _longest(it))
-            if est > job.deadline - now:
+            if est > job.deadline - now:  # rule 3: answered now and its waiting items dropped, not started
                 refused.append(job)
-                self._refuse(it, est, job.deadline - now)
+                self.cancel(job)
+                post_to(job, job.fail, too_slow(it, est, job.deadline - now, self.opts.request_timeout_s))
                 dropped += 1
                 continue
             out.append(it)
@@ -351,14 +361,6 @@ class Scheduler:
         if dropped:
             self.metrics.count(self.metrics.items, "dropped", dropped)
         return [it for it in out if it.job not in refused]
-
-    def _refuse(self, it: WorkItem, est: float, left: float) -> None:
-        """Rule 3: answer the request `TimedOut` now, and drop its waiting items, rather than
-        start a forward pass that would outlive it."""
-        job = it.job
-        err = too_slow(it, est, left, self.opts.request_timeout_s)
-        self.cancel(job)
-        post_to(job, job.fail, err)
 
     def run_batch(self, key: TaskKey, items: list[WorkItem]) -> None:
         with self.cond:
@@ -450,25 +452,65 @@ class Scheduler:
             self.metrics.count(self.metrics.items, "dropped", len(items))
 
 
-def too_slow(it: WorkItem, est: float, left: float, timeout: float) -> TimedOut:
-    """The `TimedOut` of an item whose estimate is over the `left` seconds its request has."""
-    job = it.job
-    name = job.names[it.index] if job.names else f"texts[{it.index}]"
-    said = f"{name} would take about {est:.2g} s to compute ({it.tokens_run} tokens at the measured rate)"
-    if est > left:
-        said += f", more than the {max(0.0, left):.2g} s left of the request timeout of {timeout:g} s"
-    return TimedOut(f"{said}: " + _timeout_advice(it, est, timeout), name)
+def admission(it: WorkItem, est: float, timeout: float, idle: bool) -> ServiceError | None:
+    """Rule 6, an item at the door (`est`: its estimated compute time; `idle`: nothing else is
+    queued or running): `TooSlow` when it cannot finish within the request `timeout` even alone
+    (no retry helps: 413); `TimedOut` (504, worth a retry) when it would hold the worker for over
+    `ITEM_TIME_FRACTION` of the timeout while other requests wait or run; None: admitted. So one
+    long item runs when it delays no one: jevcompat's 255-option choice, priced at 43 s with
+    nothing else queued, was refused 504 against a 30 s share that protected no one."""
+    name = _name(it)
+    said = f"{name} would take about {est:.2g} s to compute ({_work(it)} at the measured rate)"
+    if est > timeout:
+        return TooSlow(
+            f"{said}, more than the server's --request-timeout of {timeout:g} s even with nothing else to run: "
+            f"{_shorter(it)}, or start the server with a larger --request-timeout",
+            name,
+        )
+    if est > ITEM_TIME_FRACTION * timeout and not idle:
+        return TimedOut(
+            f"{said}, over half the --request-timeout of {timeout:g} s while other requests wait or run: an item "
+            f"holds the worker to its end, so one this long runs only when nothing else does: retry later, or "
+            f"{_shorter(it)}",
+            name,
+        )
+    return None
 
 
-def _timeout_advice(it: WorkItem, est: float, timeout: float) -> str:
-    """What the client can do about a refused item, from what it sent. An item reaching the
-    worker is within the model's context already, so truncation would not shorten it:
-    either the text (and its choices) alone outlast the timeout, or it waited behind other work."""
-    if est > ITEM_TIME_FRACTION * timeout:
-        most = f"{ITEM_TIME_FRACTION * timeout:g} s (half the server's --request-timeout of {timeout:g} s: one item holds the worker to its end)"
-        if it.tokens_run > it.cost:
-            return f"the text and its choices alone take longer than one item may, {most}: shorten it, or send fewer choices"
-        return f"the text alone takes longer than one item may, {most}: shorten it"
+def too_slow(it: WorkItem, est: float, left: float, timeout: float) -> ServiceError:
+    """Rule 3, at the worker: the error of an item whose estimate is over the `left` seconds its
+    request has: `TooSlow` if it is over the whole timeout too (the estimate grew since its
+    admission), else `TimedOut`, as it waited behind other work (worth a retry)."""
+    if est > timeout:
+        return admission(it, est, timeout, True)  # type: ignore[return-value]
     waited = time.perf_counter() - it.t_enqueued
     fewer = ", or send fewer texts per request" if len(it.job.results) > 1 else ""
-    return f"it waited {waited:.2g} s in the queue behind other work: retry{fewer}"
+    return TimedOut(
+        f"{_name(it)} would take about {est:.2g} s to compute ({_work(it)} at the measured rate), more than the "
+        f"{max(0.0, left):.2g} s left of the request timeout of {timeout:g} s: it waited {waited:.2g} s in the "
+        f"queue behind other work: retry{fewer}",
+        _name(it),
+    )
+
+
+def _name(it: WorkItem) -> str:
+    job = it.job
+    return job.names[it.index] if job.names else f"texts[{it.index}]"
+
+
+def _work(it: WorkItem) -> str:
+    """What the item runs, in the words of its request: a decision request's state and questions."""
+    asked = len(getattr(getattr(it.item, "request", None), "questions", None) or ())
+    if it.key == DECIDE_KEY and asked:
+        return f"its state and {asked} question(s), {it.tokens_run} tokens"
+    return f"{it.tokens_run} tokens"
+
+
+def _shorter(it: WorkItem) -> str:
+    """What would shorten an item, from what it holds. An item reaching the scheduler is within the
+    model's context already, so truncation would not help."""
+    if it.key == DECIDE_KEY:
+        return "ask fewer questions or options per request, or send a shorter state"
+    if it.tokens_run > it.cost:
+        return "send fewer choices, or a shorter text"
+    return "send a shorter text"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mlx_slm  # noqa: F401
-from mlx_slm.models import build_mask, fastmath
+from mlx_slm.models import FASTMATH, build_mask, fastmath
 
 
 @pytest.mark.parametrize("rows", [3, 700])  # 700 x 512 floats crosses the threading threshold
@@ -94,3 +94,94 @@ def test_openblas_thread_timeout_is_not_left_in_the_environment():
 
     assert seen(env) == "None"
     assert seen({**env, "OPENBLAS_THREAD_TIMEOUT": "20"}) == "20"  # a user's own value is kept
+
+
+# ----------------------------------------------------------------------------- long prompts: query spans
+
+
+def test_stacked_rows_fill_a_gemm_of_about_224_rows():
+    """The rep query heads of one KV head stacked: about `STACKED_ROWS` rows per GEMM, a multiple of 8."""
+    assert [fastmath.stacked_rows(r) for r in (1, 2, 3, 7, 14, 64)] == [224, 112, 80, 32, 16, 16]
+
+
+class _Spans(FASTMATH.__class__):
+    """Every attention in query spans (block 1: no whole unit fits)."""
+
+    def attention(self, q, k, v, scale, mask):
+        return fastmath.attention(q, k, v, scale, mask, causal=True, block=1)
+
+
+class _Whole(FASTMATH.__class__):
+    """Every attention whole: one block per (row, KV head), every score of the square computed."""
+
+    def attention(self, q, k, v, scale, mask):
+        return fastmath.attention(q, k, v, scale, mask, causal=True, block=1 << 62)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "gemma3"])
+def test_query_spans_equal_the_whole_attention_in_the_forward(tiny_arch, arch, monkeypatch):
+    """A long prompt's attention in query spans (each stopping at its last query's key) gives the
+    whole attention's hidden states and KV, within float32 tolerance, through every mask the
+    forward builds: left padding, per-row RoPE offsets, a shared prefix (broadcast), a cache with
+    padding inside (`cache_mask`), a tree (question branches: explicit positions, each token
+    seeing its ancestors), sliding windows (qwen3, gemma3), and the last layer's last position."""
+    if not fastmath._blas_local_setters():
+        pytest.skip("numpy's BLAS is not an OpenBLAS with a per-thread setting: fastmath keeps the products in MLX")
+    from mlx_slm.models import NATIVE, Tree, load_model
+    from tests.forward_parity import padded
+
+    monkeypatch.setattr(fastmath, "STACKED_ROWS", 16)  # spans of 16 query positions: several per row here
+    m = load_model(tiny_arch.mlx(arch))
+    rng = np.random.default_rng(7)
+    prefix = rng.integers(5, 300, 9).tolist()
+    rows = [rng.integers(5, 300, n).tolist() for n in (70, 41, 3)]
+    _, kv = m(mx.array([prefix]))
+    ids, mask, offs = padded(rows, 0, cache_len=len(prefix))
+    B, L = ids.shape
+    cache_mask = mx.concatenate([mx.ones((B, len(prefix)), dtype=mx.bool_), mask], axis=1)
+    # two branches of 20 tokens after each row: each token sees the row and its own branch's earlier tokens
+    T = 40
+    visible = np.tril(np.ones((T, T), bool))
+    visible[20:, :20] = False
+    positions = (np.array(offs)[:, None] + L + np.concatenate([np.arange(20), np.arange(20)])[None]).astype(np.int32)
+    branch = mx.array(rng.integers(5, 300, (B, T)))
+
+    def run(ops):
+        m.ops = ops
+        try:
+            h, kv2 = m(ids, mask, offs, cache=kv, last_only=False)
+            last, _ = m(ids, mask, offs, cache=kv)
+            t, _ = m(branch, None, None, cache=kv2, cache_mask=cache_mask, last_only=False,
+                     tree=Tree(mx.array(positions), mx.array(visible)))  # fmt: skip
+            mx.eval(h, last, t, kv2)
+            return [np.array(x) for x in (h, last, t, kv2[-1][0], kv2[-1][1])]
+        finally:
+            m.ops = FASTMATH
+
+    spans, whole, native = run(_Spans()), run(_Whole()), run(NATIVE)
+    real = np.array(mask)
+    for name, a, b, c in zip(("hidden", "last", "branches", "keys", "values"), spans, whole, native):
+        if name == "hidden":  # a padding position's state is no real token's: compare the real ones
+            a, b, c = a[real], b[real], c[real]
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5, err_msg=f"{arch}: {name}, spans vs whole")
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=5e-5, err_msg=f"{arch}: {name}, spans vs MLX's own")
+
+
+def test_room_raises_the_buffer_cache_for_a_long_forward_and_puts_it_back():
+    """A long forward gets a buffer cache roomy enough to reuse its layers' buffers; afterwards the
+    limit is what it was (a server keeps no long prompt's buffers), and a user's roomier limit stays."""
+    before = mx.set_cache_limit(fastmath.ROOMY_FROM)
+    try:
+        with fastmath.room(4096, 4096, 896, 4864):
+            inside = mx.set_cache_limit(0)
+            mx.set_cache_limit(inside)
+        assert inside > fastmath.ROOMY_FROM
+        assert mx.set_cache_limit(fastmath.ROOMY_FROM) == fastmath.ROOMY_FROM
+        with fastmath.room(16, 16, 896, 4864):  # short: nothing changes
+            assert mx.set_cache_limit(fastmath.ROOMY_FROM) == fastmath.ROOMY_FROM
+        mx.set_cache_limit(1 << 40)
+        with fastmath.room(4096, 4096, 896, 4864):
+            assert mx.set_cache_limit(1 << 40) == 1 << 40
+        assert mx.set_cache_limit(before) == 1 << 40
+    finally:
+        mx.set_cache_limit(before)

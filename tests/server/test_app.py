@@ -19,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
 
-from mlx_slm.server import ServeOptions, Service, classifier_loader, create_app  # noqa: E402
+from mlx_slm.server import ServeOptions, Service, classifier_loader, create_app, http_error  # noqa: E402
 
 TEXTS = [
     "My card was charged twice for the same invoice.",
@@ -314,8 +314,9 @@ def _refused(svc, cost: int, n_items: int = 1, waited: float = 0.0, left: float 
 def test_no_504_for_an_item_that_fits_and_a_refusal_says_what_helps():
     """On an idle server a 300-token item estimated at 2 s runs under a 5 s timeout (a per-token
     rate alone refused it as 13 s). A refused item's advice follows what the client sent: a
-    text too long for the whole timeout is to be shortened (truncation, which only cuts to
-    the model's context, would not help); one that waited in the queue may be retried."""
+    text too long for the whole timeout is to be shortened, or the timeout raised (truncation,
+    which only cuts to the model's context, would not help: a 413, never retried); one that
+    waited in the queue may be retried (a 504)."""
     from mlx_slm.service import Service
 
     svc = Service(lambda: None, ServeOptions(request_timeout_s=5.0))
@@ -324,11 +325,10 @@ def test_no_504_for_an_item_that_fits_and_a_refusal_says_what_helps():
     assert _refused(svc, 300) is None
     err = _refused(svc, 3000, n_items=2)  # about 9 s: more than the whole timeout
     assert err is not None and err.field == "texts[0]" and "truncate" not in err.message
-    assert (
-        "half the server's --request-timeout of 5 s: one item holds the worker to its end): shorten it" in err.message
-    )
+    assert "--request-timeout of 5 s even with nothing else to run: send a shorter text" in err.message
+    assert http_error(err).status == 413
     err = _refused(svc, 300, n_items=2, waited=4.0, left=1.0)  # 2 s, but 1 s left after the queue
-    assert err is not None and "truncate" not in err.message
+    assert err is not None and "truncate" not in err.message and http_error(err).status == 504
     assert "in the queue behind other work: retry, or send fewer texts per request" in err.message
 
 

@@ -120,6 +120,8 @@ def test_the_worker_never_builds_a_requests_task(live):
 
 
 def test_an_item_priced_over_the_timeout_is_refused_at_admission(tiny_qwen_mlx):
+    """Over the whole timeout even alone: a 413 (no retry can help; a 504 would be retried by
+    every SDK), naming the fix, before any forward."""
     svc = Service(classifier_loader(str(tiny_qwen_mlx), ["billing", "technical"]), ServeOptions(request_timeout_s=5))
     with LiveServer(svc) as s:
         speed = svc.scheduler.speed
@@ -127,14 +129,17 @@ def test_an_item_priced_over_the_timeout_is_refused_at_admission(tiny_qwen_mlx):
         speed.fixed, speed.per_token = 0.0, 1.0
         before = svc.metrics.batches
         r = s.post(json.dumps({"text": "the invoice and the app and my account"}).encode())
-        assert r.status_code == 504 and "would take about" in r.text and "shorten it" in r.text, r.text
+        assert r.status_code == 413 and "would take about" in r.text and "send a shorter text" in r.text, r.text
+        assert "larger --request-timeout" in r.text
         assert svc.metrics.batches == before and svc.depth == 0
 
 
-def test_one_item_may_hold_the_worker_for_half_the_timeout_at_most(tiny_qwen_mlx):
+def test_a_long_item_holds_the_worker_only_when_it_delays_no_one(tiny_qwen_mlx):
     """An item cannot be split: one priced over half the request timeout (but under all of it) is
-    refused at admission, so the requests queued behind it keep the other half (the 30-minute
-    soak's 504s came from 15 s chats under a 20 s timeout)."""
+    admitted when nothing else is queued or running, and refused (504, worth a retry) while
+    another request is in the worker, so the requests queued behind it keep their time (the
+    30-minute soak's 504s came from 15 s chats under a 20 s timeout); jevcompat's 255-option
+    choice, alone on the server, was refused by the old share rule."""
     from mlx_slm.classifier.pipeline import item_cost, prefix_hit
 
     svc = Service(classifier_loader(str(tiny_qwen_mlx), ["billing", "technical"]), ServeOptions(request_timeout_s=40))
@@ -143,14 +148,35 @@ def test_one_item_may_hold_the_worker_for_half_the_timeout_at_most(tiny_qwen_mlx
         item = front.prepare(["the invoice and the app"])[0]
         tokens = item_cost(front.kind, item, prefix_hit(front.kind, item))  # what the scheduler prices
         speed = svc.scheduler.speed
-        speed._by_size = {1: (1.0, 1.0)}
-        speed.fixed, speed.per_token = 0.0, 30.0 / tokens  # about 30 s: over half the 40 s timeout, under all of it
+
+        def price(seconds: float) -> None:  # the estimate of this item (a measured batch refits it: set again)
+            speed._by_size = {1: (1.0, 1.0)}
+            speed.fixed, speed.per_token = 0.0, seconds / tokens
+
+        price(30.0)  # about 30 s: over half the 40 s timeout, under all of it
         assert 20 < speed.estimate(tokens) < 40
-        r = s.post(json.dumps({"text": "the invoice and the app"}).encode())
-        assert r.status_code == 504 and "half the server's --request-timeout of 40 s" in r.text, r.text
-        assert "more than the" not in r.text  # it had the time left: the share is what refuses it
-        speed.per_token = 10.0 / tokens  # about 10 s: under half, admitted and answered
-        assert s.post(json.dumps({"text": "the invoice and the app"}).encode()).status_code == 200
+        long = json.dumps({"text": "the invoice and the app"}).encode()
+        assert s.post(long).status_code == 200  # alone: admitted (its real forward is quick)
+        price(30.0)
+        got: dict = {}
+        sched, gate = svc.scheduler, threading.Event()
+        real = sched.run_batch
+        sched.run_batch = lambda key, items: (gate.wait(30), real(key, items))  # the worker waits at the gate
+        try:
+            t = threading.Thread(target=lambda: got.update(r=s.post(b'{"text": "x"}')))
+            t.start()
+            end = time.time() + 10
+            while not (sched.busy and sched.depth == 0) and time.time() < end:  # taken by the worker
+                time.sleep(0.01)
+            r = s.post(long)
+        finally:
+            gate.set()
+            del sched.run_batch
+        t.join(60)
+        assert r.status_code == 504 and "while other requests wait or run" in r.text, r.text
+        assert "retry later" in r.text and got["r"].status_code == 200
+        price(10.0)  # about 10 s: under half, admitted whatever else runs
+        assert s.post(long).status_code == 200
 
 
 def test_the_steps_before_admission_are_under_the_deadline(tiny_qwen_mlx):

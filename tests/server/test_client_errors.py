@@ -114,8 +114,9 @@ def test_port_in_use_is_one_line_and_exit_2(tmp_path):
 
 def test_a_timed_out_forward_does_not_hold_up_the_next_request(tiny_qwen_mlx):
     """Compute is made slow (a sleep per padded token in the forward pass); the request timeout
-    is shorter than a full micro-batch would take. A request of many texts and one of a very
-    long text time out (504); the trivial request sent right after each gets its answer (200)
+    is shorter than a full micro-batch would take. A request of many texts times out (504), and
+    one of a very long text, priced over the whole timeout, is refused before its forward (413);
+    the trivial request sent right after each gets its answer (200)
     rather than waiting behind work for a request nobody waits for. Nothing here asserts a
     duration: only the status codes."""
     from mlx_slm.server import ServeOptions, Service, classifier_loader
@@ -145,9 +146,9 @@ def test_a_timed_out_forward_does_not_hold_up_the_next_request(tiny_qwen_mlx):
     many = {"texts": [f"ticket {i}: my invoice shows the wrong amount again" for i in range(96)]}
     long = {"text": " ".join(["the invoice and the app and my account"] * 70)}  # ~900 tokens: ~11 s
     with _Server(Service(slow_loader, opts)) as s:
-        for heavy in (many, long):
+        for heavy, status in ((many, 504), (long, 413)):
             r = s.post(json.dumps(heavy).encode(), timeout=60)
-            assert r.status_code == 504, r.text[:300]
+            assert r.status_code == status, r.text[:300]
             nxt = s.post(b'{"text": "My card was charged twice."}', timeout=60)
             assert nxt.status_code == 200, nxt.text[:300]
         text = httpx.get(s.url + "/metrics").text

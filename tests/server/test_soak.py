@@ -30,3 +30,6 @@ def test_the_soak_runs_and_its_checks_hold(tiny_qwen_mlx, tmp_path):
     assert len(res["minutes_table"]) == 3 and all(r["rss_mb"] for r in res["minutes_table"])
     assert "| check | ok |" in (out / "soak.md").read_text() and (out / "soak.png").stat().st_size > 1000
     assert res["machine"] and res["command"].startswith("python -m benchmarks.soak")
+    # the server at its defaults, the state cache filled before the clients: every pool state through both decision routes
+    assert "--state-cache" not in res["server_command"] and "--request-timeout" not in res["server_command"]
+    assert res["primed"]["statuses"] == {"200": 400} and res["primed"]["state_cache"] == 64

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_slm.service.metrics import RateTracker, attention_share
+from mlx_slm.service.metrics import ATTENTION_TIME, RateTracker, attention_share
 from tests.hostile import LiveServer, invoke, refused_cleanly
 
 httpx = pytest.importorskip("httpx")
@@ -84,8 +84,9 @@ def test_the_time_estimate_prices_attention_by_the_models_shape():
     t.observe(10, 0.1)
     t.observe(80, 0.4)
     linear = t.fixed + t.per_token * 8161
-    assert t.estimate(8161) == pytest.approx(t.fixed + t.per_token * 8161 * (1 + a * 8161))
-    assert t.estimate(8161) > 1.9 * linear  # an 8k-token item costs about twice its tokens at the short rate
+    # causal: each token attends half the row's keys on average, at attention's own cost per multiply-add
+    assert t.estimate(8161) == pytest.approx(t.fixed + t.per_token * 8161 * (1 + ATTENTION_TIME * a * 8161 / 2))
+    assert t.estimate(8161) > 1.6 * linear  # an 8k-token item costs well over its tokens at the linear rate
     assert t.estimate(10) == pytest.approx(0.1, rel=0.01)  # the short end is what was measured
     w = t.tokens_within(30.0)
     assert t.estimate(w) <= 30.0 + 1e-9 < t.estimate(w + 2)  # the budget: the longest row that fits
@@ -93,7 +94,8 @@ def test_the_time_estimate_prices_attention_by_the_models_shape():
 
 def test_an_over_long_first_request_is_refused_before_its_forward(tiny_qwen_mlx):
     """Priced as a line (10 ms a token) a ~900-token item fits a 20 s timeout; with the tiny model's
-    attention it takes about 3.7 times that: refused at once, naming the estimate, and no forward runs."""
+    attention it takes about 2.7 times that, over the whole timeout even alone: refused at once with
+    a 413 (no retry can help), naming the estimate and the fix, and no forward runs."""
     from mlx_slm.server import ServeOptions
 
     svc = _service(tiny_qwen_mlx, opts=ServeOptions(max_wait_ms=2, request_timeout_s=20.0))
@@ -107,7 +109,8 @@ def test_an_over_long_first_request_is_refused_before_its_forward(tiny_qwen_mlx)
         cost = len(svc.tasks.loaded.clf.engine.tokenizer(text)["input_ids"])
         assert speed.fixed + speed.per_token * cost < 20.0 < speed.estimate(cost)
         r = s.post(json.dumps({"text": text}).encode(), timeout=60)
-        assert r.status_code == 504 and "would take about" in r.text and "shorten it" in r.text, r.text
+        assert r.status_code == 413 and "would take about" in r.text and "send a shorter text" in r.text, r.text
+        assert "larger --request-timeout" in r.text
         assert svc.metrics.batches == before  # refused before any forward pass
 
 
