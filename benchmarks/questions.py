@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     # Today's way: one run per question, through the label path, on that question's own full prompt.
     alone: list[tuple[list, float]] = []
     for q in QUESTIONS[: max(counts)]:
-        (block,) = Classifier(engine, questions=[q]).plan.blocks
+        (block,) = Classifier(engine, questions=[q]).kind.plan.blocks
         clf = Classifier(engine, list(block.options.labels), block.fmt.system, block.fmt.template)
         preds, _, secs = timed(clf, texts)
         answers = [q.answer([np.array([p.scores[k] for k in clf.labels])]) for p in preds]
