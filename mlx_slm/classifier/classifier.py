@@ -124,14 +124,14 @@ class Classifier:
         system: str | None = DEFAULT_SYSTEM,
         template: str = DEFAULT_TEMPLATE,
         dtype: str | None = None,
-        dequantize: bool | None = None,
         **kwargs: Any,
     ) -> Classifier:
         """Load a built-in name, converted dir, HF dir, `.gguf` or hub id (converted once, cached).
-        dequantize: an MLX-quantized model's weights are dequantized at load on the CPU (None,
-        the default), kept packed on a GPU; True or False decides."""
-        ref = ModelRef.of(model, dtype, dequantize)
-        return cls.from_plan(Plan.loading(model=ref, labels=labels, system=system, template=template, **kwargs))
+        `model` and `dtype`, and the rest of how it loads (`ModelRef`'s fields by name: an
+        MLX-quantized model's weights, as `Engine.load` takes them), become the plan's `ModelRef`."""
+        return cls.from_plan(
+            Plan.loading(model=model, labels=labels, system=system, template=template, dtype=dtype, **kwargs)
+        )
 
     @classmethod
     def from_task(
@@ -139,12 +139,12 @@ class Classifier:
         task: str | Path | Task,
         dtype: str | None = None,
         engine: Engine | None = None,
-        dequantize: bool | None = None,
         **kwargs: Any,
     ) -> Classifier:
         """A classifier as a saved task file defines it (model, prompt, examples, calibration).
 
-        Pass `engine` to share loaded weights between tasks of the same model."""
+        Pass `engine` to share loaded weights between tasks of the same model. The task's model
+        loads in `dtype` and as `ModelRef`'s other fields given by name say (`Classifier.load`)."""
         t = task if isinstance(task, Task) else Task.load(task)
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
@@ -156,7 +156,8 @@ class Classifier:
         # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
         own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass") if k in kwargs}
         features = kwargs.pop("features_only", False)
-        plan = t.plan(ModelRef(t.model, dtype, dequantize), **kwargs)  # run settings overridden, as classify's can be
+        ref, kwargs = ModelRef.take({**kwargs, "model": t.model, "dtype": dtype})
+        plan = t.plan(ref, **kwargs)  # run settings overridden, as classify's can be
         engine = engine or Engine.load(plan.model)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
         if engine.path is not None and t.pins_weights:

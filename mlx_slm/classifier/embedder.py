@@ -446,12 +446,12 @@ class Embedder:
     row_extra = 0
 
     @classmethod
-    def load(
-        cls, model: str | Path, *, dtype: str | None = None, dequantize: bool | None = None, **kwargs: Any
-    ) -> Embedder:
+    def load(cls, model: str | Path | ModelRef, *, dtype: str | None = None, **kwargs: Any) -> Embedder:
         """A built-in name, a model folder (a sentence-transformers folder, a causal LM), a hub id or
-        a `.gguf`, converted once into the cache (`Engine.load`)."""
-        return cls(Engine.load(ModelRef.of(model, dtype, dequantize)), **kwargs)
+        a `.gguf`, converted once into the cache (`Engine.load`); `ModelRef`'s other fields are
+        taken by name, as `Classifier.load` takes them."""
+        ref, rest = ModelRef.take({**kwargs, "model": model, "dtype": dtype})
+        return cls(Engine.load(ref), **rest)
 
     @property
     def dimension(self) -> int:

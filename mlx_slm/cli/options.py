@@ -13,6 +13,19 @@ from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.registry import DEFAULT_MODEL
 from .base import ESCAPES_HELP, escapes, given, number
 
+
+def keep_quantized_option(why: str = "") -> Any:
+    """--keep-quantized/--dequantize: how an MLX-quantized model's weights load (None: not typed),
+    `ModelRef`'s one choice as every command types it; `why` the CPU default's reason, if said."""
+    return click.option(
+        "--keep-quantized/--dequantize",
+        "keep_quantized",
+        default=None,
+        help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
+        f"(default: dequantize on the CPU, {why}keep on a GPU).",
+    )
+
+
 _TASK_OPTIONS = [
     click.option(
         "--task",
@@ -177,13 +190,7 @@ _TASK_OPTIONS = [
         type=click.Choice(["float32", "float16", "bfloat16"]),
         help="Compute dtype (default: float32 on CPU, float16 on GPU).",
     ),
-    click.option(
-        "--keep-quantized/--dequantize",
-        "keep_quantized",
-        default=None,
-        help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
-        "(default: dequantize on the CPU, where MLX's quantized matmuls are slow; keep on a GPU).",
-    ),
+    keep_quantized_option("where MLX's quantized matmuls are slow; "),
     click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr."),
 ]
 

@@ -42,6 +42,7 @@ from ..text.workload import sample, tickets
 from ..weights.registry import BUILTINS, DEFAULT_MODEL, ModelRef
 from ..weights.sources import materialise
 from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
+from .options import keep_quantized_option
 
 
 @click.command(cls=Command)
@@ -114,13 +115,7 @@ from .base import ESCAPES_HELP, Command, escapes, notice, number, warn_blas
     type=number("threshold"),
     help="A multi-label sequence classifier: its labels at or above this probability are its answer (0.5).",
 )
-@click.option(
-    "--keep-quantized/--dequantize",
-    "keep_quantized",
-    default=None,
-    help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
-    "(default: dequantize on the CPU, keep on a GPU).",
-)
+@keep_quantized_option()
 @click.option(
     "--embeddings",
     is_flag=True,
@@ -270,12 +265,14 @@ class _Parity:
         return self.plan.system or "", self.plan.template
 
     @property
+    def ours(self) -> Ours:
+        """How our side loads the model (the plan's `ModelRef`) and says its steps."""
+        return Ours(self.model, progress=_say)
+
+    @property
     def run_kwargs(self) -> dict[str, Any]:
         chat = {"system", "template"} & self.typed
-        return {
-            "ours": Ours(dtype=self.model.dtype, dequantize=self.model.dequantize, progress=_say),
-            "prompt": self.chat_prompt if chat else None,
-        }
+        return {"ours": self.ours, "prompt": self.chat_prompt if chat else None}
 
     @property
     def chat_prompt(self) -> tuple[str | None, str]:
@@ -301,15 +298,7 @@ class _Parity:
         system, template = self._filled(got), check_template(self.prompt[1])
         texts = self.texts(self.model.name, system, template)
         m = self.model
-        r = run_parity(
-            m.name,
-            self.reference,
-            texts,
-            labels,
-            system or None,
-            template,
-            Ours(dtype=m.dtype, dequantize=m.dequantize, progress=_say),
-        )
+        r = run_parity(m.name, self.reference, texts, labels, system or None, template, self.ours)
         ok = r["forward_ok"] and r.get("mlxlm_ok", True) and not (strict and not r["drift_ok"])
         _report(r, self.as_json, format_report, ok)
 
@@ -329,9 +318,7 @@ class _Parity:
         system, template = self._filled(got), check_template(self.prompt[1])
         texts = self.texts(self.model.name, system, template)
         m = self.model
-        r = run_chat_parity(
-            m.name, texts, got.labels, system or None, template, dtype=m.dtype, progress=_say, dequantize=m.dequantize
-        )
+        r = run_chat_parity(m.name, texts, got.labels, system or None, template, self.ours)
         _report(r, self.as_json, format_chat_report, r["ok"])
 
     def decisions(self, path: str, task_file: str | None = None) -> None:
@@ -376,26 +363,23 @@ class _Parity:
         template = Q_TEMPLATE if self.prompt[1] == DEFAULT_TEMPLATE else self.prompt[1]
         texts = _input_texts(self.input_path, self.n) if self.input_path else _stratified(self.n)
         m = self.model
-        r = run_question_parity(
-            m.name, self.reference, texts, questions, system or None, template, Ours(dtype=m.dtype, progress=_say)
-        )
+        r = run_question_parity(m.name, self.reference, texts, questions, system or None, template, self.ours)
         _report(r, self.as_json, format_question_report, r["forward_ok"])
 
     def task(self, task_file: str) -> None:
         """A task's learned head (its features and labels), or its fine-tuned adapters merged
         (`parity/finetune.py`); the model and prompt are the task's."""
         t = Task.load(task_file)
-        m = self.model
         if t.finetune is None and t.head is None:
             raise click.UsageError(
                 f"--task {task_file} has no learned head: parity --task checks heads (mlx-slm train)"
             )
         texts = self.texts(t.model, t.system or "", t.template)
         if t.finetune is not None:
-            r = run_finetune_parity(t, texts, dtype=m.dtype or "float32", progress=_say, dequantize=m.dequantize)
+            r = run_finetune_parity(t, texts, self.ours)
             _report(r, self.as_json, format_finetune_report, r["forward_ok"])
             return
-        r = run_head_parity(t, texts, dtype=m.dtype, progress=_say, dequantize=m.dequantize)
+        r = run_head_parity(t, texts, self.ours)
         _report(r, self.as_json, format_head_report, r["forward_ok"])
 
     def seqcls(self, questions_file: str | None, strict: bool) -> bool:

@@ -143,21 +143,6 @@ def descriptions_note(system: str | None, descriptions: dict[str, str]) -> str |
     return None
 
 
-def run_settings(o: TaskOptions) -> dict[str, Any]:
-    """How the model runs, the same for every command that loads one (classify, eval, serve,
-    train): the options as `Classifier.load` and `train.run_train` take them."""
-
-    ref = o.model_ref()
-    return {
-        "dtype": ref.dtype,
-        "dequantize": ref.dequantize,
-        "batch_size": o.batch_size or DEFAULT_BATCH_SIZE,
-        "max_batch_tokens": o.max_batch_tokens or "auto",
-        "use_prefix_cache": not o.no_prefix_cache,
-        "truncate": o.truncate,
-    }
-
-
 @dataclass(frozen=True)
 class CommandLabels:
     """The labels a command was given, read once: `labels` (None when neither --labels nor

@@ -1,10 +1,13 @@
 """Several questions per text in one pass: the text part once, each question a branch after it.
 
 The plan (`branches.QuestionPlan`) splits each text's question prompts into the tokens they
-share (the batch row) and each question's own tokens; `Engine.encode` runs the rows, then
-`branch_scores` runs every question's tokens and its options' trie as branches of a per-row
-tree after them, and `Question.answer` reads each answer (a learned head question reads its
-branch's hidden states). Calibration and abstain are per question (`answers.QuestionCalibration`).
+share (the text part) and each question's own tokens; one forward a batch runs each row's text
+part causally after the shared head's KV and every question's tokens and its options' trie as
+branches of a per-row tree after it (`After.run`, `branches.pack_branches` with the text part
+as the row's trunk); `branch_scores` reads each block's scores, `Question.answer` each answer
+(a learned head question reads its branch's hidden states). One forward, not a text pass and a
+branch pass: half the forwards, each twice the rows' tokens (larger products, more of them run
+on both cores). Calibration and abstain are per question (`answers.QuestionCalibration`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from .base import (
     TaskError,
     bad_field,
     check_texts,
-    count,
     refuse_by_size,
     require_lm_head,
     task_examples,
@@ -242,18 +244,36 @@ class QuestionsKind(Kind):
             return items
 
     def score(self, batch: Batch, items: list[Item], prefix: PrefixCache | None, st: Stats) -> list[Prediction]:
-        plan = self.plan
+        """Every question of the batch's rows: each row's text part (its padding dropped) runs
+        causally after the shared head's KV, and its branches after it, in one forward (a plan
+        of several passes: the later ones after that forward's keys, seeing the text parts)."""
+        plan, engine = self.plan, self.engine
+        trunks = [row[real] for row, real in zip(batch.ids, batch.mask.astype(bool))]  # each text part, unpadded
         skip = 0 if prefix is not None else self.pool_from  # a head's mean covers the prompt after its shared head
-        kv, sums, counts = self.engine.encode(batch, prefix, plan.head_layers if plan.head_means else (), skip)
+        packs = plan.packs([it.chains for it in items], engine.pad_id, trunks)
+        after = After.prefix(prefix, len(items))
         scores: list[np.ndarray] = [np.empty(0)] * len(plan.blocks)
-        ran = 0
-        p = len(prefix) if prefix is not None else 0
-        for pack in plan.packs([it.chains for it in items], self.engine.pad_id):
-            got = branch_scores(self.engine, kv, batch, p, pack, [plan.blocks[b] for b in pack.blocks], sums, counts)
-            for b, s in zip(pack.blocks, got):
-                scores[b] = s
-            ran += pack.tokens
-        count(st, batch, ran)
+        sums: dict[int, np.ndarray] = {}
+        counts = None
+        for i, pack in enumerate(packs):
+            blocks = [plan.blocks[b] for b in pack.blocks]
+            means = (plan.head_layers if plan.head_means else []) if i == 0 else []
+            layers = sorted({x for b in blocks if b.head is not None for x in b.head.layers} | set(means))
+            with engine.lock:
+                h, hidden, kv = after.run(engine, pack, layers, return_kv=i == 0 and len(packs) > 1)
+                if i == 0:
+                    sums, counts = _text_means(hidden, means, trunks, skip)
+                got = branch_scores(engine, h, pack, blocks, hidden, sums, counts)
+            if kv is not None:
+                after = after.then(kv, trunks, pack.ids.shape[1])
+            for b, sc in zip(pack.blocks, got):
+                scores[b] = sc
+        ran = sum(p.tokens for p in packs)
+        real = batch.real_tokens + sum(len(c) + plan.blocks[b].nodes for it in items for b, c in enumerate(it.chains))
+        st.batches += 1
+        st.processed_tokens += ran
+        st.padding_tokens += ran - real
+        st.label_tokens += ran - batch.real_tokens
         return [
             Prediction(
                 item.index, n_tokens=len(item.ids) + sum(map(len, item.chains)), truncated=item.truncated, answers=ans
@@ -265,44 +285,88 @@ class QuestionsKind(Kind):
 # --------------------------------------------------------------------------- one pass of branches
 
 
+@dataclass(frozen=True)
+class After:
+    """What a pass of branches runs after: the cached keys and values (per layer; None: nothing
+    cached), which of them each row sees ((B, C) bool; None: all), and each row's RoPE position
+    of the pass's first token (B,)."""
+
+    kv: list[KV] | None
+    mask: mx.array | None
+    start: np.ndarray
+
+    @classmethod
+    def prefix(cls, prefix: Any, rows: int) -> After:
+        """After the shared prompt head's KV (a `PrefixCache`; a `StackedPrefix`: each row its own), or nothing."""
+        if prefix is None:
+            return cls(None, None, np.zeros(rows, dtype=np.int32))
+        if getattr(prefix, "mask", None) is not None:
+            return cls(prefix.kv, prefix.mask, np.asarray(prefix.lengths, dtype=np.int32))
+        return cls(prefix.kv, mx.ones((rows, len(prefix)), dtype=mx.bool_), np.full(rows, len(prefix), np.int32))
+
+    def run(
+        self, engine: Engine, pack: Any, layers: Sequence[int], return_kv: bool
+    ) -> tuple[mx.array, dict[int, np.ndarray], list[KV] | None]:
+        """One forward of `pack` after this: its hidden states (B, T, D), those after `layers`
+        (float32, {layer: (B, T, D)}) and, if asked, the KV of the cache and the pack's tokens."""
+        collect: dict[int, Any] | None = dict.fromkeys(layers) if layers else None
+        got = engine.continue_after(
+            self.kv,
+            self.mask,
+            pack.ids,
+            positions=self.start[:, None] + pack.positions,
+            tree=pack.visible,
+            collect=collect,
+            return_kv=return_kv,
+        )
+        h, kv = got if return_kv else (got, None)
+        hidden = {x: np.array(v.astype(mx.float32)) for x, v in collect.items()} if collect else {}
+        return h, hidden, kv
+
+    def then(self, kv: list[KV], trunks: Sequence[np.ndarray], width: int) -> After:
+        """After a pass that ran each row's trunk first (`kv`: the cache's and the pass's `width`
+        tokens' keys): later passes see the cache and the trunks, never that pass's branches."""
+        t = np.array([len(x) for x in trunks], dtype=np.int32)
+        mine = mx.array(np.arange(width)[None, :] < t[:, None])
+        mask = mine if self.mask is None else mx.concatenate([self.mask, mine], axis=1)
+        return After(kv, mask, self.start + t)
+
+
+def _text_means(
+    hidden: dict[int, np.ndarray], layers: Sequence[int], trunks: Sequence[np.ndarray], skip: int
+) -> tuple[dict[int, np.ndarray], np.ndarray | None]:
+    """A mean-pooling head's text part: each row's float32 sum of its trunk's hidden states after
+    `layers` past its first `skip` tokens ({layer: (B, D)}), and their count (B,)."""
+    if not layers:
+        return {}, None
+    t = np.array([len(x) for x in trunks])
+    T = next(iter(hidden.values())).shape[1]
+    cols = np.arange(T)[None, :]
+    w = ((cols < t[:, None]) & (cols >= skip)).astype(np.float32)
+    sums = {x: (hidden[x] * w[..., None]).sum(axis=1) for x in layers}
+    return sums, w.sum(axis=1)
+
+
 def branch_scores(
     engine: Engine,
-    kv: list[KV],
-    batch: Batch,
-    prefix_len: int,
+    h: mx.array,
     pack: Any,
     blocks: Sequence[Any],
-    text_sums: dict[int, np.ndarray] | None = None,
-    text_counts: np.ndarray | None = None,
+    hidden: dict[int, np.ndarray],
+    text_sums: dict[int, np.ndarray],
+    text_counts: np.ndarray | None,
 ) -> list[np.ndarray]:
-    """Each block's option scores (B, options) from one pass over a pack of branches
-    (`branches.Pack`) after the rows' KV: an option's first-token logit (label rows only:
-    the normalizer is one per block and row, and cancels in its softmax) plus the exact
-    log-probabilities of its later tokens from its trie nodes, as the labels kind does for
-    one prompt. `blocks[k]` is the `branches.Block` of the pack's k-th block. A block with a
-    learned head reads its branch's hidden states instead (the last position, and for a
-    mean the text part's `text_sums` / `text_counts` from `encode` joined with the branch's
-    own tokens): the head's log-probabilities."""
-    B, L = batch.ids.shape
-    cache_mask = engine.cache_mask(batch, prefix_len)
-    end = batch.offsets.astype(np.int32) + L  # each row's position after its text part
-    layers = sorted({x for b in blocks if b.head is not None for x in b.head.layers})
-    collect: dict[int, Any] | None = dict.fromkeys(layers) if layers else None
+    """Each block's (B, options) scores from a pass's hidden states: its options' tokens
+    (`option_scores`), or a learned head on the branch's hidden states (`_head_scores`)."""
+    B = pack.ids.shape[0]
     options = [b.options if b.head is None else None for b in blocks]
-    with engine.lock:
-        h = engine.continue_after(
-            kv, cache_mask, pack.ids, positions=end[:, None] + pack.positions, tree=pack.visible, collect=collect
-        )
-        got = option_scores(engine, h, pack, [options] * B)
-        out = [
-            np.stack([got[r][k] for r in range(B)]) if o is not None else np.zeros((B, 0))
-            for k, o in enumerate(options)
-        ]
-        if collect:
-            hidden = {layer: np.array(v.astype(mx.float32)) for layer, v in collect.items()}
-            for k, b in enumerate(blocks):
-                if b.head is not None:
-                    out[k] = _head_scores(b.head, hidden, pack, k, text_sums, text_counts)
+    got = option_scores(engine, h, pack, [options] * B)
+    out = [
+        np.stack([got[r][k] for r in range(B)]) if o is not None else np.zeros((B, 0)) for k, o in enumerate(options)
+    ]
+    for k, b in enumerate(blocks):
+        if b.head is not None:
+            out[k] = _head_scores(b.head, hidden, pack, k, text_sums, text_counts)
     return out
 
 

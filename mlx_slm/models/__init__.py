@@ -27,7 +27,6 @@ from typing import Any
 import mlx.core as mx
 
 from ..ground.errors import ModelError
-from ..ground.notices import notice
 from . import quant
 from .base import (
     BACKBONE_NO_LM_HEAD,
@@ -185,7 +184,7 @@ def load_model(
     weights = _sanitize(module)(weights, args)
     check_score(weights, args, str(files[0] if len(files) == 1 else path))
     model = module.Model(args)
-    weights, dtype = _load_quantized(model, weights, config, path, dtype, dequantize)
+    weights, dtype = quant.load_quantized(model, weights, config, path, dtype, dequantize)
     dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, module))
     weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
     try:
@@ -200,39 +199,6 @@ def load_model(
     mx.eval(model.parameters())
     model.ops = choose_ops(dtype, name=ops)
     return model
-
-
-def _load_quantized(
-    model: Model,
-    weights: dict[str, mx.array],
-    config: dict[str, Any],
-    path: Path,
-    dtype: mx.Dtype | None,
-    dequantize: bool | None,
-) -> tuple[dict[str, mx.array], mx.Dtype | None]:
-    """An MLX-quantized checkpoint's weights, dequantized (float32) or with `model` made quantized
-    to take them packed; and the compute dtype (None: the default). Others pass through."""
-    q = quant.quantization_of(config)
-    if q is None:
-        return weights, dtype
-    weights = quant.drop_orphans(weights)
-    on_cpu = mx.default_device() != mx.gpu
-    if dequantize is None and on_cpu:
-        dtype = dtype or mx.float32
-        notice(
-            f"mlx-slm: note: {path.name} is {quant.describe(q)} quantized; on the CPU MLX's quantized matmuls run "
-            f"~50x slower than float32 ones, so it is dequantized to {str(dtype).replace('mlx.core.', '')} at load "
-            "(--keep-quantized keeps it packed)"
-        )
-        dequantize = True
-    if dequantize:
-        return quant.dequantize_weights(weights, q, model), dtype
-    model.quantized = quant.describe(q)
-    quant.quantize_model(model, weights, q)
-    if dtype is None and not on_cpu:  # a GPU computes in the scales' half type, as mlx-lm does
-        scales = next((v.dtype for k, v in weights.items() if k.endswith(".scales")), None)
-        dtype = scales if scales in (mx.float16, mx.bfloat16) else None
-    return weights, dtype
 
 
 def embeds_only(model: Any) -> bool:

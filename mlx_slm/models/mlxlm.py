@@ -39,7 +39,7 @@ from mlx.utils import tree_flatten
 from ..ground.errors import ModelError
 from ..ground.notices import notice
 from ..text.seqcls import SCORE, SCORE_WEIGHT, SeqClsHead
-from . import SUPPORTED_ARCHITECTURES, _checkpoint_dtype, default_compute_dtype
+from . import SUPPORTED_ARCHITECTURES, _checkpoint_dtype, default_compute_dtype, quant
 from .base import KV, NATIVE, Ops, build_mask, extend_cache, score_logits
 
 # model_type -> why it is refused (measured against Transformers, or read in mlx-lm's source).
@@ -439,14 +439,7 @@ class MlxLmModel(nn.Module):
     def head_weight(self) -> mx.array:
         head = self.head()
         if "scales" in head:  # quantized: lazily dequantized (reading its dtype computes nothing)
-            return mx.dequantize(
-                head["weight"],
-                head["scales"],
-                head.get("biases"),
-                head.group_size,
-                head.bits,
-                mode=getattr(head, "mode", "affine"),
-            )
+            return quant.dense_weight(head)
         return head["weight"]
 
 
@@ -543,8 +536,7 @@ def load(
     except (ValueError, TypeError, KeyError, AssertionError, FileNotFoundError) as e:
         raise ModelError(f"{path}: mlx-lm could not load this {model_type} checkpoint: {e}") from None
     quantized = bool(config.get("quantization") or config.get("quantization_config"))
-    on_cpu = mx.default_device() != mx.gpu
-    packed = quantized and not (dequantize or (dequantize is None and on_cpu))
+    packed = quantized and not quant.unpacked_at_load(dequantize)
     if quantized and not packed:
         lm = dequantize_model(lm)  # MLX's quantized matmuls are slow on the CPU (models.load_model)
     dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, None))  # type: ignore[arg-type]

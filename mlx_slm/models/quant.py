@@ -17,12 +17,14 @@ asked not to (8x the memory of 4-bit weights); on a GPU it keeps the weights pac
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 from mlx import nn
 
 from ..ground.errors import ModelError
+from ..ground.notices import notice
 
 BITS = (4, 8)  # what `mlx-slm convert --quantize` writes (the loader reads any affine width)
 GROUP_SIZES = (32, 64, 128)
@@ -138,6 +140,45 @@ def quantize_model(model: nn.Module, weights: dict[str, mx.array], quant: dict[s
     return {k: quant.get(k, "affine") for k in _GLOBAL}
 
 
+def unpacked_at_load(dequantize: bool | None) -> bool:
+    """Whether a quantized checkpoint's weights are replaced by their values at load: as asked,
+    else (None) on the CPU only, where MLX's quantized matmuls are slow."""
+    return bool(dequantize) or (dequantize is None and mx.default_device() != mx.gpu)
+
+
+def load_quantized(
+    model: nn.Module,
+    weights: dict[str, mx.array],
+    config: dict[str, Any],
+    path: Path,
+    dtype: mx.Dtype | None,
+    dequantize: bool | None,
+) -> tuple[dict[str, mx.array], mx.Dtype | None]:
+    """An MLX-quantized checkpoint's weights, dequantized (float32) or with `model` made quantized
+    to take them packed (`unpacked_at_load`); and the compute dtype (None: the default). Others
+    pass through. The CPU's default says so on stderr."""
+    q = quantization_of(config)
+    if q is None:
+        return weights, dtype
+    weights = drop_orphans(weights)
+    on_cpu = mx.default_device() != mx.gpu
+    if dequantize is None and on_cpu:
+        dtype = dtype or mx.float32
+        notice(
+            f"mlx-slm: note: {path.name} is {describe(q)} quantized; on the CPU MLX's quantized matmuls run "
+            f"~50x slower than float32 ones, so it is dequantized to {str(dtype).replace('mlx.core.', '')} at load "
+            "(--keep-quantized keeps it packed)"
+        )
+    if unpacked_at_load(dequantize):
+        return dequantize_weights(weights, q, model), dtype
+    model.quantized = describe(q)
+    quantize_model(model, weights, q)
+    if dtype is None and not on_cpu:  # a GPU computes in the scales' half type, as mlx-lm does
+        scales = next((v.dtype for k, v in weights.items() if k.endswith(".scales")), None)
+        dtype = scales if scales in (mx.float16, mx.bfloat16) else None
+    return weights, dtype
+
+
 def is_quantized(module: nn.Module) -> bool:
     return isinstance(module, QUANTIZED)
 
@@ -148,7 +189,7 @@ def dense_weight(module: nn.Module, rows: mx.array | None = None) -> mx.array:
     if rows is not None:
         w, s = mx.take(w, rows, axis=0), mx.take(s, rows, axis=0)
         b = None if b is None else mx.take(b, rows, axis=0)
-    return mx.dequantize(w, s, b, module.group_size, module.bits, mode=module.mode)
+    return mx.dequantize(w, s, b, module.group_size, module.bits, mode=getattr(module, "mode", "affine"))
 
 
 def project(module: nn.Module, hidden: mx.array, rows: mx.array | None = None) -> mx.array:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -30,9 +31,9 @@ from ..kinds import chat_spec
 from ..text.chat import Conversation
 from ..text.labels import log_softmax, softmax
 from ..text.prompts import PromptFormat
-from .labels import TOLERANCE, Ours, _label_list
+from .labels import TOLERANCE, Ours, _label_list, _same_values
 from .reference import score_in_child
-from .seqcls import SEQCLS_TOLERANCE, _loaded, _same_values
+from .seqcls import SEQCLS_TOLERANCE, _loaded
 
 TOP = 20  # the top log-probabilities compared (OpenAI's most)
 # Max |d prob| of the choices, by compute dtype, against classify (the same sums, batched and split
@@ -52,13 +53,12 @@ def run_chat_parity(
     labels: Sequence[str],
     system: str | None,
     template: str,
-    dtype: str | None = None,
-    progress: Callable[[str], None] = lambda _m: None,
-    dequantize: bool | None = None,
+    ours: Ours = Ours(),
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer  # lazy: a slow import
 
-    ours = Ours(dtype=dtype, batch_size=DEFAULT_BATCH_SIZE, dequantize=dequantize, progress=progress)
+    ours = replace(ours, batch_size=DEFAULT_BATCH_SIZE)  # the chat route's batches, whatever `ours` says
+    progress = ours.progress
     clf, path, q = _loaded(model, ours, None, labels=labels, system=system, template=template)
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     convs = conversations(texts, clf.format)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,15 @@ import numpy as np
 
 from ..classifier.classifier import Classifier
 from ..classifier.task import Task
+from ..engine.engine import Engine
 from ..ground.errors import UserError
 from ..ground.safefs import temp_dir
 from ..kinds.finetune import FinetuneSpec
-from ..models import load_model
 from ..text.labels import log_softmax
 from ..weights.adapters import dense_weights
 from ..weights.export import Described, export
-from .labels import _label_list
+from ..weights.registry import ModelRef
+from .labels import Ours, _label_list
 from .reference import score_in_child, seqcls_in_child
 from .seqcls import SEQCLS_TOLERANCE, _ours
 
@@ -43,18 +45,17 @@ from .seqcls import SEQCLS_TOLERANCE, _ours
 def run_finetune_parity(
     task: Any,
     texts: Sequence[str],
-    *,
-    dtype: str | None = "float32",
-    batch_size: int = 8,
-    progress: Callable[[str], None] = lambda _m: None,
-    dequantize: bool | None = None,
+    ours: Ours = Ours(),
 ) -> dict[str, Any]:
     """A fine-tuned task's labels and probabilities on `texts`, ours against Transformers with the
-    same adapters merged (see the module docstring). `task`: a task file or `Task`."""
+    same adapters merged (see the module docstring). `task`: a task file or `Task`; `ours`: how
+    our side loads the task's model (in float32 unless its dtype says otherwise) and runs."""
 
     t = task if isinstance(task, Task) else Task.load(task)
+    progress = ours.progress
     progress(f"ours: MLX, {t.model}, the task's adapters ({'fused' if (t.finetune or {}).get('fused') else 'unfused'})")
-    clf = Classifier.from_task(t, dtype=dtype or "float32", batch_size=batch_size, dequantize=dequantize)
+    model = replace(ours.model, dtype=ours.dtype or "float32")
+    clf = Classifier.from_task(t, batch_size=ours.batch_size, **model.options())
     spec = clf.spec
     if not isinstance(spec, FinetuneSpec):
         raise UserError(f"the task scores with {spec.name!r}, not fine-tuned adapters (mlx-slm train --finetune lora)")
@@ -69,7 +70,7 @@ def run_finetune_parity(
     mine = np.array([[p.probs[lab] for lab in labels] for p in preds])
     tuned = spec.tuned
     long = tuned.label_tokens is not None and any(len(x) > 1 for x in tuned.label_tokens)
-    base = load_model(engine.path, dtype=mx.float32, dequantize=True)  # the values merged, in float32
+    base = Engine.load(ModelRef(str(engine.path), "float32", True)).model  # the values merged, in float32
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "merged"
         if long:

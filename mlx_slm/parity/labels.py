@@ -25,7 +25,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from ..text.heads import Head, head_input
 from ..text.labels import LabelSet, softmax
 from ..text.prompts import render, tokenize
 from ..weights.convert import dequantized_copy
+from ..weights.registry import ModelRef
 from ..weights.sources import local, materialise
 from .reference import Reference, hidden_in_child, score_blocks_in_child, score_in_child
 
@@ -54,14 +55,22 @@ def _silent(_message: str) -> None:
 @dataclass(frozen=True)
 class Ours:
     """How our side of a parity report loads and runs, the same in every report that takes it:
-    the compute `dtype` (None: the model's default), `batch_size`, `dequantize` (a quantized
-    model's, as `Classifier.load`: None dequantizes at load on the CPU only) and `progress`,
-    which hears each step's line."""
+    `model`, the `ModelRef` whose way of loading it takes (the compute dtype, None the model's
+    default, and a quantized model's weights, as `Classifier.load`; the name it loads is the
+    report's own: a converted folder, a task's model), `batch_size` and `progress`, which hears
+    each step's line."""
 
-    dtype: str | None = None
+    model: ModelRef = ModelRef()
     batch_size: int = 8
-    dequantize: bool | None = None
     progress: Callable[[str], None] = _silent
+
+    @property
+    def dtype(self) -> str | None:
+        return self.model.dtype
+
+    def on(self, name: str | Path) -> ModelRef:
+        """`name` (a converted folder, a task's model) loaded as this side loads a model."""
+        return replace(self.model, name=str(name))
 
 
 @dataclass
@@ -170,16 +179,7 @@ def run_parity(
         raise UserError("a reference checkpoint is needed for a model that is not quantized")
     src = str(local(reference).path) if reference is not None else None
     progress(f"ours: MLX on {path}")
-    clf = Classifier.load(
-        str(path),
-        labels,
-        system,
-        template,
-        dtype=ours.dtype,
-        keep_logits=True,
-        batch_size=ours.batch_size,
-        dequantize=ours.dequantize,
-    )
+    clf = Classifier.load(ours.on(path), labels, system, template, keep_logits=True, batch_size=ours.batch_size)
     compute = {mx.float32: "float32", mx.float16: "float16", mx.bfloat16: "bfloat16"}[clf.model.compute_dtype]
     mine, ids, t_ours = _ours_scored(clf, texts)
     conv, t_conv = _reference_on_same_values(clf, ids, path, q is not None, progress)
@@ -261,11 +261,17 @@ def _reference_on_same_values(
     dequantized into a temporary directory, removed after)."""
 
     with tempfile.TemporaryDirectory() as tmp:
-        same = str(path)
-        if quantized:  # Transformers cannot read mlx-lm's packing: the same values, unpacked
-            progress("reference weights: the quantized values, dequantized to float32")
-            same = str(dequantized_copy(path, Path(tmp) / "dequantized"))
-        return _reference_timed(clf, ids, same, progress)
+        return _reference_timed(clf, ids, _same_values(path, quantized, tmp, progress), progress)
+
+
+def _same_values(path: Path, quantized: bool, tmp: str, progress: Callable[[str], None]) -> str:
+    """The directory Transformers reads for (a): ours, or a quantized model's values dequantized
+    into `tmp` (Transformers cannot read mlx-lm's packing: the same values, unpacked)."""
+
+    if not quantized:
+        return str(path)
+    progress("reference weights: the quantized values, dequantized to float32")
+    return str(dequantized_copy(path, Path(tmp) / "dequantized"))
 
 
 def _mlxlm_agreement(
@@ -291,7 +297,7 @@ def run_question_parity(
     """Several questions per text: our one-pass answers against Transformers scoring every
     question's full prompt afresh, one at a time, on the same weights (and on `reference`,
     the original checkpoint, when given: conversion drift). Per question: labels equal and
-    the largest difference of its answer's probabilities. `ours.dequantize` is not read: a
+    the largest difference of its answer's probabilities. Only `ours.dtype` is read: a
     quantized model loads as `Classifier.load` decides."""
 
     progress = ours.progress
@@ -380,22 +386,21 @@ FEATURE_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 def run_head_parity(
     task: Any,
     texts: Sequence[str],
-    dtype: str | None = None,
-    batch_size: int = 8,
-    progress: Callable[[str], None] = lambda _m: None,
-    dequantize: bool | None = None,
+    ours: Ours = Ours(),
 ) -> dict[str, Any]:
     """A learned head's parity: our features at the head's layer(s) (batched, padded, after the
     prefix cache, the forward stopped there) against Transformers' `hidden_states[layer]` of
     each prompt alone on the same weight values, and the head's labels from both feature sets
-    (and from `classify`). `task`: a task file or `Task` with a head."""
+    (and from `classify`). `task`: a task file or `Task` with a head; `ours`: how our side loads
+    the task's model and runs."""
 
     t = task if isinstance(task, Task) else Task.load(task)
     head = t.head
     if not isinstance(head, Head):  # the argument's precondition: this report reads a head's parts
         raise UserError("the task has no learned head (train one: mlx-slm train DATA --save-task TASK)")
+    progress = ours.progress
     progress(f"ours: MLX, {t.model}, the head's layer(s) {list(head.layers)}")
-    clf = Classifier.from_task(t, dtype=dtype, batch_size=batch_size, dequantize=dequantize)
+    clf = Classifier.from_task(t, batch_size=ours.batch_size, **ours.model.options())
     path = clf.path
     if path is None:
         raise UserError(f"{t.model} has no converted directory to give Transformers")
@@ -411,10 +416,7 @@ def run_head_parity(
     feats = head_input(clf.features(texts, layers, poolings=sorted(set(head.poolings)))[0], layers, head)
     ids = [it.ids for it in clf.prepare(texts)]
     with tempfile.TemporaryDirectory() as tmp:
-        same = str(path)
-        if q is not None:  # Transformers cannot read mlx-lm's packing: the same values, unpacked
-            progress("reference weights: the quantized values, dequantized to float32")
-            same = str(dequantized_copy(path, Path(tmp) / "dequantized"))
+        same = _same_values(path, q is not None, tmp, progress)
         progress(
             f"reference: Transformers float32, one at a time, the head's parts ({head.name}) of hidden_states on {same}"
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,8 @@ from ..ground.errors import UserError
 from ..kinds.base import split_pair
 from ..kinds.rerank import rerank_order
 from ..models.quant import describe, quantization_of
-from ..weights.convert import dequantized_copy
 from ..weights.sources import local, materialise
-from .labels import Ours, _label_list
+from .labels import Ours, _label_list, _same_values
 from .reference import rerank_in_child, seqcls_in_child
 
 # Max |delta prob| of a sequence classifier's probabilities or a reranker's scores, by compute dtype.
@@ -46,24 +45,8 @@ def _loaded(
     path = materialise(model)
     ours.progress(f"ours: MLX on {path}")
     chat = {} if prompt is None else {"system": prompt[0], "template": prompt[1]}
-    clf = Classifier.load(
-        str(path),
-        dtype=ours.dtype,
-        batch_size=ours.batch_size,
-        dequantize=ours.dequantize,
-        **chat,
-        **kind_options,
-    )
+    clf = Classifier.load(ours.on(path), batch_size=ours.batch_size, **chat, **kind_options)
     return clf, path, quantization_of(json.loads((path / "config.json").read_text()))
-
-
-def _same_values(path: Path, quantized: bool, tmp: str, progress: Callable[[str], None]) -> str:
-    """The directory Transformers reads for (a): ours, or a quantized model's values dequantized."""
-
-    if not quantized:
-        return str(path)
-    progress("reference weights: the quantized values, dequantized to float32")
-    return str(dequantized_copy(path, Path(tmp) / "dequantized"))
 
 
 def _ours(clf: Any, items: Sequence[Any]) -> tuple[list[Any], list[list[int]], Any]:

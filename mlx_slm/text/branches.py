@@ -3,18 +3,19 @@
 Every question's full prompt is rendered and tokenized whole (a BPE merge may cross the
 boundary between the text and the question, so tokenizing the question alone could give
 ids no real prompt holds). The tokens all of one text's question prompts share (capped so
-that each question keeps at least its last token) run once, as the ordinary batched
-forward does (after the shared prompt head from the prefix cache). What is left of each
-prompt, the question's own tokens, then its options' token trie, runs as one branch of a
-tree, every branch of a row in one extra pass over that row's KV:
+that each question keeps at least its last token), the text part, run once, causally, after
+the shared prompt head from the prefix cache. What is left of each prompt, the question's
+own tokens, then its options' token trie, runs as one branch of a tree after it, every
+branch of a row in the same forward as the row's text part (its trunk):
 
-    row r:  [shared head (prefix KV)] [text part, left-padded]  | q1 tokens, q1 trie | q2 ... | pad
-                                                                  └ sees text + own ancestors only
+    row r:  [shared head (prefix KV)] | text part | q1 tokens, q1 trie | q2 ... | pad
+                                                    └ sees the head, the text part and its own ancestors only
 
-A branch token sees the row's cached keys (head and text) and its own branch's earlier
-tokens, never another branch (`visible`, a per-row tree mask), at the RoPE position it
-has in its question's own prompt (`positions`). So each answer is exactly the one that
-question's prompt gets alone; `kinds.questions.branch_scores` runs a pack.
+A branch token sees the row's cached keys (the head), its text part and its own branch's
+earlier tokens, never another branch (`visible`, a per-row tree mask), at the RoPE position
+it has in its question's own prompt (`positions`). So each answer is the one that question's
+prompt gets alone; `kinds.questions.QuestionsKind.score` runs the packs (more branch tokens
+than `MAX_PASS_TOKENS` a row: further passes after the first one's keys, seeing the text part).
 
 Pure planning here (no model): rendering, the split, and packing branches into passes.
 """
@@ -139,13 +140,25 @@ class QuestionPlan:
         return len(common) + max(len(c) + b.options.max_len - 1 for c, b in zip(chains, self.blocks))
 
     # ------------------------------------------------------------------ packing
-    def packs(self, chains: Sequence[Sequence[Sequence[int]]], pad_id: int) -> list[Pack]:
-        """The branches of a batch's rows (`chains[r][b]`: row r's tokens for block b), in passes."""
-        return [self._pack(g, chains, pad_id) for g in self.groups]
+    def packs(
+        self,
+        chains: Sequence[Sequence[Sequence[int]]],
+        pad_id: int,
+        trunks: Sequence[Sequence[int]] | None = None,
+    ) -> list[Pack]:
+        """The branches of a batch's rows (`chains[r][b]`: row r's tokens for block b), in passes;
+        `trunks[r]`: row r's text part, run causally in the first pass before its branches."""
+        return [self._pack(g, chains, pad_id, trunks if i == 0 else None) for i, g in enumerate(self.groups)]
 
-    def _pack(self, group: list[int], chains: Sequence[Sequence[Sequence[int]]], pad_id: int) -> Pack:
+    def _pack(
+        self,
+        group: list[int],
+        chains: Sequence[Sequence[Sequence[int]]],
+        pad_id: int,
+        trunks: Sequence[Sequence[int]] | None = None,
+    ) -> Pack:
         rows = [[(chains[r][b], self.blocks[b].options) for b in group] for r in range(len(chains))]
-        return pack_branches(rows, pad_id, group)
+        return pack_branches(rows, pad_id, group, trunks)
 
     # ------------------------------------------------------------------ scores to answers
     def answers(self, scores: Sequence[np.ndarray]) -> list[dict[str, dict[str, Any]]]:

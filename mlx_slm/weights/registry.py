@@ -88,6 +88,11 @@ class ModelRef:
         ref = cls.of(named.get("model", DEFAULT_MODEL), **{k: named[k] for k in own if k in named})
         return ref, {k: v for k, v in named.items() if k not in own | {"model"}}
 
+    def options(self) -> dict[str, Any]:
+        """How it loads, each field but the name by its name: what `Classifier.load` and
+        `Classifier.from_task` take beside a name (a task's own, say)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
+
     def __str__(self) -> str:
         return self.name
 

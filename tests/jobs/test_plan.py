@@ -85,3 +85,60 @@ def test_fitting_or_resuming_calibration_returns_a_new_plan():
     resumed = plan.with_calibration("batch", "resume")
     assert plan.calibration.method == "none" and plan.origin == "here"
     assert resumed.calibration.method == "batch" and resumed.origin == "resume"
+
+
+# Where the load choice of an MLX-quantized model (--keep-quantized/--dequantize) may be named
+# as an identifier: the option, the `ModelRef` field, `Engine.load`, and the loader below it
+# (`models.load_model`, mlx-lm's class, the rule in `models.quant`); every module between the
+# option and the engine carries the `ModelRef` whole. The two others name another library's
+# function or keyword of the same word: mlx-lm's `LoRALinear.fuse(dequantize=)`, gguf's `dequantize`.
+LOAD_CHOICE_NAMED = {
+    "cli/options.py",
+    "weights/registry.py",
+    "engine/engine.py",
+    "models/__init__.py",
+    "models/mlxlm.py",
+    "models/quant.py",
+}
+OTHER_LIBRARIES = {"weights/adapters.py", "weights/convert.py"}
+
+
+def test_the_load_choice_is_named_only_from_the_option_to_the_loader():
+    naming = {
+        str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "dequantize" in _names(ast.parse(p.read_text()))
+    }
+    assert naming == LOAD_CHOICE_NAMED | OTHER_LIBRARIES
+
+
+def test_the_python_loaders_take_the_load_choice_by_its_name(monkeypatch):
+    """`Classifier.load`, `Classifier.from_task` and `Embedder.load` still take `dequantize=`
+    (and `dtype=`): `ModelRef.take` reads them into the reference `Engine.load` gets."""
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.embedder import Embedder
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.engine.engine import Engine
+
+    seen: list[ModelRef] = []
+
+    class Loaded(Exception):
+        pass
+
+    def load(cls, model, dtype=None, dequantize=None):
+        seen.append(ModelRef.of(model, dtype, dequantize))
+        raise Loaded
+
+    monkeypatch.setattr(Engine, "load", classmethod(load))
+    with pytest.raises(Loaded):
+        Classifier.load("m", ["a", "b"], dtype="float32", dequantize=True)
+    with pytest.raises(Loaded):
+        Classifier.load(ModelRef("m", "float16", False), dequantize=True)
+    with pytest.raises(Loaded):
+        Classifier.from_task(Task("t", ("a", "b"), None, "{text}"), dequantize=False, batch_size=4)
+    with pytest.raises(Loaded):
+        Embedder.load("e", dequantize=True)
+    assert seen == [
+        ModelRef("m", "float32", True),
+        ModelRef("m", "float16", True),
+        ModelRef("t", None, False),
+        ModelRef("e", None, True),
+    ]

@@ -437,13 +437,13 @@ def test_head_parity_on_a_tiny_model(tiny_head, tiny_qwen_mlx, tmp_path):
     """Our features at the head's layer(s) equal Transformers' hidden_states[layer], and the
     head's labels from both feature sets are equal."""
     from mlx_slm.classifier.task import Task
-    from mlx_slm.parity.labels import run_head_parity
+    from mlx_slm.parity.labels import Ours, run_head_parity
     from mlx_slm.weights.convert import weights_sha256
 
     _, head = tiny_head
     t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
              weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
-    r = run_head_parity(t, [t for t, _ in tickets(10)], batch_size=4)
+    r = run_head_parity(t, [t for t, _ in tickets(10)], Ours(batch_size=4))
     assert r["forward_ok"], r
     assert r["labels"]["agree"] == 10 and r["features"]["max_rel_diff"] < 1e-4 and r["classify_matches_features"]
 
@@ -469,7 +469,7 @@ def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_ml
     from mlx_slm.classifier.task import Task
     from mlx_slm.jobs.train import head_classifier
     from mlx_slm.parity import reference
-    from mlx_slm.parity.labels import run_head_parity
+    from mlx_slm.parity.labels import Ours, run_head_parity
     from mlx_slm.text.heads import fit_linear
     from mlx_slm.weights.convert import weights_sha256
 
@@ -491,7 +491,7 @@ def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_ml
     t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
              weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
     monkeypatch.setattr(reference, "hidden_in_child", _hidden_here)
-    r = run_head_parity(t, texts[:8], batch_size=4)
+    r = run_head_parity(t, texts[:8], Ours(batch_size=4))
     assert r["forward_ok"], r
     assert r["labels"]["agree"] == 8 and r["features"]["max_rel_diff"] < 1e-4 and r["classify_matches_features"]
     assert r["task"]["poolings"] == ["last", "mean"]
