@@ -63,8 +63,15 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
         else:
             assert r["method"] == "fine-tuned (LoRA)" and "not implemented" in r["note"]
     # every way ran once over each split, and the fitted way is one of them
-    assert sorted(s["passes"]) == sorted(f"{w}/{sp}" for w in bench.WAYS for sp in ("train", "test"))
-    assert all(not p["cached"] for p in s["passes"].values())
+    own = [
+        "head features/train",
+        "head/test",
+        "classify labels/test",
+        "classify head features/train",
+        "classify head/test",
+    ]
+    assert sorted(s["passes"]) == sorted([f"{w}/{sp}" for w in bench.WAYS for sp in ("train", "test")] + own)
+    assert all(not p["cached"] and p["seconds"] >= 0 for p in s["passes"].values())
     assert s["fit"]["chosen"]["style"] in ("letters", "names")
     assert [g["status"] for g in res["goals"] if g["set"] != "tickets"] == ["not run"] * 3
     md = (out / "t.md").read_text()
@@ -73,5 +80,12 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     # a second run reads every pass back from the cache, and scores the same
     assert bench.main([*argv[:-2], "--tag", "t2", "--cache", str(cache)]) == 0
     again = json.loads((out / "t2.json").read_text())["sets"]["tickets"]
-    assert all(p["cached"] for p in again["passes"].values())
+    assert all(again["passes"][f"{w}/{sp}"]["cached"] for w in bench.WAYS for sp in ("train", "test"))
     assert [r.get("accuracy") for r in again["methods"][:12]] == [r.get("accuracy") for r in s["methods"][:12]]
+    # --no-fit: no pass over TRAIN but the head's; fitted and fit-prior said not run
+    assert bench.main([*argv[:-4], "--tag", "t3", "--ways", "letters", "--no-fit", "tickets"]) == 0
+    third = json.loads((out / "t3.json").read_text())["sets"]["tickets"]
+    assert sorted(third["passes"]) == sorted(["letters/test", *own])
+    skipped = [r for r in third["methods"] if not r["available"]]
+    assert [r["method"] for r in skipped] == [*bench.NO_FIT, "fine-tuned (LoRA)"]
+    assert "| fitted | n/a" in (out / "t3.md").read_text()
