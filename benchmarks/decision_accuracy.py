@@ -53,7 +53,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,8 @@ N_TRAIN = {"tickets": 20, "posts": 100, "banking77": 10, "clinc150": 10}  # per 
 N_TEST = {"tickets": 0, "posts": 300, "banking77": 231, "clinc150": 151}  # in all (0: every row left)
 TARGET = 0.95  # automation at 5 % error
 NONE_OF_THESE = "none of these"
+TEAMS = {"billing": "payments, invoices, refunds, charges", "technical": "bugs, crashes, errors",
+         "account": "login, profile, email, password"}  # fmt: skip
 POSTS_SYSTEM = "You classify the sentiment of social media posts. Answer with exactly one of: {labels}."
 POSTS_TEMPLATE = "Post: {text}\nSentiment:"
 CLINC_SYSTEM = "You classify requests to a virtual assistant by their intent. The intents: {labels}."
@@ -113,7 +115,6 @@ class DataSet:
     test: list[tuple[str, int]]
     drawn: str
     source: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- data
@@ -144,17 +145,7 @@ def load_tickets(n_train: int, n_test: int, seed: int) -> DataSet:
         how = f"train {n_train} per team at random; test {n_test // 3} per team of the rest, length-stratified"
     else:
         te, how = rest, f"train {n_train} per team at random; test every other ticket"
-    q = {
-        "team": {
-            "type": "choice",
-            "instructions": "Which team should handle this support ticket?",
-            "criteria": {
-                "billing": "payments, invoices, refunds, charges",
-                "technical": "bugs, crashes, errors",
-                "account": "login, profile, email, password",
-            },
-        }
-    }
+    q = {"team": {"type": "choice", "instructions": "Which team should handle this support ticket?", "criteria": TEAMS}}
     source = "the seed workload (mlx_slm.text.workload.tickets(600))"
     train, test = [rows[i] for i in tr], _shuffled([rows[i] for i in te], seed)
     return DataSet("tickets", q, DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, train, test, how, source)
@@ -174,13 +165,7 @@ def load_posts(root: Path, n_train: int, n_test: int, seed: int) -> DataSet:
     k = len(names)
     train = [split["val"][i] for i in _draw(split["val"], k, n_train, rng)]
     test = [split["test"][i] for i in _draw(split["test"], k, n_test // k, rng)]
-    q = {
-        "sentiment": {
-            "type": "choice",
-            "instructions": "What is the sentiment of this post?",
-            "criteria": dict.fromkeys(names),
-        }
-    }
+    q = {"sentiment": {"type": "choice", "instructions": "What is the sentiment of this post?", "criteria": dict.fromkeys(names)}}  # fmt: skip
     how = f"train {n_train} per label at random from val; test {n_test // k} per label at random from test"
     source = f"TweetEval sentiment (github.com/cardiffnlp/tweeteval, datasets/sentiment), read from {root}"
     return DataSet("posts", q, tuple(names), POSTS_SYSTEM, POSTS_TEMPLATE, train, _shuffled(test, seed), how, source)
@@ -229,16 +214,11 @@ def load_clinc150(root: Path, n_train: int, n_test: int, seed: int) -> DataSet:
 
 
 def load_set(name: str, a: argparse.Namespace) -> DataSet:
-    n_train, n_test = a.n_train[name], a.n_test[name]
+    sizes = (a.n_train[name], a.n_test[name], a.seed)
     if name == "tickets":
-        ds = load_tickets(n_train, n_test, a.seed)
-    elif name == "posts":
-        ds = load_posts(Path(a.posts), n_train, n_test, a.seed)
-    elif name == "banking77":
-        ds = load_banking77(Path(a.banking77), n_train, n_test, a.seed)
-    else:
-        ds = load_clinc150(Path(a.clinc150), n_train, n_test, a.seed)
-    return ds
+        return load_tickets(*sizes)
+    load = {"posts": load_posts, "banking77": load_banking77, "clinc150": load_clinc150}[name]
+    return load(Path(getattr(a, name)), *sizes)
 
 
 # ---------------------------------------------------------------------------- the passes
@@ -672,9 +652,30 @@ def markdown(out: dict[str, Any]) -> str:
                 for w, v in p.items()
             ),
         ]
-    if out.get("notes"):
-        lines += ["", *out["notes"]]
+    lines += ["", "## Notes", "", *DEFINITIONS, *(f"- {n}" for n in out.get("notes") or [])]
     return "\n".join(lines) + "\n"
+
+
+DEFINITIONS = (
+    "- Ways of asking: `letters` is Transformers' DECISION_PROMPT (exact; beyond 26 options the labels are the "
+    "options' names); `names` lists the options by name and scores each name whole; `x2` (`letters2`, `names2`) asks "
+    "in the forward and the reversed option order and averages the two answers.",
+    "- `batch prior`: each TEST answer divided by the mean raw answer of the first 512 TEST states in input order "
+    "(TEST is shuffled, seeded), what `decide --calibrate batch` does; `contextual prior`: divided by the mean answer "
+    "to five content-free states (`Decider.contextual_prior`); `fit-prior`: the batch prior of the TRAIN states (no "
+    "gold), as `eval --fit-prior` saves it; `fitted`: `eval --fit`'s bias per option and temperature, fitted on the "
+    "TRAIN answers of every way, the way chosen by cross-validated accuracy on TRAIN; `trained head`: `train "
+    "--decisions`'s head on TRAIN, answered by a `Decider` holding it (its own pass over TEST).",
+    "- `classify`: label scoring with the set's classify prompt on the same TEST rows; `+ batch prior`: divided by "
+    "the mean over TEST (`fit_batch`); `learned head`: `train_head` on TRAIN (the classify prompt's hidden states).",
+    "- Automation at 5 % error: the largest share of TEST rows, taken most confident first, whose answers are at "
+    "least 95 % right (0 when even the most confident are not). ECE: the top probability's, 10 equal bins.",
+    "- tokens / row: a decision's input tokens (its state once and each asked variant's own tokens); classify's prompt "
+    "tokens (an unbatched, uncached run's). s / row: the seconds of the passes a method runs at answer time, per TEST "
+    "row (a prior's or a fit's own cost is in its note or train s); train s: what learning it cost (TRAIN passes and "
+    "the fit). Seconds are wall time on a shared 2-core machine (the matmul peaks above say how busy it was).",
+    "- Fine-tuned (LoRA) decisions are not implemented: the row says so and nothing is run.",
+)
 
 
 def plot(out: dict[str, Any], path: Path) -> None:
@@ -753,6 +754,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--chunk", type=int, default=32, help="requests per decide call (progress is told per call)")
     ap.add_argument("--folds", type=int, default=5, help="the heads' cross-validation folds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--note", action="append", default=[], help="a line for the markdown's notes (repeatable)")
+    ap.add_argument(
+        "--render",
+        action="store_true",
+        help="only write TAG.md and TAG.png again from TAG.json (and its notes, if --note)",
+    )
     ap.add_argument("--probe", type=int, default=0, help="only time N TEST prompts per set and way (nothing scored)")
     a = ap.parse_args(argv)
     a.n_test, a.n_train = _per_set(a.n_test, N_TEST, "--n-test"), _per_set(a.n_train, N_TRAIN, "--n-train")
@@ -770,6 +777,10 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_slm.ground.blas import matmul_peak
 
     a = parse(argv)
+    if a.render:  # the markdown and the plot again from TAG.json (no model), with --note's lines if given
+        out = json.loads((a.out / f"{a.tag}.json").read_text())
+        write({**out, "notes": a.note or out.get("notes", [])}, a.out, a.tag)
+        return 0
     peak0 = matmul_peak()["mlx"]
     engine = Engine.load(a.model)
     config = DecisionConfig.of_model(a.model, engine.path)
@@ -783,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
             sets[name] = run_set(ds, engine, config, passes, a)
     peak1 = matmul_peak()["mlx"]
     out = {**run_record("benchmarks.decision_accuracy", a.model, argv, peak0, peak1), "ways": a.ways}
-    out.update(sets=sets, probes=probes, goals=goals(sets) if sets else [])
+    out.update(sets=sets, probes=probes, goals=goals(sets) if sets else [], notes=a.note)
     write(out, a.out, a.tag)
     return 0
 

@@ -89,3 +89,6 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     skipped = [r for r in third["methods"] if not r["available"]]
     assert [r["method"] for r in skipped] == [*bench.NO_FIT, "fine-tuned (LoRA)"]
     assert "| fitted | n/a" in (out / "t3.md").read_text()
+    # --render writes the markdown again from the JSON, with the notes given (kept in the JSON)
+    assert bench.main(["--render", "--out", str(out), "--tag", "t", "--note", "a note"]) == 0
+    assert "- a note" in (out / "t.md").read_text() and json.loads((out / "t.json").read_text())["notes"] == ["a note"]
