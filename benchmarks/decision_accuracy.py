@@ -1,0 +1,816 @@
+"""How RIGHT typed decisions are, per method, with `classify`'s figures on the same rows beside them.
+
+    python -m benchmarks.decision_accuracy [--model qwen2.5-coder-0.5b] [--sets tickets,posts,banking77,clinc150]
+        [--n-test tickets=150] [--n-train posts=100] [--out benchmarks/results] [--tag decision-accuracy]
+        [--posts /tmp/tweeteval] [--banking77 DIR] [--clinc150 DIR] [--ways letters,names,letters2,names2]
+        [--cache DIR] [--probe N]
+
+Each data set has a TRAIN split (what learns from labels) and a TEST split (what every method
+is scored on), drawn seeded and stratified by label, and ONE `choice` question (System One's form)
+whose options are the labels:
+
+* `tickets`: the seed workload's 600 tickets (`mlx_slm.text.workload.tickets`), "Which team should
+  handle this support ticket?" (billing / technical / account, with descriptions); train 20 per
+  team, test the rest (`--n-test tickets=N`: N of the rest, length-stratified per team);
+* `posts`: TweetEval sentiment (`--posts`: val_text.txt, val_labels.txt, test_text.txt,
+  test_labels.txt, mapping.txt; github.com/cardiffnlp/tweeteval, datasets/sentiment), "What is
+  the sentiment of this post?"; train 100 per label from val, test 100 per label from test;
+* `banking77` (`--banking77`: train.csv, test.csv, categories.json): the 77 intents as options
+  (beyond 26 options they are scored by their own names); train 10 per intent, test
+  `--n-test banking77=N` (N / 77 per intent) from test.csv;
+* `clinc150` (`--clinc150`: data_full.json): the 150 intents and "none of these" (out of scope).
+
+Every way of asking (`--ways`: letters = Transformers' DECISION_PROMPT; names = the options' own
+names; x2 = both option orders averaged) runs ONCE over the TRAIN and the TEST rows (a `Decider`
+each, state cache off, each split timed); every method below reads those raw answers:
+
+* per way: `raw`; `batch` (divided by the mean raw answer over the TEST states, the first
+  `DEFAULT_WARMUP` in input order: what `decide --calibrate batch` does); `contextual` (divided by
+  the answer to content-free states, `Decider.contextual_prior`);
+* `fitted`: `fit_question` on every way's TRAIN answers (a bias per option and a temperature, the
+  way chosen by cross-validated accuracy), its method applied to the chosen way's TEST answers;
+* `fit-prior`: the batch prior of the TRAIN states (no gold: `eval --fit-prior`) on TEST;
+* `trained head`: `train_question` on TRAIN, answered on TEST by a `Decider` holding the head
+  (`Methods.of([Method(head=...)])`: its own pass, timed);
+* `fine-tuned (LoRA)`: not available (LoRA decisions are not implemented): reported so, not run;
+* beside them, `classify` on the same TEST rows: label scoring raw, with a batch prior
+  (`fit_batch` over TEST), and a learned head (`train_head` on TRAIN).
+
+Figures: accuracy, macro-F1, ECE of the top probability, automation at 5 % error (the largest
+share of TEST rows, most confident first, whose answers are at least 95 % right:
+`metrics.threshold_for_accuracy`), tokens and seconds per TEST row of the passes a method needs at
+answer time, and what learning it cost (train s). `--cache DIR` keeps each pass's raw answers
+(keyed by the model's weights, the question, the way and the rows) so a run can be resumed; a
+pass read back keeps its measured seconds and says "cached". `--probe N` only times N TEST
+prompts of each set per way (sizing a run). Results: `--out`/TAG.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import mlx_slm  # noqa: F401  (BLAS before mlx)
+from benchmarks.heads import BANKING_SYSTEM, BANKING_TEMPLATE
+from benchmarks.record import run_line, run_record
+from mlx_slm.classifier.classifier import Classifier
+from mlx_slm.classifier.decider import Decider
+from mlx_slm.engine.engine import Engine
+from mlx_slm.jobs.train import HeadOptions, Trace, train_head
+from mlx_slm.jobs.train_decisions import train_question
+from mlx_slm.text.calibration import DEFAULT_WARMUP, fit_batch
+from mlx_slm.text.decisions.fitting import batch_prior, figures, fit_question, prior_of
+from mlx_slm.text.decisions.methods import Method, Methods
+from mlx_slm.text.decisions.questions import DecisionQuestion, DecisionRequest
+from mlx_slm.text.decisions.settings import DecisionConfig
+from mlx_slm.text.decisions.systemone import systemone_questions
+from mlx_slm.text.metrics import threshold_for_accuracy
+from mlx_slm.text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
+from mlx_slm.text.workload import stratified_sample, tickets
+
+WAYS = {"letters": ("letters", 1), "names": ("names", 1), "letters2": ("letters", 2), "names2": ("names", 2)}
+WAY_NAMES = {v: k for k, v in WAYS.items()}
+SETS = ("tickets", "posts", "banking77", "clinc150")
+N_TRAIN = {"tickets": 20, "posts": 100, "banking77": 10, "clinc150": 10}  # per label
+N_TEST = {"tickets": 0, "posts": 300, "banking77": 231, "clinc150": 151}  # in all (0: every row left)
+TARGET = 0.95  # automation at 5 % error
+NONE_OF_THESE = "none of these"
+TEAMS = {"billing": "payments, invoices, refunds, charges", "technical": "bugs, crashes, errors",
+         "account": "login, profile, email, password"}  # fmt: skip
+POSTS_SYSTEM = "You classify the sentiment of social media posts. Answer with exactly one of: {labels}."
+POSTS_TEMPLATE = "Post: {text}\nSentiment:"
+CLINC_SYSTEM = "You classify requests to a virtual assistant by their intent. The intents: {labels}."
+CLINC_TEMPLATE = "Request: {text}\nIntent:"
+# The goals of issue 55: (set, which rows, what, figure, at least); which rows: "prior" (a prior that needs no
+# labels: batch, contextual, fit-prior), "untrained" (any way, raw or with such a prior), "trained" (the head).
+GOALS = (
+    ("tickets", "prior", "with a prior (batch, contextual or fit-prior: no labels)", "accuracy", 0.90),
+    ("tickets", "trained", "trained (a head)", "accuracy", 0.93),
+    ("posts", "untrained", "untrained (a style and a prior)", "macro_f1", 0.60),
+    ("posts", "trained", "trained (a head)", "macro_f1", 0.72),
+    ("banking77", "trained", "trained (a head; the goal: at 10 per intent)", "accuracy", 0.86),
+)
+
+
+@dataclass
+class DataSet:
+    """One set: its question (System One's form), its labels (= the options, in order), the
+    classify prompt, TRAIN and TEST as (text, label index), and how they were drawn."""
+
+    name: str
+    question: dict[str, Any]
+    labels: tuple[str, ...]
+    system: str
+    template: str
+    train: list[tuple[str, int]]
+    test: list[tuple[str, int]]
+    drawn: str
+    source: str = ""
+
+
+# ---------------------------------------------------------------------------- data
+def _draw(rows: list[tuple[str, int]], k: int, per: int, rng: np.random.Generator) -> list[int]:
+    """`per` row indices of each of `k` labels, at random (all of a label's rows where it has fewer)."""
+    out = []
+    for c in range(k):
+        have = [i for i, (_, g) in enumerate(rows) if g == c]
+        out += [have[i] for i in rng.permutation(len(have))[:per]]
+    return out
+
+
+def _shuffled(rows: list[tuple[str, int]], seed: int) -> list[tuple[str, int]]:
+    """TEST in a seeded random order (a batch prior's first states are then a random sample)."""
+    return [rows[i] for i in np.random.default_rng(seed + 1).permutation(len(rows))]
+
+
+def load_tickets(n_train: int, n_test: int, seed: int) -> DataSet:
+    rows = [(t, DEFAULT_LABELS.index(g)) for t, g in tickets(600)]
+    rng = np.random.default_rng(seed)
+    tr = _draw(rows, 3, n_train, rng)
+    rest = [i for i in range(len(rows)) if i not in set(tr)]
+    if n_test:  # per team, spread over the length-sorted order (the workload's length distribution)
+        te = []
+        for c in range(3):
+            mine = [i for i in rest if rows[i][1] == c]
+            te += [mine[j] for j in stratified_sample([len(rows[i][0].split()) for i in mine], n_test // 3)]
+        how = f"train {n_train} per team at random; test {n_test // 3} per team of the rest, length-stratified"
+    else:
+        te, how = rest, f"train {n_train} per team at random; test every other ticket"
+    q = {"team": {"type": "choice", "instructions": "Which team should handle this support ticket?", "criteria": TEAMS}}
+    source = "the seed workload (mlx_slm.text.workload.tickets(600))"
+    train, test = [rows[i] for i in tr], _shuffled([rows[i] for i in te], seed)
+    return DataSet("tickets", q, DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE, train, test, how, source)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def load_posts(root: Path, n_train: int, n_test: int, seed: int) -> DataSet:
+    names = [line.split("\t")[1].strip() for line in _lines(root / "mapping.txt") if line.strip()]
+    split = {
+        s: [(t.strip(), int(g)) for t, g in zip(_lines(root / f"{s}_text.txt"), _lines(root / f"{s}_labels.txt"))]
+        for s in ("val", "test")
+    }
+    rng = np.random.default_rng(seed)
+    k = len(names)
+    train = [split["val"][i] for i in _draw(split["val"], k, n_train, rng)]
+    test = [split["test"][i] for i in _draw(split["test"], k, n_test // k, rng)]
+    q = {"sentiment": {"type": "choice", "instructions": "What is the sentiment of this post?", "criteria": dict.fromkeys(names)}}  # fmt: skip
+    how = f"train {n_train} per label at random from val; test {n_test // k} per label at random from test"
+    source = f"TweetEval sentiment (github.com/cardiffnlp/tweeteval, datasets/sentiment), read from {root}"
+    return DataSet("posts", q, tuple(names), POSTS_SYSTEM, POSTS_TEMPLATE, train, _shuffled(test, seed), how, source)
+
+
+def load_banking77(root: Path, n_train: int, n_test: int, seed: int) -> DataSet:
+    intents = json.loads((root / "categories.json").read_text())
+    labels = tuple(x.replace("_", " ") for x in intents)  # the options read as words: "card arrival"
+    index = {x: i for i, x in enumerate(intents)}
+
+    def read(name: str) -> list[tuple[str, int]]:
+        with open(root / name, encoding="utf-8") as f:
+            return [(r["text"], index[r["category"]]) for r in csv.DictReader(f)]
+
+    tr_all, te_all = read("train.csv"), read("test.csv")
+    rng = np.random.default_rng(seed)
+    k = len(labels)
+    train = [tr_all[i] for i in _draw(tr_all, k, n_train, rng)]
+    test = [te_all[i] for i in _draw(te_all, k, max(1, n_test // k), rng)]
+    q = {
+        "intent": {"type": "choice", "instructions": "What does the customer want?", "criteria": dict.fromkeys(labels)}
+    }
+    how = f"train {n_train} per intent at random from train.csv; test {max(1, n_test // k)} per intent from test.csv"
+    source = f"BANKING77 (PolyAI, CC-BY-4.0), read from {root}"
+    return DataSet("banking77", q, labels, BANKING_SYSTEM, BANKING_TEMPLATE, train, _shuffled(test, seed), how, source)
+
+
+def load_clinc150(root: Path, n_train: int, n_test: int, seed: int) -> DataSet:
+    data = json.loads((root / "data_full.json").read_text())
+    intents = sorted({g for _, g in data["train"]})
+    labels = (*(x.replace("_", " ") for x in intents), NONE_OF_THESE)
+    index = {**{x: i for i, x in enumerate(intents)}, "oos": len(intents)}
+    rows = {s: [(t, index[g]) for t, g in data[s] + data[f"oos_{s}"]] for s in ("train", "test")}
+    rng = np.random.default_rng(seed)
+    k = len(labels)
+    train = [rows["train"][i] for i in _draw(rows["train"], k, n_train, rng)]
+    test = [rows["test"][i] for i in _draw(rows["test"], k, max(1, n_test // k), rng)]
+    criteria = {**dict.fromkeys(labels[:-1]), NONE_OF_THESE: "the request fits none of the other intents"}
+    q = {"intent": {"type": "choice", "instructions": "What does the user want?", "criteria": criteria}}
+    how = (
+        f"train {n_train} per intent (and out of scope) from train; test {max(1, n_test // k)} per intent "
+        "(and out of scope) from test"
+    )
+    source = f"CLINC150 (Larson et al. 2019, CC-BY-3.0), read from {root}"
+    return DataSet("clinc150", q, labels, CLINC_SYSTEM, CLINC_TEMPLATE, train, _shuffled(test, seed), how, source)
+
+
+def load_set(name: str, a: argparse.Namespace) -> DataSet:
+    sizes = (a.n_train[name], a.n_test[name], a.seed)
+    if name == "tickets":
+        return load_tickets(*sizes)
+    load = {"posts": load_posts, "banking77": load_banking77, "clinc150": load_clinc150}[name]
+    return load(Path(getattr(a, name)), *sizes)
+
+
+# ---------------------------------------------------------------------------- the passes
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False, default=str).encode("utf-8")).hexdigest()[:20]
+
+
+class Passes:
+    """Each way's raw answers over a split: run once (timed), kept in memory and (`cache`) on disk."""
+
+    def __init__(self, engine: Engine, config: DecisionConfig, cache: Path | None, chunk: int):
+        self.engine, self.config, self.cache, self.chunk = engine, config, cache, chunk
+        self.runs: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def decider(self, way: tuple[str, int]) -> Decider:
+        methods = Methods(default=Method(style=way[0], permute=way[1]))
+        return Decider(self.engine, self.config, methods=methods, state_cache=0)
+
+    def get(self, ds: DataSet, q: DecisionQuestion, way: tuple[str, int], split: str) -> dict[str, Any]:
+        """{probs (n, k), tokens (n,), seconds, rows, cached} of `way` over `split`'s rows."""
+        mem = (ds.name, WAY_NAMES[way], split)
+        if mem in self.runs:
+            return self.runs[mem]
+        texts = [t for t, _ in getattr(ds, split)]
+        key = _digest(str(self.engine.weights_sha256), q.digest, way, texts)
+        path = self.cache / f"{ds.name}-{WAY_NAMES[way]}-{split}-{key}.json" if self.cache else None
+        if path is not None and path.is_file():
+            got = json.loads(path.read_text())
+            got.update(probs=np.asarray(got["probs"]), tokens=np.asarray(got["tokens"]), cached=True)
+            say(f"  {mem}: read back ({got['seconds']:.1f} s when run)")
+        else:
+            got = self._run(ds.name, q, way, split, texts)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                body = {**got, "probs": got["probs"].tolist(), "tokens": got["tokens"].tolist()}
+                path.write_text(json.dumps(body))
+        self.runs[mem] = got
+        return got
+
+    def note(self, name: str, what: str, split: str, rows: int, seconds: float, tokens: Any = None) -> None:
+        """A pass that is not a way's (a head's features or answers, classify's): its time in the table."""
+        tokens = None if tokens is None else np.asarray(tokens)
+        self.runs[(name, what, split)] = {"rows": rows, "seconds": seconds, "tokens": tokens, "cached": False}
+
+    def _run(self, name: str, q: DecisionQuestion, way: tuple[str, int], split: str, texts: list[str]) -> dict:
+        d = self.decider(way)
+        probs, tokens, secs = [], [], 0.0
+        for k in range(0, len(texts), self.chunk):
+            reqs = [DecisionRequest(t, (q,)) for t in texts[k : k + self.chunk]]
+            t0 = time.perf_counter()
+            res = d.decide(reqs)
+            secs += time.perf_counter() - t0
+            probs += [np.asarray(r.raw[0], dtype=np.float64) for r in res]
+            tokens += [int(r.input_tokens) for r in res]
+            say(f"  {name} {WAY_NAMES[way]} {split}: {len(probs)}/{len(texts)} in {secs:.0f} s")
+        return {
+            "probs": np.stack(probs),
+            "tokens": np.asarray(tokens),
+            "seconds": secs,
+            "rows": len(texts),
+            "cached": False,
+        }
+
+
+# ---------------------------------------------------------------------------- figures
+def scored(probs: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
+    """Accuracy, macro-F1, ECE, Brier, log-loss, and automation at 5 % error, of answers against gold."""
+    p = np.asarray(probs, dtype=np.float64)
+    p = p / p.sum(axis=1, keepdims=True)
+    out = figures(p, gold)
+    conf, ok = p.max(axis=1), p.argmax(axis=1) == gold
+    thr = threshold_for_accuracy(conf, ok, TARGET)
+    out["automation_5"] = 0.0 if thr is None else float(np.mean(conf >= thr))
+    out["predicted"] = np.bincount(p.argmax(axis=1), minlength=p.shape[1]).tolist()
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def row(method: str, family: str, probs: Any, gold: np.ndarray, **extra: Any) -> dict[str, Any]:
+    return {"method": method, "family": family, "available": True, **scored(probs, gold), **extra}
+
+
+def cost(passes: list[dict[str, Any]], n: int) -> dict[str, float]:
+    """Tokens and seconds per TEST row of the passes a method runs at answer time."""
+    return {
+        "tokens_per_row": round(float(sum(p["tokens"].sum() for p in passes)) / n, 1),
+        "seconds_per_row": round(sum(p["seconds"] for p in passes) / n, 4),
+    }
+
+
+def way_rows(ds: DataSet, q: DecisionQuestion, passes: Passes, ways: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """raw, batch and contextual for each way, on the TEST rows."""
+    gold = np.array([g for _, g in ds.test])
+    labels = q.answer_names()
+    out = []
+    for way in ways:
+        te = passes.get(ds, q, way, "test")
+        c = cost([te], len(gold))
+        w = WAY_NAMES[way]
+        out.append(row(f"{w}: raw", "decide", te["probs"], gold, way=w, **c))
+        cal = batch_prior(te["probs"], labels, DEFAULT_WARMUP)
+        out.append(row(f"{w}: batch prior", "decide", _apply(cal, te["probs"]), gold, way=w, **c))
+        d = passes.decider(way)
+        t0 = time.perf_counter()
+        ctx = d.contextual_prior(q, Method(style=way[0], permute=way[1], prior="contextual"))
+        setup = round(time.perf_counter() - t0, 2)
+        out.append(row(f"{w}: contextual prior", "decide", _apply(ctx, te["probs"]), gold, way=w, setup_s=setup, **c))
+    return out
+
+
+def _apply(cal: Any, probs: np.ndarray) -> np.ndarray:
+    """Each answer as a method with `cal` gives it (`Method.answer`: what the decider applies)."""
+    m = Method(calibrator=cal)
+    return np.stack([m.answer(p) for p in probs])
+
+
+def learned_rows(
+    ds: DataSet, q: DecisionQuestion, passes: Passes, ways: list[tuple[str, int]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`fitted` and `fit-prior` from the TRAIN passes, applied to TEST; and the fit's report."""
+    gold_tr = np.array([g for _, g in ds.train])
+    gold = np.array([g for _, g in ds.test])
+    labels = q.answer_names()
+    train = {w: passes.get(ds, q, w, "train") for w in ways}
+    t0 = time.perf_counter()
+    fitted = fit_question({w: p["probs"] for w, p in train.items()}, gold_tr, labels, q.key)
+    fit_s = time.perf_counter() - t0
+    chosen = (fitted.style, fitted.permute)
+    m = Method(fitted.style, fitted.permute, "none", fitted.calibrator, None, q.key, q.digest)
+    te = passes.get(ds, q, chosen, "test")
+    learn = round(sum(p["seconds"] for p in train.values()) + fit_s, 1)
+    cv = fitted.calibrator.info.get("cv_accuracy_calibrated")
+    final = np.stack([m.answer(p) for p in te["probs"]])
+    out = [
+        row(
+            "fitted",
+            "decide",
+            final,
+            gold,
+            way=WAY_NAMES[chosen],
+            train_s=learn,
+            cv_accuracy=cv,
+            **cost([te], len(gold)),
+        )
+    ]
+    for w in [x for x in ways if x[1] == 1]:
+        cal = prior_of(train[w]["probs"], labels, q.key, DEFAULT_WARMUP)
+        te = passes.get(ds, q, w, "test")
+        learn = round(train[w]["seconds"], 1)
+        final = _apply(cal, te["probs"])
+        out.append(
+            row(
+                f"fit-prior ({WAY_NAMES[w]})",
+                "decide",
+                final,
+                gold,
+                way=WAY_NAMES[w],
+                train_s=learn,
+                **cost([te], len(gold)),
+            )
+        )
+    return out, fitted.report()
+
+
+def head_row(ds: DataSet, q: DecisionQuestion, passes: Passes, folds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A head trained on the question's own prompt (`train_question` on TRAIN), answered on TEST
+    by a `Decider` holding it, as `decide --task` / `serve --task` answer a trained question."""
+    gold = np.array([g for _, g in ds.test])
+    t0 = time.perf_counter()
+    train = ([t for t, _ in ds.train], [ds.labels[g] for _, g in ds.train])
+    opts, trace = HeadOptions(folds=folds), Trace(log=lambda m: say(f"  head: {m}"))
+    head = train_question(passes.decider(("letters", 1)), q, *train, opts, trace)
+    train_s = time.perf_counter() - t0
+    passes.note(ds.name, "head features", "train", len(ds.train), head.info["feature_seconds"])
+    saved = Methods.of([Method(head=head, key=q.key, digest=q.digest)])
+    d = Decider(passes.engine, passes.config, methods=saved, state_cache=0)
+    probs, tokens, secs = [], [], 0.0
+    for k in range(0, len(ds.test), passes.chunk):
+        t1 = time.perf_counter()
+        res = d.decide([DecisionRequest(t, (q,)) for t, _ in ds.test[k : k + passes.chunk]])
+        secs += time.perf_counter() - t1
+        assert all(r.applied[0].get("trained") == "head" for r in res), res[0].applied
+        probs += [np.asarray(r.probabilities[0]) for r in res]
+        tokens += [r.input_tokens for r in res]
+    passes.note(ds.name, "head", "test", len(ds.test), secs, tokens)
+    p = {"tokens": np.asarray(tokens), "seconds": secs}
+    cv = head.info.get("chosen", {}).get("accuracy")
+    info = {"name": head.name, "estimator": head.estimator, "cv_accuracy": cv, "train_s": round(train_s, 1)}
+    r = row("trained head", "decide", np.stack(probs), gold, train_s=round(train_s, 1), **cost([p], len(gold)))
+    return {**r, "cv_accuracy": cv}, info
+
+
+def classify_rows(ds: DataSet, engine: Engine, passes: Passes, folds: int) -> list[dict[str, Any]]:
+    """`classify` on the same TEST rows: label scoring raw and with a batch prior, and a learned head."""
+    gold = np.array([g for _, g in ds.test])
+    texts = [t for t, _ in ds.test]
+    probs, st = _classify(Classifier(engine, ds.labels, ds.system, ds.template), texts)
+    passes.note(ds.name, "classify labels", "test", len(texts), st.seconds, [st.prompt_tokens / len(texts)])
+    with np.errstate(divide="ignore"):
+        lp = np.maximum(np.log(probs), -1e4)
+    batch = np.exp(fit_batch(lp, ds.labels).apply(lp))
+    c = {
+        "tokens_per_row": round(st.prompt_tokens / len(texts), 1),
+        "seconds_per_row": round(st.seconds / len(texts), 4),
+    }
+    out = [
+        row("classify: labels raw", "classify", probs, gold, **c),
+        row("classify: labels + batch prior", "classify", batch, gold, **c),
+    ]
+    t0 = time.perf_counter()
+    train = ([t for t, _ in ds.train], [ds.labels[g] for _, g in ds.train])
+    head = train_head(engine, *train, classes=ds.labels, system=ds.system, template=ds.template, folds=folds)
+    train_s = round(time.perf_counter() - t0, 1)
+    passes.note(ds.name, "classify head features", "train", len(ds.train), head.info["feature_seconds"])
+    hp, hst = _classify(Classifier(engine, ds.labels, ds.system, ds.template, head=head), texts)
+    passes.note(ds.name, "classify head", "test", len(texts), hst.seconds, [hst.prompt_tokens / len(texts)])
+    c = {
+        "tokens_per_row": round(hst.prompt_tokens / len(texts), 1),
+        "seconds_per_row": round(hst.seconds / len(texts), 4),
+    }
+    out.append(row("classify: learned head", "classify", hp, gold, train_s=train_s, head=head.name, **c))
+    return out
+
+
+def _classify(clf: Classifier, texts: list[str]) -> tuple[np.ndarray, Any]:
+    run = clf.run(texts, window=max(1, len(texts)))
+    preds = list(run)
+    bad = [p for p in preds if not p.ok]
+    if bad:
+        raise SystemExit(f"classify: item {bad[0].index}: {bad[0].error}")
+    return np.array([[p.probs[k] for k in clf.labels] for p in preds], dtype=np.float64), run.stats
+
+
+NO_FIT = ("fitted", "fit-prior (letters)", "fit-prior (names)")
+NOT_AVAILABLE = {
+    "method": "fine-tuned (LoRA)",
+    "family": "decide",
+    "available": False,
+    "note": "not available: LoRA-trained decision questions are not implemented (train --decisions trains heads only)",
+}
+
+
+def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes, a: argparse.Namespace) -> dict:
+    (q,) = systemone_questions(ds.question, config)
+    ways = [WAYS[w] for w in a.ways]
+    say(f"{ds.name}: {len(ds.train)} train, {len(ds.test)} test, {len(ds.labels)} options")
+    rows = way_rows(ds, q, passes, ways)
+    if ds.name in a.no_fit:  # no TRAIN passes: said, not run
+        why = "not run: --no-fit (each way's pass over TRAIN costs too much here; see the passes' s / row)"
+        fit_report: dict[str, Any] = {"note": why}
+        rows += [{"method": m, "family": "decide", "available": False, "note": why} for m in NO_FIT]
+    else:
+        fitted_rows, fit_report = learned_rows(ds, q, passes, ways)
+        rows += fitted_rows
+    hrow, head_info = head_row(ds, q, passes, a.folds)
+    rows += [hrow, dict(NOT_AVAILABLE)]
+    rows += classify_rows(ds, engine, passes, a.folds)
+    pass_table = {
+        f"{w}/{s}": {
+            "rows": r["rows"],
+            "seconds": round(r["seconds"], 1),
+            "seconds_per_row": round(r["seconds"] / r["rows"], 3),
+            "tokens_per_row": None if r["tokens"] is None else round(float(r["tokens"].mean()), 1),
+            "cached": r["cached"],
+        }
+        for (name, w, s), r in passes.runs.items()
+        if name == ds.name
+    }
+    for r in rows:
+        say(f"  {r['method']:<32} " + (f"acc {r['accuracy']:.3f} F1 {r['macro_f1']:.3f}" if r["available"] else "n/a"))
+    return {
+        "labels": list(ds.labels),
+        "question": ds.question,
+        "question_digest": q.digest,
+        "train": len(ds.train),
+        "test": len(ds.test),
+        "test_support": np.bincount([g for _, g in ds.test], minlength=len(ds.labels)).tolist(),
+        "drawn": ds.drawn,
+        "source": ds.source,
+        "passes": pass_table,
+        "fit": fit_report,
+        "head": head_info,
+        "methods": rows,
+    }
+
+
+def probe(ds: DataSet, passes: Passes, ways: list[tuple[str, int]], n: int) -> dict[str, Any]:
+    """Seconds and tokens per prompt of `n` TEST rows per way (sizing a run; nothing scored)."""
+    (q,) = systemone_questions(ds.question, passes.config)
+    out = {}
+    for way in ways:
+        d = passes.decider(way)
+        t0 = time.perf_counter()
+        res = d.decide([DecisionRequest(t, (q,)) for t, _ in ds.test[:n]])
+        secs = time.perf_counter() - t0
+        out[WAY_NAMES[way]] = {
+            "rows": len(res),
+            "seconds_per_row": round(secs / len(res), 2),
+            "tokens_per_row": round(float(np.mean([r.input_tokens for r in res])), 1),
+        }
+        print(f"  probe {ds.name} {WAY_NAMES[way]}: {out[WAY_NAMES[way]]}", file=sys.stderr, flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------- goals, markdown, plot
+def goals(sets: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, kind, what, fig, want in GOALS:
+        s = sets.get(name)
+        if s is None:
+            out.append({"set": name, "goal": what, "figure": fig, "at_least": want, "status": "not run"})
+            continue
+        rows = [r for r in s["methods"] if r["available"] and r["family"] == "decide"]
+        if kind == "trained":
+            rows = [r for r in rows if r["method"] == "trained head"]
+        elif kind == "prior":
+            rows = [r for r in rows if "prior" in r["method"]]
+        else:  # untrained: any way, raw or with a prior that needs no gold
+            rows = [r for r in rows if not r["method"].startswith(("fitted", "trained"))]
+        best = max(rows, key=lambda r: r[fig])
+        status = "met" if best[fig] >= want else "not met"
+        out.append(
+            {
+                "set": name,
+                "goal": what,
+                "figure": fig,
+                "at_least": want,
+                "best": best[fig],
+                "by": best["method"],
+                "status": status,
+            }
+        )
+    return out
+
+
+def _cell(x: Any, fmt: str = ".3f") -> str:
+    return "" if x is None else format(x, fmt) if isinstance(x, float) else str(x)
+
+
+def markdown(out: dict[str, Any]) -> str:
+    sets = out["sets"]
+    lines = [
+        f"# How right typed decisions are, per method, with classify beside them ({out['model']}, {out['date']})",
+        "",
+        run_line(out),
+        "",
+        "Accuracy / macro-F1 on each set's TEST rows (every method scored on the same rows):",
+        "",
+        "| method | " + " | ".join(f"{n} (n={s['test']})" for n, s in sets.items()) + " |",
+        "|---|" + "---|" * len(sets),
+    ]
+    methods = list(dict.fromkeys(r["method"] for s in sets.values() for r in s["methods"]))
+    for m in methods:
+        cells = []
+        for s in sets.values():
+            r = next((x for x in s["methods"] if x["method"] == m), None)
+            cells.append(
+                "" if r is None else "n/a" if not r["available"] else f"{r['accuracy']:.3f} / {r['macro_f1']:.3f}"
+            )
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Goals (issue 55)",
+        "",
+        "| set | goal | figure | at least | best | by | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for g in out["goals"]:
+        lines.append(
+            f"| {g['set']} | {g['goal']} | {g['figure']} | {g['at_least']:.2f} | {_cell(g.get('best'))} | {g.get('by', '')} | **{g['status']}** |"
+        )
+    for name, s in sets.items():
+        lines += [
+            "",
+            f"## {name}: {len(s['labels'])} options, {s['train']} train / {s['test']} test rows",
+            "",
+            f"{s['source']}; {s['drawn']}. Question: `{json.dumps(s['question'], ensure_ascii=False)[:300]}`",
+            "",
+            "| method | accuracy | macro-F1 | ECE | automation at 5 % error | tokens / row | s / row | train s | note |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in s["methods"]:
+            if not r["available"]:
+                lines.append(f"| {r['method']} | n/a | n/a | n/a | n/a | | | | {r['note']} |")
+                continue
+            note = []
+            if r["method"] == "fitted":
+                note.append(f"chose {r['way']}")
+            if r.get("cv_accuracy") is not None:
+                note.append(f"CV accuracy on train {r['cv_accuracy']:.3f}")
+            if r.get("setup_s") is not None:
+                note.append(f"prior found in {r['setup_s']} s")
+            if r.get("head"):
+                note.append(f"head {r['head']}")
+            lines.append(
+                f"| {r['method']} | {r['accuracy']:.3f} | {r['macro_f1']:.3f} | {r['ece']:.3f} | {r['automation_5']:.3f} "
+                f"| {r['tokens_per_row']} | {r['seconds_per_row']:.3f} | {_cell(r.get('train_s'), '.1f')} | {'; '.join(note)} |"
+            )
+        fit = s["fit"]
+        lines += [
+            "",
+            (
+                f"Fitted: chose {fit['chosen']['style']}, {fit['chosen']['permute']} order(s) by cross-validated "
+                f"accuracy ({_cell(fit.get('cv_accuracy'))}); ways tried: "
+                + ", ".join(f"{w['style']} x{w['permute']} CV {_cell(w['cv_accuracy'])}" for w in fit["ways"])
+                + (f" ({fit['note']})" if fit.get("note") else "")
+                if "chosen" in fit
+                else f"Fitted and fit-prior: {fit['note']}"
+            )
+            + f". Trained head: {s['head']['name']} ({s['head']['estimator']}), CV accuracy on train "
+            f"{_cell(s['head']['cv_accuracy'])}, {s['head']['train_s']} s to train.",
+            "",
+            "Each pass (one way over one split, state cache off; run once, read by every method):",
+            "",
+            "| way / split | rows | seconds | s / row | tokens / row | |",
+            "|---|---|---|---|---|---|",
+        ]
+        for k, p in s["passes"].items():
+            lines.append(
+                f"| {k} | {p['rows']} | {p['seconds']} | {p['seconds_per_row']} | {_cell(p['tokens_per_row'], '.1f')} | {'cached' if p['cached'] else ''} |"
+            )
+    for name, p in out.get("probes", {}).items():
+        lines += [
+            "",
+            f"Probe only ({name}, not scored): "
+            + "; ".join(
+                f"{w}: {v['seconds_per_row']} s and {v['tokens_per_row']} tokens per prompt ({v['rows']} prompts)"
+                for w, v in p.items()
+            ),
+        ]
+    lines += ["", "## Notes", "", *DEFINITIONS, *(f"- {n}" for n in out.get("notes") or [])]
+    return "\n".join(lines) + "\n"
+
+
+DEFINITIONS = (
+    "- Ways of asking: `letters` is Transformers' DECISION_PROMPT (exact; beyond 26 options the labels are the "
+    "options' names); `names` lists the options by name and scores each name whole; `x2` (`letters2`, `names2`) asks "
+    "in the forward and the reversed option order and averages the two answers.",
+    "- `batch prior`: each TEST answer divided by the mean raw answer of the first 512 TEST states in input order "
+    "(TEST is shuffled, seeded), what `decide --calibrate batch` does; `contextual prior`: divided by the mean answer "
+    "to five content-free states (`Decider.contextual_prior`); `fit-prior`: the batch prior of the TRAIN states (no "
+    "gold), as `eval --fit-prior` saves it; `fitted`: `eval --fit`'s bias per option and temperature, fitted on the "
+    "TRAIN answers of every way, the way chosen by cross-validated accuracy on TRAIN; `trained head`: `train "
+    "--decisions`'s head on TRAIN, answered by a `Decider` holding it (its own pass over TEST).",
+    "- `classify`: label scoring with the set's classify prompt on the same TEST rows; `+ batch prior`: divided by "
+    "the mean over TEST (`fit_batch`); `learned head`: `train_head` on TRAIN (the classify prompt's hidden states).",
+    "- Automation at 5 % error: the largest share of TEST rows, taken most confident first, whose answers are at "
+    "least 95 % right (0 when even the most confident are not). ECE: the top probability's, 10 equal bins.",
+    "- tokens / row: a decision's input tokens (its state once and each asked variant's own tokens); classify's prompt "
+    "tokens (an unbatched, uncached run's). s / row: the seconds of the passes a method runs at answer time, per TEST "
+    "row (a prior's or a fit's own cost is in its note or train s); train s: what learning it cost (TRAIN passes and "
+    "the fit). Seconds are wall time on a shared 2-core machine (the matmul peaks above say how busy it was).",
+    "- Fine-tuned (LoRA) decisions are not implemented: the row says so and nothing is run.",
+)
+
+
+def plot(out: dict[str, Any], path: Path) -> None:
+    """Accuracy per method per set: one horizontal bar chart per set, decide and classify in two colours."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib, only for the PNG
+    from matplotlib.figure import Figure
+
+    sets = list(out["sets"].items())
+    n = max(len(s["methods"]) for _, s in sets)
+    fig = Figure(figsize=(5.5 * len(sets), 0.32 * n + 1.6))
+    FigureCanvasAgg(fig)
+    for i, (name, s) in enumerate(sets, 1):
+        ax = fig.add_subplot(1, len(sets), i)
+        rows = s["methods"][::-1]
+        acc = [r["accuracy"] if r["available"] else 0.0 for r in rows]
+        colours = [
+            "#bbbbbb" if not r["available"] else "#4c72b0" if r["family"] == "decide" else "#dd8452" for r in rows
+        ]
+        ax.barh(range(len(rows)), acc, color=colours)
+        for y, r in enumerate(rows):
+            text = f"{r['accuracy']:.3f}" if r["available"] else "not available"
+            ax.text((r["accuracy"] if r["available"] else 0) + 0.01, y, text, va="center", fontsize=7)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels(
+            [r["method"] + (f" ({r['way']})" if r["method"] == "fitted" and r["available"] else "") for r in rows],
+            fontsize=7,
+        )
+        ax.set_xlim(0, 1.12)
+        ax.set_xlabel("accuracy on TEST")
+        ax.set_title(f"{name} ({len(s['labels'])} options, n={s['test']})", fontsize=9)
+    fig.suptitle(f"{Path(out['model']).name}: decide (blue), classify (orange)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=110)
+
+
+def _per_set(text: str, default: dict[str, int], what: str) -> dict[str, int]:
+    """`--n-test` / `--n-train`: N for every set, or SET=N,... over the defaults."""
+    out = dict(default)
+    for part in [x for x in text.split(",") if x]:
+        name, _, n = part.rpartition("=")
+        if name and name not in SETS:
+            raise SystemExit(f"{what}: {name!r} is none of the sets ({', '.join(SETS)})")
+        for k in [name] if name else SETS:
+            out[k] = int(n)
+    return out
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--sets", default="tickets,posts,banking77,clinc150")
+    ap.add_argument(
+        "--n-test",
+        default="",
+        help="TEST rows in all, N or SET=N,... (default: "
+        + ", ".join(f"{k}={v or 'rest'}" for k, v in N_TEST.items())
+        + ")",
+    )
+    ap.add_argument(
+        "--n-train",
+        default="",
+        help="TRAIN rows per label, N or SET=N,... (default: "
+        + ", ".join(f"{k}={v}" for k, v in N_TRAIN.items())
+        + ")",
+    )
+    ap.add_argument("--ways", default="letters,names,letters2,names2", help="ways of asking run over TRAIN and TEST")
+    ap.add_argument("--posts", default="/tmp/tweeteval", help="TweetEval sentiment folder (not committed)")
+    ap.add_argument("--banking77", default="../shared/data/banking77")
+    ap.add_argument("--clinc150", default="../shared/data/clinc150")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--tag", default="decision-accuracy")
+    ap.add_argument(
+        "--no-fit", default="", help="sets without fitted and fit-prior (no pass over TRAIN but the head's)"
+    )
+    ap.add_argument("--cache", type=Path, default=None, help="keep each pass's raw answers here (resume a run)")
+    ap.add_argument("--chunk", type=int, default=32, help="requests per decide call (progress is told per call)")
+    ap.add_argument("--folds", type=int, default=5, help="the heads' cross-validation folds")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--note", action="append", default=[], help="a line for the markdown's notes (repeatable)")
+    ap.add_argument(
+        "--render",
+        action="store_true",
+        help="only write TAG.md and TAG.png again from TAG.json (and its notes, if --note)",
+    )
+    ap.add_argument("--probe", type=int, default=0, help="only time N TEST prompts per set and way (nothing scored)")
+    a = ap.parse_args(argv)
+    a.n_test, a.n_train = _per_set(a.n_test, N_TEST, "--n-test"), _per_set(a.n_train, N_TRAIN, "--n-train")
+    a.sets, a.ways = [s for s in a.sets.split(",") if s], [w for w in a.ways.split(",") if w]
+    a.no_fit = [s for s in a.no_fit.split(",") if s]
+    bad = [s for s in a.sets + a.no_fit if s not in SETS] + [w for w in a.ways if w not in WAYS]
+    if bad or "letters" not in a.ways:
+        raise SystemExit(
+            f"--sets is some of {', '.join(SETS)}; --ways some of {', '.join(WAYS)} with letters; got {bad}"
+        )
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mlx_slm.ground.blas import matmul_peak
+
+    a = parse(argv)
+    if a.render:  # the markdown and the plot again from TAG.json (no model), with --note's lines if given
+        out = json.loads((a.out / f"{a.tag}.json").read_text())
+        write({**out, "notes": a.note or out.get("notes", [])}, a.out, a.tag)
+        return 0
+    peak0 = matmul_peak()["mlx"]
+    engine = Engine.load(a.model)
+    config = DecisionConfig.of_model(a.model, engine.path)
+    passes = Passes(engine, config, a.cache, a.chunk)
+    sets, probes = {}, {}
+    for name in a.sets:
+        ds = load_set(name, a)
+        if a.probe:
+            probes[name] = probe(ds, passes, [WAYS[w] for w in a.ways], a.probe)
+        else:
+            sets[name] = run_set(ds, engine, config, passes, a)
+    peak1 = matmul_peak()["mlx"]
+    out = {**run_record("benchmarks.decision_accuracy", a.model, argv, peak0, peak1), "ways": a.ways}
+    out.update(sets=sets, probes=probes, goals=goals(sets) if sets else [], notes=a.note)
+    write(out, a.out, a.tag)
+    return 0
+
+
+def write(out: dict[str, Any], folder: Path, tag: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{tag}.json").write_text(json.dumps(out, indent=2) + "\n")
+    md = markdown(out)
+    (folder / f"{tag}.md").write_text(md)
+    print(md)
+    if out["sets"]:
+        try:
+            plot(out, folder / f"{tag}.png")
+        except ImportError:
+            print("matplotlib missing: no PNG (pip install 'mlx-slm[bench]')", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The decision accuracy benchmark (benchmarks/decision_accuracy.py): end to end on a tiny random
+model and a few tickets, the JSON's shape and every method row checked (no accuracy or timing
+thresholds: the model is random)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import decision_accuracy as bench
+
+DECIDE = [
+    *(f"{w}: {m}" for w in bench.WAYS for m in ("raw", "batch prior", "contextual prior")),
+    "fitted",
+    "fit-prior (letters)",
+    "fit-prior (names)",
+    "trained head",
+    "fine-tuned (LoRA)",
+]
+CLASSIFY = ["classify: labels raw", "classify: labels + batch prior", "classify: learned head"]
+FIGURES = ("accuracy", "macro_f1", "ece", "automation_5", "tokens_per_row", "seconds_per_row")
+
+
+def test_automation_is_the_largest_confident_share_at_95_percent():
+    gold = np.zeros(20, dtype=int)
+    probs = np.tile([0.6, 0.4], (20, 1))
+    probs[:, 0] = np.linspace(0.99, 0.51, 20)  # most confident first
+    probs[:, 1] = 1 - probs[:, 0]
+    gold[19] = 1  # the least confident is wrong: all 20 are 95 % right
+    assert bench.scored(probs, gold)["automation_5"] == 1.0
+    gold[18] = 1  # two wrong at the bottom: 18 of 19 is under 95 %, the top 18 are all right
+    assert bench.scored(probs, gold)["automation_5"] == 0.9
+    gold[0] = 1  # the most confident is wrong: no share is 95 % right
+    assert bench.scored(probs, gold)["automation_5"] == 0.0
+
+
+def test_per_set_sizes_read_over_the_defaults():
+    got = bench._per_set("tickets=150,9", bench.N_TEST, "--n-test")
+    assert got == dict.fromkeys(bench.SETS, 9)
+    assert bench._per_set("banking77=154", bench.N_TEST, "--n-test")["banking77"] == 154
+    with pytest.raises(SystemExit):
+        bench._per_set("nope=3", bench.N_TEST, "--n-test")
+
+
+@pytest.mark.slow
+def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_SLM_HOME", str(tmp_path / "home"))
+    out, cache = tmp_path / "res", tmp_path / "cache"
+    argv = ["--model", str(tiny_arch.mlx("qwen2")), "--sets", "tickets", "--n-train", "tickets=4"]
+    argv += ["--n-test", "tickets=9", "--folds", "2", "--out", str(out), "--tag", "t", "--cache", str(cache)]
+    assert bench.main(argv) == 0
+    res = json.loads((out / "t.json").read_text())
+    assert res["command"].startswith("python -m benchmarks.decision_accuracy --model")
+    s = res["sets"]["tickets"]
+    assert (s["train"], s["test"], s["test_support"]) == (12, 9, [3, 3, 3])
+    assert [r["method"] for r in s["methods"]] == DECIDE + CLASSIFY
+    for r in s["methods"]:
+        if r["available"]:
+            assert all(isinstance(r[k], (int, float)) for k in FIGURES), r
+            assert 0 <= r["accuracy"] <= 1 and sum(r["predicted"]) == 9
+        else:
+            assert r["method"] == "fine-tuned (LoRA)" and "not implemented" in r["note"]
+    # every way ran once over each split, and the fitted way is one of them
+    own = [
+        "head features/train",
+        "head/test",
+        "classify labels/test",
+        "classify head features/train",
+        "classify head/test",
+    ]
+    assert sorted(s["passes"]) == sorted([f"{w}/{sp}" for w in bench.WAYS for sp in ("train", "test")] + own)
+    assert all(not p["cached"] and p["seconds"] >= 0 for p in s["passes"].values())
+    assert s["fit"]["chosen"]["style"] in ("letters", "names")
+    assert [g["status"] for g in res["goals"] if g["set"] != "tickets"] == ["not run"] * 3
+    md = (out / "t.md").read_text()
+    assert "| fine-tuned (LoRA) | n/a" in md and "python -m benchmarks.decision_accuracy" in md
+    assert (out / "t.png").stat().st_size > 1000
+    # a second run reads every pass back from the cache, and scores the same
+    assert bench.main([*argv[:-2], "--tag", "t2", "--cache", str(cache)]) == 0
+    again = json.loads((out / "t2.json").read_text())["sets"]["tickets"]
+    assert all(again["passes"][f"{w}/{sp}"]["cached"] for w in bench.WAYS for sp in ("train", "test"))
+    assert [r.get("accuracy") for r in again["methods"][:12]] == [r.get("accuracy") for r in s["methods"][:12]]
+    # --no-fit: no pass over TRAIN but the head's; fitted and fit-prior said not run
+    assert bench.main([*argv[:-4], "--tag", "t3", "--ways", "letters", "--no-fit", "tickets"]) == 0
+    third = json.loads((out / "t3.json").read_text())["sets"]["tickets"]
+    assert sorted(third["passes"]) == sorted(["letters/test", *own])
+    skipped = [r for r in third["methods"] if not r["available"]]
+    assert [r["method"] for r in skipped] == [*bench.NO_FIT, "fine-tuned (LoRA)"]
+    assert "| fitted | n/a" in (out / "t3.md").read_text()
+    # --render writes the markdown again from the JSON, with the notes given (kept in the JSON)
+    assert bench.main(["--render", "--out", str(out), "--tag", "t", "--note", "a note"]) == 0
+    assert "- a note" in (out / "t.md").read_text() and json.loads((out / "t.json").read_text())["notes"] == ["a note"]
