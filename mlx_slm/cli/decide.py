@@ -18,6 +18,7 @@ from ..text.decisions.prompt import STYLES
 from ..text.decisions.questions import REFUSALS
 from ..weights.registry import DEFAULT_MODEL
 from .base import Command, given, notice, number, warn_blas
+from .options import keep_quantized_option
 
 
 def method_options(prefix: str = "", priors: tuple[str, ...] = PRIORS) -> Any:
@@ -105,13 +106,7 @@ def method_options(prefix: str = "", priors: tuple[str, ...] = PRIORS) -> Any:
     "and each fitted or trained question's method (applied to that very question only).",
 )
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype.")
-@click.option(
-    "--keep-quantized/--dequantize",
-    "keep_quantized",
-    default=None,
-    help="An MLX-quantized model: keep its weights packed, or dequantize them at load "
-    "(default: dequantize on the CPU, where MLX's quantized matmuls are slow; keep on a GPU).",
-)
+@keep_quantized_option("where MLX's quantized matmuls are slow; ")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format (default: from the extension).")
 @click.option("--state-field", help="JSONL/Parquet: the state's field (default: state, else text).")
 @click.option("--id-field", default="id", show_default=True, help="JSONL/Parquet: the id's field.")

@@ -325,11 +325,10 @@ class _Parity:
         """`parity --decisions` (`parity/decisions.py`): exit 1 past tolerance or on a disagreement.
         With `--task` (fitted or trained on decisions), its trained questions are checked too."""
         m = self.model
-        keep = None if m.dequantize is None else not m.dequantize
         given = frozenset({"model"} & self.typed)
         # float32 weights unless a task pins others (its fits were made on the weights it names)
         dtype = m.dtype or (None if task_file else "float32")
-        opts = DecisionOptions(m.name, dtype, keep, task_file, path, given=given)
+        opts = DecisionOptions(m.name, dtype, m.keep_quantized, task_file, path, given=given)
         plan = resolve_decisions(opts)  # a bad questions file: exit 2 before any model loads
         if self.input_path:
             rows = read_rows(self.input_path, states=("state", "text"))

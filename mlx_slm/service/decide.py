@@ -17,22 +17,22 @@ the same OpenAI `prompt_cache_key`) runs only its questions.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..text.decisions.errors import DecisionError
+from ..text.predictions import Stats
 
 
 @dataclass
-class DecisionItem:
+class QueuedDecision:
     """One decision request as the queue holds it: the request, what the front prepared of it
-    (`prepared`: the `Decider`'s own item, or None to prepare on the worker), its cost in tokens
+    (`prepared`: the `Decider`'s own item: its tokens, variants and cost), its cost in tokens
     and its index within a micro-batch."""
 
     request: Any
-    prepared: Any = None
+    prepared: Any
     cost: int = 1
     index: int = 0
     error: str | None = None
@@ -49,21 +49,12 @@ class Decided:
 
 
 @dataclass
-class DecisionStats:
-    """A micro-batch's figures, as the scheduler and /metrics read a classifier run's."""
-
-    processed_tokens: int = 0
-    prefix_saved_tokens: int = 0
-    padding_tokens: int = 0
-
-
-@dataclass
 class DecisionRun:
     """One micro-batch of decision requests, run in one `Decider` call when first iterated."""
 
     decider: Any
-    items: Sequence[DecisionItem]
-    stats: DecisionStats = field(default_factory=DecisionStats)
+    items: Sequence[QueuedDecision]
+    stats: Stats = field(default_factory=Stats)  # a classifier run's figures, as the scheduler and /metrics read them
 
     def __iter__(self) -> Iterator[Decided]:
         try:
@@ -81,13 +72,10 @@ class DecisionRun:
                 self.stats.prefix_saved_tokens += int(r.cached_tokens)
             yield Decided(it.index, r)
 
-    def _run(self, items: Sequence[DecisionItem]) -> Sequence[Any]:
-        d = self.decider
-        if hasattr(d, "run_items") and all(it.prepared is not None for it in items):
-            return d.run_items([it.prepared for it in items])
-        return d.decide([it.request for it in items])
+    def _run(self, items: Sequence[QueuedDecision]) -> Sequence[Any]:
+        return self.decider.run_items([it.prepared for it in items])
 
-    def _alone(self, item: DecisionItem) -> Any:
+    def _alone(self, item: QueuedDecision) -> Any:
         try:
             return self._run([item])[0]
         except Exception as e:  # noqa: BLE001 - this request's answer (see __iter__)
@@ -101,30 +89,25 @@ class DecisionTask:
     def __init__(self, decider: Any):
         self.decider = decider
 
-    def prepare(self, request: Any) -> DecisionItem:
-        """The request's queue item on the front: the `Decider`'s own prepared item where it
-        prepares (its tokens and cost; a `DecisionError` when over the context), else a cost
-        estimated from the request's size."""
-        d = self.decider
-        if hasattr(d, "prepare"):
-            (prepared,) = d.prepare([request])
-            cost = max(1, int(getattr(prepared, "cost", 0) or _estimate(request)))
-            chains = [len(c) for c in getattr(prepared, "chains", ()) if c is not None]
-            longest = len(getattr(prepared, "ids", ())) + max(chains, default=0)
-            return DecisionItem(request, prepared, cost, longest=min(cost, longest) or None)
-        return DecisionItem(request, None, _estimate(request))
+    def prepare(self, request: Any) -> QueuedDecision:
+        """The request's queue item on the front: the `Decider`'s own prepared item (its tokens
+        and cost; a `DecisionError` when over the context)."""
+        (prepared,) = self.decider.prepare([request])
+        cost = max(1, int(prepared.cost))
+        longest = len(prepared.ids) + max((len(c) for c in prepared.chains if c is not None), default=0)
+        return QueuedDecision(request, prepared, cost, longest=min(cost, longest) or None)
 
-    def run_items(self, items: Sequence[DecisionItem], ordered: bool = False) -> DecisionRun:
+    def run_items(self, items: Sequence[QueuedDecision], ordered: bool = False) -> DecisionRun:
         return DecisionRun(self.decider, items)
 
-    def work(self, item: DecisionItem) -> int:
+    def work(self, item: QueuedDecision) -> int:
         """The tokens `item` will run on this (the worker's) `Decider`: its cost less the start of
         its state that the state cache holds now (the same state, or one sharing its longest start:
         jevcompat's 255-option choice shares 2,751 of its 5,642 tokens with the 128-option one asked
         before it). What the time estimate prices, as the run's processed tokens are measured."""
         d, p = self.decider, item.prepared
-        states = getattr(d, "states", None)
-        if p is None or states is None or getattr(states, "entries", 0) <= 0:
+        states = d.states
+        if states is None or states.entries <= 0:
             return item.cost
         _, held = states.get(p.ids, item.request.cache_key, len(d.planner.head))
         return max(1, item.cost - int(held))
@@ -141,14 +124,3 @@ def decision_budget(tasks: Any, budget: int, time_budget: int | None) -> int:
         return budget
     return min(own, time_budget) if time_budget is not None else own
 
-
-def _estimate(request: Any) -> int:
-    """A request's tokens, roughly (4 characters a token): its state once and each question."""
-
-    def size(x: Any) -> int:
-        return len(x) if isinstance(x, str) else len(json.dumps(x, ensure_ascii=False, default=str))
-
-    n = size(request.state) + sum(
-        size(q.instructions) + sum(size(o) for o in q.descriptions) + 16 for q in request.questions
-    )
-    return max(1, n // 4)

@@ -80,6 +80,11 @@ class ModelRef:
         not typed; the engine's word is its opposite)."""
         return cls(model, dtype, None if keep_quantized is None else not keep_quantized)
 
+    @property
+    def keep_quantized(self) -> bool | None:
+        """--keep-quantized as typed (`typed`'s inverse): what a command's options are given back."""
+        return None if self.dequantize is None else not self.dequantize
+
     @classmethod
     def take(cls, named: dict[str, Any]) -> tuple[ModelRef, dict[str, Any]]:
         """The reference `Classifier.load`'s keywords give (`model`, a name, path or `ModelRef`, and

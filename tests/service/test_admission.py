@@ -12,7 +12,7 @@ import pytest
 
 from mlx_slm.server.errors import Style, http_error
 from mlx_slm.service import Metrics, RateTracker, ServeOptions, TaskCache, TimedOut, TooLarge, TooSlow
-from mlx_slm.service.decide import DecisionItem
+from mlx_slm.service.decide import QueuedDecision
 from mlx_slm.service.keys import DECIDE_KEY, TaskKey
 from mlx_slm.service.metrics import ATTENTION_TIME
 from mlx_slm.service.scheduler import ITEM_TIME_FRACTION, Job, Scheduler, WorkItem, admission, too_slow
@@ -103,7 +103,7 @@ def test_a_decision_request_is_told_to_ask_less_and_a_chat_to_send_fewer_choices
         questions = [object()] * 400
 
     s = scheduler()
-    item = DecisionItem(Request(), cost=6100, longest=100)
+    item = QueuedDecision(Request(), None, cost=6100, longest=100)
     with pytest.raises(TooSlow) as e:
         submit(s, 6100, DECIDE_KEY, item, ("state",))
     assert "its state and 400 question(s), 6100 tokens" in e.value.message
@@ -164,7 +164,7 @@ def test_the_warm_up_measures_a_long_item_too(tiny_qwen_mlx):
 def test_a_decision_request_is_priced_without_the_start_its_state_cache_holds():
     """jevcompat's ladder asks 128 options, then 255 of which the first 127 are the same: the
     worker's state cache holds that start, so the 255-option request runs (and is priced at)
-    the rest only; with the cache off, or nothing prepared, its whole cost."""
+    the rest only; with the cache off, its whole cost."""
     from mlx_slm.service.decide import DecisionTask
 
     class States:
@@ -183,11 +183,10 @@ def test_a_decision_request_is_priced_without_the_start_its_state_cache_holds():
         cache_key = "conversation-1"
 
     prepared = type("Prepared", (), {"ids": list(range(5610))})()
-    item = DecisionItem(Request(), prepared, cost=5642, longest=5610)
+    item = QueuedDecision(Request(), prepared, cost=5642, longest=5610)
     on = States(64, 2751)
     assert DecisionTask(Decider(on)).work(item) == 5642 - 2751 and on.asked == [(5610, "conversation-1", 3)]
     assert DecisionTask(Decider(States(0, 2751))).work(item) == 5642  # the cache is off
-    assert DecisionTask(Decider(on)).work(DecisionItem(Request(), None, cost=90)) == 90  # nothing prepared
     s = scheduler()
     j = job(1, ("state",))
     s.submit(j, [item], DECIDE_KEY, [5642], [False], [5642 - 2751])
