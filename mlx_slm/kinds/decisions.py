@@ -36,7 +36,7 @@ from ..engine.engine import Engine
 from ..engine.prefix_cache import PrefixCache, StackedPrefix
 from ..engine.state_cache import StateKV
 from ..text import batching
-from ..text.branches import MAX_PASS_TOKENS, _groups, pack_branches
+from ..text.branches import MAX_PASS_TOKENS, branch_cut, pack_branches, pass_groups
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.methods import Method, orders, permuted
 from ..text.decisions.prompt import render_user_message, styled
@@ -226,7 +226,7 @@ class DecisionPlanner:
         if not any(fits):
             return self._over(index, request, methods, "")
         live = [p for p, ok in zip(prompts, fits) if ok]
-        cut = min(len(common_prefix(live)), min(len(p) for p in live) - 1)
+        cut = branch_cut(live)
         chains = [p[cut:] if ok else None for p, ok in zip(prompts, fits)]
         own = sum(len(c) for c in chains if c is not None)
         nodes = sum(sum(len(c) for c in v.labels.trie) for v, ok in zip(variants, fits) if ok)
@@ -310,7 +310,7 @@ def branch_answers(
     for r in rows_run:
         it, ks = items[r], todo[r]
         sizes = [len(it.chains[k]) + sum(len(c) for c in it.variants[k].labels.trie) for k in ks]  # type: ignore[arg-type]
-        groups.append([[ks[j] for j in g] for g in _groups(sizes, MAX_PASS_TOKENS)])
+        groups.append([[ks[j] for j in g] for g in pass_groups(sizes, MAX_PASS_TOKENS)])
     bases = [states[r] for r in rows_run]
     run_trunks = [list(trunks[r]) if trunks is not None else [] for r in rows_run]
     for p in range(max(len(g) for g in groups)):

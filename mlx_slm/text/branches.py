@@ -101,9 +101,9 @@ class QuestionPlan:
         probe = [tokenize(tokenizer, [render(tokenizer, b.fmt, "example text")])[0] for b in self.blocks]
         # Each question's prompt with a two-word text and its longest option (`check_fits`).
         self.fixed = [len(p) + b.options.max_len - 1 for p, b in zip(probe, self.blocks)]
-        cut = min(len(common_prefix(probe)), min(len(p) for p in probe) - 1)
+        cut = branch_cut(probe)
         # Tokens a row runs after its text part, per pass: what the batch planner budgets.
-        self.groups = _groups([len(p) - cut + b.nodes for p, b in zip(probe, self.blocks)])
+        self.groups = pass_groups([len(p) - cut + b.nodes for p, b in zip(probe, self.blocks)])
         self.row_extra = max(sum(len(probe[i]) - cut + self.blocks[i].nodes for i in g) for g in self.groups)
         # The longest option after its own prompt: what each prompt must leave room for.
         self.label_extra = max(0, max(b.options.max_len - 1 for b in self.blocks))
@@ -131,7 +131,7 @@ class QuestionPlan:
         out = []
         for i in range(len(texts)):
             mine = ids[i * nb : (i + 1) * nb]
-            cut = min(len(common_prefix(mine)), min(len(p) for p in mine) - 1)
+            cut = branch_cut(mine)
             out.append((mine[0][:cut], [p[cut:] for p in mine]))
         return out
 
@@ -224,7 +224,14 @@ def pack_branches(
     return Pack(list(blocks), ids, pos, vis, answer_at, node_at, chain_len)
 
 
-def _groups(sizes: Sequence[int], cap: int = MAX_PASS_TOKENS) -> list[list[int]]:
+def branch_cut(prompts: Sequence[Sequence[int]]) -> int:
+    """Where prompts of one text split into the start they share (run once, the trunk) and each
+    one's own tokens (its branch): at their common prefix, but at least one token short of the
+    shortest, so every branch keeps a last position to answer from."""
+    return min(len(common_prefix(prompts)), min(len(p) for p in prompts) - 1)
+
+
+def pass_groups(sizes: Sequence[int], cap: int = MAX_PASS_TOKENS) -> list[list[int]]:
     """Consecutive blocks cut into passes of at most `cap` tokens a row (a block alone may exceed it)."""
     groups: list[list[int]] = [[]]
     total = 0

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.text.branches import QuestionPlan, _groups
+from mlx_slm.text.branches import QuestionPlan, branch_cut, pass_groups
 from mlx_slm.text.questions import (
     DEFAULT_SYSTEM,
     DEFAULT_TEMPLATE,
@@ -115,9 +115,19 @@ def test_question_sets_and_files(tmp_path):
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(1, 700), min_size=1, max_size=40), st.integers(1, 1500))
 def test_groups_keep_order_and_the_cap(sizes, cap):
-    groups = _groups(sizes, cap)
+    groups = pass_groups(sizes, cap)
     assert [i for g in groups for i in g] == list(range(len(sizes)))
     assert all(len(g) == 1 or sum(sizes[i] for i in g) <= cap for g in groups)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=5))
+def test_the_branch_cut_is_shared_and_leaves_each_branch_a_token(prompts):
+    cut = branch_cut(prompts)
+    assert all(p[:cut] == prompts[0][:cut] for p in prompts)  # the trunk: shared by every prompt
+    assert all(len(p) - cut >= 1 for p in prompts)  # every branch keeps a last position
+    longer = cut + 1
+    assert longer > min(len(p) for p in prompts) - 1 or any(p[:longer] != prompts[0][:longer] for p in prompts)
 
 
 # --------------------------------------------------------------------------- packing (tokenizer only)
