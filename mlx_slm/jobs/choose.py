@@ -52,7 +52,7 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Choice:
+class Verdict:
     """What `--finetune auto` measured (`trials`, on `held_out` texts after training on `trained_on`)
     and kept (`winner`, trained again on every text)."""
 
@@ -153,7 +153,7 @@ class HeadWay:
     def section(self, s: _Shared, head: Any) -> Any:
         return HeadSettings(head)
 
-    def record(self, s: _Shared, head: Any, choice: Choice) -> Any:
+    def record(self, s: _Shared, head: Any, choice: Verdict) -> Any:
         """The head with its data and what `--finetune auto` measured in its info (saved with it)."""
         head.info.update({"data": Path(s.data.path).name, "data_sha256": s.data.sha256, "compared": choice.record()})
         return head
@@ -180,7 +180,7 @@ class FinetuneWay:
     def section(self, s: _Shared, tuned: Any) -> Any:
         return FineTunedSettings(in_memory(tuned, s.fused))
 
-    def record(self, s: _Shared, tuned: Any, choice: Choice) -> Any:
+    def record(self, s: _Shared, tuned: Any, choice: Verdict) -> Any:
         """The adapters with what `--finetune auto` measured in their settings (saved with them)."""
         return replace(tuned, settings={**tuned.settings, "compared": choice.record()})
 
@@ -202,8 +202,8 @@ def run_choose(
     fused: bool = False,
     progress: Callable[[Any], None] | None = None,
     say: Callable[[str], None] = lambda _m: None,
-) -> tuple[Task, Choice, str]:
-    """The `train --finetune auto` command: returns (the saved `Task`, the `Choice`, the
+) -> tuple[Task, Verdict, str]:
+    """The `train --finetune auto` command: returns (the saved `Task`, the `Verdict`, the
     winner's own table: the head's layers, or the fine-tune's epochs). "None of these"
     (`run.none`) is applied to the winner's task before anything is written."""
 
@@ -232,7 +232,7 @@ def run_choose(
         held = [data.texts[i] for i in te]
         acc, f1 = score(task, s.engine, held, data.gold[te], s.where(te), **classify_options(plan))
         trials.append(Trial(way.name, acc, f1, seconds))
-    choice = Choice(tuple(trials), winner(trials), len(te), len(tr))
+    choice = Verdict(tuple(trials), winner(trials), len(te), len(tr))
     way = next(w for w in WAYS if w.name == choice.winner)
     say(f"mlx-slm: --finetune auto kept the {way.name}; training it on all {len(data.texts)} texts")
     left = None if deadline is None else max((deadline - time.perf_counter()) / 60, 0.01)

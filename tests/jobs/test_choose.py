@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from mlx_slm.classifier.task import Task
 from mlx_slm.cli import main
-from mlx_slm.jobs.choose import HOLDOUT, Choice, Trial, held_out_split, winner
+from mlx_slm.jobs.choose import HOLDOUT, Trial, Verdict, held_out_split, winner
 from mlx_slm.text.workload import tickets
 
 ROWS = tickets(45)  # 15 tickets of each of billing, technical, account
@@ -54,7 +54,7 @@ def test_the_held_out_share_is_stratified_and_seeded():
 
 
 def test_the_table_names_both_and_marks_the_kept_one():
-    c = Choice((Trial("head", 0.5, 0.4, 2.0), Trial("finetune", 0.75, 0.7, 30.0)), "finetune", 9, 36)
+    c = Verdict((Trial("head", 0.5, 0.4, 2.0), Trial("finetune", 0.75, 0.7, 30.0)), "finetune", 9, 36)
     lines = c.table().splitlines()
     assert "held out 9 texts" in lines[0] and "36" in lines[0]
     assert lines[2].startswith("head") and "<- kept" not in lines[2]
