@@ -32,7 +32,10 @@ each, state cache off, each split timed); every method below reads those raw ans
 * `fit-prior`: the batch prior of the TRAIN states (no gold: `eval --fit-prior`) on TEST;
 * `trained head`: `train_question` on TRAIN, answered on TEST by a `Decider` holding the head
   (`Methods.of([Method(head=...)])`: its own pass, timed);
-* `fine-tuned (LoRA)`: not available (LoRA decisions are not implemented): reported so, not run;
+* `fine-tuned (LoRA)`: `train --decisions --finetune lora` on TRAIN (`run_train_decisions`: the
+  question's own classifier, fine-tuned by classify's machinery at its defaults, saved beside a
+  decision task), answered on TEST by `decide --task`'s `Decider` (its own pass, timed);
+  `--no-tune SETS` skips it (said not run);
 * beside them, `classify` on the same TEST rows: label scoring raw, with a batch prior
   (`fit_batch` over TEST), and a learned head (`train_head` on TRAIN).
 
@@ -52,6 +55,7 @@ import csv
 import hashlib
 import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +69,9 @@ from benchmarks.record import run_line, run_record
 from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.classifier.decider import Decider
 from mlx_slm.engine.engine import Engine
+from mlx_slm.jobs.plan import DecisionOptions, resolve_decisions
 from mlx_slm.jobs.train import HeadOptions, Trace, train_head
-from mlx_slm.jobs.train_decisions import train_question
+from mlx_slm.jobs.train_decisions import DecisionTrainRun, run_train_decisions, train_question
 from mlx_slm.text.calibration import DEFAULT_WARMUP, fit_batch
 from mlx_slm.text.decisions.fitting import batch_prior, figures, fit_question, prior_of
 from mlx_slm.text.decisions.methods import Method, Methods
@@ -76,6 +81,7 @@ from mlx_slm.text.decisions.systemone import systemone_questions
 from mlx_slm.text.metrics import threshold_for_accuracy
 from mlx_slm.text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from mlx_slm.text.workload import stratified_sample, tickets
+from mlx_slm.weights.finetune import FinetuneSettings
 
 WAYS = {"letters": ("letters", 1), "names": ("names", 1), "letters2": ("letters", 2), "names2": ("names", 2)}
 WAY_NAMES = {v: k for k, v in WAYS.items()}
@@ -91,14 +97,16 @@ POSTS_TEMPLATE = "Post: {text}\nSentiment:"
 CLINC_SYSTEM = "You classify requests to a virtual assistant by their intent. The intents: {labels}."
 CLINC_TEMPLATE = "Request: {text}\nIntent:"
 # The goals of issue 55: (set, which rows, what, figure, at least); which rows: "prior" (a prior that needs no
-# labels: batch, contextual, fit-prior), "untrained" (any way, raw or with such a prior), "trained" (the head).
+# labels: batch, contextual, fit-prior), "untrained" (any way, raw or with such a prior), "trained" (a head
+# or a fine-tune: what `train --decisions` trains).
 GOALS = (
     ("tickets", "prior", "with a prior (batch, contextual or fit-prior: no labels)", "accuracy", 0.90),
-    ("tickets", "trained", "trained (a head)", "accuracy", 0.93),
+    ("tickets", "trained", "trained (a head or LoRA)", "accuracy", 0.93),
     ("posts", "untrained", "untrained (a style and a prior)", "macro_f1", 0.60),
-    ("posts", "trained", "trained (a head)", "macro_f1", 0.72),
-    ("banking77", "trained", "trained (a head; the goal: at 10 per intent)", "accuracy", 0.86),
+    ("posts", "trained", "trained (a head or LoRA)", "macro_f1", 0.72),
+    ("banking77", "trained", "trained (a head or LoRA; the goal: at 10 per intent)", "accuracy", 0.86),
 )
+TRAINED = ("trained head", "fine-tuned (LoRA)")
 
 
 @dataclass
@@ -455,13 +463,41 @@ def _classify(clf: Classifier, texts: list[str]) -> tuple[np.ndarray, Any]:
     return np.array([[p.probs[k] for k in clf.labels] for p in preds], dtype=np.float64), run.stats
 
 
+def tuned_row(ds: DataSet, q: DecisionQuestion, passes: Passes, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`train --decisions --finetune lora` on TRAIN (the question's own classifier, fine-tuned at
+    classify's defaults, in a decision task), answered on TEST by the `Decider` `decide --task` runs."""
+    gold = np.array([g for _, g in ds.test])
+    names = q.answer_names()
+    with tempfile.TemporaryDirectory() as tmp:
+        qf, data, task = Path(tmp) / "q.json", Path(tmp) / "train.jsonl", Path(tmp) / "task.json"
+        qf.write_text(json.dumps(ds.question))
+        data.write_text("".join(json.dumps({"state": t, "gold": names[g]}) + "\n" for t, g in ds.train))
+        plan = resolve_decisions(DecisionOptions(model=model, questions_file=str(qf), given=frozenset({"model"})))
+        tuning = ("lora", FinetuneSettings(), False)
+        run = DecisionTrainRun(str(data), plan, (f"{q.key}=gold",), str(task), HeadOptions(), None, tuning)
+        t0 = time.perf_counter()
+        run_train_decisions(run, say=lambda m: say(f"  lora: {m}"))
+        train_s = time.perf_counter() - t0
+        served = resolve_decisions(DecisionOptions(task_file=str(task))).loaded(passes.engine)
+        d = served.decider(passes.engine, state_cache=0)
+        (sq,) = served.questions
+        probs, tokens, secs = [], [], 0.0
+        for k in range(0, len(ds.test), passes.chunk):
+            t1 = time.perf_counter()
+            res = d.decide([DecisionRequest(t, (sq,)) for t, _ in ds.test[k : k + passes.chunk]])
+            secs += time.perf_counter() - t1
+            assert all(r.applied[0].get("trained") == "fine-tuned" for r in res), res[0].applied
+            probs += [np.asarray(r.probabilities[0]) for r in res]
+            tokens += [r.input_tokens for r in res]
+            say(f"  {ds.name} lora test: {len(probs)}/{len(ds.test)} in {secs:.0f} s")
+        report = served.methods.for_question(sq)[0].report
+    passes.note(ds.name, "lora", "test", len(ds.test), secs, tokens)
+    p = {"tokens": np.asarray(tokens), "seconds": secs}
+    r = row("fine-tuned (LoRA)", "decide", np.stack(probs), gold, train_s=round(train_s, 1), **cost([p], len(gold)))
+    return r, {"train_s": round(train_s, 1), **(report or {})}
+
+
 NO_FIT = ("fitted", "fit-prior (letters)", "fit-prior (names)")
-NOT_AVAILABLE = {
-    "method": "fine-tuned (LoRA)",
-    "family": "decide",
-    "available": False,
-    "note": "not available: LoRA-trained decision questions are not implemented (train --decisions trains heads only)",
-}
 
 
 def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes, a: argparse.Namespace) -> dict:
@@ -477,7 +513,14 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         fitted_rows, fit_report = learned_rows(ds, q, passes, ways)
         rows += fitted_rows
     hrow, head_info = head_row(ds, q, passes, a.folds)
-    rows += [hrow, dict(NOT_AVAILABLE)]
+    rows.append(hrow)
+    if ds.name in a.no_tune:
+        why = "not run: --no-tune (fine-tuning costs minutes to hours here; see finetune's results)"
+        rows.append({"method": "fine-tuned (LoRA)", "family": "decide", "available": False, "note": why})
+        tuned_info: dict[str, Any] = {"note": why}
+    else:
+        trow, tuned_info = tuned_row(ds, q, passes, a.model)
+        rows.append(trow)
     rows += classify_rows(ds, engine, passes, a.folds)
     pass_table = {
         f"{w}/{s}": {
@@ -504,6 +547,7 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         "passes": pass_table,
         "fit": fit_report,
         "head": head_info,
+        "tuned": tuned_info,
         "methods": rows,
     }
 
@@ -536,7 +580,7 @@ def goals(sets: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         rows = [r for r in s["methods"] if r["available"] and r["family"] == "decide"]
         if kind == "trained":
-            rows = [r for r in rows if r["method"] == "trained head"]
+            rows = [r for r in rows if r["method"] in TRAINED]
         elif kind == "prior":
             rows = [r for r in rows if "prior" in r["method"]]
         else:  # untrained: any way, raw or with a prior that needs no gold
@@ -674,7 +718,9 @@ DEFINITIONS = (
     "tokens (an unbatched, uncached run's). s / row: the seconds of the passes a method runs at answer time, per TEST "
     "row (a prior's or a fit's own cost is in its note or train s); train s: what learning it cost (TRAIN passes and "
     "the fit). Seconds are wall time on a shared 2-core machine (the matmul peaks above say how busy it was).",
-    "- Fine-tuned (LoRA) decisions are not implemented: the row says so and nothing is run.",
+    "- `fine-tuned (LoRA)`: `train --decisions --finetune lora` on TRAIN (classify's fine-tune at its defaults, the "
+    "question as the system message, the options' names as labels), answered by `decide --task`'s Decider; train s "
+    "is the whole training run.",
 )
 
 
@@ -750,6 +796,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--no-fit", default="", help="sets without fitted and fit-prior (no pass over TRAIN but the head's)"
     )
+    ap.add_argument("--no-tune", default="", help="sets without the fine-tuned (LoRA) row (its training is long)")
     ap.add_argument("--cache", type=Path, default=None, help="keep each pass's raw answers here (resume a run)")
     ap.add_argument("--chunk", type=int, default=32, help="requests per decide call (progress is told per call)")
     ap.add_argument("--folds", type=int, default=5, help="the heads' cross-validation folds")
@@ -765,7 +812,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.n_test, a.n_train = _per_set(a.n_test, N_TEST, "--n-test"), _per_set(a.n_train, N_TRAIN, "--n-train")
     a.sets, a.ways = [s for s in a.sets.split(",") if s], [w for w in a.ways.split(",") if w]
     a.no_fit = [s for s in a.no_fit.split(",") if s]
-    bad = [s for s in a.sets + a.no_fit if s not in SETS] + [w for w in a.ways if w not in WAYS]
+    a.no_tune = [s for s in a.no_tune.split(",") if s]
+    bad = [s for s in a.sets + a.no_fit + a.no_tune if s not in SETS] + [w for w in a.ways if w not in WAYS]
     if bad or "letters" not in a.ways:
         raise SystemExit(
             f"--sets is some of {', '.join(SETS)}; --ways some of {', '.join(WAYS)} with letters; got {bad}"

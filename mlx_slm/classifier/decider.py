@@ -220,7 +220,7 @@ class Decider:
         asked: dict[str, list[tuple[int, int]]] = {}
         for r, it in enumerate(items):
             for k, m in enumerate(it.methods):
-                if m.tuned is not None and it.ids:
+                if m.tuned is not None and not it.over:
                     asked.setdefault(m.tuned, []).append((r, k))
         for path, where in asked.items():
             clf, labels = self._tuned(path, items[where[0][0]].request.questions[where[0][1]])
@@ -250,7 +250,7 @@ class Decider:
         out: list[tuple[list[Any], int] | None] = [None] * len(items)
         live = [i for i, it in enumerate(items) if it.ids]
         for i, it in enumerate(items):
-            if not it.ids:  # every question over the context: refused
+            if not it.ids:  # every question over the context (refused) or answered by its tuned classifier
                 out[i] = ([None] * len(it.chains), 0)
         costs = [items[i].cost for i in live]
         for idx in batching.plan(costs, self.batch_size, self.max_batch_tokens, sort=True):

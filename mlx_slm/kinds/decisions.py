@@ -99,6 +99,7 @@ class DecisionItem:
     methods: list[Method]
     input_tokens: int
     cost: int = 0  # tokens the request runs (its state part and its branches): the batch budget
+    over: bool = False  # the state over the context: no question is answered, not even a tuned one
 
     @property
     def key(self) -> tuple[int, ...]:
@@ -210,6 +211,9 @@ class DecisionPlanner:
                 why = f"the state needs about {n} tokens, over the model's context of {self.max_length}: shorten it"
                 return self._over(index, request, methods, why)
         asked = [v for k, q in enumerate(request.questions) for v in self.variants(q, k, methods[k])]
+        if not asked:  # every question answered by its tuned classifier (its own pass): no branch here
+            n = self.state_tokens(request.state)
+            return DecisionItem(index, request, [], [], [], methods, input_tokens=0, cost=max(1, n))
         prompts = self.prompts(request.state, [vq for vq, _, _ in asked], [s for _, s, _ in asked])
         variants = [v for _, _, v in asked]
         fits = [len(p) + v.labels.max_len - 1 <= self.max_length for p, v in zip(prompts, variants)]
@@ -240,7 +244,7 @@ class DecisionPlanner:
             raise DecisionError(("body", "state"), why or "over the model's context: shorten it", "tokens_exceeded")
         variants = [Variant(k, (), LabelSet(("x",), ((0,),), "first-token")) for k in range(len(request.questions))]
         n = len(variants)
-        return DecisionItem(index, request, [], [None] * n, variants, methods, input_tokens=0, cost=1)
+        return DecisionItem(index, request, [], [None] * n, variants, methods, input_tokens=0, cost=1, over=True)
 
 
 # --------------------------------------------------------------------------- running

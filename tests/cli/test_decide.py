@@ -284,6 +284,16 @@ def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_an
     assert [a["team"]["probabilities"][k] for k in ("billing", "technical")] == pytest.approx(
         [p.probs["billing"], p.probs["technical"]], abs=1e-6
     )
+    # the tuned question asked alone (no branch of the decision prompt at all): answered by its classifier
+    alone = tmp_path / "team.json"
+    alone.write_text(json.dumps({"team": QUESTIONS["team"]}))
+    r = run(
+        ["decide", "--task", str(task), "--questions", str(alone), "-q"],
+        input='{"id": 1, "state": "I was charged twice"}\n',
+    )
+    assert r.exit_code == 0, r.output
+    solo = json.loads(r.stdout)["answers"]
+    assert solo["team"]["probabilities"] == pytest.approx(a["team"]["probabilities"], abs=1e-6)
 
 
 def test_a_fine_tuning_option_without_finetune_is_refused_with_decisions(tiny, q, tmp_path):
