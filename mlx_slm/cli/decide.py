@@ -21,10 +21,10 @@ from .base import Command, given, notice, number, warn_blas
 from .options import keep_quantized_option
 
 
-def method_options(prefix: str = "", priors: tuple[str, ...] = PRIORS) -> Any:
+def method_options(prefix: str = "", batch: bool = True) -> Any:
     """How each question is answered beyond the raw letters, as options (decide's, and serve's
-    with the `decision-` prefix): --style, --permute and --calibrate (`priors`: those the
-    command can find)."""
+    with the `decision-` prefix): --style, --permute and --calibrate (`batch`: whether the command
+    has a run of states to find a batch prior in; a server has not, and refuses it saying how)."""
     names = {"style": f"--{prefix}style", "permute": f"--{prefix}permute", "calibrate": f"--{prefix}calibrate"}
     dest = {k: (prefix.replace("-", "_") + k) for k in names}
 
@@ -32,11 +32,15 @@ def method_options(prefix: str = "", priors: tuple[str, ...] = PRIORS) -> Any:
         f = click.option(
             names["calibrate"],
             dest["calibrate"],
-            type=click.Choice(priors),
+            type=click.Choice(PRIORS),
             default="none",
             show_default=True,
             help="Divide each answer by the model's own bias: "
-            + ("batch: the mean answer over the first --warmup states; " if "batch" in priors else "")
+            + (
+                "batch: the mean answer over the first --warmup states; "
+                if batch
+                else "batch: refused (no run of states to average over: fit the prior with `eval --fit-prior`); "
+            )
             + "contextual: the answer to content-free states (several fillers averaged). A task's fitted "
             "questions keep their fit. Raw probabilities stay in x_raw_probabilities.",
         )(f)

@@ -85,7 +85,7 @@ _CAL_DATA_FIELDS = ("text_field", "text_column", "gold_field")
     help="Another name the model answers to (repeatable; the first is the name answers report). The decision "
     "and chat routes also answer to jev-latest and gpt-6-luna, the names the decision clients send by default.",
 )
-@method_options("decision-")
+@method_options("decision-", batch=False)
 @click.option(
     "--state-cache",
     default=STATE_CACHE,
@@ -208,6 +208,7 @@ def _decision_plan(plan: Any, task_file: str | None, method: tuple[str, int, str
         calibrate=calibrate,
         state_cache=state_cache,
         given=frozenset({"model"}),
+        prefix="decision-",
     )
     return plans.resolve_decisions(opts, need_questions=False, batch_ok=False)
 

@@ -672,6 +672,7 @@ class DecisionOptions:
     state_cache: int = STATE_CACHE
     refuse: str | None = None
     given: frozenset[str] = field(default_factory=frozenset)
+    prefix: str = ""  # the method options' prefix as the command names them (serve's: --decision-style, ...)
 
     def __post_init__(self) -> None:
         check_all({k: v for k, v in vars(self).items() if k in ("warmup", "state_cache")})
@@ -686,11 +687,12 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
     requests come one by one, answers with a task's fitted prior instead)."""
     task = Task.load(o.task_file) if o.task_file else None
     model = task.model if task is not None and "model" not in o.given else o.model
+    calibrate, permute = f"--{o.prefix}calibrate", f"--{o.prefix}permute"
     if o.calibrate == "batch" and not batch_ok:
         raise UsageError(
-            "--calibrate batch needs a run of many states to find the prior in; a server answers one request at a "
+            f"{calibrate} batch needs a run of many states to find the prior in; a server answers one request at a "
             "time: fit the prior on a sample of your states (mlx-slm eval STATES.jsonl --decisions Q.json "
-            "--fit-prior --save-task T) and serve --task T, or use --calibrate contextual"
+            f"--fit-prior --save-task T) and serve --task T, or use {calibrate} contextual"
         )
     if "warmup" in o.given and o.calibrate != "batch":
         raise UsageError("--warmup sets how many states the batch prior is found on: it needs --calibrate batch")
@@ -707,7 +709,7 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
     elif need_questions:
         raise UsageError("give the questions: --questions Q.json (or a --task saved with eval --decisions --save-task)")
     if o.permute != 1 and questions and not any(q.type == "choice" for q in questions):
-        raise UsageError("--permute 2 reorders a choice's options: none of these questions is a choice; drop it")
+        raise UsageError(f"{permute} 2 reorders a choice's options: none of these questions is a choice; drop it")
     methods = task_methods(task, DecisionConfig(), Methods(default=default))
     ref = ModelRef.typed(model, o.dtype, o.keep_quantized)
     settings = DeciderSettings(state_cache=o.state_cache)
