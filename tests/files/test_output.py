@@ -550,14 +550,6 @@ def test_a_resumed_batch_calibrated_run_does_not_call_its_items_labelled(tiny_qw
     assert "labelled" not in r.output and part.read_bytes() == full.read_bytes()
 
 
-def test_json_errors_say_where_without_a_doubled_at(tiny_qwen_mlx, tmp_path):
-    inp = tmp_path / "in.jsonl"
-    inp.write_text('{"id": "a", "text": "never closed\n')
-    r = run(["classify", str(inp), *cli(tiny_qwen_mlx)])
-    err = json.loads(r.stdout.splitlines()[0])["error"]
-    assert "Unterminated string starting at column 21" in err and "at at" not in err
-
-
 def test_a_parquet_output_is_locked_without_being_created(tmp_path):
     """A Parquet output appears only when complete: its lock holds the lock file alone, and a
     second run on it is refused naming the holder."""

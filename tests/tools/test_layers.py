@@ -117,19 +117,3 @@ def test_the_size_check_names_an_oversized_function(tmp_path):
     body = "def long():\n" + "    x = 1\n" * 90 + "\n\ndef short():\n    return 1\n"
     pkg = _write(tmp_path, {"__init__.py": "", "ground/errors.py": body})
     assert layers.oversized(pkg) == ["mlx_slm/ground/errors.py:1: long is 91 lines (limit 90)"]
-
-
-def test_notes_have_one_printer():
-    """Every note the package prints goes through `notices.notice` (one line on stderr, flushed):
-    no other module prints to stderr itself."""
-    import ast
-
-    found = []
-    for path in sorted((ROOT / "mlx_slm").rglob("*.py")):
-        if path.name == "notices.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
-                if any(k.arg == "file" and "stderr" in ast.unparse(k.value) for k in node.keywords):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == [], f"print to stderr outside notices.py: {found}; use mlx_slm.ground.notices.notice"
