@@ -1,6 +1,5 @@
-"""The Python API refuses what it would get wrong: one `str` is one text, a DataFrame needs
-`text_column=`; `classify_frame`, progress bars, a stream that yields each batch as it
-finishes; and the manual's Python blocks (README.md and docs/*.md) run as shown (on the tiny model)."""
+"""The Python API (the texts it takes are in tests/text/test_inputs.py): `classify_frame`, progress
+bars, a stream that yields each batch as it finishes; and the manual's Python blocks (README.md and docs/*.md) run as shown (on the tiny model)."""
 
 from __future__ import annotations
 
@@ -28,33 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def clf(tiny_qwen_mlx):
     return Classifier.load(str(tiny_qwen_mlx), batch_size=2)
-
-
-def test_one_string_is_one_text(clf):
-    one = clf.classify("My card was charged twice")
-    assert len(one) == 1 and one[0].index == 0
-    assert one[0].label == clf.classify(["My card was charged twice"])[0].label
-    assert len(list(clf.classify_iter("hello"))) == 1
-    assert len(list(clf.run("hello"))) == 1
-    with pytest.raises(TypeError, match="bytes"):
-        clf.classify(b"hello")
-    with pytest.raises(TypeError, match="mapping"):
-        clf.classify({"a": "hello"})
-
-
-def test_dataframe_refused_without_text_column(clf):
-    df = pd.DataFrame({"id": [1, 2, 3], "text": TEXTS[:3]})
-    with pytest.raises(TypeError, match="text_column="):
-        clf.classify(df)
-    with pytest.raises(TypeError, match="text_column="):
-        list(clf.classify_iter(df))
-    got = clf.classify(df, text_column="text")
-    assert [p.label for p in got] == [p.label for p in clf.classify(TEXTS[:3])]
-    assert [p.label for p in clf.classify(df["text"])] == [p.label for p in got]  # a Series works
-    with pytest.raises(KeyError, match="body"):
-        clf.classify(df, text_column="body")
-    with pytest.raises(TypeError, match="DataFrame"):
-        clf.classify(TEXTS, text_column="text")
 
 
 def test_classify_frame_columns(clf):

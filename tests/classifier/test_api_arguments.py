@@ -77,36 +77,6 @@ def test_api_examples_with_an_unknown_label_are_refused(engine):
         _clf(engine, examples=[("  ", "billing")])
 
 
-def test_texts_not_iterable_and_windows_that_read_nothing(engine):
-    """classify(None) said "'NoneType' object is not iterable"; window=0 yielded no prediction
-    at all for any input (every input row must give a row); window=-1 was islice's error."""
-    clf = _clf(engine)
-    for bad in (None, 5, 2.5):
-        with pytest.raises(TypeError, match="texts must be an iterable of str"):
-            clf.classify(bad)
-    for w in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="window must be an integer from 1"):
-            list(clf.classify_iter(["a", "b"], window=w))
-        with pytest.raises(ValueError, match="window must be an integer"):
-            clf.run(["a"], window=w)
-        with pytest.raises(ValueError, match="window must be an integer"):
-            clf.features(["a"], [1], window=w)
-    assert [p.index for p in clf.classify_iter(["a", "b", "c"], window=np.int64(2))] == [0, 1, 2]
-
-
-def test_missing_texts_say_missing(engine):
-    """A NaN or None text in a frame was 'text must be a string, got float'."""
-    pd = pytest.importorskip("pandas")
-    clf = _clf(engine)
-    df = pd.DataFrame({"text": ["my card was charged", float("nan"), None, "", 3]})
-    out = clf.classify_frame(df)
-    assert out["label"].notna().tolist() == [True, False, False, False, False]
-    err = out["error"].tolist()
-    assert "missing" in err[1] and "missing" in err[2] and "empty" in err[3] and "got int" in err[4]
-    with pytest.raises(ValueError, match="2 columns named 'text'"):
-        clf.classify_frame(pd.DataFrame([["a", "b"]], columns=["text", "text"]))
-
-
 def test_from_task_keywords_and_the_weights_it_names(engine, tiny_qwen_mlx):
     """from_task(task, scoring=...) was Python's "got multiple values for keyword argument";
     min_confidence= could not override the task's; and the weights refusal named the task's

@@ -1,4 +1,5 @@
-"""The label trie's scores against one batched pass per label, on random label sets."""
+"""The labels kind (`kinds/labels.py`): the label trie's scores against one batched pass per label, on
+random label sets."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""The labels' token trie (pure logic, no model): what `build_trie` promises the packed pass.
+"""Label token sequences (`text/labels.py`): first-token or full-sequence scoring, the label and gold
+rules, and the labels' token trie (pure logic, no model): what `build_trie` promises the packed pass.
 
 Every label's later tokens are scored along its own path of (node, next token) edges; a
-node sees exactly its ancestors; chunks are closed under ancestors and bounded in size;
-and the batch planner counts the trie's tokens in every row's budget.
+node sees exactly its ancestors; chunks are closed under ancestors and bounded in size
+(the batch planner counting the trie's tokens in every row's budget is in test_batching.py).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import AutoTokenizer
 
-from mlx_slm.text.batching import plan
-from mlx_slm.text.labels import LabelSet, build_trie
+from mlx_slm.text.labels import LabelError, LabelSet, build_labelset, build_trie, parse_labels, softmax
+from mlx_slm.text.prompts import PromptFormat, render
 
 # Label token sequences: 1-8 tokens over a small alphabet, so shared prefixes are common.
 labelsets = st.lists(
@@ -82,10 +84,75 @@ def test_labelset_trie_only_in_sequence_mode():
     assert ls.row_tokens == 2 and len(ls.trie) == 1
 
 
-def test_plan_counts_the_trie_in_every_row():
-    lengths = [10] * 20
-    assert [len(b) for b in plan(lengths, 32, max_tokens=100)] == [10, 10]
-    assert [len(b) for b in plan(lengths, 32, max_tokens=100, row_extra=40)] == [2] * 10  # 2 x (10 + 40) = 100
-    assert [len(b) for b in plan(lengths, 32, max_tokens=100, row_extra=500)] == [1] * 20  # a row alone may exceed it
-    with pytest.raises(ValueError):
-        plan(lengths, 32, max_tokens=100, row_extra=-1)
+@pytest.fixture(scope="module")
+def tok(tiny_qwen_hf):
+    return AutoTokenizer.from_pretrained(str(tiny_qwen_hf))
+
+
+def test_labels_first_token_mode(tok):
+    ls = build_labelset(tok, ["a", "b", "c"], render(tok, PromptFormat(), "x"))
+    assert ls.mode == "first-token" and all(len(t) == 1 for t in ls.token_ids)
+
+
+def test_labels_sequence_mode_when_first_tokens_are_shared(tok):
+    ls = build_labelset(tok, ["refund request", "refund status"], render(tok, PromptFormat(), "x"))
+    assert ls.mode == "sequence"
+    assert ls.token_ids[0][0] == ls.token_ids[1][0]
+
+
+@pytest.mark.parametrize(
+    "labels, msg",
+    [(["a", ""], "empty"), (["a", "a"], "twice"), (["a"], "at least two"), ([" a", "  "], "empty")],
+)
+def test_bad_labels_refused(tok, labels, msg):
+    with pytest.raises(LabelError, match=msg):
+        build_labelset(tok, labels, render(tok, PromptFormat(), "x"))
+
+
+def test_first_token_mode_refused_for_multi_token_labels(tok):
+    with pytest.raises(LabelError, match="sequence"):
+        build_labelset(tok, ["refund request", "refund status"], render(tok, PromptFormat(), "x"), "first-token")
+
+
+def test_parse_labels_and_softmax():
+    assert parse_labels(" billing, technical ,account") == ["billing", "technical", "account"]
+    p = softmax([1.0, 1.0])
+    assert p.tolist() == [0.5, 0.5]
+
+
+def test_base_model_labels_follow_the_prompt_after_a_space(tmp_path):
+    """Without a chat template the prompt ends "Category:", and a model writes " billing"."""
+    from mlx_slm.text.labels import build_labelset
+    from tests.conftest import make_tokenizer
+
+    tok = make_tokenizer(tmp_path)
+    tok.chat_template = None
+    probe = render(tok, PromptFormat("Sort.", "Ticket: {text}\nCategory:"), "example")
+    assert probe.endswith("Category:")
+    ls = build_labelset(tok, ["billing", "technical"], probe)
+    for lab, ids in zip(ls.labels, ls.token_ids):
+        assert tok.decode(list(ids)) == " " + lab
+
+
+def test_one_home_for_label_and_gold_rules():
+    """labels.py holds the rules every caller words its own way: a label, a label set, a gold label."""
+    from mlx_slm.text.labels import (
+        GOLD_MISSING,
+        GOLD_NOT_STRING,
+        LABEL_EMPTY,
+        LABEL_NOT_STRING,
+        MIN_LABELS,
+        gold_problem,
+        label_problem,
+    )
+
+    assert MIN_LABELS == 2
+    assert (
+        label_problem("billing") is None and label_problem(" ") == LABEL_EMPTY and label_problem(3) == LABEL_NOT_STRING
+    )
+    labels = ["billing", "technical"]
+    assert gold_problem("billing", labels) is None and gold_problem(None, labels) == GOLD_MISSING
+    assert gold_problem(["billing"], labels) == GOLD_NOT_STRING
+    for bad in ("", " billing", "account"):
+        assert gold_problem(bad, labels) is not None
+    assert gold_problem("anything", None) is None and gold_problem(" x", None) is not None

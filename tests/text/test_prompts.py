@@ -1,8 +1,23 @@
+"""The prompt (`text/prompts.py`): rendered with the chat template, its shared prefix, placeholders
+filled or refused, braces kept, typed --system and --template."""
+
+import json
+
 import pytest
+from click.testing import CliRunner
 from transformers import AutoTokenizer
 
-from mlx_slm.text.labels import LabelError, build_labelset, parse_labels, softmax
-from mlx_slm.text.prompts import PromptError, PromptFormat, common_prefix, render, shared_prefix, starts_with, tokenize
+from mlx_slm.cli import main
+from mlx_slm.text.prompts import (
+    PromptError,
+    PromptFormat,
+    common_prefix,
+    fill_labels,
+    render,
+    shared_prefix,
+    starts_with,
+    tokenize,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,51 +54,6 @@ def test_shared_prefix_is_a_prefix_of_real_prompts(tok):
     for ids in tokenize(tok, [render(tok, fmt, t) for t in texts]):
         assert starts_with(ids, head)
     assert not starts_with(head, head)  # no suffix token left: not usable
-
-
-def test_labels_first_token_mode(tok):
-    ls = build_labelset(tok, ["a", "b", "c"], render(tok, PromptFormat(), "x"))
-    assert ls.mode == "first-token" and all(len(t) == 1 for t in ls.token_ids)
-
-
-def test_labels_sequence_mode_when_first_tokens_are_shared(tok):
-    ls = build_labelset(tok, ["refund request", "refund status"], render(tok, PromptFormat(), "x"))
-    assert ls.mode == "sequence"
-    assert ls.token_ids[0][0] == ls.token_ids[1][0]
-
-
-@pytest.mark.parametrize(
-    "labels, msg",
-    [(["a", ""], "empty"), (["a", "a"], "twice"), (["a"], "at least two"), ([" a", "  "], "empty")],
-)
-def test_bad_labels_refused(tok, labels, msg):
-    with pytest.raises(LabelError, match=msg):
-        build_labelset(tok, labels, render(tok, PromptFormat(), "x"))
-
-
-def test_first_token_mode_refused_for_multi_token_labels(tok):
-    with pytest.raises(LabelError, match="sequence"):
-        build_labelset(tok, ["refund request", "refund status"], render(tok, PromptFormat(), "x"), "first-token")
-
-
-def test_parse_labels_and_softmax():
-    assert parse_labels(" billing, technical ,account") == ["billing", "technical", "account"]
-    p = softmax([1.0, 1.0])
-    assert p.tolist() == [0.5, 0.5]
-
-
-def test_base_model_labels_follow_the_prompt_after_a_space(tmp_path):
-    """Without a chat template the prompt ends "Category:", and a model writes " billing"."""
-    from mlx_slm.text.labels import build_labelset
-    from tests.conftest import make_tokenizer
-
-    tok = make_tokenizer(tmp_path)
-    tok.chat_template = None
-    probe = render(tok, PromptFormat("Sort.", "Ticket: {text}\nCategory:"), "example")
-    assert probe.endswith("Category:")
-    ls = build_labelset(tok, ["billing", "technical"], probe)
-    for lab, ids in zip(ls.labels, ls.token_ids):
-        assert tok.decode(list(ids)) == " " + lab
 
 
 def test_typed_system_and_template_refuse_unknown_placeholders_and_unescape_braces():
@@ -141,25 +111,35 @@ def test_cli_refuses_an_unknown_placeholder_before_work_and_keeps_braces_in_text
     assert settings["examples"] == [["{label} {{x}}", "a"]]
 
 
-def test_one_home_for_label_and_gold_rules():
-    """labels.py holds the rules every caller words its own way: a label, a label set, a gold label."""
-    from mlx_slm.text.labels import (
-        GOLD_MISSING,
-        GOLD_NOT_STRING,
-        LABEL_EMPTY,
-        LABEL_NOT_STRING,
-        MIN_LABELS,
-        gold_problem,
-        label_problem,
-    )
+# Labels with descriptions: the `{labels}` / `{label_descriptions}` placeholders, and the CLI end to end
+# (the saved task holds the message the model saw).
 
-    assert MIN_LABELS == 2
+
+def test_placeholders_filled_and_other_braces_kept():
+    labels = ["card arrival", "refund"]
+    system = "Route {this}. One of: {labels}.\nMeanings:\n{label_descriptions}"
+    got = fill_labels(system, labels, {"card arrival": "the card has not come"})
     assert (
-        label_problem("billing") is None and label_problem(" ") == LABEL_EMPTY and label_problem(3) == LABEL_NOT_STRING
+        got == "Route {this}. One of: card arrival, refund.\nMeanings:\n- card arrival: the card has not come\n- refund"
     )
-    labels = ["billing", "technical"]
-    assert gold_problem("billing", labels) is None and gold_problem(None, labels) == GOLD_MISSING
-    assert gold_problem(["billing"], labels) == GOLD_NOT_STRING
-    for bad in ("", " billing", "account"):
-        assert gold_problem(bad, labels) is not None
-    assert gold_problem("anything", None) is None and gold_problem(" x", None) is not None
+    assert fill_labels(None, labels) is None and fill_labels("plain", labels) == "plain"
+    with pytest.raises(PromptError, match="not among the labels"):
+        fill_labels(system, labels, {"other": "x"})
+
+
+def test_cli_descriptions_reach_the_prompt_and_the_task(tiny_qwen_mlx, tmp_path):
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("ab\tthe first kind\nac\tthe second kind\nb\n")
+    task = tmp_path / "task.json"
+    args = ["classify", "--model", str(tiny_qwen_mlx), "--labels-file", str(labels), "-q"]
+    sys_msg = "Answer with one of: {labels}.\n{label_descriptions}"
+    r = CliRunner().invoke(main, [*args, "--system", sys_msg, "--save-task", str(task)], input="hello there\n")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout.splitlines()[0])
+    assert set(row["probs"]) == {"ab", "ac", "b"}  # scored on the names
+    saved = json.loads(task.read_text())
+    assert saved["system"] == "Answer with one of: ab, ac, b.\n- ab: the first kind\n- ac: the second kind\n- b"
+    # The same run from the saved task gives the same row: the filled message is what was saved.
+    r2 = CliRunner().invoke(main, ["classify", "--task", str(task), "-q"], input="hello there\n")
+    assert r2.exit_code == 0, r2.output
+    assert r2.stdout == r.stdout

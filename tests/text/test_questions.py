@@ -1,4 +1,5 @@
-"""Several questions per text in one pass (questions.py, branches.py, kinds/questions.py).
+"""Several questions per text in one pass (`text/questions.py`; the branches' packing is in
+test_branches.py).
 
 The promise: every answer equals the same question asked alone and Transformers scoring
 that question's full prompt afresh, on every architecture (sliding windows included), with
@@ -13,13 +14,8 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from mlx_slm.text.branches import QuestionPlan, _groups
 from mlx_slm.text.questions import (
-    DEFAULT_SYSTEM,
-    DEFAULT_TEMPLATE,
     Question,
     QuestionError,
     check_questions,
@@ -110,39 +106,6 @@ def test_question_sets_and_files(tmp_path):
     f.write_text("")
     with pytest.raises(QuestionError, match="holds no questions"):
         read_questions(str(f))
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.integers(1, 700), min_size=1, max_size=40), st.integers(1, 1500))
-def test_groups_keep_order_and_the_cap(sizes, cap):
-    groups = _groups(sizes, cap)
-    assert [i for g in groups for i in g] == list(range(len(sizes)))
-    assert all(len(g) == 1 or sum(sizes[i] for i in g) <= cap for g in groups)
-
-
-# --------------------------------------------------------------------------- packing (tokenizer only)
-def test_packs_see_only_their_own_branch(tiny_qwen_mlx):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_qwen_mlx))
-    plan = QuestionPlan(tok, QUESTIONS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE)
-    assert len(plan.blocks) == 7  # a multi question of three labels is three branches
-    split = plan.split(TEXTS)
-    (pack,) = plan.packs([chains for _, chains in split], pad_id=0)
-    for r, (_, chains) in enumerate(split):
-        at = 0
-        for k, b in enumerate(plan.blocks):
-            n = len(chains[k]) + b.nodes
-            block = slice(at, at + n)
-            # a branch token sees nothing outside its branch (the text comes from the KV)
-            assert not pack.visible[r, block, :at].any() and not pack.visible[r, block, at + n :].any()
-            assert list(pack.ids[r, at : at + len(chains[k])]) == list(chains[k])
-            assert pack.answer_at[r, k] == at + len(chains[k]) - 1
-            at += n
-        assert np.array_equal(pack.visible[r], np.tril(pack.visible[r]))  # within the causal pattern
-    # The texts ending in white space merge with the question: their common part stops inside the text.
-    ends = [tok.decode(common).endswith(t) for (common, _), t in zip(split, TEXTS)]
-    assert not all(ends), "no text merged with its question across the boundary: the test lost its case"
 
 
 # --------------------------------------------------------------------------- exactness, every architecture

@@ -1,4 +1,5 @@
-"""The decision eval's figures on fixed probabilities (no model): Brier, log-loss, ECE, the fitted temperature."""
+"""How right and how calibrated a decision question's answers are (`text/decisions/metrics.py`): the
+decision eval's figures on fixed probabilities (no model): Brier, log-loss, ECE, the fitted temperature."""
 
 from __future__ import annotations
 
