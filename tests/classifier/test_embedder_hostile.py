@@ -196,7 +196,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.files.test_fuzz import FUZZ, doc_around, json_values  # noqa: E402
+from tests.suites.test_fuzz import FUZZ, doc_around, json_values  # noqa: E402
 
 MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

@@ -1,7 +1,8 @@
-"""No output is a file the run reads (issue 33, item 1): `classify in.jsonl --questions q.jsonl -o
-q.jsonl` replaced the questions. Every option of every command that reads a file (found from the
-commands themselves, so a new one joins) against every output of that command (-o, --save-task,
---json): exit 2 naming both, before anything is read or written, the file untouched."""
+"""The files a run reads (`files/output/runfiles.py`): no output is one of them (issue 33, item 1:
+`classify in.jsonl --questions q.jsonl -o q.jsonl` replaced the questions). Every option of every
+command that reads a file (found from the commands themselves, so a new one joins) against every
+output of that command (-o, --save-task, --json): exit 2 naming both, before anything is read or
+written, the file untouched."""
 
 from __future__ import annotations
 
