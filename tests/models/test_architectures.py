@@ -44,7 +44,7 @@ MAX_DIFF: dict[str, float] = {}  # arch/case/ops -> max |diff| seen (in the run'
 
 @pytest.fixture(autouse=True, scope="module")
 def _on_cpu():
-    """Exactness is checked on the CPU (fastmath runs only there)."""
+    """Exactness is checked on the CPU in float32 (where the fastmath ops run)."""
     prev = mx.default_device()
     mx.set_default_device(mx.cpu)
     yield
