@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mlx_slm  # noqa: F401  (loads the optimized BLAS before mlx.core)
@@ -438,9 +439,35 @@ def pytest_terminal_summary(terminalreporter):
     dicts), printed after the run: measured figures, not a test."""
     import sys
 
-    for name in ("test_models_arch", "test_mlxlm_fallback", "test_quantized", "test_seqcls_models"):
+    for name in (
+        "tests.models.test_base",
+        "tests.models.test_mlxlm",
+        "tests.models.test_quant",
+        "tests.models.test_init",
+        "tests.engine.test_engine",
+        "tests.weights.test_convert",
+        "tests.parity.test_reference",
+    ):
         diffs = getattr(sys.modules.get(name), "MAX_DIFF", None)
         if diffs:
             terminalreporter.write_sep("-", f"max |diff| against the reference ({name})")
             for k in sorted(diffs):
                 terminalreporter.write_line(f"{k:40s} {diffs[k]:.2e}")
+
+
+@pytest.fixture(scope="module")
+def nan_seqcls(tiny_arch, tmp_path_factory) -> Path:
+    """The tiny sequence classifier with a NaN in its score head (weights that answer NaN)."""
+    import shutil
+
+    import mlx.core as mx
+
+    out = tmp_path_factory.mktemp("nan-seqcls") / "m"
+    shutil.copytree(tiny_arch.seqcls_mlx("qwen2", 3), out)
+    w = mx.load(str(out / "model.safetensors"))
+    score = np.array(w["score.weight"])
+    score[1, :] = np.inf
+    w["score.weight"] = mx.array(score)
+    mx.save_safetensors(str(out / "model.safetensors"), w, metadata={"format": "mlx"})
+    (out / "conversion.json").unlink()  # its weights' hash changed: a plain MLX folder
+    return out

@@ -531,3 +531,16 @@ def test_readme_walkthrough_and_pickle_size_on_the_default_model(tmp_path, monke
     scope = _run_readme(tmp_path, None, monkeypatch)
     assert (tmp_path / "tickets-head.joblib").stat().st_size < 5_000_000
     assert scope["head"].score(scope["test"]["text"], scope["test"]["label"]) > 0.5
+
+
+ROWS = tickets(30)
+
+
+def test_the_estimator_says_the_same(tiny_qwen_mlx):
+    from mlx_slm.sklearn import SLMClassifier
+
+    rows = [(t, g) for t, g in ROWS if g != "technical"]
+    est = SLMClassifier(model=str(tiny_qwen_mlx), method="finetune", labels=["account", "billing", "technical"],
+                        val_fraction=0.0, epochs=1, adapt_layers=1)  # fmt: skip
+    with pytest.raises(ValueError, match=r"'technical' has 0: a fine-tuned classifier learns each label .* leave"):
+        est.fit([t for t, _ in rows], [g for _, g in rows])
