@@ -471,3 +471,32 @@ def nan_seqcls(tiny_arch, tmp_path_factory) -> Path:
     mx.save_safetensors(str(out / "model.safetensors"), w, metadata={"format": "mlx"})
     (out / "conversion.json").unlink()  # its weights' hash changed: a plain MLX folder
     return out
+
+
+# A learned head on the tiny model (the head kind's, the task's and the heads' tests).
+LABELS = ("billing", "technical", "account")
+SYSTEM, TEMPLATE = "You classify tickets.", "Ticket: {text}\nCategory:"
+
+
+def _labelled(n_per: int = 8):
+    from mlx_slm.text.workload import tickets as _tickets
+
+    by = {lab: [] for lab in LABELS}
+    for t, lab in _tickets(200):
+        if len(by[lab]) < n_per:
+            by[lab].append(t)
+    return [(t, lab) for lab in LABELS for t in by[lab]]
+
+
+@pytest.fixture(scope="module")
+def tiny_head(tiny_qwen_mlx):
+    """A head trained on the tiny model (random weights: what matters is the path, not accuracy)."""
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.train import HeadOptions, TrainingData, head_classifier, train
+
+    engine = Engine.load(str(tiny_qwen_mlx))
+    data = _labelled()
+    clf = head_classifier(engine, LABELS, SYSTEM, TEMPLATE)
+    td = TrainingData("x.jsonl", [t for t, _ in data], np.array([LABELS.index(g) for _, g in data]), LABELS, [], "0")
+    head = train(clf, td, HeadOptions(layers="1,2", folds=3))
+    return engine, head

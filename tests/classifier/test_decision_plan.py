@@ -1,4 +1,4 @@
-"""A task's `decisions` section (eval --decisions --fit --save-task): saved, read back, checked, and
+"""A decision run's settings (`classifier/decision_plan.py`): a task's `decisions` section (eval --decisions --fit --save-task): saved, read back, checked, and
 read into the methods a Decider takes (`decision_plan.task_methods`: a task of before's temperatures
 by key as temperature-only fits of those questions), pinned to the weights."""
 

@@ -1,5 +1,6 @@
-"""The three resolved values (issue 48): `ModelRef` (the model reference, one value), `ReadSpec`
-(how inputs are read) and `Plan` (a classification run, frozen; steps return new plans)."""
+"""A classification run's plan (`classifier/plan.py`, issue 48): `ReadSpec` (how inputs are read) and
+`Plan` (a classification run, frozen; steps return new plans). (`ModelRef` is tested in
+tests/weights/test_registry.py.)"""
 
 from __future__ import annotations
 

@@ -1,12 +1,16 @@
-"""A task file with wrong types, an unknown field or bad bytes is a one-line error naming the
-field and the fix (exit 2), never a traceback. One test per class of hostile input."""
+"""The saved task (`classifier/task.py`): a task file with wrong types, an unknown field or bad bytes
+is a one-line error naming the field and the fix (exit 2), never a traceback (one test per class of
+hostile input); task files written before the house moved (issue 41) load as their kind and save back
+the same; a task with a learned head round-trips."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from mlx_slm.classifier.task import Task
 from tests.hostile import cli, refused, write
 
 
@@ -93,3 +97,72 @@ def test_task_file_bytes_json_and_cli(tmp_path):
     # An example whose label is not a task label is refused, as the same example via --examples is.
     ex = write(tmp_path / "ex.json", json.dumps(_task(examples=[{"text": "hi", "label": "refund"}])))
     refused(cli("classify", str(inp), "--task", str(ex)), "'refund'", "not one of the labels")
+
+
+# Task files written before the house moved (issue 41): the code in its new folders reads every kind
+# of them as the same kind, and writes them back with the same fields and values.
+
+
+V1 = Path(__file__).parents[1] / "data" / "tasks-v1"
+
+
+KINDS = {"labels-batch": ("labels", None), "head": ("head", "learned head"), "questions": ("questions", None),
+         "seqcls": ("seqcls", None), "finetune": ("finetune", "fine-tuned adapters")}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_an_older_task_file_loads_as_its_kind_and_saves_back_the_same(name, tmp_path):
+    path = V1 / f"{name}.json"
+    task = Task.load(path)
+    kind, trained = KINDS[name]
+    assert task.kind.name == kind and task.trained == trained
+    task.save(tmp_path / path.name)
+    before, after = json.loads(path.read_text()), json.loads((tmp_path / path.name).read_text())
+    if name == "finetune":  # saved elsewhere, the task names its adapters where they are
+        assert Path(after["finetune"].pop("adapters")) == (V1 / before["finetune"].pop("adapters")).resolve()
+    assert {k: v for k, v in after.items() if k != "created"} == {k: v for k, v in before.items() if k != "created"}
+    assert Task.load(tmp_path / path.name).kind.name == kind
+
+
+def test_the_older_fine_tune_reads_its_adapters_checked_by_sha256():
+    task = Task.load(V1 / "finetune.json")
+    tuned = task.kind.tuned
+    assert tuned.labels == tuple(task.labels) and tuned.lora.layers == (2,) and tuned.objective == "score"
+
+
+pytest.importorskip("sklearn")
+
+
+# --------------------------------------------------------------------------- the head path
+LABELS = ("billing", "technical", "account")
+
+
+SYSTEM, TEMPLATE = "You classify tickets.", "Ticket: {text}\nCategory:"
+
+
+def test_task_with_head_roundtrip_and_refusals(tiny_head, tiny_qwen_mlx, tmp_path):
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.task import Task
+    from mlx_slm.kinds.base import TaskError
+    from mlx_slm.weights.convert import weights_sha256
+
+    engine, head = tiny_head
+    t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
+             weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
+    t.save(tmp_path / "t.json")
+    back = Task.load(tmp_path / "t.json")
+    assert back.head is not None and back.head.sha256 == head.sha256 and back.head.layers == head.layers
+    clf = Classifier.from_task(back, engine=engine)
+    assert clf.mode == "head" and clf.head.sha256 == head.sha256
+    d = json.loads((tmp_path / "t.json").read_text())
+    with pytest.raises(TaskError, match="takes no calibration"):
+        Task.from_dict(dict(d, calibration="batch"))
+    with pytest.raises(TaskError, match="trained for the labels"):
+        Task.from_dict(dict(d, labels=["x", "y", "z"]))
+    d2 = json.loads(json.dumps(d))
+    d2["head"]["sha256"] = "0" * 64
+    with pytest.raises(TaskError, match="field 'head'.*sha256"):
+        Task.from_dict(d2)
+    with pytest.raises(TaskError, match="head was trained on weights"):
+        Classifier.from_task(Task.from_dict(dict(d, weights_sha256="f" * 64)), engine=engine)
+    assert "head" not in Task("m", LABELS, None, "{text}").to_dict()  # tasks without a head: unchanged

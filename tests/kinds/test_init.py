@@ -1,4 +1,4 @@
-"""The kinds layer (issue 34): one table chooses the kind once; a new kind is one module and one
+"""The kinds' table (`kinds/__init__.py`, issue 34): one table chooses the kind once; a new kind is one module and one
 table line, and runs through the classifier, the pipeline and the task file unchanged."""
 
 from __future__ import annotations
@@ -177,24 +177,3 @@ def test_a_new_kind_is_one_module_and_one_table_line(tiny_qwen_mlx, monkeypatch)
     again = Task.from_dict(task.to_dict(), "task")
     assert again.section == ShorterSettings(clf.spec.cut) and again.kind == clf.spec
     assert Classifier.from_task(again, engine=engine).classify(texts)[1].label == "long"
-
-
-def test_layers_counts_the_branches_on_the_kind(tmp_path):
-    """tools/layers.py reports the conditions that branch on the kind outside kinds/."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    import layers
-
-    pkg = tmp_path / "mlx_slm"
-    (pkg / "kinds").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "kinds" / "__init__.py").write_text("def f(x):\n    if x.questions:\n        return 1\n")
-    (pkg / "job.py").write_text(
-        "def f(clf, t):\n    if clf.questions is not None:\n        return 1\n"
-        "    y = 2 if t.head is None else 3\n    if t.kind.name == 'head':\n        return y\n"
-        "    if t.size > 3:\n        return 0\n"
-    )
-    found = layers.kind_branches(pkg)
-    assert [f.split(": ", 1)[0] for f in found] == ["mlx_slm/job.py:2", "mlx_slm/job.py:4", "mlx_slm/job.py:5"]

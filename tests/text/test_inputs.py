@@ -1,5 +1,5 @@
 """What the Python API takes as texts (`text/inputs.py`): one `str` is one text, a DataFrame needs
-`text_column=`, a missing text says missing, a window that would read nothing is refused."""
+`text_column=`, a missing text says missing, a window that would read nothing is refused; progress bars on stderr."""
 
 from __future__ import annotations
 
@@ -82,3 +82,15 @@ def test_missing_texts_say_missing(engine):
     assert "missing" in err[1] and "missing" in err[2] and "empty" in err[3] and "got int" in err[4]
     with pytest.raises(ValueError, match="2 columns named 'text'"):
         clf.classify_frame(pd.DataFrame([["a", "b"]], columns=["text", "text"]))
+
+
+def test_progress_bar_on_stderr(clf, capsys):
+    got = clf.classify(TEXTS, progress=True)
+    err = capsys.readouterr().err
+    assert f"{len(TEXTS)}/{len(TEXTS)}" in err and "mlx-slm" in err
+    assert [p.index for p in got] == list(range(len(TEXTS)))
+    assert [p.label for p in got] == [p.label for p in clf.classify(TEXTS)]
+    list(clf.classify_iter(TEXTS, progress=True))
+    assert f"{len(TEXTS)}/{len(TEXTS)}" in capsys.readouterr().err
+    clf.classify_frame(pd.DataFrame({"text": TEXTS}), progress=True)
+    assert f"{len(TEXTS)}/{len(TEXTS)}" in capsys.readouterr().err

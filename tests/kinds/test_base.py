@@ -1,6 +1,6 @@
-"""What a kind takes beside its own settings (issue 48): said once on the spec (`calibrates`,
-`abstains`, `truncates`), refused by the one rule (`KindSpec.check_calibration`), and asked the
-same way by every caller; a service request's kind chosen by the table (`kinds.request_spec`)."""
+"""The contract every scoring kind keeps (`kinds/base.py`): what a kind takes beside its own settings,
+said once on the spec (`calibrates`, `abstains`, `truncates`) and refused by the one rule
+(`KindSpec.check_calibration`), asked the same way by every caller (issue 48)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from mlx_slm.text.labels import LabelError
 from mlx_slm.text.questions import Question
 
 LABELS = ("billing", "technical", "account")
+
+
 NONE, BATCH = CalibrationSpec(), CalibrationSpec.of("batch")
 
 
@@ -69,6 +71,17 @@ def test_a_relevance_score_takes_no_threshold():
         spec.check_calibration(NONE, 0.5)
 
 
+def test_a_kind_that_cannot_truncate_refuses_a_request_that_asks_it():
+    served = _spec(questions=(Question("team", "Which team?", "choice", LABELS),))
+    assert request_spec(served, arguments(labels=())) is served
+    with pytest.raises(TaskError, match="truncation is not supported"):
+        request_spec(served, arguments(labels=(), truncate="tail"))
+
+
+# Asked the same way by every caller: a service request's kind chosen by the table (`kinds.request_spec`,
+# `kinds.reranker_spec`), and a task section's names for the Python API.
+
+
 def test_a_service_request_chooses_its_kind_through_the_table():
     served = _spec(labels=LABELS)
     assert request_spec(served, arguments(labels=LABELS)) is served  # the served kind holds for its labels
@@ -88,13 +101,6 @@ def test_a_served_reranker_answers_the_rerank_routes_and_others_are_the_tables()
     assert request_spec(served, asked) is served
     with pytest.raises(LabelError, match="is not a reranker"):
         request_spec(_spec(labels=LABELS), asked)
-
-
-def test_a_kind_that_cannot_truncate_refuses_a_request_that_asks_it():
-    served = _spec(questions=(Question("team", "Which team?", "choice", LABELS),))
-    assert request_spec(served, arguments(labels=())) is served
-    with pytest.raises(TaskError, match="truncation is not supported"):
-        request_spec(served, arguments(labels=(), truncate="tail"))
 
 
 def test_the_python_api_names_of_a_task_section():

@@ -1,4 +1,5 @@
-"""A fine-tuned task and its adapters saved as one unit (issue 40, item 1: data loss).
+"""A fine-tuned task and its adapters saved as one unit (`jobs/finetune.py`'s `save_finetuned`; issue 40,
+item 1: data loss).
 
 `train --finetune --save-task T` onto an existing task wrote the new adapters over the file the
 old task names, then the task: a kill between the two left the old task naming adapters that

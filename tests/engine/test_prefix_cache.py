@@ -1,5 +1,5 @@
-"""A reranker with the query cache off runs each (query, document) prompt whole, as the
-benchmark's `ours-no-cache` row needs (benchmarks/rerank.py), with the same scores."""
+"""The prompt-prefix KV cache (`engine/prefix_cache.py`): the shared head computed once, or a head per
+row (`StackedPrefix`, a reranker's queries); the cache changes no score."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.engine.engine import Engine
 
 QUERIES = ("my card was charged twice", "how do I reset my password")
+
+
 DOCS = (
     "I see a duplicate payment on my card statement",
     "the app logs me out after an update",
@@ -41,3 +43,24 @@ def test_query_cache_off_runs_each_prompt_whole(tiny_reranker):
     assert off.stats.processed_tokens == off.stats.prompt_tokens == on.stats.prompt_tokens
     assert off.stats.batches == len(items)
     assert max(abs(a - b) for a, b in zip(cached, whole)) < 1e-5
+
+
+def test_a_prefix_is_computed_once_and_stacked_heads_are_left_padded(engine):
+    import numpy as np
+
+    from mlx_slm.engine.prefix_cache import PrefixCache, StackedPrefix
+
+    model = engine.model
+    a, b = PrefixCache(model, [5, 6, 7, 8]), PrefixCache(model, [9, 10])
+    assert len(a) == 4 and a.tokens == (5, 6, 7, 8) and a.mask is None
+    k, v = a.kv[0]
+    assert k.shape[0] == 1 and k.shape[2] == 4
+    stacked = StackedPrefix([a, b])
+    assert len(stacked) == 4 and stacked.lengths.tolist() == [4, 2]
+    assert np.array(stacked.mask).tolist() == [[True] * 4, [False, False, True, True]]
+    sk, _ = stacked.kv[0]
+    assert sk.shape[0] == 2 and sk.shape[2] == 4
+    np.testing.assert_array_equal(np.array(sk[1, :, 2:]), np.array(b.kv[0][0][0]))  # b's keys, after the padding
+    np.testing.assert_array_equal(np.array(a.kv[0][0]), np.array(k))  # a head's own cache is never written
+    with pytest.raises(ValueError, match="empty prefix"):
+        PrefixCache(model, [])
