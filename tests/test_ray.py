@@ -378,3 +378,9 @@ def test_an_unreachable_ray_address_exits_2_at_once_naming_it(tiny_qwen_mlx, tmp
     refused(r, f"127.0.0.1:{port}", "nothing answers")
     assert time.perf_counter() - t < 30
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_ray_refuses_warmup_without_a_warm_up_calibration(tiny_qwen_mlx):
+    mray = pytest.importorskip("mlx_slm.ray")
+    with pytest.raises(ValueError, match="warmup"):
+        mray.classify_dataset(None, model=str(tiny_qwen_mlx), calibrate="none", warmup=5)

@@ -12,7 +12,7 @@ exempt from having a test file (trivial ones: a `__main__`, an `__init__` that o
 A test file conforms when it is a module's home or lives in the suites' folder. The check
 fails (exit 1) when:
 - fewer than 80 % of the test files conform;
-- a test file is named for a review round or an issue (`test_round8_jobs.py`, `test_issue33.py`):
+- a test file is named for a review round or an issue (test_round8_..., test_issue33_...):
   a file is named for what it tests, the round stays in its docstring;
 - a module of mlx_slm has no test file and is not exempt;
 - an exemption names no module, or a module with a function or class of its own (no longer

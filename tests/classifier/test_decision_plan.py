@@ -10,6 +10,7 @@ import pytest
 
 from mlx_slm.classifier.decision_plan import DecisionPlan, task_methods
 from mlx_slm.classifier.task import Task
+from mlx_slm.ground.errors import UserError
 from mlx_slm.kinds.base import TaskError
 from mlx_slm.text.decisions.files import questions_of
 from mlx_slm.text.decisions.settings import DecisionConfig
@@ -78,3 +79,31 @@ def test_bad_sections_named(section, match):
     d["decisions"] = section
     with pytest.raises(TaskError, match=match):
         Task.from_dict(d, "task file t.json")
+
+
+# ----------------------------------------------------------------------------- the weights check
+
+
+def test_a_task_from_other_weights_names_the_model_loaded_beside_its_sha256():
+    from mlx_slm.classifier.decision_plan import DecisionPlan, task_methods
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.weights.registry import ModelRef
+
+    sec = {"questions": {"spam": {"type": "noul", "instructions": "Spam?"}}, "temperatures": {"spam": 1.5}}
+    t = Task(model="/models/a", labels=(), system=None, template="{text}", weights_sha256="ab" * 32, decisions=sec)
+    with pytest.raises(UserError) as e:  # a task's own check, without the name of the model loaded
+        t.check_weights("cd" * 32)
+    said = str(e.value)
+    assert (
+        "/models/a has cdcd" not in said
+        and "abababababab... (/models/a)" in said
+        and "the model loaded has cdcd" in said
+    )
+
+    class Loaded:
+        path, weights_sha256 = None, "cd" * 32
+
+    plan = DecisionPlan(ModelRef("/models/b"), task=t, methods=task_methods(t, DecisionConfig()))
+    with pytest.raises(UserError) as e:  # decide, eval and serve load the plan: the model's name is said
+        plan.loaded(Loaded())
+    assert "the model loaded (/models/b) has cdcdcdcdcdcd" in str(e.value) and "/models/a has" not in str(e.value)

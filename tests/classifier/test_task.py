@@ -9,8 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from mlx_slm.classifier.task import Task
+from mlx_slm.cli import main
+from mlx_slm.text.workload import tickets
 from tests.hostile import cli, refused, write
 
 
@@ -166,3 +169,98 @@ def test_task_with_head_roundtrip_and_refusals(tiny_head, tiny_qwen_mlx, tmp_pat
     with pytest.raises(TaskError, match="head was trained on weights"):
         Classifier.from_task(Task.from_dict(dict(d, weights_sha256="f" * 64)), engine=engine)
     assert "head" not in Task("m", LABELS, None, "{text}").to_dict()  # tasks without a head: unchanged
+
+
+# A task follows its weights to a new place (hostile round seven, issue 47).
+
+
+ROWS = tickets(24)
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def v1_models(tmp_path_factory, tiny_arch) -> dict[str, Path]:
+    """The tiny models the tasks-v1 files were saved on, made again in new places (equal weights by
+    sha256; the language model's tokenizer learned the labels and yes/no as words), and one whose
+    weights differ in one number."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from mlx_slm.weights.convert import convert, weights_sha256
+    from tests.conftest import make_tiny
+
+    d = tmp_path_factory.mktemp("v1")
+    hf = make_tiny(d / "hf", "qwen2", ("billing", "technical", "account", "yes", "no"))
+    lm = convert(hf, d / "lm", dtype="float32", progress=None)
+    other = d / "other"
+    shutil.copytree(lm, other)
+    w = load_file(str(other / "model.safetensors"))
+    name = sorted(w)[0]
+    w[name] = w[name].copy()
+    w[name].flat[0] += 1.0
+    save_file(w, str(other / "model.safetensors"), metadata={"format": "mlx"})
+    sc = tiny_arch.seqcls_mlx("qwen2", 3)
+    assert weights_sha256(lm) == json.loads((V1 / "head.json").read_text())["weights_sha256"]
+    assert weights_sha256(sc) == json.loads((V1 / "seqcls.json").read_text())["weights_sha256"]
+    assert weights_sha256(other) != weights_sha256(lm)
+    return {"lm": lm, "sc": sc, "other": other}
+
+
+@pytest.mark.parametrize("name", ["labels-batch", "head", "finetune", "questions", "seqcls"])
+def test_the_projects_own_v1_tasks_run_from_the_cli_with_model(tmp_path, v1_models, name):
+    """Their model folders are long gone: --model at the same weights (equal sha256) runs them, head,
+    fitted prior and fine-tuned adapters included (they were refused with "fine-tune again")."""
+    inp = _jsonl(tmp_path / "in.jsonl", [{"text": t} for t, _ in ROWS[:4]])
+    out = tmp_path / "o.jsonl"
+    task = V1 / f"{name}.json"
+    r = run(
+        ["classify", inp, "--task", task, "--model", v1_models["sc" if name == "seqcls" else "lm"], "-o", out, "-q"]
+    )
+    assert r.exit_code == 0, r.output
+    assert len(out.read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("name", ["head", "finetune", "labels-batch"])
+def test_a_task_whose_model_is_gone_names_its_model_field_and_the_fix(tmp_path, name):
+    inp = _jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    r = run(["classify", inp, "--task", V1 / f"{name}.json", "-o", tmp_path / "o.jsonl"])
+    assert r.exit_code == 2, r.output
+    assert "its model field names '/tmp/tmp_wyysdw_/lm'" in r.output and "--model PATH" in r.output
+    assert "sha256 c5241112c471" in r.output
+
+
+@pytest.mark.parametrize("name", ["head", "finetune", "labels-batch"])
+def test_other_weights_are_still_refused_after_comparing_them(tmp_path, v1_models, name):
+    inp = _jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    r = run(["classify", inp, "--task", V1 / f"{name}.json", "--model", v1_models["other"], "-o", tmp_path / "o.jsonl"])
+    assert r.exit_code == 2, r.output
+    said = r.output.replace("\n", " ")
+    assert "c5241112c471" in said and ("does not carry over" in said or "fine-tune again on this one" in said)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_an_edited_tasks_labels_are_named_as_the_tasks_not_as_labels_given(tmp_path, v1_models):
+    """It said "drop --labels" though none was given."""
+    d = json.loads((V1 / "finetune.json").read_text())
+    d["labels"] = ["account", "billing", "refund"]
+    d["finetune"]["adapters"] = str(V1 / d["finetune"]["adapters"])
+    task = tmp_path / "edited.json"
+    task.write_text(json.dumps(d))
+    inp = _jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    r = run(["classify", inp, "--task", task, "--model", v1_models["lm"], "-o", tmp_path / "o.jsonl"])
+    assert r.exit_code == 2, r.output
+    said = r.output.replace("\n", " ")
+    assert f"the labels of --task {task} (its labels field) are ['account', 'billing', 'refund']" in said
+    assert "restore the field as it was saved" in said and "drop --labels" not in said
+    r = run(["classify", inp, "--task", V1 / "finetune.json", "--model", v1_models["lm"], "--labels", "a,b",
+             "-o", tmp_path / "o.jsonl"])  # fmt: skip
+    assert r.exit_code == 2 and "with --labels changed they no longer apply" in r.output, r.output

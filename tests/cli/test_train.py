@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from mlx_slm.cli import main
 from mlx_slm.text.heads import (
     candidate_name,
 )
@@ -85,3 +87,38 @@ def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
     assert r.exit_code == 2 and "not in --labels: 'account'" in r.output
     r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--folds", "7"])
     assert r.exit_code == 2 and "'account' has 6" in r.output and "at least 7 examples per label" in r.output
+
+
+ROWS = tickets(24)
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return _jsonl(tmp_path_factory.mktemp("r7") / "train.jsonl", [{"text": t, "label": g} for t, g in ROWS])
+
+
+# --------------------------------------------------------------------------- options and messages
+FT = ["--finetune", "lora", "--epochs", "1", "--adapt-layers", "1", "--val-fraction", "0", "-q"]
+
+
+def test_head_init_words_works_from_the_cli(tmp_path, data, tiny_qwen_mlx):
+    """It always exited 2 with a Python-API message about label_tokens."""
+    task = tmp_path / "t.json"
+    r = run(["train", data, "--model", tiny_qwen_mlx, "--save-task", task, "--head-init", "words", *FT])
+    assert r.exit_code == 0, r.output
+    assert json.loads(task.read_text())["finetune"]["objective"] == "score"
+
+
+def test_adapt_layers_over_the_models_blocks_names_the_option_and_the_blocks(tmp_path, data, tiny_qwen_mlx):
+    r = run(["train", data, "--model", tiny_qwen_mlx, "--save-task", tmp_path / "t.json", *FT, "--adapt-layers", "5"])
+    assert r.exit_code == 2, r.output
+    assert "(--adapt-layers 5): this model has 3 blocks: adapt at most 3" in r.output

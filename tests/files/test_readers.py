@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlx_slm.cli import main
-from mlx_slm.files.readers import guess_format, read_rows
+from mlx_slm.files.readers import STATE_OPTIONS, TEXT_OPTIONS, ReadSpec, guess_format, read_rows
 from mlx_slm.ground.errors import UserError
 from mlx_slm.ground.textfiles import BOM, InputError
 from tests import hostile
-from tests.hostile import refused, write
+from tests.hostile import invoke, refused, refused_cleanly, write
 
 # READER_EXAMPLES=5000 for a longer search.
 SETTINGS = settings(
@@ -601,3 +601,76 @@ def test_parquet_with_a_corrupt_data_page(tmp_path):
     write(p, bytes(data[: len(data) // 2]))  # a torn file: no footer
     with pytest.raises(InputError, match="not a readable Parquet file"):
         list(read_rows(str(p)))
+
+
+# The option a reader names is the command's own (hostile round eight, issue 53).
+
+
+@pytest.mark.parametrize(
+    "states, options", [((), TEXT_OPTIONS), (("state", "text"), STATE_OPTIONS), (("text",), TEXT_OPTIONS)]
+)
+def test_every_reader_names_the_commands_own_option(tmp_path, states, options):
+    """decide's states (--state-field/--state-column), eval --decisions' (its --text-field/--text-column)
+    and every other command's texts: each format's missing text names the option of the command run."""
+    spec = ReadSpec(text_field=(states or ("text",))[0], states=states, text_options=options)
+    csv, jsonl = tmp_path / "in.csv", tmp_path / "in.jsonl"
+    csv.write_text("id,body\n1,hello\n")
+    jsonl.write_text('{"id": 1, "body": "hello"}\n')
+    with pytest.raises(UserError) as e:
+        list(read_rows(str(csv), spec))
+    assert options[1] in str(e.value) and ({*TEXT_OPTIONS, *STATE_OPTIONS} - {options[1]}).isdisjoint(
+        str(e.value).split()
+    )
+    row = next(iter(read_rows(str(jsonl), spec)))
+    assert options[0] in row.error and (STATE_OPTIONS if options == TEXT_OPTIONS else TEXT_OPTIONS)[0] not in row.error
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1], "body": ["hello"]}), tmp_path / "in.parquet")
+    with pytest.raises(UserError) as e:
+        list(read_rows(str(tmp_path / "in.parquet"), spec))
+    assert f"use {options[0]}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "command, suffix, option, says",
+    [
+        ("classify", ".jsonl", "--id-column", "use --id-field"),
+        ("classify", ".jsonl", "--text-column", "use --text-field"),
+        ("classify", ".csv", "--text-field", "use --text-column"),
+        ("classify", ".txt", "--id-field", "plain text only: drop it"),
+        ("eval", ".jsonl", "--id-column", "use --id-field"),
+        ("train", ".jsonl", "--text-column", "use --text-field"),
+    ],
+)
+def test_a_field_option_no_input_format_reads_is_refused(tmp_path, tiny_qwen_mlx, command, suffix, option, says):
+    inp = tmp_path / f"in{suffix}"
+    rows = [
+        ("refund please", "billing"),
+        ("charged twice", "billing"),
+        ("app crashes", "tech"),
+        ("login error", "tech"),
+    ]
+    if suffix == ".jsonl":
+        inp.write_text(
+            "".join(json.dumps({"id": i, "text": t, "label": lab}) + "\n" for i, (t, lab) in enumerate(rows))
+        )
+    elif suffix == ".csv":
+        inp.write_text("id,text,label\n" + "".join(f"{i},{t},{lab}\n" for i, (t, lab) in enumerate(rows)))
+    else:
+        inp.write_text("".join(t + "\n" for t, _ in rows))
+    extra = ["--save-task", tmp_path / "t.json"] if command == "train" else ["--labels", "billing,tech"]
+    r = invoke([command, inp, "--model", tiny_qwen_mlx, option, "x", *extra, "-q"])
+    refused_cleanly(r, option, says)
+
+
+def test_field_options_of_either_file_are_taken(tmp_path, tiny_qwen_mlx):
+    """--text-column reads the CSV INPUT while --calibration-data is JSONL: taken (each file its own)."""
+    inp, cal = tmp_path / "in.csv", tmp_path / "cal.jsonl"
+    inp.write_text("id,body\n1,refund please\n2,app crashes\n")
+    cal.write_text(
+        "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in [("a", "billing"), ("b", "tech")] * 2)
+    )
+    r = invoke(["classify", inp, "--model", tiny_qwen_mlx, "--labels", "billing,tech", "--text-column", "body",
+                "--calibrate", "fit", "--calibration-data", cal, "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output

@@ -1,4 +1,4 @@
-"""`train` reads a second text exactly as `classify` does (issue 40, item 2): `--pair-field`
+"""Labelled texts read for training (`jobs/labelled.py`): `train` reads a second text exactly as `classify` does (issue 40, item 2): `--pair-field`
 (JSONL/Parquet, default text_pair, read where a row has one) and `--pair-column` (CSV), the
 same reader rule (`TaskOptions.read_pair`). A template with {pair} trains on the pairs (the head
 and --finetune); a pair the prompt cannot take is refused naming its line, never dropped."""

@@ -112,3 +112,29 @@ def test_the_python_api_names_of_a_task_section():
     assert QuestionsSettings(q).trained is None and HeadSettings(head).trained == "learned head"
     with pytest.raises(TypeError, match="one kind's section"):
         section_of(head=head, questions=q)
+
+
+def test_a_text_far_over_the_context_is_refused_by_its_size_before_tokenizing(engine, monkeypatch):
+    """The tiny model: tokens of at most 13 characters, a context of 1024: a text of more than
+    2 x 13 x 1024 characters cannot fit, and is an error row without being tokenized (a 20 MB line
+    took 26 s and 3.6 GB to be refused); a shorter over-long one is tokenized and refused as before;
+    with truncation both are cut, not refused."""
+    from mlx_slm.text.prompts import max_token_chars
+    from tests.hostile import task_clf
+
+    per = max_token_chars(engine.tokenizer)
+    assert per == max(len(t) for t in engine.tokenizer.get_vocab())
+    huge, long = "word " * (2 * per * 1024 // 5 + 10), "word " * 1500
+    seen: list[int] = []
+    clf = task_clf(engine)
+    kind = type(clf.kind)
+    real = kind.encode
+    monkeypatch.setattr(
+        kind, "encode", lambda self, texts, pairs=None: seen.extend(map(len, texts)) or real(self, texts, pairs)
+    )
+    preds = list(clf.run([huge, long, "My card was charged twice"]))
+    assert "characters, far over the model's context of 1024" in preds[0].error
+    assert "prompt is" in preds[1].error and preds[2].ok
+    assert max(seen) < len(huge)  # the huge text never reached the tokenizer
+    cut = list(task_clf(engine, truncate="head").run([huge, long]))
+    assert all(p.ok and p.truncated for p in cut)

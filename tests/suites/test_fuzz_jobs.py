@@ -1,5 +1,5 @@
 """Property-based fuzzing (Hypothesis) of the hostile classes round seven found in the jobs, the CLI,
-training and task files (issue 47), kept in the suite as tests/files/test_fuzz.py keeps the readers':
+training and task files (issue 47), kept in the suite as tests/suites/test_fuzz.py keeps the readers':
 
 * eval's figures with a none label: any answer set scores "none of these" as an answer, the same in
   accuracy, the per-label table, the confusion and the none section; a perfect one scores 1 in all;

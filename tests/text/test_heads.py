@@ -26,6 +26,7 @@ from mlx_slm.text.heads import (
     temperature,
 )
 from mlx_slm.text.workload import tickets
+from tests.hostile import invoke, refused_cleanly, write
 
 pytest.importorskip("sklearn")
 
@@ -367,3 +368,55 @@ def test_server_reply_says_which_scoring_ran(tiny_head, tiny_qwen_mlx):
         s.stop()
     assert own["scoring"] == "head" and set(own["results"][0]["probs"]) == set(LABELS)
     assert other.json()["scoring"] == "labels" and set(other.json()["results"][0]["probs"]) == {"x", "y"}
+
+
+# ----------------------------------------------------------------------------- little data
+
+
+def test_lda_with_one_example_a_label_or_a_feature_constant_within_labels():
+    """The shared covariance is singular there: the least-squares solve scikit-learn's lsqr solver uses
+    answers (a feature that varies within no label weighs nothing), where `solve` raised LinAlgError."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    from mlx_slm.text.heads import fit_linear
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(2, 16)), np.array([0, 1])  # one example a label: every feature constant within it
+    mean, scale, coef, intercept = fit_linear(x, y, 2, "lda")
+    assert np.isfinite(coef).all() and np.isfinite(intercept).all()
+    y = np.repeat([0, 1, 2], 4)
+    x = rng.normal(size=(12, 8))
+    x[:, 3] = y * 2.0  # constant within every label
+    mean, scale, coef, intercept = fit_linear(x, y, 3, "lda")
+    z = (x - mean) / scale
+    sk = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto").fit(z, y)
+    np.testing.assert_allclose(coef, sk.coef_, atol=1e-8)
+    np.testing.assert_allclose(intercept, sk.intercept_, atol=1e-8)
+
+
+@pytest.fixture(scope="module")
+def head_task(tiny_qwen_mlx, tmp_path_factory):
+    d = tmp_path_factory.mktemp("head")
+    data = write(d / "lab.jsonl", "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in tickets(36)))
+    r = invoke(["train", data, "--save-task", d / "head.json", "--model", tiny_qwen_mlx, "--layers", "1,2",
+                "--folds", "3", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return d / "head.json"
+
+
+@pytest.mark.parametrize(
+    ("head", "words"),
+    [({}, ["field 'kind'"]), ({"kind": None}, ["field 'kind'"]), ({"kind": "lda", "pooling": 3}, ["field 'pooling'"]),
+     ({"kind": "lda", "pooling": []}, ["field 'pooling'"]), ({"kind": "newer"}, ["'newer' head", "upgrade mlx-slm"])],
+)  # fmt: skip
+def test_a_damaged_head_names_the_field_and_only_a_newer_one_says_upgrade(head, words, head_task, tmp_path):
+    task = json.loads(head_task.read_text())
+    task["head"] = {**task["head"], **head} if head else {}
+    if "pooling" in head and head["pooling"] == []:
+        task["head"]["pooling"] = []
+    if head == {"kind": None}:
+        task["head"]["kind"] = None
+    bad = write(tmp_path / "t.json", json.dumps(task))
+    r = invoke(["classify", write(tmp_path / "in.jsonl", '{"text": "hi"}\n'), "--task", bad])
+    refused_cleanly(r, f"task file {bad}", *words)
+    assert "None" not in r.output and ("upgrade" in r.output) == ("upgrade mlx-slm" in words)

@@ -2,6 +2,7 @@
 filled or refused, braces kept, typed --system and --template."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +19,7 @@ from mlx_slm.text.prompts import (
     starts_with,
     tokenize,
 )
+from mlx_slm.text.workload import tickets
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +145,138 @@ def test_cli_descriptions_reach_the_prompt_and_the_task(tiny_qwen_mlx, tmp_path)
     r2 = CliRunner().invoke(main, ["classify", "--task", str(task), "-q"], input="hello there\n")
     assert r2.exit_code == 0, r2.output
     assert r2.stdout == r.stdout
+
+
+# A chat template that refuses a system turn (hostile round seven, issue 47): the system text goes into the
+# user turn, in every path (classify, train, fine-tune, serve), and is recorded.
+
+
+ROWS = tickets(24)
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return _jsonl(tmp_path_factory.mktemp("r7") / "train.jsonl", [{"text": t, "label": g} for t, g in ROWS])
+
+
+# --------------------------------------------------------------------------- a chat template that refuses a system turn
+# Mistral-v0.1's template (less its bos_token, which the tiny tokenizer has not): user and assistant
+# turns alternating, anything else raised.
+MISTRAL_V01 = (
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+
+
+@pytest.fixture(scope="module")
+def mistral_style(tmp_path_factory, tiny_qwen_mlx) -> Path:
+    """The tiny model with a chat template that raises on a system message."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("mistral") / "m"
+    shutil.copytree(tiny_qwen_mlx, out)
+    (out / "chat_template.jinja").write_text(MISTRAL_V01)
+    return out
+
+
+def test_the_system_text_goes_into_the_user_turn_where_the_template_refuses_it(mistral_style):
+    from transformers import AutoTokenizer
+
+    from mlx_slm.text.prompts import PromptFormat, prompt_messages, refuses_system, render, tokenize
+
+    tok = AutoTokenizer.from_pretrained(str(mistral_style))
+    assert refuses_system(tok)
+    fmt = PromptFormat("Answer with one of: a, b.", "Ticket: {text}\nCategory:", examples=(("x", "a"),))
+    msgs = prompt_messages(tok, fmt, "my card")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+    assert msgs[0]["content"] == "Answer with one of: a, b.\n\nTicket: x\nCategory:"
+    assert render(tok, fmt, "my card").startswith("[INST] Answer with one of: a, b.\n\nTicket: x")
+    # The reference path (Transformers' own apply_chat_template on the same messages) gets the same ids.
+    ref = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ref = list(ref["input_ids"] if hasattr(ref, "keys") else ref)
+    assert tokenize(tok, [render(tok, fmt, "my card")])[0] == ref
+
+
+def test_a_template_that_takes_a_system_turn_is_left_alone(tiny_qwen_mlx):
+    from transformers import AutoTokenizer
+
+    from mlx_slm.text.prompts import PromptFormat, prompt_messages, refuses_system
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_qwen_mlx))
+    assert not refuses_system(tok)
+    assert prompt_messages(tok, PromptFormat("S", "{text}"), "t")[0] == {"role": "system", "content": "S"}
+
+
+def test_classify_and_train_on_such_a_model_run_and_record_it(tmp_path, data, mistral_style, monkeypatch):
+    from mlx_slm.text import prompts
+
+    monkeypatch.setattr(prompts, "_NOTED", set())  # said once a process: this run says it again
+    out = tmp_path / "o.jsonl"
+    r = run(["classify", data, "--model", mistral_style, "-o", out, "--save-task", tmp_path / "zs.json"])
+    assert r.exit_code == 0, r.output
+    assert "refuses a system message" in r.stderr
+    assert json.loads(Path(str(out) + ".mlx-slm.json").read_text())["settings"]["system_in_user_turn"] is True
+    assert json.loads((tmp_path / "zs.json").read_text())["system_in_user_turn"] is True
+    task = tmp_path / "head.json"
+    r = run(["train", data, "--model", mistral_style, "--folds", "2", "--layers", "1", "--save-task", task, "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(task.read_text())["system_in_user_turn"] is True
+    r = run(["classify", data, "--task", task, "-o", tmp_path / "o2.jsonl", "-q"])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_template_that_refuses_the_user_turn_too_exits_2_saying_so(tmp_path, data, tiny_qwen_mlx):
+    import shutil
+
+    m = tmp_path / "m"
+    shutil.copytree(tiny_qwen_mlx, m)
+    (m / "chat_template.jinja").write_text("{{ raise_exception('no conversation suits me') }}")
+    r = run(["classify", data, "--model", m, "-o", tmp_path / "o.jsonl"])
+    assert r.exit_code == 2, r.output
+    assert "the model's chat template refused the prompt (no conversation suits me)" in r.output
+
+
+# --------------------------------------------------------------------------- options and messages
+FT = ["--finetune", "lora", "--epochs", "1", "--adapt-layers", "1", "--val-fraction", "0", "-q"]
+
+
+def test_fine_tune_and_serve_on_such_a_model(tmp_path, data, mistral_style):
+    """`train --finetune` renders the same folded prompts; `serve` starts and answers (it refused to start)."""
+    pytest.importorskip("starlette")
+    httpx = pytest.importorskip("httpx")
+    task = tmp_path / "ft.json"
+    r = run(["train", data, "--model", mistral_style, "--save-task", task, *FT])
+    assert r.exit_code == 0, r.output
+    assert json.loads(task.read_text())["system_in_user_turn"] is True
+    from mlx_slm.jobs import plan as plans
+    from mlx_slm.jobs.plan import TaskOptions
+    from mlx_slm.server import Loaded, ServeOptions, Service
+    from tests.server.test_app import ThreadServer
+
+    plan = plans.resolve(TaskOptions(model=str(mistral_style), given=frozenset({"model"})), lambda _m: None)
+
+    def load():  # as `mlx-slm serve --model` loads
+        p, clf = plans.load_fitted(plan, lambda _m: None)
+        return Loaded(clf, p.calibration, p.min_confidence, p.warmup, model=p.model.name,
+                      weights_sha256=clf.engine.weights_sha256)  # fmt: skip
+
+    srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
+    try:
+        got = httpx.post(srv.url + "/v1/classify", json={"texts": ["my card was charged twice"]}, timeout=60)
+        assert got.status_code == 200, got.text
+        assert got.json()["results"][0]["label"] in ("billing", "technical", "account")
+    finally:
+        srv.stop()

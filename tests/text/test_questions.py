@@ -22,6 +22,7 @@ from mlx_slm.text.questions import (
     check_template,
     read_questions,
 )
+from tests.hostile import invoke, refused_cleanly, write
 
 YN = ("y", "n")  # one token each in the tiny test tokenizer ("yes" is three there)
 QUESTIONS = [
@@ -520,3 +521,22 @@ def test_classify_frame_with_questions(tiny_qwen_mlx):
     assert out["tags"].tolist()[:3] == [";".join(p.answers["tags"]["labels"]) for p in preds]
     assert out["mood.expected"].tolist()[:3] == pytest.approx([p.answers["mood"]["expected"] for p in preds])
     assert "team.abstained" in out.columns and out["error"].tolist()[3] and np.isnan(out["mood.expected"].tolist()[3])
+
+
+@pytest.mark.parametrize(
+    ("question", "words"),
+    [
+        ({"name": "team", "question": "Is it about {label}?", "labels": ["a", "b"]}, ["{label}", "only a multi"]),
+        ({"name": "u", "question": "Urgent ({labels})?", "kind": "yesno"}, ["{labels}", "choice or scale"]),
+        ({"name": "m", "question": "Mentions {label}: {labels}?", "kind": "multi", "labels": ["a", "b"]},
+         ["{labels}"]),
+        ({"name": "s", "question": "Size of {label}?", "kind": "scale", "levels": ["1", "2"]}, ["{label}"]),
+        ({"name": "d", "question": "One of {label_descriptions}", "labels": ["a", "b"]}, ["{label_descriptions}"]),
+    ],
+)  # fmt: skip
+def test_a_placeholder_the_question_kind_does_not_fill_is_refused(question, words, tmp_path):
+    q = write(tmp_path / "q.jsonl", json.dumps(question) + "\n")
+    r = invoke(["classify", write(tmp_path / "in.jsonl", '{"text": "hi"}\n'), "--questions", q,
+                "--model", tmp_path / "no-model"])  # fmt: skip
+    refused_cleanly(r, f"--questions {q} line 1", question["name"], *words)
+    assert "no-model" not in r.output
