@@ -1,4 +1,4 @@
-"""Error styles (issue 48): one `Style` per route, an enum chosen once where the route is declared
+"""HTTP errors (`server/errors.py`): error styles (issue 48): one `Style` per route, an enum chosen once where the route is declared
 (no path guessed again for Starlette's own 404/405); OpenAI's 422-as-400 and its codes are its
 style's; an error answered in another style is a new error; statuses by the class hierarchy."""
 

@@ -1,21 +1,26 @@
-"""Admission of long items (issue 53): one long item is admitted when it delays no one (nothing
+"""The scheduler (`service/scheduler.py`): the bounded queue, admission, micro-batching and deadlines.
+
+Admission of long items (issue 53): one long item is admitted when it delays no one (nothing
 queued or running); one that cannot finish within --request-timeout even alone is refused with a
 status clients do not retry (413, naming the reason and the fix), never the 504 both SDKs retry;
-and the time estimate weighs attention causally. Fixed numbers, the scheduler's own functions:
+and the worker (see its section). Fixed numbers, the scheduler's own functions:
 no timing."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import pytest
 
 from mlx_slm.server.errors import Style, http_error
-from mlx_slm.service import Metrics, RateTracker, ServeOptions, TaskCache, TimedOut, TooLarge, TooSlow
+from mlx_slm.service import Metrics, ServeOptions, TaskCache, TimedOut, TooLarge, TooSlow
 from mlx_slm.service.decide import QueuedDecision
 from mlx_slm.service.keys import DECIDE_KEY, TaskKey
-from mlx_slm.service.metrics import ATTENTION_TIME
+from mlx_slm.service.metrics import attention_share
 from mlx_slm.service.scheduler import ITEM_TIME_FRACTION, Job, Scheduler, WorkItem, admission, too_slow
+from tests.hostile import LiveServer
 
 TIMEOUT = 60.0
 KEY = TaskKey()
@@ -132,62 +137,102 @@ def test_at_the_worker_an_item_that_waited_is_504_and_one_over_the_timeout_413()
     assert isinstance(too_slow(it, 70.0, 5.0, TIMEOUT), TooSlow)
 
 
-# ----------------------------------------------------------------------------- the estimate
+# The service's worker, hostile round five (issue 33, items 2 and 6): a worker that dies makes /health fail
+# and every waiting request answer at once; a long item is priced with its attention, so the over-long first
+# request is refused before its forward; a forward nobody waits for is abandoned between its batches.
 
 
-def test_attention_is_weighed_causally_and_a_cached_start_whole():
-    """A row of n fresh tokens attends n / 2 keys per token on average; n new tokens after c
-    cached ones attend c + n / 2; a batch of rows of length L, L / 2 each."""
-    t = RateTracker(attention=1e-4)
-    c = ATTENTION_TIME * 1e-4
-    assert t.weighted(4000) == pytest.approx(4000 * (1 + c * 2000))
-    assert t.weighted(1000, 5000) == pytest.approx(1000 * (1 + c * 4500))  # 4,000 cached, 1,000 new
-    assert t.weighted(8 * 300, 300) == pytest.approx(2400 * (1 + c * 150))  # 8 rows of 300
-    t.observe(100, 1.0)
-    w = t.tokens_within(30.0)
-    assert t.estimate(w) <= 30.0 + 1e-9 < t.estimate(w + 2)  # the budget: the longest row that fits
+httpx = pytest.importorskip("httpx")
 
 
-def test_the_warm_up_measures_a_long_item_too(tiny_qwen_mlx):
-    """The slope of the estimate is a long item's cost per token: the warm-up measures a short, a
-    longer and a long item (short items alone priced jevcompat's 5,642-token choice at twice its time)."""
-    from mlx_slm.service import classifier_loader
-    from mlx_slm.service.core import warm_up
-
-    tasks = TaskCache(4)
-    tasks.load(classifier_loader(str(tiny_qwen_mlx), ["billing", "technical"])())
-    seen: list[int] = []
-    warm_up(tasks, lambda seconds, tokens: seen.append(tokens))
-    assert len(seen) == 3 and seen[0] < seen[1] < seen[2] and seen[2] >= 3 * seen[1], seen
+pytest.importorskip("starlette")
 
 
-def test_a_decision_request_is_priced_without_the_start_its_state_cache_holds():
-    """jevcompat's ladder asks 128 options, then 255 of which the first 127 are the same: the
-    worker's state cache holds that start, so the 255-option request runs (and is priced at)
-    the rest only; with the cache off, its whole cost."""
-    from mlx_slm.service.decide import DecisionTask
+pytest.importorskip("uvicorn")
 
-    class States:
-        def __init__(self, entries, held):
-            self.entries, self.held, self.asked = entries, held, []
 
-        def get(self, tokens, cache_key=None, floor=0):
-            self.asked.append((len(tokens), cache_key, floor))
-            return object(), self.held
+def _service(model, **kw):
+    from mlx_slm.server import ServeOptions, Service, classifier_loader
 
-    class Decider:
-        def __init__(self, states):
-            self.states, self.planner = states, type("Planner", (), {"head": [1, 2, 3]})()
+    opts = kw.pop("opts", None) or ServeOptions(max_wait_ms=2)
+    return Service(classifier_loader(str(model), ["billing", "technical"], **kw), opts)
 
-    class Request:
-        cache_key = "conversation-1"
 
-    prepared = type("Prepared", (), {"ids": list(range(5610))})()
-    item = QueuedDecision(Request(), prepared, cost=5642, longest=5610)
-    on = States(64, 2751)
-    assert DecisionTask(Decider(on)).work(item) == 5642 - 2751 and on.asked == [(5610, "conversation-1", 3)]
-    assert DecisionTask(Decider(States(0, 2751))).work(item) == 5642  # the cache is off
-    s = scheduler()
-    j = job(1, ("state",))
-    s.submit(j, [item], DECIDE_KEY, [5642], [False], [5642 - 2751])
-    assert s.queue[0].tokens_run == 2891 and s.queue[0].cost == 5642  # priced on what runs; budgeted whole
+# ----------------------------------------------------------------------------- a worker that dies
+
+
+def test_a_dead_worker_fails_health_and_answers_every_waiting_request(tiny_qwen_mlx):
+    svc = _service(tiny_qwen_mlx)
+    fatal: list[str] = []
+    with LiveServer(svc) as s:
+        svc.on_fatal = fatal.append
+
+        def boom(items):
+            raise RuntimeError("a bug in the worker loop")
+
+        svc.scheduler.runnable = boom  # the next micro-batch kills the loop
+        r = s.post(b'{"text": "My card was charged twice"}', timeout=30)
+        assert r.status_code == 500 and "the model worker stopped" in r.text, r.text
+        health = httpx.get(s.url + "/health", timeout=5)
+        assert health.status_code == 503 and "a bug in the worker loop" in health.json()["error"]
+        assert fatal and "the model worker stopped" in fatal[0]
+        again = s.post(b'{"text": "The app crashes"}', timeout=30)  # not accepted into a dead queue
+        assert again.status_code == 503, again.text
+
+
+def test_an_over_long_first_request_is_refused_before_its_forward(tiny_qwen_mlx):
+    """Priced as a line (10 ms a token) a ~900-token item fits a 20 s timeout; with the tiny model's
+    attention it takes about 2.7 times that, over the whole timeout even alone: refused at once with
+    a 413 (no retry can help), naming the estimate and the fix, and no forward runs."""
+    from mlx_slm.server import ServeOptions
+
+    svc = _service(tiny_qwen_mlx, opts=ServeOptions(max_wait_ms=2, request_timeout_s=20.0))
+    with LiveServer(svc) as s:
+        speed = svc.scheduler.speed
+        assert speed.attention > 0 and speed.attention == attention_share(svc.tasks.loaded.clf.engine.model.args)
+        speed._by_size = {1: (1.0, 0.01)}  # measured: 10 ms a token, no fixed cost
+        speed.fixed, speed.per_token = 0.0, 0.01
+        before = svc.metrics.batches
+        text = " ".join(["the invoice and the app and my account"] * 70)
+        cost = len(svc.tasks.loaded.clf.engine.tokenizer(text)["input_ids"])
+        assert speed.fixed + speed.per_token * cost < 20.0 < speed.estimate(cost)
+        r = s.post(json.dumps({"text": text}).encode(), timeout=60)
+        assert r.status_code == 413 and "would take about" in r.text and "send a shorter text" in r.text, r.text
+        assert "larger --request-timeout" in r.text
+        assert svc.metrics.batches == before  # refused before any forward pass
+
+
+def test_a_forward_nobody_waits_for_is_abandoned_between_its_batches(tiny_qwen_mlx):
+    from mlx_slm.service.scheduler import Job, WorkItem
+
+    svc = _service(tiny_qwen_mlx, batch_size=1)  # every item its own batch
+    svc._load()  # loaded and warmed, no worker thread: the batch is run here
+    key = svc.tasks.default_key
+    kind = svc.tasks.back(key).kind
+    texts = ["My card was charged twice", "The app crashes", "I cannot log in", "Refund please"]
+    prepared = svc.tasks.front(key).prepare(texts)
+    loop = asyncio.new_event_loop()
+    try:
+        for cancel_after in (None, 1):
+            job = Job(len(texts), loop)
+            items = [WorkItem(job, i, it, key, 8, False, time.perf_counter()) for i, it in enumerate(prepared)]
+            calls = []
+
+            def counted(batch, group, pre, st, job=job, calls=calls, cancel_after=cancel_after):
+                calls.append(len(group))
+                out = type(kind).score(kind, batch, group, pre, st)
+                if cancel_after is not None and len(calls) >= cancel_after:
+                    job.cancelled = True  # the client left after the first batch
+                return out
+
+            kind.score = counted  # every batch the pipeline scores passes here
+            dropped = svc.metrics.items.get("dropped", 0)
+            svc.scheduler.run_batch(key, items)
+            del kind.score
+            if cancel_after is None:
+                assert len(calls) == len(texts)  # everyone waits: every batch runs
+            else:
+                assert len(calls) == 1  # the rest was never computed
+                assert svc.metrics.items.get("dropped", 0) - dropped == len(texts) - 1
+    finally:
+        loop.close()

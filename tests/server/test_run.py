@@ -1,4 +1,5 @@
-"""Hostile round seven (issue 47), the server's side: a worker stuck on a long micro-batch is
+"""Running the app (`server/run.py`): binding the socket first (a port in use is one line and exit 2),
+uvicorn, and SIGTERM as a drain. Hostile round seven (issue 47), the server's side: a worker stuck on a long micro-batch is
 visible (/metrics shows the work in flight, /health answers 503 "stalled" past the request
 timeout), and SIGTERM then drains and exits 0 (the worker joined before the interpreter exits:
 a thread left inside MLX made it abort, "terminate called without an active exception", 134).
@@ -17,6 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from mlx_slm.ground.errors import UserError
+from tests.hostile import cli, refused
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
@@ -116,3 +120,22 @@ def test_a_stuck_worker_is_seen_and_sigterm_drains_and_exits_0(tiny_qwen_mlx, tm
     assert proc.returncode == 0, (proc.returncode, err[-3000:])
     assert "terminate called" not in err and "Traceback" not in err, err[-3000:]
     assert got["q"].status_code in (503, 504), got["q"].text  # answered: aborted by the drain, or timed out
+
+
+pytest.importorskip("starlette")
+
+
+def test_port_in_use_is_one_line_and_exit_2(tmp_path):
+    from mlx_slm.server import bind_socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port}: the port is in use"):
+            bind_socket("127.0.0.1", port)
+        r = cli("serve", "--port", str(port), "--model", "no-such-model")
+        refused(r, f"127.0.0.1:{port}", "in use", "--port")
+    finally:
+        holder.close()
