@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TREES = {"mlx_slm": "", "tools": "tools", "benchmarks": "benchmarks"}
 SUITES = "suites"
 SHARE = 0.8
-ROUND = re.compile(r"(^|_)(round|issue|r)(_?\d+|s?_|s?$)", re.IGNORECASE)
-EXEMPT = re.compile(r"^Exempt[^\n]*:[ \t]*\n((?:[ \t]+\S[^\n]*\n?)+)", re.MULTILINE)
+NUMBER = r"(\d+|one|two|three|four|five|six|seven|eight|nine|ten)"
+ROUND = re.compile(rf"(^|_)(round|issue|r)_?{NUMBER}(_|$)", re.IGNORECASE)  # test_round8_jobs, test_issue_33
+EXEMPT = re.compile(r"^Exempt\b(?s:.*?):[ \t]*\n((?:[ \t]+\S[^\n]*\n?)+)", re.MULTILINE)
 
 
 def home(module: Path) -> Path:
@@ -127,6 +128,17 @@ def layout(root: Path = ROOT) -> Layout:
     return out
 
 
+def why(test: Path, lay: Layout) -> str:
+    """Why a test file does not conform: an aspect of a module beside its home, or no module at all."""
+    stem = test.stem.removeprefix("test_")
+    homes = {t.parent / t.stem.removeprefix("test_") for t in lay.mirrors}
+    for i in range(stem.count("_"), 0, -1):
+        head = stem.rsplit("_", i)[0]
+        if test.parent / head in homes:
+            return f"one aspect of the module whose tests are in {test.parent / ('test_' + head + '.py')}"
+    return f"no module {stem} in its folder's mirror"
+
+
 def main(argv: list[str]) -> int:
     lay = layout()
     if "-v" in argv:
@@ -135,7 +147,7 @@ def main(argv: list[str]) -> int:
         for t in lay.suites:
             print(f"{t}  (suite)")
     for t in lay.not_conforming:
-        print(f"not conforming: {t} (no module {t.stem.removeprefix('test_')} in its folder's mirror)")
+        print(f"not conforming: {t} ({why(t, lay)})")
     for t in lay.round_named:
         print(f"named for a round or an issue: {t}")
     for m in lay.missing:

@@ -1,48 +1,16 @@
-"""The rerank and sequence-classification benchmarks (benchmarks/rerank.py, benchmarks/seqcls.py):
-their pure pieces, and each run end to end on a tiny model (slow: Transformers in a child)."""
+"""The rerank benchmark (benchmarks/rerank.py): its pure pieces (the token floor, with the sequence
+classifier's padded plan beside it, agreement and quality), and a run end to end on a tiny model
+(slow: Transformers in a child). The seqcls benchmark is in test_seqcls.py."""
 
 from __future__ import annotations
 
-import csv
 import json
 
 import numpy as np
 import pytest
 
 from benchmarks import rerank, seqcls
-
-INTENTS = [f"intent_{k}" for k in range(9)]
-
-
-def fake_banking77(folder, train_per_intent: int = 10):
-    """A BANKING77-shaped folder: train.csv and test.csv (text, category), 9 intents."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, n in (("train.csv", train_per_intent), ("test.csv", 3)):
-        with open(folder / name, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["text", "category"])
-            for k, intent in enumerate(INTENTS):
-                for i in range(n):
-                    w.writerow([f"{name[:-4]} message {i} about my card {k} " + "please " * ((i + k) % 4), intent])
-    return folder
-
-
-def test_banking77_draws_distinct_intents_and_a_fixed_share_of_their_own(tmp_path):
-    root = fake_banking77(tmp_path / "b77")
-    qs = rerank.banking77(root, 4, 12, 3, seed=1)
-    assert len({q.intent for q in qs}) == 4
-    for q in qs:
-        assert len(q.docs) == 12 and sum(q.same) == 3 and len(set(q.docs)) == 12
-        assert q.text.startswith("test message")
-    again = rerank.banking77(root, 4, 12, 3, seed=1)
-    assert [(q.text, q.docs) for q in again] == [(q.text, q.docs) for q in qs]
-    assert [q.docs for q in rerank.banking77(root, 4, 12, 3, seed=2)] != [q.docs for q in qs]
-    with pytest.raises(SystemExit, match="--same"):
-        rerank.banking77(root, 2, 4, 5)
-    with pytest.raises(SystemExit, match="9 intents"):
-        rerank.banking77(root, 10, 4, 1)
-    with pytest.raises(SystemExit, match="--banking77"):
-        rerank.banking77(tmp_path / "nowhere", 2, 4, 1)
+from tests.benchmarks.banking77 import fake_banking77
 
 
 def test_token_floor_counts_each_head_once_and_the_plans_pad_batches():
@@ -109,25 +77,3 @@ def test_rerank_benchmark_end_to_end(tiny_yesno, tmp_path):
     assert rows["ours"]["x_floor"] >= 1.0 and res["floor_tokens"] > res["head_tokens"] > 0
     assert res["full_run"]["planned_tokens"]["ours"] >= res["full_run"]["floor_tokens"] > 0
     assert "| ours |" in (out / "rerank.md").read_text() and (out / "rerank.png").stat().st_size > 1000
-
-
-@pytest.mark.slow
-def test_seqcls_benchmark_end_to_end(tiny_yesno, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLX_SLM_HOME", str(tmp_path / "home"))  # our conversion of the checkpoint goes there
-    out, cache = tmp_path / "res", tmp_path / "cache"
-    args = ["--model", str(tiny_yesno), "--n", "5", "--batch", "4", "--cache", str(cache), "--out", str(out)]
-    assert seqcls.main(args) == 0
-    (built,) = cache.iterdir()  # built once, renamed into place
-    assert json.loads((built / "config.json").read_text())["architectures"] == ["Qwen2ForSequenceClassification"]
-    res = json.loads((out / "seqcls.json").read_text())
-    rows = {r["row"]: r for r in res["rows"]}
-    assert list(rows) == ["ours", "pipeline-b1", "pipeline-b4"]
-    assert res["checkpoint"]["labels"] == ["billing", "technical", "account"]
-    for r in rows.values():
-        assert r["labels_equal"] == "5/5" and r["max_prob_diff"] < 1e-4
-    assert rows["ours"]["processed_tokens"] == rows["ours"]["planned_tokens"]
-    assert rows["pipeline-b1"]["processed_tokens"] == res["prompt_tokens"]
-    assert res["full_run"]["tickets"] == 96
-    # A second run finds the checkpoint built (same folder, nothing new).
-    assert seqcls.main([*args[:-1], str(tmp_path / "res2"), "--head", "labels"]) == 0
-    assert [p.name for p in cache.iterdir()] == [built.name]
