@@ -2,9 +2,9 @@
 "Everywhere"): eval, --calibrate batch|fit and --min-confidence (single-label; a multi-label
 or one-output head refuses them, as eval does), --resume and --shard + merge in the label,
 multi and score forms, --save-task then --task, a task refused on another model, the options
-a model with its own head refuses, the scikit-learn estimator's method="model", Ray
-(`ClassifyBatch`, `classify --ray`) and `mlx-slm parity` (a sequence classifier, pairs, the
-three rerankers; exit 1 when it fails)."""
+a model with its own head refuses, the scikit-learn estimator's method="model" and Ray
+(`ClassifyBatch`, `classify --ray`). One aspect of the seqcls kind (`kinds/seqcls.py`; its own
+tests are in test_seqcls.py); `mlx-slm parity` on such a model is in tests/parity/test_seqcls.py."""
 
 from __future__ import annotations
 

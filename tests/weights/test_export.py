@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import mlx_slm  # noqa: F401  (BLAS before mlx)
-from mlx_slm.text.workload import tickets
 from mlx_slm.weights.adapters import FinetuneError
 from mlx_slm.weights.finetune import FinetuneSettings, finetune
 from tests.weights.finetuning import FAST, LABELS, Data
@@ -80,9 +79,6 @@ def test_export_refusals(qwen, tmp_path):
     with pytest.raises(FinetuneError, match="not an empty folder"):
         export(qwen.train(epochs=1), qwen.model, qwen.tok, qwen.path, tmp_path / "full")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
-
-
-ROWS = tickets(30)
 
 
 def test_export_refuses_merged_weights_that_overflow_its_dtype(nan_task, engine, tmp_path):
