@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mlx_slm  # noqa: F401  (loads the optimized BLAS before mlx.core)
@@ -438,9 +439,64 @@ def pytest_terminal_summary(terminalreporter):
     dicts), printed after the run: measured figures, not a test."""
     import sys
 
-    for name in ("test_models_arch", "test_mlxlm_fallback", "test_quantized", "test_seqcls_models"):
+    for name in (
+        "tests.models.test_base",
+        "tests.models.test_mlxlm",
+        "tests.models.test_quant",
+        "tests.models.test_init",
+        "tests.engine.test_engine",
+        "tests.weights.test_convert",
+        "tests.parity.test_reference",
+    ):
         diffs = getattr(sys.modules.get(name), "MAX_DIFF", None)
         if diffs:
             terminalreporter.write_sep("-", f"max |diff| against the reference ({name})")
             for k in sorted(diffs):
                 terminalreporter.write_line(f"{k:40s} {diffs[k]:.2e}")
+
+
+@pytest.fixture(scope="module")
+def nan_seqcls(tiny_arch, tmp_path_factory) -> Path:
+    """The tiny sequence classifier with a NaN in its score head (weights that answer NaN)."""
+    import shutil
+
+    import mlx.core as mx
+
+    out = tmp_path_factory.mktemp("nan-seqcls") / "m"
+    shutil.copytree(tiny_arch.seqcls_mlx("qwen2", 3), out)
+    w = mx.load(str(out / "model.safetensors"))
+    score = np.array(w["score.weight"])
+    score[1, :] = np.inf
+    w["score.weight"] = mx.array(score)
+    mx.save_safetensors(str(out / "model.safetensors"), w, metadata={"format": "mlx"})
+    (out / "conversion.json").unlink()  # its weights' hash changed: a plain MLX folder
+    return out
+
+
+# A learned head on the tiny model (the head kind's, the task's and the heads' tests).
+LABELS = ("billing", "technical", "account")
+SYSTEM, TEMPLATE = "You classify tickets.", "Ticket: {text}\nCategory:"
+
+
+def _labelled(n_per: int = 8):
+    from mlx_slm.text.workload import tickets as _tickets
+
+    by = {lab: [] for lab in LABELS}
+    for t, lab in _tickets(200):
+        if len(by[lab]) < n_per:
+            by[lab].append(t)
+    return [(t, lab) for lab in LABELS for t in by[lab]]
+
+
+@pytest.fixture(scope="module")
+def tiny_head(tiny_qwen_mlx):
+    """A head trained on the tiny model (random weights: what matters is the path, not accuracy)."""
+    from mlx_slm.engine.engine import Engine
+    from mlx_slm.jobs.train import HeadOptions, TrainingData, head_classifier, train
+
+    engine = Engine.load(str(tiny_qwen_mlx))
+    data = _labelled()
+    clf = head_classifier(engine, LABELS, SYSTEM, TEMPLATE)
+    td = TrainingData("x.jsonl", [t for t, _ in data], np.array([LABELS.index(g) for _, g in data]), LABELS, [], "0")
+    head = train(clf, td, HeadOptions(layers="1,2", folds=3))
+    return engine, head

@@ -5,18 +5,24 @@ the labels of a single-process run."""
 import json
 import os
 import signal
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
+from mlx_slm.text.workload import tickets
+from tests.hostile import invoke, write_input
+from tests.hostile import model_cli as cli
+from tests.hostile import refused_cleanly as refused
 
 ray = pytest.importorskip("ray")
 
 import mlx_slm.ray as mray  # noqa: E402
 from mlx_slm import Classifier  # noqa: E402
 from mlx_slm.cli import main  # noqa: E402
-from mlx_slm.text.workload import tickets  # noqa: E402
 
 # 1,000 short rows: ticket openings of varied length.
 _T = [t for t, _ in tickets(200)]
@@ -353,3 +359,28 @@ def test_a_task_of_three_questions_and_a_head_on_ray_and_the_service(local_ray, 
                 assert got["answers"][q.name]["probs"] == pytest.approx(x[q.name]["probs"], abs=1e-5)
     finally:
         srv.stop()
+
+
+def test_an_unreachable_ray_address_exits_2_at_once_naming_it(tiny_qwen_mlx, tmp_path):
+    pytest.importorskip("ray")
+    from mlx_slm.ray import _host_port
+
+    assert _host_port("127.0.0.1:6390") == ("127.0.0.1", 6390)
+    assert _host_port("ray://head:10001") == ("head", 10001)
+    assert _host_port("[::1]:7000") == ("::1", 7000)
+    assert _host_port("head") == ("head", 6379)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inp = write_input(tmp_path / "in.jsonl", 4)
+    t = time.perf_counter()
+    r = invoke(["classify", inp, "-o", tmp_path / "o.jsonl", "--ray-address", f"127.0.0.1:{port}", *cli(tiny_qwen_mlx)])
+    refused(r, f"127.0.0.1:{port}", "nothing answers")
+    assert time.perf_counter() - t < 30
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_ray_refuses_warmup_without_a_warm_up_calibration(tiny_qwen_mlx):
+    mray = pytest.importorskip("mlx_slm.ray")
+    with pytest.raises(ValueError, match="warmup"):
+        mray.classify_dataset(None, model=str(tiny_qwen_mlx), calibrate="none", warmup=5)

@@ -2,7 +2,7 @@
 mlx_slm/ or tools/, a docs/ page, README.md, ARCHITECTURE.md -- names a module, file, function,
 class or attribute that exists now (issue 48, point 8). A rename that leaves `io.read_rows` in a
 docstring is found, with the file and line, instead of sending the next reader looking
-(tests/test_names.py fails on it).
+(tests/tools/test_names.py fails on it).
 
 What counts as a code name (strict where the words look like code, silent on prose):
 - a dotted path `mlx_slm.a.b`, anywhere;

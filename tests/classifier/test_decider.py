@@ -1,4 +1,4 @@
-"""The Decider against Transformers' own decision path (`transformers.decision`): the same
+"""The Decider (`classifier/decider.py`) against Transformers' own decision path (`transformers.decision`): the same
 probabilities within 1e-4 in float32 for every question type, state type and description
 shape, several requests (different states and questions) in one batch, an answer that does not
 depend on the other questions, more options than letters, and the state cache."""
@@ -355,21 +355,6 @@ def test_a_state_over_the_context_is_tokenized_once_not_once_a_question(tiny, mo
     oa = [{"type": "predicate", "name": k, "instructions": q["instructions"]} for k, q in qs.items()]
     (item,) = decider.prepare([parse_openai({"model": "m", "input": state, "questions": oa})])
     assert item.chains == [None] * 40 and seen == [1]
-
-
-def test_the_planner_keeps_a_bounded_lru_of_label_sets(tiny, monkeypatch):
-    """Beyond 26 options the labels are the option names: a long-lived server sees ever new ones,
-    so the planner keeps at most `LABEL_SETS` label sets, the most recently used."""
-    import mlx_slm.kinds.decisions as kd
-
-    _, decider = tiny
-    monkeypatch.setattr(kd, "LABEL_SETS", 3)
-    planner = kd.DecisionPlanner(decider.tokenizer, decider.config, decider.max_length)
-    first = planner.labels(("Yes", "No"))
-    for i in range(6):
-        planner.labels((f"a{i}", f"b{i}"))
-        assert planner.labels(("Yes", "No")) is first  # used again: kept
-    assert len(planner._labels) == 3
 
 
 def test_the_answer_cache_counts_in_the_byte_budget_and_survives_a_put(tiny):

@@ -1,5 +1,6 @@
-"""The three resolved values (issue 48): `ModelRef` (the model reference, one value), `ReadSpec`
-(how inputs are read) and `Plan` (a classification run, frozen; steps return new plans)."""
+"""A classification run's plan (`classifier/plan.py`, issue 48): `ReadSpec` (how inputs are read) and
+`Plan` (a classification run, frozen; steps return new plans). (`ModelRef` is tested in
+tests/weights/test_registry.py.)"""
 
 from __future__ import annotations
 
@@ -10,30 +11,12 @@ import pytest
 
 from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.classifier.plan import Plan
-from mlx_slm.engine.engine import Engine
 from mlx_slm.files.readers import ReadSpec, read_rows
 from mlx_slm.ground.errors import UsageError
 from mlx_slm.kinds import KindArgs
 from mlx_slm.text.calibration import CalibrationSpec
-from mlx_slm.weights.registry import DEFAULT_MODEL, ModelRef
 
 LABELS = ("billing", "technical", "account")
-
-
-def test_a_model_ref_is_one_frozen_value():
-    ref = ModelRef.of("m", "float32", False)
-    assert ref == ModelRef("m", "float32", False) and str(ref) == "m"
-    assert ModelRef.of(ref) is ref
-    assert ModelRef.of(ref, dtype="bfloat16") == ModelRef("m", "bfloat16", False)
-    assert ModelRef().name == DEFAULT_MODEL
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        ref.dtype = "float16"  # type: ignore[misc]
-
-
-def test_engine_load_takes_a_model_ref_or_the_old_arguments(tiny_qwen_mlx):
-    a = Engine.load(ModelRef(str(tiny_qwen_mlx), "float32"))
-    b = Engine.load(str(tiny_qwen_mlx), "float32")
-    assert a.compute_dtype == b.compute_dtype == "float32"
 
 
 def test_a_read_spec_reads_as_the_old_keywords(tmp_path):

@@ -1,6 +1,6 @@
-"""`mlx-slm decide` and `mlx-slm eval --decisions [--fit --save-task]` through the CLI, on a tiny
-random model: the help teaches, bad input is exit 2 naming the fix, error rows exit 1, a fitted
-task's temperatures reach `decide --task`."""
+"""`mlx-slm decide` (`cli/decide.py`) through the CLI, on a tiny random model: the help teaches, bad
+input is exit 2 naming the fix, error rows exit 1. (`eval --decisions` is tested in
+tests/jobs/test_evaluate_decisions.py, `train --decisions` in tests/jobs/test_train_decisions.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from mlx_slm.cli import main
 from mlx_slm.text.workload import tickets
+from tests.hostile import invoke, refused_cleanly
 
 QUESTIONS = {
     "urgent": {"type": "noul", "instructions": "Does it need an answer today?"},
@@ -96,154 +97,6 @@ def _gold(tmp_path, n=16):
     return p
 
 
-def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
-    gold = _gold(tmp_path)
-    args = ["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent",
-            "--gold-field", "anger", "--model", tiny]  # fmt: skip
-    r = run([*args, "--json", str(tmp_path / "e.json"), "--plots", str(tmp_path / "plots")])
-    assert r.exit_code == 0, r.output
-    for part in ("== team (choice, gold field 'team')", "Brier", "ECE", "(binary)", "1 row(s) left out"):
-        assert part in r.output
-    figs = json.loads((tmp_path / "e.json").read_text())["questions"]
-    assert set(figs) == {"team", "urgent", "anger"} and figs["urgent"]["n"] == 16
-    pytest.importorskip("matplotlib")
-    assert (tmp_path / "plots" / "02-team" / "reliability.png").stat().st_size > 1000
-    r = run([*args, "--fit", "--save-task", str(tmp_path / "t.json")])
-    assert r.exit_code == 0, r.output
-    assert "fit: chose" in r.output and "cross-validated accuracy" in r.output
-    t = json.loads((tmp_path / "t.json").read_text())
-    kept = {m["key"] for m in t["decisions"]["methods"]}  # a fit no better than the raw answers is not kept
-    assert kept <= {"team", "urgent", "anger"} and t["weights_sha256"]
-    assert r.output.count("(not kept)") == 3 - len(kept)
-    assert t["decisions"]["questions"] == QUESTIONS
-    r = run(["decide", "--task", str(tmp_path / "t.json"), "-q"], input='{"id": 1, "state": "refund please"}\n')
-    assert r.exit_code == 0, r.output
-    assert set(json.loads(r.stdout)["answers"]) == set(QUESTIONS)
-    # serve --task's load path: the task is a classify task too (default labels), and its methods come back
-    from mlx_slm.jobs import plan as plans
-    from mlx_slm.jobs.plan import DecisionOptions, TaskOptions
-
-    plan = plans.resolve(
-        TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})), lambda m: None
-    )
-    clf = plans.load(plan)
-    opts = DecisionOptions(plan.model.name, task_file=str(tmp_path / "t.json"), given=frozenset({"model"}))
-    served = plans.resolve_decisions(opts, need_questions=False, batch_ok=False).loaded(clf.engine)
-    assert {m.key for m in served.methods.saved.values()} == kept
-
-
-def test_eval_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path):
-    gold = _gold(tmp_path, 4)
-    base = ["eval", str(gold), "--decisions", str(q), "--model", tiny]
-    r = run(base)
-    assert r.exit_code == 2 and "--gold-field" in r.output
-    r = run([*base, "--gold-field", "nope=team"])
-    assert r.exit_code == 2 and "not a question key" in r.output
-    r = run([*base, "--gold-field", "team", "--labels", "a,b"])
-    assert r.exit_code == 2 and "--labels" in r.output
-    r = run([*base, "--gold-field", "team", "--save-task", str(tmp_path / "t.json")])
-    assert r.exit_code == 2 and "--fit" in r.output
-
-
-def test_eval_decisions_scores_a_decide_output_without_the_model(tiny, q, tmp_path):
-    """eval --decisions --predictions OUT: a decide output (either shape, JSONL or CSV) read back gives
-    the figures of the run that made it; another input's output is refused."""
-    gold = _gold(tmp_path, 8)
-    args = ["--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent", "--gold-field", "anger"]
-    live = run(["eval", str(gold), *args, "--model", tiny, "--json", str(tmp_path / "live.json")])
-    assert live.exit_code == 0, live.output
-    want = json.loads((tmp_path / "live.json").read_text())["questions"]
-    for shape, out in (("systemone", "o.jsonl"), ("openai", "o.csv")):
-        r = run(["decide", str(gold), "--questions", str(q), "--model", tiny, "-q", "--shape", shape,
-                 "-o", str(tmp_path / out), "--on-error", "skip"])  # fmt: skip
-        assert r.exit_code == 0, r.output
-        r = run(["eval", str(gold), *args, "--predictions", str(tmp_path / out), "--json", str(tmp_path / "p.json")])
-        assert r.exit_code == 0, r.output
-        got = json.loads((tmp_path / "p.json").read_text())["questions"]
-        for key in want:
-            assert got[key]["accuracy"] == want[key]["accuracy"]
-            assert got[key]["brier"] == pytest.approx(want[key]["brier"], abs=1e-6)  # other batches: float sums
-    other = tmp_path / "other.jsonl"
-    other.write_text(gold.read_text().replace('"x"', '"y"'))
-    r = run(["eval", str(other), *args, "--predictions", str(tmp_path / "o.jsonl")])
-    assert r.exit_code == 2 and "not the output for this input" in r.output
-
-
-def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
-    """train --decisions: a head for the labelled question, saved in a task that decide --task
-    answers that question with (x_method says "trained"), the others raw; eval --task scores it."""
-    gold = _gold(tmp_path, 24)
-    rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]  # the bad last row left out
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    task = tmp_path / "head.json"
-    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
-             "--save-task", str(task), "--folds", "2", "-q"])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    assert "== team" in r.stdout and "chosen:" in r.stdout
-    t = json.loads(task.read_text())
-    (m,) = t["decisions"]["methods"]
-    assert m["key"] == "team" and "head" in m and t["weights_sha256"]
-    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "I was charged twice"}\n')
-    assert r.exit_code == 0, r.output
-    a = json.loads(r.stdout)["answers"]
-    assert a["team"]["x_method"]["trained"] == "head" and "x_method" not in a["urgent"]
-    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(task)])
-    assert r.exit_code == 0, r.output
-    assert "trained head" in r.output
-
-
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        (["--labels", "a,b"], "--labels is for a labels task"),
-        (["--pooling", "mean"], "--pooling is for a labels task"),
-    ],
-)
-def test_train_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path, args, words):
-    gold = _gold(tmp_path, 8)
-    r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
-             "--save-task", str(tmp_path / "t.json"), *args])  # fmt: skip
-    assert r.exit_code == 2 and words in r.output, r.output
-
-
-def test_train_decisions_names_a_gold_value_that_is_no_option(tiny, q, tmp_path):
-    gold = _gold(tmp_path, 8)  # its last row's team is "sales"
-    r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
-             "--save-task", str(tmp_path / "t.json"), "--folds", "2"])  # fmt: skip
-    assert r.exit_code == 2 and "line 9: field 'team' is 'sales', not an option of question 'team'" in r.output
-
-
-def test_eval_fit_prior_learns_a_prior_from_states_alone(tiny, q, tmp_path):
-    gold = _gold(tmp_path, 12)
-    task = tmp_path / "prior.json"
-    r = run(["eval", str(gold), "--decisions", str(q), "--model", tiny, "--fit-prior", "--save-task", str(task)])
-    assert r.exit_code == 0, r.output
-    methods = json.loads(task.read_text())["decisions"]["methods"]
-    assert {m["key"] for m in methods} == set(QUESTIONS)
-    assert all(m["calibrator"]["method"] == "batch" for m in methods)
-    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "refund please"}\n')
-    assert r.exit_code == 0 and json.loads(r.stdout)["answers"]["team"]["x_method"]["calibration"] == "batch"
-
-
-def test_eval_scores_a_string_and_a_boolean_of_one_text_apart(tiny, tmp_path):
-    """An OpenAI choice of "true" and true: eval --decisions takes it (issue 53: "labels must be
-    distinct") and a gold value names the right one."""
-    q = tmp_path / "typed.json"
-    q.write_text(json.dumps([{"type": "choice", "name": "t", "instructions": "?",
-                              "choices": [{"value": "true"}, {"value": True}, {"value": "no"}]}]))  # fmt: skip
-    gold = tmp_path / "g.jsonl"
-    gold.write_text(
-        "".join(
-            json.dumps({"id": i, "text": t, "t": [True, "true", "no"][i % 3]}) + "\n"
-            for i, (t, _) in enumerate(tickets(6))
-        )
-    )
-    r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "t", "--model", tiny])
-    assert r.exit_code == 0, r.output
-    assert "n 6" in r.output
-
-
 def test_export_refuses_a_decisions_task_saying_what_to_do(tiny, q, tmp_path):
     gold = _gold(tmp_path, 12)
     task = tmp_path / "prior.json"
@@ -257,67 +110,13 @@ def test_export_refuses_a_decisions_task_saying_what_to_do(tiny, q, tmp_path):
     assert r.exit_code == 2 and "typed decision questions" in r.output and "serve --task" in r.output
 
 
-@pytest.mark.parametrize("mode", ["lora", "auto"])
-def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_answers_with(tiny, q, tmp_path, mode):
-    """--finetune lora|auto with --decisions: classify's own fine-tune (or choice) per labelled question,
-    the question as its prompt, saved beside the decision task; decide --task answers that question with
-    it (x_method says how it was trained) and the others raw."""
-    gold = _gold(tmp_path, 24)
-    rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    task = tmp_path / "tuned.json"
-    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
-             "--save-task", str(task), "--finetune", mode, "--epochs", "1", "--folds", "2", "-q"])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    (m,) = json.loads(task.read_text())["decisions"]["methods"]
-    assert m["tuned"] == "tuned.team.json" and (tmp_path / "tuned.team.json").is_file()
-    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "I was charged twice"}\n')
-    assert r.exit_code == 0, r.output
-    a = json.loads(r.stdout)["answers"]
-    assert a["team"]["x_method"]["trained"] in ("fine-tuned", "learned head") and "x_method" not in a["urgent"]
-    assert sum(a["team"]["probabilities"].values()) == pytest.approx(1.0)
-    from mlx_slm.classifier.classifier import Classifier
-
-    clf = Classifier.from_task(str(tmp_path / "tuned.team.json"))
-    (p,) = clf.classify(["I was charged twice"])
-    assert [a["team"]["probabilities"][k] for k in ("billing", "technical")] == pytest.approx(
-        [p.probs["billing"], p.probs["technical"]], abs=1e-6
-    )
-    # the tuned question asked alone (no branch of the decision prompt at all): answered by its classifier
-    alone = tmp_path / "team.json"
-    alone.write_text(json.dumps({"team": QUESTIONS["team"]}))
-    r = run(
-        ["decide", "--task", str(task), "--questions", str(alone), "-q"],
-        input='{"id": 1, "state": "I was charged twice"}\n',
-    )
-    assert r.exit_code == 0, r.output
-    solo = json.loads(r.stdout)["answers"]
-    assert solo["team"]["probabilities"] == pytest.approx(a["team"]["probabilities"], abs=1e-6)
+# ----------------------------------------------------------------------------- the option a reader names
 
 
-def test_a_fine_tuning_option_without_finetune_is_refused_with_decisions(tiny, q, tmp_path):
-    gold = _gold(tmp_path, 8)
-    r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
-             "--save-task", str(tmp_path / "t.json"), "--lr", "1e-4"])  # fmt: skip
-    assert r.exit_code == 2 and "--lr is a fine-tuning option" in r.output
-
-
-def test_eval_predictions_of_other_questions_names_the_question_and_option(tiny, q, tmp_path):
-    """A decide output of other questions scored with --predictions: the question and the option it
-    lacks are named, with the fix (issue 53: `KeyError: 'sales'`)."""
-    gold = _gold(tmp_path, 6)
-    out = tmp_path / "answers.jsonl"
-    assert (
-        run(
-            ["decide", str(gold), "--questions", str(q), "--model", tiny, "-o", str(out), "-q", "--on-error", "skip"]
-        ).exit_code
-        == 0
-    )
-    other = tmp_path / "other.json"
-    other.write_text(
-        json.dumps({**QUESTIONS, "team": {**QUESTIONS["team"], "criteria": {"billing": None, "sales": None}}})
-    )
-    r = run(["eval", str(gold), "--decisions", str(other), "--gold-field", "team", "--predictions", str(out)])
-    assert r.exit_code == 2, r.output
-    assert "question 'team' has no answer for 'sales'" in r.output and "KeyError" not in r.output
+def test_decide_names_its_own_option_for_a_csv_without_a_state_column(tmp_path, tiny_qwen_mlx):
+    inp, q = tmp_path / "s.csv", tmp_path / "q.json"
+    inp.write_text("id,body\n1,hello\n")
+    q.write_text('{"spam": {"type": "noul", "instructions": "Spam?"}}')
+    r = invoke(["decide", inp, "--questions", q, "--model", tiny_qwen_mlx, "-q"])
+    refused_cleanly(r, "--state-column")
+    assert "--text-column" not in r.output

@@ -1,4 +1,7 @@
-"""The readers: property-based tests (Hypothesis) and one regression test per case of issue 10 (items 4, 5)."""
+"""The readers (`files/readers.py`): JSONL, CSV, text lines and Parquet in input order with error rows
+in place, property-based tests (Hypothesis), --pair-field/--pair-column read the same way by every
+reader (issue 40), and one regression test per case of issue 10 (items 4, 5) and per class of
+hostile input file (a one-line error naming the file, the line or field and the fix)."""
 
 import csv
 import io
@@ -7,11 +10,16 @@ import os
 import sys
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_slm.files.readers import guess_format, read_rows
+from mlx_slm.cli import main
+from mlx_slm.files.readers import STATE_OPTIONS, TEXT_OPTIONS, ReadSpec, guess_format, read_rows
+from mlx_slm.ground.errors import UserError
 from mlx_slm.ground.textfiles import BOM, InputError
+from tests import hostile
+from tests.hostile import invoke, refused, refused_cleanly, write
 
 # READER_EXAMPLES=5000 for a longer search.
 SETTINGS = settings(
@@ -390,3 +398,279 @@ def test_trailing_newline_rule(tmp_path):
         rows = read_bytes(b"a\nb\n\n", fmt, None)
         assert len(rows) == 3 and "blank line" in rows[2].error
         assert read_bytes(b"", fmt, None) == []
+
+
+def run(args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input, catch_exceptions=False)
+
+
+def cli(model, *extra):
+    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
+
+
+def test_stdin_sniffing_and_editor_files(tiny_qwen_mlx, tmp_path):
+    r = run(["classify", *cli(tiny_qwen_mlx)], input="{URGENT} charged twice\nthe app crashes\n")
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.exit_code == 0 and [o["id"] for o in out] == [1, 2]  # text, not malformed JSON
+    labels = tmp_path / "labels.txt"
+    labels.write_bytes("\ufeffa\nb\nc\n".encode())
+    r = run(["classify", "--model", str(tiny_qwen_mlx), "--labels-file", str(labels), "-q"], input="hello\n")
+    assert set(json.loads(r.stdout)["probs"]) == {"a", "b", "c"}
+
+
+def rows_of(tmp_path, name, data: bytes, **kw):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return list(read_rows(str(p), **kw))
+
+
+def test_jsonl_good_and_bad_rows_keep_order(tmp_path):
+    data = (
+        b'{"id": "a", "text": "hello"}\n'
+        b'{"id": "b", "text": "  "}\n'
+        b"{not json}\n"
+        b'{"id": "c"}\n'
+        b'{"id": "a", "text": "again"}\n'
+        b"\n"
+        b'{"id": "e", "text": "bad \xff byte"}\n'
+        b"[1, 2]\n"
+        b'{"text": "no id"}\n'
+    )
+    rows = rows_of(tmp_path, "in.jsonl", data)
+    assert [r.line for r in rows] == list(range(1, 10))
+    assert rows[0].text == "hello" and rows[0].error is None
+    assert "empty" in rows[1].error
+    assert "malformed JSON" in rows[2].error
+    assert "missing field 'text'" in rows[3].error and "--text-field" in rows[3].error
+    assert "duplicate id 'a'" in rows[4].error
+    assert "blank line" in rows[5].error
+    assert "invalid UTF-8" in rows[6].error
+    assert "expected a JSON object" in rows[7].error
+    assert rows[8].id == 9 and rows[8].text == "no id"  # id defaults to the line number
+    # error rows keep an id that was read; lines whose id could not be read (and duplicates) get None
+    assert [r.id for r in rows] == ["a", "b", None, "c", None, None, None, None, 9]
+    assert [r.explicit_id for r in rows] == [True, True, False, True, True, False, False, False, False]
+    assert all(r.error.startswith(f"line {r.line}:") for r in rows if r.error)
+
+
+def test_jsonl_custom_fields(tmp_path):
+    rows = rows_of(tmp_path, "in.jsonl", b'{"key": 7, "body": "x"}\n', text_field="body", id_field="key")
+    assert (rows[0].id, rows[0].text) == (7, "x")
+
+
+def test_csv_rows(tmp_path):
+    data = b'id,text\n1,hello\n2,"multi\nline"\n3,\n4,"a",extra\n5,"bad \xfe"\n'
+    rows = rows_of(tmp_path, "in.csv", data)
+    assert rows[0].text == "hello" and rows[0].id == "1"
+    assert rows[1].text == "multi\nline"
+    assert "empty" in rows[2].error and rows[2].line == 5
+    assert "fields where the header has 2" in rows[3].error
+    assert "invalid UTF-8" in rows[4].error
+    assert (rows[1].line, rows[1].last_line) == (3, 4)
+    assert [r.id for r in rows] == ["1", "2", "3", None, "5"]  # a misaligned record's id is not trusted
+
+
+def test_csv_missing_text_column_is_a_clear_error(tmp_path):
+    with pytest.raises(InputError, match="--text-column"):
+        rows_of(tmp_path, "in.csv", b"id,body\n1,x\n")
+
+
+def test_text_lines(tmp_path):
+    rows = rows_of(tmp_path, "in.txt", b"one\n\ntwo\r\n")
+    assert [(r.id, r.text) for r in rows[::2]] == [(1, "one"), (3, "two")]
+    assert "blank line" in rows[1].error and rows[1].id is None
+
+
+# --pair-field/--pair-column read the same way by every reader (issue 40).
+
+
+@pytest.fixture
+def files(tmp_path):
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b", "text_pair": "c"}) + "\n")
+    csv = tmp_path / "in.csv"
+    csv.write_text("text\na\n")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    parquet = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a", "b"]}), str(parquet))
+    return jsonl, csv, parquet
+
+
+def test_the_readers_agree_on_a_named_field(files):
+    from mlx_slm.ground.textfiles import InputError
+
+    jsonl, csv, parquet = files
+    rows = list(read_rows(str(jsonl), pair="nope", pair_required=True))
+    assert all("no field 'nope'" in r.error and "--pair-field" in r.error for r in rows)
+    assert [r.pair for r in read_rows(str(jsonl), pair="text_pair")] == [None, "c"]  # the default: where present
+    with pytest.raises(InputError, match="no column 'nope'.*--pair-field"):
+        list(read_rows(str(parquet), pair="nope", pair_required=True))
+    with pytest.raises(InputError, match="no column 'nope'.*--pair-column"):
+        list(read_rows(str(csv), pair="nope"))
+
+
+def test_classify_refuses_a_pair_field_it_cannot_read(files, tiny_seqcls_mlx):
+    jsonl, csv, parquet = files
+    m = ["--model", tiny_seqcls_mlx]
+    r = run(["classify", jsonl, *m, "--pair-field", "nope"])
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.exit_code == 1 and all("no field 'nope'" in x["error"] for x in rows), r.output
+    r = run(["classify", parquet, *m, "--pair-field", "nope"])
+    assert r.exit_code == 2 and "no column 'nope'" in r.output
+    r = run(["classify", csv, *m, "--pair-field", "nope"])  # a CSV's pair is its --pair-column
+    assert r.exit_code == 2 and "--pair-column" in r.output
+    txt = csv.with_suffix(".txt")
+    txt.write_text("a\n")
+    r = run(["classify", txt, *m, "--pair-field", "x"])
+    assert r.exit_code == 2 and "--pair-field" in r.output
+    assert run(["classify", jsonl, *m, "-q"]).exit_code == 0  # text_pair, where a row has it
+
+
+# A user's bad input, examples or labels file: a one-line error naming the file, the line or field and
+# the fix (exit 2), never a traceback (exit 70). One test per class of hostile input.
+
+
+def test_input_path_that_is_a_folder(tmp_path):
+    from mlx_slm.files.readers import read_rows
+    from mlx_slm.ground.textfiles import InputError
+
+    d = tmp_path / "d"
+    d.mkdir()
+    with pytest.raises(InputError, match="is a folder"):
+        list(read_rows(str(d)))
+    refused(hostile.cli("classify", str(d), "-o", str(tmp_path / "o.jsonl"), "--model", "no-such-model"), "is a folder")
+    refused(hostile.cli("eval", str(d), "--predictions", str(write(tmp_path / "p.jsonl", ""))), "is a folder")
+
+
+def test_examples_and_labels_files_with_bad_bytes_or_fields(tmp_path):
+    from mlx_slm.files.readers import read_labels_file
+    from mlx_slm.text.prompts import PromptError, read_examples
+
+    labels = ["billing", "technical"]
+    ok = json.dumps({"text": "hi", "label": "billing"}) + "\n"
+    bad_examples = {
+        b'{"text": "x\xff", "label": "billing"}\n': "line 1: invalid UTF-8",
+        (ok + "[1, 2]\n").encode(): "line 2: an example is a JSON object",
+        (ok + '{"text": 5, "label": "billing"}\n').encode(): "line 2",
+        (ok + "[" * 50_000 + "\n").encode(): "line 2: malformed JSON",
+        (ok + '{"text": "hi", "label": "nope"}\n').encode(): "line 2: label 'nope' is not one of the labels",
+        (ok + '{"text": "hi\\ud800", "label": "billing"}\n').encode(): "line 2: the example holds an unpaired",
+        b"\n\n": "holds no examples",
+    }
+    for data, words in bad_examples.items():
+        p = write(tmp_path / "ex.jsonl", data)
+        with pytest.raises(PromptError) as e:
+            read_examples(str(p), labels)
+        assert str(p) in str(e.value) and words in str(e.value), str(e.value)
+    assert read_examples(str(write(tmp_path / "ok.jsonl", b"\xef\xbb\xbf" + ok.encode())), labels) == (
+        ("hi", "billing"),
+    )
+    lf = write(tmp_path / "labels.txt", b"billing\ntech\xffnical\n")
+    with pytest.raises(UserError, match="labels.txt line 2: invalid UTF-8 \\(byte 0xff at column 5\\)"):
+        read_labels_file(str(lf))
+    assert read_labels_file(str(write(tmp_path / "l2.txt", b"\xef\xbb\xbfa\r\n\r\n b \n"))) == ["a", "b"]
+    inp = write(tmp_path / "in.txt", "hello\n")
+    refused(hostile.cli("classify", str(inp), "--labels-file", str(lf), "--model", "no-such-model"), "line 2", "UTF-8")
+    exf = write(tmp_path / "ex.jsonl", b'{"text": "x\xff", "label": "billing"}\n')
+    refused(hostile.cli("classify", str(inp), "--examples", str(exf), "--model", "no-such-model"), "line 1", "UTF-8")
+
+
+def test_parquet_with_a_corrupt_data_page(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from mlx_slm.files.readers import read_rows
+    from mlx_slm.ground.textfiles import InputError
+
+    p = tmp_path / "in.parquet"
+    texts = [f"ticket number {i} about my invoice and the app" for i in range(2000)]
+    pq.write_table(pa.table({"id": list(range(2000)), "text": texts}), p, compression="snappy", row_group_size=500)
+    assert len(list(read_rows(str(p)))) == 2000
+    data = bytearray(p.read_bytes())
+    # Damage the middle of the file (data pages), leaving the footer (schema) readable.
+    for i in range(len(data) // 3, len(data) // 3 + 200):
+        data[i] ^= 0x5A
+    write(p, bytes(data))
+    try:
+        rows = list(read_rows(str(p)))
+    except InputError as e:
+        assert str(p) in str(e) and "damaged" in str(e)
+    else:  # whatever pyarrow could still decode is rows or error rows, never a traceback
+        assert all(r.text is not None or r.error for r in rows)
+    write(p, bytes(data[: len(data) // 2]))  # a torn file: no footer
+    with pytest.raises(InputError, match="not a readable Parquet file"):
+        list(read_rows(str(p)))
+
+
+# The option a reader names is the command's own (hostile round eight, issue 53).
+
+
+@pytest.mark.parametrize(
+    "states, options", [((), TEXT_OPTIONS), (("state", "text"), STATE_OPTIONS), (("text",), TEXT_OPTIONS)]
+)
+def test_every_reader_names_the_commands_own_option(tmp_path, states, options):
+    """decide's states (--state-field/--state-column), eval --decisions' (its --text-field/--text-column)
+    and every other command's texts: each format's missing text names the option of the command run."""
+    spec = ReadSpec(text_field=(states or ("text",))[0], states=states, text_options=options)
+    csv, jsonl = tmp_path / "in.csv", tmp_path / "in.jsonl"
+    csv.write_text("id,body\n1,hello\n")
+    jsonl.write_text('{"id": 1, "body": "hello"}\n')
+    with pytest.raises(UserError) as e:
+        list(read_rows(str(csv), spec))
+    assert options[1] in str(e.value) and ({*TEXT_OPTIONS, *STATE_OPTIONS} - {options[1]}).isdisjoint(
+        str(e.value).split()
+    )
+    row = next(iter(read_rows(str(jsonl), spec)))
+    assert options[0] in row.error and (STATE_OPTIONS if options == TEXT_OPTIONS else TEXT_OPTIONS)[0] not in row.error
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1], "body": ["hello"]}), tmp_path / "in.parquet")
+    with pytest.raises(UserError) as e:
+        list(read_rows(str(tmp_path / "in.parquet"), spec))
+    assert f"use {options[0]}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "command, suffix, option, says",
+    [
+        ("classify", ".jsonl", "--id-column", "use --id-field"),
+        ("classify", ".jsonl", "--text-column", "use --text-field"),
+        ("classify", ".csv", "--text-field", "use --text-column"),
+        ("classify", ".txt", "--id-field", "plain text only: drop it"),
+        ("eval", ".jsonl", "--id-column", "use --id-field"),
+        ("train", ".jsonl", "--text-column", "use --text-field"),
+    ],
+)
+def test_a_field_option_no_input_format_reads_is_refused(tmp_path, tiny_qwen_mlx, command, suffix, option, says):
+    inp = tmp_path / f"in{suffix}"
+    rows = [
+        ("refund please", "billing"),
+        ("charged twice", "billing"),
+        ("app crashes", "tech"),
+        ("login error", "tech"),
+    ]
+    if suffix == ".jsonl":
+        inp.write_text(
+            "".join(json.dumps({"id": i, "text": t, "label": lab}) + "\n" for i, (t, lab) in enumerate(rows))
+        )
+    elif suffix == ".csv":
+        inp.write_text("id,text,label\n" + "".join(f"{i},{t},{lab}\n" for i, (t, lab) in enumerate(rows)))
+    else:
+        inp.write_text("".join(t + "\n" for t, _ in rows))
+    extra = ["--save-task", tmp_path / "t.json"] if command == "train" else ["--labels", "billing,tech"]
+    r = invoke([command, inp, "--model", tiny_qwen_mlx, option, "x", *extra, "-q"])
+    refused_cleanly(r, option, says)
+
+
+def test_field_options_of_either_file_are_taken(tmp_path, tiny_qwen_mlx):
+    """--text-column reads the CSV INPUT while --calibration-data is JSONL: taken (each file its own)."""
+    inp, cal = tmp_path / "in.csv", tmp_path / "cal.jsonl"
+    inp.write_text("id,body\n1,refund please\n2,app crashes\n")
+    cal.write_text(
+        "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in [("a", "billing"), ("b", "tech")] * 2)
+    )
+    r = invoke(["classify", inp, "--model", tiny_qwen_mlx, "--labels", "billing,tech", "--text-column", "body",
+                "--calibrate", "fit", "--calibration-data", cal, "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output

@@ -1,8 +1,10 @@
-"""`classify --shard I/N` and `mlx-slm merge` (issue 14): shards balanced by tokens, cut at
-window starts, merged back into exactly the single-process output; merge refuses any set
-of parts that is not one whole."""
+"""`classify --shard I/N` and `mlx-slm merge` (`files/sharding.py`, issue 14): shards balanced by
+tokens, cut at window starts, planned in time independent of N, merged back into exactly the
+single-process output (a questions run's CSV parts into the same Parquet); merge refuses any set of
+parts that is not one whole, and an -o extension classify refuses."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,11 @@ from hypothesis import strategies as st
 
 from mlx_slm.cli import main
 from mlx_slm.files.output import manifest_path
-from mlx_slm.files.sharding import ShardError, parse_shard, plan_shards
+from mlx_slm.files.sharding import ShardError, parse_shard, plan_shards, shard_range
 from mlx_slm.text.workload import tickets
+from tests import hostile
+from tests.hostile import invoke, refused_cleanly, write
+from tests.hostile import refused_cleanly as refused
 
 TEXTS = [t for t, _ in tickets(120)]
 
@@ -433,3 +438,92 @@ def test_merge_checks_a_grouped_part_query_by_query(tmp_path):
         f.write(json.dumps(rows[3][0]) + "\n")
     with pytest.raises(ShardError, match="holds 5 rows where its run wrote 4"):
         merge_parts([parts[0], p1], str(tmp_path / "all.jsonl"))
+
+
+QUESTIONS = [
+    {"name": "team", "question": "Which team?", "labels": ["billing", "technical"]},
+    {"name": "size", "question": "How big?", "kind": "scale", "levels": ["1", "2", "3"]},
+]
+
+
+@pytest.fixture
+def qrun(tiny_qwen_mlx, tmp_path):
+    data = write(
+        tmp_path / "in.jsonl", "".join(json.dumps({"id": i, "text": t}) + "\n" for i, (t, _) in enumerate(tickets(16)))
+    )
+    q = write(tmp_path / "q.jsonl", "".join(json.dumps(x) + "\n" for x in QUESTIONS))
+    return ["classify", data, "--model", tiny_qwen_mlx, "--questions", q, "--min-confidence", "0.6", "-q",
+            "--window", "4"]  # fmt: skip
+
+
+def test_a_questions_runs_csv_parts_merge_into_the_same_parquet_as_one_run(qrun, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    for fmt in ("csv", "tsv"):
+        parts = [tmp_path / f"part{i}.{fmt}" for i in range(2)]
+        for i, p in enumerate(parts):
+            assert invoke([*qrun, "-o", p, "--shard", f"{i}/2", "--on-error", "skip"]).exit_code == 0
+        r = invoke(["merge", *parts, "-o", tmp_path / f"all-{fmt}.parquet"])
+        assert r.exit_code == 0, r.output
+        assert invoke([*qrun, "-o", tmp_path / "one.parquet"]).exit_code == 0
+        merged, one = pq.read_table(tmp_path / f"all-{fmt}.parquet"), pq.read_table(tmp_path / "one.parquet")
+        assert merged.schema.field("team.p_billing").type == one.schema.field("team.p_billing").type  # float64
+        assert merged.schema.field("size.expected").type == one.schema.field("size.expected").type
+        assert merged.schema.field("team.abstained").type == one.schema.field("team.abstained").type  # bool
+        assert merged.drop(["id"]).equals(one.drop(["id"]))  # CSV ids are strings; everything else equal
+        assert merged.column("id").to_pylist() == [str(i) for i in one.column("id").to_pylist()]
+
+
+@pytest.mark.parametrize("name", ["all.weird", "all", "all.jsonl.bak"])
+def test_merge_refuses_an_output_extension_classify_refuses(name, qrun, tmp_path):
+    parts = [tmp_path / f"p{i}.jsonl" for i in range(2)]
+    for i, p in enumerate(parts):
+        assert invoke([*qrun, "-o", p, "--shard", f"{i}/2"]).exit_code == 0
+    r = invoke(["merge", *parts, "-o", tmp_path / name])
+    refused_cleanly(r, "unknown output extension", "name it .jsonl")
+    assert not (tmp_path / name).exists()
+    assert invoke([*qrun, "-o", tmp_path / name]).exit_code == 2  # classify refuses the same name
+
+
+def _old_plan_shards(token_counts, window, n):
+    """The planner before issue 18 (O(N)): the new one must cut exactly where it did."""
+    valid_rows = [r for r, c in enumerate(token_counts) if c is not None]
+    starts = valid_rows[::window]
+    weights = [
+        sum(max(1, token_counts[r] or 0) for r in valid_rows[k * window : (k + 1) * window]) for k in range(len(starts))
+    ]
+    total, bounds, cum, k = sum(weights), [0], 0.0, 0
+    for s in range(1, n):
+        while k < len(weights) and (cum + weights[k] / 2) * n < s * total:
+            cum += weights[k]
+            k += 1
+        bounds.append(k)
+    bounds.append(len(weights))
+    cuts = [0] + [starts[b] if b < len(starts) else len(token_counts) for b in bounds[1:-1]] + [len(token_counts)]
+    return [(cuts[s], cuts[s + 1]) for s in range(n)]
+
+
+def test_shards_are_bounded_by_the_input_and_planned_in_time_independent_of_n(tiny_qwen_mlx, tmp_path):
+    import random
+
+    rng = random.Random(18)
+    for _ in range(300):
+        counts = [None if rng.random() < 0.1 else rng.randint(1, 60) for _ in range(rng.randint(0, 40))]
+        window, n = rng.randint(1, 6), rng.randint(1, 12)
+        plan = plan_shards(counts, window, n)
+        assert plan == _old_plan_shards(counts, window, n)
+        assert [shard_range(counts, window, n, i) for i in range(n)] == plan
+    counts = [rng.randint(1, 60) for _ in range(5000)]
+    t = time.perf_counter()
+    for n, i in ((10**7, 0), (10**20, 10**20 - 1), (10**7, 5 * 10**6)):
+        shard_range(counts, 16, n, i)
+    assert time.perf_counter() - t < 1.0
+
+    inp = hostile.write_input(tmp_path / "in.jsonl", 10)
+    for spec in ("99999999999999999999/100000000000000000000", "0/10000000", "0/11"):
+        t = time.perf_counter()
+        r = invoke(["classify", inp, "-o", tmp_path / "o.jsonl", "--shard", spec, *cli(tiny_qwen_mlx)])
+        refused(r, "only 10 row(s)", "at most 10 shards")
+        assert time.perf_counter() - t < 10
+    refused(invoke(["classify", inp, "-o", tmp_path / "o.jsonl", "--shard", "0/1_0"]), "give it as I/N")
+    assert not (tmp_path / "o.jsonl").exists()
+    assert invoke(["classify", inp, "-o", tmp_path / "o.jsonl", "--shard", "9/10", *cli(tiny_qwen_mlx)]).exit_code == 0

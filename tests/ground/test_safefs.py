@@ -22,7 +22,7 @@ from mlx_slm.ground.errors import OutputError
 from mlx_slm.ground.safefs import FileLock, UnsafePathError, atomic_write, atomic_writer, open_nofollow
 from mlx_slm.text.workload import tickets
 from mlx_slm.weights.convert import RECORD, is_converted
-from tests.hostile import invoke, write_input
+from tests.hostile import invoke, refused_cleanly, write, write_input
 from tests.hostile import model_cli as cli
 from tests.hostile import refused_cleanly as refused
 
@@ -345,3 +345,45 @@ def test_four_first_uses_at_once_on_an_empty_cache_all_succeed(tmp_path):
     assert is_converted(home / "models" / "smollm2-135m-float16")
     leftovers = [p for p in (home / "models").iterdir() if p.name != "smollm2-135m-float16"]
     assert leftovers == []
+
+
+QUESTIONS = [
+    {"name": "team", "question": "Which team?", "labels": ["billing", "technical"]},
+    {"name": "size", "question": "How big?", "kind": "scale", "levels": ["1", "2", "3"]},
+]
+
+
+@pytest.fixture
+def qrun(tiny_qwen_mlx, tmp_path):
+    data = write(
+        tmp_path / "in.jsonl", "".join(json.dumps({"id": i, "text": t}) + "\n" for i, (t, _) in enumerate(tickets(16)))
+    )
+    q = write(tmp_path / "q.jsonl", "".join(json.dumps(x) + "\n" for x in QUESTIONS))
+    return ["classify", data, "--model", tiny_qwen_mlx, "--questions", q, "--min-confidence", "0.6", "-q",
+            "--window", "4"]  # fmt: skip
+
+
+def test_an_output_written_whole_is_never_renamed_over_a_fifo_or_a_device(qrun, tmp_path):
+    """--json, --save-task, merge's -o (and rerank's) are written into a temporary file renamed into
+    place: over /dev/full or /dev/null that rename would replace the device (as root). A path that is
+    not a regular file is refused: before any work where the option is written whole, and always in
+    the writer itself. (A FIFO stands in for a device here: the test must not risk /dev.)"""
+    import os
+
+    from mlx_slm.ground.errors import OutputError
+    from mlx_slm.ground.safefs import atomic_write
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputError, match="not a regular file"):
+        atomic_write(fifo, "x", "--json")
+    assert fifo.is_fifo()
+    data = write(tmp_path / "gold.jsonl", '{"text": "hi", "label": "a"}\n')
+    for flag in ("--json", "--save-task"):
+        r = invoke(["eval", data, "--labels", "a,b", "--model", tmp_path / "no-model", flag, fifo])
+        refused_cleanly(r, f"{flag} {fifo} is not a regular file")
+    parts = [tmp_path / f"p{i}.jsonl" for i in range(2)]
+    for i, p in enumerate(parts):
+        assert invoke([*qrun, "-o", p, "--shard", f"{i}/2"]).exit_code == 0
+    refused_cleanly(invoke(["merge", *parts, "-o", fifo]), "not a regular file")
+    assert fifo.is_fifo()

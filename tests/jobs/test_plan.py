@@ -1,20 +1,29 @@
-"""The command line's plan (issue 48): options and a task file resolved once into a frozen
+"""The command line's plan (`jobs/plan.py`, issue 48): options and a task file resolved once into a frozen
 `classifier.Plan` (`jobs.plan.resolve`), which loading, the manifest and saving a task read.
-The model reference is one value (`ModelRef`): an option that reaches the engine touches four files."""
+The model reference is one value (`ModelRef`): an option that reaches the engine touches four files. Options a run would ignore are refused by name
+(--warmup without a warm-up calibration, --calibration-data without fit or em), and a task given its
+own model, labels or prompt is not "changed"."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mlx_slm.classifier.plan import Plan
+from mlx_slm.classifier.task import Task
+from mlx_slm.ground.errors import UserError
 from mlx_slm.jobs import plan as plans
-from mlx_slm.jobs.plan import TaskOptions
+from mlx_slm.jobs.plan import TaskOptions, resolve
 from mlx_slm.kinds import KindArgs
+from mlx_slm.text.calibration import Calibrator
+from mlx_slm.text.workload import tickets
 from mlx_slm.weights.registry import ModelRef
+from tests.hostile import invoke, refused_cleanly, write
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mlx_slm"
 ENGINE_OPTION = {
@@ -142,3 +151,100 @@ def test_the_python_loaders_take_the_load_choice_by_its_name(monkeypatch):
         ModelRef("t", None, False),
         ModelRef("e", None, True),
     ]
+
+
+# --warmup only where a prior is fitted on the input (hostile round eight, issue 53).
+
+
+# ----------------------------------------------------------------------------- options nothing reads
+
+
+def _input(tmp_path):
+    p = tmp_path / "in.jsonl"
+    rows = [{"id": i, "text": f"ticket {i}", "label": ("billing", "tech")[i % 2]} for i in range(4)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+@pytest.mark.parametrize("command", ["classify", "eval"])
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        ((), "(none)"),
+        (("--calibrate", "fit", "--calibration-data", "CAL"), "(fit)"),
+    ],
+)
+def test_warmup_without_a_warm_up_calibration_is_refused(tmp_path, tiny_qwen_mlx, command, extra, says):
+    inp = _input(tmp_path)
+    extra = [str(inp) if x == "CAL" else x for x in extra]
+    r = invoke([command, inp, "--model", tiny_qwen_mlx, "--labels", "billing,tech", "--warmup", "3", *extra, "-q"])
+    refused_cleanly(r, "--warmup", says, "--calibrate batch|em")
+
+
+def test_warmup_is_taken_where_a_prior_is_fitted_on_the_input():
+    for calibrate in ("batch", "em"):
+        o = TaskOptions(calibrate=calibrate, warmup=7, given=frozenset({"calibrate", "warmup"}))
+        if calibrate == "em":
+            o = replace(o, calibration_data=__file__, given=o.given | {"calibration_data"})
+        assert resolve(o, print).calibration.warmup == 7
+
+
+def test_warmup_reaches_the_questions_batch_prior(tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"name": "topic", "question": "Which?", "labels": ["a", "b"]}\n')
+    o = TaskOptions(
+        questions_file=str(q), calibrate="batch", warmup=5, given=frozenset({"questions_file", "calibrate", "warmup"})
+    )
+    assert resolve(o, print).calibration.warmup == 5  # was the default 512: --warmup ignored with --questions
+    with pytest.raises(UserError, match="--warmup"):
+        resolve(replace(o, calibrate="none", given=o.given - {"calibrate"}), print)
+
+
+def test_warmup_with_a_task_of_a_fitted_prior_is_refused(tmp_path):
+    t = tmp_path / "t.json"
+    prior = Calibrator("batch", ("billing", "tech"), (-0.5, -0.9))
+    Task(model="m", labels=["billing", "tech"], system="Route.", template="{text}", calibration=prior).save(t)
+    with pytest.raises(UserError, match="the task's fitted prior"):
+        resolve(TaskOptions(task_file=str(t), warmup=5, given=frozenset({"task_file", "warmup"})), print)
+    resolve(
+        TaskOptions(
+            task_file=str(t), calibrate="batch", warmup=5, given=frozenset({"task_file", "calibrate", "warmup"})
+        ),
+        print,
+    )
+
+
+# The right refusal, once (hostile round five, issue 33, items 4 and 5).
+
+
+@pytest.fixture(scope="module")
+def head_task(tiny_qwen_mlx, tmp_path_factory):
+    d = tmp_path_factory.mktemp("head")
+    data = write(d / "lab.jsonl", "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in tickets(36)))
+    r = invoke(["train", data, "--save-task", d / "head.json", "--model", tiny_qwen_mlx, "--layers", "1,2",
+                "--folds", "3", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return d / "head.json"
+
+
+def test_a_task_given_its_own_model_labels_or_prompt_is_not_changed(head_task, tiny_qwen_mlx, tiny_qwen_hf, tmp_path):
+    data = write(tmp_path / "in.jsonl", '{"text": "My card was charged twice"}\n')
+    task = json.loads(head_task.read_text())
+    same = [["--model", tiny_qwen_mlx], ["--model", str(tiny_qwen_mlx) + "/"], ["--template", task["template"]],
+            ["--labels", ",".join(task["labels"])]]  # fmt: skip
+    for extra in same:
+        r = invoke(["classify", data, "--task", head_task, *extra, "-q"])
+        assert r.exit_code == 0, (extra, r.output)
+    # Other weights are refused once compared by sha256 (equal weights elsewhere are the task's own: issue 47).
+    refused_cleanly(
+        invoke(["classify", data, "--task", head_task, "--model", tiny_qwen_hf, "-q"]), "does not carry over"
+    )
+    refused_cleanly(invoke(["classify", data, "--task", head_task, "--template", "T: {text}", "-q"]),
+                    "with --template changed")  # fmt: skip
+
+
+def test_calibration_data_without_fit_or_em_is_refused(tmp_path):
+    data = write(tmp_path / "in.jsonl", '{"text": "hi", "label": "a"}\n')
+    for extra in ([], ["--calibrate", "batch"]):
+        r = invoke(["classify", data, "--labels", "a,b", "--calibration-data", data, *extra, "--model", tmp_path / "m"])
+        refused_cleanly(r, "--calibration-data is fitted by --calibrate fit or em only")

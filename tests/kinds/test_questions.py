@@ -10,12 +10,16 @@ equals the unpacked run, the question's own full prompt scored by the labels kin
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.engine.engine import Engine
 from mlx_slm.text.questions import Question
+from mlx_slm.text.workload import tickets
+from tests.hostile import invoke, refused_cleanly, write
 
 YN = ("y", "n")  # one token each in the tiny test tokenizer
 QUESTIONS = [
@@ -108,3 +112,12 @@ def test_several_passes_and_no_prefix_cache_give_the_same_answers(engine, monkey
     names = [q.name for q in QUESTIONS]
     _assert_close(several, [p.answers for p in one], names)
     _assert_close(bare, [p.answers for p in one], names)
+
+
+def test_a_question_no_text_fits_is_one_usage_error(tiny_qwen_mlx, tmp_path):
+    q = write(tmp_path / "q.jsonl", json.dumps({"name": "big", "question": "why " * 25_000, "labels": ["a", "b"]}))
+    out = tmp_path / "o.jsonl"
+    data = write(tmp_path / "in.jsonl", "".join(json.dumps({"text": t}) + "\n" for t, _ in tickets(5)))
+    r = invoke(["classify", data, "--questions", q, "--model", tiny_qwen_mlx, "-o", out])
+    refused_cleanly(r, "question 'big'", "over the model's context of 1024", "shorten the question")
+    assert not out.exists() and r.output.count("error") == 1

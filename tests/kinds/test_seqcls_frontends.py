@@ -2,9 +2,9 @@
 "Everywhere"): eval, --calibrate batch|fit and --min-confidence (single-label; a multi-label
 or one-output head refuses them, as eval does), --resume and --shard + merge in the label,
 multi and score forms, --save-task then --task, a task refused on another model, the options
-a model with its own head refuses, the scikit-learn estimator's method="model", Ray
-(`ClassifyBatch`, `classify --ray`) and `mlx-slm parity` (a sequence classifier, pairs, the
-three rerankers; exit 1 when it fails)."""
+a model with its own head refuses, the scikit-learn estimator's method="model" and Ray
+(`ClassifyBatch`, `classify --ray`). One aspect of the seqcls kind (`kinds/seqcls.py`; its own
+tests are in test_seqcls.py); `mlx-slm parity` on such a model is in tests/parity/test_seqcls.py."""
 
 from __future__ import annotations
 
@@ -330,51 +330,3 @@ def test_classify_ray_with_pairs_equals_the_local_run(models, tmp_path):
                 assert all(abs(v - z["probs"][k]) <= 1e-5 for k, v in (x.get("probs") or {}).items())
     finally:
         ray.shutdown()
-
-
-# --------------------------------------------------------------------------- parity
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("form", ["label", "multi", "score"])
-def test_parity_of_a_sequence_classifier_with_pairs(models, form, tmp_path):
-    inp = _jsonl(tmp_path / "in.jsonl", _rows(16))
-    r = run(["parity", "--model", str(models[form]), "--input", inp, "--n", "16", "--json"])
-    assert r.exit_code == 0, r.output
-    rep = json.loads(r.stdout)
-    a = rep["forward_exactness"]
-    assert rep["forward_ok"] and rep["form"] == form and rep["n"] == 15 and rep["pairs"] == 6
-    assert a["agree"] == a["total"] == a["encodings_equal"] == 15 and a["max_abs_dprob"] <= 1e-4
-    text = run(["parity", "--model", str(models[form]), "--n", "8"])
-    assert text.exit_code == 0 and "-> PASS" in text.stdout and "(2 pairs)" in text.stdout
-
-
-@pytest.mark.slow
-def test_parity_fails_with_exit_1_and_refuses_lm_options(models, monkeypatch):
-    from mlx_slm.parity import seqcls as seqcls_parity
-
-    monkeypatch.setitem(seqcls_parity.SEQCLS_TOLERANCE, "float32", 0.0)  # no difference allowed: it must fail
-    r = CliRunner().invoke(main, ["parity", "--model", str(models["label"]), "--n", "6"])
-    assert r.exit_code == 1 and "-> FAIL" in r.stdout
-    bad = CliRunner().invoke(main, ["parity", "--model", str(models["label"]), "--labels", "a,b"])
-    assert bad.exit_code == 2 and "has no LM head" in bad.output
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("reranker", ["seqcls", "qwen3", "question"])
-def test_parity_of_a_reranker(models, reranker, tmp_path):
-    model = models["score"] if reranker == "seqcls" else _yes_no_lm(tmp_path)
-    extra = ["--template", "Query: {query}\nDocument: {text}\nRelevant?"] if reranker == "question" else []
-    r = run(["parity", "--model", str(model), "--reranker", reranker, "--n", "12", "--json", *extra])
-    assert r.exit_code == 0, r.output
-    rep = json.loads(r.stdout)
-    assert rep["forward_ok"] and rep["scoring"] == f"rerank ({reranker})" and rep["queries"] == 4
-    assert rep["forward_exactness"]["max_abs_dscore"] <= 1e-4 and rep["tokens"]["processed"] > 0
-
-
-def _yes_no_lm(tmp_path):
-    from mlx_slm.weights.convert import convert
-    from tests.conftest import make_tiny
-
-    hf = make_tiny(tmp_path / "hf", "qwen2", words=("yes", "no"))
-    return convert(hf, tmp_path / "lm", dtype="float32", progress=None)

@@ -78,24 +78,6 @@ def test_attention_last_position_only():
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
 
 
-def test_openblas_thread_timeout_is_not_left_in_the_environment():
-    """The preload sets OPENBLAS_THREAD_TIMEOUT only while MLX's OpenBLAS loads; children must not inherit it."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    code = "import os, mlx_slm; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
-
-    def seen(env: dict[str, str]) -> str:
-        return subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    assert seen(env) == "None"
-    assert seen({**env, "OPENBLAS_THREAD_TIMEOUT": "20"}) == "20"  # a user's own value is kept
-
-
 # ----------------------------------------------------------------------------- long prompts: query spans
 
 

@@ -1,7 +1,8 @@
 """`parity --model DIR` on our own export (issue 40, item 2): the export records the prompt it was
 fine-tuned with (`mlx_slm.prompt`), `classify --model DIR` runs that prompt, and parity's
 reference encodes the same prompt (the chat template with that system message and template, as
-the model card says): the encodings equal, the probabilities within tolerance, exit 0."""
+the model card says): the encodings equal, the probabilities within tolerance, exit 0. (One aspect of
+`parity/seqcls.py`, beside tests/parity/test_seqcls.py.)"""
 
 from __future__ import annotations
 

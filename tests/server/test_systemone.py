@@ -516,3 +516,41 @@ def test_the_decision_settings_are_read_off_the_event_loop(tiny_arch, monkeypatc
     finally:
         srv.stop()
     assert on_loop == [False, False]
+
+
+pytest.importorskip("starlette")
+
+
+pytest.importorskip("uvicorn")
+
+
+from tests.hostile import LiveServer  # noqa: E402
+
+NAMES = ("tickets-v1", "tickets-v2")
+
+
+@pytest.fixture(scope="module")
+def live(tiny_qwen_mlx):
+    opts = ServeOptions(max_wait_ms=5, served_model_names=NAMES, max_body_bytes=8192)
+    with LiveServer(Service(classifier_loader(str(tiny_qwen_mlx)), opts)) as srv:
+        yield srv
+
+
+# ----------------------------------------------------------------------------- System One's 422
+
+
+def test_a_question_named_body_keeps_its_place_in_the_422():
+    from mlx_slm.server.systemone import validation_error
+    from mlx_slm.text.decisions.errors import DecisionError
+
+    e = validation_error(DecisionError(("body", "questions", "body", "type"), "type must be noul", "value_error"))
+    assert e.status == 422 and e.field == "questions.body.type"  # was "questions.type": the id dropped
+    assert e.details == [(("questions", "body", "type"), "type must be noul", "value_error")]
+    assert validation_error(DecisionError(("body",), "a JSON object", "type_error")).field == "body"
+
+
+def test_the_systemone_route_names_a_question_called_body(live):
+    body = {"model": NAMES[0], "state": "hi", "questions": {"body": {"type": "bogus", "instructions": "?"}}}
+    r = httpx.post(live.url + "/v1/systemone", json=body, timeout=60)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"][:3] == ["body", "questions", "body"], r.text

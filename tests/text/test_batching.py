@@ -108,3 +108,12 @@ def test_max_padding_out_of_range_is_refused():
     for bad in (-0.1, 1.0, 2):
         with pytest.raises(ValueError, match="max_padding"):
             plan([1, 2], max_padding=bad)
+
+
+def test_plan_counts_the_trie_in_every_row():
+    lengths = [10] * 20
+    assert [len(b) for b in plan(lengths, 32, max_tokens=100)] == [10, 10]
+    assert [len(b) for b in plan(lengths, 32, max_tokens=100, row_extra=40)] == [2] * 10  # 2 x (10 + 40) = 100
+    assert [len(b) for b in plan(lengths, 32, max_tokens=100, row_extra=500)] == [1] * 20  # a row alone may exceed it
+    with pytest.raises(ValueError):
+        plan(lengths, 32, max_tokens=100, row_extra=-1)

@@ -1,9 +1,9 @@
-"""Learned heads (issue 21): the head's maths, training, the head path of the Classifier,
-saved tasks, the CLI (`train`, then `classify`/`eval --task`), and parity with Transformers."""
+"""Learned heads (`text/heads.py`, issue 21): the head's maths and fitting, and the head end to end: parity
+with Transformers, Ray and the server. (The head kind is tested in tests/kinds/test_head.py, training in
+tests/jobs/test_train.py, the CLI in tests/cli/test_train.py.)"""
 
 from __future__ import annotations
 
-import csv
 import json
 
 import numpy as np
@@ -18,16 +18,15 @@ from mlx_slm.text.heads import (
     HeadError,
     Search,
     _two_rows,
-    candidate_name,
     fit,
     fit_linear,
     format_table,
     head_input,
-    min_per_label,
     standardiser,
     temperature,
 )
 from mlx_slm.text.workload import tickets
+from tests.hostile import invoke, refused_cleanly, write
 
 pytest.importorskip("sklearn")
 
@@ -219,36 +218,6 @@ def test_fit_joins_the_best_last_and_mean_parts_when_each_holds_half_the_signal(
         Head.from_dict(dict(h.to_dict(), pooling=["last"]))
 
 
-# --------------------------------------------------------------------------- training data
-def _write_csv(path, rows, header=("text", "category")):
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-    return str(path)
-
-
-def test_training_data_problems_name_the_fix(tmp_path):
-    from mlx_slm.files.readers import ReadSpec
-    from mlx_slm.jobs.train import TrainError, read_training_data
-
-    good = [(f"text {i}", "ab"[i % 2]) for i in range(10)]
-    d = read_training_data(_write_csv(tmp_path / "ok.csv", good), spec=ReadSpec(gold_field="category"))
-    assert d.labels == ("a", "b") and list(d.gold[:4]) == [0, 1, 0, 1] and len(d.sha256) == 64
-    with pytest.raises(TrainError, match=r"'b' has 4.*at least 5 examples per label"):
-        read_training_data(_write_csv(tmp_path / "few.csv", good[:9]), spec=ReadSpec(gold_field="category"))
-    with pytest.raises(TrainError, match=r"not in --labels: 'b' \(line 3\)"):
-        read_training_data(str(tmp_path / "ok.csv"), ["a", "c"], spec=ReadSpec(gold_field="category"))
-    with pytest.raises(TrainError, match=r"'c' has 0"):
-        read_training_data(str(tmp_path / "ok.csv"), ["a", "b", "c"], spec=ReadSpec(gold_field="category"))
-    (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(TrainError, match="is empty"):
-        read_training_data(str(tmp_path / "empty.jsonl"))
-    with pytest.raises(TrainError, match="line 2: no gold label in 'label'"):
-        read_training_data(str(tmp_path / "ok.csv"))
-    assert min_per_label(3) == 3 and min_per_label(1) == 2
-
-
 # --------------------------------------------------------------------------- the head path
 LABELS = ("billing", "technical", "account")
 SYSTEM, TEMPLATE = "You classify tickets.", "Ticket: {text}\nCategory:"
@@ -262,173 +231,11 @@ def _labelled(n_per: int = 8):
     return [(t, lab) for lab in LABELS for t in by[lab]]
 
 
-@pytest.fixture(scope="module")
-def tiny_head(tiny_qwen_mlx):
-    """A head trained on the tiny model (random weights: what matters is the path, not accuracy)."""
-    from mlx_slm.engine.engine import Engine
-    from mlx_slm.jobs.train import HeadOptions, TrainingData, head_classifier, train
-
-    engine = Engine.load(str(tiny_qwen_mlx))
-    data = _labelled()
-    clf = head_classifier(engine, LABELS, SYSTEM, TEMPLATE)
-    td = TrainingData("x.jsonl", [t for t, _ in data], np.array([LABELS.index(g) for _, g in data]), LABELS, [], "0")
-    head = train(clf, td, HeadOptions(layers="1,2", folds=3))
-    return engine, head
-
-
-def test_head_classifier_stops_at_the_head_layer(tiny_head, monkeypatch):
-    """The head path runs the layers up to the head's only (no later block, no vocabulary
-    projection, no label tokens) and equals the head applied to each prompt's features alone."""
-    from mlx_slm.classifier.classifier import Classifier
-    from mlx_slm.jobs.train import head_classifier
-
-    engine = tiny_head[0]
-    texts = [t for t, _ in tickets(20)]
-    got, errors, _ = head_classifier(engine, LABELS, SYSTEM, TEMPLATE).features(texts, [1])
-    f = got["last"]
-    assert errors == [None] * len(texts) and f.shape == (len(texts), 1, 64)
-    head = Head(LABELS, (1,), *fit_linear(f[:, 0], np.arange(len(texts)) % 3, 3, "logistic", 1.0))
-    clf = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head)
-    assert clf.mode == "head" and clf.labelset.row_tokens == 0 and clf.kind.label_extra == 0
-    m = engine.model
-    saved_layers = list(m.layers)
-
-    class Boom:
-        def __init__(self, layer):
-            self.layer_type = layer.layer_type  # read when the forward plans its masks
-
-        def __call__(self, *a, **k):
-            raise AssertionError("a layer after the head's ran")
-
-    try:
-        m.layers[1:] = [Boom(x) for x in m.layers[1:]]
-        monkeypatch.setattr(m, "logits", lambda *a, **k: (_ for _ in ()).throw(AssertionError("vocabulary ran")))
-        run = clf.run(texts, window=len(texts))
-        preds = list(run)
-        feats = [clf.features([t], [1])[0]["last"][0] for t in texts]
-    finally:
-        m.layers[:] = saved_layers
-        monkeypatch.undo()
-    assert run.stats.label_tokens == 0 and run.stats.items == len(texts)
-    one = Classifier(engine, LABELS, SYSTEM, TEMPLATE, head=head, batch_size=1, use_prefix_cache=False)
-    for p, q, f in zip(preds, one.classify(texts), feats):
-        lp = head.log_probs(f[None])[0]
-        assert p.label == q.label == LABELS[int(lp.argmax())]
-        np.testing.assert_allclose([p.scores[lab] for lab in LABELS], lp, atol=1e-4)
-        np.testing.assert_allclose([p.probs[lab] for lab in LABELS], [q.probs[lab] for lab in LABELS], atol=1e-4)
-        assert abs(sum(p.probs.values()) - 1) < 1e-9
-
-
-def test_head_refuses_calibration_and_other_labels(tiny_head):
-    from mlx_slm.classifier.classifier import Classifier
-    from mlx_slm.text.labels import LabelError
-
-    engine, head = tiny_head
-    with pytest.raises(LabelError, match="calibration does not apply"):
-        Classifier(engine, LABELS, head=head, calibration="batch")
-    with pytest.raises(LabelError, match="trained for the labels"):
-        Classifier(engine, ("a", "b", "c"), head=head)
-    clf = Classifier(engine, LABELS, head=head)
-    with pytest.raises(LabelError, match="calibration does not apply"):
-        clf.classify(["x"], calibration="batch")
-    for setting in ({"scoring": "first"}, {"keep_logits": True}, {"label_pass": "per-label"}):
-        with pytest.raises(LabelError, match=f"{next(iter(setting))}=.* is a label-scoring setting"):
-            Classifier(engine, LABELS, head=head, **setting)
-    d = head.dim
-    wide = Head(LABELS, head.layers, *(np.concatenate([a, a], axis=-1) for a in (head.mean, head.scale, head.coef)),
-                head.intercept)  # fmt: skip
-    deep = Head(LABELS, (99,), head.mean[:d], head.scale[:d], head.coef[:, :d], head.intercept)
-    for other in (wide, deep):  # a head trained on another model
-        with pytest.raises(LabelError, match="use the model the head was trained on"):
-            Classifier(engine, LABELS, head=other)
-
-
-def test_task_with_head_roundtrip_and_refusals(tiny_head, tiny_qwen_mlx, tmp_path):
-    from mlx_slm.classifier.classifier import Classifier
-    from mlx_slm.classifier.task import Task
-    from mlx_slm.kinds.base import TaskError
-    from mlx_slm.weights.convert import weights_sha256
-
-    engine, head = tiny_head
-    t = Task(str(tiny_qwen_mlx), LABELS, SYSTEM, TEMPLATE,
-             weights_sha256=weights_sha256(tiny_qwen_mlx), head=head)  # fmt: skip
-    t.save(tmp_path / "t.json")
-    back = Task.load(tmp_path / "t.json")
-    assert back.head is not None and back.head.sha256 == head.sha256 and back.head.layers == head.layers
-    clf = Classifier.from_task(back, engine=engine)
-    assert clf.mode == "head" and clf.head.sha256 == head.sha256
-    d = json.loads((tmp_path / "t.json").read_text())
-    with pytest.raises(TaskError, match="takes no calibration"):
-        Task.from_dict(dict(d, calibration="batch"))
-    with pytest.raises(TaskError, match="trained for the labels"):
-        Task.from_dict(dict(d, labels=["x", "y", "z"]))
-    d2 = json.loads(json.dumps(d))
-    d2["head"]["sha256"] = "0" * 64
-    with pytest.raises(TaskError, match="field 'head'.*sha256"):
-        Task.from_dict(d2)
-    with pytest.raises(TaskError, match="head was trained on weights"):
-        Classifier.from_task(Task.from_dict(dict(d, weights_sha256="f" * 64)), engine=engine)
-    assert "head" not in Task("m", LABELS, None, "{text}").to_dict()  # tasks without a head: unchanged
-
-
 # --------------------------------------------------------------------------- the CLI
 def _run(args):
     from mlx_slm.cli import main
 
     return CliRunner().invoke(main, args, catch_exceptions=False)
-
-
-def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in _labelled(6)))
-    task = tmp_path / "task.json"
-    m = str(tiny_qwen_mlx)
-    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "1,3", "--folds", "3"])
-    assert r.exit_code == 0, r.output
-    # the tiny random model's mean-pooled states tell these tickets apart perfectly (a certain head);
-    # the last position's do not: that head's probabilities spread, for --min-confidence below
-    last = tmp_path / "last.json"
-    r = _run(["train", str(data), "--model", m, "--save-task", str(last), "--layers", "1,3", "--folds", "3", "--pooling", "last"])  # fmt: skip
-    assert r.exit_code == 0 and "mean" not in r.stdout.split("chosen:")[0], r.output
-    assert "CV accuracy" in r.stdout and "<- chosen" in r.stdout and "2+3" in r.stdout and "chosen: layer" in r.stdout
-    saved = json.loads(task.read_text())
-    assert saved["labels"] == sorted(LABELS) and saved["head"]["info"]["data_sha256"]
-    names = [candidate_name(x["layers"], x["poolings"]) for x in saved["head"]["info"]["table"]]
-    assert names[:6] == ["1", "3", "2+3", "mean 1", "mean 3", "mean 2+3"]  # then the best of each, side by side
-    assert len(names) == 7 and "+mean " in names[6]
-    out = tmp_path / "out.jsonl"
-    unseen = tmp_path / "unseen.jsonl"  # texts the head was not fitted on: its probabilities spread
-    seen = {t for t, _ in _labelled(6)}
-    unseen.write_text("".join([json.dumps({"text": t}) + "\n" for t, _ in tickets(200) if t not in seen][:18]))
-    r = _run(["classify", str(unseen), "--task", str(last), "-o", str(out)])
-    assert r.exit_code == 0, r.output
-    top = sorted(max(json.loads(x)["probs"].values()) for x in out.read_text().splitlines())
-    bar = next(p for p in top if p > top[0])  # some rows below it, some at or above
-    r = _run(["classify", str(unseen), "--task", str(last), "-o", str(out), "--min-confidence", repr(bar)])
-    assert r.exit_code == 0, r.output
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert len(rows) == 18 and all(abs(sum(x["probs"].values()) - 1) < 1e-5 for x in rows)
-    assert any(x.get("abstained") for x in rows)
-    assert all(bool(x.get("abstained")) == (max(x["probs"].values()) < bar) for x in rows)
-    manifest = json.loads((tmp_path / "out.jsonl.mlx-slm.json").read_text())
-    assert (
-        manifest["settings"]["scoring"] == "head"
-        and manifest["settings"]["head"]["sha256"] == json.loads(last.read_text())["head"]["sha256"]
-    )
-    assert "head scoring" in r.stderr
-    r = _run(["eval", str(data), "--task", str(task), "-q"])
-    assert r.exit_code == 0 and "accuracy" in r.stdout
-    r = _run(["classify", str(data), "--task", str(task), "--calibrate", "batch"])
-    assert r.exit_code == 2 and "calibration does not apply" in r.output
-    r = _run(["classify", str(data), "--task", str(task), "--labels", "a,b"])
-    assert r.exit_code == 2 and "--labels changed" in r.output
-    # --layer forces an earlier layer; labels outside --labels and too few examples are refused
-    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "2", "--layer", "1", "--folds", "3", "-q"])  # fmt: skip
-    assert r.exit_code == 0 and json.loads(task.read_text())["head"]["layers"] == [1]
-    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--labels", "billing,technical"])
-    assert r.exit_code == 2 and "not in --labels: 'account'" in r.output
-    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--folds", "7"])
-    assert r.exit_code == 2 and "'account' has 6" in r.output and "at least 7 examples per label" in r.output
 
 
 # --------------------------------------------------------------------------- parity
@@ -563,31 +370,53 @@ def test_server_reply_says_which_scoring_ran(tiny_head, tiny_qwen_mlx):
     assert other.json()["scoring"] == "labels" and set(other.json()["results"][0]["probs"]) == {"x", "y"}
 
 
-def test_training_gold_labels_with_spaces_around_them(tmp_path):
-    """A gold ' billing' beside 'billing' became a label of its own (a head with two billings,
-    each with half the examples); it is now named with its line."""
-    from mlx_slm.jobs.train import TrainError, read_training_data
-
-    rows = [{"text": f"t{i}", "label": lab} for i, lab in enumerate(["billing", "account"] * 5)]
-    rows.append({"text": "charged twice", "label": " billing"})
-    p = tmp_path / "train.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for labels in (None, ["billing", "account"]):
-        with pytest.raises(TrainError, match="line 11: gold label ' billing' has spaces around it"):
-            read_training_data(str(p), labels, folds=2)
+# ----------------------------------------------------------------------------- little data
 
 
-@pytest.mark.parametrize("folds", [1, 0, True, 2.5])
-def test_every_training_entry_refuses_too_few_folds_before_any_work(folds, tmp_path):
-    """The folds are checked first, by each entry: no data read, no model loaded (neither exists here)."""
-    from mlx_slm.classifier.plan import Plan
-    from mlx_slm.jobs.train import HeadOptions, TrainError, TrainRun, run_train, run_train_fields
-    from mlx_slm.weights.registry import ModelRef
+def test_lda_with_one_example_a_label_or_a_feature_constant_within_labels():
+    """The shared covariance is singular there: the least-squares solve scikit-learn's lsqr solver uses
+    answers (a feature that varies within no label weighs nothing), where `solve` raised LinAlgError."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
-    missing = str(tmp_path / "no-such.jsonl")
-    plan = Plan(model=ModelRef("no-such-model"), save_task=str(tmp_path / "t.json"))
-    run = TrainRun(missing, plan, head=HeadOptions(folds=folds))
-    with pytest.raises(TrainError, match="at least 2 folds"):
-        run_train(run)
-    with pytest.raises(TrainError, match="at least 2 folds"):
-        run_train_fields(run, ["a", "b"])
+    from mlx_slm.text.heads import fit_linear
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(2, 16)), np.array([0, 1])  # one example a label: every feature constant within it
+    mean, scale, coef, intercept = fit_linear(x, y, 2, "lda")
+    assert np.isfinite(coef).all() and np.isfinite(intercept).all()
+    y = np.repeat([0, 1, 2], 4)
+    x = rng.normal(size=(12, 8))
+    x[:, 3] = y * 2.0  # constant within every label
+    mean, scale, coef, intercept = fit_linear(x, y, 3, "lda")
+    z = (x - mean) / scale
+    sk = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto").fit(z, y)
+    np.testing.assert_allclose(coef, sk.coef_, atol=1e-8)
+    np.testing.assert_allclose(intercept, sk.intercept_, atol=1e-8)
+
+
+@pytest.fixture(scope="module")
+def head_task(tiny_qwen_mlx, tmp_path_factory):
+    d = tmp_path_factory.mktemp("head")
+    data = write(d / "lab.jsonl", "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in tickets(36)))
+    r = invoke(["train", data, "--save-task", d / "head.json", "--model", tiny_qwen_mlx, "--layers", "1,2",
+                "--folds", "3", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return d / "head.json"
+
+
+@pytest.mark.parametrize(
+    ("head", "words"),
+    [({}, ["field 'kind'"]), ({"kind": None}, ["field 'kind'"]), ({"kind": "lda", "pooling": 3}, ["field 'pooling'"]),
+     ({"kind": "lda", "pooling": []}, ["field 'pooling'"]), ({"kind": "newer"}, ["'newer' head", "upgrade mlx-slm"])],
+)  # fmt: skip
+def test_a_damaged_head_names_the_field_and_only_a_newer_one_says_upgrade(head, words, head_task, tmp_path):
+    task = json.loads(head_task.read_text())
+    task["head"] = {**task["head"], **head} if head else {}
+    if "pooling" in head and head["pooling"] == []:
+        task["head"]["pooling"] = []
+    if head == {"kind": None}:
+        task["head"]["kind"] = None
+    bad = write(tmp_path / "t.json", json.dumps(task))
+    r = invoke(["classify", write(tmp_path / "in.jsonl", '{"text": "hi"}\n'), "--task", bad])
+    refused_cleanly(r, f"task file {bad}", *words)
+    assert "None" not in r.output and ("upgrade" in r.output) == ("upgrade mlx-slm" in words)

@@ -1,8 +1,25 @@
+"""The prompt (`text/prompts.py`): rendered with the chat template, its shared prefix, placeholders
+filled or refused, braces kept, typed --system and --template."""
+
+import json
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
 from transformers import AutoTokenizer
 
-from mlx_slm.text.labels import LabelError, build_labelset, parse_labels, softmax
-from mlx_slm.text.prompts import PromptError, PromptFormat, common_prefix, render, shared_prefix, starts_with, tokenize
+from mlx_slm.cli import main
+from mlx_slm.text.prompts import (
+    PromptError,
+    PromptFormat,
+    common_prefix,
+    fill_labels,
+    render,
+    shared_prefix,
+    starts_with,
+    tokenize,
+)
+from mlx_slm.text.workload import tickets
 
 
 @pytest.fixture(scope="module")
@@ -39,51 +56,6 @@ def test_shared_prefix_is_a_prefix_of_real_prompts(tok):
     for ids in tokenize(tok, [render(tok, fmt, t) for t in texts]):
         assert starts_with(ids, head)
     assert not starts_with(head, head)  # no suffix token left: not usable
-
-
-def test_labels_first_token_mode(tok):
-    ls = build_labelset(tok, ["a", "b", "c"], render(tok, PromptFormat(), "x"))
-    assert ls.mode == "first-token" and all(len(t) == 1 for t in ls.token_ids)
-
-
-def test_labels_sequence_mode_when_first_tokens_are_shared(tok):
-    ls = build_labelset(tok, ["refund request", "refund status"], render(tok, PromptFormat(), "x"))
-    assert ls.mode == "sequence"
-    assert ls.token_ids[0][0] == ls.token_ids[1][0]
-
-
-@pytest.mark.parametrize(
-    "labels, msg",
-    [(["a", ""], "empty"), (["a", "a"], "twice"), (["a"], "at least two"), ([" a", "  "], "empty")],
-)
-def test_bad_labels_refused(tok, labels, msg):
-    with pytest.raises(LabelError, match=msg):
-        build_labelset(tok, labels, render(tok, PromptFormat(), "x"))
-
-
-def test_first_token_mode_refused_for_multi_token_labels(tok):
-    with pytest.raises(LabelError, match="sequence"):
-        build_labelset(tok, ["refund request", "refund status"], render(tok, PromptFormat(), "x"), "first-token")
-
-
-def test_parse_labels_and_softmax():
-    assert parse_labels(" billing, technical ,account") == ["billing", "technical", "account"]
-    p = softmax([1.0, 1.0])
-    assert p.tolist() == [0.5, 0.5]
-
-
-def test_base_model_labels_follow_the_prompt_after_a_space(tmp_path):
-    """Without a chat template the prompt ends "Category:", and a model writes " billing"."""
-    from mlx_slm.text.labels import build_labelset
-    from tests.conftest import make_tokenizer
-
-    tok = make_tokenizer(tmp_path)
-    tok.chat_template = None
-    probe = render(tok, PromptFormat("Sort.", "Ticket: {text}\nCategory:"), "example")
-    assert probe.endswith("Category:")
-    ls = build_labelset(tok, ["billing", "technical"], probe)
-    for lab, ids in zip(ls.labels, ls.token_ids):
-        assert tok.decode(list(ids)) == " " + lab
 
 
 def test_typed_system_and_template_refuse_unknown_placeholders_and_unescape_braces():
@@ -141,25 +113,170 @@ def test_cli_refuses_an_unknown_placeholder_before_work_and_keeps_braces_in_text
     assert settings["examples"] == [["{label} {{x}}", "a"]]
 
 
-def test_one_home_for_label_and_gold_rules():
-    """labels.py holds the rules every caller words its own way: a label, a label set, a gold label."""
-    from mlx_slm.text.labels import (
-        GOLD_MISSING,
-        GOLD_NOT_STRING,
-        LABEL_EMPTY,
-        LABEL_NOT_STRING,
-        MIN_LABELS,
-        gold_problem,
-        label_problem,
-    )
+# Labels with descriptions: the `{labels}` / `{label_descriptions}` placeholders, and the CLI end to end
+# (the saved task holds the message the model saw).
 
-    assert MIN_LABELS == 2
+
+def test_placeholders_filled_and_other_braces_kept():
+    labels = ["card arrival", "refund"]
+    system = "Route {this}. One of: {labels}.\nMeanings:\n{label_descriptions}"
+    got = fill_labels(system, labels, {"card arrival": "the card has not come"})
     assert (
-        label_problem("billing") is None and label_problem(" ") == LABEL_EMPTY and label_problem(3) == LABEL_NOT_STRING
+        got == "Route {this}. One of: card arrival, refund.\nMeanings:\n- card arrival: the card has not come\n- refund"
     )
-    labels = ["billing", "technical"]
-    assert gold_problem("billing", labels) is None and gold_problem(None, labels) == GOLD_MISSING
-    assert gold_problem(["billing"], labels) == GOLD_NOT_STRING
-    for bad in ("", " billing", "account"):
-        assert gold_problem(bad, labels) is not None
-    assert gold_problem("anything", None) is None and gold_problem(" x", None) is not None
+    assert fill_labels(None, labels) is None and fill_labels("plain", labels) == "plain"
+    with pytest.raises(PromptError, match="not among the labels"):
+        fill_labels(system, labels, {"other": "x"})
+
+
+def test_cli_descriptions_reach_the_prompt_and_the_task(tiny_qwen_mlx, tmp_path):
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("ab\tthe first kind\nac\tthe second kind\nb\n")
+    task = tmp_path / "task.json"
+    args = ["classify", "--model", str(tiny_qwen_mlx), "--labels-file", str(labels), "-q"]
+    sys_msg = "Answer with one of: {labels}.\n{label_descriptions}"
+    r = CliRunner().invoke(main, [*args, "--system", sys_msg, "--save-task", str(task)], input="hello there\n")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout.splitlines()[0])
+    assert set(row["probs"]) == {"ab", "ac", "b"}  # scored on the names
+    saved = json.loads(task.read_text())
+    assert saved["system"] == "Answer with one of: ab, ac, b.\n- ab: the first kind\n- ac: the second kind\n- b"
+    # The same run from the saved task gives the same row: the filled message is what was saved.
+    r2 = CliRunner().invoke(main, ["classify", "--task", str(task), "-q"], input="hello there\n")
+    assert r2.exit_code == 0, r2.output
+    assert r2.stdout == r.stdout
+
+
+# A chat template that refuses a system turn (hostile round seven, issue 47): the system text goes into the
+# user turn, in every path (classify, train, fine-tune, serve), and is recorded.
+
+
+ROWS = tickets(24)
+
+
+def run(args, **kw):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return _jsonl(tmp_path_factory.mktemp("r7") / "train.jsonl", [{"text": t, "label": g} for t, g in ROWS])
+
+
+# --------------------------------------------------------------------------- a chat template that refuses a system turn
+# Mistral-v0.1's template (less its bos_token, which the tiny tokenizer has not): user and assistant
+# turns alternating, anything else raised.
+MISTRAL_V01 = (
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+
+
+@pytest.fixture(scope="module")
+def mistral_style(tmp_path_factory, tiny_qwen_mlx) -> Path:
+    """The tiny model with a chat template that raises on a system message."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("mistral") / "m"
+    shutil.copytree(tiny_qwen_mlx, out)
+    (out / "chat_template.jinja").write_text(MISTRAL_V01)
+    return out
+
+
+def test_the_system_text_goes_into_the_user_turn_where_the_template_refuses_it(mistral_style):
+    from transformers import AutoTokenizer
+
+    from mlx_slm.text.prompts import PromptFormat, prompt_messages, refuses_system, render, tokenize
+
+    tok = AutoTokenizer.from_pretrained(str(mistral_style))
+    assert refuses_system(tok)
+    fmt = PromptFormat("Answer with one of: a, b.", "Ticket: {text}\nCategory:", examples=(("x", "a"),))
+    msgs = prompt_messages(tok, fmt, "my card")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+    assert msgs[0]["content"] == "Answer with one of: a, b.\n\nTicket: x\nCategory:"
+    assert render(tok, fmt, "my card").startswith("[INST] Answer with one of: a, b.\n\nTicket: x")
+    # The reference path (Transformers' own apply_chat_template on the same messages) gets the same ids.
+    ref = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ref = list(ref["input_ids"] if hasattr(ref, "keys") else ref)
+    assert tokenize(tok, [render(tok, fmt, "my card")])[0] == ref
+
+
+def test_a_template_that_takes_a_system_turn_is_left_alone(tiny_qwen_mlx):
+    from transformers import AutoTokenizer
+
+    from mlx_slm.text.prompts import PromptFormat, prompt_messages, refuses_system
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_qwen_mlx))
+    assert not refuses_system(tok)
+    assert prompt_messages(tok, PromptFormat("S", "{text}"), "t")[0] == {"role": "system", "content": "S"}
+
+
+def test_classify_and_train_on_such_a_model_run_and_record_it(tmp_path, data, mistral_style, monkeypatch):
+    from mlx_slm.text import prompts
+
+    monkeypatch.setattr(prompts, "_NOTED", set())  # said once a process: this run says it again
+    out = tmp_path / "o.jsonl"
+    r = run(["classify", data, "--model", mistral_style, "-o", out, "--save-task", tmp_path / "zs.json"])
+    assert r.exit_code == 0, r.output
+    assert "refuses a system message" in r.stderr
+    assert json.loads(Path(str(out) + ".mlx-slm.json").read_text())["settings"]["system_in_user_turn"] is True
+    assert json.loads((tmp_path / "zs.json").read_text())["system_in_user_turn"] is True
+    task = tmp_path / "head.json"
+    r = run(["train", data, "--model", mistral_style, "--folds", "2", "--layers", "1", "--save-task", task, "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(task.read_text())["system_in_user_turn"] is True
+    r = run(["classify", data, "--task", task, "-o", tmp_path / "o2.jsonl", "-q"])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_template_that_refuses_the_user_turn_too_exits_2_saying_so(tmp_path, data, tiny_qwen_mlx):
+    import shutil
+
+    m = tmp_path / "m"
+    shutil.copytree(tiny_qwen_mlx, m)
+    (m / "chat_template.jinja").write_text("{{ raise_exception('no conversation suits me') }}")
+    r = run(["classify", data, "--model", m, "-o", tmp_path / "o.jsonl"])
+    assert r.exit_code == 2, r.output
+    assert "the model's chat template refused the prompt (no conversation suits me)" in r.output
+
+
+# --------------------------------------------------------------------------- options and messages
+FT = ["--finetune", "lora", "--epochs", "1", "--adapt-layers", "1", "--val-fraction", "0", "-q"]
+
+
+def test_fine_tune_and_serve_on_such_a_model(tmp_path, data, mistral_style):
+    """`train --finetune` renders the same folded prompts; `serve` starts and answers (it refused to start)."""
+    pytest.importorskip("starlette")
+    httpx = pytest.importorskip("httpx")
+    task = tmp_path / "ft.json"
+    r = run(["train", data, "--model", mistral_style, "--save-task", task, *FT])
+    assert r.exit_code == 0, r.output
+    assert json.loads(task.read_text())["system_in_user_turn"] is True
+    from mlx_slm.jobs import plan as plans
+    from mlx_slm.jobs.plan import TaskOptions
+    from mlx_slm.server import Loaded, ServeOptions, Service
+    from tests.server.test_app import ThreadServer
+
+    plan = plans.resolve(TaskOptions(model=str(mistral_style), given=frozenset({"model"})), lambda _m: None)
+
+    def load():  # as `mlx-slm serve --model` loads
+        p, clf = plans.load_fitted(plan, lambda _m: None)
+        return Loaded(clf, p.calibration, p.min_confidence, p.warmup, model=p.model.name,
+                      weights_sha256=clf.engine.weights_sha256)  # fmt: skip
+
+    srv = ThreadServer(Service(load, ServeOptions(max_wait_ms=5))).start()
+    try:
+        got = httpx.post(srv.url + "/v1/classify", json={"texts": ["my card was charged twice"]}, timeout=60)
+        assert got.status_code == 200, got.text
+        assert got.json()["results"][0]["label"] in ("billing", "technical", "account")
+    finally:
+        srv.stop()

@@ -1,4 +1,5 @@
-"""Several questions per text in one pass (questions.py, branches.py, kinds/questions.py).
+"""Several questions per text in one pass (`text/questions.py`; the branches' packing is in
+test_branches.py).
 
 The promise: every answer equals the same question asked alone and Transformers scoring
 that question's full prompt afresh, on every architecture (sliding windows included), with
@@ -13,19 +14,15 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from mlx_slm.text.branches import QuestionPlan, branch_cut, pass_groups
 from mlx_slm.text.questions import (
-    DEFAULT_SYSTEM,
-    DEFAULT_TEMPLATE,
     Question,
     QuestionError,
     check_questions,
     check_template,
     read_questions,
 )
+from tests.hostile import invoke, refused_cleanly, write
 
 YN = ("y", "n")  # one token each in the tiny test tokenizer ("yes" is three there)
 QUESTIONS = [
@@ -110,49 +107,6 @@ def test_question_sets_and_files(tmp_path):
     f.write_text("")
     with pytest.raises(QuestionError, match="holds no questions"):
         read_questions(str(f))
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.integers(1, 700), min_size=1, max_size=40), st.integers(1, 1500))
-def test_groups_keep_order_and_the_cap(sizes, cap):
-    groups = pass_groups(sizes, cap)
-    assert [i for g in groups for i in g] == list(range(len(sizes)))
-    assert all(len(g) == 1 or sum(sizes[i] for i in g) <= cap for g in groups)
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=5))
-def test_the_branch_cut_is_shared_and_leaves_each_branch_a_token(prompts):
-    cut = branch_cut(prompts)
-    assert all(p[:cut] == prompts[0][:cut] for p in prompts)  # the trunk: shared by every prompt
-    assert all(len(p) - cut >= 1 for p in prompts)  # every branch keeps a last position
-    longer = cut + 1
-    assert longer > min(len(p) for p in prompts) - 1 or any(p[:longer] != prompts[0][:longer] for p in prompts)
-
-
-# --------------------------------------------------------------------------- packing (tokenizer only)
-def test_packs_see_only_their_own_branch(tiny_qwen_mlx):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_qwen_mlx))
-    plan = QuestionPlan(tok, QUESTIONS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE)
-    assert len(plan.blocks) == 7  # a multi question of three labels is three branches
-    split = plan.split(TEXTS)
-    (pack,) = plan.packs([chains for _, chains in split], pad_id=0)
-    for r, (_, chains) in enumerate(split):
-        at = 0
-        for k, b in enumerate(plan.blocks):
-            n = len(chains[k]) + b.nodes
-            block = slice(at, at + n)
-            # a branch token sees nothing outside its branch (the text comes from the KV)
-            assert not pack.visible[r, block, :at].any() and not pack.visible[r, block, at + n :].any()
-            assert list(pack.ids[r, at : at + len(chains[k])]) == list(chains[k])
-            assert pack.answer_at[r, k] == at + len(chains[k]) - 1
-            at += n
-        assert np.array_equal(pack.visible[r], np.tril(pack.visible[r]))  # within the causal pattern
-    # The texts ending in white space merge with the question: their common part stops inside the text.
-    ends = [tok.decode(common).endswith(t) for (common, _), t in zip(split, TEXTS)]
-    assert not all(ends), "no text merged with its question across the boundary: the test lost its case"
 
 
 # --------------------------------------------------------------------------- exactness, every architecture
@@ -567,3 +521,22 @@ def test_classify_frame_with_questions(tiny_qwen_mlx):
     assert out["tags"].tolist()[:3] == [";".join(p.answers["tags"]["labels"]) for p in preds]
     assert out["mood.expected"].tolist()[:3] == pytest.approx([p.answers["mood"]["expected"] for p in preds])
     assert "team.abstained" in out.columns and out["error"].tolist()[3] and np.isnan(out["mood.expected"].tolist()[3])
+
+
+@pytest.mark.parametrize(
+    ("question", "words"),
+    [
+        ({"name": "team", "question": "Is it about {label}?", "labels": ["a", "b"]}, ["{label}", "only a multi"]),
+        ({"name": "u", "question": "Urgent ({labels})?", "kind": "yesno"}, ["{labels}", "choice or scale"]),
+        ({"name": "m", "question": "Mentions {label}: {labels}?", "kind": "multi", "labels": ["a", "b"]},
+         ["{labels}"]),
+        ({"name": "s", "question": "Size of {label}?", "kind": "scale", "levels": ["1", "2"]}, ["{label}"]),
+        ({"name": "d", "question": "One of {label_descriptions}", "labels": ["a", "b"]}, ["{label_descriptions}"]),
+    ],
+)  # fmt: skip
+def test_a_placeholder_the_question_kind_does_not_fill_is_refused(question, words, tmp_path):
+    q = write(tmp_path / "q.jsonl", json.dumps(question) + "\n")
+    r = invoke(["classify", write(tmp_path / "in.jsonl", '{"text": "hi"}\n'), "--questions", q,
+                "--model", tmp_path / "no-model"])  # fmt: skip
+    refused_cleanly(r, f"--questions {q} line 1", question["name"], *words)
+    assert "no-model" not in r.output

@@ -119,17 +119,22 @@ def test_the_size_check_names_an_oversized_function(tmp_path):
     assert layers.oversized(pkg) == ["mlx_slm/ground/errors.py:1: long is 91 lines (limit 90)"]
 
 
-def test_notes_have_one_printer():
-    """Every note the package prints goes through `notices.notice` (one line on stderr, flushed):
-    no other module prints to stderr itself."""
-    import ast
+def test_layers_counts_the_branches_on_the_kind(tmp_path):
+    """tools/layers.py reports the conditions that branch on the kind outside kinds/."""
+    import sys
+    from pathlib import Path
 
-    found = []
-    for path in sorted((ROOT / "mlx_slm").rglob("*.py")):
-        if path.name == "notices.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
-                if any(k.arg == "file" and "stderr" in ast.unparse(k.value) for k in node.keywords):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == [], f"print to stderr outside notices.py: {found}; use mlx_slm.ground.notices.notice"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import layers
+
+    pkg = tmp_path / "mlx_slm"
+    (pkg / "kinds").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kinds" / "__init__.py").write_text("def f(x):\n    if x.questions:\n        return 1\n")
+    (pkg / "job.py").write_text(
+        "def f(clf, t):\n    if clf.questions is not None:\n        return 1\n"
+        "    y = 2 if t.head is None else 3\n    if t.kind.name == 'head':\n        return y\n"
+        "    if t.size > 3:\n        return 0\n"
+    )
+    found = layers.kind_branches(pkg)
+    assert [f.split(": ", 1)[0] for f in found] == ["mlx_slm/job.py:2", "mlx_slm/job.py:4", "mlx_slm/job.py:5"]

@@ -198,7 +198,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.files.test_fuzz import FUZZ  # noqa: E402
+from tests.suites.test_fuzz import FUZZ  # noqa: E402
 
 ST_FILES = [
     "modules.json",

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_slm.text.decisions.answers import RAW_METHOD, answer
+from mlx_slm.text.decisions.answers import RAW_METHOD, answer, systemone_answer
 from mlx_slm.text.decisions.methods import Method
 from mlx_slm.text.decisions.openai import openai_questions
 from mlx_slm.text.decisions.settings import DecisionConfig
-from mlx_slm.text.decisions.systemone import systemone_questions
+from mlx_slm.text.decisions.systemone import parse_systemone, systemone_questions
 
 CFG = DecisionConfig()
 
@@ -59,3 +59,44 @@ def test_a_noul_keeps_its_raw_answer_in_its_own_field():
 def test_a_refused_question_is_openais_refusal():
     (q,) = openai_questions([{"type": "predicate", "name": "n", "instructions": "?"}], CFG)
     assert answer(q, None, "openai") == {"type": "refusal", "name": "n"}
+
+
+QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today"}},
+    "both": {"type": "noul", "instructions": {"ask": "spam?"}, "criteria": {"true": "ads", "false": ["real", 1]}},
+    "none": {"type": "noul"},
+    "team": {"type": "choice", "instructions": "Which team?",
+             "criteria": {"billing": "Payments", "sales": None, "ops": {"k": "v"}, "x": ["a", "b"]}},
+    "anger": {"type": "score", "instructions": ["How", "angry?"], "criteria": ["Calm", {"lvl": 1}, "Very angry"]},
+}  # fmt: skip
+
+
+def transformers_questions(body: dict, config=None):
+    from transformers.decision import DecisionConfig as TC
+    from transformers.decision import parse_questions
+
+    return parse_questions(body["questions"], config or TC())
+
+
+def test_answers_have_the_apis_shapes():
+    body = {"model": "m", "state": "s", "questions": QUESTIONS}
+    qs = {q.key: q for q in parse_systemone(body).questions}
+    assert systemone_answer(qs["urgent"], np.array([0.8, 0.2])) == {"type": "noul", "noul": 0.8}
+    a = systemone_answer(qs["team"], np.array([0.7, 0.1, 0.1, 0.1]))
+    assert list(a) == ["type", "choice", "confidence", "probabilities"] and a["choice"] == "billing"
+    assert a["confidence"] == pytest.approx((0.7 - 0.25) / 0.75)
+    s = systemone_answer(qs["anger"], np.array([0.2, 0.5, 0.3]))
+    assert s["score"] == pytest.approx(1.1) and s["legend"] == {"0": "Calm", "1": {"lvl": 1}, "2": "Very angry"}
+    assert list(s["probabilities"]) == ["0", "1", "2"]
+    # the same numbers as Transformers' Question.answer
+    for key, p in (("team", [0.4, 0.3, 0.2, 0.1]), ("anger", [0.2, 0.5, 0.3]), ("urgent", [0.3, 0.7])):
+        (t,) = transformers_questions({"questions": {key: QUESTIONS[key]}})
+        assert close(systemone_answer(qs[key], np.array(p)), t.answer(p))
+
+
+def close(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, float):
+        return a == pytest.approx(b, abs=1e-12)
+    return a == b

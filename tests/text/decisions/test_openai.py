@@ -3,10 +3,13 @@ ignored; text that is not valid Unicode said as such."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from mlx_slm.text.decisions.answers import openai_answer
 from mlx_slm.text.decisions.errors import DecisionError
 from mlx_slm.text.decisions.openai import parse_openai
+from mlx_slm.text.decisions.prompt import render_user_message
 from mlx_slm.text.decisions.systemone import parse_systemone
 
 Q = [{"type": "choice", "name": "team", "instructions": "?", "choices": [{"value": "a"}, {"value": "b"}]}]
@@ -56,3 +59,88 @@ def test_system_one_ignores_unknown_fields_and_names_bad_unicode():
                 "questions": {"q": {"type": "choice", "criteria": {"\ud800": None, "b": None}}},
             }
         )
+
+
+def test_openai_request_and_answers():
+    body = {
+        "model": "gpt-6-luna",
+        "input": [{"role": "user", "content": [{"type": "input_json", "data": {"msg": "hi"}}]}],
+        "prompt_cache_key": "k1",
+        "questions": [
+            {"type": "predicate", "name": "refund", "instructions": "Asks for money back."},
+            {"type": "choice", "instructions": "Which?", "choices": [
+                {"value": "true"}, {"value": True, "description": "yes it is"}]},
+            {"type": "score", "name": "u", "instructions": "Urgent?", "levels": [{"label": "low"}, {"label": "high", "description": "now"}]},
+        ],
+    }  # fmt: skip
+    r = parse_openai(body)
+    assert r.state == {"msg": "hi"} and r.cache_key == "k1" and r.refusal == "question"
+    pred, choice, score = r.questions
+    assert (pred.type, pred.key, choice.key, choice.name) == ("noul", "refund", "#1", None)
+    assert choice.options == ("true", True) and choice.labels == ("A", "B")
+    assert "A. true\nB. true: yes it is\n" in render_user_message(r.state, choice)
+    assert "A. low\nB. high: now\n" in render_user_message(r.state, score)
+    assert openai_answer(pred, np.array([0.9, 0.1])) == {"type": "predicate", "name": "refund", "probability": 0.9}
+    a = openai_answer(choice, np.array([0.25, 0.75]))
+    assert a["choice"] is True and a["probabilities"][1] == {"value": True, "probability": 0.75}
+    s = openai_answer(score, np.array([0.25, 0.75]))
+    assert s["probabilities"][1] == {"value": 1, "label": "high", "probability": 0.75}
+
+
+def test_openai_input_messages_joined():
+    body = {"model": "m", "questions": [{"type": "predicate", "instructions": "x"}],
+            "input": [{"role": "system", "content": "Be strict."}, {"role": "user", "content": "Hello"}]}  # fmt: skip
+    assert parse_openai(body).state == "System: Be strict.\n\nHello"
+
+
+BAD_OPENAI = [
+    ({"input": "s", "questions": []}, ("body", "questions"), "too_short"),
+    ({"input": "s", "questions": [{"type": "predicate", "instructions": "x"}] * 401}, ("body", "questions"), "too_long"),
+    ({"input": "s", "questions": [{"type": "choice", "instructions": "x", "choices": [{"value": "a"}, {"value": "a"}]}]},
+     ("body", "questions", 0, "choices", 1, "value"), "value_error"),
+    ({"input": "s", "questions": [{"type": "choice", "instructions": "x", "choices": [{"value": "a"}]}]},
+     ("body", "questions", 0, "choices"), "too_short"),
+    ({"input": "s", "questions": [{"type": "choice", "instructions": "x", "choices": [{"value": 1}, {"value": "a"}]}]},
+     ("body", "questions", 0, "choices", 0, "value"), "type_error"),
+    ({"input": "s", "questions": [{"type": "score", "instructions": "x", "levels": [{"label": "a"}]}]},
+     ("body", "questions", 0, "levels"), "too_short"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}],
+      "questions": [{"type": "predicate", "instructions": "x"}]}, ("body", "input", 0, "content", 0), "images"),
+    ({"input": "s", "questions": [{"type": "yesno", "instructions": "x"}]}, ("body", "questions", 0, "type"), "literal_error"),
+    ({"input": "s", "questions": [{"type": "predicate"}]}, ("body", "questions", 0, "instructions"), "missing"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body,loc,kind", BAD_OPENAI)
+def test_bad_openai_input_named(body, loc, kind):
+    with pytest.raises(DecisionError) as e:
+        parse_openai({"model": "gpt-6-luna", **body})
+    assert (e.value.loc, e.value.type) == (loc, kind)
+
+
+def test_string_and_boolean_values_are_distinct():
+    body = {"model": "m", "input": "s", "questions": [
+        {"type": "choice", "instructions": "x", "choices": [{"value": "true"}, {"value": True}]}]}  # fmt: skip
+    assert parse_openai(body).questions[0].options == ("true", True)
+
+
+def test_openai_input_json_bounds():
+    q = [{"type": "predicate", "instructions": "x"}]
+    big = {
+        "model": "m",
+        "questions": q,
+        "input": [{"role": "user", "content": [{"type": "input_json", "data": list(range(10_001))}]}],
+    }
+    with pytest.raises(DecisionError) as e:
+        parse_openai(big)
+    assert e.value.type == "too_long" and e.value.loc == ("body", "input", 0, "content", 0, "data")
+    ok = {
+        "model": "m",
+        "questions": q,
+        "input": [{"role": "user", "content": [{"type": "input_json", "data": list(range(9_000))}]}],
+    }
+    assert len(parse_openai(ok).state) == 9_000
+    # 256 KiB measured as compact JSON: 4,000 strings of 62 characters are 260,001 bytes compact
+    # (264,000 with ", " between them), so they fit
+    near = [{"role": "user", "content": [{"type": "input_json", "data": ["x" * 62] * 4_000}]}]
+    assert len(parse_openai({"model": "m", "questions": q, "input": near}).state) == 4_000

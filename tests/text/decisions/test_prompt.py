@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mlx_slm.text.decisions.prompt import names, question_text, render_user_message, styled
 from mlx_slm.text.decisions.settings import DecisionConfig
-from mlx_slm.text.decisions.systemone import systemone_questions
+from mlx_slm.text.decisions.systemone import parse_systemone, systemone_questions
 
 CFG = DecisionConfig()
 QS = systemone_questions(
@@ -43,3 +45,37 @@ def test_the_names_style_leaves_what_it_does_not_apply_to():
     assert names(QS[2]) is None and styled(QS[2], "names") is QS[2]  # a noul: Yes/No either way
     assert names(QS[3]) is None and styled(QS[3], "names") is QS[3]  # levels that are not distinct
     assert render_user_message("s", QS[2], "names") == render_user_message("s", QS[2])
+
+
+QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today"}},
+    "both": {"type": "noul", "instructions": {"ask": "spam?"}, "criteria": {"true": "ads", "false": ["real", 1]}},
+    "none": {"type": "noul"},
+    "team": {"type": "choice", "instructions": "Which team?",
+             "criteria": {"billing": "Payments", "sales": None, "ops": {"k": "v"}, "x": ["a", "b"]}},
+    "anger": {"type": "score", "instructions": ["How", "angry?"], "criteria": ["Calm", {"lvl": 1}, "Very angry"]},
+}  # fmt: skip
+
+
+STATES = ["I was charged twice <|im_end|> for one order.", {"message": "héllo", "n": 3}, ["a", {"b": None}], ""]
+
+
+def transformers_questions(body: dict, config=None):
+    from transformers.decision import DecisionConfig as TC
+    from transformers.decision import parse_questions
+
+    return parse_questions(body["questions"], config or TC())
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_prompt_equals_transformers_decision_prompt(state):
+    from transformers.decision import DECISION_PROMPT
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    body = {"model": "m", "state": state, "questions": QUESTIONS}
+    ours = parse_systemone(body).questions
+    theirs = transformers_questions(body)
+    template = _compile_jinja_template(DECISION_PROMPT)
+    for q, t in zip(ours, theirs):
+        assert (q.key, q.type, list(q.options), list(q.labels)) == (t.name, t.type, t.options, t.labels)
+        assert render_user_message(state, q) == template.render(state=state, question=t)

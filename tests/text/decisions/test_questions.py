@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from mlx_slm.text.decisions.openai import openai_questions
+from mlx_slm.text.decisions.prompt import render_user_message
 from mlx_slm.text.decisions.questions import DecisionRequest, option_labels
 from mlx_slm.text.decisions.settings import DecisionConfig
-from mlx_slm.text.decisions.systemone import systemone_questions
+from mlx_slm.text.decisions.systemone import parse_systemone, systemone_questions
 
 CFG = DecisionConfig()
 S1 = {
@@ -64,3 +65,23 @@ def test_a_request_says_what_it_refuses():
     assert DecisionRequest("s", ()).refusal == "request"
     with pytest.raises(ValueError, match="refusal"):
         DecisionRequest("s", (), refusal="never")
+
+
+def transformers_questions(body: dict, config=None):
+    from transformers.decision import DecisionConfig as TC
+    from transformers.decision import parse_questions
+
+    return parse_questions(body["questions"], config or TC())
+
+
+def test_beyond_26_options_the_names_are_the_labels():
+    criteria = {f"opt{i}": None for i in range(30)}
+    (q,) = parse_systemone(
+        {"model": "m", "state": "s", "questions": {"c": {"type": "choice", "criteria": criteria}}}
+    ).questions
+    assert q.labels == tuple(criteria)
+    assert render_user_message("s", q).endswith(
+        "Answer with the label of the option that fits best (opt0 to opt29) only."
+    )
+    with pytest.raises(ValueError, match="at most 26"):  # where Transformers refuses
+        transformers_questions({"questions": {"c": {"type": "choice", "criteria": criteria}}})

@@ -1,0 +1,109 @@
+"""A decision run's settings (`classifier/decision_plan.py`): a task's `decisions` section (eval --decisions --fit --save-task): saved, read back, checked, and
+read into the methods a Decider takes (`decision_plan.task_methods`: a task of before's temperatures
+by key as temperature-only fits of those questions), pinned to the weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlx_slm.classifier.decision_plan import DecisionPlan, task_methods
+from mlx_slm.classifier.task import Task
+from mlx_slm.ground.errors import UserError
+from mlx_slm.kinds.base import TaskError
+from mlx_slm.text.decisions.files import questions_of
+from mlx_slm.text.decisions.settings import DecisionConfig
+from mlx_slm.weights.registry import ModelRef
+
+
+def temperatures(t):
+    """Each saved method's temperature, by the key of the question it was fitted for."""
+    return {m.key: m.calibrator.temperature for m in task_methods(t, DecisionConfig()).saved.values()}
+
+
+SHA = "ab" * 32
+QUESTIONS = {"spam": {"type": "noul", "instructions": "Is it spam?"},
+             "team": {"type": "choice", "criteria": {"billing": None, "sales": "Buying"}}}  # fmt: skip
+
+
+def _task(**kw):
+    sec = {"questions": QUESTIONS, "temperatures": {"spam": 1.7, "team": 0.8}, "fit": {"spam": {"n": 40}}}
+    return Task(model="tiny", labels=(), system=None, template="{text}", weights_sha256=SHA, decisions=sec, **kw)
+
+
+def test_saved_and_read_back(tmp_path):
+    p = tmp_path / "t.json"
+    _task().save(p)
+    d = json.loads(p.read_text())
+    assert d["decisions"]["temperatures"] == {"spam": 1.7, "team": 0.8}
+    assert d["decisions"]["questions"] == QUESTIONS and d["weights_sha256"] == SHA
+    t = Task.load(p)
+    assert t.decisions_only and t.pins_weights and t.trained is None
+    assert temperatures(t) == {"spam": 1.7, "team": 0.8}
+    by_digest = task_methods(t, DecisionConfig()).saved
+    assert set(by_digest) == {q.digest for q in questions_of(QUESTIONS, DecisionConfig())}
+
+
+def test_no_section_no_temperatures(tmp_path):
+    t = Task(model="tiny", labels=("a", "b"), system=None, template="{text}")
+    assert temperatures(t) == {} and task_methods(None, DecisionConfig()).is_raw
+    assert "decisions" not in t.to_dict()
+
+
+def test_other_weights_refused():
+    class Engine:
+        path, weights_sha256 = None, "cd" * 32
+
+    plan = DecisionPlan(ModelRef("tiny"), task=_task(), methods=task_methods(_task(), DecisionConfig()))
+    with pytest.raises(
+        TaskError, match=r"decision questions were fitted on weights sha256 abab.*the model loaded \(tiny\) has cdcd"
+    ):
+        plan.loaded(Engine())
+
+
+@pytest.mark.parametrize(
+    "section, match",
+    [
+        ({"questions": {}, "temperatures": {}}, "not empty"),
+        ({"questions": QUESTIONS, "temperatures": {"spam": 0}}, "above 0|positive number"),
+        ({"questions": QUESTIONS, "temperatures": {"spam": True}}, "above 0|positive number"),
+        ({"questions": QUESTIONS, "temperatures": {"spam": float("inf")}}, "above 0|positive number"),
+        ({"questions": QUESTIONS, "temperatures": [1.0]}, "decisions"),
+        ({"questions": QUESTIONS, "extra": 1}, "decisions"),
+        ("spam", "decisions"),
+    ],
+)
+def test_bad_sections_named(section, match):
+    d = _task().to_dict()
+    d["decisions"] = section
+    with pytest.raises(TaskError, match=match):
+        Task.from_dict(d, "task file t.json")
+
+
+# ----------------------------------------------------------------------------- the weights check
+
+
+def test_a_task_from_other_weights_names_the_model_loaded_beside_its_sha256():
+    from mlx_slm.classifier.decision_plan import DecisionPlan, task_methods
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.weights.registry import ModelRef
+
+    sec = {"questions": {"spam": {"type": "noul", "instructions": "Spam?"}}, "temperatures": {"spam": 1.5}}
+    t = Task(model="/models/a", labels=(), system=None, template="{text}", weights_sha256="ab" * 32, decisions=sec)
+    with pytest.raises(UserError) as e:  # a task's own check, without the name of the model loaded
+        t.check_weights("cd" * 32)
+    said = str(e.value)
+    assert (
+        "/models/a has cdcd" not in said
+        and "abababababab... (/models/a)" in said
+        and "the model loaded has cdcd" in said
+    )
+
+    class Loaded:
+        path, weights_sha256 = None, "cd" * 32
+
+    plan = DecisionPlan(ModelRef("/models/b"), task=t, methods=task_methods(t, DecisionConfig()))
+    with pytest.raises(UserError) as e:  # decide, eval and serve load the plan: the model's name is said
+        plan.loaded(Loaded())
+    assert "the model loaded (/models/b) has cdcdcdcdcdcd" in str(e.value) and "/models/a has" not in str(e.value)

@@ -1,0 +1,173 @@
+"""`eval GOLD --decisions Q.json` (`jobs/evaluate_decisions.py`) through the CLI on a tiny random model: how
+right and how calibrated each question is, `--fit --save-task` temperatures that reach `decide --task`,
+a decide output scored without the model, and what it cannot use refused."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from mlx_slm.cli import main
+from mlx_slm.text.workload import tickets
+
+QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Does it need an answer today?"},
+    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "technical": None}},
+    "anger": {"type": "score", "criteria": ["Calm", "Annoyed", "Furious"]},
+}
+
+
+def run(args, input=None):
+    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from mlx_slm.weights.convert import convert
+    from tests.conftest import make_tiny
+
+    hf = make_tiny(tmp_path_factory.mktemp("hf-cli-decide"), "qwen2", words=("Yes", "No"))
+    return str(convert(hf, tmp_path_factory.mktemp("mlx-cli-decide") / "m", dtype="float32", progress=None))
+
+
+@pytest.fixture()
+def q(tmp_path):
+    p = tmp_path / "q.json"
+    p.write_text(json.dumps({"model": "jev-latest", "state": "x", "questions": QUESTIONS}))  # a whole body
+    return p
+
+
+def _gold(tmp_path, n=16):
+    rng = random.Random(0)
+    rows = [{"id": i, "text": t, "team": rng.choice(["billing", "technical"]), "urgent": rng.random() < 0.5,
+             "anger": rng.randint(0, 2)} for i, (t, _) in enumerate(tickets(n))]  # fmt: skip
+    rows.append({"id": 99, "text": "x", "team": "sales", "urgent": "maybe", "anger": 9})
+    p = tmp_path / "gold.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
+    gold = _gold(tmp_path)
+    args = ["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent",
+            "--gold-field", "anger", "--model", tiny]  # fmt: skip
+    r = run([*args, "--json", str(tmp_path / "e.json"), "--plots", str(tmp_path / "plots")])
+    assert r.exit_code == 0, r.output
+    for part in ("== team (choice, gold field 'team')", "Brier", "ECE", "(binary)", "1 row(s) left out"):
+        assert part in r.output
+    figs = json.loads((tmp_path / "e.json").read_text())["questions"]
+    assert set(figs) == {"team", "urgent", "anger"} and figs["urgent"]["n"] == 16
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "plots" / "02-team" / "reliability.png").stat().st_size > 1000
+    r = run([*args, "--fit", "--save-task", str(tmp_path / "t.json")])
+    assert r.exit_code == 0, r.output
+    assert "fit: chose" in r.output and "cross-validated accuracy" in r.output
+    t = json.loads((tmp_path / "t.json").read_text())
+    kept = {m["key"] for m in t["decisions"]["methods"]}  # a fit no better than the raw answers is not kept
+    assert kept <= {"team", "urgent", "anger"} and t["weights_sha256"]
+    assert r.output.count("(not kept)") == 3 - len(kept)
+    assert t["decisions"]["questions"] == QUESTIONS
+    r = run(["decide", "--task", str(tmp_path / "t.json"), "-q"], input='{"id": 1, "state": "refund please"}\n')
+    assert r.exit_code == 0, r.output
+    assert set(json.loads(r.stdout)["answers"]) == set(QUESTIONS)
+    # serve --task's load path: the task is a classify task too (default labels), and its methods come back
+    from mlx_slm.jobs import plan as plans
+    from mlx_slm.jobs.plan import DecisionOptions, TaskOptions
+
+    plan = plans.resolve(
+        TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})), lambda m: None
+    )
+    clf = plans.load(plan)
+    opts = DecisionOptions(plan.model.name, task_file=str(tmp_path / "t.json"), given=frozenset({"model"}))
+    served = plans.resolve_decisions(opts, need_questions=False, batch_ok=False).loaded(clf.engine)
+    assert {m.key for m in served.methods.saved.values()} == kept
+
+
+def test_eval_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path):
+    gold = _gold(tmp_path, 4)
+    base = ["eval", str(gold), "--decisions", str(q), "--model", tiny]
+    r = run(base)
+    assert r.exit_code == 2 and "--gold-field" in r.output
+    r = run([*base, "--gold-field", "nope=team"])
+    assert r.exit_code == 2 and "not a question key" in r.output
+    r = run([*base, "--gold-field", "team", "--labels", "a,b"])
+    assert r.exit_code == 2 and "--labels" in r.output
+    r = run([*base, "--gold-field", "team", "--save-task", str(tmp_path / "t.json")])
+    assert r.exit_code == 2 and "--fit" in r.output
+
+
+def test_eval_decisions_scores_a_decide_output_without_the_model(tiny, q, tmp_path):
+    """eval --decisions --predictions OUT: a decide output (either shape, JSONL or CSV) read back gives
+    the figures of the run that made it; another input's output is refused."""
+    gold = _gold(tmp_path, 8)
+    args = ["--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent", "--gold-field", "anger"]
+    live = run(["eval", str(gold), *args, "--model", tiny, "--json", str(tmp_path / "live.json")])
+    assert live.exit_code == 0, live.output
+    want = json.loads((tmp_path / "live.json").read_text())["questions"]
+    for shape, out in (("systemone", "o.jsonl"), ("openai", "o.csv")):
+        r = run(["decide", str(gold), "--questions", str(q), "--model", tiny, "-q", "--shape", shape,
+                 "-o", str(tmp_path / out), "--on-error", "skip"])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        r = run(["eval", str(gold), *args, "--predictions", str(tmp_path / out), "--json", str(tmp_path / "p.json")])
+        assert r.exit_code == 0, r.output
+        got = json.loads((tmp_path / "p.json").read_text())["questions"]
+        for key in want:
+            assert got[key]["accuracy"] == want[key]["accuracy"]
+            assert got[key]["brier"] == pytest.approx(want[key]["brier"], abs=1e-6)  # other batches: float sums
+    other = tmp_path / "other.jsonl"
+    other.write_text(gold.read_text().replace('"x"', '"y"'))
+    r = run(["eval", str(other), *args, "--predictions", str(tmp_path / "o.jsonl")])
+    assert r.exit_code == 2 and "not the output for this input" in r.output
+
+
+def test_eval_fit_prior_learns_a_prior_from_states_alone(tiny, q, tmp_path):
+    gold = _gold(tmp_path, 12)
+    task = tmp_path / "prior.json"
+    r = run(["eval", str(gold), "--decisions", str(q), "--model", tiny, "--fit-prior", "--save-task", str(task)])
+    assert r.exit_code == 0, r.output
+    methods = json.loads(task.read_text())["decisions"]["methods"]
+    assert {m["key"] for m in methods} == set(QUESTIONS)
+    assert all(m["calibrator"]["method"] == "batch" for m in methods)
+    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "refund please"}\n')
+    assert r.exit_code == 0 and json.loads(r.stdout)["answers"]["team"]["x_method"]["calibration"] == "batch"
+
+
+def test_eval_scores_a_string_and_a_boolean_of_one_text_apart(tiny, tmp_path):
+    """An OpenAI choice of "true" and true: eval --decisions takes it (issue 53: "labels must be
+    distinct") and a gold value names the right one."""
+    q = tmp_path / "typed.json"
+    q.write_text(json.dumps([{"type": "choice", "name": "t", "instructions": "?",
+                              "choices": [{"value": "true"}, {"value": True}, {"value": "no"}]}]))  # fmt: skip
+    gold = tmp_path / "g.jsonl"
+    gold.write_text(
+        "".join(
+            json.dumps({"id": i, "text": t, "t": [True, "true", "no"][i % 3]}) + "\n"
+            for i, (t, _) in enumerate(tickets(6))
+        )
+    )
+    r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "t", "--model", tiny])
+    assert r.exit_code == 0, r.output
+    assert "n 6" in r.output
+
+
+def test_eval_predictions_of_other_questions_names_the_question_and_option(tiny, q, tmp_path):
+    """A decide output of other questions scored with --predictions: the question and the option it
+    lacks are named, with the fix (issue 53: `KeyError: 'sales'`)."""
+    gold = _gold(tmp_path, 6)
+    out = tmp_path / "answers.jsonl"
+    assert (
+        run(
+            ["decide", str(gold), "--questions", str(q), "--model", tiny, "-o", str(out), "-q", "--on-error", "skip"]
+        ).exit_code
+        == 0
+    )
+    other = tmp_path / "other.json"
+    other.write_text(
+        json.dumps({**QUESTIONS, "team": {**QUESTIONS["team"], "criteria": {"billing": None, "sales": None}}})
+    )
+    r = run(["eval", str(gold), "--decisions", str(other), "--gold-field", "team", "--predictions", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "question 'team' has no answer for 'sales'" in r.output and "KeyError" not in r.output

@@ -1,0 +1,31 @@
+"""The labels kind (`kinds/labels.py`): the label trie's scores against one batched pass per label, on
+random label sets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tests.hostile import task_clf as _clf
+
+
+def test_trie_scores_equal_the_per_label_passes_on_random_label_sets(engine):
+    """The claim behind the trie, checked on random label sets (shared prefixes, a label that is
+    a prefix of another, unicode, tabs and newlines inside labels, tiny trie chunks): the same
+    labels and scores as one batched pass per label."""
+    rng = np.random.default_rng(7)
+    words = ["card", "arrival", "late", "refund", "status", "pin", "top up", "é", "日本", "a", "ab", "\tx", "new\nline"]
+    texts = ["my card was charged twice", "app crashes", "where is my refund?", "x", "hello world " * 6]
+    for _ in range(4):
+        labels = list(
+            dict.fromkeys(" ".join(rng.choice(words, rng.integers(1, 4))) for _ in range(rng.integers(2, 14)))
+        )
+        if len(labels) < 2:
+            continue
+        trie = _clf(engine, labels, scoring="sequence", batch_size=int(rng.choice([1, 2, 8])))
+        trie.kind.labelset = dataclasses.replace(trie.labelset, max_trie_nodes=int(rng.choice([1, 3, 256])))
+        per = _clf(engine, labels, scoring="sequence", label_pass="per-label")
+        for a, b in zip(trie.classify(texts), per.classify(texts)):
+            assert a.label == b.label
+            assert max(abs(a.scores[k] - b.scores[k]) for k in labels) < 1e-3, labels

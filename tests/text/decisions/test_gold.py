@@ -1,0 +1,55 @@
+"""Gold answers of decision questions (`text/decisions/gold.py`): which question each
+`--gold-field KEY=FIELD` scores, and which option a gold value names (a noul's true/false, a
+choice's typed value or its text, a score's number or level name)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlx_slm.ground.errors import UsageError
+from mlx_slm.text.decisions.gold import gold_index, gold_pairs
+from mlx_slm.text.decisions.openai import parse_openai
+from mlx_slm.text.decisions.systemone import parse_systemone
+
+BODY = {
+    "model": "m",
+    "state": "s",
+    "questions": {
+        "urgent": {"type": "noul"},
+        "team": {"type": "choice", "criteria": {"billing": None, "technical": None}},
+        "anger": {"type": "score", "criteria": ["Calm", "Annoyed", "Very angry"]},
+    },
+}
+
+
+def test_gold_fields_name_each_question_once():
+    qs = parse_systemone(BODY).questions
+    assert gold_pairs(qs, ["urgent=is_urgent", "team"]) == {"urgent": "is_urgent", "team": "team"}
+    with pytest.raises(UsageError, match="'mood' is not a question key"):
+        gold_pairs(qs, ["mood=m"])
+    with pytest.raises(UsageError, match="given twice"):
+        gold_pairs(qs, ["team=a", "team=b"])
+
+
+def test_a_gold_value_names_its_option():
+    urgent, team, anger = parse_systemone(BODY).questions
+    t, f = urgent.options.index("true"), urgent.options.index("false")
+    assert [gold_index(urgent, v) for v in (True, "yes", " 1 ", False, "No", "maybe", None)] == [
+        t,
+        t,
+        t,
+        f,
+        f,
+        None,
+        None,
+    ]
+    assert [gold_index(team, v) for v in ("billing", "technical", "sales")] == [0, 1, None]
+    assert [gold_index(anger, v) for v in (2, "1", "Very angry", 3, "7", True)] == [2, 1, 2, None, None, None]
+
+
+def test_a_typed_choice_keeps_true_and_the_string_true_apart():
+    (choice,) = parse_openai({"model": "m", "input": "s", "questions": [
+        {"type": "choice", "instructions": "x", "choices": [{"value": "true"}, {"value": True}, {"value": "b"}]}]}).questions  # fmt: skip
+    assert gold_index(choice, "true") == 0 and gold_index(choice, True) == 1 and gold_index(choice, "b") == 2
+    assert gold_index(choice, '"true"') == 0  # an output's key names the string
+    assert gold_index(choice, "c") is None
