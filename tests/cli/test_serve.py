@@ -17,6 +17,16 @@ def test_serve_refuses_warmup_without_a_warm_up_calibration(tiny_qwen_mlx):
     assert r.returncode == 2 and "--warmup" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_serve_names_its_own_decision_option_when_it_refuses_a_batch_prior(tiny_qwen_mlx):
+    """A server has no run of states to average over: --decision-calibrate batch is refused naming
+    --decision-calibrate (not decide's --calibrate) and the way to fit the prior instead."""
+    cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", str(tiny_qwen_mlx), "--port", "0"]
+    r = subprocess.run([*cmd, "--decision-calibrate", "batch"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--decision-calibrate batch needs" in r.stderr, r.stderr
+    assert "--fit-prior" in r.stderr and "use --decision-calibrate contextual" in r.stderr
+    assert " --calibrate " not in r.stderr.replace("--decision-calibrate", "")
+
+
 @pytest.mark.parametrize("option", ["--text-field", "--gold-field", "--pair-column"])
 def test_serve_refuses_calibration_data_fields_without_calibration_data(tiny_qwen_mlx, option):
     cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", str(tiny_qwen_mlx), "--port", "0", option, "x"]
