@@ -5,40 +5,12 @@ tests/jobs/test_evaluate_decisions.py, `train --decisions` in tests/jobs/test_tr
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
-from click.testing import CliRunner
 
-from mlx_slm.cli import main
-from mlx_slm.text.workload import tickets
+from tests.decision_cli import QUESTIONS, run
+from tests.decision_cli import gold as _gold
 from tests.hostile import invoke, refused_cleanly
-
-QUESTIONS = {
-    "urgent": {"type": "noul", "instructions": "Does it need an answer today?"},
-    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "technical": None}},
-    "anger": {"type": "score", "criteria": ["Calm", "Annoyed", "Furious"]},
-}
-
-
-def run(args, input=None):
-    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from mlx_slm.weights.convert import convert
-    from tests.conftest import make_tiny
-
-    hf = make_tiny(tmp_path_factory.mktemp("hf-cli-decide"), "qwen2", words=("Yes", "No"))
-    return str(convert(hf, tmp_path_factory.mktemp("mlx-cli-decide") / "m", dtype="float32", progress=None))
-
-
-@pytest.fixture()
-def q(tmp_path):
-    p = tmp_path / "q.json"
-    p.write_text(json.dumps({"model": "jev-latest", "state": "x", "questions": QUESTIONS}))  # a whole body
-    return p
 
 
 def test_help_teaches_with_an_example():
@@ -85,16 +57,6 @@ def test_bad_questions_file_exit_2(tiny, tmp_path, body, words):
 def test_no_questions_exit_2(tiny):
     r = run(["decide", "--model", tiny], input='{"state": "x"}\n')
     assert r.exit_code == 2 and "--questions" in r.output
-
-
-def _gold(tmp_path, n=16):
-    rng = random.Random(0)
-    rows = [{"id": i, "text": t, "team": rng.choice(["billing", "technical"]), "urgent": rng.random() < 0.5,
-             "anger": rng.randint(0, 2)} for i, (t, _) in enumerate(tickets(n))]  # fmt: skip
-    rows.append({"id": 99, "text": "x", "team": "sales", "urgent": "maybe", "anger": 9})
-    p = tmp_path / "gold.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return p
 
 
 def test_export_refuses_a_decisions_task_saying_what_to_do(tiny, q, tmp_path):
