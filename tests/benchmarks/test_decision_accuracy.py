@@ -36,6 +36,14 @@ def test_automation_is_the_largest_confident_share_at_95_percent():
     assert bench.scored(probs, gold)["automation_5"] == 0.0
 
 
+def test_the_untrained_goal_reads_no_learned_row():
+    """A goal without labels is met by a way and a prior only: never by the fit, a head or LoRA."""
+    rows = [{"method": m, "family": "decide", "available": True, "macro_f1": f, "accuracy": f}
+            for m, f in (("names: batch prior", 0.5), ("fitted", 0.7), ("trained head", 0.8), ("fine-tuned (LoRA)", 0.9))]  # fmt: skip
+    got = {g["goal"]: g for g in bench.goals({"posts": {"methods": rows}}) if g["set"] == "posts"}
+    assert [(g["by"], g["best"]) for g in got.values()] == [("names: batch prior", 0.5), ("fine-tuned (LoRA)", 0.9)]
+
+
 def test_per_set_sizes_read_over_the_defaults():
     got = bench._per_set("tickets=150,9", bench.N_TEST, "--n-test")
     assert got == dict.fromkeys(bench.SETS, 9)
