@@ -210,10 +210,11 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
 def init(address: str | None = None, connect_timeout: float = CONNECT_TIMEOUT_S, **kwargs: Any) -> None:
     """Join the Ray cluster at `address` (or start a local one), quietly; once per process.
 
-    An address where nothing answers is a ConnectionError within `connect_timeout`."""
+    An address where nothing answers is a ConnectionError within `connect_timeout`, even in a
+    process already joined to a cluster (which `ray.init` would keep, silently, whatever the address)."""
+    if address:
+        check_reachable(address, connect_timeout)
     if not ray.is_initialized():
-        if address:
-            check_reachable(address, connect_timeout)
         kwargs.setdefault("include_dashboard", False)
         kwargs.setdefault("logging_level", "WARNING")
         kwargs.setdefault("configure_logging", True)
