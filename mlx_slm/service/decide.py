@@ -123,4 +123,3 @@ def decision_budget(tasks: Any, budget: int, time_budget: int | None) -> int:
     except Exception:  # noqa: BLE001 - none (a request builds it before admission, so it is rare): the classifier's
         return budget
     return min(own, time_budget) if time_budget is not None else own
-
