@@ -26,6 +26,7 @@ import ctypes
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -146,8 +147,28 @@ def room(tokens: int, keys: int, hidden: int, intermediate: int) -> Iterator[Non
     try:
         yield
     finally:
+        _forward.memo = None  # the mask's figures (`_clear_starts`) live for one forward
         if prev is not None:
             mx.set_cache_limit(prev)
+
+
+_forward = threading.local()  # per forward (a thread runs one at a time): what its mask's spans hold
+
+
+def _clear_starts(bias: mx.array, bn: np.ndarray, S: int, Lq: int, rows: int) -> np.ndarray:
+    """(B, spans): whether a span's queries see every key before the span's first query's own
+    position (the bias is 0 there: no padding, window or tree masks them), so that only the
+    span's diagonal block needs the bias added. Read once per forward's mask (every layer and
+    KV head shares it), kept until the forward ends (`room`)."""
+    memo = getattr(_forward, "memo", None)
+    if memo is not None and memo[0] is bias and memo[1] == rows:
+        return memo[2]
+    starts = range(0, Lq, rows)
+    clear = np.array(
+        [[not bn[b, 0, i0 : min(Lq, i0 + rows), : S - Lq + i0].any() for i0 in starts] for b in range(bn.shape[0])]
+    )
+    _forward.memo = (bias, rows, clear)
+    return clear
 
 
 def additive_mask(mask: mx.array) -> mx.array:
@@ -268,6 +289,7 @@ def attention(
     rows = stacked_rows(rep)
     spans = [(u, u + 1, i, min(Lq, i + rows)) for u in range(B * Hkv) for i in range(0, Lq, rows)]
     qh = qn.reshape(B * Hkv, rep, Lq, D)
+    clear = _clear_starts(bias, bn, S, Lq, rows) if causal else None
 
     def part(u: int, _: int, i0: int, i1: int) -> None:
         # With a causal mask the queries up to i1 need only the keys up to the cache plus i1:
@@ -275,7 +297,10 @@ def attention(
         se = S - Lq + i1 if causal else S
         qc = qh[u, :, i0:i1].reshape(rep * (i1 - i0), D) * scale  # its own copy: one GEMM for the rep heads
         s = qc @ kn[u, :se].T  # (rep x queries, keys)
-        s.reshape(rep, i1 - i0, se)[...] += bn[u // Hkv, 0, i0:i1, :se]
+        # The bias where it can mask: the whole span, or (nothing masked before the span's first
+        # query, as in one unpadded text) its diagonal block only: one pass over the scores saved.
+        lo = S - Lq + i0 if clear is not None and clear[u // Hkv, i0 // rows] else 0
+        s.reshape(rep, i1 - i0, se)[:, :, lo:] += bn[u // Hkv, 0, i0:i1, lo:se]
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         total = s.sum(axis=-1, keepdims=True)
