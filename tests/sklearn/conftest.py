@@ -27,3 +27,11 @@ def fresh(monkeypatch):
     monkeypatch.setattr(Engine, "features", counting_features)
     yield counts
     sk.clear_engines()
+
+
+@pytest.fixture(scope="module")
+def data():
+    """(texts, labels, texts to predict): `tickets.train_and_test`, once per module."""
+    from tests.sklearn.tickets import train_and_test
+
+    return train_and_test()

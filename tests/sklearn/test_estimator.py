@@ -22,27 +22,9 @@ from mlx_slm.text.workload import tickets
 
 pytest.importorskip("sklearn")
 
-LABELS = ("billing", "technical", "account")
-SYSTEM, TEMPLATE = "You classify tickets into {labels}.", "Ticket: {text}\nCategory:"
+from tests.sklearn.tickets import LABELS, SYSTEM, TEMPLATE  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _labelled(n_per: int = 8, skip: int = 0):
-    by: dict[str, list[str]] = {lab: [] for lab in LABELS}
-    for t, lab in tickets(400)[skip:]:
-        if len(by[lab]) < n_per:
-            by[lab].append(t)
-    rows = [(t, lab) for lab in LABELS for t in by[lab]]
-    rng = np.random.default_rng(0)
-    return [rows[i] for i in rng.permutation(len(rows))]
-
-
-@pytest.fixture(scope="module")
-def data():
-    rows = _labelled(10)
-    seen = {t for t, _ in rows}
-    test = [t for t, _ in tickets(400) if t not in seen][:12]
-    return [t for t, _ in rows], [lab for _, lab in rows], test
 
 
 def _est(model, **kw):

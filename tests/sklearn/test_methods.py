@@ -3,36 +3,11 @@ another method's by name."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-
-from mlx_slm.text.workload import tickets
 
 pytest.importorskip("sklearn")
 
-
-LABELS = ("billing", "technical", "account")
-
-
-SYSTEM, TEMPLATE = "You classify tickets into {labels}.", "Ticket: {text}\nCategory:"
-
-
-def _labelled(n_per: int = 8, skip: int = 0):
-    by: dict[str, list[str]] = {lab: [] for lab in LABELS}
-    for t, lab in tickets(400)[skip:]:
-        if len(by[lab]) < n_per:
-            by[lab].append(t)
-    rows = [(t, lab) for lab in LABELS for t in by[lab]]
-    rng = np.random.default_rng(0)
-    return [rows[i] for i in rng.permutation(len(rows))]
-
-
-@pytest.fixture(scope="module")
-def data():
-    rows = _labelled(10)
-    seen = {t for t, _ in rows}
-    test = [t for t, _ in tickets(400) if t not in seen][:12]
-    return [t for t, _ in rows], [lab for _, lab in rows], test
+from tests.sklearn.tickets import TEMPLATE  # noqa: E402
 
 
 @pytest.mark.parametrize("method", ["finetune", "labels"])
