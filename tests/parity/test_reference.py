@@ -6,68 +6,26 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoModelForSequenceClassification
 
-import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)  # noqa: F401  (the optimized BLAS before mlx.core)
+import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
 from mlx_slm.models import (
     load_model,
     sequence_logits,
 )
 from mlx_slm.parity.reference import SeqClsReference
 from mlx_slm.text.prompts import encode_texts
-from tests.conftest import SEQCLS_LABELS
 from tests.forward_parity import check_diff, padded
+from tests.seqcls_cases import CASES, Tiny
+from tests.seqcls_cases import case_name as _name
 
 TOL = 1e-4
-
-
-LENGTHS = [45, 7, 23, 60]
 
 
 MAX_DIFF: dict[str, float] = {}  # case -> max |diff| seen (in the run's summary: conftest)
 
 
-MULTI = "multi_label_classification"
-
-
-# (arch, num_labels, problem_type, id2label): each architecture single-label, multi-label and
-# one label, half of them without id2label (labels LABEL_i), and two more problem types.
-CASES = [
-    (arch, n, pt, named)
-    for i, arch in enumerate(["qwen2", "llama", "qwen3", "gemma3"])
-    for j, (n, pt) in enumerate([(3, None), (4, MULTI), (1, None)])
-    for named in [(i + j) % 2 == 0]
-] + [("qwen2", 3, "single_label_classification", False), ("llama", 1, "regression", True), ("qwen3", 2, None, False)]
-
-
-def _name(case) -> str:
-    arch, n, pt, named = case
-    return f"{arch}-{n}-{pt or 'unset'}-{'named' if named else 'plain'}"
-
-
 def _check(name: str, ours, ref, tol: float = TOL) -> None:
     check_diff(MAX_DIFF, name, ours, ref, tol)
-
-
-class Tiny:
-    def __init__(self, case, models):
-        self.case = case
-        arch, n, pt, named = case
-        self.hf_dir = models.seqcls_hf(arch, n, pt, named)
-        self.mlx_dir = models.seqcls_mlx(arch, n, pt, named)
-        self.hf = AutoModelForSequenceClassification.from_pretrained(str(self.hf_dir), dtype=torch.float32).eval()
-        self.labels = SEQCLS_LABELS[n] if named else tuple(f"LABEL_{i}" for i in range(n))
-        self.pad = self.hf.config.pad_token_id
-        rng = np.random.default_rng(11)
-        vocab = self.hf.config.vocab_size
-        self.prompts = [[int(x) for x in rng.integers(3, vocab, size=k)] for k in LENGTHS]
-        self.prompts[1] += [self.pad, self.pad]  # trailing pad tokens: Transformers reads past them
-        self.prompts[2][5] = self.pad  # a pad id inside the text: read as any token
-
-    def ref(self, ids) -> np.ndarray:
-        with torch.no_grad():
-            return self.hf(torch.tensor([list(ids)]), use_cache=False).logits[0].numpy()
 
 
 @pytest.fixture(scope="module", params=CASES, ids=_name)
