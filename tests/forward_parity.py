@@ -71,3 +71,27 @@ class HFLogits:
     def clear(self) -> None:
         """Forget the memo (after changing the reference model in place)."""
         self._memo.clear()
+
+
+ARCHS = ["qwen2", "llama", "qwen3", "gemma3"]
+LENGTHS = [45, 7, 23, 60]  # two longer than the window (16) by far, one shorter
+
+
+class Tiny:
+    """One architecture's tiny checkpoint (conftest.TinyModels): its folders, Transformers' float32
+    model with its memoized logits (`ref`), our tokenizer and config, and four prompts of LENGTHS."""
+
+    def __init__(self, arch, models):
+        import json
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.arch = arch
+        self.hf_dir = models.hf(arch)
+        self.mlx_dir = models.mlx(arch)
+        self.hf = AutoModelForCausalLM.from_pretrained(str(self.hf_dir), dtype=torch.float32).eval()
+        self.tok = AutoTokenizer.from_pretrained(str(self.mlx_dir))
+        self.config = json.loads((self.mlx_dir / "config.json").read_text())
+        rng = np.random.default_rng(7)
+        self.prompts = [rng.integers(3, self.config["vocab_size"], size=n).tolist() for n in LENGTHS]
+        self.ref = HFLogits(self.hf)

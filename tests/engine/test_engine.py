@@ -4,12 +4,9 @@ architecture."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
 from mlx_slm.engine.engine import Engine
@@ -17,31 +14,12 @@ from mlx_slm.models import (
     load_model,
 )
 from mlx_slm.weights.registry import ModelRef
-from tests.forward_parity import HFLogits, check_diff
-
-ARCHS = ["qwen2", "llama", "qwen3", "gemma3"]
-
+from tests.forward_parity import ARCHS, Tiny, check_diff
 
 TOL = 1e-3
 
 
-LENGTHS = [45, 7, 23, 60]  # two longer than the window (16) by far, one shorter
-
-
 MAX_DIFF: dict[str, float] = {}  # arch/case/ops -> max |diff| seen (in the run's summary: conftest)
-
-
-class Tiny:
-    def __init__(self, arch, models):
-        self.arch = arch
-        self.hf_dir = models.hf(arch)
-        self.mlx_dir = models.mlx(arch)
-        self.hf = AutoModelForCausalLM.from_pretrained(str(self.hf_dir), dtype=torch.float32).eval()
-        self.tok = AutoTokenizer.from_pretrained(str(self.mlx_dir))
-        self.config = json.loads((self.mlx_dir / "config.json").read_text())
-        rng = np.random.default_rng(7)
-        self.prompts = [rng.integers(3, self.config["vocab_size"], size=n).tolist() for n in LENGTHS]
-        self.ref = HFLogits(self.hf)
 
 
 @pytest.fixture(scope="module", params=ARCHS)

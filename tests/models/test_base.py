@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
 from mlx_slm.models import (
@@ -22,7 +22,7 @@ from mlx_slm.models import (
     load_model,
 )
 from mlx_slm.weights.convert import convert
-from tests.forward_parity import HFLogits, check_diff, padded, prefix_batch_continuation
+from tests.forward_parity import ARCHS, Tiny, check_diff, padded, prefix_batch_continuation
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -180,32 +180,13 @@ def test_fastmath_ops_equal_native_ops(tiny_mlx):
 # (Was tests/models/test_architectures.py.)
 
 
-ARCHS = ["qwen2", "llama", "qwen3", "gemma3"]
-
-
 OPS = ["native", "fastmath"]
 
 
 TOL = 1e-3
 
 
-LENGTHS = [45, 7, 23, 60]  # two longer than the window (16) by far, one shorter
-
-
 MAX_DIFF: dict[str, float] = {}  # arch/case/ops -> max |diff| seen (in the run's summary: conftest)
-
-
-class Tiny:
-    def __init__(self, arch, models):
-        self.arch = arch
-        self.hf_dir = models.hf(arch)
-        self.mlx_dir = models.mlx(arch)
-        self.hf = AutoModelForCausalLM.from_pretrained(str(self.hf_dir), dtype=torch.float32).eval()
-        self.tok = AutoTokenizer.from_pretrained(str(self.mlx_dir))
-        self.config = json.loads((self.mlx_dir / "config.json").read_text())
-        rng = np.random.default_rng(7)
-        self.prompts = [rng.integers(3, self.config["vocab_size"], size=n).tolist() for n in LENGTHS]
-        self.ref = HFLogits(self.hf)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
