@@ -35,9 +35,9 @@ def main() -> None:
     fpt = flops_per_token(json.loads((a.path / "config.json").read_text()))
     B, L = a.batch, a.tokens
     ids = mx.array([[(i * 7 + j * 13) % 40000 + 10 for j in range(L)] for i in range(B)], dtype=mx.int32)
-    runs = [("dequantized, float32", dict(dequantize=True)), ("kept packed, float32", dict(dequantize=False))]
+    runs = [("dequantized, float32", dict(keep_quantized=False)), ("kept packed, float32", dict(keep_quantized=True))]
     if a.float16:
-        runs.append(("kept packed, float16", dict(dequantize=False, dtype=mx.float16)))
+        runs.append(("kept packed, float16", dict(keep_quantized=True, dtype=mx.float16)))
     print(f"{a.path}: {B} x {L} tokens, {mx.default_device()}")
     for label, kw in runs:
         m = load_model(a.path, **kw)

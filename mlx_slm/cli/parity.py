@@ -250,7 +250,7 @@ class _Parity:
             for k in ("system", "template", "labels_csv", "labels_file", "model")
             if ctx.get_parameter_source(k).name != "DEFAULT"
         )
-        model = ModelRef.typed(p["model"], p["dtype"], p["keep_quantized"])
+        model = ModelRef(p["model"], p["dtype"], p["keep_quantized"])
         plan = Plan(model=model, system=p["system"], template=p["template"])
         return cls(plan, p["reference"], p["n"], p["input_path"], typed, p["as_json"], p["threshold"])
 

@@ -46,17 +46,17 @@ class Engine:
         self.lock = threading.RLock()
 
     @classmethod
-    def load(cls, model: str | Path | ModelRef, dtype: str | None = None, dequantize: bool | None = None) -> Engine:
+    def load(cls, model: str | Path | ModelRef, dtype: str | None = None, keep_quantized: bool | None = None) -> Engine:
         """A built-in name, converted dir, HF dir, `.gguf` or hub id (or a `ModelRef`, the one
         value the plan carries): resolved, fetched and converted once into the cache by
         `sources.materialise`, then loaded by `models.load_model`.
 
-        dequantize: for an MLX-quantized model, see `models.load_model` (None: on the CPU only)."""
-        ref = ModelRef.of(model, dtype, dequantize)
+        keep_quantized: for an MLX-quantized model, see `models.load_model` (None: on a GPU only)."""
+        ref = ModelRef.of(model, dtype, keep_quantized)
         # Converted once in the asked dtype (float16 by default), so float32 compute asked for
         # explicitly gets the source's float32 values, not float16 ones cast back up.
         path = materialise(ref.name, dtype=ref.dtype or "float16")
-        m = load_model(path, dtype=getattr(mx, ref.dtype) if ref.dtype else None, dequantize=ref.dequantize)
+        m = load_model(path, dtype=getattr(mx, ref.dtype) if ref.dtype else None, keep_quantized=ref.keep_quantized)
         return cls(m, load_tokenizer(path), path)
 
     @cached_property

@@ -121,7 +121,7 @@ class EmbedJob:
     def load(self) -> None:
         """The model and the prompt, the size and the normalizing its vectors get (refused by name first)."""
         o, s = self.o, self.s
-        self.ref = ModelRef.typed(o["model"], o.get("dtype"), o.get("keep_quantized"))
+        self.ref = ModelRef(o["model"], o.get("dtype"), o.get("keep_quantized"))
         engine = Engine.load(self.ref)
         self.emb = Embedder(
             engine,

@@ -118,7 +118,7 @@ class TaskOptions:
 
     def model_ref(self) -> ModelRef:
         """The model these options name, and how to load it (--dtype, --keep-quantized)."""
-        return ModelRef.typed(self.model, self.dtype, self.keep_quantized)
+        return ModelRef(self.model, self.dtype, self.keep_quantized)
 
     def read_pair(self, path: str | None) -> dict[str, Any]:
         """`read_rows`' old `pair` and `pair_required` keywords for `path` (`ReadSpec.for_input`)."""
@@ -711,6 +711,6 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
     if o.permute != 1 and questions and not any(q.type == "choice" for q in questions):
         raise UsageError(f"{permute} 2 reorders a choice's options: none of these questions is a choice; drop it")
     methods = task_methods(task, DecisionConfig(), Methods(default=default))
-    ref = ModelRef.typed(model, o.dtype, o.keep_quantized)
+    ref = ModelRef(model, o.dtype, o.keep_quantized)
     settings = DeciderSettings(state_cache=o.state_cache)
     return DecisionPlan(ref, DecisionConfig(), questions, raw, methods, o.warmup, settings, o.refuse, task)

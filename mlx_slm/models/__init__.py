@@ -152,14 +152,15 @@ def default_compute_dtype(checkpoint_dtype: str | None = None) -> mx.Dtype:
 
 
 def load_model(
-    path: str | Path, dtype: mx.Dtype | None = None, ops: str | Ops | None = None, dequantize: bool | None = None
+    path: str | Path, dtype: mx.Dtype | None = None, ops: str | Ops | None = None, keep_quantized: bool | None = None
 ) -> Model:
     """Load a converted MLX directory (config.json + *.safetensors), cast to the compute dtype.
 
     ops: "auto" (default: `choose_ops` by device and dtype), "native", "fastmath", or an `Ops`.
-    dequantize: for an MLX-quantized directory (mlx-lm's format), replace the packed weights
-        by their values at load. None (default): yes on the CPU, where MLX's quantized
-        matmuls are slow (a one-line note says so on stderr), no on a GPU.
+    keep_quantized: for an MLX-quantized directory (mlx-lm's format), keep the packed weights
+        (True) or replace them by their values at load (False). None (default): kept on a GPU,
+        replaced on the CPU, where MLX's quantized matmuls are slow (a one-line note says so on
+        stderr).
     """
     path = Path(path)
     cfg_path = path / "config.json"
@@ -169,7 +170,7 @@ def load_model(
     if model_type_of(config) not in ARCHITECTURES:  # only mlx-lm's model class covers it (or refused)
         from . import mlxlm  # lazy: mlx-lm's model classes load only for an architecture of theirs
 
-        return mlxlm.load(path, config, dtype, ops, dequantize)  # type: ignore[return-value]
+        return mlxlm.load(path, config, dtype, ops, keep_quantized)  # type: ignore[return-value]
     module = get_model_module(config.get("model_type"))
     args = module.ModelArgs.from_dict(config)
     files = sorted(path.glob("*.safetensors"))
@@ -184,7 +185,7 @@ def load_model(
     weights = _sanitize(module)(weights, args)
     check_score(weights, args, str(files[0] if len(files) == 1 else path))
     model = module.Model(args)
-    weights, dtype = quant.load_quantized(model, weights, config, path, dtype, dequantize)
+    weights, dtype = quant.load_quantized(model, weights, config, path, dtype, keep_quantized)
     dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, module))
     weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
     try:

@@ -499,15 +499,15 @@ def load(
     config: dict[str, Any],
     dtype: mx.Dtype | None = None,
     ops: str | Ops | None = None,
-    dequantize: bool | None = None,
+    keep_quantized: bool | None = None,
     check: bool = True,
 ) -> MlxLmModel:
     """Load a converted (or mlx-lm) directory of an architecture only mlx-lm covers.
 
     mlx-lm's loader builds the model (its `sanitize`, its quantization) from the config as
     `normalize_config` reads it; floating-point weights are cast to `dtype` (default: as
-    `models.default_compute_dtype`). An MLX-quantized directory is dequantized as
-    `models.load_model` says (by default on the CPU only). `check` runs `self_check`.
+    `models.default_compute_dtype`). An MLX-quantized directory is kept packed as
+    `models.load_model` says (by default on a GPU only). `check` runs `self_check`.
     """
     from mlx_lm.utils import dequantize_model  # lazy: mlx-lm loads only here
     from mlx_lm.utils import load_model as mlx_lm_load  # lazy: mlx-lm loads only here
@@ -536,7 +536,7 @@ def load(
     except (ValueError, TypeError, KeyError, AssertionError, FileNotFoundError) as e:
         raise ModelError(f"{path}: mlx-lm could not load this {model_type} checkpoint: {e}") from None
     quantized = bool(config.get("quantization") or config.get("quantization_config"))
-    packed = quantized and not quant.unpacked_at_load(dequantize)
+    packed = quantized and not quant.unpacked_at_load(keep_quantized)
     if quantized and not packed:
         lm = dequantize_model(lm)  # MLX's quantized matmuls are slow on the CPU (models.load_model)
     dtype = dtype or default_compute_dtype(_checkpoint_dtype(path, config, None))  # type: ignore[arg-type]

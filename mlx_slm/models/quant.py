@@ -140,10 +140,12 @@ def quantize_model(model: nn.Module, weights: dict[str, mx.array], quant: dict[s
     return {k: quant.get(k, "affine") for k in _GLOBAL}
 
 
-def unpacked_at_load(dequantize: bool | None) -> bool:
-    """Whether a quantized checkpoint's weights are replaced by their values at load: as asked,
-    else (None) on the CPU only, where MLX's quantized matmuls are slow."""
-    return bool(dequantize) or (dequantize is None and mx.default_device() != mx.gpu)
+def unpacked_at_load(keep_quantized: bool | None) -> bool:
+    """Whether a quantized checkpoint's weights are replaced by their values at load: unless kept
+    as asked, else (None) on the CPU only, where MLX's quantized matmuls are slow."""
+    if keep_quantized is None:
+        return mx.default_device() != mx.gpu
+    return not keep_quantized
 
 
 def load_quantized(
@@ -152,7 +154,7 @@ def load_quantized(
     config: dict[str, Any],
     path: Path,
     dtype: mx.Dtype | None,
-    dequantize: bool | None,
+    keep_quantized: bool | None,
 ) -> tuple[dict[str, mx.array], mx.Dtype | None]:
     """An MLX-quantized checkpoint's weights, dequantized (float32) or with `model` made quantized
     to take them packed (`unpacked_at_load`); and the compute dtype (None: the default). Others
@@ -162,14 +164,14 @@ def load_quantized(
         return weights, dtype
     weights = drop_orphans(weights)
     on_cpu = mx.default_device() != mx.gpu
-    if dequantize is None and on_cpu:
+    if keep_quantized is None and on_cpu:
         dtype = dtype or mx.float32
         notice(
             f"mlx-slm: note: {path.name} is {describe(q)} quantized; on the CPU MLX's quantized matmuls run "
             f"~50x slower than float32 ones, so it is dequantized to {str(dtype).replace('mlx.core.', '')} at load "
             "(--keep-quantized keeps it packed)"
         )
-    if unpacked_at_load(dequantize):
+    if unpacked_at_load(keep_quantized):
         return dequantize_weights(weights, q, model), dtype
     model.quantized = describe(q)
     quantize_model(model, weights, q)

@@ -70,7 +70,9 @@ def run_finetune_parity(
     mine = np.array([[p.probs[lab] for lab in labels] for p in preds])
     tuned = spec.tuned
     long = tuned.label_tokens is not None and any(len(x) > 1 for x in tuned.label_tokens)
-    base = Engine.load(ModelRef(str(engine.path), "float32", True)).model  # the values merged, in float32
+    base = Engine.load(
+        ModelRef(str(engine.path), "float32", keep_quantized=False)
+    ).model  # the values merged, in float32
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "merged"
         if long:

@@ -15,6 +15,7 @@ the others say they are waiting, wait, and then load the finished result.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -57,38 +58,41 @@ BUILTINS: dict[str, BuiltinModel] = {
 class ModelRef:
     """The one value that names the weights to load and how: a built-in name, converted dir,
     HF dir, `.gguf` or hub id (`name`), the compute `dtype` (None: the model's own, float16 when
-    converted) and, for MLX-quantized weights, whether to `dequantize` them at load (None: on the
-    CPU only). Every loader takes it whole, so an option that reaches the engine is added here,
-    where the command line and the plan resolve it, and where `Engine.load` reads it: nowhere else."""
+    converted) and, for MLX-quantized weights, whether to `keep_quantized` (packed) at load (None:
+    kept on a GPU, unpacked on the CPU). Every loader takes it whole, so an option that reaches the
+    engine is added here, where the command line and the plan resolve it, and where `Engine.load`
+    reads it: nowhere else. A field is named as its option (--keep-quantized), so the value goes
+    from the command line to the loader under one name."""
 
     name: str = DEFAULT_MODEL
     dtype: str | None = None
-    dequantize: bool | None = None
+    keep_quantized: bool | None = None
 
     @classmethod
-    def of(cls, model: str | Path | ModelRef, dtype: str | None = None, dequantize: bool | None = None) -> ModelRef:
-        """`model` as a reference: one given whole is kept (a dtype or dequantize given beside it
-        overrides its own), a name or path gets the dtype and dequantize given."""
+    def of(cls, model: str | Path | ModelRef, dtype: str | None = None, keep_quantized: bool | None = None) -> ModelRef:
+        """`model` as a reference: one given whole is kept (a dtype or keep_quantized given beside
+        it overrides its own), a name or path gets the dtype and keep_quantized given."""
         if isinstance(model, ModelRef):
-            over = {k: v for k, v in (("dtype", dtype), ("dequantize", dequantize)) if v is not None}
+            over = {k: v for k, v in (("dtype", dtype), ("keep_quantized", keep_quantized)) if v is not None}
             return replace(model, **over) if over else model
-        return cls(str(model), dtype, dequantize)
-
-    @classmethod
-    def typed(cls, model: str, dtype: str | None, keep_quantized: bool | None) -> ModelRef:
-        """The reference a command's options give: --model, --dtype and --keep-quantized (None:
-        not typed; the engine's word is its opposite)."""
-        return cls(model, dtype, None if keep_quantized is None else not keep_quantized)
-
-    @property
-    def keep_quantized(self) -> bool | None:
-        """--keep-quantized as typed (`typed`'s inverse): what a command's options are given back."""
-        return None if self.dequantize is None else not self.dequantize
+        return cls(str(model), dtype, keep_quantized)
 
     @classmethod
     def take(cls, named: dict[str, Any]) -> tuple[ModelRef, dict[str, Any]]:
         """The reference `Classifier.load`'s keywords give (`model`, a name, path or `ModelRef`, and
-        each of this class's fields by name), and the keywords left for the classifier."""
+        each of this class's fields by name), and the keywords left for the classifier.
+        `dequantize=` (0.1's name for the opposite of `keep_quantized=`) is still read, with a
+        DeprecationWarning: old callers keep working."""
+        named = dict(named)
+        if "dequantize" in named:
+            old = named.pop("dequantize")
+            warnings.warn(
+                "dequantize= is deprecated: use keep_quantized= (its opposite, as --keep-quantized)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if old is not None:
+                named.setdefault("keep_quantized", not old)
         own = {f.name for f in fields(cls)} - {"name"}
         ref = cls.of(named.get("model", DEFAULT_MODEL), **{k: named[k] for k in own if k in named})
         return ref, {k: v for k, v in named.items() if k not in own | {"model"}}

@@ -26,10 +26,7 @@ from mlx_slm.weights.registry import ModelRef
 from tests.hostile import invoke, refused_cleanly, write
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mlx_slm"
-ENGINE_OPTION = {
-    "keep_quantized",
-    "dequantize",
-}  # --keep-quantized/--dequantize, as the option and as the engine's word
+ENGINE_OPTION = {"keep_quantized"}  # --keep-quantized/--dequantize: one name from the option to the loader
 
 
 def _names(node: ast.AST) -> set[str]:
@@ -50,21 +47,21 @@ def _names(node: ast.AST) -> set[str]:
 
 
 def test_an_engine_option_touches_four_files(tiny_qwen_mlx):
-    """`classify --dequantize` from the command line to the engine: the click option
+    """`classify --keep-quantized` from the command line to the engine: the click option
     (cli/options.py), `TaskOptions` and its resolution into the plan's model (jobs/plan.py:
     `model_ref`), `ModelRef` (weights/registry.py) and `Engine.load` (engine/engine.py). Every
     module between them (the command, the job, the plan, the classifier, Ray's workers) carries
     the `ModelRef` whole, so a new engine option is added in those four files and nowhere else."""
     o = TaskOptions(model=str(tiny_qwen_mlx), dtype="float32", keep_quantized=False, given=frozenset({"model"}))
     plan = plans.resolve(o, lambda _m: None)
-    assert plan.model == ModelRef(str(tiny_qwen_mlx), "float32", True)
+    assert plan.model == ModelRef(str(tiny_qwen_mlx), "float32", False)
     assert plans.load(plan).engine.compute_dtype == "float32"
 
     path = ["cli/classify.py", "cli/options.py", "jobs/classify.py", "jobs/plan.py", "classifier/plan.py"]
     path += ["ray.py", "weights/registry.py", "engine/engine.py"]
     naming = {p for p in path if _names(ast.parse((PACKAGE / p).read_text())) & ENGINE_OPTION}
     # The classifier on the way: `from_plan` and the constructor take the plan's ModelRef whole
-    # (`Classifier.load`'s own `dequantize=` is the Python API's, not on this path).
+    # (`Classifier.load`'s own `keep_quantized=` is the Python API's, not on this path).
     tree = ast.parse((PACKAGE / "classifier/classifier.py").read_text())
     on_path = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in ("from_plan", "__init__")]
     assert on_path and not any(_names(f) & ENGINE_OPTION for f in on_path)
@@ -96,32 +93,28 @@ def test_fitting_or_resuming_calibration_returns_a_new_plan():
     assert resumed.calibration.method == "batch" and resumed.origin == "resume"
 
 
-# Where the load choice of an MLX-quantized model (--keep-quantized/--dequantize) may be named
-# as an identifier: the option, the `ModelRef` field, `Engine.load`, and the loader below it
-# (`models.load_model`, mlx-lm's class, the rule in `models.quant`); every module between the
-# option and the engine carries the `ModelRef` whole. The two others name another library's
-# function or keyword of the same word: mlx-lm's `LoRALinear.fuse(dequantize=)`, gguf's `dequantize`.
-LOAD_CHOICE_NAMED = {
-    "cli/options.py",
-    "weights/registry.py",
-    "engine/engine.py",
-    "models/__init__.py",
-    "models/mlxlm.py",
-    "models/quant.py",
-}
+# Where the word `dequantize` may be an identifier (issue 54: at most 4 files). The load choice of
+# an MLX-quantized model is `keep_quantized` from the option to the loader (`ModelRef`'s field,
+# `Engine.load`, `models.load_model`, `models.quant`); `dequantize` is left to the option's
+# off-switch (--dequantize), the Python loaders' deprecated keyword (read in `ModelRef.take`
+# only), and the operation itself: `models.quant` calls MLX's `mx.dequantize`. Two more name
+# another library's function or keyword of the same word: mlx-lm's `LoRALinear.fuse(dequantize=)`
+# and gguf's `dequantize`.
+DEQUANTIZE_NAMED = {"cli/options.py", "weights/registry.py", "models/quant.py"}
 OTHER_LIBRARIES = {"weights/adapters.py", "weights/convert.py"}
 
 
-def test_the_load_choice_is_named_only_from_the_option_to_the_loader():
+def test_dequantize_is_named_only_by_the_option_the_deprecation_and_the_operation():
     naming = {
         str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "dequantize" in _names(ast.parse(p.read_text()))
     }
-    assert naming == LOAD_CHOICE_NAMED | OTHER_LIBRARIES
+    assert naming == DEQUANTIZE_NAMED | OTHER_LIBRARIES
 
 
 def test_the_python_loaders_take_the_load_choice_by_its_name(monkeypatch):
-    """`Classifier.load`, `Classifier.from_task` and `Embedder.load` still take `dequantize=`
-    (and `dtype=`): `ModelRef.take` reads them into the reference `Engine.load` gets."""
+    """`Classifier.load`, `Classifier.from_task` and `Embedder.load` take `keep_quantized=` (and
+    `dtype=`): `ModelRef.take` reads them into the reference `Engine.load` gets. 0.1's
+    `dequantize=` (its opposite) still works, with a DeprecationWarning."""
     from mlx_slm.classifier.classifier import Classifier
     from mlx_slm.classifier.embedder import Embedder
     from mlx_slm.classifier.task import Task
@@ -132,23 +125,29 @@ def test_the_python_loaders_take_the_load_choice_by_its_name(monkeypatch):
     class Loaded(Exception):
         pass
 
-    def load(cls, model, dtype=None, dequantize=None):
-        seen.append(ModelRef.of(model, dtype, dequantize))
+    def load(cls, model, dtype=None, keep_quantized=None):
+        seen.append(ModelRef.of(model, dtype, keep_quantized))
         raise Loaded
 
     monkeypatch.setattr(Engine, "load", classmethod(load))
     with pytest.raises(Loaded):
-        Classifier.load("m", ["a", "b"], dtype="float32", dequantize=True)
+        Classifier.load("m", ["a", "b"], dtype="float32", keep_quantized=False)
     with pytest.raises(Loaded):
-        Classifier.load(ModelRef("m", "float16", False), dequantize=True)
+        Classifier.load(ModelRef("m", "float16", True), keep_quantized=False)
     with pytest.raises(Loaded):
-        Classifier.from_task(Task("t", ("a", "b"), None, "{text}"), dequantize=False, batch_size=4)
+        Classifier.from_task(Task("t", ("a", "b"), None, "{text}"), keep_quantized=True, batch_size=4)
     with pytest.raises(Loaded):
-        Embedder.load("e", dequantize=True)
+        Embedder.load("e", keep_quantized=False)
+    with pytest.warns(DeprecationWarning, match="keep_quantized="), pytest.raises(Loaded):
+        Classifier.load("m", ["a", "b"], dequantize=True)
+    with pytest.warns(DeprecationWarning), pytest.raises(Loaded):
+        Embedder.load("e", dequantize=False)
     assert seen == [
-        ModelRef("m", "float32", True),
-        ModelRef("m", "float16", True),
-        ModelRef("t", None, False),
+        ModelRef("m", "float32", False),
+        ModelRef("m", "float16", False),
+        ModelRef("t", None, True),
+        ModelRef("e", None, False),
+        ModelRef("m", None, False),
         ModelRef("e", None, True),
     ]
 

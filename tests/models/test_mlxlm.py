@@ -186,7 +186,7 @@ def test_quantized_conversion_matches_mlx_lm(tmp_path):
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, cfg["vocab_size"], size=n).tolist() for n in (30, 9, 17)]
     want = [np.array(ref(mx.array([p]))[0, -1].astype(mx.float32)) for p in prompts]
-    packed = load_model(out, dequantize=False, dtype=mx.float16)
+    packed = load_model(out, keep_quantized=True, dtype=mx.float16)
     assert type(packed.lm.model.layers[0].mlp.gate_up_proj).__name__ == "QuantizedLinear"
     assert packed.quantized == "8-bit (group 32)" and packed.compute_dtype == mx.float16
     dense = load_model(out)

@@ -145,24 +145,24 @@ def test_quantization_entry_forms():
 # --------------------------------------------------------------------------- exactness
 
 
-@pytest.mark.parametrize("dequantize", [True, False], ids=["dequantized", "kept"])
-def test_logits_equal_transformers_on_the_dequantized_values(q, dequantize):
-    m = load_model(q.dir, dequantize=dequantize)
+@pytest.mark.parametrize("keep", [False, True], ids=["dequantized", "kept"])
+def test_logits_equal_transformers_on_the_dequantized_values(q, keep):
+    m = load_model(q.dir, keep_quantized=keep)
     assert m.compute_dtype == mx.float32
-    assert (m.quantized is None) == dequantize
+    assert (m.quantized is None) == (not keep)
     got = _batch_logits(m, q.prompts)
     worst = max(float(np.abs(got[r] - q.ref(p)).max()) for r, p in enumerate(q.prompts))
-    MAX_DIFF[f"{q.name}/{'dequantized' if dequantize else 'kept'}/transformers"] = worst
-    assert worst <= (TOL if dequantize else KEPT_TOL), worst
+    MAX_DIFF[f"{q.name}/{'kept' if keep else 'dequantized'}/transformers"] = worst
+    assert worst <= (KEPT_TOL if keep else TOL), worst
     # Label rows only (what the classifier asks for): the packed rows, dequantized alone.
     rows = mx.array([3, 17, 200])
     h, _ = m(mx.array([q.prompts[2]]))
     np.testing.assert_allclose(np.array(m.logits(h, rows)), np.array(m.logits(h))[:, [3, 17, 200]], atol=1e-5)
 
 
-@pytest.mark.parametrize("dequantize", [True, False], ids=["dequantized", "kept"])
-def test_labels_equal_mlxlm_forward(q, dequantize):
-    model = load_model(q.dir, dequantize=dequantize)
+@pytest.mark.parametrize("keep", [False, True], ids=["dequantized", "kept"])
+def test_labels_equal_mlxlm_forward(q, keep):
+    model = load_model(q.dir, keep_quantized=keep)
     for labels in (LABELS, ["a", "b", "c"]):  # multi-token labels (sequence scoring), then single tokens
         clf = Classifier(Engine(model, q.tok), labels, keep_logits=True, batch_size=4)
         ours = clf.classify(TEXTS)
@@ -170,7 +170,7 @@ def test_labels_equal_mlxlm_forward(q, dequantize):
         scores, logits, _ = q.mlxlm(ids, clf.labelset)
         assert [p.label for p in ours] == [labels[int(np.argmax(s))] for s in scores]
         worst = max(float(np.abs(p.logits - lg).max()) for p, lg in zip(ours, logits))
-        MAX_DIFF[f"{q.name}/{'dequantized' if dequantize else 'kept'}/mlx-lm/{clf.mode}"] = worst
+        MAX_DIFF[f"{q.name}/{'kept' if keep else 'dequantized'}/mlx-lm/{clf.mode}"] = worst
         assert worst <= KEPT_TOL, worst
         # Label probabilities (scores may differ by a per-item constant: first-token logits vs log-probs).
         got = [[p.probs[lab] for lab in labels] for p in ours]
@@ -197,9 +197,9 @@ def test_dir_written_by_mlxlm_with_per_layer_widths(tiny_qwen_hf, tmp_path, monk
     assert {v["bits"] for v in per_layer.values()} == {4, 6}
     tok = AutoTokenizer.from_pretrained(str(out))
     mlxlm = None  # mlx-lm's forward on the directory: the same prompts and labels on both paths, run once
-    for dequantize in (True, False):
-        m = load_model(out, dequantize=dequantize)
-        if not dequantize:
+    for keep in (False, True):
+        m = load_model(out, keep_quantized=keep)
+        if keep:
             assert (
                 m.layers[2].mlp.down_proj.bits == 6 and m.layers[0].mlp.down_proj.bits == 4
             )  # recipe: last layer wider

@@ -92,7 +92,7 @@ def test_quantized_conversion_keeps_the_score_head_in_floating_point(tiny_arch, 
     got = np.array(sequence_logits(m, *padded(rows, 0)))
     for r, p in enumerate(rows):
         _check(f"llama-q{bits}", got[r], ref.logits(p))
-    packed = load_model(out, dequantize=False)  # kept packed: the same head, the same numbers up to matmul order
+    packed = load_model(out, keep_quantized=True)  # kept packed: the same head, the same numbers up to matmul order
     assert packed.quantized and not hasattr(packed.score, "scales")
     np.testing.assert_allclose(np.array(sequence_logits(packed, *padded(rows, 0))), got, atol=1e-3)
 

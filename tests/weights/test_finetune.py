@@ -101,7 +101,7 @@ def test_quantized_base_trains_as_qlora(tiny_arch, tmp_path):
     data = Data(q)
     from mlx_slm.models import load_model
 
-    data.model = load_model(q, dequantize=False)
+    data.model = load_model(q, keep_quantized=True)
     assert data.model.quantized
     ft = data.train(epochs=2)
     assert ft.history[-1].train_loss < ft.history[0].train_loss
