@@ -37,6 +37,11 @@ MASKED = -1e30  # additive bias of a masked key: finite (no inf - inf), and exp(
 BLOCK_FLOATS = 32768  # ~128 KB per block: a few blocks fit in L2 during the passes
 ATTENTION_BLOCK_FLOATS = 1 << 17  # scores per attention block (512 KB): measured best of 16K-128K
 STACKED_ROWS = 224  # rows of a long prompt's score GEMMs (query heads x positions): measured best of 64-448
+# The softmax in base 2: the scores are scaled by log2(e) with the 1/sqrt(D) they already take, so
+# exp(x) is exp2(x log2 e), and numpy's float32 exp2 runs 2x faster than its exp (0.21 against
+# 0.44 ms for 224 x 4,096 scores, measured) with a smaller error (1.0e-7 against 2.0e-7 relative,
+# float64 the reference). The mask's bias holds 0 or MASKED, the same in either base.
+LOG2E = 1.4426950408889634
 MIN_PARALLEL_FLOATS = 1 << 18  # below ~1 MB a second thread costs more than it saves
 ROOMY_FROM = 32 << 20  # MLX's CPU buffer cache limit by default: a forward needing more gets more (`room`)
 
@@ -259,7 +264,8 @@ def attention(
     MLX's batched matmul loops over these small products at well under the machine's
     rate, and numpy's BLAS called from the main thread leaves its own worker threads
     spinning against MLX's (measured 1.86x slower end to end), hence one BLAS thread per
-    worker. The softmax's 1/sum is applied to the (Lq, D) output, not the (Lq, S) scores.
+    worker. The softmax's 1/sum is applied to the (Lq, D) output, not the (Lq, S) scores, and
+    it runs in base 2 (`LOG2E`): the bias must hold only 0 and MASKED (`additive_mask`'s).
     Without a per-thread BLAS setting the products stay in MLX (`_attention_mlx`).
     """
     if not _blas_local_setters():
@@ -284,33 +290,46 @@ def attention(
         per = block // unit
         per = (per // Hkv) * Hkv if per >= Hkv else max(d for d in range(1, per + 1) if Hkv % d == 0)
         spans = [(lo, min(B * Hkv, lo + per), 0, Lq) for lo in range(0, B * Hkv, per)]
-        _in_pool(spans, lambda lo, hi, i0, i1: _whole_units(qn, kn, vn, bn, scale, Hkv, lo, hi))
+        _in_pool(spans, lambda lo, hi, i0, i1: _whole_units(qn, kn, vn, bn, scale * LOG2E, Hkv, lo, hi))
         return q
     rows = stacked_rows(rep)
     spans = [(u, u + 1, i, min(Lq, i + rows)) for u in range(B * Hkv) for i in range(0, Lq, rows)]
     qh = qn.reshape(B * Hkv, rep, Lq, D)
     clear = _clear_starts(bias, bn, S, Lq, rows) if causal else None
 
+    ones = np.ones(S, np.float32)  # the softmax's row sums as a matrix-vector product: 4x numpy's pairwise sum
+    scale2 = scale * LOG2E
+
     def part(u: int, _: int, i0: int, i1: int) -> None:
         # With a causal mask the queries up to i1 need only the keys up to the cache plus i1:
         # the masked upper half of a long prompt's scores is never computed.
         se = S - Lq + i1 if causal else S
-        qc = qh[u, :, i0:i1].reshape(rep * (i1 - i0), D) * scale  # its own copy: one GEMM for the rep heads
-        s = qc @ kn[u, :se].T  # (rep x queries, keys)
         # The bias where it can mask: the whole span, or (nothing masked before the span's first
         # query, as in one unpadded text) its diagonal block only: one pass over the scores saved.
         lo = S - Lq + i0 if clear is not None and clear[u // Hkv, i0 // rows] else 0
-        s.reshape(rep, i1 - i0, se)[:, :, lo:] += bn[u // Hkv, 0, i0:i1, lo:se]
-        s -= s.max(axis=-1, keepdims=True)
-        np.exp(s, out=s)
-        total = s.sum(axis=-1, keepdims=True)
-        out = s @ vn[u, :se]
-        out /= total
+        qc = qh[u, :, i0:i1].reshape(rep * (i1 - i0), D) * scale2  # its own copy: one GEMM for the rep heads
+        out = _span(qc, kn[u], vn[u], bn[u // Hkv, 0, i0:i1], rep, se, lo, ones[:se])
         qh[u, :, i0:i1] = out.reshape(rep, i1 - i0, D)  # these queries are consumed: their rows of q hold the output
 
     # Cost of a span ~ queries x keys it computes; the workers get equal shares.
     _in_pool(spans, part, cost=lambda sp: (sp[3] - sp[2]) * (S - Lq + sp[3] if causal else S))
     return q
+
+
+def _span(
+    qc: np.ndarray, k: np.ndarray, v: np.ndarray, b: np.ndarray, rep: int, se: int, lo: int, ones: np.ndarray
+) -> np.ndarray:
+    """One span's attention over keys :se: qc (rep x n, D), scaled into base 2 (`LOG2E`); k, v
+    (S, D); b (n, S) the span's bias rows, added from key `lo` on; `ones` (se,). Returns
+    (rep x n, D)."""
+    s = qc @ k[:se].T  # (rep x queries, keys)
+    s.reshape(rep, b.shape[0], se)[:, :, lo:] += b[:, lo:se]
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp2(s, out=s)
+    total = s @ ones
+    out = s @ v[:se]
+    out /= total[:, None]
+    return out
 
 
 def stacked_rows(rep: int) -> int:
@@ -324,7 +343,7 @@ def _whole_units(
     qn: np.ndarray, kn: np.ndarray, vn: np.ndarray, bn: np.ndarray, scale: float, Hkv: int, lo: int, hi: int
 ) -> None:
     """Attention of whole (batch row, KV head) units lo:hi (a short prompt's), written into q's rows:
-    qn (B*Hkv, rep*Lq, D), kn and vn (B*Hkv, S, D), bn (B, 1, Lq, S)."""
+    qn (B*Hkv, rep*Lq, D), kn and vn (B*Hkv, S, D), bn (B, 1, Lq, S); `scale` into base 2 (`LOG2E`)."""
     Lq, S = bn.shape[2], bn.shape[3]
     qc = qn[lo:hi]  # (n, rep*Lq, D), a view into q
     qc *= scale
@@ -334,7 +353,7 @@ def _whole_units(
     else:
         s.reshape(-1, Lq, S)[...] += bn[lo // Hkv]
     s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
+    np.exp2(s, out=s)
     total = s.sum(axis=-1, keepdims=True)
     np.matmul(s, vn[lo:hi], out=qc)  # q of these rows is consumed: overwrite it
     qc /= total
