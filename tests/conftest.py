@@ -500,3 +500,20 @@ def tiny_head(tiny_qwen_mlx):
     td = TrainingData("x.jsonl", [t for t, _ in data], np.array([LABELS.index(g) for _, g in data]), LABELS, [], "0")
     head = train(clf, td, HeadOptions(layers="1,2", folds=3))
     return engine, head
+
+
+@pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=pytest.mark.slow)])
+def yesno_decider(request, tmp_path_factory):
+    """A tiny random model whose tokenizer has Yes and No as tokens (as real chat models do): its
+    Transformers folder and a Decider on its float32 MLX conversion, with temperatures per type
+    (`tests.decision_cases.TEMPERATURE`). The Decider's and its kinds' tests share it."""
+    from mlx_slm.classifier.decider import Decider
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.weights.convert import convert
+    from tests.decision_cases import TEMPERATURE
+
+    arch = request.param
+    hf_dir = make_tiny(tmp_path_factory.mktemp(f"hf-yesno-{arch}"), arch, words=("Yes", "No"))
+    mlx_dir = convert(hf_dir, tmp_path_factory.mktemp(f"mlx-yesno-{arch}") / "m", dtype="float32", progress=None)
+    config = DecisionConfig(temperature=TEMPERATURE)
+    return hf_dir, Decider.load(str(mlx_dir), decision_config=config, dtype="float32")

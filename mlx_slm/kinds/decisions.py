@@ -53,7 +53,7 @@ from ..text.decisions.settings import DecisionConfig
 from ..text.heads import Head, head_input
 from ..text.labels import LabelSet, softmax
 from ..text.prompts import PROBES, common_prefix, size_problem
-from .questions import option_scores
+from .questions import After, option_scores
 
 # A question's prompt may be this many tokens shorter than the probe question's (`DecisionPlanner.
 # state_tokens`): a state whose probe prompt is over the context by more is over it for every question.
@@ -325,23 +325,13 @@ def branch_answers(
         first = p == 0 and any(run_trunks)
         pack = pack_branches(rows, engine.pad_id, trunks=run_trunks if first else None)  # type: ignore[arg-type]
         layers = sorted({x for vs in variants for v in vs if v.head is not None for x in v.head.layers})
-        collect: dict[int, Any] | None = dict.fromkeys(layers) if layers else None
         with engine.lock:
-            got_h = engine.continue_after(
-                stacked.kv,
-                stacked.mask,
-                pack.ids,
-                positions=stacked.lengths[:, None] + pack.positions,
-                tree=pack.visible,
-                collect=collect,
-                return_kv=first,
-            )
-            h, kv = got_h if first else (got_h, None)
+            h, hidden, kv = After.prefix(stacked, len(rows_run)).run(engine, pack, layers, return_kv=first)
             got = option_scores(
                 engine, h, pack, [[v.labels if v.head is None else None for v in vs] for vs in variants]
             )
-            if collect:
-                _head_answers(collect, pack, variants, got)
+            if hidden:
+                _head_answers(hidden, pack, variants, got)
             if first:  # each row's whole state: its base's keys, then its trunk's
                 bases = _states_after(bases, run_trunks, kv, len(stacked))
                 for i, r in enumerate(rows_run):
@@ -353,11 +343,11 @@ def branch_answers(
 
 
 def _head_answers(
-    collect: dict[int, Any], pack: Any, variants: Sequence[Sequence[Variant]], got: list[list[Any]]
+    hidden: dict[int, np.ndarray], pack: Any, variants: Sequence[Sequence[Variant]], got: list[list[Any]]
 ) -> None:
-    """Each head variant's log-probabilities, from the hidden states after its layers at its
-    branch's last token (what the head was trained on: `Decider.features`), into `got[i][j]`."""
-    hidden = {layer: np.array(v.astype(mx.float32)) for layer, v in collect.items()}
+    """Each head variant's log-probabilities, from the hidden states after its layers ({layer:
+    (B, T, D)} float32) at its branch's last token (what the head was trained on:
+    `Decider.features`), into `got[i][j]`."""
     for i, vs in enumerate(variants):
         for j, v in enumerate(vs):
             if v.head is not None:

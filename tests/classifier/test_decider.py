@@ -12,6 +12,7 @@ from mlx_slm.text.decisions.errors import DecisionError
 from mlx_slm.text.decisions.openai import parse_openai
 from mlx_slm.text.decisions.settings import DecisionConfig
 from mlx_slm.text.decisions.systemone import parse_systemone
+from tests.decision_cases import TEMPERATURE
 
 QUESTIONS = {
     "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today", "false": "Can wait"}},
@@ -28,7 +29,6 @@ STATES = [
     {"ticket": "The app crashes on login <|im_end|> every time", "priority": 2},
     ["cannot reset password", {"tries": 3}],
 ]
-TEMPERATURE = {"choice": 1.7, "score": 0.6}
 
 
 def transformers_probs(hf_dir, body: dict, temperature: dict | None = None, config=None) -> dict[str, list[float]]:
@@ -68,23 +68,8 @@ def _hf_model(hf_dir):
     return _MODELS[str(hf_dir)]
 
 
-@pytest.fixture(scope="module", params=["qwen2", pytest.param("llama", marks=pytest.mark.slow)])
-def tiny(request, tmp_path_factory):
-    """A tiny random model whose tokenizer has Yes and No as tokens (as real chat models do), its
-    float32 MLX conversion, and a Decider on it with temperatures per type."""
-    from mlx_slm.classifier.decider import Decider
-    from mlx_slm.weights.convert import convert
-    from tests.conftest import make_tiny
-
-    arch = request.param
-    hf_dir = make_tiny(tmp_path_factory.mktemp(f"hf-yesno-{arch}"), arch, words=("Yes", "No"))
-    mlx_dir = convert(hf_dir, tmp_path_factory.mktemp(f"mlx-yesno-{arch}") / "m", dtype="float32", progress=None)
-    config = DecisionConfig(temperature=TEMPERATURE)
-    return hf_dir, Decider.load(str(mlx_dir), decision_config=config, dtype="float32")
-
-
-def test_every_answer_equals_transformers_decision_path(tiny):
-    hf_dir, decider = tiny
+def test_every_answer_equals_transformers_decision_path(yesno_decider):
+    hf_dir, decider = yesno_decider
     bodies = [{"model": "m", "state": s, "questions": QUESTIONS} for s in STATES]
     # several requests, different states, in one call (one batch)
     results = decider.decide([parse_systemone(b, decider.config) for b in bodies])
@@ -95,8 +80,8 @@ def test_every_answer_equals_transformers_decision_path(tiny):
         assert res.input_tokens > 0 and res.cached_tokens == 0
 
 
-def test_different_questions_in_one_batch_and_independent_answers(tiny):
-    hf_dir, decider = tiny
+def test_different_questions_in_one_batch_and_independent_answers(yesno_decider):
+    hf_dir, decider = yesno_decider
     subsets = [["team"], ["anger", "urgent"], ["bare", "team", "one_sided"]]
     bodies = [{"model": "m", "state": STATES[i % 3], "questions": {k: QUESTIONS[k] for k in ks}}
               for i, ks in enumerate(subsets)]  # fmt: skip
@@ -119,7 +104,7 @@ def test_different_questions_in_one_batch_and_independent_answers(tiny):
             np.testing.assert_allclose(p, alone[key], atol=1e-6)
 
 
-def test_more_options_than_letters_scored_by_their_names(tiny):
+def test_more_options_than_letters_scored_by_their_names(yesno_decider):
     """Beyond 26 options Transformers refuses; ours score each option's own name whole: the same
     as the sum of its tokens' log-probabilities after Transformers' own prompt with those labels."""
     import torch
@@ -127,7 +112,7 @@ def test_more_options_than_letters_scored_by_their_names(tiny):
     from transformers.decision import DecisionConfig as TC
     from transformers.decision import prepare_inputs
 
-    hf_dir, decider = tiny
+    hf_dir, decider = yesno_decider
     names = [f"team {w}" for w in "abcdefghijklmnopqrstuvwxyz"] + ["billing", "refund"]
     body = {"model": "m", "state": STATES[0], "questions": {"t": {"type": "choice", "criteria": dict.fromkeys(names)}}}
     (res,) = decider.decide([parse_systemone(body, decider.config)])
@@ -146,10 +131,10 @@ def test_more_options_than_letters_scored_by_their_names(tiny):
     np.testing.assert_allclose(p, want, atol=1e-4)
 
 
-def test_a_repeated_state_comes_from_the_cache(tiny):
+def test_a_repeated_state_comes_from_the_cache(yesno_decider):
     """The same state again: its KV from the cache; the same questions again: their answers too
     (the same computation), all counted in cached_tokens; a new question runs after the cached state."""
-    hf_dir, decider = tiny
+    hf_dir, decider = yesno_decider
     decider.states.clear()
     state = STATES[0] + " (again)"
     req = parse_systemone({"model": "m", "state": state, "questions": QUESTIONS}, decider.config)
@@ -170,8 +155,8 @@ def test_a_repeated_state_comes_from_the_cache(tiny):
     assert off.decide([req])[0].cached_tokens == 0
 
 
-def test_prompt_cache_key_reuses_the_shared_start(tiny):
-    hf_dir, decider = tiny
+def test_prompt_cache_key_reuses_the_shared_start(yesno_decider):
+    hf_dir, decider = yesno_decider
     decider.states.clear()
     q = [{"type": "predicate", "name": "refund", "instructions": "Asks for money back."}]
     base = "A long conversation about a billing problem that goes on. "
@@ -188,8 +173,8 @@ def test_prompt_cache_key_reuses_the_shared_start(tiny):
     np.testing.assert_allclose(res.probabilities[0], ref["refund"], atol=1e-4)
 
 
-def test_over_the_context(tiny):
-    _, decider = tiny
+def test_over_the_context(yesno_decider):
+    _, decider = yesno_decider
     long_state = "word " * 2000
     with pytest.raises(DecisionError) as e:
         decider.decide([parse_systemone({"model": "m", "state": long_state, "questions": {"a": {"type": "noul"}}})])
@@ -207,7 +192,7 @@ OWN_TEMPLATE = (
 )
 
 
-def test_a_model_folders_own_decision_template(tiny, tmp_path):
+def test_a_model_folders_own_decision_template(yesno_decider, tmp_path):
     """decision.json (labels, temperature, noul_options) and decision_template.jinja read as
     Transformers reads them; the answer read at the template's mark."""
     import json
@@ -216,7 +201,7 @@ def test_a_model_folders_own_decision_template(tiny, tmp_path):
 
     from mlx_slm.classifier.decider import Decider
 
-    hf_dir, decider = tiny
+    hf_dir, decider = yesno_decider
     d = {"labels": {"noul": ["Yes", "No"], "choice": ["1", "2", "3", "4"]}, "temperature": {"noul": 0.8},
          "noul_options": ["false", "true"]}  # fmt: skip
     (tmp_path / "decision.json").write_text(json.dumps(d))
@@ -231,10 +216,10 @@ def test_a_model_folders_own_decision_template(tiny, tmp_path):
     assert res.request.questions[0].options == ("false", "true")
 
 
-def test_calibration_divides_by_the_question_temperature(tiny):
+def test_calibration_divides_by_the_question_temperature(yesno_decider):
     from mlx_slm.classifier.decider import Decider
 
-    hf_dir, decider = tiny
+    hf_dir, decider = yesno_decider
     body = {"model": "m", "state": STATES[0], "questions": {k: QUESTIONS[k] for k in ("team", "urgent")}}
     cal = Decider(decider.engine, decider.config, state_cache=0, calibration={"team": 2.0, "urgent": 2.0},
                   calibration_questions={"team": QUESTIONS["team"], "urgent": {**QUESTIONS["urgent"], "instructions": "?"}})  # fmt: skip
@@ -246,10 +231,10 @@ def test_calibration_divides_by_the_question_temperature(tiny):
     np.testing.assert_allclose(got.probabilities[0], want / want.sum(), atol=1e-6)
 
 
-def test_a_question_over_the_context_is_refused_alone(tiny):
+def test_a_question_over_the_context_is_refused_alone(yesno_decider):
     """OpenAI: the question whose prompt is over the context is refused (None), the others
     answered as alone; System One: the request is refused whole (tokens_exceeded)."""
-    hf_dir, decider = tiny
+    hf_dir, decider = yesno_decider
     long = "Consider every word here. " * 400
     qs = [{"type": "predicate", "name": "long", "instructions": long},
           {"type": "choice", "name": "team", "instructions": "Which team?", "choices": [{"value": "billing"}, {"value": True}]}]  # fmt: skip
@@ -269,8 +254,8 @@ def test_a_question_over_the_context_is_refused_alone(tiny):
 @pytest.mark.parametrize(
     "state", ["", "<|im_end|>", "\n\n\n", "end with spaces   ", "émoji 🎉 and 한국어", {}, [], {"<|im_start|>": "key"}]
 )
-def test_edge_states_equal_transformers(tiny, state):
-    hf_dir, decider = tiny
+def test_edge_states_equal_transformers(yesno_decider, state):
+    hf_dir, decider = yesno_decider
     body = {"model": "m", "state": state, "questions": {k: QUESTIONS[k] for k in ("bare", "team")}}
     (res,) = decider.decide([parse_systemone(body, decider.config)])
     ref = transformers_probs(hf_dir, body, TEMPERATURE)
@@ -289,10 +274,10 @@ def test_a_model_without_tree_masks_is_refused_by_name():
         Decider(engine)  # type: ignore[arg-type]
 
 
-def test_bodies_as_dicts_and_an_empty_request(tiny):
+def test_bodies_as_dicts_and_an_empty_request(yesno_decider):
     from mlx_slm.text.decisions.questions import DecisionRequest
 
-    _, decider = tiny
+    _, decider = yesno_decider
     body = {"state": STATES[0], "questions": {"team": QUESTIONS["team"]}}
     (a,) = decider.decide([body])
     (b,) = decider.decide([parse_systemone({"model": "m", **body}, decider.config)])
@@ -303,13 +288,13 @@ def test_bodies_as_dicts_and_an_empty_request(tiny):
         decider.decide([DecisionRequest(STATES[0], ())])
 
 
-def test_a_hugging_face_folders_decision_files_survive_its_conversion(tiny, tmp_path):
+def test_a_hugging_face_folders_decision_files_survive_its_conversion(yesno_decider, tmp_path):
     import json
     import shutil
 
     from mlx_slm.classifier.decider import Decider
 
-    hf_dir, _ = tiny
+    hf_dir, _ = yesno_decider
     src = tmp_path / "with-decision"
     shutil.copytree(hf_dir, src)
     (src / "decision.json").write_text(json.dumps({"temperature": {"choice": 2.5}, "noul_options": ["false", "true"]}))
@@ -319,12 +304,12 @@ def test_a_hugging_face_folders_decision_files_survive_its_conversion(tiny, tmp_
     assert d.config.chat_template == OWN_TEMPLATE
 
 
-def test_a_long_state_runs_on_its_own_first_and_stays_exact(tiny):
+def test_a_long_state_runs_on_its_own_first_and_stays_exact(yesno_decider):
     """A state's rest longer than FUSED_TRUNK runs causally before its questions (not in their
     tree pass): the same answers, in a batch with a short state that runs fused."""
     from mlx_slm.classifier import decider as mod
 
-    hf_dir, decider = tiny
+    hf_dir, decider = yesno_decider
     decider.states.clear()
     long = "The printer keeps jamming on page two. " * 33
     bodies = [{"model": "m", "state": s, "questions": {k: QUESTIONS[k] for k in ("urgent", "team")}}
@@ -337,11 +322,11 @@ def test_a_long_state_runs_on_its_own_first_and_stays_exact(tiny):
             np.testing.assert_allclose(p, ref[q.key], atol=1e-4, err_msg=q.key)
 
 
-def test_a_state_over_the_context_is_tokenized_once_not_once_a_question(tiny, monkeypatch):
+def test_a_state_over_the_context_is_tokenized_once_not_once_a_question(yesno_decider, monkeypatch):
     """A state far over the context (but under the characters' bound) with many questions is
     refused after one tokenization of it (the probe question's prompt), not one per question:
     System One 422 tokens_exceeded, OpenAI every question refused."""
-    hf_dir, decider = tiny
+    hf_dir, decider = yesno_decider
     planner = decider.planner
     state = "Consider every word here. " * (planner.max_length // 2)  # ~2.5x the context in tokens
     seen = []
@@ -357,13 +342,13 @@ def test_a_state_over_the_context_is_tokenized_once_not_once_a_question(tiny, mo
     assert item.chains == [None] * 40 and seen == [1]
 
 
-def test_the_answer_cache_counts_in_the_byte_budget_and_survives_a_put(tiny):
+def test_the_answer_cache_counts_in_the_byte_budget_and_survives_a_put(yesno_decider):
     """Cached answers are keyed by a short digest (not the whole prompt), their bytes count in the
     state cache's budget, and a state put again (the same tokens) keeps the answers it had."""
     from mlx_slm.classifier.decider import Decider
     from mlx_slm.kinds.decisions import StateKV
 
-    _, decider = tiny
+    _, decider = yesno_decider
     d = Decider(decider.engine, decider.config, state_cache=4)
     body = {"model": "m", "state": STATES[0], "questions": {k: QUESTIONS[k] for k in ("team", "urgent")}}
     d.decide([parse_systemone(body, d.config)])
@@ -378,10 +363,10 @@ def test_the_answer_cache_counts_in_the_byte_budget_and_survives_a_put(tiny):
     assert res.cached_tokens == res.input_tokens  # answered from the kept answers
 
 
-def test_beyond_the_letters_a_string_and_a_boolean_of_the_same_text_stay_distinct(tiny):
+def test_beyond_the_letters_a_string_and_a_boolean_of_the_same_text_stay_distinct(yesno_decider):
     """OpenAI's typed values "true" and true beyond 26 options: the string is labelled as JSON
     (`"true"`), the boolean as `true`, so both are answered (not refused as a label given twice)."""
-    _, decider = tiny
+    _, decider = yesno_decider
     choices = [{"value": f"team {w}"} for w in "abcdefghijklmnopqrstuvwxy"] + [{"value": "true"}, {"value": True}]
     body = {
         "model": "m",

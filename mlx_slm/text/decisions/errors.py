@@ -4,8 +4,8 @@ and a `type`, so each route words them in its own shape (System One's 422 `detai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ...ground.errors import UserError
 
@@ -52,3 +52,18 @@ def raise_all(errors: list[DecisionError]) -> None:
         raise errors[0]
     if errors:
         raise DecisionErrors(errors)
+
+
+T = TypeVar("T")
+
+
+def attempt(errors: list[DecisionError], parse: Callable[..., T], *args: Any, default: Any = None) -> T | Any:
+    """parse(*args), or `default` with its problem(s) added to `errors`: a body is checked whole,
+    so a client is told every mistake at once (`raise_all` after the last part)."""
+    try:
+        return parse(*args)
+    except DecisionErrors as e:
+        errors.extend(e.errors)
+    except DecisionError as e:
+        errors.append(e)
+    return default

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...ground.textfiles import not_utf8
 from .checks import check_model, count_problem, json_problem, json_type, name_problem
-from .errors import DecisionError, DecisionErrors, raise_all
+from .errors import DecisionError, attempt, raise_all
 from .questions import (
     MAX_LEVELS,
     MAX_OPTIONS,
@@ -36,21 +36,9 @@ def parse_openai(body: Any, config: DecisionConfig | None = None) -> DecisionReq
     if not isinstance(body, dict):
         raise DecisionError(("body",), f"the body is a JSON object, got {json_type(body)}", "type_error")
     errors: list[DecisionError] = []
-    model, state, questions = "", None, ()
-    try:
-        model = check_model(body)
-    except DecisionError as e:
-        errors.append(e)
-    try:
-        state = openai_state(body)
-    except DecisionError as e:
-        errors.append(e)
-    try:
-        questions = openai_questions(body.get("questions"), config, "questions" in body)
-    except DecisionErrors as e:
-        errors.extend(e.errors)
-    except DecisionError as e:
-        errors.append(e)
+    model = attempt(errors, check_model, body, default="")
+    state = attempt(errors, openai_state, body)
+    questions = attempt(errors, openai_questions, body.get("questions"), config, "questions" in body, default=())
     errors += _other_fields(body)
     raise_all(errors)
     return DecisionRequest(state, questions, model, body.get("prompt_cache_key"), "question")
@@ -211,14 +199,8 @@ def openai_questions(qs: Any, config: DecisionConfig, given: bool = True) -> tup
     bad = count_problem(len(qs), 1, MAX_QUESTIONS, loc, "questions")
     if bad:
         raise bad
-    out, errors = [], []
-    for i, q in enumerate(qs):
-        try:
-            out.append(openai_question(i, q, config))
-        except DecisionErrors as e:
-            errors.extend(e.errors)
-        except DecisionError as e:
-            errors.append(e)
+    errors: list[DecisionError] = []
+    out = [attempt(errors, openai_question, i, q, config) for i, q in enumerate(qs)]
     raise_all(errors)
     first: dict[str, int] = {}
     for i, q in enumerate(out):  # answers are found by key: one key twice would lose an answer
@@ -290,16 +272,20 @@ def _openai_instructions(x: Any, loc: tuple) -> Any:
     return parts[0] if len(parts) == 1 else "\n\n".join(text(p) for p in parts)
 
 
-def _openai_choices(x: Any, loc: tuple) -> tuple[tuple, tuple]:
+def _listed(x: Any, loc: tuple, field: str, shape: str, lo: int, hi: int) -> list:
+    """`x`, a list of `lo` to `hi` items (`field`'s, each of `shape`), or the error that says so."""
     if not isinstance(x, list):
         raise DecisionError(
-            loc,
-            'field required: choices is a list of {"value": ..., "description"?: ...}',
-            "missing" if x is None else "type_error",
+            loc, f"field required: {field} is a list of {shape}", "missing" if x is None else "type_error"
         )
-    bad = count_problem(len(x), MIN_OPTIONS, MAX_OPTIONS, loc, "choices")
+    bad = count_problem(len(x), lo, hi, loc, field)
     if bad:
         raise bad
+    return x
+
+
+def _openai_choices(x: Any, loc: tuple) -> tuple[tuple, tuple]:
+    _listed(x, loc, "choices", '{"value": ..., "description"?: ...}', MIN_OPTIONS, MAX_OPTIONS)
     values, descriptions, seen = [], [], set()
     for j, c in enumerate(x):
         cloc = (*loc, j)
@@ -336,15 +322,7 @@ def _openai_choices(x: Any, loc: tuple) -> tuple[tuple, tuple]:
 
 def _openai_levels(x: Any, loc: tuple) -> tuple[tuple[str, ...], tuple]:
     """A score's levels: each shown to the model as its label (and ": description" when given)."""
-    if not isinstance(x, list):
-        raise DecisionError(
-            loc,
-            'field required: levels is a list of {"label": ..., "description"?: ...}',
-            "missing" if x is None else "type_error",
-        )
-    bad = count_problem(len(x), MIN_LEVELS, MAX_LEVELS, loc, "levels")
-    if bad:
-        raise bad
+    _listed(x, loc, "levels", '{"label": ..., "description"?: ...}', MIN_LEVELS, MAX_LEVELS)
     labels, shown = [], []
     for j, lv in enumerate(x):
         lloc = (*loc, j)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .checks import CONTENT, check_model, content_problem, count_problem, json_type, name_problem
-from .errors import DecisionError, DecisionErrors, raise_all
+from .errors import DecisionError, attempt, raise_all
 from .questions import (
     MAX_LEVELS,
     MAX_OPTIONS,
@@ -35,24 +35,14 @@ def parse_systemone(body: Any, config: DecisionConfig | None = None) -> Decision
     if not isinstance(body, dict):
         raise DecisionError(("body",), f"the body is a JSON object, got {json_type(body)}", "type_error")
     errors: list[DecisionError] = []
-    model = ""
-    try:
-        model = check_model(body)
-    except DecisionError as e:
-        errors.append(e)
+    model = attempt(errors, check_model, body, default="")
     if "state" not in body:
         errors.append(DecisionError(("body", "state"), f"field required: the state is {CONTENT}", "missing"))
     else:
         bad = content_problem(body["state"], ("body", "state"), "the state", nullable=False)
         if bad:
             errors.append(bad)
-    questions: tuple[DecisionQuestion, ...] = ()
-    try:
-        questions = systemone_questions(body.get("questions"), config, "questions" in body)
-    except DecisionErrors as e:
-        errors.extend(e.errors)
-    except DecisionError as e:
-        errors.append(e)
+    questions = attempt(errors, systemone_questions, body.get("questions"), config, "questions" in body, default=())
     raise_all(errors)
     return DecisionRequest(body["state"], questions, model, None, "request")
 
@@ -70,16 +60,10 @@ def systemone_questions(qs: Any, config: DecisionConfig, given: bool = True) -> 
     bad = count_problem(len(qs), 1, MAX_QUESTIONS, loc, "questions")
     if bad:
         raise bad
-    out, errors = [], []
-    for key, q in qs.items():
-        try:
-            out.append(systemone_question(key, q, config))
-        except DecisionErrors as e:
-            errors.extend(e.errors)
-        except DecisionError as e:
-            errors.append(e)
+    errors: list[DecisionError] = []
+    out = tuple(attempt(errors, systemone_question, key, q, config) for key, q in qs.items())
     raise_all(errors)
-    return tuple(out)
+    return out
 
 
 def systemone_question(key: str, q: Any, config: DecisionConfig) -> DecisionQuestion:

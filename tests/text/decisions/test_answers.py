@@ -11,6 +11,7 @@ from mlx_slm.text.decisions.methods import Method
 from mlx_slm.text.decisions.openai import openai_questions
 from mlx_slm.text.decisions.settings import DecisionConfig
 from mlx_slm.text.decisions.systemone import parse_systemone, systemone_questions
+from tests.decision_cases import QUESTIONS, transformers_questions
 
 CFG = DecisionConfig()
 
@@ -59,23 +60,6 @@ def test_a_noul_keeps_its_raw_answer_in_its_own_field():
 def test_a_refused_question_is_openais_refusal():
     (q,) = openai_questions([{"type": "predicate", "name": "n", "instructions": "?"}], CFG)
     assert answer(q, None, "openai") == {"type": "refusal", "name": "n"}
-
-
-QUESTIONS = {
-    "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today"}},
-    "both": {"type": "noul", "instructions": {"ask": "spam?"}, "criteria": {"true": "ads", "false": ["real", 1]}},
-    "none": {"type": "noul"},
-    "team": {"type": "choice", "instructions": "Which team?",
-             "criteria": {"billing": "Payments", "sales": None, "ops": {"k": "v"}, "x": ["a", "b"]}},
-    "anger": {"type": "score", "instructions": ["How", "angry?"], "criteria": ["Calm", {"lvl": 1}, "Very angry"]},
-}  # fmt: skip
-
-
-def transformers_questions(body: dict, config=None):
-    from transformers.decision import DecisionConfig as TC
-    from transformers.decision import parse_questions
-
-    return parse_questions(body["questions"], config or TC())
 
 
 def test_answers_have_the_apis_shapes():

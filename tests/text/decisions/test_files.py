@@ -9,15 +9,7 @@ import pytest
 
 from mlx_slm.text.decisions.errors import DecisionError
 from mlx_slm.text.decisions.files import read_questions_file
-
-QUESTIONS = {
-    "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today"}},
-    "both": {"type": "noul", "instructions": {"ask": "spam?"}, "criteria": {"true": "ads", "false": ["real", 1]}},
-    "none": {"type": "noul"},
-    "team": {"type": "choice", "instructions": "Which team?",
-             "criteria": {"billing": "Payments", "sales": None, "ops": {"k": "v"}, "x": ["a", "b"]}},
-    "anger": {"type": "score", "instructions": ["How", "angry?"], "criteria": ["Calm", {"lvl": 1}, "Very angry"]},
-}  # fmt: skip
+from tests.decision_cases import QUESTIONS
 
 
 @pytest.mark.parametrize("content", [QUESTIONS, {"model": "m", "state": "s", "questions": QUESTIONS},

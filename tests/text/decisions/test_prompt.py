@@ -7,6 +7,7 @@ import pytest
 from mlx_slm.text.decisions.prompt import names, question_text, render_user_message, styled
 from mlx_slm.text.decisions.settings import DecisionConfig
 from mlx_slm.text.decisions.systemone import parse_systemone, systemone_questions
+from tests.decision_cases import QUESTIONS, transformers_questions
 
 CFG = DecisionConfig()
 QS = systemone_questions(
@@ -47,24 +48,7 @@ def test_the_names_style_leaves_what_it_does_not_apply_to():
     assert render_user_message("s", QS[2], "names") == render_user_message("s", QS[2])
 
 
-QUESTIONS = {
-    "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today"}},
-    "both": {"type": "noul", "instructions": {"ask": "spam?"}, "criteria": {"true": "ads", "false": ["real", 1]}},
-    "none": {"type": "noul"},
-    "team": {"type": "choice", "instructions": "Which team?",
-             "criteria": {"billing": "Payments", "sales": None, "ops": {"k": "v"}, "x": ["a", "b"]}},
-    "anger": {"type": "score", "instructions": ["How", "angry?"], "criteria": ["Calm", {"lvl": 1}, "Very angry"]},
-}  # fmt: skip
-
-
 STATES = ["I was charged twice <|im_end|> for one order.", {"message": "héllo", "n": 3}, ["a", {"b": None}], ""]
-
-
-def transformers_questions(body: dict, config=None):
-    from transformers.decision import DecisionConfig as TC
-    from transformers.decision import parse_questions
-
-    return parse_questions(body["questions"], config or TC())
 
 
 @pytest.mark.parametrize("state", STATES)

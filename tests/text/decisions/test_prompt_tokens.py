@@ -7,16 +7,7 @@ import pytest
 
 from mlx_slm.text.decisions.prompt import render_user_message
 from mlx_slm.text.decisions.systemone import parse_systemone
-
-QUESTIONS = {
-    "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today"}},
-    "both": {"type": "noul", "instructions": {"ask": "spam?"}, "criteria": {"true": "ads", "false": ["real", 1]}},
-    "none": {"type": "noul"},
-    "team": {"type": "choice", "instructions": "Which team?",
-             "criteria": {"billing": "Payments", "sales": None, "ops": {"k": "v"}, "x": ["a", "b"]}},
-    "anger": {"type": "score", "instructions": ["How", "angry?"], "criteria": ["Calm", {"lvl": 1}, "Very angry"]},
-}  # fmt: skip
-
+from tests.decision_cases import QUESTIONS
 
 # --------------------------------------------------------------------------- token ids, as Transformers encodes them
 

@@ -10,6 +10,7 @@ from mlx_slm.text.decisions.prompt import render_user_message
 from mlx_slm.text.decisions.questions import DecisionRequest, option_labels
 from mlx_slm.text.decisions.settings import DecisionConfig
 from mlx_slm.text.decisions.systemone import parse_systemone, systemone_questions
+from tests.decision_cases import transformers_questions
 
 CFG = DecisionConfig()
 S1 = {
@@ -65,13 +66,6 @@ def test_a_request_says_what_it_refuses():
     assert DecisionRequest("s", ()).refusal == "request"
     with pytest.raises(ValueError, match="refusal"):
         DecisionRequest("s", (), refusal="never")
-
-
-def transformers_questions(body: dict, config=None):
-    from transformers.decision import DecisionConfig as TC
-    from transformers.decision import parse_questions
-
-    return parse_questions(body["questions"], config or TC())
 
 
 def test_beyond_26_options_the_names_are_the_labels():

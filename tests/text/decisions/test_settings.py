@@ -8,22 +8,7 @@ import json
 from mlx_slm.text.decisions.prompt import render_user_message
 from mlx_slm.text.decisions.settings import DecisionConfig
 from mlx_slm.text.decisions.systemone import parse_systemone
-
-QUESTIONS = {
-    "urgent": {"type": "noul", "instructions": "Is it urgent?", "criteria": {"true": "Needs action today"}},
-    "both": {"type": "noul", "instructions": {"ask": "spam?"}, "criteria": {"true": "ads", "false": ["real", 1]}},
-    "none": {"type": "noul"},
-    "team": {"type": "choice", "instructions": "Which team?",
-             "criteria": {"billing": "Payments", "sales": None, "ops": {"k": "v"}, "x": ["a", "b"]}},
-    "anger": {"type": "score", "instructions": ["How", "angry?"], "criteria": ["Calm", {"lvl": 1}, "Very angry"]},
-}  # fmt: skip
-
-
-def transformers_questions(body: dict, config=None):
-    from transformers.decision import DecisionConfig as TC
-    from transformers.decision import parse_questions
-
-    return parse_questions(body["questions"], config or TC())
+from tests.decision_cases import QUESTIONS, transformers_questions
 
 
 def test_config_labels_and_noul_order_as_transformers(tmp_path):
