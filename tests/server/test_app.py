@@ -77,11 +77,11 @@ class ThreadServer:
         self.thread.join(10)
 
 
-@pytest.fixture(scope="module")
-def srv(tiny_qwen_mlx):
-    s = ThreadServer(Service(classifier_loader(str(tiny_qwen_mlx)), ServeOptions(max_wait_ms=5))).start()
-    yield s
-    s.stop()
+def classify_results(srv, texts):
+    """/v1/classify's results for `texts` from the served classifier (a 200 is asserted)."""
+    r = httpx.post(srv.url + "/v1/classify", json={"texts": texts}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["results"]
 
 
 @pytest.fixture(scope="module")

@@ -16,30 +16,16 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 
-from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
-from tests.server.test_app import TEXTS, ThreadServer  # noqa: E402
+from tests.server.test_app import TEXTS, classify_results  # noqa: E402
 
 LABELS = ["billing", "technical", "account"]
-
-
-@pytest.fixture(scope="module")
-def srv(tiny_qwen_mlx):
-    s = ThreadServer(Service(classifier_loader(str(tiny_qwen_mlx)), ServeOptions(max_wait_ms=5))).start()
-    yield s
-    s.stop()
-
-
-def _ours(srv, texts):
-    r = httpx.post(srv.url + "/v1/classify", json={"texts": texts}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["results"]
 
 
 # ----------------------------------------------------------------------------- TEI
 
 
 def test_tei_predict_one_string_and_a_list(srv):
-    ours = _ours(srv, TEXTS[:3])
+    ours = classify_results(srv, TEXTS[:3])
     r = httpx.post(srv.url + "/predict", json={"inputs": TEXTS[0]}, timeout=30)
     assert r.status_code == 200, r.text
     one = r.json()
@@ -116,7 +102,7 @@ def test_huggingface_inference_client(srv):
     assert sorted(e.label for e in out) == sorted(LABELS)
     assert math.isclose(sum(e.score for e in out), 1.0, abs_tol=1e-6)
     assert [e.score for e in out] == sorted((e.score for e in out), reverse=True)
-    ours = _ours(srv, ["My card was charged twice"])[0]
+    ours = classify_results(srv, ["My card was charged twice"])[0]
     assert out[0].label == ours["label"]
 
 

@@ -16,23 +16,9 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 
-from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
-from tests.server.test_app import TEXTS, ThreadServer  # noqa: E402
+from tests.server.test_app import TEXTS, classify_results  # noqa: E402
 
 LABELS = ["billing", "technical", "account"]
-
-
-@pytest.fixture(scope="module")
-def srv(tiny_qwen_mlx):
-    s = ThreadServer(Service(classifier_loader(str(tiny_qwen_mlx)), ServeOptions(max_wait_ms=5))).start()
-    yield s
-    s.stop()
-
-
-def _ours(srv, texts):
-    r = httpx.post(srv.url + "/v1/classify", json={"texts": texts}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["results"]
 
 
 # ----------------------------------------------------------------------------- vLLM
@@ -63,7 +49,7 @@ def test_vllm_classify_docs_body(srv):
     assert r.status_code == 200, r.text
     got = r.json()
     _check_vllm_shape(got, 2, srv)
-    ours = _ours(srv, VLLM_DOCS_BODY["input"])
+    ours = classify_results(srv, VLLM_DOCS_BODY["input"])
     for d, rec in zip(got["data"], ours):
         assert d["label"] == rec["label"]
         assert all(abs(p - rec["probs"][lab]) < 1e-6 for p, lab in zip(d["probs"], LABELS))
