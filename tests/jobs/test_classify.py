@@ -1,42 +1,14 @@
 """A classify job (`jobs/classify.py`): one input file to one output, as `mlx-slm classify` runs it."""
 
 import json
-from pathlib import Path
 
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.files.output import csv_columns, manifest_path, scan_output
-from mlx_slm.text.workload import tickets
-
-TEXTS = [t for t, _ in tickets(40)]
-
-
-def run(args, input=None):
-    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
-
-
-def cli(model, *extra):
-    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
-
-
-def jsonl_input(path: Path, texts=TEXTS, extra_lines=()) -> Path:
-    lines = [json.dumps({"id": f"t{i}", "text": t}) for i, t in enumerate(texts)]
-    for at, line in extra_lines:
-        lines.insert(at, line)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
+from mlx_slm.files.output import csv_columns, scan_output
+from tests.classify_run import TEXTS, cli, interrupted_copy, jsonl_input, run
 
 # ----------------------------------------------------------------- 3. resume: ours, exactly
-
-
-def _interrupted_copy(full: Path, part: Path, cut: int) -> None:
-    """What a run killed after writing `cut` bytes leaves: the prefix and an incomplete manifest."""
-    part.write_bytes(full.read_bytes()[:cut])
-    doc = json.loads(manifest_path(str(full)).read_text())
-    doc["complete"], doc["rows"] = False, None
-    manifest_path(str(part)).write_text(json.dumps(doc))
 
 
 def test_a_system_prompt_over_the_context_fails_at_once_or_gives_error_rows(tiny_qwen_mlx, tmp_path):
@@ -69,7 +41,7 @@ def test_a_resumed_batch_calibrated_run_does_not_call_its_items_labelled(tiny_qw
     assert run(["classify", str(inp), "-o", str(full), *args, "--warmup", "6", "-q"]).exit_code == 0
     written, _ = scan_output(str(full), "jsonl", csv_columns(["a", "b", "c"], raw=True))
     part = tmp_path / "part.jsonl"
-    _interrupted_copy(full, part, written[7].end)
+    interrupted_copy(full, part, written[7].end)
     r = CliRunner().invoke(main, ["classify", str(inp), "-o", str(part), "--resume", *args, "--warmup", "6"])
     assert r.exit_code == 0, r.output
     assert "the prior the interrupted run fitted, from the first 6 items of this input" in r.output

@@ -12,25 +12,8 @@ from mlx_slm.cli import BUG_REPORT, main
 from mlx_slm.files.output import manifest_path
 from mlx_slm.text.workload import tickets
 from tests import hostile
+from tests.classify_run import TEXTS, cli, jsonl_input, run
 from tests.hostile import invoke, refused, refused_cleanly, write
-
-TEXTS = [t for t, _ in tickets(40)]
-
-
-def run(args, input=None):
-    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
-
-
-def cli(model, *extra):
-    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
-
-
-def jsonl_input(path: Path, texts=TEXTS, extra_lines=()) -> Path:
-    lines = [json.dumps({"id": f"t{i}", "text": t}) for i, t in enumerate(texts)]
-    for at, line in extra_lines:
-        lines.insert(at, line)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 def test_eval_predictions_from_another_input_are_refused(tiny_qwen_mlx, tmp_path):

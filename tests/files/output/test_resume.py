@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from mlx_slm.cli import main
 from mlx_slm.files.output import csv_columns, manifest_path, plan_resume, scan_output
 from mlx_slm.text.workload import tickets
 from tests import hostile
+from tests.classify_run import TEXTS, cli, interrupted_copy, jsonl_input, run
 from tests.hostile import refused, write
 
 
@@ -123,34 +122,7 @@ def test_a_grouped_output_of_other_units_is_refused(tmp_path):
 # Output integrity (issue 10): exact resume from any cut, killed or interrupted.
 
 
-TEXTS = [t for t, _ in tickets(40)]
-
-
-def run(args, input=None):
-    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
-
-
-def cli(model, *extra):
-    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
-
-
-def jsonl_input(path: Path, texts=TEXTS, extra_lines=()) -> Path:
-    lines = [json.dumps({"id": f"t{i}", "text": t}) for i, t in enumerate(texts)]
-    for at, line in extra_lines:
-        lines.insert(at, line)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 # ----------------------------------------------------------------- 3. resume: ours, exactly
-
-
-def _interrupted_copy(full: Path, part: Path, cut: int) -> None:
-    """What a run killed after writing `cut` bytes leaves: the prefix and an incomplete manifest."""
-    part.write_bytes(full.read_bytes()[:cut])
-    doc = json.loads(manifest_path(str(full)).read_text())
-    doc["complete"], doc["rows"] = False, None
-    manifest_path(str(part)).write_text(json.dumps(doc))
 
 
 @pytest.mark.parametrize("ext", ["jsonl", "csv"])
@@ -176,7 +148,7 @@ def test_resume_from_any_cut_is_byte_identical_with_the_same_exit_status(tiny_qw
     cuts = sorted({0, 5, ends[0], ends[0] + 7, ends[3], ends[6] - 1, ends[10], ends[15] + 2, ends[-2], len(data) - 1})
     for cut in cuts:
         part = tmp_path / f"part-{cut}.{ext}"
-        _interrupted_copy(full, part, cut)
+        interrupted_copy(full, part, cut)
         r = run(["classify", str(inp), "-o", str(part), "--resume", *args])
         assert r.exit_code == r_full.exit_code, (cut, r.output)
         assert part.read_bytes() == data, f"cut at byte {cut}"
@@ -251,7 +223,7 @@ def test_resume_with_batch_calibration_and_abstain_is_byte_identical(tiny_qwen_m
     written, _ = scan_output(str(full), ext, csv_columns(["a", "b", "c"], raw=True, abstain=True))
     for cut in (written[2].end, written[9].end + 3, written[17].end):
         part = tmp_path / f"part-{cut}.{ext}"
-        _interrupted_copy(full, part, cut)
+        interrupted_copy(full, part, cut)
         doc = json.loads(manifest_path(str(part)).read_text())
         assert doc["fitted_calibrator"]["method"] == "batch"
         r = run(["classify", str(inp), "-o", str(part), "--resume", *args])
