@@ -4,10 +4,13 @@ Transformers model with prompts that hold pad ids where Transformers reads them 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from mlx_slm.text.workload import tickets
 from tests.conftest import SEQCLS_LABELS
 
 LENGTHS = [45, 7, 23, 60]
@@ -47,3 +50,28 @@ class Tiny:
     def ref(self, ids) -> np.ndarray:
         with torch.no_grad():
             return self.hf(torch.tensor([list(ids)]), use_cache=False).logits[0].numpy()
+
+
+# The front ends' and parity's rows on the three head forms (architecture, outputs, problem type).
+FORMS = {"label": ("qwen2", 3, None, True), "multi": ("llama", 4, MULTI, True), "score": ("qwen3", 1, None, True)}
+GOLD = ("negative", "neutral", "positive")
+_T = [t for t, _ in tickets(60)]
+
+
+def seqcls_rows(n: int = 30, gold: bool = False) -> list[dict]:
+    """n rows, every third with a text_pair, row 7 empty (an error row); `gold`: a label each."""
+    rows = []
+    for i in range(n):
+        r = {"id": i, "text": "" if i == 7 else _T[i][: 10 + (i * 31) % 140]}
+        if i % 3 == 0:
+            r["text_pair"] = _T[-1 - i][:40]
+        if gold:
+            r["label"] = GOLD[i % 3]
+        rows.append(r)
+    return rows
+
+
+def write_jsonl(path, rows) -> str:
+    """`rows` as JSONL at `path`; the path as a string (a CLI argument)."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)

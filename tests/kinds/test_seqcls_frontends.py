@@ -19,30 +19,7 @@ from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.cli import main
 from mlx_slm.engine.engine import Engine
 from mlx_slm.parity.reference import SeqClsReference
-from mlx_slm.text.workload import tickets
-
-MULTI = "multi_label_classification"
-FORMS = {"label": ("qwen2", 3, None, True), "multi": ("llama", 4, MULTI, True), "score": ("qwen3", 1, None, True)}
-_T = [t for t, _ in tickets(60)]
-GOLD = ("negative", "neutral", "positive")
-
-
-def _rows(n: int = 30, gold: bool = False) -> list[dict]:
-    """n rows, every third with a text_pair, row 7 empty (an error row); `gold`: a label each."""
-    rows = []
-    for i in range(n):
-        r = {"id": i, "text": "" if i == 7 else _T[i][: 10 + (i * 31) % 140]}
-        if i % 3 == 0:
-            r["text_pair"] = _T[-1 - i][:40]
-        if gold:
-            r["label"] = GOLD[i % 3]
-        rows.append(r)
-    return rows
-
-
-def _jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+from tests.seqcls_cases import FORMS, GOLD, seqcls_rows, write_jsonl
 
 
 def _items(rows) -> list:
@@ -62,8 +39,8 @@ def models(tiny_arch) -> dict:
 
 
 def test_eval_of_a_single_label_head_with_pairs(models, tmp_path):
-    rows = _rows(gold=True)
-    inp = _jsonl(tmp_path / "gold.jsonl", rows)
+    rows = seqcls_rows(gold=True)
+    inp = write_jsonl(tmp_path / "gold.jsonl", rows)
     r = run(["eval", inp, "--model", str(models["label"]), "--json", str(tmp_path / "rep.json"), "-q"])
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "rep.json").read_text())
@@ -76,7 +53,7 @@ def test_eval_of_a_single_label_head_with_pairs(models, tmp_path):
 
 @pytest.mark.parametrize("form", ["multi", "score"])
 def test_eval_refuses_a_multi_label_or_one_output_head(models, form, tmp_path):
-    inp = _jsonl(tmp_path / "gold.jsonl", _rows(gold=True))
+    inp = write_jsonl(tmp_path / "gold.jsonl", seqcls_rows(gold=True))
     r = run(["eval", inp, "--model", str(models[form]), "-q"])
     assert r.exit_code == 2 and "eval scores one label per text against its gold label" in r.output
     assert ("multi-label head" if form == "multi" else "one-output head") in r.output
@@ -89,8 +66,8 @@ def test_eval_refuses_a_multi_label_or_one_output_head(models, form, tmp_path):
 
 
 def test_batch_and_fit_calibration_and_min_confidence_on_a_single_label_head(models, tmp_path):
-    rows = _rows(gold=True)
-    inp = _jsonl(tmp_path / "in.jsonl", rows)
+    rows = seqcls_rows(gold=True)
+    inp = write_jsonl(tmp_path / "in.jsonl", rows)
     engine = Engine.load(str(models["label"]))
     raw = Classifier(engine).classify(_items(rows))
     want = Classifier(engine, calibration="batch", min_confidence=0.6).classify(_items(rows))
@@ -103,7 +80,7 @@ def test_batch_and_fit_calibration_and_min_confidence_on_a_single_label_head(mod
         assert x["calibration"] == "batch" and x.get("abstained", False) == w.abstained
         assert all(abs(x["probs"][k] - w.probs[k]) < 1e-5 and abs(x["raw_probs"][k] - p.probs[k]) < 1e-5 for k in GOLD)
     task = tmp_path / "task.json"
-    labelled = _jsonl(tmp_path / "labelled.jsonl", [r for r in rows if r["text"]])
+    labelled = write_jsonl(tmp_path / "labelled.jsonl", [r for r in rows if r["text"]])
     fit = run(["classify", inp, "--model", str(models["label"]), "--calibrate", "fit", "--calibration-data", labelled,
                "--save-task", str(task), "-q", "--on-error", "skip"])  # fmt: skip
     assert fit.exit_code == 0, fit.output
@@ -116,7 +93,7 @@ def test_batch_and_fit_calibration_and_min_confidence_on_a_single_label_head(mod
 @pytest.mark.parametrize("form", ["multi", "score"])
 @pytest.mark.parametrize("option", [["--calibrate", "batch"], ["--min-confidence", "0.5"], ["--calibrate", "fit"]])
 def test_calibration_is_refused_with_the_kinds_message(models, form, option, tmp_path):
-    inp = _jsonl(tmp_path / "in.jsonl", _rows(gold=True))
+    inp = write_jsonl(tmp_path / "in.jsonl", seqcls_rows(gold=True))
     if option[1] == "fit":
         option = [*option, "--calibration-data", inp]
     out = tmp_path / "out.jsonl"
@@ -143,7 +120,7 @@ def _cut(src, dst, rows: int) -> None:
 @pytest.mark.parametrize("form", ["label", "multi", "score"])
 @pytest.mark.parametrize("ext", ["jsonl", "csv"])
 def test_resume_and_shards_read_back_every_form(models, form, ext, tmp_path):
-    inp = _jsonl(tmp_path / "in.jsonl", _rows())
+    inp = write_jsonl(tmp_path / "in.jsonl", seqcls_rows())
     model = ["--model", str(models[form]), "-q", "--window", "8", "--on-error", "skip"]
     full = tmp_path / f"full.{ext}"
     assert run(["classify", inp, *model, "-o", str(full)]).exit_code == 0
@@ -175,7 +152,7 @@ def test_resume_and_shards_read_back_every_form(models, form, ext, tmp_path):
 
 
 def test_resume_and_merge_refuse_another_threshold(models, tmp_path):
-    inp = _jsonl(tmp_path / "in.jsonl", _rows())
+    inp = write_jsonl(tmp_path / "in.jsonl", seqcls_rows())
     model = ["--model", str(models["multi"]), "-q", "--window", "8", "--on-error", "skip"]
     full = tmp_path / "full.jsonl"
     assert run(["classify", inp, *model, "-o", str(full)]).exit_code == 0
@@ -194,7 +171,7 @@ def test_resume_and_merge_refuse_another_threshold(models, tmp_path):
 
 @pytest.mark.parametrize("form", ["label", "multi", "score"])
 def test_a_task_round_trips_and_is_refused_on_another_model(models, tiny_arch, form, tmp_path):
-    inp = _jsonl(tmp_path / "in.jsonl", _rows())
+    inp = write_jsonl(tmp_path / "in.jsonl", seqcls_rows())
     task = tmp_path / "task.json"
     extra = ["--threshold", "0.3"] if form == "multi" else []
     first = run(["classify", inp, "--model", str(models[form]), *extra, "--save-task", str(task), "-q"])
@@ -212,7 +189,7 @@ def test_a_task_round_trips_and_is_refused_on_another_model(models, tiny_arch, f
 
 
 def test_options_a_model_with_its_own_head_refuses(models, tmp_path):
-    inp = _jsonl(tmp_path / "in.jsonl", _rows()[:3])
+    inp = write_jsonl(tmp_path / "in.jsonl", seqcls_rows()[:3])
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"name": "team", "question": "Which team?", "labels": ["a", "b"]}) + "\n")
     own = "['negative', 'neutral', 'positive']"
@@ -242,7 +219,7 @@ def test_sklearn_method_model_uses_the_head_as_it_is(models, tiny_arch, tmp_path
 
     from mlx_slm.sklearn import SLMClassifier
 
-    rows = [r for r in _rows(gold=True) if r["text"]]
+    rows = [r for r in seqcls_rows(gold=True) if r["text"]]
     X, y = [r["text"] for r in rows], [r["label"] for r in rows]
     ref = SeqClsReference(tiny_arch.seqcls_hf(*FORMS["label"]), threads=1)
     want = ref.classify(X)[2]  # (n, 3) in id order
@@ -286,7 +263,7 @@ def test_ray_classify_batch_writes_each_form_with_pairs(models, tiny_arch, form)
     pytest.importorskip("ray")
     import mlx_slm.ray as mray
 
-    rows = _rows(12)
+    rows = seqcls_rows(12)
     table = pa.table({"id": [r["id"] for r in rows], "text": [r["text"] or None for r in rows],
                       "text_pair": [r.get("text_pair") for r in rows]})  # fmt: skip
     out = mray.ClassifyBatch(None, {"model": str(models[form])})(table).to_pylist()
@@ -315,7 +292,7 @@ def test_classify_ray_with_pairs_equals_the_local_run(models, tmp_path):
 
     mray.init(num_cpus=2)
     try:
-        inp = _jsonl(tmp_path / "in.jsonl", _rows())
+        inp = write_jsonl(tmp_path / "in.jsonl", seqcls_rows())
         for form in ("multi", "score"):
             local = run(["classify", inp, "--model", str(models[form]), "-q", "--on-error", "skip"])
             on_ray = run(["classify", inp, "--model", str(models[form]), "-q", "--on-error", "skip", "--ray"])

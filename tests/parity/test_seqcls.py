@@ -10,36 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.text.workload import tickets
-
-MULTI = "multi_label_classification"
-
-
-FORMS = {"label": ("qwen2", 3, None, True), "multi": ("llama", 4, MULTI, True), "score": ("qwen3", 1, None, True)}
-
-
-_T = [t for t, _ in tickets(60)]
-
-
-GOLD = ("negative", "neutral", "positive")
-
-
-def _rows(n: int = 30, gold: bool = False) -> list[dict]:
-    """n rows, every third with a text_pair, row 7 empty (an error row); `gold`: a label each."""
-    rows = []
-    for i in range(n):
-        r = {"id": i, "text": "" if i == 7 else _T[i][: 10 + (i * 31) % 140]}
-        if i % 3 == 0:
-            r["text_pair"] = _T[-1 - i][:40]
-        if gold:
-            r["label"] = GOLD[i % 3]
-        rows.append(r)
-    return rows
-
-
-def _jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+from tests.seqcls_cases import FORMS, seqcls_rows, write_jsonl
 
 
 def run(args, **kw):
@@ -57,7 +28,7 @@ def models(tiny_arch) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["label", "multi", "score"])
 def test_parity_of_a_sequence_classifier_with_pairs(models, form, tmp_path):
-    inp = _jsonl(tmp_path / "in.jsonl", _rows(16))
+    inp = write_jsonl(tmp_path / "in.jsonl", seqcls_rows(16))
     r = run(["parity", "--model", str(models[form]), "--input", inp, "--n", "16", "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
