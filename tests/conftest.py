@@ -517,3 +517,23 @@ def yesno_decider(request, tmp_path_factory):
     mlx_dir = convert(hf_dir, tmp_path_factory.mktemp(f"mlx-yesno-{arch}") / "m", dtype="float32", progress=None)
     config = DecisionConfig(temperature=TEMPERATURE)
     return hf_dir, Decider.load(str(mlx_dir), decision_config=config, dtype="float32")
+
+
+# Six short support tickets, one a single letter: what the classifier's own tests (frames, streams,
+# inputs) run on the tiny model.
+TICKET_TEXTS = [
+    "My card was charged twice for the same invoice.",
+    "The mobile app crashes whenever I open the settings page.",
+    "x",
+    "I need to change the email address on my profile, it is old and I no longer use it at all.",
+    "refund status please",
+    "Why was I billed again?",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_clf(tiny_qwen_mlx):
+    """A Classifier on the tiny model (labels: the default task's; batches of 2)."""
+    from mlx_slm.classifier.classifier import Classifier
+
+    return Classifier.load(str(tiny_qwen_mlx), batch_size=2)

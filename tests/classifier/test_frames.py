@@ -5,32 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_slm.classifier.classifier import Classifier
+from tests.conftest import TICKET_TEXTS as TEXTS
 
 pd = pytest.importorskip("pandas")
 
 
-TEXTS = [
-    "My card was charged twice for the same invoice.",
-    "The mobile app crashes whenever I open the settings page.",
-    "x",
-    "I need to change the email address on my profile, it is old and I no longer use it at all.",
-    "refund status please",
-    "Why was I billed again?",
-]
-
-
-@pytest.fixture(scope="module")
-def clf(tiny_qwen_mlx):
-    return Classifier.load(str(tiny_qwen_mlx), batch_size=2)
-
-
-def test_classify_frame_columns(clf):
+def test_classify_frame_columns(tiny_clf):
     df = pd.DataFrame({"id": ["a", "b", "c", "d"], "text": [TEXTS[0], "", None, TEXTS[1]]}, index=[10, 11, 12, 13])
-    out = clf.classify_frame(df, text_column="text")
+    out = tiny_clf.classify_frame(df, text_column="text")
     assert list(out.index) == [10, 11, 12, 13] and "label" not in df.columns  # a copy
     assert list(out.columns) == ["id", "text", "label", "p_billing", "p_technical", "p_account", "truncated", "error"]
-    want = clf.classify([TEXTS[0], TEXTS[1]])
+    want = tiny_clf.classify([TEXTS[0], TEXTS[1]])
     assert out.loc[10, "label"] == want[0].label and out.loc[13, "label"] == want[1].label
     assert abs(out.loc[10, "p_billing"] - want[0].probs["billing"]) < 1e-12
     assert str(out["p_billing"].dtype) == "float64" and str(out["truncated"].dtype) == "bool"
@@ -40,19 +25,19 @@ def test_classify_frame_columns(clf):
     assert all(abs(s - 1) < 1e-9 for s in row_sums)
 
 
-def test_classify_frame_names_a_prefix_that_is_not_a_string(clf):
+def test_classify_frame_names_a_prefix_that_is_not_a_string(tiny_clf):
     """Issue 26: prefix=5 raised a bare TypeError from inside (int + str)."""
     pd = pytest.importorskip("pandas")
     with pytest.raises(TypeError, match=r"classify_frame\(prefix=\.\.\.\) takes a string.*got int 5"):
-        clf.classify_frame(pd.DataFrame({"text": ["hi"]}), prefix=5)
+        tiny_clf.classify_frame(pd.DataFrame({"text": ["hi"]}), prefix=5)
 
 
-def test_classify_frame_calibration_and_abstain_columns(clf):
+def test_classify_frame_calibration_and_abstain_columns(tiny_clf):
     df = pd.DataFrame({"text": TEXTS})
-    out = clf.classify_frame(df, calibration="batch", min_confidence=0.99)
+    out = tiny_clf.classify_frame(df, calibration="batch", min_confidence=0.99)
     for col in ("raw_p_billing", "raw_p_account", "calibration", "abstained"):
         assert col in out.columns
-    ref = clf.classify(TEXTS, calibration="batch", min_confidence=0.99)
+    ref = tiny_clf.classify(TEXTS, calibration="batch", min_confidence=0.99)
     assert list(out["label"]) == [p.label for p in ref]
     assert list(out["abstained"]) == [p.abstained for p in ref]
     assert set(out["calibration"]) == {"batch"}
@@ -60,10 +45,10 @@ def test_classify_frame_calibration_and_abstain_columns(clf):
     # a column already there is refused, and prefix= avoids it
     gold = pd.DataFrame({"text": TEXTS[:2], "label": ["billing", "technical"]})
     with pytest.raises(ValueError, match="prefix="):
-        clf.classify_frame(gold)
-    out = clf.classify_frame(gold, prefix="pred_")
+        tiny_clf.classify_frame(gold)
+    out = tiny_clf.classify_frame(gold, prefix="pred_")
     assert list(out["label"]) == ["billing", "technical"] and "pred_label" in out.columns
     with pytest.raises(KeyError, match="body"):
-        clf.classify_frame(gold, text_column="body")
+        tiny_clf.classify_frame(gold, text_column="body")
     with pytest.raises(TypeError, match="DataFrame"):
-        clf.classify_frame(TEXTS)
+        tiny_clf.classify_frame(TEXTS)

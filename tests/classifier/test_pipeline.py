@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 from click.testing import CliRunner
 
 from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.cli import main
 from mlx_slm.text.workload import tickets
+from tests.conftest import TICKET_TEXTS as TEXTS
 
 ROWS = tickets(30)
 
@@ -31,10 +31,9 @@ def _strict(text: str) -> list[dict]:
 
 
 def test_a_non_finite_probability_is_an_error_row_never_a_number(nan_seqcls, tmp_path):
-    from mlx_slm.classifier.classifier import Classifier
 
-    clf = Classifier.load(str(nan_seqcls))
-    preds = clf.classify(["hello there", "my bill is wrong"])
+    tiny_clf = Classifier.load(str(nan_seqcls))
+    preds = tiny_clf.classify(["hello there", "my bill is wrong"])
     assert all(p.error and "non-finite probability" in p.error for p in preds)
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, (t, _) in enumerate(ROWS[:5])))
@@ -46,41 +45,26 @@ def test_a_non_finite_probability_is_an_error_row_never_a_number(nan_seqcls, tmp
     assert not any(isinstance(v, float) and not math.isfinite(v) for x in rows for v in x.values())
 
 
-TEXTS = [
-    "My card was charged twice for the same invoice.",
-    "The mobile app crashes whenever I open the settings page.",
-    "x",
-    "I need to change the email address on my profile, it is old and I no longer use it at all.",
-    "refund status please",
-    "Why was I billed again?",
-]
-
-
-@pytest.fixture(scope="module")
-def clf(tiny_qwen_mlx):
-    return Classifier.load(str(tiny_qwen_mlx), batch_size=2)
-
-
-def test_unordered_stream_yields_each_batch_as_it_finishes(clf):
+def test_unordered_stream_yields_each_batch_as_it_finishes(tiny_clf):
     """ordered=False hands out a batch's predictions before the next batch is computed."""
     texts = TEXTS + ["", "short", "a much longer ticket text that goes on and on about invoices and payments"]
     batches = []
-    orig = clf.kind.score  # the kind scores each batch (pipeline.run_items calls it)
+    orig = tiny_clf.kind.score  # the kind scores each batch (pipeline.run_items calls it)
 
     def spy(*a, **k):
         out = orig(*a, **k)
         batches.append([p.index for p in out])
         return out
 
-    clf.kind.score = spy
+    tiny_clf.kind.score = spy
     try:
         seen_at = []  # how many batches had run when each prediction arrived
         preds = []
-        for p in clf.classify_iter(texts, ordered=False):
+        for p in tiny_clf.classify_iter(texts, ordered=False):
             seen_at.append(len(batches))
             preds.append(p)
     finally:
-        del clf.kind.score
+        del tiny_clf.kind.score
     assert sorted(p.index for p in preds) == list(range(len(texts)))
     assert preds[0].index == 6 and preds[0].error  # the empty text: first, before any batch ran
     assert seen_at[0] == 0
@@ -89,5 +73,5 @@ def test_unordered_stream_yields_each_batch_as_it_finishes(clf):
         assert [p.index for p in preds[k : k + len(b)]] == b and set(seen_at[k : k + len(b)]) == {i}
         k += len(b)
     assert len(batches) >= 3
-    ordered = {p.index: p for p in clf.classify_iter(texts)}
+    ordered = {p.index: p for p in tiny_clf.classify_iter(texts)}
     assert all(p.label == ordered[p.index].label and p.probs == ordered[p.index].probs for p in preds)
