@@ -41,3 +41,11 @@ def interrupted_copy(full: Path, part: Path, cut: int) -> None:
     doc = json.loads(manifest_path(str(full)).read_text())
     doc["complete"], doc["rows"] = False, None
     manifest_path(str(part)).write_text(json.dumps(doc))
+
+
+def write_jsonl(path, texts, bad_line_at=None):
+    """`texts` as JSONL rows {"id": "t<i>", "text": ...} at `path`, a broken line at `bad_line_at` if given."""
+    lines = [json.dumps({"id": f"t{i}", "text": t}) for i, t in enumerate(texts)]
+    if bad_line_at is not None:
+        lines.insert(bad_line_at, "{broken")
+    path.write_text("\n".join(lines) + "\n")

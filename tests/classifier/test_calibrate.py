@@ -13,13 +13,10 @@ from mlx_slm.cli import main
 from mlx_slm.text.calibration import Calibrator, fit_batch
 from mlx_slm.text.labels import log_softmax
 from mlx_slm.text.workload import tickets
+from tests.classify_run import run
 
 LABELS = ["billing", "technical", "account"]
 WORK = tickets(30)
-
-
-def run(args, input=None):
-    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
 
 
 def cli(model, *extra):

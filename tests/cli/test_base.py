@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from mlx_slm.cli import main
 from mlx_slm.text.workload import tickets
+from tests.classify_run import run, write_jsonl
 from tests.hostile import invoke, refused_cleanly, write
 
 HELP = Path(__file__).resolve().parents[1] / "data" / "help"
@@ -73,18 +74,6 @@ def test_every_option_is_in_its_commands_help(path):
 
 
 TEXTS = [t for t, _ in tickets(12)]
-
-
-def run(args, input=None):
-    r = CliRunner().invoke(main, args, input=input, catch_exceptions=False)
-    return r
-
-
-def write_jsonl(path, texts, bad_line_at=None):
-    lines = [json.dumps({"id": f"t{i}", "text": t}) for i, t in enumerate(texts)]
-    if bad_line_at is not None:
-        lines.insert(bad_line_at, "{broken")
-    path.write_text("\n".join(lines) + "\n")
 
 
 def test_template_and_system_escapes_on_the_command_line(tiny_qwen_mlx, tmp_path):

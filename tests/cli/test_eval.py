@@ -7,15 +7,9 @@ from click.testing import CliRunner
 
 from mlx_slm.cli import main
 from mlx_slm.text.workload import tickets
+from tests.classify_run import write_jsonl
 
 TEXTS = [t for t, _ in tickets(12)]
-
-
-def write_jsonl(path, texts, bad_line_at=None):
-    lines = [json.dumps({"id": f"t{i}", "text": t}) for i, t in enumerate(texts)]
-    if bad_line_at is not None:
-        lines.insert(bad_line_at, "{broken")
-    path.write_text("\n".join(lines) + "\n")
 
 
 def test_eval_items_per_second_and_resume_messages(tiny_qwen_mlx, tmp_path):

@@ -3,14 +3,8 @@
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from mlx_slm.cli import main
-
-
-def run(args, input=None):
-    r = CliRunner().invoke(main, args, input=input, catch_exceptions=False)
-    return r
+from tests.classify_run import run
 
 
 @pytest.fixture(scope="session")

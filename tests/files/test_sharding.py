@@ -17,18 +17,11 @@ from mlx_slm.files.output import manifest_path
 from mlx_slm.files.sharding import ShardError, parse_shard, plan_shards, shard_range
 from mlx_slm.text.workload import tickets
 from tests import hostile
+from tests.classify_run import cli, run
 from tests.hostile import invoke, refused_cleanly, write
 from tests.hostile import refused_cleanly as refused
 
 TEXTS = [t for t, _ in tickets(120)]
-
-
-def run(args, input=None):
-    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
-
-
-def cli(model, *extra):
-    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
 
 
 def write_input(path: Path, n: int = 120, bad_every: int = 0) -> Path:

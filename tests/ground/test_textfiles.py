@@ -4,23 +4,14 @@ bytes that are not UTF-8, a lone surrogate, a folder, a JSON error's place."""
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from mlx_slm.classifier.task import Task
-from mlx_slm.cli import main
 from mlx_slm.files.labelfiles import read_label_descriptions
 from mlx_slm.files.readers import read_rows
 from mlx_slm.ground.errors import UserError
 from mlx_slm.text.prompts import read_examples
 from mlx_slm.text.questions import read_questions
-
-
-def run(args, input=None):
-    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
-
-
-def cli(model, *extra):
-    return ["--model", str(model), "--labels", "a,b,c", "-q", *extra]
+from tests.classify_run import cli, run
 
 
 def test_json_errors_say_where_without_a_doubled_at(tiny_qwen_mlx, tmp_path):
