@@ -43,6 +43,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve_child(*args: str) -> tuple[subprocess.Popen, str]:
+    """`mlx-slm serve ARGS` in a child process on a free port (-q, no API key from the environment);
+    the process and its URL once /health answers 200 (its stderr's tail if it exits first)."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env.pop("MLX_SLM_API_KEY", None)
+    cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", *args, "--port", str(port), "-q"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    end = time.time() + 180
+    while time.time() < end:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(proc.stderr.read().decode()[-2000:])
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("mlx-slm serve did not start")
+
+
 class ThreadServer:
     def __init__(self, service: Service):
         self.service = service

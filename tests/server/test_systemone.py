@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -25,7 +22,7 @@ zstandard = pytest.importorskip("zstandard")
 from mlx_slm.server import ServeOptions, Service, classifier_loader  # noqa: E402
 from mlx_slm.text.decisions.confidence import choice_confidence, score_confidence  # noqa: E402
 from mlx_slm.text.decisions.systemone import parse_systemone  # noqa: E402
-from tests.server.test_app import ThreadServer, _free_port  # noqa: E402
+from tests.server.test_app import ThreadServer, serve_child  # noqa: E402
 
 KEY = "k"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -325,27 +322,6 @@ def test_metrics_count_decisions_questions_and_state_cache_hits(served):
 # ----------------------------------------------------------------------------- jevcompat, end to end
 
 
-def _serve(model, *args):
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    env.pop("MLX_SLM_API_KEY", None)
-    cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--model", str(model), "--port", str(port), "-q", *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    end = time.time() + 180
-    while time.time() < end:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read().decode()[-2000:])
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("mlx-slm serve did not start")
-
-
 @pytest.mark.slow
 @pytest.mark.real
 def test_jevcompat_passes_every_requirement(smollm2_mlx):
@@ -358,7 +334,7 @@ def test_jevcompat_passes_every_requirement(smollm2_mlx):
     not refused by the share of the timeout one item may take while others wait (issue 53)."""
     runner = pytest.importorskip("jevcompat.runner")
     auth = {"auth.missing", "auth.invalid", "auth.bearer"}
-    proc, url = _serve(smollm2_mlx)  # the defaults: no key, the default --request-timeout
+    proc, url = serve_child("--model", str(smollm2_mlx))  # the defaults: no key, the default --request-timeout
     try:
         rep = runner.run(url, key=None, timeout=300)
     finally:
@@ -367,7 +343,7 @@ def test_jevcompat_passes_every_requirement(smollm2_mlx):
     failed = {r.id: [f.message for f in r.findings] for r in rep.results if r.status == "fail"}
     assert not failed and not rep.inconclusive, (failed, rep.inconclusive)
     assert rep.verdict == "conformant" and {r.id for r in rep.results if r.status == "skip"} == auth
-    proc, url = _serve(smollm2_mlx, "--api-key", KEY)  # a key: a missing or wrong one is refused
+    proc, url = serve_child("--model", str(smollm2_mlx), "--api-key", KEY)  # a key: a missing or wrong one is refused
     try:
         keyed = runner.run(url, key=KEY, timeout=300, only={"auth", "noul-basic"})
     finally:

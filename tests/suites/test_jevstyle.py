@@ -10,11 +10,9 @@ server in a child process and jev-style's CLI in another. jev-style sends no `mo
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ jev_evaluate = pytest.importorskip("jev_style.evaluate")
 
 from mlx_slm.cli import main  # noqa: E402
 from mlx_slm.text.workload import tickets  # noqa: E402
-from tests.server.test_app import _free_port  # noqa: E402
+from tests.server.test_app import serve_child  # noqa: E402
 
 QUESTIONS = {
     "team": {
@@ -69,28 +67,6 @@ def _cli(args: list[str]) -> str:
     return r.output
 
 
-def _serve(task: Path) -> tuple[subprocess.Popen, str]:
-    """`mlx-slm serve --task T` in a child; its URL once /health answers."""
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    env.pop("MLX_SLM_API_KEY", None)
-    cmd = [sys.executable, "-m", "mlx_slm.cli", "serve", "--task", str(task), "--port", str(port), "-q"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    end = time.time() + 180
-    while time.time() < end:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read().decode()[-2000:])
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("mlx-slm serve did not start")
-
-
 @pytest.mark.slow
 def test_jev_style_eval_of_a_served_task_equals_mlx_slm_eval(tiny_arch, tmp_path):
     model = str(tiny_arch.mlx("qwen2"))
@@ -127,7 +103,7 @@ def test_jev_style_eval_of_a_served_task_equals_mlx_slm_eval(tiny_arch, tmp_path
     assert all(ours[k]["applied"].get("fitted_as") == k for k in QUESTIONS), ours  # the task's methods, applied
 
     # -> serve --task -> an unmodified client
-    proc, url = _serve(task)
+    proc, url = serve_child("--task", str(task))
     try:
         asked = {"model": "jev-latest", "state": rows[30]["state"], "questions": {"route": QUESTIONS["team"]}}
         one = httpx.post(url + "/v1/systemone", json=asked, timeout=120).json()["answers"]["route"]
