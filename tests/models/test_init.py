@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification
 
 import mlx_slm  # noqa: F401  (the optimized BLAS before mlx.core)
 from mlx_slm.ground.errors import ModelError, UserError
@@ -33,6 +33,7 @@ from mlx_slm.models import gemma3 as gemma3_mod
 from mlx_slm.weights.convert import convert
 from tests.conftest import make_tokenizer
 from tests.forward_parity import check_diff, padded
+from tests.models.test_mlxlm import tiny_config
 from tests.seqcls_cases import CASES, LENGTHS, MULTI, Tiny
 from tests.seqcls_cases import case_name as _name
 
@@ -122,23 +123,7 @@ def test_label_scoring_on_a_sequence_classifier_is_a_user_error(tiny_arch):
 def test_a_family_only_mlx_lm_covers(family, tmp_path):
     """mlx-lm's class with a score head in place of its LM head (models/mlxlm.py)."""
     tok = make_tokenizer(tmp_path / "hf")
-    cfg = AutoConfig.for_model(
-        family,
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        initializer_range=0.15,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-        sliding_window=None,
-        id2label={0: "no", 1: "yes"},
-        label2id={"no": 0, "yes": 1},
-    )
+    cfg = tiny_config(family, tok, sliding_window=None, id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1})
     torch.manual_seed(5)
     hf = AutoModelForSequenceClassification.from_config(cfg, dtype=torch.float32).eval()
     hf.save_pretrained(str(tmp_path / "hf"))

@@ -49,10 +49,10 @@ def _on_cpu():
     mx.set_default_device(prev)
 
 
-def make_hf(out, family: str, **extra):
-    """A random tiny checkpoint of `family`, saved as a Hugging Face directory (float32)."""
-    tok = make_tokenizer(out)
-    cfg = AutoConfig.for_model(
+def tiny_config(family: str, tok, **extra):
+    """A tiny random config of `family` on `tok`'s vocabulary (3 layers, 4 heads over 2 KV heads of
+    16, no BOS), with `extra` over it: the checkpoints of this file's and the loader's tests."""
+    return AutoConfig.for_model(
         family,
         vocab_size=len(tok),
         hidden_size=64,
@@ -64,10 +64,15 @@ def make_hf(out, family: str, **extra):
         max_position_embeddings=1024,
         initializer_range=0.15,
         pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
         bos_token_id=None,
-        **{**EXTRA.get(family, {}), **extra},
+        **extra,
     )
+
+
+def make_hf(out, family: str, **extra):
+    """A random tiny checkpoint of `family`, saved as a Hugging Face directory (float32)."""
+    tok = make_tokenizer(out)
+    cfg = tiny_config(family, tok, eos_token_id=tok.eos_token_id, **{**EXTRA.get(family, {}), **extra})
     rp = getattr(cfg, "rope_parameters", None)
     if isinstance(rp, dict) and "rope_theta" in rp:
         rp["rope_theta"] = 54321.0  # not mlx-lm's default: a config read wrong shows
