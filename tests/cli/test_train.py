@@ -13,6 +13,7 @@ from mlx_slm.text.heads import (
     candidate_name,
 )
 from mlx_slm.text.workload import tickets
+from tests.train_cli import FT, run, train_file
 
 pytest.importorskip("sklearn")
 
@@ -31,7 +32,6 @@ def _labelled(n_per: int = 8):
 
 # --------------------------------------------------------------------------- the CLI
 def _run(args):
-    from mlx_slm.cli import main
 
     return CliRunner().invoke(main, args, catch_exceptions=False)
 
@@ -89,25 +89,12 @@ def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
     assert r.exit_code == 2 and "'account' has 6" in r.output and "at least 7 examples per label" in r.output
 
 
-ROWS = tickets(24)
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    return _jsonl(tmp_path_factory.mktemp("r7") / "train.jsonl", [{"text": t, "label": g} for t, g in ROWS])
+    return train_file(tmp_path_factory)
 
 
 # --------------------------------------------------------------------------- options and messages
-FT = ["--finetune", "lora", "--epochs", "1", "--adapt-layers", "1", "--val-fraction", "0", "-q"]
 
 
 def test_head_init_words_works_from_the_cli(tmp_path, data, tiny_qwen_mlx):

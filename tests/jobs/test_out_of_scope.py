@@ -3,41 +3,27 @@ labelled texts, the rule a value the job applies, bad held-out data refused befo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from mlx_slm.classifier.task import Task
-from mlx_slm.cli import main
 from mlx_slm.ground.errors import UsageError
 from mlx_slm.jobs.out_of_scope import NoneRule
 from mlx_slm.text.workload import tickets
-
-ROWS = tickets(24)
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+from tests.train_cli import FT, run, train_file, write_rows
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    return _jsonl(tmp_path_factory.mktemp("r7") / "train.jsonl", [{"text": t, "label": g} for t, g in ROWS])
+    return train_file(tmp_path_factory)
 
 
 # --------------------------------------------------------------------------- options and messages
-FT = ["--finetune", "lora", "--epochs", "1", "--adapt-layers", "1", "--val-fraction", "0", "-q"]
 
 
 def test_none_data_with_a_bad_row_is_refused_before_the_training(tmp_path, data, tiny_qwen_mlx):
-    held = _jsonl(tmp_path / "held.jsonl", [{"text": t, "label": g} for t, g in tickets(30)[24:]] +
+    held = write_rows(tmp_path / "held.jsonl", [{"text": t, "label": g} for t, g in tickets(30)[24:]] +
                   [{"text": "weather", "label": "oos"}, {"text": "no label here"}])  # fmt: skip
     task = tmp_path / "t.json"
     r = run(["train", data, "--model", tiny_qwen_mlx, "--save-task", task, *FT[:-1], "--none-label", "oos",
