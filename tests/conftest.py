@@ -537,3 +537,22 @@ def tiny_clf(tiny_qwen_mlx):
     from mlx_slm.classifier.classifier import Classifier
 
     return Classifier.load(str(tiny_qwen_mlx), batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def lora_work(tmp_path_factory, tiny_qwen_mlx):
+    """A fine-tuned task made by the CLI (`train --finetune lora`, tests.train_cli.FAST), its data and
+    24 texts to classify (row 5 empty: an error row); one per test module that asks for it."""
+    from types import SimpleNamespace
+
+    from tests.train_cli import FAST, TUNE_ROWS, run, write_rows
+
+    d = tmp_path_factory.mktemp("ft-cli")
+    data = write_rows(d / "train.jsonl", [{"id": i, "text": t, "label": g} for i, (t, g) in enumerate(TUNE_ROWS)])
+    inp = write_rows(
+        d / "in.jsonl", [{"id": i, "text": "" if i == 5 else t} for i, (t, _) in enumerate(TUNE_ROWS[:24])]
+    )
+    task = d / "task.json"
+    r = run(["train", data, "--finetune", "lora", "--model", tiny_qwen_mlx, "--save-task", task, *FAST])
+    assert r.exit_code == 0, r.output
+    return SimpleNamespace(d=d, data=data, inp=inp, task=task, model=str(tiny_qwen_mlx), table=r.stdout)

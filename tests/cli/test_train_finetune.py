@@ -11,26 +11,13 @@ import hashlib
 import importlib
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
-from mlx_slm.text.workload import tickets
-
-FAST = ["--adapt-layers", "2", "--epochs", "3", "--lr", "1e-3", "--head-lr", "1e-2", "--val-fraction", "0.2", "-q"]
-ROWS = tickets(60)  # 20 tickets of each of billing, technical, account
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+from tests.train_cli import FAST, TUNE_ROWS, run, write_rows
 
 
 def _records(text: str) -> list[dict]:
@@ -40,18 +27,6 @@ def _records(text: str) -> list[dict]:
 def _left(folder: Path, data: Path) -> list[str]:
     """What a run left in `folder` beside its input (nothing, for a refused one)."""
     return sorted(p.name for p in folder.iterdir() if p != data)
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory, tiny_qwen_mlx):
-    """A fine-tuned task made by the CLI, its data and 24 texts to classify (row 5 empty: an error row)."""
-    d = tmp_path_factory.mktemp("ft-cli")
-    data = _jsonl(d / "train.jsonl", [{"id": i, "text": t, "label": g} for i, (t, g) in enumerate(ROWS)])
-    inp = _jsonl(d / "in.jsonl", [{"id": i, "text": "" if i == 5 else t} for i, (t, _) in enumerate(ROWS[:24])])
-    task = d / "task.json"
-    r = run(["train", data, "--finetune", "lora", "--model", tiny_qwen_mlx, "--save-task", task, *FAST])
-    assert r.exit_code == 0, r.output
-    return SimpleNamespace(d=d, data=data, inp=inp, task=task, model=str(tiny_qwen_mlx), table=r.stdout)
 
 
 def _side(task: Path) -> Path:
@@ -65,60 +40,60 @@ def _tuned(task: Path):
     return Task.load(task).kind.tuned
 
 
-def test_train_writes_the_task_and_its_adapters_beside_it(work):
-    t = json.loads(work.task.read_text())
-    side = _side(work.task)
+def test_train_writes_the_task_and_its_adapters_beside_it(lora_work):
+    t = json.loads(lora_work.task.read_text())
+    side = _side(lora_work.task)
     ft = t["finetune"]
-    assert side.parent == work.d and side.name == f"task.json.{ft['sha256'][:16]}.adapters.safetensors"
+    assert side.parent == lora_work.d and side.name == f"task.json.{ft['sha256'][:16]}.adapters.safetensors"
     assert ft["sha256"] == hashlib.sha256(side.read_bytes()).hexdigest()
     assert ft["objective"] == "score" and ft["layers"] == [1, 2] and ft["fused"] is False
     assert t["labels"] == ["account", "billing", "technical"] and t["calibration"] == "none"
     assert t["weights_sha256"] and "{text}" in t["template"]
-    lines = work.table.splitlines()  # the epochs' table on stdout, the kept one starred
+    lines = lora_work.table.splitlines()  # the epochs' table on stdout, the kept one starred
     assert lines[0].split()[:4] == ["epoch", "steps", "train", "loss"] and lines[-1].startswith("stopped: finished")
     assert sum(x.endswith("*") for x in lines) == 1
 
 
-def test_classify_and_eval_with_the_task_equal_finetuned_predict(work):
+def test_classify_and_eval_with_the_task_equal_finetuned_predict(lora_work):
     """classify --task (batched, prefix-cached, an error row in place) gives FineTuned.predict's
     probabilities on the same prompts (1e-5); eval --task scores those predictions."""
     from mlx_slm.classifier.classifier import Classifier
     from mlx_slm.classifier.task import Task
     from mlx_slm.engine.engine import Engine
 
-    r = run(["classify", work.inp, "--on-error", "skip", "--task", work.task, "-q"])
+    r = run(["classify", lora_work.inp, "--on-error", "skip", "--task", lora_work.task, "-q"])
     assert r.exit_code == 0, r.output
     out = _records(r.stdout)
     assert [x["id"] for x in out] == list(range(24)) and out[5]["error"] and "label" not in out[5]
-    engine = Engine.load(work.model)
-    t = Task.load(work.task)
+    engine = Engine.load(lora_work.model)
+    t = Task.load(lora_work.task)
     ft = t.kind.tuned
-    texts = [t_ for i, (t_, _) in enumerate(ROWS[:24]) if i != 5]
+    texts = [t_ for i, (t_, _) in enumerate(TUNE_ROWS[:24]) if i != 5]
     ids = [it.ids for it in Classifier.from_task(t, engine=engine).prepare(texts)]
     want = np.exp(ft.predict(ft.apply(engine.model, engine.weights_sha256), ids))
     got = np.array([[x["probs"][lab] for lab in ft.labels] for x in out if "error" not in x])
     assert np.abs(got - want).max() < 1e-5
     assert [x["label"] for x in out if "error" not in x] == [ft.labels[k] for k in want.argmax(1)]
-    rep = work.d / "rep.json"
-    r = run(["eval", work.data, "--task", work.task, "--json", rep, "-q"])
+    rep = lora_work.d / "rep.json"
+    r = run(["eval", lora_work.data, "--task", lora_work.task, "--json", rep, "-q"])
     assert r.exit_code == 0, r.output
-    preds = Classifier.from_task(t, engine=engine).classify([x for x, _ in ROWS])
+    preds = Classifier.from_task(t, engine=engine).classify([x for x, _ in TUNE_ROWS])
     assert json.loads(rep.read_text())["accuracy"] == pytest.approx(np.mean([p.label == g for p, (_, g) in
-                                                                            zip(preds, ROWS)]))  # fmt: skip
+                                                                            zip(preds, TUNE_ROWS)]))  # fmt: skip
 
 
-def test_a_task_saved_elsewhere_names_the_adapters_and_classifies_the_same(work, tmp_path, monkeypatch):
+def test_a_task_saved_elsewhere_names_the_adapters_and_classifies_the_same(lora_work, tmp_path, monkeypatch):
     """classify --task T --save-task OTHER/T2 names the adapters by their absolute path (they are
     not beside T2); run from another folder, T2 classifies as T does."""
     t2 = tmp_path / "t2.json"
     a = run(
         [
             "classify",
-            work.inp,
+            lora_work.inp,
             "--on-error",
             "skip",
             "--task",
-            work.task,
+            lora_work.task,
             "-q",
             "--save-task",
             t2,
@@ -127,24 +102,24 @@ def test_a_task_saved_elsewhere_names_the_adapters_and_classifies_the_same(work,
         ]
     )
     assert a.exit_code == 0, a.output
-    assert json.loads(t2.read_text())["finetune"]["adapters"] == str(_side(work.task).resolve())
+    assert json.loads(t2.read_text())["finetune"]["adapters"] == str(_side(lora_work.task).resolve())
     monkeypatch.chdir(tmp_path)
-    b = run(["classify", work.inp, "--on-error", "skip", "--task", t2.name, "-q"])
+    b = run(["classify", lora_work.inp, "--on-error", "skip", "--task", t2.name, "-q"])
     assert b.exit_code == 0, b.output
     assert _records((tmp_path / "a.jsonl").read_text()) == _records(b.stdout)
 
 
-def test_the_same_seed_and_data_give_the_same_adapters_file_byte_for_byte(work, tmp_path):
-    args = ["train", work.data, "--finetune", "lora", "--model", work.model, *FAST]
+def test_the_same_seed_and_data_give_the_same_adapters_file_byte_for_byte(lora_work, tmp_path):
+    args = ["train", lora_work.data, "--finetune", "lora", "--model", lora_work.model, *FAST]
     assert run([*args, "--save-task", tmp_path / "again.json"]).exit_code == 0
     assert run([*args, "--save-task", tmp_path / "seed1.json", "--seed", "1"]).exit_code == 0
-    mine = _side(work.task).read_bytes()
+    mine = _side(lora_work.task).read_bytes()
     assert _side(tmp_path / "again.json").read_bytes() == mine
     assert _side(tmp_path / "seed1.json").read_bytes() != mine  # the seed does change them
     again = json.loads((tmp_path / "again.json").read_text())["finetune"]
     side = _side(tmp_path / "again.json").name
-    assert side == _side(work.task).name.replace("task.json.", "again.json.")
-    assert again == {**json.loads(work.task.read_text())["finetune"], "adapters": side}
+    assert side == _side(lora_work.task).name.replace("task.json.", "again.json.")
+    assert again == {**json.loads(lora_work.task.read_text())["finetune"], "adapters": side}
 
 
 def _interrupt(monkeypatch, when):
@@ -161,41 +136,41 @@ def _interrupt(monkeypatch, when):
     monkeypatch.setattr(tuning, "progress_bar", bar)
 
 
-def test_ctrl_c_after_an_epoch_keeps_the_best_finished_epoch_as_a_complete_task(work, tmp_path, monkeypatch):
+def test_ctrl_c_after_an_epoch_keeps_the_best_finished_epoch_as_a_complete_task(lora_work, tmp_path, monkeypatch):
     _interrupt(monkeypatch, lambda p: p.phase == "train" and p.epoch == 2)  # in epoch 2's first step
-    data = _jsonl(tmp_path / "d.jsonl", _records(work.data.read_text()))
+    data = write_rows(tmp_path / "d.jsonl", _records(lora_work.data.read_text()))
     task = tmp_path / "t.json"
-    r = run(["train", data, "--finetune", "lora", "--model", work.model, "--save-task", task, *FAST])
+    r = run(["train", data, "--finetune", "lora", "--model", lora_work.model, "--save-task", task, *FAST])
     assert r.exit_code == 0, r.output
     assert _left(tmp_path, data) == sorted([_side(task).name, "t.json"])
     ft = _tuned(task)
     assert ft.stopped == "interrupted" and ft.best_epoch == 1 and len(ft.history) == 1
     assert "stopped: interrupted; kept epoch 1" in r.stdout
-    c = run(["classify", work.inp, "--on-error", "skip", "--task", task, "-q"])
+    c = run(["classify", lora_work.inp, "--on-error", "skip", "--task", task, "-q"])
     assert c.exit_code == 0 and len(_records(c.stdout)) == 24
 
 
 @pytest.mark.parametrize("phase", ["encode", "train"])
-def test_ctrl_c_before_any_finished_epoch_writes_nothing_and_exits_130(work, tmp_path, monkeypatch, phase):
+def test_ctrl_c_before_any_finished_epoch_writes_nothing_and_exits_130(lora_work, tmp_path, monkeypatch, phase):
     _interrupt(monkeypatch, lambda p: p.phase == phase)
-    data = _jsonl(tmp_path / "d.jsonl", _records(work.data.read_text()))
-    r = CliRunner().invoke(main, ["train", str(data), "--finetune", "lora", "--model", work.model, "--save-task",
+    data = write_rows(tmp_path / "d.jsonl", _records(lora_work.data.read_text()))
+    r = CliRunner().invoke(main, ["train", str(data), "--finetune", "lora", "--model", lora_work.model, "--save-task",
                                   str(tmp_path / "t.json"), *FAST])  # fmt: skip
     assert r.exit_code == 130 and "interrupted" in r.output
     assert _left(tmp_path, data) == []  # no task, no adapters, no temporary file
 
 
-def test_max_minutes_keeps_the_epoch_it_reached_as_a_complete_task(work, tmp_path):
+def test_max_minutes_keeps_the_epoch_it_reached_as_a_complete_task(lora_work, tmp_path):
     """--max-minutes ran out in the first epoch (after one step: the frozen pass alone takes
     longer): that epoch, cut short, is the task; it classifies."""
     task = tmp_path / "t.json"
-    r = run(["train", work.data, "--finetune", "lora", "--model", work.model, "--save-task", task, *FAST,
+    r = run(["train", lora_work.data, "--finetune", "lora", "--model", lora_work.model, "--save-task", task, *FAST,
              "--max-minutes", "1e-6"])  # fmt: skip
     assert r.exit_code == 0, r.output
     ft = _tuned(task)
     assert ft.stopped == "max_minutes" and ft.best_epoch == 1 and not ft.history[0].complete
     assert ft.history[0].steps == 1
-    assert run(["classify", work.inp, "--on-error", "skip", "--task", task, "-q"]).exit_code == 0
+    assert run(["classify", lora_work.inp, "--on-error", "skip", "--task", task, "-q"]).exit_code == 0
 
 
 # --------------------------------------------------------------------------- export, --model DIR, parity
@@ -210,7 +185,9 @@ def _seqcls_probs(folder: Path, prompts) -> np.ndarray:
         return np.stack([m(torch.tensor([list(p)])).logits.softmax(-1)[0].numpy() for p in prompts])
 
 
-def test_export_gives_transformers_the_tasks_probabilities_and_model_dir_loads_it_back(work, tmp_path, monkeypatch):
+def test_export_gives_transformers_the_tasks_probabilities_and_model_dir_loads_it_back(
+    lora_work, tmp_path, monkeypatch
+):
     """export -> AutoModelForSequenceClassification on our prompt ids: the task's probabilities
     within 1e-4 (float32). `classify --model DIR` reads the prompt recorded in the export: a
     float32 conversion of it gives the task's probabilities within 1e-4 and its labels; the
@@ -220,20 +197,20 @@ def test_export_gives_transformers_the_tasks_probabilities_and_model_dir_loads_i
 
     monkeypatch.setenv("MLX_SLM_HOME", str(tmp_path / "home"))  # the float16 conversion goes there
     out = tmp_path / "exp"
-    r = run(["export", work.task, "-o", out, "-q"])
+    r = run(["export", lora_work.task, "-o", out, "-q"])
     assert r.exit_code == 0, r.output
     cfg = json.loads((out / "config.json").read_text())
-    t = json.loads(work.task.read_text())
+    t = json.loads(lora_work.task.read_text())
     assert cfg["architectures"] == ["Qwen2ForSequenceClassification"] and list(cfg["id2label"].values()) == t["labels"]
     assert cfg["mlx_slm"]["prompt"] == {"system": t["system"], "template": t["template"]}
-    texts = [x for x, _ in ROWS[:24]]
-    clf = Classifier.from_task(work.task)
+    texts = [x for x, _ in TUNE_ROWS[:24]]
+    clf = Classifier.from_task(lora_work.task)
     ours = np.array([[p.probs[lab] for lab in clf.labels] for p in clf.classify(texts)])
     ids = [it.ids for it in clf.prepare(texts)]
     assert np.abs(_seqcls_probs(out, ids) - ours).max() < 1e-4
     f32 = tmp_path / "exp32"
     assert run(["convert", out, "-o", f32, "--dtype", "float32"]).exit_code == 0
-    inp = _jsonl(tmp_path / "in.jsonl", [{"id": i, "text": x} for i, x in enumerate(texts)])
+    inp = write_rows(tmp_path / "in.jsonl", [{"id": i, "text": x} for i, x in enumerate(texts)])
     for model, tol in ((f32, 1e-4), (out, 1e-2)):
         r = run(["classify", inp, "--model", model, "-q"])
         assert r.exit_code == 0, r.output
@@ -247,7 +224,7 @@ def test_export_gives_transformers_the_tasks_probabilities_and_model_dir_loads_i
 # --------------------------------------------------------------------------- a quantized base: QLoRA
 
 
-def test_a_4_bit_base_fine_tunes_end_to_end_as_qlora(work, tiny_arch, tmp_path):
+def test_a_4_bit_base_fine_tunes_end_to_end_as_qlora(lora_work, tiny_arch, tmp_path):
     """A 4-bit conversion kept packed (--keep-quantized) trains mlx-lm's LoRA layers over the
     packed projections; the task runs kept packed or dequantized (the CPU's default) to the same
     probabilities (1e-4): QLoRA works through the CLI, nothing is refused."""
@@ -255,10 +232,12 @@ def test_a_4_bit_base_fine_tunes_end_to_end_as_qlora(work, tiny_arch, tmp_path):
     assert run(["convert", tiny_arch.hf("qwen2"), "-o", q, "--quantize", "4", "--group-size", "32",
                 "--dtype", "float32"]).exit_code == 0  # fmt: skip
     task = tmp_path / "q.json"
-    r = run(["train", work.data, "--finetune", "lora", "--model", q, "--save-task", task, "--keep-quantized", *FAST])
+    r = run(
+        ["train", lora_work.data, "--finetune", "lora", "--model", q, "--save-task", task, "--keep-quantized", *FAST]
+    )
     assert r.exit_code == 0, r.output
-    kept = run(["classify", work.inp, "--on-error", "skip", "--task", task, "--keep-quantized", "-q"])
-    dense = run(["classify", work.inp, "--on-error", "skip", "--task", task, "--dequantize", "-q"])
+    kept = run(["classify", lora_work.inp, "--on-error", "skip", "--task", task, "--keep-quantized", "-q"])
+    dense = run(["classify", lora_work.inp, "--on-error", "skip", "--task", task, "--dequantize", "-q"])
     assert kept.exit_code == dense.exit_code == 0
     a, b = _records(kept.stdout), _records(dense.stdout)
     assert [x.get("label") for x in a] == [x.get("label") for x in b]
@@ -269,7 +248,7 @@ def test_a_4_bit_base_fine_tunes_end_to_end_as_qlora(work, tiny_arch, tmp_path):
 
 
 def _data_with(tmp_path: Path, case: str) -> Path:
-    rows = [{"text": t, "label": g} for t, g in ROWS[:30]]
+    rows = [{"text": t, "label": g} for t, g in TUNE_ROWS[:30]]
     if case == "rare":  # one 'account' left: nothing to hold out for validation
         rows = [r for r in rows if r["label"] != "account"] + [{"text": "my login fails", "label": "account"}]
     elif case == "one":
@@ -278,7 +257,7 @@ def _data_with(tmp_path: Path, case: str) -> Path:
         rows = []
     elif case == "long":  # line 31: over the tiny model's 1,024 tokens
         rows = rows + [{"text": "word " * 3000, "label": "billing"}]
-    return _jsonl(tmp_path / "d.jsonl", rows)
+    return write_rows(tmp_path / "d.jsonl", rows)
 
 
 @pytest.mark.parametrize(
@@ -297,11 +276,11 @@ def _data_with(tmp_path: Path, case: str) -> Path:
         ("ok", ["--label-field", "label", "--label-field", "x"], ["--finetune trains one classifier"]),
     ],
 )
-def test_bad_training_input_exits_2_naming_the_fix_and_writes_nothing(work, tmp_path, case, extra, want):
+def test_bad_training_input_exits_2_naming_the_fix_and_writes_nothing(lora_work, tmp_path, case, extra, want):
     data = _data_with(tmp_path, case)
     if "EX" in extra:
-        extra[extra.index("EX")] = str(_jsonl(tmp_path / "ex.jsonl", [{"text": "a", "label": "billing"}]))
-    r = run(["train", data, "--finetune", "lora", "--model", work.model, "--save-task", tmp_path / "t.json", *FAST,
+        extra[extra.index("EX")] = str(write_rows(tmp_path / "ex.jsonl", [{"text": "a", "label": "billing"}]))
+    r = run(["train", data, "--finetune", "lora", "--model", lora_work.model, "--save-task", tmp_path / "t.json", *FAST,
              *extra])  # fmt: skip
     assert r.exit_code == 2, r.output
     for w in want:
@@ -311,16 +290,16 @@ def test_bad_training_input_exits_2_naming_the_fix_and_writes_nothing(work, tmp_
 
 @pytest.mark.parametrize("option", [["--epochs", "3"], ["--lr", "1e-3"], ["--head-lr", "1e-3"], ["--adapt-layers", "2"], ["--fused"],
                                     ["--objective", "labels"], ["--max-minutes", "1"]])  # fmt: skip
-def test_a_fine_tuning_option_without_finetune_is_refused(work, tmp_path, option):
-    r = run(["train", work.data, "--model", work.model, "--save-task", tmp_path / "t.json", *option])
+def test_a_fine_tuning_option_without_finetune_is_refused(lora_work, tmp_path, option):
+    r = run(["train", lora_work.data, "--model", lora_work.model, "--save-task", tmp_path / "t.json", *option])
     assert r.exit_code == 2 and f"{option[0]} is a fine-tuning option: add --finetune lora" in r.output
     assert not (tmp_path / "t.json").exists()
 
 
-def _copy_task(work, tmp_path: Path, adapters: bytes | None = None, **fields) -> Path:
+def _copy_task(lora_work, tmp_path: Path, adapters: bytes | None = None, **fields) -> Path:
     """The task and its adapters copied to `tmp_path` (the adapters replaced by `adapters`, fields set)."""
-    t = json.loads(work.task.read_text())
-    side = _side(work.task)
+    t = json.loads(lora_work.task.read_text())
+    side = _side(lora_work.task)
     data = side.read_bytes() if adapters is None else adapters
     (tmp_path / side.name).write_bytes(data)
     for k, v in fields.items():
@@ -333,38 +312,38 @@ def _copy_task(work, tmp_path: Path, adapters: bytes | None = None, **fields) ->
     return out
 
 
-def _refused(work, tmp_path: Path, task: Path, *extra) -> str:
+def _refused(lora_work, tmp_path: Path, task: Path, *extra) -> str:
     out = tmp_path / "out.jsonl"
-    r = run(["classify", work.inp, "--on-error", "skip", "--task", task, "-o", out, "-q", *extra])
+    r = run(["classify", lora_work.inp, "--on-error", "skip", "--task", task, "-o", out, "-q", *extra])
     assert r.exit_code == 2, r.output
     assert not out.exists()
     return r.output
 
 
-def test_adapters_for_other_weights_are_refused_at_load(work, tmp_path):
+def test_adapters_for_other_weights_are_refused_at_load(lora_work, tmp_path):
     """A task whose weights_sha256 is not the model's, and adapters trained on another model
     (their own record of the base): exit 2, naming the hashes or the adapters file and the fix."""
     from dataclasses import replace
 
     other = "0" * 64
-    task = _copy_task(work, tmp_path, weights_sha256=other)
-    msg = _refused(work, tmp_path, task)
+    task = _copy_task(lora_work, tmp_path, weights_sha256=other)
+    msg = _refused(lora_work, tmp_path, task)
     assert "adapters were trained on weights sha256 000000000000" in msg and "fine-tune again" in msg
-    ft = _tuned(work.task)
+    ft = _tuned(lora_work.task)
     wrong = replace(ft, base={**ft.base, "sha256": other}).to_bytes()
-    task = _copy_task(work, tmp_path, adapters=wrong, sha256=hashlib.sha256(wrong).hexdigest())
-    msg = _refused(work, tmp_path, task)
-    assert str(tmp_path / _side(work.task).name) in msg and "were trained on another model (sha256" in msg
+    task = _copy_task(lora_work, tmp_path, adapters=wrong, sha256=hashlib.sha256(wrong).hexdigest())
+    msg = _refused(lora_work, tmp_path, task)
+    assert str(tmp_path / _side(lora_work.task).name) in msg and "were trained on another model (sha256" in msg
     assert "fine-tune again on this one" in msg
 
 
-def test_a_changed_or_missing_adapters_file_is_refused(work, tmp_path):
-    side = _side(work.task).read_bytes()
-    task = _copy_task(work, tmp_path, adapters=side[:-1] + bytes([side[-1] ^ 1]))
-    msg = _refused(work, tmp_path, task)
-    assert f"{_side(work.task).name} has sha256" in msg and "changed since it was saved" in msg
-    (tmp_path / _side(work.task).name).unlink()
-    msg = _refused(work, tmp_path, task)
+def test_a_changed_or_missing_adapters_file_is_refused(lora_work, tmp_path):
+    side = _side(lora_work.task).read_bytes()
+    task = _copy_task(lora_work, tmp_path, adapters=side[:-1] + bytes([side[-1] ^ 1]))
+    msg = _refused(lora_work, tmp_path, task)
+    assert f"{_side(lora_work.task).name} has sha256" in msg and "changed since it was saved" in msg
+    (tmp_path / _side(lora_work.task).name).unlink()
+    msg = _refused(lora_work, tmp_path, task)
     assert "adapters file" in msg and "is missing: put it back beside the task" in msg
 
 
@@ -376,5 +355,5 @@ def test_a_changed_or_missing_adapters_file_is_refused(work, tmp_path):
         (["--template", "Q: {text}"], "--template changed they no longer apply"),
     ],
 )
-def test_a_fine_tuned_task_refuses_what_would_change_what_it_was_trained_on(work, tmp_path, extra, want):
-    assert want in _refused(work, tmp_path, work.task, *extra)
+def test_a_fine_tuned_task_refuses_what_would_change_what_it_was_trained_on(lora_work, tmp_path, extra, want):
+    assert want in _refused(lora_work, tmp_path, lora_work.task, *extra)

@@ -6,39 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
 
-from mlx_slm.cli import main
-from mlx_slm.text.workload import tickets
-
-FAST = ["--adapt-layers", "2", "--epochs", "3", "--lr", "1e-3", "--head-lr", "1e-2", "--val-fraction", "0.2", "-q"]
-
-
-ROWS = tickets(60)  # 20 tickets of each of billing, technical, account
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory, tiny_qwen_mlx):
-    """A fine-tuned task made by the CLI, its data and 24 texts to classify (row 5 empty: an error row)."""
-    d = tmp_path_factory.mktemp("ft-cli")
-    data = _jsonl(d / "train.jsonl", [{"id": i, "text": t, "label": g} for i, (t, g) in enumerate(ROWS)])
-    inp = _jsonl(d / "in.jsonl", [{"id": i, "text": "" if i == 5 else t} for i, (t, _) in enumerate(ROWS[:24])])
-    task = d / "task.json"
-    r = run(["train", data, "--finetune", "lora", "--model", tiny_qwen_mlx, "--save-task", task, *FAST])
-    assert r.exit_code == 0, r.output
-    return SimpleNamespace(d=d, data=data, inp=inp, task=task, model=str(tiny_qwen_mlx), table=r.stdout)
+from tests.train_cli import FAST, run
 
 
 def _tuned(task: Path):
@@ -47,7 +18,7 @@ def _tuned(task: Path):
     return Task.load(task).kind.tuned
 
 
-def test_parity_task_passes_and_fails_when_the_reference_differs(work, monkeypatch):
+def test_parity_task_passes_and_fails_when_the_reference_differs(lora_work, monkeypatch):
     """parity --task: labels equal and probabilities within 1e-4 (exit 0); a reference whose score
     head differs (the export doubled) fails (exit 1)."""
     pytest.importorskip("torch")
@@ -55,7 +26,7 @@ def test_parity_task_passes_and_fails_when_the_reference_differs(work, monkeypat
 
     import mlx_slm.parity.finetune as export_mod  # where parity --task took `export` from
 
-    r = run(["parity", "--task", work.task, "--n", "12", "--json"])
+    r = run(["parity", "--task", lora_work.task, "--n", "12", "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     a = rep["forward_exactness"]
@@ -63,17 +34,17 @@ def test_parity_task_passes_and_fails_when_the_reference_differs(work, monkeypat
     assert rep["reference"] == "AutoModelForSequenceClassification" and rep["task"]["objective"] == "score"
     real = export_mod.export
     monkeypatch.setattr(export_mod, "export", lambda ft, *a, **k: real(replace(ft, head=ft.head * 3), *a, **k))
-    r = run(["parity", "--task", work.task, "--n", "12"])
+    r = run(["parity", "--task", lora_work.task, "--n", "12"])
     assert r.exit_code == 1 and "FAIL" in r.stdout
 
 
 @pytest.mark.slow
-def test_parity_of_the_labels_objective_with_labels_of_several_tokens(work, tmp_path):
+def test_parity_of_the_labels_objective_with_labels_of_several_tokens(lora_work, tmp_path):
     """Objective (b), labels of several tokens (no score head to export): the merged weights as a
     causal LM, each label scored as label scoring scores it: within 1e-4."""
     pytest.importorskip("torch")
     task = tmp_path / "labels.json"
-    r = run(["train", work.data, "--finetune", "lora", "--objective", "labels", "--model", work.model,
+    r = run(["train", lora_work.data, "--finetune", "lora", "--objective", "labels", "--model", lora_work.model,
              "--save-task", task, *FAST])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert any(len(t) > 1 for t in _tuned(task).label_tokens)
