@@ -3,34 +3,15 @@ that prices an item's attention by the model's shape (causal, a cached start who
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pytest
 
-from mlx_slm.service import Metrics, RateTracker, ServeOptions, TaskCache
+from mlx_slm.service import RateTracker
 from mlx_slm.service.decide import QueuedDecision
 from mlx_slm.service.keys import DECIDE_KEY
 from mlx_slm.service.metrics import ATTENTION_TIME, attention_share
-from mlx_slm.service.scheduler import Job, Scheduler
-
-TIMEOUT = 60.0
-
-
-def scheduler(per_token: float = 0.01) -> Scheduler:
-    """A scheduler whose estimate is `per_token` seconds a token, no fixed cost, no attention:
-    an item of n tokens is priced at n * per_token seconds."""
-    s = Scheduler(ServeOptions(request_timeout_s=TIMEOUT, max_batch_tokens=8192), Metrics(), TaskCache(4))
-    s.speed.observe(100, 100 * per_token)
-    assert s.speed.estimate(1000) == pytest.approx(1000 * per_token)
-    return s
-
-
-def job(n: int = 1, names: tuple[str, ...] = ("text",)) -> Job:
-    j = Job(n, asyncio.new_event_loop())
-    j.names = list(names)
-    return j
-
+from tests.service.test_scheduler import job, scheduler
 
 # ----------------------------------------------------------------------------- the estimate
 
