@@ -9,12 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from mlx_slm.classifier.task import Task
-from mlx_slm.cli import main
-from mlx_slm.text.workload import tickets
 from tests.hostile import cli, refused, write
+from tests.train_cli import ROWS, run, write_rows
 
 
 def _task(**over) -> dict:
@@ -174,18 +172,6 @@ def test_task_with_head_roundtrip_and_refusals(tiny_head, tiny_qwen_mlx, tmp_pat
 # A task follows its weights to a new place (hostile round seven, issue 47).
 
 
-ROWS = tickets(24)
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def v1_models(tmp_path_factory, tiny_arch) -> dict[str, Path]:
     """The tiny models the tasks-v1 files were saved on, made again in new places (equal weights by
@@ -219,7 +205,7 @@ def v1_models(tmp_path_factory, tiny_arch) -> dict[str, Path]:
 def test_the_projects_own_v1_tasks_run_from_the_cli_with_model(tmp_path, v1_models, name):
     """Their model folders are long gone: --model at the same weights (equal sha256) runs them, head,
     fitted prior and fine-tuned adapters included (they were refused with "fine-tune again")."""
-    inp = _jsonl(tmp_path / "in.jsonl", [{"text": t} for t, _ in ROWS[:4]])
+    inp = write_rows(tmp_path / "in.jsonl", [{"text": t} for t, _ in ROWS[:4]])
     out = tmp_path / "o.jsonl"
     task = V1 / f"{name}.json"
     r = run(
@@ -231,7 +217,7 @@ def test_the_projects_own_v1_tasks_run_from_the_cli_with_model(tmp_path, v1_mode
 
 @pytest.mark.parametrize("name", ["head", "finetune", "labels-batch"])
 def test_a_task_whose_model_is_gone_names_its_model_field_and_the_fix(tmp_path, name):
-    inp = _jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    inp = write_rows(tmp_path / "in.jsonl", [{"text": "x"}])
     r = run(["classify", inp, "--task", V1 / f"{name}.json", "-o", tmp_path / "o.jsonl"])
     assert r.exit_code == 2, r.output
     assert "its model field names '/tmp/tmp_wyysdw_/lm'" in r.output and "--model PATH" in r.output
@@ -240,7 +226,7 @@ def test_a_task_whose_model_is_gone_names_its_model_field_and_the_fix(tmp_path, 
 
 @pytest.mark.parametrize("name", ["head", "finetune", "labels-batch"])
 def test_other_weights_are_still_refused_after_comparing_them(tmp_path, v1_models, name):
-    inp = _jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    inp = write_rows(tmp_path / "in.jsonl", [{"text": "x"}])
     r = run(["classify", inp, "--task", V1 / f"{name}.json", "--model", v1_models["other"], "-o", tmp_path / "o.jsonl"])
     assert r.exit_code == 2, r.output
     said = r.output.replace("\n", " ")
@@ -255,7 +241,7 @@ def test_an_edited_tasks_labels_are_named_as_the_tasks_not_as_labels_given(tmp_p
     d["finetune"]["adapters"] = str(V1 / d["finetune"]["adapters"])
     task = tmp_path / "edited.json"
     task.write_text(json.dumps(d))
-    inp = _jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    inp = write_rows(tmp_path / "in.jsonl", [{"text": "x"}])
     r = run(["classify", inp, "--task", task, "--model", v1_models["lm"], "-o", tmp_path / "o.jsonl"])
     assert r.exit_code == 2, r.output
     said = r.output.replace("\n", " ")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from mlx_slm.cli import main
 from mlx_slm.files.output import OutputLock
-from mlx_slm.text.workload import tickets
+from tests.train_cli import run, train_file
 
 
 def cli(model, *extra):
@@ -80,21 +80,9 @@ def test_real_subprocess(tiny_qwen_mlx):
 # output is.
 
 
-ROWS = tickets(24)
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    return _jsonl(tmp_path_factory.mktemp("r7") / "train.jsonl", [{"text": t, "label": g} for t, g in ROWS])
+    return train_file(tmp_path_factory)
 
 
 # --------------------------------------------------------------------------- a lost task

@@ -4,6 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
+from tests.train_cli import run
 
 
 def test_parity_on_an_empty_input_is_a_user_error(tiny_qwen_mlx, tmp_path):
@@ -50,10 +51,6 @@ def test_parity_input_says_which_rows_it_skipped(tmp_path, capsys):
     assert "2 row(s) that cannot be read were skipped (line 2, 3)" in err and "on 2 text(s)" in err
     inp.write_text('{"text": "one"}\n')
     assert _input_texts(str(inp), 5) == ["one"] and capsys.readouterr().err == ""
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
 
 
 # --------------------------------------------------------------------------- a chat template that refuses a system turn

@@ -9,19 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from mlx_slm.classifier.task import Task
-from mlx_slm.cli import main
 from mlx_slm.jobs.choose import HOLDOUT, Trial, Verdict, held_out_split, winner
 from mlx_slm.text.workload import tickets
+from tests.train_cli import run
 
 ROWS = tickets(45)  # 15 tickets of each of billing, technical, account
 TUNE = ["--adapt-layers", "2", "--epochs", "2", "--lr", "1e-3", "--head-lr", "1e-2", "--layers", "1,2"]
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
 
 
 def _jsonl(path: Path, rows) -> Path:

@@ -3,28 +3,15 @@ best first out; a model that cannot rerank says what it is and what works."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-from click.testing import CliRunner
 
-from mlx_slm.cli import main
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+from tests.train_cli import run, write_rows
 
 
 @pytest.mark.parametrize("scorer", [[], ["--reranker", "qwen3"], ["--reranker", "question"]])
 def test_rerank_on_an_embedding_model_says_it_is_one_and_what_works(tmp_path, tiny_arch, scorer):
     """`--reranker qwen3`, which the first refusal suggested, said "features_only: not a setting of rerank"."""
-    q = _jsonl(tmp_path / "q.jsonl", [{"query": "card charged", "documents": ["refund please", "reset password"]}])
+    q = write_rows(tmp_path / "q.jsonl", [{"query": "card charged", "documents": ["refund please", "reset password"]}])
     r = run(["rerank", q, "--model", tiny_arch.st_mlx("qwen2"), *scorer])
     assert r.exit_code == 2, r.output
     assert "is an embedding model" in r.output and "cosine of their embeddings" in r.output

@@ -8,17 +8,15 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from mlx_slm.classifier.plan import Plan
-from mlx_slm.cli import main
 from mlx_slm.jobs.train import HeadOptions, Trace, TrainingData, TrainRun, labelled_plan
 from mlx_slm.text.heads import (
     min_per_label,
 )
 from mlx_slm.text.prompts import PromptError
-from mlx_slm.text.workload import tickets
 from tests.hostile import invoke
+from tests.train_cli import FT, ROWS, run
 
 pytest.importorskip("sklearn")
 
@@ -96,15 +94,7 @@ def test_train_on_four_rows_with_two_folds(tmp_path, tiny_qwen_mlx):
     assert r.exit_code == 0 and (tmp_path / "task.json").exists(), (r.exit_code, r.output, r.exception)
 
 
-ROWS = tickets(24)
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
 # --------------------------------------------------------------------------- options and messages
-FT = ["--finetune", "lora", "--epochs", "1", "--adapt-layers", "1", "--val-fraction", "0", "-q"]
 
 
 @pytest.mark.parametrize("finetune", [False, True], ids=["head", "finetune"])

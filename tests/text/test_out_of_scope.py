@@ -11,25 +11,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from mlx_slm.classifier.task import Task
-from mlx_slm.cli import main
 from mlx_slm.text.out_of_scope import answers, choose_threshold, figures
 from mlx_slm.text.workload import tickets
+from tests.train_cli import run, write_rows
 
 LABELS = ["billing", "technical", "account", "oos"]
 OOS = ["what is the weather like", "tell me a joke", "how tall is everest", "play some music",
        "who won the game", "translate hello to french"]  # fmt: skip
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 # --------------------------------------------------------------------------- the pure rule and figures
@@ -68,8 +58,8 @@ def test_the_threshold_keeps_to_its_target_and_is_the_largest_that_does():
 def work(tmp_path_factory, tiny_qwen_mlx):
     d = tmp_path_factory.mktemp("oos")
     rows = [{"text": t, "label": g} for t, g in tickets(36)] + [{"text": t, "label": "oos"} for t in OOS * 2]
-    data = _jsonl(d / "train.jsonl", rows)
-    held = _jsonl(d / "held.jsonl", [{"text": t, "label": g} for t, g in tickets(48)[36:]] +
+    data = write_rows(d / "train.jsonl", rows)
+    held = write_rows(d / "held.jsonl", [{"text": t, "label": g} for t, g in tickets(48)[36:]] +
                   [{"text": t + " please", "label": "oos"} for t in OOS])  # fmt: skip
     task = d / "task.json"
     r = run(["train", data, "--model", tiny_qwen_mlx, "--save-task", task, "--folds", "2", "--layers", "1,2",
@@ -88,7 +78,7 @@ def test_train_records_the_none_label_and_how_its_threshold_was_chosen(work):
 
 
 def test_classify_answers_none_of_these_as_no_label(work):
-    inp = _jsonl(work.d / "in.jsonl", [{"text": t} for t in OOS + [x for x, _ in tickets(6)]])
+    inp = write_rows(work.d / "in.jsonl", [{"text": t} for t in OOS + [x for x, _ in tickets(6)]])
     out = work.d / "out.jsonl"
     r = run(["classify", inp, "--task", work.task, "-o", out, "-q"])
     assert r.exit_code == 0, r.output
@@ -134,7 +124,7 @@ def test_bad_none_options_exit_2_naming_the_option(work, tmp_path, extra, words)
 def test_out_of_scope_texts_only_in_the_held_out_data_give_a_threshold_alone(work, tmp_path):
     """The other way: no out-of-scope example to learn from, only held-out ones that --none-label marks;
     the threshold, chosen on them, is what answers "none of these" (no none class in the task)."""
-    data = _jsonl(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
+    data = write_rows(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
     task = tmp_path / "t.json"
     r = run(["train", data, "--model", work.model, "--save-task", task, "--folds", "2", "--layers", "1,2",
              "--none-label", "oos", "--none-threshold", "auto", "--none-data", work.held, "--none-target", "0.3"])  # fmt: skip
@@ -152,7 +142,7 @@ def test_out_of_scope_texts_only_in_the_held_out_data_give_a_threshold_alone(wor
 
 
 def test_a_row_without_a_label_names_the_none_label_fix(work, tmp_path):
-    data = _jsonl(
+    data = write_rows(
         tmp_path / "d.jsonl", [{"text": t, "label": g} for t, g in tickets(12)] + [{"text": "x", "label": None}]
     )
     r = run(["train", data, "--model", work.model, "--save-task", tmp_path / "t.json", "--folds", "2"])
@@ -240,8 +230,8 @@ def test_the_estimator_learns_none_and_saves_it_in_the_task(work, tmp_path):
 
 
 def test_a_none_label_no_file_carries_exits_2_naming_both(work, tmp_path):
-    data = _jsonl(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
-    held = _jsonl(tmp_path / "held.jsonl", [{"text": t, "label": g} for t, g in tickets(48)[36:]])
+    data = write_rows(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
+    held = write_rows(tmp_path / "held.jsonl", [{"text": t, "label": g} for t, g in tickets(48)[36:]])
     task = tmp_path / "t.json"
     r = run(["train", data, "--model", work.model, "--save-task", task, "--folds", "2", "--layers", "1",
              "--none-label", "nope", "--none-threshold", "auto", "--none-data", held])  # fmt: skip
@@ -260,7 +250,7 @@ def _perfect(held: Path, out: Path, labels: list[str], none: str) -> Path:
             recs.append({"id": i + 1, "label": None, "probs": probs, "abstained": True})
         else:
             recs.append({"id": i + 1, "label": r["label"], "probs": probs})
-    return _jsonl(out, recs)
+    return write_rows(out, recs)
 
 
 @pytest.mark.parametrize("learned", [True, False], ids=["none-class", "threshold-only"])
@@ -270,7 +260,7 @@ def test_eval_of_a_perfect_answer_set_scores_100_with_the_none_label_right(work,
     if learned:
         task = work.task
     else:
-        data = _jsonl(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
+        data = write_rows(tmp_path / "in-scope.jsonl", [{"text": t, "label": g} for t, g in tickets(36)])
         task = tmp_path / "t.json"
         r = run(["train", data, "--model", work.model, "--save-task", task, "--folds", "2", "--layers", "1",
                  "--none-label", "oos", "--none-threshold", "auto", "--none-data", work.held, "-q"])  # fmt: skip
@@ -297,7 +287,7 @@ def test_eval_counts_an_in_scope_text_answered_none_in_the_none_column(work, tmp
     recs = [json.loads(x) for x in preds.read_text().splitlines()]
     recs[0] = {**recs[0], "label": None, "abstained": True}  # an in-scope text answered none: wrong
     gold0 = json.loads(work.held.read_text().splitlines()[0])["label"]
-    _jsonl(preds, recs)
+    write_rows(preds, recs)
     js = tmp_path / "e.json"
     r = run(["eval", work.held, "--task", work.task, "--predictions", preds, "--json", js])
     assert r.exit_code == 0, r.output

@@ -19,7 +19,7 @@ from mlx_slm.text.prompts import (
     starts_with,
     tokenize,
 )
-from mlx_slm.text.workload import tickets
+from tests.train_cli import FT, run, train_file
 
 
 @pytest.fixture(scope="module")
@@ -151,21 +151,9 @@ def test_cli_descriptions_reach_the_prompt_and_the_task(tiny_qwen_mlx, tmp_path)
 # user turn, in every path (classify, train, fine-tune, serve), and is recorded.
 
 
-ROWS = tickets(24)
-
-
-def run(args, **kw):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    return _jsonl(tmp_path_factory.mktemp("r7") / "train.jsonl", [{"text": t, "label": g} for t, g in ROWS])
+    return train_file(tmp_path_factory)
 
 
 # --------------------------------------------------------------------------- a chat template that refuses a system turn
@@ -250,7 +238,6 @@ def test_a_template_that_refuses_the_user_turn_too_exits_2_saying_so(tmp_path, d
 
 
 # --------------------------------------------------------------------------- options and messages
-FT = ["--finetune", "lora", "--epochs", "1", "--adapt-layers", "1", "--val-fraction", "0", "-q"]
 
 
 def test_fine_tune_and_serve_on_such_a_model(tmp_path, data, mistral_style):
