@@ -556,3 +556,19 @@ def lora_work(tmp_path_factory, tiny_qwen_mlx):
     r = run(["train", data, "--finetune", "lora", "--model", tiny_qwen_mlx, "--save-task", task, *FAST])
     assert r.exit_code == 0, r.output
     return SimpleNamespace(d=d, data=data, inp=inp, task=task, model=str(tiny_qwen_mlx), table=r.stdout)
+
+
+@pytest.fixture(scope="module")
+def head_task(tiny_qwen_mlx, tmp_path_factory):
+    """A task with a learned head (layers 1 and 2, 3 folds) trained by the CLI on 36 tickets."""
+    import json
+
+    from mlx_slm.text.workload import tickets
+    from tests.hostile import invoke, write
+
+    d = tmp_path_factory.mktemp("head")
+    data = write(d / "lab.jsonl", "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in tickets(36)))
+    args = ["train", data, "--save-task", d / "head.json", "--model", tiny_qwen_mlx, "--layers", "1,2", "--folds", "3"]
+    r = invoke([*args, "-q"])
+    assert r.exit_code == 0, r.output
+    return d / "head.json"

@@ -32,3 +32,13 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 def train_file(tmp_path_factory) -> Path:
     """ROWS as a training file {"text", "label"} in a fresh folder."""
     return write_rows(tmp_path_factory.mktemp("train") / "train.jsonl", [{"text": t, "label": g} for t, g in ROWS])
+
+
+def labelled(n_per: int = 8) -> list[tuple[str, str]]:
+    """The first `n_per` workload tickets of each team, as (text, team), team by team."""
+    teams = ("billing", "technical", "account")
+    by: dict[str, list[str]] = {lab: [] for lab in teams}
+    for t, lab in tickets(200):
+        if len(by[lab]) < n_per:
+            by[lab].append(t)
+    return [(t, lab) for lab in teams for t in by[lab]]

@@ -6,14 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from mlx_slm.cli import main
 from mlx_slm.text.heads import (
     candidate_name,
 )
 from mlx_slm.text.workload import tickets
-from tests.train_cli import FT, run, train_file
+from tests.train_cli import FT, labelled, run, train_file
 
 pytest.importorskip("sklearn")
 
@@ -22,31 +20,20 @@ pytest.importorskip("sklearn")
 LABELS = ("billing", "technical", "account")
 
 
-def _labelled(n_per: int = 8):
-    by = {lab: [] for lab in LABELS}
-    for t, lab in tickets(200):
-        if len(by[lab]) < n_per:
-            by[lab].append(t)
-    return [(t, lab) for lab in LABELS for t in by[lab]]
-
-
 # --------------------------------------------------------------------------- the CLI
-def _run(args):
-
-    return CliRunner().invoke(main, args, catch_exceptions=False)
 
 
 def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in _labelled(6)))
+    data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in labelled(6)))
     task = tmp_path / "task.json"
     m = str(tiny_qwen_mlx)
-    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "1,3", "--folds", "3"])
+    r = run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "1,3", "--folds", "3"])
     assert r.exit_code == 0, r.output
     # the tiny random model's mean-pooled states tell these tickets apart perfectly (a certain head);
     # the last position's do not: that head's probabilities spread, for --min-confidence below
     last = tmp_path / "last.json"
-    r = _run(["train", str(data), "--model", m, "--save-task", str(last), "--layers", "1,3", "--folds", "3", "--pooling", "last"])  # fmt: skip
+    r = run(["train", str(data), "--model", m, "--save-task", str(last), "--layers", "1,3", "--folds", "3", "--pooling", "last"])  # fmt: skip
     assert r.exit_code == 0 and "mean" not in r.stdout.split("chosen:")[0], r.output
     assert "CV accuracy" in r.stdout and "<- chosen" in r.stdout and "2+3" in r.stdout and "chosen: layer" in r.stdout
     saved = json.loads(task.read_text())
@@ -56,13 +43,13 @@ def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
     assert len(names) == 7 and "+mean " in names[6]
     out = tmp_path / "out.jsonl"
     unseen = tmp_path / "unseen.jsonl"  # texts the head was not fitted on: its probabilities spread
-    seen = {t for t, _ in _labelled(6)}
+    seen = {t for t, _ in labelled(6)}
     unseen.write_text("".join([json.dumps({"text": t}) + "\n" for t, _ in tickets(200) if t not in seen][:18]))
-    r = _run(["classify", str(unseen), "--task", str(last), "-o", str(out)])
+    r = run(["classify", str(unseen), "--task", str(last), "-o", str(out)])
     assert r.exit_code == 0, r.output
     top = sorted(max(json.loads(x)["probs"].values()) for x in out.read_text().splitlines())
     bar = next(p for p in top if p > top[0])  # some rows below it, some at or above
-    r = _run(["classify", str(unseen), "--task", str(last), "-o", str(out), "--min-confidence", repr(bar)])
+    r = run(["classify", str(unseen), "--task", str(last), "-o", str(out), "--min-confidence", repr(bar)])
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 18 and all(abs(sum(x["probs"].values()) - 1) < 1e-5 for x in rows)
@@ -74,18 +61,18 @@ def test_cli_train_then_classify_and_eval(tiny_qwen_mlx, tmp_path):
         and manifest["settings"]["head"]["sha256"] == json.loads(last.read_text())["head"]["sha256"]
     )
     assert "head scoring" in r.stderr
-    r = _run(["eval", str(data), "--task", str(task), "-q"])
+    r = run(["eval", str(data), "--task", str(task), "-q"])
     assert r.exit_code == 0 and "accuracy" in r.stdout
-    r = _run(["classify", str(data), "--task", str(task), "--calibrate", "batch"])
+    r = run(["classify", str(data), "--task", str(task), "--calibrate", "batch"])
     assert r.exit_code == 2 and "calibration does not apply" in r.output
-    r = _run(["classify", str(data), "--task", str(task), "--labels", "a,b"])
+    r = run(["classify", str(data), "--task", str(task), "--labels", "a,b"])
     assert r.exit_code == 2 and "--labels changed" in r.output
     # --layer forces an earlier layer; labels outside --labels and too few examples are refused
-    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "2", "--layer", "1", "--folds", "3", "-q"])  # fmt: skip
+    r = run(["train", str(data), "--model", m, "--save-task", str(task), "--layers", "2", "--layer", "1", "--folds", "3", "-q"])  # fmt: skip
     assert r.exit_code == 0 and json.loads(task.read_text())["head"]["layers"] == [1]
-    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--labels", "billing,technical"])
+    r = run(["train", str(data), "--model", m, "--save-task", str(task), "--labels", "billing,technical"])
     assert r.exit_code == 2 and "not in --labels: 'account'" in r.output
-    r = _run(["train", str(data), "--model", m, "--save-task", str(task), "--folds", "7"])
+    r = run(["train", str(data), "--model", m, "--save-task", str(task), "--folds", "7"])
     assert r.exit_code == 2 and "'account' has 6" in r.output and "at least 7 examples per label" in r.output
 
 

@@ -21,7 +21,6 @@ from mlx_slm.jobs import plan as plans
 from mlx_slm.jobs.plan import TaskOptions, resolve
 from mlx_slm.kinds import KindArgs
 from mlx_slm.text.calibration import Calibrator
-from mlx_slm.text.workload import tickets
 from mlx_slm.weights.registry import ModelRef
 from tests.hostile import invoke, refused_cleanly, write
 
@@ -214,16 +213,6 @@ def test_warmup_with_a_task_of_a_fitted_prior_is_refused(tmp_path):
 
 
 # The right refusal, once (hostile round five, issue 33, items 4 and 5).
-
-
-@pytest.fixture(scope="module")
-def head_task(tiny_qwen_mlx, tmp_path_factory):
-    d = tmp_path_factory.mktemp("head")
-    data = write(d / "lab.jsonl", "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in tickets(36)))
-    r = invoke(["train", data, "--save-task", d / "head.json", "--model", tiny_qwen_mlx, "--layers", "1,2",
-                "--folds", "3", "-q"])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    return d / "head.json"
 
 
 def test_a_task_given_its_own_model_labels_or_prompt_is_not_changed(head_task, tiny_qwen_mlx, tiny_qwen_hf, tmp_path):

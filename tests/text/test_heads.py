@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +26,7 @@ from mlx_slm.text.heads import (
 )
 from mlx_slm.text.workload import tickets
 from tests.hostile import invoke, refused_cleanly, write
+from tests.train_cli import labelled, run
 
 pytest.importorskip("sklearn")
 
@@ -223,19 +223,7 @@ LABELS = ("billing", "technical", "account")
 SYSTEM, TEMPLATE = "You classify tickets.", "Ticket: {text}\nCategory:"
 
 
-def _labelled(n_per: int = 8):
-    by = {lab: [] for lab in LABELS}
-    for t, lab in tickets(200):
-        if len(by[lab]) < n_per:
-            by[lab].append(t)
-    return [(t, lab) for lab in LABELS for t in by[lab]]
-
-
 # --------------------------------------------------------------------------- the CLI
-def _run(args):
-    from mlx_slm.cli import main
-
-    return CliRunner().invoke(main, args, catch_exceptions=False)
 
 
 # --------------------------------------------------------------------------- parity
@@ -309,11 +297,11 @@ def test_head_of_last_and_mean_parts_parity_and_batching(tiny_head, tiny_qwen_ml
 def test_head_parity_on_smollm2(smollm2_mlx, tmp_path):
     """SmolLM2: a head trained on two layers (a middle one and the last), checked from the CLI."""
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in _labelled(5)))
+    data.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in labelled(5)))
     task = tmp_path / "task.json"
-    r = _run(["train", str(data), "--model", "smollm2-135m", "--save-task", str(task), "--layers", "12,30", "-q"])
+    r = run(["train", str(data), "--model", "smollm2-135m", "--save-task", str(task), "--layers", "12,30", "-q"])
     assert r.exit_code == 0, r.output
-    r = _run(["parity", "--task", str(task), "--n", "6", "--json"])
+    r = run(["parity", "--task", str(task), "--n", "6", "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["forward_ok"] and rep["labels"]["agree"] == 6 and rep["scoring"] == "head"
@@ -392,16 +380,6 @@ def test_lda_with_one_example_a_label_or_a_feature_constant_within_labels():
     sk = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto").fit(z, y)
     np.testing.assert_allclose(coef, sk.coef_, atol=1e-8)
     np.testing.assert_allclose(intercept, sk.intercept_, atol=1e-8)
-
-
-@pytest.fixture(scope="module")
-def head_task(tiny_qwen_mlx, tmp_path_factory):
-    d = tmp_path_factory.mktemp("head")
-    data = write(d / "lab.jsonl", "".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in tickets(36)))
-    r = invoke(["train", data, "--save-task", d / "head.json", "--model", tiny_qwen_mlx, "--layers", "1,2",
-                "--folds", "3", "-q"])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    return d / "head.json"
 
 
 @pytest.mark.parametrize(
