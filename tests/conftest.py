@@ -47,6 +47,18 @@ def make_tokenizer(out: Path, words: tuple[str, ...] = ()):
     return fast
 
 
+# Mistral-v0.1's template (less its bos_token, which the tiny tokenizer has not): user and assistant
+# turns alternating, anything else raised.
+MISTRAL_V01 = (
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+
+
 def make_tiny(out: Path, arch: str, words: tuple[str, ...] = ()) -> Path:
     """A random tiny checkpoint saved as a Hugging Face directory (float32 safetensors).
 

@@ -4,6 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlx_slm.cli import main
+from tests.conftest import MISTRAL_V01
 from tests.train_cli import run
 
 
@@ -54,16 +55,7 @@ def test_parity_input_says_which_rows_it_skipped(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- a chat template that refuses a system turn
-# Mistral-v0.1's template (less its bos_token, which the tiny tokenizer has not): user and assistant
-# turns alternating, anything else raised.
-MISTRAL_V01 = (
-    "{% for message in messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
-    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
-    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
-)
+# Mistral-v0.1's template: tests.conftest.MISTRAL_V01.
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from mlx_slm.text.prompts import (
     starts_with,
     tokenize,
 )
+from tests.conftest import MISTRAL_V01
 from tests.train_cli import FT, run, train_file
 
 
@@ -157,16 +158,7 @@ def data(tmp_path_factory) -> Path:
 
 
 # --------------------------------------------------------------------------- a chat template that refuses a system turn
-# Mistral-v0.1's template (less its bos_token, which the tiny tokenizer has not): user and assistant
-# turns alternating, anything else raised.
-MISTRAL_V01 = (
-    "{% for message in messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
-    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
-    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
-)
+# Mistral-v0.1's template: tests.conftest.MISTRAL_V01.
 
 
 @pytest.fixture(scope="module")
