@@ -50,7 +50,7 @@ from ..ground.errors import UsageError, UserError
 from ..ground.safefs import atomic_write
 from ..text.calibration import DEFAULT_WARMUP
 from ..text.decisions.errors import DecisionError
-from ..text.decisions.fitting import Way, corrected, figures, fit_question, prior_of
+from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of
 from ..text.decisions.gold import gold_index, gold_pairs
 from ..text.decisions.methods import Method, Methods
 from ..text.decisions.metrics import format_question_report, question_report
@@ -262,7 +262,13 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
         rep["corrected"] = corrected(raw, gold, labels, s.warmup, contextual, q.type == "noul")
     if s.fit:
         per_way = {w: np.stack([_raw(runs[w][j], i) for j in keep]) for w in runs}
-        fitted = fit_question(per_way, gold, labels, q.key)
+        try:
+            fitted = fit_question(per_way, gold, labels, q.key)
+        except FitError as e:  # rows left out may be why: a gold value that is no option, say
+            if not left:
+                raise
+            shown = "; ".join(left[:5]) + (" ..." if len(left) > 5 else "")
+            raise FitError(f"{e} ({len(left)} row(s) left out: {shown})") from None
         method = Method(fitted.style, fitted.permute, "none", fitted.calibrator, None, q.key, q.digest, fitted.report())
         rep["fit"] = {**fitted.report(), "method": method}
     elif s.fit_prior:

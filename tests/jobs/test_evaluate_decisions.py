@@ -134,3 +134,15 @@ def test_eval_predictions_of_other_questions_names_the_question_and_option(tiny,
     r = run(["eval", str(gold), "--decisions", str(other), "--gold-field", "team", "--predictions", str(out)])
     assert r.exit_code == 2, r.output
     assert "question 'team' has no answer for 'sales'" in r.output and "KeyError" not in r.output
+
+
+def test_a_fit_refused_for_missing_options_names_the_rows_left_out(tiny, q, tmp_path):
+    """A gold value that is no option leaves its row out; when the fit is then refused (an option
+    without a labelled row), the message says which rows were left out and why, not only the count."""
+    rows = [("I was charged twice", "billing"), ("app crashes", "sales"), ("refund please", "billing")]
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"id": i, "state": s, "team": t}) + "\n" for i, (s, t) in enumerate(rows)))
+    r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--fit"])
+    assert r.exit_code == 2, r.output
+    assert "no row's gold answer is 'technical'" in r.output
+    assert "1 row(s) left out: line 2: field 'team' is 'sales', not an option of 'team'" in r.output
