@@ -90,7 +90,10 @@ class Method:
     def asks(self, q: DecisionQuestion) -> tuple[str, int]:
         """(style, orders) as `q` is asked: order averaging applies to a choice's options (a
         score's levels keep their order); the names style to the questions it applies to
-        (`prompt.names`). A trained head's method asks as the head was trained (letters, one order)."""
+        (`prompt.names`). A trained head's method asks as the head was trained (letters, one order:
+        `Decider.features`), whatever style a saved method beside it names."""
+        if self.head is not None:
+            return "letters", 1
         style = self.style if names(q) is not None else "letters"
         return style, (self.permute if q.type == "choice" else 1)
 

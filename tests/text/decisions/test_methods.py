@@ -4,6 +4,8 @@ the methods on a tiny model through the Decider, each equal to the computation i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -184,3 +186,11 @@ def test_a_trained_head_reads_the_features_it_was_trained_on_in_the_same_pass(en
         np.testing.assert_allclose(g.probabilities[0], want[i], atol=1e-5)
         assert g.applied[0]["trained"] == "head" and g.applied[1] == Method().record()
         np.testing.assert_allclose(g.probabilities[1], raw[i].probabilities[1], atol=1e-6)  # the untrained one: raw
+    # A head is read on the prompt it was trained on (the letters, one order), whatever style or order
+    # averaging a method beside it names (a task edited by hand): the same answers, not garbage.
+    styled = replace(trained, style="names", permute=2)
+    assert styled.asks(QS[0]) == ("letters", 1)
+    again = Decider(engine, CFG, methods=Methods.of([styled]), state_cache=0).decide(
+        [DecisionRequest(STATES[0], (QS[0],))]
+    )
+    np.testing.assert_allclose(again[0].probabilities[0], want[0], atol=1e-5)
