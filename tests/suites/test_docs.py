@@ -13,6 +13,7 @@ import click
 import pytest
 
 from mlx_slm.cli import main
+from tests.conftest import TICKET_TEXTS as TEXTS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -90,16 +91,6 @@ def test_every_command_help_ends_with_an_existing_docs_page():
             assert re.search(r"^ +Docs: \S+(\n\n[A-Z][\w ,-]*ptions:$|\n*\Z)", text, flags=re.M), (
                 f"{name}: Docs line not last"
             )
-
-
-TEXTS = [
-    "My card was charged twice for the same invoice.",
-    "The mobile app crashes whenever I open the settings page.",
-    "x",
-    "I need to change the email address on my profile, it is old and I no longer use it at all.",
-    "refund status please",
-    "Why was I billed again?",
-]
 
 
 # ----------------------------------------------------------------------------- the manual's Python
