@@ -35,7 +35,9 @@ each, state cache off, each split timed); every method below reads those raw ans
 * `fine-tuned (LoRA)`: `train --decisions --finetune lora` on TRAIN (`run_train_decisions`: the
   question's own classifier, fine-tuned by classify's machinery at its defaults, saved beside a
   decision task), answered on TEST by `decide --task`'s `Decider` (its own pass, timed);
-  `--no-tune SETS` skips it (said not run);
+  `--no-tune SETS` skips it (said not run); `--tuned-only SETS` runs it and classify's rows only
+  (every other method needs the decision prompt over each state, which lists every option:
+  BANKING77's 77 options are ~750 tokens a state, about an hour a pass here);
 * beside them, `classify` on the same TEST rows: label scoring raw, with a batch prior
   (`fit_batch` over TEST), and a learned head (`train_head` on TRAIN).
 
@@ -45,7 +47,8 @@ share of TEST rows, most confident first, whose answers are at least 95 % right:
 answer time, and what learning it cost (train s). `--cache DIR` keeps each pass's raw answers
 (keyed by the model's weights, the question, the way and the rows) so a run can be resumed; a
 pass read back keeps its measured seconds and says "cached". `--probe N` only times N TEST
-prompts of each set per way (sizing a run). Results: `--out`/TAG.{json,md,png}.
+prompts of each set per way (sizing a run). Results: `--out`/TAG.{json,md,png}; `--merge` keeps
+the sets TAG.json already has that this run does not run (each set keeps its own command line).
 """
 
 from __future__ import annotations
@@ -504,10 +507,26 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
     (q,) = systemone_questions(ds.question, config)
     ways = [WAYS[w] for w in a.ways]
     say(f"{ds.name}: {len(ds.train)} train, {len(ds.test)} test, {len(ds.labels)} options")
+    if ds.name in a.tuned_only:  # no pass of the decision prompt: every method that needs one said not run
+        why = (
+            "not run: --tuned-only (the decision prompt lists every option: a pass over each split costs too much here)"
+        )
+        rows = [
+            {"method": f"{WAY_NAMES[w]}: {m}", "family": "decide", "available": False, "note": why}
+            for w in ways
+            for m in ("raw", "batch prior", "contextual prior")
+        ]
+        rows += [{"method": m, "family": "decide", "available": False, "note": why} for m in (*NO_FIT, "trained head")]
+        fit_report: dict[str, Any] = {"note": why}
+        head_info: dict[str, Any] = {"note": why}
+        trow, tuned_info = tuned_row(ds, q, passes, a.model)
+        return set_result(
+            ds, q, passes, [*rows, trow, *classify_rows(ds, engine, passes, a.folds)], fit_report, head_info, tuned_info
+        )
     rows = way_rows(ds, q, passes, ways)
     if ds.name in a.no_fit:  # no TRAIN passes: said, not run
         why = "not run: --no-fit (each way's pass over TRAIN costs too much here; see the passes' s / row)"
-        fit_report: dict[str, Any] = {"note": why}
+        fit_report = {"note": why}
         rows += [{"method": m, "family": "decide", "available": False, "note": why} for m in NO_FIT]
     else:
         fitted_rows, fit_report = learned_rows(ds, q, passes, ways)
@@ -522,6 +541,13 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         trow, tuned_info = tuned_row(ds, q, passes, a.model)
         rows.append(trow)
     rows += classify_rows(ds, engine, passes, a.folds)
+    return set_result(ds, q, passes, rows, fit_report, head_info, tuned_info)
+
+
+def set_result(
+    ds: DataSet, q: DecisionQuestion, passes: Passes, rows: list[dict[str, Any]], fit: dict, head: dict, tuned: dict
+) -> dict[str, Any]:
+    """A set's part of the results: its rows, draw, question and passes."""
     pass_table = {
         f"{w}/{s}": {
             "rows": r["rows"],
@@ -545,9 +571,9 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         "drawn": ds.drawn,
         "source": ds.source,
         "passes": pass_table,
-        "fit": fit_report,
-        "head": head_info,
-        "tuned": tuned_info,
+        "fit": fit,
+        "head": head,
+        "tuned": tuned,
         "methods": rows,
     }
 
@@ -585,6 +611,9 @@ def goals(sets: dict[str, Any]) -> list[dict[str, Any]]:
             rows = [r for r in rows if "prior" in r["method"]]
         else:  # untrained: any way, raw or with a prior that needs no gold
             rows = [r for r in rows if r["method"] != "fitted" and r["method"] not in TRAINED]
+        if not rows:  # every method the goal reads was left out of the run (--tuned-only, --no-tune)
+            out.append({"set": name, "goal": what, "figure": fig, "at_least": want, "status": "not run"})
+            continue
         best = max(rows, key=lambda r: r[fig])
         status = "met" if best[fig] >= want else "not met"
         out.append(
@@ -644,6 +673,7 @@ def markdown(out: dict[str, Any]) -> str:
             "",
             f"{s['source']}; {s['drawn']}. Question: `{json.dumps(s['question'], ensure_ascii=False)[:300]}`",
             "",
+            *([f"Run: {s['run']}", ""] if s.get("run") and s["run"] != run_line(out) else []),
             "| method | accuracy | macro-F1 | ECE | automation at 5 % error | tokens / row | s / row | train s | note |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
@@ -675,8 +705,12 @@ def markdown(out: dict[str, Any]) -> str:
                 if "chosen" in fit
                 else f"Fitted and fit-prior: {fit['note']}"
             )
-            + f". Trained head: {s['head']['name']} ({s['head']['estimator']}), CV accuracy on train "
-            f"{_cell(s['head']['cv_accuracy'])}, {s['head']['train_s']} s to train.",
+            + (
+                f". Trained head: {s['head']['name']} ({s['head']['estimator']}), CV accuracy on train "
+                f"{_cell(s['head']['cv_accuracy'])}, {s['head']['train_s']} s to train."
+                if "name" in s["head"]
+                else "."
+            ),
             "",
             "Each pass (one way over one split, state cache off; run once, read by every method):",
             "",
@@ -797,6 +831,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--no-fit", default="", help="sets without fitted and fit-prior (no pass over TRAIN but the head's)"
     )
     ap.add_argument("--no-tune", default="", help="sets without the fine-tuned (LoRA) row (its training is long)")
+    ap.add_argument(
+        "--tuned-only",
+        default="",
+        help="sets with only the fine-tuned (LoRA) row and classify's (no pass of the decision prompt)",
+    )
+    ap.add_argument("--merge", action="store_true", help="keep TAG.json's other sets (a run of some sets adds them)")
     ap.add_argument("--cache", type=Path, default=None, help="keep each pass's raw answers here (resume a run)")
     ap.add_argument("--chunk", type=int, default=32, help="requests per decide call (progress is told per call)")
     ap.add_argument("--folds", type=int, default=5, help="the heads' cross-validation folds")
@@ -813,7 +853,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.sets, a.ways = [s for s in a.sets.split(",") if s], [w for w in a.ways.split(",") if w]
     a.no_fit = [s for s in a.no_fit.split(",") if s]
     a.no_tune = [s for s in a.no_tune.split(",") if s]
-    bad = [s for s in a.sets + a.no_fit + a.no_tune if s not in SETS] + [w for w in a.ways if w not in WAYS]
+    a.tuned_only = [s for s in a.tuned_only.split(",") if s]
+    bad = [s for s in a.sets + a.no_fit + a.no_tune + a.tuned_only if s not in SETS] + [
+        w for w in a.ways if w not in WAYS
+    ]
     if bad or "letters" not in a.ways:
         raise SystemExit(
             f"--sets is some of {', '.join(SETS)}; --ways some of {', '.join(WAYS)} with letters; got {bad}"
@@ -843,6 +886,15 @@ def main(argv: list[str] | None = None) -> int:
             sets[name] = run_set(ds, engine, config, passes, a)
     peak1 = matmul_peak()["mlx"]
     out = {**run_record("benchmarks.decision_accuracy", a.model, argv, peak0, peak1), "ways": a.ways}
+    for s in sets.values():  # each set says the run it came from (a merged file holds several)
+        s["run"] = run_line(out)
+    if a.merge and (a.out / f"{a.tag}.json").is_file():
+        old = json.loads((a.out / f"{a.tag}.json").read_text())
+        kept = {k: {**v, "run": v.get("run") or run_line(old)} for k, v in old["sets"].items() if k not in sets}
+        sets = {**kept, **sets}
+        sets = {k: sets[k] for k in SETS if k in sets}  # the sets in their usual order
+        probes = {**old.get("probes", {}), **probes}
+        a.note = a.note or old.get("notes", [])
     out.update(sets=sets, probes=probes, goals=goals(sets) if sets else [], notes=a.note)
     write(out, a.out, a.tag)
     return 0

@@ -101,6 +101,24 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     skipped = [r for r in third["methods"] if not r["available"]]
     assert [r["method"] for r in skipped] == [*bench.NO_FIT, "fine-tuned (LoRA)"]
     assert "| fitted | n/a" in (out / "t3.md").read_text()
+    # --tuned-only: the fine-tuned row and classify's only (no pass of the decision prompt); --merge
+    # keeps the sets TAG.json has (here t's tickets are replaced, its goals read again)
+    first = json.loads((out / "t.json").read_text())
+    first["sets"] = {"posts": {**s, "test": 5}, **first["sets"]}  # a set another run wrote
+    (out / "t.json").write_text(json.dumps(first))
+    argv4 = [*argv[:-4], "--tag", "t", "--tuned-only", "tickets", "--merge", "--n-test", "tickets=6"]
+    assert bench.main(argv4) == 0
+    fourth = json.loads((out / "t.json").read_text())
+    assert list(fourth["sets"]) == ["tickets", "posts"] and fourth["sets"]["posts"] == {**s, "test": 5}
+    t4 = fourth["sets"]["tickets"]
+    assert sorted(t4["passes"]) == sorted([*own[2:], *tuned]) and t4["test"] == 6
+    ran = [r["method"] for r in t4["methods"] if r["available"]]
+    assert ran == ["fine-tuned (LoRA)", *CLASSIFY]
+    assert [r["method"] for r in t4["methods"]] == DECIDE + CLASSIFY
+    assert "--tuned-only tickets" in t4["run"] and fourth["command"] == t4["run"].split("`")[1]
+    by_goal = {g["goal"]: g for g in fourth["goals"] if g["set"] == "tickets"}
+    assert [g["status"] for g in by_goal.values()][0] == "not run"  # the prior goal: no prior row ran
+    assert "| trained head | n/a" in (out / "t.md").read_text()
     # --render writes the markdown again from the JSON, with the notes given (kept in the JSON)
     assert bench.main(["--render", "--out", str(out), "--tag", "t", "--note", "a note"]) == 0
     assert "- a note" in (out / "t.md").read_text() and json.loads((out / "t.json").read_text())["notes"] == ["a note"]
