@@ -285,8 +285,9 @@ class Decider:
             prior = (priors or {}).get(q.digest) if m.prior == "batch" else None
             if m.prior == "contextual" and p is not None:  # a saved method's prior is "none": it keeps its own
                 prior = self.contextual_prior(q, m)
-            probs.append(None if p is None else m.answer(p, prior))
-            rec = m.record(prior, q)
+            final = None if p is None else m.answer(p, prior)
+            probs.append(final)
+            rec = m.record(prior, q, final)
             applied.append({**rec, "note": note} if note else rec)
         return replace(result, probabilities=tuple(probs), applied=tuple(applied))
 

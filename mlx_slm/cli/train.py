@@ -210,7 +210,8 @@ _TRAIN_TASK_OPTIONS = {
     "--none-label",
     help="Rows with this label are out-of-scope examples: the task learns them as a class "
     "and answers them 'none of these' (label null, abstained true). With --none-threshold auto it also "
-    "marks --none-data's out-of-scope texts; if DATA has none, the threshold alone answers 'none'.",
+    "marks --none-data's out-of-scope texts; if DATA has none, the threshold alone answers 'none'. "
+    "With --decisions: the option of the trained choice question that means none.",
 )
 @click.option(
     "--none-threshold",
@@ -236,8 +237,8 @@ _TRAIN_TASK_OPTIONS = {
     type=click.Path(exists=True, dir_okay=False),
     help="Train typed decision questions (Q.json, as `decide` asks them): a head per question given "
     "--gold-field KEY=FIELD, on the hidden states where its answer is read (--finetune lora|auto: a "
-    "classifier per question, the question its prompt); decide --task and serve --task answer those "
-    "questions with it, on both routes.",
+    "classifier per question, the question its prompt; --none-label OPTION [--none-threshold P|auto]: "
+    "'none of these'); decide --task and serve --task answer those questions with it, on both routes.",
 )
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
@@ -316,12 +317,16 @@ _DECISION_OWN = {"data", "layers_spec", "layer", "folds", "seed", "gold_fields",
 def _train_decisions(
     ctx: click.Context, files: tuple[str, str, str], gold_fields: tuple[str, ...], head: tuple, o: dict[str, Any]
 ) -> None:
-    """`train --decisions Q.json` (`jobs.train_decisions`): a head per labelled question."""
+    """`train --decisions Q.json` (`jobs.train_decisions`): a head per labelled question, "none of
+    these" (--none-label OPTION: one of the trained question's options) where asked."""
     data, questions, save_task = files
-    check_run_files(files_read(o, ("DATA", data), ("--decisions", questions)), [("--save-task", save_task)])
+    none = {k: o[k] for k in NONE}
+    held = (("--none-data", none["none_data"]),) * bool(none["none_data"])
+    reads = files_read(o, ("DATA", data), ("--decisions", questions), *held)
+    check_run_files(reads, [("--save-task", save_task)])
     ctx.with_resource(OutputLock(save_task, create=False, option="--save-task"))
     typed = {k for k in ctx.params if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
-    other = sorted(typed - _DECISION_OPTIONS - _DECISION_OWN - set(TUNING))
+    other = sorted(typed - _DECISION_OPTIONS - _DECISION_OWN - set(TUNING) - set(NONE))
     if other:
         raise click.UsageError(
             f"--decisions trains a head per decision question: {flag_names({other[0]})} is for a labels "
@@ -342,7 +347,16 @@ def _train_decisions(
         name = sorted(typed & set(TUNING))[0]
         flag = next(p.opts[0] for p in ctx.command.params if p.name == name)  # --lr, not --learning-rate
         raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
-    run = DecisionTrainRun(data, plan, gold_fields, save_task, HeadOptions(*head, poolings=("last",)), read, tuning)
+    threshold = _check_none(ctx, none, gold_fields)
+    if threshold is not None and none["none_label"] is None:
+        raise click.UsageError(
+            "--none-threshold with --decisions answers the question's own 'none of these' option when no other "
+            "reaches it: name that option with --none-label OPTION (add one to the question if it has none)"
+        )
+    rule = NoneRule(none["none_label"], threshold, none["none_target"], none["none_data"], read)
+    run = DecisionTrainRun(
+        data, plan, gold_fields, save_task, HeadOptions(*head, poolings=("last",)), read, tuning, rule
+    )
     _task, table = run_train_decisions(run, _say(o))
     click.echo(table)
     if not o["quiet"]:

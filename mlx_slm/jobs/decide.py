@@ -393,6 +393,10 @@ def describe_methods(plan: DecisionPlan, priors: Mapping[str, Calibrator]) -> st
             )
             what.append(f"{cal} calibration" + (f" ({src})" if src else ""))
         what += ["trained head"] if r.get("trained") else []
+        none = r.get("none_of_these")
+        if none:
+            t = none["min_confidence"]
+            what.append(f"none of these: {none['option']!r}" + ("" if t is None else f" below {t:.3g}"))
         what += ["NOT the task's fitted settings: the question changed"] if "note" in r else []
         parts.append(f"{r['key']}: {', '.join(what) or 'raw'}")
     return "; ".join(parts)

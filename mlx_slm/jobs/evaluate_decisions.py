@@ -49,6 +49,7 @@ from ..files.readers import ReadSpec, read_rows
 from ..ground.errors import UsageError, UserError
 from ..ground.safefs import atomic_write
 from ..text.calibration import DEFAULT_WARMUP
+from ..text.decisions.answers import chosen_index
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of
 from ..text.decisions.gold import gold_index, gold_pairs
@@ -56,6 +57,7 @@ from ..text.decisions.methods import Method, Methods
 from ..text.decisions.metrics import format_question_report, question_report
 from ..text.decisions.prompt import STYLES
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest
+from ..text.out_of_scope import figures as oos_figures
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
 from ..weights.registry import DEFAULT_MODEL
@@ -129,7 +131,7 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     rows = _rows(s, golds)
     if s.predictions:  # a decide output: its answers read back, row i of it input row i
         got = read_decisions(s.predictions, rows, plan.questions, s.input)
-        rows = [r if p is None or isinstance(p, tuple) else replace(r, error=p) for r, p in zip(rows, got)]
+        rows = [r if not isinstance(p, str) else replace(r, error=p) for r, p in zip(rows, got)]
         runs = {ways_of(plan, False)[0]: [p for r, p in zip(rows, got) if r.error is None]}
     else:
         runs = _runs(plan, engine, [r for r in rows if r.error is None], s)
@@ -250,10 +252,15 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     labels = q.answer_names()
     final = np.stack([_final(runs[main][j], i) for j in keep])
     raw = np.stack([_raw(runs[main][j], i) for j in keep])
-    rep = question_report(final, gold, labels, binary=q.type == "noul")
+    applied = [_applied(runs[main][j], i) for j in keep]
+    chosen = [chosen_index(q, p, a) for p, a in zip(final, applied)]
+    rep = question_report(final, gold, labels, binary=q.type == "noul", chosen=chosen)
     rep["left_out"], rep["left_out_examples"] = len(left), left[:5]
-    applied = [getattr(runs[main][j], "applied", None) for j in keep]
-    rep["applied"] = applied[0][i] if applied[0] else {"as": "written by decide"}
+    rep["applied"] = applied[0] or {"as": "written by decide"}
+    none = (applied[0] or {}).get("none_of_these")
+    if none:  # "none of these": its option marks the out-of-scope states, as classify's eval reads a none label
+        said = [None if labels[c] == none["option"] else labels[c] for c in chosen]
+        rep["out_of_scope"] = oos_figures(said, [labels[g] for g in gold], none["option"])
     method = None if decider is None else decider.method(q)[0]
     if method is not None and method.trained:  # a trained question's answer: no prior to divide out
         rep["corrected"] = {"raw": figures(raw, gold, q.type == "noul")}
@@ -301,14 +308,28 @@ def _gold_rows(
     return keep, np.asarray(gold, dtype=np.int64), left
 
 
+@dataclass(frozen=True)
+class Written:
+    """A decide output's row read back: each question's probabilities and what made its answer
+    (its `x_method`, or None where nothing beyond the raw letters did), as written."""
+
+    probabilities: tuple[np.ndarray, ...]
+    applied: tuple[dict[str, Any] | None, ...]
+    raw: tuple = ()  # the raw answers are not read back: `_raw` takes the written ones
+
+
+def _applied(res: Any, i: int) -> dict[str, Any] | None:
+    """What made question `i`'s answer in a result (its `x_method`), or None."""
+    got = getattr(res, "applied", None)
+    return dict(got[i]) if got and got[i] is not None else None
+
+
 def _final(res: Any, i: int) -> np.ndarray:
-    return np.asarray(res[i] if isinstance(res, tuple) else res.probabilities[i], dtype=np.float64)
+    return np.asarray(res.probabilities[i], dtype=np.float64)
 
 
 def _raw(res: Any, i: int) -> np.ndarray | None:
     """A result's raw answer to question i (a decide output read back: as written)."""
-    if isinstance(res, tuple):
-        return np.asarray(res[i], dtype=np.float64)
     got = res.raw[i] if res.raw else res.probabilities[i]
     return None if got is None else np.asarray(got, dtype=np.float64)
 
@@ -347,9 +368,21 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
         )
         if fit.get("note"):
             lines.append(f"fit: {fit['note']}")
+    oos, none = rep.get("out_of_scope"), (rep["applied"] or {}).get("none_of_these")
+    if oos is not None and none is not None:
+        lines.append(
+            f"none of these ({none['option']!r}, min confidence {none['min_confidence']}): "
+            f"{oos['out_of_scope']} out-of-scope state(s), recall {_pct(oos['oos_recall'])}, "
+            f"precision {_pct(oos['oos_precision'])}; in scope {oos['in_scope']}: accuracy "
+            f"{_pct(oos['in_scope_accuracy'])}, answered {_pct(oos['in_scope_answered'])}"
+        )
     if rep.get("left_out"):
         lines.append(f"{rep['left_out']} row(s) left out: " + "; ".join(rep["left_out_examples"]))
     return out + "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f} %"
 
 
 def _save(s: DecisionEvalSettings, plan: DecisionPlan, engine: Any, saved: list[Method], say: Say) -> None:
@@ -368,8 +401,8 @@ def _save(s: DecisionEvalSettings, plan: DecisionPlan, engine: Any, saved: list[
 
 
 def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuestion], input_path: str) -> list[Any]:
-    """A decide output read back row by row: each row's probabilities per question (a tuple, in
-    question order), or its error text. Its rows must be the input's (count and ids, and the
+    """A decide output read back row by row: each row's answers (`Written`: probabilities per
+    question, in question order, and what made each), or its error text. Its rows must be the input's (count and ids, and the
     content its manifest recorded), its questions these."""
     where = f"--predictions {path}"
     m = read_manifest(path)
@@ -403,8 +436,16 @@ def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuest
             continue
         ans = f.get("answers")
         ans = json.loads(ans) if isinstance(ans, str) else ans
-        out.append(tuple(_probabilities(q, ans, k, where, i + 1) for k, q in enumerate(questions)))
+        probs = tuple(_probabilities(q, ans, k, where, i + 1) for k, q in enumerate(questions))
+        out.append(Written(probs, tuple(_x_method(q, ans, k) for k, q in enumerate(questions))))
     return out
+
+
+def _x_method(q: DecisionQuestion, answers: Any, k: int) -> dict[str, Any] | None:
+    """A written answer's `x_method` (what made it, "none of these" included), or None."""
+    a = answers[k] if isinstance(answers, list) else answers[q.key]
+    got = a.get("x_method") if isinstance(a, dict) else None
+    return got if isinstance(got, dict) else None
 
 
 def _probabilities(q: DecisionQuestion, answers: Any, k: int, where: str, row: int) -> np.ndarray:

@@ -20,6 +20,12 @@ labels. Each classifier is a task file beside the decision task (`<task>.<questi
 adapters); the decision task's method names it, and `decide`, `serve` and Ray answer the question
 with it in the same call as the other questions (its own pass: the question is its cached prompt
 head, so each state costs its own tokens).
+
+"None of these" (`--none-label OPTION [--none-threshold P|auto --none-data FILE]`, one question):
+OPTION is one of the choice's options, learned from its rows as any option; with a threshold the
+question also answers it when no other option reaches P (`methods.NoneOf`). `auto` chooses P on
+held-out labelled states as classify's does (`text.out_of_scope.choose_threshold`: the largest
+that costs in-scope accuracy at most --none-target), answered by the saved task as served.
 """
 
 from __future__ import annotations
@@ -40,16 +46,20 @@ from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..files.readers import ReadSpec, read_rows
 from ..ground.errors import UserError
+from ..text.decisions.errors import DecisionError
 from ..text.decisions.gold import gold_index, gold_pairs
-from ..text.decisions.methods import Method, tuned_prompt
-from ..text.decisions.questions import DecisionQuestion, text
+from ..text.decisions.methods import Method, NoneOf, tuned_prompt
+from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.heads import Head, format_table
+from ..text.out_of_scope import choose_threshold
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
 from .choose import run_choose
 from .decide import STATE_FIELDS, state_problem
 from .finetune import history_table, run_finetune
 from .labelled import check_folds
+from .out_of_scope import NoneRule
+from .plan import DecisionOptions, resolve_decisions
 from .train import HeadOptions, Trace, TrainError, TrainRun, _candidate_parts, _fit_timed, _gold_indices
 
 
@@ -66,6 +76,7 @@ class DecisionTrainRun:
     head: HeadOptions = HeadOptions()
     read: ReadSpec | None = None
     tuning: tuple[str, Any, bool] | None = None  # ("lora" | "auto", FinetuneSettings, fused)
+    none: NoneRule = NoneRule()  # "none of these" for the one question trained (its option: `label`)
 
 
 @dataclass
@@ -76,18 +87,20 @@ class _Stats:
     items: int
 
 
-def _states(run: DecisionTrainRun, fields: Sequence[str]) -> list[Any]:
-    """DATA's rows with their states checked (a row that cannot be asked is an error naming it)."""
+def _states(run: DecisionTrainRun, fields: Sequence[str], path: str | None = None) -> list[Any]:
+    """DATA's rows (or `path`'s, read as DATA is) with their states checked (a row that cannot be
+    asked is an error naming it)."""
+    path = path or run.data
     spec = run.read or ReadSpec(None, STATE_FIELDS[0], "id", "text", "id", states=STATE_FIELDS)
     rows = [
         r if r.error is not None else replace(r, error=state_problem(r))
-        for r in read_rows(run.data, replace(spec, gold=tuple(fields)))
+        for r in read_rows(path, replace(spec, gold=tuple(fields)))
     ]
     bad = next((r for r in rows if r.error is not None), None)
     if bad is not None:
-        raise TrainError(f"{run.data}: {bad.error}: fix or drop the row (a head is trained on every row)")
+        raise TrainError(f"{path}: {bad.error}: fix or drop the row (a head is trained on every row)")
     if not rows:
-        raise TrainError(f"{run.data} has no rows: give states with their gold answers")
+        raise TrainError(f"{path} has no rows: give states with their gold answers")
     return rows
 
 
@@ -143,6 +156,7 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
     if not golds:
         raise UserError("train --decisions: give --gold-field KEY=FIELD for each question to train")
     rows = _states(run, tuple(dict.fromkeys(golds.values())))
+    held = _none_held_out(run, golds)  # "none of these": checked, and its held-out states read, before any work
     say(f"mlx-slm: loading {run.plan.model.name}")
     engine = run.plan.engine()
     plan = run.plan.loaded(engine)
@@ -169,17 +183,85 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
         report = {"cv_accuracy": chosen.get("accuracy"), "cv_macro_f1": chosen.get("macro_f1"), "n": len(keep)}
         methods.append(Method(head=head, key=q.key, digest=q.digest, report=report))
         tables.append(f"== {q.key}\n{format_table(head)}")
+    if run.none.asked:
+        threshold = run.none.threshold if isinstance(run.none.threshold, float) else None
+        methods = [replace(m, none=NoneOf(str(run.none.label), threshold)) for m in methods]
+    task = _decision_task(run, plan, engine.weights_sha256, methods)
+    if held is not None:  # --none-threshold auto: chosen on the held-out states, answered as the task serves them
+        methods = [replace(m, none=_chosen_none(run, engine, held, say)) for m in methods]
+        task = _decision_task(run, plan, engine.weights_sha256, methods)
+    return task, "\n\n".join(tables)
+
+
+def _decision_task(run: DecisionTrainRun, plan: DecisionPlan, weights: str, methods: list[Method]) -> Task:
+    """The decision task with these methods, saved to --save-task."""
     task = Task(
         model=plan.model.name,
         labels=tuple(DEFAULT_LABELS),
         system=DEFAULT_SYSTEM,
         template=DEFAULT_TEMPLATE,
-        weights_sha256=engine.weights_sha256,
+        weights_sha256=weights,
         versions=versions(),
         decisions={"questions": plan.raw_questions, "methods": [m.to_dict() for m in methods]},
     )
     task.save(run.save_task)
-    return task, "\n\n".join(tables)
+    return task
+
+
+def _none_held_out(run: DecisionTrainRun, golds: dict[str, str]) -> tuple[list[Any], list[str]] | None:
+    """ "None of these" checked against its question before any work: one question trained, a
+    choice, the option one of its; with `auto`, the held-out states and their gold options
+    (--none-data, read as DATA is: in-scope rows and rows of the none option both needed)."""
+    rule = run.none
+    if not rule.asked:
+        return None
+    if len(golds) != 1 or rule.label is None:
+        raise UserError(
+            "--none-label names the option of ONE trained question that means 'none of these' "
+            "(--none-threshold answers it): give one --gold-field and --none-label OPTION"
+        )
+    (q,) = [q for q in run.plan.questions if q.key in golds]
+    try:
+        NoneOf(rule.label).check(q)
+    except DecisionError as e:
+        raise UserError(f"--none-label: {e.msg}: name the option that means none (add one to the question)") from None
+    if rule.threshold != "auto":
+        return None
+    assert rule.data is not None  # the front end asks --none-data with auto
+    fld = golds[q.key]
+    rows = _states(run, (fld,), rule.data)
+    keep, gold, _ = _labelled(q, fld, rows, rule.data)
+    n_none = sum(g == rule.label for g in gold)
+    if n_none == len(gold) or not gold:
+        raise UserError(
+            f"--none-data {rule.data}: {len(gold)} row(s) with field {fld!r}, {n_none} of them {rule.label!r}: the "
+            "threshold is chosen on in-scope states too: give held-out states of the other options as well"
+        )
+    return [rows[i].text for i in keep], gold
+
+
+def _chosen_none(
+    run: DecisionTrainRun, engine: Any, held: tuple[list[Any], list[str]], say: Callable[[str], None]
+) -> NoneOf:
+    """--none-threshold auto: the saved task (read back as `decide --task` reads it) answers the held-out states,
+    and `choose_threshold` picks the largest threshold within --none-target of no threshold."""
+    served = resolve_decisions(DecisionOptions(task_file=run.save_task)).loaded(engine)
+    decider = served.decider(engine, state_cache=0)
+    (q,) = [q for q in served.questions if decider.method(q)[0].none is not None]
+    states, gold = held
+    say(f"mlx-slm: 'none of these': answering {len(states)} held-out states to choose the threshold")
+    results = decider.decide([DecisionRequest(st, (q,)) for st in states])
+    bad = next((i for i, r in enumerate(results) if r.probabilities[0] is None), None)
+    if bad is not None:
+        raise TrainError(f"{run.none.data}: held-out state {bad + 1} is over the model's context: shorten it")
+    probs = np.stack([np.asarray(r.probabilities[0], dtype=np.float64) for r in results])
+    t, figs = choose_threshold(probs, gold, q.answer_names(), str(run.none.label), run.none.target)
+    figs = {**figs, "data": Path(str(run.none.data)).name, "data_rows": len(states)}
+    say(
+        f"mlx-slm: 'none of these' below {t if t is None else round(t, 4)}: in-scope accuracy "
+        f"{figs['in_scope_accuracy']}, out-of-scope recall {figs['oos_recall']} on the held-out states"
+    )
+    return NoneOf(str(run.none.label), t, figs)
 
 
 def tuned_task_name(save_task: str, key: str) -> str:

@@ -101,3 +101,96 @@ def test_a_fine_tuning_option_without_finetune_is_refused_with_decisions(tiny, q
     r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
              "--save-task", str(tmp_path / "t.json"), "--lr", "1e-4"])  # fmt: skip
     assert r.exit_code == 2 and "--lr is a fine-tuning option" in r.output
+
+
+def _none_files(tmp_path, n=8, name="none"):
+    """A question whose options include "none of these", and labelled states of each option."""
+    qs = {"team": {"type": "choice", "instructions": "Which team?",
+                   "criteria": {"billing": None, "technical": None, "none of these": "not a support request"}}}  # fmt: skip
+    q = tmp_path / "qn.json"
+    q.write_text(json.dumps(qs))
+    teams = ["billing", "technical", "none of these"]
+    from mlx_slm.text.workload import tickets
+
+    rows = [{"id": i, "state": t, "team": teams[i % 3]} for i, (t, _) in enumerate(tickets(3 * n))]
+    data = tmp_path / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return q, data
+
+
+@pytest.mark.parametrize("tuning", [[], ["--finetune", "lora", "--epochs", "1"]], ids=["head", "lora"])
+def test_train_decisions_none_of_these_answers_its_option_below_the_threshold(tiny, tmp_path, tuning):
+    """--none-label names the question's own none option (learned from its rows); with a threshold
+    no in-scope option reaches, every answer is that option, said in x_method, its probabilities
+    those of the task without the threshold; eval reports the out-of-scope figures. A head's or a
+    fine-tuned classifier's answer alike."""
+    q, data = _none_files(tmp_path)
+    base = ["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--folds", "2", "-q"]
+    base += tuning
+    plain, high = tmp_path / "plain.json", tmp_path / "high.json"
+    assert run([*base, "--save-task", str(plain), "--none-label", "none of these"]).exit_code == 0
+    r = run([*base, "--save-task", str(high), "--none-label", "none of these", "--none-threshold", "0.999"])
+    assert r.exit_code == 0, r.output
+    (m,) = json.loads(high.read_text())["decisions"]["methods"]
+    assert m["none_of_these"] == {"option": "none of these", "min_confidence": 0.999}
+    states = "".join(json.dumps({"id": i, "state": s}) + "\n" for i, s in enumerate(["I was charged twice", "hi"]))
+    a = [
+        json.loads(x)["answers"]["team"]
+        for x in run(["decide", "--task", str(plain), "-q"], input=states).stdout.splitlines()
+    ]
+    b = [
+        json.loads(x)["answers"]["team"]
+        for x in run(["decide", "--task", str(high), "-q"], input=states).stdout.splitlines()
+    ]
+    assert [x["choice"] for x in b] == ["none of these"] * 2
+    assert [x["probabilities"] for x in b] == [x["probabilities"] for x in a]
+    assert all(
+        x["x_method"]["none_of_these"]["answered_none"] == (y["choice"] != "none of these") for x, y in zip(b, a)
+    )
+    r = run(["decide", "--task", str(high), "--shape", "openai", "-q"], input=states)
+    assert [json.loads(x)["answers"][0]["choice"] for x in r.stdout.splitlines()] == ["none of these"] * 2
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(high)])
+    assert r.exit_code == 0, r.output
+    assert "none of these ('none of these', min confidence 0.999): 8 out-of-scope state(s), recall 100.00 %" in r.output
+    assert "accuracy 33.33 %" in r.output  # every state answered "none of these": the 8 none rows of 24 are right
+
+
+def test_train_decisions_none_threshold_auto_is_chosen_on_held_out_states(tiny, tmp_path):
+    q, data = _none_files(tmp_path)
+    _, held = _none_files(tmp_path, 4, name="held")
+    task = tmp_path / "auto.json"
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--folds", "2",
+             "--save-task", str(task), "--none-label", "none of these", "--none-threshold", "auto",
+             "--none-data", str(held)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "answering 12 held-out states to choose the threshold" in r.output
+    (m,) = json.loads(task.read_text())["decisions"]["methods"]
+    got = m["none_of_these"]
+    assert got["option"] == "none of these" and got["chosen"]["target"] == 0.02 and got["chosen"]["data_rows"] == 12
+    t = got["min_confidence"]
+    assert t is None or 0 < t <= 1
+    assert got["chosen"]["threshold"] == t and "in_scope_accuracy" in got["chosen"]["without_threshold"]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--none-threshold", "0.5"], "name that option with --none-label OPTION"),
+        (["--none-label", "sales"], "--none-label: question 'team': 'none of these' answers one of a choice's options"),
+        (["--none-label", "none of these", "--none-threshold", "auto"], "give --none-data FILE"),
+        (["--none-label", "none of these", "--gold-field", "urgent"], "go with one --gold-field"),
+        (
+            ["--none-label", "none of these", "--none-threshold", "auto", "--none-data", "ONLY_NONE"],
+            "give held-out states of the other options as well",
+        ),  # fmt: skip
+    ],
+)
+def test_train_decisions_none_of_these_refuses_what_it_cannot_use(tiny, tmp_path, args, words):
+    q, data = _none_files(tmp_path, 4)
+    only = tmp_path / "only.jsonl"
+    only.write_text("".join(json.dumps({"state": f"hello {i}", "team": "none of these"}) + "\n" for i in range(3)))
+    args = [str(only) if a == "ONLY_NONE" else a for a in args]
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--folds", "2",
+             "--save-task", str(tmp_path / "t.json"), *args])  # fmt: skip
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert not (tmp_path / "t.json").exists()

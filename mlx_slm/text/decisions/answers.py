@@ -19,15 +19,16 @@ from .questions import DecisionQuestion, text
 
 
 class AnswerShape:
-    """What varies between question types: their names in each API and their answers' shapes."""
+    """What varies between question types: their names in each API and their answers' shapes
+    (`applied`: the answer's record, `Method.record`'s, where a choice's none rule is said)."""
 
     name = ""
     openai_name = ""
 
-    def systemone(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
+    def systemone(self, q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def openai(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
+    def openai(self, q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
 
@@ -38,30 +39,40 @@ class NoulAnswer(AnswerShape):
     def p_true(q: DecisionQuestion, p: np.ndarray) -> float:
         return float(p[list(q.options).index("true")])
 
-    def systemone(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
+    def systemone(self, q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return {"type": "noul", "noul": self.p_true(q, p)}
 
-    def openai(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
+    def openai(self, q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return {"type": "predicate", "name": q.name, "probability": self.p_true(q, p)}
+
+
+def chosen_index(q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> int:
+    """The option an answer chooses: the likeliest in `p`, or its question's none option where its
+    record (`applied`: `Method.record`'s) says "none of these" answered it. The one home of that
+    rule for every reader: the answers' shapes, eval's scoring."""
+    none = (applied or {}).get("none_of_these") or {}
+    if none.get("answered_none"):
+        return list(q.answer_names()).index(none["option"])
+    return int(np.argmax(p))
 
 
 class ChoiceAnswer(AnswerShape):
     name = openai_name = "choice"
 
-    def systemone(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
+    def systemone(self, q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
         names = q.answer_names()
         return {
             "type": "choice",
-            "choice": names[int(np.argmax(p))],
+            "choice": names[chosen_index(q, p, applied)],
             "confidence": choice_confidence(p),
             "probabilities": {o: float(x) for o, x in zip(names, p)},
         }
 
-    def openai(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
+    def openai(self, q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return {
             "type": "choice",
             "name": q.name,
-            "choice": q.options[int(np.argmax(p))],
+            "choice": q.options[chosen_index(q, p, applied)],
             "confidence": choice_confidence(p),
             "probabilities": [{"value": o, "probability": float(x)} for o, x in zip(q.options, p)],
         }
@@ -70,7 +81,7 @@ class ChoiceAnswer(AnswerShape):
 class ScoreAnswer(AnswerShape):
     name = openai_name = "score"
 
-    def systemone(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
+    def systemone(self, q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return {
             "type": "score",
             "score": expected_level(p),
@@ -79,7 +90,7 @@ class ScoreAnswer(AnswerShape):
             "probabilities": {o: float(x) for o, x in zip(q.options, p)},
         }
 
-    def openai(self, q: DecisionQuestion, p: np.ndarray) -> dict[str, Any]:
+    def openai(self, q: DecisionQuestion, p: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
         labels = q.levels or tuple(text(d) for d in q.descriptions)
         return {
             "type": "score",
@@ -95,14 +106,16 @@ class ScoreAnswer(AnswerShape):
 SHAPES: dict[str, AnswerShape] = {k.name: k for k in (NoulAnswer(), ChoiceAnswer(), ScoreAnswer())}
 
 
-def systemone_answer(q: DecisionQuestion, probs: np.ndarray) -> dict[str, Any]:
+def systemone_answer(
+    q: DecisionQuestion, probs: np.ndarray, applied: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """System One's answer to `q` from its options' probabilities (in `q.options` order)."""
-    return SHAPES[q.type].systemone(q, np.asarray(probs, dtype=np.float64))
+    return SHAPES[q.type].systemone(q, np.asarray(probs, dtype=np.float64), applied)
 
 
-def openai_answer(q: DecisionQuestion, probs: np.ndarray) -> dict[str, Any]:
+def openai_answer(q: DecisionQuestion, probs: np.ndarray, applied: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """OpenAI's answer to `q` (`name` null for an unnamed question)."""
-    return SHAPES[q.type].openai(q, np.asarray(probs, dtype=np.float64))
+    return SHAPES[q.type].openai(q, np.asarray(probs, dtype=np.float64), applied)
 
 
 def refusal(q: DecisionQuestion) -> dict[str, Any]:
@@ -128,7 +141,7 @@ def answer(
     if probs is None:
         return refusal(q)
     shaped = openai_answer if shape == "openai" else systemone_answer
-    out = shaped(q, probs)
+    out = shaped(q, probs, applied)
     if not applied or dict(applied) == RAW_METHOD:
         return out
     out["x_method"] = dict(applied)

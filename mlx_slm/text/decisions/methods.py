@@ -18,7 +18,11 @@ over the run 90.0 %. So a question's *method* may change its answer, each step o
   replaces the letters';
 * ``tuned``: a classifier trained for the question (`train --decisions --finetune lora|auto`: the
   question as its system message, the state as its text; LoRA adapters or a head, classify's
-  own), a task file beside the decision task: its answer replaces the letters' (`tuned_prompt`).
+  own), a task file beside the decision task: its answer replaces the letters' (`tuned_prompt`);
+* ``none``: "none of these" for a trained choice question (`train --decisions --none-label OPTION
+  [--none-threshold P|auto]`, `NoneOf`): the question's own none option, learned from its examples
+  as any option, is also the answer when no other option reaches P. The probabilities stay the
+  method's; only the choice changes, and the answer says so (`x_method.none_of_these`).
 
 The raw answer (the style's, order-averaged) is kept beside the final one (`x_raw_probabilities`
 on the routes, `raw` in a `DecisionResult`): it stays exact. A saved method is bound to its
@@ -38,6 +42,7 @@ import numpy as np
 
 from ..calibration import CalibrationError, Calibrator
 from ..heads import Head, HeadError
+from ..out_of_scope import answers as out_of_scope_answers
 from .errors import DecisionError
 from .prompt import STYLES, names, names_text, styled
 from .questions import DecisionQuestion, text
@@ -49,6 +54,50 @@ PERMUTES = (1, 2)
 # answer to each is a guess at the model's bias; one filler alone moved the seed's tickets from 44 %
 # to 83 % right, so several are averaged.
 FILLERS = ("N/A", "...", "[empty]", "-", "none")
+
+
+@dataclass(frozen=True)
+class NoneOf:
+    """ "None of these" for a choice question: `option` (the answer name of one of its options, the
+    one meaning none) is the answer when it is the likeliest, as any option, or when no other
+    option reaches `min_confidence` (None: no threshold; the rule is `text.out_of_scope.answers`,
+    classify's own). `chosen`: how the threshold was chosen (`--none-threshold auto`: the target,
+    the held-out figures), or empty."""
+
+    option: str
+    min_confidence: float | None = None
+    chosen: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        t = self.min_confidence
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0):
+            raise DecisionError(("none_of_these",), f"min_confidence is a probability from 0 to 1, got {t!r}")
+
+    def check(self, q: DecisionQuestion) -> None:
+        if q.type != "choice" or self.option not in q.answer_names():
+            raise DecisionError(
+                ("none_of_these",),
+                f"question {q.key!r}: 'none of these' answers one of a choice's options, and {self.option!r} is "
+                f"none of {list(q.answer_names())[:8] if q.type == 'choice' else 'its answers (not a choice)'}",
+            )
+
+    def changes(self, q: DecisionQuestion, p: np.ndarray) -> bool:
+        """Whether the rule answers the none option where the likeliest option is another."""
+        names = q.answer_names()
+        said = out_of_scope_answers(np.asarray(p, dtype=np.float64)[None], names, self.option, self.min_confidence)
+        return said[0] is None and names[int(np.argmax(p))] != self.option
+
+    def record(self) -> dict[str, Any]:
+        return {"option": self.option, "min_confidence": self.min_confidence}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.record(), **({"chosen": dict(self.chosen)} if self.chosen else {})}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> NoneOf:
+        if not isinstance(d, dict) or not isinstance(d.get("option"), str):
+            raise DecisionError((), f"{where}: 'none_of_these' is an object with the 'option' it answers")
+        return cls(d["option"], d.get("min_confidence"), d.get("chosen") or {})
 
 
 @dataclass(frozen=True)
@@ -68,6 +117,7 @@ class Method:
     digest: str | None = None
     report: Mapping[str, Any] = field(default_factory=dict, compare=False)
     tuned: str | None = None  # a classify task answering the question (its path, once read with the task)
+    none: NoneOf | None = None  # "none of these" (a trained choice question's)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -109,6 +159,8 @@ class Method:
                     f"question {q.key!r}'s saved {what} was made for the options {list(got)}, not {list(want)}: "
                     "fit it again",
                 )
+        if self.none is not None:
+            self.none.check(q)
 
     def answer(self, raw: np.ndarray, prior: Calibrator | None = None) -> np.ndarray:
         """The final probabilities from the raw ones (the style's, order-averaged; a head's own):
@@ -122,9 +174,12 @@ class Method:
             lp = np.log(np.asarray(raw, dtype=np.float64))
         return np.exp(cal.apply(np.maximum(lp, -1e4)))
 
-    def record(self, prior: Calibrator | None = None, q: DecisionQuestion | None = None) -> dict[str, Any]:
+    def record(
+        self, prior: Calibrator | None = None, q: DecisionQuestion | None = None, final: np.ndarray | None = None
+    ) -> dict[str, Any]:
         """What was applied, as an answer's `x_method` and a run's summary say it (`q`: the question
-        it answered: the style and orders it was really asked in, `asks`)."""
+        it answered: the style and orders it was really asked in, `asks`; `final`: its answer's
+        probabilities, where "none of these" may have changed its choice: `answered_none`)."""
         cal = self.calibrator or prior
         style, permute = self.asks(q) if q is not None and self.tuned is None else (self.style, self.permute)
         out: dict[str, Any] = {"style": style, "permute": permute}
@@ -137,6 +192,10 @@ class Method:
             out["trained"] = str(self.report.get("trained", "classifier"))
         if self.key is not None:
             out["fitted_as"] = self.key
+        if self.none is not None:
+            out["none_of_these"] = self.none.record()
+            if q is not None and final is not None:
+                out["none_of_these"]["answered_none"] = self.none.changes(q, final)
         return out
 
     # ------------------------------------------------------------------ saved in a task
@@ -149,6 +208,8 @@ class Method:
             out["head"] = self.head.to_dict()
         if self.tuned is not None:
             out["tuned"] = self.tuned
+        if self.none is not None:
+            out["none_of_these"] = self.none.to_dict()
         if self.report:
             out["report"] = dict(self.report)
         return out
@@ -168,7 +229,8 @@ class Method:
         if tuned is not None and (not isinstance(tuned, str) or not tuned or "/" in tuned or "\\" in tuned):
             raise DecisionError((), f"{where}: 'tuned' names a task file beside this one, got {tuned!r}")
         style, permute = d.get("style", "letters"), d.get("permute", 1)
-        return cls(style, permute, "none", cal, head, d["key"], d["digest"], report, tuned)
+        none = NoneOf.from_dict(d["none_of_these"], where) if d.get("none_of_these") is not None else None
+        return cls(style, permute, "none", cal, head, d["key"], d["digest"], report, tuned, none)
 
 
 @dataclass(frozen=True)

@@ -69,17 +69,23 @@ def log_loss(probs: Any, gold: Any) -> float:
 
 
 def question_report(
-    probs: Any, gold: Any, options: Sequence[str], binary: bool = False, bins: int = DEFAULT_BINS
+    probs: Any,
+    gold: Any,
+    options: Sequence[str],
+    binary: bool = False,
+    bins: int = DEFAULT_BINS,
+    chosen: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """One question's figures, JSON-safe: `metrics.report`'s (accuracy, macro-F1, per-option
     P/R/F1, confusion, ECE of the top probability, reliability bins, coverage curve) with the
     options as its labels, and `brier` and `log_loss`. The answer is the top option (a noul's
-    "true" when P(true) >= 0.5, its first option winning a tie, as argmax does)."""
+    "true" when P(true) >= 0.5, its first option winning a tie, as argmax does), or `chosen`'s
+    (each answer's option as it was given: "none of these" may choose another than the top)."""
     options = [str(o) for o in options]
     p, g = _checked(probs, gold, len(options))
     if g.size == 0:
         raise EvaluationError("no item has both an answer and a gold option: nothing to score")
-    top = np.argmax(p, axis=1)
+    top = np.argmax(p, axis=1) if chosen is None else np.asarray(chosen, dtype=np.int64)
     rep = report(
         [options[i] for i in g], [options[i] for i in top], p[np.arange(g.size), top].tolist(), options, bins=bins
     )

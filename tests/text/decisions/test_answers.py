@@ -46,6 +46,22 @@ def test_a_changed_answer_carries_its_method_and_raw_probabilities(shape, field)
     assert got["x_raw_probabilities"] == answer(q, raw, shape)[field]
 
 
+@pytest.mark.parametrize("shape", ["systemone", "openai"])
+def test_none_of_these_changes_the_choice_only_and_says_so(shape):
+    """An answer whose record says "none of these" answered it chooses that option; its
+    probabilities and confidence stay the method's (`chosen_index`: the one home of the rule)."""
+    (q,) = systemone_questions(
+        {"t": {"type": "choice", "instructions": "?", "criteria": {"a": None, "b": None, "none": None}}}, CFG
+    )
+    p = np.array([0.5, 0.3, 0.2])
+    none = {"option": "none", "min_confidence": 0.6}
+    top = answer(q, p, shape, p, {**RAW_METHOD, "none_of_these": {**none, "answered_none": False}})
+    said = answer(q, p, shape, p, {**RAW_METHOD, "none_of_these": {**none, "answered_none": True}})
+    assert top["choice"] == "a" and said["choice"] == "none"
+    assert said["probabilities"] == top["probabilities"] and said["confidence"] == top["confidence"]
+    assert said["x_method"]["none_of_these"]["answered_none"] is True
+
+
 def test_a_noul_keeps_its_raw_answer_in_its_own_field():
     (q,) = systemone_questions({"u": {"type": "noul", "instructions": "?"}}, CFG)
     got = answer(

@@ -14,7 +14,7 @@ from mlx_slm.classifier.decider import Decider
 from mlx_slm.engine import Engine
 from mlx_slm.text.calibration import Calibrator
 from mlx_slm.text.decisions.errors import DecisionError
-from mlx_slm.text.decisions.methods import FILLERS, Method, Methods, order_back, orders, permuted
+from mlx_slm.text.decisions.methods import FILLERS, Method, Methods, NoneOf, order_back, orders, permuted
 from mlx_slm.text.decisions.openai import openai_questions
 from mlx_slm.text.decisions.prompt import render_user_message, styled
 from mlx_slm.text.decisions.questions import DecisionRequest
@@ -89,6 +89,29 @@ def test_a_saved_method_must_be_made_for_the_questions_options():
     cal = Calibrator("fit", ("a", "b", "c"), (0.0, 0.0, 0.0), 1.0, 3)
     with pytest.raises(DecisionError, match="made for the options"):
         Method(calibrator=cal, key="team", digest=q.digest).check(q)
+
+
+def test_none_of_these_answers_its_option_when_no_other_reaches_the_threshold():
+    """The rule is classify's (`out_of_scope.answers`): the none option where it is the likeliest
+    (no change) or where no other option reaches min_confidence; the probabilities are not touched."""
+    q = _q({"billing": None, "tech": None, "none of these": None})
+    rule = NoneOf("none of these", 0.6)
+    assert rule.changes(q, np.array([0.5, 0.3, 0.2]))  # no in-scope option at 0.6
+    assert not rule.changes(q, np.array([0.6, 0.3, 0.1]))  # billing reaches it
+    assert not rule.changes(q, np.array([0.2, 0.3, 0.5]))  # none is the likeliest anyway: nothing changed
+    assert not NoneOf("none of these").changes(q, np.array([0.5, 0.3, 0.2]))  # no threshold: argmax
+    m = Method(head=None, key="team", digest=q.digest, none=rule)
+    p = np.array([0.5, 0.3, 0.2])
+    assert m.answer(p) is p
+    rec = m.record(q=q, final=p)
+    assert rec["none_of_these"] == {"option": "none of these", "min_confidence": 0.6, "answered_none": True}
+    back = Method.from_dict(replace(m, none=NoneOf("none of these", 0.6, {"target": 0.02})).to_dict(), "t")
+    assert back.none == rule and back.none.chosen == {"target": 0.02}
+    m.check(q)
+    with pytest.raises(DecisionError, match="'nope' is none of"):
+        replace(m, none=NoneOf("nope", 0.5)).check(q)
+    with pytest.raises(DecisionError, match="probability from 0 to 1"):
+        NoneOf("none of these", 1.5)
 
 
 @pytest.mark.parametrize("bad", [{"style": "emoji"}, {"permute": 3}, {"prior": "em"}])
