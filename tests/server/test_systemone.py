@@ -530,3 +530,46 @@ def test_the_systemone_route_names_a_question_called_body(live):
     r = httpx.post(live.url + "/v1/systemone", json=body, timeout=60)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"][:3] == ["body", "questions", "body"], r.text
+
+
+def test_a_served_none_of_these_rule_answers_its_option_on_both_routes(tiny_arch):
+    """A task question's "none of these" (`train --decisions --none-label Sales --none-threshold`):
+    no other option reaches 0.999, so both routes choose Sales, with the probabilities of the raw
+    answer and x_method saying so; /v1/model lists the rule."""
+    import dataclasses
+
+    from mlx_slm.classifier.decision_plan import DecisionPlan
+    from mlx_slm.text.decisions.files import questions_of
+    from mlx_slm.text.decisions.methods import Method, Methods, NoneOf
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.weights.registry import ModelRef
+
+    path = str(tiny_arch.mlx("qwen2"))
+    plain = classifier_loader(path)
+    crit = {"Billing": "Payments, invoices, refunds", "Technical": None, "Sales": None}
+    only = {"team": {"type": "choice", "instructions": "Which team?", "criteria": crit}}
+    (team,) = questions_of(only, DecisionConfig())
+    methods = Methods.of([Method(key="team", digest=team.digest, none=NoneOf("Sales", 0.999))])
+    plan = DecisionPlan(ModelRef(path), methods=methods)
+    srv = ThreadServer(
+        Service(lambda: dataclasses.replace(plain(), decision_plan=plan), ServeOptions(max_wait_ms=5))
+    ).start()
+    choices = [{"value": k, **({"description": v} if v else {})} for k, v in crit.items()]
+    oa_q = {"type": "choice", "name": "team", "instructions": "Which team?", "choices": choices}
+    try:
+        got = httpx.post(srv.url + "/v1/systemone", json=body(only), timeout=120).json()["answers"]["team"]
+        info = httpx.get(srv.url + "/v1/model", timeout=30).json()["decisions"]["calibration"]
+        oa = httpx.post(
+            srv.url + "/v1/decisions", json={"model": "gpt-6-luna", "input": STATE, "questions": [oa_q]}, timeout=120
+        ).json()
+    finally:
+        srv.stop()
+    probs = got["probabilities"]
+    assert got["choice"] == "Sales" and max(v for k, v in probs.items() if k != "Sales") < 0.999
+    changed = max(probs, key=probs.get) != "Sales"  # the rule changed the choice only where Sales was not the top
+    assert got["x_method"]["none_of_these"] == {"option": "Sales", "min_confidence": 0.999, "answered_none": changed}
+    assert [q["none_of_these"] for q in info["questions"]] == [{"option": "Sales", "min_confidence": 0.999}]
+    assert "answers" in oa, oa
+    (a,) = oa["answers"]
+    assert a["x_method"]["fitted_as"] == "team" and a["choice"] == "Sales"
+    assert [x["probability"] for x in a["probabilities"]] == pytest.approx(list(probs.values()), abs=1e-6)
