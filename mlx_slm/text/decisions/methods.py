@@ -97,7 +97,10 @@ class NoneOf:
     def from_dict(cls, d: Any, where: str) -> NoneOf:
         if not isinstance(d, dict) or not isinstance(d.get("option"), str):
             raise DecisionError((), f"{where}: 'none_of_these' is an object with the 'option' it answers")
-        return cls(d["option"], d.get("min_confidence"), d.get("chosen") or {})
+        try:
+            return cls(d["option"], d.get("min_confidence"), d.get("chosen") or {})
+        except DecisionError as e:
+            raise DecisionError((), f"{where}: 'none_of_these': {e.msg}") from None
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,10 @@ class Methods:
             labels = q.answer_names()
             cal = Calibrator("fit", labels, (0.0,) * len(labels), float(t), 0, {"from": "temperatures"})
             got.append(Method(calibrator=cal, key=key, digest=q.digest))
+        by_digest = {q.digest: q for q in questions}
+        for m in got:  # a task edited by hand: a saved calibration, head or none option not its question's
+            if m.digest in by_digest:
+                m.check(by_digest[m.digest])
         return cls.of(got)
 
 

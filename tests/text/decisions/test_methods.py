@@ -112,6 +112,13 @@ def test_none_of_these_answers_its_option_when_no_other_reaches_the_threshold():
         replace(m, none=NoneOf("nope", 0.5)).check(q)
     with pytest.raises(DecisionError, match="probability from 0 to 1"):
         NoneOf("none of these", 1.5)
+    # a task edited by hand: its none option not the question's, or no probability, named as it is read
+    edited = {**m.to_dict(), "none_of_these": {"option": "spam", "min_confidence": 0.5}}
+    with pytest.raises(DecisionError, match="'spam' is none of"):
+        Methods.from_record([edited], {}, [q], "the task")
+    edited = {**m.to_dict(), "none_of_these": {"option": "none of these", "min_confidence": "high"}}
+    with pytest.raises(DecisionError, match="the task: method 1: 'none_of_these': min_confidence is a probability"):
+        Methods.from_record([edited], {}, [q], "the task")
 
 
 @pytest.mark.parametrize("bad", [{"style": "emoji"}, {"permute": 3}, {"prior": "em"}])
