@@ -207,16 +207,18 @@ class Decider:
         them), then every question's variants as branches; results in the items' order."""
         scores = self.scores(items)
         raws = [self.raw_answers(it, sc) for it, (sc, _) in zip(items, scores)]
-        self.tuned_answers(items, raws)
+        tuned = self.tuned_answers(items, raws)
         return [
-            self.finish(DecisionResult(it.request, tuple(raw), it.input_tokens, c, tuple(raw)), priors)
-            for it, raw, (_, c) in zip(items, raws, scores)
+            self.finish(DecisionResult(it.request, tuple(raw), it.input_tokens + extra, c, tuple(raw)), priors)
+            for it, raw, (_, c), extra in zip(items, raws, scores, tuned)
         ]
 
-    def tuned_answers(self, items: Sequence[DecisionItem], raws: list[list[np.ndarray | None]]) -> None:
+    def tuned_answers(self, items: Sequence[DecisionItem], raws: list[list[np.ndarray | None]]) -> list[int]:
         """The questions a tuned classifier answers (`Method.tuned`), into `raws`: each classifier
         run once over the states that ask its question (its own pass: the question is its cached
-        prompt head, the state its text); a state it cannot answer stays unanswered (None)."""
+        prompt head, the state its text); a state it cannot answer stays unanswered (None).
+        Returns each item's input tokens those passes read (its usage counts them too)."""
+        tokens = [0] * len(items)
         asked: dict[str, list[tuple[int, int]]] = {}
         for r, it in enumerate(items):
             for k, m in enumerate(it.methods):
@@ -227,6 +229,8 @@ class Decider:
             preds = clf.classify([text(items[r].request.state) for r, _ in where])
             for (r, k), p in zip(where, preds):
                 raws[r][k] = None if p.error is not None else np.array([p.probs[x] for x in labels], dtype=np.float64)
+                tokens[r] += p.n_tokens
+        return tokens
 
     def _tuned(self, path: str, q: DecisionQuestion) -> tuple[Any, tuple[str, ...]]:
         """The tuned classifier of a question (its task file), made once on this engine, and its labels."""

@@ -94,6 +94,14 @@ def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_an
     assert r.exit_code == 0, r.output
     solo = json.loads(r.stdout)["answers"]
     assert solo["team"]["probabilities"] == pytest.approx(a["team"]["probabilities"], abs=1e-6)
+    # its usage counts the tokens its classifier read (the question as its prompt head, the state), not 0
+    from mlx_slm.jobs.plan import DecisionOptions, resolve_decisions
+    from mlx_slm.text.decisions.questions import DecisionRequest
+
+    served = resolve_decisions(DecisionOptions(task_file=str(task), questions_file=str(alone)))
+    d = served.loaded(clf.engine).decider(clf.engine, state_cache=0)
+    (res,) = d.decide([DecisionRequest("I was charged twice", served.questions)])
+    assert res.input_tokens == p.n_tokens > 0
 
 
 def test_a_fine_tuning_option_without_finetune_is_refused_with_decisions(tiny, q, tmp_path):
