@@ -630,6 +630,11 @@ def goals(sets: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _merged(out: dict[str, Any]) -> bool:
+    """Whether some set came from another run than the file's own (`--merge`)."""
+    return any(s.get("run") and s["run"] != run_line(out) for s in out["sets"].values())
+
+
 def _cell(x: Any, fmt: str = ".3f") -> str:
     return "" if x is None else format(x, fmt) if isinstance(x, float) else str(x)
 
@@ -639,7 +644,7 @@ def markdown(out: dict[str, Any]) -> str:
     lines = [
         f"# How right typed decisions are, per method, with classify beside them ({out['model']}, {out['date']})",
         "",
-        run_line(out),
+        ("Sets from several runs, each named above its own table; the last: " if _merged(out) else "") + run_line(out),
         "",
         "Accuracy / macro-F1 on each set's TEST rows (every method scored on the same rows):",
         "",
@@ -673,7 +678,7 @@ def markdown(out: dict[str, Any]) -> str:
             "",
             f"{s['source']}; {s['drawn']}. Question: `{json.dumps(s['question'], ensure_ascii=False)[:300]}`",
             "",
-            *([f"Run: {s['run']}", ""] if s.get("run") and s["run"] != run_line(out) else []),
+            *([f"Run: {s['run']}", ""] if _merged(out) and s.get("run") else []),
             "| method | accuracy | macro-F1 | ECE | automation at 5 % error | tokens / row | s / row | train s | note |",
             "|---|---|---|---|---|---|---|---|---|",
         ]

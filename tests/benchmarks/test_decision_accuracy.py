@@ -118,7 +118,9 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     assert "--tuned-only tickets" in t4["run"] and fourth["command"] == t4["run"].split("`")[1]
     by_goal = {g["goal"]: g for g in fourth["goals"] if g["set"] == "tickets"}
     assert [g["status"] for g in by_goal.values()][0] == "not run"  # the prior goal: no prior row ran
-    assert "| trained head | n/a" in (out / "t.md").read_text()
+    md4 = (out / "t.md").read_text()
+    assert "| trained head | n/a" in md4 and md4.count("Run: `python -m benchmarks.decision_accuracy") == 2
+    assert "Sets from several runs" in md4
     # --render writes the markdown again from the JSON, with the notes given (kept in the JSON)
     assert bench.main(["--render", "--out", str(out), "--tag", "t", "--note", "a note"]) == 0
     assert "- a note" in (out / "t.md").read_text() and json.loads((out / "t.json").read_text())["notes"] == ["a note"]
