@@ -215,11 +215,9 @@ class Decider:
 
     def tuned_answers(self, items: Sequence[DecisionItem], raws: list[list[np.ndarray | None]]) -> list[int]:
         """The questions a tuned classifier answers (`Method.tuned`), into `raws`: each classifier
-        run once over the states that ask its question (its own pass: the question is its cached
-        prompt head, the state its text); a state it cannot answer stays unanswered (None).
-        Returns each item's input tokens those passes read (its usage counts them too)."""
-        tokens = [0] * len(items)
-        asked: dict[str, list[tuple[int, int]]] = {}
+        run once over the states that ask its question (the question its cached prompt head, the
+        state its text; a state it cannot answer stays None). Returns each item's tokens so read."""
+        tokens, asked = [0] * len(items), dict[str, list[tuple[int, int]]]()
         for r, it in enumerate(items):
             for k, m in enumerate(it.methods):
                 if m.tuned is not None and not it.over:

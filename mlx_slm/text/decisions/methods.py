@@ -22,7 +22,7 @@ over the run 90.0 %. So a question's *method* may change its answer, each step o
 * ``none``: "none of these" for a trained choice question (`train --decisions --none-label OPTION
   [--none-threshold P|auto]`, `NoneOf`): the question's own none option, learned from its examples
   as any option, is also the answer when no other option reaches P. The probabilities stay the
-  method's; only the choice changes, and the answer says so (`x_method.none_of_these`).
+  method's; only the choice changes, and the answer's `x_method` says so.
 
 The raw answer (the style's, order-averaged) is kept beside the final one (`x_raw_probabilities`
 on the routes, `raw` in a `DecisionResult`): it stays exact. A saved method is bound to its
