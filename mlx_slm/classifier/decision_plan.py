@@ -14,6 +14,8 @@ when a question does not fit (`refusal`: None lets each front end choose: a rout
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,7 +24,7 @@ from ..engine.engine import Engine
 from ..text.calibration import DEFAULT_WARMUP, Calibrator
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
-from ..text.decisions.methods import Methods
+from ..text.decisions.methods import Method, Methods
 from ..text.decisions.questions import REFUSALS, DecisionQuestion
 from ..text.decisions.settings import DecisionConfig
 from ..weights.registry import ModelRef
@@ -87,10 +89,17 @@ class DecisionPlan:
                 "default": self.methods.default.record(),
                 "prior": self.prior,
                 "warmup": self.warmup if self.prior == "batch" else None,
-                "saved": sorted(self.methods.saved),
+                # each saved method by its question's digest, with a digest of the method itself: a
+                # resumed run under a task trained or fitted again (another head, threshold) differs
+                "saved": [[k, _content(m)] for k, m in sorted(self.methods.saved.items())],
             },
             "priors": {k: c.to_dict() for k, c in sorted((priors or {}).items())},
         }
+
+
+def _content(m: Method) -> str:
+    """A digest of a saved method as its task holds it (what it answers with, all of it)."""
+    return hashlib.sha256(json.dumps(m.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def task_methods(task: Task | None, config: DecisionConfig, base: Methods | None = None) -> Methods:

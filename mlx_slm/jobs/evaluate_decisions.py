@@ -256,8 +256,8 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     chosen = [chosen_index(q, p, a) for p, a in zip(final, applied)]
     rep = question_report(final, gold, labels, binary=q.type == "noul", chosen=chosen)
     rep["left_out"], rep["left_out_examples"] = len(left), left[:5]
-    rep["applied"] = applied[0] or {"as": "written by decide"}
-    none = (applied[0] or {}).get("none_of_these")
+    rep["applied"] = _how(applied[0]) or {"as": "written by decide"}
+    none = rep["applied"].get("none_of_these")
     if none:  # "none of these": its option marks the out-of-scope states, as classify's eval reads a none label
         said = [None if labels[c] == none["option"] else labels[c] for c in chosen]
         rep["out_of_scope"] = oos_figures(said, [labels[g] for g in gold], none["option"])
@@ -316,6 +316,15 @@ class Written:
     probabilities: tuple[np.ndarray, ...]
     applied: tuple[dict[str, Any] | None, ...]
     raw: tuple = ()  # the raw answers are not read back: `_raw` takes the written ones
+
+
+def _how(applied: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How a question's answers were made, as the report says it: an answer's record without what
+    is its own (whether "none of these" chose it)."""
+    if not applied or "none_of_these" not in applied:
+        return applied
+    rule = {k: v for k, v in applied["none_of_these"].items() if k != "answered_none"}
+    return {**applied, "none_of_these": rule}
 
 
 def _applied(res: Any, i: int) -> dict[str, Any] | None:
@@ -437,15 +446,26 @@ def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuest
         ans = f.get("answers")
         ans = json.loads(ans) if isinstance(ans, str) else ans
         probs = tuple(_probabilities(q, ans, k, where, i + 1) for k, q in enumerate(questions))
-        out.append(Written(probs, tuple(_x_method(q, ans, k) for k, q in enumerate(questions))))
+        out.append(Written(probs, tuple(_x_method(q, ans, k, where, i + 1) for k, q in enumerate(questions))))
     return out
 
 
-def _x_method(q: DecisionQuestion, answers: Any, k: int) -> dict[str, Any] | None:
-    """A written answer's `x_method` (what made it, "none of these" included), or None."""
+def _x_method(q: DecisionQuestion, answers: Any, k: int, where: str, row: int) -> dict[str, Any] | None:
+    """A written answer's `x_method` (what made it, "none of these" included), or None; a none
+    rule that names no option of `q` (another question's output) says so."""
     a = answers[k] if isinstance(answers, list) else answers[q.key]
     got = a.get("x_method") if isinstance(a, dict) else None
-    return got if isinstance(got, dict) else None
+    if not isinstance(got, dict):
+        return None
+    none = got.get("none_of_these")
+    if none is not None and not (
+        isinstance(none, dict) and q.type == "choice" and none.get("option") in q.answer_names()
+    ):
+        raise UserError(
+            f"{where}: row {row}: the answer to question {q.key!r} says 'none of these' answered with {none!r:.80}, "
+            "which names none of its options: give the decide output of these questions"
+        )
+    return got
 
 
 def _probabilities(q: DecisionQuestion, answers: Any, k: int, where: str, row: int) -> np.ndarray:

@@ -31,6 +31,7 @@ that costs in-scope accuracy at most --none-target), answered by the saved task 
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 import time
@@ -184,17 +185,23 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
         methods.append(Method(head=head, key=q.key, digest=q.digest, report=report))
         tables.append(f"== {q.key}\n{format_table(head)}")
     if run.none.asked:
-        threshold = run.none.threshold if isinstance(run.none.threshold, float) else None
+        threshold = None if run.none.threshold in (None, "auto") else float(run.none.threshold)  # type: ignore[arg-type]
         methods = [replace(m, none=NoneOf(str(run.none.label), threshold)) for m in methods]
-    task = _decision_task(run, plan, engine.weights_sha256, methods)
     if held is not None:  # --none-threshold auto: chosen on the held-out states, answered as the task serves them
-        methods = [replace(m, none=_chosen_none(run, engine, held, say)) for m in methods]
-        task = _decision_task(run, plan, engine.weights_sha256, methods)
+        # a draft beside --save-task (its tuned classifiers are found there), gone whatever happens
+        fd, draft = tempfile.mkstemp(dir=Path(run.save_task).resolve().parent, prefix=".draft-", suffix=".json")
+        os.close(fd)
+        try:
+            _decision_task(run, plan, engine.weights_sha256, methods, draft)
+            methods = [replace(m, none=_chosen_none(run, engine, held, draft, say)) for m in methods]
+        finally:
+            Path(draft).unlink(missing_ok=True)
+    task = _decision_task(run, plan, engine.weights_sha256, methods, run.save_task)
     return task, "\n\n".join(tables)
 
 
-def _decision_task(run: DecisionTrainRun, plan: DecisionPlan, weights: str, methods: list[Method]) -> Task:
-    """The decision task with these methods, saved to --save-task."""
+def _decision_task(run: DecisionTrainRun, plan: DecisionPlan, weights: str, methods: list[Method], path: str) -> Task:
+    """The decision task with these methods, saved to `path` (--save-task, or a draft)."""
     task = Task(
         model=plan.model.name,
         labels=tuple(DEFAULT_LABELS),
@@ -204,11 +211,11 @@ def _decision_task(run: DecisionTrainRun, plan: DecisionPlan, weights: str, meth
         versions=versions(),
         decisions={"questions": plan.raw_questions, "methods": [m.to_dict() for m in methods]},
     )
-    task.save(run.save_task)
+    task.save(path)
     return task
 
 
-def _none_held_out(run: DecisionTrainRun, golds: dict[str, str]) -> tuple[list[Any], list[str]] | None:
+def _none_held_out(run: DecisionTrainRun, golds: dict[str, str]) -> tuple[list[Any], list[str], list[int]] | None:
     """ "None of these" checked against its question before any work: one question trained, a
     choice, the option one of its; with `auto`, the held-out states and their gold options
     (--none-data, read as DATA is: in-scope rows and rows of the none option both needed)."""
@@ -230,30 +237,33 @@ def _none_held_out(run: DecisionTrainRun, golds: dict[str, str]) -> tuple[list[A
     assert rule.data is not None  # the front end asks --none-data with auto
     fld = golds[q.key]
     rows = _states(run, (fld,), rule.data)
-    keep, gold, _ = _labelled(q, fld, rows, rule.data)
+    keep, gold, lines = _labelled(q, fld, rows, rule.data)
     n_none = sum(g == rule.label for g in gold)
     if n_none == len(gold) or not gold:
         raise UserError(
             f"--none-data {rule.data}: {len(gold)} row(s) with field {fld!r}, {n_none} of them {rule.label!r}: the "
             "threshold is chosen on in-scope states too: give held-out states of the other options as well"
         )
-    return [rows[i].text for i in keep], gold
+    return [rows[i].text for i in keep], gold, lines
 
 
 def _chosen_none(
-    run: DecisionTrainRun, engine: Any, held: tuple[list[Any], list[str]], say: Callable[[str], None]
+    run: DecisionTrainRun, engine: Any, held: tuple[list[Any], list[str], list[int]], draft: str, say: Callable
 ) -> NoneOf:
     """--none-threshold auto: the saved task (read back as `decide --task` reads it) answers the held-out states,
     and `choose_threshold` picks the largest threshold within --none-target of no threshold."""
-    served = resolve_decisions(DecisionOptions(task_file=run.save_task)).loaded(engine)
+    served = resolve_decisions(DecisionOptions(task_file=draft)).loaded(engine)
     decider = served.decider(engine, state_cache=0)
     (q,) = [q for q in served.questions if decider.method(q)[0].none is not None]
-    states, gold = held
+    states, gold, lines = held
     say(f"mlx-slm: 'none of these': answering {len(states)} held-out states to choose the threshold")
-    results = decider.decide([DecisionRequest(st, (q,)) for st in states])
+    results = decider.decide([DecisionRequest(st, (q,), refusal="question") for st in states])
     bad = next((i for i, r in enumerate(results) if r.probabilities[0] is None), None)
     if bad is not None:
-        raise TrainError(f"{run.none.data}: held-out state {bad + 1} is over the model's context: shorten it")
+        raise TrainError(
+            f"{run.none.data}: line {lines[bad]}: the state and question {q.key!r} are over the model's context: "
+            "shorten it or drop the row"
+        )
     probs = np.stack([np.asarray(r.probabilities[0], dtype=np.float64) for r in results])
     t, figs = choose_threshold(probs, gold, q.answer_names(), str(run.none.label), run.none.target)
     figs = {**figs, "data": Path(str(run.none.data)).name, "data_rows": len(states)}

@@ -107,3 +107,19 @@ def test_a_task_from_other_weights_names_the_model_loaded_beside_its_sha256():
     with pytest.raises(UserError) as e:  # decide, eval and serve load the plan: the model's name is said
         plan.loaded(Loaded())
     assert "the model loaded (/models/b) has cdcdcdcdcdcd" in str(e.value) and "/models/a has" not in str(e.value)
+
+
+def test_the_manifest_record_tells_a_saved_method_from_its_retrained_self():
+    """A resumed run must match how its answers were made: the same question under another none
+    threshold (a task trained again) records differently, the same method the same."""
+    from mlx_slm.text.decisions.methods import Method, Methods, NoneOf
+
+    (q,) = questions_of(
+        {"t": {"type": "choice", "instructions": "?", "criteria": {"a": None, "none": None}}}, DecisionConfig()
+    )
+
+    def record(t):
+        m = Method(key="t", digest=q.digest, none=NoneOf("none", t))
+        return DecisionPlan(ModelRef("x"), methods=Methods.of([m])).record()
+
+    assert record(0.3) == record(0.3) and record(0.3) != record(0.9)

@@ -178,7 +178,8 @@ def test_task_temperatures_apply_to_its_own_questions(tiny, files, tmp_path):
         "fitted_as": "team",
     }
     team = read_questions_file(str(q))[1]  # the questions file's second question
-    assert json.loads(manifest_path(str(cal)).read_text())["settings"]["methods"]["saved"] == [team.digest]
+    ((saved, content),) = json.loads(manifest_path(str(cal)).read_text())["settings"]["methods"]["saved"]
+    assert saved == team.digest and len(content) == 16
 
 
 def test_a_state_too_long_is_an_error_row_or_a_refusal(tiny, files, tmp_path):

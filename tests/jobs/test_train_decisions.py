@@ -157,10 +157,23 @@ def test_train_decisions_none_of_these_answers_its_option_below_the_threshold(ti
     )
     r = run(["decide", "--task", str(high), "--shape", "openai", "-q"], input=states)
     assert [json.loads(x)["answers"][0]["choice"] for x in r.stdout.splitlines()] == ["none of these"] * 2
-    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(high)])
+    ev = tmp_path / "ev.json"
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(high), "--json", str(ev)])
     assert r.exit_code == 0, r.output
     assert "none of these ('none of these', min confidence 0.999): 8 out-of-scope state(s), recall 100.00 %" in r.output
     assert "accuracy 33.33 %" in r.output  # every state answered "none of these": the 8 none rows of 24 are right
+    applied = json.loads(ev.read_text())["questions"]["team"]["applied"]  # how the answers were made, no row's own
+    assert applied["none_of_these"] == {"option": "none of these", "min_confidence": 0.999}
+    # a decide output read back (--predictions) is scored by the choices it wrote, the rule's included
+    out = tmp_path / "out.jsonl"
+    assert run(["decide", str(data), "--task", str(high), "-q", "-o", str(out)]).exit_code == 0
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--predictions", str(out)])
+    assert r.exit_code == 0 and "accuracy 33.33 %" in r.output and "recall 100.00 %" in r.output, r.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    rows[0]["answers"]["team"]["x_method"]["none_of_these"]["option"] = "spam"  # another question's output
+    out.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--predictions", str(out)])
+    assert r.exit_code == 2 and "row 1: the answer to question 'team' says 'none of these' answered with" in r.output
 
 
 def test_train_decisions_none_threshold_auto_is_chosen_on_held_out_states(tiny, tmp_path):
@@ -178,6 +191,22 @@ def test_train_decisions_none_threshold_auto_is_chosen_on_held_out_states(tiny, 
     t = got["min_confidence"]
     assert t is None or 0 < t <= 1
     assert got["chosen"]["threshold"] == t and "in_scope_accuracy" in got["chosen"]["without_threshold"]
+
+
+def test_none_threshold_auto_that_cannot_answer_a_held_out_state_saves_nothing(tiny, tmp_path):
+    """A held-out state over the context: named by its line, exit 2, and no task (nor draft) left."""
+    q, data = _none_files(tmp_path)
+    held = tmp_path / "held.jsonl"
+    rows = [{"state": "I was charged twice", "team": "billing"}, {"state": "word " * 3000, "team": "none of these"}]
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = tmp_path / "auto.json"
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--folds", "2",
+             "--save-task", str(task), "--none-label", "none of these", "--none-threshold", "auto",
+             "--none-data", str(held)])  # fmt: skip
+    assert (
+        r.exit_code == 2 and f"{held}: line 2: the state and question 'team' are over the model's context" in r.output
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held.jsonl", "none.jsonl", "qn.json"]
 
 
 @pytest.mark.parametrize(
