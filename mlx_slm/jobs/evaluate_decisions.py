@@ -254,7 +254,8 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     raw = np.stack([_raw(runs[main][j], i) for j in keep])
     applied = [_applied(runs[main][j], i) for j in keep]
     chosen = [chosen_index(q, p, a) for p, a in zip(final, applied)]
-    rep = question_report(final, gold, labels, binary=q.type == "noul", chosen=chosen)
+    conf = [_confidence(q, p, a, c) for p, a, c in zip(final, applied, chosen)]
+    rep = question_report(final, gold, labels, binary=q.type == "noul", chosen=chosen, confidence=conf)
     rep["left_out"], rep["left_out_examples"] = len(left), left[:5]
     rep["applied"] = _how(applied[0]) or {"as": "written by decide"}
     none = rep["applied"].get("none_of_these")
@@ -316,6 +317,15 @@ class Written:
     probabilities: tuple[np.ndarray, ...]
     applied: tuple[dict[str, Any] | None, ...]
     raw: tuple = ()  # the raw answers are not read back: `_raw` takes the written ones
+
+
+def _confidence(q: DecisionQuestion, p: np.ndarray, applied: dict[str, Any] | None, chosen: int) -> float:
+    """How sure an answer is, as eval scores it: its option's probability; for "none of these"
+    chosen by the threshold, the probability that the state is not its likeliest other option
+    (1 - that option's), as `classify`'s eval reads a none answer (`out_of_scope.none_answer`)."""
+    if not ((applied or {}).get("none_of_these") or {}).get("answered_none"):
+        return float(p[chosen])
+    return 1.0 - float(np.max(np.delete(p, chosen)))
 
 
 def _how(applied: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from mlx_slm.text.workload import tickets
@@ -146,3 +147,21 @@ def test_a_fit_refused_for_missing_options_names_the_rows_left_out(tiny, q, tmp_
     assert r.exit_code == 2, r.output
     assert "no row's gold answer is 'technical'" in r.output
     assert "1 row(s) left out: line 2: field 'team' is 'sales', not an option of 'team'" in r.output
+
+
+def test_a_none_answer_made_by_the_threshold_is_as_sure_as_no_other_option_is():
+    """eval's confidence of an answer: its option's probability; for "none of these" chosen by the
+    threshold (not the likeliest), 1 - the likeliest other option's, as classify's eval reads it."""
+    from mlx_slm.jobs.evaluate_decisions import _confidence
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.text.decisions.systemone import systemone_questions
+
+    crit = {"a": None, "b": None, "none": None}
+    (qn,) = systemone_questions({"t": {"type": "choice", "instructions": "?", "criteria": crit}}, DecisionConfig())
+    p = np.array([0.55, 0.3, 0.15])
+    rule = {"option": "none", "min_confidence": 0.6}
+    assert _confidence(qn, p, None, 0) == 0.55
+    assert _confidence(qn, p, {"none_of_these": {**rule, "answered_none": False}}, 0) == 0.55
+    assert _confidence(qn, p, {"none_of_these": {**rule, "answered_none": True}}, 2) == pytest.approx(0.45)
+    p = np.array([0.4, 0.1, 0.5])  # none the likeliest: its own probability
+    assert _confidence(qn, p, {"none_of_these": {**rule, "answered_none": False}}, 2) == 0.5

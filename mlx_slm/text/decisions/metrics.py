@@ -75,20 +75,21 @@ def question_report(
     binary: bool = False,
     bins: int = DEFAULT_BINS,
     chosen: Sequence[int] | None = None,
+    confidence: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """One question's figures, JSON-safe: `metrics.report`'s (accuracy, macro-F1, per-option
     P/R/F1, confusion, ECE of the top probability, reliability bins, coverage curve) with the
     options as its labels, and `brier` and `log_loss`. The answer is the top option (a noul's
     "true" when P(true) >= 0.5, its first option winning a tie, as argmax does), or `chosen`'s
-    (each answer's option as it was given: "none of these" may choose another than the top)."""
+    (each answer's option as it was given: "none of these" may choose another than the top), its
+    confidence the chosen option's probability, or `confidence`'s."""
     options = [str(o) for o in options]
     p, g = _checked(probs, gold, len(options))
     if g.size == 0:
         raise EvaluationError("no item has both an answer and a gold option: nothing to score")
     top = np.argmax(p, axis=1) if chosen is None else np.asarray(chosen, dtype=np.int64)
-    rep = report(
-        [options[i] for i in g], [options[i] for i in top], p[np.arange(g.size), top].tolist(), options, bins=bins
-    )
+    conf = p[np.arange(g.size), top].tolist() if confidence is None else [float(c) for c in confidence]
+    rep = report([options[i] for i in g], [options[i] for i in top], conf, options, bins=bins)
     rep["brier"] = brier(p, g, binary)
     rep["brier_form"] = "binary" if binary else "multi-class"
     rep["log_loss"] = log_loss(p, g)
