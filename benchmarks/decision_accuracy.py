@@ -39,13 +39,19 @@ each, state cache off, each split timed); every method below reads those raw ans
   (every other method needs the decision prompt over each state, which lists every option:
   BANKING77's 77 options are ~750 tokens a state, about an hour a pass here);
 * beside them, `classify` on the same TEST rows: label scoring raw, with a batch prior
-  (`fit_batch` over TEST), and a learned head (`train_head` on TRAIN).
+  (`fit_batch` over TEST), a learned head (`train_head` on TRAIN), and fine-tuned (`train --finetune
+  lora` with the set's classify prompt on TRAIN, `classify --task` on TEST; `--no-tune` skips it too).
+
+Each goal of issue 55 is read twice: against its figure, and against classify's best of the same
+tier on the same rows (the issue's promise: decisions at least as right as classify), with the
+gap's 95 % interval from a paired bootstrap of the TEST rows (each row's answer is kept in the JSON).
 
 Figures: accuracy, macro-F1, ECE of the top probability, automation at 5 % error (the largest
 share of TEST rows, most confident first, whose answers are at least 95 % right:
 `metrics.threshold_for_accuracy`), tokens and seconds per TEST row of the passes a method needs at
 answer time, and what learning it cost (train s). `--cache DIR` keeps each pass's raw answers
-(keyed by the model's weights, the question, the way and the rows) so a run can be resumed; a
+(keyed by the model's weights, the question, the way and the rows), and each fine-tune's TEST
+answers (keyed by the weights, the prompt, the settings, TRAIN and TEST), so a run can be resumed; a
 pass read back keeps its measured seconds and says "cached". `--probe N` only times N TEST
 prompts of each set per way (sizing a run). Results: `--out`/TAG.{json,md,png}; `--merge` keeps
 the sets TAG.json already has that this run does not run (each set keeps its own command line).
@@ -60,7 +66,8 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +78,12 @@ from benchmarks.heads import BANKING_SYSTEM, BANKING_TEMPLATE
 from benchmarks.record import run_line, run_record
 from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.classifier.decider import Decider
+from mlx_slm.classifier.plan import Plan
 from mlx_slm.engine.engine import Engine
+from mlx_slm.files.readers import ReadSpec
+from mlx_slm.jobs.finetune import run_finetune
 from mlx_slm.jobs.plan import DecisionOptions, resolve_decisions
-from mlx_slm.jobs.train import HeadOptions, Trace, train_head
+from mlx_slm.jobs.train import HeadOptions, Trace, TrainRun, train_head
 from mlx_slm.jobs.train_decisions import DecisionTrainRun, run_train_decisions, train_question
 from mlx_slm.text.calibration import DEFAULT_WARMUP, fit_batch
 from mlx_slm.text.decisions.fitting import batch_prior, figures, fit_question, prior_of
@@ -81,10 +91,11 @@ from mlx_slm.text.decisions.methods import Method, Methods
 from mlx_slm.text.decisions.questions import DecisionQuestion, DecisionRequest
 from mlx_slm.text.decisions.settings import DecisionConfig
 from mlx_slm.text.decisions.systemone import systemone_questions
-from mlx_slm.text.metrics import threshold_for_accuracy
+from mlx_slm.text.metrics import confusion, macro_f1, threshold_for_accuracy
 from mlx_slm.text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from mlx_slm.text.workload import stratified_sample, tickets
 from mlx_slm.weights.finetune import FinetuneSettings
+from mlx_slm.weights.registry import ModelRef
 
 WAYS = {"letters": ("letters", 1), "names": ("names", 1), "letters2": ("letters", 2), "names2": ("names", 2)}
 WAY_NAMES = {v: k for k, v in WAYS.items()}
@@ -110,6 +121,15 @@ GOALS = (
     ("banking77", "trained", "trained (a head or LoRA; the goal: at 10 per intent)", "accuracy", 0.86),
 )
 TRAINED = ("trained head", "fine-tuned (LoRA)")
+# Each goal's classify counterpart on the same rows, the same tier: what no labels give (label scoring, raw
+# or with the batch prior) or what labels train (a learned head, a fine-tune). The issue's promise: decisions
+# at least as right as classify on the same model and rows.
+CLASSIFY_TIER = {
+    "prior": ("classify: labels + batch prior",),
+    "untrained": ("classify: labels raw", "classify: labels + batch prior"),
+    "trained": ("classify: learned head", "classify: fine-tuned (LoRA)"),
+}
+RESAMPLES = 2000  # the paired bootstrap of a goal's gap to classify
 
 
 @dataclass
@@ -273,10 +293,29 @@ class Passes:
         self.runs[mem] = got
         return got
 
-    def note(self, name: str, what: str, split: str, rows: int, seconds: float, tokens: Any = None) -> None:
+    def note(
+        self, name: str, what: str, split: str, rows: int, seconds: float, tokens: Any = None, cached: bool = False
+    ) -> None:
         """A pass that is not a way's (a head's features or answers, classify's): its time in the table."""
         tokens = None if tokens is None else np.asarray(tokens)
-        self.runs[(name, what, split)] = {"rows": rows, "seconds": seconds, "tokens": tokens, "cached": False}
+        self.runs[(name, what, split)] = {"rows": rows, "seconds": seconds, "tokens": tokens, "cached": cached}
+
+    def kept(self, name: str, what: str, parts: Any, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """A fine-tune's TEST answers ({probs (n, k), tokens (n,), seconds, train_s, info}): trained and
+        run once, kept in the cache as a way's pass is (keyed by the weights, `what` and `parts`: the
+        settings, TRAIN and TEST), read back by a later run (`cached`: True) with its measured seconds."""
+        key = _digest(str(self.engine.weights_sha256), what, parts)
+        path = self.cache / f"{name}-{what.replace(' ', '_')}-{key}.json" if self.cache else None
+        if path is not None and path.is_file():
+            got = json.loads(path.read_text())
+            got.update(probs=np.asarray(got["probs"]), tokens=np.asarray(got["tokens"]), cached=True)
+            say(f"  {name} {what}: read back (trained in {got['train_s']:.0f} s when run)")
+            return got
+        got = {**compute(), "cached": False}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({**got, "probs": got["probs"].tolist(), "tokens": got["tokens"].tolist()}))
+        return got
 
     def _run(self, name: str, q: DecisionQuestion, way: tuple[str, int], split: str, texts: list[str]) -> dict:
         d = self.decider(way)
@@ -312,7 +351,10 @@ def scored(probs: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
 
 
 def row(method: str, family: str, probs: Any, gold: np.ndarray, **extra: Any) -> dict[str, Any]:
-    return {"method": method, "family": family, "available": True, **scored(probs, gold), **extra}
+    """A method's figures on TEST, and its answer to each TEST row (the option's index, in TEST's
+    order: what the goals' paired comparison with classify resamples)."""
+    answers = np.asarray(probs, dtype=np.float64).argmax(axis=1).tolist()
+    return {"method": method, "family": family, "available": True, **scored(probs, gold), **extra, "answers": answers}
 
 
 def cost(passes: list[dict[str, Any]], n: int) -> dict[str, float]:
@@ -425,8 +467,10 @@ def head_row(ds: DataSet, q: DecisionQuestion, passes: Passes, folds: int) -> tu
     return {**r, "cv_accuracy": cv}, info
 
 
-def classify_rows(ds: DataSet, engine: Engine, passes: Passes, folds: int) -> list[dict[str, Any]]:
-    """`classify` on the same TEST rows: label scoring raw and with a batch prior, and a learned head."""
+def classify_rows(ds: DataSet, engine: Engine, passes: Passes, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """`classify` on the same TEST rows: label scoring raw and with a batch prior, a learned head, and
+    (unless `--no-tune`) a fine-tune: each tier of the decision methods has its classify counterpart."""
+    folds = a.folds
     gold = np.array([g for _, g in ds.test])
     texts = [t for t, _ in ds.test]
     probs, st = _classify(Classifier(engine, ds.labels, ds.system, ds.template), texts)
@@ -454,6 +498,11 @@ def classify_rows(ds: DataSet, engine: Engine, passes: Passes, folds: int) -> li
         "seconds_per_row": round(hst.seconds / len(texts), 4),
     }
     out.append(row("classify: learned head", "classify", hp, gold, train_s=train_s, head=head.name, **c))
+    if ds.name in a.no_tune:
+        why = "not run: --no-tune (fine-tuning costs minutes to hours here; see finetune's results)"
+        out.append({"method": "classify: fine-tuned (LoRA)", "family": "classify", "available": False, "note": why})
+    else:
+        out.append(classify_tuned_row(ds, engine, passes, a.model))
     return out
 
 
@@ -469,35 +518,82 @@ def _classify(clf: Classifier, texts: list[str]) -> tuple[np.ndarray, Any]:
 def tuned_row(ds: DataSet, q: DecisionQuestion, passes: Passes, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """`train --decisions --finetune lora` on TRAIN (the question's own classifier, fine-tuned at
     classify's defaults, in a decision task), answered on TEST by the `Decider` `decide --task` runs."""
+    settings = FinetuneSettings()
+
+    def compute() -> dict[str, Any]:
+        names = q.answer_names()
+        with tempfile.TemporaryDirectory() as tmp:
+            qf, data, task = Path(tmp) / "q.json", Path(tmp) / "train.jsonl", Path(tmp) / "task.json"
+            qf.write_text(json.dumps(ds.question))
+            data.write_text("".join(json.dumps({"state": t, "gold": names[g]}) + "\n" for t, g in ds.train))
+            plan = resolve_decisions(DecisionOptions(model=model, questions_file=str(qf), given=frozenset({"model"})))
+            run = DecisionTrainRun(
+                str(data), plan, (f"{q.key}=gold",), str(task), HeadOptions(), None, ("lora", settings, False)
+            )
+            t0 = time.perf_counter()
+            run_train_decisions(run, say=lambda m: say(f"  lora: {m}"))
+            train_s = time.perf_counter() - t0
+            served = resolve_decisions(DecisionOptions(task_file=str(task))).loaded(passes.engine)
+            d = served.decider(passes.engine, state_cache=0)
+            (sq,) = served.questions
+            probs, tokens, secs = [], [], 0.0
+            for k in range(0, len(ds.test), passes.chunk):
+                t1 = time.perf_counter()
+                res = d.decide([DecisionRequest(t, (sq,)) for t, _ in ds.test[k : k + passes.chunk]])
+                secs += time.perf_counter() - t1
+                assert all(r.applied[0].get("trained") == "fine-tuned" for r in res), res[0].applied
+                probs += [np.asarray(r.probabilities[0]) for r in res]
+                tokens += [r.input_tokens for r in res]
+                say(f"  {ds.name} lora test: {len(probs)}/{len(ds.test)} in {secs:.0f} s")
+            report = served.methods.for_question(sq)[0].report or {}
+        return {
+            "probs": np.stack(probs),
+            "tokens": np.asarray(tokens),
+            "seconds": secs,
+            "train_s": train_s,
+            "info": report,
+        }
+
+    got = passes.kept(ds.name, "lora", (q.digest, asdict(settings), ds.train, ds.test), compute)
     gold = np.array([g for _, g in ds.test])
-    names = q.answer_names()
-    with tempfile.TemporaryDirectory() as tmp:
-        qf, data, task = Path(tmp) / "q.json", Path(tmp) / "train.jsonl", Path(tmp) / "task.json"
-        qf.write_text(json.dumps(ds.question))
-        data.write_text("".join(json.dumps({"state": t, "gold": names[g]}) + "\n" for t, g in ds.train))
-        plan = resolve_decisions(DecisionOptions(model=model, questions_file=str(qf), given=frozenset({"model"})))
-        tuning = ("lora", FinetuneSettings(), False)
-        run = DecisionTrainRun(str(data), plan, (f"{q.key}=gold",), str(task), HeadOptions(), None, tuning)
-        t0 = time.perf_counter()
-        run_train_decisions(run, say=lambda m: say(f"  lora: {m}"))
-        train_s = time.perf_counter() - t0
-        served = resolve_decisions(DecisionOptions(task_file=str(task))).loaded(passes.engine)
-        d = served.decider(passes.engine, state_cache=0)
-        (sq,) = served.questions
-        probs, tokens, secs = [], [], 0.0
-        for k in range(0, len(ds.test), passes.chunk):
-            t1 = time.perf_counter()
-            res = d.decide([DecisionRequest(t, (sq,)) for t, _ in ds.test[k : k + passes.chunk]])
-            secs += time.perf_counter() - t1
-            assert all(r.applied[0].get("trained") == "fine-tuned" for r in res), res[0].applied
-            probs += [np.asarray(r.probabilities[0]) for r in res]
-            tokens += [r.input_tokens for r in res]
-            say(f"  {ds.name} lora test: {len(probs)}/{len(ds.test)} in {secs:.0f} s")
-        report = served.methods.for_question(sq)[0].report
-    passes.note(ds.name, "lora", "test", len(ds.test), secs, tokens)
-    p = {"tokens": np.asarray(tokens), "seconds": secs}
-    r = row("fine-tuned (LoRA)", "decide", np.stack(probs), gold, train_s=round(train_s, 1), **cost([p], len(gold)))
-    return r, {"train_s": round(train_s, 1), **(report or {})}
+    passes.note(ds.name, "lora", "test", len(ds.test), got["seconds"], got["tokens"], got["cached"])
+    train_s = round(got["train_s"], 1)
+    r = row("fine-tuned (LoRA)", "decide", got["probs"], gold, train_s=train_s, **cost([got], len(gold)))
+    return r, {"train_s": train_s, **got["info"]}
+
+
+def classify_tuned_row(ds: DataSet, engine: Engine, passes: Passes, model: str) -> dict[str, Any]:
+    """`train --finetune lora` with the set's classify prompt on TRAIN (classify's fine-tune at its
+    defaults), `classify --task` on TEST: the trained decision's counterpart on the same rows."""
+    settings = FinetuneSettings()
+
+    def compute() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as tmp:
+            data, task = Path(tmp) / "train.jsonl", Path(tmp) / "task.json"
+            data.write_text("".join(json.dumps({"text": t, "label": ds.labels[g]}) + "\n" for t, g in ds.train))
+            plan = Plan(
+                model=ModelRef(model),
+                system=ds.system,
+                template=ds.template,
+                read=ReadSpec(),
+                save_task=str(task),
+                quiet=True,
+            )
+            t0 = time.perf_counter()
+            run_finetune(
+                TrainRun(str(data), plan, labels=ds.labels), settings, say=lambda m: say(f"  classify lora: {m}")
+            )
+            train_s = time.perf_counter() - t0
+            probs, st = _classify(Classifier.from_task(task, engine=engine), [t for t, _ in ds.test])
+        tokens = np.full(len(ds.test), st.prompt_tokens / len(ds.test))
+        return {"probs": probs, "tokens": tokens, "seconds": st.seconds, "train_s": train_s, "info": {}}
+
+    parts = (ds.system, ds.template, ds.labels, asdict(settings), ds.train, ds.test)
+    got = passes.kept(ds.name, "classify lora", parts, compute)
+    passes.note(ds.name, "classify lora", "test", len(ds.test), got["seconds"], got["tokens"], got["cached"])
+    gold = np.array([g for _, g in ds.test])
+    c = cost([got], len(gold))
+    return row("classify: fine-tuned (LoRA)", "classify", got["probs"], gold, train_s=round(got["train_s"], 1), **c)
 
 
 NO_FIT = ("fitted", "fit-prior (letters)", "fit-prior (names)")
@@ -521,7 +617,7 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         head_info: dict[str, Any] = {"note": why}
         trow, tuned_info = tuned_row(ds, q, passes, a.model)
         return set_result(
-            ds, q, passes, [*rows, trow, *classify_rows(ds, engine, passes, a.folds)], fit_report, head_info, tuned_info
+            ds, q, passes, [*rows, trow, *classify_rows(ds, engine, passes, a)], fit_report, head_info, tuned_info
         )
     rows = way_rows(ds, q, passes, ways)
     if ds.name in a.no_fit:  # no TRAIN passes: said, not run
@@ -540,7 +636,7 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
     else:
         trow, tuned_info = tuned_row(ds, q, passes, a.model)
         rows.append(trow)
-    rows += classify_rows(ds, engine, passes, a.folds)
+    rows += classify_rows(ds, engine, passes, a)
     return set_result(ds, q, passes, rows, fit_report, head_info, tuned_info)
 
 
@@ -568,6 +664,7 @@ def set_result(
         "train": len(ds.train),
         "test": len(ds.test),
         "test_support": np.bincount([g for _, g in ds.test], minlength=len(ds.labels)).tolist(),
+        "gold": [g for _, g in ds.test],  # TEST's labels in order: each row's `answers` read against them
         "drawn": ds.drawn,
         "source": ds.source,
         "passes": pass_table,
@@ -597,42 +694,91 @@ def probe(ds: DataSet, passes: Passes, ways: list[tuple[str, int]], n: int) -> d
 
 
 # ---------------------------------------------------------------------------- goals, markdown, plot
+def figure_of(answers: np.ndarray, gold: np.ndarray, k: int, fig: str) -> float:
+    """Accuracy or macro-F1 of answers (option indices) against gold, as `scored` reads them."""
+    if fig == "accuracy":
+        return float(np.mean(answers == gold))
+    return float(macro_f1(confusion(gold, answers, k)))
+
+
+def paired_gap(a: list[int], b: list[int], gold: list[int], k: int, fig: str, seed: int = 0) -> list[float]:
+    """The 95 % interval of `fig`(a) - `fig`(b) on the same rows: a paired bootstrap (`RESAMPLES`
+    draws of the rows with replacement, both methods scored on each draw)."""
+    x, y, g = np.asarray(a), np.asarray(b), np.asarray(gold)
+    rng = np.random.default_rng(seed)
+    gaps = []
+    for _ in range(RESAMPLES):
+        i = rng.integers(0, len(g), len(g))
+        gaps.append(figure_of(x[i], g[i], k, fig) - figure_of(y[i], g[i], k, fig))
+    lo, hi = np.percentile(gaps, [2.5, 97.5])
+    return [round(float(lo), 4), round(float(hi), 4)]
+
+
+def goal_rows(s: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The decision rows a goal reads: "trained" a head or LoRA; "prior" a prior that needs no labels;
+    "untrained" any way, raw or with such a prior (never the fit, a head or LoRA)."""
+    rows = [r for r in s["methods"] if r["available"] and r["family"] == "decide"]
+    if kind == "trained":
+        return [r for r in rows if r["method"] in TRAINED]
+    if kind == "prior":
+        return [r for r in rows if "prior" in r["method"]]
+    return [r for r in rows if r["method"] != "fitted" and r["method"] not in TRAINED]
+
+
+def against_classify(s: dict[str, Any], kind: str, fig: str, best: dict[str, Any]) -> dict[str, Any]:
+    """A goal's best decision row against classify's best of the same tier on the same rows: the
+    gap, its paired 95 % interval (when both rows kept their answers), and the verdict."""
+    mine = [r for r in s["methods"] if r["available"] and r["method"] in CLASSIFY_TIER[kind]]
+    if not mine:
+        return {"classify": None}
+    other = max(mine, key=lambda r: r[fig])
+    gap = round(best[fig] - other[fig], 4)
+    ran = {r["method"] for r in mine}
+    missing = [m.removeprefix("classify: ") for m in CLASSIFY_TIER[kind] if m not in ran]
+    out = {"classify": other[fig], "classify_by": other["method"], "gap": gap, "interval": None}
+    out["classify_not_run"] = missing  # a tier's classify method this set's run left out (an older run, --no-tune)
+    if best.get("answers") and other.get("answers") and s.get("gold"):
+        out["interval"] = paired_gap(best["answers"], other["answers"], s["gold"], len(s["labels"]), fig)
+    if gap >= 0:
+        out["verdict"] = "at least classify"
+    elif out["interval"] is not None and out["interval"][1] >= 0:
+        out["verdict"] = "below classify, within noise"
+    else:
+        out["verdict"] = "below classify" if out["interval"] is not None else "below classify (no interval)"
+    return out
+
+
 def goals(sets: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each goal of issue 55: the best decision row of its tier against the figure asked, and against
+    classify's best of the same tier on the same rows (the issue's promise)."""
     out = []
     for name, kind, what, fig, want in GOALS:
         s = sets.get(name)
-        if s is None:
-            out.append({"set": name, "goal": what, "figure": fig, "at_least": want, "status": "not run"})
-            continue
-        rows = [r for r in s["methods"] if r["available"] and r["family"] == "decide"]
-        if kind == "trained":
-            rows = [r for r in rows if r["method"] in TRAINED]
-        elif kind == "prior":
-            rows = [r for r in rows if "prior" in r["method"]]
-        else:  # untrained: any way, raw or with a prior that needs no gold
-            rows = [r for r in rows if r["method"] != "fitted" and r["method"] not in TRAINED]
-        if not rows:  # every method the goal reads was left out of the run (--tuned-only, --no-tune)
+        rows = [] if s is None else goal_rows(s, kind)
+        if not rows:  # not run, or every method the goal reads left out (--tuned-only, --no-tune)
             out.append({"set": name, "goal": what, "figure": fig, "at_least": want, "status": "not run"})
             continue
         best = max(rows, key=lambda r: r[fig])
         status = "met" if best[fig] >= want else "not met"
-        out.append(
-            {
-                "set": name,
-                "goal": what,
-                "figure": fig,
-                "at_least": want,
-                "best": best[fig],
-                "by": best["method"],
-                "status": status,
-            }
-        )
+        g = {"set": name, "goal": what, "figure": fig, "at_least": want, "best": best[fig], "by": best["method"]}
+        out.append({**g, "status": status, **against_classify(s, kind, fig, best)})
     return out
 
 
 def _merged(out: dict[str, Any]) -> bool:
     """Whether some set came from another run than the file's own (`--merge`)."""
     return any(s.get("run") and s["run"] != run_line(out) for s in out["sets"].values())
+
+
+def _versus(g: dict[str, Any]) -> str:
+    """A goal's classify columns: classify's figure and method, the gap and its interval, the verdict."""
+    if g.get("classify") is None:
+        return "not run | | "
+    iv = g.get("interval")
+    gap = f"{g['gap']:+.3f}" + (f" ({iv[0]:+.3f} to {iv[1]:+.3f})" if iv else "")
+    missing = g.get("classify_not_run") or []
+    verdict = g["verdict"] + (f" ({', '.join(missing)}: not run on these rows)" if missing else "")
+    return f"{g['classify']:.3f} ({g['classify_by'].removeprefix('classify: ')}) | {gap} | {verdict}"
 
 
 def _cell(x: Any, fmt: str = ".3f") -> str:
@@ -657,20 +803,31 @@ def markdown(out: dict[str, Any]) -> str:
         for s in sets.values():
             r = next((x for x in s["methods"] if x["method"] == m), None)
             cells.append(
-                "" if r is None else "n/a" if not r["available"] else f"{r['accuracy']:.3f} / {r['macro_f1']:.3f}"
+                "not in its run"
+                if r is None
+                else "n/a"
+                if not r["available"]
+                else f"{r['accuracy']:.3f} / {r['macro_f1']:.3f}"
             )
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "## Goals (issue 55)",
         "",
-        "| set | goal | figure | at least | best | by | |",
-        "|---|---|---|---|---|---|---|",
+        "| set | goal | figure | at least | best | by | | classify, same tier | gap (95 % interval) | |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in out["goals"]:
         lines.append(
-            f"| {g['set']} | {g['goal']} | {g['figure']} | {g['at_least']:.2f} | {_cell(g.get('best'))} | {g.get('by', '')} | **{g['status']}** |"
+            f"| {g['set']} | {g['goal']} | {g['figure']} | {g['at_least']:.2f} | {_cell(g.get('best'))} | {g.get('by', '')} "
+            f"| **{g['status']}** | {_versus(g)} |"
         )
+    lines += [
+        "",
+        "Classify, same tier: classify's best on the same TEST rows without labels (label scoring, raw or with the "
+        "batch prior) or trained (a learned head, a fine-tune); the gap is the decision's figure minus classify's, its "
+        f"interval a paired bootstrap over the TEST rows ({RESAMPLES} draws); both bests are chosen on TEST.",
+    ]
     for name, s in sets.items():
         lines += [
             "",
@@ -750,7 +907,8 @@ DEFINITIONS = (
     "TRAIN answers of every way, the way chosen by cross-validated accuracy on TRAIN; `trained head`: `train "
     "--decisions`'s head on TRAIN, answered by a `Decider` holding it (its own pass over TEST).",
     "- `classify`: label scoring with the set's classify prompt on the same TEST rows; `+ batch prior`: divided by "
-    "the mean over TEST (`fit_batch`); `learned head`: `train_head` on TRAIN (the classify prompt's hidden states).",
+    "the mean over TEST (`fit_batch`); `learned head`: `train_head` on TRAIN (the classify prompt's hidden states); "
+    "`fine-tuned (LoRA)`: `train --finetune lora` on TRAIN at its defaults with the same prompt, `classify --task`.",
     "- Automation at 5 % error: the largest share of TEST rows, taken most confident first, whose answers are at "
     "least 95 % right (0 when even the most confident are not). ECE: the top probability's, 10 equal bins.",
     "- tokens / row: a decision's input tokens (its state once and each asked variant's own tokens); classify's prompt "

@@ -19,7 +19,12 @@ DECIDE = [
     "trained head",
     "fine-tuned (LoRA)",
 ]
-CLASSIFY = ["classify: labels raw", "classify: labels + batch prior", "classify: learned head"]
+CLASSIFY = [
+    "classify: labels raw",
+    "classify: labels + batch prior",
+    "classify: learned head",
+    "classify: fine-tuned (LoRA)",
+]
 FIGURES = ("accuracy", "macro_f1", "ece", "automation_5", "tokens_per_row", "seconds_per_row")
 
 
@@ -42,6 +47,49 @@ def test_the_untrained_goal_reads_no_learned_row():
             for m, f in (("names: batch prior", 0.5), ("fitted", 0.7), ("trained head", 0.8), ("fine-tuned (LoRA)", 0.9))]  # fmt: skip
     got = {g["goal"]: g for g in bench.goals({"posts": {"methods": rows}}) if g["set"] == "posts"}
     assert [(g["by"], g["best"]) for g in got.values()] == [("names: batch prior", 0.5), ("fine-tuned (LoRA)", 0.9)]
+
+
+def _rows(gold, **answers):
+    """Rows of methods with these answers (option indices), scored against gold."""
+    k = 1 + max(max(gold), *(max(a) for a in answers.values()))
+    eye = np.eye(k)
+    return [bench.row(m, "classify" if m.startswith("classify") else "decide", eye[a], np.asarray(gold))
+            for m, a in answers.items()]  # fmt: skip
+
+
+def test_a_goal_is_read_against_classify_of_the_same_tier_on_the_same_rows():
+    rng = np.random.default_rng(3)
+    gold = rng.integers(0, 3, 200).tolist()
+    right = list(gold)
+    some = [g if rng.random() < 0.8 else (g + 1) % 3 for g in gold]  # 80 % right
+    near = [a if i != 7 or a != g else (g + 1) % 3 for i, (a, g) in enumerate(zip(some, gold))]  # one answer worse
+    rows = _rows(gold, **{"trained head": near, "fine-tuned (LoRA)": some, "classify: learned head": right,
+                          "classify: fine-tuned (LoRA)": near, "names: batch prior": near,
+                          "classify: labels + batch prior": some})  # fmt: skip
+    s = {"methods": rows, "gold": gold, "labels": ["a", "b", "c"]}
+    got = {g["goal"]: g for g in bench.goals({"posts": s}) if g["set"] == "posts"}
+    untrained, trained = got.values()
+    # trained: the best decision (LoRA, 80 %) against classify's best of its tier (the head, 100 %): far below
+    assert (trained["by"], trained["classify_by"]) == ("fine-tuned (LoRA)", "classify: learned head")
+    assert trained["gap"] < 0 and trained["interval"][1] < 0 and trained["verdict"] == "below classify"
+    # untrained: one row worse than classify's batch prior, on 200 rows: within noise, the interval says so
+    assert untrained["classify_by"] == "classify: labels + batch prior" and untrained["gap"] < 0
+    assert untrained["interval"][0] < 0 <= untrained["interval"][1]
+    assert untrained["verdict"] == "below classify, within noise"
+    # the same answers: no gap at all; rows without their answers (an older file): the gap without an interval
+    same = {"methods": _rows(gold, **{"trained head": some, "classify: learned head": some}), "gold": gold,
+            "labels": ["a", "b", "c"]}  # fmt: skip
+    (g,) = [g for g in bench.goals({"posts": same}) if g["set"] == "posts" and g["status"] != "not run"]
+    assert (g["gap"], g["interval"], g["verdict"]) == (0.0, [0.0, 0.0], "at least classify")
+    assert g["classify_not_run"] == ["fine-tuned (LoRA)"]  # classify's fine-tune was not in that run: said
+    assert bench._versus(g).endswith("at least classify (fine-tuned (LoRA): not run on these rows)")
+    assert trained["classify_not_run"] == []
+    old = {"methods": [{k: v for k, v in r.items() if k != "answers"} for r in rows], "labels": ["a", "b", "c"]}
+    (g,) = [g for g in bench.goals({"posts": old}) if g["goal"] == trained["goal"] and g["set"] == "posts"]
+    assert g["interval"] is None and g["verdict"] == "below classify (no interval)"
+    cells = bench._versus(trained).split(" | ")
+    assert cells[0] == "1.000 (learned head)" and cells[2] == "below classify"
+    assert cells[1] == f"{trained['gap']:+.3f} ({trained['interval'][0]:+.3f} to {trained['interval'][1]:+.3f})"
 
 
 def test_per_set_sizes_read_over_the_defaults():
@@ -68,6 +116,7 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
         if r["available"]:
             assert all(isinstance(r[k], (int, float)) for k in FIGURES), r
             assert 0 <= r["accuracy"] <= 1 and sum(r["predicted"]) == 9
+            assert np.bincount(r["answers"], minlength=3).tolist() == r["predicted"]  # each row's, in TEST order
         else:
             raise AssertionError(r)
     # every way ran once over each split, and the fitted way is one of them
@@ -78,20 +127,28 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
         "classify head features/train",
         "classify head/test",
     ]
-    tuned = ["lora/test"]
+    tuned = ["lora/test", "classify lora/test"]
     assert sorted(s["passes"]) == sorted([f"{w}/{sp}" for w in bench.WAYS for sp in ("train", "test")] + own + tuned)
     assert s["tuned"]["trained"] == "fine-tuned" and s["tuned"]["n"] == 12
+    assert np.bincount(s["gold"], minlength=3).tolist() == s["test_support"]
+    verdicts = ("at least classify", "below classify, within noise", "below classify")
+    for g in [g for g in res["goals"] if g["set"] == "tickets"]:  # each against classify's same tier, with its interval
+        assert g["verdict"] in verdicts and g["interval"][0] <= g["gap"] <= g["interval"][1], g
     assert all(not p["cached"] and p["seconds"] >= 0 for p in s["passes"].values())
     assert s["fit"]["chosen"]["style"] in ("letters", "names")
     assert [g["status"] for g in res["goals"] if g["set"] != "tickets"] == ["not run"] * 3
     md = (out / "t.md").read_text()
     assert "python -m benchmarks.decision_accuracy" in md
     assert (out / "t.png").stat().st_size > 1000
-    # a second run reads every pass back from the cache, and scores the same
-    assert bench.main([*argv[:-2], "--tag", "t2", "--cache", str(cache), "--no-tune", "tickets"]) == 0
+    # a second run reads every pass back from the cache, and both fine-tunes' answers, and scores the same
+    assert bench.main([*argv[:-2], "--tag", "t2", "--cache", str(cache)]) == 0
     again = json.loads((out / "t2.json").read_text())["sets"]["tickets"]
     assert all(again["passes"][f"{w}/{sp}"]["cached"] for w in bench.WAYS for sp in ("train", "test"))
+    assert all(again["passes"][t]["cached"] for t in tuned)
     assert [r.get("accuracy") for r in again["methods"][:12]] == [r.get("accuracy") for r in s["methods"][:12]]
+    tuned_rows = ("fine-tuned (LoRA)", "classify: fine-tuned (LoRA)")
+    pick = lambda rows: [(r["answers"], r["train_s"]) for r in rows if r["method"] in tuned_rows]  # noqa: E731
+    assert pick(again["methods"]) == pick(s["methods"])
     # --no-fit: no pass over TRAIN but the head's; fitted and fit-prior said not run (--no-tune: LoRA too)
     assert (
         bench.main([*argv[:-4], "--tag", "t3", "--ways", "letters", "--no-fit", "tickets", "--no-tune", "tickets"]) == 0
@@ -99,7 +156,7 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     third = json.loads((out / "t3.json").read_text())["sets"]["tickets"]
     assert sorted(third["passes"]) == sorted(["letters/test", *own])
     skipped = [r for r in third["methods"] if not r["available"]]
-    assert [r["method"] for r in skipped] == [*bench.NO_FIT, "fine-tuned (LoRA)"]
+    assert [r["method"] for r in skipped] == [*bench.NO_FIT, "fine-tuned (LoRA)", "classify: fine-tuned (LoRA)"]
     assert "| fitted | n/a" in (out / "t3.md").read_text()
     # --tuned-only: the fine-tuned row and classify's only (no pass of the decision prompt); --merge
     # keeps the sets TAG.json has (here t's tickets are replaced, its goals read again)
