@@ -451,20 +451,28 @@ def head_row(ds: DataSet, q: DecisionQuestion, passes: Passes, folds: int) -> tu
     passes.note(ds.name, "head features", "train", len(ds.train), head.info["feature_seconds"])
     saved = Methods.of([Method(head=head, key=q.key, digest=q.digest)])
     d = Decider(passes.engine, passes.config, methods=saved, state_cache=0)
-    probs, tokens, secs = [], [], 0.0
-    for k in range(0, len(ds.test), passes.chunk):
-        t1 = time.perf_counter()
-        res = d.decide([DecisionRequest(t, (q,)) for t, _ in ds.test[k : k + passes.chunk]])
-        secs += time.perf_counter() - t1
-        assert all(r.applied[0].get("trained") == "head" for r in res), res[0].applied
-        probs += [np.asarray(r.probabilities[0]) for r in res]
-        tokens += [r.input_tokens for r in res]
+    probs, tokens, secs = answered(d, q, ds, passes.chunk, "head")
     passes.note(ds.name, "head", "test", len(ds.test), secs, tokens)
     p = {"tokens": np.asarray(tokens), "seconds": secs}
     cv = head.info.get("chosen", {}).get("accuracy")
     info = {"name": head.name, "estimator": head.estimator, "cv_accuracy": cv, "train_s": round(train_s, 1)}
     r = row("trained head", "decide", np.stack(probs), gold, train_s=round(train_s, 1), **cost([p], len(gold)))
     return {**r, "cv_accuracy": cv}, info
+
+
+def answered(d: Decider, q: DecisionQuestion, ds: DataSet, chunk: int, trained: str) -> tuple[list, list, float]:
+    """TEST answered by `d`, whose method for `q` is `trained` (checked on every answer), `chunk`
+    requests a call: (probabilities per row, input tokens per row, seconds in all)."""
+    probs, tokens, secs = [], [], 0.0
+    for k in range(0, len(ds.test), chunk):
+        t1 = time.perf_counter()
+        res = d.decide([DecisionRequest(t, (q,)) for t, _ in ds.test[k : k + chunk]])
+        secs += time.perf_counter() - t1
+        assert all(r.applied[0].get("trained") == trained for r in res), res[0].applied
+        probs += [np.asarray(r.probabilities[0]) for r in res]
+        tokens += [r.input_tokens for r in res]
+        say(f"  {ds.name} {trained} test: {len(probs)}/{len(ds.test)} in {secs:.0f} s")
+    return probs, tokens, secs
 
 
 def classify_rows(ds: DataSet, engine: Engine, passes: Passes, a: argparse.Namespace) -> list[dict[str, Any]]:
@@ -536,15 +544,7 @@ def tuned_row(ds: DataSet, q: DecisionQuestion, passes: Passes, model: str) -> t
             served = resolve_decisions(DecisionOptions(task_file=str(task))).loaded(passes.engine)
             d = served.decider(passes.engine, state_cache=0)
             (sq,) = served.questions
-            probs, tokens, secs = [], [], 0.0
-            for k in range(0, len(ds.test), passes.chunk):
-                t1 = time.perf_counter()
-                res = d.decide([DecisionRequest(t, (sq,)) for t, _ in ds.test[k : k + passes.chunk]])
-                secs += time.perf_counter() - t1
-                assert all(r.applied[0].get("trained") == "fine-tuned" for r in res), res[0].applied
-                probs += [np.asarray(r.probabilities[0]) for r in res]
-                tokens += [r.input_tokens for r in res]
-                say(f"  {ds.name} lora test: {len(probs)}/{len(ds.test)} in {secs:.0f} s")
+            probs, tokens, secs = answered(d, sq, ds, passes.chunk, "fine-tuned")
             report = served.methods.for_question(sq)[0].report or {}
         return {
             "probs": np.stack(probs),
