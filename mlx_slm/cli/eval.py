@@ -254,7 +254,7 @@ def _evaluate_decisions(
         fmt=o.get("fmt"),
         state_field=o["text_field"] if "text_field" in typed else None,
         id_field=o["id_field"],
-        state_column=o["text_column"],
+        state_column=o["text_column"] if "text_column" in typed else None,
         id_column=o["id_column"],
         dtype=o.get("dtype"),
         quiet=o.get("quiet", False),

@@ -337,7 +337,8 @@ def _train_decisions(
     settings = DecisionOptions(o["model"], o.get("dtype"), o.get("keep_quantized"), questions_file=questions)
     plan = resolve_decisions(settings)
     states = (o["text_field"],) if "text_field" in typed else STATE_FIELDS
-    read = ReadSpec(o.get("fmt"), states[0], o["id_field"], o["text_column"], o["id_column"], states=states)
+    column = o["text_column"] if "text_column" in typed else "state"  # else "text" where the header lacks it
+    read = ReadSpec(o.get("fmt"), states[0], o["id_field"], column, o["id_column"], states=states)
     tune = {k: o[k] for k in TUNING}
     tuning = None
     if tune["finetune"] is not None:
@@ -355,7 +356,15 @@ def _train_decisions(
         )
     rule = NoneRule(none["none_label"], threshold, none["none_target"], none["none_data"], read)
     run = DecisionTrainRun(
-        data, plan, gold_fields, save_task, HeadOptions(*head, poolings=("last",)), read, tuning, rule
+        data,
+        plan,
+        gold_fields,
+        save_task,
+        HeadOptions(*head, poolings=("last",)),
+        read,
+        tuning,
+        rule,
+        column_given="text_column" in typed,
     )
     _task, table = run_train_decisions(run, _say(o))
     click.echo(table)

@@ -53,6 +53,7 @@ from ..text.calibration import DEFAULT_WARMUP, CalibrationError, Calibrator, fit
 from ..text.decisions.answers import RAW_METHOD, answer
 from ..text.decisions.checks import state_problem as decision_state_problem
 from ..text.decisions.errors import DecisionError
+from ..text.decisions.methods import trained_phrase
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..weights.registry import DEFAULT_MODEL
 from .filerun import Distribution, FileRun, Where, check_io, ray_init, windows
@@ -199,18 +200,9 @@ class DecideJob:
         loads (a CSV without the state column fails here)."""
         s = self.s
         states = (s.state_field,) if s.state_field else STATE_FIELDS
-        column, opts = s.state_column or "state", {"states": states, "text_options": STATE_OPTIONS}
-        try:
-            it = read_rows(s.input, ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, **opts))
-            first = next(it, None)
-        except InputError:
-            if s.state_column is not None or s.input == "-":
-                raise
-            column = "text"  # a CSV whose header names no state column: its text column is the state
-            it = read_rows(s.input, ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, **opts))
-            first = next(it, None)
+        spec = ReadSpec(s.fmt, states[0], s.id_field, s.state_column or "state", s.id_column, states=states)
+        every, column = state_rows(s.input, replace(spec, text_options=STATE_OPTIONS), s.state_column is not None)
         self.fields = [states[0], s.id_field, column, s.id_column]
-        every = itertools.chain([first] if first is not None else [], it)
         return (r if r.error is not None else replace(r, error=state_problem(r)) for r in every)
 
     def load(self) -> None:
@@ -373,32 +365,53 @@ class DecideJob:
         )
 
 
+def state_rows(path: str, spec: ReadSpec, column_given: bool) -> tuple[Iterator[Row], str]:
+    """A decision input's rows as `spec` reads them, and the CSV/TSV column its states came from:
+    the one named (`column_given`), else "state" where the header has it, else "text" (decide,
+    `eval --decisions` and `train --decisions` read one file alike). The first row is read now,
+    so a CSV without the column fails before a model loads."""
+    try:
+        it = read_rows(path, spec)
+        first = next(it, None)
+    except InputError:
+        if column_given or path == "-" or spec.text_column == "text":
+            raise
+        spec = replace(spec, text_column="text")  # a header naming no state column: its text column is the state
+        it = read_rows(path, spec)
+        first = next(it, None)
+    return itertools.chain([first] if first is not None else [], it), spec.text_column
+
+
+def method_words(r: Mapping[str, Any], n: int | None = None) -> str:
+    """One question's method record (`Method.record`, with a `note` where it changed) in words:
+    raw, or what made its answers (`n`: the states a run's batch prior came from)."""
+    what = [] if r["style"] == "letters" else [f"{r['style']} style"]
+    what += [] if r["permute"] == 1 else [f"{r['permute']} orders"]
+    cal = r["calibration"]
+    if cal != "none":
+        src = (
+            "fitted"
+            if r.get("fitted_as")
+            else f"prior from the first {n} states"
+            if cal == "batch" and n is not None
+            else ""
+        )
+        what.append(f"{cal} calibration" + (f" ({src})" if src else ""))
+    what += [trained_phrase(r["trained"])] if r.get("trained") else []
+    none = r.get("none_of_these")
+    if none:
+        t = none["min_confidence"]
+        what.append(f"none of these: {none['option']!r}" + ("" if t is None else f" below {t:.3g}"))
+    changed = ", NOT the task's fitted settings: the question changed" if "note" in r else ""
+    return (", ".join(what) or "raw") + changed
+
+
 def describe_methods(plan: DecisionPlan, priors: Mapping[str, Calibrator]) -> str:
     """How the run's answers were made, in words: raw, or what applied to which questions."""
     rows = asked(plan.questions, plan.methods)
     if all(r == {"key": r["key"], **RAW_METHOD} for r in rows):
         return "raw"
-    parts = []
-    for r in rows:
-        what = [] if r["style"] == "letters" else [f"{r['style']} style"]
-        what += [] if r["permute"] == 1 else [f"{r['permute']} orders"]
-        cal = r["calibration"]
-        if cal != "none":
-            src = (
-                "fitted"
-                if r.get("fitted_as")
-                else f"prior from the first {plan.warmup} states"
-                if cal == "batch"
-                else ""
-            )
-            what.append(f"{cal} calibration" + (f" ({src})" if src else ""))
-        what += ["trained head"] if r.get("trained") else []
-        none = r.get("none_of_these")
-        if none:
-            t = none["min_confidence"]
-            what.append(f"none of these: {none['option']!r}" + ("" if t is None else f" below {t:.3g}"))
-        what += ["NOT the task's fitted settings: the question changed"] if "note" in r else []
-        parts.append(f"{r['key']}: {', '.join(what) or 'raw'}")
+    parts = [f"{r['key']}: {method_words(r, priors[r['key']].n if r['key'] in priors else plan.warmup)}" for r in rows]
     return "; ".join(parts)
 
 

@@ -45,7 +45,7 @@ from ..files.output import (
     read_records,
     same_id,
 )
-from ..files.readers import ReadSpec, read_rows
+from ..files.readers import ReadSpec
 from ..ground.errors import UsageError, UserError
 from ..ground.safefs import atomic_write
 from ..text.calibration import DEFAULT_WARMUP
@@ -53,7 +53,7 @@ from ..text.decisions.answers import chosen_index
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of
 from ..text.decisions.gold import gold_index, gold_pairs
-from ..text.decisions.methods import Method, Methods
+from ..text.decisions.methods import Method, Methods, trained_phrase
 from ..text.decisions.metrics import format_question_report, question_report
 from ..text.decisions.prompt import STYLES
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest
@@ -61,7 +61,7 @@ from ..text.out_of_scope import figures as oos_figures
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
 from ..weights.registry import DEFAULT_MODEL
-from .decide import STATE_FIELDS, state_problem
+from .decide import STATE_FIELDS, method_words, state_problem, state_rows
 from .evaluate import plot, plot_paths
 from .plan import DecisionOptions, Say, resolve_decisions
 
@@ -84,7 +84,7 @@ class DecisionEvalSettings:
     fmt: str | None = None
     state_field: str | None = None
     id_field: str = "id"
-    state_column: str = "text"
+    state_column: str | None = None  # CSV/TSV: None: "state" if the header has it, else "text"
     id_column: str = "id"
     dtype: str | None = None
     style: str = "letters"
@@ -125,6 +125,8 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     if engine is not None:
         plan = plan.loaded(engine)
     golds = gold_pairs(plan.questions, s.gold_fields)
+    if s.save_task:
+        _kept_methods(plan, s.save_task)  # a task's tuned classifier the new task could not find: refused now
     if not golds and not s.fit_prior:
         raise UsageError("--decisions: give --gold-field KEY=FIELD (or KEY) for each question to score")
     _plot_folders(s, plan.questions, golds, reads)
@@ -155,8 +157,10 @@ def _plot_folders(s: DecisionEvalSettings, questions: Sequence[DecisionQuestion]
 def _rows(s: DecisionEvalSettings, golds: dict[str, str]) -> list[Any]:
     states = (s.state_field,) if s.state_field else STATE_FIELDS
     fields = tuple(dict.fromkeys(golds.values()))
-    read = ReadSpec(s.fmt, states[0], s.id_field, s.state_column, s.id_column, gold=fields, states=states)
-    rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in read_rows(s.input, read)]
+    column = s.state_column or "state"
+    read = ReadSpec(s.fmt, states[0], s.id_field, column, s.id_column, gold=fields, states=states)
+    got, _ = state_rows(s.input, read, s.state_column is not None)
+    rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in got]
     if not rows or (not any(r.error is None for r in rows) and not s.predictions):
         first = rows[0].error if rows else "the input is empty"
         raise UserError(f"{s.input}: no row has a state to ask; first problem: {first}")
@@ -210,6 +214,7 @@ def _report(
     ok, main = scored.ok, scored.main
     out: dict[str, Any] = {}
     saved: list[Method] = []
+    refit: set[str | None] = set()  # the questions fitted here (a fit not kept: raw, as the report says)
     for i, q in enumerate(plan.questions):
         if q.key in golds:
             out[q.key] = _question(q, i, golds[q.key], scored)
@@ -220,14 +225,15 @@ def _report(
             fitted = out[q.key].get("fit")
             if fitted is not None:
                 method = fitted.pop("method")
-                if fitted["kept"]:  # a fit no better than the raw answers is not saved: the question stays raw
+                refit.add(q.digest)
+                if fitted["kept"]:  # a fit no better than the raw answers is not saved: the question goes raw
                     saved.append(method)
-        elif s.fit_prior:
+        elif s.fit_prior and not plan.methods.for_question(q)[0].trained:
             saved.append(_prior_method(q, i, ok, runs[main], s.warmup))
     if s.json_path:
         atomic_write(s.json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
     if s.save_task:
-        _save(s, plan, engine, saved, say)
+        _save(s, plan, engine, saved, refit, say)
     return out
 
 
@@ -268,8 +274,11 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     else:
         contextual = None if method is None else decider.contextual_prior(q, method)
         rep["corrected"] = corrected(raw, gold, labels, s.warmup, contextual, q.type == "noul")
-    if s.fit:
-        per_way = {w: np.stack([_raw(runs[w][j], i) for j in keep]) for w in runs}
+    if s.fit and method is not None and method.trained:  # its trained answers are kept, not fitted over
+        rep["fit_skipped"] = f"{trained_phrase(rep['applied']['trained'])}: kept as the task has it, not fitted"
+    elif s.fit:
+        ways = [w for w in runs if q.type == "choice" or w[1] == 1]  # only a choice's options are reordered
+        per_way = {w: np.stack([_raw(runs[w][j], i) for j in keep]) for w in ways}
         try:
             fitted = fit_question(per_way, gold, labels, q.key)
         except FitError as e:  # rows left out may be why: a gold value that is no option, say
@@ -291,7 +300,7 @@ def _gold_rows(
     left = [f"line {r.line}: {r.error}" if not r.error.startswith("line ") else r.error for r in rows if r.error]
     keep, gold = [], []
     for j, (r, res) in enumerate(zip(ok, results)):
-        g = gold_index(q, (r.gold or {}).get(fld))
+        g = gold_index(q, (r.gold or {}).get(fld), f"line {r.line}: field {fld!r}: ")
         if isinstance(res, str):
             left.append(f"line {r.line}: {res}")
         elif _raw(res, i) is None:
@@ -363,11 +372,14 @@ def _prior_method(q: DecisionQuestion, i: int, ok: list[Any], results: list[Any]
 
 def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
     """A question's report: its headline and table, the corrected figures side by side, its fit."""
-    out = format_question_report(q.key, q.type, fld, rep)
+    head, _, rest = format_question_report(q.key, q.type, fld, rep).partition("\n")
+    applied = rep["applied"]
+    how = "as written by decide" if "as" in applied else method_words(applied)
+    out = f"{head}\nanswers: {how}\n{rest}"
     lines = ["", "way                 accuracy  macro-F1     ECE   Brier  log-loss"]
     for name, f in rep["corrected"].items():
         what = {
-            "raw": "raw" if "trained" not in rep["applied"] else "trained head",
+            "raw": trained_phrase(rep["applied"]["trained"]) if "trained" in rep["applied"] else "raw",
             "batch": "batch prior",
             "contextual": "contextual prior",
         }[name]
@@ -387,6 +399,8 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
         )
         if fit.get("note"):
             lines.append(f"fit: {fit['note']}")
+    if rep.get("fit_skipped"):
+        lines.append(f"fit: {rep['fit_skipped']}")
     oos, none = rep.get("out_of_scope"), (rep["applied"] or {}).get("none_of_these")
     if oos is not None and none is not None:
         lines.append(
@@ -404,7 +418,36 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.2f} %"
 
 
-def _save(s: DecisionEvalSettings, plan: DecisionPlan, engine: Any, saved: list[Method], say: Say) -> None:
+def _kept_methods(plan: DecisionPlan, save_task: str) -> list[Method]:
+    """The methods of `--task` (its questions' that this run asks) a new task keeps where this run
+    fits nothing better. A tuned question's classifier is a file beside its task: kept only by a
+    task saved in the same folder (a task elsewhere could not find it)."""
+    home = Path(save_task).resolve().parent
+    out = []
+    for q in plan.questions:
+        m = plan.methods.saved.get(q.digest)
+        if m is None:
+            continue
+        if m.tuned is not None:
+            if Path(m.tuned).resolve().parent != home:
+                raise UsageError(
+                    f"--save-task {save_task}: question {q.key!r} is answered by a fine-tuned classifier beside "
+                    f"--task ({m.tuned}), which a task in another folder cannot find: save the new task beside it"
+                )
+            m = replace(m, tuned=Path(m.tuned).name)
+        out.append(m)
+    return out
+
+
+def _save(
+    s: DecisionEvalSettings, plan: DecisionPlan, engine: Any, fitted: list[Method], refit: set[str | None], say: Say
+) -> None:
+    """The task: --task's methods of these questions, but where this run fitted one (`refit`), in
+    the questions' order."""
+    new = refit | {m.digest for m in fitted}
+    kept = [m for m in _kept_methods(plan, s.save_task or "") if m.digest not in new]
+    order = {q.digest: i for i, q in enumerate(plan.questions)}
+    saved = sorted([*kept, *fitted], key=lambda m: order.get(m.digest, len(order)))
     Task(
         model=plan.model.name,
         labels=tuple(DEFAULT_LABELS),
@@ -414,8 +457,10 @@ def _save(s: DecisionEvalSettings, plan: DecisionPlan, engine: Any, saved: list[
         versions=versions(),
         decisions={"questions": plan.raw_questions, "methods": [m.to_dict() for m in saved]},
     ).save(s.save_task)
+    from_task = f", {len(kept)} kept from {s.task_file}" if kept else ""
     say(
-        f"mlx-slm: task saved to {s.save_task} ({len(saved)} fitted question(s): decide --task and serve --task apply them)"
+        f"mlx-slm: task saved to {s.save_task} ({len(fitted)} question(s) fitted{from_task}: decide --task and "
+        "serve --task apply them)"
     )
 
 

@@ -45,7 +45,7 @@ import numpy as np
 from ..classifier.decision_plan import DecisionPlan
 from ..classifier.plan import Plan
 from ..classifier.task import Task
-from ..files.readers import ReadSpec, read_rows
+from ..files.readers import ReadSpec
 from ..ground.errors import UserError
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.gold import gold_index, gold_pairs
@@ -56,7 +56,7 @@ from ..text.out_of_scope import choose_threshold
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
 from .choose import run_choose
-from .decide import STATE_FIELDS, state_problem
+from .decide import STATE_FIELDS, state_problem, state_rows
 from .finetune import history_table, run_finetune
 from .labelled import check_folds
 from .out_of_scope import NoneRule
@@ -78,6 +78,7 @@ class DecisionTrainRun:
     read: ReadSpec | None = None
     tuning: tuple[str, Any, bool] | None = None  # ("lora" | "auto", FinetuneSettings, fused)
     none: NoneRule = NoneRule()  # "none of these" for the one question trained (its option: `label`)
+    column_given: bool = False  # `read`'s CSV column was named (else "state", or "text" where the header lacks it)
 
 
 @dataclass
@@ -92,11 +93,9 @@ def _states(run: DecisionTrainRun, fields: Sequence[str], path: str | None = Non
     """DATA's rows (or `path`'s, read as DATA is) with their states checked (a row that cannot be
     asked is an error naming it)."""
     path = path or run.data
-    spec = run.read or ReadSpec(None, STATE_FIELDS[0], "id", "text", "id", states=STATE_FIELDS)
-    rows = [
-        r if r.error is not None else replace(r, error=state_problem(r))
-        for r in read_rows(path, replace(spec, gold=tuple(fields)))
-    ]
+    spec = run.read or ReadSpec(None, STATE_FIELDS[0], "id", "state", "id", states=STATE_FIELDS)
+    got, _ = state_rows(path, replace(spec, gold=tuple(fields)), run.column_given)
+    rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in got]
     bad = next((r for r in rows if r.error is not None), None)
     if bad is not None:
         raise TrainError(f"{path}: {bad.error}: fix or drop the row (a head is trained on every row)")
@@ -114,7 +113,7 @@ def _labelled(q: DecisionQuestion, fld: str, rows: list[Any], data: str) -> tupl
         value = (r.gold or {}).get(fld)
         if value is None:
             continue
-        g = gold_index(q, value)
+        g = gold_index(q, value, f"{data}: line {r.line}: field {fld!r}: ")
         if g is None:
             raise TrainError(
                 f"{data}: line {r.line}: field {fld!r} is {value!r}, not an option of question {q.key!r} "
@@ -158,6 +157,13 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
         raise UserError("train --decisions: give --gold-field KEY=FIELD for each question to train")
     rows = _states(run, tuple(dict.fromkeys(golds.values())))
     held = _none_held_out(run, golds)  # "none of these": checked, and its held-out states read, before any work
+    labelled = {q.key: _labelled(q, golds[q.key], rows, run.data) for q in run.plan.questions if q.key in golds}
+    if run.tuning is None:  # every head's examples counted before the model loads (not after the first heads)
+        for q in run.plan.questions:
+            if q.key in golds:
+                _, gold, lines = labelled[q.key]
+                where = f"{run.data}: question {q.key!r} (field {golds[q.key]!r})"
+                _gold_indices(list(gold), q.answer_names(), run.head.folds, Trace(source=where, lines=lines))
     say(f"mlx-slm: loading {run.plan.model.name}")
     engine = run.plan.engine()
     plan = run.plan.loaded(engine)
@@ -166,7 +172,7 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
     for q in plan.questions:
         if q.key not in golds:
             continue
-        keep, gold, lines = _labelled(q, golds[q.key], rows, run.data)
+        keep, gold, lines = labelled[q.key]
         if len(keep) < len(rows):
             say(
                 f"mlx-slm: {q.key!r}: {len(rows) - len(keep)} row(s) without field {golds[q.key]!r} left out of its head"

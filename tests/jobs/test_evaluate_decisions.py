@@ -165,3 +165,24 @@ def test_a_none_answer_made_by_the_threshold_is_as_sure_as_no_other_option_is():
     assert _confidence(qn, p, {"none_of_these": {**rule, "answered_none": True}}, 2) == pytest.approx(0.45)
     p = np.array([0.4, 0.1, 0.5])  # none the likeliest: its own probability
     assert _confidence(qn, p, {"none_of_these": {**rule, "answered_none": False}}, 2) == 0.5
+
+
+def test_eval_and_train_read_a_csv_of_states_as_decide_does(tiny, q, tmp_path):
+    """A CSV whose header names a `state` column: decide, eval --decisions and train --decisions
+    read it alike (no --text-column needed); a column named on the command line is the one read."""
+    import csv
+
+    rows = [{"id": i, "state": t, "team": ["billing", "technical"][i % 2]} for i, (t, _) in enumerate(tickets(12))]
+    data = tmp_path / "gold.csv"
+    with data.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["id", "state", "team"])
+        w.writeheader()
+        w.writerows(rows)
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny])
+    assert r.exit_code == 0, r.output
+    assert "n 12" in r.output
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
+             "--save-task", str(tmp_path / "t.json"), "--folds", "2", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--text-column", "x"])
+    assert r.exit_code == 2 and "'x'" in r.output, r.output

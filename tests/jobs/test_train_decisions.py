@@ -33,7 +33,16 @@ def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     assert a["team"]["x_method"]["trained"] == "head" and "x_method" not in a["urgent"]
     r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(task)])
     assert r.exit_code == 0, r.output
-    assert "trained head" in r.output
+    assert "answers: trained head" in r.output
+    # --fit over a task: the trained question is kept as it is (not fitted over), the others fitted
+    refit = tmp_path / "refit.json"
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent",
+             "--task", str(task), "--fit", "--save-task", str(refit)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "fit: trained head: kept as the task has it, not fitted" in r.output
+    assert f"kept from {task}" in r.output
+    methods = {m["key"]: m for m in json.loads(refit.read_text())["decisions"]["methods"]}
+    assert methods["team"]["head"] == m["head"] and set(methods) <= {"team", "urgent"}
 
 
 @pytest.mark.parametrize(
@@ -77,6 +86,23 @@ def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_an
     a = json.loads(r.stdout)["answers"]
     assert a["team"]["x_method"]["trained"] in ("fine-tuned", "learned head") and "x_method" not in a["urgent"]
     assert sum(a["team"]["probabilities"].values()) == pytest.approx(1.0)
+    said = {"fine-tuned": "team: fine-tuned classifier", "learned head": "team: trained (learned head)"}
+    r = run(["decide", "--task", str(task)], input='{"id": 1, "state": "I was charged twice"}\n')
+    assert said[a["team"]["x_method"]["trained"]] in r.output, r.output
+    # --fit --save-task over it: the tuned classifier is a file beside the task, kept by a task beside it
+    fit = ["eval", str(data), "--decisions", str(q), "--gold-field", "urgent", "--task", str(task), "--fit"]
+    (tmp_path / "else").mkdir()
+    r = run([*fit, "--save-task", str(tmp_path / "else" / "t.json")])
+    assert r.exit_code == 2 and "fine-tuned classifier beside --task" in r.output, r.output
+    r = run([*fit, "--save-task", str(tmp_path / "refit.json")])
+    assert r.exit_code == 0, r.output
+    kept = {x["key"]: x for x in json.loads((tmp_path / "refit.json").read_text())["decisions"]["methods"]}
+    assert kept["team"]["tuned"] == "tuned.team.json"
+    r = run(
+        ["decide", "--task", str(tmp_path / "refit.json"), "-q"], input='{"id": 1, "state": "I was charged twice"}\n'
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["answers"]["team"]["probabilities"] == a["team"]["probabilities"]
     from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.from_task(str(tmp_path / "tuned.team.json"))

@@ -61,11 +61,13 @@ def figures(probs: np.ndarray, gold: np.ndarray, binary: bool = False) -> dict[s
 
 def batch_prior(probs: np.ndarray, labels: Sequence[str], warmup: int, what: str = "") -> Calibrator:
     """The batch prior of the first `warmup` answers (at least as many as the options)."""
-    p = np.asarray(probs, dtype=np.float64)[:warmup]
+    every = np.asarray(probs, dtype=np.float64)
+    p = every[:warmup]
     if len(p) < len(labels):
+        fix = f"raise --warmup to {len(labels)} or more" if len(every) >= len(labels) else "give more states"
         raise FitError(
-            f"{what}a prior over {len(labels)} options needs at least {len(labels)} states, got {len(p)}: "
-            "give more states"
+            f"{what}a prior over {len(labels)} options needs at least {len(labels)} states, got {len(p)} "
+            f"(--warmup {warmup}, {len(every)} states answered): {fix}"
         )
     try:
         return fit_batch(log_of(p), labels)

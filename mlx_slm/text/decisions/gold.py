@@ -5,7 +5,9 @@
 A noul's gold is true/false (a JSON boolean, or true/false/yes/no/1/0 as text); a choice's its
 option (the name; an OpenAI choice's value, typed: `true` and `"true"` are different options,
 the text matching where the value is unambiguous, and an output's key `"\"true\""` naming the
-string); a score's its level (its number 0..n-1, or its description or label)."""
+string; its text set apart from spaces and case where that names one option); a score's its
+level (its description or label, then its number 0..n-1; levels named by numbers are read by
+name). A whole number given as 1.0 or "1.0" (a CSV export) is the number."""
 
 from __future__ import annotations
 
@@ -36,31 +38,66 @@ def gold_pairs(questions: Sequence[DecisionQuestion], pairs: Sequence[str]) -> d
     return golds
 
 
-def gold_index(q: DecisionQuestion, value: Any) -> int | None:
-    """The option a gold value names (see the module docstring), or None when it names none."""
+def _number(value: Any) -> int | None:
+    """A JSON number or a text of digits that is a whole number (1, 1.0, "1", " 1.0 "), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip()) if value.strip() else None
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else None
+
+
+def _named(names: Sequence[str], value: str) -> list[int]:
+    """The positions whose name is `value`: exactly, else once spaces and case are set aside."""
+    hits = [i for i, n in enumerate(names) if n == value]
+    return hits or [i for i, n in enumerate(names) if n.strip().casefold() == value.strip().casefold()]
+
+
+def gold_index(q: DecisionQuestion, value: Any, where: str = "") -> int | None:
+    """The option a gold value names (see the module docstring), or None when it names none. A
+    score whose levels are named by numbers reads a number as a level's NAME (stars "1" to "5":
+    gold 1 is the level named "1", never level number 1); a number that is no level's name is
+    then refused (`where`: the file, line and field a message names), not read as a position."""
     if value is None:
         return None
     if q.type == "noul":
         if isinstance(value, bool):
             return list(q.options).index("true" if value else "false")
-        word = str(value).strip().lower()
+        n = _number(value)
+        word = str(n if n is not None else value).strip().lower()
         side = "true" if word in _TRUE else "false" if word in _FALSE else None
         return None if side is None else list(q.options).index(side)
     if q.type == "score":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value if 0 <= value < len(q.options) else None
-        if isinstance(value, str) and value.strip().isdigit():
-            i = int(value.strip())
-            return i if 0 <= i < len(q.options) else None
-        names = [text(d) for d in q.descriptions] + list(q.levels)
-        hits = [i % len(q.options) for i, n in enumerate(names) if n == value]
-        return hits[0] if len(set(hits)) == 1 else None
+        k = len(q.options)
+        levels = [[text(d) for d in q.descriptions], list(q.levels)]
+        numbered = [ns for ns in levels if ns and all(_number(n) is not None for n in ns)]
+        n = _number(value)
+        if numbered and n is not None:  # the levels' names are numbers: a number is a name
+            hits = sorted({i for ns in numbered for i, x in enumerate(ns) if _number(x) == n})
+            if len(hits) == 1:
+                return hits[0]
+            raise UsageError(
+                f"{where}gold {json.dumps(value)} is no level of question {q.key!r}, whose levels are named by "
+                f"numbers ({', '.join(numbered[0])}): a number is read as a level's name, not its position; give "
+                "the level's name"
+            )
+        if isinstance(value, str):
+            hits = sorted({i % k for i in _named([*levels[0], *levels[1]], value)})
+            if len(hits) == 1:
+                return hits[0]
+        return n if n is not None and 0 <= n < k else None
     exact = [i for i, o in enumerate(q.options) if type(o) is type(value) and o == value]
     if exact:
         return exact[0]
     if isinstance(value, str) and value in q.answer_names():  # an output's key: '"true"' for the string
         return q.answer_names().index(value)
-    loose = [
-        i for i, o in enumerate(q.options) if option_text(o) == (value if isinstance(value, str) else json.dumps(value))
-    ]
+    want = value if isinstance(value, str) else json.dumps(value)
+    loose = [i for i, o in enumerate(q.options) if option_text(o) == want]
+    if not loose and isinstance(value, str):
+        loose = _named([option_text(o) for o in q.options], value)
     return loose[0] if len(loose) == 1 else None

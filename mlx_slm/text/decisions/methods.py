@@ -311,6 +311,11 @@ class Methods:
         return cls.of(got)
 
 
+def trained_phrase(trained: str) -> str:
+    """How a summary or report names a record's `trained` ("head", "fine-tuned", "learned head")."""
+    return {"head": "trained head", "fine-tuned": "fine-tuned classifier"}.get(trained, f"trained ({trained})")
+
+
 TUNED_LISTED = 26  # a tuned classifier's prompt lists the options up to this many (its score head reads them)
 
 

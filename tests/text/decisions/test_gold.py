@@ -53,3 +53,29 @@ def test_a_typed_choice_keeps_true_and_the_string_true_apart():
     assert gold_index(choice, "true") == 0 and gold_index(choice, True) == 1 and gold_index(choice, "b") == 2
     assert gold_index(choice, '"true"') == 0  # an output's key names the string
     assert gold_index(choice, "c") is None
+
+
+def test_levels_named_by_numbers_are_read_by_name_never_by_position():
+    """Stars "1" to "5": gold 1 (or "1", 1.0, "1.0" from a CSV) is the level NAMED 1, not level
+    number 1 (the "2" star); a number that names no level is refused, naming the fix, not read as
+    a position (where it would silently mean another level)."""
+    body = {
+        "model": "m",
+        "state": "s",
+        "questions": {"stars": {"type": "score", "criteria": ["1", "2", "3", "4", "5"]}},
+    }
+    (stars,) = parse_systemone(body).questions
+    assert [gold_index(stars, v) for v in (1, "1", 1.0, " 1.0 ", 5, "5", 3)] == [0, 0, 0, 0, 4, 4, 2]
+    for v in (0, "0", 6):
+        with pytest.raises(UsageError, match=r"line 3: field 'stars': gold .* is no level .* give the level's name"):
+            gold_index(stars, v, "line 3: field 'stars': ")
+    assert gold_index(stars, "five") is None
+
+
+def test_a_whole_number_written_as_a_float_and_text_set_apart_from_spaces_and_case():
+    urgent, team, anger = parse_systemone(BODY).questions
+    assert gold_index(urgent, 1.0) == urgent.options.index("true")
+    assert gold_index(urgent, "0.0") == urgent.options.index("false")
+    assert gold_index(urgent, 0.5) is None
+    assert [gold_index(anger, v) for v in (2.0, "2.0", 1.5, " calm ", "VERY ANGRY")] == [2, 2, None, 0, 2]
+    assert [gold_index(team, v) for v in (" Billing", "TECHNICAL ", "bill")] == [0, 1, None]
