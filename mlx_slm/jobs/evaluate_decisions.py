@@ -51,12 +51,14 @@ from ..ground.safefs import atomic_write
 from ..text.calibration import DEFAULT_WARMUP
 from ..text.decisions.answers import chosen_index
 from ..text.decisions.errors import DecisionError
+from ..text.decisions.files import questions_of
 from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of
 from ..text.decisions.gold import gold_index, gold_pairs
 from ..text.decisions.methods import Method, Methods, trained_phrase
 from ..text.decisions.metrics import format_question_report, question_report
 from ..text.decisions.prompt import STYLES
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest
+from ..text.decisions.settings import DecisionConfig
 from ..text.out_of_scope import figures as oos_figures
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
@@ -132,7 +134,7 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     _plot_folders(s, plan.questions, golds, reads)
     rows = _rows(s, golds)
     if s.predictions:  # a decide output: its answers read back, row i of it input row i
-        got = read_decisions(s.predictions, rows, plan.questions, s.input)
+        got = read_decisions(s.predictions, rows, plan.questions, s.input, plan.config)
         rows = [r if not isinstance(p, str) else replace(r, error=p) for r, p in zip(rows, got)]
         runs = {ways_of(plan, False)[0]: [p for r, p in zip(rows, got) if r.error is None]}
     else:
@@ -464,16 +466,24 @@ def _save(
     )
 
 
-def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuestion], input_path: str) -> list[Any]:
+def read_decisions(
+    path: str,
+    rows: list[Any],
+    questions: Sequence[DecisionQuestion],
+    input_path: str,
+    config: DecisionConfig | None = None,
+) -> list[Any]:
     """A decide output read back row by row: each row's answers (`Written`: probabilities per
-    question, in question order, and what made each), or its error text. Its rows must be the input's (count and ids, and the
-    content its manifest recorded), its questions these."""
+    question, in question order, and what made each), or its error text. Its rows must be the
+    input's (count and ids, and the content its manifest recorded), its questions these (where
+    its manifest records them: the same wording and options, read with `config`)."""
     where = f"--predictions {path}"
     m = read_manifest(path)
     if m is not None:
         st = m["settings"]
         if st.get("form") != "decisions":
             raise UserError(f"{where} is not a decide output (its manifest says form {st.get('form')!r})")
+        _same_questions(where, st.get("decision_questions"), questions, config or DecisionConfig())
         if not m.get("complete"):
             raise UserError(f"{where} is unfinished: finish it with mlx-slm decide ... --resume")
         sha, _ = input_sha256(input_path)
@@ -503,6 +513,24 @@ def read_decisions(path: str, rows: list[Any], questions: Sequence[DecisionQuest
         probs = tuple(_probabilities(q, ans, k, where, i + 1) for k, q in enumerate(questions))
         out.append(Written(probs, tuple(_x_method(q, ans, k, where, i + 1) for k, q in enumerate(questions))))
     return out
+
+
+def _same_questions(where: str, recorded: Any, questions: Sequence[DecisionQuestion], config: DecisionConfig) -> None:
+    """The questions a decide output's manifest records are the ones scored: answers to another
+    wording or other options would be scored as these (same keys, other questions)."""
+    if recorded is None:
+        return
+    try:
+        made = {q.key: q.digest for q in questions_of(recorded, config)}
+    except DecisionError:
+        return  # a manifest of an older form: the answers' own checks stand
+    for q in questions:
+        if q.key in made and made[q.key] != q.digest:
+            raise UserError(
+                f"{where}: question {q.key!r} is not the one its answers were made for (its wording, options or "
+                "descriptions differ from the questions its manifest records): give the questions decide was run "
+                "with, or run decide again with these"
+            )
 
 
 def _x_method(q: DecisionQuestion, answers: Any, k: int, where: str, row: int) -> dict[str, Any] | None:

@@ -682,7 +682,8 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
     """The options and a task resolved once into a `DecisionPlan` (its questions read with the
     default decision settings: `DecisionPlan.loaded` reads them again only for a model whose own
     decision.json changes how they read). Options that would change nothing are refused, not
-    ignored: --warmup without --calibrate batch, --permute 2 with no choice question to reorder.
+    ignored: --warmup without --calibrate batch, --permute 2 with no choice question to reorder, a
+    style, order count or prior where the task answers every question with its own method.
     `batch_ok`: whether the front end can find a batch prior (a file run can; a server, whose
     requests come one by one, answers with a task's fitted prior instead)."""
     task = Task.load(o.task_file) if o.task_file else None
@@ -711,6 +712,18 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
     if o.permute != 1 and questions and not any(q.type == "choice" for q in questions):
         raise UsageError(f"{permute} 2 reorders a choice's options: none of these questions is a choice; drop it")
     methods = task_methods(task, DecisionConfig(), Methods(default=default))
+    if questions and not default.is_raw and all(q.digest in methods.saved for q in questions):
+        style = f"--{o.prefix}style"
+        used = [
+            f
+            for f, on in ((style, o.style != "letters"), (permute, o.permute != 1), (calibrate, o.calibrate != "none"))
+            if on
+        ]
+        raise UsageError(
+            f"{', '.join(used)} {'sets' if len(used) == 1 else 'set'} how questions the task does not answer are "
+            "asked; the task answers every one of "
+            "these with its own fitted or trained method: drop them (or fit the task again)"
+        )
     ref = ModelRef(model, o.dtype, o.keep_quantized)
     settings = DeciderSettings(state_cache=o.state_cache)
     return DecisionPlan(ref, DecisionConfig(), questions, raw, methods, o.warmup, settings, o.refuse, task)

@@ -85,6 +85,13 @@ def test_eval_decisions_scores_a_decide_output_without_the_model(tiny, q, tmp_pa
     other.write_text(gold.read_text().replace('"x"', '"y"'))
     r = run(["eval", str(other), *args, "--predictions", str(tmp_path / "o.jsonl")])
     assert r.exit_code == 2 and "not the output for this input" in r.output
+    # the same keys, another question (a description added): its answers are not scored as this one's
+    changed = json.loads(q.read_text())
+    changed["questions"]["team"]["criteria"]["billing"] = "payments"
+    q2 = tmp_path / "q2.json"
+    q2.write_text(json.dumps(changed))
+    r = run(["eval", str(gold), *args[:1], str(q2), *args[2:], "--predictions", str(tmp_path / "o.jsonl")])
+    assert r.exit_code == 2 and "question 'team' is not the one its answers were made for" in r.output, r.output
 
 
 def test_eval_fit_prior_learns_a_prior_from_states_alone(tiny, q, tmp_path):
@@ -132,6 +139,10 @@ def test_eval_predictions_of_other_questions_names_the_question_and_option(tiny,
     other.write_text(
         json.dumps({**QUESTIONS, "team": {**QUESTIONS["team"], "criteria": {"billing": None, "sales": None}}})
     )
+    r = run(["eval", str(gold), "--decisions", str(other), "--gold-field", "team", "--predictions", str(out)])
+    assert r.exit_code == 2 and "question 'team' is not the one its answers were made for" in r.output, r.output
+    for m in tmp_path.glob("answers.jsonl.*.json"):  # no manifest: the answers themselves are checked
+        m.unlink()
     r = run(["eval", str(gold), "--decisions", str(other), "--gold-field", "team", "--predictions", str(out)])
     assert r.exit_code == 2, r.output
     assert "question 'team' has no answer for 'sales'" in r.output and "KeyError" not in r.output

@@ -34,6 +34,10 @@ def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(task)])
     assert r.exit_code == 0, r.output
     assert "answers: trained head" in r.output
+    alone = tmp_path / "team.json"  # every question asked is the task's: a style or a prior would change nothing
+    alone.write_text(json.dumps({"team": QUESTIONS["team"]}))
+    r = run(["decide", "--task", str(task), "--questions", str(alone), "--permute", "2", "-q"], input="{}\n")
+    assert r.exit_code == 2 and "--permute sets how questions the task does not answer are asked" in r.output
     # --fit over a task: the trained question is kept as it is (not fitted over), the others fitted
     refit = tmp_path / "refit.json"
     r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent",
