@@ -553,7 +553,18 @@ def _x_method(q: DecisionQuestion, answers: Any, k: int, where: str, row: int) -
 
 def _probabilities(q: DecisionQuestion, answers: Any, k: int, where: str, row: int) -> np.ndarray:
     """A question's probabilities in its option order, from its answer in either shape; an answer
-    that is not this question's (another question, other options) says which and what to do."""
+    that is not this question's (another question, other options), or whose probabilities are no
+    probabilities (NaN, negative, above 1), says which row and question, and what to do."""
+    p = _read_probabilities(q, answers, k, where, row)
+    if not (np.all(np.isfinite(p)) and np.all(p >= 0) and np.all(p <= 1 + 1e-6)):
+        raise UserError(
+            f"{where}: row {row}: question {q.key!r}: its probabilities {[round(float(x), 6) for x in p][:8]} are not "
+            "finite numbers in [0, 1] (an edited or damaged output?): give the output as decide wrote it"
+        )
+    return p
+
+
+def _read_probabilities(q: DecisionQuestion, answers: Any, k: int, where: str, row: int) -> np.ndarray:
     fix = "give the decide output of these questions (--decisions must be the questions decide was asked)"
     try:
         a = answers[k] if isinstance(answers, list) else answers[q.key]

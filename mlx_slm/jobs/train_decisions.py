@@ -98,7 +98,8 @@ def _states(run: DecisionTrainRun, fields: Sequence[str], path: str | None = Non
     rows = [r if r.error is not None else replace(r, error=state_problem(r)) for r in got]
     bad = next((r for r in rows if r.error is not None), None)
     if bad is not None:
-        raise TrainError(f"{path}: {bad.error}: fix or drop the row (a head is trained on every row)")
+        fix = "" if "drop the row" in bad.error else ": fix or drop the row"
+        raise TrainError(f"{path}: {bad.error}{fix} (a head is trained on every row)")
     if not rows:
         raise TrainError(f"{path} has no rows: give states with their gold answers")
     return rows

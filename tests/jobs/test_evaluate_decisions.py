@@ -141,6 +141,14 @@ def test_eval_predictions_of_other_questions_names_the_question_and_option(tiny,
     )
     r = run(["eval", str(gold), "--decisions", str(other), "--gold-field", "team", "--predictions", str(out)])
     assert r.exit_code == 2 and "question 'team' is not the one its answers were made for" in r.output, r.output
+    lines = out.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["answers"]["team"]["probabilities"]["billing"] = float("nan")  # an output edited by hand
+    (tmp_path / "nan.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    r = run(
+        ["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--predictions", str(tmp_path / "nan.jsonl")]
+    )
+    assert r.exit_code == 2 and "row 1: question 'team': its probabilities [nan," in r.output, r.output
     for m in tmp_path.glob("answers.jsonl.*.json"):  # no manifest: the answers themselves are checked
         m.unlink()
     r = run(["eval", str(gold), "--decisions", str(other), "--gold-field", "team", "--predictions", str(out)])

@@ -159,8 +159,7 @@ class Method:
             if got is not None and tuple(got) != want:
                 raise DecisionError(
                     (what,),
-                    f"question {q.key!r}'s saved {what} was made for the options {list(got)}, not {list(want)}: "
-                    "fit it again",
+                    f"question {q.key!r}: its saved {what} was made for the options {list(got)}, not {list(want)}",
                 )
         if self.none is not None:
             self.none.check(q)
@@ -297,7 +296,7 @@ class Methods:
         for key, t in (temperatures or {}).items():
             why = temperature_problem(t)
             if why is not None:
-                raise DecisionError((), f"{where}: the temperature of question {str(key)[:60]!r} {why}: fit it again")
+                raise DecisionError((), f"{where}: the temperature of question {str(key)[:60]!r} {why}")
             q = by_key.get(key)
             if q is None:
                 raise DecisionError((), f"{where}: a temperature for {key!r}, which is none of the task's questions")
