@@ -53,7 +53,7 @@ from ..text.decisions.answers import chosen_index
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
 from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of
-from ..text.decisions.gold import gold_index, gold_pairs
+from ..text.decisions.gold import gold_given, gold_index, gold_pairs
 from ..text.decisions.methods import Method, Methods, trained_phrase
 from ..text.decisions.metrics import format_question_report, question_report
 from ..text.decisions.prompt import STYLES
@@ -123,16 +123,16 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     check_run_files(reads, [("--json", s.json_path), ("--save-task", s.save_task)])
     opts = DecisionOptions(s.model, s.dtype, None, s.task_file, s.questions_file, s.style, s.permute, given=s.given)
     plan = resolve_decisions(replace(opts, warmup=s.warmup, given=s.given - {"warmup"}))
-    engine = None if s.predictions else plan.engine()
-    if engine is not None:
-        plan = plan.loaded(engine)
-    golds = gold_pairs(plan.questions, s.gold_fields)
+    golds = gold_pairs(plan.questions, s.gold_fields)  # every check on the files before the model loads
     if s.save_task:
         _kept_methods(plan, s.save_task)  # a task's tuned classifier the new task could not find: refused now
     if not golds and not s.fit_prior:
         raise UsageError("--decisions: give --gold-field KEY=FIELD (or KEY) for each question to score")
     _plot_folders(s, plan.questions, golds, reads)
     rows = _rows(s, golds)
+    engine = None if s.predictions else plan.engine()
+    if engine is not None:
+        plan = plan.loaded(engine)
     if s.predictions:  # a decide output: its answers read back, row i of it input row i
         got = read_decisions(s.predictions, rows, plan.questions, s.input, plan.config)
         rows = [r if not isinstance(p, str) else replace(r, error=p) for r, p in zip(rows, got)]
@@ -166,6 +166,12 @@ def _rows(s: DecisionEvalSettings, golds: dict[str, str]) -> list[Any]:
     if not rows or (not any(r.error is None for r in rows) and not s.predictions):
         first = rows[0].error if rows else "the input is empty"
         raise UserError(f"{s.input}: no row has a state to ask; first problem: {first}")
+    for key, fld in golds.items():  # a gold field in no row: said before the model runs, not after
+        if not any(gold_given((r.gold or {}).get(fld)) for r in rows if r.error is None):
+            raise UsageError(
+                f"--gold-field {key}={fld}: no row of {s.input} has a field {fld!r} (or every one is empty): give "
+                f"the field that holds question {key!r}'s gold answers"
+            )
     return rows
 
 

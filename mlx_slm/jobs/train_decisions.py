@@ -48,7 +48,7 @@ from ..classifier.task import Task
 from ..files.readers import ReadSpec
 from ..ground.errors import UserError
 from ..text.decisions.errors import DecisionError
-from ..text.decisions.gold import gold_index, gold_pairs
+from ..text.decisions.gold import gold_given, gold_index, gold_pairs
 from ..text.decisions.methods import Method, NoneOf, tuned_prompt
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.heads import Head, format_table
@@ -112,7 +112,7 @@ def _labelled(q: DecisionQuestion, fld: str, rows: list[Any], data: str) -> tupl
     names = q.answer_names()
     for i, r in enumerate(rows):
         value = (r.gold or {}).get(fld)
-        if value is None:
+        if not gold_given(value):
             continue
         g = gold_index(q, value, f"{data}: line {r.line}: field {fld!r}: ")
         if g is None:

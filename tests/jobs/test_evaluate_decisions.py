@@ -61,6 +61,8 @@ def test_eval_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path):
     assert r.exit_code == 2 and "--labels" in r.output
     r = run([*base, "--gold-field", "team", "--save-task", str(tmp_path / "t.json")])
     assert r.exit_code == 2 and "--fit" in r.output
+    r = run([*base, "--gold-field", "team", "--gold-field", "urgent=nosuch"])  # refused before the model runs
+    assert r.exit_code == 2 and "no row of" in r.output and "'nosuch'" in r.output and "== team" not in r.output
 
 
 def test_eval_decisions_scores_a_decide_output_without_the_model(tiny, q, tmp_path):

@@ -38,6 +38,12 @@ def gold_pairs(questions: Sequence[DecisionQuestion], pairs: Sequence[str]) -> d
     return golds
 
 
+def gold_given(value: Any) -> bool:
+    """A row gives a gold value: not a missing field, a null, or an empty CSV cell (such a row is
+    left out of what its question scores or trains, never read as an answer)."""
+    return value is not None and not (isinstance(value, str) and not value.strip())
+
+
 def _number(value: Any) -> int | None:
     """A JSON number or a text of digits that is a whole number (1, 1.0, "1", " 1.0 "), else None."""
     if isinstance(value, bool):
@@ -63,7 +69,7 @@ def gold_index(q: DecisionQuestion, value: Any, where: str = "") -> int | None:
     score whose levels are named by numbers reads a number as a level's NAME (stars "1" to "5":
     gold 1 is the level named "1", never level number 1); a number that is no level's name is
     then refused (`where`: the file, line and field a message names), not read as a position."""
-    if value is None:
+    if not gold_given(value):
         return None
     if q.type == "noul":
         if isinstance(value, bool):

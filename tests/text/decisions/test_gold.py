@@ -79,3 +79,11 @@ def test_a_whole_number_written_as_a_float_and_text_set_apart_from_spaces_and_ca
     assert gold_index(urgent, 0.5) is None
     assert [gold_index(anger, v) for v in (2.0, "2.0", 1.5, " calm ", "VERY ANGRY")] == [2, 2, None, 0, 2]
     assert [gold_index(team, v) for v in (" Billing", "TECHNICAL ", "bill")] == [0, 1, None]
+
+
+def test_a_missing_null_or_empty_gold_is_no_answer():
+    from mlx_slm.text.decisions.gold import gold_given
+
+    urgent, team, anger = parse_systemone(BODY).questions
+    assert [gold_given(v) for v in (None, "", "  ", 0, False, "0")] == [False, False, False, True, True, True]
+    assert [gold_index(q, v) for q in (urgent, team, anger) for v in ("", " ")] == [None] * 6
