@@ -32,6 +32,7 @@ from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec
 from ..text.decisions.settings import temperature_problem
 from ..text.heads import Head
 from ..text.labels import MODES, label_problem
+from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..text.questions import Question
 from ..weights.registry import ModelRef
 from .plan import Plan
@@ -134,6 +135,15 @@ class Task:
     def decisions_only(self) -> bool:
         """A task of typed decisions alone (`eval --decisions --save-task`): no labels and no kind section."""
         return self.decisions is not None and not self.labels and self.section is None
+
+    @property
+    def for_decisions(self) -> bool:
+        """A task `eval --decisions` or `train --decisions` saved: its questions and methods, with the
+        default labels and prompt only so a server can load it as a classifier too."""
+        if self.decisions_only:
+            return True
+        default = (tuple(DEFAULT_LABELS), DEFAULT_SYSTEM, DEFAULT_TEMPLATE)
+        return bool(self.decisions) and self.section is None and (self.labels, self.system, self.template) == default
 
     @property
     def kind(self) -> KindSpec:

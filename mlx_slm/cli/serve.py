@@ -143,7 +143,7 @@ def serve(
     warn_blas()
     method = (o.pop("decision_style"), o.pop("decision_permute"), o.pop("decision_calibrate"), state_cache)
     s = task_settings(ctx, o)
-    plan = plans.resolve(_refuse_unread_fields(s), notice)
+    plan = plans.resolve(_refuse_unread_fields(s), notice, decisions_ok=True)
     check_run_files(files_read(s), [])  # the files it reads: there, readable, not links to trouble
     decisions = _decision_plan(plan, s.task_file, method)
 

@@ -240,12 +240,20 @@ def _load_error(e: Exception, plan: Plan) -> Exception:
     )
 
 
-def resolve(options: TaskOptions, say: Say) -> Plan:
+def resolve(options: TaskOptions, say: Say, decisions_ok: bool = False) -> Plan:
     """The plan these options (and their --task file) say, resolved once: labels or questions
     read, the prompt checked and its labels filled, the options a task cannot take refused,
-    every scoring option said by name to `kinds.arguments`. Notes go to `say` unless quiet."""
+    every scoring option said by name to `kinds.arguments`. Notes go to `say` unless quiet.
+    A decision task (`Task.for_decisions`) is refused unless `decisions_ok` (a server, which
+    answers its questions on the decision routes): its labels are placeholders, not a classifier."""
     o = options
     task = Task.load(o.task_file) if o.task_file else None
+    if task is not None and task.for_decisions and not decisions_ok:
+        raise UsageError(
+            f"--task {o.task_file} is a decision task (saved by eval --decisions or train --decisions): its "
+            f"questions are answered by mlx-slm decide INPUT --task {o.task_file} (or serve --task); this command "
+            "needs a labels task (mlx-slm train DATA --save-task T)"
+        )
     taken = _take_task(o, task) if task is not None else _Taken(CalibrationSpec.of(o.calibrate))
     o = taken.options or o
     if o.questions_file or taken.questions is not None:

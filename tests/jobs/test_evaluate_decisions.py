@@ -42,7 +42,9 @@ def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
     from mlx_slm.jobs.plan import DecisionOptions, TaskOptions
 
     plan = plans.resolve(
-        TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})), lambda m: None
+        TaskOptions(task_file=str(tmp_path / "t.json"), given=frozenset({"task_file"})),
+        lambda m: None,
+        decisions_ok=True,
     )
     clf = plans.load(plan)
     opts = DecisionOptions(plan.model.name, task_file=str(tmp_path / "t.json"), given=frozenset({"model"}))
