@@ -87,7 +87,7 @@ from mlx_slm.jobs.train import HeadOptions, Trace, TrainRun, train_head
 from mlx_slm.jobs.train_decisions import DecisionTrainRun, run_train_decisions, train_question
 from mlx_slm.text.calibration import DEFAULT_WARMUP, fit_batch
 from mlx_slm.text.decisions.fitting import batch_prior, figures, fit_question, prior_of
-from mlx_slm.text.decisions.methods import Method, Methods
+from mlx_slm.text.decisions.methods import Method, Methods, tuned_prompt
 from mlx_slm.text.decisions.questions import DecisionQuestion, DecisionRequest
 from mlx_slm.text.decisions.settings import DecisionConfig
 from mlx_slm.text.decisions.systemone import systemone_questions
@@ -554,7 +554,8 @@ def tuned_row(ds: DataSet, q: DecisionQuestion, passes: Passes, model: str) -> t
             "info": report,
         }
 
-    got = passes.kept(ds.name, "lora", (q.digest, asdict(settings), ds.train, ds.test), compute)
+    parts = (q.digest, tuned_prompt(q), asdict(settings), ds.train, ds.test)  # the prompt: as the code builds it
+    got = passes.kept(ds.name, "lora", parts, compute)
     gold = np.array([g for _, g in ds.test])
     passes.note(ds.name, "lora", "test", len(ds.test), got["seconds"], got["tokens"], got["cached"])
     train_s = round(got["train_s"], 1)

@@ -14,7 +14,17 @@ from mlx_slm.classifier.decider import Decider
 from mlx_slm.engine import Engine
 from mlx_slm.text.calibration import Calibrator
 from mlx_slm.text.decisions.errors import DecisionError
-from mlx_slm.text.decisions.methods import FILLERS, Method, Methods, NoneOf, order_back, orders, permuted
+from mlx_slm.text.decisions.methods import (
+    FILLERS,
+    Method,
+    Methods,
+    NoneOf,
+    order_back,
+    orders,
+    permuted,
+    trained_phrase,
+    tuned_prompt,
+)
 from mlx_slm.text.decisions.openai import openai_questions
 from mlx_slm.text.decisions.prompt import render_user_message, styled
 from mlx_slm.text.decisions.questions import DecisionRequest
@@ -224,3 +234,24 @@ def test_a_trained_head_reads_the_features_it_was_trained_on_in_the_same_pass(en
         [DecisionRequest(STATES[0], (QS[0],))]
     )
     np.testing.assert_allclose(again[0].probabilities[0], want[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [3, 77])
+def test_a_tuned_classifier_is_told_every_option_by_name(n):
+    """The tuned classifier's system message is the names style's question, listing every option
+    (77 intents too: as `classify`'s prompt lists its labels), braces doubled for its template."""
+    names = [f"intent {{{i}}}" for i in range(n)]
+    (q,) = systemone_questions(
+        {"i": {"type": "choice", "instructions": "Intent?", "criteria": dict.fromkeys(names)}}, CFG
+    )
+    message, labels = tuned_prompt(q)
+    assert labels == tuple(names)
+    assert message.startswith("Intent?") and all(f"- intent {{{{{i}}}}}" in message for i in range(n))
+
+
+def test_a_trained_method_is_named_for_what_it_is():
+    assert [trained_phrase(t) for t in ("head", "fine-tuned", "learned head")] == [
+        "trained head",
+        "fine-tuned classifier",
+        "trained (learned head)",
+    ]
