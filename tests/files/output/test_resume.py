@@ -177,6 +177,10 @@ def test_plan_resume_keeps_whole_windows_only(tmp_path):
 # ----------------------------------------------------------------- interruption for real
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, seed", [(signal.SIGINT, 1), (signal.SIGKILL, 2), (signal.SIGKILL, 3)])
 def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, sig, seed):
@@ -194,7 +198,8 @@ def test_kill_then_resume_equals_an_uninterrupted_run(tiny_qwen_mlx, tmp_path, s
     ref = subprocess.run([*args, "-o", str(full)], capture_output=True, text=True, timeout=600)
     assert ref.returncode == 1, ref.stderr
     part = tmp_path / "part.jsonl"
-    p = subprocess.Popen([*args, "-o", str(part)], stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal gives it, even where the suite runs in a background job (which ignores it)
+    p = subprocess.Popen([*args, "-o", str(part)], stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     deadline = time.time() + 300
     at = random.Random(seed).randint(500, 12000)  # bytes written when the signal comes: a random point
     while time.time() < deadline and (not part.exists() or part.stat().st_size < at):

@@ -74,6 +74,7 @@ def test_an_interrupted_parquet_run_leaves_no_parquet_file(tiny_qwen_mlx, tmp_pa
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal gives it, in any job
     )
     p.stdin.write("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS[:20])))
     p.stdin.flush()
