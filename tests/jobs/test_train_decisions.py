@@ -109,7 +109,9 @@ def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_an
         ["decide", "--task", str(tmp_path / "refit.json"), "-q"], input='{"id": 1, "state": "I was charged twice"}\n'
     )
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["answers"]["team"]["probabilities"] == a["team"]["probabilities"]
+    assert json.loads(r.stdout)["answers"]["team"]["probabilities"] == pytest.approx(
+        a["team"]["probabilities"], abs=1e-6
+    )
     from mlx_slm.classifier.classifier import Classifier
 
     clf = Classifier.from_task(str(tmp_path / "tuned.team.json"))

@@ -88,7 +88,7 @@ def gold_index(q: DecisionQuestion, value: Any, where: str = "") -> int | None:
             if len(hits) == 1:
                 return hits[0]
             raise UsageError(
-                f"{where}gold {json.dumps(value)} is no level of question {q.key!r}, whose levels are named by "
+                f"{where}gold {json.dumps(value, default=str)} is no level of question {q.key!r}, whose levels are named by "
                 f"numbers ({', '.join(numbered[0])}): a number is read as a level's name, not its position; give "
                 "the level's name"
             )
@@ -102,7 +102,7 @@ def gold_index(q: DecisionQuestion, value: Any, where: str = "") -> int | None:
         return exact[0]
     if isinstance(value, str) and value in q.answer_names():  # an output's key: '"true"' for the string
         return q.answer_names().index(value)
-    want = value if isinstance(value, str) else json.dumps(value)
+    want = value if isinstance(value, str) else json.dumps(value, default=str)
     loose = [i for i, o in enumerate(q.options) if option_text(o) == want]
     if not loose and isinstance(value, str):
         loose = _named([option_text(o) for o in q.options], value)

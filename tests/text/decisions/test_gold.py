@@ -87,3 +87,18 @@ def test_a_missing_null_or_empty_gold_is_no_answer():
     urgent, team, anger = parse_systemone(BODY).questions
     assert [gold_given(v) for v in (None, "", "  ", 0, False, "0")] == [False, False, False, True, True, True]
     assert [gold_index(q, v) for q in (urgent, team, anger) for v in ("", " ")] == [None] * 6
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["\ud800", b"x", float("nan"), float("inf"), -0.0, 1e300, "1e400", "nan", [], {}, {"a": 1}, [1], "\x00", "\u00a0"],
+)
+def test_an_odd_gold_value_names_no_option_or_is_refused_never_a_crash(value):
+    """Whatever a reader hands over (a Parquet byte string, NaN, a lone surrogate, a nested value)."""
+    stars = {"type": "score", "criteria": ["1", "2", "3"]}
+    body = {**BODY, "questions": {**BODY["questions"], "stars": stars}}
+    for q in parse_systemone(body).questions:
+        try:
+            assert gold_index(q, value) in (None, *range(len(q.options)))
+        except UsageError as e:
+            assert "is no level" in str(e)
