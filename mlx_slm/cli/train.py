@@ -236,9 +236,20 @@ _TRAIN_TASK_OPTIONS = {
     "decisions_file",
     type=click.Path(exists=True, dir_okay=False),
     help="Train typed decision questions (Q.json, as `decide` asks them): a head per question given "
-    "--gold-field KEY=FIELD, on the hidden states where its answer is read (--finetune lora|auto: a "
-    "classifier per question, the question its prompt; --none-label OPTION [--none-threshold P|auto]: "
-    "'none of these'); decide --task and serve --task answer those questions with it, on both routes.",
+    "--gold-field KEY=FIELD, on the hidden states where its answer is read (--head-prompt question, "
+    "--finetune lora|auto: a classifier per question, the question its prompt; --none-label OPTION "
+    "[--none-threshold P|auto]: 'none of these'); decide --task and serve --task answer those questions "
+    "with it, on both routes.",
+)
+@click.option(
+    "--head-prompt",
+    type=click.Choice(["decision", "question"]),
+    help="--decisions: what a question's head reads. decision (the default): the decision prompt's "
+    "hidden states where its answer is read, in the same pass as the other questions (each state costs "
+    "the question's tokens); question: a classifier of the question's own, the question its cached "
+    "prompt and the state its text, as --finetune trains, its head chosen as train chooses (--pooling "
+    "last or mean): each state costs its own tokens again, far cheaper with many options (BANKING77's "
+    "77 intents: docs/decisions.md).",
 )
 @some_task_options(_TRAIN_TASK_OPTIONS)
 @click.pass_context
@@ -253,6 +264,7 @@ def train(
     seed: int,
     gold_fields: tuple[str, ...],
     decisions_file: str | None,
+    head_prompt: str | None,
     **o: Any,
 ) -> None:
     """Train a learned head on labelled DATA (text and --gold-field) and save it in a task.
@@ -271,9 +283,16 @@ def train(
     """
 
     warn_blas()
+    poolings = ("last", "mean") if pooling == "auto" else (pooling,)
     if decisions_file is not None:
-        _train_decisions(ctx, (data, decisions_file, save_task), gold_fields, (layers_spec, layer, folds, seed), o)
+        head = HeadOptions(layers_spec, layer, folds, seed, o["window"], poolings)
+        _train_decisions(ctx, (data, decisions_file, save_task), gold_fields, (head, head_prompt), o)
         return
+    if head_prompt is not None:
+        raise click.UsageError(
+            "--head-prompt says what a decision question's head reads: it goes with --decisions Q.json (a labels "
+            "task's head reads its own prompt, --system and --template)"
+        )
     none = {k: o.pop(k) for k in NONE}  # "none of these": checked here, applied by the job to the saved task
     reads = files_read(o, ("DATA", data), *(("--none-data", none["none_data"]),) * bool(none["none_data"]))
     check_run_files(reads, [("--save-task", save_task)])
@@ -282,7 +301,6 @@ def train(
     o["gold_field"], o["save_task"] = gold_fields[0], save_task
     rule = _none_rule(ctx, data, none, gold_fields, o)
     tune = {k: o.pop(k) for k in TUNING}  # the fine-tuning options (checked in _finetune)
-    poolings = ("last", "mean") if pooling == "auto" else (pooling,)
     head = HeadOptions(layers_spec, layer, folds, seed, o["window"], poolings)
     if tune["finetune"] is not None or set(TUNING) & given(ctx, tune) - {"finetune"}:
         _finetune(ctx, data, gold_fields, tune, _Given(head, rule, o))
@@ -311,15 +329,32 @@ _DECISION_OPTIONS = {
     "id_column",
     "quiet",
 }
-_DECISION_OWN = {"data", "layers_spec", "layer", "folds", "seed", "gold_fields", "decisions_file", "save_task"}
+_DECISION_OWN = {
+    "data",
+    "layers_spec",
+    "layer",
+    "folds",
+    "seed",
+    "pooling",
+    "gold_fields",
+    "decisions_file",
+    "head_prompt",
+    "save_task",
+}
 
 
 def _train_decisions(
-    ctx: click.Context, files: tuple[str, str, str], gold_fields: tuple[str, ...], head: tuple, o: dict[str, Any]
+    ctx: click.Context,
+    files: tuple[str, str, str],
+    gold_fields: tuple[str, ...],
+    heads: tuple[HeadOptions, str | None],
+    o: dict[str, Any],
 ) -> None:
-    """`train --decisions Q.json` (`jobs.train_decisions`): a head per labelled question, "none of
-    these" (--none-label OPTION: one of the trained question's options) where asked."""
+    """`train --decisions Q.json` (`jobs.train_decisions`): a head per labelled question (on the
+    decision prompt, or on the question's own prompt: --head-prompt question), or a fine-tune, "none
+    of these" (--none-label OPTION: one of the trained question's options) where asked."""
     data, questions, save_task = files
+    head, head_prompt = heads
     none = {k: o[k] for k in NONE}
     held = (("--none-data", none["none_data"]),) * bool(none["none_data"])
     reads = files_read(o, ("DATA", data), ("--decisions", questions), *held)
@@ -342,12 +377,26 @@ def _train_decisions(
     tune = {k: o[k] for k in TUNING}
     tuning = None
     if tune["finetune"] is not None:
+        if head_prompt is not None:
+            raise click.UsageError(
+                f"--finetune {tune['finetune']} trains a classifier on the question's own prompt (its head too, "
+                "with auto): drop --head-prompt"
+            )
+        if tune["finetune"] == "lora":  # as for a labels task: a head's options choose nothing here
+            _refuse_head_options(ctx)
         _check_recipe(ctx, tune)
-        tuning = (tune["finetune"], _finetune_settings(tune, head[3]), tune["fused"])
+        tuning = (tune["finetune"], _finetune_settings(tune, head.seed), tune["fused"])
     elif typed & set(TUNING):
         name = sorted(typed & set(TUNING))[0]
         flag = next(p.opts[0] for p in ctx.command.params if p.name == name)  # --lr, not --learning-rate
         raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
+    elif head_prompt == "question":
+        tuning = ("head", None, False)
+    elif "pooling" in typed:
+        raise click.UsageError(
+            "--pooling: a head on the decision prompt reads the hidden state where the answer is read (the "
+            "last position); add --head-prompt question for a head that pools as train's (last or mean)"
+        )
     threshold = _check_none(ctx, none, gold_fields)
     if threshold is not None and none["none_label"] is None:
         raise click.UsageError(
@@ -360,7 +409,7 @@ def _train_decisions(
         plan,
         gold_fields,
         save_task,
-        HeadOptions(*head, poolings=("last",)),
+        head,
         read,
         tuning,
         rule,

@@ -13,13 +13,15 @@ without a question's gold field is left out of that question's head (said); a go
 names no option is an error naming its line and field; every option needs `min_per_label(folds)`
 rows. The task records the model's weights sha256: another model refuses it.
 
-`--finetune lora` (or `auto`) trains a classifier per question instead, with classify's own
-machinery (`finetune.run_finetune`, `choose.run_choose`): the question as its system message (its
-options listed by name, `methods.tuned_prompt`), each state as its text, the options' names as its
-labels. Each classifier is a task file beside the decision task (`<task>.<question>.json`, with its
+`--head-prompt question`, `--finetune lora` or `--finetune auto` train a classifier per question
+instead, with classify's own machinery (`train.run_train`'s head, last or mean pooling;
+`finetune.run_finetune`; `choose.run_choose`): the question as its system message (its options
+listed by name, `methods.tuned_prompt`), each state as its text, the options' names as its labels.
+Each classifier is a task file beside the decision task (`<task>.<question>.json`, with its head or
 adapters); the decision task's method names it, and `decide`, `serve` and Ray answer the question
 with it in the same call as the other questions (its own pass: the question is its cached prompt
-head, so each state costs its own tokens).
+head, so each state costs its own tokens, where a head on the decision prompt costs the question's:
+with many options the question's own prompt is far cheaper, see docs/decisions.md).
 
 "None of these" (`--none-label OPTION [--none-threshold P|auto --none-data FILE]`, one question):
 OPTION is one of the choice's options, learned from its rows as any option; with a threshold the
@@ -61,7 +63,7 @@ from .finetune import history_table, run_finetune
 from .labelled import check_folds
 from .out_of_scope import NoneRule
 from .plan import DecisionOptions, resolve_decisions
-from .train import HeadOptions, Trace, TrainError, TrainRun, _candidate_parts, _fit_timed, _gold_indices
+from .train import HeadOptions, Trace, TrainError, TrainRun, _candidate_parts, _fit_timed, _gold_indices, run_train
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ class DecisionTrainRun:
     save_task: str
     head: HeadOptions = HeadOptions()
     read: ReadSpec | None = None
-    tuning: tuple[str, Any, bool] | None = None  # ("lora" | "auto", FinetuneSettings, fused)
+    # a classifier of the question's own: ("head", None, False) or ("lora" | "auto", FinetuneSettings, fused)
+    tuning: tuple[str, Any, bool] | None = None
     none: NoneRule = NoneRule()  # "none of these" for the one question trained (its option: `label`)
     column_given: bool = False  # `read`'s CSV column was named (else "state", or "text" where the header lacks it)
 
@@ -159,7 +162,7 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
     rows = _states(run, tuple(dict.fromkeys(golds.values())))
     held = _none_held_out(run, golds)  # "none of these": checked, and its held-out states read, before any work
     labelled = {q.key: _labelled(q, golds[q.key], rows, run.data) for q in run.plan.questions if q.key in golds}
-    if run.tuning is None:  # every head's examples counted before the model loads (not after the first heads)
+    if run.tuning is None or OWN[run.tuning[0]].folds_every_row:  # every head's examples counted before the model loads
         for q in run.plan.questions:
             if q.key in golds:
                 _, gold, lines = labelled[q.key]
@@ -287,12 +290,46 @@ def tuned_task_name(save_task: str, key: str) -> str:
     return f"{stem}.{re.sub(r'[^A-Za-z0-9_.-]', '_', key)[:48] or 'question'}.json"
 
 
+def _own_head(trun: TrainRun, settings: Any, fused: bool, say: Any) -> tuple[str, str]:
+    return run_train(trun, say=say)[1], "learned head"
+
+
+def _own_lora(trun: TrainRun, settings: Any, fused: bool, say: Any) -> tuple[str, str]:
+    return history_table(run_finetune(trun, settings, fused=fused, say=say)[1]), "fine-tuned"
+
+
+def _own_choice(trun: TrainRun, settings: Any, fused: bool, say: Any) -> tuple[str, str]:
+    task, _choice, table = run_choose(trun, settings, fused=fused, say=say)
+    return table, "fine-tuned" if task.trained == "fine-tuned adapters" else "learned head"
+
+
+@dataclass(frozen=True)
+class OwnClassifier:
+    """How `tune_question` trains a question's own classifier (`run.tuning`'s mode): what it is
+    doing (said), the job ((run, settings, fused, say) -> (its table, what an answer's x_method
+    "trained" says)), and whether it cross-validates a head on every row (then every option's examples are
+    counted before the model loads, as for a head on the decision prompt)."""
+
+    doing: str
+    train: Callable[[TrainRun, Any, bool, Any], tuple[str, str]]
+    folds_every_row: bool = False
+
+
+OWN = {
+    "head": OwnClassifier("a head on its own prompt", _own_head, folds_every_row=True),
+    "lora": OwnClassifier("fine-tuning", _own_lora),
+    "auto": OwnClassifier("a head or a fine-tune", _own_choice),
+}
+
+
 def tune_question(
     run: DecisionTrainRun, plan: DecisionPlan, q: DecisionQuestion, states: list[Any], gold: list[str], say: Any
 ) -> tuple[Method, str]:
-    """Question `q`'s classifier (`run.tuning`: "lora" fine-tunes, "auto" measures a head against a
-    fine-tune on held-out states and keeps the better), trained by classify's own jobs on the
-    states as texts and the options' names as labels, saved beside the decision task."""
+    """Question `q`'s classifier (`run.tuning`: "head" fits classify's head, "lora" fine-tunes,
+    "auto" measures a head against a fine-tune on held-out states and keeps the better), trained
+    by classify's own jobs on the states as texts and the options' names as labels (the head's
+    layers and poolings chosen as `train` chooses them, from `run.head`), saved beside the
+    decision task."""
     mode, settings, fused = run.tuning  # type: ignore[misc]
     system, labels = tuned_prompt(q)
     by_name = dict(zip(q.answer_names(), labels))
@@ -308,15 +345,9 @@ def tune_question(
             encoding="utf-8",
         )
         tplan = Plan(model=plan.model, system=system, template="{text}", read=ReadSpec(), save_task=target, quiet=True)
-        trun = TrainRun(str(data), tplan, labels=labels, head=replace(run.head, poolings=("last",)))
-        say(
-            f"mlx-slm: {q.key!r}: {'fine-tuning' if mode == 'lora' else 'a head or a fine-tune'} on {len(states)} states"
-        )
-        if mode == "lora":
-            task, tuned = run_finetune(trun, settings, fused=fused, say=say)
-            table, trained = history_table(tuned), "fine-tuned"
-        else:
-            task, choice, table = run_choose(trun, settings, fused=fused, say=say)
-            trained = "fine-tuned" if task.trained == "fine-tuned adapters" else "learned head"
+        trun = TrainRun(str(data), tplan, labels=labels, head=run.head)
+        own = OWN[mode]
+        say(f"mlx-slm: {q.key!r}: {own.doing} on {len(states)} states")
+        table, trained = own.train(trun, settings, fused, say)
     report = {"trained": trained, "n": len(states), "classifier": name}
     return Method(key=q.key, digest=q.digest, report=report, tuned=name), table

@@ -56,7 +56,12 @@ def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     "args, words",
     [
         (["--labels", "a,b"], "--labels is for a labels task"),
-        (["--pooling", "mean"], "--pooling is for a labels task"),
+        (["--pooling", "mean"], "--pooling: a head on the decision prompt reads the hidden state where the answer"),
+        (["--pooling", "mean"], "add --head-prompt question"),
+        (["--head-prompt", "question", "--finetune", "lora"], "--finetune lora trains a classifier on the question's"),
+        (["--head-prompt", "decision", "--finetune", "auto"], "drop --head-prompt"),
+        (["--finetune", "lora", "--pooling", "mean"], "--pooling chooses a learned head's hidden states"),
+        (["--finetune", "lora", "--folds", "3"], "--folds cross-validates a learned head"),
     ],
 )
 def test_train_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path, args, words):
@@ -66,6 +71,23 @@ def test_train_decisions_refuses_what_it_cannot_use(tiny, q, tmp_path, args, wor
     assert r.exit_code == 2 and words in r.output, r.output
 
 
+def test_head_prompt_goes_with_decisions(tiny, tmp_path):
+    gold = _gold(tmp_path, 8)
+    r = run(["train", str(gold), "--model", tiny, "--save-task", str(tmp_path / "t.json"), "--head-prompt", "question"])
+    assert r.exit_code == 2 and "--head-prompt says what a decision question's head reads" in r.output, r.output
+
+
+def test_a_head_on_the_question_prompt_counts_its_examples_before_the_model_loads(q, tmp_path):
+    """--head-prompt question: too few rows of an option stop before any model work, naming the question
+    (the model named here does not exist: reaching it would be another error)."""
+    rows = [json.loads(x) for x in _gold(tmp_path, 8).read_text().splitlines()][:-1]  # the bad last row left out
+    gold = tmp_path / "data.jsonl"
+    gold.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", str(tmp_path / "none"),
+             "--save-task", str(tmp_path / "t.json"), "--head-prompt", "question"])  # fmt: skip
+    assert r.exit_code == 2 and "question 'team'" in r.output and "too few examples" in r.output, r.output
+
+
 def test_train_decisions_names_a_gold_value_that_is_no_option(tiny, q, tmp_path):
     gold = _gold(tmp_path, 8)  # its last row's team is "sales"
     r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
@@ -73,27 +95,41 @@ def test_train_decisions_names_a_gold_value_that_is_no_option(tiny, q, tmp_path)
     assert r.exit_code == 2 and "line 9: field 'team' is 'sales', not an option of question 'team'" in r.output
 
 
-@pytest.mark.parametrize("mode", ["lora", "auto"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["--finetune", "lora", "--epochs", "1"],
+        ["--finetune", "auto", "--epochs", "1", "--folds", "2"],
+        ["--head-prompt", "question", "--folds", "2"],
+    ],
+)
 def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_answers_with(tiny, q, tmp_path, mode):
-    """--finetune lora|auto with --decisions: classify's own fine-tune (or choice) per labelled question,
-    the question as its prompt, saved beside the decision task; decide --task answers that question with
-    it (x_method says how it was trained) and the others raw."""
+    """--finetune lora|auto or --head-prompt question with --decisions: classify's own fine-tune (or
+    choice, or head) per labelled question, the question as its prompt, saved beside the decision task;
+    decide --task answers that question with it (x_method says how it was trained) and the others raw."""
     gold = _gold(tmp_path, 24)
     rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = tmp_path / "tuned.json"
     r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
-             "--save-task", str(task), "--finetune", mode, "--epochs", "1", "--folds", "2", "-q"])  # fmt: skip
+             "--save-task", str(task), *mode, "-q"])  # fmt: skip
     assert r.exit_code == 0, r.output
     (m,) = json.loads(task.read_text())["decisions"]["methods"]
+    if mode[0] == "--head-prompt":  # classify's head on the question's own prompt, its pooling chosen as train's
+        assert m["report"]["trained"] == "learned head"
+        saved = json.loads((tmp_path / "tuned.team.json").read_text())
+        assert saved["head"] and saved["system"].startswith(QUESTIONS["team"]["instructions"]), saved
     assert m["tuned"] == "tuned.team.json" and (tmp_path / "tuned.team.json").is_file()
     r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "I was charged twice"}\n')
     assert r.exit_code == 0, r.output
     a = json.loads(r.stdout)["answers"]
     assert a["team"]["x_method"]["trained"] in ("fine-tuned", "learned head") and "x_method" not in a["urgent"]
     assert sum(a["team"]["probabilities"].values()) == pytest.approx(1.0)
-    said = {"fine-tuned": "team: fine-tuned classifier", "learned head": "team: trained (learned head)"}
+    said = {
+        "fine-tuned": "team: fine-tuned classifier",
+        "learned head": "team: trained head (the question its own prompt)",
+    }
     r = run(["decide", "--task", str(task)], input='{"id": 1, "state": "I was charged twice"}\n')
     assert said[a["team"]["x_method"]["trained"]] in r.output, r.output
     # --fit --save-task over it: the tuned classifier is a file beside the task, kept by a task beside it
@@ -161,15 +197,14 @@ def _none_files(tmp_path, n=8, name="none"):
     return q, data
 
 
-@pytest.mark.parametrize("tuning", [[], ["--finetune", "lora", "--epochs", "1"]], ids=["head", "lora"])
+@pytest.mark.parametrize("tuning", [["--folds", "2"], ["--finetune", "lora", "--epochs", "1"]], ids=["head", "lora"])
 def test_train_decisions_none_of_these_answers_its_option_below_the_threshold(tiny, tmp_path, tuning):
     """--none-label names the question's own none option (learned from its rows); with a threshold
     no in-scope option reaches, every answer is that option, said in x_method, its probabilities
     those of the task without the threshold; eval reports the out-of-scope figures. A head's or a
     fine-tuned classifier's answer alike."""
     q, data = _none_files(tmp_path)
-    base = ["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--folds", "2", "-q"]
-    base += tuning
+    base = ["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "-q", *tuning]
     plain, high = tmp_path / "plain.json", tmp_path / "high.json"
     assert run([*base, "--save-task", str(plain), "--none-label", "none of these"]).exit_code == 0
     r = run([*base, "--save-task", str(high), "--none-label", "none of these", "--none-threshold", "0.999"])
@@ -209,6 +244,32 @@ def test_train_decisions_none_of_these_answers_its_option_below_the_threshold(ti
     out.write_text("".join(json.dumps(x) + "\n" for x in rows))
     r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--predictions", str(out)])
     assert r.exit_code == 2 and "row 1: the answer to question 'team' says 'none of these' answered with" in r.output
+
+
+def test_a_head_on_the_question_prompt_answers_none_of_these_below_its_threshold(tiny, tmp_path):
+    """--head-prompt question with --none-label and a threshold: the question's own classifier (a head)
+    answers the none option exactly where no in-scope option reaches the threshold (a head on a tiny
+    random model is sure of some states: the rule, not a count, is checked), said in x_method, the
+    probabilities those of the task without the threshold."""
+    q, data = _none_files(tmp_path)
+    base = ["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "-q"]
+    base += ["--head-prompt", "question", "--folds", "2", "--none-label", "none of these"]
+    plain, high = tmp_path / "plain.json", tmp_path / "high.json"
+    assert run([*base, "--save-task", str(plain)]).exit_code == 0
+    assert run([*base, "--save-task", str(high), "--none-threshold", "0.999"]).exit_code == 0
+    (m,) = json.loads(high.read_text())["decisions"]["methods"]
+    assert m["none_of_these"] == {"option": "none of these", "min_confidence": 0.999} and m["tuned"]
+    texts = ["I was charged twice", "hi", "the app crashes on login", "refund please", "ok"]
+    states = "".join(json.dumps({"id": i, "state": s}) + "\n" for i, s in enumerate(texts))
+    a, b = ([json.loads(x)["answers"]["team"] for x in run(["decide", "--task", str(t), "-q"], input=states).stdout.splitlines()] for t in (plain, high))  # fmt: skip
+    assert len(a) == len(b) == len(texts)
+    for x, y in zip(b, a):
+        top = max(p for k, p in y["probabilities"].items() if k != "none of these")
+        none = y["choice"] == "none of these" or top < 0.999
+        assert (x["choice"] == "none of these") == none and x["probabilities"] == y["probabilities"]
+        assert x["x_method"]["trained"] == "learned head" and x["x_method"]["none_of_these"]["answered_none"] == (
+            none and y["choice"] != "none of these"
+        )
 
 
 def test_train_decisions_none_threshold_auto_is_chosen_on_held_out_states(tiny, tmp_path):

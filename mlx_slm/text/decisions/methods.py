@@ -311,8 +311,10 @@ class Methods:
 
 
 def trained_phrase(trained: str) -> str:
-    """How a summary or report names a record's `trained` ("head", "fine-tuned", "learned head")."""
-    return {"head": "trained head", "fine-tuned": "fine-tuned classifier"}.get(trained, f"trained ({trained})")
+    """How a summary or report names a record's `trained`: "head" (on the decision prompt),
+    "learned head" (a classifier's head, the question its own prompt), "fine-tuned"."""
+    known = {"head": "trained head", "learned head": "trained head (the question its own prompt)"}
+    return {**known, "fine-tuned": "fine-tuned classifier"}.get(trained, f"trained ({trained})")
 
 
 def tuned_prompt(q: DecisionQuestion) -> tuple[str, tuple[str, ...]]:

@@ -253,5 +253,5 @@ def test_a_trained_method_is_named_for_what_it_is():
     assert [trained_phrase(t) for t in ("head", "fine-tuned", "learned head")] == [
         "trained head",
         "fine-tuned classifier",
-        "trained (learned head)",
+        "trained head (the question its own prompt)",
     ]
