@@ -30,13 +30,17 @@ each, state cache off, each split timed); every method below reads those raw ans
 * `fitted`: `fit_question` on every way's TRAIN answers (a bias per option and a temperature, the
   way chosen by cross-validated accuracy), its method applied to the chosen way's TEST answers;
 * `fit-prior`: the batch prior of the TRAIN states (no gold: `eval --fit-prior`) on TEST;
-* `trained head`: `train_question` on TRAIN, answered on TEST by a `Decider` holding the head
-  (`Methods.of([Method(head=...)])`: its own pass, timed);
+* `trained head`: `train_question` on TRAIN (the decision prompt's hidden states where the answer
+  is read), answered on TEST by a `Decider` holding the head (`Methods.of([Method(head=...)])`: its
+  own pass, timed);
+* `trained head (question prompt)`: `train --decisions --head-prompt question` on TRAIN
+  (`run_train_decisions`: classify's head on the question's own prompt, the state its text, in a
+  decision task), answered on TEST by `decide --task`'s `Decider`; cheap enough for every set;
 * `fine-tuned (LoRA)`: `train --decisions --finetune lora` on TRAIN (`run_train_decisions`: the
   question's own classifier, fine-tuned by classify's machinery at its defaults, saved beside a
   decision task), answered on TEST by `decide --task`'s `Decider` (its own pass, timed);
-  `--no-tune SETS` skips it (said not run); `--tuned-only SETS` runs it and classify's rows only
-  (every other method needs the decision prompt over each state, which lists every option:
+  `--no-tune SETS` skips it (said not run); `--tuned-only SETS` runs it, the question-prompt head
+  and classify's rows only (every other method needs the decision prompt over each state, which lists every option:
   BANKING77's 77 options are ~750 tokens a state, about an hour a pass here);
 * beside them, `classify` on the same TEST rows: label scoring raw, with a batch prior
   (`fit_batch` over TEST), a learned head (`train_head` on TRAIN), and fine-tuned (`train --finetune
@@ -91,6 +95,7 @@ from mlx_slm.text.decisions.methods import Method, Methods, tuned_prompt
 from mlx_slm.text.decisions.questions import DecisionQuestion, DecisionRequest
 from mlx_slm.text.decisions.settings import DecisionConfig
 from mlx_slm.text.decisions.systemone import systemone_questions
+from mlx_slm.text.heads import Head
 from mlx_slm.text.metrics import confusion, macro_f1, threshold_for_accuracy
 from mlx_slm.text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from mlx_slm.text.workload import stratified_sample, tickets
@@ -120,7 +125,7 @@ GOALS = (
     ("posts", "trained", "trained (a head or LoRA)", "macro_f1", 0.72),
     ("banking77", "trained", "trained (a head or LoRA; the goal: at 10 per intent)", "accuracy", 0.86),
 )
-TRAINED = ("trained head", "fine-tuned (LoRA)")
+TRAINED = ("trained head", "trained head (question prompt)", "fine-tuned (LoRA)")
 # Each goal's classify counterpart on the same rows, the same tier: what no labels give (label scoring, raw
 # or with the batch prior) or what labels train (a learned head, a fine-tune). The issue's promise: decisions
 # at least as right as classify on the same model and rows.
@@ -440,8 +445,8 @@ def learned_rows(
 
 
 def head_row(ds: DataSet, q: DecisionQuestion, passes: Passes, folds: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A head trained on the question's own prompt (`train_question` on TRAIN), answered on TEST
-    by a `Decider` holding it, as `decide --task` / `serve --task` answer a trained question."""
+    """A head trained on the decision prompt's hidden states (`train_question` on TRAIN), answered on
+    TEST by a `Decider` holding it, as `decide --task` / `serve --task` answer a trained question."""
     gold = np.array([g for _, g in ds.test])
     t0 = time.perf_counter()
     train = ([t for t, _ in ds.train], [ds.labels[g] for _, g in ds.train])
@@ -523,10 +528,23 @@ def _classify(clf: Classifier, texts: list[str]) -> tuple[np.ndarray, Any]:
     return np.array([[p.probs[k] for k in clf.labels] for p in preds], dtype=np.float64), run.stats
 
 
-def tuned_row(ds: DataSet, q: DecisionQuestion, passes: Passes, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`train --decisions --finetune lora` on TRAIN (the question's own classifier, fine-tuned at
-    classify's defaults, in a decision task), answered on TEST by the `Decider` `decide --task` runs."""
+# The question's own classifier (`train --decisions`'s tuned question): mode -> (its row, its `tuning`, the
+# pass's name, what `x_method.trained` says).
+OWN = {
+    "lora": ("fine-tuned (LoRA)", ("lora", FinetuneSettings(), False), "lora", "fine-tuned"),
+    "head": ("trained head (question prompt)", ("head", None, False), "question head", "learned head"),
+}
+
+
+def tuned_row(
+    ds: DataSet, q: DecisionQuestion, passes: Passes, model: str, mode: str = "lora", folds: int = 5
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`train --decisions --finetune lora` (mode "lora") or `--head-prompt question` (mode "head")
+    on TRAIN (the question's own classifier, the question its prompt: fine-tuned at classify's
+    defaults, or classify's head), answered on TEST by the `Decider` `decide --task` runs."""
+    method, tuning, kind, trained = OWN[mode]
     settings = FinetuneSettings()
+    head = HeadOptions(folds=folds)
 
     def compute() -> dict[str, Any]:
         names = q.answer_names()
@@ -535,17 +553,19 @@ def tuned_row(ds: DataSet, q: DecisionQuestion, passes: Passes, model: str) -> t
             qf.write_text(json.dumps(ds.question))
             data.write_text("".join(json.dumps({"state": t, "gold": names[g]}) + "\n" for t, g in ds.train))
             plan = resolve_decisions(DecisionOptions(model=model, questions_file=str(qf), given=frozenset({"model"})))
-            run = DecisionTrainRun(
-                str(data), plan, (f"{q.key}=gold",), str(task), HeadOptions(), None, ("lora", settings, False)
-            )
+            run = DecisionTrainRun(str(data), plan, (f"{q.key}=gold",), str(task), head, None, tuning)
             t0 = time.perf_counter()
-            run_train_decisions(run, say=lambda m: say(f"  lora: {m}"))
+            run_train_decisions(run, say=lambda m: say(f"  {kind}: {m}"))
             train_s = time.perf_counter() - t0
             served = resolve_decisions(DecisionOptions(task_file=str(task))).loaded(passes.engine)
             d = served.decider(passes.engine, state_cache=0)
             (sq,) = served.questions
-            probs, tokens, secs = answered(d, sq, ds, passes.chunk, "fine-tuned")
-            report = served.methods.for_question(sq)[0].report or {}
+            probs, tokens, secs = answered(d, sq, ds, passes.chunk, trained)
+            report = dict(served.methods.for_question(sq)[0].report or {})
+            own = json.loads((Path(tmp) / report["classifier"]).read_text())
+            if own.get("head"):  # the head's parts and its cross-validated accuracy, as train prints them
+                learned = Head.from_dict(own["head"])
+                report.update(head=learned.name, cv_accuracy=learned.info.get("chosen", {}).get("accuracy"))
         return {
             "probs": np.stack(probs),
             "tokens": np.asarray(tokens),
@@ -554,13 +574,17 @@ def tuned_row(ds: DataSet, q: DecisionQuestion, passes: Passes, model: str) -> t
             "info": report,
         }
 
-    parts = (q.digest, tuned_prompt(q), asdict(settings), ds.train, ds.test)  # the prompt: as the code builds it
-    got = passes.kept(ds.name, "lora", parts, compute)
+    # the prompt as the code builds it; a LoRA's key as before the head mode (its cached fine-tunes stay valid)
+    parts: tuple = (q.digest, tuned_prompt(q), asdict(settings), ds.train, ds.test)
+    if mode != "lora":
+        parts = (mode, q.digest, tuned_prompt(q), asdict(head), ds.train, ds.test)
+    got = passes.kept(ds.name, kind, parts, compute)
     gold = np.array([g for _, g in ds.test])
-    passes.note(ds.name, "lora", "test", len(ds.test), got["seconds"], got["tokens"], got["cached"])
+    passes.note(ds.name, kind, "test", len(ds.test), got["seconds"], got["tokens"], got["cached"])
     train_s = round(got["train_s"], 1)
-    r = row("fine-tuned (LoRA)", "decide", got["probs"], gold, train_s=train_s, **cost([got], len(gold)))
-    return r, {"train_s": train_s, **got["info"]}
+    extra = {k: got["info"][k] for k in ("cv_accuracy", "head") if k in got["info"]}
+    r = row(method, "decide", got["probs"], gold, train_s=train_s, **cost([got], len(gold)))
+    return {**r, **extra}, {"train_s": train_s, **got["info"]}
 
 
 def classify_tuned_row(ds: DataSet, engine: Engine, passes: Passes, model: str) -> dict[str, Any]:
@@ -616,10 +640,10 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         rows += [{"method": m, "family": "decide", "available": False, "note": why} for m in (*NO_FIT, "trained head")]
         fit_report: dict[str, Any] = {"note": why}
         head_info: dict[str, Any] = {"note": why}
+        qrow, qhead_info = tuned_row(ds, q, passes, a.model, "head", a.folds)
         trow, tuned_info = tuned_row(ds, q, passes, a.model)
-        return set_result(
-            ds, q, passes, [*rows, trow, *classify_rows(ds, engine, passes, a)], fit_report, head_info, tuned_info
-        )
+        rows += [qrow, trow, *classify_rows(ds, engine, passes, a)]
+        return set_result(ds, q, passes, rows, fit_report, {**head_info, "question_prompt": qhead_info}, tuned_info)
     rows = way_rows(ds, q, passes, ways)
     if ds.name in a.no_fit:  # no TRAIN passes: said, not run
         why = "not run: --no-fit (each way's pass over TRAIN costs too much here; see the passes' s / row)"
@@ -629,7 +653,8 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         fitted_rows, fit_report = learned_rows(ds, q, passes, ways)
         rows += fitted_rows
     hrow, head_info = head_row(ds, q, passes, a.folds)
-    rows.append(hrow)
+    qrow, head_info["question_prompt"] = tuned_row(ds, q, passes, a.model, "head", a.folds)
+    rows += [hrow, qrow]
     if ds.name in a.no_tune:
         why = "not run: --no-tune (fine-tuning costs minutes to hours here; see finetune's results)"
         rows.append({"method": "fine-tuned (LoRA)", "family": "decide", "available": False, "note": why})
@@ -906,7 +931,10 @@ DEFINITIONS = (
     "to five content-free states (`Decider.contextual_prior`); `fit-prior`: the batch prior of the TRAIN states (no "
     "gold), as `eval --fit-prior` saves it; `fitted`: `eval --fit`'s bias per option and temperature, fitted on the "
     "TRAIN answers of every way, the way chosen by cross-validated accuracy on TRAIN; `trained head`: `train "
-    "--decisions`'s head on TRAIN, answered by a `Decider` holding it (its own pass over TEST).",
+    "--decisions`'s head on TRAIN (the decision prompt's hidden states where the answer is read), answered by a "
+    "`Decider` holding it (its own pass over TEST); `trained head (question prompt)`: `train --decisions "
+    "--head-prompt question` (classify's head, last or mean pooling, on the question's own prompt, the state its "
+    "text), answered by `decide --task`'s Decider; train s is the whole training run.",
     "- `classify`: label scoring with the set's classify prompt on the same TEST rows; `+ batch prior`: divided by "
     "the mean over TEST (`fit_batch`); `learned head`: `train_head` on TRAIN (the classify prompt's hidden states); "
     "`fine-tuned (LoRA)`: `train --finetune lora` on TRAIN at its defaults with the same prompt, `classify --task`.",

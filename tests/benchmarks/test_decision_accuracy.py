@@ -17,6 +17,7 @@ DECIDE = [
     "fit-prior (letters)",
     "fit-prior (names)",
     "trained head",
+    "trained head (question prompt)",
     "fine-tuned (LoRA)",
 ]
 CLASSIFY = [
@@ -127,9 +128,11 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
         "classify head features/train",
         "classify head/test",
     ]
-    tuned = ["lora/test", "classify lora/test"]
+    tuned = ["question head/test", "lora/test", "classify lora/test"]
     assert sorted(s["passes"]) == sorted([f"{w}/{sp}" for w in bench.WAYS for sp in ("train", "test")] + own + tuned)
     assert s["tuned"]["trained"] == "fine-tuned" and s["tuned"]["n"] == 12
+    own_head = s["head"]["question_prompt"]  # classify's head on the question's own prompt: its parts said
+    assert own_head["trained"] == "learned head" and own_head["head"] and own_head["n"] == 12
     assert np.bincount(s["gold"], minlength=3).tolist() == s["test_support"]
     verdicts = ("at least classify", "below classify, within noise", "below classify")
     for g in [g for g in res["goals"] if g["set"] == "tickets"]:  # each against classify's same tier, with its interval
@@ -146,19 +149,19 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     assert all(again["passes"][f"{w}/{sp}"]["cached"] for w in bench.WAYS for sp in ("train", "test"))
     assert all(again["passes"][t]["cached"] for t in tuned)
     assert [r.get("accuracy") for r in again["methods"][:12]] == [r.get("accuracy") for r in s["methods"][:12]]
-    tuned_rows = ("fine-tuned (LoRA)", "classify: fine-tuned (LoRA)")
+    tuned_rows = ("trained head (question prompt)", "fine-tuned (LoRA)", "classify: fine-tuned (LoRA)")
     pick = lambda rows: [(r["answers"], r["train_s"]) for r in rows if r["method"] in tuned_rows]  # noqa: E731
     assert pick(again["methods"]) == pick(s["methods"])
-    # --no-fit: no pass over TRAIN but the head's; fitted and fit-prior said not run (--no-tune: LoRA too)
+    # --no-fit: no pass over TRAIN but the heads'; fitted and fit-prior said not run (--no-tune: LoRA too)
     assert (
         bench.main([*argv[:-4], "--tag", "t3", "--ways", "letters", "--no-fit", "tickets", "--no-tune", "tickets"]) == 0
     )
     third = json.loads((out / "t3.json").read_text())["sets"]["tickets"]
-    assert sorted(third["passes"]) == sorted(["letters/test", *own])
+    assert sorted(third["passes"]) == sorted(["letters/test", *own, "question head/test"])
     skipped = [r for r in third["methods"] if not r["available"]]
     assert [r["method"] for r in skipped] == [*bench.NO_FIT, "fine-tuned (LoRA)", "classify: fine-tuned (LoRA)"]
     assert "| fitted | n/a" in (out / "t3.md").read_text()
-    # --tuned-only: the fine-tuned row and classify's only (no pass of the decision prompt); --merge
+    # --tuned-only: the question's own classifiers (head, fine-tune) and classify's only (no pass of the decision prompt); --merge
     # keeps the sets TAG.json has (here t's tickets are replaced, its goals read again)
     first = json.loads((out / "t.json").read_text())
     first["sets"] = {"posts": {**s, "test": 5}, **first["sets"]}  # a set another run wrote
@@ -170,7 +173,7 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     t4 = fourth["sets"]["tickets"]
     assert sorted(t4["passes"]) == sorted([*own[2:], *tuned]) and t4["test"] == 6
     ran = [r["method"] for r in t4["methods"] if r["available"]]
-    assert ran == ["fine-tuned (LoRA)", *CLASSIFY]
+    assert ran == ["trained head (question prompt)", "fine-tuned (LoRA)", *CLASSIFY]
     assert [r["method"] for r in t4["methods"]] == DECIDE + CLASSIFY
     assert "--tuned-only tickets" in t4["run"] and fourth["command"] == t4["run"].split("`")[1]
     by_goal = {g["goal"]: g for g in fourth["goals"] if g["set"] == "tickets"}
