@@ -79,9 +79,12 @@ def test_every_relative_link_reaches_a_file_and_heading_that_exist(page):
 def test_every_command_help_ends_with_an_existing_docs_page():
     """Each command's --help (and the group's) ends with one `Docs: docs/<page>.md` line;
     `bench` hands --help to the harness, whose epilog says the same."""
-    helps = {"mlx-slm": main.get_help(click.Context(main, info_name="mlx-slm"))}
+    # each command's context a child of the group's, as the CLI makes it: a context of its own would lack the
+    # group's -h, and click keeps the help option a command was first asked with (later helps would differ)
+    top = click.Context(main, info_name="mlx-slm", **main.context_settings)
+    helps = {"mlx-slm": main.get_help(top)}
     for name, cmd in main.commands.items():
-        helps[name] = cmd.get_help(click.Context(cmd, info_name=name))
+        helps[name] = cmd.get_help(click.Context(cmd, info_name=name, parent=top))
     helps["bench (harness)"] = (ROOT / "benchmarks" / "harness.py").read_text(encoding="utf-8")
     for name, text in helps.items():
         named = re.findall(r"^\s*Docs: (\S+)$", text, flags=re.M) or re.findall(r'epilog="Docs: (\S+)"', text)
