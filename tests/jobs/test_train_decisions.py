@@ -327,3 +327,29 @@ def test_train_decisions_none_of_these_refuses_what_it_cannot_use(tiny, tmp_path
              "--save-task", str(tmp_path / "t.json"), *args])  # fmt: skip
     assert r.exit_code == 2 and words in r.output, r.output
     assert not (tmp_path / "t.json").exists()
+
+
+def test_every_question_type_trains_a_head_on_its_own_prompt(tiny, q, tmp_path):
+    """--head-prompt question for a noul, a choice and a score at once: a classifier per question (its
+    labels the question's answer names: Yes/No, the options, the levels), one decide answers all three
+    with them, each a distribution over its own options, said in x_method."""
+    rows = [json.loads(x) for x in _gold(tmp_path, 40).read_text().splitlines()][:-1]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = tmp_path / "all.json"
+    gold = ["--gold-field", "team", "--gold-field", "urgent", "--gold-field", "anger"]
+    r = run(["train", str(data), "--decisions", str(q), *gold, "--model", tiny, "--save-task", str(task),
+             "--head-prompt", "question", "--folds", "2", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    methods = {m["key"]: m for m in json.loads(task.read_text())["decisions"]["methods"]}
+    assert set(methods) == {"team", "urgent", "anger"}
+    for key, m in methods.items():
+        own = json.loads((tmp_path / m["tuned"]).read_text())
+        assert own["head"] and m["report"]["trained"] == "learned head", key
+    assert json.loads((tmp_path / methods["anger"]["tuned"]).read_text())["labels"] == ["Calm", "Annoyed", "Furious"]
+    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "I was charged twice"}\n')
+    assert r.exit_code == 0, r.output
+    a = json.loads(r.stdout)["answers"]
+    assert {k: a[k]["x_method"]["trained"] for k in a} == dict.fromkeys(("urgent", "team", "anger"), "learned head")
+    assert 0 <= a["urgent"]["noul"] <= 1 and a["team"]["choice"] in ("billing", "technical")
+    assert sum(a["team"]["probabilities"].values()) == pytest.approx(1.0)
