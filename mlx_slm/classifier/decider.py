@@ -51,6 +51,7 @@ from ..text.decisions.openai import parse_openai
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.decisions.settings import DecisionConfig
 from ..text.decisions.systemone import parse_systemone
+from ..weights.convert import sha256_file
 from .classifier import Classifier
 from .pipeline import default_max_batch_tokens
 
@@ -223,19 +224,19 @@ class Decider:
                 if m.tuned is not None and not it.over:
                     asked.setdefault(m.tuned, []).append((r, k))
         for path, where in asked.items():
-            clf, labels = self._tuned(path, items[where[0][0]].request.questions[where[0][1]])
+            clf, labels = self._tuned(path, *_asker(items, where[0]))
             preds = clf.classify([text(items[r].request.state) for r, _ in where])
             for (r, k), p in zip(where, preds):
                 raws[r][k] = None if p.error is not None else np.array([p.probs[x] for x in labels], dtype=np.float64)
                 tokens[r] += p.n_tokens
         return tokens
 
-    def _tuned(self, path: str, q: DecisionQuestion) -> tuple[Any, tuple[str, ...]]:
-        """The tuned classifier of a question (its task file), made once on this engine, and its labels."""
+    def _tuned(self, path: str, q: DecisionQuestion, m: Method) -> tuple[Any, tuple[str, ...]]:
+        """A question's tuned classifier (its task file, as trained), made once on this engine; its labels."""
         with self._contextual_lock:
             got = self._classifiers.get(path)
         if got is None:
-            clf = Classifier.from_task(path, engine=self.engine)
+            clf = Classifier.from_task(_trained_with(path, q, m), engine=self.engine)
             labels = tuned_prompt(q)[1]
             if tuple(clf.labels) != labels:
                 raise DecisionError(
@@ -402,6 +403,26 @@ class Decider:
         for it, st, sc, kn in zip(items, states, scores, known):
             self._remember(it, st, sc, kn)
         return list(zip(scores, cached))
+
+
+def _asker(items: Sequence[DecisionItem], at: tuple[int, int]) -> tuple[DecisionQuestion, Method]:
+    """The question `at` (item, question) and its method."""
+    it, k = items[at[0]], at[1]
+    return it.request.questions[k], it.methods[k]
+
+
+def _trained_with(path: str, q: DecisionQuestion, m: Method) -> str:
+    """`path`, a tuned question's classifier file, if it is the one the question was trained with
+    (its sha256, where the task records it): a failed or another training run may have replaced
+    it; refused, not used."""
+    want = (m.report or {}).get("classifier_sha256")
+    if want is not None and Path(path).is_file() and sha256_file(Path(path)) != want:
+        raise DecisionError(
+            ("tuned",),
+            f"{path} is not the classifier question {q.key!r} was trained with (its sha256 differs: another "
+            "training run replaced it): train the task again",
+        )
+    return path
 
 
 def _methods_of(s: DeciderSettings, config: DecisionConfig) -> Methods:

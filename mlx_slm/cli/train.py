@@ -17,7 +17,8 @@ from ..jobs.finetune import history_table, progress_bar, run_finetune
 from ..jobs.out_of_scope import NoneRule
 from ..jobs.plan import CommandLabels, DecisionOptions, check_format_fields, flag_names, read_labels, resolve_decisions
 from ..jobs.train import HeadOptions, TrainRun, run_train, run_train_fields
-from ..jobs.train_decisions import DecisionTrainRun, run_train_decisions
+from ..jobs.train_decisions import DecisionTrainRun, own_files, run_train_decisions
+from ..text.decisions.gold import gold_pairs
 from ..text.questions import DEFAULT_SYSTEM as Q_SYSTEM
 from ..text.questions import DEFAULT_TEMPLATE as Q_TEMPLATE
 from ..weights.finetune import FinetuneSettings
@@ -389,6 +390,11 @@ def _train_decisions(
     elif typed & set(TUNING):
         name = sorted(typed & set(TUNING))[0]
         flag = next(p.opts[0] for p in ctx.command.params if p.name == name)  # --lr, not --learning-rate
+        if head_prompt == "question":
+            raise click.UsageError(
+                f"{flag} is a fine-tuning option; --head-prompt question fits a head: drop {flag}, or fine-tune "
+                "instead (--finetune lora, without --head-prompt)"
+            )
         raise click.UsageError(f"{flag} is a fine-tuning option: add --finetune lora")
     elif head_prompt == "question":
         tuning = ("head", None, False)
@@ -402,6 +408,12 @@ def _train_decisions(
         raise click.UsageError(
             "--none-threshold with --decisions answers the question's own 'none of these' option when no other "
             "reaches it: name that option with --none-label OPTION (add one to the question if it has none)"
+        )
+    if tuning is not None:  # each question's own classifier is an output too: never a file the run reads
+        keys = gold_pairs(plan.questions, gold_fields)
+        own = own_files(save_task, list(keys))
+        check_run_files(
+            reads, [("--save-task", save_task), *((f"question {k!r}'s classifier", str(f)) for k, f in own.items())]
         )
     rule = NoneRule(none["none_label"], threshold, none["none_target"], none["none_data"], read)
     run = DecisionTrainRun(

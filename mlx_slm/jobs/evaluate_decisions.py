@@ -439,7 +439,8 @@ def _kept_methods(plan: DecisionPlan, save_task: str) -> list[Method]:
         if m.tuned is not None:
             if Path(m.tuned).resolve().parent != home:
                 raise UsageError(
-                    f"--save-task {save_task}: question {q.key!r} is answered by a fine-tuned classifier beside "
+                    f"--save-task {save_task}: question {q.key!r} is answered by a classifier of its own "
+                    f"({trained_phrase(str((m.report or {}).get('trained', 'classifier')))}) beside "
                     f"--task ({m.tuned}), which a task in another folder cannot find: save the new task beside it"
                 )
             m = replace(m, tuned=Path(m.tuned).name)

@@ -37,7 +37,8 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from ..classifier.plan import Plan
 from ..classifier.task import Task
 from ..files.readers import ReadSpec
 from ..ground.errors import UserError
+from ..ground.safefs import atomic_write
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.gold import gold_given, gold_index, gold_pairs
 from ..text.decisions.methods import Method, NoneOf, tuned_prompt
@@ -56,7 +58,7 @@ from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.heads import Head, format_table
 from ..text.out_of_scope import choose_threshold
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
-from ..weights.convert import versions
+from ..weights.convert import sha256_file, versions
 from .choose import run_choose
 from .decide import STATE_FIELDS, state_problem, state_rows
 from .finetune import history_table, run_finetune
@@ -162,6 +164,16 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
     rows = _states(run, tuple(dict.fromkeys(golds.values())))
     held = _none_held_out(run, golds)  # "none of these": checked, and its held-out states read, before any work
     labelled = {q.key: _labelled(q, golds[q.key], rows, run.data) for q in run.plan.questions if q.key in golds}
+    own = own_files(run.save_task, [q.key for q in run.plan.questions if q.key in golds]) if run.tuning else {}
+    with _kept_unless_saved(list(own.values())):
+        return _train_all(run, golds, rows, held, labelled, say)
+
+
+def _train_all(
+    run: DecisionTrainRun, golds: dict[str, str], rows: list[Any], held: Any, labelled: dict[str, Any], say: Any
+) -> tuple[Task, str]:
+    """The rest of `run_train_decisions`: a cross-validated head's examples counted per option (before
+    the model loads), the model loaded, each labelled question trained, the task saved."""
     if run.tuning is None or OWN[run.tuning[0]].folds_every_row:  # every head's examples counted before the model loads
         for q in run.plan.questions:
             if q.key in golds:
@@ -183,7 +195,7 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
             )
         states = [rows[i].text for i in keep]
         if run.tuning is not None:
-            method, table = tune_question(run, plan, q, states, gold, say)
+            method, table = tune_question(run, plan, q, (states, gold, lines), say)
             methods.append(method)
             tables.append(f"== {q.key}\n{table}")
             continue
@@ -290,6 +302,42 @@ def tuned_task_name(save_task: str, key: str) -> str:
     return f"{stem}.{re.sub(r'[^A-Za-z0-9_.-]', '_', key)[:48] or 'question'}.json"
 
 
+def own_files(save_task: str, keys: Sequence[str]) -> dict[str, Path]:
+    """Each trained question's classifier file beside the task (`tuned_task_name`), by key. Two
+    keys whose files would be one (their safe names alike, or apart only in case: one file on a
+    disk that ignores case, macOS's default) are refused: one question would answer with the
+    other's classifier."""
+    out: dict[str, Path] = {}
+    seen: dict[str, str] = {}
+    for key in keys:
+        name = tuned_task_name(save_task, key)
+        other = seen.setdefault(name.casefold(), key)
+        if other != key:
+            raise UserError(
+                f"questions {other!r} and {key!r} would keep their classifiers in one file, {name} (its name keeps "
+                "a key's letters, digits, '_', '.' and '-', and a disk may ignore case): rename one of them"
+            )
+        out[key] = Path(save_task).resolve().parent / name
+    return out
+
+
+@contextmanager
+def _kept_unless_saved(paths: Sequence[Path]) -> Iterator[None]:
+    """The question classifiers' files as they were, put back if the run stops before its task is
+    saved (an error, Ctrl-C): a failed run leaves the task it would replace answering as before.
+    (A fine-tune's adapters are a new file of their own name: the old ones are never touched.)"""
+    before = {p: p.read_bytes() if p.is_file() else None for p in paths}
+    try:
+        yield
+    except BaseException:
+        for p, data in before.items():
+            if data is None:
+                p.unlink(missing_ok=True)
+            elif not p.is_file() or p.read_bytes() != data:
+                atomic_write(p, data, "a question's classifier")
+        raise
+
+
 def _own_head(trun: TrainRun, settings: Any, fused: bool, say: Any) -> tuple[str, str]:
     return run_train(trun, say=say)[1], "learned head"
 
@@ -323,13 +371,21 @@ OWN = {
 
 
 def tune_question(
-    run: DecisionTrainRun, plan: DecisionPlan, q: DecisionQuestion, states: list[Any], gold: list[str], say: Any
+    run: DecisionTrainRun,
+    plan: DecisionPlan,
+    q: DecisionQuestion,
+    rows: tuple[list[Any], list[str], list[int]],
+    say: Any,
 ) -> tuple[Method, str]:
     """Question `q`'s classifier (`run.tuning`: "head" fits classify's head, "lora" fine-tunes,
     "auto" measures a head against a fine-tune on held-out states and keeps the better), trained
     by classify's own jobs on the states as texts and the options' names as labels (the head's
     layers and poolings chosen as `train` chooses them, from `run.head`), saved beside the
-    decision task."""
+    decision task. `rows`: the states, their gold names and their lines in DATA (an error of the
+    classifier's job names DATA and those lines, not the file it was handed). The method records
+    the classifier file's sha256: a task whose classifier was replaced is refused, not answered by
+    it, and a resumed run under a task trained again is refused as other settings."""
+    states, gold, lines = rows
     mode, settings, fused = run.tuning  # type: ignore[misc]
     system, labels = tuned_prompt(q)
     by_name = dict(zip(q.answer_names(), labels))
@@ -348,6 +404,17 @@ def tune_question(
         trun = TrainRun(str(data), tplan, labels=labels, head=run.head)
         own = OWN[mode]
         say(f"mlx-slm: {q.key!r}: {own.doing} on {len(states)} states")
-        table, trained = own.train(trun, settings, fused, say)
-    report = {"trained": trained, "n": len(states), "classifier": name}
+        try:
+            table, trained = own.train(trun, settings, fused, say)
+        except UserError as e:
+            raise type(e)(_in_data(str(e), str(data), run.data, lines)) from None
+    report = {"trained": trained, "n": len(states), "classifier": name, "classifier_sha256": sha256_file(Path(target))}
     return Method(key=q.key, digest=q.digest, report=report, tuned=name), table
+
+
+def _in_data(message: str, handed: str, data: str, lines: Sequence[int]) -> str:
+    """A classifier job's message about the file it was handed (`handed`: DATA's labelled rows, one a
+    line) said of DATA: its path, each row's own line, and no fix this command does not take."""
+    where = re.compile(re.escape(handed) + r": line (\d+)")
+    message = where.sub(lambda m: f"{data}: line {lines[int(m.group(1)) - 1]}", message)
+    return message.replace(handed, data).replace(", or pass --truncate head|tail|middle", "")

@@ -136,7 +136,7 @@ def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_an
     fit = ["eval", str(data), "--decisions", str(q), "--gold-field", "urgent", "--task", str(task), "--fit"]
     (tmp_path / "else").mkdir()
     r = run([*fit, "--save-task", str(tmp_path / "else" / "t.json")])
-    assert r.exit_code == 2 and "fine-tuned classifier beside --task" in r.output, r.output
+    assert r.exit_code == 2 and "beside --task" in r.output and "another folder cannot find" in r.output, r.output
     r = run([*fit, "--save-task", str(tmp_path / "refit.json")])
     assert r.exit_code == 0, r.output
     kept = {x["key"]: x for x in json.loads((tmp_path / "refit.json").read_text())["decisions"]["methods"]}
@@ -353,3 +353,68 @@ def test_every_question_type_trains_a_head_on_its_own_prompt(tiny, q, tmp_path):
     assert {k: a[k]["x_method"]["trained"] for k in a} == dict.fromkeys(("urgent", "team", "anger"), "learned head")
     assert 0 <= a["urgent"]["noul"] <= 1 and a["team"]["choice"] in ("billing", "technical")
     assert sum(a["team"]["probabilities"].values()) == pytest.approx(1.0)
+
+
+def test_a_failed_run_leaves_the_question_classifiers_it_would_replace(tiny, tmp_path):
+    """A run over a working task that fails after its classifiers are trained (a held-out state over
+    the context, --none-threshold auto) puts them back: the task answers as before; a classifier
+    file replaced all the same (by hand, another run) is refused by the task, not used."""
+    q, data = _none_files(tmp_path)
+    task = tmp_path / "t.json"
+    base = ["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "-q", "--folds", "2",
+            "--head-prompt", "question", "--none-label", "none of these", "--save-task", str(task)]  # fmt: skip
+    assert run([*base, "--pooling", "last"]).exit_code == 0
+    own = tmp_path / "t.team.json"
+    kept, state = own.read_bytes(), '{"id": 1, "state": "I was charged twice"}\n'
+    before = run(["decide", "--task", str(task), "-q"], input=state).stdout
+    held = tmp_path / "held.jsonl"
+    rows = [{"state": "I was charged twice", "team": "billing"}, {"state": "word " * 3000, "team": "none of these"}]
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run([*base, "--pooling", "mean", "--none-threshold", "auto", "--none-data", str(held)])
+    assert r.exit_code == 2 and "over the model's context" in r.output, r.output
+    assert own.read_bytes() == kept and run(["decide", "--task", str(task), "-q"], input=state).stdout == before
+    other = tmp_path / "other.json"  # another run's classifier copied over this task's
+    assert run([*base[:-1], str(other), "--pooling", "mean"]).exit_code == 0
+    own.write_bytes((tmp_path / "other.team.json").read_bytes())
+    r = run(["decide", "--task", str(task), "-q"], input=state)
+    assert r.exit_code == 2 and "is not the classifier question 'team' was trained with" in r.output, r.output
+
+
+def test_question_classifiers_are_outputs_of_their_own(tiny, q, tmp_path):
+    """Two keys that would share one classifier file are refused before the model loads; a classifier
+    file that is a file the run reads (here the questions) is refused before anything is written; a
+    fine-tuning option with --head-prompt question names the fix that works."""
+    rows = [json.loads(x) for x in _gold(tmp_path, 8).read_text().splitlines()][:-1]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({**r, "u2": r["urgent"]}) + "\n" for r in rows))
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps({k: QUESTIONS["urgent"] for k in ("is urgent", "is_urgent")}))
+    base = ["train", str(data), "--model", str(tmp_path / "no-model"), "--head-prompt", "question", "--folds", "2"]
+    r = run([*base, "--decisions", str(two), "--gold-field", "is urgent=urgent", "--gold-field", "is_urgent=u2",
+             "--save-task", str(tmp_path / "u.json")])  # fmt: skip
+    assert r.exit_code == 2 and "would keep their classifiers in one file, u.is_urgent.json" in r.output, r.output
+    qs = tmp_path / "t.team.json"  # the questions file named as question 'team''s classifier of task t.json
+    qs.write_text(q.read_text())
+    r = run([*base, "--decisions", str(qs), "--gold-field", "team", "--save-task", str(tmp_path / "t.json")])
+    assert r.exit_code == 2 and "question 'team''s classifier" in r.output, r.output
+    assert qs.read_text() == q.read_text()
+    r = run([*base, "--decisions", str(q), "--gold-field", "team", "--save-task", str(tmp_path / "t.json"),
+             "--lr", "1e-3"])  # fmt: skip
+    assert r.exit_code == 2 and "--head-prompt question fits a head: drop --lr" in r.output, r.output
+
+
+def test_a_state_over_the_context_is_named_in_data_with_its_own_line(tiny, q, tmp_path):
+    """--head-prompt question: the classifier's job is handed the labelled rows only, yet its error
+    names DATA and the row's line there (rows without the gold field before it), with no fix that
+    --decisions does not take."""
+    rows = [json.loads(x) for x in _gold(tmp_path, 12).read_text().splitlines()][:-1]
+    rows[0].pop("team")
+    rows[1].pop("team")
+    rows[5]["text"] = "word " * 3000
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--folds", "2",
+             "--head-prompt", "question", "--save-task", str(tmp_path / "t.json")])  # fmt: skip
+    assert r.exit_code == 2 and f"{data}: line 6: prompt is" in r.output, r.output
+    assert r.output.count("data.jsonl: line") == 1 and "shorten the text" in r.output, r.output
+    assert "--truncate" not in r.output, r.output
