@@ -418,3 +418,26 @@ def test_a_state_over_the_context_is_named_in_data_with_its_own_line(tiny, q, tm
     assert r.exit_code == 2 and f"{data}: line 6: prompt is" in r.output, r.output
     assert r.output.count("data.jsonl: line") == 1 and "shorten the text" in r.output, r.output
     assert "--truncate" not in r.output, r.output
+
+
+def test_a_resume_under_a_question_classifier_trained_again_is_refused(tiny, q, tmp_path):
+    """decide --resume under a task whose question classifier was trained again (another pooling) is
+    refused as other settings, not continued with the new classifier's answers after the old's."""
+    from mlx_slm.files.output import manifest_path
+
+    rows = [json.loads(x) for x in _gold(tmp_path, 24).read_text().splitlines()][:-1]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task, out = tmp_path / "t.json", tmp_path / "a.jsonl"
+    train = ["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--folds", "2",
+             "--head-prompt", "question", "--save-task", str(task), "-q"]  # fmt: skip
+    assert run([*train, "--pooling", "last"]).exit_code == 0
+    decide = ["decide", str(data), "--task", str(task), "-o", str(out), "--window", "4", "-q"]
+    assert run(decide).exit_code == 0
+    lines = out.read_bytes().splitlines(keepends=True)
+    out.write_bytes(b"".join(lines[:8]))
+    m = json.loads(manifest_path(str(out)).read_text())
+    manifest_path(str(out)).write_text(json.dumps({**m, "complete": False}))
+    assert run([*train, "--pooling", "mean"]).exit_code == 0
+    r = run([*decide, "--resume"])
+    assert r.exit_code == 2 and "other settings" in r.output, r.output
