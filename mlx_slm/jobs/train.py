@@ -477,10 +477,11 @@ def _prefixed(say: Callable[[str], None]) -> Callable[[str], None]:
     return lambda m: say(f"mlx-slm: {m}")
 
 
-def run_train(run: TrainRun, say: Callable[[str], None] = _silent) -> tuple[Any, str]:
+def run_train(run: TrainRun, say: Callable[[str], None] = _silent, engine: Engine | None = None) -> tuple[Any, str]:
     """The `train` command: read the data (before the model loads: its problems fail first),
     fit the head, apply "none of these", save the task. Returns (the `Task`, the per-layer
-    table as text); `say` takes each step's message."""
+    table as text); `say` takes each step's message. `engine`: one already loaded for the plan's
+    model (`train --decisions --head-prompt question`: the one that will answer with the head)."""
 
     check_folds(run.head.folds)
     data = run.read()
@@ -488,8 +489,9 @@ def run_train(run: TrainRun, say: Callable[[str], None] = _silent) -> tuple[Any,
     examples = read_examples(run.examples_file, data.labels) if run.examples_file else ()
     plan = labelled_plan(plan, data.labels, examples, features_only=True)
     progress = _prefixed(say)
-    progress(f"loading {plan.model}")
-    engine = Engine.load(plan.model)
+    if engine is None:
+        progress(f"loading {plan.model}")
+        engine = Engine.load(plan.model)
     head = train(Classifier(engine, plan=plan), data, run.head, progress)
     task = trained_task(plan, engine, HeadSettings(head))
     # "None of these": its threshold chosen on held-out data, before anything is written.

@@ -195,7 +195,7 @@ def _train_all(
             )
         states = [rows[i].text for i in keep]
         if run.tuning is not None:
-            method, table = tune_question(run, plan, q, (states, gold, lines), say)
+            method, table = tune_question(run, plan, q, (states, gold, lines), say, engine)
             methods.append(method)
             tables.append(f"== {q.key}\n{table}")
             continue
@@ -338,15 +338,15 @@ def _kept_unless_saved(paths: Sequence[Path]) -> Iterator[None]:
         raise
 
 
-def _own_head(trun: TrainRun, settings: Any, fused: bool, say: Any) -> tuple[str, str]:
-    return run_train(trun, say=say)[1], "learned head"
+def _own_head(trun: TrainRun, settings: Any, fused: bool, say: Any, engine: Any) -> tuple[str, str]:
+    return run_train(trun, say=say, engine=engine)[1], "learned head"
 
 
-def _own_lora(trun: TrainRun, settings: Any, fused: bool, say: Any) -> tuple[str, str]:
+def _own_lora(trun: TrainRun, settings: Any, fused: bool, say: Any, engine: Any) -> tuple[str, str]:
     return history_table(run_finetune(trun, settings, fused=fused, say=say)[1]), "fine-tuned"
 
 
-def _own_choice(trun: TrainRun, settings: Any, fused: bool, say: Any) -> tuple[str, str]:
+def _own_choice(trun: TrainRun, settings: Any, fused: bool, say: Any, engine: Any) -> tuple[str, str]:
     task, _choice, table = run_choose(trun, settings, fused=fused, say=say)
     return table, "fine-tuned" if task.trained == "fine-tuned adapters" else "learned head"
 
@@ -354,12 +354,13 @@ def _own_choice(trun: TrainRun, settings: Any, fused: bool, say: Any) -> tuple[s
 @dataclass(frozen=True)
 class OwnClassifier:
     """How `tune_question` trains a question's own classifier (`run.tuning`'s mode): what it is
-    doing (said), the job ((run, settings, fused, say) -> (its table, what an answer's x_method
-    "trained" says)), and whether it cross-validates a head on every row (then every option's examples are
+    doing (said), the job ((run, settings, fused, say, the run's engine) -> (its table, what an
+    answer's x_method "trained" says): a head reads the engine that will answer with it, a
+    fine-tune loads its own, its adapters applied to it), and whether it cross-validates a head on every row (then every option's examples are
     counted before the model loads, as for a head on the decision prompt)."""
 
     doing: str
-    train: Callable[[TrainRun, Any, bool, Any], tuple[str, str]]
+    train: Callable[[TrainRun, Any, bool, Any, Any], tuple[str, str]]
     folds_every_row: bool = False
 
 
@@ -376,6 +377,7 @@ def tune_question(
     q: DecisionQuestion,
     rows: tuple[list[Any], list[str], list[int]],
     say: Any,
+    engine: Any = None,
 ) -> tuple[Method, str]:
     """Question `q`'s classifier (`run.tuning`: "head" fits classify's head, "lora" fine-tunes,
     "auto" measures a head against a fine-tune on held-out states and keeps the better), trained
@@ -405,7 +407,7 @@ def tune_question(
         own = OWN[mode]
         say(f"mlx-slm: {q.key!r}: {own.doing} on {len(states)} states")
         try:
-            table, trained = own.train(trun, settings, fused, say)
+            table, trained = own.train(trun, settings, fused, say, engine)
         except UserError as e:
             raise type(e)(_in_data(str(e), str(data), run.data, lines)) from None
     report = {"trained": trained, "n": len(states), "classifier": name, "classifier_sha256": sha256_file(Path(target))}
