@@ -145,7 +145,9 @@ def answer(
     if not applied or dict(applied) == RAW_METHOD:
         return out
     out["x_method"] = dict(applied)
-    if raw is not None and raw is not probs:
+    # the raw answer differs only where a prior or a fit was divided out (`Method.answer`): said by
+    # the record, not by the arrays' identity, which a JSON round trip (Ray's workers) loses
+    if raw is not None and applied.get("calibration", "none") != "none":
         fld = RAW_FIELDS[out["type"]]
         out[f"x_raw_{fld}"] = shaped(q, raw)[fld]
     return out

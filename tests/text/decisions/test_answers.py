@@ -47,6 +47,17 @@ def test_a_changed_answer_carries_its_method_and_raw_probabilities(shape, field)
 
 
 @pytest.mark.parametrize("shape", ["systemone", "openai"])
+def test_an_answer_nothing_divided_has_no_raw_field_even_from_a_copy(shape):
+    """A trained or restyled answer (no prior, no fit) IS its raw answer: no x_raw field, whether the
+    raw array is the same object (a local run) or an equal copy (Ray's workers, after JSON)."""
+    (q,) = systemone_questions({"t": {"type": "choice", "instructions": "?", "criteria": {"a": None, "b": None}}}, CFG)
+    p = np.array([0.7, 0.3])
+    for applied in ({**RAW_METHOD, "trained": "head"}, {**RAW_METHOD, "style": "names", "permute": 2}):
+        same, copy = answer(q, p, shape, p, applied), answer(q, p, shape, p.copy(), applied)
+        assert same == copy and "x_raw_probabilities" not in copy and copy["x_method"] == applied
+
+
+@pytest.mark.parametrize("shape", ["systemone", "openai"])
 def test_none_of_these_changes_the_choice_only_and_says_so(shape):
     """An answer whose record says "none of these" answered it chooses that option; its
     probabilities and confidence stay the method's (`chosen_index`: the one home of the rule)."""
