@@ -354,10 +354,11 @@ def _own_choice(trun: TrainRun, settings: Any, fused: bool, say: Any, engine: An
 @dataclass(frozen=True)
 class OwnClassifier:
     """How `tune_question` trains a question's own classifier (`run.tuning`'s mode): what it is
-    doing (said), the job ((run, settings, fused, say, the run's engine) -> (its table, what an
+    doing (said); the job ((run, settings, fused, say, the run's engine) -> (its table, what an
     answer's x_method "trained" says): a head reads the engine that will answer with it, a
-    fine-tune loads its own, its adapters applied to it), and whether it cross-validates a head on every row (then every option's examples are
-    counted before the model loads, as for a head on the decision prompt)."""
+    fine-tune loads its own, its adapters applied to it); and whether it cross-validates a head
+    on every row (then every option's examples are counted before the model loads, as for a head
+    on the decision prompt)."""
 
     doing: str
     train: Callable[[TrainRun, Any, bool, Any, Any], tuple[str, str]]
