@@ -332,7 +332,8 @@ def _kept_unless_saved(paths: Sequence[Path]) -> Iterator[None]:
     except BaseException:
         for p, data in before.items():
             if data is None:
-                p.unlink(missing_ok=True)
+                if p.is_file() or p.is_symlink():  # what the run made (a folder there was never replaced)
+                    p.unlink()
             elif not p.is_file() or p.read_bytes() != data:
                 atomic_write(p, data, "a question's classifier")
         raise

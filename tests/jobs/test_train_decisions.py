@@ -441,3 +441,22 @@ def test_a_resume_under_a_question_classifier_trained_again_is_refused(tiny, q, 
     assert run([*train, "--pooling", "mean"]).exit_code == 0
     r = run([*decide, "--resume"])
     assert r.exit_code == 2 and "other settings" in r.output, r.output
+
+
+def test_the_classifier_files_are_put_back_as_they_were_whatever_stops_the_run(tmp_path):
+    """`_kept_unless_saved`: a file replaced is restored, one made is removed, a folder in the way is
+    left alone; the error that stopped the run is the one raised (no other from the restore)."""
+    from mlx_slm.jobs.train_decisions import _kept_unless_saved
+
+    old, new, folder = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    old.write_text("old")
+    folder.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        with _kept_unless_saved([old, new, folder]):
+            old.write_text("half")
+            new.write_text("made")
+            raise KeyboardInterrupt
+    assert old.read_text() == "old" and not new.exists() and folder.is_dir()
+    with _kept_unless_saved([old, new]):  # a run that ends well keeps what it wrote
+        old.write_text("trained")
+    assert old.read_text() == "trained"
