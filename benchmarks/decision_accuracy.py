@@ -41,7 +41,9 @@ each, state cache off, each split timed); every method below reads those raw ans
   decision task), answered on TEST by `decide --task`'s `Decider` (its own pass, timed);
   `--no-tune SETS` skips it (said not run); `--tuned-only SETS` runs it, the question-prompt head
   and classify's rows only (every other method needs the decision prompt over each state, which lists every option:
-  BANKING77's 77 options are ~750 tokens a state, about an hour a pass here);
+  BANKING77's 77 options are ~750 tokens a state, about an hour a pass here); `--untrained-only
+  SETS` the other way round: each way over TEST only (raw, batch, contextual) and classify's label
+  scoring, what learns from TRAIN said not run (the many-option sets' untrained figures, on fewer rows);
 * beside them, `classify` on the same TEST rows: label scoring raw, with a batch prior
   (`fit_batch` over TEST), a learned head (`train_head` on TRAIN), and fine-tuned (`train --finetune
   lora` with the set's classify prompt on TRAIN, `classify --task` on TEST; `--no-tune` skips it too).
@@ -480,9 +482,12 @@ def answered(d: Decider, q: DecisionQuestion, ds: DataSet, chunk: int, trained: 
     return probs, tokens, secs
 
 
-def classify_rows(ds: DataSet, engine: Engine, passes: Passes, a: argparse.Namespace) -> list[dict[str, Any]]:
+def classify_rows(
+    ds: DataSet, engine: Engine, passes: Passes, a: argparse.Namespace, untrained: bool = False
+) -> list[dict[str, Any]]:
     """`classify` on the same TEST rows: label scoring raw and with a batch prior, a learned head, and
-    (unless `--no-tune`) a fine-tune: each tier of the decision methods has its classify counterpart."""
+    (unless `--no-tune`) a fine-tune: each tier of the decision methods has its classify counterpart
+    (`untrained`: the label scoring only, what learns from TRAIN said not run)."""
     folds = a.folds
     gold = np.array([g for _, g in ds.test])
     texts = [t for t, _ in ds.test]
@@ -499,6 +504,10 @@ def classify_rows(ds: DataSet, engine: Engine, passes: Passes, a: argparse.Names
         row("classify: labels raw", "classify", probs, gold, **c),
         row("classify: labels + batch prior", "classify", batch, gold, **c),
     ]
+    if untrained:
+        why = "not run: --untrained-only (nothing learns from TRAIN)"
+        learned = ("classify: learned head", "classify: fine-tuned (LoRA)")
+        return out + [{"method": m, "family": "classify", "available": False, "note": why} for m in learned]
     t0 = time.perf_counter()
     train = ([t for t, _ in ds.train], [ds.labels[g] for _, g in ds.train])
     head = train_head(engine, *train, classes=ds.labels, system=ds.system, template=ds.template, folds=folds)
@@ -645,6 +654,12 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         rows += [qrow, trow, *classify_rows(ds, engine, passes, a)]
         return set_result(ds, q, passes, rows, fit_report, {**head_info, "question_prompt": qhead_info}, tuned_info)
     rows = way_rows(ds, q, passes, ways)
+    if ds.name in a.untrained_only:  # TEST passes only: what needs TRAIN said not run
+        why = "not run: --untrained-only (no TRAIN: each way's pass lists every option, see the passes' s / row)"
+        learned = (*NO_FIT, "trained head", "trained head (question prompt)", "fine-tuned (LoRA)")
+        rows += [{"method": m, "family": "decide", "available": False, "note": why} for m in learned]
+        rows += classify_rows(ds, engine, passes, a, untrained=True)
+        return set_result(ds, q, passes, rows, {"note": why}, {"note": why}, {"note": why})
     if ds.name in a.no_fit:  # no TRAIN passes: said, not run
         why = "not run: --no-fit (each way's pass over TRAIN costs too much here; see the passes' s / row)"
         fit_report = {"note": why}
@@ -1028,6 +1043,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="sets with only the fine-tuned (LoRA) row and classify's (no pass of the decision prompt)",
     )
+    ap.add_argument(
+        "--untrained-only",
+        default="",
+        help="sets with only the untrained methods and classify's label scoring (TEST passes only, no TRAIN)",
+    )
     ap.add_argument("--merge", action="store_true", help="keep TAG.json's other sets (a run of some sets adds them)")
     ap.add_argument("--cache", type=Path, default=None, help="keep each pass's raw answers here (resume a run)")
     ap.add_argument("--chunk", type=int, default=32, help="requests per decide call (progress is told per call)")
@@ -1046,7 +1066,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.no_fit = [s for s in a.no_fit.split(",") if s]
     a.no_tune = [s for s in a.no_tune.split(",") if s]
     a.tuned_only = [s for s in a.tuned_only.split(",") if s]
-    bad = [s for s in a.sets + a.no_fit + a.no_tune + a.tuned_only if s not in SETS] + [
+    a.untrained_only = [s for s in a.untrained_only.split(",") if s]
+    both = set(a.tuned_only) & set(a.untrained_only)
+    if both:
+        raise SystemExit(f"--tuned-only and --untrained-only both name {', '.join(sorted(both))}: choose one")
+    bad = [s for s in a.sets + a.no_fit + a.no_tune + a.tuned_only + a.untrained_only if s not in SETS] + [
         w for w in a.ways if w not in WAYS
     ]
     if bad or "letters" not in a.ways:

@@ -181,6 +181,17 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     md4 = (out / "t.md").read_text()
     assert "| trained head | n/a" in md4 and md4.count("Run: `python -m benchmarks.decision_accuracy") == 2
     assert "Sets from several runs" in md4
+    # --untrained-only: each way over TEST (read back from the cache) and classify's label scoring; nothing from TRAIN
+    argv5 = [*argv[:-4], "--tag", "t5", "--ways", "letters", "--untrained-only", "tickets", "--cache", str(cache)]
+    assert bench.main(argv5) == 0
+    t5 = json.loads((out / "t5.json").read_text())["sets"]["tickets"]
+    assert sorted(t5["passes"]) == ["classify labels/test", "letters/test"] and t5["passes"]["letters/test"]["cached"]
+    ran = [r["method"] for r in t5["methods"] if r["available"]]
+    assert ran == [f"letters: {m}" for m in ("raw", "batch prior", "contextual prior")] + CLASSIFY[:2]
+    assert [r.get("accuracy") for r in t5["methods"][:3]] == [r.get("accuracy") for r in s["methods"][:3]]
+    assert all("--untrained-only" in r["note"] for r in t5["methods"] if not r["available"])
+    with pytest.raises(SystemExit, match="choose one"):
+        bench.parse(["--tuned-only", "posts", "--untrained-only", "posts"])
     # --render writes the markdown again from the JSON, with the notes given (kept in the JSON)
     assert bench.main(["--render", "--out", str(out), "--tag", "t", "--note", "a note"]) == 0
     assert "- a note" in (out / "t.md").read_text() and json.loads((out / "t.json").read_text())["notes"] == ["a note"]
