@@ -53,7 +53,7 @@ from ..text.decisions.settings import DecisionConfig
 from ..text.decisions.systemone import parse_systemone
 from ..weights.convert import sha256_file
 from .classifier import Classifier
-from .pipeline import default_max_batch_tokens
+from .pipeline import NON_FINITE, default_max_batch_tokens
 
 # A state's rest (after its cached start) up to this many tokens runs in the same forward as its
 # questions (a tree pass, dense over its tokens); a longer one runs on its own first (causal).
@@ -209,6 +209,8 @@ class Decider:
         scores = self.scores(items)
         raws = [self.raw_answers(it, sc) for it, (sc, _) in zip(items, scores)]
         tuned = self.tuned_answers(items, raws)
+        for it, raw in zip(items, raws):
+            _check_finite(it, raw)
         return [
             self.finish(DecisionResult(it.request, tuple(raw), it.input_tokens + extra, c, tuple(raw)), priors)
             for it, raw, (_, c), extra in zip(items, raws, scores, tuned)
@@ -227,6 +229,11 @@ class Decider:
             clf, labels = self._tuned(path, *_asker(items, where[0]))
             preds = clf.classify([text(items[r].request.state) for r, _ in where])
             for (r, k), p in zip(where, preds):
+                if (
+                    p.error == NON_FINITE
+                ):  # said as the letters' own would be (`_check_finite`), not as over the context
+                    raws[r][k] = np.full(len(labels), np.nan)
+                    continue
                 raws[r][k] = None if p.error is not None else np.array([p.probs[x] for x in labels], dtype=np.float64)
                 tokens[r] += p.n_tokens
         return tokens
@@ -236,7 +243,7 @@ class Decider:
         with self._contextual_lock:
             got = self._classifiers.get(path)
         if got is None:
-            clf = Classifier.from_task(_trained_with(path, q, m), engine=self.engine)
+            clf = Classifier.from_task(trained_with(path, q.key, m), engine=self.engine)
             labels = tuned_prompt(q)[1]
             if tuple(clf.labels) != labels:
                 raise DecisionError(
@@ -322,6 +329,8 @@ class Decider:
         if not ps:
             raise DecisionError(("calibrate",), f"question {q.key!r} does not fit the model's context even alone")
         mean = np.mean(ps, axis=0)
+        if not np.all(np.isfinite(mean)):
+            raise DecisionError(("calibrate",), f"question {q.key!r}'s contextual prior: {NON_FINITE}")
         labels = q.answer_names()
         cal = Calibrator("contextual", labels, tuple(np.log(np.maximum(mean, 1e-12)).tolist()), 1.0, len(ps))
         with self._contextual_lock:
@@ -405,22 +414,31 @@ class Decider:
         return list(zip(scores, cached))
 
 
+def _check_finite(it: DecisionItem, raw: Sequence[np.ndarray | None]) -> None:
+    """A request whose raw answer to a question holds NaN or infinity (weights that overflow in
+    float16, or hold non-finite values) is refused, naming the question: never answered, nor
+    divided by a prior, as if it were a probability."""
+    for q, p in zip(it.request.questions, raw):
+        if p is not None and not np.all(np.isfinite(p)):
+            raise DecisionError(("questions", q.key), f"question {q.key!r}: {NON_FINITE}")
+
+
 def _asker(items: Sequence[DecisionItem], at: tuple[int, int]) -> tuple[DecisionQuestion, Method]:
     """The question `at` (item, question) and its method."""
     it, k = items[at[0]], at[1]
     return it.request.questions[k], it.methods[k]
 
 
-def _trained_with(path: str, q: DecisionQuestion, m: Method) -> str:
-    """`path`, a tuned question's classifier file, if it is the one the question was trained with
-    (its sha256, where the task records it): a failed or another training run may have replaced
-    it; refused, not used."""
+def trained_with(path: str, key: str | None, m: Method) -> str:
+    """`path`, a tuned question's classifier file, if it is the one question `key` was trained
+    with (its sha256, where the task records it): a failed or another training run may have
+    replaced it; refused, not used (`DecisionPlan.loaded` checks it before a run or a server starts)."""
     want = (m.report or {}).get("classifier_sha256")
     if want is not None and Path(path).is_file() and sha256_file(Path(path)) != want:
         raise DecisionError(
             ("tuned",),
-            f"{path} is not the classifier question {q.key!r} was trained with (its sha256 differs: another "
-            "training run replaced it): train the task again",
+            f"{path} is not the classifier question {key!r} was trained with (its sha256 differs: it was "
+            "edited, or another training run replaced it): train the task again",
         )
     return path
 

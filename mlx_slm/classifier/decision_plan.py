@@ -28,8 +28,8 @@ from ..text.decisions.methods import Method, Methods
 from ..text.decisions.questions import REFUSALS, DecisionQuestion
 from ..text.decisions.settings import DecisionConfig
 from ..weights.registry import ModelRef
-from .decider import Decider, DeciderSettings
-from .task import Task, TaskError
+from .decider import Decider, DeciderSettings, trained_with
+from .task import Task, TaskError, check_decision_settings
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,10 @@ class DecisionPlan:
         plan = self if config == self.config else self.with_config(config)
         if plan.methods.saved and plan.task is not None:
             plan.task.check_weights(engine.weights_sha256, self.model.name)  # fitted on other weights: refused
+            check_decision_settings(plan.task, config, self.model.name)  # or under another decision.json
+            for m in plan.methods.saved.values():  # a question's own classifier replaced since: refused now
+                if m.tuned is not None:
+                    trained_with(m.tuned, m.key, m)
         return replace(plan, model_config=True)
 
     def with_config(self, config: DecisionConfig) -> DecisionPlan:

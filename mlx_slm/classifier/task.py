@@ -29,7 +29,7 @@ from ..kinds.finetune import FineTunedSettings
 from ..kinds.head import HeadSettings
 from ..kinds.questions import QuestionsSettings
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
-from ..text.decisions.settings import temperature_problem
+from ..text.decisions.settings import DecisionConfig, temperature_problem
 from ..text.heads import Head
 from ..text.labels import MODES, label_problem
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
@@ -243,6 +243,9 @@ class Task:
             own = self.section.weights_note() if self.section is not None else None
             if own is not None:
                 what, fix = own
+            elif self.decisions_fitted and not self.calibration.fitted and _decisions_trained(self):  # type: ignore[union-attr]
+                what = "decision questions were trained"
+                fix = "train them again (mlx-slm train DATA --decisions Q.json --gold-field ... --save-task ...)"
             elif self.decisions_fitted and not self.calibration.fitted:  # type: ignore[union-attr]
                 what = "decision questions were fitted"
                 fix = "fit them again (mlx-slm eval GOLD --decisions Q.json --fit --save-task ...)"
@@ -253,6 +256,31 @@ class Task:
                 f"{'the model loaded' + (f' ({model})' if model else '')} has {weights_sha256[:12]}...: "
                 f"it does not carry over; {fix}"
             )
+
+
+def _decisions_trained(task: Task) -> bool:
+    """Some of the task's decision questions were trained (a head or a classifier of their own)."""
+    methods = (task.decisions or {}).get("methods", [])
+    return any(isinstance(m, dict) and (m.get("head") or m.get("tuned")) for m in methods)
+
+
+def check_decision_settings(task: Task, config: DecisionConfig, model: str | None = None) -> None:
+    """The task's decision questions were fitted or trained under the model's decision settings
+    (decision.json's labels, temperatures, template): under others their raw answers differ, so
+    the methods do not carry over (refused, as other weights are). Tasks of before: not checked."""
+    sec = task.decisions or {}
+    want = sec.get("settings_sha256")
+    if not task.decisions_fitted or want is None or want == config.digest():
+        return
+    what, fix = ("trained", "train them again") if _decisions_trained(task) else ("fitted", "fit them again")
+    was = json.dumps(sec.get("settings") or {}, sort_keys=True)
+    now = json.dumps(config.to_record(template=False), sort_keys=True)
+    raise TaskError(
+        f"the task's decision questions were {what} under the decision settings {was} (a model folder's "
+        f"decision.json and decision_template.jinja), but {'the model loaded' + (f' ({model})' if model else '')} "
+        f"reads {now}: the raw answers differ, so they do not carry over; {fix} with this model, or use the "
+        "model folder they were made with"
+    )
 
 
 def _head(self: Task) -> Head | None:
@@ -387,6 +415,22 @@ def _none_field(d: dict[str, Any], where: str, labels: list[str]) -> dict[str, A
     return dict(none)
 
 
+# The model's decision settings a task's questions were fitted or trained under (`DecisionConfig`:
+# its record, for people, and its digest, compared): tasks of before have neither.
+SETTINGS = ("settings", "settings_sha256")
+
+
+def decisions_section(raw_questions: Any, methods: list[dict[str, Any]], config: DecisionConfig) -> dict[str, Any]:
+    """A task's `decisions` field: the questions as given, each method, and the decision settings
+    (a model folder's decision.json: labels, temperatures, template) they were made under."""
+    return {
+        "questions": raw_questions,
+        "methods": methods,
+        "settings": config.to_record(template=False),
+        "settings_sha256": config.digest(),
+    }
+
+
 def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
     """The task's typed decisions: their questions (as given; read by `text.decisions` where they are
     used), each fitted question's method (read with the model's decision settings by
@@ -395,7 +439,7 @@ def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
     if sec is None:
         return None
     shape = '{"questions": {...} or [...], "methods": [...]}'
-    if not isinstance(sec, dict) or set(sec) - {"questions", "methods", "temperatures", "fit"}:
+    if not isinstance(sec, dict) or set(sec) - {"questions", "methods", "temperatures", "fit", *SETTINGS}:
         raise bad_field(d, where, "decisions", f"an object {shape}")
     qs = sec.get("questions")
     if not isinstance(qs, (dict, list)) or not qs:
@@ -414,6 +458,10 @@ def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
     if not isinstance(fit, dict):
         raise bad_field(d, where, "decisions", f"an object {shape}")
     out = {"questions": qs, "methods": methods, "temperatures": {str(k): float(t) for k, t in temps.items()}}
+    if "settings_sha256" in sec:
+        if not isinstance(sec["settings_sha256"], str) or not isinstance(sec.get("settings", {}), dict):
+            raise bad_field(d, where, "decisions", 'an object whose "settings_sha256" is a string')
+        out.update({k: sec[k] for k in SETTINGS if k in sec})
     return {**out, "fit": fit} if fit else out
 
 

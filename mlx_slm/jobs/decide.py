@@ -49,10 +49,11 @@ from ..files.output import output_format as output_format_of
 from ..files.readers import STATE_OPTIONS, ReadSpec, Row, read_rows
 from ..ground.errors import UsageError, UserError
 from ..ground.textfiles import InputError
-from ..text.calibration import DEFAULT_WARMUP, CalibrationError, Calibrator, fit_batch
+from ..text.calibration import DEFAULT_WARMUP, CalibrationError, Calibrator
 from ..text.decisions.answers import RAW_METHOD, answer
 from ..text.decisions.checks import state_problem as decision_state_problem
 from ..text.decisions.errors import DecisionError
+from ..text.decisions.fitting import batch_prior
 from ..text.decisions.methods import trained_phrase
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..weights.registry import DEFAULT_MODEL
@@ -160,6 +161,12 @@ def decide(s: DecideSettings, say: Say) -> int:
     dist = Distribution(s.shard, s.ray or s.ray_address is not None, s.ray_address, s.workers, s.worker_threads)
     dist.check(s.input, file_out)
     plan = replace(resolve_decisions(s.options()), refusal=refusal_of(s))  # a bad questions file: exit 2 now
+    if dist.shard is not None and plan.prior == "batch":
+        raise UsageError(
+            "--shard with --calibrate batch would find a different prior on each shard (the parts would not "
+            "merge): learn one prior first (mlx-slm eval SAMPLE --decisions Q.json --fit-prior --save-task "
+            "task.json) and give every shard --task task.json"
+        )
     if dist.ray:
         ray_init(dist.address, say)
     with ExitStack() as stack:
@@ -411,7 +418,8 @@ def describe_methods(plan: DecisionPlan, priors: Mapping[str, Calibrator]) -> st
     rows = asked(plan.questions, plan.methods)
     if all(r == {"key": r["key"], **RAW_METHOD} for r in rows):
         return "raw"
-    parts = [f"{r['key']}: {method_words(r, priors[r['key']].n if r['key'] in priors else plan.warmup)}" for r in rows]
+    found = {q.key: priors[q.digest].n for q in plan.questions if q.digest in priors}  # priors are by digest
+    parts = [f"{r['key']}: {method_words(r, found.get(r['key'], plan.warmup))}" for r in rows]
     return "; ".join(parts)
 
 
@@ -427,12 +435,7 @@ def batch_priors(questions: Sequence[DecisionQuestion], results: Sequence[Any], 
                 f"--calibrate batch: question {q.key!r} has {len(q.options)} options but only {len(got)} state(s) "
                 "answered it to find its prior in: give more states (or --warmup), or drop --calibrate batch"
             )
-        with np.errstate(divide="ignore"):
-            lp = np.log(np.stack(got))
-        try:
-            out[q.digest] = fit_batch(np.maximum(lp, -1e4), q.answer_names())
-        except CalibrationError as e:
-            raise UserError(f"--calibrate batch: question {q.key!r}: {e}") from None
+        out[q.digest] = batch_prior(np.stack(got), q.answer_names(), warmup, f"--calibrate batch: question {q.key!r}: ")
     return out
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..classifier.decision_plan import DecisionPlan
-from ..classifier.task import Task
+from ..classifier.task import Task, decisions_section
 from ..files.output import (
     RecordError,
     check_run_files,
@@ -457,6 +457,12 @@ def _save(
     kept = [m for m in _kept_methods(plan, s.save_task or "") if m.digest not in new]
     order = {q.digest: i for i, q in enumerate(plan.questions)}
     saved = sorted([*kept, *fitted], key=lambda m: order.get(m.digest, len(order)))
+    if not saved:  # a task that changes no answer would be served as if fitted: nothing is written
+        raise UsageError(
+            f"--save-task {s.save_task}: no question was fitted (a fit is kept only where its cross-validated "
+            "accuracy beats the raw answers': see the report above), so nothing was saved; label more states "
+            "(two or more per option), or answer raw without a task"
+        )
     Task(
         model=plan.model.name,
         labels=tuple(DEFAULT_LABELS),
@@ -464,7 +470,7 @@ def _save(
         template=DEFAULT_TEMPLATE,
         weights_sha256=engine.weights_sha256 if engine else None,
         versions=versions(),
-        decisions={"questions": plan.raw_questions, "methods": [m.to_dict() for m in saved]},
+        decisions=decisions_section(plan.raw_questions, [m.to_dict() for m in saved], plan.config),
     ).save(s.save_task)
     from_task = f", {len(kept)} kept from {s.task_file}" if kept else ""
     say(

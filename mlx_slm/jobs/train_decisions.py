@@ -47,7 +47,7 @@ import numpy as np
 
 from ..classifier.decision_plan import DecisionPlan
 from ..classifier.plan import Plan
-from ..classifier.task import Task
+from ..classifier.task import Task, decisions_section
 from ..files.readers import ReadSpec
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
@@ -149,6 +149,12 @@ def train_question(
             raise TrainError(
                 f"{trace.where(i)}: the state and question {q.key!r} are over the model's context: shorten it"
             )
+        if not np.all(np.isfinite(f)):  # a head fitted on NaN answers NaN (or one class) for everything
+            raise TrainError(
+                f"{trace.where(i)}: question {q.key!r}: the model's hidden states are not finite (NaN or "
+                "infinity): its weights overflow or hold non-finite values; run it in float32 (--dtype float32), "
+                "or fix the model"
+            )
     feats = {"last": np.stack(got)}  # type: ignore[arg-type]
     st = _Stats(time.perf_counter() - t0, len(states))
     return _fit_timed(feats, (layers, y, labels), cands, st, head, trace.note)
@@ -231,7 +237,7 @@ def _decision_task(run: DecisionTrainRun, plan: DecisionPlan, weights: str, meth
         template=DEFAULT_TEMPLATE,
         weights_sha256=weights,
         versions=versions(),
-        decisions={"questions": plan.raw_questions, "methods": [m.to_dict() for m in methods]},
+        decisions=decisions_section(plan.raw_questions, [m.to_dict() for m in methods], plan.config),
     )
     task.save(path)
     return task

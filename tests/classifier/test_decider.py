@@ -378,3 +378,34 @@ def test_beyond_the_letters_a_string_and_a_boolean_of_the_same_text_stay_distinc
     (res,) = decider.decide([req])
     (p,) = res.probabilities
     assert p.shape == (27,) and np.isfinite(p).all() and p.sum() == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def nan_decider(tmp_path_factory):
+    """A Decider on the tiny model whose lm_head holds NaN (weights that overflow or are broken)."""
+    import mlx.core as mx
+
+    from mlx_slm.classifier.decider import Decider
+    from mlx_slm.weights.convert import convert
+    from tests.conftest import make_tiny
+
+    hf_dir = make_tiny(tmp_path_factory.mktemp("hf-nan"), "qwen2", words=("Yes", "No"))
+    out = convert(hf_dir, tmp_path_factory.mktemp("mlx-nan") / "m", dtype="float32", progress=None)
+    w = mx.load(str(out / "model.safetensors"))
+    w["lm_head.weight"] = mx.full(w["lm_head.weight"].shape, float("nan"))
+    mx.save_safetensors(str(out / "model.safetensors"), w, metadata={"format": "mlx"})
+    (out / "conversion.json").unlink()  # its weights' hash changed: a plain MLX folder
+    return Decider.load(str(out), dtype="float32")
+
+
+def test_non_finite_answers_are_refused_naming_the_question(nan_decider):
+    """NaN probabilities are never answered (nor divided by a prior, nor written as JSON's NaN):
+    the request is refused naming the question and the fix; so is a contextual prior from them."""
+    from mlx_slm.text.decisions.methods import Method
+
+    qs = {"team": QUESTIONS["team"]}
+    with pytest.raises(DecisionError, match=r"question 'team': the model gave a non-finite probability.*float32"):
+        nan_decider.decide([{"model": "m", "state": "refund please", "questions": qs}])
+    (q,) = parse_systemone({"model": "m", "state": "x", "questions": qs}).questions
+    with pytest.raises(DecisionError, match="question 'team''s contextual prior: the model gave a non-finite"):
+        nan_decider.contextual_prior(q, Method(prior="contextual"))

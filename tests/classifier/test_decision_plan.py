@@ -81,6 +81,43 @@ def test_bad_sections_named(section, match):
         Task.from_dict(d, "task file t.json")
 
 
+def test_a_task_made_under_another_decision_json_is_refused(tmp_path):
+    """A task's questions are bound to the decision settings they were fitted or trained under (a
+    model folder's decision.json: labels, temperatures, template): the same weights under other
+    settings give other raw answers, so the task is refused naming both and the fix; a task of
+    before (no settings recorded) is not checked."""
+    from mlx_slm.classifier.task import decisions_section
+
+    class Engine:
+        path, weights_sha256 = None, SHA
+
+    own = DecisionConfig()
+    sec = decisions_section(QUESTIONS, [], own)
+    t = Task(model="tiny", labels=(), system=None, template="{text}", weights_sha256=SHA,
+             decisions={**sec, "temperatures": {"spam": 1.7}})  # fmt: skip
+    t.save(tmp_path / "t.json")
+    t = Task.load(tmp_path / "t.json")
+    assert t.decisions["settings_sha256"] == own.digest() and t.decisions["settings"]["labels"] == {}
+    plan = DecisionPlan(ModelRef("tiny"), task=t, methods=task_methods(t, own))
+    assert plan.loaded(Engine()).model_config  # the same settings: read as saved
+
+    other = DecisionConfig(temperature={"noul": 5.0})
+    with pytest.raises(TaskError, match=r"fitted under the decision settings .*reads .*\"noul\": 5.0.*fit them again"):
+        plan.with_config(other).loaded(_with_config(Engine, tmp_path, {"temperature": {"noul": 5}}))
+    before = Task(model="tiny", labels=(), system=None, template="{text}", weights_sha256=SHA,
+                  decisions={"questions": QUESTIONS, "temperatures": {"spam": 1.7}})  # fmt: skip
+    plan = DecisionPlan(ModelRef("tiny"), task=before, methods=task_methods(before, own))
+    assert plan.loaded(_with_config(Engine, tmp_path, {"temperature": {"noul": 5}})).config == other
+
+
+def _with_config(engine: type, folder, decision: dict):
+    """`engine` whose converted folder holds this decision.json (what `loaded` reads)."""
+    (folder / "decision.json").write_text(json.dumps(decision))
+    e = engine()
+    e.path = str(folder)
+    return e
+
+
 # ----------------------------------------------------------------------------- the weights check
 
 

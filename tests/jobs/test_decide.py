@@ -281,7 +281,11 @@ def test_batch_calibration_divides_by_the_first_states_mean_answer_and_resumes_w
     inp = _shared_input(tmp_path)
     raw, cal = tmp_path / "raw.jsonl", tmp_path / "cal.jsonl"
     _run(tiny, inp, q, raw, window=2)
-    _run(tiny, inp, q, cal, window=2, calibrate="batch", warmup=5, given=frozenset({"model", "warmup"}))
+    said = []
+    s = DecideSettings(input=str(inp), questions_file=str(q), output=str(cal), model=tiny, window=2,
+                       calibrate="batch", warmup=5, given=frozenset({"model", "warmup"}))  # fmt: skip
+    decide(s, said.append)
+    assert "team: batch calibration (prior from the first 5 states)" in said[-1]  # the prior found, as used
     a = [json.loads(x)["answers"] for x in raw.read_text().splitlines()]
     b = [json.loads(x)["answers"] for x in cal.read_text().splitlines()]
     team = np.array([list(r["team"]["probabilities"].values()) for r in a])
@@ -317,6 +321,10 @@ def test_what_would_change_nothing_is_refused(tiny, files, tmp_path):
     only_noul.write_text(json.dumps({"u": QUESTIONS["urgent"]}))
     with pytest.raises(UsageError, match="--permute 2 reorders a choice"):
         _run(tiny, inp, only_noul, permute=2)
+    # each shard would find its own prior (the parts would not merge): refused before anything runs
+    with pytest.raises(UsageError, match="--shard with --calibrate batch .* --fit-prior"):
+        _run(tiny, inp, q, tmp_path / "part0.jsonl", calibrate="batch", shard="0/2")
+    assert not (tmp_path / "part0.jsonl").exists()
 
 
 def test_a_batch_prior_from_fewer_states_than_options_is_refused(tiny, files, tmp_path):

@@ -209,3 +209,19 @@ def test_eval_and_train_read_a_csv_of_states_as_decide_does(tiny, q, tmp_path):
     assert r.exit_code == 0, r.output
     r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--text-column", "x"])
     assert r.exit_code == 2 and "'x'" in r.output, r.output
+
+
+def test_a_save_task_that_would_fit_nothing_is_refused_and_writes_nothing(tiny, q, tmp_path):
+    """One labelled row per option: no fit can be cross-validated, so none is kept, and a task that
+    changes no answer is not written (an existing file at --save-task stays as it was)."""
+    rows = [{"text": t, "team": team} for t, team in (("refund please", "billing"), ("app crashes", "technical"))]
+    gold = tmp_path / "g.jsonl"
+    gold.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keep = tmp_path / "t.json"
+    keep.write_text("before\n")
+    r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--fit",
+             "--save-task", str(keep)])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert "could not be cross-validated" in r.output and "(not kept)" in r.output
+    assert "no question was fitted" in r.output and "nothing was saved" in r.output
+    assert keep.read_text() == "before\n"

@@ -378,6 +378,9 @@ def test_a_failed_run_leaves_the_question_classifiers_it_would_replace(tiny, tmp
     own.write_bytes((tmp_path / "other.team.json").read_bytes())
     r = run(["decide", "--task", str(task), "-q"], input=state)
     assert r.exit_code == 2 and "is not the classifier question 'team' was trained with" in r.output, r.output
+    (tmp_path / "in.jsonl").write_text(state * 3)  # refused when the plan loads, not row by row
+    r = run(["decide", str(tmp_path / "in.jsonl"), "--task", str(task), "-o", str(tmp_path / "out.jsonl")])
+    assert r.exit_code == 2 and "was trained with" in r.output and not (tmp_path / "out.jsonl").exists()
 
 
 def test_question_classifiers_are_outputs_of_their_own(tiny, q, tmp_path):

@@ -59,8 +59,24 @@ def figures(probs: np.ndarray, gold: np.ndarray, binary: bool = False) -> dict[s
     }
 
 
+def constant(probs: np.ndarray) -> bool:
+    """Every answer is the same (to 1e-9): the model does not tell the states apart for this question."""
+    p = np.asarray(probs, dtype=np.float64)
+    return len(p) > 1 and bool(np.all(np.ptp(p, axis=0) <= 1e-9))
+
+
+def _same_answers(probs: np.ndarray, what: str, learned: str) -> FitError:
+    first = ", ".join(f"{x:.4g}" for x in np.asarray(probs, dtype=np.float64)[0])
+    return FitError(
+        f"{what}the model gave every one of the {len(probs)} states the same answer ({first}): {learned} from "
+        "answers that do not vary changes nothing but their scale; check the model (a broken or untrained "
+        "checkpoint?), its --dtype and the question, or give states that differ"
+    )
+
+
 def batch_prior(probs: np.ndarray, labels: Sequence[str], warmup: int, what: str = "") -> Calibrator:
-    """The batch prior of the first `warmup` answers (at least as many as the options)."""
+    """The batch prior of the first `warmup` answers (at least as many as the options; refused
+    where they are all the same: dividing them out would make each of them uniform)."""
     every = np.asarray(probs, dtype=np.float64)
     p = every[:warmup]
     if len(p) < len(labels):
@@ -69,6 +85,8 @@ def batch_prior(probs: np.ndarray, labels: Sequence[str], warmup: int, what: str
             f"{what}a prior over {len(labels)} options needs at least {len(labels)} states, got {len(p)} "
             f"(--warmup {warmup}, {len(every)} states answered): {fix}"
         )
+    if constant(p):
+        raise _same_answers(p, what, "a prior learned")
     try:
         return fit_batch(log_of(p), labels)
     except CalibrationError as e:
@@ -86,7 +104,7 @@ def corrected(
     """The raw answers' figures beside those of the same answers divided by a batch prior (the
     first `warmup` states') and by `contextual` (when given)."""
     out = {"raw": figures(probs, gold, binary)}
-    if len(probs) >= len(labels):
+    if len(probs) >= len(labels) and not constant(probs[:warmup]):
         out["batch"] = figures(apply(batch_prior(probs, labels, warmup), probs), gold, binary)
     if contextual is not None:
         out["contextual"] = figures(apply(contextual, probs), gold, binary)
@@ -108,10 +126,10 @@ class Fitted:
 
     @property
     def beats_raw(self) -> bool:
-        """Whether the fit's cross-validated accuracy is above the raw answers' (a fit that is not is
-        not kept: the question stays raw, and the report says so)."""
+        """Whether the fit's cross-validated accuracy is above the raw answers' (a fit that is not,
+        or that could not be cross-validated, is not kept: the question stays raw, the report says so)."""
         cv = self.calibrator.info.get("cv_accuracy_calibrated")
-        return self.raw_accuracy is None or cv is None or cv > self.raw_accuracy
+        return cv is not None and (self.raw_accuracy is None or cv > self.raw_accuracy)
 
     def report(self) -> dict[str, Any]:
         return {
@@ -152,6 +170,8 @@ def fit_question(
     fits: dict[Way, Calibrator] = {}
     table = []
     for way, probs in runs.items():
+        if constant(probs):
+            raise _same_answers(probs, f"--fit: question {key!r} ({way[0]}, {way[1]} order(s)): ", "a fit learned")
         try:
             cal = fit_labelled(log_of(probs), gold, labels, temperature="auto", folds=folds, seed=seed)
         except CalibrationError as e:
@@ -187,6 +207,8 @@ def fit_question(
     got = Fitted(best[0], best[1], fits[best], table, note, raw_acc)
     if not got.beats_raw:
         why = f"no fitted way beat the raw answers ({raw_acc:.4f} right, unfitted): the question is kept raw"
+        if fits[best].info.get("cv_accuracy_calibrated") is None:  # nothing shows the fit is better: not kept
+            why = "the fit could not be cross-validated (label two or more states per option): the question is kept raw"
         got = Fitted(best[0], best[1], fits[best], table, f"{note}; {why}" if note else why, raw_acc)
     return got
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,12 @@ class DecisionConfig:
             "chat_template": self.chat_template if template else self.chat_template is not None,
             "sanitize_control_tokens": self.sanitize_control_tokens,
         }
+
+    def digest(self) -> str:
+        """sha256 of every setting, the template's text included: what a task's fitted or trained
+        questions were made under (the raw answers they read depend on it)."""
+        blob = json.dumps(self.to_record(), sort_keys=True, ensure_ascii=False).encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()
 
     @classmethod
     def from_record(cls, d: Mapping[str, Any]) -> DecisionConfig:

@@ -59,6 +59,26 @@ def test_one_row_an_option_fits_without_comparing_ways_and_says_so():
     letters, names, gold = _data(6)
     fitted = fit_question({("letters", 1): letters[:3], ("names", 1): names[:3]}, gold[:3], LABELS, "team")
     assert (fitted.style, fitted.permute) == ("letters", 1) and "could not be compared" in fitted.note
+    # nothing shows the fit beats the raw answers (no cross-validation): not kept, and said
+    assert not fitted.beats_raw and fitted.report()["kept"] is False and "could not be cross-validated" in fitted.note
+
+
+def test_answers_that_do_not_vary_are_refused_for_a_fit_and_a_prior():
+    """A model that gives every state the same answer (a broken checkpoint, weights of zeros) has
+    nothing to learn from: the fit and the prior are refused with why, never saved as fitted; the
+    report's side-by-side batch column is left out, not divided into uniform answers."""
+    letters, _, gold = _data()
+    same = np.tile([0.5, 0.3, 0.2], (len(gold), 1))
+    with pytest.raises(FitError, match=r"question 'team' \(names, 1 order\(s\)\): .* same answer \(0.5, 0.3, 0.2\)"):
+        fit_question({("letters", 1): letters, ("names", 1): same}, gold, LABELS, "team")
+    with pytest.raises(FitError, match="--fit-prior: question 'team': the model gave every one of the 90 states"):
+        prior_of(same, LABELS, "team", 512)
+    with pytest.raises(FitError, match="the same answer"):
+        batch_prior(same, LABELS, 512)
+    assert set(corrected(same, gold, LABELS, warmup=512)) == {"raw"}
+    nearly = same.copy()
+    nearly[5] = [0.49, 0.31, 0.2]  # one state differs: a prior is found
+    assert batch_prior(nearly, LABELS, 512).n == 90
 
 
 def test_corrected_figures_side_by_side():
