@@ -209,8 +209,7 @@ class Decider:
         scores = self.scores(items)
         raws = [self.raw_answers(it, sc) for it, (sc, _) in zip(items, scores)]
         tuned = self.tuned_answers(items, raws)
-        for it, raw in zip(items, raws):
-            _check_finite(it, raw)
+        _check_finite(items, raws)
         return [
             self.finish(DecisionResult(it.request, tuple(raw), it.input_tokens + extra, c, tuple(raw)), priors)
             for it, raw, (_, c), extra in zip(items, raws, scores, tuned)
@@ -229,12 +228,7 @@ class Decider:
             clf, labels = self._tuned(path, *_asker(items, where[0]))
             preds = clf.classify([text(items[r].request.state) for r, _ in where])
             for (r, k), p in zip(where, preds):
-                if (
-                    p.error == NON_FINITE
-                ):  # said as the letters' own would be (`_check_finite`), not as over the context
-                    raws[r][k] = np.full(len(labels), np.nan)
-                    continue
-                raws[r][k] = None if p.error is not None else np.array([p.probs[x] for x in labels], dtype=np.float64)
+                raws[r][k] = _tuned_raw(p, labels)
                 tokens[r] += p.n_tokens
         return tokens
 
@@ -328,11 +322,7 @@ class Decider:
         ps = [p for it, (sc, _) in zip(items, self.scores(items)) for p in self.raw_answers(it, sc) if p is not None]
         if not ps:
             raise DecisionError(("calibrate",), f"question {q.key!r} does not fit the model's context even alone")
-        mean = np.mean(ps, axis=0)
-        if not np.all(np.isfinite(mean)):
-            raise DecisionError(("calibrate",), f"question {q.key!r}'s contextual prior: {NON_FINITE}")
-        labels = q.answer_names()
-        cal = Calibrator("contextual", labels, tuple(np.log(np.maximum(mean, 1e-12)).tolist()), 1.0, len(ps))
+        cal = _contextual(q, ps)
         with self._contextual_lock:
             self._contextual[key] = cal
             while len(self._contextual) > CONTEXTUAL_PRIORS:
@@ -414,13 +404,30 @@ class Decider:
         return list(zip(scores, cached))
 
 
-def _check_finite(it: DecisionItem, raw: Sequence[np.ndarray | None]) -> None:
+def _check_finite(items: Sequence[DecisionItem], raws: Sequence[Sequence[np.ndarray | None]]) -> None:
     """A request whose raw answer to a question holds NaN or infinity (weights that overflow in
     float16, or hold non-finite values) is refused, naming the question: never answered, nor
     divided by a prior, as if it were a probability."""
-    for q, p in zip(it.request.questions, raw):
-        if p is not None and not np.all(np.isfinite(p)):
-            raise DecisionError(("questions", q.key), f"question {q.key!r}: {NON_FINITE}")
+    for it, raw in zip(items, raws):
+        for q, p in zip(it.request.questions, raw):
+            if p is not None and not np.all(np.isfinite(p)):
+                raise DecisionError(("questions", q.key), f"question {q.key!r}: {NON_FINITE}")
+
+
+def _tuned_raw(p: Any, labels: Sequence[str]) -> np.ndarray | None:
+    """A tuned classifier's prediction as a raw answer over `labels`: None where it could not answer
+    (over the context); NaN where its probabilities were not finite (refused by `_check_finite`)."""
+    if p.error == NON_FINITE:
+        return np.full(len(labels), np.nan)
+    return None if p.error is not None else np.array([p.probs[x] for x in labels], dtype=np.float64)
+
+
+def _contextual(q: DecisionQuestion, ps: Sequence[np.ndarray]) -> Calibrator:
+    """`q`'s contextual prior: the mean of its answers to content-free states (finite, else refused)."""
+    mean = np.mean(ps, axis=0)
+    if not np.all(np.isfinite(mean)):
+        raise DecisionError(("calibrate",), f"question {q.key!r}'s contextual prior: {NON_FINITE}")
+    return Calibrator("contextual", q.answer_names(), tuple(np.log(np.maximum(mean, 1e-12)).tolist()), 1.0, len(ps))
 
 
 def _asker(items: Sequence[DecisionItem], at: tuple[int, int]) -> tuple[DecisionQuestion, Method]:

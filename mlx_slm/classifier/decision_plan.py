@@ -25,7 +25,7 @@ from ..text.calibration import DEFAULT_WARMUP, Calibrator
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
 from ..text.decisions.methods import Method, Methods
-from ..text.decisions.questions import REFUSALS, DecisionQuestion
+from ..text.decisions.questions import REFUSALS, DecisionQuestion, DecisionRequest
 from ..text.decisions.settings import DecisionConfig
 from ..weights.registry import ModelRef
 from .decider import Decider, DeciderSettings, trained_with
@@ -84,7 +84,10 @@ class DecisionPlan:
         """The `Decider` this plan runs (on a loaded plan's engine); `options` override settings."""
         if not self.model_config:
             raise DecisionError((), "the plan's decision settings are not the model's yet: call loaded(engine) first")
-        return Decider(engine, self.config, replace(self.settings, methods=self.methods, **options))
+        d = Decider(engine, self.config, replace(self.settings, methods=self.methods, **options))
+        if self.questions:  # a question that cannot be asked (its labels; its prompt alone over the context) is
+            d.prepare([DecisionRequest("?", self.questions)])  # refused now, naming it, not as every row's error
+        return d
 
     def record(self, priors: Mapping[str, Calibrator] | None = None) -> dict[str, Any]:
         """What a run's manifest records of how its answers are made (a resumed run must match)."""

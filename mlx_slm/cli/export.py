@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 import mlx.core as mx
 
@@ -48,11 +50,17 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
     t = Task.load(task_file)
     spec = t.kind
     if t.decisions and not isinstance(spec, FinetuneSpec):  # its heads read where a decision prompt's answer is
+        own = [  # questions answered by a classifier of their own (--finetune lora/auto, --head-prompt question)
+            (m.get("key"), os.path.join(os.path.dirname(task_file), m["tuned"]))
+            for m in t.decisions.get("methods", [])
+            if isinstance(m, dict) and isinstance(m.get("tuned"), str)
+        ]
+        each = "; ".join(f"question {k!r}: mlx-slm export {f} -o OUT (if it is fine-tuned)" for k, f in own)
         raise click.UsageError(
             f"{task_file} holds typed decision questions (eval --decisions --fit, train --decisions): export writes "
-            "a fine-tuned classify task as a sequence classifier, whose one score head cannot hold a head read in "
-            "the middle of a decision prompt; serve it with mlx-slm serve --task, or check it with "
-            "mlx-slm parity --decisions Q.json --task"
+            "one fine-tuned classify task as a sequence classifier, not a task of several questions; serve it with "
+            f"mlx-slm serve --task, or check it with mlx-slm parity --decisions Q.json --task {task_file}"
+            + (f". A question's own classifier is a classify task beside it: {each}" if own else "")
         )
     if not isinstance(spec, FinetuneSpec):
         raise click.UsageError(f"{task_file} is a {spec.name} task: export writes fine-tuned tasks (train --finetune)")

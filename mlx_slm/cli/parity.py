@@ -370,6 +370,11 @@ class _Parity:
         (`parity/finetune.py`); the model and prompt are the task's."""
         t = Task.load(task_file)
         if t.finetune is None and t.head is None:
+            if t.decisions_fitted:  # train --decisions / eval --fit: its questions are checked with them
+                raise click.UsageError(
+                    f"--task {task_file} is a task of decision questions: check it with its questions "
+                    f"(mlx-slm parity --decisions Q.json --task {task_file})"
+                )
             raise click.UsageError(
                 f"--task {task_file} has no learned head: parity --task checks heads (mlx-slm train)"
             )

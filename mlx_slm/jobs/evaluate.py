@@ -74,19 +74,27 @@ def check_predictions_source(path: str, input_path: str) -> None:
     why = form_problem(settings.get("form"))
     if why:
         raise EvaluationError(f"{where}: {why}")
+    why = not_made_from(where, input_path, settings, f"mlx-slm classify {input_path} -o {path}")
+    if why:
+        raise EvaluationError(why)
+
+
+def not_made_from(where: str, input_path: str, settings: dict[str, Any], again: str) -> str | None:
+    """Why an output (its manifest's `settings`) is not the output of `input_path`'s content, with
+    the fix (`again`: the command that makes it), or None; an input its run did not hash (standard
+    input, a pipe, an older mlx-slm) cannot be checked."""
     if not isinstance(settings.get("input_sha256"), str):
-        return  # its input was not hashed (standard input, a pipe, an older mlx-slm)
+        return None
     sha, _ = input_sha256(input_path)
     size = os.stat(input_path).st_size if sha is not None else None
-    changed = input_changed(input_path, settings, (sha, size))
-    if changed and sha is not None:
-        made_from = settings.get("input", "?")
-        raise EvaluationError(
-            f"{where} is not the output for this input: it was made from other content than {input_path} "
-            f"(its manifest records {made_from} with sha256 {settings['input_sha256'][:12]}...; {input_path} has {sha[:12]}...): "
-            f"classify {input_path} again (mlx-slm classify {input_path} -o {path}), or evaluate the input "
-            "those predictions were made from"
-        )
+    if sha is None or not input_changed(input_path, settings, (sha, size)):
+        return None
+    return (
+        f"{where} is not the output for this input: it was made from other content than {input_path} (its "
+        f"manifest records {settings.get('input', '?')} with sha256 {settings['input_sha256'][:12]}...; "
+        f"{input_path} has {sha[:12]}...): run it again on {input_path} ({again}), or evaluate the input it was "
+        "made from"
+    )
 
 
 def read_predictions(

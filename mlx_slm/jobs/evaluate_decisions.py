@@ -24,7 +24,6 @@ saves the questions and each one's method with the model's weights sha256.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -38,8 +37,6 @@ from ..classifier.task import Task, decisions_section
 from ..files.output import (
     RecordError,
     check_run_files,
-    input_changed,
-    input_sha256,
     output_format,
     read_manifest,
     read_records,
@@ -53,7 +50,7 @@ from ..text.decisions.answers import chosen_index
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
 from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of
-from ..text.decisions.gold import gold_given, gold_index, gold_pairs
+from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs
 from ..text.decisions.methods import Method, Methods, trained_phrase
 from ..text.decisions.metrics import format_question_report, question_report
 from ..text.decisions.prompt import STYLES
@@ -64,7 +61,7 @@ from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import versions
 from ..weights.registry import DEFAULT_MODEL
 from .decide import STATE_FIELDS, method_words, state_problem, state_rows
-from .evaluate import plot, plot_paths
+from .evaluate import not_made_from, plot, plot_paths
 from .plan import DecisionOptions, Say, resolve_decisions
 
 
@@ -166,12 +163,7 @@ def _rows(s: DecisionEvalSettings, golds: dict[str, str]) -> list[Any]:
     if not rows or (not any(r.error is None for r in rows) and not s.predictions):
         first = rows[0].error if rows else "the input is empty"
         raise UserError(f"{s.input}: no row has a state to ask; first problem: {first}")
-    for key, fld in golds.items():  # a gold field in no row: said before the model runs, not after
-        if not any(gold_given((r.gold or {}).get(fld)) for r in rows if r.error is None):
-            raise UsageError(
-                f"--gold-field {key}={fld}: no row of {s.input} has a field {fld!r} (or every one is empty): give "
-                f"the field that holds question {key!r}'s gold answers"
-            )
+    check_gold_fields(golds, [r.gold for r in rows if r.error is None], s.input)  # before the model runs
     return rows
 
 
@@ -313,6 +305,8 @@ def _gold_rows(
             left.append(f"line {r.line}: {res}")
         elif _raw(res, i) is None:
             left.append(f"line {r.line}: question {q.key!r} was refused (over the model's context)")
+        elif not gold_given((r.gold or {}).get(fld)):  # unlabelled for this question: left out, as train does
+            left.append(f"line {r.line}: no gold answer in field {fld!r}")
         elif g is None:
             left.append(f"line {r.line}: field {fld!r} is {(r.gold or {}).get(fld)!r}, not an option of {q.key!r}")
         else:
@@ -499,10 +493,9 @@ def read_decisions(
         _same_questions(where, st.get("decision_questions"), questions, config or DecisionConfig())
         if not m.get("complete"):
             raise UserError(f"{where} is unfinished: finish it with mlx-slm decide ... --resume")
-        sha, _ = input_sha256(input_path)
-        changed = input_changed(input_path, st, (sha, os.stat(input_path).st_size if sha else None))
-        if changed and sha is not None:
-            raise UserError(f"{where} is not the output for this input: {changed}")
+        why = not_made_from(where, input_path, st, f"mlx-slm decide {input_path} --questions Q.json -o {path}")
+        if why:
+            raise UserError(why)
     fmt = output_format(path)
     try:
         recs = [r for r in read_records(path, fmt, lenient=True) if r.row > 0 or fmt == "jsonl"]

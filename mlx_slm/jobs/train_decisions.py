@@ -52,7 +52,7 @@ from ..files.readers import ReadSpec
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
 from ..text.decisions.errors import DecisionError
-from ..text.decisions.gold import gold_given, gold_index, gold_pairs
+from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs
 from ..text.decisions.methods import Method, NoneOf, tuned_prompt
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.heads import Head, format_table
@@ -169,6 +169,7 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
         raise UserError("train --decisions: give --gold-field KEY=FIELD for each question to train")
     rows = _states(run, tuple(dict.fromkeys(golds.values())))
     held = _none_held_out(run, golds)  # "none of these": checked, and its held-out states read, before any work
+    check_gold_fields(golds, [r.gold for r in rows], run.data)  # a typo: said as one, before the model loads
     labelled = {q.key: _labelled(q, golds[q.key], rows, run.data) for q in run.plan.questions if q.key in golds}
     own = own_files(run.save_task, [q.key for q in run.plan.questions if q.key in golds]) if run.tuning else {}
     with _kept_unless_saved(list(own.values())):

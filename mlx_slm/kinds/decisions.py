@@ -169,6 +169,16 @@ class DecisionPlanner:
             self._labels.move_to_end(labels)
         return got
 
+    def _labels_of(self, q: DecisionQuestion, vq: DecisionQuestion, style: str) -> LabelSet:
+        """The labels `vq` is read by; labels that cannot be read refused naming the question, and the
+        model's decision.json where its labels are the ones read."""
+        try:
+            return self.labels(tuple(vq.labels))
+        except DecisionError as e:
+            own = style != "names" and bool(self.config.labels.get(q.type))
+            where = f" (read by the labels of the model's decision.json for a {q.type})" if own else ""
+            raise DecisionError(("body", "questions", q.key), f"question {q.key!r}{where}: {e.msg}") from None
+
     def state_tokens(self, state: Any) -> int:
         """The tokens of the state asked with the shortest question (the probe's "?"): the state
         tokenized once, before its questions' prompts (each holds the whole state again)."""
@@ -192,7 +202,7 @@ class DecisionPlanner:
         out = []
         for order in orders(base, n):
             vq = permuted(base, order, relabel)
-            labels = head_labels(method.head) if method.head is not None else self.labels(tuple(vq.labels))
+            labels = head_labels(method.head) if method.head is not None else self._labels_of(q, vq, style)
             out.append((vq, style, Variant(k, order, labels, method.head, temp)))
         return out
 

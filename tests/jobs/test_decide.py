@@ -334,3 +334,17 @@ def test_a_batch_prior_from_fewer_states_than_options_is_refused(tiny, files, tm
     with pytest.raises(UserError, match="question 'team' has 3 options but only 2 state"):
         _run(tiny, inp, q, tmp_path / "o.jsonl", calibrate="batch")
     assert not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").read_text() == ""
+
+
+def test_options_that_cannot_be_read_as_labels_are_refused_before_any_state(tiny, files, tmp_path):
+    """Two options apart only in spaces are one label in the names style: the run is refused when it
+    starts, naming the question, not answered with an error row per state."""
+    from mlx_slm.text.decisions.errors import DecisionError
+
+    inp, _ = files
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps({"t": {"type": "choice", "criteria": {"billing": None, "billing ": None, "sales": None}}}))
+    out = tmp_path / "o.jsonl"
+    with pytest.raises(DecisionError, match="question 't': the options cannot be read as labels.*whitespace"):
+        _run(tiny, inp, q, out, style="names")
+    assert not out.exists() or out.read_text() == ""

@@ -34,7 +34,7 @@ def load_questions_file(path: str, config: DecisionConfig | None = None) -> tupl
     try:
         return unwrap_questions(obj), questions_of(obj, config)
     except DecisionError as e:
-        raise DecisionError(e.loc, f"--questions {path}: {e}", e.type) from None
+        raise DecisionError((), f"--questions {path}: {e}", e.type) from None  # {e} names the field
 
 
 def unwrap_questions(obj: Any) -> Any:

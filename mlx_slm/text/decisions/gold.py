@@ -12,7 +12,7 @@ name). A whole number given as 1.0 or "1.0" (a CSV export) is the number."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...ground.errors import UsageError
@@ -42,6 +42,17 @@ def gold_given(value: Any) -> bool:
     """A row gives a gold value: not a missing field, a null, or an empty CSV cell (such a row is
     left out of what its question scores or trains, never read as an answer)."""
     return value is not None and not (isinstance(value, str) and not value.strip())
+
+
+def check_gold_fields(golds: Mapping[str, str], values: Sequence[Mapping[str, Any] | None], source: str) -> None:
+    """Each --gold-field's field is given by some row (`values`: each readable row's gold fields):
+    a field in no row is a typo, said before the model runs, not as "too few examples" after."""
+    for key, fld in golds.items():
+        if not any(gold_given((v or {}).get(fld)) for v in values):
+            raise UsageError(
+                f"--gold-field {key}={fld}: no row of {source} has a field {fld!r} (or every one is empty): give "
+                f"the field that holds question {key!r}'s gold answers"
+            )
 
 
 def _number(value: Any) -> int | None:

@@ -258,10 +258,12 @@ class Methods:
         got = self.saved.get(q.digest)
         if got is not None:
             return got, None
-        if any(m.key == q.key for m in self.saved.values()):
+        same_id = [m for m in self.saved.values() if m.key == q.key]
+        if same_id:
+            made, again = ("trained", "train") if same_id[0].trained else ("fitted", "fit")
             return self.default, (
-                f"question {q.key!r} differs from the one fitted under that id (its wording, options or "
-                "descriptions changed): answered without the fitted settings; fit it again to use them"
+                f"question {q.key!r} differs from the one {made} under that id (its wording, options or "
+                f"descriptions changed): answered without the {made} settings; {again} it again to use them"
             )
         return self.default, None
 
