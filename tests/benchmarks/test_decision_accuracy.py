@@ -139,7 +139,7 @@ def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
         assert g["verdict"] in verdicts and g["interval"][0] <= g["interval"][1], g
     assert all(not p["cached"] and p["seconds"] >= 0 for p in s["passes"].values())
     assert s["fit"]["chosen"]["style"] in ("letters", "names")
-    assert [g["status"] for g in res["goals"] if g["set"] != "tickets"] == ["not run"] * 3
+    assert {g["set"] for g in res["goals"]} == {"tickets"}  # the goals of the sets this file holds
     md = (out / "t.md").read_text()
     assert "python -m benchmarks.decision_accuracy" in md
     assert (out / "t.png").stat().st_size > 1000
