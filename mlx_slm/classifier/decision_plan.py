@@ -85,8 +85,12 @@ class DecisionPlan:
         if not self.model_config:
             raise DecisionError((), "the plan's decision settings are not the model's yet: call loaded(engine) first")
         d = Decider(engine, self.config, replace(self.settings, methods=self.methods, **options))
-        if self.questions:  # a question that cannot be asked (its labels; its prompt alone over the context) is
-            d.prepare([DecisionRequest("?", self.questions)])  # refused now, naming it, not as every row's error
+        if self.questions:  # options that cannot be read as labels: refused now, naming the question, not as
+            try:  # every row's error; a question over the context is refused per state as --refuse says
+                d.prepare([DecisionRequest("?", self.questions, refusal="question")])
+            except DecisionError as e:
+                if e.type != "tokens_exceeded":
+                    raise
         return d
 
     def record(self, priors: Mapping[str, Calibrator] | None = None) -> dict[str, Any]:

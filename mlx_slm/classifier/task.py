@@ -29,6 +29,8 @@ from ..kinds.finetune import FineTunedSettings
 from ..kinds.head import HeadSettings
 from ..kinds.questions import QuestionsSettings
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
+from ..text.decisions.errors import DecisionError
+from ..text.decisions.files import questions_of
 from ..text.decisions.settings import DecisionConfig, temperature_problem
 from ..text.heads import Head
 from ..text.labels import MODES, label_problem
@@ -265,21 +267,31 @@ def _decisions_trained(task: Task) -> bool:
 
 
 def check_decision_settings(task: Task, config: DecisionConfig, model: str | None = None) -> None:
-    """The task's decision questions were fitted or trained under the model's decision settings
-    (decision.json's labels, temperatures, template): under others their raw answers differ, so
-    the methods do not carry over (refused, as other weights are). Tasks of before: not checked."""
+    """The task's fitted or head-trained questions were made under the model's decision settings
+    (decision.json's labels and temperatures for their types, the template): under others their raw
+    answers differ, so the methods do not carry over (refused, as other weights are). A question
+    answered by its own classifier reads none of them; tasks of before record none: not checked."""
     sec = task.decisions or {}
-    want = sec.get("settings_sha256")
-    if not task.decisions_fitted or want is None or want == config.digest():
+    was = sec.get("settings")
+    if not task.decisions_fitted or not isinstance(was, dict):
         return
+    methods = [m for m in sec.get("methods", []) if isinstance(m, dict)]
+    keys = {m.get("key") for m in methods if not m.get("tuned")} | set(sec.get("temperatures") or {})
+    try:
+        types = sorted({q.type for q in questions_of(sec["questions"], config) if q.key in keys})
+    except DecisionError:
+        return  # the questions themselves are refused where they are read (`task_methods`)
+    old, now = DecisionConfig.asked(was, types), DecisionConfig.asked(config.to_record(template=False), types)
+    if not types or old == now:
+        return
+    diff = {k: (old[k], now[k]) for k in old if old[k] != now[k]}
+    said = "; ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in diff.items())
     what, fix = ("trained", "train them again") if _decisions_trained(task) else ("fitted", "fit them again")
-    was = json.dumps(sec.get("settings") or {}, sort_keys=True)
-    now = json.dumps(config.to_record(template=False), sort_keys=True)
     raise TaskError(
-        f"the task's decision questions were {what} under the decision settings {was} (a model folder's "
-        f"decision.json and decision_template.jinja), but {'the model loaded' + (f' ({model})' if model else '')} "
-        f"reads {now}: the raw answers differ, so they do not carry over; {fix} with this model, or use the "
-        "model folder they were made with"
+        f"the task's decision questions were {what} under other decision settings than "
+        f"{'the model loaded' + (f' ({model})' if model else '')} reads (a model folder's decision.json and "
+        f"decision_template.jinja; {said}): the raw answers differ, so they do not carry over; {fix} with this "
+        "model, or use the model folder they were made with"
     )
 
 
@@ -415,20 +427,15 @@ def _none_field(d: dict[str, Any], where: str, labels: list[str]) -> dict[str, A
     return dict(none)
 
 
-# The model's decision settings a task's questions were fitted or trained under (`DecisionConfig`:
-# its record, for people, and its digest, compared): tasks of before have neither.
-SETTINGS = ("settings", "settings_sha256")
+# The model's decision settings a task's questions were fitted or trained under (`DecisionConfig.
+# to_record(template=False)`: compared where they change the raw answers): tasks of before have none.
+SETTINGS = ("settings",)
 
 
 def decisions_section(raw_questions: Any, methods: list[dict[str, Any]], config: DecisionConfig) -> dict[str, Any]:
     """A task's `decisions` field: the questions as given, each method, and the decision settings
     (a model folder's decision.json: labels, temperatures, template) they were made under."""
-    return {
-        "questions": raw_questions,
-        "methods": methods,
-        "settings": config.to_record(template=False),
-        "settings_sha256": config.digest(),
-    }
+    return {"questions": raw_questions, "methods": methods, "settings": config.to_record(template=False)}
 
 
 def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
@@ -458,10 +465,10 @@ def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
     if not isinstance(fit, dict):
         raise bad_field(d, where, "decisions", f"an object {shape}")
     out = {"questions": qs, "methods": methods, "temperatures": {str(k): float(t) for k, t in temps.items()}}
-    if "settings_sha256" in sec:
-        if not isinstance(sec["settings_sha256"], str) or not isinstance(sec.get("settings", {}), dict):
-            raise bad_field(d, where, "decisions", 'an object whose "settings_sha256" is a string')
-        out.update({k: sec[k] for k in SETTINGS if k in sec})
+    if "settings" in sec:
+        if not isinstance(sec["settings"], dict):
+            raise bad_field(d, where, "decisions", 'an object whose "settings" is an object')
+        out["settings"] = sec["settings"]
     return {**out, "fit": fit} if fit else out
 
 

@@ -429,13 +429,9 @@ def batch_priors(questions: Sequence[DecisionQuestion], results: Sequence[Any], 
     is refused, naming it and the fix."""
     out: dict[str, Calibrator] = {}
     for k, q in enumerate(questions):
-        got = [r.raw[k] for r in results[:warmup] if r.raw and r.raw[k] is not None]
-        if len(got) < len(q.options):
-            raise UserError(
-                f"--calibrate batch: question {q.key!r} has {len(q.options)} options but only {len(got)} state(s) "
-                "answered it to find its prior in: give more states (or --warmup), or drop --calibrate batch"
-            )
-        out[q.digest] = batch_prior(np.stack(got), q.answer_names(), warmup, f"--calibrate batch: question {q.key!r}: ")
+        got = [r.raw[k] for r in results[:warmup] if r.raw and r.raw[k] is not None]  # the states that answered it
+        answered = np.stack(got) if got else np.empty((0, len(q.options)))
+        out[q.digest] = batch_prior(answered, q.answer_names(), warmup, f"--calibrate batch: question {q.key!r}: ")
     return out
 
 

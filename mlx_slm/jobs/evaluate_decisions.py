@@ -453,9 +453,10 @@ def _save(
     saved = sorted([*kept, *fitted], key=lambda m: order.get(m.digest, len(order)))
     if not saved:  # a task that changes no answer would be served as if fitted: nothing is written
         raise UsageError(
-            f"--save-task {s.save_task}: no question was fitted (a fit is kept only where its cross-validated "
-            "accuracy beats the raw answers': see the report above), so nothing was saved; label more states "
-            "(two or more per option), or answer raw without a task"
+            f"--save-task {s.save_task}: no question was fitted, so nothing was saved: a fit is kept only where it "
+            "could be cross-validated (two or more labelled states per option) and its cross-validated accuracy "
+            "beats the raw answers' (each question's note above says which it missed); label more states, or "
+            "answer raw without a task"
         )
     Task(
         model=plan.model.name,

@@ -175,7 +175,7 @@ class DecisionPlanner:
         try:
             return self.labels(tuple(vq.labels))
         except DecisionError as e:
-            own = style != "names" and bool(self.config.labels.get(q.type))
+            own = style != "names" and len(self.config.labels.get(q.type) or ()) >= len(q.options)
             where = f" (read by the labels of the model's decision.json for a {q.type})" if own else ""
             raise DecisionError(("body", "questions", q.key), f"question {q.key!r}{where}: {e.msg}") from None
 

@@ -97,17 +97,48 @@ def test_a_task_made_under_another_decision_json_is_refused(tmp_path):
              decisions={**sec, "temperatures": {"spam": 1.7}})  # fmt: skip
     t.save(tmp_path / "t.json")
     t = Task.load(tmp_path / "t.json")
-    assert t.decisions["settings_sha256"] == own.digest() and t.decisions["settings"]["labels"] == {}
+    assert t.decisions["settings"] == own.to_record(template=False)
     plan = DecisionPlan(ModelRef("tiny"), task=t, methods=task_methods(t, own))
     assert plan.loaded(Engine()).model_config  # the same settings: read as saved
+    # a setting no fitted question reads (a score's temperature) changes nothing: not refused
+    assert plan.loaded(_with_config(Engine, tmp_path, {"temperature": {"score": 5}})).config.temperature == {"score": 5}
 
     other = DecisionConfig(temperature={"noul": 5.0})
-    with pytest.raises(TaskError, match=r"fitted under the decision settings .*reads .*\"noul\": 5.0.*fit them again"):
+    with pytest.raises(
+        TaskError,
+        match=r"fitted under other decision settings .*temperature: \{'noul': 1.0\} then, \{'noul': 5.0\} now.*fit them again",
+    ):
         plan.with_config(other).loaded(_with_config(Engine, tmp_path, {"temperature": {"noul": 5}}))
+    (tmp_path / "decision_template.jinja").write_text("{{ state }}")  # the template's text alone differs: said
+    with pytest.raises(TaskError, match=r"chat_template: None then, '[0-9a-f]{64}' now"):
+        plan.loaded(_with_config(Engine, tmp_path, {}))
+    (tmp_path / "decision_template.jinja").unlink()
     before = Task(model="tiny", labels=(), system=None, template="{text}", weights_sha256=SHA,
                   decisions={"questions": QUESTIONS, "temperatures": {"spam": 1.7}})  # fmt: skip
     plan = DecisionPlan(ModelRef("tiny"), task=before, methods=task_methods(before, own))
     assert plan.loaded(_with_config(Engine, tmp_path, {"temperature": {"noul": 5}})).config == other
+
+
+def test_a_trained_task_under_other_settings_says_train_and_its_own_classifiers_read_none():
+    """A head on the decision prompt reads the labels' prompt: refused under other settings, saying
+    train; a question answered by its own classifier (`tuned`) reads no decision.json: not checked."""
+    from mlx_slm.classifier.task import check_decision_settings
+
+    was = DecisionConfig().to_record(template=False)
+    head = {"key": "spam", "digest": "d", "head": {"weights": []}}
+    t = Task(model="tiny", labels=(), system=None, template="{text}", weights_sha256=SHA,
+             decisions={"questions": QUESTIONS, "methods": [head], "settings": was})  # fmt: skip
+    other = DecisionConfig(labels={"noul": ("Oui", "Non")})
+    with pytest.raises(TaskError, match=r"were trained under other decision settings .*labels.*train them again"):
+        check_decision_settings(t, other, "m")
+    with pytest.raises(
+        UserError, match=r"decision questions were trained on weights .*train them again \(mlx-slm train"
+    ):
+        t.check_weights("cd" * 32)  # other weights: the fix is training, not fitting
+    own = {"key": "spam", "digest": "d", "tuned": "t.spam.json"}
+    t = Task(model="tiny", labels=(), system=None, template="{text}", weights_sha256=SHA,
+             decisions={"questions": QUESTIONS, "methods": [own], "settings": was})  # fmt: skip
+    check_decision_settings(t, other, "m")
 
 
 def _with_config(engine: type, folder, decision: dict):

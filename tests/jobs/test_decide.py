@@ -331,7 +331,7 @@ def test_a_batch_prior_from_fewer_states_than_options_is_refused(tiny, files, tm
     _, q = files
     inp = tmp_path / "two.jsonl"
     inp.write_text("".join(json.dumps({"id": i, "state": t}) + "\n" for i, t in enumerate(SHARED[:2])))
-    with pytest.raises(UserError, match="question 'team' has 3 options but only 2 state"):
+    with pytest.raises(UserError, match="question 'team': a prior over 3 options needs at least 3 states, got 2"):
         _run(tiny, inp, q, tmp_path / "o.jsonl", calibrate="batch")
     assert not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").read_text() == ""
 

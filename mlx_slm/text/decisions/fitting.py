@@ -60,9 +60,10 @@ def figures(probs: np.ndarray, gold: np.ndarray, binary: bool = False) -> dict[s
 
 
 def constant(probs: np.ndarray) -> bool:
-    """Every answer is the same (to 1e-9): the model does not tell the states apart for this question."""
+    """Every answer is the same (each option's log-probability within 1e-9, so that saturated but
+    different answers are told apart): the model does not tell the states apart for this question."""
     p = np.asarray(probs, dtype=np.float64)
-    return len(p) > 1 and bool(np.all(np.ptp(p, axis=0) <= 1e-9))
+    return len(p) > 1 and bool(np.all(np.ptp(log_of(p), axis=0) <= 1e-9))
 
 
 def _same_answers(probs: np.ndarray, what: str, learned: str) -> FitError:
@@ -169,9 +170,11 @@ def fit_question(
         )
     fits: dict[Way, Calibrator] = {}
     table = []
+    flat = [w for w, p in runs.items() if constant(p)]  # a way whose answers do not vary: nothing to learn from it
+    if len(flat) == len(runs):
+        raise _same_answers(next(iter(runs.values())), f"--fit: question {key!r}: ", "a fit learned")
+    runs = {w: p for w, p in runs.items() if w not in flat}
     for way, probs in runs.items():
-        if constant(probs):
-            raise _same_answers(probs, f"--fit: question {key!r} ({way[0]}, {way[1]} order(s)): ", "a fit learned")
         try:
             cal = fit_labelled(log_of(probs), gold, labels, temperature="auto", folds=folds, seed=seed)
         except CalibrationError as e:
@@ -202,6 +205,9 @@ def fit_question(
         note = next(c.info.get("cv_note") for c in fits.values() if c.info.get("cv_note")) + (
             f": the ways could not be compared; kept {best[0]}, {best[1]} order(s)" if len(fits) > 1 else ""
         )
+    if flat:
+        left = "left out (the same answer for every state): " + ", ".join(f"{w[0]} x{w[1]}" for w in flat)
+        note = f"{note}; {left}" if note else left
     plain = ("letters", 1) if ("letters", 1) in runs else next(iter(runs))
     raw_acc = float(np.mean(np.asarray(runs[plain]).argmax(axis=1) == gold))
     got = Fitted(best[0], best[1], fits[best], table, note, raw_acc)

@@ -99,21 +99,30 @@ class DecisionConfig:
 
     def to_record(self, template: bool = True) -> dict[str, Any]:
         """These settings as JSON, Transformers' `DecisionConfig` field names (what its reference
-        path and a Ray worker read back with `from_record`); `template=False` records only whether
-        a template is set (a manifest compares settings, not the template's text)."""
+        path and a Ray worker read back with `from_record`); `template=False` records the
+        template's sha256 instead of its text (None: no template), what a manifest and a task compare."""
+        own = self.chat_template
         return {
             "labels": {k: list(v) for k, v in self.labels.items()},
             "temperature": dict(self.temperature),
             "noul_options": list(self.noul_options),
-            "chat_template": self.chat_template if template else self.chat_template is not None,
+            "chat_template": own if template else own and hashlib.sha256(own.encode("utf-8")).hexdigest(),
             "sanitize_control_tokens": self.sanitize_control_tokens,
         }
 
-    def digest(self) -> str:
-        """sha256 of every setting, the template's text included: what a task's fitted or trained
-        questions were made under (the raw answers they read depend on it)."""
-        blob = json.dumps(self.to_record(), sort_keys=True, ensure_ascii=False).encode("utf-8")
-        return hashlib.sha256(blob).hexdigest()
+    @staticmethod
+    def asked(record: Mapping[str, Any], types: Sequence[str]) -> dict[str, Any]:
+        """What of a `to_record(template=False)` changes the raw answers of questions of `types`:
+        their labels and temperatures, a noul's option order, the template and control tokens (a
+        field missing read as its default, a field of a later version ignored)."""
+        labels, temps = record.get("labels") or {}, record.get("temperature") or {}
+        return {
+            "labels": {t: labels.get(t) for t in sorted(types)},
+            "temperature": {t: float(temps.get(t, 1.0)) for t in sorted(types)},
+            "noul_options": list(record.get("noul_options") or ("true", "false")) if "noul" in types else None,
+            "chat_template": record.get("chat_template") or None,
+            "sanitize_control_tokens": record.get("sanitize_control_tokens", True),
+        }
 
     @classmethod
     def from_record(cls, d: Mapping[str, Any]) -> DecisionConfig:

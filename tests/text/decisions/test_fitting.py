@@ -69,8 +69,13 @@ def test_answers_that_do_not_vary_are_refused_for_a_fit_and_a_prior():
     report's side-by-side batch column is left out, not divided into uniform answers."""
     letters, _, gold = _data()
     same = np.tile([0.5, 0.3, 0.2], (len(gold), 1))
-    with pytest.raises(FitError, match=r"question 'team' \(names, 1 order\(s\)\): .* same answer \(0.5, 0.3, 0.2\)"):
-        fit_question({("letters", 1): letters, ("names", 1): same}, gold, LABELS, "team")
+    with pytest.raises(
+        FitError,
+        match=r"--fit: question 'team': the model gave every one of the 90 states the same answer \(0.5, 0.3, 0.2\)",
+    ):
+        fit_question({("letters", 1): same, ("names", 1): same}, gold, LABELS, "team")
+    one = fit_question({("letters", 1): letters, ("names", 1): same}, gold, LABELS, "team")  # the other way is fitted
+    assert (one.style, [r["style"] for r in one.table]) == ("letters", ["letters"]) and "left out" in one.note
     with pytest.raises(FitError, match="--fit-prior: question 'team': the model gave every one of the 90 states"):
         prior_of(same, LABELS, "team", 512)
     with pytest.raises(FitError, match="the same answer"):
@@ -79,6 +84,8 @@ def test_answers_that_do_not_vary_are_refused_for_a_fit_and_a_prior():
     nearly = same.copy()
     nearly[5] = [0.49, 0.31, 0.2]  # one state differs: a prior is found
     assert batch_prior(nearly, LABELS, 512).n == 90
+    saturated = np.array([[1.0, 1e-10, 0.0], [1.0, 8e-10, 0.0], [1.0, 3e-11, 0.0]])  # sure, yet not the same
+    assert batch_prior(saturated, LABELS, 512).n == 3
 
 
 def test_corrected_figures_side_by_side():
