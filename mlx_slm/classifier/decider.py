@@ -411,7 +411,7 @@ def _check_finite(items: Sequence[DecisionItem], raws: Sequence[Sequence[np.ndar
     for it, raw in zip(items, raws):
         for q, p in zip(it.request.questions, raw):
             if p is not None and not np.all(np.isfinite(p)):
-                raise DecisionError(("questions", q.key), f"question {q.key!r}: {NON_FINITE}")
+                raise DecisionError(("body", "questions", q.key), f"question {q.key!r}: {NON_FINITE}")
 
 
 def _tuned_raw(p: Any, labels: Sequence[str]) -> np.ndarray | None:

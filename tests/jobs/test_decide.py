@@ -348,3 +348,18 @@ def test_options_that_cannot_be_read_as_labels_are_refused_before_any_state(tiny
     with pytest.raises(DecisionError, match="question 't': the options cannot be read as labels.*whitespace"):
         _run(tiny, inp, q, out, style="names")
     assert not out.exists() or out.read_text() == ""
+
+
+def test_a_question_over_the_context_alone_is_refused_per_state_with_refuse_question(tiny, files, tmp_path):
+    """The run's start checks that its questions' options can be read as labels, and no more: a
+    question whose prompt is over the context even alone is OpenAI's refusal in each row (--refuse
+    question), the other questions answered, as before."""
+    inp, _ = files
+    q = tmp_path / "q.json"
+    long = {"type": "predicate", "name": "long", "instructions": "word " * 3000}
+    q.write_text(json.dumps([long, {"type": "predicate", "name": "short", "instructions": "Spam?"}]))
+    out = tmp_path / "o.jsonl"
+    _run(tiny, inp, q, out, shape="openai", refuse="question", given=frozenset({"model", "refuse", "shape"}))
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    ok = [r for r in rows if "answers" in r]
+    assert ok and all(r["answers"][0]["type"] == "refusal" and r["answers"][1]["type"] != "refusal" for r in ok)

@@ -307,3 +307,34 @@ def test_a_servers_own_method_answers_both_routes_and_says_so(tiny_arch):
     assert s1["answers"]["team"]["x_method"]["calibration"] == "contextual"
     assert set(s1["answers"]["team"]["x_raw_probabilities"]) == {"billing", "shipping"}
     assert info["default"] == {"style": "names", "permute": 1, "calibration": "contextual"}
+
+
+def test_non_finite_answers_are_a_4xx_naming_the_question_never_nan_json(tmp_path):
+    """A model whose lm_head holds NaN: both decision routes refuse the request naming the question
+    (System One's 422, OpenAI's 400), never a 500 nor a NaN in the JSON."""
+    import mlx.core as mx
+
+    from mlx_slm.weights.convert import convert
+    from tests.conftest import make_tiny
+
+    out = convert(make_tiny(tmp_path / "hf", "qwen2", words=("Yes", "No")), tmp_path / "m", dtype="float32",
+                  progress=None)  # fmt: skip
+    w = mx.load(str(out / "model.safetensors"))
+    w["lm_head.weight"] = mx.full(w["lm_head.weight"].shape, float("nan"))
+    mx.save_safetensors(str(out / "model.safetensors"), w, metadata={"format": "mlx"})
+    (out / "conversion.json").unlink()
+    srv = ThreadServer(Service(classifier_loader(str(out)), ServeOptions(max_wait_ms=5))).start()
+    try:
+        body = {
+            "model": "jev-latest",
+            "state": "refund",
+            "questions": {"team": {"type": "choice", "criteria": {"a": None, "b": None}}},
+        }
+        r = httpx.post(srv.url + "/v1/systemone", json=body, timeout=60)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "questions", "team"], r.text
+        assert "non-finite probability" in r.json()["detail"][0]["msg"]
+        body = {"model": str(out), "input": "refund", "questions": [{"type": "predicate", "instructions": "Spam?"}]}
+        r = httpx.post(srv.url + "/v1/decisions", json=body, timeout=60)
+        assert r.status_code == 400 and "non-finite probability" in r.json()["error"]["message"], r.text
+    finally:
+        srv.stop()
