@@ -48,6 +48,15 @@ def param_of(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
+def by_index(loc: tuple[Any, ...], questions: Any) -> tuple[Any, ...]:
+    """A location that names a question by its key (the Decider's: "refund", or "#0" unnamed) as
+    OpenAI's list names it, by its index: ("body", "questions", "refund") -> ("body", "questions", 0)."""
+    keys = [q.key for q in questions]
+    if len(loc) >= 3 and loc[:2] == ("body", "questions") and loc[2] in keys:
+        return (*loc[:2], keys.index(loc[2]), *loc[3:])
+    return loc
+
+
 class DecisionRoutes:
     """OpenAI's decision routes over the service."""
 
@@ -71,7 +80,7 @@ class DecisionRoutes:
             result = await self.ctx.decide(request, t0, req)
         except DecisionError as e:
             if e.type != "tokens_exceeded":
-                raise HTTPError(400, e.msg, param_of(e.loc), outcome="invalid") from None
+                raise HTTPError(400, e.msg, param_of(by_index(e.loc, req.questions)), outcome="invalid") from None
             # The state alone is over the model's context: no question can be answered.
             result = SimpleNamespace(
                 probabilities=(None,) * len(req.questions), input_tokens=0, cached_tokens=0, raw=(), applied=()

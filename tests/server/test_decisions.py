@@ -336,5 +336,6 @@ def test_non_finite_answers_are_a_4xx_naming_the_question_never_nan_json(tmp_pat
         body = {"model": str(out), "input": "refund", "questions": [{"type": "predicate", "instructions": "Spam?"}]}
         r = httpx.post(srv.url + "/v1/decisions", json=body, timeout=60)
         assert r.status_code == 400 and "non-finite probability" in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["param"] == "questions[0]"  # the question as OpenAI's list names it
     finally:
         srv.stop()
