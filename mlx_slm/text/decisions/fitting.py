@@ -173,7 +173,7 @@ def fit_question(
     flat = [w for w, p in runs.items() if constant(p)]  # a way whose answers do not vary: nothing to learn from it
     if len(flat) == len(runs):
         raise _same_answers(next(iter(runs.values())), f"--fit: question {key!r}: ", "a fit learned")
-    runs = {w: p for w, p in runs.items() if w not in flat}
+    given, runs = runs, {w: p for w, p in runs.items() if w not in flat}
     for way, probs in runs.items():
         try:
             cal = fit_labelled(log_of(probs), gold, labels, temperature="auto", folds=folds, seed=seed)
@@ -208,8 +208,8 @@ def fit_question(
     if flat:
         left = "left out (the same answer for every state): " + ", ".join(f"{w[0]} x{w[1]}" for w in flat)
         note = f"{note}; {left}" if note else left
-    plain = ("letters", 1) if ("letters", 1) in runs else next(iter(runs))
-    raw_acc = float(np.mean(np.asarray(runs[plain]).argmax(axis=1) == gold))
+    plain = ("letters", 1) if ("letters", 1) in given else next(iter(given))  # what the user gets unfitted
+    raw_acc = float(np.mean(np.asarray(given[plain]).argmax(axis=1) == gold))
     got = Fitted(best[0], best[1], fits[best], table, note, raw_acc)
     if not got.beats_raw:
         why = f"no fitted way beat the raw answers ({raw_acc:.4f} right, unfitted): the question is kept raw"

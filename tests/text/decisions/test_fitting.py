@@ -67,7 +67,7 @@ def test_answers_that_do_not_vary_are_refused_for_a_fit_and_a_prior():
     """A model that gives every state the same answer (a broken checkpoint, weights of zeros) has
     nothing to learn from: the fit and the prior are refused with why, never saved as fitted; the
     report's side-by-side batch column is left out, not divided into uniform answers."""
-    letters, _, gold = _data()
+    letters, names, gold = _data()
     same = np.tile([0.5, 0.3, 0.2], (len(gold), 1))
     with pytest.raises(
         FitError,
@@ -76,6 +76,8 @@ def test_answers_that_do_not_vary_are_refused_for_a_fit_and_a_prior():
         fit_question({("letters", 1): same, ("names", 1): same}, gold, LABELS, "team")
     one = fit_question({("letters", 1): letters, ("names", 1): same}, gold, LABELS, "team")  # the other way is fitted
     assert (one.style, [r["style"] for r in one.table]) == ("letters", ["letters"]) and "left out" in one.note
+    two = fit_question({("letters", 1): same, ("names", 1): names}, gold, LABELS, "team")
+    assert two.style == "names" and two.raw_accuracy == figures(same, gold)["accuracy"]  # beaten: the plain raw
     with pytest.raises(FitError, match="--fit-prior: question 'team': the model gave every one of the 90 states"):
         prior_of(same, LABELS, "team", 512)
     with pytest.raises(FitError, match="the same answer"):
