@@ -466,9 +466,18 @@ def _decisions_field(d: dict[str, Any], where: str) -> dict[str, Any] | None:
         raise bad_field(d, where, "decisions", f"an object {shape}")
     out = {"questions": qs, "methods": methods, "temperatures": {str(k): float(t) for k, t in temps.items()}}
     if "settings" in sec:
-        if not isinstance(sec["settings"], dict):
-            raise bad_field(d, where, "decisions", 'an object whose "settings" is an object')
-        out["settings"] = sec["settings"]
+        got = sec["settings"]
+        temps = got.get("temperature", {}) if isinstance(got, dict) else None
+        if not (
+            isinstance(got, dict)
+            and isinstance(got.get("labels", {}), dict)
+            and isinstance(temps, dict)
+            and all(temperature_problem(t) is None for t in temps.values())
+        ):
+            raise bad_field(
+                d, where, "decisions", 'an object whose "settings" is the decision settings it was made under, as saved'
+            )
+        out["settings"] = got
     return {**out, "fit": fit} if fit else out
 
 

@@ -71,6 +71,10 @@ def test_other_weights_refused():
         ({"questions": QUESTIONS, "temperatures": {"spam": float("inf")}}, "above 0|positive number"),
         ({"questions": QUESTIONS, "temperatures": [1.0]}, "decisions"),
         ({"questions": QUESTIONS, "extra": 1}, "decisions"),
+        ({"questions": QUESTIONS, "settings": []}, "settings"),
+        ({"questions": QUESTIONS, "settings": {"labels": ["A"]}}, "settings"),
+        ({"questions": QUESTIONS, "settings": {"temperature": {"noul": "hot"}}}, "settings"),
+        ({"questions": QUESTIONS, "settings": {"temperature": {"noul": float("nan")}}}, "settings"),
         ("spam", "decisions"),
     ],
 )

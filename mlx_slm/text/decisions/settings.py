@@ -119,7 +119,7 @@ class DecisionConfig:
         return {
             "labels": {t: labels.get(t) for t in sorted(types)},
             "temperature": {t: float(temps.get(t, 1.0)) for t in sorted(types)},
-            "noul_options": list(record.get("noul_options") or ("true", "false")) if "noul" in types else None,
+            "noul_options": (record.get("noul_options") or ["true", "false"]) if "noul" in types else None,
             "chat_template": record.get("chat_template") or None,
             "sanitize_control_tokens": record.get("sanitize_control_tokens", True),
         }
