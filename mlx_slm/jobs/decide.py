@@ -392,8 +392,9 @@ def state_rows(path: str, spec: ReadSpec, column_given: bool) -> tuple[Iterator[
 def method_words(r: Mapping[str, Any], n: int | None = None) -> str:
     """One question's method record (`Method.record`, with a `note` where it changed) in words:
     raw, or what made its answers (`n`: the states a run's batch prior came from)."""
-    what = [] if r["style"] == "letters" else [f"{r['style']} style"]
-    what += [] if r["permute"] == 1 else [f"{r['permute']} orders"]
+    # a trained answer is asked as it was trained (its phrase says so), not as the run chose
+    what = [] if r["style"] == "letters" or r.get("trained") else [f"{r['style']} style"]
+    what += [] if r["permute"] == 1 or r.get("trained") else [f"{r['permute']} orders"]
     cal = r["calibration"]
     if cal != "none":
         src = (

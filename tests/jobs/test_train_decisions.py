@@ -125,6 +125,8 @@ def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_an
     assert r.exit_code == 0, r.output
     a = json.loads(r.stdout)["answers"]
     assert a["team"]["x_method"]["trained"] in ("fine-tuned", "learned head") and "x_method" not in a["urgent"]
+    # its classifier reads the question with its options named (`tuned_prompt`), one order
+    assert (a["team"]["x_method"]["style"], a["team"]["x_method"]["permute"]) == ("names", 1)
     assert sum(a["team"]["probabilities"].values()) == pytest.approx(1.0)
     said = {
         "fine-tuned": "team: fine-tuned classifier",

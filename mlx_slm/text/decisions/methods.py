@@ -183,7 +183,10 @@ class Method:
         it answered: the style and orders it was really asked in, `asks`; `final`: its answer's
         probabilities, where "none of these" may have changed its choice: `answered_none`)."""
         cal = self.calibrator or prior
-        style, permute = self.asks(q) if q is not None and self.tuned is None else (self.style, self.permute)
+        if self.tuned is not None:  # its classifier reads the question as the names style lists it (`tuned_prompt`)
+            style, permute = "names", 1
+        else:
+            style, permute = self.asks(q) if q is not None else (self.style, self.permute)
         out: dict[str, Any] = {"style": style, "permute": permute}
         out["calibration"] = self.prior if cal is None else cal.method  # (a run's prior not found yet: its kind)
         if cal is not None and self.calibrator is not None:
