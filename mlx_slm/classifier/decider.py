@@ -241,8 +241,9 @@ class Decider:
             labels = tuned_prompt(q)[1]
             if tuple(clf.labels) != labels:
                 raise DecisionError(
-                    ("tuned",),
-                    f"{path} answers {list(clf.labels)}, not question {q.key!r}'s {list(labels)}: train it again",
+                    (),
+                    f"the task's classifier for question {q.key!r}, {path}, answers {list(clf.labels)}, not its "
+                    f"options {list(labels)}: train the task again",
                 )
             got = (clf, labels)
             with self._contextual_lock:
@@ -443,9 +444,9 @@ def trained_with(path: str, key: str | None, m: Method) -> str:
     want = (m.report or {}).get("classifier_sha256")
     if want is not None and Path(path).is_file() and sha256_file(Path(path)) != want:
         raise DecisionError(
-            ("tuned",),
-            f"{path} is not the classifier question {key!r} was trained with (its sha256 differs: it was "
-            "edited, or another training run replaced it): train the task again",
+            (),
+            f"the task's classifier for question {key!r}, {path}, is not the one it was trained with (its "
+            "sha256 differs: it was edited, or another training run replaced it): train the task again",
         )
     return path
 

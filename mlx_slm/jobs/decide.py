@@ -54,7 +54,7 @@ from ..text.decisions.answers import RAW_METHOD, answer
 from ..text.decisions.checks import state_problem as decision_state_problem
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.fitting import batch_prior
-from ..text.decisions.methods import trained_phrase
+from ..text.decisions.methods import Methods, trained_phrase
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..weights.registry import DEFAULT_MODEL
 from .filerun import Distribution, FileRun, Where, check_io, ray_init, windows
@@ -245,6 +245,10 @@ class DecideJob:
             "model": s.model,
         }
 
+    def said_change(self, key: str, was: Any, now: Any) -> str | None:
+        """How this run's methods differ from the interrupted run's, in the options' words."""
+        return methods_change(was, now, self.plan.methods) if key == "methods" else None
+
     def restore(self, previous: dict[str, Any], kept: int) -> None:
         """The batch priors the interrupted run recorded: the rest is answered with them."""
         self.priors = _recorded_priors(previous, self.output)
@@ -387,6 +391,36 @@ def state_rows(path: str, spec: ReadSpec, column_given: bool) -> tuple[Iterator[
         it = read_rows(path, spec)
         first = next(it, None)
     return itertools.chain([first] if first is not None else [], it), spec.text_column
+
+
+def methods_change(was: Any, now: Mapping[str, Any], methods: Methods) -> str | None:
+    """Two runs' `DecisionPlan.record()["methods"]` apart, as the options and the task say them
+    (None: a record of before, said as recorded)."""
+    if not isinstance(was, Mapping) or not isinstance(was.get("default"), Mapping):
+        return None
+    out = []
+    flags = (("--style", "style"), ("--permute", "permute"))
+    for flag, k in flags:
+        if was["default"].get(k) != now["default"].get(k):
+            out.append(f"{flag} was {was['default'].get(k)}, now {now['default'].get(k)}")
+    for flag, k in (("--calibrate", "prior"), ("--warmup", "warmup")):
+        if was.get(k) != now.get(k):
+            out.append(f"{flag} was {_or_unset(was.get(k))}, now {_or_unset(now.get(k))}")
+    before, after = dict(map(tuple, was.get("saved") or [])), dict(map(tuple, now.get("saved") or []))
+    if before != after:
+        keys = {d: m.key for d, m in methods.saved.items()}
+        changed = [keys.get(d, d) for d in after if d in before and before[d] != after[d]]
+        added = [keys.get(d, d) for d in after if d not in before]
+        gone = sum(1 for d in before if d not in after)
+        parts = [f"{', '.join(map(repr, changed))} fitted or trained again"] if changed else []
+        parts += [f"{', '.join(map(repr, added))} newly fitted or trained"] if added else []
+        parts += [f"{gone} fitted or trained question(s) no longer in it"] if gone else []
+        out.append("the task's questions differ: " + "; ".join(parts))
+    return ", ".join(out) or None
+
+
+def _or_unset(v: Any) -> Any:
+    return "unset" if v is None else v
 
 
 def method_words(r: Mapping[str, Any], n: int | None = None) -> str:

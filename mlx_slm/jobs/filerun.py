@@ -151,12 +151,13 @@ class Where:
 
 class FileJob(Protocol):
     """What a job plugs into a `FileRun`. Its attributes: `command` (named in the messages: "not
-    written by mlx-slm classify"), `changed_input` (what the refusal of an edited input adds after
-    the change, `{out}` the output), `loose` (the manifest settings a resumed run may differ in:
-    "model", a name or a path of the same weights), `all_rows` (a window counts every input row,
-    error rows too, as `embed` always cut them; else only the rows that run) and `group` (None: one
-    output row per input row; else the field naming each output row's unit, and `unit_of(unit)`
-    its (id, alone) for `plan_group_resume`)."""
+        written by mlx-slm classify"), `changed_input` (what the refusal of an edited input adds after
+        the change, `{out}` the output), `loose` (the manifest settings a resumed run may differ in:
+        "model", a name or a path of the same weights), `all_rows` (a window counts every input row,
+        error rows too, as `embed` always cut them; else only the rows that run) and `group` (None: one
+        output row per input row; else the field naming each output row's unit, and `unit_of(unit)`
+        its (id, alone) for `plan_group_resume`). A job may also have `said_change(key, was, now)`: a
+    setting that differs from the interrupted run's in words (None: as recorded)."""
 
     command: str
     changed_input: str
@@ -296,7 +297,12 @@ class FileRun:
             raise OutputError(f"cannot --resume {out}: {changed}{self.job.changed_input.format(out=out)}")
         diff = [k for k in changed_settings(old, self.settings) if k not in self.job.loose]
         if diff:
-            detail = "; ".join(f"{k}: was {old.get(k)!r}, now {self.settings.get(k)!r}" for k in diff[:3])
+            said = getattr(self.job, "said_change", None)  # a job may word its own settings (decide's methods)
+            detail = "; ".join(
+                (said and said(k, old.get(k), self.settings.get(k)))
+                or f"{k}: was {old.get(k)!r}, now {self.settings.get(k)!r}"
+                for k in diff[:3]
+            )
             raise OutputError(
                 f"cannot --resume {out}: it was made with other settings ({detail}); "
                 "run with the same options, or start again without --resume"

@@ -34,6 +34,8 @@ from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import load_questions_file, questions_of
 from ..text.decisions.methods import Method, Methods
+from ..text.decisions.prompt import names
+from ..text.decisions.questions import DecisionQuestion
 from ..text.decisions.settings import DecisionConfig
 from ..text.labels import NotItsLabels, parse_labels
 from ..text.prompts import (
@@ -720,8 +722,21 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
     if o.permute != 1 and questions and not any(q.type == "choice" for q in questions):
         raise UsageError(f"{permute} 2 reorders a choice's options: none of these questions is a choice; drop it")
     methods = task_methods(task, DecisionConfig(), Methods(default=default))
-    if questions and not default.is_raw and all(q.digest in methods.saved for q in questions):
-        style = f"--{o.prefix}style"
+    _refuse_unused(o, questions, methods)
+    ref = ModelRef(model, o.dtype, o.keep_quantized)
+    settings = DeciderSettings(state_cache=o.state_cache)
+    return DecisionPlan(ref, DecisionConfig(), questions, raw, methods, o.warmup, settings, o.refuse, task)
+
+
+def _refuse_unused(o: DecisionOptions, questions: Sequence[DecisionQuestion], methods: Methods) -> None:
+    """A style, order count or prior that no question would be asked with is refused, not ignored
+    (the manifest would record it, and a --resume without it be refused for nothing): every
+    question answered by the task's own method, --permute 2 where each choice is, the names style
+    where no question the task leaves has names to read (a noul reads Yes/No either way)."""
+    default = methods.default
+    calibrate, permute, style = f"--{o.prefix}calibrate", f"--{o.prefix}permute", f"--{o.prefix}style"
+    open_ = [q for q in questions if q.digest not in methods.saved]  # asked with the run's own settings
+    if questions and not default.is_raw and not open_:
         used = [
             f
             for f, on in ((style, o.style != "letters"), (permute, o.permute != 1), (calibrate, o.calibrate != "none"))
@@ -732,6 +747,16 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
             "asked; the task answers every one of "
             "these with its own fitted or trained method: drop them (or fit the task again)"
         )
-    ref = ModelRef(model, o.dtype, o.keep_quantized)
-    settings = DeciderSettings(state_cache=o.state_cache)
-    return DecisionPlan(ref, DecisionConfig(), questions, raw, methods, o.warmup, settings, o.refuse, task)
+    if not questions:
+        return
+    if default.permute != 1 and not any(q.type == "choice" for q in open_):
+        raise UsageError(
+            f"{permute} {default.permute} reorders the options of a choice the task does not answer; the task "
+            "answers every choice here with its own fitted or trained method: drop it"
+        )
+    if default.style == "names" and not any(names(q) is not None for q in open_):
+        which = "the questions the task does not answer" if len(open_) < len(questions) else "these questions"
+        raise UsageError(
+            f"{style} names asks for the options' own names: {which} are nouls (read as Yes/No in either "
+            "style) or scores without distinct level names; drop it"
+        )

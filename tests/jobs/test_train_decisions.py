@@ -41,6 +41,13 @@ def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     alone.write_text(json.dumps({"team": QUESTIONS["team"]}))
     r = run(["decide", "--task", str(task), "--questions", str(alone), "--permute", "2", "-q"], input="{}\n")
     assert r.exit_code == 2 and "--permute sets how questions the task does not answer are asked" in r.output
+    # an option no question the task leaves would be asked with: refused, not recorded and ignored
+    r = run(["decide", "--task", str(task), "--permute", "2", "-q"], input="{}\n")  # the one choice is the task's
+    assert r.exit_code == 2 and "the task answers every choice here" in r.output, r.output
+    nouls = tmp_path / "nouls.json"
+    nouls.write_text(json.dumps({"team": QUESTIONS["team"], "urgent": QUESTIONS["urgent"]}))
+    r = run(["decide", "--task", str(task), "--questions", str(nouls), "--style", "names", "-q"], input="{}\n")
+    assert r.exit_code == 2 and "the questions the task does not answer are nouls" in r.output, r.output
     # --fit over a task: the trained question is kept as it is (not fitted over), the others fitted
     refit = tmp_path / "refit.json"
     r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--gold-field", "urgent",
@@ -379,7 +386,13 @@ def test_a_failed_run_leaves_the_question_classifiers_it_would_replace(tiny, tmp
     assert run([*base[:-1], str(other), "--pooling", "mean"]).exit_code == 0
     own.write_bytes((tmp_path / "other.team.json").read_bytes())
     r = run(["decide", "--task", str(task), "-q"], input=state)
-    assert r.exit_code == 2 and "is not the classifier question 'team' was trained with" in r.output, r.output
+    assert (
+        r.exit_code == 2
+        and "classifier for question 'team', " in r.output
+        and "is not the one it was trained with" in r.output
+    ), r.output
+    r = run(["serve", "--task", str(task), "--port", "0", "-q"])  # the server does not start: the task is at fault
+    assert r.exit_code == 2 and "the model or its task could not be loaded: the task's classifier" in r.output, r.output
     (tmp_path / "in.jsonl").write_text(state * 3)  # refused when the plan loads, not row by row
     r = run(["decide", str(tmp_path / "in.jsonl"), "--task", str(task), "-o", str(tmp_path / "out.jsonl")])
     assert r.exit_code == 2 and "was trained with" in r.output and not (tmp_path / "out.jsonl").exists()
@@ -446,6 +459,7 @@ def test_a_resume_under_a_question_classifier_trained_again_is_refused(tiny, q, 
     assert run([*train, "--pooling", "mean"]).exit_code == 0
     r = run([*decide, "--resume"])
     assert r.exit_code == 2 and "other settings" in r.output, r.output
+    assert "the task's questions differ: 'team' fitted or trained again" in r.output, r.output
 
 
 def test_the_classifier_files_are_put_back_as_they_were_whatever_stops_the_run(tmp_path):
