@@ -54,7 +54,7 @@ from ..text.decisions.answers import RAW_METHOD, answer
 from ..text.decisions.checks import state_problem as decision_state_problem
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.fitting import batch_prior
-from ..text.decisions.methods import Methods, trained_phrase
+from ..text.decisions.methods import Methods, threshold_text, trained_phrase
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..weights.registry import DEFAULT_MODEL
 from .filerun import Distribution, FileRun, Where, check_io, ray_init, windows
@@ -443,7 +443,7 @@ def method_words(r: Mapping[str, Any], n: int | None = None) -> str:
     none = r.get("none_of_these")
     if none:
         t = none["min_confidence"]
-        what.append(f"none of these: {none['option']!r}" + ("" if t is None else f" below {t:.3g}"))
+        what.append(f"none of these: {none['option']!r}" + ("" if t is None else f" below {threshold_text(t)}"))
     changed = ", NOT the task's fitted settings: the question changed" if "note" in r else ""
     return (", ".join(what) or "raw") + changed
 

@@ -135,7 +135,9 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
         rows = [r if not isinstance(p, str) else replace(r, error=p) for r, p in zip(rows, got)]
         runs = {ways_of(plan, False)[0]: [p for r, p in zip(rows, got) if r.error is None]}
     else:
-        runs = _runs(plan, engine, [r for r in rows if r.error is None], s)
+        # a fit asks in every way only where a scored question is not trained (a trained one is kept, not fitted)
+        fits = s.fit and any(not plan.methods.for_question(q)[0].trained for q in plan.questions if q.key in golds)
+        runs = _runs(plan, engine, [r for r in rows if r.error is None], s.batch, fits)
     return _report(s, plan, engine, golds, rows, runs, say)
 
 
@@ -176,15 +178,15 @@ def ways_of(plan: DecisionPlan, fit: bool) -> list[Way]:
     return [(st, n) for n in orders for st in STYLES]
 
 
-def _runs(plan: DecisionPlan, engine: Any, ok: list[Any], s: DecisionEvalSettings) -> dict[Way, list[Any]]:
+def _runs(plan: DecisionPlan, engine: Any, ok: list[Any], batch: int, fit: bool) -> dict[Way, list[Any]]:
     """Each way's results for every row with a state (a result, or why it has none)."""
     out = {}
-    for style, permute in ways_of(plan, s.fit):
+    for style, permute in ways_of(plan, fit):
         methods = Methods(plan.methods.saved, replace(plan.methods.default, style=style, permute=permute))
         decider = replace(plan, methods=methods).decider(engine, state_cache=0)
         got: list[Any] = []
-        for k in range(0, len(ok), s.batch):
-            got += _decide(decider, [r.text for r in ok[k : k + s.batch]], plan.questions)
+        for k in range(0, len(ok), batch):
+            got += _decide(decider, [r.text for r in ok[k : k + batch]], plan.questions)
         out[(style, permute)] = got
     return out
 
@@ -395,10 +397,8 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
             cv = "n/a" if w["cv_accuracy"] is None else f"{100 * w['cv_accuracy']:.2f} %"
             lines.append(f"fit {w['style']}, {w['permute']} order(s): cross-validated accuracy {cv}")
         ch = fit["chosen"]
-        lines.append(
-            f"fit: chose {ch['style']}, {ch['permute']} order(s); temperature {fit['temperature']:.4f}"
-            + ("" if fit["kept"] else " (not kept)")
-        )
+        best = f"{ch['style']}, {ch['permute']} order(s); temperature {fit['temperature']:.4f}"
+        lines.append(f"fit: chose {best}" if fit["kept"] else f"fit: none kept (the best, {best}, is not applied)")
         if fit.get("note"):
             lines.append(f"fit: {fit['note']}")
     if rep.get("fit_skipped"):
@@ -452,7 +452,7 @@ def _save(
     order = {q.digest: i for i, q in enumerate(plan.questions)}
     saved = sorted([*kept, *fitted], key=lambda m: order.get(m.digest, len(order)))
     if not saved:  # a task that changes no answer would be served as if fitted: nothing is written
-        raise UsageError(
+        raise UserError(  # (the options went together: no usage line after the run's figures)
             f"--save-task {s.save_task}: no question was fitted, so nothing was saved: a fit is kept only where it "
             "could be cross-validated (two or more labelled states per option) and its cross-validated accuracy "
             "beats the raw answers' (each question's note above says which it missed); label more states, or "

@@ -53,7 +53,7 @@ from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs
-from ..text.decisions.methods import Method, NoneOf, tuned_prompt
+from ..text.decisions.methods import Method, NoneOf, threshold_text, tuned_prompt
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.heads import Head, format_table
 from ..text.out_of_scope import choose_threshold
@@ -297,7 +297,7 @@ def _chosen_none(
     t, figs = choose_threshold(probs, gold, q.answer_names(), str(run.none.label), run.none.target)
     figs = {**figs, "data": Path(str(run.none.data)).name, "data_rows": len(states)}
     say(
-        f"mlx-slm: 'none of these' below {t if t is None else round(t, 4)}: in-scope accuracy "
+        f"mlx-slm: 'none of these' below {t if t is None else threshold_text(t)}: in-scope accuracy "
         f"{figs['in_scope_accuracy']}, out-of-scope recall {figs['oos_recall']} on the held-out states"
     )
     return NoneOf(str(run.none.label), t, figs)

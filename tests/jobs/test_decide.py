@@ -307,7 +307,9 @@ def test_batch_calibration_divides_by_the_first_states_mean_answer_and_resumes_w
     _interrupt(cal, 8)
     with pytest.raises(OutputError, match="other settings") as e:
         _run(tiny, inp, q, cal, window=2, calibrate="contextual", resume=True)
-    assert "--calibrate was batch, now contextual, --warmup was 5, now unset" in str(e.value), e.value  # words, not dicts
+    assert "--calibrate was batch, now contextual, --warmup was 5, now unset" in str(e.value), (
+        e.value
+    )  # words, not dicts
 
 
 def test_what_would_change_nothing_is_refused(tiny, files, tmp_path):

@@ -32,7 +32,7 @@ def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
     t = json.loads((tmp_path / "t.json").read_text())
     kept = {m["key"] for m in t["decisions"]["methods"]}  # a fit no better than the raw answers is not kept
     assert kept <= {"team", "urgent", "anger"} and t["weights_sha256"]
-    assert r.output.count("(not kept)") == 3 - len(kept)
+    assert r.output.count("fit: none kept") == 3 - len(kept)
     assert t["decisions"]["questions"] == QUESTIONS
     r = run(["decide", "--task", str(tmp_path / "t.json"), "-q"], input='{"id": 1, "state": "refund please"}\n')
     assert r.exit_code == 0, r.output
@@ -222,6 +222,6 @@ def test_a_save_task_that_would_fit_nothing_is_refused_and_writes_nothing(tiny, 
     r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--fit",
              "--save-task", str(keep)])  # fmt: skip
     assert r.exit_code == 2, r.output
-    assert "could not be cross-validated" in r.output and "(not kept)" in r.output
-    assert "no question was fitted" in r.output and "nothing was saved" in r.output
+    assert "could not be cross-validated" in r.output and "fit: none kept" in r.output
+    assert "no question was fitted" in r.output and "nothing was saved" in r.output and "Usage:" not in r.output
     assert keep.read_text() == "before\n"

@@ -57,6 +57,20 @@ def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     assert f"kept from {task}" in r.output
     methods = {m["key"]: m for m in json.loads(refit.read_text())["decisions"]["methods"]}
     assert methods["team"]["head"] == m["head"] and set(methods) <= {"team", "urgent"}
+    # every scored question trained: no way of asking is run for a fit that could not apply
+    from mlx_slm.jobs import evaluate_decisions as ed
+
+    asked, real = [], ed._runs
+
+    def spy(plan, engine, ok, batch, fit):
+        asked.append(ed.ways_of(plan, fit))
+        return real(plan, engine, ok, batch, fit)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ed, "_runs", spy)
+        r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(task), "--fit"])
+    assert r.exit_code == 0 and "kept as the task has it, not fitted" in r.output, r.output
+    assert asked == [[("letters", 1)]], asked
 
 
 @pytest.mark.parametrize(

@@ -203,7 +203,7 @@ def fit_question(
     else:
         best = min(fits, key=lambda w: order.get(w, 99))
         note = next(c.info.get("cv_note") for c in fits.values() if c.info.get("cv_note")) + (
-            f": the ways could not be compared; kept {best[0]}, {best[1]} order(s)" if len(fits) > 1 else ""
+            ": the ways could not be compared" if len(fits) > 1 else ""
         )
     if flat:
         left = "left out (the same answer for every state): " + ", ".join(f"{w[0]} x{w[1]}" for w in flat)

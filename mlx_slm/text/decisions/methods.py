@@ -56,6 +56,16 @@ PERMUTES = (1, 2)
 FILLERS = ("N/A", "...", "[empty]", "-", "none")
 
 
+def threshold_text(t: float) -> str:
+    """A probability threshold in as few digits as keep it apart from 0 and 1 (0.99999999 is not
+    "below 1", which reads as "always")."""
+    for digits in range(3, 18):
+        got = f"{t:.{digits}g}"
+        if float(got) not in (0.0, 1.0) or t in (0.0, 1.0):
+            return got
+    return repr(t)
+
+
 @dataclass(frozen=True)
 class NoneOf:
     """ "None of these" for a choice question: `option` (the answer name of one of its options, the

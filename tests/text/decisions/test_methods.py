@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mlx_slm.classifier.classifier import Classifier
 from mlx_slm.classifier.decider import Decider
@@ -22,6 +24,7 @@ from mlx_slm.text.decisions.methods import (
     order_back,
     orders,
     permuted,
+    threshold_text,
     trained_phrase,
     tuned_prompt,
 )
@@ -255,3 +258,16 @@ def test_a_trained_method_is_named_for_what_it_is():
         "fine-tuned classifier",
         "trained head (the question its own prompt)",
     ]
+
+
+@given(st.floats(min_value=0.0, max_value=1.0, allow_nan=False))
+def test_a_threshold_is_said_apart_from_0_and_1(t):
+    """A threshold of 0.9999999999999916 is not "below 1" (which reads as always): as few digits as
+    keep it apart from 0 and 1, and close to it."""
+    got = float(threshold_text(t))
+    assert (got in (0.0, 1.0)) == (t in (0.0, 1.0)) and got == pytest.approx(t, rel=1e-2, abs=1e-12)
+
+
+def test_a_threshold_is_short_where_it_can_be():
+    assert threshold_text(0.5) == "0.5" and threshold_text(0.123456) == "0.123" and threshold_text(1.0) == "1"
+    assert threshold_text(0.9999999999999916) == "0.99999999999999"
