@@ -184,9 +184,9 @@ def decide(ctx: click.Context, input: str, on_error: str, use_ray: bool, **o: An
     the model's bias, --style names and --permute 2 ask differently, and a --task
     fitted (`eval GOLD --decisions Q.json --fit --save-task T`) or trained (`train
     GOLD --decisions Q.json --save-task T`) answers its own questions its way; such
-    answers carry x_method and x_raw_probabilities. --resume, --shard and --ray work
-    as for classify. Exit status: 0 every row answered, 1 some error rows, 2 a
-    usage error.
+    answers carry x_method, and x_raw_probabilities where a prior or fit changed
+    them. --resume, --shard and --ray work as for classify. Exit status: 0 every
+    row answered, 1 some error rows, 2 a usage error.
 
     Docs: docs/decisions.md
     """

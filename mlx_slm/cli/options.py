@@ -33,7 +33,8 @@ _TASK_OPTIONS = [
         type=click.Path(exists=True, dir_okay=False),
         help="A saved task (model, labels, prompt, examples, calibration). Options given here override "
         "it; changing what its prior was fitted for (model, labels, prompt, examples, scoring) "
-        "needs a new --calibrate.",
+        "needs a new --calibrate. A decision task (saved by eval --decisions --fit or train --decisions) "
+        "is read by eval --decisions, decide and serve.",
     ),
     click.option(
         "--model",

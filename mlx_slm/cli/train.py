@@ -212,7 +212,8 @@ _TRAIN_TASK_OPTIONS = {
     help="Rows with this label are out-of-scope examples: the task learns them as a class "
     "and answers them 'none of these' (label null, abstained true). With --none-threshold auto it also "
     "marks --none-data's out-of-scope texts; if DATA has none, the threshold alone answers 'none'. "
-    "With --decisions: the option of the trained choice question that means none.",
+    "With --decisions: the option of the trained choice question that means none, learned from DATA's "
+    "states labelled with it, as any option (label some).",
 )
 @click.option(
     "--none-threshold",
@@ -279,6 +280,12 @@ def train(
     or --labels-file, else the data's own. Then classify, eval, serve with --task:
       mlx-slm train labelled.csv --gold-column category --save-task task.json
       mlx-slm classify tickets.jsonl --task task.json -o out.jsonl
+
+    \b
+    Typed decisions (docs/decisions.md): a question of Q.json trained on its labelled states
+    (--decisions), then answered by decide and serve (the decision routes) with --task:
+      mlx-slm train gold.jsonl --decisions q.json --gold-field team --save-task t.json
+      mlx-slm serve --task t.json
 
     Docs: docs/heads.md
     """

@@ -330,10 +330,11 @@ def _prompt_settings(
 
 
 def _gold_indices(
-    gold: list[str], classes: Sequence[str] | None, folds: int, trace: Trace
+    gold: list[str], classes: Sequence[str] | None, folds: int, trace: Trace, fix: str = "or leave them out"
 ) -> tuple[tuple[str, ...], np.ndarray]:
     """The head's classes (default: the gold labels, sorted; at least two) and each item's
-    class index; every gold label must be a class with `min_per_label(folds)` examples."""
+    class index; every gold label must be a class with `min_per_label(folds)` examples (`fix`:
+    the way out besides more examples, as the caller's labels can be changed)."""
 
     at = trace.at
     if classes is None:
@@ -359,7 +360,7 @@ def _gold_indices(
         raise TrainError(
             f"{at}too few examples: {'; '.join(short[:8])}{' ...' if len(short) > 8 else ''}. A head needs at "
             f"least {need} examples per label (one per cross-validation fold, folds={folds}): add examples of "
-            "those labels, or leave them out"
+            f"those labels, {fix}"
         )
     return classes, y
 

@@ -110,6 +110,10 @@ def _states(run: DecisionTrainRun, fields: Sequence[str], path: str | None = Non
     return rows
 
 
+# a question's head learns every one of its options (a label cannot be left out of it, as of --labels)
+_OPTIONS_FIX = "or take the options too few states are labelled with out of the question (Q.json)"
+
+
 def _labelled(q: DecisionQuestion, fld: str, rows: list[Any], data: str) -> tuple[list[int], list[str], list[int]]:
     """The rows that train `q` (those with its gold field), each one's option as its answer name,
     and their lines; a gold value that names no option is an error naming the line and field."""
@@ -136,7 +140,7 @@ def train_question(
 ) -> Head:
     """`q`'s head: its options' classes checked (`min_per_label(folds)` rows each), the hidden
     states at its answer position for every state, then `heads.fit` by cross-validation."""
-    labels, y = _gold_indices(list(gold), q.answer_names(), head.folds, trace)
+    labels, y = _gold_indices(list(gold), q.answer_names(), head.folds, trace, _OPTIONS_FIX)
     n = len(decider.engine.model.layers)
     cands, layers = _candidate_parts(n, head.layers, head.layer, ("last",))
     trace.note(
@@ -182,11 +186,14 @@ def _train_all(
     """The rest of `run_train_decisions`: a cross-validated head's examples counted per option (before
     the model loads), the model loaded, each labelled question trained, the task saved."""
     if run.tuning is None or OWN[run.tuning[0]].folds_every_row:  # every head's examples counted before the model loads
+        fix = _OPTIONS_FIX
+        if run.none.asked and run.none.label is not None:  # its option is learned from its states, as any option
+            fix = f"(for --none-label: states of DATA labelled {run.none.label!r}, out of scope), {fix}"
         for q in run.plan.questions:
             if q.key in golds:
                 _, gold, lines = labelled[q.key]
                 where = f"{run.data}: question {q.key!r} (field {golds[q.key]!r})"
-                _gold_indices(list(gold), q.answer_names(), run.head.folds, Trace(source=where, lines=lines))
+                _gold_indices(list(gold), q.answer_names(), run.head.folds, Trace(source=where, lines=lines), fix)
     say(f"mlx-slm: loading {run.plan.model.name}")
     engine = run.plan.engine()
     plan = run.plan.loaded(engine)

@@ -107,6 +107,7 @@ def test_a_head_on_the_question_prompt_counts_its_examples_before_the_model_load
     r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", str(tmp_path / "none"),
              "--save-task", str(tmp_path / "t.json"), "--head-prompt", "question"])  # fmt: skip
     assert r.exit_code == 2 and "question 'team'" in r.output and "too few examples" in r.output, r.output
+    assert "out of the question (Q.json)" in r.output and "leave them out" not in r.output, r.output
 
 
 def test_train_decisions_names_a_gold_value_that_is_no_option(tiny, q, tmp_path):
@@ -339,12 +340,21 @@ def test_none_threshold_auto_that_cannot_answer_a_held_out_state_saves_nothing(t
             ["--none-label", "none of these", "--none-threshold", "auto", "--none-data", "ONLY_NONE"],
             "give held-out states of the other options as well",
         ),  # fmt: skip
+        (  # no state of DATA labelled with the none option: it is learned from them, as any option
+            ["--none-label", "none of these", "DATA_WITHOUT_NONE"],
+            "'none of these' has 0. A head needs at least 2 examples per label (one per cross-validation fold, "
+            "folds=2): add examples of those labels, (for --none-label: states of DATA labelled 'none of these'",
+        ),
     ],
 )
 def test_train_decisions_none_of_these_refuses_what_it_cannot_use(tiny, tmp_path, args, words):
     q, data = _none_files(tmp_path, 4)
     only = tmp_path / "only.jsonl"
     only.write_text("".join(json.dumps({"state": f"hello {i}", "team": "none of these"}) + "\n" for i in range(3)))
+    if "DATA_WITHOUT_NONE" in args:
+        args = [a for a in args if a != "DATA_WITHOUT_NONE"]
+        rows = [r for r in data.read_text().splitlines() if json.loads(r)["team"] != "none of these"]
+        data.write_text("\n".join(rows) + "\n")
     args = [str(only) if a == "ONLY_NONE" else a for a in args]
     r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--folds", "2",
              "--save-task", str(tmp_path / "t.json"), *args])  # fmt: skip
