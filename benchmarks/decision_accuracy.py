@@ -655,7 +655,7 @@ def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes,
         return set_result(ds, q, passes, rows, fit_report, {**head_info, "question_prompt": qhead_info}, tuned_info)
     rows = way_rows(ds, q, passes, ways)
     if ds.name in a.untrained_only:  # TEST passes only: what needs TRAIN said not run
-        why = "not run: --untrained-only (no TRAIN: each way's pass lists every option, see the passes' s / row)"
+        why = "not run: --untrained-only (TEST passes only, nothing learns from TRAIN: see the passes' s / row)"
         learned = (*NO_FIT, "trained head", "trained head (question prompt)", "fine-tuned (LoRA)")
         rows += [{"method": m, "family": "decide", "available": False, "note": why} for m in learned]
         rows += classify_rows(ds, engine, passes, a, untrained=True)
