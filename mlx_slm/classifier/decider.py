@@ -238,13 +238,7 @@ class Decider:
             got = self._classifiers.get(path)
         if got is None:
             clf = Classifier.from_task(trained_with(path, q.key, m), engine=self.engine)
-            labels = tuned_prompt(q)[1]
-            if tuple(clf.labels) != labels:
-                raise DecisionError(
-                    (),
-                    f"the task's classifier for question {q.key!r}, {path}, answers {list(clf.labels)}, not its "
-                    f"options {list(labels)}: train the task again",
-                )
+            labels = answers_options(path, clf.labels, q)
             got = (clf, labels)
             with self._contextual_lock:
                 self._classifiers[path] = got
@@ -449,6 +443,20 @@ def trained_with(path: str, key: str | None, m: Method) -> str:
             "sha256 differs: it was edited, or another training run replaced it): train the task again",
         )
     return path
+
+
+def answers_options(path: str, labels: Sequence[str], q: DecisionQuestion) -> tuple[str, ...]:
+    """The names a tuned question's classifier (`path`, answering `labels`) answers `q` with: its
+    options' (`tuned_prompt`), or refused, the task at fault (`DecisionPlan.loaded` checks it
+    before a run or a server starts)."""
+    want = tuned_prompt(q)[1]
+    if tuple(labels) != want:
+        raise DecisionError(
+            (),
+            f"the task's classifier for question {q.key!r}, {path}, answers {list(labels)}, not its "
+            f"options {list(want)}: train the task again",
+        )
+    return want
 
 
 def _methods_of(s: DeciderSettings, config: DecisionConfig) -> Methods:

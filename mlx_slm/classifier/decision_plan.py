@@ -28,7 +28,7 @@ from ..text.decisions.methods import Method, Methods
 from ..text.decisions.questions import REFUSALS, DecisionQuestion, DecisionRequest
 from ..text.decisions.settings import DecisionConfig
 from ..weights.registry import ModelRef
-from .decider import Decider, DeciderSettings, trained_with
+from .decider import Decider, DeciderSettings, answers_options, trained_with
 from .task import Task, TaskError, check_decision_settings
 
 
@@ -68,9 +68,12 @@ class DecisionPlan:
         if plan.methods.saved and plan.task is not None:
             plan.task.check_weights(engine.weights_sha256, self.model.name)  # fitted on other weights: refused
             check_decision_settings(plan.task, config, self.model.name)  # or under another decision.json
+            own = {q.digest: q for q in questions_of(plan.task.decisions["questions"], config)}
             for m in plan.methods.saved.values():  # a question's own classifier replaced since: refused now
                 if m.tuned is not None:
                     trained_with(m.tuned, m.key, m)
+                    if m.digest in own:  # (and one answering other labels, as it would be at the first request)
+                        answers_options(m.tuned, Task.load(m.tuned).labels, own[m.digest])
         return replace(plan, model_config=True)
 
     def with_config(self, config: DecisionConfig) -> DecisionPlan:

@@ -188,8 +188,7 @@ def serve(
         if service.worker_error:  # the worker died serving: a bug, its traceback in the log above
             notice(f"mlx-slm: error: {service.worker_error}")
             sys.exit(70)
-        what = "the model or its task" if s.task_file else "the model"
-        raise UserError(f"{what} could not be loaded: {e}") from None
+        raise UserError(f"{'the model or its task' if s.task_file else 'the model'} could not be loaded: {e}") from None
     if not s.quiet:
         notice("mlx-slm: server stopped")
     sys.exit(code)

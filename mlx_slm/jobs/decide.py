@@ -395,28 +395,47 @@ def state_rows(path: str, spec: ReadSpec, column_given: bool) -> tuple[Iterator[
 
 def methods_change(was: Any, now: Mapping[str, Any], methods: Methods) -> str | None:
     """Two runs' `DecisionPlan.record()["methods"]` apart, as the options and the task say them
-    (None: a record of before, said as recorded)."""
+    (None: a record of another shape, said as recorded)."""
     if not isinstance(was, Mapping) or not isinstance(was.get("default"), Mapping):
         return None
     out = []
-    flags = (("--style", "style"), ("--permute", "permute"))
-    for flag, k in flags:
-        if was["default"].get(k) != now["default"].get(k):
-            out.append(f"{flag} was {was['default'].get(k)}, now {now['default'].get(k)}")
+    for flag, k in (("--style", "style"), ("--permute", "permute")):
+        if k in was["default"] and was["default"][k] != now["default"].get(k):
+            out.append(f"{flag} was {was['default'][k]}, now {now['default'].get(k)}")
     for flag, k in (("--calibrate", "prior"), ("--warmup", "warmup")):
-        if was.get(k) != now.get(k):
-            out.append(f"{flag} was {_or_unset(was.get(k))}, now {_or_unset(now.get(k))}")
-    before, after = dict(map(tuple, was.get("saved") or [])), dict(map(tuple, now.get("saved") or []))
-    if before != after:
-        keys = {d: m.key for d, m in methods.saved.items()}
-        changed = [keys.get(d, d) for d in after if d in before and before[d] != after[d]]
-        added = [keys.get(d, d) for d in after if d not in before]
-        gone = sum(1 for d in before if d not in after)
-        parts = [f"{', '.join(map(repr, changed))} fitted or trained again"] if changed else []
-        parts += [f"{', '.join(map(repr, added))} newly fitted or trained"] if added else []
-        parts += [f"{gone} fitted or trained question(s) no longer in it"] if gone else []
-        out.append("the task's questions differ: " + "; ".join(parts))
-    return ", ".join(out) or None
+        if k in was and was[k] != now.get(k):
+            out.append(f"{flag} was {_or_unset(was[k])}, now {_or_unset(now.get(k))}")
+    if "saved" in was:  # (else nothing recorded to compare)
+        before, after = _saved_pairs(was["saved"]), _saved_pairs(now.get("saved"))
+        if before is None:
+            out.append("the task's fitted or trained questions were recorded otherwise")
+        elif after is not None and before != after:
+            out.append(_saved_change(before, after, {d: m.key for d, m in methods.saved.items()}))
+    return "; ".join(out) or None
+
+
+def _saved_pairs(saved: Any) -> dict[str, Any] | None:
+    """A manifest's saved methods as {question digest: method digest}; None: another shape (a record of before)."""
+    if not isinstance(saved, list) or not all(
+        isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], str) for x in saved
+    ):
+        return None
+    return dict((x[0], x[1]) for x in saved)
+
+
+def _saved_change(before: Mapping[str, str], after: Mapping[str, str], keys: Mapping[str, str]) -> str:
+    """How two runs' fitted or trained questions differ, by the questions' keys where this run knows them."""
+    if not before:
+        return "this run's task fits or trains questions, the interrupted run's answered them without"
+    if not after:
+        return "the interrupted run's task fitted or trained questions, this run answers them without"
+    changed = [keys.get(d, d) for d in after if d in before and before[d] != after[d]]
+    added = [keys.get(d, d) for d in after if d not in before]
+    gone = sum(1 for d in before if d not in after)
+    parts = [f"{', '.join(map(repr, changed))} fitted or trained again"] if changed else []
+    parts += [f"{', '.join(map(repr, added))} newly fitted or trained"] if added else []
+    parts += [f"{gone} fitted or trained question(s) no longer in it"] if gone else []
+    return "the task's questions differ: " + ", ".join(parts)
 
 
 def _or_unset(v: Any) -> Any:

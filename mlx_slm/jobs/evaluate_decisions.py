@@ -398,7 +398,7 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
             lines.append(f"fit {w['style']}, {w['permute']} order(s): cross-validated accuracy {cv}")
         ch = fit["chosen"]
         best = f"{ch['style']}, {ch['permute']} order(s); temperature {fit['temperature']:.4f}"
-        lines.append(f"fit: chose {best}" if fit["kept"] else f"fit: none kept (the best, {best}, is not applied)")
+        lines.append(f"fit: chose {best}" if fit["kept"] else f"fit: none kept ({best}: not applied)")
         if fit.get("note"):
             lines.append(f"fit: {fit['note']}")
     if rep.get("fit_skipped"):

@@ -151,12 +151,12 @@ class Where:
 
 class FileJob(Protocol):
     """What a job plugs into a `FileRun`. Its attributes: `command` (named in the messages: "not
-        written by mlx-slm classify"), `changed_input` (what the refusal of an edited input adds after
-        the change, `{out}` the output), `loose` (the manifest settings a resumed run may differ in:
-        "model", a name or a path of the same weights), `all_rows` (a window counts every input row,
-        error rows too, as `embed` always cut them; else only the rows that run) and `group` (None: one
-        output row per input row; else the field naming each output row's unit, and `unit_of(unit)`
-        its (id, alone) for `plan_group_resume`). A job may also have `said_change(key, was, now)`: a
+    written by mlx-slm classify"), `changed_input` (what the refusal of an edited input adds after
+    the change, `{out}` the output), `loose` (the manifest settings a resumed run may differ in:
+    "model", a name or a path of the same weights), `all_rows` (a window counts every input row,
+    error rows too, as `embed` always cut them; else only the rows that run) and `group` (None: one
+    output row per input row; else the field naming each output row's unit, and `unit_of(unit)`
+    its (id, alone) for `plan_group_resume`). A job may also have `said_change(key, was, now)`: a
     setting that differs from the interrupted run's in words (None: as recorded)."""
 
     command: str

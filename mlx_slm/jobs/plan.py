@@ -698,7 +698,7 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
     requests come one by one, answers with a task's fitted prior instead)."""
     task = Task.load(o.task_file) if o.task_file else None
     model = task.model if task is not None and "model" not in o.given else o.model
-    calibrate, permute = f"--{o.prefix}calibrate", f"--{o.prefix}permute"
+    calibrate = f"--{o.prefix}calibrate"
     if o.calibrate == "batch" and not batch_ok:
         raise UsageError(
             f"{calibrate} batch needs a run of many states to find the prior in; a server answers one request at a "
@@ -719,27 +719,34 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
         questions = questions_of(raw, DecisionConfig())
     elif need_questions:
         raise UsageError("give the questions: --questions Q.json (or a --task saved with eval --decisions --save-task)")
-    if o.permute != 1 and questions and not any(q.type == "choice" for q in questions):
-        raise UsageError(f"{permute} 2 reorders a choice's options: none of these questions is a choice; drop it")
     methods = task_methods(task, DecisionConfig(), Methods(default=default))
-    _refuse_unused(o, questions, methods)
+    # a server's requests bring their own questions (a task's are only some it may be asked)
+    _refuse_unused(o, questions if need_questions else (), methods)
     ref = ModelRef(model, o.dtype, o.keep_quantized)
     settings = DeciderSettings(state_cache=o.state_cache)
     return DecisionPlan(ref, DecisionConfig(), questions, raw, methods, o.warmup, settings, o.refuse, task)
 
 
 def _refuse_unused(o: DecisionOptions, questions: Sequence[DecisionQuestion], methods: Methods) -> None:
-    """A style, order count or prior that no question would be asked with is refused, not ignored
-    (the manifest would record it, and a --resume without it be refused for nothing): every
-    question answered by the task's own method, --permute 2 where each choice is, the names style
-    where no question the task leaves has names to read (a noul reads Yes/No either way)."""
+    """A style, order count or prior that none of the run's `questions` would be asked with is
+    refused, not ignored (the manifest would record it, and a --resume without it be refused for
+    nothing): --permute 2 with no choice, or where the task answers each choice; every question
+    answered by the task's own method; the names style where no question the task leaves has names
+    to read (a noul reads Yes/No either way)."""
     default = methods.default
     calibrate, permute, style = f"--{o.prefix}calibrate", f"--{o.prefix}permute", f"--{o.prefix}style"
+    if o.permute != 1 and questions and not any(q.type == "choice" for q in questions):
+        raise UsageError(f"{permute} 2 reorders a choice's options: none of these questions is a choice; drop it")
     open_ = [q for q in questions if q.digest not in methods.saved]  # asked with the run's own settings
     if questions and not default.is_raw and not open_:
         used = [
             f
-            for f, on in ((style, o.style != "letters"), (permute, o.permute != 1), (calibrate, o.calibrate != "none"))
+            for f, on in (
+                (style, o.style != "letters"),
+                (permute, o.permute != 1),
+                (calibrate, o.calibrate != "none"),
+                ("--warmup", "warmup" in o.given),
+            )
             if on
         ]
         raise UsageError(

@@ -55,7 +55,7 @@ from ..text.decisions.errors import DecisionError
 from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs
 from ..text.decisions.methods import Method, NoneOf, threshold_text, tuned_prompt
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
-from ..text.heads import Head, format_table
+from ..text.heads import Head, format_table, min_per_label
 from ..text.out_of_scope import choose_threshold
 from ..text.prompts import DEFAULT_LABELS, DEFAULT_SYSTEM, DEFAULT_TEMPLATE
 from ..weights.convert import sha256_file, versions
@@ -186,12 +186,14 @@ def _train_all(
     """The rest of `run_train_decisions`: a cross-validated head's examples counted per option (before
     the model loads), the model loaded, each labelled question trained, the task saved."""
     if run.tuning is None or OWN[run.tuning[0]].folds_every_row:  # every head's examples counted before the model loads
-        fix = _OPTIONS_FIX
-        if run.none.asked and run.none.label is not None:  # its option is learned from its states, as any option
-            fix = f"(for --none-label: states of DATA labelled {run.none.label!r}, out of scope), {fix}"
         for q in run.plan.questions:
             if q.key in golds:
                 _, gold, lines = labelled[q.key]
+                fix = _OPTIONS_FIX
+                none = run.none.label if run.none.asked else None
+                if none is not None and gold.count(none) < min_per_label(run.head.folds):
+                    # the none option is learned from its states, as any option: not one to take out
+                    fix = f"{none!r} among them (out-of-scope states, for --none-label), {fix}"
                 where = f"{run.data}: question {q.key!r} (field {golds[q.key]!r})"
                 _gold_indices(list(gold), q.answer_names(), run.head.folds, Trace(source=where, lines=lines), fix)
     say(f"mlx-slm: loading {run.plan.model.name}")
@@ -435,4 +437,9 @@ def _in_data(message: str, handed: str, data: str, lines: Sequence[int]) -> str:
     line) said of DATA: its path, each row's own line, and no fix this command does not take."""
     where = re.compile(re.escape(handed) + r": line (\d+)")
     message = where.sub(lambda m: f"{data}: line {lines[int(m.group(1)) - 1]}", message)
-    return message.replace(handed, data).replace(", or pass --truncate head|tail|middle", "")
+    message = message.replace(handed, data).replace(", or pass --truncate head|tail|middle", "")
+    # the labels are the question's options: no --labels to leave one out of
+    message = re.sub(r",? leave them out of --labels and the data,", ",", message)
+    return re.sub(
+        r",? or leave them out of --labels( and the data| \(or --labels-file\))?", f", {_OPTIONS_FIX}", message
+    )

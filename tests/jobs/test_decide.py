@@ -307,7 +307,7 @@ def test_batch_calibration_divides_by_the_first_states_mean_answer_and_resumes_w
     _interrupt(cal, 8)
     with pytest.raises(OutputError, match="other settings") as e:
         _run(tiny, inp, q, cal, window=2, calibrate="contextual", resume=True)
-    assert "--calibrate was batch, now contextual, --warmup was 5, now unset" in str(e.value), (
+    assert "--calibrate was batch, now contextual; --warmup was 5, now unset" in str(e.value), (
         e.value
     )  # words, not dicts
 
@@ -366,3 +366,25 @@ def test_a_question_over_the_context_alone_is_refused_per_state_with_refuse_ques
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     ok = [r for r in rows if "answers" in r]
     assert ok and all(r["answers"][0]["type"] == "refusal" and r["answers"][1]["type"] != "refusal" for r in ok)
+
+
+def test_a_resume_refusal_words_the_methods_of_any_manifest_without_a_traceback():
+    """`methods_change`: two runs' methods apart in the options' words; a manifest of another shape
+    (an older mlx-slm's saved digests, a hand edit) is said otherwise or as recorded, never a crash."""
+    from mlx_slm.jobs.decide import methods_change
+    from mlx_slm.text.decisions.methods import Method, Methods
+
+    now = {"default": {"style": "names", "permute": 1}, "prior": "none", "warmup": None, "saved": [["d1", "m2"]]}
+    methods = Methods.of([Method(key="team", digest="d1")])
+    was = {"default": {"style": "letters", "permute": 1}, "prior": "batch", "warmup": 64, "saved": [["d1", "m1"]]}
+    said = methods_change(was, now, methods)
+    assert said == (
+        "--style was letters, now names; --calibrate was batch, now none; --warmup was 64, now unset; "
+        "the task's questions differ: 'team' fitted or trained again"
+    )
+    assert "answered them without" in methods_change({**now, "saved": []}, now, methods)
+    for saved in (["0123456789abcdef"], [None], 5, [[["a"], "c"]], [["a", "b", "c"]], {"d1": "c1"}):
+        assert "recorded otherwise" in methods_change({**now, "saved": saved}, now, methods)
+    for odd in (None, 5, "x", {"default": None}, {}):
+        assert methods_change(odd, now, methods) is None
+    assert methods_change({"default": {}}, now, methods) is None  # nothing it can compare: said as recorded

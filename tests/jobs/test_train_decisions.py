@@ -57,6 +57,13 @@ def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     assert f"kept from {task}" in r.output
     methods = {m["key"]: m for m in json.loads(refit.read_text())["decisions"]["methods"]}
     assert methods["team"]["head"] == m["head"] and set(methods) <= {"team", "urgent"}
+    # a server's requests bring their own questions: its method options are never refused for a task's
+    from mlx_slm.cli.serve import _decision_plan
+    from mlx_slm.jobs.plan import ModelRef
+
+    served = type("P", (), {"model": ModelRef(tiny)})()
+    for style, permute in (("letters", 2), ("names", 1), ("names", 2)):
+        assert _decision_plan(served, str(task), (style, permute, "contextual", 0)).methods.default.permute == permute
     # every scored question trained: no way of asking is run for a fit that could not apply
     from mlx_slm.jobs import evaluate_decisions as ed
 
@@ -343,7 +350,7 @@ def test_none_threshold_auto_that_cannot_answer_a_held_out_state_saves_nothing(t
         (  # no state of DATA labelled with the none option: it is learned from them, as any option
             ["--none-label", "none of these", "DATA_WITHOUT_NONE"],
             "'none of these' has 0. A head needs at least 2 examples per label (one per cross-validation fold, "
-            "folds=2): add examples of those labels, (for --none-label: states of DATA labelled 'none of these'",
+            "folds=2): add examples of those labels, 'none of these' among them (out-of-scope states, for --none-label)",
         ),
     ],
 )
@@ -384,6 +391,8 @@ def test_every_question_type_trains_a_head_on_its_own_prompt(tiny, q, tmp_path):
     assert r.exit_code == 0, r.output
     a = json.loads(r.stdout)["answers"]
     assert {k: a[k]["x_method"]["trained"] for k in a} == dict.fromkeys(("urgent", "team", "anger"), "learned head")
+    # the style each classifier reads its question in: names where the options have them, a noul's Yes/No
+    assert {k: a[k]["x_method"]["style"] for k in a} == {"urgent": "letters", "team": "names", "anger": "names"}
     assert 0 <= a["urgent"]["noul"] <= 1 and a["team"]["choice"] in ("billing", "technical")
     assert sum(a["team"]["probabilities"].values()) == pytest.approx(1.0)
 
@@ -503,3 +512,43 @@ def test_the_classifier_files_are_put_back_as_they_were_whatever_stops_the_run(t
     with _kept_unless_saved([old, new]):  # a run that ends well keeps what it wrote
         old.write_text("trained")
     assert old.read_text() == "trained"
+
+
+@pytest.mark.parametrize("tuning", [["--folds", "2"], ["--finetune", "lora", "--epochs", "1"]], ids=["head", "lora"])
+def test_too_few_states_of_an_option_says_the_question_not_labels(tiny, tmp_path, tuning):
+    """An option no state is labelled with: a question's options are its labels, so the fix is to label
+    more states or take the option out of Q.json, never classify's "leave them out of --labels"."""
+    q, data = _none_files(tmp_path, 4)
+    rows = [r for r in data.read_text().splitlines() if json.loads(r)["team"] != "none of these"]
+    data.write_text("\n".join(rows) + "\n")
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "-q",
+             "--save-task", str(tmp_path / "t.json"), *tuning])  # fmt: skip
+    assert r.exit_code == 2 and "'none of these' has 0" in r.output, r.output
+    assert "out of the question (Q.json)" in r.output and "--labels" not in r.output, r.output
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_a_question_classifier_of_other_labels_is_refused_when_the_task_loads(tiny, tmp_path):
+    """A task of before (no sha256 of its question classifiers) whose classifier answers other labels
+    than the question's options: refused when decide or serve loads the task (exit 2, the task at
+    fault), not at the first state or request (a 400 or 422 that would blame the client's body)."""
+    q, data = _none_files(tmp_path)
+    task = tmp_path / "t.json"
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "-q",
+             "--folds", "2", "--head-prompt", "question", "--save-task", str(task)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    t = json.loads(task.read_text())
+    del t["decisions"]["methods"][0]["report"]["classifier_sha256"]  # as a task of before records it
+    task.write_text(json.dumps(t))
+    own = tmp_path / "t.team.json"
+    text = own.read_text()  # the classifier of another question: its labels (and its head's) others
+    for a, b in (("billing", "x"), ("technical", "y"), ("none of these", "z")):
+        text = text.replace(f'"{a}"', f'"{b}"')
+    own.write_text(text)
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text('{"id": 1, "state": "I was charged twice"}\n')
+    r = run(["decide", str(inp), "--task", str(task), "-o", str(out)])
+    assert r.exit_code == 2 and "answers ['x', 'y', 'z'], not its options" in r.output, r.output
+    assert not out.exists()
+    r = run(["serve", "--task", str(task), "--port", "0", "-q"])
+    assert r.exit_code == 2 and "the model or its task could not be loaded" in r.output, r.output

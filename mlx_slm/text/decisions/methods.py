@@ -194,7 +194,7 @@ class Method:
         probabilities, where "none of these" may have changed its choice: `answered_none`)."""
         cal = self.calibrator or prior
         if self.tuned is not None:  # its classifier reads the question as the names style lists it (`tuned_prompt`)
-            style, permute = "names", 1
+            style, permute = ("names" if q is None or names(q) is not None else "letters"), 1
         else:
             style, permute = self.asks(q) if q is not None else (self.style, self.permute)
         out: dict[str, Any] = {"style": style, "permute": permute}
