@@ -208,6 +208,8 @@ class FileRun:
         self.input_not_hashed: str | None = None
         self.shard_info: dict[str, Any] | None = None
         self.seconds = 0.0  # the writing's (answering's) time
+        self._writer: Writer | None = None
+        self._open: Callable[[], Writer] | None = None  # the output's writer, made when the run starts writing
 
     def run(self) -> int:
         job = self.job
@@ -224,13 +226,18 @@ class FileRun:
             self.settings = {**job.settings(), **({"shard": self.shard_info} if self.shard_info else {})}
         if previous is not None:
             rows = self._resume(previous, columns, rows)
-        self.write_manifest(complete=False)
         done = self._write(rows, columns, previous is not None)
         self.write_manifest(complete=True, rows=self.kept + done)
         return done
 
     def write_manifest(self, complete: bool, rows: int | None = None) -> None:
-        """The manifest as the run stands (nothing without a file output)."""
+        """The manifest as the run stands (nothing without a file output). The first one a run writes
+        (the job's, once its prior is fitted, or the first record's) starts the output: this run's
+        from then on, an output of before replaced (see `_write`) before its manifest is: a run
+        stopped in between leaves a manifest of a complete run beside fewer rows, which --resume
+        refuses, never an output of before under this run's manifest."""
+        if self._writer is None and self._open is not None:
+            self._writer = self._open()
         if self.output is not None:
             write_manifest(self.output, self.settings, complete=complete, rows=rows, fitted=self.fitted or None)
 
@@ -329,19 +336,28 @@ class FileRun:
 
     # ------------------------------------------------------------------ writing
     def _write(self, rows: Iterator[Any], columns: list[str], append: bool) -> int:
-        """Every record written in input order and flushed; the rows written."""
-        writer = Writer(self.output or self.where.stream, columns, self.where.out_fmt, append=append)
-        progress = Progress(self.quiet)
+        """Every record written in input order and flushed; the rows written. The manifest and the
+        output are touched only once the run starts writing (the job records its fitted prior, or
+        the first record is made): a run that fails before (a prior refused, the first window's
+        answers) leaves an output already there, and its manifest, as they were."""
         t0 = time.perf_counter()
+        self._open = lambda: Writer(self.output or self.where.stream, columns, self.where.out_fmt, append=append)
+        progress = Progress(self.quiet)
         finished = False
         try:
-            for rec in self.job.records(rows):
+            records = iter(self.job.records(rows))
+            first = list(itertools.islice(records, 1))
+            if self._writer is None:
+                self.write_manifest(complete=False)  # (the job wrote none yet) the run starts writing
+            assert self._writer is not None
+            for rec in itertools.chain(first, records):
                 self.failed += "error" in rec
-                writer.write(rec)
+                self._writer.write(rec)
                 progress.tick()
             finished = True
         finally:
-            writer.close(complete=finished)  # an interrupted Parquet run writes no file
+            if self._writer is not None:
+                self._writer.close(complete=finished)  # an interrupted Parquet run writes no file
             progress.done()
             self.seconds = time.perf_counter() - t0
         return progress.n

@@ -331,12 +331,19 @@ def test_what_would_change_nothing_is_refused(tiny, files, tmp_path):
 
 
 def test_a_batch_prior_from_fewer_states_than_options_is_refused(tiny, files, tmp_path):
-    _, q = files
+    """Refused before anything is written: an output already there (a run of before) and its manifest
+    are left as they were, not emptied by a run that could not start."""
+    from mlx_slm.files.output import manifest_path
+
+    big, q = files
+    out = tmp_path / "o.jsonl"
+    _run(tiny, big, q, out)
+    before, made = out.read_bytes(), manifest_path(str(out)).read_bytes()
     inp = tmp_path / "two.jsonl"
     inp.write_text("".join(json.dumps({"id": i, "state": t}) + "\n" for i, t in enumerate(SHARED[:2])))
     with pytest.raises(UserError, match="question 'team': a prior over 3 options needs at least 3 states, got 2"):
-        _run(tiny, inp, q, tmp_path / "o.jsonl", calibrate="batch")
-    assert not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").read_text() == ""
+        _run(tiny, inp, q, out, calibrate="batch")
+    assert out.read_bytes() == before and manifest_path(str(out)).read_bytes() == made
 
 
 def test_options_that_cannot_be_read_as_labels_are_refused_before_any_state(tiny, files, tmp_path):
