@@ -230,7 +230,8 @@ def _report(
                 refit.add(q.digest)
                 if fitted["kept"]:  # a fit no better than the raw answers is not saved: the question goes raw
                     saved.append(method)
-        elif s.fit_prior and not plan.methods.for_question(q)[0].trained:
+        # --fit-prior: every question --fit does not fit (scored or not: its states' answers, not their gold)
+        if s.fit_prior and not (s.fit and q.key in golds) and not plan.methods.for_question(q)[0].trained:
             saved.append(_prior_method(q, i, ok, runs[main], s.warmup))
     if s.json_path:
         atomic_write(s.json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")

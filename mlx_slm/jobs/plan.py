@@ -23,7 +23,7 @@ from ..classifier.decider import DeciderSettings
 from ..classifier.decision_plan import DecisionPlan, task_methods
 from ..classifier.pipeline import DEFAULT_BATCH_SIZE
 from ..classifier.plan import Plan
-from ..classifier.task import Task
+from ..classifier.task import Task, TaskError
 from ..engine.state_cache import STATE_CACHE
 from ..files.readers import KNOWN_EXTENSIONS, ReadSpec, gold_problem, guess_format, read_label_descriptions, read_rows
 from ..ground.errors import ModelError, UsageError
@@ -719,7 +719,10 @@ def resolve_decisions(o: DecisionOptions, need_questions: bool = True, batch_ok:
         questions = questions_of(raw, DecisionConfig())
     elif need_questions:
         raise UsageError("give the questions: --questions Q.json (or a --task saved with eval --decisions --save-task)")
-    methods = task_methods(task, DecisionConfig(), Methods(default=default))
+    try:
+        methods = task_methods(task, DecisionConfig(), Methods(default=default))
+    except TaskError as e:  # a hand-edited method: the file named
+        raise TaskError(f"task file {o.task_file}: {e}") from None
     # a server's requests bring their own questions (a task's are only some it may be asked)
     _refuse_unused(o, questions if need_questions else (), methods)
     ref = ModelRef(model, o.dtype, o.keep_quantized)

@@ -108,6 +108,18 @@ def test_eval_fit_prior_learns_a_prior_from_states_alone(tiny, q, tmp_path):
     assert all(m["calibrator"]["method"] == "batch" for m in methods)
     r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "refund please"}\n')
     assert r.exit_code == 0 and json.loads(r.stdout)["answers"]["team"]["x_method"]["calibration"] == "batch"
+    # a question scored on its gold still gets its prior (from its states, as the others), unless --fit fits it
+    scored = tmp_path / "scored.json"
+    r = run(["eval", str(gold), "--decisions", str(q), "--model", tiny, "--gold-field", "team", "--fit-prior",
+             "--save-task", str(scored)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert {m["key"] for m in json.loads(scored.read_text())["decisions"]["methods"]} == set(QUESTIONS)
+    two = tmp_path / "two.jsonl"  # a prior from fewer states than options: refused, the task kept
+    two.write_text("".join(gold.read_text().splitlines(keepends=True)[:2]))
+    before = scored.read_bytes()
+    r = run(["eval", str(two), "--decisions", str(q), "--model", tiny, "--gold-field", "team", "--fit-prior",
+             "--save-task", str(scored)])  # fmt: skip
+    assert r.exit_code == 2 and "needs at least 3 states, got 2" in r.output and scored.read_bytes() == before
 
 
 def test_eval_scores_a_string_and_a_boolean_of_one_text_apart(tiny, tmp_path):

@@ -552,3 +552,21 @@ def test_a_question_classifier_of_other_labels_is_refused_when_the_task_loads(ti
     assert not out.exists()
     r = run(["serve", "--task", str(task), "--port", "0", "-q"])
     assert r.exit_code == 2 and "the model or its task could not be loaded" in r.output, r.output
+
+
+def test_a_hand_edited_method_is_refused_naming_the_task_file(tiny, q, tmp_path):
+    """A task's saved method edited by hand (a style that is none): refused naming the task file and
+    the field, before the model loads."""
+    gold = _gold(tmp_path, 24)
+    rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = tmp_path / "head.json"
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
+             "--save-task", str(task), "--folds", "2", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    t = json.loads(task.read_text())
+    t["decisions"]["methods"][0]["style"] = "leters"
+    task.write_text(json.dumps(t))
+    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "x"}\n')
+    assert r.exit_code == 2 and f"task file {task}: " in r.output and "'leters'" in r.output, r.output

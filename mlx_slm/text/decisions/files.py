@@ -32,7 +32,7 @@ def load_questions_file(path: str, config: DecisionConfig | None = None) -> tupl
     except (ValueError, RecursionError) as e:
         raise DecisionError((), f"--questions {path}: not valid JSON ({e}): fix the file") from None
     try:
-        return unwrap_questions(obj), questions_of(obj, config)
+        return unwrap_questions(obj), questions_of(obj, config, strict=True)
     except DecisionError as e:
         raise DecisionError((), f"--questions {path}: {e}", e.type) from None  # {e} names the field
 
@@ -42,13 +42,14 @@ def unwrap_questions(obj: Any) -> Any:
     return obj["questions"] if isinstance(obj, dict) and isinstance(obj.get("questions"), (dict, list)) else obj
 
 
-def questions_of(obj: Any, config: DecisionConfig) -> tuple[DecisionQuestion, ...]:
-    """The questions of a parsed questions file (see `read_questions_file`)."""
+def questions_of(obj: Any, config: DecisionConfig, strict: bool = False) -> tuple[DecisionQuestion, ...]:
+    """The questions of a parsed questions file (see `read_questions_file`); `strict`: a System One
+    question's unknown fields refused (a file given now; a task's questions are read as saved)."""
     obj = unwrap_questions(obj)
     if isinstance(obj, list):
         return openai_questions(obj, config)
     if isinstance(obj, dict):
-        return systemone_questions(obj, config)
+        return systemone_questions(obj, config, strict=strict)
     raise DecisionError(
         (),
         "a questions file holds a System One questions object, an OpenAI questions list, or a whole request body",

@@ -1,11 +1,13 @@
 """System One's requests (`POST /v1/systemone`, TypeSafe's Jev API) read and checked whole:
 `{"model", "state", "questions": {id: {"type": "noul"|"choice"|"score", "instructions",
 "criteria"}}}`. Every problem is a `DecisionError` (several: `DecisionErrors`) with FastAPI's
-`loc`; unknown fields are ignored (System One's clients add their own, e.g. `x_nonce`). The
-answers' shape is `answers.systemone_answer`."""
+`loc`; unknown fields are ignored (System One's clients add their own, e.g. `x_nonce`), but
+a questions file's question fields are checked (`strict`: a typo such as "instrutions" would
+drop the instructions unseen). The answers' shape is `answers.systemone_answer`."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from .checks import CONTENT, check_model, content_problem, count_problem, json_type, name_problem
@@ -26,6 +28,7 @@ NOUL_EXAMPLE = '{"type": "noul", "instructions": "Is this spam?", "criteria": {"
 CHOICE_EXAMPLE = '{"type": "choice", "instructions": "Which team?", "criteria": {"billing": "Payments", "sales": null}}'
 SCORE_EXAMPLE = '{"type": "score", "instructions": "How urgent?", "criteria": ["Can wait", "Today", "Now"]}'
 EXAMPLES = {"noul": NOUL_EXAMPLE, "choice": CHOICE_EXAMPLE, "score": SCORE_EXAMPLE}
+FIELDS = ("type", "instructions", "criteria")  # a question's own (Transformers' dataclasses refuse others)
 
 
 def parse_systemone(body: Any, config: DecisionConfig | None = None) -> DecisionRequest:
@@ -47,8 +50,11 @@ def parse_systemone(body: Any, config: DecisionConfig | None = None) -> Decision
     return DecisionRequest(body["state"], questions, model, None, "request")
 
 
-def systemone_questions(qs: Any, config: DecisionConfig, given: bool = True) -> tuple[DecisionQuestion, ...]:
-    """System One's `questions` object ({id: question}) as questions in its order."""
+def systemone_questions(
+    qs: Any, config: DecisionConfig, given: bool = True, strict: bool = False
+) -> tuple[DecisionQuestion, ...]:
+    """System One's `questions` object ({id: question}) as questions in its order; `strict`: a
+    question's unknown fields refused (a file's: see `_unknown`), else ignored (the wire's)."""
     loc = ("body", "questions")
     if not given:
         raise DecisionError(
@@ -61,12 +67,12 @@ def systemone_questions(qs: Any, config: DecisionConfig, given: bool = True) -> 
     if bad:
         raise bad
     errors: list[DecisionError] = []
-    out = tuple(attempt(errors, systemone_question, key, q, config) for key, q in qs.items())
+    out = tuple(attempt(errors, systemone_question, key, q, config, strict) for key, q in qs.items())
     raise_all(errors)
     return out
 
 
-def systemone_question(key: str, q: Any, config: DecisionConfig) -> DecisionQuestion:
+def systemone_question(key: str, q: Any, config: DecisionConfig, strict: bool = False) -> DecisionQuestion:
     loc = ("body", "questions", key)
     bad = name_problem(key, loc, "a question id")
     if bad:
@@ -78,7 +84,7 @@ def systemone_question(key: str, q: Any, config: DecisionConfig) -> DecisionQues
         raise DecisionError((*loc, "type"), f"field required: one of {', '.join(TYPES)}", "missing")
     if qtype not in TYPES:
         raise DecisionError((*loc, "type"), f"the type is one of {', '.join(TYPES)}, got {qtype!r}", "literal_error")
-    errors = []
+    errors = [_unknown(loc, k) for k in q if strict and k not in FIELDS and not str(k).startswith("x_")]
     instructions = q.get("instructions")
     bad = content_problem(instructions, (*loc, "instructions"), "the instructions")
     if bad:
@@ -90,6 +96,18 @@ def systemone_question(key: str, q: Any, config: DecisionConfig) -> DecisionQues
     raise_all(errors)
     labels = config.labels_for(qtype, options)
     return DecisionQuestion(key, qtype, instructions, options, descriptions, labels)
+
+
+def _unknown(loc: tuple, key: Any) -> DecisionError:
+    """A question's field that is none of System One's, in a questions file: a typo ("instrutions")
+    would be dropped unseen and the question asked without it; refused, as Transformers' server
+    refuses it (on the wire TypeSafe's schema ignores it, and so do the routes); `x_` fields are
+    a client's own."""
+    near = difflib.get_close_matches(str(key), FIELDS, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return DecisionError(
+        (*loc, key), f"unknown field {key!r}: a question has {', '.join(FIELDS)}{hint}", "extra_forbidden"
+    )
 
 
 def _systemone_criteria(qtype: str, q: dict, loc: tuple, config: DecisionConfig) -> tuple[tuple, tuple]:
