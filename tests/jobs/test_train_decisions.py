@@ -12,6 +12,19 @@ from tests.decision_cli import QUESTIONS, run
 from tests.decision_cli import gold as _gold
 
 
+def _trained(tiny, q, tmp_path, name, *args):
+    """DATA (24 gold rows, the bad last one left out) and a task trained on it for 'team'; (data, task)."""
+    gold = _gold(tmp_path, 24)
+    rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]  # the bad last row left out
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = tmp_path / name
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
+             "--save-task", str(task), *args])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return data, task
+
+
 def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     """train --decisions: a head for the labelled question, saved in a task that decide --task
     answers that question with (x_method says "trained"), the others raw; eval --task scores it."""
@@ -136,14 +149,7 @@ def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_an
     """--finetune lora|auto or --head-prompt question with --decisions: classify's own fine-tune (or
     choice, or head) per labelled question, the question as its prompt, saved beside the decision task;
     decide --task answers that question with it (x_method says how it was trained) and the others raw."""
-    gold = _gold(tmp_path, 24)
-    rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    task = tmp_path / "tuned.json"
-    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
-             "--save-task", str(task), *mode, "-q"])  # fmt: skip
-    assert r.exit_code == 0, r.output
+    data, task = _trained(tiny, q, tmp_path, "tuned.json", *mode, "-q")
     (m,) = json.loads(task.read_text())["decisions"]["methods"]
     if mode[0] == "--head-prompt":  # classify's head on the question's own prompt, its pooling chosen as train's
         assert m["report"]["trained"] == "learned head"
@@ -557,14 +563,7 @@ def test_a_question_classifier_of_other_labels_is_refused_when_the_task_loads(ti
 def test_a_hand_edited_method_is_refused_naming_the_task_file(tiny, q, tmp_path):
     """A task's saved method edited by hand (a style that is none): refused naming the task file and
     the field, before the model loads."""
-    gold = _gold(tmp_path, 24)
-    rows = [json.loads(x) for x in gold.read_text().splitlines()][:-1]
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    task = tmp_path / "head.json"
-    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
-             "--save-task", str(task), "--folds", "2", "-q"])  # fmt: skip
-    assert r.exit_code == 0, r.output
+    _, task = _trained(tiny, q, tmp_path, "head.json", "--folds", "2", "-q")
     t = json.loads(task.read_text())
     t["decisions"]["methods"][0]["style"] = "leters"
     task.write_text(json.dumps(t))
