@@ -153,11 +153,11 @@ class Classifier:
                 f"from_task takes {', '.join(clash)} from the task: build Classifier(engine, labels, "
                 "system, template, ...) for another task, or save one (Task, --save-task)"
             )
-        # The kind's run-time settings (label_pass, keep_logits) may be set here; the rest is the task's.
+        # Run-time settings a caller may set (label_pass, keep_logits, features_only, empty_ok); the rest is the task's.
         own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass") if k in kwargs}
-        features = kwargs.pop("features_only", False)
+        features, empty_ok = kwargs.pop("features_only", False), bool(kwargs.pop("empty_ok", False))
         ref, kwargs = ModelRef.take({**kwargs, "model": t.model, "dtype": dtype})
-        plan = t.plan(ref, **kwargs)  # run settings overridden, as classify's can be
+        plan = replace(t.plan(ref, **kwargs), empty_ok=empty_ok)  # run settings overridden, as classify's can be
         engine = engine or Engine.load(plan.model)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
         if engine.path is not None and t.pins_weights:

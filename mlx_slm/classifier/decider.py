@@ -237,7 +237,8 @@ class Decider:
         with self._contextual_lock:
             got = self._classifiers.get(path)
         if got is None:
-            clf = Classifier.from_task(trained_with(path, q.key, m), engine=self.engine)
+            # a state may be empty (Transformers answers it): the classifier reads its prompt without one
+            clf = Classifier.from_task(trained_with(path, q.key, m), engine=self.engine, empty_ok=True)
             labels = answers_options(path, clf.labels, q)
             got = (clf, labels)
             with self._contextual_lock:
@@ -435,8 +436,15 @@ def trained_with(path: str, key: str | None, m: Method) -> str:
     """`path`, a tuned question's classifier file, if it is the one question `key` was trained
     with (its sha256, where the task records it): a failed or another training run may have
     replaced it; refused, not used (`DecisionPlan.loaded` checks it before a run or a server starts)."""
+    if not Path(path).is_file():
+        raise DecisionError(
+            (),
+            f"the task's classifier for question {key!r}, {path}, is missing (a trained question's "
+            "classifier is saved beside its task, and goes where the task goes): copy it beside the task, or "
+            "train the task again",
+        )
     want = (m.report or {}).get("classifier_sha256")
-    if want is not None and Path(path).is_file() and sha256_file(Path(path)) != want:
+    if want is not None and sha256_file(Path(path)) != want:
         raise DecisionError(
             (),
             f"the task's classifier for question {key!r}, {path}, is not the one it was trained with (its "

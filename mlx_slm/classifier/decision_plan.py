@@ -21,12 +21,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..engine.engine import Engine
+from ..kinds.head import check_head
 from ..text.calibration import DEFAULT_WARMUP, Calibrator
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
 from ..text.decisions.methods import Method, Methods
 from ..text.decisions.questions import REFUSALS, DecisionQuestion, DecisionRequest
 from ..text.decisions.settings import DecisionConfig
+from ..text.labels import LabelError
 from ..weights.registry import ModelRef
 from .decider import Decider, DeciderSettings, answers_options, trained_with
 from .task import Task, TaskError, check_decision_settings
@@ -66,14 +68,12 @@ class DecisionPlan:
         config = DecisionConfig.of_model(self.model.name, engine.path)
         plan = self if config == self.config else self.with_config(config)
         if plan.methods.saved and plan.task is not None:
-            plan.task.check_weights(engine.weights_sha256, self.model.name)  # fitted on other weights: refused
+            # fitted on other weights (or, with no sha256 recorded, for another model): refused
+            plan.task.check_weights(engine.weights_sha256, self.model.name, by_name=True)
             check_decision_settings(plan.task, config, self.model.name)  # or under another decision.json
             own = {q.digest: q for q in questions_of(plan.task.decisions["questions"], config)}
-            for m in plan.methods.saved.values():  # a question's own classifier replaced since: refused now
-                if m.tuned is not None:
-                    trained_with(m.tuned, m.key, m)
-                    if m.digest in own:  # (and one answering other labels, as it would be at the first request)
-                        answers_options(m.tuned, Task.load(m.tuned).labels, own[m.digest])
+            for m in plan.methods.saved.values():
+                _check_saved(m, own, engine)
         return replace(plan, model_config=True)
 
     def with_config(self, config: DecisionConfig) -> DecisionPlan:
@@ -114,6 +114,27 @@ class DecisionPlan:
 def _content(m: Method) -> str:
     """A digest of a saved method as its task holds it (what it answers with, all of it)."""
     return hashlib.sha256(json.dumps(m.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _check_saved(m: Method, own: Mapping[str, DecisionQuestion], engine: Engine) -> None:
+    """A task's saved method, checked when the plan loads (the task at fault, before any state or
+    request, not as a client's error at each): made for one of the questions the task records
+    (`own`, by digest under the model's decision settings); its head one this model can run; its
+    own classifier the file it was trained with, answering the question's options."""
+    if m.digest not in own:  # a digest, or the question's words, edited by hand
+        raise TaskError(
+            f"the task's method for question {str(m.key)[:60]!r} was made for a question the task does not "
+            f"record (its digest {str(m.digest)[:16]!r} is none of its questions'; the digest or the question's "
+            "words were edited by hand): fit or train the questions again"
+        )
+    if m.head is not None:
+        try:
+            check_head(m.head, engine)
+        except LabelError as e:
+            raise TaskError(f"the task's head for question {m.key!r}: {e}") from None
+    if m.tuned is not None:
+        trained_with(m.tuned, m.key, m)
+        answers_options(m.tuned, Task.load(m.tuned).labels, own[m.digest])
 
 
 def task_methods(task: Task | None, config: DecisionConfig, base: Methods | None = None) -> Methods:

@@ -63,6 +63,7 @@ class Plan:
     max_batch_tokens: int | str | None = "auto"
     sort: bool = True
     use_prefix_cache: bool = True
+    empty_ok: bool = False  # an empty text is classified, not an error row (a decision's state: `Decider`)
     truncate: str | None = None
     max_length: int | None = None
     window: int = 1024
@@ -168,7 +169,7 @@ class Plan:
 
     def run_settings(self, max_length: int) -> RunSettings:
         """How a bound kind prepares items; `max_length`: the engine's context, unless the plan caps it."""
-        return RunSettings(self.truncate, self.max_length or max_length, self.use_prefix_cache)
+        return RunSettings(self.truncate, self.max_length or max_length, self.use_prefix_cache, self.empty_ok)
 
 
 def resolved(

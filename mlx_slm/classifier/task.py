@@ -236,28 +236,49 @@ class Task:
             raise TaskError(str(e)) from None
         return replace(cls.from_dict(d, f"task file {path}"), home=str(Path(path).resolve().parent))
 
-    def check_weights(self, weights_sha256: str | None, model: str | None = None) -> None:
+    def check_weights(self, weights_sha256: str | None, model: str | None = None, *, by_name: bool = False) -> None:
         """The task's prior (or head) was fitted on its weights: refuse to apply it to others.
         `model`: the name of the model loaded (the one whose `weights_sha256` it is); without it,
-        "the model loaded" (never the task's own `model`, whose weights are the other sha256)."""
+        "the model loaded" (never the task's own `model`, whose weights are the other sha256).
+        `by_name`: `model` is the name as the run was given it, so a task that records no sha256
+        (edited by hand, or saved from an engine without a path) must at least name that model."""
         if self.weights_sha256 and weights_sha256 and weights_sha256 != self.weights_sha256:
-            what, fix = ("prior was fitted", "recalibrate (--calibrate ... --save-task)")
-            own = self.section.weights_note() if self.section is not None else None
-            if own is not None:
-                what, fix = own
-            elif self.decisions_fitted and not self.calibration.fitted and _decisions_trained(self):  # type: ignore[union-attr]
-                what = "decision questions were trained"
-                fix = "train them again (mlx-slm train DATA --decisions Q.json --gold-field ... --save-task ...)"
-            elif self.decisions_fitted and not self.calibration.fitted:  # type: ignore[union-attr]
-                what = "decision questions were fitted"
-                fix = "fit them again (mlx-slm eval GOLD --decisions Q.json --fit --save-task ...)"
-            elif not self.calibration.fitted:  # type: ignore[union-attr]
-                what, fix = "head was trained", "train it again (mlx-slm train ... --save-task)"
+            what, fix = self._fitted_what()
             raise TaskError(
                 f"the task's {what} on weights sha256 {self.weights_sha256[:12]}... ({self.model}), but "
                 f"{'the model loaded' + (f' ({model})' if model else '')} has {weights_sha256[:12]}...: "
                 f"it does not carry over; {fix}"
             )
+        if by_name and not self.weights_sha256 and weights_sha256 and model and not _same_model(model, self.model):
+            what, fix = self._fitted_what()
+            raise TaskError(
+                f"the task's {what} on the model {self.model!r}, and it records no weights sha256 "
+                f"(weights_sha256) to show that the model loaded ({model}) has the same weights: it does not "
+                f"carry over to other weights; load {self.model!r}, or {fix}"
+            )
+
+    def _fitted_what(self) -> tuple[str, str]:
+        """What of the task was fitted on its weights, and how to make it again (a refusal's words)."""
+        own = self.section.weights_note() if self.section is not None else None
+        if own is not None:
+            return own
+        if self.decisions_fitted and not self.calibration.fitted and _decisions_trained(self):  # type: ignore[union-attr]
+            fix = "train them again (mlx-slm train DATA --decisions Q.json --gold-field ... --save-task ...)"
+            return "decision questions were trained", fix
+        if self.decisions_fitted and not self.calibration.fitted:  # type: ignore[union-attr]
+            return (
+                "decision questions were fitted",
+                "fit them again (mlx-slm eval GOLD --decisions Q.json --fit --save-task ...)",
+            )
+        if not self.calibration.fitted:  # type: ignore[union-attr]
+            return "head was trained", "train it again (mlx-slm train ... --save-task)"
+        return "prior was fitted", "recalibrate (--calibrate ... --save-task)"
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two model names that name one model: equal, or paths to one folder."""
+    a, b = os.path.expanduser(a), os.path.expanduser(b)
+    return a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
 
 
 def _decisions_trained(task: Task) -> bool:

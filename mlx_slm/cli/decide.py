@@ -61,7 +61,8 @@ def method_options(prefix: str = "", batch: bool = True) -> Any:
             default="letters",
             show_default=True,
             help="letters: Transformers' decision prompt, exact; names: the options listed and read by their own "
-            "names, scored whole (often more right on a small model).",
+            "names, scored whole (often more right on a small model; a noul, or a score whose levels are no distinct "
+            "names, is asked as the letters ask it).",
         )(f)
 
     return wrap

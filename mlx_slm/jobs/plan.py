@@ -546,7 +546,7 @@ def load(plan: Plan, embeds_only_ok: bool = False) -> Classifier:
     task = plan.task
     if task is not None and (plan.origin == "task" or task.trained is not None):  # same weights only
         assert plan.model is not None
-        task.check_weights(clf.engine.weights_sha256, plan.model.name)
+        task.check_weights(clf.engine.weights_sha256, plan.model.name, by_name=True)
     return clf
 
 

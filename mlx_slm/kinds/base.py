@@ -135,6 +135,7 @@ class RunSettings:
     truncate: str | None = None
     max_length: int | None = None
     use_prefix_cache: bool = True
+    empty_ok: bool = False  # an empty text is an item (a decision's state: its prompt is the rest), not an error
 
 
 class KindSpec(ABC):
@@ -369,10 +370,10 @@ def split_pair(x: Any) -> tuple[Any, str | None]:
     return x, None
 
 
-def check_texts(format_error: str | None, texts: Sequence[Any], start: int) -> list[Item]:
-    """One item per text, with an error for a text that cannot be classified (missing, empty, not
-    valid Unicode: a lone surrogate no tokenizer takes). A (text, pair) is checked on its text and
-    its pair's form (a string, valid Unicode); the pair is the kind's to take or refuse."""
+def check_texts(format_error: str | None, texts: Sequence[Any], start: int, empty_ok: bool = False) -> list[Item]:
+    """One item per text, with an error for a text that cannot be classified (missing, empty unless
+    `empty_ok`, not valid Unicode: a lone surrogate no tokenizer takes). A (text, pair) is checked on
+    its text and its pair's form (a string, valid Unicode); the pair is the kind's to take or refuse."""
     items = [Item(start + i, []) for i in range(len(texts))]
     for item, x in zip(items, texts):
         text, pair = split_pair(x)
@@ -385,7 +386,7 @@ def check_texts(format_error: str | None, texts: Sequence[Any], start: int) -> l
                 if missing(text)
                 else f"text must be a string, got {type(text).__name__}"
             )
-        elif not text.strip():
+        elif not text.strip() and not empty_ok:
             item.error = "empty text: give the item some text, or drop the row"
         elif has_lone_surrogate(text):
             item.error = "the text holds an unpaired surrogate escape (not valid Unicode): fix the text"
@@ -503,7 +504,7 @@ class OnePrompt(Kind):
 
     def items(self, texts: Sequence[Any], start: int = 0) -> list[Item]:
         with self.engine.lock:  # the tokenizer is not safe to share mid-call
-            items = check_texts(self.format_error, texts, start)
+            items = check_texts(self.format_error, texts, start, self.run.empty_ok)
             if self.run.truncate is None:
                 refuse_by_size(items, texts, self.engine.tokenizer, self.max_length)
             good: list[tuple[Item, str, str | None]] = []

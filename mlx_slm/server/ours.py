@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from ..files.output import result_record
 from ..service import ServiceError
+from ..text.decisions.methods import Methods
 from .checks import check_request
 from .common import RouteContext
 from .errors import HTTPError, Style, http_error, json_response
@@ -28,13 +29,13 @@ def model_head(clf: Any) -> dict[str, Any]:
 
 
 def decision_methods(plan: Any) -> Any:
-    """What `GET /v1/model` says of how decisions are answered: "none" (the raw letters), or the
-    server's default method and each saved one, with the rule that applies it."""
-    if plan is None or plan.methods.is_raw:
-        return "none"
-    saved = [{"key": m.key, "digest": m.digest, **m.record()} for m in plan.methods.saved.values()]
+    """What `GET /v1/model` says of how decisions are answered, always in one shape: the server's
+    default method (the raw letters: calibration "none") and each saved one (none: []), with the
+    rule that applies it."""
+    methods = plan.methods if plan is not None else Methods()
+    saved = [{"key": m.key, "digest": m.digest, **m.record()} for m in methods.saved.values()]
     return {
-        "default": plan.methods.default.record(),
+        "default": methods.default.record(),
         "questions": saved,
         "applies_to": "a question asked with the same type, instructions, options and descriptions (its digest), "
         "on either route and under any id; another question gets the default",
@@ -123,8 +124,8 @@ class OurRoutes:
                 "decisions": {
                     "routes": ["/v1/systemone", "/v1/decisions"],
                     "names": self.ctx.model_names(),
-                    # how the routes answer beyond the raw letters: "none", or the served task's fitted and
-                    # trained questions (by digest) and the server's own style, orders and prior
+                    # how the routes answer: the server's own style, orders and prior (the raw letters by
+                    # default), and the served task's fitted and trained questions (by digest; none: [])
                     "calibration": decision_methods(ld.decision_plan),  # type: ignore[union-attr]
                     "state_cache": opts.state_cache,
                 },

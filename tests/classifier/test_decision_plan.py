@@ -145,6 +145,35 @@ def test_a_trained_task_under_other_settings_says_train_and_its_own_classifiers_
     check_decision_settings(t, other, "m")
 
 
+def test_a_task_made_under_a_models_noul_order_loads_with_that_model(tmp_path):
+    """A noul's digest depends on the model's decision settings (its options' order, decision.json's
+    noul_options): a task fitted under them is read first under the defaults (before the model loads)
+    and its method is matched under the model's own once it has (not refused as edited); a method for a
+    question the task does not record is refused then, naming the question."""
+    from mlx_slm.classifier.task import decisions_section
+    from mlx_slm.text.calibration import Calibrator
+    from mlx_slm.text.decisions.methods import Method
+
+    class Engine:
+        path, weights_sha256 = None, SHA
+
+    cfg = DecisionConfig(noul_options=("false", "true"))
+    qs = {"spam": QUESTIONS["spam"]}
+    (q,) = questions_of(qs, cfg)
+    assert q.digest != questions_of(qs, DecisionConfig())[0].digest  # the premise: the digest moves with them
+    cal = Calibrator("fit", q.answer_names(), (0.1, -0.1), 1.5, 20)
+    m = Method(calibrator=cal, key="spam", digest=q.digest).to_dict()
+    t = Task(model="tiny", labels=(), system=None, template="{text}", weights_sha256=SHA,
+             decisions=decisions_section(qs, [m], cfg))  # fmt: skip
+    plan = DecisionPlan(ModelRef("tiny"), task=t, methods=task_methods(t, DecisionConfig()))
+    got = plan.loaded(_with_config(Engine, tmp_path, {"noul_options": ["false", "true"]}))
+    assert q.digest in got.methods.saved
+    t.decisions["methods"] = [{**m, "digest": "0" * 16}]
+    plan = DecisionPlan(ModelRef("tiny"), task=t, methods=task_methods(t, DecisionConfig()))
+    with pytest.raises(TaskError, match="method for question 'spam' was made for a question the task does not record"):
+        plan.loaded(_with_config(Engine, tmp_path, {"noul_options": ["false", "true"]}))
+
+
 def _with_config(engine: type, folder, decision: dict):
     """`engine` whose converted folder holds this decision.json (what `loaded` reads)."""
     (folder / "decision.json").write_text(json.dumps(decision))
@@ -179,6 +208,32 @@ def test_a_task_from_other_weights_names_the_model_loaded_beside_its_sha256():
     with pytest.raises(UserError) as e:  # decide, eval and serve load the plan: the model's name is said
         plan.loaded(Loaded())
     assert "the model loaded (/models/b) has cdcdcdcdcdcd" in str(e.value) and "/models/a has" not in str(e.value)
+
+
+def test_a_task_without_a_sha256_loads_only_with_the_model_it_names(tmp_path):
+    """A task that records no weights sha256 (edited by hand, or saved from an engine without a path)
+    cannot show that other weights are its own: loaded under another model's name, refused; under its
+    own name (or a path to the same folder), loaded; an engine without a sha256 is never compared."""
+    from mlx_slm.classifier.decision_plan import DecisionPlan, task_methods
+    from mlx_slm.weights.registry import ModelRef
+
+    (tmp_path / "a").mkdir()
+    sec = {"questions": {"spam": {"type": "noul", "instructions": "Spam?"}}, "temperatures": {"spam": 1.5}}
+    t = Task(model=str(tmp_path / "a"), labels=(), system=None, template="{text}", decisions=sec)
+
+    class Loaded:
+        path, weights_sha256 = None, "cd" * 32
+
+    def load(name, engine=Loaded):
+        DecisionPlan(ModelRef(name), task=t, methods=task_methods(t, DecisionConfig())).loaded(engine())
+
+    with pytest.raises(UserError, match=r"fitted on the model '.*a', and it records no weights sha256 .*\(qwen"):
+        load("qwen")
+    load(str(tmp_path / "a"))
+    load(str(tmp_path / "." / "a"))  # the same folder, spelt otherwise
+    Loaded.weights_sha256 = None
+    load("qwen")
+    t.check_weights("cd" * 32, "qwen")  # without by_name (a classifier's own task, its model its path): as before
 
 
 def test_the_manifest_record_tells_a_saved_method_from_its_retrained_self():

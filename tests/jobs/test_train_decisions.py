@@ -210,6 +210,12 @@ def test_train_decisions_finetune_saves_a_classifier_per_question_that_decide_an
     d = served.loaded(clf.engine).decider(clf.engine, state_cache=0)
     (res,) = d.decide([DecisionRequest("I was charged twice", served.questions)])
     assert res.input_tokens == p.n_tokens > 0
+    # an empty state is a state on the routes (Transformers answers it): its classifier reads its prompt
+    # without one, where it once refused it as "over the model's context"
+    for empty in d.decide([DecisionRequest("", served.questions), DecisionRequest(" \n", served.questions)]):
+        (got,) = empty.probabilities
+        assert got is not None and got.sum() == pytest.approx(1.0)
+        assert empty.applied[0]["trained"] == a["team"]["x_method"]["trained"]
 
 
 def test_a_fine_tuning_option_without_finetune_is_refused_with_decisions(tiny, q, tmp_path):
@@ -569,3 +575,65 @@ def test_a_hand_edited_method_is_refused_naming_the_task_file(tiny, q, tmp_path)
     task.write_text(json.dumps(t))
     r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "x"}\n')
     assert r.exit_code == 2 and f"task file {task}: " in r.output and "'leters'" in r.output, r.output
+
+
+def _damage(t, how, tmp_path, tiny):
+    """A trained task edited by hand or moved, as `how` says; the --model to load it with."""
+    m = t["decisions"]["methods"][0]
+    if how == "no sha256, another model":  # the same weights under another name: nothing shows they are the same
+        import shutil
+
+        del t["weights_sha256"]
+        shutil.copytree(tiny, tmp_path / "other-model")
+        return str(tmp_path / "other-model")
+    if how == "a head of other layers":
+        m["head"]["layers"] = [99]
+    elif how == "the method's digest":
+        m["digest"] = "0000000000000000"
+    elif how == "the question's wording":
+        t["decisions"]["questions"]["team"]["instructions"] = "EDITED wording"
+    return tiny
+
+
+@pytest.mark.parametrize(
+    "how, words",
+    [
+        ("no sha256, another model", "records no weights sha256"),
+        ("a head of other layers", "the task's head for question 'team': the head reads layer(s) [99]"),
+        (
+            "the method's digest",
+            "the task's method for question 'team' was made for a question the task does not record",
+        ),
+        (
+            "the question's wording",
+            "the task's method for question 'team' was made for a question the task does not record",
+        ),
+    ],
+)
+def test_a_damaged_task_is_refused_when_it_loads_not_at_each_request(tiny, q, tmp_path, how, words):
+    """A task that cannot answer as it was fitted (no sha256 and another model; a head this model cannot
+    run; a method for none of its recorded questions): decide and serve refuse it when they load it (exit
+    2, the task at fault), not each request (a 400 blaming the client) or silently (answered raw, or by a
+    fit made for another wording)."""
+    _, task = _trained(tiny, q, tmp_path, "head.json", "--folds", "2", "-q")
+    t = json.loads(task.read_text())
+    model = _damage(t, how, tmp_path, tiny)
+    task.write_text(json.dumps(t))
+    r = run(["decide", "--task", str(task), "--model", model, "-q"], input='{"id": 1, "state": "x"}\n')
+    assert r.exit_code == 2 and words in r.output, r.output
+    r = run(["serve", "--task", str(task), "--model", model, "--port", "0", "-q"])
+    assert r.exit_code == 2 and words in r.output, r.output  # before the model loads, or when it has
+
+
+def test_a_missing_question_classifier_is_named_as_the_questions(tiny, tmp_path):
+    """A trained question's classifier (T.K.json) not beside its task: refused naming the question and
+    the file as its classifier, not as "task file ... does not exist"."""
+    q, data = _none_files(tmp_path)
+    task = tmp_path / "t.json"
+    r = run(["train", str(data), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "-q",
+             "--folds", "2", "--head-prompt", "question", "--save-task", str(task)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    (tmp_path / "t.team.json").unlink()
+    r = run(["decide", "--task", str(task), "-q"], input='{"id": 1, "state": "x"}\n')
+    assert r.exit_code == 2 and "the task's classifier for question 'team'" in r.output and "is missing" in r.output
+    assert "task file" not in r.output.split("the task's classifier")[1], r.output

@@ -209,7 +209,8 @@ def test_model_names_and_the_model_list(served):
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
     assert [m.id for m in client.models.list()] == ["tickets-v1"]
     info = httpx.get(srv.url + "/v1/model", headers=AUTH).json()["decisions"]
-    assert info["calibration"] == "none" and "jev-latest" in info["names"] and info["state_cache"] == 64
+    assert info["calibration"]["default"] == {"style": "letters", "permute": 1, "calibration": "none"}
+    assert info["calibration"]["questions"] == [] and "jev-latest" in info["names"] and info["state_cache"] == 64
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -66,9 +66,10 @@ def json_type(x: Any) -> str:
     }.get(type(x), type(x).__name__)
 
 
-def check_model(body: Mapping[str, Any]) -> str:
+def check_model(body: Mapping[str, Any], example: str = "jev-latest") -> str:
+    """The request's `model`, a non-empty string (`example`: the name the route's client sends by default)."""
     if "model" not in body:
-        raise DecisionError(("body", "model"), "field required: name the model (e.g. 'jev-latest')", "missing")
+        raise DecisionError(("body", "model"), f"field required: name the model (e.g. {example!r})", "missing")
     model = body["model"]
     if not isinstance(model, str) or not model:
         raise DecisionError(("body", "model"), f"the model is a non-empty string, got {json_type(model)}", "type_error")

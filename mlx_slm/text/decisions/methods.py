@@ -320,8 +320,8 @@ class Methods:
             got.append(Method(calibrator=cal, key=key, digest=q.digest))
         by_digest = {q.digest: q for q in questions}
         for m in got:  # a task edited by hand: a saved calibration, head or none option not its question's
-            if m.digest in by_digest:
-                m.check(by_digest[m.digest])
+            if m.digest in by_digest:  # (a method for none of them: `DecisionPlan.loaded`, under the model's
+                m.check(by_digest[m.digest])  # decision settings, which a noul's digest depends on)
         return cls.of(got)
 
 

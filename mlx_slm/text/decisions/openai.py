@@ -36,7 +36,7 @@ def parse_openai(body: Any, config: DecisionConfig | None = None) -> DecisionReq
     if not isinstance(body, dict):
         raise DecisionError(("body",), f"the body is a JSON object, got {json_type(body)}", "type_error")
     errors: list[DecisionError] = []
-    model = attempt(errors, check_model, body, default="")
+    model = attempt(errors, check_model, body, "gpt-6-luna", default="")
     state = attempt(errors, openai_state, body)
     questions = attempt(errors, openai_questions, body.get("questions"), config, "questions" in body, default=())
     errors += _other_fields(body)

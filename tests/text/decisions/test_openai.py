@@ -118,6 +118,18 @@ def test_bad_openai_input_named(body, loc, kind):
     assert (e.value.loc, e.value.type) == (loc, kind)
 
 
+def test_a_missing_model_is_named_with_the_routes_own_default():
+    """OpenAI's client sends 'gpt-6-luna' by default, System One's 'jev-latest': each route's missing
+    model names its own."""
+    q = [{"type": "predicate", "instructions": "x"}]
+    with pytest.raises(DecisionError) as e:
+        parse_openai({"input": "s", "questions": q})
+    assert e.value.loc == ("body", "model") and "'gpt-6-luna'" in str(e.value) and "jev" not in str(e.value)
+    with pytest.raises(DecisionError) as e:
+        parse_systemone({"state": "s", "questions": {"a": {"type": "noul", "instructions": "x"}}})
+    assert e.value.loc == ("body", "model") and "'jev-latest'" in str(e.value)
+
+
 def test_string_and_boolean_values_are_distinct():
     body = {"model": "m", "input": "s", "questions": [
         {"type": "choice", "instructions": "x", "choices": [{"value": "true"}, {"value": True}]}]}  # fmt: skip
