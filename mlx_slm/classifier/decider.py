@@ -43,7 +43,7 @@ from ..kinds.base import require_lm_head
 from ..kinds.decisions import DecisionItem, DecisionPlanner, FeatureTap, base_of, branch_answers, encode_states
 from ..kinds.head import check_head
 from ..text import batching
-from ..text.calibration import Calibrator
+from ..text.calibration import CalibrationError, Calibrator
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
 from ..text.decisions.methods import FILLERS, Method, Methods, order_back, tuned_prompt
@@ -423,7 +423,10 @@ def _contextual(q: DecisionQuestion, ps: Sequence[np.ndarray]) -> Calibrator:
     mean = np.mean(ps, axis=0)
     if not np.all(np.isfinite(mean)):
         raise DecisionError(("calibrate",), f"question {q.key!r}'s contextual prior: {NON_FINITE}")
-    return Calibrator("contextual", q.answer_names(), tuple(np.log(np.maximum(mean, 1e-12)).tolist()), 1.0, len(ps))
+    try:
+        return Calibrator("contextual", q.answer_names(), tuple(np.log(np.maximum(mean, 1e-12)).tolist()), 1.0, len(ps))
+    except CalibrationError as e:  # options apart only in spaces: a prior is kept by option name
+        raise DecisionError(("calibrate",), f"question {q.key!r}'s contextual prior: {e}") from None
 
 
 def _asker(items: Sequence[DecisionItem], at: tuple[int, int]) -> tuple[DecisionQuestion, Method]:

@@ -170,12 +170,17 @@ def evaluate(
         atomic_write(json_path, json.dumps(rep, indent=2) + "\n", "--json")
     if plots:
         try:
-            for p in plot(rep, plots):
-                notice(f"mlx-slm: wrote {p}")
+            _wrote(plot(rep, plots), plan.quiet)
         except OSError as e:
             raise UserError(
                 f"--plots {plots}: cannot write the plots there ({e.strerror or e}): choose another folder"
             ) from None
+
+
+def _wrote(paths: list[Path], quiet: bool) -> None:
+    """Each file written, said on stderr (not with -q: no progress or summary)."""
+    for p in [] if quiet else paths:
+        notice(f"mlx-slm: wrote {p}")
 
 
 def _decisions_only(ctx: click.Context, decisions: bool) -> bool:
@@ -260,7 +265,8 @@ def _evaluate_decisions(
         quiet=o.get("quiet", False),
         given=frozenset(typed),
     )
-    evaluate_decisions(s, lambda m: click.echo(m) if not m.startswith("mlx-slm:") else notice(m))
+    # the figures on stdout; the notes ("mlx-slm: wrote ...", the task saved) on stderr, unless -q
+    evaluate_decisions(s, lambda m: click.echo(m) if not m.startswith("mlx-slm:") else s.quiet or notice(m))
 
 
 # What changes the predictions a model run makes: --predictions scores a classify output as it was
@@ -408,12 +414,14 @@ def _gold_pairs(plan: Plan, pairs: tuple[str, ...]) -> dict[str, str]:
     qs = {q.name: q for q in plan.questions or ()}
     golds: dict[str, str] = {}
     for pair in pairs:
-        name, _, fld = pair.partition("=")
+        name, eq, fld = pair.partition("=")
         if name not in qs:
             raise click.UsageError(
                 f"--gold-field {pair}: {name!r} is not a question (the questions: {', '.join(qs)}); "
                 "give NAME=FIELD for each question to score"
             )
+        if eq and not fld.strip():
+            raise click.UsageError(f"--gold-field {pair}: the FIELD after '=' is empty: give NAME=FIELD, or NAME alone")
         if qs[name].type.many:
             raise click.UsageError(f"--gold-field {pair}: multi questions (several labels a text) are not scored yet")
         if name in golds:
@@ -484,8 +492,7 @@ def _evaluate_questions(
             click.echo(f"{len(errors)} row(s) left out: " + "; ".join(errors[:5]) + (" ..." if len(errors) > 5 else ""))
         click.echo("")
         if plots:
-            for p in plot(rep, str(Path(plots) / name)):
-                notice(f"mlx-slm: wrote {p}")
+            _wrote(plot(rep, str(Path(plots) / name)), plan.quiet)
     if json_path:
         atomic_write(json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
 

@@ -57,8 +57,17 @@ _TRAIN_TASK_OPTIONS = {
 }
 
 
+def _not_stdin(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value == "-":
+        raise click.BadParameter(
+            "train reads DATA more than once (its texts' features, then each fold's fit, or a fine-tune's epochs): "
+            "give a file, not stdin (-), e.g. save it first: ... > data.jsonl"
+        )
+    return value
+
+
 @click.command(cls=Command)
-@click.argument("data", type=click.Path(exists=True, dir_okay=False))
+@click.argument("data", type=click.Path(exists=True, dir_okay=False, allow_dash=True), callback=_not_stdin)
 @click.option(
     "--save-task", required=True, type=click.Path(dir_okay=False), help="Write the task, with its head, here."
 )

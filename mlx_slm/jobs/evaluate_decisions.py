@@ -49,8 +49,8 @@ from ..text.calibration import DEFAULT_WARMUP
 from ..text.decisions.answers import chosen_index
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
-from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of
-from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs
+from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of, priors_apply
+from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs, gold_text
 from ..text.decisions.methods import Method, Methods, trained_phrase
 from ..text.decisions.metrics import format_question_report, question_report
 from ..text.decisions.prompt import STYLES
@@ -63,6 +63,8 @@ from ..weights.registry import DEFAULT_MODEL
 from .decide import STATE_FIELDS, method_words, state_problem, state_rows
 from .evaluate import not_made_from, plot, plot_paths
 from .plan import DecisionOptions, Say, resolve_decisions
+
+LEFT_OUT_LISTED = 100  # rows left out that the --json report lists (the summary shows 5, and counts the rest)
 
 
 @dataclass
@@ -265,7 +267,7 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     chosen = [chosen_index(q, p, a) for p, a in zip(final, applied)]
     conf = [_confidence(q, p, a, c) for p, a, c in zip(final, applied, chosen)]
     rep = question_report(final, gold, labels, binary=q.type == "noul", chosen=chosen, confidence=conf)
-    rep["left_out"], rep["left_out_examples"] = len(left), left[:5]
+    rep["left_out"], rep["left_out_examples"] = len(left), left[:LEFT_OUT_LISTED]
     rep["applied"] = _how(applied[0]) or {"as": "written by decide"}
     none = rep["applied"].get("none_of_these")
     if none:  # "none of these": its option marks the out-of-scope states, as classify's eval reads a none label
@@ -275,8 +277,12 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     if method is not None and method.trained:  # a trained question's answer: no prior to divide out
         rep["corrected"] = {"raw": figures(raw, gold, q.type == "noul")}
     else:
-        contextual = None if method is None else decider.contextual_prior(q, method)
+        contextual = None if method is None or not priors_apply(labels) else decider.contextual_prior(q, method)
         rep["corrected"] = corrected(raw, gold, labels, s.warmup, contextual, q.type == "noul")
+        if not priors_apply(labels):
+            rep["corrected_note"] = (
+                "no prior: options that differ only in surrounding spaces cannot be told apart by one"
+            )
     if s.fit and method is not None and method.trained:  # its trained answers are kept, not fitted over
         rep["fit_skipped"] = f"{trained_phrase(rep['applied']['trained'])}: kept as the task has it, not fitted"
     elif s.fit:
@@ -300,21 +306,25 @@ def _gold_rows(
     q: DecisionQuestion, fld: str, ok: list[Any], rows: list[Any], results: list[Any], i: int
 ) -> tuple[list[int], np.ndarray, list[str]]:
     """The rows scored (indices into `ok`), their gold options, and why the others are left out."""
-    left = [f"line {r.line}: {r.error}" if not r.error.startswith("line ") else r.error for r in rows if r.error]
+    why = [
+        (r.line, f"line {r.line}: {r.error}" if not r.error.startswith("line ") else r.error) for r in rows if r.error
+    ]
     keep, gold = [], []
     for j, (r, res) in enumerate(zip(ok, results)):
         g = gold_index(q, (r.gold or {}).get(fld), f"line {r.line}: field {fld!r}: ")
         if isinstance(res, str):
-            left.append(f"line {r.line}: {res}")
+            why.append((r.line, f"line {r.line}: {res}"))
         elif _raw(res, i) is None:
-            left.append(f"line {r.line}: question {q.key!r} was refused (over the model's context)")
+            why.append((r.line, f"line {r.line}: question {q.key!r} was refused (over the model's context)"))
         elif not gold_given((r.gold or {}).get(fld)):  # unlabelled for this question: left out, as train does
-            left.append(f"line {r.line}: no gold answer in field {fld!r}")
+            why.append((r.line, f"line {r.line}: no gold answer in field {fld!r}"))
         elif g is None:
-            left.append(f"line {r.line}: field {fld!r} is {(r.gold or {}).get(fld)!r}, not an option of {q.key!r}")
+            value = gold_text((r.gold or {}).get(fld))
+            why.append((r.line, f"line {r.line}: field {fld!r} is {value}, not an option of {q.key!r}"))
         else:
             keep.append(j)
             gold.append(g)
+    left = [w for _, w in sorted(why, key=lambda x: x[0] if isinstance(x[0], int) else 0)]  # in the input's order
     if not keep:
         raise UserError(
             f"question {q.key!r}: no row has both an answer and a gold option in field {fld!r}; "
@@ -392,6 +402,8 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
             f"{what:<18} {100 * f['accuracy']:8.2f} % {f['macro_f1']:8.4f} {f['ece']:7.4f} {f['brier']:7.4f}"
             f" {max(0.0, f['log_loss']):9.4f}"
         )
+    if rep.get("corrected_note"):
+        lines.append(f"({rep['corrected_note']})")
     fit = rep.get("fit")
     if fit is not None:
         for w in fit["ways"]:
@@ -413,7 +425,11 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
             f"{_pct(oos['in_scope_accuracy'])}, answered {_pct(oos['in_scope_answered'])}"
         )
     if rep.get("left_out"):
-        lines.append(f"{rep['left_out']} row(s) left out: " + "; ".join(rep["left_out_examples"]))
+        shown, n = rep["left_out_examples"][:5], rep["left_out"]
+        more = (
+            f"; and {n - len(shown)} more (the --json report lists up to {LEFT_OUT_LISTED})" if n > len(shown) else ""
+        )
+        lines.append(f"{n} row(s) left out: " + "; ".join(shown) + more)
     return out + "\n".join(lines)
 
 

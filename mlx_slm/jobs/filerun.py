@@ -21,6 +21,7 @@ ranked documents), the rows of each unit in turn (`plan_group_resume`).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 import threading
@@ -307,7 +308,7 @@ class FileRun:
             said = getattr(self.job, "said_change", None)  # a job may word its own settings (decide's methods)
             detail = "; ".join(
                 (said and said(k, old.get(k), self.settings.get(k)))
-                or f"{k}: was {old.get(k)!r}, now {self.settings.get(k)!r}"
+                or f"{k}: was {_shown(old.get(k))}, now {_shown(self.settings.get(k))}"
                 for k in diff[:3]
             )
             raise OutputError(
@@ -376,3 +377,9 @@ def windows(rows: Iterator[Any], window: int, all_rows: bool = False) -> Iterato
             pending, n = [], 0
     if pending:
         yield pending
+
+
+def _shown(value: Any) -> str:
+    """A manifest's setting as its JSON reads (null, true, "x"), cut short: what a refusal quotes."""
+    got = json.dumps(value, ensure_ascii=False, default=str)
+    return got if len(got) <= 300 else got[:300] + " ..."

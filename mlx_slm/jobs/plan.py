@@ -33,6 +33,7 @@ from ..models import BACKBONE_NO_LM_HEAD, embeds_only
 from ..text.calibration import DEFAULT_WARMUP, CalibrationError, CalibrationSpec, Calibrator
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import load_questions_file, questions_of
+from ..text.decisions.fitting import priors_apply
 from ..text.decisions.methods import Method, Methods
 from ..text.decisions.prompt import names
 from ..text.decisions.questions import DecisionQuestion
@@ -769,4 +770,11 @@ def _refuse_unused(o: DecisionOptions, questions: Sequence[DecisionQuestion], me
         raise UsageError(
             f"{style} names asks for the options' own names: {which} are nouls (read as Yes/No in either "
             "style) or scores without distinct level names; drop it"
+        )
+    apart = [q for q in open_ if not priors_apply(q.answer_names())]
+    if default.prior != "none" and apart:  # refused now, not as every row's error
+        raise UsageError(
+            f"{calibrate} {default.prior}: question {apart[0].key!r}'s options {list(apart[0].answer_names())[:8]} "
+            "differ only in surrounding spaces, and a prior is kept by option name: give each option once, or ask "
+            f"without {calibrate}"
         )

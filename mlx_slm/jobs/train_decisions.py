@@ -52,7 +52,7 @@ from ..files.readers import ReadSpec
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
 from ..text.decisions.errors import DecisionError
-from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs
+from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs, gold_text
 from ..text.decisions.methods import Method, NoneOf, threshold_text, tuned_prompt
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.heads import Head, format_table, min_per_label
@@ -114,6 +114,12 @@ def _states(run: DecisionTrainRun, fields: Sequence[str], path: str | None = Non
 _OPTIONS_FIX = "or take the options too few states are labelled with out of the question (Q.json)"
 
 
+def _options_fix(q: DecisionQuestion) -> str:
+    """How a question with too few states of an option can be fixed besides labelling more: a choice's
+    or a score's option taken out of Q.json; a noul's two answers are both learned (none to take out)."""
+    return "as a yes/no question's head learns both of its answers" if q.type == "noul" else _OPTIONS_FIX
+
+
 def _labelled(q: DecisionQuestion, fld: str, rows: list[Any], data: str) -> tuple[list[int], list[str], list[int]]:
     """The rows that train `q` (those with its gold field), each one's option as its answer name,
     and their lines; a gold value that names no option is an error naming the line and field."""
@@ -126,7 +132,7 @@ def _labelled(q: DecisionQuestion, fld: str, rows: list[Any], data: str) -> tupl
         g = gold_index(q, value, f"{data}: line {r.line}: field {fld!r}: ")
         if g is None:
             raise TrainError(
-                f"{data}: line {r.line}: field {fld!r} is {value!r}, not an option of question {q.key!r} "
+                f"{data}: line {r.line}: field {fld!r} is {gold_text(value)}, not an option of question {q.key!r} "
                 f"({', '.join(names[:8])}{' ...' if len(names) > 8 else ''}): fix it, or drop the row"
             )
         keep.append(i)
@@ -140,7 +146,7 @@ def train_question(
 ) -> Head:
     """`q`'s head: its options' classes checked (`min_per_label(folds)` rows each), the hidden
     states at its answer position for every state, then `heads.fit` by cross-validation."""
-    labels, y = _gold_indices(list(gold), q.answer_names(), head.folds, trace, _OPTIONS_FIX)
+    labels, y = _gold_indices(list(gold), q.answer_names(), head.folds, trace, _options_fix(q))
     n = len(decider.engine.model.layers)
     cands, layers = _candidate_parts(n, head.layers, head.layer, ("last",))
     trace.note(
@@ -189,7 +195,7 @@ def _train_all(
         for q in run.plan.questions:
             if q.key in golds:
                 _, gold, lines = labelled[q.key]
-                fix = _OPTIONS_FIX
+                fix = _options_fix(q)
                 none = run.none.label if run.none.asked else None
                 if none is not None and gold.count(none) < min_per_label(run.head.folds):
                     # the none option is learned from its states, as any option: not one to take out
@@ -427,12 +433,12 @@ def tune_question(
         try:
             table, trained = own.train(trun, settings, fused, say, engine)
         except UserError as e:
-            raise type(e)(_in_data(str(e), str(data), run.data, lines)) from None
+            raise type(e)(_in_data(str(e), str(data), run.data, lines, _options_fix(q))) from None
     report = {"trained": trained, "n": len(states), "classifier": name, "classifier_sha256": sha256_file(Path(target))}
     return Method(key=q.key, digest=q.digest, report=report, tuned=name), table
 
 
-def _in_data(message: str, handed: str, data: str, lines: Sequence[int]) -> str:
+def _in_data(message: str, handed: str, data: str, lines: Sequence[int], fix: str = _OPTIONS_FIX) -> str:
     """A classifier job's message about the file it was handed (`handed`: DATA's labelled rows, one a
     line) said of DATA: its path, each row's own line, and no fix this command does not take."""
     where = re.compile(re.escape(handed) + r": line (\d+)")
@@ -440,6 +446,4 @@ def _in_data(message: str, handed: str, data: str, lines: Sequence[int]) -> str:
     message = message.replace(handed, data).replace(", or pass --truncate head|tail|middle", "")
     # the labels are the question's options: no --labels to leave one out of
     message = re.sub(r",? leave them out of --labels and the data,", ",", message)
-    return re.sub(
-        r",? or leave them out of --labels( and the data| \(or --labels-file\))?", f", {_OPTIONS_FIX}", message
-    )
+    return re.sub(r",? or leave them out of --labels( and the data| \(or --labels-file\))?", f", {fix}", message)

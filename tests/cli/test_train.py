@@ -96,3 +96,11 @@ def test_adapt_layers_over_the_models_blocks_names_the_option_and_the_blocks(tmp
     r = run(["train", data, "--model", tiny_qwen_mlx, "--save-task", tmp_path / "t.json", *FT, "--adapt-layers", "5"])
     assert r.exit_code == 2, r.output
     assert "(--adapt-layers 5): this model has 3 blocks: adapt at most 3" in r.output
+
+
+def test_train_from_stdin_is_refused_saying_why(tmp_path):
+    """train reads DATA more than once: stdin (-) is refused saying so, not as "File '-' does not exist"."""
+    r = run(["train", "-", "--save-task", str(tmp_path / "t.json")], input='{"text": "x", "label": "a"}\n')
+    assert r.exit_code == 2 and "reads DATA more than once" in r.output and "does not exist" not in r.output
+    r = run(["train", str(tmp_path / "none.jsonl"), "--save-task", str(tmp_path / "t.json")])
+    assert r.exit_code == 2 and "does not exist" in r.output

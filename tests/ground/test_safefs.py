@@ -228,6 +228,9 @@ def test_eval_refuses_a_linked_plot_file_before_printing_the_report(tiny_qwen_ml
     os.unlink(plots / "reliability.png")
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0 and (plots / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+    assert "mlx-slm: wrote" in r.output
+    r = CliRunner().invoke(main, [*args, "-q"])  # -q: no notes on stderr, the figures still on stdout
+    assert r.exit_code == 0 and "accuracy" in r.output and "mlx-slm: wrote" not in r.output, r.output
 
 
 # ----------------------------------------------------------------- merge trusts nothing it can check

@@ -26,6 +26,10 @@ def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
     assert set(figs) == {"team", "urgent", "anger"} and figs["urgent"]["n"] == 16
     pytest.importorskip("matplotlib")
     assert (tmp_path / "plots" / "02-team" / "reliability.png").stat().st_size > 1000
+    assert "mlx-slm: wrote " in r.output
+    r = run([*args, "--plots", str(tmp_path / "quiet"), "-q"])  # -q: the figures only, no notes on stderr
+    assert r.exit_code == 0 and "== team" in r.output and "mlx-slm: wrote" not in r.output, r.output
+    assert (tmp_path / "quiet" / "02-team" / "reliability.png").is_file()
     r = run([*args, "--fit", "--save-task", str(tmp_path / "t.json")])
     assert r.exit_code == 0, r.output
     assert "fit: chose" in r.output and "cross-validated accuracy" in r.output
@@ -181,7 +185,27 @@ def test_a_fit_refused_for_missing_options_names_the_rows_left_out(tiny, q, tmp_
     r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--fit"])
     assert r.exit_code == 2, r.output
     assert "no row's gold answer is 'technical'" in r.output
-    assert "1 row(s) left out: line 2: field 'team' is 'sales', not an option of 'team'" in r.output
+    assert """1 row(s) left out: line 2: field 'team' is "sales", not an option of 'team'""" in r.output
+
+
+def test_rows_left_out_are_listed_in_line_order_and_counted_past_the_five_shown(tiny, q, tmp_path):
+    """Left-out rows: said in the input's order, their values as JSON writes them (true, null, NaN),
+    the five shown followed by how many more, and the --json report listing them."""
+    states = [s for s, _ in tickets(12)]
+    bad = [True, None, "sales", ["x"], "nope", 1.5, "later", "sales"]  # None: no gold (left out too)
+    rows = [{"id": i, "state": states[i], "team": b} for i, b in enumerate(bad)]
+    rows += [{"id": 8 + i, "state": states[8 + i], "team": t} for i, t in enumerate(["billing", "technical"] * 2)]
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = tmp_path / "r.json"
+    r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny, "--json", str(rep)])
+    assert r.exit_code == 0, r.output
+    said = r.output.split("8 row(s) left out: ")[1].splitlines()[0]
+    lines = [int(x.split(":")[0].removeprefix("line ")) for x in said.split("; ")[:5]]
+    assert lines == [1, 2, 3, 4, 5] and "field 'team' is true," in said and 'is ["x"]' in said, said
+    assert said.endswith("; and 3 more (the --json report lists up to 100)"), said
+    team = json.loads(rep.read_text())["questions"]["team"]
+    assert team["left_out"] == 8 and len(team["left_out_examples"]) == 8
 
 
 def test_a_none_answer_made_by_the_threshold_is_as_sure_as_no_other_option_is():
@@ -237,3 +261,19 @@ def test_a_save_task_that_would_fit_nothing_is_refused_and_writes_nothing(tiny, 
     assert "could not be cross-validated" in r.output and "fit: none kept" in r.output
     assert "no question was fitted" in r.output and "nothing was saved" in r.output and "Usage:" not in r.output
     assert keep.read_text() == "before\n"
+
+
+def test_options_apart_only_in_spaces_are_scored_raw_and_a_prior_is_refused_naming_the_question(tiny, tmp_path):
+    """Options 'billing' and ' billing': the letters answer them, so eval scores them raw (saying why no
+    prior is shown); a prior over them (kept by option name) is refused when decide starts, naming the
+    question, not as every row's error."""
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps({"team": {"type": "choice", "instructions": "Which team?",
+                                      "criteria": {"billing": None, " billing": None}}}))  # fmt: skip
+    gold = tmp_path / "g.jsonl"
+    gold.write_text('{"state": "refund me", "team": "billing"}\n{"state": "a bug", "team": " billing"}\n')
+    r = run(["eval", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny])
+    assert r.exit_code == 0 and "(no prior: options that differ only in surrounding spaces" in r.output, r.output
+    for how in ("batch", "contextual"):
+        r = run(["decide", str(gold), "--questions", str(q), "--calibrate", how, "--model", tiny, "-q"])
+        assert r.exit_code == 2 and f"--calibrate {how}: question 'team''s options" in r.output, r.output

@@ -134,7 +134,7 @@ def test_train_decisions_names_a_gold_value_that_is_no_option(tiny, q, tmp_path)
     gold = _gold(tmp_path, 8)  # its last row's team is "sales"
     r = run(["train", str(gold), "--decisions", str(q), "--gold-field", "team", "--model", tiny,
              "--save-task", str(tmp_path / "t.json"), "--folds", "2"])  # fmt: skip
-    assert r.exit_code == 2 and "line 9: field 'team' is 'sales', not an option of question 'team'" in r.output
+    assert r.exit_code == 2 and """line 9: field 'team' is "sales", not an option of question 'team'""" in r.output
 
 
 @pytest.mark.parametrize(
@@ -538,6 +538,14 @@ def test_too_few_states_of_an_option_says_the_question_not_labels(tiny, tmp_path
     assert r.exit_code == 2 and "'none of these' has 0" in r.output, r.output
     assert "out of the question (Q.json)" in r.output and "--labels" not in r.output, r.output
     assert not (tmp_path / "t.json").exists()
+    # a yes/no question: both answers are learned, neither taken out of it
+    noul = tmp_path / "noul.json"
+    noul.write_text(json.dumps({"urgent": {"type": "noul", "instructions": "Is it urgent?"}}))
+    data.write_text("".join(json.dumps({"state": f"ticket {i}", "urgent": True}) + "\n" for i in range(8)))
+    r = run(["train", str(data), "--decisions", str(noul), "--gold-field", "urgent", "--model", tiny, "-q",
+             "--save-task", str(tmp_path / "t.json"), *tuning])  # fmt: skip
+    assert r.exit_code == 2 and ("'false' has 0" in r.output or "'No' has 0" in r.output), r.output
+    assert "a yes/no question's head learns both of its answers" in r.output and "Q.json" not in r.output, r.output
 
 
 def test_a_question_classifier_of_other_labels_is_refused_when_the_task_loads(tiny, tmp_path):

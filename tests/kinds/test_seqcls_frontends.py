@@ -158,7 +158,7 @@ def test_resume_and_merge_refuse_another_threshold(models, tmp_path):
     assert run(["classify", inp, *model, "-o", str(full)]).exit_code == 0
     _cut(full, tmp_path / "part.jsonl", 13)
     r = run(["classify", inp, *model, "-o", str(tmp_path / "part.jsonl"), "--resume", "--threshold", "0.7"])
-    assert r.exit_code == 2 and "other settings" in r.output and "'threshold': 0.7" in r.output
+    assert r.exit_code == 2 and "other settings" in r.output and '"threshold": 0.7' in r.output
     a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
     assert run(["classify", inp, *model, "-o", a, "--shard", "0/2"]).exit_code == 0
     assert run(["classify", inp, *model, "-o", b, "--shard", "1/2", "--threshold", "0.7"]).exit_code == 0

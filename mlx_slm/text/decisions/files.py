@@ -26,15 +26,37 @@ def load_questions_file(path: str, config: DecisionConfig | None = None) -> tupl
     config = config or DecisionConfig()
     try:
         raw = read_text_file(path, "--questions")
-        obj = json.loads(raw)
+        obj = json.loads(raw, object_pairs_hook=_once)
     except InputError as e:
         raise DecisionError((), str(e)) from None
+    except _Twice as e:  # JSON keeps the last silently: a question, an option or a field would vanish unseen
+        raise DecisionError(
+            (),
+            f"--questions {path}: the key {e.key!r} is written twice in one object (JSON keeps only the last, so "
+            "the other would be dropped unseen): give each question id, option and field once",
+        ) from None
     except (ValueError, RecursionError) as e:
         raise DecisionError((), f"--questions {path}: not valid JSON ({e}): fix the file") from None
     try:
         return unwrap_questions(obj), questions_of(obj, config, strict=True)
     except DecisionError as e:
         raise DecisionError((), f"--questions {path}: {e}", e.type) from None  # {e} names the field
+
+
+class _Twice(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each written once (`json.loads`'s object_pairs_hook)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Twice(k)
+        out[k] = v
+    return out
 
 
 def unwrap_questions(obj: Any) -> Any:

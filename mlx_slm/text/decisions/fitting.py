@@ -23,6 +23,7 @@ import numpy as np
 
 from ...ground.errors import UserError
 from ..calibration import CalibrationError, Calibrator, fit_batch, fit_labelled
+from ..labels import LabelError, validate
 from ..metrics import confusion, ece, macro_f1
 from .metrics import brier, log_loss
 
@@ -94,6 +95,16 @@ def batch_prior(probs: np.ndarray, labels: Sequence[str], warmup: int, what: str
         raise FitError(f"{what}{e}") from None
 
 
+def priors_apply(labels: Sequence[str]) -> bool:
+    """Whether a prior or a fit can be kept over these options (by name: two apart only in spaces
+    cannot; the letters style still answers such a question, raw)."""
+    try:
+        validate(labels)
+    except LabelError:
+        return False
+    return True
+
+
 def corrected(
     probs: np.ndarray,
     gold: np.ndarray,
@@ -105,7 +116,7 @@ def corrected(
     """The raw answers' figures beside those of the same answers divided by a batch prior (the
     first `warmup` states') and by `contextual` (when given)."""
     out = {"raw": figures(probs, gold, binary)}
-    if len(probs) >= len(labels) and not constant(probs[:warmup]):
+    if len(probs) >= len(labels) and not constant(probs[:warmup]) and priors_apply(labels):
         out["batch"] = figures(apply(batch_prior(probs, labels, warmup), probs), gold, binary)
     if contextual is not None:
         out["contextual"] = figures(apply(contextual, probs), gold, binary)

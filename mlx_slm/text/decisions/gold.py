@@ -23,15 +23,17 @@ _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 def gold_pairs(questions: Sequence[DecisionQuestion], pairs: Sequence[str]) -> dict[str, str]:
     """--gold-field KEY=FIELD (or KEY: the field of that name) once per question to score: {key: field}."""
-    keys = {q.key for q in questions}
+    keys = list(dict.fromkeys(q.key for q in questions))  # in the questions' own order (said in a message)
     golds: dict[str, str] = {}
     for pair in pairs:
-        key, _, fld = pair.partition("=")
+        key, eq, fld = pair.partition("=")
         if key not in keys:
             raise UsageError(
                 f"--gold-field {pair}: {key!r} is not a question key (the questions: {', '.join(keys)}); give "
                 "KEY=FIELD for each question to score"
             )
+        if eq and not fld.strip():
+            raise UsageError(f"--gold-field {pair}: the FIELD after '=' is empty: give KEY=FIELD, or KEY alone")
         if key in golds:
             raise UsageError(f"--gold-field {pair}: question {key!r} is given twice: one KEY=FIELD per question")
         golds[key] = fld or key
@@ -117,4 +119,15 @@ def gold_index(q: DecisionQuestion, value: Any, where: str = "") -> int | None:
     loose = [i for i, o in enumerate(q.options) if option_text(o) == want]
     if not loose and isinstance(value, str):
         loose = _named([option_text(o) for o in q.options], value)
-    return loose[0] if len(loose) == 1 else None
+    if len(loose) > 1:  # options apart only in case or spaces: which one is meant cannot be told
+        both = " and ".join(repr(option_text(q.options[i])) for i in loose[:3])
+        raise UsageError(
+            f"{where}gold {gold_text(value)} matches the options {both} of question {q.key!r} apart from case or "
+            "spaces: give one of them exactly"
+        )
+    return loose[0] if loose else None
+
+
+def gold_text(value: Any) -> str:
+    """A gold value as the user wrote it in JSON (true, null, NaN, ["x"]), not as Python shows it."""
+    return json.dumps(value, ensure_ascii=False, default=str)[:200]

@@ -77,7 +77,7 @@ def test_resume_refuses_other_settings_naming_the_field(tiny_qwen_mlx, tmp_path)
                 "-q",
             ],
         )
-        assert r.exit_code == 2 and "labels" in r.output and "['a', 'b', 'c']" in r.output
+        assert r.exit_code == 2 and "labels" in r.output and '["a", "b", "c"]' in r.output
         assert out.read_bytes() == before
     inp.write_text(inp.read_text() + json.dumps({"text": "one more"}) + "\n")
     r = CliRunner().invoke(

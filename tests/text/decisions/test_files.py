@@ -49,3 +49,25 @@ def test_a_question_field_that_is_no_field_is_refused_in_a_file(tmp_path, questi
     assert "q.json" in str(e.value) and f"questions.t.{field}: unknown field {field!r}" in str(e.value), e.value
     assert (f"did you mean {near!r}" in str(e.value)) == (near is not None), e.value
     assert len(parse_systemone({"model": "m", "state": "s", "questions": {"t": question}}).questions) == 1
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        (
+            '{"team": {"type": "noul", "instructions": "Billing?"}, "team": {"type": "noul", "instructions": "x"}}',
+            "team",
+        ),
+        ('{"t": {"type": "choice", "instructions": "?", "criteria": {"a": "x", "b": null, "a": "y"}}}', "a"),
+        ('{"t": {"type": "choice", "type": "noul", "instructions": "?"}}', "type"),
+        ('[{"type": "predicate", "instructions": "x", "instructions": "y"}]', "instructions"),
+    ],
+    ids=["question", "option", "field", "openai"],
+)
+def test_a_key_written_twice_is_refused_not_dropped(tmp_path, text, key):
+    """JSON keeps the last of a key written twice: a question, an option or a field would vanish
+    unseen; the file is refused naming the key."""
+    p = tmp_path / "q.json"
+    p.write_text(text)
+    with pytest.raises(DecisionError, match=f"q.json: the key '{key}' is written twice in one object"):
+        read_questions_file(str(p))

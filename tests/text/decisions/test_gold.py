@@ -29,6 +29,22 @@ def test_gold_fields_name_each_question_once():
         gold_pairs(qs, ["mood=m"])
     with pytest.raises(UsageError, match="given twice"):
         gold_pairs(qs, ["team=a", "team=b"])
+    with pytest.raises(UsageError, match="the FIELD after '=' is empty"):  # not read as KEY alone, unseen
+        gold_pairs(qs, ["team="])
+    with pytest.raises(UsageError, match=r"the questions: urgent, team, anger\)"):  # the questions' own order
+        gold_pairs(qs, ["mood=m"])
+
+
+def test_a_gold_value_two_options_share_apart_from_case_is_refused_naming_both():
+    """Options 'billing' and 'Billing', gold "BILLING": which one is meant cannot be told; said, not
+    read as "not an option"."""
+    (q,) = parse_systemone(
+        {"model": "m", "state": "s",
+         "questions": {"t": {"type": "choice", "instructions": "?", "criteria": {"billing": None, "Billing": None}}}}
+    ).questions  # fmt: skip
+    assert gold_index(q, "Billing") == 1 and gold_index(q, "billing") == 0
+    with pytest.raises(UsageError, match=r"line 3: gold \"BILLING\" matches the options 'billing' and 'Billing'"):
+        gold_index(q, "BILLING", "line 3: ")
 
 
 def test_a_gold_value_names_its_option():
