@@ -2,7 +2,7 @@
 
     python -m benchmarks.decision_accuracy [--model qwen2.5-coder-0.5b] [--sets tickets,posts,banking77,clinc150]
         [--n-test tickets=150] [--n-train posts=100] [--out benchmarks/results] [--tag decision-accuracy]
-        [--posts /tmp/tweeteval] [--banking77 DIR] [--clinc150 DIR] [--ways letters,names,letters2,names2]
+        [--posts /tmp/tweeteval] [--banking77 DIR] [--clinc150 DIR] [--ways letters,names,letters2,names2,prompt,prompt2]
         [--cache DIR] [--probe N]
 
 Each data set has a TRAIN split (what learns from labels) and a TEST split (what every method
@@ -21,7 +21,8 @@ whose options are the labels:
 * `clinc150` (`--clinc150`: data_full.json): the 150 intents and "none of these" (out of scope).
 
 Every way of asking (`--ways`: letters = Transformers' DECISION_PROMPT; names = the options' own
-names; x2 = both option orders averaged) runs ONCE over the TRAIN and the TEST rows (a `Decider`
+names; prompt = the names style's question as the system message, the state as the user's; x2 =
+both option orders averaged) runs ONCE over the TRAIN and the TEST rows (a `Decider`
 each, state cache off, each split timed); every method below reads those raw answers:
 
 * per way: `raw`; `batch` (divided by the mean raw answer over the TEST states, the first
@@ -104,7 +105,14 @@ from mlx_slm.text.workload import stratified_sample, tickets
 from mlx_slm.weights.finetune import FinetuneSettings
 from mlx_slm.weights.registry import ModelRef
 
-WAYS = {"letters": ("letters", 1), "names": ("names", 1), "letters2": ("letters", 2), "names2": ("names", 2)}
+WAYS = {
+    "letters": ("letters", 1),
+    "names": ("names", 1),
+    "letters2": ("letters", 2),
+    "names2": ("names", 2),
+    "prompt": ("prompt", 1),
+    "prompt2": ("prompt", 2),
+}
 WAY_NAMES = {v: k for k, v in WAYS.items()}
 SETS = ("tickets", "posts", "banking77", "clinc150")
 N_TRAIN = {"tickets": 20, "posts": 100, "banking77": 10, "clinc150": 10}  # per label

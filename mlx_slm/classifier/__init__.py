@@ -8,6 +8,8 @@
     task.py        `Task`: the saved task file (model and weights hash, prompt, the kind's section)
     decider.py     `Decider`: typed decision requests in, each question's probabilities out (a batch of
                    requests at once: each state once, each question a branch; a cache of recent states)
+    own_classifiers.py `OwnClassifiers`: the decision questions a classifier of their own answers (a
+                   trained one beside the task, or the "prompt" style's), each its own pass over the state
 
 May import: ground, text, files, models, weights, engine, kinds.
 """

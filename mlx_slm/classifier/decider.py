@@ -46,13 +46,12 @@ from ..text import batching
 from ..text.calibration import CalibrationError, Calibrator
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
-from ..text.decisions.methods import FILLERS, Method, Methods, order_back, tuned_prompt
+from ..text.decisions.methods import FILLERS, Method, Methods, order_back
 from ..text.decisions.openai import parse_openai
-from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
+from ..text.decisions.questions import DecisionQuestion, DecisionRequest
 from ..text.decisions.settings import DecisionConfig
 from ..text.decisions.systemone import parse_systemone
-from ..weights.convert import sha256_file
-from .classifier import Classifier
+from .own_classifiers import OwnClassifiers
 from .pipeline import NON_FINITE, default_max_batch_tokens
 
 # A state's rest (after its cached start) up to this many tokens runs in the same forward as its
@@ -141,7 +140,7 @@ class Decider:
         self.states = StateCache(s.state_cache, s.state_cache_bytes)
         self.answer_cache = bool(s.answer_cache)
         self._contextual: OrderedDict[tuple[str, str, int], Calibrator] = OrderedDict()
-        self._classifiers: dict[str, tuple[Any, tuple[str, ...]]] = {}  # tuned questions' classifiers, by task file
+        self.own = OwnClassifiers(engine)  # the questions answered by a classifier of their own
         self._contextual_lock = threading.Lock()
         with engine.lock:
             self.planner = DecisionPlanner(engine.tokenizer, self.config, self.max_length)
@@ -208,42 +207,12 @@ class Decider:
         them), then every question's variants as branches; results in the items' order."""
         scores = self.scores(items)
         raws = [self.raw_answers(it, sc) for it, (sc, _) in zip(items, scores)]
-        tuned = self.tuned_answers(items, raws)
+        tuned = self.own.answer(items, raws)
         _check_finite(items, raws)
         return [
             self.finish(DecisionResult(it.request, tuple(raw), it.input_tokens + extra, c, tuple(raw)), priors)
             for it, raw, (_, c), extra in zip(items, raws, scores, tuned)
         ]
-
-    def tuned_answers(self, items: Sequence[DecisionItem], raws: list[list[np.ndarray | None]]) -> list[int]:
-        """The questions a tuned classifier answers (`Method.tuned`), into `raws`: each classifier
-        run once over the states that ask its question (the question its cached prompt head, the
-        state its text; a state it cannot answer stays None). Returns each item's tokens so read."""
-        tokens, asked = [0] * len(items), dict[str, list[tuple[int, int]]]()
-        for r, it in enumerate(items):
-            for k, m in enumerate(it.methods):
-                if m.tuned is not None and not it.over:
-                    asked.setdefault(m.tuned, []).append((r, k))
-        for path, where in asked.items():
-            clf, labels = self._tuned(path, *_asker(items, where[0]))
-            preds = clf.classify([text(items[r].request.state) for r, _ in where])
-            for (r, k), p in zip(where, preds):
-                raws[r][k] = _tuned_raw(p, labels)
-                tokens[r] += p.n_tokens
-        return tokens
-
-    def _tuned(self, path: str, q: DecisionQuestion, m: Method) -> tuple[Any, tuple[str, ...]]:
-        """A question's tuned classifier (its task file, as trained), made once on this engine; its labels."""
-        with self._contextual_lock:
-            got = self._classifiers.get(path)
-        if got is None:
-            # a state may be empty (Transformers answers it): the classifier reads its prompt without one
-            clf = Classifier.from_task(trained_with(path, q.key, m), engine=self.engine, empty_ok=True)
-            labels = answers_options(path, clf.labels, q)
-            got = (clf, labels)
-            with self._contextual_lock:
-                self._classifiers[path] = got
-        return got
 
     def scores(self, items: Sequence[DecisionItem]) -> list[tuple[list[Any], int]]:
         """Each item's scores per variant (None: refused) and its tokens from the state cache."""
@@ -315,7 +284,9 @@ class Decider:
         reqs = [DecisionRequest(f, (q,), refusal="question") for f in FILLERS]
         with self.engine.lock:
             items = [self.planner.item(i, r, [plain]) for i, r in enumerate(reqs)]
-        ps = [p for it, (sc, _) in zip(items, self.scores(items)) for p in self.raw_answers(it, sc) if p is not None]
+        raws = [self.raw_answers(it, sc) for it, (sc, _) in zip(items, self.scores(items))]
+        self.own.answer(items, raws)  # the "prompt" style's: its own classifier's answers
+        ps = [p for raw in raws for p in raw if p is not None]
         if not ps:
             raise DecisionError(("calibrate",), f"question {q.key!r} does not fit the model's context even alone")
         cal = _contextual(q, ps)
@@ -410,14 +381,6 @@ def _check_finite(items: Sequence[DecisionItem], raws: Sequence[Sequence[np.ndar
                 raise DecisionError(("body", "questions", q.key), f"question {q.key!r}: {NON_FINITE}")
 
 
-def _tuned_raw(p: Any, labels: Sequence[str]) -> np.ndarray | None:
-    """A tuned classifier's prediction as a raw answer over `labels`: None where it could not answer
-    (over the context); NaN where its probabilities were not finite (refused by `_check_finite`)."""
-    if p.error == NON_FINITE:
-        return np.full(len(labels), np.nan)
-    return None if p.error is not None else np.array([p.probs[x] for x in labels], dtype=np.float64)
-
-
 def _contextual(q: DecisionQuestion, ps: Sequence[np.ndarray]) -> Calibrator:
     """`q`'s contextual prior: the mean of its answers to content-free states (finite, else refused)."""
     mean = np.mean(ps, axis=0)
@@ -427,47 +390,6 @@ def _contextual(q: DecisionQuestion, ps: Sequence[np.ndarray]) -> Calibrator:
         return Calibrator("contextual", q.answer_names(), tuple(np.log(np.maximum(mean, 1e-12)).tolist()), 1.0, len(ps))
     except CalibrationError as e:  # options apart only in spaces: a prior is kept by option name
         raise DecisionError(("calibrate",), f"question {q.key!r}'s contextual prior: {e}") from None
-
-
-def _asker(items: Sequence[DecisionItem], at: tuple[int, int]) -> tuple[DecisionQuestion, Method]:
-    """The question `at` (item, question) and its method."""
-    it, k = items[at[0]], at[1]
-    return it.request.questions[k], it.methods[k]
-
-
-def trained_with(path: str, key: str | None, m: Method) -> str:
-    """`path`, a tuned question's classifier file, if it is the one question `key` was trained
-    with (its sha256, where the task records it): a failed or another training run may have
-    replaced it; refused, not used (`DecisionPlan.loaded` checks it before a run or a server starts)."""
-    if not Path(path).is_file():
-        raise DecisionError(
-            (),
-            f"the task's classifier for question {key!r}, {path}, is missing (a trained question's "
-            "classifier is saved beside its task, and goes where the task goes): copy it beside the task, or "
-            "train the task again",
-        )
-    want = (m.report or {}).get("classifier_sha256")
-    if want is not None and sha256_file(Path(path)) != want:
-        raise DecisionError(
-            (),
-            f"the task's classifier for question {key!r}, {path}, is not the one it was trained with (its "
-            "sha256 differs: it was edited, or another training run replaced it): train the task again",
-        )
-    return path
-
-
-def answers_options(path: str, labels: Sequence[str], q: DecisionQuestion) -> tuple[str, ...]:
-    """The names a tuned question's classifier (`path`, answering `labels`) answers `q` with: its
-    options' (`tuned_prompt`), or refused, the task at fault (`DecisionPlan.loaded` checks it
-    before a run or a server starts)."""
-    want = tuned_prompt(q)[1]
-    if tuple(labels) != want:
-        raise DecisionError(
-            (),
-            f"the task's classifier for question {q.key!r}, {path}, answers {list(labels)}, not its "
-            f"options {list(want)}: train the task again",
-        )
-    return want
 
 
 def _methods_of(s: DeciderSettings, config: DecisionConfig) -> Methods:

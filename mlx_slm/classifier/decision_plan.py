@@ -30,7 +30,8 @@ from ..text.decisions.questions import REFUSALS, DecisionQuestion, DecisionReque
 from ..text.decisions.settings import DecisionConfig
 from ..text.labels import LabelError
 from ..weights.registry import ModelRef
-from .decider import Decider, DeciderSettings, answers_options, trained_with
+from .decider import Decider, DeciderSettings
+from .own_classifiers import answers_options, trained_with
 from .task import Task, TaskError, check_decision_settings
 
 

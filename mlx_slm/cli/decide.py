@@ -62,7 +62,9 @@ def method_options(prefix: str = "", batch: bool = True) -> Any:
             show_default=True,
             help="letters: Transformers' decision prompt, exact; names: the options listed and read by their own "
             "names, scored whole (often more right on a small model; a noul, or a score whose levels are no distinct "
-            "names, is asked as the letters ask it).",
+            "names, is asked as the letters ask it); prompt: that question as the system message and the state as "
+            "the user's, classify's prompt shape (each question its own pass over the state; many options cost "
+            "little).",
         )(f)
 
     return wrap

@@ -175,7 +175,7 @@ class DecisionPlanner:
         try:
             return self.labels(tuple(vq.labels))
         except DecisionError as e:
-            own = style != "names" and len(self.config.labels.get(q.type) or ()) >= len(q.options)
+            own = style not in ("names", "prompt") and len(self.config.labels.get(q.type) or ()) >= len(q.options)
             where = f" (read by the labels of the model's decision.json for a {q.type})" if own else ""
             raise DecisionError(("body", "questions", q.key), f"question {q.key!r}{where}: {e.msg}") from None
 
@@ -186,9 +186,12 @@ class DecisionPlanner:
 
     def variants(self, q: DecisionQuestion, k: int, method: Method) -> list[tuple[DecisionQuestion, str, Variant]]:
         """Question k as it is asked: each variant's question (its options in the variant's order,
-        its labels the style's), style and `Variant`; none for a question a tuned classifier
-        answers (its own pass, `Decider.tuned_answers`)."""
-        if method.tuned is not None:
+        its labels the style's), style and `Variant`; none for a question a classifier of its own
+        answers (its own pass, `OwnClassifiers.answer`: a trained one, or the "prompt" style's, whose
+        options are checked here as the names style's are)."""
+        if method.classified(q):
+            if method.tuned is None:
+                self._labels_of(q, styled(q, "prompt"), "prompt")
             return []
         style, n = method.asks(q)
         if self.own is not None:

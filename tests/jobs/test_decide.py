@@ -395,3 +395,24 @@ def test_a_resume_refusal_words_the_methods_of_any_manifest_without_a_traceback(
     for odd in (None, 5, "x", {"default": None}, {}):
         assert methods_change(odd, now, methods) is None
     assert methods_change({"default": {}}, now, methods) is None  # nothing it can compare: said as recorded
+
+
+def test_decide_style_prompt_answers_each_question_by_its_own_classifier(tiny, tmp_path):
+    """--style prompt: each question asked as its own classifier's prompt (the question as the system
+    message, the state as the user's); the summary and each answer say so; with --calibrate batch the
+    prior divides those answers (x_raw_probabilities beside them)."""
+    from tests.decision_cli import QUESTIONS, run
+
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps(QUESTIONS))
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": i, "state": f"ticket {i}: refund please"}) + "\n" for i in range(4)))
+    r = run(["decide", str(inp), "--questions", str(q), "--model", tiny, "--style", "prompt"])
+    assert r.exit_code == 0 and "prompt style" in r.output, r.output
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert all(a["x_method"]["style"] == "prompt" for row in rows for a in row["answers"].values())
+    r = run(["decide", str(inp), "--questions", str(q), "--model", tiny, "--style", "prompt",
+             "--calibrate", "batch", "--warmup", "4", "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    team = json.loads(r.stdout.splitlines()[0])["answers"]["team"]
+    assert team["x_method"]["calibration"] == "batch" and "x_raw_probabilities" in team

@@ -33,6 +33,8 @@ def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
     r = run([*args, "--fit", "--save-task", str(tmp_path / "t.json")])
     assert r.exit_code == 0, r.output
     assert "fit: chose" in r.output and "cross-validated accuracy" in r.output
+    for way in ("letters", "names", "prompt"):  # every style is a way --fit compares
+        assert f"fit {way}, 1 order(s)" in r.output and f"fit {way}, 2 order(s)" in r.output, r.output
     t = json.loads((tmp_path / "t.json").read_text())
     kept = {m["key"] for m in t["decisions"]["methods"]}  # a fit no better than the raw answers is not kept
     assert kept <= {"team", "urgent", "anger"} and t["weights_sha256"]

@@ -273,8 +273,9 @@ def test_an_unknown_or_misspelt_parameter_is_400_not_ignored(served, extra, para
     assert r.json()["error"]["param"] == param
 
 
-def test_a_servers_own_method_answers_both_routes_and_says_so(tiny_arch):
-    """serve --decision-style names --decision-calibrate contextual: every answer of both routes
+@pytest.mark.parametrize("style", ["names", "prompt"])
+def test_a_servers_own_method_answers_both_routes_and_says_so(tiny_arch, style):
+    """serve --decision-style names|prompt --decision-calibrate contextual: every answer of both routes
     carries its method and its raw probabilities; GET /v1/model lists the default."""
     import dataclasses
 
@@ -283,7 +284,7 @@ def test_a_servers_own_method_answers_both_routes_and_says_so(tiny_arch):
     from mlx_slm.weights.registry import ModelRef
 
     path = str(tiny_arch.mlx("qwen2"))
-    plan = DecisionPlan(ModelRef(path), methods=Methods(default=Method(style="names", prior="contextual")))
+    plan = DecisionPlan(ModelRef(path), methods=Methods(default=Method(style=style, prior="contextual")))
     plain = classifier_loader(path)
     srv = ThreadServer(Service(lambda: dataclasses.replace(plain(), decision_plan=plan), ServeOptions(max_wait_ms=5)))
     srv.start()
@@ -301,12 +302,12 @@ def test_a_servers_own_method_answers_both_routes_and_says_so(tiny_arch):
     finally:
         srv.stop()
     team = oa["answers"][1]
-    assert team["x_method"] == {"style": "names", "permute": 1, "calibration": "contextual"}
+    assert team["x_method"] == {"style": style, "permute": 1, "calibration": "contextual"}
     assert [x["value"] for x in team["x_raw_probabilities"]] == ["billing", "shipping", "true", True]
     assert sum(x["probability"] for x in team["probabilities"]) == pytest.approx(1.0)
     assert s1["answers"]["team"]["x_method"]["calibration"] == "contextual"
     assert set(s1["answers"]["team"]["x_raw_probabilities"]) == {"billing", "shipping"}
-    assert info["default"] == {"style": "names", "permute": 1, "calibration": "contextual"}
+    assert info["default"] == {"style": style, "permute": 1, "calibration": "contextual"}
 
 
 def test_non_finite_answers_are_a_4xx_naming_the_question_never_nan_json(tmp_path):

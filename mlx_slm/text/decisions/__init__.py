@@ -18,7 +18,7 @@ One home per rule; import each name from its module (there is no facade here):
     systemone.py     System One's request read and checked
     openai.py        OpenAI's request read and checked (unknown parameters refused)
     files.py         a questions file (either API's questions, or a whole body)
-    prompt.py        the prompt's text: DECISION_PROMPT ("letters"), or the "names" style
+    prompt.py        the prompt's text: DECISION_PROMPT ("letters"), the "names" style, or "prompt"'s system message
     prompt_tokens.py the prompt's token ids as Transformers encodes them; the labels read
     confidence.py    TypeSafe's confidence formulas
     answers.py       each API's answer shape, per question type

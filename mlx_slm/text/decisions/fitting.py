@@ -28,7 +28,8 @@ from ..metrics import confusion, ece, macro_f1
 from .metrics import brier, log_loss
 
 Way = tuple[str, int]  # how a question is asked: (prompt style, option orders)
-PLAIN_FIRST = (("letters", 1), ("names", 1), ("letters", 2), ("names", 2))  # ties go to the plainer way
+# ties go to the plainer way
+PLAIN_FIRST = (("letters", 1), ("names", 1), ("letters", 2), ("names", 2), ("prompt", 1), ("prompt", 2))
 
 
 class FitError(UserError, ValueError):

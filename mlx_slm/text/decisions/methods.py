@@ -5,8 +5,10 @@ Exact is not right: on the seed's tickets the generic prompt's raw letters were 
 (every ticket got about 0.36 / 0.27 / 0.36), and the same probabilities divided by their mean
 over the run 90.0 %. So a question's *method* may change its answer, each step opt-in and said:
 
-* ``style``: how it is asked: "letters" (Transformers' DECISION_PROMPT, exact; the default) or
-  "names" (the options listed and read by their own names, scored whole: `prompt.styled`);
+* ``style``: how it is asked: "letters" (Transformers' DECISION_PROMPT, exact; the default),
+  "names" (the options listed and read by their own names, scored whole: `prompt.styled`) or
+  "prompt" (the names style's question as the system message, the state as the user's: a
+  classifier of the question's own, untrained: `Method.classified`, `OwnClassifiers`);
 * ``permute``: 1, or 2 (the options asked in both orders, forward and reversed, and the two
   answers' probabilities averaged, which cancels a preference for the first option);
 * ``prior``: what the raw answer is divided by (`Calibrator.apply`: log p - log prior, then
@@ -157,8 +159,13 @@ class Method:
         `Decider.features`), whatever style a saved method beside it names."""
         if self.head is not None:
             return "letters", 1
-        style = self.style if names(q) is not None else "letters"
+        style = self.style if names(q) is not None or self.style == "prompt" else "letters"
         return style, (self.permute if q.type == "choice" else 1)
+
+    def classified(self, q: DecisionQuestion) -> bool:
+        """Whether `q` is answered by a classifier of its own (its own pass over the state, not a
+        branch of the decision prompt): a trained one (`tuned`), or the "prompt" style's."""
+        return self.tuned is not None or self.asks(q)[0] == "prompt"
 
     def check(self, q: DecisionQuestion) -> None:
         """A saved method fits the question it is applied to: its calibrator's or head's options
@@ -332,16 +339,18 @@ def trained_phrase(trained: str) -> str:
     return {**known, "fine-tuned": "fine-tuned classifier"}.get(trained, f"trained ({trained})")
 
 
-def tuned_prompt(q: DecisionQuestion) -> tuple[str, tuple[str, ...]]:
+def tuned_prompt(q: DecisionQuestion, typed: bool = True) -> tuple[str, tuple[str, ...]]:
     """A tuned classifier's system message and labels for `q`: the question as the names style asks
     it (its options listed by name, however many; a noul's Yes/No), and the names it answers with,
-    in `q`'s option order (braces doubled: the message is filled as typed). The listing is what
+    in `q`'s option order (braces doubled where `typed`: the message is filled as typed; else as
+    it is, the "prompt" style's, built here and never filled). The listing is what
     `classify`'s own prompt gives its fine-tune: on BANKING77 (77 intents, 10 labelled a intent) the
     instructions alone fine-tuned to 0.851 and the listed question to 0.862, as `classify`'s 0.862
     (benchmarks/results/decision-accuracy.md). It costs training steps (every step reads it); an
     answer reads it once, as the classifier's cached prompt head."""
     named = styled(q, "names")
-    return names_text(named).replace("{", "{{").replace("}", "}}"), tuple(named.labels)
+    said = names_text(named)
+    return (said.replace("{", "{{").replace("}", "}}") if typed else said), tuple(named.labels)
 
 
 def order_back(p: np.ndarray, order: Sequence[int]) -> np.ndarray:

@@ -1,0 +1,60 @@
+"""The questions a classifier of their own answers (`classifier/own_classifiers.py`): the "prompt"
+style's untrained classifier, against `classify`'s labels path on the same prompt. (A trained one,
+beside its task: tests/jobs/test_train_decisions.py, end to end.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlx_slm.text.decisions.systemone import parse_systemone
+from tests.classifier.test_decider import QUESTIONS, STATES
+
+
+def test_the_prompt_style_is_classify_with_the_question_as_its_system_message(yesno_decider):
+    """style "prompt": each question answered by a classifier of its own, untrained (the names style's
+    question as the system message, the state as the user's, the names scored): exactly `classify`'s
+    labels path on that prompt, for every type; two orders average the two listings by name; an empty
+    state is answered; a contextual prior divides the same answers; x_method says "prompt"."""
+    from dataclasses import replace
+
+    from mlx_slm.classifier.classifier import Classifier
+    from mlx_slm.classifier.decider import Decider
+    from mlx_slm.classifier.plan import Plan
+    from mlx_slm.text.decisions.methods import Method, Methods, orders, permuted, tuned_prompt
+
+    _, base = yesno_decider
+    engine = base.engine
+
+    def decider(**kw):
+        return Decider(engine, base.config, methods=Methods(default=Method(style="prompt", **kw)), state_cache=0)
+
+    def classified(q, state, order=None):
+        shown = q if order is None else permuted(q, order, lambda _, names: tuple(names))
+        system, labels = tuned_prompt(shown, typed=False)
+        clf = Classifier(engine, plan=replace(Plan.of(labels, system, "{text}"), labels_filled=True, empty_ok=True))
+        (p,) = clf.classify([state])
+        return np.array([p.probs[x] for x in tuned_prompt(q, typed=False)[1]])
+
+    req = parse_systemone({"model": "m", "state": STATES[0], "questions": QUESTIONS}, base.config)
+    (one,) = decider().decide([req])
+    for q, got, rec in zip(req.questions, one.probabilities, one.applied):
+        assert got == pytest.approx(classified(q, STATES[0]), abs=1e-6), q.key
+        assert rec == {"style": "prompt", "permute": 1, "calibration": "none"}, q.key
+    (two,) = decider(permute=2).decide([req])
+    for q, got in zip(req.questions, two.probabilities):
+        want = np.mean([classified(q, STATES[0], o) for o in orders(q, 2 if q.type == "choice" else 1)], axis=0)
+        assert got == pytest.approx(want, abs=1e-6), q.key
+    team = req.questions[3]
+    assert not np.allclose(two.probabilities[3], one.probabilities[3])  # the reversed listing was read
+    empty = parse_systemone({"model": "m", "state": "", "questions": QUESTIONS}, base.config)
+    (e,) = decider().decide([empty])
+    assert all(p is not None and p.sum() == pytest.approx(1.0) for p in e.probabilities)
+    (c,) = decider(prior="contextual").decide([req])
+    assert c.raw[3] == pytest.approx(one.probabilities[3], abs=1e-6) and c.applied[3]["calibration"] == "contextual"
+    assert team.key == "team" and c.probabilities[3] == pytest.approx(
+        Method(prior="contextual").answer(
+            c.raw[3], decider(prior="contextual").contextual_prior(team, Method(style="prompt", prior="contextual"))
+        ),
+        abs=1e-6,
+    )
