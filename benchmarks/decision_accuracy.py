@@ -2,7 +2,7 @@
 
     python -m benchmarks.decision_accuracy [--model qwen2.5-coder-0.5b] [--sets tickets,posts,banking77,clinc150]
         [--n-test tickets=150] [--n-train posts=100] [--out benchmarks/results] [--tag decision-accuracy]
-        [--posts /tmp/tweeteval] [--banking77 DIR] [--clinc150 DIR] [--ways letters,names,letters2,names2,prompt,prompt2]
+        [--posts /tmp/tweeteval] [--banking77 DIR] [--clinc150 DIR] [--ways letters,names,letters2,names2,prompt,prompt2 (all)]
         [--cache DIR] [--probe N]
 
 Each data set has a TRAIN split (what learns from labels) and a TEST split (what every method
@@ -638,7 +638,7 @@ def classify_tuned_row(ds: DataSet, engine: Engine, passes: Passes, model: str) 
     return row("classify: fine-tuned (LoRA)", "classify", got["probs"], gold, train_s=round(got["train_s"], 1), **c)
 
 
-NO_FIT = ("fitted", "fit-prior (letters)", "fit-prior (names)")
+NO_FIT = ("fitted", *(f"fit-prior ({w})" for w, (_, n) in WAYS.items() if n == 1))  # a prior per one-order way
 
 
 def run_set(ds: DataSet, engine: Engine, config: DecisionConfig, passes: Passes, a: argparse.Namespace) -> dict:
@@ -1038,7 +1038,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         + ", ".join(f"{k}={v}" for k, v in N_TRAIN.items())
         + ")",
     )
-    ap.add_argument("--ways", default="letters,names,letters2,names2", help="ways of asking run over TRAIN and TEST")
+    ap.add_argument("--ways", default=",".join(WAYS), help="ways of asking run over TRAIN and TEST")
     ap.add_argument("--posts", default="/tmp/tweeteval", help="TweetEval sentiment folder (not committed)")
     ap.add_argument("--banking77", default="../shared/data/banking77")
     ap.add_argument("--clinc150", default="../shared/data/clinc150")

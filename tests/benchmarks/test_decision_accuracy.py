@@ -14,8 +14,7 @@ from benchmarks import decision_accuracy as bench
 DECIDE = [
     *(f"{w}: {m}" for w in bench.WAYS for m in ("raw", "batch prior", "contextual prior")),
     "fitted",
-    "fit-prior (letters)",
-    "fit-prior (names)",
+    *(f"fit-prior ({w})" for w, (_, n) in bench.WAYS.items() if n == 1),
     "trained head",
     "trained head (question prompt)",
     "fine-tuned (LoRA)",

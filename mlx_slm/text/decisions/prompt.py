@@ -14,7 +14,7 @@ The "prompt" style asks the names style's question text as the SYSTEM message an
 as the user's (`classify`'s own prompt shape, and the prompt a question's trained classifier
 reads: `methods.tuned_prompt`): the question is the cached head every state continues, so many
 options cost little, and the raw answers were far more right than the letters' on the seed's
-tickets (0.940 against 0.667, default model); each question is its own pass over the state."""
+tickets (0.937 against 0.667 on 540 of them, default model); each question is its own pass over the state."""
 
 from __future__ import annotations
 
