@@ -31,6 +31,9 @@ How input is decoded
   lines (at most `SNIFF_BYTES`): JSONL if the first non-blank line starts with ``{`` or
   most of the sniffed non-blank lines are JSON objects; CSV if the first line is a header
   of two or more columns (comma- or tab-separated) that names the text column; else text.
+* A JSON array document (its first line "[", "[{...", or a whole array) read as JSONL is
+  refused as a whole (`InputError`, saying how to convert it), not read as one error row a line;
+  sniffed, it is JSONL (so refused), not text. "[URGENT] ..." is text.
 
 Ids
 ---
@@ -54,7 +57,6 @@ Ids
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import sys
@@ -66,18 +68,27 @@ from typing import IO, Any
 
 from ..ground.errors import UsageError
 from ..ground.textfiles import (
-    BOM,
     InputError,
     has_lone_surrogate,
     json_error,
     open_problem,
 )
 from ..text.labels import gold_problem as label_problem
+from .formats import (  # noqa: F401 (guess_format, KNOWN_EXTENSIONS, SNIFF_*: read from here too)
+    FORMATS,
+    JSON_ARRAY_FIX,
+    KNOWN_EXTENSIONS,
+    SNIFF_BYTES,
+    SNIFF_LINES,
+    csv_header,
+    guess_format,
+    json_array_start,
+    peek_lines,
+    physical_lines,
+    sniff,
+)
 from .labelfiles import read_label_descriptions, read_labels_file  # noqa: F401 (their old home)
 
-FORMATS = ("jsonl", "csv", "text", "parquet")
-SNIFF_BYTES = 64 * 1024  # how much of stdin (or a file of unknown type) the format sniffer may buffer
-SNIFF_LINES = 32
 CSV_MAX_RECORD_LINES = 10_000  # a quoted field still open after this many lines is reported as unterminated
 CSV_MAX_RECORD_CHARS = 1 << 20  # ... or this many characters; also the longest CSV field read
 UNIQUE_FIX = "give every row a unique id, or none"
@@ -115,29 +126,9 @@ def _gold_value(gold: Gold, get: Any) -> Any:
     return get(gold) if isinstance(gold, str) else {g: get(g) for g in gold}
 
 
-# --------------------------------------------------------------------------- physical lines
-
-_Line = tuple[int, bytes, bytes]  # (1-based number, content without terminator, terminator b"\n" | b"\r\n" | b"")
-
-
-def _physical_lines(raw: Iterable[bytes]) -> Iterator[_Line]:
-    """Split a binary stream on b"\\n" only (iterating a binary file does exactly that), streaming."""
-    for n, b in enumerate(raw, 1):
-        if n == 1 and b.startswith(BOM):
-            b = b[len(BOM) :]
-            if not b:  # nothing but a BOM: an empty input
-                return
-        if b.endswith(b"\r\n"):
-            yield n, b[:-2], b"\r\n"
-        elif b.endswith(b"\n"):
-            yield n, b[:-1], b"\n"
-        else:
-            yield n, b, b""
-
-
 def _lines(raw: Iterable[bytes]) -> Iterator[tuple[int, str | None, str]]:
     """(line number, decoded text or None if not UTF-8, error detail) per physical line."""
-    for n, b, _ in _physical_lines(raw):
+    for n, b, _ in physical_lines(raw):
         try:
             yield n, b.decode("utf-8"), ""
         except UnicodeDecodeError as e:
@@ -146,58 +137,6 @@ def _lines(raw: Iterable[bytes]) -> Iterator[tuple[int, str | None, str]]:
 
 def _utf8_error(n: int, detail: str = "") -> str:
     return f"line {n}: invalid UTF-8{f' ({detail})' if detail else ''}: save the file as UTF-8"
-
-
-# --------------------------------------------------------------------------- format
-
-
-def _is_json_object(s: str) -> bool:
-    try:
-        return isinstance(json.loads(s), dict)
-    except (ValueError, RecursionError):
-        return False
-
-
-def _csv_header(s: str, text_column: str) -> str | None:
-    """The delimiter if `s` reads as a CSV header of 2+ columns that names `text_column`."""
-    for delim in (",", "\t"):
-        try:
-            cols = next(csv.reader([s], delimiter=delim, strict=True), [])
-        except csv.Error:
-            continue
-        if len(cols) >= 2 and text_column in cols:
-            return delim
-    return None
-
-
-def _sniff(lines: Sequence[tuple[int, str]], text_column: str = "text") -> str:
-    """jsonl, csv or text from the first lines of an input (numbered, decoded, BOM already dropped)."""
-    nonblank = [(n, s) for n, s in lines if s.strip()]
-    if not nonblank:
-        return "text"
-    n0, first = nonblank[0]
-    if _is_json_object(first):  # not just a leading '{': "{URGENT} charged twice" is text
-        return "jsonl"
-    if n0 == 1 and _csv_header(first, text_column):
-        return "csv"
-    objects = sum(_is_json_object(s) for _, s in nonblank)
-    return "jsonl" if 2 * objects > len(nonblank) else "text"
-
-
-def guess_format(path: str | None, first: bytes = b"", text_column: str = "text") -> str:
-    """The input format from a path's extension, else from the input's first bytes."""
-    if path and path != "-":
-        ext = Path(path).suffix.lower()
-        if ext in (".jsonl", ".ndjson", ".json"):
-            return "jsonl"
-        if ext in (".csv", ".tsv"):
-            return "csv"
-        if ext in (".txt", ".text"):
-            return "text"
-        if ext == ".parquet":
-            return "parquet"
-    lines = [(n, b.decode("utf-8", "replace")) for n, b, _ in _physical_lines(io.BytesIO(first))]
-    return _sniff(lines, text_column)
 
 
 def _open_binary(path: str | None) -> IO[bytes]:
@@ -312,8 +251,8 @@ def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
             if ext in KNOWN_EXTENSIONS:
                 fmt = guess_format(path, b"", text_column)
             else:
-                head, stream = _peek_lines(stream, text_column)
-                fmt = _sniff(head, text_column)
+                head, stream = peek_lines(stream, text_column)
+                fmt = sniff(head, text_column)
         if fmt == "jsonl":
             it = _jsonl(stream, *fields)
         elif fmt == "csv":
@@ -324,42 +263,6 @@ def _read(path: str | None, spec: ReadSpec) -> Iterator[Row]:
     finally:
         if not stdin:
             raw.close()
-
-
-KNOWN_EXTENSIONS = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".text", ".parquet")
-
-
-def _peek_lines(stream: Iterator[bytes], text_column: str) -> tuple[list[tuple[int, str]], Iterator[bytes]]:
-    """Read just enough of `stream` to sniff its format; give back those lines and the whole stream.
-
-    Stops at the first non-blank line when that one decides (it is a JSON object, or is line 1
-    and a CSV header), else after `SNIFF_LINES` non-blank lines or `SNIFF_BYTES` bytes, or at
-    the end of the input. (So a slow pipe of plain text waits for that many lines before the
-    first row; `--format text` skips the sniffing.)
-    """
-    buf: list[bytes] = []
-    size = 0
-    nonblank = 0
-    for b in stream:
-        buf.append(b)
-        size += len(b)
-        if b.strip(b" \t\r\n" + BOM):
-            nonblank += 1
-            if nonblank == 1:
-                s = b.removeprefix(BOM).decode("utf-8", "replace").rstrip("\r\n")
-                if _is_json_object(s) or (len(buf) == 1 and _csv_header(s, text_column)):
-                    break
-            if nonblank >= SNIFF_LINES:
-                break
-        if size >= SNIFF_BYTES:
-            break
-    decoded = [(n, b.decode("utf-8", "replace")) for n, b, _ in _physical_lines(buf)]
-    return decoded, _chain(buf, stream)
-
-
-def _chain(head: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
-    yield from head
-    yield from rest
 
 
 # --------------------------------------------------------------------------- ids
@@ -415,6 +318,8 @@ def _jsonl(
                 error=f"line {n}: blank line: remove it, or put a JSON object with a {text_field!r} field there",
             )
             continue
+        if n == 1 and json_array_start(line):  # every line would be an error row: the input refused as a whole
+            raise InputError(JSON_ARRAY_FIX)
         try:
             obj = json.loads(line)
         except (ValueError, RecursionError) as e:  # JSONDecodeError, an over-long integer, nesting too deep
@@ -596,7 +501,7 @@ class _Source:
     """Decoded physical lines with push-back, for re-reading after a record fails to parse."""
 
     def __init__(self, raw: Iterable[bytes]):
-        self.it = _physical_lines(raw)
+        self.it = physical_lines(raw)
         self.back: deque[tuple[int, str, str]] = deque()
 
     def next(self) -> tuple[int, str, str] | None:
@@ -680,7 +585,7 @@ def _csv(raw: Iterable[bytes], spec: ReadSpec, delimiter: str | None = ",") -> I
     if first is None:
         return
     if delimiter is None:
-        delimiter = _csv_header(first[1], text_column) or ","
+        delimiter = csv_header(first[1], text_column) or ","
     src.push_back([first])
     head = _next_record(src, delimiter)
     assert head is not None

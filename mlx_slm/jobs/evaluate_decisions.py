@@ -219,9 +219,15 @@ def _report(
     out: dict[str, Any] = {}
     saved: list[Method] = []
     refit: set[str | None] = set()  # the questions fitted here (a fit not kept: raw, as the report says)
+    unscored: list[str] = []  # questions no row scores: said after the others' figures, which are shown
     for i, q in enumerate(plan.questions):
         if q.key in golds:
-            out[q.key] = _question(q, i, golds[q.key], scored)
+            try:
+                out[q.key] = _question(q, i, golds[q.key], scored)
+            except NothingScored as e:
+                out[q.key] = {"error": str(e)}
+                unscored.append(str(e))
+                continue
             say(_format(q, golds[q.key], out[q.key]))
             if s.plots:
                 for p in plot(out[q.key], Path(s.plots) / _folder(i, q.key)):
@@ -237,6 +243,8 @@ def _report(
             saved.append(_prior_method(q, i, ok, runs[main], s.warmup))
     if s.json_path:
         atomic_write(s.json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
+    if unscored:  # no task saved from a run that could not score every question it was given
+        raise NothingScored("; ".join(unscored) + (f" (no task saved to {s.save_task})" if s.save_task else ""))
     if s.save_task:
         _save(s, plan, engine, saved, refit, say)
     return out
@@ -256,6 +264,11 @@ class _Scored:
     decider: Any
 
 
+class NothingScored(UserError):
+    """A question no row scores (every gold value missing or no option, every answer refused): the
+    other questions' figures are shown and written first, then the run exits 2 naming it."""
+
+
 def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[str, Any]:
     """One question's report: its answers' figures, the corrected ones beside them, and its fit."""
     s, runs, main, decider = scored.s, scored.runs, scored.main, scored.decider
@@ -268,6 +281,8 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     conf = [_confidence(q, p, a, c) for p, a, c in zip(final, applied, chosen)]
     rep = question_report(final, gold, labels, binary=q.type == "noul", chosen=chosen, confidence=conf)
     rep["left_out"], rep["left_out_examples"] = len(left), left[:LEFT_OUT_LISTED]
+    if q.level_names():  # its table keys the levels by position (System One's keys): their names beside them
+        rep["level_names"] = list(q.level_names() or ())
     rep["applied"] = _how(applied[0]) or {"as": "written by decide"}
     none = rep["applied"].get("none_of_these")
     if none:  # "none of these": its option marks the out-of-scope states, as classify's eval reads a none label
@@ -326,7 +341,7 @@ def _gold_rows(
             gold.append(g)
     left = [w for _, w in sorted(why, key=lambda x: x[0] if isinstance(x[0], int) else 0)]  # in the input's order
     if not keep:
-        raise UserError(
+        raise NothingScored(
             f"question {q.key!r}: no row has both an answer and a gold option in field {fld!r}; "
             f"first problem: {left[0] if left else 'none'}"
         )
@@ -390,7 +405,8 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
     head, _, rest = format_question_report(q.key, q.type, fld, rep).partition("\n")
     applied = rep["applied"]
     how = "as written by decide" if "as" in applied else method_words(applied)
-    out = f"{head}\nanswers: {how}\n{rest}"
+    legend = q.level_legend()
+    out = f"{head}\nanswers: {how}\n" + (f"({legend})\n" if legend else "") + rest
     lines = ["", "way                 accuracy  macro-F1     ECE   Brier  log-loss"]
     for name, f in rep["corrected"].items():
         what = {

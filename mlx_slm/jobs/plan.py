@@ -25,7 +25,8 @@ from ..classifier.pipeline import DEFAULT_BATCH_SIZE
 from ..classifier.plan import Plan
 from ..classifier.task import Task, TaskError
 from ..engine.state_cache import STATE_CACHE
-from ..files.readers import KNOWN_EXTENSIONS, ReadSpec, gold_problem, guess_format, read_label_descriptions, read_rows
+from ..files.formats import KNOWN_EXTENSIONS, guess_format
+from ..files.readers import ReadSpec, gold_problem, read_label_descriptions, read_rows
 from ..ground.errors import ModelError, UsageError
 from ..ground.ranges import check_all
 from ..kinds import FineTunedSettings, KindArgs, arguments

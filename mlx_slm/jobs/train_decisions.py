@@ -114,10 +114,25 @@ def _states(run: DecisionTrainRun, fields: Sequence[str], path: str | None = Non
 _OPTIONS_FIX = "or take the options too few states are labelled with out of the question (Q.json)"
 
 
+def _heading(q: DecisionQuestion) -> str:
+    """A question's table's heading; a score's levels named beside their positions, which its table shows."""
+    legend = q.level_legend()
+    return f"== {q.key}" + (f"\n({legend})" if legend else "")
+
+
+def _options_said(q: DecisionQuestion) -> str:
+    """A question's options as a message lists them: a score's levels by name where they have names."""
+    names = q.level_names() or q.answer_names()
+    return f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+
+
 def _options_fix(q: DecisionQuestion) -> str:
     """How a question with too few states of an option can be fixed besides labelling more: a choice's
     or a score's option taken out of Q.json; a noul's two answers are both learned (none to take out)."""
-    return "as a yes/no question's head learns both of its answers" if q.type == "noul" else _OPTIONS_FIX
+    if q.type == "noul":
+        return "as a yes/no question's head learns both of its answers"
+    legend = q.level_legend()
+    return _OPTIONS_FIX + (f" ({legend})" if legend else "")
 
 
 def _labelled(q: DecisionQuestion, fld: str, rows: list[Any], data: str) -> tuple[list[int], list[str], list[int]]:
@@ -133,7 +148,7 @@ def _labelled(q: DecisionQuestion, fld: str, rows: list[Any], data: str) -> tupl
         if g is None:
             raise TrainError(
                 f"{data}: line {r.line}: field {fld!r} is {gold_text(value)}, not an option of question {q.key!r} "
-                f"({', '.join(names[:8])}{' ...' if len(names) > 8 else ''}): fix it, or drop the row"
+                f"({_options_said(q)}): fix it, or drop the row"
             )
         keep.append(i)
         gold.append(names[g])
@@ -219,7 +234,7 @@ def _train_all(
         if run.tuning is not None:
             method, table = tune_question(run, plan, q, (states, gold, lines), say, engine)
             methods.append(method)
-            tables.append(f"== {q.key}\n{table}")
+            tables.append(f"{_heading(q)}\n{table}")
             continue
         trace = Trace(source=run.data, lines=lines, log=lambda m: say(f"mlx-slm: {m}"))
         head = train_question(decider, q, states, gold, run.head, trace)
@@ -227,7 +242,7 @@ def _train_all(
         chosen = head.info.get("chosen", {})
         report = {"cv_accuracy": chosen.get("accuracy"), "cv_macro_f1": chosen.get("macro_f1"), "n": len(keep)}
         methods.append(Method(head=head, key=q.key, digest=q.digest, report=report))
-        tables.append(f"== {q.key}\n{format_table(head)}")
+        tables.append(f"{_heading(q)}\n{format_table(head)}")
     if run.none.asked:
         threshold = None if run.none.threshold in (None, "auto") else float(run.none.threshold)  # type: ignore[arg-type]
         methods = [replace(m, none=NoneOf(str(run.none.label), threshold)) for m in methods]

@@ -33,3 +33,13 @@ def test_classify_stdin_text_and_csv_output(tiny_qwen_mlx, tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0].startswith("id,label,p_a,p_b,p_c") and len(lines) == 4
     assert "items/s" in r.stderr and "padding" in r.stderr and "cache saved" in r.stderr
+
+
+def test_a_json_array_file_is_refused_saying_how_to_convert_it(tiny_qwen_mlx, tmp_path):
+    """`json.dump(rows, f, indent=2)` saved as rows.json: refused with the fix (exit 2), no output."""
+    inp, out = tmp_path / "rows.json", tmp_path / "o.jsonl"
+    inp.write_text(json.dumps([{"id": i, "text": t} for i, t in enumerate(TEXTS[:3])], indent=2))
+    r = run(["classify", str(inp), "--model", str(tiny_qwen_mlx), "--labels", "a,b,c", "-o", str(out)])
+    assert r.exit_code == 2 and "one JSON array, not JSON Lines" in r.output and "jq -c" in r.output
+    r = run(["classify", "--model", str(tiny_qwen_mlx), "--labels", "a,b,c"], input=inp.read_text())
+    assert r.exit_code == 2 and "one JSON array, not JSON Lines" in r.output and r.stdout == ""

@@ -24,6 +24,9 @@ def test_eval_decisions_fit_save_task_then_decide_task(tiny, q, tmp_path):
         assert part in r.output
     figs = json.loads((tmp_path / "e.json").read_text())["questions"]
     assert set(figs) == {"team", "urgent", "anger"} and figs["urgent"]["n"] == 16
+    # a score's table keys its levels by position: their names said beside them
+    assert "(levels by position: 0 = 'Calm', 1 = 'Annoyed', 2 = 'Furious')" in r.output
+    assert figs["anger"]["level_names"] == ["Calm", "Annoyed", "Furious"] and "level_names" not in figs["team"]
     pytest.importorskip("matplotlib")
     assert (tmp_path / "plots" / "02-team" / "reliability.png").stat().st_size > 1000
     assert "mlx-slm: wrote " in r.output
@@ -279,3 +282,20 @@ def test_options_apart_only_in_spaces_are_scored_raw_and_a_prior_is_refused_nami
     for how in ("batch", "contextual"):
         r = run(["decide", str(gold), "--questions", str(q), "--calibrate", how, "--model", tiny, "-q"])
         assert r.exit_code == 2 and f"--calibrate {how}: question 'team''s options" in r.output, r.output
+
+
+def test_a_question_no_row_scores_is_named_after_the_others_figures(tiny, q, tmp_path):
+    """Every gold value of one question no option: the others' figures are shown and written (--json),
+    then exit 2 naming that question; no task is saved from such a run."""
+    rows = [json.loads(x) for x in _gold(tmp_path, 8).read_text().splitlines()][:-1]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({**r, "anger": "Livid"}) + "\n" for r in rows))
+    out, task = tmp_path / "e.json", tmp_path / "t.json"
+    r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--gold-field", "anger",
+             "--model", tiny, "--json", str(out), "--fit-prior", "--save-task", str(task)])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert "== team (choice, gold field 'team')" in r.stdout and "accuracy" in r.stdout
+    assert "question 'anger': no row has both an answer and a gold option in field 'anger'" in r.output
+    assert "field 'anger' is \"Livid\", not an option" in r.output and "no task saved to" in r.output
+    figs = json.loads(out.read_text())["questions"]
+    assert figs["team"]["n"] == 8 and "question 'anger'" in figs["anger"]["error"] and not task.exists()

@@ -137,6 +137,21 @@ def test_train_decisions_names_a_gold_value_that_is_no_option(tiny, q, tmp_path)
     assert r.exit_code == 2 and """line 9: field 'team' is "sales", not an option of question 'team'""" in r.output
 
 
+def test_a_scores_levels_are_said_by_name_beside_their_positions(tiny, q, tmp_path):
+    """A score's head table keys its levels 0..n-1 (System One's keys): the heading names them, and a
+    gold value that is no level lists the levels by name, not by position."""
+    rows = [json.loads(x) for x in _gold(tmp_path, 24).read_text().splitlines()][:-1]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["--decisions", str(q), "--gold-field", "anger", "--model", tiny, "--folds", "2", "-q"]
+    r = run(["train", str(data), *args, "--save-task", str(tmp_path / "t.json")])
+    assert r.exit_code == 0, r.output
+    assert "== anger\n(levels by position: 0 = 'Calm', 1 = 'Annoyed', 2 = 'Furious')\n" in r.stdout, r.stdout
+    data.write_text(data.read_text() + json.dumps({"text": "x", "anger": "Livid"}) + "\n")
+    r = run(["train", str(data), *args, "--save-task", str(tmp_path / "t2.json")])
+    assert r.exit_code == 2 and """"Livid", not an option of question 'anger' (Calm, Annoyed, Furious)""" in r.output
+
+
 @pytest.mark.parametrize(
     "mode",
     [

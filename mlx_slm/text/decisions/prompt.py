@@ -54,10 +54,7 @@ def names(q: DecisionQuestion) -> tuple[str, ...] | None:
     apply (a noul, read as Yes/No either way; levels whose texts are not distinct or empty)."""
     if q.type == "choice":
         return q.answer_names()
-    if q.type == "score":
-        got = tuple(q.levels) if q.levels else tuple(text(d).strip() for d in q.descriptions)
-        return got if all(got) and len(set(got)) == len(got) else None
-    return None
+    return q.level_names()
 
 
 def styled(q: DecisionQuestion, style: str) -> DecisionQuestion:

@@ -70,6 +70,24 @@ class DecisionQuestion:
         """The options as text that tells them apart (`option_labels`): an answer's keys."""
         return tuple(option_labels(self.options))
 
+    def level_names(self) -> tuple[str, ...] | None:
+        """A score's levels by name (OpenAI's labels, else System One's descriptions) where each has one
+        and they are distinct, else None (other types too): what the names style scores, and what a
+        report says beside a level's position ("0".."n-1": its key in an answer and a table)."""
+        if self.type != "score":
+            return None
+        got = tuple(self.levels) if self.levels else tuple(text(d).strip() for d in self.descriptions)
+        return got if all(got) and len(set(got)) == len(got) else None
+
+    def level_legend(self) -> str:
+        """ "levels by position: 0 = 'poor', 1 = 'fair', ..." for a score with level names, else "":
+        said wherever a score's levels are shown by position (levels named "1".."5" are 0..4 there)."""
+        got = self.level_names()
+        if got is None:
+            return ""
+        shown = ", ".join(f"{i} = {n!r}" for i, n in enumerate(got[:12]))
+        return f"levels by position: {shown}{', ...' if len(got) > 12 else ''}"
+
     @cached_property
     def digest(self) -> str:
         """The question itself, whatever its wire form or id: its type, its instructions and each
