@@ -949,8 +949,10 @@ def markdown(out: dict[str, Any]) -> str:
 
 DEFINITIONS = (
     "- Ways of asking: `letters` is Transformers' DECISION_PROMPT (exact; beyond 26 options the labels are the "
-    "options' names); `names` lists the options by name and scores each name whole; `x2` (`letters2`, `names2`) asks "
-    "in the forward and the reversed option order and averages the two answers.",
+    "options' names); `names` lists the options by name and scores each name whole; `prompt` asks each question as a "
+    "classifier of its own (the names style's question as the system message, the state as the user's, the names "
+    "scored as `classify` scores labels); `x2` (`letters2`, `names2`, `prompt2`) asks in the forward and the "
+    "reversed option order and averages the two answers.",
     "- `batch prior`: each TEST answer divided by the mean raw answer of the first 512 TEST states in input order "
     "(TEST is shuffled, seeded), what `decide --calibrate batch` does; `contextual prior`: divided by the mean answer "
     "to five content-free states (`Decider.contextual_prior`); `fit-prior`: the batch prior of the TRAIN states (no "
