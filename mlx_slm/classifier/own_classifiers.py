@@ -25,6 +25,8 @@ from ..kinds.decisions import DecisionItem
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.methods import Method, orders, permuted, tuned_prompt
 from ..text.decisions.questions import DecisionQuestion, text
+from ..text.labels import LabelError
+from ..text.prompts import PromptError
 from ..weights.convert import sha256_file
 from .classifier import Classifier
 from .pipeline import NON_FINITE
@@ -59,13 +61,21 @@ class OwnClassifiers:
         got: dict[tuple[int, int], list[np.ndarray | None]] = {}
         for key, where in asked.items():
             q, m = _asker(items, where[0])
-            clf, labels = self._tuned(key[0], q, m) if key[0] is not None else self._prompted(q, key[2])
+            try:
+                clf, labels = self._tuned(key[0], q, m) if key[0] is not None else self._prompted(q, key[2])
+            except (PromptError, LabelError):  # the prompt style's question (or an option's name) over the context
+                if key[0] is not None:
+                    raise  # a trained classifier is checked when its task loads: a fault, not a refusal
+                for at in where:
+                    got.setdefault(at, []).append(None)
+                continue
             preds = clf.classify([text(items[r].request.state) for r, _ in where])
             for (r, k), p in zip(where, preds):
                 got.setdefault((r, k), []).append(_tuned_raw(p, labels))
-                tokens[r] += p.n_tokens
+                tokens[r] += p.n_tokens if p.error is None else 0  # a refused question ran nothing
         for (r, k), ps in got.items():  # a state over the context in either order: refused (None)
             raws[r][k] = None if any(p is None for p in ps) else np.mean(ps, axis=0)
+        _refuse_whole(items, raws)
         return tokens
 
     def _tuned(self, path: str, q: DecisionQuestion, m: Method) -> tuple[Any, tuple[str, ...]]:
@@ -102,6 +112,23 @@ class OwnClassifiers:
                 oldest = next(k for k in self._classifiers if isinstance(k, tuple))
                 del self._classifiers[oldest]
         return got
+
+
+def _refuse_whole(items: Sequence[DecisionItem], raws: list[list[np.ndarray | None]]) -> None:
+    """A request refused whole when a question does not fit (System One's; `refusal="request"`) whose
+    question answered by its own classifier did not fit (its state and prompt over the context, found
+    only when it ran): a `DecisionError` (tokens_exceeded) naming it, as the decision prompt's are
+    refused; the callers run each request of a batch alone again, so only that one is refused."""
+    for it, raw in zip(items, raws):
+        if it.over or it.request.refusal != "request":
+            continue
+        for q, m, p in zip(it.request.questions, it.methods, raw):
+            if p is None and m.classified(q):
+                raise DecisionError(
+                    ("body", "questions", q.key),
+                    f"the state and question {q.key!r} are over the model's context: shorten the state or the question",
+                    "tokens_exceeded",
+                )
 
 
 def _tuned_raw(p: Any, labels: Sequence[str]) -> np.ndarray | None:

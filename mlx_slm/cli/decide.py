@@ -184,7 +184,7 @@ def decide(ctx: click.Context, input: str, on_error: str, use_ray: bool, **o: An
     --shape openai writes OpenAI's answer list instead; CSV/Parquet hold the answers
     as one JSON text column. Answers are the model's own probabilities (Transformers'
     decision path) unless asked otherwise: --calibrate batch|contextual divides out
-    the model's bias, --style names and --permute 2 ask differently, and a --task
+    the model's bias, --style names|prompt and --permute 2 ask differently, and a --task
     fitted (`eval GOLD --decisions Q.json --fit --save-task T`) or trained (`train
     GOLD --decisions Q.json --save-task T`) answers its own questions its way; such
     answers carry x_method, and x_raw_probabilities where a prior or fit changed

@@ -59,8 +59,8 @@ from .options import TASK_OPTION_NAMES, some_task_options, task_settings
     "--fit",
     is_flag=True,
     help="--decisions: learn each scored question's bias per option and temperature on INPUT (by the gold's "
-    "log-loss, cross-validated), and the prompt style and option orders that answer it best; --save-task keeps "
-    "them for decide --task and serve --task.",
+    "log-loss, cross-validated), and the style (letters, names or prompt) and option orders that answer it best; "
+    "--save-task keeps them for decide --task and serve --task.",
 )
 @click.option(
     "--fit-prior",
@@ -73,8 +73,9 @@ from .options import TASK_OPTION_NAMES, some_task_options, task_settings
     type=click.Choice(STYLES),
     default="letters",
     show_default=True,
-    help="--decisions: ask the questions in this prompt style (letters: Transformers' prompt; names: the options' "
-    "own names).",
+    help="--decisions: ask the questions in this style (letters: Transformers' prompt; names: the options' own "
+    "names; prompt: each question as its own classifier's system message, the state as the user's). --fit-prior "
+    "saves its prior with this style and --permute.",
 )
 @click.option(
     "--permute",

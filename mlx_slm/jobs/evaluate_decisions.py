@@ -53,7 +53,7 @@ from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_ques
 from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs, gold_text
 from ..text.decisions.methods import Method, Methods, trained_phrase
 from ..text.decisions.metrics import format_question_report, question_report
-from ..text.decisions.prompt import STYLES
+from ..text.decisions.prompt import STYLES, names
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest
 from ..text.decisions.settings import DecisionConfig
 from ..text.out_of_scope import figures as oos_figures
@@ -215,7 +215,7 @@ def _report(
     """Every scored question's figures printed, plotted and written; the fitted methods saved."""
     decider = None if engine is None else plan.decider(engine, state_cache=0)
     scored = _Scored(s, rows, [r for r in rows if r.error is None], runs, ways_of(plan, False)[0], decider)
-    ok, main = scored.ok, scored.main
+    main = scored.main
     out: dict[str, Any] = {}
     saved: list[Method] = []
     refit: set[str | None] = set()  # the questions fitted here (a fit not kept: raw, as the report says)
@@ -240,7 +240,7 @@ def _report(
                     saved.append(method)
         # --fit-prior: every question --fit does not fit (scored or not: its states' answers, not their gold)
         if s.fit_prior and not (s.fit and q.key in golds) and not plan.methods.for_question(q)[0].trained:
-            saved.append(_prior_method(q, i, ok, runs[main], s.warmup))
+            saved.append(_prior_method(q, i, runs[main], s.warmup, plan.methods.for_question(q)[0]))
     if s.json_path:
         atomic_write(s.json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
     if unscored:  # no task saved from a run that could not score every question it was given
@@ -301,7 +301,8 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     if s.fit and method is not None and method.trained:  # its trained answers are kept, not fitted over
         rep["fit_skipped"] = f"{trained_phrase(rep['applied']['trained'])}: kept as the task has it, not fitted"
     elif s.fit:
-        ways = [w for w in runs if q.type == "choice" or w[1] == 1]  # only a choice's options are reordered
+        # only a choice's options are reordered; the names style is the letters' where it does not apply (a noul)
+        ways = [w for w in runs if (q.type == "choice" or w[1] == 1) and (w[0] != "names" or names(q) is not None)]
         per_way = {w: np.stack([_raw(runs[w][j], i) for j in keep]) for w in ways}
         try:
             fitted = fit_question(per_way, gold, labels, q.key)
@@ -392,12 +393,15 @@ def _raw(res: Any, i: int) -> np.ndarray | None:
     return None if got is None else np.asarray(got, dtype=np.float64)
 
 
-def _prior_method(q: DecisionQuestion, i: int, ok: list[Any], results: list[Any], warmup: int) -> Method:
-    """`--fit-prior` for a question without gold: the batch prior of the states' raw answers."""
+def _prior_method(q: DecisionQuestion, i: int, results: list[Any], warmup: int, asked: Method) -> Method:
+    """`--fit-prior` for a question without gold: the batch prior of the states' raw answers, saved
+    with the way they were asked (`asked`: the run's --style and --permute, or the question's saved
+    method), so that a task divides it out of answers asked that way, never another's."""
     got = [_raw(r, i) for r in results if not isinstance(r, str)]
     probs = np.stack([p for p in got if p is not None]) if got else np.zeros((0, len(q.options)))
     cal = prior_of(probs, q.answer_names(), q.key, warmup)
-    return Method(calibrator=cal, key=q.key, digest=q.digest, report={"prior_from_states": cal.n})
+    report = {"prior_from_states": cal.n}
+    return Method(style=asked.style, permute=asked.permute, calibrator=cal, key=q.key, digest=q.digest, report=report)
 
 
 def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:

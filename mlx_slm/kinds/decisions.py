@@ -224,8 +224,11 @@ class DecisionPlanner:
                 why = f"the state needs about {n} tokens, over the model's context of {self.max_length}: shorten it"
                 return self._over(index, request, methods, why)
         asked = [v for k, q in enumerate(request.questions) for v in self.variants(q, k, methods[k])]
-        if not asked:  # every question answered by its tuned classifier (its own pass): no branch here
+        if not asked:  # every question answered by its own classifier (its own pass): no branch here
             n = self.state_tokens(request.state)
+            if n > self.max_length:  # no question's prompt fits after it: refused now (a 422, not a timeout's 413)
+                why = f"the state needs about {n} tokens, over the model's context of {self.max_length}: shorten it"
+                return self._over(index, request, methods, why)
             return DecisionItem(index, request, [], [], [], methods, input_tokens=0, cost=max(1, n))
         prompts = self.prompts(request.state, [vq for vq, _, _ in asked], [s for _, s, _ in asked])
         variants = [v for _, _, v in asked]

@@ -58,3 +58,37 @@ def test_the_prompt_style_is_classify_with_the_question_as_its_system_message(ye
         ),
         abs=1e-6,
     )
+
+
+def test_a_prompt_style_question_over_the_context_is_refused_as_the_request_says(yesno_decider):
+    """A question (or an option's name) whose prompt alone is over the context, or a state whose prompt
+    with the question is: System One's refusal (the request whole) a tokens_exceeded DecisionError
+    naming the question; OpenAI's (that question alone) a refused answer, the others answered; never
+    a classify message (a 500 on the routes), never a System One answer holding a refusal."""
+    from mlx_slm.classifier.decider import Decider
+    from mlx_slm.text.decisions.errors import DecisionError
+    from mlx_slm.text.decisions.methods import Method, Methods
+    from mlx_slm.text.decisions.questions import DecisionRequest
+
+    _, base = yesno_decider
+    d = Decider(base.engine, base.config, methods=Methods(default=Method(style="prompt")), state_cache=0)
+    n = d.planner.max_length
+    ok = {"type": "noul", "instructions": "Is it about billing?"}
+    cases = {
+        "long": ({"type": "noul", "instructions": "refund " * n}, STATES[0]),
+        "name": ({"type": "choice", "instructions": "Which?", "criteria": {"x " * n: None, "billing": None}}, STATES[0]),
+        "near": ({"type": "noul", "instructions": "refund " * (n // 2)}, "charged " * (n // 2 + 8)),
+    }
+    for key, (q, state) in cases.items():
+        body = {"model": "m", "state": state, "questions": {key: q, "ok": ok}}
+        req = parse_systemone(body, base.config)
+        with pytest.raises(DecisionError) as e:
+            d.decide([req])
+        assert e.value.type == "tokens_exceeded" and "over the model's context" in e.value.msg, key
+        (one,) = d.decide([DecisionRequest(req.state, req.questions, refusal="question")])
+        assert one.probabilities[0] is None and one.probabilities[1].sum() == pytest.approx(1.0), key
+    # a state alone over the context: refused when prepared (the server's 422 before any estimate of its time)
+    big = parse_systemone({"model": "m", "state": "charged " * (2 * n), "questions": {"ok": ok}}, base.config)
+    with pytest.raises(DecisionError) as e:
+        d.prepare([big])
+    assert e.value.type == "tokens_exceeded"

@@ -131,6 +131,34 @@ def test_eval_fit_prior_learns_a_prior_from_states_alone(tiny, q, tmp_path):
     assert r.exit_code == 2 and "needs at least 3 states, got 2" in r.output and scored.read_bytes() == before
 
 
+
+@pytest.mark.parametrize(("style", "permute"), [("prompt", "2"), ("names", "1")])
+def test_a_fitted_prior_is_saved_with_the_way_its_answers_were_asked(tiny, q, tmp_path, style, permute):
+    """--fit-prior --style S --permute N: the prior is the mean of answers asked so, and the task says so:
+    `decide --task` divides it out of answers asked that way (those of --style S --permute N), never the
+    letters'. Checked against the same prior divided out by hand."""
+    gold = _gold(tmp_path, 12)
+    states = "".join(json.dumps({"id": i, "state": json.loads(x)["text"]}) + "\n"
+                     for i, x in enumerate(gold.read_text().splitlines()))  # fmt: skip
+    task = tmp_path / "prior.json"
+    way = ["--style", style, "--permute", permute]
+    r = run(["eval", str(gold), "--decisions", str(q), "--model", tiny, "--fit-prior", *way, "--save-task", str(task)])
+    assert r.exit_code == 0, r.output
+    methods = {m["key"]: m for m in json.loads(task.read_text())["decisions"]["methods"]}
+    assert {(m["style"], m["permute"]) for m in methods.values()} == {(style, int(permute))}, methods
+    r = run(["decide", "--task", str(task), "-q"], input=states)
+    assert r.exit_code == 0, r.output
+    got = [json.loads(x)["answers"]["team"] for x in r.stdout.splitlines()]
+    assert got[0]["x_method"]["style"] == style and got[0]["x_method"]["calibration"] == "batch"
+    r = run(["decide", "--questions", str(q), "--model", tiny, *way, "-q"], input=states)
+    raw = np.array([[a["answers"]["team"]["probabilities"][o] for o in ("billing", "technical")]
+                    for a in map(json.loads, r.stdout.splitlines())])  # fmt: skip
+    assert np.allclose([[a["x_raw_probabilities"][o] for o in ("billing", "technical")] for a in got], raw, atol=1e-6)
+    want = raw / raw.mean(axis=0)
+    want /= want.sum(axis=1, keepdims=True)
+    assert np.allclose([[a["probabilities"][o] for o in ("billing", "technical")] for a in got], want, atol=1e-5)
+
+
 def test_eval_scores_a_string_and_a_boolean_of_one_text_apart(tiny, tmp_path):
     """An OpenAI choice of "true" and true: eval --decisions takes it (issue 53: "labels must be
     distinct") and a gold value names the right one."""
