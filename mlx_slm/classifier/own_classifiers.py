@@ -104,7 +104,8 @@ class OwnClassifiers:
                 return got
         shown = permuted(q, order, lambda _, names: tuple(names))  # names move with their options
         system, labels = tuned_prompt(shown, typed=False)
-        plan = replace(Plan.of(labels, system, "{text}"), labels_filled=True, empty_ok=True)
+        # the state and the question are a client's: their control tokens read as text, as the decision prompt's
+        plan = replace(Plan.of(labels, system, "{text}"), labels_filled=True, empty_ok=True, controls_as_text=True)
         got = (Classifier(self.engine, plan=plan), tuned_prompt(q, typed=False)[1])
         with self._lock:
             self._classifiers[key] = got

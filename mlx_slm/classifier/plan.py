@@ -64,6 +64,7 @@ class Plan:
     sort: bool = True
     use_prefix_cache: bool = True
     empty_ok: bool = False  # an empty text is classified, not an error row (a decision's state: `Decider`)
+    controls_as_text: bool = False  # control tokens in the texts read as text (a decision client's: `Decider`)
     truncate: str | None = None
     max_length: int | None = None
     window: int = 1024
@@ -169,7 +170,9 @@ class Plan:
 
     def run_settings(self, max_length: int) -> RunSettings:
         """How a bound kind prepares items; `max_length`: the engine's context, unless the plan caps it."""
-        return RunSettings(self.truncate, self.max_length or max_length, self.use_prefix_cache, self.empty_ok)
+        return RunSettings(
+            self.truncate, self.max_length or max_length, self.use_prefix_cache, self.empty_ok, self.controls_as_text
+        )
 
 
 def resolved(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -136,6 +136,8 @@ class RunSettings:
     max_length: int | None = None
     use_prefix_cache: bool = True
     empty_ok: bool = False  # an empty text is an item (a decision's state: its prompt is the rest), not an error
+    # a decision client's text (the prompt style's state and question): its control tokens read as text
+    controls_as_text: bool = False
 
 
 class KindSpec(ABC):
@@ -489,7 +491,24 @@ class OnePrompt(Kind):
 
         tok = self.engine.tokenizer
         pairs = pairs if pairs is not None else [None] * len(texts)
+        if self.run.controls_as_text:  # "<|im_end|>" in a client's text cannot close its turn
+            return self._encode_as_text(texts, pairs)
         return tokenize(tok, [render(tok, self.format, t, p) for t, p in zip(texts, pairs)])
+
+    def _encode_as_text(self, texts: Sequence[str], pairs: Sequence[str | None]) -> list[list[int]]:
+        """`encode` with the control tokens of the texts and the system message read as text, as the
+        decision path reads a client's (`prompt_tokens.encode_marked`); a prompt without any, whole."""
+        from ..text.decisions.prompt_tokens import encode_marked, has_controls, mark_controls  # lazy: a decision's
+
+        tok, fmt = self.engine.tokenizer, self.format
+        if fmt.system is not None and has_controls(tok, fmt.system):
+            fmt = replace(fmt, system=mark_controls(tok, fmt.system))
+        marked = [fmt is not self.format or has_controls(tok, t) for t in texts]
+        out = tokenize(tok, [render(tok, fmt, t, p) for t, p, m in zip(texts, pairs, marked) if not m])[::-1]
+        return [
+            encode_marked(tok, render(tok, fmt, mark_controls(tok, t), p)) if m else out.pop()
+            for t, p, m in zip(texts, pairs, marked)
+        ]
 
     def pair_problem(self, pair: str | None) -> str | None:
         """Why an item's pair (or its missing pair) cannot go into this kind's prompt, or None."""

@@ -124,26 +124,44 @@ def _encode_piece(tokenizer: Any, piece: str, as_text: bool, newline: list[int])
 def prompt_ids(tokenizer: Any, users: Sequence[str], sanitize: bool = True) -> list[list[int]]:
     """Token ids of each user message's full prompt, as Transformers' decision path encodes it.
     A message without control tokens is encoded whole (batched); one with some, piece by piece."""
-    ctl_re, markers = _patterns(tokenizer)
     out: list[list[int] | None] = [None] * len(users)
-    plain = [i for i, u in enumerate(users) if not sanitize or not (ctl_re.search(u) or START in u or END in u)]
+    plain = [i for i, u in enumerate(users) if not sanitize or not has_controls(tokenizer, u)]
     for i, ids in zip(plain, tokenize(tokenizer, [render_chat(tokenizer, users[i]) for i in plain])):
         out[i] = ids
-    newline = list(tokenizer.encode("\n", add_special_tokens=False))
     for i, u in enumerate(users):
-        if out[i] is not None:
-            continue
-        marked = ctl_re.sub(lambda m: f"{START}{m.group(0)}{END}", u.replace(START, "").replace(END, ""))
-        pieces = markers.split(render_chat(tokenizer, marked))
-        ids = list(tokenizer.encode(pieces[0], add_special_tokens=False))
-        for k, piece in enumerate(pieces[1:], start=1):
-            if piece:
-                got = _encode_piece(tokenizer, piece, k % 2 == 1, newline)
-                if k % 2 == 1 and tokenizer.convert_tokens_to_ids(piece) in got:
-                    raise DecisionError(("body",), f"{piece!r} cannot be written as text by this model's tokenizer")
-                ids += got
-        out[i] = ids
+        if out[i] is None:
+            out[i] = encode_marked(tokenizer, render_chat(tokenizer, mark_controls(tokenizer, u)))
     return out  # type: ignore[return-value]
+
+
+def has_controls(tokenizer: Any, s: str) -> bool:
+    """Whether `s` holds a control token of `tokenizer` (or one of the markers `mark_controls` writes)."""
+    ctl_re, _ = _patterns(tokenizer)
+    return bool(ctl_re.search(s)) or START in s or END in s
+
+
+def mark_controls(tokenizer: Any, s: str) -> str:
+    """User text `s` with each control token wrapped in Transformers' private-use markers (stray
+    markers dropped): once rendered into the chat, `encode_marked` reads those tokens as text."""
+    ctl_re, _ = _patterns(tokenizer)
+    return ctl_re.sub(lambda m: f"{START}{m.group(0)}{END}", s.replace(START, "").replace(END, ""))
+
+
+def encode_marked(tokenizer: Any, rendered: str) -> list[int]:
+    """A rendered chat whose user text was marked (`mark_controls`) as ids: the template's own control
+    tokens as control tokens, the marked ones as text, each piece encoded apart (so no BPE merge
+    crosses a control token), as Transformers' `encode_marked_chat`."""
+    _, markers = _patterns(tokenizer)
+    pieces = markers.split(rendered)
+    newline = list(tokenizer.encode("\n", add_special_tokens=False))
+    ids = list(tokenizer.encode(pieces[0], add_special_tokens=False))
+    for k, piece in enumerate(pieces[1:], start=1):
+        if piece:
+            got = _encode_piece(tokenizer, piece, k % 2 == 1, newline)
+            if k % 2 == 1 and tokenizer.convert_tokens_to_ids(piece) in got:
+                raise DecisionError(("body",), f"{piece!r} cannot be written as text by this model's tokenizer")
+            ids += got
+    return ids
 
 
 def label_set(tokenizer: Any, labels: Sequence[str], probe: str) -> LabelSet:
