@@ -131,7 +131,6 @@ def test_eval_fit_prior_learns_a_prior_from_states_alone(tiny, q, tmp_path):
     assert r.exit_code == 2 and "needs at least 3 states, got 2" in r.output and scored.read_bytes() == before
 
 
-
 @pytest.mark.parametrize(("style", "permute"), [("prompt", "2"), ("names", "1")])
 def test_a_fitted_prior_is_saved_with_the_way_its_answers_were_asked(tiny, q, tmp_path, style, permute):
     """--fit-prior --style S --permute N: the prior is the mean of answers asked so, and the task says so:
