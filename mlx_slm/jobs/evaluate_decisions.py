@@ -194,9 +194,11 @@ def _runs(plan: DecisionPlan, engine: Any, ok: list[Any], batch: int, fit: bool)
 
 
 def _decide(decider: Any, states: list[Any], questions: tuple[DecisionQuestion, ...]) -> list[Any]:
-    """Each state's result, or why it has none (a state over the context)."""
+    """Each state's result, or why it has none. A question over the context is refused alone (its
+    answer None: that row left out of that question, said so), so one question too long for the model
+    never takes the others' rows with it, as decide's System One shape refuses the whole row."""
     try:
-        return decider.decide([DecisionRequest(st, questions) for st in states])
+        return decider.decide([DecisionRequest(st, questions, refusal="question") for st in states])
     except DecisionError as e:
         if len(states) == 1:
             return [str(getattr(e, "msg", e))]

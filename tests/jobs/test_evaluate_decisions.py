@@ -326,3 +326,19 @@ def test_a_question_no_row_scores_is_named_after_the_others_figures(tiny, q, tmp
     assert "field 'anger' is \"Livid\", not an option" in r.output and "no task saved to" in r.output
     figs = json.loads(out.read_text())["questions"]
     assert figs["team"]["n"] == 8 and "question 'anger'" in figs["anger"]["error"] and not task.exists()
+
+
+@pytest.mark.parametrize("style", ["letters", "prompt"])
+def test_a_question_over_the_context_leaves_out_only_its_own_rows(tiny, q, tmp_path, style):
+    """A question too long for the model beside a scored one: the scored one is scored on every row
+    (the long one refused alone, in either style), not each row an error blamed on it."""
+    rows = [json.loads(x) for x in _gold(tmp_path, 8).read_text().splitlines()][:-1]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    qs = tmp_path / "long.json"
+    qs.write_text(json.dumps({"team": QUESTIONS["team"], "p": {"type": "noul", "instructions": "refund " * 1100}}))
+    r = run(["eval", str(data), "--decisions", str(qs), "--gold-field", "team", "--model", tiny, "--style", style])
+    assert r.exit_code == 0, r.output
+    assert "n 8" in r.output and "row(s) left out" not in r.output, r.output
+    r = run(["eval", str(data), "--decisions", str(qs), "--gold-field", "p=urgent", "--model", tiny, "--style", style])
+    assert r.exit_code == 2 and "question 'p' was refused (over the model's context)" in r.output, r.output
