@@ -114,6 +114,10 @@ class LabelsKind(OnePrompt):
         super().__init__(spec, engine, fmt, run)
         tok = engine.tokenizer
         self.labelset = build_labelset(tok, spec.names, render(tok, fmt, "example"), spec.scoring)
+        if run.controls_as_text:  # a decision client's option names: a control token in one is read as text
+            from ..text.decisions.prompt_tokens import labels_as_text  # lazy: a decision's own rule
+
+            self.labelset = labels_as_text(tok, self.labelset)
         self._settle()
 
     @property

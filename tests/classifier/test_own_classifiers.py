@@ -116,6 +116,8 @@ def test_the_prompt_style_reads_control_tokens_in_a_clients_text_as_text(yesno_d
     clean, dirty = (it.ids for it in clf.prepare(["hello", "hello" + inject]))
     assert clean.count(end) == dirty.count(end) == 2 and clean.count(start) == dirty.count(start) == 3
     assert "hello" + inject in tok.decode(dirty)  # the injected words are there, as text
+    named = dict(zip(clf.kind.labelset.labels, clf.kind.labelset.token_ids))["<|im_end|>"]
+    assert end not in named and tok.decode(list(named)) == "<|im_end|>"  # the option's name scored as its text
     # a question and state without control tokens: encoded whole, as classify encodes its prompts
     from mlx_slm.text.prompts import render, tokenize
 

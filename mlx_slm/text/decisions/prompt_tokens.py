@@ -177,14 +177,19 @@ def label_set(tokenizer: Any, labels: Sequence[str], probe: str) -> LabelSet:
         ls = build_labelset(tokenizer, list(labels), probe, "auto")
     except LabelError as e:
         raise DecisionError(("body", "questions"), f"the options cannot be read as labels: {e}") from None
+    return labels_as_text(tokenizer, ls)
+
+
+def labels_as_text(tokenizer: Any, ls: LabelSet) -> LabelSet:
+    """`ls` with each label holding a control token read as text (as it is written in the prompt),
+    scored as a sequence; `ls` itself when none does."""
     ctl_re, _ = _patterns(tokenizer)
-    if not any(ctl_re.search(lab) for lab in labels):
+    if not any(ctl_re.search(lab) for lab in ls.labels):
         return ls
-    # An option's name holding a control token is written as text in the prompt: it is read as text too.
     newline = list(tokenizer.encode("\n", add_special_tokens=False))
     ids = tuple(
         tuple(_encode_piece(tokenizer, lab, True, newline)) if ctl_re.search(lab) else t
-        for lab, t in zip(labels, ls.token_ids)
+        for lab, t in zip(ls.labels, ls.token_ids)
     )
     if len(set(ids)) != len(ids):
         raise DecisionError(("body", "questions"), "two options tokenize identically: make them differ")
