@@ -310,6 +310,45 @@ def test_a_servers_own_method_answers_both_routes_and_says_so(tiny_arch, style):
     assert info["default"] == {"style": style, "permute": 1, "calibration": "contextual"}
 
 
+def test_a_prompt_style_question_over_the_context_is_a_4xx_or_a_refusal_never_a_500(tiny_arch):
+    """serve --decision-style prompt: a question whose prompt alone (or an option's name) is over the
+    context, or a state with it: System One's 422 tokens_exceeded naming the question, OpenAI's refusal
+    of that question alone (the other answered); a state alone over it a 422 before any timing."""
+    import dataclasses
+
+    from mlx_slm.classifier.decision_plan import DecisionPlan
+    from mlx_slm.text.decisions.methods import Method, Methods
+    from mlx_slm.weights.registry import ModelRef
+
+    path = str(tiny_arch.mlx("qwen2"))
+    plan = DecisionPlan(ModelRef(path), methods=Methods(default=Method(style="prompt")))
+    plain = classifier_loader(path)
+    srv = ThreadServer(Service(lambda: dataclasses.replace(plain(), decision_plan=plan), ServeOptions(max_wait_ms=5)))
+    srv.start()
+    ok = {"type": "noul", "instructions": "Billing?"}
+    long = {"type": "noul", "instructions": "refund " * 1100}
+    named = {"type": "choice", "instructions": "Which?", "criteria": {"x " * 1100: None, "billing": None}}
+    try:
+        for q in (long, named):
+            s1 = httpx.post(srv.url + "/v1/systemone", timeout=120,
+                            json={"model": "jev-latest", "state": INPUT, "questions": {"p": q, "ok": ok}})  # fmt: skip
+            assert s1.status_code == 422, s1.text
+            assert s1.json()["detail"][0]["type"] == "tokens_exceeded" and "p" in s1.json()["detail"][0]["loc"]
+            oa_q = [{"name": "p", **({"type": "predicate", "instructions": q["instructions"]} if q is long else
+                     {"type": "choice", "instructions": "Which?", "choices": [{"value": v} for v in q["criteria"]]})},
+                    {"name": "ok", "type": "predicate", "instructions": "Billing?"}]  # fmt: skip
+            oa = httpx.post(srv.url + "/v1/decisions", timeout=120,
+                            json={"model": "gpt-6-luna", "input": INPUT, "questions": oa_q})  # fmt: skip
+            assert oa.status_code == 200, oa.text
+            got = oa.json()["answers"]
+            assert got[0]["type"] == "refusal" and got[1]["type"] == "predicate", got
+        big = httpx.post(srv.url + "/v1/systemone", timeout=120,
+                         json={"model": "jev-latest", "state": "charged " * 2200, "questions": {"ok": ok}})  # fmt: skip
+        assert big.status_code == 422 and big.json()["detail"][0]["type"] == "tokens_exceeded", big.text
+    finally:
+        srv.stop()
+
+
 def test_non_finite_answers_are_a_4xx_naming_the_question_never_nan_json(tmp_path):
     """A model whose lm_head holds NaN: both decision routes refuse the request naming the question
     (System One's 422, OpenAI's 400), never a 500 nor a NaN in the JSON."""
