@@ -342,3 +342,15 @@ def test_a_question_over_the_context_leaves_out_only_its_own_rows(tiny, q, tmp_p
     assert "n 8" in r.output and "row(s) left out" not in r.output, r.output
     r = run(["eval", str(data), "--decisions", str(qs), "--gold-field", "p=urgent", "--model", tiny, "--style", style])
     assert r.exit_code == 2 and "question 'p' was refused (over the model's context)" in r.output, r.output
+
+
+def test_fit_compares_no_names_way_where_the_names_style_does_not_apply(tiny, tmp_path):
+    """A noul is asked as the letters ask it in the names style: --fit compares letters and prompt only."""
+    rows = [json.loads(x) for x in _gold(tmp_path, 12).read_text().splitlines()][:-1]
+    data, qs = tmp_path / "data.jsonl", tmp_path / "noul.json"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    qs.write_text(json.dumps({"urgent": QUESTIONS["urgent"]}))
+    r = run(["eval", str(data), "--decisions", str(qs), "--gold-field", "urgent", "--model", tiny, "--fit"])
+    assert r.exit_code == 0, r.output
+    assert "fit letters, 1 order(s)" in r.output and "fit prompt, 1 order(s)" in r.output
+    assert "fit names" not in r.output, r.output
