@@ -1085,9 +1085,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     bad = [s for s in a.sets + a.no_fit + a.no_tune + a.tuned_only + a.untrained_only if s not in SETS] + [
         w for w in a.ways if w not in WAYS
     ]
-    if bad or "letters" not in a.ways:
+    # the trained head (letters) reads the letters' passes: needed where a set is neither untrained- nor tuned-only
+    trains = [s for s in a.sets if s not in a.untrained_only + a.tuned_only]
+    if bad or ("letters" not in a.ways and trains):
         raise SystemExit(
-            f"--sets is some of {', '.join(SETS)}; --ways some of {', '.join(WAYS)} with letters; got {bad}"
+            f"--sets is some of {', '.join(SETS)}; --ways some of {', '.join(WAYS)}, with letters unless every set is"
+            f" --untrained-only or --tuned-only; got {bad}"
         )
     return a
 

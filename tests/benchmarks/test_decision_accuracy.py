@@ -100,6 +100,15 @@ def test_per_set_sizes_read_over_the_defaults():
         bench._per_set("nope=3", bench.N_TEST, "--n-test")
 
 
+def test_the_letters_are_needed_only_where_a_set_trains_the_letters_head():
+    # an untrained-only (or tuned-only) run may leave out the letters' costly pass; a set that trains may not
+    a = bench.parse(["--sets", "clinc150", "--untrained-only", "clinc150", "--ways", "prompt,prompt2"])
+    assert a.ways == ["prompt", "prompt2"]
+    assert bench.parse(["--sets", "banking77", "--tuned-only", "banking77", "--ways", "prompt"]).ways == ["prompt"]
+    with pytest.raises(SystemExit, match="with letters unless"):
+        bench.parse(["--sets", "clinc150,posts", "--untrained-only", "clinc150", "--ways", "prompt"])
+
+
 @pytest.mark.slow
 def test_decision_accuracy_end_to_end(tiny_arch, tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_SLM_HOME", str(tmp_path / "home"))
