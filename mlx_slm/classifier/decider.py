@@ -256,7 +256,10 @@ class Decider:
                 prior = self.contextual_prior(q, m)
             final = None if p is None else m.answer(p, prior)
             probs.append(final)
-            rec = m.record(prior, q, final)
+            said = (
+                replace(m, prior="none") if m.prior == "batch" and prior is None else m
+            )  # no prior given: raw, said so
+            rec = said.record(prior, q, final)
             applied.append({**rec, "note": note} if note else rec)
         return replace(result, probabilities=tuple(probs), applied=tuple(applied))
 

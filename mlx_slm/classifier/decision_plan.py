@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ..engine.engine import Engine
@@ -68,6 +70,15 @@ class DecisionPlan:
         were first read with, and a task's saved methods checked against the model's weights."""
         config = DecisionConfig.of_model(self.model.name, engine.path)
         plan = self if config == self.config else self.with_config(config)
+        if config.chat_template and any(
+            m.style == "names" for m in (plan.methods.default, *plan.methods.saved.values())
+        ):
+            raise DecisionError(  # its template renders each question its own way: the names would never be asked
+                ("style",),
+                "the names style lists the options by name, but this model's decision_template.jinja renders every "
+                "question its own way (its letters): drop --style names / --decision-style names (or ask in the "
+                "prompt style), or fit the task again on this model",
+            )
         if plan.methods.saved and plan.task is not None:
             # fitted on other weights (or, with no sha256 recorded, for another model): refused
             plan.task.check_weights(engine.weights_sha256, self.model.name, by_name=True)
@@ -113,8 +124,16 @@ class DecisionPlan:
 
 
 def _content(m: Method) -> str:
-    """A digest of a saved method as its task holds it (what it answers with, all of it)."""
-    return hashlib.sha256(json.dumps(m.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A digest of a saved method as its task holds it (what it answers with, all of it): a tuned
+    classifier by its task file's bytes, not its place (a task folder moved between an interrupted
+    run and its --resume is the same method; one trained again is not)."""
+    d = m.to_dict()
+    if m.tuned is not None:
+        try:
+            d["tuned"] = hashlib.sha256(Path(m.tuned).read_bytes()).hexdigest()
+        except OSError:
+            d["tuned"] = os.path.basename(m.tuned)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _check_saved(m: Method, own: Mapping[str, DecisionQuestion], engine: Engine) -> None:

@@ -285,11 +285,11 @@ class DecideJob:
         for window in every:
             ok = [r for r in window if r.error is None]
             done.append((window, self._results(ok, decider)))
-            n += len(ok)
+            n += sum(not isinstance(res, str) for res in done[-1][1])  # answered: an error row gives no answer
             if n >= self.plan.warmup:
                 break
         results = [res for _, got in done for res in got if not isinstance(res, str)]
-        self.priors = batch_priors(self.plan.questions, results, self.plan.warmup)
+        self.priors = batch_priors(self.plan.questions, results, self.plan.warmup, self.plan.methods)
         self.file.settings.update(self.plan.record(self.priors))
         self.file.write_manifest(complete=False)
         for window, got in done:  # answered before the prior was known: finished with it now
@@ -477,12 +477,17 @@ def describe_methods(plan: DecisionPlan, priors: Mapping[str, Calibrator]) -> st
     return "; ".join(parts)
 
 
-def batch_priors(questions: Sequence[DecisionQuestion], results: Sequence[Any], warmup: int) -> dict[str, Calibrator]:
+def batch_priors(
+    questions: Sequence[DecisionQuestion], results: Sequence[Any], warmup: int, methods: Methods | None = None
+) -> dict[str, Calibrator]:
     """Each question's batch prior (`fit_batch`: the mean raw answer) over the first `warmup`
     results that answered it, by digest; a question answered by fewer states than its options
-    is refused, naming it and the fix."""
+    is refused, naming it and the fix. Only the questions whose method divides by one (`methods`:
+    a task's fitted or trained questions answer their own way, never refused for a prior they do not use)."""
     out: dict[str, Calibrator] = {}
     for k, q in enumerate(questions):
+        if methods is not None and methods.for_question(q)[0].prior != "batch":
+            continue
         got = [r.raw[k] for r in results[:warmup] if r.raw and r.raw[k] is not None]  # the states that answered it
         answered = np.stack(got) if got else np.empty((0, len(q.options)))
         out[q.digest] = batch_prior(answered, q.answer_names(), warmup, f"--calibrate batch: question {q.key!r}: ")

@@ -50,7 +50,7 @@ from ..text.decisions.answers import chosen_index
 from ..text.decisions.errors import DecisionError
 from ..text.decisions.files import questions_of
 from ..text.decisions.fitting import FitError, Way, corrected, figures, fit_question, prior_of, priors_apply
-from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs, gold_text
+from ..text.decisions.gold import check_distinct, check_gold_fields, gold_given, gold_index, gold_pairs, gold_text
 from ..text.decisions.methods import Method, Methods, trained_phrase
 from ..text.decisions.metrics import format_question_report, question_report
 from ..text.decisions.prompt import STYLES, names
@@ -123,6 +123,8 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     opts = DecisionOptions(s.model, s.dtype, None, s.task_file, s.questions_file, s.style, s.permute, given=s.given)
     plan = resolve_decisions(replace(opts, warmup=s.warmup, given=s.given - {"warmup"}))
     golds = gold_pairs(plan.questions, s.gold_fields)  # every check on the files before the model loads
+    if s.fit:
+        check_distinct(plan.questions, golds, "--fit")
     if s.save_task:
         _kept_methods(plan, s.save_task)  # a task's tuned classifier the new task could not find: refused now
     if not golds and not s.fit_prior:
@@ -132,6 +134,8 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
     engine = None if s.predictions else plan.engine()
     if engine is not None:
         plan = plan.loaded(engine)
+    if s.fit:  # a question fitted again is asked in each way compared, not in the way --task fitted it
+        plan = replace(plan, methods=_unfitted(plan, golds))
     if s.predictions:  # a decide output: its answers read back, row i of it input row i
         got = read_decisions(s.predictions, rows, plan.questions, s.input, plan.config)
         rows = [r if not isinstance(p, str) else replace(r, error=p) for r, p in zip(rows, got)]
@@ -141,6 +145,15 @@ def evaluate_decisions(s: DecisionEvalSettings, say: Say) -> dict[str, Any]:
         fits = s.fit and any(not plan.methods.for_question(q)[0].trained for q in plan.questions if q.key in golds)
         runs = _runs(plan, engine, [r for r in rows if r.error is None], s.batch, fits)
     return _report(s, plan, engine, golds, rows, runs, say)
+
+
+def _unfitted(plan: DecisionPlan, golds: dict[str, str]) -> Methods:
+    """The plan's methods without the saved ones of the questions `--fit` fits again (scored, not
+    trained): each way compared asks them its own way (a saved method would answer every way
+    alike, and the fit would be saved under a way it was not learned on); `_save` keeps the rest."""
+    again = {q.digest for q in plan.questions if q.key in golds}
+    saved = {d: m for d, m in plan.methods.saved.items() if m.trained or d not in again}
+    return Methods(saved, plan.methods.default)
 
 
 def _plot_folders(s: DecisionEvalSettings, questions: Sequence[DecisionQuestion], golds: dict, reads: list) -> None:
@@ -177,7 +190,9 @@ def ways_of(plan: DecisionPlan, fit: bool) -> list[Way]:
     if not fit:
         return [(plan.methods.default.style, plan.methods.default.permute)]
     orders = (1, 2) if any(q.type == "choice" for q in plan.questions) else (1,)
-    return [(st, n) for n in orders for st in STYLES]
+    # a model's own decision template asks every question its own way: no names style to compare
+    styles = [st for st in STYLES if not (st == "names" and plan.config.chat_template)]
+    return [(st, n) for n in orders for st in styles]
 
 
 def _runs(plan: DecisionPlan, engine: Any, ok: list[Any], batch: int, fit: bool) -> dict[Way, list[Any]]:
@@ -222,6 +237,7 @@ def _report(
     saved: list[Method] = []
     refit: set[str | None] = set()  # the questions fitted here (a fit not kept: raw, as the report says)
     unscored: list[str] = []  # questions no row scores: said after the others' figures, which are shown
+    fits_here = {q.digest for q in plan.questions if s.fit and q.key in golds}
     for i, q in enumerate(plan.questions):
         if q.key in golds:
             try:
@@ -240,9 +256,11 @@ def _report(
                 refit.add(q.digest)
                 if fitted["kept"]:  # a fit no better than the raw answers is not saved: the question goes raw
                     saved.append(method)
-        # --fit-prior: every question --fit does not fit (scored or not: its states' answers, not their gold)
-        if s.fit_prior and not (s.fit and q.key in golds) and not plan.methods.for_question(q)[0].trained:
+        # --fit-prior: every question --fit does not fit (scored or not: its states' answers, not their gold),
+        # once a question (its wording under a second id is that question: its one method answers both)
+        if s.fit_prior and q.digest not in fits_here and not plan.methods.for_question(q)[0].trained:
             saved.append(_prior_method(q, i, runs[main], s.warmup, plan.methods.for_question(q)[0]))
+            fits_here.add(q.digest)
     if s.json_path:
         atomic_write(s.json_path, json.dumps({"questions": out}, indent=2) + "\n", "--json")
     if unscored:  # no task saved from a run that could not score every question it was given
@@ -295,7 +313,8 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
         rep["corrected"] = {"raw": figures(raw, gold, q.type == "noul")}
     else:
         contextual = None if method is None or not priors_apply(labels) else decider.contextual_prior(q, method)
-        rep["corrected"] = corrected(raw, gold, labels, s.warmup, contextual, q.type == "noul")
+        states = np.stack([_raw(r, i) for r in runs[main] if _answered(r, i)])  # labelled or not, as decide's prior
+        rep["corrected"] = corrected(raw, gold, labels, s.warmup, contextual, q.type == "noul", states)
         if not priors_apply(labels):
             rep["corrected_note"] = (
                 "no prior: options that differ only in surrounding spaces cannot be told apart by one"
@@ -305,7 +324,10 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
     elif s.fit:
         # only a choice's options are reordered; the names style is the letters' where it does not apply (a noul)
         ways = [w for w in runs if (q.type == "choice" or w[1] == 1) and (w[0] != "names" or names(q) is not None)]
-        per_way = {w: np.stack([_raw(runs[w][j], i) for j in keep]) for w in ways}
+        # a way that refused a row the run's own way answers (its longer prompt over the context, say) is
+        # left out: chosen, it would refuse such states where the plain way answers them
+        partial = [w for w in ways if not all(_answered(runs[w][j], i) for j in keep)]
+        per_way = {w: np.stack([_raw(runs[w][j], i) for j in keep]) for w in ways if w not in partial}
         try:
             fitted = fit_question(per_way, gold, labels, q.key)
         except FitError as e:  # rows left out may be why: a gold value that is no option, say
@@ -313,6 +335,9 @@ def _question(q: DecisionQuestion, i: int, fld: str, scored: _Scored) -> dict[st
                 raise
             shown = "; ".join(left[:5]) + (" ..." if len(left) > 5 else "")
             raise FitError(f"{e} ({len(left)} row(s) left out: {shown})") from None
+        if partial:
+            said = "left out (some of the rows refused or failed): " + ", ".join(f"{w[0]} x{w[1]}" for w in partial)
+            fitted = replace(fitted, note=f"{fitted.note}; {said}" if fitted.note else said)
         method = Method(fitted.style, fitted.permute, "none", fitted.calibrator, None, q.key, q.digest, fitted.report())
         rep["fit"] = {**fitted.report(), "method": method}
     elif s.fit_prior:
@@ -389,6 +414,11 @@ def _final(res: Any, i: int) -> np.ndarray:
     return np.asarray(res.probabilities[i], dtype=np.float64)
 
 
+def _answered(res: Any, i: int) -> bool:
+    """Whether a result answers question i (not an error row's text, not refused)."""
+    return not isinstance(res, str) and _raw(res, i) is not None
+
+
 def _raw(res: Any, i: int) -> np.ndarray | None:
     """A result's raw answer to question i (a decide output read back: as written)."""
     got = res.raw[i] if res.raw else res.probabilities[i]
@@ -399,8 +429,8 @@ def _prior_method(q: DecisionQuestion, i: int, results: list[Any], warmup: int, 
     """`--fit-prior` for a question without gold: the batch prior of the states' raw answers, saved
     with the way they were asked (`asked`: the run's --style and --permute, or the question's saved
     method), so that a task divides it out of answers asked that way, never another's."""
-    got = [_raw(r, i) for r in results if not isinstance(r, str)]
-    probs = np.stack([p for p in got if p is not None]) if got else np.zeros((0, len(q.options)))
+    got = [_raw(r, i) for r in results if _answered(r, i)]
+    probs = np.stack(got) if got else np.zeros((0, len(q.options)))
     cal = prior_of(probs, q.answer_names(), q.key, warmup)
     report = {"prior_from_states": cal.n}
     return Method(style=asked.style, permute=asked.permute, calibrator=cal, key=q.key, digest=q.digest, report=report)

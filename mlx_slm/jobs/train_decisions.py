@@ -52,7 +52,7 @@ from ..files.readers import ReadSpec
 from ..ground.errors import UserError
 from ..ground.safefs import atomic_write
 from ..text.decisions.errors import DecisionError
-from ..text.decisions.gold import check_gold_fields, gold_given, gold_index, gold_pairs, gold_text
+from ..text.decisions.gold import check_distinct, check_gold_fields, gold_given, gold_index, gold_pairs, gold_text
 from ..text.decisions.methods import Method, NoneOf, threshold_text, tuned_prompt
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..text.heads import Head, format_table, min_per_label
@@ -192,6 +192,7 @@ def run_train_decisions(run: DecisionTrainRun, say: Callable[[str], None] = lamb
     golds = gold_pairs(run.plan.questions, run.golds)
     if not golds:
         raise UserError("train --decisions: give --gold-field KEY=FIELD for each question to train")
+    check_distinct(run.plan.questions, golds, "a trained task")
     rows = _states(run, tuple(dict.fromkeys(golds.values())))
     held = _none_held_out(run, golds)  # "none of these": checked, and its held-out states read, before any work
     check_gold_fields(golds, [r.gold for r in rows], run.data)  # a typo: said as one, before the model loads

@@ -250,3 +250,39 @@ def test_the_manifest_record_tells_a_saved_method_from_its_retrained_self():
         return DecisionPlan(ModelRef("x"), methods=Methods.of([m])).record()
 
     assert record(0.3) == record(0.3) and record(0.3) != record(0.9)
+
+
+def test_the_names_style_is_refused_under_a_models_own_decision_template(tmp_path):
+    """A model's decision_template.jinja renders every question its own way (its letters): a plan that
+    asks in the names style would answer in the letters and say "names", so it is refused when it loads;
+    the letters and the prompt style load."""
+    from mlx_slm.text.decisions.errors import DecisionError
+    from mlx_slm.text.decisions.methods import Method, Methods
+
+    class Engine:
+        path, weights_sha256 = None, SHA
+
+    (tmp_path / "decision_template.jinja").write_text("{{ state }}")
+    qs = questions_of(QUESTIONS, DecisionConfig())
+    for style in ("letters", "prompt"):
+        plan = DecisionPlan(ModelRef("tiny"), questions=qs, methods=Methods(default=Method(style=style)))
+        assert plan.loaded(_with_config(Engine, tmp_path, {})).config.chat_template == "{{ state }}"
+    plan = DecisionPlan(ModelRef("tiny"), questions=qs, methods=Methods(default=Method(style="names")))
+    with pytest.raises(DecisionError, match=r"decision_template.jinja renders every question its own way"):
+        plan.loaded(_with_config(Engine, tmp_path, {}))
+
+
+def test_a_tuned_methods_manifest_digest_is_its_files_bytes_not_its_place(tmp_path):
+    """A resumed run compares each saved method's digest: a task folder moved between the two runs is
+    the same method; its classifier trained again (other bytes) is not."""
+    from mlx_slm.classifier.decision_plan import _content
+    from mlx_slm.text.decisions.methods import Method
+
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "t.team.json").write_text('{"trained": 1}')
+    m = Method(key="team", digest="d" * 16, tuned=str(tmp_path / "a" / "t.team.json"))
+    moved = Method(key="team", digest="d" * 16, tuned=str(tmp_path / "b" / "t.team.json"))
+    assert _content(m) == _content(moved)
+    (tmp_path / "b" / "t.team.json").write_text('{"trained": 2}')
+    assert _content(m) != _content(moved)

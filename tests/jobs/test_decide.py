@@ -240,6 +240,21 @@ def test_ray_writes_the_local_output(tiny, files, tmp_path):
 SHARED = [t for t, _ in tickets(12)]  # three base tickets and a shared filler: states that start alike
 
 
+def test_the_batch_prior_waits_for_warmup_answered_states_not_rows_tried(tiny, files, tmp_path):
+    """A state too long for the model is an error row, not an answer: the warm-up goes on past it
+    until --warmup states have answered, so the prior is found on as many as asked for."""
+    _, q = files
+    inp = tmp_path / "in.jsonl"
+    states = ["word " * 3000, *TEXTS[:5]]
+    inp.write_text("".join(json.dumps({"id": i, "state": st}) + "\n" for i, st in enumerate(states)))
+    out = tmp_path / "out.jsonl"
+    assert _run(tiny, inp, q, out, window=3, calibrate="batch", warmup=3, given=frozenset({"model", "warmup"})) == 1
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert "error" in recs[0] and all("answers" in r for r in recs[1:])
+    priors = json.loads(manifest_path(str(out)).read_text())["settings"]["priors"]
+    assert {p["n"] for p in priors.values()} == {3}
+
+
 def _shared_input(tmp_path):
     inp = tmp_path / "shared.jsonl"
     inp.write_text("".join(json.dumps({"id": i, "state": t}) + "\n" for i, t in enumerate(SHARED)))

@@ -354,3 +354,90 @@ def test_fit_compares_no_names_way_where_the_names_style_does_not_apply(tiny, tm
     assert r.exit_code == 0, r.output
     assert "fit letters, 1 order(s)" in r.output and "fit prompt, 1 order(s)" in r.output
     assert "fit names" not in r.output, r.output
+
+
+def test_a_question_fitted_again_under_its_task_is_asked_each_way_not_the_tasks(tiny, q, tmp_path):
+    """eval --task T --fit: a question T fitted (here a names x2 prior) is asked afresh in each way
+    compared, so its figures are the run's own raw answers (not T's) and its new fit is saved under the
+    way it was learned on; T's methods of the questions not fitted again are kept as T has them."""
+    gold = _gold(tmp_path, 12)
+    t1, t2, e = tmp_path / "t1.json", tmp_path / "t2.json", tmp_path / "e.json"
+    r = run(["eval", str(gold), "--decisions", str(q), "--model", tiny, "--fit-prior", "--style", "names",
+             "--permute", "2", "--save-task", str(t1)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = run(["eval", str(gold), "--task", str(t1), "--gold-field", "team", "--fit", "--json", str(e),
+             "--save-task", str(t2)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    team = json.loads(e.read_text())["questions"]["team"]
+    assert team["applied"] == {"style": "letters", "permute": 1, "calibration": "none"}, team["applied"]
+    before = {m["key"]: m for m in json.loads(t1.read_text())["decisions"]["methods"]}
+    after = {m["key"]: m for m in json.loads(t2.read_text())["decisions"]["methods"]}
+    assert after["urgent"] == before["urgent"] and after["anger"] == before["anger"]
+    if "team" in after:  # kept only where it beat the raw answers
+        assert after["team"]["calibrator"]["method"] == "fit"
+        chosen = team["fit"]["chosen"]
+        assert (after["team"]["style"], after["team"]["permute"]) == (chosen["style"], chosen["permute"])
+
+
+def test_a_tasks_fitted_questions_need_no_batch_prior(tiny, q, tmp_path):
+    """decide --task T --calibrate batch: the run's prior is for the questions T does not answer its
+    own way; T's fitted ones are never refused for a prior they do not use (2 states, 3 levels)."""
+    gold = _gold(tmp_path, 12)
+    task, anger = tmp_path / "prior.json", tmp_path / "anger.json"
+    anger.write_text(json.dumps({"anger": QUESTIONS["anger"]}))
+    r = run(["eval", str(gold), "--decisions", str(anger), "--model", tiny, "--fit-prior", "--save-task", str(task)])
+    assert r.exit_code == 0, r.output
+    two = '{"id": 1, "state": "refund please"}\n{"id": 2, "state": "the app crashes"}\n'
+    r = run(["decide", "--task", str(task), "--questions", str(q), "--calibrate", "batch", "-q"], input=two)
+    assert r.exit_code == 0, r.output
+    got = [json.loads(x)["answers"] for x in r.stdout.splitlines()]
+    assert all(a["anger"]["x_method"]["calibration"] == "batch" and a["anger"]["x_method"]["fitted"] for a in got)
+    assert all(a["team"]["x_method"]["calibration"] == "batch" and "fitted" not in a["team"]["x_method"] for a in got)
+    r = run(["decide", "--questions", str(q), "--model", tiny, "--calibrate", "batch", "-q"], input=two)
+    assert r.exit_code == 2 and "question 'anger': a prior over 3 options needs at least 3 states" in r.output
+
+
+def test_a_way_that_refuses_rows_the_runs_way_answers_is_left_out_of_the_fit():
+    """--fit compares ways on the rows the run's own way answers: a way that refused one of them (a
+    longer prompt over the context) or failed on it is left out and said, never a traceback."""
+    from types import SimpleNamespace
+
+    from mlx_slm.jobs.evaluate_decisions import DecisionEvalSettings, _question, _Scored
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.text.decisions.systemone import systemone_questions
+
+    (qn,) = systemone_questions({"team": QUESTIONS["team"]}, DecisionConfig())
+    rng = np.random.default_rng(0)
+    n = 12
+    gold = ["billing", "technical"] * (n // 2)
+    rows = [SimpleNamespace(line=i + 1, error=None, gold={"team": g}, text=f"s{i}") for i, g in enumerate(gold)]
+
+    def result(p):
+        return SimpleNamespace(probabilities=(p,), raw=(p,), applied=(None,))
+
+    ways = [(st, k) for k in (1, 2) for st in ("letters", "names", "prompt")]
+    runs = {w: [result(rng.dirichlet([1, 1])) for _ in rows] for w in ways}
+    runs[("names", 1)][3] = SimpleNamespace(probabilities=(None,), raw=(None,), applied=(None,))  # refused
+    runs[("prompt", 2)][5] = "line 6: the answers are not finite"  # failed in that way only
+    s = DecisionEvalSettings(input="g.jsonl", questions_file=None, gold_fields=("team",), fit=True)
+    rep = _question(qn, 0, "team", _Scored(s, rows, rows, runs, ("letters", 1), None))
+    assert rep["n"] == n
+    assert "left out (some of the rows refused or failed): names x1, prompt x2" in rep["fit"]["note"]
+    assert {(w["style"], w["permute"]) for w in rep["fit"]["ways"]} == set(ways) - {("names", 1), ("prompt", 2)}
+
+
+def test_a_prior_from_no_answered_state_is_refused_naming_the_question():
+    from types import SimpleNamespace
+
+    from mlx_slm.jobs.evaluate_decisions import _prior_method
+    from mlx_slm.text.decisions.fitting import FitError
+    from mlx_slm.text.decisions.methods import Method
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.text.decisions.systemone import systemone_questions
+
+    (qn,) = systemone_questions({"team": QUESTIONS["team"]}, DecisionConfig())
+    refused = [SimpleNamespace(probabilities=(None,), raw=(None,)) for _ in range(4)] + ["line 5: an error"]
+    with pytest.raises(
+        FitError, match=r"--fit-prior: question 'team': a prior over 2 options needs at least 2 states, got 0"
+    ):
+        _prior_method(qn, 0, refused, 512, Method())

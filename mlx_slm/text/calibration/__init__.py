@@ -41,6 +41,7 @@ from `mlx_slm.text.calibration`.
 from .calibrator import (
     DEFAULT_WARMUP,
     FORMAT,
+    INPUT_FLOOR,
     LOG_FLOOR,
     METHODS,
     PROB_DIGITS,
@@ -58,6 +59,7 @@ __all__ = [
     "written",
     "METHODS",
     "DEFAULT_WARMUP",
+    "INPUT_FLOOR",
     "FORMAT",
     "VERSION",
     "LOG_FLOOR",

@@ -35,6 +35,10 @@ VERSION = 1
 # Calibrated log-probabilities are floored here (exp of it is the smallest normal double),
 # so that outputs are finite and JSON-safe even when a label's probability underflows.
 LOG_FLOOR = float(np.log(np.finfo(np.float64).tiny))  # about -708.4
+# Raw log-probabilities below this (an exact 0: -inf) are read as this, by every fit and every
+# apply alike: a temperature learned on them is applied to what it was learned on (with the
+# floors apart, a fitted T of ~950 served 0.9999/0/0 for an answer it had fitted as 0.55/0.22/0.23).
+INPUT_FLOOR = -1e3
 
 
 class CalibrationError(UserError, ValueError):
@@ -212,7 +216,7 @@ class Calibrator:
         if lp.shape[0] == 0:
             return lp[0] if one else lp
         with np.errstate(over="ignore"):
-            z = lp / self.temperature - np.asarray(self.log_prior)
+            z = np.maximum(lp, INPUT_FLOOR) / self.temperature - np.asarray(self.log_prior)
             out = np.maximum(log_softmax(z), LOG_FLOOR)
         return out[0] if one else out
 

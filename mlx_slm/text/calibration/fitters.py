@@ -14,6 +14,7 @@ from ..labels import log_softmax
 
 # The array checks are the package's own (calibrator.py), shared with the Calibrator.
 from .calibrator import (
+    INPUT_FLOOR,
     METHODS,
     CalibrationError,
     Calibrator,
@@ -24,7 +25,7 @@ from .calibrator import (
     written,
 )
 
-_FIT_FLOOR = -1e3  # raw log-probs below this (or -inf) are clipped for fitting only
+_FIT_FLOOR = INPUT_FLOOR  # raw log-probs below this (or -inf) are clipped, as `Calibrator.apply` clips them
 _MIN_PRIOR = 1e-8  # EM keeps every class's estimated prior at least this (finite logs)
 _A_BOUNDS = (1e-3, 1e3)  # fitted inverse temperature 1/T stays in here
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ...ground.errors import UserError
-from ..calibration import CalibrationError, Calibrator, fit_batch, fit_labelled
+from ..calibration import INPUT_FLOOR, CalibrationError, Calibrator, fit_batch, fit_labelled
 from ..labels import LabelError, validate
 from ..metrics import confusion, ece, macro_f1
 from .metrics import brier, log_loss
@@ -37,9 +37,9 @@ class FitError(UserError, ValueError):
 
 
 def log_of(probs: Any) -> np.ndarray:
-    """Log-probabilities, a 0 floored (a calibrator's input)."""
+    """Log-probabilities, a 0 floored as every calibrator reads it (a calibrator's input)."""
     with np.errstate(divide="ignore"):
-        return np.maximum(np.log(np.asarray(probs, dtype=np.float64)), -1e4)
+        return np.maximum(np.log(np.asarray(probs, dtype=np.float64)), INPUT_FLOOR)
 
 
 def apply(cal: Calibrator | None, probs: np.ndarray) -> np.ndarray:
@@ -113,12 +113,15 @@ def corrected(
     warmup: int,
     contextual: Calibrator | None = None,
     binary: bool = False,
+    states: np.ndarray | None = None,
 ) -> dict[str, dict[str, float]]:
     """The raw answers' figures beside those of the same answers divided by a batch prior (the
-    first `warmup` states') and by `contextual` (when given)."""
+    first `warmup` of `states`: every state's raw answer, labelled or not, in input order, as
+    `decide --calibrate batch` finds it; default `probs`) and by `contextual` (when given)."""
     out = {"raw": figures(probs, gold, binary)}
-    if len(probs) >= len(labels) and not constant(probs[:warmup]) and priors_apply(labels):
-        out["batch"] = figures(apply(batch_prior(probs, labels, warmup), probs), gold, binary)
+    seen = probs if states is None else np.asarray(states, dtype=np.float64)
+    if len(seen) >= len(labels) and not constant(seen[:warmup]) and priors_apply(labels):
+        out["batch"] = figures(apply(batch_prior(seen, labels, warmup), probs), gold, binary)
     if contextual is not None:
         out["contextual"] = figures(apply(contextual, probs), gold, binary)
     return out

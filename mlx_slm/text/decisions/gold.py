@@ -40,6 +40,23 @@ def gold_pairs(questions: Sequence[DecisionQuestion], pairs: Sequence[str]) -> d
     return golds
 
 
+def check_distinct(questions: Sequence[DecisionQuestion], golds: Mapping[str, str], what: str) -> None:
+    """The questions a run fits or trains (`golds`' keys) are distinct questions: a saved method is
+    bound to the question itself (its digest), not its id, so two ids of one question fitted apart
+    (two annotators' fields, say) would leave one method answering both."""
+    seen: dict[str, str] = {}
+    for q in questions:
+        if q.key not in golds:
+            continue
+        if q.digest in seen:
+            raise UsageError(
+                f"--gold-field {q.key}: questions {seen[q.digest]!r} and {q.key!r} are the same question (the same "
+                f"wording and options), and {what} binds its method to the question, not its id: give one of them "
+                "a --gold-field (or score them both without saving a task)"
+            )
+        seen[q.digest] = q.key
+
+
 def gold_given(value: Any) -> bool:
     """A row gives a gold value: not a missing field, a null, or an empty CSV cell (such a row is
     left out of what its question scores or trains, never read as an answer)."""

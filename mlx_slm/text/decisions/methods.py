@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration import CalibrationError, Calibrator
+from ..calibration import INPUT_FLOOR, CalibrationError, Calibrator
 from ..heads import Head, HeadError
 from ..out_of_scope import answers as out_of_scope_answers
 from .errors import DecisionError
@@ -191,7 +191,7 @@ class Method:
             return raw
         with np.errstate(divide="ignore"):
             lp = np.log(np.asarray(raw, dtype=np.float64))
-        return np.exp(cal.apply(np.maximum(lp, -1e4)))
+        return np.exp(cal.apply(np.maximum(lp, INPUT_FLOOR)))  # the floor its fit read (`Calibrator.apply`'s)
 
     def record(
         self, prior: Calibrator | None = None, q: DecisionQuestion | None = None, final: np.ndarray | None = None
@@ -247,6 +247,10 @@ class Method:
         except (CalibrationError, HeadError) as e:
             raise DecisionError((), f"{where}: {e}") from None
         report = d.get("report") or {}
+        if not isinstance(report, dict):
+            raise DecisionError(
+                (), f"{where}: 'report' is an object (the fit's or the training's figures), got {report!r:.60}"
+            )
         tuned = d.get("tuned")
         if tuned is not None and (not isinstance(tuned, str) or not tuned or "/" in tuned or "\\" in tuned):
             raise DecisionError((), f"{where}: 'tuned' names a task file beside this one, got {tuned!r}")
@@ -265,7 +269,22 @@ class Methods:
 
     @classmethod
     def of(cls, saved: Iterable[Method] = (), default: Method | None = None) -> Methods:
-        return cls({m.digest: m for m in saved if m.digest is not None}, default or Method())
+        """Saved methods by digest; two for one question (its wording and options under two ids,
+        fitted or trained apart) refused: a method is bound to the question, not its id, so one of
+        them would answer both, silently."""
+        out: dict[str, Method] = {}
+        for m in saved:
+            if m.digest is None:
+                continue
+            if m.digest in out:
+                raise DecisionError(
+                    ("methods",),
+                    f"questions {out[m.digest].key!r} and {m.key!r} are the same question (the same wording and "
+                    "options under two ids) with a method each: a method is bound to the question, not its id; "
+                    "fit or train one of them",
+                )
+            out[m.digest] = m
+        return cls(out, default or Method())
 
     @property
     def is_raw(self) -> bool:

@@ -6,7 +6,7 @@ import hashlib
 import json
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -95,7 +95,13 @@ class DecisionQuestion:
         and an OpenAI one that show the model the same question have the same digest; a changed
         word, option, description or order gives another. What a task's fitted settings are
         bound to (never the question's id: a client may reuse an id for another question)."""
-        shown = [self.type, text(self.instructions), list(self.answer_names()), [text(d) for d in self.descriptions]]
+        shown: list[Any] = [self.type, text(self.instructions), list(self.answer_names())]
+        shown.append([text(d) for d in self.descriptions])
+        if self.levels and self.level_names() != replace(self, levels=()).level_names():
+            # OpenAI's level labels where the names style reads other names than a System One score's
+            # descriptions would give ({"label": "Low", "description": "can wait"} is asked as "Low", the
+            # System One criterion "Low: can wait" as itself): two questions, two digests
+            shown.append(["levels", list(self.level_names() or ())])
         return hashlib.sha256(json.dumps(shown, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 

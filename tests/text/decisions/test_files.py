@@ -21,6 +21,16 @@ def test_questions_file(tmp_path, content):
     assert len(qs) == (1 if isinstance(content, list) else len(QUESTIONS))
 
 
+def test_a_question_whose_id_is_questions_is_a_question_not_a_body(tmp_path):
+    """System One ids are the client's: {"questions": {"type": ...}, ...} is a questions object whose
+    first question is called "questions", read as the route reads it, not as a body's questions."""
+    p = tmp_path / "q.json"
+    p.write_text(
+        json.dumps({"questions": {"type": "noul", "instructions": "A question?"}, "urgent": QUESTIONS["urgent"]})
+    )
+    assert [q.key for q in read_questions_file(str(p))] == ["questions", "urgent"]
+
+
 def test_questions_file_errors_name_the_file(tmp_path):
     p = tmp_path / "q.json"
     p.write_text('{"a": {"type": "choice"}}')

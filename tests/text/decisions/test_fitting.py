@@ -98,6 +98,17 @@ def test_corrected_figures_side_by_side():
     np.testing.assert_allclose(apply(prior, letters).mean(axis=0), np.full(3, 1 / 3), atol=0.05)
 
 
+def test_the_batch_prior_beside_the_raw_figures_is_found_on_every_state_as_decide_finds_it():
+    """eval's batch figure divides by the prior of the first `warmup` states that answered (labelled
+    or not, as `decide --calibrate batch` finds it), not of the labelled rows alone."""
+    letters, _, gold = _data()
+    states = np.concatenate([letters[::-1], letters])  # unlabelled states first
+    got = corrected(letters, gold, LABELS, warmup=40, states=states)
+    want = figures(apply(batch_prior(states, LABELS, 40), letters), gold)
+    assert got["batch"] == want
+    assert got["batch"] != corrected(letters, gold, LABELS, warmup=40)["batch"]
+
+
 def test_a_prior_from_fewer_states_than_options_is_refused():
     letters, _, _ = _data()
     with pytest.raises(FitError, match="--fit-prior: question 'team'.*at least 3 states, got 2"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mlx_slm.ground.errors import UsageError
-from mlx_slm.text.decisions.gold import gold_index, gold_pairs
+from mlx_slm.text.decisions.gold import check_distinct, gold_index, gold_pairs
 from mlx_slm.text.decisions.openai import parse_openai
 from mlx_slm.text.decisions.systemone import parse_systemone
 
@@ -33,6 +33,17 @@ def test_gold_fields_name_each_question_once():
         gold_pairs(qs, ["team="])
     with pytest.raises(UsageError, match=r"the questions: urgent, team, anger\)"):  # the questions' own order
         gold_pairs(qs, ["mood=m"])
+
+
+def test_one_question_under_two_ids_is_fitted_once():
+    """Two annotators' fields for one question under two ids: scored, fine; fitted or trained (a method
+    bound to the question, not its id), refused naming both, before any model runs."""
+    team = BODY["questions"]["team"]
+    qs = parse_systemone({**BODY, "questions": {"team_a": team, "team_b": team, "urgent": {"type": "noul"}}}).questions
+    golds = gold_pairs(qs, ["team_a=ann1", "team_b=ann2", "urgent"])
+    with pytest.raises(UsageError, match=r"questions 'team_a' and 'team_b' are the same question .* --fit binds"):
+        check_distinct(qs, golds, "--fit")
+    check_distinct(qs, gold_pairs(qs, ["team_a=ann1", "urgent"]), "--fit")  # one of them: fine
 
 
 def test_a_gold_value_two_options_share_apart_from_case_is_refused_naming_both():

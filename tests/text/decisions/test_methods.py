@@ -97,6 +97,42 @@ def test_saved_methods_round_trip_and_old_temperatures_read_as_fits():
         Methods.from_record(None, {"team": 0}, [q], "t")
 
 
+def test_one_question_saved_twice_under_two_ids_is_refused_naming_both():
+    """A method is bound to the question itself: two for one question (two annotators' fields fitted
+    apart) would leave one answering both, silently; a task holding them is refused."""
+    q = _q()
+    cal = Calibrator("fit", q.answer_names(), (0.0, 0.0, 0.0), 1.0, 3)
+    a, b = (Method(calibrator=cal, key=k, digest=q.digest) for k in ("team_a", "team_b"))
+    with pytest.raises(DecisionError, match=r"questions 'team_a' and 'team_b' are the same question"):
+        Methods.from_record([a.to_dict(), b.to_dict()], {}, [q], "t")
+    assert Methods.of([a]).for_question(q) == (a, None)
+
+
+@pytest.mark.parametrize("report", [["hand", "edited"], "text", 3])
+def test_a_saved_methods_report_is_an_object(report):
+    d = {**Method(key="team", digest=_q().digest).to_dict(), "report": report}
+    with pytest.raises(DecisionError, match=r"t: 'report' is an object"):
+        Method.from_dict(d, "t")
+
+
+def test_a_fitted_temperature_is_served_on_the_floor_it_was_fitted_on():
+    """Raw answers with exact zeros (a whole name's probability underflowing): the fit reads a 0 at
+    the calibrators' one floor, and `Method.answer` serves what the fit scored, not a sharper answer."""
+    from mlx_slm.text.calibration import fit_labelled
+    from mlx_slm.text.decisions.fitting import apply, log_of
+
+    rng = np.random.default_rng(0)
+    gold = np.repeat([0, 1, 2], 20)
+    raw = np.zeros((60, 3))
+    raw[np.arange(60), rng.integers(0, 3, 60)] = 1.0  # overconfident and often wrong: a large T fitted
+    cal = fit_labelled(log_of(raw), gold, ("a", "b", "c"), temperature=True)
+    assert cal.temperature > 10
+    fitted = np.exp(cal.apply(log_of(raw)))
+    np.testing.assert_allclose(Method(calibrator=cal).answer(raw[0]), fitted[0], rtol=1e-12)
+    np.testing.assert_allclose(apply(cal, raw), fitted, rtol=1e-12)
+    assert fitted[0].max() < 0.9  # softened as the fit learned, not 0.9999 / 0 / 0
+
+
 def test_a_saved_method_must_be_made_for_the_questions_options():
     q = _q()
     cal = Calibrator("fit", ("a", "b", "c"), (0.0, 0.0, 0.0), 1.0, 3)
@@ -187,6 +223,19 @@ def test_two_orders_are_the_mean_of_each_order_asked_alone(engine):
         np.testing.assert_allclose(b.probabilities[0], (r.probabilities[0] + back) / 2, atol=1e-5)
         np.testing.assert_allclose(b.probabilities[1], r.probabilities[1], atol=1e-6)  # a noul: one order
         assert b.applied[0]["permute"] == 2 and b.raw[0] is b.probabilities[0]  # no prior: raw is the answer
+
+
+def test_a_batch_prior_not_given_is_said_raw_not_batch(engine):
+    """A Decider whose method divides by a run's batch prior, asked without one (the Python API, or a
+    run's first states before its prior is found): its answers are the raw ones and say "none"; with
+    the prior, divided and said "batch"."""
+    d, got = decide(engine, Method(prior="batch"))
+    assert all(a["calibration"] == "none" for r in got for a in r.applied)
+    assert all(r.probabilities[0] is r.raw[0] for r in got)
+    prior = Calibrator("batch", QS[0].answer_names(), tuple(np.log([0.5, 0.25, 0.25])), 1.0, 3)
+    again = d.finish(got[0], {QS[0].digest: prior})
+    assert again.applied[0]["calibration"] == "batch" and again.applied[1]["calibration"] == "none"
+    np.testing.assert_allclose(again.probabilities[0], Method(prior="batch").answer(got[0].raw[0], prior))
 
 
 def test_the_names_style_equals_our_labels_path(engine):

@@ -54,6 +54,22 @@ def test_any_change_the_model_would_see_gives_another_digest(change):
     assert systemone_questions(other, CFG)[0].digest != systemone_questions(S1, CFG)[0].digest
 
 
+def test_a_scores_level_labels_the_names_style_reads_are_in_its_digest():
+    """OpenAI's {"label": "Low", "description": "can wait"} shows the letters "Low: can wait", as System
+    One's criterion "Low: can wait" does, but the names style asks "Low": two questions, two digests
+    (one's fit or cached prompt never answers the other); a level with no description stays one."""
+    from mlx_slm.text.decisions.prompt import names_text, styled
+
+    oa = [{"type": "score", "instructions": "How urgent?",
+           "levels": [{"label": "Low", "description": "can wait"}, {"label": "High", "description": "now"}]}]  # fmt: skip
+    so = {"u": {"type": "score", "instructions": "How urgent?", "criteria": ["Low: can wait", "High: now"]}}
+    (a,), (b,) = openai_questions(oa, CFG), systemone_questions(so, CFG)
+    assert render_user_message("s", a) == render_user_message("s", b)
+    assert names_text(styled(a, "names")) != names_text(styled(b, "names"))
+    assert a.digest != b.digest
+    assert digests(openai_questions(OA, CFG))[2] == digests(systemone_questions(S1, CFG))[2]  # labels alone: one
+
+
 def test_a_string_and_a_boolean_of_one_text_stay_apart_as_answer_names():
     (q,) = openai_questions(
         [{"type": "choice", "instructions": "?", "choices": [{"value": "true"}, {"value": True}]}], CFG
