@@ -464,6 +464,11 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
         ch = fit["chosen"]
         best = f"{ch['style']}, {ch['permute']} order(s); temperature {fit['temperature']:.4f}"
         lines.append(f"fit: chose {best}" if fit["kept"] else f"fit: none kept ({best}: not applied)")
+        if fit.get("cv_accuracy_of_choice") is not None and len(fit["ways"]) > 1:
+            lines.append(
+                f"fit: the choice of way, cross-validated (each fold answered by the way best on the others): "
+                f"{100 * fit['cv_accuracy_of_choice']:.2f} %, against {100 * fit['raw_accuracy']:.2f} % raw"
+            )
         if fit.get("note"):
             lines.append(f"fit: {fit['note']}")
     if rep.get("fit_skipped"):

@@ -8,8 +8,10 @@ one row per state, in the question's option order, and `gold` (n,), each state's
 * `fit_question`: a bias per option and a temperature (`calibration.fit_labelled`: the gold's
   log-loss, L2-regularised, stratified k-fold figures), fitted on each way of asking the question
   (prompt style x option orders) the caller ran; the way chosen is the one with the best
-  cross-validated accuracy (then log-loss; then the plainer way), so the figure reported for it
-  is honest: each state scored by a fit that never saw it;
+  cross-validated accuracy (then log-loss; then the plainer way); the fit is kept only where that
+  choice, itself cross-validated (`choice_accuracy`: each fold answered by the way best on the
+  others), beats the raw answers, so the figure it is kept on is honest: each state scored by a fit,
+  and a choice of way, that never saw it;
 * `prior_of`: the batch prior of a sample of the user's states (no gold): `eval --fit-prior`.
 """
 
@@ -139,13 +141,15 @@ class Fitted:
     table: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None
     raw_accuracy: float | None = None  # the plain way's raw answers, unfitted (no fit: an honest figure as it is)
+    choice_cv: float | None = None  # choosing the way, cross-validated (`choice_accuracy`)
 
     @property
     def beats_raw(self) -> bool:
-        """Whether the fit's cross-validated accuracy is above the raw answers' (a fit that is not,
-        or that could not be cross-validated, is not kept: the question stays raw, the report says so)."""
-        cv = self.calibrator.info.get("cv_accuracy_calibrated")
-        return cv is not None and (self.raw_accuracy is None or cv > self.raw_accuracy)
+        """Whether the fit's cross-validated accuracy (of the choice of way, where several were
+        compared) is above the raw answers' (a fit that is not, or that could not be cross-validated,
+        is not kept: the question stays raw, the report says so)."""
+        cv = self.choice_cv if self.choice_cv is not None else self.calibrator.info.get("cv_accuracy_calibrated")
+        return cv is not None and (self.raw_accuracy is None or bool(cv > self.raw_accuracy))
 
     def report(self) -> dict[str, Any]:
         return {
@@ -153,6 +157,7 @@ class Fitted:
             "raw_accuracy": self.raw_accuracy,
             "kept": self.beats_raw,
             "cv_accuracy": self.calibrator.info.get("cv_accuracy_calibrated"),
+            "cv_accuracy_of_choice": self.choice_cv,
             "cv_log_loss": self.calibrator.info.get("cv_logloss_calibrated"),
             "temperature": self.calibrator.temperature,
             "n": self.calibrator.n,
@@ -215,8 +220,10 @@ def fit_question(
 
         best = min(fits, key=rank)
         note = None
+        choice = choice_accuracy(fits, order)
     else:
         best = min(fits, key=lambda w: order.get(w, 99))
+        choice = None
         note = next(c.info.get("cv_note") for c in fits.values() if c.info.get("cv_note")) + (
             ": the ways could not be compared" if len(fits) > 1 else ""
         )
@@ -225,13 +232,28 @@ def fit_question(
         note = f"{note}; {left}" if note else left
     plain = ("letters", 1) if ("letters", 1) in given else next(iter(given))  # what the user gets unfitted
     raw_acc = float(np.mean(np.asarray(given[plain]).argmax(axis=1) == gold))
-    got = Fitted(best[0], best[1], fits[best], table, note, raw_acc)
+    got = Fitted(best[0], best[1], fits[best], table, note, raw_acc, choice)
     if not got.beats_raw:
         why = f"no fitted way beat the raw answers ({raw_acc:.4f} right, unfitted): the question is kept raw"
         if fits[best].info.get("cv_accuracy_calibrated") is None:  # nothing shows the fit is better: not kept
             why = "the fit could not be cross-validated (label two or more states per option): the question is kept raw"
-        got = Fitted(best[0], best[1], fits[best], table, f"{note}; {why}" if note else why, raw_acc)
+        got = Fitted(best[0], best[1], fits[best], table, f"{note}; {why}" if note else why, raw_acc, choice)
     return got
+
+
+def choice_accuracy(fits: Mapping[Way, Calibrator], order: Mapping[Way, int]) -> float | None:
+    """Choosing the way, cross-validated: each fold's held-out rows answered by the way that was the
+    most right on the other folds (every way's folds are the same: the gold's and the seed's), so that
+    the figure a fit is kept on is not merely the best of several noisy ones (None: no folds)."""
+    per = {w: np.asarray(c.info.get("cv_fold_correct") or (), dtype=np.float64) for w, c in fits.items()}
+    sizes = {len(v) for v in per.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        return None
+    right = 0.0
+    for f in range(sizes.pop()):
+        best = min(per, key=lambda w: (-(per[w].sum() - per[w][f]), order.get(w, 99)))
+        right += per[best][f]
+    return float(right / next(iter(fits.values())).n)
 
 
 def prior_of(probs: np.ndarray, labels: Sequence[str], key: str, warmup: int) -> Calibrator:

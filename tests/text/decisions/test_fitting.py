@@ -6,7 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_slm.text.decisions.fitting import FitError, apply, batch_prior, corrected, figures, fit_question, prior_of
+from mlx_slm.text.decisions.fitting import (
+    FitError,
+    apply,
+    batch_prior,
+    choice_accuracy,
+    corrected,
+    figures,
+    fit_question,
+    prior_of,
+)
 
 LABELS = ("billing", "technical", "account")
 
@@ -125,3 +134,29 @@ def test_a_fit_no_better_than_the_raw_answers_is_not_kept():
     assert fitted.raw_accuracy == 1.0 and not fitted.beats_raw and "kept raw" in fitted.note
     assert fitted.report()["kept"] is False
     assert fit_question({("letters", 1): _data()[0]}, gold, LABELS, "team").beats_raw
+
+
+def test_the_choice_of_way_is_itself_cross_validated():
+    """Each fold is answered by the way that was the most right on the other folds: a way that wins
+    overall on one lucky fold does not carry the figure a fit is kept on."""
+    from mlx_slm.text.calibration import Calibrator
+
+    def way(folds):
+        return Calibrator("fit", LABELS, (0.0, 0.0, 0.0), 1.0, 9, {"cv_fold_correct": folds})
+
+    order = {("letters", 1): 0, ("names", 1): 1}
+    steady, lucky = way([3.0, 0.0, 0.0]), way([0.0, 2.0, 2.0])  # 3 and 4 of 9 right over all folds
+    assert choice_accuracy({("letters", 1): steady, ("names", 1): lucky}, order) == 0.0
+    assert choice_accuracy({("letters", 1): lucky}, order) == 4 / 9  # one way: its own figure
+    assert choice_accuracy({("letters", 1): way([]), ("names", 1): lucky}, order) is None
+
+
+def test_a_fit_is_kept_on_its_choice_cross_validated():
+    letters, names, gold = _data()
+    got = fit_question({("letters", 1): letters, ("names", 1): names}, gold, LABELS, "team")
+    rep = got.report()
+    assert rep["cv_accuracy_of_choice"] is not None and rep["kept"] == (
+        rep["cv_accuracy_of_choice"] > rep["raw_accuracy"]
+    )
+    folds = {w["style"]: w for w in rep["ways"]}
+    assert set(folds) == {"letters", "names"}
