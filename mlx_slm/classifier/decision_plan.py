@@ -168,7 +168,8 @@ def task_methods(task: Task | None, config: DecisionConfig, base: Methods | None
         own = questions_of(sec["questions"], config)
         got = Methods.from_record(sec.get("methods"), sec.get("temperatures") or {}, own, "the task's decisions")
     except DecisionError as e:
-        raise TaskError(f"{e}: fit or train the questions again") from None
+        fix = "" if str(e).rstrip().endswith("again") else ": fit or train the questions again"  # a fix said once
+        raise TaskError(f"{e}{fix}") from None
     if task.home is not None:  # a tuned question's classifier is a task file beside this one
         got = got.beside(task.home)
     return Methods(got.saved, base.default)

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ..classifier.plan import Plan
+from ..classifier.task import Task
 from ..files.output import OutputLock, check_run_files, files_read
 from ..files.readers import gold_problem, read_rows
 from ..ground.errors import UserError
@@ -125,7 +126,8 @@ def evaluate(
     Docs: docs/labels.md
     """
     how = {"fit": fit, **{k: o.pop(k) for k in ("fit_prior", "style", "permute")}}
-    if _decisions_only(ctx, decisions_file is not None or fit or how["fit_prior"]):
+    asked = decisions_file is not None or fit or how["fit_prior"] or _decision_task(o.get("task_file"))
+    if _decisions_only(ctx, asked):
         _evaluate_decisions(ctx, (input, decisions_file, predictions), how, (json_path, plots), gold_fields, o)
         return
 
@@ -184,6 +186,17 @@ def _wrote(paths: list[Path], quiet: bool) -> None:
         notice(f"mlx-slm: wrote {p}")
 
 
+def _decision_task(path: str | None) -> bool:
+    """Whether --task is a decision task (its questions scored as --decisions would: `eval GOLD --task
+    T --gold-field team`); a task that cannot be read is said by the run that reads it."""
+    if not path:
+        return False
+    try:
+        return Task.load(path).for_decisions
+    except (UserError, OSError):
+        return False
+
+
 def _decisions_only(ctx: click.Context, decisions: bool) -> bool:
     """Whether the run scores typed decisions; --style and --permute ask them, so without
     --decisions they would change nothing: refused."""
@@ -234,7 +247,8 @@ def _evaluate_decisions(
         raise click.UsageError("--fit and --fit-prior go with --decisions Q.json (or a --task holding decisions)")
     gold_typed = ctx.get_parameter_source("gold_fields") == click.core.ParameterSource.COMMANDLINE
     if not gold_typed and not how["fit_prior"]:
-        raise click.UsageError("--decisions: give --gold-field KEY=FIELD (or KEY) for each question to score")
+        what = "--decisions" if decisions else f"--task {o.get('task_file')} is a decision task"
+        raise click.UsageError(f"{what}: give --gold-field KEY=FIELD (or KEY) for each question to score")
     for name in ("style", "permute"):
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             typed.add(name)

@@ -53,7 +53,7 @@ from ..text.calibration import DEFAULT_WARMUP, CalibrationError, Calibrator
 from ..text.decisions.answers import RAW_METHOD, answer
 from ..text.decisions.checks import state_problem as decision_state_problem
 from ..text.decisions.errors import DecisionError
-from ..text.decisions.fitting import batch_prior
+from ..text.decisions.fitting import FitError, batch_prior
 from ..text.decisions.methods import Methods, threshold_text, trained_phrase
 from ..text.decisions.questions import DecisionQuestion, DecisionRequest, text
 from ..weights.registry import DEFAULT_MODEL
@@ -232,6 +232,9 @@ class DecideJob:
             "form": "decisions",
             "labels": [],
             "decision_questions": plan.raw_questions,  # (not "questions": a classify run's, read as its columns)
+            # each question by its digest, in order: an option's order is the question's (a JSON object's key
+            # order is not compared above), and the answers' keys follow the questions' order
+            "decision_digests": [[q.key, q.digest] for q in plan.questions],
             "shape": s.shape,
             "refusal": plan.refusal,
             **plan.record(self.priors),
@@ -242,16 +245,34 @@ class DecideJob:
             "fields": self.fields,
             "output_format": self.out_fmt,
             "window": s.window,
-            "model": s.model,
+            "model": plan.model.name,  # the model loaded (a --task's, where --model was not given)
         }
 
     def said_change(self, key: str, was: Any, now: Any) -> str | None:
-        """How this run's methods differ from the interrupted run's, in the options' words."""
+        """How this run's methods or questions differ from the interrupted run's, in the options' words."""
+        if key == "decision_digests":
+            then, at = ({str(k): d for k, d in pairs or []} for pairs in (was, now))
+            changed = [k for k in at if k in then and then[k] != at[k]]
+            if changed:
+                return f"question {changed[0]!r} differs (its options, their order, its wording or descriptions)"
+            return f"the questions differ (then: {', '.join(then)[:120]}; now: {', '.join(at)[:120]})"
         return methods_change(was, now, self.plan.methods) if key == "methods" else None
 
     def restore(self, previous: dict[str, Any], kept: int) -> None:
-        """The batch priors the interrupted run recorded: the rest is answered with them."""
+        """The batch priors the interrupted run recorded: the rest is answered with them (rows written
+        with a prior that the manifest no longer holds are refused: another prior would answer the rest)."""
         self.priors = _recorded_priors(previous, self.output)
+        if self.plan.prior == "batch" and kept > 0:
+            missing = [
+                q.key
+                for q in self.plan.questions
+                if self.plan.methods.for_question(q)[0].prior == "batch" and q.digest not in self.priors
+            ]
+            if missing:
+                raise OutputError(
+                    f"cannot --resume {self.output}: {kept} row(s) were answered with a batch prior that its manifest "
+                    f"does not record for question {missing[0]!r} (edited?); start again without --resume"
+                )
         self.file.settings.update(self.plan.record(self.priors))
 
     # ------------------------------------------------------------------ answering
@@ -289,7 +310,10 @@ class DecideJob:
             if n >= self.plan.warmup:
                 break
         results = [res for _, got in done for res in got if not isinstance(res, str)]
-        self.priors = batch_priors(self.plan.questions, results, self.plan.warmup, self.plan.methods)
+        failed = [r.error for w, _ in done for r in w if r.error] + [
+            x for _, got in done for x in got if isinstance(x, str)
+        ]
+        self.priors = batch_priors(self.plan.questions, results, self.plan.warmup, self.plan.methods, failed)
         self.file.settings.update(self.plan.record(self.priors))
         self.file.write_manifest(complete=False)
         for window, got in done:  # answered before the prior was known: finished with it now
@@ -463,7 +487,8 @@ def method_words(r: Mapping[str, Any], n: int | None = None) -> str:
     if none:
         t = none["min_confidence"]
         what.append(f"none of these: {none['option']!r}" + ("" if t is None else f" below {threshold_text(t)}"))
-    changed = ", NOT the task's fitted settings: the question changed" if "note" in r else ""
+    made = "trained" if "the one trained" in str(r.get("note")) else "fitted"
+    changed = f", NOT the task's {made} settings: the question changed" if "note" in r else ""
     return (", ".join(what) or "raw") + changed
 
 
@@ -478,19 +503,38 @@ def describe_methods(plan: DecisionPlan, priors: Mapping[str, Calibrator]) -> st
 
 
 def batch_priors(
-    questions: Sequence[DecisionQuestion], results: Sequence[Any], warmup: int, methods: Methods | None = None
+    questions: Sequence[DecisionQuestion],
+    results: Sequence[Any],
+    warmup: int,
+    methods: Methods | None = None,
+    failed: Sequence[str] = (),
 ) -> dict[str, Calibrator]:
     """Each question's batch prior (`fit_batch`: the mean raw answer) over the first `warmup`
     results that answered it, by digest; a question answered by fewer states than its options
-    is refused, naming it and the fix. Only the questions whose method divides by one (`methods`:
-    a task's fitted or trained questions answer their own way, never refused for a prior they do not use)."""
+    is refused, naming it and the fix (and the warm-up's error rows, `failed`, where they are why).
+    Only the questions whose method divides by one (`methods`: a task's fitted or trained questions
+    answer their own way, never refused for a prior they do not use)."""
     out: dict[str, Calibrator] = {}
     for k, q in enumerate(questions):
         if methods is not None and methods.for_question(q)[0].prior != "batch":
             continue
-        got = [r.raw[k] for r in results[:warmup] if r.raw and r.raw[k] is not None]  # the states that answered it
+        what = f"--calibrate batch: question {q.key!r}: "
+        got = [r.raw[k] for r in results if r.raw and r.raw[k] is not None]  # the states that answered it
+        refused = sum(1 for r in results if r.raw and r.raw[k] is None)
+        if not got and refused:
+            raise FitError(
+                f"{what}refused for every one of the warm-up's {refused} state(s) (the question over the model's "
+                "context after each): shorten the question, or ask it without --calibrate batch"
+            )
         answered = np.stack(got) if got else np.empty((0, len(q.options)))
-        out[q.digest] = batch_prior(answered, q.answer_names(), warmup, f"--calibrate batch: question {q.key!r}: ")
+        try:
+            out[q.digest] = batch_prior(answered, q.answer_names(), warmup, what)
+        except FitError as e:
+            if not failed:
+                raise
+            raise FitError(
+                f"{e} ({len(failed)} row(s) of the warm-up were error rows; the first: {failed[0]})"
+            ) from None
     return out
 
 

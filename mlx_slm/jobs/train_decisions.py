@@ -216,7 +216,9 @@ def _train_all(
                 if none is not None and gold.count(none) < min_per_label(run.head.folds):
                     # the none option is learned from its states, as any option: not one to take out
                     fix = f"{none!r} among them (out-of-scope states, for --none-label), {fix}"
-                where = f"{run.data}: question {q.key!r} (field {golds[q.key]!r})"
+                left = len(rows) - len(lines)  # rows without a gold answer: not counted, and said
+                out = f"; {left} row(s) without it left out" if left else ""
+                where = f"{run.data}: question {q.key!r} (field {golds[q.key]!r}{out})"
                 _gold_indices(list(gold), q.answer_names(), run.head.folds, Trace(source=where, lines=lines), fix)
     say(f"mlx-slm: loading {run.plan.model.name}")
     engine = run.plan.engine()

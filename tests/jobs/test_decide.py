@@ -327,6 +327,67 @@ def test_batch_calibration_divides_by_the_first_states_mean_answer_and_resumes_w
     )  # words, not dicts
 
 
+def test_options_in_another_order_are_another_question_to_resume_and_merge(tiny, files, tmp_path):
+    """A JSON object's key order is not compared, but an option's order is the question's (its letter):
+    a resume or a merge of parts asked with the options reordered is refused, naming the question; a
+    resume whose manifest lost the prior its written rows were divided by is refused too."""
+    from mlx_slm.files.output import OutputError
+
+    _, q = files
+    inp = _shared_input(tmp_path)
+    moved = json.loads(q.read_text())
+    moved["team"]["criteria"] = dict(reversed(list(moved["team"]["criteria"].items())))
+    q2 = tmp_path / "q2.json"
+    q2.write_text(json.dumps(moved))
+    out = tmp_path / "o.jsonl"
+    _run(tiny, inp, q, out, window=2, calibrate="batch", warmup=5, given=frozenset({"model", "warmup"}))
+    _interrupt(out, 8)
+    with pytest.raises(OutputError, match=r"question 'team' differs \(its options, their order"):
+        _run(
+            tiny, inp, q2, out, window=2, calibrate="batch", warmup=5, resume=True, given=frozenset({"model", "warmup"})
+        )
+    m = json.loads(manifest_path(str(out)).read_text())
+    manifest_path(str(out)).write_text(json.dumps({**m, "settings": {**m["settings"], "priors": {}}}))
+    with pytest.raises(OutputError, match=r"8 row\(s\) were answered with a batch prior that its manifest does not"):
+        _run(
+            tiny, inp, q, out, window=2, calibrate="batch", warmup=5, resume=True, given=frozenset({"model", "warmup"})
+        )
+    parts = [str(tmp_path / f"p{i}.jsonl") for i in range(2)]
+    for i, qs in enumerate((q, q2)):
+        _run(tiny, inp, qs, parts[i], window=3, shard=f"{i}/2")
+    with pytest.raises(UserError, match=r"other settings than .*\(decision_digests\)"):
+        merge_parts(parts, str(tmp_path / "merged.jsonl"))
+
+
+def test_a_batch_prior_that_cannot_be_found_says_why(tiny, files, tmp_path):
+    """Every warm-up row an error: the prior's refusal names them; a question over the context for
+    every state: more states would not help, so it says to shorten it; a --warmup below the options:
+    raise it."""
+    _, q = files
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "state": null}\n{"id": 2, "state": ""}\n')
+    with pytest.raises(UserError, match=r"got 0 .*2 row\(s\) of the warm-up were error rows; the first: line 1"):
+        _run(tiny, bad, q, calibrate="batch")
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps({"p": {"type": "noul", "instructions": "word " * 3000}, "team": QUESTIONS["team"]}))
+    inp = _shared_input(tmp_path)
+    with pytest.raises(UserError, match=r"question 'p': refused for every one of the warm-up's \d+ state"):
+        _run(tiny, inp, long, calibrate="batch", shape="openai", refuse="question")
+    with pytest.raises(UserError, match=r"needs at least 3 states, got 2 .*raise --warmup to 3 or more$"):
+        _run(tiny, inp, q, calibrate="batch", warmup=2, given=frozenset({"model", "warmup"}))
+
+
+def test_a_changed_question_is_said_in_words_as_fitted_or_trained():
+    """The summary says which of the task's settings a changed question goes without (as its note does)."""
+    from mlx_slm.jobs.decide import method_words
+    from mlx_slm.text.decisions.answers import RAW_METHOD
+
+    for made in ("fitted", "trained"):
+        note = f"question 'team' differs from the one {made} under that id (...)"
+        said = method_words({**RAW_METHOD, "note": note})
+        assert said == f"raw, NOT the task's {made} settings: the question changed"
+
+
 def test_what_would_change_nothing_is_refused(tiny, files, tmp_path):
     from mlx_slm.ground.errors import UsageError
 

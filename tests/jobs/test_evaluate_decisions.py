@@ -379,6 +379,18 @@ def test_a_question_fitted_again_under_its_task_is_asked_each_way_not_the_tasks(
         assert (after["team"]["style"], after["team"]["permute"]) == (chosen["style"], chosen["permute"])
 
 
+def test_a_decision_task_is_scored_by_its_own_questions(tiny, q, tmp_path):
+    """eval GOLD --task T (a decision task) --gold-field K scores T's questions as --decisions would:
+    the task holds them (no labels task to classify with)."""
+    gold = _gold(tmp_path, 12)
+    task = tmp_path / "prior.json"
+    r = run(["eval", str(gold), "--decisions", str(q), "--model", tiny, "--fit-prior", "--save-task", str(task)])
+    assert r.exit_code == 0, r.output
+    r = run(["eval", str(gold), "--task", str(task), "--gold-field", "team", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "== team (choice, gold field 'team')" in r.output and "batch calibration (fitted)" in r.output
+
+
 def test_a_tasks_fitted_questions_need_no_batch_prior(tiny, q, tmp_path):
     """decide --task T --calibrate batch: the run's prior is for the questions T does not answer its
     own way; T's fitted ones are never refused for a prior they do not use (2 states, 3 levels)."""

@@ -47,9 +47,10 @@ def test_train_decisions_then_decide_and_eval_with_the_task(tiny, q, tmp_path):
     r = run(["eval", str(data), "--decisions", str(q), "--gold-field", "team", "--task", str(task)])
     assert r.exit_code == 0, r.output
     assert "answers: trained head" in r.output
-    for cmd in (["classify", "--task", str(task)], ["eval", str(data), "--task", str(task)]):  # not a classifier
-        r = run(cmd, input='{"text": "x"}\n')
-        assert r.exit_code == 2 and "is a decision task" in r.output and "decide INPUT --task" in r.output, r.output
+    r = run(["classify", "--task", str(task)], input='{"text": "x"}\n')  # not a classifier
+    assert r.exit_code == 2 and "is a decision task" in r.output and "decide INPUT --task" in r.output, r.output
+    r = run(["eval", str(data), "--task", str(task)])  # its questions scored, given their gold fields
+    assert r.exit_code == 2 and "is a decision task: give --gold-field KEY=FIELD" in r.output, r.output
     alone = tmp_path / "team.json"  # every question asked is the task's: a style or a prior would change nothing
     alone.write_text(json.dumps({"team": QUESTIONS["team"]}))
     r = run(["decide", "--task", str(task), "--questions", str(alone), "--permute", "2", "-q"], input="{}\n")

@@ -248,7 +248,7 @@ class Calibrator:
             )
         if d.get("version", VERSION) != VERSION:
             raise CalibrationError(f"field 'version' is {d.get('version')!r}; this version reads version {VERSION}")
-        for key in ("method", "labels", "log_prior"):
+        for key in ("method", "labels", "log_prior", "temperature"):  # (a temperature read as 1 would change answers)
             if key not in d:
                 raise CalibrationError(f"calibration field {key!r} is missing")
         if not isinstance(d["method"], str):
@@ -258,7 +258,7 @@ class Calibrator:
         lp = d["log_prior"]
         if not isinstance(lp, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in lp):
             raise CalibrationError(f"calibration field 'log_prior' must be a list of numbers, got {lp!r}")
-        t = d.get("temperature", 1.0)
+        t = d["temperature"]
         if isinstance(t, bool) or not isinstance(t, (int, float)):
             raise CalibrationError(f"calibration field 'temperature' must be a number, got {t!r}")
         n = d.get("n", 0)

@@ -85,7 +85,11 @@ def batch_prior(probs: np.ndarray, labels: Sequence[str], warmup: int, what: str
     every = np.asarray(probs, dtype=np.float64)
     p = every[:warmup]
     if len(p) < len(labels):
-        fix = f"raise --warmup to {len(labels)} or more" if len(every) >= len(labels) else "give more states"
+        fix = "give more states"
+        if warmup < len(labels):  # the warm-up itself is too short, however many states there are
+            fix = f"raise --warmup to {len(labels)} or more" + (
+                "" if len(every) >= len(labels) else " and give more states"
+            )
         raise FitError(
             f"{what}a prior over {len(labels)} options needs at least {len(labels)} states, got {len(p)} "
             f"(--warmup {warmup}, {len(every)} states answered): {fix}"

@@ -244,8 +244,10 @@ class Method:
         try:
             cal = Calibrator.from_dict(d["calibrator"]) if d.get("calibrator") is not None else None
             head = Head.from_dict(d["head"], f"{where}: head") if d.get("head") is not None else None
-        except (CalibrationError, HeadError) as e:
+        except CalibrationError as e:
             raise DecisionError((), f"{where}: {e}") from None
+        except HeadError as e:  # (it names `where` already: read as f"{where}: head")
+            raise DecisionError((), str(e)) from None
         report = d.get("report") or {}
         if not isinstance(report, dict):
             raise DecisionError(

@@ -93,6 +93,7 @@ def test_to_dict_from_dict_round_trip_via_json():
         (lambda d: d.pop("labels"), "'labels' is missing"),
         (lambda d: d.update(log_prior=[0.0, 1.0]), "log_prior has 2 values"),
         (lambda d: d.update(log_prior=["x", 0, 0]), "'log_prior' must be a list of numbers"),
+        (lambda d: d.pop("temperature"), "'temperature' is missing"),  # never read as 1: the answers would change
         (lambda d: d.update(temperature=0), "temperature must be a finite number > 0"),
         (lambda d: d.update(temperature="hot"), "'temperature' must be a number"),
         (lambda d: d.update(method="magic"), "'magic' is not one of"),
