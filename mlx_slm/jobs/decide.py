@@ -251,7 +251,9 @@ class DecideJob:
     def said_change(self, key: str, was: Any, now: Any) -> str | None:
         """How this run's methods or questions differ from the interrupted run's, in the options' words."""
         if key == "decision_digests":
-            then, at = ({str(k): d for k, d in pairs or []} for pairs in (was, now))
+            if not (isinstance(was, list) and all(isinstance(x, list) and len(x) == 2 for x in was)):
+                return "its manifest records no digest of each question (an older mlx-slm made it, or it was edited)"
+            then, at = ({str(k): d for k, d in pairs} for pairs in (was, now))
             changed = [k for k in at if k in then and then[k] != at[k]]
             if changed:
                 return f"question {changed[0]!r} differs (its options, their order, its wording or descriptions)"

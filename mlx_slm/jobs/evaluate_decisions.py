@@ -499,11 +499,12 @@ def _kept_methods(plan: DecisionPlan, save_task: str) -> list[Method]:
     fits nothing better. A tuned question's classifier is a file beside its task: kept only by a
     task saved in the same folder (a task elsewhere could not find it)."""
     home = Path(save_task).resolve().parent
-    out = []
+    out, seen = [], set()
     for q in plan.questions:
         m = plan.methods.saved.get(q.digest)
-        if m is None:
+        if m is None or q.digest in seen:  # a question asked under two ids: its one method, once
             continue
+        seen.add(q.digest)
         if m.tuned is not None:
             if Path(m.tuned).resolve().parent != home:
                 raise UsageError(
@@ -650,6 +651,12 @@ def _read_probabilities(q: DecisionQuestion, answers: Any, k: int, where: str, r
     try:
         a = answers[k] if isinstance(answers, list) else answers[q.key]
         if isinstance(answers, list):
+            named = a.get("name") if isinstance(a, dict) else None
+            if named is not None and named not in (q.name, q.key):  # read by position: the question it answers
+                raise UserError(
+                    f"{where}: row {row}: answer {k + 1} is question {str(named)[:60]!r}'s, not {q.key!r}'s: give "
+                    "the questions in the order decide asked them (--decisions must be the questions decide was asked)"
+                )
             if a["type"] == "predicate":
                 p = float(a["probability"])
                 return np.array([p if o == "true" else 1 - p for o in q.options])

@@ -388,6 +388,19 @@ def test_a_changed_question_is_said_in_words_as_fitted_or_trained():
         assert said == f"raw, NOT the task's {made} settings: the question changed"
 
 
+def test_a_resume_of_an_output_without_question_digests_says_so():
+    from types import SimpleNamespace
+
+    from mlx_slm.jobs.decide import DecideJob
+
+    job = SimpleNamespace(plan=None)
+    for was in (None, "edited", [["team"]]):
+        said = DecideJob.said_change(job, "decision_digests", was, [["team", "d1"]])  # type: ignore[arg-type]
+        assert said == "its manifest records no digest of each question (an older mlx-slm made it, or it was edited)"
+    said = DecideJob.said_change(job, "decision_digests", [["b", "1"], ["a", "2"]], [["a", "2"], ["b", "1"]])  # type: ignore[arg-type]
+    assert said == "the questions differ (then: b, a; now: a, b)"
+
+
 def test_what_would_change_nothing_is_refused(tiny, files, tmp_path):
     from mlx_slm.ground.errors import UsageError
 

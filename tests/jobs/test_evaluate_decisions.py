@@ -453,3 +453,52 @@ def test_a_prior_from_no_answered_state_is_refused_naming_the_question():
         FitError, match=r"--fit-prior: question 'team': a prior over 2 options needs at least 2 states, got 0"
     ):
         _prior_method(qn, 0, refused, 512, Method())
+
+
+def test_a_tasks_method_for_a_question_under_two_ids_is_kept_once(tmp_path):
+    """One question asked under two ids has one method: a new task keeps it once, and reads back."""
+    from mlx_slm.classifier.decision_plan import DecisionPlan
+    from mlx_slm.jobs.evaluate_decisions import _kept_methods
+    from mlx_slm.text.calibration import Calibrator
+    from mlx_slm.text.decisions.methods import Method, Methods
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.text.decisions.systemone import systemone_questions
+    from mlx_slm.weights.registry import ModelRef
+
+    team = QUESTIONS["team"]
+    qs = systemone_questions({"team_a": team, "team_b": team, "urgent": QUESTIONS["urgent"]}, DecisionConfig())
+    m = Method(
+        calibrator=Calibrator("fit", qs[0].answer_names(), (0.0, 0.1), 1.5, 10), key="team_a", digest=qs[0].digest
+    )
+    plan = DecisionPlan(ModelRef("x"), questions=qs, methods=Methods.of([m]))
+    kept = _kept_methods(plan, str(tmp_path / "n.json"))
+    assert [k.key for k in kept] == ["team_a"]
+    assert Methods.from_record([k.to_dict() for k in kept], {}, qs, "t").for_question(qs[1])[0] == m
+
+
+def test_an_openai_shape_output_read_by_position_names_its_question(tmp_path):
+    """eval --predictions of an OpenAI-shape decide output (answers by position) with the same questions
+    in another order: refused naming the answer's question, never one question scored as another."""
+    from types import SimpleNamespace
+
+    from mlx_slm.files.output.manifest import write_manifest
+    from mlx_slm.ground.errors import UserError
+    from mlx_slm.jobs.decide import answers
+    from mlx_slm.jobs.evaluate_decisions import read_decisions
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.text.decisions.systemone import systemone_questions
+
+    mood = {"type": "choice", "instructions": "Which mood?", "criteria": {"calm": None, "angry": None}}
+    asked = {"team": QUESTIONS["team"], "mood": mood}
+    qs = systemone_questions(asked, DecisionConfig())
+    out, inp = tmp_path / "o.jsonl", tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"id": 1, "state": "x"}) + "\n")
+    rec = {"id": 1, "answers": answers(qs, [np.array([0.9, 0.1]), np.array([0.2, 0.8])], "openai", True)}
+    out.write_text(json.dumps(rec) + "\n")
+    write_manifest(str(out), {"form": "decisions", "decision_questions": asked}, complete=True, rows=1)
+    rows = [SimpleNamespace(id=1, line=1)]
+    (w,) = read_decisions(str(out), rows, qs, str(inp))
+    assert [p.tolist() for p in w.probabilities] == [[0.9, 0.1], [0.2, 0.8]]
+    other = systemone_questions({"mood": mood, "team": QUESTIONS["team"]}, DecisionConfig())
+    with pytest.raises(UserError, match=r"row 1: answer 1 is question 'team''s, not 'mood''s"):
+        read_decisions(str(out), rows, other, str(inp))

@@ -61,11 +61,11 @@ def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def unwrap_questions(obj: Any) -> Any:
     """A questions file's questions: a whole request body's `questions` (an OpenAI list, or a System
-    One object of questions, each an object), else the file itself (a System One questions object
-    may hold a question whose id is "questions": its value is one question, not an object of them)."""
+    One object of questions), else the file itself (a System One questions object may hold a
+    question whose id is "questions": its value is one question, with its type, not an object of them)."""
     got = obj.get("questions") if isinstance(obj, dict) else None
-    if isinstance(got, list) or (isinstance(got, dict) and all(isinstance(v, dict) for v in got.values())):
-        return got
+    if isinstance(got, list) or (isinstance(got, dict) and not isinstance(got.get("type"), str)):
+        return got  # (a question has a type; an object of questions has none, or a question called "type")
     return obj
 
 

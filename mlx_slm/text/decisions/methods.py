@@ -347,6 +347,11 @@ class Methods:
             cal = Calibrator("fit", labels, (0.0,) * len(labels), float(t), 0, {"from": "temperatures"})
             got.append(Method(calibrator=cal, key=key, digest=q.digest))
         by_digest = {q.digest: q for q in questions}
+        before = {q.digest_before: q.digest for q in questions if q.digest_before != q.digest}
+        # a task saved before a score's level labels were in its digest: its methods are its own questions'
+        got = [
+            replace(m, digest=before[m.digest]) if m.digest in before and m.digest not in by_digest else m for m in got
+        ]
         for m in got:  # a task edited by hand: a saved calibration, head or none option not its question's
             if m.digest in by_digest:  # (a method for none of them: `DecisionPlan.loaded`, under the model's
                 m.check(by_digest[m.digest])  # decision settings, which a noul's digest depends on)

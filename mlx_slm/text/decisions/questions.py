@@ -95,14 +95,26 @@ class DecisionQuestion:
         and an OpenAI one that show the model the same question have the same digest; a changed
         word, option, description or order gives another. What a task's fitted settings are
         bound to (never the question's id: a client may reuse an id for another question)."""
-        shown: list[Any] = [self.type, text(self.instructions), list(self.answer_names())]
-        shown.append([text(d) for d in self.descriptions])
+        shown = self._shown()
         if self.levels and self.level_names() != replace(self, levels=()).level_names():
             # OpenAI's level labels where the names style reads other names than a System One score's
             # descriptions would give ({"label": "Low", "description": "can wait"} is asked as "Low", the
             # System One criterion "Low: can wait" as itself): two questions, two digests
             shown.append(["levels", list(self.level_names() or ())])
-        return hashlib.sha256(json.dumps(shown, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+        return _digest(shown)
+
+    @property
+    def digest_before(self) -> str:
+        """The digest as mlx-slm wrote it before a score's level labels were part of it: a task saved
+        then binds its methods to its own questions by it (`Methods.from_record`)."""
+        return _digest(self._shown())
+
+    def _shown(self) -> list[Any]:
+        return [self.type, text(self.instructions), list(self.answer_names()), [text(d) for d in self.descriptions]]
+
+
+def _digest(shown: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(shown, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

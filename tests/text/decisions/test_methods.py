@@ -108,6 +108,20 @@ def test_one_question_saved_twice_under_two_ids_is_refused_naming_both():
     assert Methods.of([a]).for_question(q) == (a, None)
 
 
+def test_a_task_saved_before_level_labels_were_in_a_digest_still_binds_its_methods():
+    """An OpenAI score whose levels have descriptions: its digest now holds its level labels; a task
+    saved before binds its method by the digest of then, to that very question of its own."""
+    (q,) = openai_questions(
+        [{"type": "score", "name": "urgency", "instructions": "How urgent?",
+          "levels": [{"label": "Low", "description": "can wait"}, {"label": "High"}]}], CFG
+    )  # fmt: skip
+    assert q.digest != q.digest_before
+    cal = Calibrator("fit", q.answer_names(), (0.0, 0.0), 2.0, 10)
+    then = Method(calibrator=cal, key="urgency", digest=q.digest_before)
+    got = Methods.from_record([then.to_dict()], {}, [q], "t")
+    assert got.for_question(q) == (replace(then, digest=q.digest), None)
+
+
 @pytest.mark.parametrize("report", [["hand", "edited"], "text", 3])
 def test_a_saved_methods_report_is_an_object(report):
     d = {**Method(key="team", digest=_q().digest).to_dict(), "report": report}
