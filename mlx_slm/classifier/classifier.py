@@ -141,10 +141,9 @@ class Classifier:
         engine: Engine | None = None,
         **kwargs: Any,
     ) -> Classifier:
-        """A classifier as a saved task file defines it (model, prompt, examples, calibration).
-
-        Pass `engine` to share loaded weights between tasks of the same model. The task's model
-        loads in `dtype` and as `ModelRef`'s other fields given by name say (`Classifier.load`)."""
+        """A classifier as a saved task file defines it (model, prompt, examples, calibration). Pass
+        `engine` to share loaded weights between tasks of the same model. The task's model loads in
+        `dtype` and as `ModelRef`'s other fields given by name say (`Classifier.load`)."""
         t = task if isinstance(task, Task) else Task.load(task)
         fixed = {"labels", "system", "template", "scoring", "examples", "head", "label_descriptions", "tokenizer"}
         clash = sorted(fixed & kwargs.keys())
@@ -153,11 +152,12 @@ class Classifier:
                 f"from_task takes {', '.join(clash)} from the task: build Classifier(engine, labels, "
                 "system, template, ...) for another task, or save one (Task, --save-task)"
             )
-        # Run-time settings a caller may set (label_pass, keep_logits, features_only, empty_ok); the rest is the task's.
+        # Run-time settings a caller may set (label_pass, keep_logits, features_only, empty_ok, controls_as_text).
         own = {k: kwargs.pop(k) for k in ("keep_logits", "label_pass") if k in kwargs}
-        features, empty_ok = kwargs.pop("features_only", False), bool(kwargs.pop("empty_ok", False))
+        run = {k: bool(kwargs.pop(k, False)) for k in ("empty_ok", "controls_as_text", "features_only")}
+        features = run.pop("features_only")
         ref, kwargs = ModelRef.take({**kwargs, "model": t.model, "dtype": dtype})
-        plan = replace(t.plan(ref, **kwargs), empty_ok=empty_ok)  # run settings overridden, as classify's can be
+        plan = replace(t.plan(ref, **kwargs), **run)  # run settings overridden, as classify's can be
         engine = engine or Engine.load(plan.model)
         # A saved prior or a head was fitted on these weights' scores: the same weights only.
         if engine.path is not None and t.pins_weights:

@@ -83,8 +83,11 @@ class OwnClassifiers:
         with self._lock:
             got = self._classifiers.get(path)
         if got is None:
-            # a state may be empty (Transformers answers it): the classifier reads its prompt without one
-            clf = Classifier.from_task(trained_with(path, q.key, m), engine=self.engine, empty_ok=True)
+            # a state may be empty (Transformers answers it): the classifier reads its prompt without one; the
+            # state is a client's: "<|im_end|>" in it read as text, as every decision prompt reads it
+            task = trained_with(path, q.key, m)
+            with self.engine.lock:  # (its labels tokenized: the tokenizer is shared with the request threads)
+                clf = Classifier.from_task(task, engine=self.engine, empty_ok=True, controls_as_text=True)
             labels = answers_options(path, clf.labels, q)
             got = (clf, labels)
             with self._lock:
@@ -106,7 +109,8 @@ class OwnClassifiers:
         system, labels = tuned_prompt(shown, typed=False)
         # the state and the question are a client's: their control tokens read as text, as the decision prompt's
         plan = replace(Plan.of(labels, system, "{text}"), labels_filled=True, empty_ok=True, controls_as_text=True)
-        got = (Classifier(self.engine, plan=plan), tuned_prompt(q, typed=False)[1])
+        with self.engine.lock:  # (its labels tokenized: the tokenizer is shared with the request threads)
+            got = (Classifier(self.engine, plan=plan), tuned_prompt(q, typed=False)[1])
         with self._lock:
             self._classifiers[key] = got
             while sum(isinstance(k, tuple) for k in self._classifiers) > PROMPT_CLASSIFIERS:

@@ -60,7 +60,12 @@ def export(task_file: str, output: str, dtype: str, quiet: bool) -> None:
             f"{task_file} holds typed decision questions (eval --decisions --fit, train --decisions): export writes "
             "one fine-tuned classify task as a sequence classifier, not a task of several questions; serve it with "
             f"mlx-slm serve --task, or check it with mlx-slm parity --decisions Q.json --task {task_file}"
-            + (f". A question's own classifier is a classify task beside it: {each}" if own else "")
+            + (
+                f". A question's own classifier is a classify task beside it: {each}; it answers the question's "
+                "options by name, without the decision task's 'none of these' threshold"
+                if own
+                else ""
+            )
         )
     if not isinstance(spec, FinetuneSpec):
         raise click.UsageError(f"{task_file} is a {spec.name} task: export writes fine-tuned tasks (train --finetune)")

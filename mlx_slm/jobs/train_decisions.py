@@ -255,7 +255,7 @@ def _train_all(
         os.close(fd)
         try:
             _decision_task(run, plan, engine.weights_sha256, methods, draft)
-            methods = [replace(m, none=_chosen_none(run, engine, held, draft, say)) for m in methods]
+            methods = [replace(m, none=_chosen_none(run, engine, held, draft, say, str(m.key))) for m in methods]
         finally:
             Path(draft).unlink(missing_ok=True)
     task = _decision_task(run, plan, engine.weights_sha256, methods, run.save_task)
@@ -310,13 +310,19 @@ def _none_held_out(run: DecisionTrainRun, golds: dict[str, str]) -> tuple[list[A
 
 
 def _chosen_none(
-    run: DecisionTrainRun, engine: Any, held: tuple[list[Any], list[str], list[int]], draft: str, say: Callable
+    run: DecisionTrainRun,
+    engine: Any,
+    held: tuple[list[Any], list[str], list[int]],
+    draft: str,
+    say: Callable,
+    key: str,
 ) -> NoneOf:
-    """--none-threshold auto: the saved task (read back as `decide --task` reads it) answers the held-out states,
-    and `choose_threshold` picks the largest threshold within --none-target of no threshold."""
+    """--none-threshold auto: the saved task (read back as `decide --task` reads it) answers the held-out states
+    of question `key` (the trained one: its wording under another id is that question too), and
+    `choose_threshold` picks the largest threshold within --none-target of no threshold."""
     served = resolve_decisions(DecisionOptions(task_file=draft)).loaded(engine)
     decider = served.decider(engine, state_cache=0)
-    (q,) = [q for q in served.questions if decider.method(q)[0].none is not None]
+    q = next(q for q in served.questions if q.key == key)
     states, gold, lines = held
     say(f"mlx-slm: 'none of these': answering {len(states)} held-out states to choose the threshold")
     results = decider.decide([DecisionRequest(st, (q,), refusal="question") for st in states])
@@ -358,7 +364,26 @@ def own_files(save_task: str, keys: Sequence[str]) -> dict[str, Path]:
                 "a key's letters, digits, '_', '.' and '-', and a disk may ignore case): rename one of them"
             )
         out[key] = Path(save_task).resolve().parent / name
+    ours = _classifiers_of(save_task)
+    for key, path in out.items():
+        if path.exists() and path.name not in ours:  # another task of that name (router.v2.json beside router.json)
+            raise UserError(
+                f"question {key!r}'s classifier would be written to {path.name}, which exists and is not a question "
+                f"classifier of --save-task {save_task} (another file of that name): move it, or save the task under "
+                "another name"
+            )
     return out
+
+
+def _classifiers_of(save_task: str) -> set[str]:
+    """The question classifier files an existing decision task at `save_task` names (trained again,
+    each is replaced), or none."""
+    try:
+        sec = Task.load(save_task).decisions if Path(save_task).is_file() else None
+    except (UserError, OSError, ValueError):
+        return set()
+    methods = (sec or {}).get("methods") or []
+    return {m["tuned"] for m in methods if isinstance(m, dict) and isinstance(m.get("tuned"), str)}
 
 
 @contextmanager

@@ -118,7 +118,12 @@ class FeatureTap:
 
     layers: tuple[int, ...]
     labels: tuple[str, ...] = ("features",)
-    sha256: str = "feature-tap"
+
+    @property
+    def sha256(self) -> str:
+        """What keys its answers in a state cache (`Variant.reader`): the layers it reads, so two taps
+        of other layers are never answered from one another's."""
+        return "feature-tap:" + ",".join(map(str, self.layers))
 
     @property
     def parts(self) -> tuple[tuple[int, str], ...]:

@@ -88,6 +88,10 @@ def run_decision_parity(
     heads = [(q, m.head) for q in questions for m in [trained.for_question(q)[0]] if m.head is not None]
     tuned = {q.key: m.tuned for q in questions for m in [trained.for_question(q)[0]] if m.tuned is not None}
     report["tuned"] = {k: f"a classifier of its own: mlx-slm parity --task {path}" for k, path in tuned.items()}
+    # a question asked under a trained one's id but worded otherwise: its raw answers are compared, its method
+    # is not (the task's method would not answer it): said, never left out unseen
+    changed = {q.key: note for q in questions for m, note in [trained.for_question(q)] if note and "trained" in note}
+    report["tuned"].update(changed)
     if heads:
         report = _with_heads(report, replace(plan, methods=trained), engine, states, heads, src, progress)
     return report

@@ -17,3 +17,11 @@ def test_the_planner_keeps_a_bounded_lru_of_label_sets(yesno_decider, monkeypatc
         planner.labels((f"a{i}", f"b{i}"))
         assert planner.labels(("Yes", "No")) is first  # used again: kept
     assert len(planner._labels) == 3
+
+
+def test_a_feature_tap_of_other_layers_is_another_reader():
+    """A state cache keys a variant's answer by what reads it: taps of other layers never share one."""
+    from mlx_slm.kinds.decisions import FeatureTap
+
+    assert FeatureTap((3,)).sha256 != FeatureTap((5, 7)).sha256
+    assert FeatureTap((5, 7)).sha256 == FeatureTap((5, 7)).sha256

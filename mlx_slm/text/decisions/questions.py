@@ -101,12 +101,15 @@ class DecisionQuestion:
             # descriptions would give ({"label": "Low", "description": "can wait"} is asked as "Low", the
             # System One criterion "Low: can wait" as itself): two questions, two digests
             shown.append(["levels", list(self.level_names() or ())])
+        if self.option_names() != self.answer_names():  # an OpenAI string "true" beside the boolean true: the
+            shown.append(["shown", list(self.option_names())])  # letters show both as true, the answers keep them apart
         return _digest(shown)
 
     @property
     def digest_before(self) -> str:
-        """The digest as mlx-slm wrote it before a score's level labels were part of it: a task saved
-        then binds its methods to its own questions by it (`Methods.from_record`)."""
+        """The digest as mlx-slm wrote it before a score's level labels and the options as the letters
+        show them were part of it: a task saved then binds its methods to its own questions by it
+        (`Methods.from_record`)."""
         return _digest(self._shown())
 
     def _shown(self) -> list[Any]:

@@ -70,6 +70,18 @@ def test_a_scores_level_labels_the_names_style_reads_are_in_its_digest():
     assert digests(openai_questions(OA, CFG))[2] == digests(systemone_questions(S1, CFG))[2]  # labels alone: one
 
 
+def test_options_the_letters_show_alike_but_answers_keep_apart_have_their_own_digest():
+    """OpenAI's [true, "true"] shows the letters "true" twice; System One's {"true", "\\"true\\""} shows
+    "true" and "\\"true\\"": the same answer names, other prompts, so other digests (a head or fit of one
+    never answers the other); a task saved before binds by the digest of then (`digest_before`)."""
+    from mlx_slm.text.decisions.prompt import question_text
+
+    so = systemone_questions({"q": {"type": "choice", "instructions": "Which?", "criteria": {"true": None, '"true"': None}}}, CFG)[0]  # fmt: skip
+    oa = openai_questions([{"type": "choice", "instructions": "Which?", "choices": [{"value": True}, {"value": "true"}]}], CFG)[0]  # fmt: skip
+    assert so.answer_names() == oa.answer_names() and question_text(so) != question_text(oa)
+    assert so.digest != oa.digest and oa.digest_before == so.digest == so.digest_before
+
+
 def test_a_string_and_a_boolean_of_one_text_stay_apart_as_answer_names():
     (q,) = openai_questions(
         [{"type": "choice", "instructions": "?", "choices": [{"value": "true"}, {"value": True}]}], CFG
