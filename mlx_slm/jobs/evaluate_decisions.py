@@ -107,6 +107,7 @@ def _check(s: DecisionEvalSettings) -> None:
     if s.predictions and (s.save_task or s.task_file or s.dtype or s.fit or s.fit_prior):
         raise UsageError(
             "--predictions scores a decide output as written: drop --task, --save-task, --fit, --fit-prior and --dtype"
+            + ("" if s.questions_file else " (and give the questions decide was asked: --decisions Q.json)")
         )
     if s.fit and ({"style", "permute"} & s.given):
         raise UsageError("--fit chooses the style and the option orders itself (by cross-validation): drop them")

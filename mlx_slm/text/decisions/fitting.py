@@ -10,8 +10,9 @@ one row per state, in the question's option order, and `gold` (n,), each state's
   (prompt style x option orders) the caller ran; the way chosen is the one with the best
   cross-validated accuracy (then log-loss; then the plainer way); the fit is kept only where that
   choice, itself cross-validated (`choice_accuracy`: each fold answered by the way best on the
-  others), beats the raw answers, so the figure it is kept on is honest: each state scored by a fit,
-  and a choice of way, that never saw it;
+  others), beats the raw answers: each state is scored by a fit that never saw it, and by a way
+  chosen without its own score (not fully nested: the other folds' scores come from fits that saw
+  its label), so the figure a fit is kept on is not merely the best of several noisy ones;
 * `prior_of`: the batch prior of a sample of the user's states (no gold): `eval --fit-prior`.
 """
 
