@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration import INPUT_FLOOR, CalibrationError, Calibrator
+from ..calibration import CalibrationError, Calibrator
 from ..heads import Head, HeadError
 from ..out_of_scope import answers as out_of_scope_answers
 from .errors import DecisionError
@@ -191,7 +191,7 @@ class Method:
             return raw
         with np.errstate(divide="ignore"):
             lp = np.log(np.asarray(raw, dtype=np.float64))
-        return np.exp(cal.apply(np.maximum(lp, INPUT_FLOOR)))  # the floor its fit read (`Calibrator.apply`'s)
+        return np.exp(cal.apply(lp))  # a 0 (-inf) read at the floor its fit read: `Calibrator.apply`'s own
 
     def record(
         self, prior: Calibrator | None = None, q: DecisionQuestion | None = None, final: np.ndarray | None = None
