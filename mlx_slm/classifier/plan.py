@@ -40,6 +40,7 @@ RUN_OPTIONS = (
     "min_confidence",
     "warmup",
     "kind",
+    "controls_as_text",  # a client's texts (a decision question's own classifier): control tokens read as text
 )
 
 ORIGINS = ("here", "task", "resume")  # where a calibration's prior came from (what `describe` says)

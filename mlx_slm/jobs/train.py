@@ -323,6 +323,7 @@ def _prompt_settings(
         "use_prefix_cache": bool(base.prefix_tokens),  # none kept: off, or no shared head
         "truncate": base.truncate,
         "max_length": base.max_length,
+        **({"controls_as_text": True} if base.plan.controls_as_text else {}),  # a decision client's texts
         **batching,
     }
     classes = base.labels if classes is None else classes
@@ -413,6 +414,8 @@ def classify_options(plan: Plan) -> dict[str, Any]:
         "max_batch_tokens": plan.max_batch_tokens,
         "use_prefix_cache": plan.use_prefix_cache,
         "truncate": plan.truncate,
+        # a question's own classifier (`train --decisions`): DATA's control tokens read as text, as served
+        **({"controls_as_text": True} if plan.controls_as_text else {}),
     }
 
 

@@ -469,7 +469,9 @@ def tune_question(
             ),
             encoding="utf-8",
         )
-        tplan = Plan(model=plan.model, system=system, template="{text}", read=ReadSpec(), save_task=target, quiet=True)
+        # DATA's states read as a client's are served: a control token in one is text (`OwnClassifiers`)
+        tplan = Plan(model=plan.model, system=system, template="{text}", read=ReadSpec(), save_task=target, quiet=True,
+                     controls_as_text=True)  # fmt: skip
         trun = TrainRun(str(data), tplan, labels=labels, head=run.head)
         own = OWN[mode]
         say(f"mlx-slm: {q.key!r}: {own.doing} on {len(states)} states")
