@@ -418,11 +418,17 @@ def learned_rows(
     fitted = fit_question({w: p["probs"] for w, p in train.items()}, gold_tr, labels, q.key)
     fit_s = time.perf_counter() - t0
     chosen = (fitted.style, fitted.permute)
-    m = Method(fitted.style, fitted.permute, "none", fitted.calibrator, None, q.key, q.digest)
-    te = passes.get(ds, q, chosen, "test")
     learn = round(sum(p["seconds"] for p in train.values()) + fit_s, 1)
     cv = fitted.calibrator.info.get("cv_accuracy_calibrated")
-    final = np.stack([m.answer(p) for p in te["probs"]])
+    if fitted.beats_raw:
+        m = Method(fitted.style, fitted.permute, "none", fitted.calibrator, None, q.key, q.digest)
+        te = passes.get(ds, q, chosen, "test")
+        final = np.stack([m.answer(p) for p in te["probs"]])
+    else:  # `eval --fit --save-task` keeps such a question raw: answered as the task would answer it
+        plain = ("letters", 1) if ("letters", 1) in ways else ways[0]
+        te = passes.get(ds, q, plain, "test")
+        final = np.asarray(te["probs"], dtype=np.float64)
+    kept = {"kept": fitted.beats_raw, "cv_accuracy_of_choice": fitted.choice_cv}
     out = [
         row(
             "fitted",
@@ -432,6 +438,7 @@ def learned_rows(
             way=WAY_NAMES[chosen],
             train_s=learn,
             cv_accuracy=cv,
+            **kept,
             **cost([te], len(gold)),
         )
     ]
@@ -897,6 +904,10 @@ def markdown(out: dict[str, Any]) -> str:
             note = []
             if r["method"] == "fitted":
                 note.append(f"chose {r['way']}")
+                if r.get("cv_accuracy_of_choice") is not None:  # (older results: absent)
+                    note.append(f"the choice's CV accuracy {r['cv_accuracy_of_choice']:.3f}")
+                if r.get("kept") is False:
+                    note.append("not kept (no better than raw, cross-validated): answered raw, as the task would")
             if r.get("cv_accuracy") is not None:
                 note.append(f"CV accuracy on train {r['cv_accuracy']:.3f}")
             if r.get("setup_s") is not None:

@@ -92,6 +92,56 @@ def test_a_goal_is_read_against_classify_of_the_same_tier_on_the_same_rows():
     assert cells[1] == f"{trained['gap']:+.3f} ({trained['interval'][0]:+.3f} to {trained['interval'][1]:+.3f})"
 
 
+class _Passes:
+    """Fixed passes over TRAIN and TEST per way (what `Passes.get` returns), no model."""
+
+    def __init__(self, probs):
+        self.probs = probs
+
+    def get(self, ds, q, way, split):
+        p = np.asarray(self.probs[way][split], dtype=np.float64)
+        return {"probs": p, "tokens": np.ones(len(p)), "seconds": 1.0}
+
+
+@pytest.mark.parametrize("informative", [True, False])
+def test_the_fitted_row_answers_as_the_saved_task_would(informative):
+    """A fit whose cross-validated choice does not beat the raw answers is not kept (`eval --fit
+    --save-task` leaves the question raw): the row answers raw and says so; a kept fit answers fitted."""
+    from mlx_slm.text.decisions.settings import DecisionConfig
+    from mlx_slm.text.decisions.systemone import systemone_questions
+
+    rng = np.random.default_rng(0)
+    k, n = 3, 60
+    (q,) = systemone_questions(
+        {"team": {"type": "choice", "instructions": "Which?", "criteria": dict.fromkeys("abc")}}, DecisionConfig()
+    )
+    gold_tr, gold_te = np.arange(n) % k, np.arange(n)[::-1] % k
+
+    def probs(gold, strength):  # a constant bias toward option 0, and (informative) the gold option lifted
+        logits = rng.normal(0, 0.3, (len(gold), k)) + np.array([3.0, 0.0, 0.0])
+        logits[np.arange(len(gold)), gold] += strength
+        e = np.exp(logits)
+        return e / e.sum(axis=1, keepdims=True)
+
+    strength = 2.5 if informative else 0.0
+    letters = {"train": probs(gold_tr, strength), "test": probs(gold_te, strength)}
+    noise = {"train": probs(gold_tr, 0.0), "test": probs(gold_te, 0.0)}
+    ds = bench.DataSet(
+        "t", {}, tuple("abc"), "", "{text}", [("x", g) for g in gold_tr], [("y", g) for g in gold_te], ""
+    )
+    rows, report = bench.learned_rows(
+        ds, q, _Passes({("letters", 1): letters, ("names", 1): noise}), [("letters", 1), ("names", 1)]
+    )
+    fitted = rows[0]
+    assert fitted["method"] == "fitted" and fitted["kept"] == report["kept"] == informative
+    assert fitted["cv_accuracy_of_choice"] == report["cv_accuracy_of_choice"]
+    raw = letters["test"].argmax(axis=1).tolist()
+    if informative:  # the bias toward option 0 divided out: more right than raw
+        assert fitted["accuracy"] > np.mean(np.array(raw) == gold_te)
+    else:
+        assert fitted["answers"] == raw
+
+
 def test_per_set_sizes_read_over_the_defaults():
     got = bench._per_set("tickets=150,9", bench.N_TEST, "--n-test")
     assert got == dict.fromkeys(bench.SETS, 9)
