@@ -422,20 +422,21 @@ def learned_rows(
     cv = fitted.calibrator.info.get("cv_accuracy_calibrated")
     if fitted.beats_raw:
         m = Method(fitted.style, fitted.permute, "none", fitted.calibrator, None, q.key, q.digest)
+        answered = chosen
         te = passes.get(ds, q, chosen, "test")
         final = np.stack([m.answer(p) for p in te["probs"]])
-    else:  # `eval --fit --save-task` keeps such a question raw: answered as the task would answer it
-        plain = ("letters", 1) if ("letters", 1) in ways else ways[0]
-        te = passes.get(ds, q, plain, "test")
+    else:  # `eval --fit --save-task` keeps such a question raw: `decide --task` asks it in the letters, one order
+        answered = ("letters", 1) if ("letters", 1) in ways else ways[0]
+        te = passes.get(ds, q, answered, "test")
         final = np.asarray(te["probs"], dtype=np.float64)
-    kept = {"kept": fitted.beats_raw, "cv_accuracy_of_choice": fitted.choice_cv}
+    kept = {"kept": fitted.beats_raw, "chosen_way": WAY_NAMES[chosen], "cv_accuracy_of_choice": fitted.choice_cv}
     out = [
         row(
             "fitted",
             "decide",
             final,
             gold,
-            way=WAY_NAMES[chosen],
+            way=WAY_NAMES[answered],
             train_s=learn,
             cv_accuracy=cv,
             **kept,
@@ -903,11 +904,13 @@ def markdown(out: dict[str, Any]) -> str:
                 continue
             note = []
             if r["method"] == "fitted":
-                note.append(f"chose {r['way']}")
+                note.append(f"chose {r.get('chosen_way', r['way'])}")
                 if r.get("cv_accuracy_of_choice") is not None:  # (older results: absent)
                     note.append(f"the choice's CV accuracy {r['cv_accuracy_of_choice']:.3f}")
                 if r.get("kept") is False:
-                    note.append("not kept (no better than raw, cross-validated): answered raw, as the task would")
+                    note.append(
+                        f"not kept (no better than raw, cross-validated): answered {r['way']} raw, as the task would"
+                    )
             if r.get("cv_accuracy") is not None:
                 note.append(f"CV accuracy on train {r['cv_accuracy']:.3f}")
             if r.get("setup_s") is not None:

@@ -160,7 +160,8 @@ def finetune_texts(
     if settings.objective != "score":
         label_tokens = [list(t) for t in clf.labelset.token_ids]
     elif settings.head_init == "words":
-        label_tokens = [list(t) for t in labelset_for(engine, clf.format, labels).token_ids]
+        words = labelset_for(engine, clf.format, labels, as_text=plan.controls_as_text)
+        label_tokens = [list(t) for t in words.token_ids]
     return finetune(
         engine.model,
         [it.ids for it in items],

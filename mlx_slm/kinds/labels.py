@@ -112,12 +112,8 @@ class LabelsKind(OnePrompt):
     def __init__(self, spec: LabelsSpec, engine: Engine, fmt: PromptFormat, run: RunSettings):
         require_lm_head(engine)
         super().__init__(spec, engine, fmt, run)
-        tok = engine.tokenizer
-        self.labelset = build_labelset(tok, spec.names, render(tok, fmt, "example"), spec.scoring)
-        if run.controls_as_text:  # a decision client's option names: a control token in one is read as text
-            from ..text.decisions.prompt_tokens import labels_as_text  # lazy: a decision's own rule
-
-            self.labelset = labels_as_text(tok, self.labelset)
+        # a decision client's option names (`controls_as_text`): a control token in one is read as text
+        self.labelset = labelset_for(engine, fmt, spec.names, spec.scoring, as_text=run.controls_as_text)
         self._settle()
 
     @property
@@ -249,6 +245,14 @@ def continuation_logprobs(
     return np.array(out, dtype=np.float64), ran
 
 
-def labelset_for(engine: Engine, fmt: PromptFormat, labels: Sequence[str], scoring: str = "auto") -> LabelSet:
-    """The label set of `labels` after prompts of `fmt` on this engine's tokenizer."""
-    return build_labelset(engine.tokenizer, labels, render(engine.tokenizer, fmt, "example"), scoring)
+def labelset_for(
+    engine: Engine, fmt: PromptFormat, labels: Sequence[str], scoring: str = "auto", as_text: bool = False
+) -> LabelSet:
+    """The label set of `labels` after prompts of `fmt` on this engine's tokenizer (`as_text`: a
+    control token written in a label read as text, as a decision client's option names are)."""
+    got = build_labelset(engine.tokenizer, labels, render(engine.tokenizer, fmt, "example"), scoring)
+    if as_text:
+        from ..text.decisions.prompt_tokens import labels_as_text  # lazy: a decision's own rule
+
+        got = labels_as_text(engine.tokenizer, got)
+    return got

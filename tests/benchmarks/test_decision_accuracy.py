@@ -100,7 +100,7 @@ class _Passes:
 
     def get(self, ds, q, way, split):
         p = np.asarray(self.probs[way][split], dtype=np.float64)
-        return {"probs": p, "tokens": np.ones(len(p)), "seconds": 1.0}
+        return {"probs": p, "tokens": np.full(len(p), 10.0 if way[0] == "letters" else 20.0), "seconds": 1.0}
 
 
 @pytest.mark.parametrize("informative", [True, False])
@@ -117,15 +117,15 @@ def test_the_fitted_row_answers_as_the_saved_task_would(informative):
     )
     gold_tr, gold_te = np.arange(n) % k, np.arange(n)[::-1] % k
 
-    def probs(gold, strength):  # a constant bias toward option 0, and (informative) the gold option lifted
-        logits = rng.normal(0, 0.3, (len(gold), k)) + np.array([3.0, 0.0, 0.0])
+    def probs(gold, strength, bias=(3.0, 0.0, 0.0)):  # a constant bias, and (informative) the gold option lifted
+        logits = rng.normal(0, 0.3, (len(gold), k)) + np.array(bias)
         logits[np.arange(len(gold)), gold] += strength
         e = np.exp(logits)
         return e / e.sum(axis=1, keepdims=True)
 
     strength = 2.5 if informative else 0.0
     letters = {"train": probs(gold_tr, strength), "test": probs(gold_te, strength)}
-    noise = {"train": probs(gold_tr, 0.0), "test": probs(gold_te, 0.0)}
+    noise = {"train": probs(gold_tr, 0.0, (0, 3, 0)), "test": probs(gold_te, 0.0, (0, 3, 0))}  # another bias
     ds = bench.DataSet(
         "t", {}, tuple("abc"), "", "{text}", [("x", g) for g in gold_tr], [("y", g) for g in gold_te], ""
     )
@@ -137,9 +137,9 @@ def test_the_fitted_row_answers_as_the_saved_task_would(informative):
     assert fitted["cv_accuracy_of_choice"] == report["cv_accuracy_of_choice"]
     raw = letters["test"].argmax(axis=1).tolist()
     if informative:  # the bias toward option 0 divided out: more right than raw
-        assert fitted["accuracy"] > np.mean(np.array(raw) == gold_te)
-    else:
-        assert fitted["answers"] == raw
+        assert fitted["accuracy"] > np.mean(np.array(raw) == gold_te) and fitted["way"] == report["chosen"]["style"]
+    else:  # answered as the letters, one order, raw (not the way the fit chose), and at the letters' cost
+        assert fitted["answers"] == raw and fitted["way"] == "letters" and fitted["tokens_per_row"] == 10.0
 
 
 def test_per_set_sizes_read_over_the_defaults():

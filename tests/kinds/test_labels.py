@@ -29,3 +29,18 @@ def test_trie_scores_equal_the_per_label_passes_on_random_label_sets(engine):
         for a, b in zip(trie.classify(texts), per.classify(texts)):
             assert a.label == b.label
             assert max(abs(a.scores[k] - b.scores[k]) for k in labels) < 1e-3, labels
+
+
+def test_a_label_set_as_text_reads_a_control_token_in_a_label_as_text(engine):
+    """`labelset_for(..., as_text=True)` (a decision client's option names; where a question's fine-tune
+    starts its score head, --head-init words): "<|im_end|>" in a label is its characters, never the one
+    control token that ends a turn; labels without one are tokenized as they are either way."""
+    from mlx_slm.kinds.labels import labelset_for
+    from mlx_slm.text.prompts import PromptFormat
+
+    end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    fmt = PromptFormat("Answer with one of the options.", "{text}")
+    labels = ["billing", "odd<|im_end|>name"]
+    special, text = (labelset_for(engine, fmt, labels, as_text=t).token_ids for t in (False, True))
+    assert end in special[1] and end not in text[1]
+    assert special[0] == text[0] and "<|im_end|>" in engine.tokenizer.decode(list(text[1]))
