@@ -467,7 +467,7 @@ def _format(q: DecisionQuestion, fld: str, rep: dict[str, Any]) -> str:
         lines.append(f"fit: chose {best}" if fit["kept"] else f"fit: none kept ({best}: not applied)")
         if fit.get("cv_accuracy_of_choice") is not None and len(fit["ways"]) > 1:
             lines.append(
-                f"fit: the choice of way, cross-validated (each fold answered by the way best on the others): "
+                f"fit: the choice of way, cross-validated (each fold answered by the way best on the others alone): "
                 f"{100 * fit['cv_accuracy_of_choice']:.2f} %, against {100 * fit['raw_accuracy']:.2f} % raw"
             )
         if fit.get("note"):

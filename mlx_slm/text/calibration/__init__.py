@@ -51,7 +51,7 @@ from .calibrator import (
     gold_indices,
     written,
 )
-from .fitters import batch_log_prior, fit, fit_batch, fit_em, fit_labelled
+from .fitters import batch_log_prior, fit, fit_batch, fit_em, fit_labelled, stratified_folds
 from .run import Calibration, CalibrationSpec
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "fit_batch",
     "fit_em",
     "fit_labelled",
+    "stratified_folds",
     "fit",
     "CalibrationSpec",
     "Calibration",

@@ -219,7 +219,9 @@ def _newton(
     return b - b.mean(), a, it, converged
 
 
-def _stratified_folds(gold: np.ndarray, k: int, folds: int, seed: int) -> np.ndarray:
+def stratified_folds(gold: np.ndarray, k: int, folds: int, seed: int) -> np.ndarray:
+    """Each row's fold (0..folds-1): each label's rows dealt round the folds in a seeded order, so a
+    label with `folds` or more rows is in every fold (the same gold and seed: the same folds)."""
     rng = np.random.default_rng(seed)
     fold = np.empty(len(gold), dtype=np.int64)
     offset = 0
@@ -283,20 +285,17 @@ def _cross_validate(
     variants = {"auto": [False, True], True: [True], False: [False]}[temperature]
     nf = int(min(how.folds, support.min()))
     cv: dict[bool, tuple[float, float]] = {}
-    per_fold: dict[bool, list[float]] = {}
     if nf >= 2:
-        fold = _stratified_folds(gold, k, nf, how.seed)
+        fold = stratified_folds(gold, k, nf, how.seed)
         raw_nll, raw_ok = _score(lpf, gold, np.zeros(k), 1.0)
         for v in variants:
             tot_nll = tot_ok = 0.0
-            per_fold[v] = []
             for f in range(nf):
                 tr, te = fold != f, fold == f
                 b, a, _, _ = _newton(lpf[tr], gold[tr], k, v, l2, max_iter)
                 s_nll, s_ok = _score(lpf[te], gold[te], b, a)
                 tot_nll += s_nll
                 tot_ok += s_ok
-                per_fold[v].append(s_ok)
             cv[v] = (tot_nll / n, tot_ok / n)
         use_temp = variants[0] if len(variants) == 1 else cv[True][0] < cv[False][0]
         info.update(
@@ -305,9 +304,6 @@ def _cross_validate(
             cv_logloss_raw=raw_nll / n,
             cv_accuracy_calibrated=cv[use_temp][1],
             cv_logloss_calibrated=cv[use_temp][0],
-            # each fold's held-out rows answered right (the folds are the gold's and the seed's alone, so
-            # fits of other answers to the same gold share them: a choice among them can be cross-validated)
-            cv_fold_correct=per_fold[use_temp],
         )
         if temperature == "auto":
             info["cv_logloss_offsets_only"] = cv[False][0]

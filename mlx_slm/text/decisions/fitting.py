@@ -9,10 +9,10 @@ one row per state, in the question's option order, and `gold` (n,), each state's
   log-loss, L2-regularised, stratified k-fold figures), fitted on each way of asking the question
   (prompt style x option orders) the caller ran; the way chosen is the one with the best
   cross-validated accuracy (then log-loss; then the plainer way); the fit is kept only where that
-  choice, itself cross-validated (`choice_accuracy`: each fold answered by the way best on the
-  others), beats the raw answers: each state is scored by a fit that never saw it, and by a way
-  chosen without its own score (not fully nested: the other folds' scores come from fits that saw
-  its label), so the figure a fit is kept on is not merely the best of several noisy ones;
+  choice, itself cross-validated (`choice_accuracy`, nested: each fold answered by the way whose
+  fit was best cross-validated on the other folds alone, as fitted on them), beats the raw answers:
+  each state is answered by a way chosen and a fit learned without its label, so the figure a fit
+  is kept on is not merely the best of several noisy ones;
 * `prior_of`: the batch prior of a sample of the user's states (no gold): `eval --fit-prior`.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...ground.errors import UserError
-from ..calibration import INPUT_FLOOR, CalibrationError, Calibrator, fit_batch, fit_labelled
+from ..calibration import INPUT_FLOOR, CalibrationError, Calibrator, fit_batch, fit_labelled, stratified_folds
 from ..labels import LabelError, validate
 from ..metrics import confusion, ece, macro_f1
 from .metrics import brier, log_loss
@@ -33,6 +33,7 @@ from .metrics import brier, log_loss
 Way = tuple[str, int]  # how a question is asked: (prompt style, option orders)
 # ties go to the plainer way
 PLAIN_FIRST = (("letters", 1), ("names", 1), ("letters", 2), ("names", 2), ("prompt", 1), ("prompt", 2))
+ORDER = {w: i for i, w in enumerate(PLAIN_FIRST)}
 
 
 class FitError(UserError, ValueError):
@@ -215,19 +216,13 @@ def fit_question(
                 "cv_log_loss": info.get("cv_logloss_calibrated"),
             }
         )
-    order = {w: i for i, w in enumerate(PLAIN_FIRST)}
     comparable = all(fits[w].info.get("cv_accuracy_calibrated") is not None for w in fits)
     if comparable:
-
-        def rank(w: Way) -> tuple[float, float, int]:
-            info = fits[w].info
-            return (-info["cv_accuracy_calibrated"], info["cv_logloss_calibrated"], order.get(w, 99))
-
-        best = min(fits, key=rank)
+        best = _best(fits)
         note = None
-        choice = choice_accuracy(fits, order)
+        choice = choice_accuracy(runs, gold, labels, fits, folds, seed)
     else:
-        best = min(fits, key=lambda w: order.get(w, 99))
+        best = min(fits, key=lambda w: ORDER.get(w, 99))
         choice = None
         note = next(c.info.get("cv_note") for c in fits.values() if c.info.get("cv_note")) + (
             ": the ways could not be compared" if len(fits) > 1 else ""
@@ -246,19 +241,46 @@ def fit_question(
     return got
 
 
-def choice_accuracy(fits: Mapping[Way, Calibrator], order: Mapping[Way, int]) -> float | None:
-    """Choosing the way, cross-validated: each fold's held-out rows answered by the way that was the
-    most right on the other folds (every way's folds are the same: the gold's and the seed's), so that
-    the figure a fit is kept on is not merely the best of several noisy ones (None: no folds)."""
-    per = {w: np.asarray(c.info.get("cv_fold_correct") or (), dtype=np.float64) for w, c in fits.items()}
-    sizes = {len(v) for v in per.values()}
-    if len(sizes) != 1 or 0 in sizes:
-        return None
-    right = 0.0
-    for f in range(sizes.pop()):
-        best = min(per, key=lambda w: (-(per[w].sum() - per[w][f]), order.get(w, 99)))
-        right += per[best][f]
-    return float(right / next(iter(fits.values())).n)
+def _best(fits: Mapping[Way, Calibrator]) -> Way:
+    """The way whose fit is the most right cross-validated (then the lower log-loss; then the plainer)."""
+
+    def rank(w: Way) -> tuple[float, float, int]:
+        info = fits[w].info
+        return (-info["cv_accuracy_calibrated"], info["cv_logloss_calibrated"], ORDER.get(w, 99))
+
+    return min(fits, key=rank)
+
+
+def choice_accuracy(
+    runs: Mapping[Way, np.ndarray],
+    gold: np.ndarray,
+    labels: Sequence[str],
+    fits: Mapping[Way, Calibrator],
+    folds: int = 5,
+    seed: int = 0,
+) -> float | None:
+    """Choosing the way, cross-validated and nested: each fold's held-out rows answered by the way
+    whose fit, cross-validated on the other folds alone, was the most right there, as fitted on those
+    folds (nothing that answers a fold saw its labels), so that the figure a fit is kept on is not
+    merely the best of several noisy ones. One way: its own cross-validated figure; None: no folds.
+    Where the other folds hold too few rows of an option to compare the ways, the plainer way answers."""
+    if len(fits) == 1:
+        return next(iter(fits.values())).info.get("cv_accuracy_calibrated")
+    used = {c.info.get("folds") for c in fits.values()}
+    if len(used) != 1 or any(c.info.get("cv_accuracy_calibrated") is None for c in fits.values()):
+        return None  # (no folds: an option with one row)
+    gold = np.asarray(gold, dtype=np.int64)
+    fold = stratified_folds(gold, len(labels), int(used.pop()), seed)  # the fits' own folds
+    right = 0
+    for f in range(int(fold.max()) + 1):
+        tr, te = fold != f, fold == f
+        inner = {w: fit_labelled(log_of(runs[w])[tr], gold[tr], labels, "auto", folds, seed) for w in fits}
+        if all(c.info.get("cv_accuracy_calibrated") is not None for c in inner.values()):
+            best = _best(inner)
+        else:
+            best = min(inner, key=lambda w: ORDER.get(w, 99))
+        right += int(np.sum(np.argmax(inner[best].apply(log_of(runs[best])[te]), axis=1) == gold[te]))
+    return right / len(gold)
 
 
 def prior_of(probs: np.ndarray, labels: Sequence[str], key: str, warmup: int) -> Calibrator:

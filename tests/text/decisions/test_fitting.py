@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mlx_slm.text.decisions import fitting
 from mlx_slm.text.decisions.fitting import (
     FitError,
     apply,
@@ -136,19 +137,36 @@ def test_a_fit_no_better_than_the_raw_answers_is_not_kept():
     assert fit_question({("letters", 1): _data()[0]}, gold, LABELS, "team").beats_raw
 
 
-def test_the_choice_of_way_is_itself_cross_validated():
-    """Each fold is answered by the way that was the most right on the other folds: a way that wins
-    overall on one lucky fold does not carry the figure a fit is kept on."""
-    from mlx_slm.text.calibration import Calibrator
+def test_the_choice_of_way_is_itself_cross_validated_and_nested():
+    """Each fold is answered by the way whose fit was the most right on the other folds alone: among
+    ways that know nothing (random answers), the best way's cross-validated figure is the best of
+    several noisy ones, the nested choice's is not; an informative way is chosen in every fold."""
+    from mlx_slm.text.calibration import fit_labelled
+    from mlx_slm.text.decisions.fitting import log_of
 
-    def way(folds):
-        return Calibrator("fit", LABELS, (0.0, 0.0, 0.0), 1.0, 9, {"cv_fold_correct": folds})
-
-    order = {("letters", 1): 0, ("names", 1): 1}
-    steady, lucky = way([3.0, 0.0, 0.0]), way([0.0, 2.0, 2.0])  # 3 and 4 of 9 right over all folds
-    assert choice_accuracy({("letters", 1): steady, ("names", 1): lucky}, order) == 0.0
-    assert choice_accuracy({("letters", 1): lucky}, order) == 4 / 9  # one way: its own figure
-    assert choice_accuracy({("letters", 1): way([]), ("names", 1): lucky}, order) is None
+    letters, names, gold = _data()
+    runs = {("letters", 1): letters, ("names", 1): names}
+    fits = {w: fit_labelled(log_of(p), gold, LABELS, "auto", 5, 0) for w, p in runs.items()}
+    got = choice_accuracy(runs, gold, LABELS, fits)
+    assert got == pytest.approx(fits[("names", 1)].info["cv_accuracy_calibrated"], abs=0.03) and got > 0.6
+    assert (
+        choice_accuracy({("letters", 1): letters}, gold, LABELS, {("letters", 1): fits[("letters", 1)]})
+        == (
+            fits[("letters", 1)].info["cv_accuracy_calibrated"]  # one way: its own figure
+        )
+    )
+    best, chosen = [], []
+    for seed in range(10):  # six ways of sharp pure noise (no bias to learn), a fresh gold each time
+        rng = np.random.default_rng(seed)
+        g = rng.integers(0, 3, 60)
+        noise = {w: np.exp(5 * rng.normal(size=(60, 3))) for w in fitting.PLAIN_FIRST}
+        noise = {w: p / p.sum(axis=1, keepdims=True) for w, p in noise.items()}
+        nfits = {w: fit_labelled(log_of(p), g, LABELS, "auto", 5, 0) for w, p in noise.items()}
+        best.append(max(c.info["cv_accuracy_calibrated"] for c in nfits.values()))
+        chosen.append(choice_accuracy(noise, g, LABELS, nfits))
+    assert np.mean(chosen) < np.mean(best) - 0.04 and abs(np.mean(chosen) - 1 / 3) < 0.05, (best, chosen)
+    few = {w: fit_labelled(log_of(p[:4]), np.array([0, 1, 2, 0]), LABELS, "auto") for w, p in runs.items()}
+    assert choice_accuracy({w: p[:4] for w, p in runs.items()}, np.array([0, 1, 2, 0]), LABELS, few) is None
 
 
 def test_a_fit_is_kept_on_its_choice_cross_validated():
