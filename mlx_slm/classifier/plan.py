@@ -43,6 +43,8 @@ RUN_OPTIONS = (
     "controls_as_text",  # a client's texts (a decision question's own classifier): control tokens read as text
 )
 
+_SWITCHES = ("sort", "use_prefix_cache", "controls_as_text")  # the run settings that are True or False
+
 ORIGINS = ("here", "task", "resume")  # where a calibration's prior came from (what `describe` says)
 
 
@@ -95,6 +97,9 @@ class Plan:
             valid = ", ".join(sorted({*RUN_OPTIONS, *scoring_names()}))
             raise TypeError(f"unknown argument(s) {', '.join(unknown)}: Classifier takes {valid}")
         run = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
+        for k in _SWITCHES:  # "no" or 0 would read as a switch on or off: never guessed
+            if k in run and not isinstance(run[k], bool):
+                raise TypeError(f"{k} is True or False, not {run[k]!r}")
         truncate = run.get("truncate")
         if truncate is not None and truncate not in TRUNCATE_MODES:
             raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)} or None, not {truncate!r}")

@@ -70,6 +70,10 @@ def test_the_python_api_resolves_its_keywords_into_a_plan():
         Plan.of(LABELS, colour="red")
     with pytest.raises(ValueError, match="truncate"):
         Plan.of(LABELS, truncate="sideways")
+    assert Plan.of(LABELS, controls_as_text=True).controls_as_text is True  # a decision client's texts
+    for switch in ("sort", "use_prefix_cache", "controls_as_text"):  # "no" would read as on: refused
+        with pytest.raises(TypeError, match=f"{switch} is True or False, not 'no'"):
+            Plan.of(LABELS, **{switch: "no"})
 
 
 def test_a_classifier_is_built_from_a_plan_and_fills_its_labels_once(engine):
