@@ -164,7 +164,8 @@ def test_the_choice_of_way_is_itself_cross_validated_and_nested():
         nfits = {w: fit_labelled(log_of(p), g, LABELS, "auto", 5, 0) for w, p in noise.items()}
         best.append(max(c.info["cv_accuracy_calibrated"] for c in nfits.values()))
         chosen.append(choice_accuracy(noise, g, LABELS, nfits))
-    assert np.mean(chosen) < np.mean(best) - 0.04 and abs(np.mean(chosen) - 1 / 3) < 0.05, (best, chosen)
+    # (here 0.373 against 0.428: margins of many rows, so another BLAS rounding a fit otherwise cannot flip it)
+    assert np.mean(chosen) < np.mean(best) - 0.03 and abs(np.mean(chosen) - 1 / 3) < 0.07, (best, chosen)
     few = {w: fit_labelled(log_of(p[:4]), np.array([0, 1, 2, 0]), LABELS, "auto") for w, p in runs.items()}
     assert choice_accuracy({w: p[:4] for w, p in runs.items()}, np.array([0, 1, 2, 0]), LABELS, few) is None
 
